@@ -1,0 +1,174 @@
+"""The ``dispatch`` command line: parses arguments, calls the library, prints, exits.
+
+This is the only module of the package (with the other ``cli_*`` modules) that prints or
+exits.  Exit codes: 0 success; 1 a refused operation; 2 usage errors, unreadable stores and
+other failures.  Errors print as ``dispatch: <message>``; a broken pipe is quiet; Ctrl-C is 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable, NoReturn, Optional, Sequence
+
+import click
+
+from . import model, store
+from .errors import DispatchError, UsageError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def fail(error: DispatchError) -> NoReturn:
+    click.echo(f"dispatch: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+def run_guarded(function: Callable[[], Any]) -> None:
+    """Run a CLI body, mapping the library's errors to messages and exit codes."""
+    try:
+        function()
+    except DispatchError as error:
+        fail(error)
+    except BrokenPipeError:
+        # Quiet on a closed pipe (`dispatch list | head`); point stdout at devnull so the
+        # interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def required(value: Optional[str], option: str, env: str) -> str:
+    if value is None or value == "":
+        raise UsageError(f"{option} is required (or set ${env})")
+    return value
+
+
+def parse_int(value: str, option: str) -> int:
+    try:
+        return int(value.strip(), 10)
+    except (ValueError, AttributeError):
+        raise UsageError(f"{option} {value!r} is not an integer") from None
+
+
+def echo_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=None, sort_keys=True))
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+                 noheader: bool = False) -> str:
+    """Columns aligned the way squeue aligns them, with the last column left free."""
+    cells = [[str(c) for c in row] for row in rows]
+    all_rows = cells if noheader else [list(headers)] + cells
+    if not all_rows:
+        return ""
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
+    lines = []
+    for row in all_rows:
+        parts = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
+        lines.append(" ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="slurm-dispatch", prog_name="dispatch")
+def main() -> None:
+    """Isolated checkpoints and append-only publication for Slurm jobs.
+
+    Inside a job, write saves under $DISPATCH_EXEC_DIR, then make each one visible with
+    `dispatch publish --step S PATH`; resume from `dispatch latest`.  The latest save is the
+    publication with the greatest epoch ($DISPATCH_EPOCH), then step, so an old execution's
+    late saves never outrank its replacement's.
+    """
+
+
+@main.command()
+@click.option("--generation", "-g", envvar="DISPATCH_GENERATION", metavar="G",
+              help="Generation: 0 for a new job, +1 per supersession.  [env: DISPATCH_GENERATION]")
+@click.option("--submission", "-n", envvar="DISPATCH_SUBMISSION", metavar="N",
+              help="Submission number, 1..999999.  [env: DISPATCH_SUBMISSION]")
+@click.option("--restart", "-r", envvar="SLURM_RESTART_COUNT", metavar="R",
+              help="Slurm's restart count, 0..999999; unset means 0.  [env: SLURM_RESTART_COUNT]")
+def epoch(generation: Optional[str], submission: Optional[str], restart: Optional[str]) -> None:
+    """Print the epoch G*10^12 + N*10^6 + R as an integer.
+
+    Example: `dispatch epoch -g 0 -n 2 -r 1` prints 2000001.
+    """
+    def body() -> None:
+        g = parse_int(required(generation, "--generation", "DISPATCH_GENERATION"), "--generation")
+        n = parse_int(required(submission, "--submission", "DISPATCH_SUBMISSION"), "--submission")
+        r = parse_int(restart, "--restart") if restart not in (None, "") else 0
+        click.echo(model.Epoch(g, n, r).value)
+    run_guarded(body)
+
+
+ROOT_HELP = "Checkpoint root.  [env: DISPATCH_CHECKPOINT]"
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--epoch", "epoch_", envvar="DISPATCH_EPOCH", metavar="E",
+              help="This execution's epoch.  [env: DISPATCH_EPOCH]")
+@click.option("--step", required=True, metavar="S", help="The training step of the save.")
+@click.argument("path", type=click.Path())
+def publish(root: Optional[str], epoch_: Optional[str], step: str, path: str) -> None:
+    """Make the save at PATH visible; print the publication's file name.
+
+    PATH must exist and lie inside ROOT (usually under $DISPATCH_EXEC_DIR).  The publication
+    is an empty file created once (O_EXCL) in ROOT/pub/ and synced before this returns.
+    Publishing the same (epoch, step, path) twice is refused with exit 1.
+
+    Example: `dispatch publish --step 500 "$DISPATCH_EXEC_DIR/checkpoint-500"`
+    """
+    def body() -> None:
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
+        step_v = parse_int(step, "--step")
+        click.echo(store.publish(root_v, epoch_v, step_v, path))
+    run_guarded(body)
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print an object (or null).")
+def latest(root: Optional[str], as_json: bool) -> None:
+    """Print the absolute path of the latest published save, or nothing.
+
+    The latest save has the greatest epoch, then the greatest step; exact ties go to the
+    greatest publication name.  Exit 0 whether or not there is one.  With --json, print
+    {"epoch", "step", "path", "name"} or null.
+
+    Example: `RESUME=$(dispatch latest)`
+    """
+    def body() -> None:
+        found = store.latest(required(root, "--root", "DISPATCH_CHECKPOINT"))
+        if as_json:
+            echo_json(found.as_json() if found else None)
+        elif found:
+            click.echo(found.path)
+    run_guarded(body)
+
+
+@main.command(name="list")
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
+def list_(root: Optional[str], as_json: bool, noheader: bool) -> None:
+    """Print every publication under ROOT, oldest first (the latest is last)."""
+    def body() -> None:
+        found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"))
+        if as_json:
+            echo_json([f.as_json() for f in found])
+            return
+        table = render_table(["EPOCH", "STEP", "PATH"],
+                             [[f.epoch, f.step, f.path] for f in found], noheader)
+        if table:
+            click.echo(table)
+    run_guarded(body)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,185 @@
+"""The POSIX publication store: ``publish``, ``latest`` and ``list_publications`` on ``pub/``.
+
+Invariants kept here (the seed's rules):
+
+* A publication is an empty file created with ``O_CREAT|O_EXCL``; ``pub/`` and the root are
+  fsynced before :func:`publish` returns.  Nothing here renames, rewrites, appends or deletes.
+* No locks and no pointer file: the latest save is the greatest name in ``pub/``
+  (greatest epoch, then step, then encoded path in byte order for exact ties).
+* A name in ``pub/`` that is not a publication is an error naming it, never skipped; so is
+  a ``pub/`` that is a symlink or not a directory.
+* ``pub/`` is opened with ``O_NOFOLLOW`` and publications are created relative to that open
+  directory, so a symlink planted in place of ``pub/`` is never followed.
+
+``latest`` checks the shape of every name with one scan and decodes the path of the one it
+returns; ``list_publications`` decodes every name.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+
+from . import model
+from .errors import AlreadyPublished, BadPublicationName, OutsideRoot, StoreError, StoreFull
+
+PUB = "pub"
+EXEC = "exec"
+
+# One scan over all names joined by newlines checks every name's shape at C speed.
+_ALL_NAMES_RE = re.compile(f"(?:{model.NAME_PATTERN}\n)*")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A publication as read from a store: its parts, its name and the save's absolute path."""
+
+    epoch: int
+    step: int
+    name: str
+    path: str  # absolute
+
+    def as_json(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "step": self.step, "path": self.path, "name": self.name}
+
+
+def _open_dir(path: str, label: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            if os.path.islink(path):
+                raise StoreError(f"{label} {path!r} is a symlink; refusing to follow it") from None
+            raise StoreError(f"{label} {path!r} is not a directory") from None
+        raise StoreError(f"cannot open {label} {path!r}: {exc.strerror}") from None
+
+
+def _fsync_dir(fd: int, path: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise StoreError(f"cannot sync {path!r}: {exc.strerror}") from None
+
+
+def publish(root: str, epoch: int, step: int, path: str) -> str:
+    """Publish the save at ``path`` (which must exist inside ``root``); return the name.
+
+    The save's path is recorded relative to the root as the root was spelled; it must also
+    lie inside the root once symlinks are resolved, so a link leading out is refused.
+    """
+    model.check_epoch_value(epoch)
+    model.check_step(step)
+    root_abs = os.path.abspath(root)
+    path_abs = os.path.abspath(path)
+    if not os.path.isdir(root_abs):
+        raise StoreError(f"checkpoint root {root!r} is not a directory")
+    if not os.path.lexists(path_abs):
+        raise OutsideRoot(f"save {path!r} does not exist")
+    relative = model.relative_inside(root_abs, path_abs)
+    real_root = os.path.realpath(root_abs)
+    real_path = os.path.realpath(path_abs)
+    if not real_path.startswith(real_root.rstrip("/") + "/"):
+        raise OutsideRoot(
+            f"save {path!r} resolves to {real_path!r}, outside the checkpoint root {real_root!r}")
+    name = model.format_name(epoch, step, relative)
+
+    root_fd = _open_dir(root_abs, "checkpoint root")
+    try:
+        pub_path = os.path.join(root_abs, PUB)
+        try:
+            os.mkdir(PUB, 0o755, dir_fd=root_fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            _raise_write_error(exc, pub_path)
+        pub_fd = _open_dir_at(root_fd, pub_path)
+        try:
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o444, dir_fd=pub_fd)
+            except FileExistsError:
+                raise AlreadyPublished(
+                    f"publication {name!r} already exists in {pub_path!r} "
+                    f"(epoch {epoch}, step {step}, path {relative!r})") from None
+            except OSError as exc:
+                _raise_write_error(exc, os.path.join(pub_path, name))
+            os.close(fd)
+            _fsync_dir(pub_fd, pub_path)
+        finally:
+            os.close(pub_fd)
+        _fsync_dir(root_fd, root_abs)
+    finally:
+        os.close(root_fd)
+    return name
+
+
+def _open_dir_at(root_fd: int, pub_path: str) -> int:
+    try:
+        return os.open(PUB, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=root_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            if os.path.islink(pub_path):
+                raise StoreError(f"pub/ {pub_path!r} is a symlink; refusing to follow it") from None
+            raise StoreError(f"pub/ {pub_path!r} is not a directory") from None
+        raise StoreError(f"cannot open {pub_path!r}: {exc.strerror}") from None
+
+
+def _raise_write_error(exc: OSError, path: str) -> None:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise StoreFull(exc.errno, f"no space left to publish {path!r}: {exc.strerror}") from None
+    raise StoreError(f"cannot create {path!r}: {exc.strerror}") from None
+
+
+def _names(root: str) -> list[str]:
+    pub_path = os.path.join(os.path.abspath(root), PUB)
+    try:
+        fd = _open_dir(pub_path, "pub/")
+    except FileNotFoundError:
+        if not os.path.isdir(root):
+            raise StoreError(f"checkpoint root {root!r} is not a directory") from None
+        return []
+    try:
+        return os.listdir(fd)
+    except OSError as exc:
+        raise StoreError(f"cannot list {pub_path!r}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _first_bad(names: list[str]) -> str:
+    for name in names:
+        if not model.is_name(name):
+            return name
+    raise AssertionError("no bad name found")  # pragma: no cover - caller saw one
+
+
+def _found(root: str, publication: model.Publication, name: str) -> Found:
+    return Found(publication.epoch, publication.step, name,
+                 os.path.join(os.path.abspath(root), publication.path))
+
+
+def latest(root: str) -> Found | None:
+    """The latest publication under ``root``, or ``None`` when there is none."""
+    names = _names(root)
+    if not names:
+        return None
+    joined = "\n".join(names) + "\n"
+    if _ALL_NAMES_RE.fullmatch(joined) is None:
+        bad = _first_bad(names)
+        raise BadPublicationName(
+            f"{bad!r} in {os.path.join(root, PUB)!r} is not a publication name "
+            "(expected <epoch, 20 digits>-<step, 20 digits>-<base32 path>); "
+            "refusing to guess the latest save past it")
+    name = max(names)
+    return _found(root, model.parse_name(name), name)
+
+
+def list_publications(root: str) -> list[Found]:
+    """Every publication under ``root``, oldest first (the order of ``latest``)."""
+    names = sorted(_names(root))
+    return [_found(root, model.parse_name(name), name) for name in names]
