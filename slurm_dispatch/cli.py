@@ -14,23 +14,23 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import click
 
-from . import model, store
+from . import model, record, status, store
 from .errors import DispatchError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def fail(error: DispatchError) -> NoReturn:
-    click.echo(f"dispatch: {error}", err=True)
+def fail(error: DispatchError, prog: str = "dispatch") -> NoReturn:
+    click.echo(f"{prog}: {error}", err=True)
     sys.exit(error.exit_code)
 
 
-def run_guarded(function: Callable[[], Any]) -> None:
+def run_guarded(function: Callable[[], Any], prog: str = "dispatch") -> None:
     """Run a CLI body, mapping the library's errors to messages and exit codes."""
     try:
         function()
     except DispatchError as error:
-        fail(error)
+        fail(error, prog)
     except BrokenPipeError:
         # Quiet on a closed pipe (`dispatch list | head`); point stdout at devnull so the
         # interpreter's final flush does not complain again.
@@ -167,6 +167,105 @@ def list_(root: Optional[str], as_json: bool, noheader: bool) -> None:
                              [[f.epoch, f.step, f.path] for f in found], noheader)
         if table:
             click.echo(table)
+    run_guarded(body)
+
+
+def _render_status(data: dict[str, Any]) -> str:
+    mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
+    out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "
+           f"{mode}, resubmits {data['resubmits_used']} of {data['resubmit_budget']}",
+           f"Checkpoint  {data['checkpoint']}"]
+    if data.get("supersedes"):
+        out.append(f"Supersedes  {data['supersedes']}")
+    out.append("")
+    out.append(render_table(
+        ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "REASON"],
+        [[s["submission"], s["slurm_job_id"], s["state"],
+          "-" if s["restarts"] is None else s["restarts"], status.clock(s["submitted"]),
+          s["slurm_reason"] if s["slurm_reason"] not in ("", "None") else s["reason"]]
+         for s in data["submissions"]]))
+    out.append("")
+    rows = []
+    for e in data["executions"]:
+        jobid = e["slurm_job_id"] + (f"_{e['array_task_id']}" if e["array_task_id"] else "")
+        evidence = "; ".join(_fact_text(f) for f in e.get("facts", [])) or "-"
+        rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
+                     status.clock(e["started"]), e["state"], evidence])
+    out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
+                             "END/CESSATION"], rows) if rows else "No execution has started yet.")
+    for ev in data["events"]:
+        extra = {k: v for k, v in ev.items() if k not in ("event", "time")}
+        out.append(f"{status.clock(ev['time'])} {ev['event']} "
+                   + " ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+    out.append("")
+    latest_ = data["latest"]
+    if latest_ is None:
+        out.append("Latest publication: none")
+    elif "error" in latest_:
+        out.append(f"Latest publication: unreadable: {latest_['error']}")
+    else:
+        out.append(f"Latest publication: epoch {latest_['epoch']} step {latest_['step']} "
+                   f"{latest_['path']}")
+    return "\n".join(out)
+
+
+def _fact_text(fact: dict[str, Any]) -> str:
+    if "error" in fact:
+        return f"facts unreadable: {fact['error']}"
+    parts = [str(fact.get(k)) for k in ("node", "state", "evidence") if fact.get(k)]
+    return " ".join(parts) or json.dumps(fact, sort_keys=True)
+
+
+@main.command(name="status")
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status_(job: str, as_json: bool) -> None:
+    """Show a dispatch job: submissions, executions, end states, latest publication.
+
+    JOB is a dispatch job id (printed by dispatch-sbatch) or a Slurm job id of one of its
+    submissions.  Costs one scontrol call.
+    """
+    def body() -> None:
+        from .slurm import Slurm
+        record_ = record.open_job(job)
+        data = status.collect(record_, Slurm().show_jobs())
+        if as_json:
+            echo_json(data)
+        else:
+            click.echo(_render_status(data))
+    run_guarded(body)
+
+
+@main.command()
+@click.argument("job")
+def resubmit(job: str) -> None:
+    """Submit a dispatch job's script snapshot again, as submission N+1.
+
+    The new submission runs what was first submitted, with the same sbatch options, from the
+    same directory; its executions resume from the latest publication.  Prints sbatch's line.
+    """
+    def body() -> None:
+        from .slurm import Slurm
+        from .submit import resubmit as resubmit_job
+        done = resubmit_job(Slurm(), record.open_job(job))
+        click.echo(done.result.stdout.rstrip("\n"))
+        click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
+    run_guarded(body)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def plan(args: tuple[str, ...]) -> None:
+    """Print what dispatch will do with a job, submitting nothing.
+
+    Takes what dispatch-sbatch takes: [dispatch options] [sbatch options] script [args...].
+    Shows the recovery rule for every end state and, for --shared-checkpoint, each hold that
+    stands in for a restart.
+    """
+    def body() -> None:
+        from .plan import describe
+        from .submit import read_request
+        click.echo(describe(read_request(list(args))), nl=False)
     run_guarded(body)
 
 

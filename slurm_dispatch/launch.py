@@ -1,0 +1,141 @@
+"""The launcher: gives one execution its identity, then execs the user's script.
+
+It runs at the start of every execution, inside the batch step, as the job's user, because
+the restart count R is known only then (``SLURM_RESTART_COUNT``; unset means 0).  It sets the
+environment contract (``DISPATCH_JOB``, ``DISPATCH_GENERATION``, ``DISPATCH_SUBMISSION``,
+``DISPATCH_EPOCH``, ``DISPATCH_ATTEMPT``, ``DISPATCH_CHECKPOINT``, ``DISPATCH_EXEC_DIR``,
+``DISPATCH_RESUME_FROM``), creates the execution's own folder, records the start, and
+replaces itself with the script so Slurm's signals reach the script directly.  ``srun`` steps
+inherit the environment, so every task on every node sees the same identity.
+
+Invariant: a fresh attempt token and a fresh ``exec/<attempt>/`` folder for every execution;
+the folder is created with ``mkdir`` (never reused).  Any failure stops the execution with
+exit 2 rather than letting it run without an identity.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Optional
+
+from . import model, record, store
+from .errors import DispatchError, UsageError
+
+CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
+            "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
+            "DISPATCH_RESUME_FROM")
+
+
+def expand_root(pattern: str, env: dict[str, str]) -> str:
+    """Expand %a (array task id), %A (array job id), %j (job id) and %% in a root."""
+    values = {"a": env.get("SLURM_ARRAY_TASK_ID", "0"),
+              "A": env.get("SLURM_ARRAY_JOB_ID", env.get("SLURM_JOB_ID", "0")),
+              "j": env.get("SLURM_JOB_ID", "0"), "%": "%"}
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
+            out.append(values[pattern[i + 1]])
+            i += 2
+        else:
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+def restart_count(env: dict[str, str]) -> int:
+    raw = env.get("SLURM_RESTART_COUNT", "")
+    if raw == "":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"SLURM_RESTART_COUNT {raw!r} is not an integer") from None
+
+
+def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dict[str, str]:
+    """Compute and create this execution's identity; returns the variables to set."""
+    spec = job.spec
+    epoch = model.Epoch(int(spec["generation"]), submission, restart_count(env))
+    attempt = model.new_attempt()
+    root = expand_root(spec["checkpoint"], env)
+    exec_parent = os.path.join(root, store.EXEC)
+    os.makedirs(exec_parent, exist_ok=True)
+    exec_dir = os.path.join(exec_parent, attempt)
+    os.mkdir(exec_dir, 0o755)
+    found = store.latest(root)
+    return {
+        "DISPATCH_JOB": job.id,
+        "DISPATCH_GENERATION": str(epoch.generation),
+        "DISPATCH_SUBMISSION": str(epoch.submission),
+        "DISPATCH_EPOCH": str(epoch.value),
+        "DISPATCH_ATTEMPT": attempt,
+        "DISPATCH_CHECKPOINT": root,
+        "DISPATCH_EXEC_DIR": exec_dir,
+        "DISPATCH_RESUME_FROM": found.path if found else "",
+    }
+
+
+def export_to_steps(env: dict[str, str]) -> None:
+    """Make srun steps carry the contract also when the job was submitted --export=NONE.
+
+    With ``--export=NONE`` Slurm sets SLURM_EXPORT_ENV=NONE in the job, and srun then passes
+    only SLURM_* variables to tasks; naming our variables keeps that behaviour and adds ours.
+    """
+    current = env.get("SLURM_EXPORT_ENV", "")
+    words = [w for w in current.split(",") if w]
+    if not words or "ALL" in (w.upper() for w in words):
+        return
+    kept = [w for w in words if w.upper() != "NONE"]
+    env["SLURM_EXPORT_ENV"] = ",".join(kept + [n for n in CONTRACT if n not in kept])
+
+
+def prepend_own_bin(env: dict[str, str]) -> None:
+    """Put the dispatch commands this launcher was installed with first on PATH."""
+    own = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(own, "dispatch")):
+        parts = [p for p in env.get("PATH", "").split(":") if p]
+        if own not in parts:
+            env["PATH"] = ":".join([own] + parts) if parts else own + ":/usr/bin:/bin"
+
+
+def launch(job_path: str, submission: int, script_args: list[str],
+           env: Optional[dict[str, str]] = None) -> None:
+    env = dict(os.environ if env is None else env)
+    job = record.JobRecord(job_path)
+    values = identity(job, submission, env)
+    env.update(values)
+    export_to_steps(env)
+    prepend_own_bin(env)
+    job.append("started", submission=submission,
+               slurm_job_id=env.get("SLURM_JOB_ID", ""),
+               array_job_id=env.get("SLURM_ARRAY_JOB_ID", ""),
+               array_task_id=env.get("SLURM_ARRAY_TASK_ID", ""),
+               restart=restart_count(env), attempt=values["DISPATCH_ATTEMPT"],
+               epoch=int(values["DISPATCH_EPOCH"]), exec_dir=values["DISPATCH_EXEC_DIR"],
+               resume_from=values["DISPATCH_RESUME_FROM"],
+               node=env.get("SLURMD_NODENAME", ""), nodes=env.get("SLURM_JOB_NODELIST", ""),
+               host=socket.gethostname(), pid=os.getpid())
+    os.execve(job.script, [job.script, *script_args], env)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if "--" not in args:
+            raise UsageError("usage: python -m slurm_dispatch.launch --job PATH "
+                             "--submission N -- [script args]")
+        split = args.index("--")
+        head, script_args = args[:split], args[split + 1:]
+        opts = dict(zip(head[::2], head[1::2]))
+        if set(opts) != {"--job", "--submission"} or len(head) != 4:
+            raise UsageError(f"launcher options {head!r} are not --job PATH --submission N")
+        launch(opts["--job"], int(opts["--submission"]), script_args)
+    except (DispatchError, OSError, ValueError) as exc:
+        sys.stderr.write(f"dispatch-launch: {exc}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The plan: what dispatch will do with a job, printed before anything is submitted."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from . import rules
+from .submit import Request, checkpoint_root
+
+
+def site_settings() -> tuple[str, str]:
+    """(SharedHoldFor as text, CessationSignal or "") from the site's dispatch.conf."""
+    try:
+        config = importlib.import_module(f"{__package__}.config")
+        conf = config.load()
+        hold = _human(int(conf.shared_hold_for))
+        signal = conf.cessation_signal or ""
+    except Exception:  # noqa: BLE001 - a plan still prints on the defaults
+        hold, signal = "24 h", "dispatch-cease"
+    return hold, signal
+
+
+def _human(seconds: int) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
+
+
+def describe(request: Request) -> str:
+    opts = request.options
+    root = checkpoint_root(opts, request.cwd)
+    hold, signal = site_settings()
+    lines = [f"Plan for {os.path.basename(request.script_path)}",
+             f"  checkpoint  {root}",
+             "  mode        " + ("shared checkpoint: no automatic requeue; every restart is a "
+                                 "hold" if opts.shared_checkpoint else
+                                 "isolated: each execution writes <checkpoint>/exec/<attempt>/"),
+             f"  generation  {'G+1 of ' + opts.supersede if opts.supersede else '0 (new job)'}",
+             f"  resubmit    budget {opts.resubmit}",
+             "",
+             "  END STATE      WHAT HAPPENS"]
+    for rule in rules.rules_for(opts.shared_checkpoint, opts.resubmit, hold, signal):
+        lines.append(f"  {rule.end_state:<14} {rule.text}")
+    lines.append("")
+    lines.append("Nothing was submitted.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,247 @@
+"""Reading a dispatch-sbatch command line and a job script's directives, and rendering the
+batch script that sbatch receives.  Pure: no I/O.
+
+``dispatch-sbatch [dispatch options] [sbatch options] script [args...]`` keeps sbatch's own
+grammar: short options may be clustered (``-N2``, ``-HN 2``), long options take ``=value`` or
+the next word, and unambiguous prefixes of long options work as they do with getopt.  The
+first word that is not an option is the script; everything after it belongs to the script.
+
+Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SBATCH``):
+``--checkpoint DIR``, ``--resubmit N``, ``--shared-checkpoint``, ``--supersede JOB``, ``--plan``.
+The command line wins over directives.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import UsageError
+
+# sbatch 22.05 options that take a required argument (``sbatch --help``, sbatch(1)).
+SHORT_WITH_ARG = set("aAbBcCdDeFGiJLmMnNopqStwx")
+SHORT_FLAGS = set("hHkOQsvVW")
+LONG_WITH_ARG = {
+    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir",
+    "cluster-constraint", "clusters", "comment", "constraint", "container", "core-spec",
+    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot",
+    "dependency", "distribution", "error", "export", "export-file", "extra-node-info", "gid",
+    "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task",
+    "gres", "gres-flags", "hint", "input", "job-name", "kill-on-invalid-dep", "licenses",
+    "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu",
+    "mincpus", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "open-mode", "output",
+    "partition", "power", "prefer", "priority", "profile", "qos", "reservation", "signal",
+    "sockets-per-node", "switches", "thread-spec", "threads-per-core", "time", "time-min",
+    "tmp", "tres-per-task", "uid", "wckey", "wrap", "exclude",
+}
+LONG_FLAGS = {
+    "contiguous", "exclusive", "get-user-env", "help", "hold", "ignore-pbs", "no-kill",
+    "no-requeue", "nice", "overcommit", "oversubscribe", "parsable", "propagate", "quiet",
+    "reboot", "requeue", "spread-job", "test-only", "usage", "use-min-nodes", "verbose",
+    "version", "wait", "wait-all-nodes", "kill-command", "x11", "gpus-per-task",
+}
+LONG_FLAGS -= LONG_WITH_ARG
+SHORT_ALIASES = {"J": "job-name", "D": "chdir", "o": "output", "e": "error", "a": "array",
+                 "H": "hold", "W": "wait"}
+
+DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede"}
+DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
+
+
+@dataclass
+class DispatchOptions:
+    checkpoint: Optional[str] = None
+    resubmit: int = 0
+    shared_checkpoint: bool = False
+    supersede: Optional[str] = None
+    plan: bool = False
+    given: set[str] = field(default_factory=set)
+
+    def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
+        """These options (the command line) over ``directives`` (the script's)."""
+        out = DispatchOptions(given=self.given | directives.given)
+        for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan"):
+            source = self if name in self.given else directives
+            setattr(out, name, getattr(source, name))
+        return out
+
+
+@dataclass
+class CommandLine:
+    dispatch: DispatchOptions
+    sbatch: list[str]  # sbatch's own options, in order, as given
+    script: Optional[str]
+    script_args: list[str]
+    long_names: set[str]  # the long names of sbatch options given (aliases resolved)
+
+
+def _resolve_long(name: str, where: str) -> str:
+    known = LONG_WITH_ARG | LONG_FLAGS | DISPATCH_WITH_ARG | DISPATCH_FLAGS
+    if name in known:
+        return name
+    candidates = sorted(k for k in known if k.startswith(name))
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise UsageError(f"option '--{name}'{where} is ambiguous: "
+                         + ", ".join("--" + c for c in candidates))
+    return name  # unknown: sbatch will judge it
+
+
+def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where: str) -> None:
+    opts.given.add(name.replace("-", "_"))
+    if name == "checkpoint":
+        if not value:
+            raise UsageError(f"--checkpoint{where} needs a directory")
+        opts.checkpoint = value
+    elif name == "resubmit":
+        try:
+            opts.resubmit = int(value or "")
+        except ValueError:
+            raise UsageError(f"--resubmit {value!r}{where} is not a number of resubmissions"
+                             ) from None
+        if not 0 <= opts.resubmit <= 999_998:
+            raise UsageError(f"--resubmit {opts.resubmit}{where} is outside 0..999998")
+    elif name == "supersede":
+        if not value:
+            raise UsageError(f"--supersede{where} needs a dispatch job id")
+        opts.supersede = value
+    elif name == "shared-checkpoint":
+        opts.shared_checkpoint = True
+    elif name == "plan":
+        opts.plan = True
+
+
+def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
+                  ) -> tuple[DispatchOptions, list[str], int, set[str]]:
+    """Walk ``words``; return (dispatch options, sbatch words, index of the script, long names)."""
+    opts = DispatchOptions()
+    sbatch: list[str] = []
+    names: set[str] = set()
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            sbatch.append(word)
+            i += 1
+            break
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            long = _resolve_long(name, where)
+            if long in DISPATCH_WITH_ARG or long in DISPATCH_FLAGS:
+                if long in DISPATCH_WITH_ARG and not eq:
+                    if i + 1 >= len(words):
+                        raise UsageError(f"--{long}{where} needs a value")
+                    value = words[i + 1]
+                    i += 1
+                elif long in DISPATCH_FLAGS and eq:
+                    raise UsageError(f"--{long}{where} takes no value (got {value!r})")
+                _set_dispatch(opts, long, value, where)
+                i += 1
+                continue
+            names.add(long)
+            sbatch.append(word)
+            if long in LONG_WITH_ARG and not eq:
+                if i + 1 >= len(words):
+                    raise UsageError(f"sbatch option --{long}{where} needs a value")
+                sbatch.append(words[i + 1])
+                i += 1
+            i += 1
+            continue
+        if word.startswith("-") and len(word) > 1:
+            sbatch.append(word)
+            for j, letter in enumerate(word[1:], start=1):
+                if letter in SHORT_ALIASES:
+                    names.add(SHORT_ALIASES[letter])
+                if letter in SHORT_WITH_ARG:
+                    if j == len(word) - 1:
+                        if i + 1 >= len(words):
+                            raise UsageError(f"sbatch option -{letter}{where} needs a value")
+                        sbatch.append(words[i + 1])
+                        i += 1
+                    break
+            i += 1
+            continue
+        if stop_at_script:
+            break
+        raise UsageError(f"unexpected word {word!r}{where}: directives hold options only")
+    return opts, sbatch, i, names
+
+
+def parse_command_line(argv: list[str]) -> CommandLine:
+    opts, sbatch, index, names = parse_options(argv, stop_at_script=True)
+    script = argv[index] if index < len(argv) else None
+    return CommandLine(opts, sbatch, script, list(argv[index + 1:]), names)
+
+
+@dataclass
+class ScriptHeader:
+    """What the top of a job script says: its shebang and directive lines."""
+
+    shebang: str
+    sbatch_lines: list[str]  # every line of the directive block after the shebang, verbatim
+    sbatch_words: list[str]  # the words of the #SBATCH directives
+    dispatch: DispatchOptions
+    long_names: set[str]
+
+
+def read_header(text: str, script_name: str) -> ScriptHeader:
+    """Read the shebang and directive block the way sbatch does.
+
+    sbatch stops reading directives at the first line that is neither blank nor a comment.
+    """
+    if "\r\n" in text:
+        raise UsageError(f"script {script_name!r} has DOS line breaks (\\r\\n); sbatch refuses "
+                         "such scripts: convert it with `dos2unix` or `sed -i 's/\\r$//'`")
+    lines = text.split("\n")
+    if not lines or not lines[0].startswith("#!"):
+        raise UsageError(f"script {script_name!r} does not start with '#!': a batch script's "
+                         "first line must name its interpreter (e.g. #!/bin/bash)")
+    block: list[str] = []
+    sbatch_words: list[str] = []
+    dispatch_words: list[str] = []
+    for number, line in enumerate(lines[1:], start=2):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        block.append(line)
+        for tag, sink in (("#SBATCH", sbatch_words), ("#DISPATCH", dispatch_words)):
+            if stripped.startswith(tag) and (len(stripped) == len(tag)
+                                             or stripped[len(tag)].isspace()):
+                words = _directive_words(stripped[len(tag):], script_name, number)
+                sink.extend(words)
+    where = f" (in {script_name}'s #DISPATCH lines)"
+    dispatch, stray, _, _ = parse_options(dispatch_words, stop_at_script=False, where=where)
+    if stray:
+        raise UsageError(f"{script_name}: #DISPATCH lines hold dispatch options only; "
+                         f"{' '.join(stray)!r} belongs on an #SBATCH line")
+    _, _, _, names = parse_options(sbatch_words, stop_at_script=False,
+                                   where=f" (in {script_name}'s #SBATCH lines)")
+    return ScriptHeader(lines[0], block, sbatch_words, dispatch, names)
+
+
+def _directive_words(rest: str, script_name: str, number: int) -> list[str]:
+    # sbatch ignores what follows a '#' that starts a word in a directive line.
+    try:
+        words = shlex.split(rest, comments=True)
+    except ValueError as exc:
+        raise UsageError(f"{script_name}, line {number}: cannot read directive: {exc}") from None
+    return words
+
+
+def render_batch_script(*, header: ScriptHeader, python: str, job_path: str,
+                        submission: int) -> str:
+    """The batch script sbatch receives: the user's directives, then the launcher.
+
+    The user's shebang is replaced by bash (the launcher is exec'd from bash); the user's own
+    script runs under its own interpreter, exec'd by the launcher with its arguments.
+    """
+    lines = ["#!/bin/bash"]
+    lines.extend(header.sbatch_lines)
+    lines.append("# slurm-dispatch: give this execution its identity, then run the script.")
+    lines.append(" ".join([
+        "exec", shlex.quote(python), "-m", "slurm_dispatch.launch",
+        "--job", shlex.quote(job_path), "--submission", str(submission), "--", '"$@"']))
+    return "\n".join(lines) + "\n"

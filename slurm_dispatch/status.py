@@ -1,0 +1,103 @@
+"""A dispatch job's status: its record joined with one view of Slurm and the site's facts.
+
+Costs one ``scontrol`` call whatever the number of submissions.  Pure over its inputs apart
+from reading the record, the store and the site facts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any, Callable, Optional
+
+from . import record, store
+from .errors import DispatchError
+
+FactsReader = Callable[[str], list[dict[str, Any]]]
+
+
+def _state(info: Optional[dict[str, str]]) -> str:
+    if info is None:
+        return "UNKNOWN (no longer known to slurmctld)"
+    return info.get("JobState", "?").split()[0]
+
+
+def _facts_reader() -> Optional[FactsReader]:
+    try:
+        facts = importlib.import_module(f"{__package__}.facts")
+    except ImportError:
+        return None
+    reader = getattr(facts, "execution_facts", None)
+    return reader if callable(reader) else None
+
+
+def collect(job: record.JobRecord, slurm_jobs: dict[str, dict[str, str]],
+            facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
+    spec = job.spec
+    events = job.events()
+    reader = facts_reader if facts_reader is not None else _facts_reader()
+    submissions = []
+    for ev in events:
+        if ev["event"] != "submitted":
+            continue
+        info = slurm_jobs.get(str(ev["slurm_job_id"]))
+        submissions.append({
+            "submission": ev["submission"], "slurm_job_id": str(ev["slurm_job_id"]),
+            "reason": ev.get("reason", ""), "submitted": ev["time"], "state": _state(info),
+            "restarts": int(info.get("Restarts", "0")) if info else None,
+            "slurm_reason": info.get("Reason", "") if info else "",
+        })
+    executions = []
+    facts_cache: dict[str, list[dict[str, Any]]] = {}
+    for ev in events:
+        if ev["event"] != "started":
+            continue
+        slurm_id = str(ev.get("slurm_job_id", ""))
+        array = ev.get("array_task_id") or ""
+        key = f"{ev.get('array_job_id')}_{array}" if array else slurm_id
+        info = slurm_jobs.get(key) or slurm_jobs.get(slurm_id)
+        restart = int(ev.get("restart", 0))
+        if info is not None and int(info.get("Restarts", "0")) > restart:
+            state = "REQUEUED"
+        else:
+            state = _state(info)
+        execution = {k: ev.get(k) for k in ("submission", "restart", "attempt", "epoch", "node",
+                                            "nodes", "exec_dir", "resume_from")}
+        execution.update({"slurm_job_id": slurm_id, "array_task_id": array, "started": ev["time"],
+                          "state": state})
+        if info is not None and int(info.get("Restarts", "0")) == restart:
+            execution["ended"] = info.get("EndTime", "")
+        if reader is not None and slurm_id:
+            if slurm_id not in facts_cache:
+                try:
+                    facts_cache[slurm_id] = reader(slurm_id)
+                except Exception as exc:  # noqa: BLE001 - status still shows the rest
+                    facts_cache[slurm_id] = [{"error": str(exc)}]
+            execution["facts"] = [f for f in facts_cache[slurm_id]
+                                  if f.get("restart") in (None, restart)]
+        executions.append(execution)
+    try:
+        found = store.latest(_root_for_status(spec["checkpoint"]))
+        latest: Any = found.as_json() if found else None
+    except DispatchError as exc:
+        latest = {"error": str(exc)}
+    others = [ev for ev in events if ev["event"] not in ("submitted", "started")]
+    return {
+        "id": job.id, "generation": spec["generation"], "checkpoint": spec["checkpoint"],
+        "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
+        "resubmits_used": max(0, len(submissions) - 1), "supersedes": spec.get("supersedes"),
+        "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
+        "submissions": submissions, "executions": executions, "events": others,
+        "latest": latest,
+    }
+
+
+def _root_for_status(root: str) -> str:
+    # An array job's root has per-task patterns; status shows the static part's store then.
+    return root.split("%", 1)[0].rstrip("/") if "%" in root else root
+
+
+def clock(seconds: Optional[float]) -> str:
+    if not seconds:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))

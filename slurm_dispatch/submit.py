@@ -1,0 +1,274 @@
+"""Submitting dispatch jobs through sbatch: first submissions, resubmissions, supersessions.
+
+Invariants:
+
+* Nothing is recorded before the input is known good (script readable, ``#!`` first line, no
+  DOS line breaks, checkpoint root usable); a job whose first ``sbatch`` fails is removed whole.
+* Submission N is made at most once: its claim file is created with ``O_EXCL`` before
+  ``sbatch`` runs, and the job carries the marker ``dispatch:<id>/<N>`` in its comment so a
+  timed-out ``sbatch`` is looked up, not blindly repeated.
+* Every submission runs the snapshot taken at the first one, with the same sbatch options, from
+  the same working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from . import record, sbatch_args
+from .errors import DispatchError, RecordError, SlurmError, UsageError
+from .slurm import Result, Slurm
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@dataclass
+class Request:
+    """A dispatch-sbatch invocation, read and checked, nothing written yet."""
+
+    options: sbatch_args.DispatchOptions
+    sbatch: list[str]
+    script_path: str
+    script_bytes: bytes
+    script_args: list[str]
+    header: sbatch_args.ScriptHeader
+    long_names: set[str]
+    cwd: str
+
+    @property
+    def parsable(self) -> bool:
+        return "parsable" in self.long_names
+
+
+def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
+    cwd = cwd or os.getcwd()
+    line = sbatch_args.parse_command_line(argv)
+    sbatch = list(line.sbatch)
+    if any(w == "--wrap" or w.startswith("--wrap=") for w in sbatch):
+        raise UsageError("--wrap is not supported: put the command in a script so every "
+                         "resubmission runs the same thing")
+    if line.script is None:
+        raise UsageError("no batch script given: usage is "
+                         "dispatch-sbatch [dispatch options] [sbatch options] script [args...]")
+    path = os.path.join(cwd, line.script)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read script {line.script!r}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8", "surrogateescape")
+    except UnicodeDecodeError:  # pragma: no cover - surrogateescape decodes anything
+        raise UsageError(f"script {line.script!r} is not text") from None
+    header = sbatch_args.read_header(text, line.script)
+    options = line.dispatch.merged_over(header.dispatch)
+    return Request(options, sbatch, os.path.abspath(path), data, line.script_args, header,
+                   line.long_names | header.long_names, cwd)
+
+
+def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
+    if not options.checkpoint:
+        raise UsageError("no checkpoint root: give --checkpoint DIR (or a '#DISPATCH "
+                         "--checkpoint DIR' line in the script); every execution writes under "
+                         "DIR/exec/<attempt>/ and publishes into DIR/pub/")
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(options.checkpoint)))
+
+
+def prepare_root(root: str) -> None:
+    """Create the root (up to its first %-pattern) and check the user can write it."""
+    static = root.split("%", 1)[0]
+    folder = static if "%" not in root else os.path.dirname(static.rstrip("/")) or "/"
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create checkpoint root {folder!r}: {exc.strerror}") from None
+    if not os.path.isdir(folder):
+        raise UsageError(f"checkpoint root {folder!r} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"checkpoint root {folder!r} is not writable by you")
+
+
+def _spec(request: Request, root: str, generation: int, supersedes: Optional[str]
+          ) -> dict[str, Any]:
+    return {
+        "generation": generation,
+        "checkpoint": root,
+        "resubmit": request.options.resubmit,
+        "shared_checkpoint": request.options.shared_checkpoint,
+        "supersedes": supersedes,
+        "sbatch": request.sbatch,
+        "script_args": request.script_args,
+        "script_name": os.path.basename(request.script_path),
+        "script_path": request.script_path,
+        "header": request.header.sbatch_lines,
+        "shebang": request.header.shebang,
+        "long_names": sorted(request.long_names),
+        "cwd": request.cwd,
+        "python": os.environ.get("DISPATCH_PYTHON") or sys.executable,
+        "created": round(time.time(), 3),
+        "user": _user(),
+    }
+
+
+def _user() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (KeyError, ImportError):  # pragma: no cover
+        return str(os.getuid())
+
+
+@dataclass
+class Submitted:
+    job: record.JobRecord
+    submission: int
+    slurm_job_id: str
+    result: Result
+
+
+def marker(job: record.JobRecord, submission: int) -> str:
+    return f"dispatch:{job.id}/{submission}"
+
+
+def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str]
+                 ) -> tuple[list[str], bool]:
+    spec = job.spec
+    names = set(spec["long_names"])
+    argv = ["sbatch", *spec["sbatch"], *extra]
+    if "job-name" not in names and not os.environ.get("SBATCH_JOB_NAME"):
+        argv.append(f"--job-name={spec['script_name']}")
+    if spec.get("shared_checkpoint") and "no-requeue" not in names:
+        # Slurm must not restart a shared-checkpoint job behind dispatch's back.
+        argv.append("--no-requeue")
+    has_marker = "comment" not in names and not os.environ.get("SBATCH_COMMENT")
+    if has_marker:
+        argv.append(f"--comment={marker(job, submission)}")
+    argv.append(job.batch_script(submission))
+    argv.extend(spec["script_args"])
+    return argv, has_marker
+
+
+def _write_batch(job: record.JobRecord, submission: int) -> None:
+    spec = job.spec
+    header = sbatch_args.ScriptHeader(spec["shebang"], spec["header"], [],
+                                      sbatch_args.DispatchOptions(), set())
+    text = sbatch_args.render_batch_script(header=header, python=spec["python"],
+                                           job_path=job.path, submission=submission)
+    path = job.batch_script(submission)
+    try:
+        with open(path, "x", encoding="utf-8", errors="surrogateescape") as handle:
+            handle.write(text)
+    except FileExistsError:
+        pass  # a pass that died after writing it; the content is the same
+    except OSError as exc:
+        raise RecordError(f"cannot write {path!r}: {exc.strerror}") from None
+
+
+def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
+            extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None
+            ) -> Submitted:
+    _write_batch(job, submission)
+    argv, has_marker = _sbatch_argv(job, submission, list(extra or []))
+    cwd = job.spec["cwd"]
+    run_env = dict(env if env is not None else os.environ)
+    previous = os.getcwd()
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        raise UsageError(f"cannot enter the submission directory {cwd!r}: {exc.strerror}"
+                         ) from None
+    try:
+        if has_marker:
+            jobid, result = slurm.sbatch(argv, marker(job, submission), run_env)
+        else:
+            jobid, result = Slurm(slurm.runner, attempts=1).sbatch(argv, "", run_env)
+    finally:
+        os.chdir(previous)
+    job.append("submitted", submission=submission, slurm_job_id=jobid, reason=reason,
+               argv=argv)
+    return Submitted(job, submission, jobid, result)
+
+
+def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
+               env: Optional[Mapping[str, str]] = None) -> Submitted:
+    """The first submission of a new dispatch job (or of a superseding one)."""
+    old: Optional[record.JobRecord] = None
+    generation = 0
+    if request.options.supersede:
+        old = record.open_job(request.options.supersede, home)
+        generation = int(old.spec["generation"]) + 1
+        old_root = old.spec["checkpoint"]
+        if request.options.checkpoint and checkpoint_root(request.options,
+                                                          request.cwd) != old_root:
+            raise UsageError(
+                f"--checkpoint {request.options.checkpoint!r} differs from {old.id}'s root "
+                f"{old_root!r}: a superseding job resumes from the root it supersedes")
+        root = old_root
+    else:
+        root = checkpoint_root(request.options, request.cwd)
+    prepare_root(root)
+    job = record.create_job(_spec(request, root, generation, old.id if old else None),
+                            request.script_bytes, home)
+    try:
+        if not job.claim("submission-1"):  # pragma: no cover - a brand-new folder
+            raise RecordError(f"{job.id}: submission 1 already claimed")
+        submitted = _submit(slurm, job, 1, "first", env=env)
+    except (DispatchError, OSError):
+        record.remove_unsubmitted(job)
+        raise
+    if old is not None:
+        cancel_live(slurm, old, env)
+        old.append("superseded", by=job.id)
+    return submitted
+
+
+def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
+                    jobs: Optional[dict[str, dict[str, str]]] = None,
+                    env: Optional[Mapping[str, str]] = None) -> list[str]:
+    jobs = jobs if jobs is not None else slurm.show_jobs(env)
+    live = []
+    for sub in job.submissions():
+        jobid = str(sub["slurm_job_id"])
+        info = jobs.get(jobid)
+        if info is not None and info.get("JobState", "").split()[0] not in FINAL_STATES:
+            live.append(jobid)
+    return live
+
+
+def cancel_live(slurm: Slurm, job: record.JobRecord,
+                env: Optional[Mapping[str, str]] = None) -> list[str]:
+    live = live_slurm_jobs(slurm, job, env=env)
+    slurm.cancel(live, env)
+    return live
+
+
+def next_submission(job: record.JobRecord) -> int:
+    return len(job.submissions()) + 1
+
+
+def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
+             extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None
+             ) -> Submitted:
+    """Submit the snapshot again as submission N+1 (claimed once, never doubled)."""
+    submission = next_submission(job)
+    if submission > 999_999:
+        raise UsageError(f"{job.id} has made 999,999 submissions; no epoch is left for another")
+    if not job.claim(f"submission-{submission}"):
+        found = slurm.find_by_marker(marker(job, submission), env)
+        if found:
+            job.append("submitted", submission=submission, slurm_job_id=found, reason=reason,
+                       argv=[], recovered=True)
+            raise RecordError(f"{job.id}: submission {submission} had already been made "
+                              f"(Slurm job {found}); recorded it")
+        raise RecordError(f"{job.id}: submission {submission} is being made by another "
+                          "process (its claim exists but no submission is recorded yet)")
+    try:
+        return _submit(slurm, job, submission, reason, extra, env)
+    except SlurmError as exc:
+        job.append("submit-failed", submission=submission, error=str(exc))
+        raise
