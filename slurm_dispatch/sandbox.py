@@ -1,0 +1,1055 @@
+"""The sandbox: a real multi-node Slurm cluster on one machine, for the demo and the real tests.
+
+It runs Debian's own daemons on loopback: one ``munged`` (as the munge user, with its own key and
+socket), one ``slurmctld`` and one ``slurmd -N nX`` per node, all as root, configured for speed
+(short credential lifetime, short timeouts, a scheduler that starts jobs within a second).  Jobs
+run as an unprivileged user (``dispatchuser``) from a virtualenv under the state folder that this
+repository is installed into, because the developer's own interpreter is usually unreachable for
+that user.
+
+Invariant: everything the sandbox writes or starts lives under its state folder (configuration,
+munge key, socket, pid files, logs, spool, state, venv).  It never reads or writes ``/etc/slurm``
+or ``/etc/munge`` and never signals a process unless the pid came from one of its own pid files
+*and* that process's command line names its own configuration.  The library never prints: it
+returns values and raises :class:`~slurm_dispatch.errors.SandboxError`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .errors import SandboxError
+
+DEFAULT_DIR = Path("/var/tmp/slurm-dispatch-sandbox")
+DIR_ENV = "DISPATCH_SANDBOX_DIR"
+USER_ENV = "DISPATCH_SANDBOX_USER"
+DEFAULT_USER = "dispatchuser"
+DEFAULT_NODE_COUNT = 3
+MAX_NODE_COUNT = 32
+CLUSTER_NAME = "dispatch-sandbox"
+PARTITION_NAME = "debug"
+# Well away from Slurm's defaults (6817/6818) so a system Slurm can run beside the sandbox.
+CONTROLLER_PORT = 16817
+FIRST_NODE_PORT = 17001
+MUNGE_USER = "munge"
+SYSTEM_PYTHON = "/usr/bin/python3"
+APT_PACKAGES = ("slurm-wlm", "munge")
+SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "munge", "unmunge", "sinfo", "scontrol",
+                  "sbatch", "squeue", "scancel")
+# Job credential lifetime: a requeued job may not start again before it has passed (measured
+# here: requeue-to-running 6 s with 5, 11 s with 10).  Slurm 22.05 rejects values below 5 and
+# falls back to 120 (with an error in the log).
+CRED_EXPIRE = 5
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Node states (sinfo %T, flags stripped) in which a node accepts or runs work.
+USABLE_STATES = frozenset({"idle", "mixed", "allocated"})
+# sinfo appends these to a state: * not responding, ~ powered off, # powering up, ! powering
+# down, % powering down, $ maintenance, @ pending reboot, ^ rebooting, - planned.
+_STATE_FLAGS = "*~#!%$@^-"
+
+
+def site_config_lines(state_dir: Path) -> list[str]:
+    """Lines of ``<state>/etc/site.conf``, included at the end of the sandbox's slurm.conf.
+
+    This is where the project's hooks get installed the way a site admin would (Prolog, Epilog,
+    PrologSlurmctld, EpilogSlurmctld, TaskProlog, PrologFlags): the base slurm.conf sets none of
+    those keys, so this file may set any of them.  Empty for now.
+    """
+    del state_dir
+    return []
+
+
+# --------------------------------------------------------------------------------------------
+# Where things live
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path of one sandbox, derived from its state folder."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def site_conf(self) -> Path:
+        return self.etc / "site.conf"
+
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.etc / "plugstack.conf"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def munge_pid_file(self) -> Path:
+        return self.munge_dir / "munged.pid"
+
+    @property
+    def munge_log(self) -> Path:
+        return self.munge_dir / "munged.log"
+
+    @property
+    def munge_seed(self) -> Path:
+        return self.munge_dir / "munged.seed"
+
+    @property
+    def state_save(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    @property
+    def venv_bin(self) -> Path:
+        return self.venv / "bin"
+
+    @property
+    def source_hash_file(self) -> Path:
+        return self.venv / ".slurm-dispatch-source-sha256"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "sandbox.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def slurmctld_pid_file(self) -> Path:
+        return self.run_dir / "slurmctld.pid"
+
+    @property
+    def slurmctld_log(self) -> Path:
+        return self.log_dir / "slurmctld.log"
+
+    def slurmd_pid_file(self, node: str) -> Path:
+        return self.run_dir / f"slurmd-{node}.pid"
+
+    def slurmd_log(self, node: str) -> Path:
+        return self.log_dir / f"slurmd-{node}.log"
+
+
+def state_dir(override: Optional[PathLike] = None) -> Path:
+    """The sandbox state folder: ``override``, else ``$DISPATCH_SANDBOX_DIR``, else the default."""
+    chosen = override if override is not None else os.environ.get(DIR_ENV) or DEFAULT_DIR
+    path = Path(os.path.abspath(os.fspath(chosen)))
+    bad = [c for c in " \t\n,=\"'#" if c in str(path)]
+    if bad:
+        raise SandboxError(
+            f"sandbox folder {str(path)!r} contains {''.join(bad)!r}; slurm.conf cannot quote "
+            "that: choose a folder whose path has no spaces, commas, '=', quotes or '#'")
+    # A unix socket path must fit in 108 bytes.
+    if len(str(Layout(path).munge_socket)) > 100:
+        raise SandboxError(f"sandbox folder {str(path)!r} is too long for a unix socket path "
+                           "(keep it under about 80 characters)")
+    return path
+
+
+def node_names(count: int) -> list[str]:
+    """``n1`` … ``nCOUNT``."""
+    if not 1 <= count <= MAX_NODE_COUNT:
+        raise SandboxError(f"node count {count} is out of range: choose 1 to {MAX_NODE_COUNT}")
+    return [f"n{i}" for i in range(1, count + 1)]
+
+
+def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str) -> str:
+    """The sandbox's slurm.conf (pure): loopback nodes, fast timers, no accounting, no hooks."""
+    spool = layout.spool / "%n"
+    lines = [
+        "# slurm.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`: do not",
+        "# edit; site settings come from slurm_dispatch.sandbox.site_config_lines (site.conf).",
+        f"ClusterName={CLUSTER_NAME}",
+        f"SlurmctldHost={hostname}(127.0.0.1)",
+        f"SlurmctldPort={CONTROLLER_PORT}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "",
+        "# Authentication: our own munged, never the system one.  CredType signs job",
+        "# credentials through the same socket; a requeued job waits cred_expire to run again.",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={CRED_EXPIRE}",
+        "",
+        "# Plain processes: no cgroups on these machines.",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        f"PlugStackConfig={layout.plugstack_conf}",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "MailProg=/bin/true",
+        "",
+        "# Scheduling: start work within about a second of it becoming eligible.",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=0,"
+        "batch_sched_delay=0",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "",
+        "# Timers: fail fast, requeue fast, keep ended jobs visible for ten minutes.",
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=10",
+        "MessageTimeout=10",
+        "KillWait=5",
+        "InactiveLimit=0",
+        "WaitTime=0",
+        "MinJobAge=600",
+        "PrologEpilogTimeout=30",
+        "UnkillableStepTimeout=60",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "",
+        "# Files: all under the sandbox folder.",
+        f"StateSaveLocation={layout.state_save}",
+        f"SlurmdSpoolDir={spool}",
+        f"SlurmctldPidFile={layout.slurmctld_pid_file}",
+        f"SlurmdPidFile={layout.run_dir / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={layout.slurmctld_log}",
+        f"SlurmdLogFile={layout.log_dir / 'slurmd-%n.log'}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "",
+        "# Nodes: one slurmd per node on this machine (`slurmd -N nX`), each on its own port.",
+        "SlurmdParameters=config_overrides",
+    ]
+    for index, node in enumerate(nodes):
+        lines.append(f"NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 "
+                     f"Port={FIRST_NODE_PORT + index} CPUs=2 RealMemory=1000 State=UNKNOWN")
+    lines += [
+        f"PartitionName={PARTITION_NAME} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "
+        "State=UP",
+        "",
+        f"Include {layout.site_conf}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_site_conf(layout: Layout) -> str:
+    """The content of ``site.conf``: a header and :func:`site_config_lines`."""
+    lines = ["# Site settings of the sandbox (slurm_dispatch.sandbox.site_config_lines)."]
+    lines += site_config_lines(layout.root)
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Environment for clients
+
+
+def environment(directory: Optional[PathLike] = None, user: Optional[str] = None,
+                base_path: Optional[str] = None) -> dict[str, str]:
+    """The variables that point Slurm clients and ``dispatch`` at the sandbox.
+
+    Only the sandbox's own variables (``SLURM_CONF``, ``DISPATCH_SANDBOX_DIR``,
+    ``DISPATCH_SANDBOX_USER`` and ``PATH`` with ``<state>/venv/bin`` first); merge them into a
+    copy of ``os.environ`` to run commands.
+    """
+    layout = Layout(state_dir(directory))
+    if user is None:
+        user = _read_manifest(layout).get("user", DEFAULT_USER) if layout.manifest.exists() \
+            else DEFAULT_USER
+    path = base_path if base_path is not None else os.environ.get("PATH", os.defpath)
+    return {
+        "SLURM_CONF": str(layout.slurm_conf),
+        DIR_ENV: str(layout.root),
+        USER_ENV: str(user),
+        "PATH": f"{layout.venv_bin}{os.pathsep}{path}" if path else str(layout.venv_bin),
+    }
+
+
+def env_lines(directory: Optional[PathLike] = None) -> list[str]:
+    """Shell lines to ``eval``: the exports of :func:`environment`, PATH prepended literally."""
+    env = environment(directory, base_path="")
+    lines = [f"export {name}={shlex.quote(env[name])}"
+             for name in ("SLURM_CONF", DIR_ENV, USER_ENV)]
+    venv_bin = Layout(state_dir(directory)).venv_bin
+    lines.append(f'export PATH={shlex.quote(str(venv_bin))}:"$PATH"')
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Reports
+
+
+@dataclass
+class DaemonStatus:
+    """One daemon of the sandbox as seen through its pid file."""
+
+    name: str
+    pid: Optional[int]
+    alive: bool
+    stopped: bool
+    pid_file: str
+    log: str
+
+
+@dataclass
+class NodeStatus:
+    """One node as ``sinfo`` reports it (``state`` keeps flags such as ``*``)."""
+
+    name: str
+    state: str
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return _is_usable(self.state)
+
+
+@dataclass
+class SandboxStatus:
+    """What ``status`` shows: the folder, the daemons, the nodes, and whether all is usable."""
+
+    dir: str
+    slurm_conf: str
+    user: str
+    venv_bin: str
+    daemons: list[DaemonStatus] = field(default_factory=list)
+    nodes: list[NodeStatus] = field(default_factory=list)
+    controller_error: str = ""
+
+    @property
+    def running(self) -> bool:
+        """Every daemon alive and answering, every node usable."""
+        return (bool(self.daemons) and all(d.alive and not d.stopped for d in self.daemons)
+                and bool(self.nodes) and all(n.usable for n in self.nodes))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["running"] = self.running
+        for node in data["nodes"]:
+            node["usable"] = _is_usable(node["state"])
+        return data
+
+
+@dataclass
+class UpReport:
+    """What ``up`` did (``actions`` is empty when nothing needed doing) and the result."""
+
+    status: SandboxStatus
+    actions: list[str]
+    seconds: float
+
+
+# --------------------------------------------------------------------------------------------
+# Public verbs
+
+
+def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
+       user: str = DEFAULT_USER, source: Optional[PathLike] = None,
+       timeout: float = 120.0) -> UpReport:
+    """Start the sandbox, or make a running one whole; return when every node is usable.
+
+    Idempotent: with everything already running as configured it changes nothing.  ``nodes``
+    defaults to the running sandbox's count, else 3.  ``source`` is the repository to install
+    into ``<state>/venv`` (default: this checkout, when the package runs from one); it is
+    reinstalled only when its files changed.  Raises :class:`SandboxError` with the tail of the
+    daemon logs when the nodes are not usable within ``timeout`` seconds.
+    """
+    started = time.monotonic()
+    _require_root("up")
+    layout = Layout(state_dir(directory))
+    actions: list[str] = []
+    actions += _ensure_packages(layout)
+    _make_folders(layout)
+    with _locked(layout):
+        manifest = _read_manifest(layout) if layout.manifest.exists() else {}
+        old_nodes: list[str] = list(manifest.get("nodes", []))
+        count = nodes if nodes is not None else (len(old_nodes) or DEFAULT_NODE_COUNT)
+        wanted = node_names(count)
+        for node in wanted:
+            (layout.spool / node).mkdir(mode=0o755, exist_ok=True)
+        actions += _ensure_user(user)
+        repo = Path(source) if source is not None else source_root()
+        if repo is not None:
+            actions += _ensure_venv(layout, repo)
+        elif not (layout.venv_bin / "python").exists():
+            raise SandboxError(
+                f"no venv in {layout.venv} and no source checkout to install from: run "
+                "`dispatch-sandbox up` from a checkout (bin/dispatch-sandbox) once")
+        actions += _ensure_munge_key(layout)
+        changed = _write_config(layout, wanted)
+        if changed:
+            actions.append("wrote " + ", ".join(changed))
+        new_manifest = {"nodes": wanted, "user": user}
+        if manifest != new_manifest:
+            _write_text(layout.manifest, json.dumps(new_manifest, indent=2) + "\n")
+
+        deadline = started + timeout
+        munged = _munged(layout)
+        if not _alive(munged):
+            actions += _start(munged, layout)
+            _wait(lambda: _munge_works(layout), deadline, "munged to answer", layout, wanted)
+
+        slurmds = {node: _slurmd(layout, node) for node in sorted(set(wanted) | set(old_nodes))}
+        slurmctld = _slurmctld(layout)
+        if changed:
+            # Node lists and plugin settings are only read at start; restart what runs.
+            # Running jobs survive: their slurmstepd processes do not depend on slurmd.
+            for daemon in [*slurmds.values(), slurmctld]:
+                actions += _stop(daemon)
+        for node in set(old_nodes) - set(wanted):
+            actions += _stop(slurmds[node])
+        if not _alive(slurmctld):
+            actions += _start(slurmctld, layout)
+            _wait(lambda: _controller_answers(layout), deadline, "slurmctld to answer",
+                  layout, wanted)
+        for node in wanted:
+            daemon = slurmds[node]
+            if _alive(daemon) and _is_stopped(_live_pid(daemon)):
+                os.kill(_checked_pid(daemon), signal.SIGCONT)
+                actions.append(f"continued slurmd {node} (it was partitioned)")
+            elif not _alive(daemon):
+                actions += _start(daemon, layout)
+        actions += _wait_nodes_usable(layout, wanted, deadline)
+    return UpReport(status=status(layout.root), actions=actions,
+                    seconds=round(time.monotonic() - started, 2))
+
+
+def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[str]:
+    """Stop the daemons this sandbox started (slurmds, slurmctld, munged); keep every file.
+
+    Only pids from the sandbox's pid files whose command line names the sandbox are signalled.
+    Job processes (slurmstepd and its children) are left alone, as a dead node would leave them.
+    Returns what it did.
+    """
+    _require_root("down")
+    layout = Layout(state_dir(directory))
+    if not layout.root.is_dir():
+        return []
+    actions: list[str] = []
+    with _locked(layout):
+        slurmd_nodes = sorted(p.name[len("slurmd-"):-len(".pid")]
+                              for p in layout.run_dir.glob("slurmd-*.pid"))
+        for node in slurmd_nodes:
+            actions += _stop(_slurmd(layout, node), timeout)
+        actions += _stop(_slurmctld(layout), timeout)
+        actions += _stop(_munged(layout), timeout)
+    return actions
+
+
+def status(directory: Optional[PathLike] = None) -> SandboxStatus:
+    """Daemons (pid, alive, stopped), nodes and their states, and the folder.  Needs no root."""
+    layout = Layout(state_dir(directory))
+    manifest = _read_manifest(layout) if layout.manifest.exists() else {}
+    nodes: list[str] = list(manifest.get("nodes", []))
+    report = SandboxStatus(dir=str(layout.root), slurm_conf=str(layout.slurm_conf),
+                           user=str(manifest.get("user", DEFAULT_USER)),
+                           venv_bin=str(layout.venv_bin))
+    if not manifest:
+        report.controller_error = f"no sandbox in {layout.root} (run `dispatch-sandbox up`)"
+        return report
+    for daemon in [_munged(layout), _slurmctld(layout), *(_slurmd(layout, n) for n in nodes)]:
+        pid = _live_pid(daemon)
+        report.daemons.append(DaemonStatus(
+            name=daemon.name, pid=pid, alive=pid is not None,
+            stopped=pid is not None and _is_stopped(pid),
+            pid_file=str(daemon.pid_file), log=str(daemon.log)))
+    try:
+        states = node_states(layout.root)
+    except SandboxError as exc:
+        report.controller_error = str(exc)
+    else:
+        report.nodes = [states.get(n, NodeStatus(n, "absent")) for n in nodes]
+    return report
+
+
+def node_states(directory: Optional[PathLike] = None) -> dict[str, NodeStatus]:
+    """Each node's state and reason from ``sinfo -N``; raises if the controller does not answer."""
+    layout = Layout(state_dir(directory))
+    out = _slurm(layout, ["sinfo", "-N", "-h", "-o", "%N|%T|%E"], timeout=15)
+    states: dict[str, NodeStatus] = {}
+    for line in out.splitlines():
+        parts = line.split("|", 2)
+        if len(parts) == 3:
+            reason = "" if parts[2].strip() == "none" else parts[2].strip()
+            states[parts[0].strip()] = NodeStatus(parts[0].strip(), parts[1].strip(), reason)
+    return states
+
+
+def partition(node: str, directory: Optional[PathLike] = None) -> int:
+    """Cut ``node`` off: SIGSTOP its slurmd so it stops answering while its jobs keep running.
+
+    Slurm marks the node DOWN after ``SlurmdTimeout`` and requeues its batch jobs elsewhere;
+    the job's processes on the node are children of slurmstepd and go on.  Returns the pid.
+    """
+    _require_root("partition")
+    layout = Layout(state_dir(directory))
+    daemon = _slurmd(layout, _known_node(layout, node))
+    pid = _checked_pid(daemon)
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
+         wait: bool = True, register: bool = True) -> list[str]:
+    """Undo :func:`partition`: SIGCONT the node's slurmd and (with ``wait``) wait until usable.
+
+    The rejoining slurmd handles what queued up while it was silent: the controller's order to
+    kill the job that was requeued away from it (then the Epilog runs for it).  With
+    ``register`` it also gets SIGHUP, which makes it re-register at once; without, the node
+    waits for the controller's next look at DOWN nodes (about 40 s here).  ``ReturnToService=2``
+    then brings the node back; if it answers but stays DOWN, heal resumes it.  A drained node
+    is left drained (a finding, not a partition).  Returns what it did.
+    """
+    _require_root("heal")
+    layout = Layout(state_dir(directory))
+    name = _known_node(layout, node)
+    daemon = _slurmd(layout, name)
+    actions: list[str] = []
+    pid = _live_pid(daemon)
+    if pid is None:
+        actions += _start(daemon, layout)
+    elif _is_stopped(pid):
+        os.kill(pid, signal.SIGCONT)
+        actions.append(f"continued slurmd {name}")
+        if register:
+            os.kill(pid, signal.SIGHUP)
+    if wait:
+        actions += _wait_nodes_usable(layout, [name], time.monotonic() + timeout)
+    return actions
+
+
+def source_root() -> Optional[Path]:
+    """The checkout this package runs from, or None when it runs from an installed copy."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "slurm_dispatch").is_dir():
+        return root
+    return None
+
+
+def source_digest(repo: Path) -> str:
+    """SHA-256 over the files that make the installed package: pyproject, README, the package."""
+    digest = hashlib.sha256()
+    for path in _source_files(repo):
+        digest.update(str(path.relative_to(repo)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Daemons
+
+
+@dataclass(frozen=True)
+class _Daemon:
+    name: str
+    program: str
+    argv: tuple[str, ...]
+    # Tokens that must all appear in /proc/PID/cmdline for the pid to be ours.
+    marks: tuple[str, ...]
+    pid_file: Path
+    log: Path
+    run_as: Optional[str] = None
+
+
+def _munged(layout: Layout) -> _Daemon:
+    socket_arg = f"--socket={layout.munge_socket}"
+    return _Daemon(
+        name="munged", program="munged",
+        argv=(_program("munged"), f"--key-file={layout.munge_key}", socket_arg,
+              f"--pid-file={layout.munge_pid_file}", f"--log-file={layout.munge_log}",
+              f"--seed-file={layout.munge_seed}", "--num-threads=4"),
+        marks=(socket_arg,), pid_file=layout.munge_pid_file, log=layout.munge_log,
+        run_as=MUNGE_USER)
+
+
+def _slurmctld(layout: Layout) -> _Daemon:
+    conf = str(layout.slurm_conf)
+    return _Daemon(name="slurmctld", program="slurmctld",
+                   argv=(_program("slurmctld"), "-f", conf), marks=("-f", conf),
+                   pid_file=layout.slurmctld_pid_file, log=layout.slurmctld_log)
+
+
+def _slurmd(layout: Layout, node: str) -> _Daemon:
+    conf = str(layout.slurm_conf)
+    return _Daemon(name=f"slurmd {node}", program="slurmd",
+                   argv=(_program("slurmd"), "-f", conf, "-N", node),
+                   marks=("-f", conf, "-N", node),
+                   pid_file=layout.slurmd_pid_file(node), log=layout.slurmd_log(node))
+
+
+def _read_pid(pid_file: Path) -> Optional[int]:
+    try:
+        text = pid_file.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    after = stat.rpartition(")")[2].split()
+    return after[0] if after else ""
+
+
+def _is_stopped(pid: Optional[int]) -> bool:
+    return pid is not None and _proc_state(pid) in ("T", "t")
+
+
+def _is_ours(pid: int, daemon: _Daemon) -> bool:
+    argv = _cmdline(pid)
+    if not argv or os.path.basename(argv[0]) != daemon.program:
+        return False
+    return all(mark in argv for mark in daemon.marks) and (
+        "-N" not in daemon.marks or argv[argv.index("-N") + 1:argv.index("-N") + 2]
+        == [daemon.marks[daemon.marks.index("-N") + 1]])
+
+
+def _live_pid(daemon: _Daemon) -> Optional[int]:
+    """The daemon's pid if its pid file names a live (non-zombie) process that is ours."""
+    pid = _read_pid(daemon.pid_file)
+    if pid is None or _proc_state(pid) in ("", "Z", "X") or not _is_ours(pid, daemon):
+        return None
+    return pid
+
+
+def _alive(daemon: _Daemon) -> bool:
+    return _live_pid(daemon) is not None
+
+
+def _checked_pid(daemon: _Daemon) -> int:
+    pid = _live_pid(daemon)
+    if pid is None:
+        raise SandboxError(f"{daemon.name} is not running (pid file {daemon.pid_file}); "
+                           "run `dispatch-sandbox up`")
+    return pid
+
+
+def _start(daemon: _Daemon, layout: Layout) -> list[str]:
+    """Start a self-daemonizing program and wait for its pid file to name it."""
+    daemon.pid_file.unlink(missing_ok=True)
+    start_log = layout.log_dir / f"{daemon.name.replace(' ', '-')}.start.log"
+    extra: dict[str, Any] = {}
+    if daemon.run_as is not None:
+        extra = {"user": daemon.run_as, "group": daemon.run_as, "extra_groups": []}
+    with open(start_log, "ab") as out:
+        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n"
+                  .encode())
+        out.flush()
+        try:
+            proc = subprocess.run(daemon.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, env=_daemon_env(layout),
+                                  cwd="/", start_new_session=True, timeout=60, **extra)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxError(f"could not start {daemon.name}: {exc}") from exc
+    if proc.returncode != 0:
+        raise SandboxError(f"{daemon.name} exited {proc.returncode} at start:\n"
+                           + _tail(start_log) + _tail(daemon.log))
+    deadline = time.monotonic() + 15
+    while not _alive(daemon):
+        if time.monotonic() > deadline:
+            raise SandboxError(f"{daemon.name} did not stay up (no live pid in "
+                               f"{daemon.pid_file}):\n" + _tail(start_log) + _tail(daemon.log))
+        time.sleep(0.05)
+    return [f"started {daemon.name} (pid {_live_pid(daemon)})"]
+
+
+def _stop(daemon: _Daemon, timeout: float = 30.0) -> list[str]:
+    pid = _live_pid(daemon)
+    if pid is None:
+        return []
+    os.kill(pid, signal.SIGTERM)
+    # A partitioned slurmd gets the TERM only once it runs again.
+    os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + timeout
+    while _proc_state(pid) not in ("", "Z", "X") and _is_ours(pid, daemon):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return [f"killed {daemon.name} (pid {pid}; it ignored SIGTERM for {timeout:.0f} s)"]
+        time.sleep(0.05)
+    return [f"stopped {daemon.name} (pid {pid})"]
+
+
+def _daemon_env(layout: Layout) -> dict[str, str]:
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(layout.slurm_conf),
+            "LANG": "C.UTF-8"}
+
+
+def _client_env(layout: Layout) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"))}
+    env["SLURM_CONF"] = str(layout.slurm_conf)
+    return env
+
+
+def _slurm(layout: Layout, argv: list[str], timeout: float = 30) -> str:
+    """Run a Slurm client against the sandbox; return stdout or raise with its output."""
+    full = [_program(argv[0]), *argv[1:]]
+    try:
+        proc = subprocess.run(full, capture_output=True, text=True, env=_client_env(layout),
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise SandboxError(f"{shlex.join(full)} did not answer within {timeout:.0f} s") from exc
+    if proc.returncode != 0:
+        raise SandboxError(f"{shlex.join(full)} failed (exit {proc.returncode}): "
+                           + (proc.stderr + proc.stdout).strip())
+    return proc.stdout
+
+
+def _munge_works(layout: Layout) -> bool:
+    sock = f"--socket={layout.munge_socket}"
+    try:
+        cred = subprocess.run([_program("munge"), sock, "-n"], capture_output=True,
+                              timeout=5, stdin=subprocess.DEVNULL)
+        if cred.returncode != 0:
+            return False
+        check = subprocess.run([_program("unmunge"), sock], input=cred.stdout,
+                               capture_output=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return check.returncode == 0
+
+
+def _controller_answers(layout: Layout) -> bool:
+    try:
+        return " is UP" in _slurm(layout, ["scontrol", "ping"], timeout=10)
+    except SandboxError:
+        return False
+
+
+def _base_state(state: str) -> str:
+    return state.rstrip(_STATE_FLAGS).lower()
+
+
+def _is_usable(state: str) -> bool:
+    return not any(flag in state for flag in _STATE_FLAGS) and _base_state(state) in USABLE_STATES
+
+
+def _wait_nodes_usable(layout: Layout, nodes: Sequence[str], deadline: float) -> list[str]:
+    """Wait until each node is idle (or running jobs); resume nodes that answer but stay down."""
+    actions: list[str] = []
+    resumed: set[str] = set()
+    seen_down_responding: dict[str, float] = {}
+    last: dict[str, NodeStatus] = {}
+    while True:
+        try:
+            last = node_states(layout.root)
+        except SandboxError:
+            last = {}
+        if last and all(n in last and last[n].usable for n in nodes):
+            return actions
+        now = time.monotonic()
+        for name in nodes:
+            node = last.get(name)
+            if node is None or name in resumed or "*" in node.state:
+                continue
+            base = _base_state(node.state)
+            # ReturnToService=2 returns an answering DOWN node by itself within a ping or two;
+            # resume only if it has not after a few seconds.  Drained nodes too: `up` promises
+            # a usable cluster; the reason stays in the action list.
+            if base in ("down", "drained", "draining", "drain", "fail", "failing") or \
+                    base.startswith("drain"):
+                first = seen_down_responding.setdefault(name, now)
+                if now - first >= 5:
+                    _slurm(layout, ["scontrol", "update", f"nodename={name}", "state=resume"])
+                    resumed.add(name)
+                    actions.append(f"resumed {name} (was {node.state}"
+                                   + (f": {node.reason})" if node.reason else ")"))
+        if now > deadline:
+            states = ", ".join(f"{n}={last[n].state}" if n in last else f"{n}=?" for n in nodes)
+            raise SandboxError(f"nodes not usable in time ({states}):\n"
+                               + _logs_tail(layout, nodes))
+        time.sleep(0.2)
+
+
+def _wait(predicate: Any, deadline: float, what: str, layout: Layout,
+          nodes: Sequence[str]) -> None:
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SandboxError(f"timed out waiting for {what}:\n" + _logs_tail(layout, nodes))
+        time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    if not text:
+        return ""
+    return f"--- {path} (last {len(text)} lines)\n" + "\n".join(text) + "\n"
+
+
+def _logs_tail(layout: Layout, nodes: Sequence[str]) -> str:
+    paths = [layout.munge_log, layout.slurmctld_log, *(layout.slurmd_log(n) for n in nodes)]
+    return "".join(_tail(p) for p in paths) or f"(no logs yet in {layout.log_dir})"
+
+
+# --------------------------------------------------------------------------------------------
+# Setting up the machine and the folder
+
+
+def _require_root(verb: str) -> None:
+    if os.geteuid() != 0:
+        raise SandboxError(f"`dispatch-sandbox {verb}` must run as root (it starts munged, "
+                           "slurmctld and slurmd and creates a user); try: sudo "
+                           f"dispatch-sandbox {verb}")
+
+
+def _program(name: str) -> str:
+    for folder in ("/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which(name) or name
+
+
+def _missing_programs() -> list[str]:
+    return [p for p in SLURM_PROGRAMS if not os.path.isabs(_program(p))]
+
+
+def _venv_missing() -> bool:
+    try:
+        proc = subprocess.run([SYSTEM_PYTHON, "-c", "import venv, ensurepip"],
+                              capture_output=True, timeout=30)
+    except OSError:
+        return True
+    return proc.returncode != 0
+
+
+def _ensure_packages(layout: Layout) -> list[str]:
+    """apt-get install Slurm, munge and python3-venv when missing (CI starts from a bare box)."""
+    packages = list(APT_PACKAGES) if _missing_programs() else []
+    if _venv_missing():
+        packages.append("python3-venv")
+    if not packages:
+        return []
+    layout.root.mkdir(parents=True, exist_ok=True)
+    log = layout.root / "apt.log"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *packages]):
+        with open(log, "ab") as out:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}):\n"
+                               + _tail(log))
+    still = _missing_programs()
+    if still:
+        raise SandboxError(f"after installing {' '.join(packages)}, still missing: "
+                           + ", ".join(still))
+    return [f"installed {' '.join(packages)}"]
+
+
+def _make_folders(layout: Layout) -> None:
+    # World-traversable: jobs run as another user and read the config and the venv.
+    for folder in (layout.root, layout.etc, layout.state_save, layout.spool, layout.log_dir,
+                   layout.run_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o755)
+    layout.munge_dir.mkdir(exist_ok=True)
+    munge = pwd.getpwnam(MUNGE_USER)
+    os.chown(layout.munge_dir, munge.pw_uid, munge.pw_gid)
+    # munged refuses a socket folder that others can write to.
+    os.chmod(layout.munge_dir, 0o755)
+
+
+@contextmanager
+def _locked(layout: Layout) -> Iterator[None]:
+    with open(layout.lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ensure_user(user: str) -> list[str]:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        entry = None
+    if entry is None:
+        proc = subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise SandboxError(f"useradd -m {user} failed: {(proc.stderr + proc.stdout).strip()}")
+        return [f"created user {user}"]
+    home = Path(entry.pw_dir)
+    if not home.is_dir():
+        home.mkdir(parents=True, mode=0o755)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+        return [f"created home {home} of {user}"]
+    return []
+
+
+def _ensure_munge_key(layout: Layout) -> list[str]:
+    if layout.munge_key.exists():
+        return []
+    munge = pwd.getpwnam(MUNGE_USER)
+    fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    try:
+        os.write(fd, os.urandom(1024))
+        os.fchown(fd, munge.pw_uid, munge.pw_gid)
+    finally:
+        os.close(fd)
+    return [f"created munge key {layout.munge_key}"]
+
+
+def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _write_config(layout: Layout, nodes: Sequence[str]) -> list[str]:
+    """Write the config files that differ; return the names of those written."""
+    hostname = socket.gethostname().split(".")[0]
+    wanted = {
+        layout.slurm_conf: render_slurm_conf(layout, nodes, hostname),
+        layout.site_conf: render_site_conf(layout),
+        layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
+    }
+    changed = []
+    for path, text in wanted.items():
+        try:
+            current = path.read_text()
+        except OSError:
+            current = None
+        if current != text:
+            _write_text(path, text)
+            changed.append(path.name)
+    return changed
+
+
+def _source_files(repo: Path) -> list[Path]:
+    files = [repo / name for name in ("pyproject.toml", "README.md", "setup.cfg", "setup.py",
+                                      "MANIFEST.in", "LICENSE")
+             if (repo / name).is_file()]
+    package = repo / "slurm_dispatch"
+    files += sorted(p for p in package.rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return files
+
+
+def _ensure_venv(layout: Layout, repo: Path) -> list[str]:
+    """Install ``repo`` into ``<state>/venv`` unless the same source is installed already."""
+    if not (repo / "pyproject.toml").is_file():
+        raise SandboxError(f"{repo} is not a slurm-dispatch checkout (no pyproject.toml)")
+    digest = source_digest(repo)
+    python = layout.venv_bin / "python"
+    works = python.exists() and subprocess.run(
+        [str(python), "-c", ""], capture_output=True).returncode == 0
+    try:
+        installed = layout.source_hash_file.read_text().strip()
+    except OSError:
+        installed = ""
+    if works and installed == digest:
+        return []
+    actions = []
+    log = layout.log_dir / "venv.log"
+    if not works:
+        shutil.rmtree(layout.venv, ignore_errors=True)
+        _logged_run([SYSTEM_PYTHON, "-m", "venv", str(layout.venv)], log, "creating the venv")
+        actions.append(f"created {layout.venv}")
+    # Build from a copy: an in-tree build would write build/ and *.egg-info into the checkout,
+    # and a non-editable install keeps working when the checkout is not readable by the job user.
+    with tempfile.TemporaryDirectory(dir=layout.root, prefix="build-") as scratch:
+        copy = Path(scratch) / "src"
+        for path in _source_files(repo):
+            target = copy / path.relative_to(repo)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        if not (copy / "README.md").exists():
+            (copy / "README.md").write_text("slurm-dispatch\n")
+        layout.source_hash_file.unlink(missing_ok=True)
+        # pip always reinstalls a project given as a folder; dependencies only when missing.
+        _logged_run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
+                     "--no-input", "--quiet", str(copy)],
+                    log, f"installing {repo} into the venv")
+    _write_text(layout.source_hash_file, digest + "\n")
+    actions.append(f"installed {repo} into {layout.venv}")
+    return actions
+
+
+def _logged_run(argv: list[str], log: Path, what: str) -> None:
+    with open(log, "ab") as out:
+        out.write(f"--- {shlex.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=subprocess.STDOUT, umask=0o022)
+    if proc.returncode != 0:
+        raise SandboxError(f"{what} failed (exit {proc.returncode}):\n" + _tail(log, 30))
+
+
+def _read_manifest(layout: Layout) -> dict[str, Any]:
+    try:
+        data = json.loads(layout.manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"cannot read {layout.manifest}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SandboxError(f"{layout.manifest} is not a JSON object")
+    return data
+
+
+def _known_node(layout: Layout, node: str) -> str:
+    if not layout.manifest.exists():
+        raise SandboxError(f"no sandbox in {layout.root}: run `dispatch-sandbox up` first")
+    nodes = list(_read_manifest(layout).get("nodes", []))
+    if node not in nodes:
+        raise SandboxError(f"unknown node {node!r}: valid nodes are {', '.join(nodes)}")
+    return node
+
