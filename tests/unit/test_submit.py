@@ -1,0 +1,251 @@
+"""dispatch-sbatch's submission logic against a fake controller that fails loudly on any
+call it was not told to expect (the process boundary), plus the launcher run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import pytest
+
+from slurm_dispatch import record, submit
+from slurm_dispatch.errors import RecordError, SlurmError, SlurmUnavailable, UsageError
+from slurm_dispatch.slurm import Result, Slurm, parse_record
+
+
+class FakeController:
+    """Answers exactly the calls queued with expect(); anything else fails the test."""
+
+    def __init__(self) -> None:
+        self.expected: list[tuple[list[str], Result]] = []
+        self.calls: list[list[str]] = []
+
+    def expect(self, prefix: list[str], stdout: str = "", rc: int = 0, stderr: str = "") -> None:
+        self.expected.append((prefix, Result(prefix, rc, stdout, stderr)))
+
+    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
+                 input_text: Optional[str], timeout: float) -> Result:
+        argv = list(argv)
+        self.calls.append(argv)
+        if not self.expected:
+            raise AssertionError(f"unexpected Slurm call {argv}")
+        prefix, result = self.expected.pop(0)
+        if argv[:len(prefix)] != prefix:
+            raise AssertionError(f"expected a call starting {prefix}, got {argv}")
+        return result
+
+    def done(self) -> None:
+        assert not self.expected, f"calls never made: {self.expected}"
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH -N 1\necho hi\n")
+    return tmp_path
+
+
+def make(argv: list[str], fake: FakeController) -> submit.Submitted:
+    return submit.submit_new(submit.read_request(argv), Slurm(fake, wait=0))
+
+
+def test_first_submission_records_job_and_sbatch_line(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 42\n")
+    done = make(["--checkpoint", "ck", "--resubmit", "2", "-t", "5", "job.sh", "a b"], fake)
+    fake.done()
+    argv = fake.calls[0]
+    assert argv[:3] == ["sbatch", "-t", "5"]
+    assert "--job-name=job.sh" in argv and f"--comment=dispatch:{done.job.id}/1" in argv
+    assert argv[-2:] == [done.job.batch_script(1), "a b"]
+    spec = done.job.spec
+    assert (spec["generation"], spec["resubmit"], spec["checkpoint"]) == (0, 2, str(env / "ck"))
+    assert (env / "ck").is_dir()
+    assert Path(done.job.script).read_text() == (env / "job.sh").read_text()
+    assert [e["slurm_job_id"] for e in done.job.submissions()] == ["42"]
+
+
+def test_user_job_name_and_comment_are_kept(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "7;cluster\n")
+    done = make(["--checkpoint", "ck", "-J", "mine", "--comment=c", "job.sh"], fake)
+    assert done.slurm_job_id == "7"
+    assert not any(a.startswith("--job-name=") or a.startswith("--comment=dispatch")
+                   for a in fake.calls[0])
+
+
+def test_shared_checkpoint_disables_slurm_requeue(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 8\n")
+    make(["--checkpoint", "ck", "--shared-checkpoint", "job.sh"], fake)
+    assert "--no-requeue" in fake.calls[0]
+
+
+def test_sbatch_refusal_leaves_no_job(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], rc=1, stderr="sbatch: error: invalid partition specified: nope\n")
+    with pytest.raises(SlurmError) as info:
+        make(["--checkpoint", "ck", "-p", "nope", "job.sh"], fake)
+    assert "invalid partition specified: nope" in str(info.value)
+    assert info.value.returncode == 1
+    assert record.all_jobs() == []
+
+
+def test_transient_failure_finds_the_landed_job_instead_of_resubmitting(env: Path) -> None:
+    calls: list[list[str]] = []
+
+    def answer(argv, env_, input_text, timeout):  # type: ignore[no-untyped-def]
+        argv = list(argv)
+        calls.append(argv)
+        if argv[0] == "sbatch":
+            return Result(argv, 1, "", "sbatch: error: Socket timed out on send/recv\n")
+        assert argv[0] == "squeue", f"unexpected Slurm call {argv}"
+        if len(calls) < 4:
+            return Result(argv, 0, "", "")  # the first timed-out sbatch had not landed
+        marker = [a for a in calls[-2] if a.startswith("--comment=")][0].split("=", 1)[1]
+        return Result(argv, 0, f"98|other\n99|{marker}\n", "")  # the second one had
+
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
+                             Slurm(answer, wait=0))
+    assert done.slurm_job_id == "99"
+    assert [c[0] for c in calls] == ["sbatch", "squeue", "sbatch", "squeue"]
+    assert [e["slurm_job_id"] for e in done.job.submissions()] == ["99"]
+
+
+def test_controller_down_is_clear_and_leaves_no_job(env: Path) -> None:
+    fake = FakeController()
+    for _ in range(2):
+        fake.expect(["sbatch"], rc=1,
+                    stderr="sbatch: error: Batch job submission failed: Unable to contact "
+                           "slurm controller (connect failure)\n")
+        fake.expect(["squeue"], rc=1, stderr="squeue: error: Unable to contact slurm controller")
+    with pytest.raises(SlurmUnavailable, match="Unable to contact slurm controller"):
+        submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
+                          Slurm(fake, attempts=2, wait=0))
+    fake.done()
+    assert record.all_jobs() == []
+
+
+@pytest.mark.parametrize("argv,content,word", [
+    (["--checkpoint", "ck"], None, "no batch script"),
+    (["--checkpoint", "ck", "missing.sh"], None, "'missing.sh'"),
+    (["job.sh"], None, "no checkpoint root"),
+    (["--checkpoint", "ck", "crlf.sh"], "#!/bin/bash\r\necho\r\n", "DOS line breaks"),
+    (["--checkpoint", "ck", "--wrap=hostname"], None, "--wrap"),
+])
+def test_bad_input_is_refused_before_anything_is_made(env: Path, argv: list[str],
+                                                      content: Optional[str], word: str) -> None:
+    if content is not None:
+        (env / argv[-1]).write_text(content)
+    with pytest.raises(UsageError, match=word):
+        make(argv, FakeController())
+    assert record.all_jobs() == []
+
+
+def test_unwritable_root_is_refused(tmp_path: Path) -> None:
+    public = Path(tempfile.mkdtemp(prefix="dispatch-test-"))
+    public.chmod(0o755)
+    (public / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    (public / "ro").mkdir(mode=0o555)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child, as nobody
+        os.setgid(65534)
+        os.setuid(65534)
+        os.environ["DISPATCH_HOME"] = str(public / "home")
+        os.chdir(public)
+        try:
+            make(["--checkpoint", "ro", "job.sh"], FakeController())
+        except UsageError as exc:
+            os._exit(0 if "not writable" in str(exc) else 3)
+        os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    shutil.rmtree(public)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_resubmit_claims_each_submission_once(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 1\n")
+    job = make(["--checkpoint", "ck", "job.sh"], fake).job
+    fake.expect(["sbatch"], "Submitted batch job 2\n")
+    done = submit.resubmit(Slurm(fake, wait=0), job)
+    assert done.submission == 2 and f"--comment=dispatch:{job.id}/2" in fake.calls[-1]
+    assert Path(job.batch_script(2)).read_text().count("--submission 2") == 1
+    # A second resubmitter that lost the claim race for submission 3 finds it taken.
+    assert job.claim("submission-3")
+    fake.expect(["squeue"], "")
+    with pytest.raises(RecordError, match="submission 3 is being made"):
+        submit.resubmit(Slurm(fake, wait=0), job)
+    fake.done()
+
+
+def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 10\n")
+    old = make(["--checkpoint", "ck", "job.sh"], fake).job
+    fake.expect(["sbatch"], "Submitted batch job 11\n")
+    fake.expect(["scontrol", "-o", "show", "job"], "JobId=10 JobName=job.sh JobState=RUNNING "
+                "Reason=None Restarts=0\n")
+    fake.expect(["scancel", "10"])
+    new = make(["--supersede", old.id, "job.sh"], fake).job
+    fake.done()
+    assert new.spec["generation"] == 1 and new.spec["checkpoint"] == old.spec["checkpoint"]
+    assert [e["by"] for e in old.events() if e["event"] == "superseded"] == [new.id]
+
+
+def test_parse_record_keeps_values_with_spaces() -> None:
+    fields = parse_record("JobId=5 JobName=a b Reason=Node n1 went away Restarts=2 "
+                          "Command=/x y/z.sh")
+    assert fields["JobName"] == "a b" and fields["Reason"] == "Node n1 went away"
+    assert fields["Restarts"] == "2" and fields["Command"] == "/x y/z.sh"
+
+
+LAUNCHED = """#!/usr/bin/env python3
+import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
+                  if k.startswith("DISPATCH_") or k == "SLURM_EXPORT_ENV"}}))
+"""
+
+
+def test_launcher_gives_identity_and_execs_script(env: Path) -> None:
+    (env / "job.py").write_text(LAUNCHED)
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 5\n")
+    job = make(["--checkpoint", "ck", "job.py"], fake).job
+    run_env = {**os.environ, "SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "2",
+               "SLURMD_NODENAME": "n9", "SLURM_EXPORT_ENV": "NONE"}
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
+                               "--submission", "1", "--", "x", "y z"], env=run_env,
+                              capture_output=True, text=True, check=True)
+        outs.append(json.loads(proc.stdout))
+    first = outs[0]
+    assert first["argv"] == ["x", "y z"]
+    e = first["env"]
+    assert e["DISPATCH_EPOCH"] == "1000002" and e["DISPATCH_JOB"] == job.id
+    assert e["DISPATCH_EXEC_DIR"] == str(env / "ck" / "exec" / e["DISPATCH_ATTEMPT"])
+    assert os.path.isdir(e["DISPATCH_EXEC_DIR"]) and e["DISPATCH_RESUME_FROM"] == ""
+    assert "DISPATCH_ATTEMPT" in e["SLURM_EXPORT_ENV"].split(",")
+    assert outs[1]["env"]["DISPATCH_ATTEMPT"] != e["DISPATCH_ATTEMPT"]
+    started = [ev for ev in job.events() if ev["event"] == "started"]
+    assert [(s["restart"], s["node"]) for s in started] == [(2, "n9"), (2, "n9")]
+
+
+def test_launcher_refuses_a_garbled_store(env: Path) -> None:
+    (env / "job.py").write_text(LAUNCHED)
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 5\n")
+    job = make(["--checkpoint", "ck", "job.py"], fake).job
+    (env / "ck" / "pub").mkdir()
+    (env / "ck" / "pub" / "junk").touch()
+    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
+                           "--submission", "1", "--"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "'junk'" in proc.stderr and proc.stdout == ""
