@@ -1,12 +1,17 @@
 # slurm-dispatch: the commands a newcomer runs.
 PYTHON ?= python3
 
-.PHONY: demo test check bench install
+.PHONY: demo demo-protocol test check bench install
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
 
+# The seed's scenario on a real multi-node Slurm sandbox (needs root: installs slurm-wlm, munge).
 demo: install
+	bash demo/cluster.sh
+
+# The checkpoint protocol alone, no Slurm: two overlapping executions on this machine.
+demo-protocol: install
 	bash demo/protocol.sh
 
 test: install
