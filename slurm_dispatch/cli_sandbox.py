@@ -1,0 +1,224 @@
+"""``dispatch-sandbox``: the command line of the sandbox Slurm cluster (slurm_dispatch.sandbox).
+
+Role: parse arguments, call :mod:`slurm_dispatch.sandbox`, print.  Invariant: this is the only
+place of the sandbox that prints or exits; every library error reaches the user once, as
+``dispatch-sandbox: <message>`` with the error class's exit code (2 for sandbox errors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, TypeVar
+
+import click
+
+from . import sandbox
+from .errors import DispatchError
+
+PROG = "dispatch-sandbox"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _dir_option(func: F) -> F:
+    return click.option(
+        "--dir", "directory", metavar="DIR", default=None,
+        help=f"State folder of the sandbox (default: ${sandbox.DIR_ENV}, else "
+             f"{sandbox.DEFAULT_DIR}).")(func)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def cli() -> None:
+    """A real multi-node Slurm cluster on this machine, for demos and tests.
+
+    It runs Debian's munged, slurmctld and one slurmd per node (n1, n2, n3) on loopback, with
+    its own configuration, key, socket, logs and state in one folder; it never touches
+    /etc/slurm, /etc/munge or a system Slurm.  Jobs run as the unprivileged user dispatchuser,
+    with this repository installed in <state>/venv.
+
+    \b
+    Typical use (as root):
+      dispatch-sandbox up
+      eval "$(dispatch-sandbox env)"
+      runuser -u "$DISPATCH_SANDBOX_USER" -- sbatch --wrap 'hostname'
+      dispatch-sandbox status
+      dispatch-sandbox down
+    """
+
+
+@cli.command()
+@click.option("--nodes", type=click.IntRange(1, sandbox.MAX_NODE_COUNT), default=None,
+              metavar="N", help="Number of nodes n1..nN (default: as running, else 3).")
+@click.option("--timeout", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for every node to be idle.")
+@_dir_option
+def up(nodes: Optional[int], timeout: float, directory: Optional[str]) -> None:
+    """Start the sandbox (or repair it) and wait until every node is idle.
+
+    Installs slurm-wlm and munge with apt-get when missing, creates the job user, installs
+    this checkout into <state>/venv (again only when its files changed), writes the
+    configuration and starts the daemons that are not running.  Idempotent: a second `up`
+    returns within a second and changes nothing.  A changed configuration (for example
+    another --nodes) restarts slurmctld and the slurmds; running jobs survive.
+
+    \b
+    Examples:
+      dispatch-sandbox up
+      dispatch-sandbox up --nodes 5
+      DISPATCH_SANDBOX_DIR=/var/tmp/sb2 dispatch-sandbox up
+    """
+    report = sandbox.up(directory, nodes=nodes, timeout=timeout)
+    for action in report.actions:
+        click.echo(action)
+    names = " ".join(n.name for n in report.status.nodes)
+    verb = "up" if report.actions else "already up"
+    click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
+               f"({names}) in {report.status.dir}")
+    click.echo(f'use it with: eval "$({PROG} env)"')
+
+
+@cli.command()
+@_dir_option
+def down(directory: Optional[str]) -> None:
+    """Stop the daemons the sandbox started; keep its files.
+
+    Stops each slurmd, slurmctld and munged named by the pid files in the state folder (after
+    checking that the process really is the sandbox's).  Logs, state, key and venv stay, so
+    the next `up` is quick and a failure can still be read.  Job processes still running are
+    left alone, as a crashed node would leave them.
+
+    \b
+    Example:
+      dispatch-sandbox down
+    """
+    actions = sandbox.down(directory)
+    for action in actions:
+        click.echo(action)
+    if not actions:
+        click.echo("nothing was running")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_dir_option
+def status(as_json: bool, directory: Optional[str]) -> None:
+    """Show the daemons, the nodes and the state folder.  Exit 0 when all is up, else 1.
+
+    Needs no root.  Node states come from `sinfo -N` against the sandbox's slurm.conf; a
+    "stopped" slurmd is a partitioned node.
+
+    \b
+    Examples:
+      dispatch-sandbox status
+      dispatch-sandbox status --json | jq '.nodes[].state'
+    """
+    report = sandbox.status(directory)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(f"state dir   {report.dir}")
+        click.echo(f"slurm.conf  {report.slurm_conf}")
+        click.echo(f"job user    {report.user}")
+        click.echo(f"venv        {report.venv_bin}")
+        if report.daemons:
+            click.echo("daemons:")
+        for daemon in report.daemons:
+            if not daemon.alive:
+                what = "not running"
+            elif daemon.stopped:
+                what = f"pid {daemon.pid}, stopped (partitioned)"
+            else:
+                what = f"pid {daemon.pid}, running"
+            click.echo(f"  {daemon.name:<12} {what}")
+        if report.nodes:
+            click.echo("nodes:")
+        for node in report.nodes:
+            reason = f"  ({node.reason})" if node.reason else ""
+            click.echo(f"  {node.name:<4} {node.state}{reason}")
+        if report.controller_error:
+            click.echo(f"controller: {report.controller_error}")
+    sys.exit(0 if report.running else 1)
+
+
+@cli.command()
+@_dir_option
+def env(directory: Optional[str]) -> None:
+    """Print shell lines that point Slurm commands and `dispatch` at the sandbox.
+
+    Sets SLURM_CONF, DISPATCH_SANDBOX_DIR and DISPATCH_SANDBOX_USER and puts <state>/venv/bin
+    first on PATH.
+
+    \b
+    Example:
+      eval "$(dispatch-sandbox env)"; sinfo -N
+    """
+    for line in sandbox.env_lines(directory):
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("node")
+@_dir_option
+def partition(node: str, directory: Optional[str]) -> None:
+    """Cut NODE off the network: its slurmd stops answering, its jobs keep running.
+
+    Sends SIGSTOP to the slurmd of NODE.  About 25 s later Slurm marks the node DOWN and
+    requeues its batch jobs onto other nodes, while the old processes on NODE go on writing,
+    until `heal`.
+
+    \b
+    Example:
+      dispatch-sandbox partition n1; sleep 40; squeue; dispatch-sandbox heal n1
+    """
+    pid = sandbox.partition(node, directory)
+    click.echo(f"partitioned {node} (slurmd pid {pid} stopped); undo with: {PROG} heal {node}")
+
+
+@cli.command()
+@click.argument("node")
+@click.option("--no-register", is_flag=True,
+              help="Do not make slurmd re-register at once; let the controller find the node "
+                   "again by itself (about 40 s).")
+@click.option("--no-wait", is_flag=True, help="Return without waiting for NODE to be idle.")
+@_dir_option
+def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str]) -> None:
+    """Reconnect NODE after `partition`, and wait until it is idle again.
+
+    Sends SIGCONT to the slurmd of NODE (it then kills what is left of the jobs that were
+    requeued away from it and runs their Epilog) and SIGHUP so that it re-registers at once.
+
+    \b
+    Example:
+      dispatch-sandbox heal n1
+    """
+    actions = sandbox.heal(node, directory, wait=not no_wait, register=not no_register)
+    for action in actions:
+        click.echo(action)
+    click.echo(f"{node} healed" if actions else f"{node} was not partitioned")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point: run the CLI; errors print as ``dispatch-sandbox: <message>``."""
+    try:
+        code = cli.main(args=list(argv) if argv is not None else None, prog_name=PROG,
+                        standalone_mode=False)
+    except DispatchError as exc:
+        click.echo(f"{PROG}: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        # Quiet when piped into head: point stdout at /dev/null so the exit flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    # Without standalone mode, click returns the code of ctx.exit() (e.g. 0 after --help).
+    if isinstance(code, int) and code:
+        sys.exit(code)

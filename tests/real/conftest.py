@@ -1,0 +1,167 @@
+"""Real tier: the session's sandbox Slurm cluster and the helpers that drive it.
+
+The ``sandbox`` fixture brings the cluster up once per session through
+:func:`slurm_dispatch.sandbox.up` (3 nodes, this checkout installed in its venv) and leaves it
+running at the end, so the next run starts in a second.  It never skips: a sandbox that cannot
+start fails every real test with the reason.
+
+Invariant: every test that used the sandbox hands it back settled: no node partitioned, no job
+pending or running, every node idle.  Tests clean up after themselves (a partition test heals
+in a ``finally``); the teardown below checks and repairs anyway, so one failing test cannot
+poison the next.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import pytest
+
+from slurm_dispatch import sandbox as sandbox_lib
+from slurm_dispatch.errors import SandboxError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NODE_COUNT = 3
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                          "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+T = TypeVar("T")
+# `scontrol -o` prints Key=Value pairs separated by spaces; a value may itself contain spaces
+# (Reason, Command) or '=' (TRES), so split only before a space that starts the next key.
+_NEXT_KEY = re.compile(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)")
+
+
+@dataclass
+class Sandbox:
+    """A running sandbox cluster, as the tests see it."""
+
+    dir: Path
+    user: str
+    env: dict[str, str]
+    venv_bin: Path
+    nodes: list[str]
+    uid: int = field(init=False)
+    home: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        entry = pwd.getpwnam(self.user)
+        self.uid = entry.pw_uid
+        self.home = Path(entry.pw_dir)
+
+    def run(self, argv: Sequence[Union[str, os.PathLike[str]]], user: Optional[str] = None,
+            check: bool = True, input: Optional[str] = None,
+            cwd: Optional[Path] = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` with the sandbox environment; as ``user`` (via runuser) when given.
+
+        A user's command runs in that user's home unless ``cwd`` says otherwise (the test's
+        own folder is usually unreadable to it).  With ``check``, a non-zero exit fails with
+        the command's output.
+        """
+        args = [os.fspath(a) for a in argv]
+        if user is not None:
+            args = ["runuser", "-u", user, "--", *args]
+            if cwd is None:
+                cwd = Path(pwd.getpwnam(user).pw_dir)
+        proc = subprocess.run(args, env=self.env, cwd=cwd, input=input, text=True,
+                              capture_output=True, timeout=timeout,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} exited {proc.returncode}\n"
+                                 f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+        return proc
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float, what: str,
+                 interval: float = 0.2) -> T:
+        """Poll ``predicate`` until it returns something truthy, and return that; fail after
+        ``timeout`` seconds naming ``what`` and the last value seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} "
+                                     f"(last value: {value!r})")
+            time.sleep(interval)
+
+    def job_state(self, jobid: str) -> dict[str, str]:
+        """``scontrol -o show job JOBID`` as a dict (JobState, Restarts, NodeList, …)."""
+        out = self.run(["scontrol", "-o", "show", "job", jobid]).stdout.strip()
+        line = out.splitlines()[0] if out else ""
+        fields: dict[str, str] = {}
+        for pair in _NEXT_KEY.split(line):
+            key, sep, value = pair.partition("=")
+            if sep:
+                fields[key] = value
+        return fields
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's sinfo state (``idle``, ``mixed``, ``down*``, …)."""
+        return {name: node.state for name, node in sandbox_lib.node_states(self.dir).items()}
+
+    def submit(self, script: str, *sbatch_args: str, user: Optional[str] = None) -> str:
+        """Submit ``script`` (given on stdin) with ``sbatch --parsable``; return the job id."""
+        out = self.run(["sbatch", "--parsable", *sbatch_args], user=user or self.user,
+                       input=script).stdout
+        return out.strip().split(";")[0]
+
+    def workdir(self, name: str) -> Path:
+        """A fresh folder in the job user's home, created by that user."""
+        out = self.run(["mktemp", "-d", f"{self.home}/{name}.XXXXXX"], user=self.user).stdout
+        return Path(out.strip())
+
+    def active_jobs(self) -> list[str]:
+        return self.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+
+    def settle(self, timeout: float = 120) -> None:
+        """Heal partitioned nodes, cancel every active job, wait until every node is idle."""
+        for daemon in sandbox_lib.status(self.dir).daemons:
+            if daemon.name.startswith("slurmd ") and daemon.stopped:
+                sandbox_lib.heal(daemon.name.split()[1], self.dir, wait=False)
+        jobs = self.active_jobs()
+        if jobs:
+            self.run(["scancel", *jobs], check=False)
+
+        def settled() -> Any:
+            states = self.node_states()
+            return (not self.active_jobs() and sorted(states) == sorted(self.nodes)
+                    and all(s == "idle" for s in states.values())) or states
+
+        value = self.wait_for(settled, timeout, "every node idle and no job active")
+        if value is not True:
+            raise AssertionError(f"sandbox not settled: {value}")
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[Sandbox]:
+    """The real Slurm sandbox (started once, left running after the session)."""
+    if os.geteuid() != 0:
+        pytest.fail("the real tier needs root: it starts munged, slurmctld and slurmd")
+    try:
+        report = sandbox_lib.up(os.environ.get(sandbox_lib.DIR_ENV), nodes=NODE_COUNT,
+                                source=REPO_ROOT)
+    except SandboxError as exc:
+        pytest.fail(f"the sandbox cluster did not start: {exc}")
+    state = report.status
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
+    env.update(sandbox_lib.environment(state.dir, user=state.user))
+    cluster = Sandbox(dir=Path(state.dir), user=state.user, env=env,
+                      venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes])
+    # Leftovers of an earlier, interrupted session (a requeued loop, a stopped slurmd).
+    cluster.settle()
+    yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_handed_back_settled(request: pytest.FixtureRequest) -> Iterator[None]:
+    cluster = request.getfixturevalue("sandbox") if "sandbox" in request.fixturenames else None
+    yield
+    if cluster is not None:
+        cluster.settle()

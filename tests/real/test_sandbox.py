@@ -1,0 +1,183 @@
+"""The sandbox is a real Slurm cluster: jobs run as the job user, requeue, and survive a partition.
+
+These tests prove the ground the rest of the real tier stands on: what the project claims about
+overlapping executions is only worth what this cluster reproduces of Slurm's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from slurm_dispatch import sandbox as sandbox_lib
+from slurm_dispatch.errors import SandboxError
+
+if TYPE_CHECKING:
+    from conftest import Sandbox
+
+pytestmark = pytest.mark.real
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+
+def _writer(log: Path) -> str:
+    """A batch script appending a line per half second to ``log``: restart count, node, pid."""
+    return f"""#!/bin/bash
+while true; do
+    echo "restart=${{SLURM_RESTART_COUNT:-0}} node=$SLURMD_NODENAME pid=$$" >> '{log}'
+    sleep 0.5
+done
+"""
+
+
+def _lines(path: Path, restart: int) -> list[str]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines() if line.startswith(f"restart={restart} ")]
+
+
+def _field(line: str, name: str) -> str:
+    return dict(part.split("=", 1) for part in line.split())[name]
+
+
+def _slurm_time(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+
+
+def test_up_again_changes_nothing(sandbox: Sandbox) -> None:
+    before = sandbox_lib.status(sandbox.dir)
+    report = sandbox_lib.up(sandbox.dir, source=REPO_ROOT)
+    assert report.actions == []
+    assert report.seconds < 5
+    assert [(d.name, d.pid) for d in report.status.daemons] == \
+        [(d.name, d.pid) for d in before.daemons]
+
+
+def test_status_json_lists_three_idle_nodes(sandbox: Sandbox) -> None:
+    # From the venv, as the job user: the installed CLI works without root.
+    proc = sandbox.run([sandbox.venv_bin / "dispatch-sandbox", "status", "--json"],
+                       user=sandbox.user)
+    report = json.loads(proc.stdout)
+    assert [(n["name"], n["state"]) for n in report["nodes"]] == \
+        [("n1", "idle"), ("n2", "idle"), ("n3", "idle")]
+    assert [d["name"] for d in report["daemons"]] == \
+        ["munged", "slurmctld", "slurmd n1", "slurmd n2", "slurmd n3"]
+    assert all(d["alive"] and not d["stopped"] for d in report["daemons"])
+    assert report["running"] is True
+    assert report["dir"] == str(sandbox.dir)
+
+
+def test_env_lines_point_at_the_sandbox(sandbox: Sandbox) -> None:
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "bin" / "dispatch-sandbox"), "env",
+                          "--dir", str(sandbox.dir)], capture_output=True, text=True,
+                         check=True).stdout
+    assert f"export SLURM_CONF={sandbox.dir}/etc/slurm.conf" in out.splitlines()
+    assert f"export DISPATCH_SANDBOX_USER={sandbox.user}" in out.splitlines()
+    assert f'export PATH={sandbox.venv_bin}:"$PATH"' in out.splitlines()
+
+
+def test_a_job_runs_as_the_user_with_the_venv(sandbox: Sandbox) -> None:
+    work = sandbox.workdir("job")
+    script = """#!/bin/bash
+echo "user=$(id -un) node=$SLURMD_NODENAME restart=${SLURM_RESTART_COUNT:-0}"
+python3 -c 'import slurm_dispatch, sys; print("prefix=" + sys.prefix)'
+"""
+    jobid = sandbox.submit(script, f"--chdir={work}", f"--output={work}/out-%j.txt")
+    state = sandbox.wait_for(
+        lambda: (s := sandbox.job_state(jobid))["JobState"] in ("COMPLETED", "FAILED") and s,
+        30, f"job {jobid} to end")
+    out = work / f"out-{jobid}.txt"
+    assert state["JobState"] == "COMPLETED", out.read_text()
+    assert out.stat().st_uid == sandbox.uid
+    fields = dict(part.split("=", 1) for part in out.read_text().split())
+    assert fields["user"] == sandbox.user
+    assert fields["node"] in sandbox.nodes
+    assert fields["restart"] == "0"
+    assert fields["prefix"] == str(sandbox.dir / "venv")
+    # sched_interval=1 and no batch delay: submission to start within a couple of seconds.
+    started = _slurm_time(state["StartTime"]) - _slurm_time(state["SubmitTime"])
+    assert started.total_seconds() <= 2
+
+
+def test_scontrol_requeue_runs_the_job_again(sandbox: Sandbox,
+                                             record_property: pytest.RecordProperty) -> None:
+    work = sandbox.workdir("requeue")
+    log = work / "writes.log"
+    jobid = sandbox.submit(_writer(log), f"--chdir={work}", "--output=/dev/null")
+    try:
+        sandbox.wait_for(lambda: _lines(log, 0), 30, f"job {jobid} to write")
+        requeued_at = time.monotonic()
+        sandbox.run(["scontrol", "requeue", jobid])
+        state = sandbox.wait_for(
+            lambda: (s := sandbox.job_state(jobid))["Restarts"] == "1"
+            and s["JobState"] == "RUNNING" and s, 60, f"job {jobid} to run again")
+        record_property("requeue_to_running_s", round(time.monotonic() - requeued_at, 1))
+        assert state["NodeList"] in sandbox.nodes
+        sandbox.wait_for(lambda: _lines(log, 1), 30, "the second execution to write")
+    finally:
+        sandbox.run(["scancel", jobid], check=False)
+
+
+def test_partitioned_node_requeues_its_job_while_the_old_execution_runs_on(
+        sandbox: Sandbox, record_property: pytest.RecordProperty) -> None:
+    work = sandbox.workdir("partition")
+    log = work / "writes.log"
+    jobid = sandbox.submit(_writer(log), f"--chdir={work}", "--output=/dev/null")
+    node = ""
+    try:
+        first = sandbox.wait_for(lambda: _lines(log, 0), 30, f"job {jobid} to write")
+        node = _field(first[0], "node")
+        old_pid = int(_field(first[0], "pid"))
+        assert node == "n1", "an idle cluster places the first job on n1"
+
+        cut_at = time.monotonic()
+        sandbox_lib.partition(node, sandbox.dir)
+        sandbox.wait_for(lambda: "*" in sandbox.node_states()[node], 30,
+                         f"{node} to stop responding")
+        state = sandbox.wait_for(
+            lambda: (s := sandbox.job_state(jobid))["Restarts"] == "1" and s, 90,
+            f"job {jobid} to be requeued away from {node}")
+        record_property("partition_to_requeue_s", round(time.monotonic() - cut_at, 1))
+        state = sandbox.wait_for(
+            lambda: (s := sandbox.job_state(jobid))["JobState"] == "RUNNING" and s, 60,
+            f"job {jobid} to run again")
+        record_property("partition_to_running_elsewhere_s", round(time.monotonic() - cut_at, 1))
+        assert state["NodeList"] != node
+        second = sandbox.wait_for(lambda: _lines(log, 1), 30, "the new execution to write")
+        assert _field(second[0], "node") == state["NodeList"]
+
+        # Slurm says the first execution ended; on the cut-off node it is still writing.
+        written = len(_lines(log, 0))
+        sandbox.wait_for(lambda: len(_lines(log, 0)) > written + 1, 10,
+                         f"the old execution on {node} to keep writing")
+        assert Path(f"/proc/{old_pid}").exists()
+    finally:
+        if node:
+            healed_at = time.monotonic()
+            sandbox_lib.heal(node, sandbox.dir)
+            record_property("heal_to_usable_s", round(time.monotonic() - healed_at, 1))
+    # Back in touch, slurmd kills what is left of the old execution and the node is idle again.
+    sandbox.wait_for(lambda: not Path(f"/proc/{old_pid}").exists(), 30,
+                     f"the old execution (pid {old_pid}) to be killed")
+    sandbox.wait_for(lambda: sandbox.node_states()[node] == "idle", 30, f"{node} idle")
+    assert sandbox.job_state(jobid)["JobState"] == "RUNNING"
+    sandbox.run(["scancel", jobid])
+
+
+def test_partition_of_an_unknown_node_names_the_valid_ones(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError, match=r"unknown node 'n9'.*n1, n2, n3"):
+        sandbox_lib.partition("n9", sandbox.dir)
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bin" / "dispatch-sandbox"),
+                           "heal", "n9", "--dir", str(sandbox.dir)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("dispatch-sandbox: unknown node 'n9'")
