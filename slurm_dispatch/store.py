@@ -20,16 +20,28 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 from . import model
-from .errors import AlreadyPublished, BadPublicationName, OutsideRoot, StoreError, StoreFull
+from .errors import (
+    AlreadyPublished,
+    BadPublicationName,
+    OutOfBounds,
+    OutsideRoot,
+    StoreError,
+    StoreFull,
+)
 
 PUB = "pub"
 EXEC = "exec"
 
-# One scan over all names joined by newlines checks every name's shape at C speed.
-_ALL_NAMES_RE = re.compile(f"(?:{model.NAME_PATTERN}\n)*")
+# One scan over all names joined by newlines checks every name's shape at C speed; the
+# base32 length rule is then checked once per distinct length, and the epoch once per
+# distinct epoch (a single character-class repeat is several times faster in CPython's
+# regex engine than the grouped length rule of model.NAME_PATTERN).
+_ALL_NAMES_RE = re.compile(r"(?:[0-9]{20}-[0-9]{20}-[A-Z2-7]+\n)*")
+_B32_TAIL_LENGTHS = frozenset({0, 2, 4, 5, 7})
 
 
 @dataclass(frozen=True)
@@ -69,34 +81,18 @@ def publish(root: str, epoch: int, step: int, path: str) -> str:
     """Publish the save at ``path`` (which must exist inside ``root``); return the name.
 
     The save's path is recorded relative to the root as the root was spelled; it must also
-    lie inside the root once symlinks are resolved, so a link leading out is refused.
+    lie inside the root once symlinks are resolved, so a link leading out is refused.  The
+    root itself may be a symlink (``/scratch/me -> /lustre/...``); ``pub/`` may not.
     """
-    model.check_epoch_value(epoch)
-    model.check_step(step)
     root_abs = os.path.abspath(root)
     path_abs = os.path.abspath(path)
-    if not os.path.isdir(root_abs):
-        raise StoreError(f"checkpoint root {root!r} is not a directory")
-    if not os.path.lexists(path_abs):
-        raise OutsideRoot(f"save {path!r} does not exist")
     relative = model.relative_inside(root_abs, path_abs)
-    real_root = os.path.realpath(root_abs)
-    real_path = os.path.realpath(path_abs)
-    if not real_path.startswith(real_root.rstrip("/") + "/"):
-        raise OutsideRoot(
-            f"save {path!r} resolves to {real_path!r}, outside the checkpoint root {real_root!r}")
     name = model.format_name(epoch, step, relative)
-
-    root_fd = _open_dir(root_abs, "checkpoint root")
+    root_fd = _open_root(root_abs, root)
     try:
+        _check_inside(root_fd, root_abs, relative, path)
         pub_path = os.path.join(root_abs, PUB)
-        try:
-            os.mkdir(PUB, 0o755, dir_fd=root_fd)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            _raise_write_error(exc, pub_path)
-        pub_fd = _open_dir_at(root_fd, pub_path)
+        pub_fd = _open_pub(root_fd, pub_path)
         try:
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -117,10 +113,62 @@ def publish(root: str, epoch: int, step: int, path: str) -> str:
     return name
 
 
+def _open_root(root_abs: str, given: str) -> int:
+    try:
+        return os.open(root_abs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise StoreError(f"checkpoint root {given!r} is not a directory") from None
+        raise StoreError(f"cannot open checkpoint root {given!r}: {exc.strerror}") from None
+
+
+def _check_inside(root_fd: int, root_abs: str, relative: str, given: str) -> None:
+    """The save exists, and no symlink on its way leads out of the root.
+
+    One lstat per component below the root; only when one of them is a symlink are both
+    paths resolved and compared.
+    """
+    parts = relative.split("/")
+    linked = False
+    for i in range(1, len(parts) + 1):
+        try:
+            st = os.lstat("/".join(parts[:i]), dir_fd=root_fd)
+        except FileNotFoundError:
+            raise OutsideRoot(f"save {given!r} does not exist") from None
+        except OSError as exc:
+            raise StoreError(f"cannot inspect save {given!r}: {exc.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            linked = True
+    if linked:
+        real_root = os.path.realpath(root_abs)
+        real_path = os.path.realpath(os.path.join(root_abs, relative))
+        if not real_path.startswith(real_root.rstrip("/") + "/"):
+            raise OutsideRoot(f"save {given!r} resolves to {real_path!r}, outside the "
+                              f"checkpoint root {real_root!r}")
+        if not os.path.exists(real_path):
+            raise OutsideRoot(f"save {given!r} is a dangling symlink")
+
+
+def _open_pub(root_fd: int, pub_path: str) -> int:
+    try:
+        return _open_dir_at(root_fd, pub_path)
+    except FileNotFoundError:
+        pass
+    try:
+        os.mkdir(PUB, 0o755, dir_fd=root_fd)
+    except FileExistsError:
+        pass  # another publisher made it meanwhile
+    except OSError as exc:
+        _raise_write_error(exc, pub_path)
+    return _open_dir_at(root_fd, pub_path)
+
+
 def _open_dir_at(root_fd: int, pub_path: str) -> int:
     try:
         return os.open(PUB, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                        dir_fd=root_fd)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             if os.path.islink(pub_path):
@@ -151,9 +199,18 @@ def _names(root: str) -> list[str]:
         os.close(fd)
 
 
+def _epochs_valid(epochs: set[str]) -> bool:
+    try:
+        for epoch in epochs:
+            model.check_epoch_value(int(epoch))
+    except (OutOfBounds, ValueError):
+        return False
+    return True
+
+
 def _first_bad(names: list[str]) -> str:
     for name in names:
-        if not model.is_name(name):
+        if not model.is_name(name) or not _epochs_valid({name[:20]}):
             return name
     raise AssertionError("no bad name found")  # pragma: no cover - caller saw one
 
@@ -169,7 +226,10 @@ def latest(root: str) -> Found | None:
     if not names:
         return None
     joined = "\n".join(names) + "\n"
-    if _ALL_NAMES_RE.fullmatch(joined) is None:
+    if (_ALL_NAMES_RE.fullmatch(joined) is None or joined.count("\n") != len(names)
+            or any((length - 42) % 8 not in _B32_TAIL_LENGTHS
+                   for length in set(map(len, names)))
+            or not _epochs_valid({name[:20] for name in names})):
         bad = _first_bad(names)
         raise BadPublicationName(
             f"{bad!r} in {os.path.join(root, PUB)!r} is not a publication name "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -248,3 +249,32 @@ def test_sigkill_leaves_only_whole_publications(tmp_path: Path) -> None:
         model.parse_name(name)
         assert os.stat(tmp_path / "pub" / name).st_size == 0
     assert len(store.list_publications(str(tmp_path))) == len(names)
+
+
+@pytest.mark.parametrize("bad", [
+    # Two valid names joined by a newline: one file whose name is not a publication.
+    model.format_name(E1, 1, "a") + "\n" + model.format_name(E1, 2, "a"),
+    f"{999_999:020d}-{1:020d}-ME",  # an epoch no (G, N, R) makes, not the greatest name
+    f"{E1:020d}-{1:020d}-MEA",  # a base32 length no path has
+])
+def test_latest_refuses_every_bad_name_not_only_the_winner(tmp_path: Path, bad: str) -> None:
+    store.publish(str(tmp_path), E2, 5, str(save(tmp_path, "exec/a/c1")))
+    (tmp_path / "pub" / bad).touch()
+    with pytest.raises(BadPublicationName, match=re.escape(repr(bad))):
+        store.latest(str(tmp_path))
+
+
+def test_root_may_be_a_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "lustre" / "me"
+    real.mkdir(parents=True)
+    (tmp_path / "scratch").symlink_to(real)
+    root = tmp_path / "scratch"
+    store.publish(str(root), E1, 1, str(save(root, "exec/a/c1")))
+    assert store.latest(str(root)).path == str(root / "exec/a/c1")  # type: ignore[union-attr]
+
+
+def test_dangling_symlink_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "exec").mkdir()
+    (tmp_path / "exec" / "gone").symlink_to(tmp_path / "exec" / "nothing")
+    with pytest.raises(OutsideRoot, match="dangling"):
+        store.publish(str(tmp_path), E1, 1, str(tmp_path / "exec" / "gone"))
