@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar
@@ -76,7 +77,8 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str]) -> None:
     verb = "up" if report.actions else "already up"
     click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
                f"({names}) in {report.status.dir}")
-    click.echo(f'use it with: eval "$({PROG} env)"')
+    where = f" --dir {shlex.quote(report.status.dir)}" if directory else ""
+    click.echo(f'use it with: eval "$({PROG} env{where})"')
 
 
 @cli.command()

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -45,8 +46,10 @@ MAX_NODE_COUNT = 32
 CLUSTER_NAME = "dispatch-sandbox"
 PARTITION_NAME = "debug"
 # Well away from Slurm's defaults (6817/6818) so a system Slurm can run beside the sandbox.
+# A sandbox in another folder shifts them (Layout.port_slot) so that two can run at once.
 CONTROLLER_PORT = 16817
 FIRST_NODE_PORT = 17001
+PORT_SLOTS = 50
 MUNGE_USER = "munge"
 SYSTEM_PYTHON = "/usr/bin/python3"
 APT_PACKAGES = ("slurm-wlm", "munge")
@@ -86,6 +89,21 @@ class Layout:
     """Every path of one sandbox, derived from its state folder."""
 
     root: Path
+
+    @property
+    def port_slot(self) -> int:
+        """0 for the default folder, else 1..49 derived from the folder's path."""
+        if self.root == DEFAULT_DIR:
+            return 0
+        return 1 + zlib.crc32(str(self.root).encode()) % (PORT_SLOTS - 1)
+
+    @property
+    def controller_port(self) -> int:
+        return CONTROLLER_PORT - self.port_slot
+
+    def node_port(self, index: int) -> int:
+        """Port of the node at ``index`` (0 for n1); room for MAX_NODE_COUNT per slot."""
+        return FIRST_NODE_PORT + (MAX_NODE_COUNT + 8) * self.port_slot + index
 
     @property
     def etc(self) -> Path:
@@ -209,7 +227,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str) -> st
         "# edit; site settings come from slurm_dispatch.sandbox.site_config_lines (site.conf).",
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={hostname}(127.0.0.1)",
-        f"SlurmctldPort={CONTROLLER_PORT}",
+        f"SlurmctldPort={layout.controller_port}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "",
@@ -265,7 +283,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str) -> st
     ]
     for index, node in enumerate(nodes):
         lines.append(f"NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 "
-                     f"Port={FIRST_NODE_PORT + index} CPUs=2 RealMemory=1000 State=UNKNOWN")
+                     f"Port={layout.node_port(index)} CPUs=2 RealMemory=1000 State=UNKNOWN")
     lines += [
         f"PartitionName={PARTITION_NAME} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "
         "State=UP",
@@ -843,9 +861,8 @@ def _logs_tail(layout: Layout, nodes: Sequence[str]) -> str:
 
 def _require_root(verb: str) -> None:
     if os.geteuid() != 0:
-        raise SandboxError(f"`dispatch-sandbox {verb}` must run as root (it starts munged, "
-                           "slurmctld and slurmd and creates a user); try: sudo "
-                           f"dispatch-sandbox {verb}")
+        raise SandboxError(f"`dispatch-sandbox {verb}` must run as root: the sandbox's "
+                           f"daemons run as root; try: sudo dispatch-sandbox {verb}")
 
 
 def _program(name: str) -> str:

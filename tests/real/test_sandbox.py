@@ -76,6 +76,18 @@ def test_status_json_lists_three_idle_nodes(sandbox: Sandbox) -> None:
     assert report["dir"] == str(sandbox.dir)
 
 
+def test_slurm_authenticates_through_the_sandbox_munged(sandbox: Sandbox) -> None:
+    config = sandbox.run(["scontrol", "show", "config"]).stdout
+    settings = dict(line.split("=", 1) for line in config.splitlines() if " = " in line)
+    settings = {k.strip(): v.strip() for k, v in settings.items()}
+    assert settings["AuthInfo"] == \
+        f"socket={sandbox.dir}/munge/munge.socket,cred_expire={sandbox_lib.CRED_EXPIRE}"
+    assert settings["AuthType"] == "auth/munge"
+    assert settings["CredType"] == "cred/munge"
+    # A job (next tests) then proves that sbatch, slurmctld, slurmd and slurmstepd all signed
+    # and checked through that socket: no other munged has the sandbox's key.
+
+
 def test_env_lines_point_at_the_sandbox(sandbox: Sandbox) -> None:
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bin" / "dispatch-sandbox"), "env",
                           "--dir", str(sandbox.dir)], capture_output=True, text=True,
