@@ -61,8 +61,9 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str]) -> None:
     Installs slurm-wlm and munge with apt-get when missing, creates the job user, installs
     this checkout into <state>/venv (again only when its files changed), writes the
     configuration and starts the daemons that are not running.  Idempotent: a second `up`
-    returns within a second and changes nothing.  A changed configuration (for example
-    another --nodes) restarts slurmctld and the slurmds; running jobs survive.
+    returns within a second and changes nothing (a partitioned node stays partitioned).  A
+    changed configuration (for example another --nodes) restarts slurmctld and the slurmds;
+    running jobs survive.
 
     \b
     Examples:
@@ -73,6 +74,8 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str]) -> None:
     report = sandbox.up(directory, nodes=nodes, timeout=timeout)
     for action in report.actions:
         click.echo(action)
+    for node in report.partitioned:
+        click.echo(f"{node} is partitioned: left so (undo with: {PROG} heal {node})")
     names = " ".join(n.name for n in report.status.nodes)
     verb = "up" if report.actions else "already up"
     click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "

@@ -397,6 +397,8 @@ class UpReport:
     status: SandboxStatus
     actions: list[str]
     seconds: float
+    # Nodes left partitioned (their slurmd stopped by `partition`), not waited for.
+    partitioned: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,7 +410,10 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
        timeout: float = 120.0) -> UpReport:
     """Start the sandbox, or make a running one whole; return when every node is usable.
 
-    Idempotent: with everything already running as configured it changes nothing.  ``nodes``
+    Usable means idle, or running jobs (``mixed``/``allocated``) that someone left running.
+    Idempotent: with everything already running as configured it changes nothing; a node that
+    :func:`partition` cut off stays cut off (listed in ``partitioned``, not waited for), since
+    undoing someone's deliberate partition is :func:`heal`'s job.  ``nodes``
     defaults to the running sandbox's count, else 3.  ``source`` is the repository to install
     into ``<state>/venv`` (default: this checkout, when the package runs from one); it is
     reinstalled only when its files changed.  Raises :class:`SandboxError` with the tail of the
@@ -462,16 +467,19 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
             actions += _start(slurmctld, layout)
             _wait(lambda: _controller_answers(layout), deadline, "slurmctld to answer",
                   layout, wanted)
+        partitioned = []
         for node in wanted:
             daemon = slurmds[node]
-            if _alive(daemon) and _is_stopped(_live_pid(daemon)):
-                os.kill(_checked_pid(daemon), signal.SIGCONT)
-                actions.append(f"continued slurmd {node} (it was partitioned)")
-            elif not _alive(daemon):
+            if not _alive(daemon):
                 actions += _start(daemon, layout)
-        actions += _wait_nodes_usable(layout, wanted, deadline)
+            elif _is_stopped(_live_pid(daemon)):
+                # Someone's deliberate partition (perhaps a test still running): not ours to
+                # undo; `heal` does that.
+                partitioned.append(node)
+        actions += _wait_nodes_usable(
+            layout, [n for n in wanted if n not in partitioned], deadline)
     return UpReport(status=status(layout.root), actions=actions,
-                    seconds=round(time.monotonic() - started, 2))
+                    seconds=round(time.monotonic() - started, 2), partitioned=partitioned)
 
 
 def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[str]:

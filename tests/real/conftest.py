@@ -9,6 +9,10 @@ Invariant: every test that used the sandbox hands it back settled: no node parti
 pending or running, every node idle.  Tests clean up after themselves (a partition test heals
 in a ``finally``); the teardown below checks and repairs anyway, so one failing test cannot
 poison the next.
+
+So one test session per sandbox at a time (settling cancels every job in it).  To run another
+session beside it, give it its own sandbox: ``DISPATCH_SANDBOX_DIR=/var/tmp/sandbox-b pytest``
+(a sandbox in another folder gets its own ports).
 """
 
 from __future__ import annotations

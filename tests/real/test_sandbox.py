@@ -159,6 +159,9 @@ def test_partitioned_node_requeues_its_job_while_the_old_execution_runs_on(
             lambda: (s := sandbox.job_state(jobid))["Restarts"] == "1" and s, 90,
             f"job {jobid} to be requeued away from {node}")
         record_property("partition_to_requeue_s", round(time.monotonic() - cut_at, 1))
+        # `up` leaves a deliberate partition alone.
+        report = sandbox_lib.up(sandbox.dir, source=REPO_ROOT)
+        assert (report.actions, report.partitioned) == ([], [node])
         state = sandbox.wait_for(
             lambda: (s := sandbox.job_state(jobid))["JobState"] == "RUNNING" and s, 60,
             f"job {jobid} to run again")
