@@ -413,11 +413,13 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     Usable means idle, or running jobs (``mixed``/``allocated``) that someone left running.
     Idempotent: with everything already running as configured it changes nothing; a node that
     :func:`partition` cut off stays cut off (listed in ``partitioned``, not waited for), since
-    undoing someone's deliberate partition is :func:`heal`'s job.  ``nodes``
-    defaults to the running sandbox's count, else 3.  ``source`` is the repository to install
-    into ``<state>/venv`` (default: this checkout, when the package runs from one); it is
-    reinstalled only when its files changed.  Raises :class:`SandboxError` with the tail of the
-    daemon logs when the nodes are not usable within ``timeout`` seconds.
+    undoing someone's deliberate partition is :func:`heal`'s job.
+
+    ``nodes`` defaults to the running sandbox's count, else 3.  ``source`` is the repository to
+    install into ``<state>/venv`` (default: this checkout, when the package runs from one); it
+    is reinstalled only when its files changed.  Raises :class:`SandboxError` with the tail of
+    the daemon logs when the daemons and nodes are not up within ``timeout`` seconds (counted
+    after packages and venv are in place).
     """
     started = time.monotonic()
     _require_root("up")
@@ -448,7 +450,7 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
         if manifest != new_manifest:
             _write_text(layout.manifest, json.dumps(new_manifest, indent=2) + "\n")
 
-        deadline = started + timeout
+        deadline = time.monotonic() + timeout
         munged = _munged(layout)
         if not _alive(munged):
             actions += _start(munged, layout)
@@ -565,8 +567,8 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     kill the job that was requeued away from it (then the Epilog runs for it).  With
     ``register`` it also gets SIGHUP, which makes it re-register at once; without, the node
     waits for the controller's next look at DOWN nodes (about 40 s here).  ``ReturnToService=2``
-    then brings the node back; if it answers but stays DOWN, heal resumes it.  A drained node
-    is left drained (a finding, not a partition).  Returns what it did.
+    then brings the node back; if it answers but stays DOWN or drained (say, a failed Epilog of
+    the killed job), heal resumes it and says why it was down.  Returns what it did.
     """
     _require_root("heal")
     layout = Layout(state_dir(directory))
@@ -823,8 +825,9 @@ def _wait_nodes_usable(layout: Layout, nodes: Sequence[str], deadline: float) ->
                 continue
             base = _base_state(node.state)
             # ReturnToService=2 returns an answering DOWN node by itself within a ping or two;
-            # resume only if it has not after a few seconds.  Drained nodes too: `up` promises
-            # a usable cluster; the reason stays in the action list.
+            # resume only if it has not after a few seconds.  Drained nodes too (a hook that
+            # failed in some test): the promise is a usable cluster, and the reason is kept
+            # in the returned actions.
             if base in ("down", "drained", "draining", "drain", "fail", "failing") or \
                     base.startswith("drain"):
                 first = seen_down_responding.setdefault(name, now)
