@@ -269,5 +269,75 @@ def plan(args: tuple[str, ...]) -> None:
     run_guarded(body)
 
 
+def _settings() -> Any:
+    from . import config
+    from .errors import UsageError as _UsageError
+    from .supervisor import Settings
+    conf = config.load()
+    if conf.problems:
+        raise _UsageError("site configuration: " + "; ".join(conf.problems))
+    return Settings(hold_for=float(conf.shared_hold_for),
+                    signal=conf.cessation_signal or None,
+                    interval=float(conf.cessation_interval))
+
+
+@main.command()
+@click.option("--loop", is_flag=True, help="Run a pass every --interval seconds, for ever.")
+@click.option("--interval", type=float, default=None, metavar="S",
+              help="Seconds between passes with --loop (default: CessationInterval).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors.")
+def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
+    """Apply your dispatch jobs' recovery rules: one idempotent pass, or --loop.
+
+    For each of your dispatch jobs whose latest submission ended: resubmit it while its
+    --resubmit budget lasts; for --shared-checkpoint jobs, submit the next submission held
+    and ask the site's CessationSignal (dispatch.conf; default dispatch-cease) every
+    CessationInterval whether the ended execution's processes are gone; a ceased answer
+    releases the hold; after SharedHoldFor the hold expires and the job ends.
+
+    A pass costs one scontrol call plus one per action.  Several supervisors may run at
+    once: no submission is ever made twice.  Run it from a login node (`dispatch supervise
+    --loop`), from scrontab (`*/2 * * * * dispatch supervise -q`), or from a systemd timer.
+    """
+    def body() -> None:
+        import time as _time
+
+        from .slurm import Slurm
+        from .supervisor import Supervisor
+        settings = _settings()
+        supervisor = Supervisor(Slurm(), settings)
+        pause = interval if interval is not None else settings.interval
+        while True:
+            report = supervisor.run_pass()
+            stamp = _time.strftime("%Y-%m-%dT%H:%M:%S")
+            if not quiet:
+                for action in report.actions:
+                    click.echo(f"{stamp} {action}")
+            for error in report.errors:
+                click.echo(f"dispatch: {stamp} {error}", err=True)
+            if not loop:
+                if report.errors:
+                    sys.exit(2)
+                return
+            _time.sleep(pause)
+    run_guarded(body)
+
+
+@main.command()
+@click.argument("job")
+def release(job: str) -> None:
+    """Lift the hold on a shared-checkpoint job's next submission, as a person.
+
+    Same as `scontrol release` on the held Slurm job, and recorded as your decision.
+    """
+    def body() -> None:
+        from .slurm import Slurm
+        from .supervisor import release as release_hold
+        record_ = record.open_job(job)
+        held = release_hold(Slurm(), record_)
+        click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
+    run_guarded(body)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

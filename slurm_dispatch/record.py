@@ -85,28 +85,44 @@ class JobRecord:
     def batch_script(self, submission: int) -> str:
         return os.path.join(self.path, f"batch-{submission}.sh")
 
-    def append(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Add an event to the history; returns it."""
+    def append(self, kind: str, once: Optional[str] = None, **fields: Any
+               ) -> Optional[dict[str, Any]]:
+        """Add an event to the history; returns it.
+
+        With ``once``, the event is recorded at most once under that key (for example the
+        submission number): a second writer gets ``None``.  The event is written under a
+        temporary name and then linked into place, so it appears whole or not at all.
+        """
         now = time.time_ns()
-        event = {"event": kind, "time": round(now / 1e9, 3), **fields}
+        event = {"event": kind, "time": round(now / 1e9, 3), "ns": now, **fields}
         events = os.path.join(self.path, "events")
-        name = f"{now:020d}-{kind}-{secrets.token_hex(4)}.json"
-        tmp = os.path.join(events, f".{name}.tmp")
+        name = (f"{kind}-{once}.json" if once is not None
+                else f"{now:020d}-{kind}-{secrets.token_hex(4)}.json")
+        tmp = os.path.join(events, f".{now}-{secrets.token_hex(4)}.tmp")
         try:
             _write_new(tmp, (json.dumps(event, sort_keys=True) + "\n").encode())
-            os.rename(tmp, os.path.join(events, name))
+            try:
+                os.link(tmp, os.path.join(events, name))
+            except FileExistsError:
+                if once is None:
+                    raise
+                return None
+            finally:
+                os.unlink(tmp)
         except OSError as exc:
             raise RecordError(f"cannot record {kind!r} in {events!r}: {exc.strerror}") from None
         return event
 
     def events(self) -> list[dict[str, Any]]:
+        """The history, oldest first."""
         folder = os.path.join(self.path, "events")
         try:
-            names = sorted(n for n in os.listdir(folder) if n.endswith(".json")
-                           and not n.startswith("."))
+            names = [n for n in os.listdir(folder) if n.endswith(".json")
+                     and not n.startswith(".")]
         except OSError as exc:
             raise RecordError(f"cannot read {folder!r}: {exc.strerror}") from None
-        return [read_json(os.path.join(folder, n)) for n in names]
+        found = [read_json(os.path.join(folder, n)) for n in names]
+        return sorted(found, key=lambda e: (e.get("ns", 0), e["event"]))
 
     def claim(self, name: str) -> bool:
         """Create claim ``name`` once; True for the one caller that created it."""

@@ -150,6 +150,10 @@ class Slurm:
         if jobids:
             self.call(["scancel", *jobids], env)
 
+    def release(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        if jobids:
+            self.call(["scontrol", "release", ",".join(jobids)], env)
+
 
 _FIELD = re.compile(r"(\S+?)=")
 

@@ -146,7 +146,7 @@ def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str]
         # Slurm must not restart a shared-checkpoint job behind dispatch's back.
         argv.append("--no-requeue")
     has_marker = "comment" not in names and not os.environ.get("SBATCH_COMMENT")
-    if has_marker:
+    if has_marker and not any(a.startswith("--comment=") for a in extra):
         argv.append(f"--comment={marker(job, submission)}")
     argv.append(job.batch_script(submission))
     argv.extend(spec["script_args"])
@@ -189,8 +189,8 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
             jobid, result = Slurm(slurm.runner, attempts=1).sbatch(argv, "", run_env)
     finally:
         os.chdir(previous)
-    job.append("submitted", submission=submission, slurm_job_id=jobid, reason=reason,
-               argv=argv)
+    job.append("submitted", once=str(submission), submission=submission,
+               slurm_job_id=jobid, reason=reason, argv=argv)
     return Submitted(job, submission, jobid, result)
 
 
@@ -248,21 +248,27 @@ def cancel_live(slurm: Slurm, job: record.JobRecord,
 
 
 def next_submission(job: record.JobRecord) -> int:
-    return len(job.submissions()) + 1
+    return max((int(s["submission"]) for s in job.submissions()), default=0) + 1
 
 
 def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
-             extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None
-             ) -> Submitted:
-    """Submit the snapshot again as submission N+1 (claimed once, never doubled)."""
+             extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
+             expected: Optional[int] = None, claim: Optional[str] = None) -> Submitted:
+    """Submit the snapshot again as submission N+1 (claimed once, never doubled).
+
+    ``expected`` refuses to submit unless N+1 is that number (a supervisor acting on what it
+    saw); ``claim`` names a claim the caller already holds for it.
+    """
     submission = next_submission(job)
+    if expected is not None and submission != expected:
+        raise RecordError(f"{job.id}: submission {expected} was already made")
     if submission > 999_999:
         raise UsageError(f"{job.id} has made 999,999 submissions; no epoch is left for another")
-    if not job.claim(f"submission-{submission}"):
+    if claim is None and not job.claim(f"submission-{submission}"):
         found = slurm.find_by_marker(marker(job, submission), env)
         if found:
-            job.append("submitted", submission=submission, slurm_job_id=found, reason=reason,
-                       argv=[], recovered=True)
+            job.append("submitted", once=str(submission), submission=submission,
+                       slurm_job_id=found, reason=reason, argv=[], recovered=True)
             raise RecordError(f"{job.id}: submission {submission} had already been made "
                               f"(Slurm job {found}); recorded it")
         raise RecordError(f"{job.id}: submission {submission} is being made by another "

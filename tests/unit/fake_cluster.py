@@ -1,0 +1,58 @@
+"""A fake Slurm controller at the process boundary, for fast tests of the supervisor.
+
+It answers the few commands slurm-dispatch uses (sbatch, scontrol show job / release,
+scancel, squeue) from an in-memory job table, and fails loudly on anything else.  The real
+behaviour is proven by the real tier; this only makes pass logic cheap to exercise.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Mapping, Optional, Sequence
+
+from slurm_dispatch.slurm import Result
+
+
+class FakeCluster:
+    def __init__(self, first_id: int = 100) -> None:
+        self.jobs: dict[str, dict[str, str]] = {}
+        self.ids = itertools.count(first_id)
+        self.calls: list[list[str]] = []
+
+    def add(self, state: str = "RUNNING", comment: str = "", **fields: str) -> str:
+        jobid = str(next(self.ids))
+        self.jobs[jobid] = {"JobId": jobid, "JobState": state, "Reason": "None",
+                            "Restarts": "0", "Comment": comment, **fields}
+        return jobid
+
+    def set(self, jobid: str, **fields: str) -> None:
+        self.jobs[jobid].update(fields)
+
+    def sbatch_calls(self) -> list[list[str]]:
+        return [c for c in self.calls if c[0] == "sbatch"]
+
+    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
+                 input_text: Optional[str], timeout: float) -> Result:
+        argv = list(argv)
+        self.calls.append(argv)
+        if argv[0] == "sbatch":
+            comment = next((a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), "")
+            held = "--hold" in argv or "-H" in argv
+            jobid = self.add("PENDING" if held else "RUNNING", comment,
+                             Reason="JobHeldUser" if held else "None")
+            return Result(argv, 0, f"Submitted batch job {jobid}\n", "")
+        if argv[:4] == ["scontrol", "-o", "show", "job"]:
+            lines = [" ".join(f"{k}={v}" for k, v in job.items()) for job in self.jobs.values()]
+            return Result(argv, 0, "\n".join(lines) + "\n", "")
+        if argv[:2] == ["scontrol", "release"]:
+            for jobid in argv[2].split(","):
+                self.set(jobid, JobState="RUNNING", Reason="None")
+            return Result(argv, 0, "", "")
+        if argv[0] == "scancel":
+            for jobid in argv[1:]:
+                self.set(jobid, JobState="CANCELLED", Reason="None")
+            return Result(argv, 0, "", "")
+        if argv[0] == "squeue":
+            lines = [f"{j['JobId']}|{j['Comment']}" for j in self.jobs.values()]
+            return Result(argv, 0, "\n".join(lines) + "\n", "")
+        raise AssertionError(f"unexpected Slurm call {argv}")

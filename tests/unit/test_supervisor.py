@@ -1,0 +1,273 @@
+"""The supervisor's passes against a fake controller: rules, budgets, holds, cessation."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import record, submit
+from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.supervisor import Answer, Settings, Supervisor, release
+
+from .fake_cluster import FakeCluster
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Signal:
+    """A scripted CessationSignal that records what it was asked."""
+
+    def __init__(self, *verdicts: str) -> None:
+        self.verdicts = list(verdicts)
+        self.asked: list[list[str]] = []
+
+    def __call__(self, argv: list[str], timeout: float) -> Answer:
+        self.asked.append(argv)
+        verdict = self.verdicts.pop(0)
+        return Answer(verdict, {"ceased": 0, "not ceased": 1}.get(verdict, 2),
+                      {"nodes": [{"node": "n1", "evidence": verdict}]})
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    return tmp_path
+
+
+def new_job(cluster: FakeCluster, *options: str) -> tuple[record.JobRecord, str]:
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck", *options, "job.sh"]),
+                             Slurm(cluster, wait=0))
+    return done.job, done.slurm_job_id
+
+
+def last_slurm_id(job: record.JobRecord) -> str:
+    return str(job.submissions()[-1]["slurm_job_id"])
+
+
+def kinds(job: record.JobRecord) -> list[str]:
+    return [e["event"] for e in job.events()]
+
+
+def test_failing_isolated_job_is_resubmitted_until_budget_is_spent(home: Path) -> None:
+    cluster = FakeCluster()
+    job, first = new_job(cluster, "--resubmit", "2")
+    sup = Supervisor(Slurm(cluster, wait=0), Settings())
+    assert sup.run_pass().actions == []  # running: nothing to do
+    for n in (1, 2):
+        cluster.set(last_slurm_id(job), JobState="FAILED")
+        report = sup.run_pass()
+        assert f"resubmitted as submission {n + 1}" in report.actions[0]
+        assert sup.run_pass().actions == []  # idempotent: the new submission is running
+    cluster.set(last_slurm_id(job), JobState="FAILED")
+    report = sup.run_pass()
+    assert "stop (no resubmit budget)" in report.actions[0]
+    assert [s["submission"] for s in job.submissions()] == [1, 2, 3]
+    assert kinds(job)[-1] == "finished"
+    assert sup.run_pass().actions == []
+    assert len(cluster.sbatch_calls()) == 3
+
+
+@pytest.mark.parametrize("state", ["CANCELLED", "COMPLETED"])
+def test_cancel_and_completion_are_never_undone(home: Path, state: str) -> None:
+    cluster = FakeCluster()
+    job, slurm_id = new_job(cluster, "--resubmit", "5")
+    cluster.set(slurm_id, JobState=state)
+    Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert len(cluster.sbatch_calls()) == 1 and kinds(job)[-1] == "finished"
+
+
+def test_isolated_job_keeps_slurms_requeue(home: Path) -> None:
+    cluster = FakeCluster()
+    job, slurm_id = new_job(cluster, "--resubmit", "1")
+    cluster.set(slurm_id, JobState="PENDING", Reason="BeginTime", Restarts="1")
+    assert Supervisor(Slurm(cluster, wait=0), Settings()).run_pass().actions == []
+    assert "--no-requeue" not in cluster.sbatch_calls()[0]
+
+
+def shared_job(cluster: FakeCluster) -> tuple[record.JobRecord, str]:
+    job, slurm_id = new_job(cluster, "--shared-checkpoint", "--resubmit", "3")
+    assert "--no-requeue" in cluster.sbatch_calls()[0]
+    cluster.set(slurm_id, JobState="NODE_FAIL", Restarts="0")
+    return job, slurm_id
+
+
+def test_shared_job_is_held_and_ceased_answer_lifts_the_hold(home: Path) -> None:
+    cluster, clock, signal = FakeCluster(), Clock(), Signal("not ceased", "ceased")
+    job, ended = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal,
+                     clock=clock)
+    sup.run_pass()
+    held = last_slurm_id(job)
+    assert "--hold" in cluster.sbatch_calls()[-1]
+    assert cluster.jobs[held]["Reason"] == "JobHeldUser"
+    assert "held: shared checkpoint" in cluster.jobs[held]["Comment"]
+    hold = [e for e in job.events() if e["event"] == "hold"][0]
+    assert hold["deadline"] == clock.now + 24 * 3600 and hold["ended_slurm_job_id"] == ended
+    assert signal.asked == []  # the hold is made in one pass, asked about from the next
+    sup.run_pass()
+    assert signal.asked == [["dispatch-cease", ended, "--restart", "0", "--json"]]
+    clock.now += 30
+    sup.run_pass()
+    assert len(signal.asked) == 1, "asked again before CessationInterval"
+    clock.now += 31
+    sup.run_pass()
+    assert len(signal.asked) == 2
+    facts = [e for e in job.events() if e["event"] == "cessation"]
+    assert [f["verdict"] for f in facts] == ["not ceased", "ceased"]
+    assert facts[0]["evidence"]["nodes"][0]["node"] == "n1"
+    assert cluster.jobs[held]["JobState"] == "RUNNING"
+    assert kinds(job)[-1] == "released"
+    sup.run_pass()
+    assert len(cluster.sbatch_calls()) == 2 and len(signal.asked) == 2
+
+
+def test_hold_without_signal_waits_for_a_person(home: Path) -> None:
+    cluster, signal = FakeCluster(), Signal()
+    job, _ = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(signal=None), signal_runner=signal)
+    for _ in range(3):
+        sup.run_pass()
+    assert signal.asked == [] and cluster.jobs[last_slurm_id(job)]["JobState"] == "PENDING"
+    assert release(Slurm(cluster, wait=0), job) == last_slurm_id(job)
+    assert cluster.jobs[last_slurm_id(job)]["JobState"] == "RUNNING"
+    sup.run_pass()
+    assert [e["by"] for e in job.events() if e["event"] == "released"] == [
+        "a person (dispatch release)"]
+
+
+def test_scontrol_release_by_a_person_is_recorded(home: Path) -> None:
+    cluster = FakeCluster()
+    job, _ = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(signal=None))
+    sup.run_pass()
+    cluster.set(last_slurm_id(job), JobState="RUNNING", Reason="None")
+    sup.run_pass()
+    assert [e["by"] for e in job.events() if e["event"] == "released"] == [
+        "a person (scontrol release)"]
+
+
+def test_hold_expires_and_nothing_more_starts(home: Path) -> None:
+    cluster, clock = FakeCluster(), Clock()
+    job, _ = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(hold_for=600, signal=None), clock=clock)
+    sup.run_pass()
+    held = last_slurm_id(job)
+    clock.now += 601
+    report = sup.run_pass()
+    assert "expired" in report.actions[0]
+    assert cluster.jobs[held]["JobState"] == "CANCELLED"
+    assert kinds(job)[-2:] == ["expired", "finished"]
+    sup.run_pass()
+    assert len(cluster.sbatch_calls()) == 2
+
+
+def test_signal_error_is_recorded_and_hold_stands(home: Path) -> None:
+    cluster, clock = FakeCluster(), Clock()
+    job, _ = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=Signal("error"),
+                     clock=clock)
+    sup.run_pass()
+    sup.run_pass()
+    assert [e["verdict"] for e in job.events() if e["event"] == "cessation"] == ["error"]
+    assert cluster.jobs[last_slurm_id(job)]["JobState"] == "PENDING"
+
+
+def test_pass_costs_one_controller_call_for_many_jobs(home: Path) -> None:
+    cluster = FakeCluster()
+    for _ in range(200):
+        new_job(cluster, "--resubmit", "1")
+    cluster.calls.clear()
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert report.actions == [] and cluster.calls == [["scontrol", "-o", "show", "job"]]
+
+
+def test_killed_after_claim_is_finished_by_next_pass(home: Path) -> None:
+    cluster = FakeCluster()
+    job, slurm_id = new_job(cluster, "--resubmit", "1")
+    cluster.set(slurm_id, JobState="FAILED")
+    # A pass died after claiming submission 2 and running sbatch, before recording it.
+    assert job.claim("submission-2")
+    cluster.add("RUNNING", comment=submit.marker(job, 2))
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert "recorded submission 2" in report.actions[0]
+    assert len(cluster.sbatch_calls()) == 1
+    assert [s["submission"] for s in job.submissions()] == [1, 2]
+
+
+def test_stale_claim_without_a_job_is_retried_once(home: Path) -> None:
+    cluster, clock = FakeCluster(), Clock()
+    job, slurm_id = new_job(cluster, "--resubmit", "1")
+    cluster.set(slurm_id, JobState="FAILED")
+    assert job.claim("submission-2")  # a pass died before sbatch ran
+    clock.now = os.stat(Path(job.path) / "claims" / "submission-2").st_mtime + 10
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), clock=clock)
+    assert sup.run_pass().actions == []  # fresh claim: someone may be submitting
+    clock.now += 1000
+    assert "resubmitted as submission 2" in sup.run_pass().actions[0]
+    assert len(cluster.sbatch_calls()) == 2
+
+
+class FileCluster(FakeCluster):
+    """A FakeCluster kept in a file, shared by processes under an flock: one controller."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def __call__(self, argv, env, input_text, timeout):  # type: ignore[no-untyped-def]
+        import fcntl
+        import json
+        with open(self.path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = json.loads(Path(self.path).read_text())
+            self.jobs, self.calls = state["jobs"], state["calls"]
+            self.ids = iter(range(state["next"], 10**9))
+            result = super().__call__(argv, env, input_text, timeout)
+            if argv[0] == "sbatch":
+                self.set(result.stdout.split()[-1], JobState="FAILED")  # every run fails
+            state = {"jobs": self.jobs, "calls": self.calls, "next": next(self.ids)}
+            Path(self.path).write_text(json.dumps(state))
+        return result
+
+
+def _supervise_many(home: str, state_file: str, passes: int) -> None:
+    os.environ["DISPATCH_HOME"] = home
+    sup = Supervisor(Slurm(FileCluster(state_file), wait=0), Settings(signal=None))
+    for _ in range(passes):
+        sup.run_pass()
+
+
+def test_two_supervisors_never_double_submit(home: Path) -> None:
+    import json
+    cluster = FakeCluster()
+    jobs = [new_job(cluster, "--resubmit", "5")[0] for _ in range(10)]
+    for jobid in cluster.jobs:
+        cluster.set(jobid, JobState="FAILED")
+    state = home / "cluster.json"
+    state.write_text(json.dumps({"jobs": cluster.jobs, "calls": [], "next": 1000}))
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_supervise_many,
+                         args=(os.environ["DISPATCH_HOME"], str(state), 15))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    for job in jobs:
+        numbers = [s["submission"] for s in job.submissions()]
+        assert numbers == list(range(1, 7)), f"{job.id}: {numbers}"
+        assert kinds(job)[-1] == "finished"
+    calls = json.loads(state.read_text())["calls"]
+    assert sum(1 for c in calls if c[0] == "sbatch") == 10 * 5
