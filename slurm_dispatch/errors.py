@@ -18,7 +18,8 @@ never prints.  Messages name the offending value and, where it helps, what would
     ├── RecordError                    exit 2  a dispatch job record missing or garbled
     ├── SlurmError                     exit 2  a Slurm command failed; keeps its raw output
     │   └── SlurmUnavailable           the controller did not answer
-    └── SandboxError                   exit 2  the sandbox cluster could not be set up
+    ├── SandboxError                   exit 2  the sandbox cluster could not be set up
+    └── ConfigError                    exit 2  dispatch.conf has an unknown key or a bad value
 """
 
 from __future__ import annotations
@@ -90,4 +91,10 @@ class SlurmUnavailable(SlurmError):
 
 
 class SandboxError(DispatchError):
+    exit_code = 2
+
+
+class ConfigError(DispatchError):
+    """dispatch.conf has an unknown key or a bad value (the message names key, value, file, line)."""
+
     exit_code = 2

@@ -1,0 +1,255 @@
+"""Site configuration: ``dispatch.conf`` in Slurm's own ``Key=Value`` style.
+
+One search path and one override: the file named by ``$SLURM_DISPATCH_CONF`` if that is set,
+else ``/etc/slurm/dispatch.conf``.  A missing default file means safe defaults.
+
+Invariants:
+
+* :func:`load` never raises.  Every problem (an unreadable file, an unknown key, a bad value,
+  a key given twice) is collected in :attr:`Config.problems` as a message naming the key, the
+  value, the file and the line; the affected key keeps its default.  Hooks log the problems and
+  go on with the defaults; the ``dispatch`` commands turn them into an error.
+* This module imports only the standard library and nothing else of the package, so node hooks
+  can load it cheaply (no ``typing``, ``re`` or ``dataclasses`` at run time).
+
+File syntax (as ``slurm.conf``): one ``Key=Value`` per line; keys are case-insensitive;
+``#`` starts a comment (``\\#`` is a literal ``#``); blank lines are ignored; a value may be
+wrapped in double quotes.  Durations are seconds (``86400``), ``MM:SS``, ``HH:MM:SS`` or
+``D-HH[:MM[:SS]]`` (``1-00:00:00``).
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_VAR = "SLURM_DISPATCH_CONF"
+DEFAULT_PATH = "/etc/slurm/dispatch.conf"
+MAX_BYTES = 1 << 20
+
+DEFAULT_STATE_DIR = "/var/lib/slurm-dispatch"
+DEFAULT_HOOK_TIMEOUT = 5.0
+DEFAULT_BOOT_TIME_TOLERANCE = 5.0
+DEFAULT_SHARED_HOLD_FOR = 86400.0
+DEFAULT_CESSATION_SIGNAL = "dispatch-cease"
+DEFAULT_CESSATION_INTERVAL = 60.0
+
+# Hooks must finish well under Slurm's MessageTimeout (10 s by default).
+MAX_HOOK_TIMEOUT = 60.0
+
+
+class Config:
+    """The site settings, each with its default; ``problems`` lists what was wrong in the file."""
+
+    __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
+                 "cessation_signal", "cessation_interval", "problems")
+
+    def __init__(self) -> None:
+        self.path: str | None = None  # the file read, None when none was
+        self.state_dir = DEFAULT_STATE_DIR
+        self.hook_timeout = DEFAULT_HOOK_TIMEOUT
+        self.boot_time_tolerance = DEFAULT_BOOT_TIME_TOLERANCE
+        self.shared_hold_for = DEFAULT_SHARED_HOLD_FOR
+        self.cessation_signal = DEFAULT_CESSATION_SIGNAL
+        self.cessation_interval = DEFAULT_CESSATION_INTERVAL
+        self.problems: list[str] = []
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"Config({self.as_dict()!r})"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Slurm-like duration: ``S``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``.
+
+    A plain number is seconds (as ``KillWait`` and ``MessageTimeout`` are in slurm.conf) and may
+    have a fraction.  Raises ValueError naming the text.
+    """
+    value = text.strip()
+    bad = ValueError(f"{text!r} is not a duration (seconds, MM:SS, HH:MM:SS or D-HH:MM:SS)")
+    if not value:
+        raise bad
+    days = 0
+    if "-" in value:
+        head, _, value = value.partition("-")
+        if not head.isdigit() or not value:
+            raise bad
+        days = int(head)
+        parts = value.split(":")
+        if len(parts) > 3 or not all(p.isdigit() for p in parts):
+            raise bad
+        parts += ["0"] * (3 - len(parts))
+        hours, minutes, seconds = (int(p) for p in parts)
+    elif ":" in value:
+        parts = value.split(":")
+        if len(parts) > 3 or not all(p.isdigit() for p in parts):
+            raise bad
+        if len(parts) == 2:
+            parts.insert(0, "0")
+        hours, minutes, seconds = (int(p) for p in parts)
+    else:
+        try:
+            number = float(value)
+        except ValueError:
+            raise bad from None
+        if not number >= 0 or number == float("inf"):
+            raise bad
+        return number
+    if minutes >= 60 or seconds >= 60 or (days and hours >= 24):
+        raise bad
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def _state_dir(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path")
+    if "\0" in value:
+        raise ValueError("a path cannot contain NUL")
+    return os.path.normpath(value)
+
+
+def _hook_timeout(value: str) -> float:
+    seconds = parse_duration(value)
+    if not 0.1 <= seconds <= MAX_HOOK_TIMEOUT:
+        raise ValueError(f"{value!r} is outside 0.1 to {MAX_HOOK_TIMEOUT:g} seconds")
+    return seconds
+
+
+def _positive_duration(value: str) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be more than 0 seconds")
+    return seconds
+
+
+def _command(value: str) -> str:
+    return value.strip()
+
+
+# Key (lower case) -> (spelling, attribute, converter).
+_KEYS = {
+    "statedir": ("StateDir", "state_dir", _state_dir),
+    "hooktimeout": ("HookTimeout", "hook_timeout", _hook_timeout),
+    "boottimetolerance": ("BootTimeTolerance", "boot_time_tolerance", parse_duration),
+    "sharedholdfor": ("SharedHoldFor", "shared_hold_for", _positive_duration),
+    "cessationsignal": ("CessationSignal", "cessation_signal", _command),
+    "cessationinterval": ("CessationInterval", "cessation_interval", _positive_duration),
+}
+KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
+
+
+def config_path(environ: dict[str, str] | None = None) -> str:
+    """The file to read: ``$SLURM_DISPATCH_CONF`` if set and not empty, else the default."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_VAR) or DEFAULT_PATH
+
+
+def _strip_comment(line: str) -> str:
+    out = []
+    i = 0
+    while i < len(line):
+        char = line[i]
+        if char == "\\" and i + 1 < len(line) and line[i + 1] == "#":
+            out.append("#")
+            i += 2
+            continue
+        if char == "#":
+            break
+        out.append(char)
+        i += 1
+    return "".join(out).strip()
+
+
+def parse(text: str, path: str = "<text>") -> Config:
+    """Parse the text of a dispatch.conf; never raises (see :attr:`Config.problems`)."""
+    config = Config()
+    config.path = path
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _strip_comment(raw)
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        value = value.strip()
+        if not sep or not key:
+            config.problems.append(f"{where}: {line!r} is not Key=Value")
+            continue
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        entry = _KEYS.get(key.lower())
+        if entry is None:
+            config.problems.append(f"{where}: unknown key {key!r} (value {value!r}); "
+                                   f"valid keys are {', '.join(KEYS)}")
+            continue
+        spelling, attribute, convert = entry
+        if key.lower() in seen:
+            config.problems.append(f"{where}: {spelling} given again (first on line "
+                                   f"{seen[key.lower()]}); the first value stands")
+            continue
+        seen[key.lower()] = number
+        try:
+            setattr(config, attribute, convert(value))
+        except ValueError as exc:
+            config.problems.append(f"{where}: bad value for {spelling}: {exc}; "
+                                   f"using the default {getattr(config, attribute)!r}")
+    return config
+
+
+def load(path: str | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Read the site configuration; never raises.
+
+    ``path`` overrides the search (for tests and ``--config`` options).  A missing file at the
+    default place gives the defaults with no problem; a missing file that was named explicitly
+    (argument or ``$SLURM_DISPATCH_CONF``) is a problem.
+    """
+    explicit = path is not None or bool((os.environ if environ is None else environ).get(ENV_VAR))
+    chosen = path if path is not None else config_path(environ)
+    try:
+        # O_NONBLOCK: a FIFO planted in place of the file must not hang us on open.
+        fd = os.open(chosen, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        config = Config()
+        if explicit:
+            config.problems.append(f"{chosen}: no such file (named by "
+                                   f"{'$' + ENV_VAR if path is None else 'the caller'}); "
+                                   "using the defaults")
+        return config
+    except OSError as exc:
+        config = Config()
+        config.problems.append(f"{chosen}: cannot open: {exc.strerror}; using the defaults")
+        return config
+    try:
+        import stat
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            config = Config()
+            config.problems.append(f"{chosen}: not a regular file; using the defaults")
+            return config
+        os.set_blocking(fd, True)
+        data = os.read(fd, MAX_BYTES + 1)
+        chunks = [data]
+        while data and sum(len(c) for c in chunks) <= MAX_BYTES:
+            data = os.read(fd, MAX_BYTES + 1)
+            chunks.append(data)
+        raw = b"".join(chunks)
+    except OSError as exc:
+        config = Config()
+        config.problems.append(f"{chosen}: cannot read: {exc.strerror}; using the defaults")
+        return config
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_BYTES:
+        config = Config()
+        config.problems.append(f"{chosen}: larger than {MAX_BYTES} bytes; using the defaults")
+        return config
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        config = Config()
+        config.problems.append(f"{chosen}: not UTF-8 ({exc.reason} at byte {exc.start}); "
+                               "using the defaults")
+        return config
+    return parse(text, chosen)

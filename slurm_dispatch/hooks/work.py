@@ -1,0 +1,268 @@
+"""What each hook records (runs in the child that :func:`slurm_dispatch.hooks.run` forked).
+
+* ``prolog`` (node, root): "execution R of job J started on node X" with the machine's boot id
+  and boot time.
+* ``epilog`` (node, root; Slurm runs it after slurmd killed the job's tracked processes): scans
+  /proc for processes still carrying the job's ``SLURM_JOB_ID`` and restart count (which is how a
+  process that escaped tracking with setsid or a double fork is caught), and records the end tied
+  to the start this same node recorded, with the survivors found.  The same /proc pass re-checks
+  survivors of earlier jobs that this machine still watches.
+* ``recheck`` (health check or timer, root): re-checks watched survivors; records when they are
+  gone (or the machine rebooted), so ``dispatch-cease`` can prove cessation later.
+* ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation and the
+  end state as the controller saw it.
+
+Every handler raises on a fault; the caller logs it and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .. import facts
+from ..config import Config
+
+# Variables of the job's end that EpilogSlurmctld and Epilog may carry (22.05 and later).
+_END_VARIABLES = ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERIVED_EC",
+                  "SLURM_JOB_STATE", "SLURM_JOB_REASON", "SLURM_JOB_PARTITION",
+                  "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME", "SLURM_JOB_NODELIST",
+                  "SLURM_JOB_ACCOUNT", "SLURM_JOB_NAME", "SLURM_JOB_USER", "SLURM_SCRIPT_CONTEXT")
+
+
+def _require(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise facts.FactError(f"${name} is not set; recording nothing")
+    return value
+
+
+def _int_var(name: str) -> int:
+    value = _require(name)
+    if not value.isdigit():
+        raise facts.FactError(f"${name}={value!r} is not a number; recording nothing")
+    return int(value)
+
+
+def _restart_env() -> tuple[int, str | None]:
+    raw = os.environ.get("SLURM_JOB_RESTART_COUNT")
+    if raw is None or raw == "":
+        return 0, raw
+    if not raw.isdigit():
+        raise facts.FactError(f"$SLURM_JOB_RESTART_COUNT={raw!r} is not a number")
+    return int(raw), raw
+
+
+def _job() -> tuple[str, int, int]:
+    job_id = facts.check_name(_require("SLURM_JOB_ID"), "$SLURM_JOB_ID")
+    return job_id, _int_var("SLURM_JOB_UID"), _int_var("SLURM_JOB_GID")
+
+
+def _node() -> str:
+    return facts.check_name(_require("SLURMD_NODENAME"), "$SLURMD_NODENAME")
+
+
+def _end_variables() -> dict[str, str]:
+    return {name: os.environ[name] for name in _END_VARIABLES if name in os.environ}
+
+
+def prolog(cfg: Config) -> None:
+    job_id, uid, gid = _job()
+    node = _node()
+    restart, raw = _restart_env()
+    facts.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "boot_id": facts.boot_id(), "boot_time": facts.boot_time(),
+        "hostname": os.uname().nodename,
+    })
+
+
+def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
+                   restart: int) -> dict | None:
+    """The start this node recorded for the job that no end of this node is tied to yet."""
+    found, problems = facts.read_job_facts(cfg.state_dir, uid, job_id,
+                                           (f"start.{node}.", f"end.{node}."))
+    for problem in problems:
+        from . import log
+        log(f"epilog job {job_id}: {problem}")
+    ended = {f.get("start_token") for f in found if f.get("kind") == "end"}
+    open_starts = [f for f in found if f.get("kind") == "start" and f.get("node") == node
+                   and f.get("token") not in ended]
+    if not open_starts:
+        return None
+    # Prefer the start with the restart count Slurm gives now; else the latest one.
+    same = [f for f in open_starts if f.get("restart") == restart]
+    return (same or open_starts)[-1]
+
+
+def epilog(cfg: Config) -> None:
+    job_id, uid, gid = _job()
+    node = _node()
+    restart_now, raw = _restart_env()
+    start = _unended_start(cfg, uid, job_id, node, restart_now)
+    restart = start["restart"] if start is not None else restart_now
+    watched = _watched(cfg)
+    wanted: dict[str, int | None] = {job_id: restart}
+    for entry in watched:
+        wanted.setdefault(str(entry["job_id"]), entry.get("restart"))
+    scan_error = None
+    try:
+        found = facts.scan_survivors(wanted)
+    except OSError as exc:
+        found = {job_id: []}
+        scan_error = f"cannot scan /proc: {exc.strerror}"
+    survivors = found.get(job_id, [])
+    body = {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "start_token": start["token"] if start is not None else None,
+        "boot_id": facts.boot_id(), "boot_time": facts.boot_time(),
+        "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
+        "slurm": _end_variables(),
+    }
+    name = facts.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body)
+    if survivors and not scan_error:
+        _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
+                         "restart": restart, "end_token": name.rpartition(".")[2],
+                         "boot_id": body["boot_id"], "survivors": survivors})
+    if scan_error is None:
+        _settle(cfg, [e for e in watched if str(e["job_id"]) != job_id], found)
+
+
+def recheck(cfg: Config) -> None:
+    watched = _watched(cfg)
+    if not watched:
+        return
+    wanted: dict[str, int | None] = {}
+    for entry in watched:
+        wanted.setdefault(str(entry["job_id"]), entry.get("restart"))
+    _settle(cfg, watched, facts.scan_survivors(wanted))
+
+
+def prolog_slurmctld(cfg: Config) -> None:
+    job_id, uid, gid = _job()
+    restart, raw = _restart_env()
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    facts.write_fact(cfg.state_dir, uid, gid, job_id, "ctld-start", "slurmctld", {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "nodelist": nodelist, "nodes": facts.expand_hostlist(nodelist),
+    })
+
+
+def epilog_slurmctld(cfg: Config) -> None:
+    job_id, uid, gid = _job()
+    restart, raw = _restart_env()
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    facts.write_fact(cfg.state_dir, uid, gid, job_id, "ctld-end", "slurmctld", {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "nodelist": nodelist, "nodes": facts.expand_hostlist(nodelist),
+        "slurm": _end_variables(),
+    })
+
+
+HANDLERS = {
+    "prolog": prolog,
+    "epilog": epilog,
+    "recheck": recheck,
+    "prolog-slurmctld": prolog_slurmctld,
+    "epilog-slurmctld": epilog_slurmctld,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Survivors this machine watches: StateDir/watch/<hostname>/<uid>.<jobid>.<token>
+
+
+def _watch_dir(cfg: Config, create: bool) -> int | None:
+    host = facts.check_name(os.uname().nodename, "hostname")
+    base = facts.open_state_dir(cfg.state_dir)
+    try:
+        if not create:
+            try:
+                os.stat(facts.WATCH, dir_fd=base, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+        top = facts._subdir(base, facts.WATCH, f"{cfg.state_dir}/{facts.WATCH}", 0o700)
+        try:
+            if not create:
+                try:
+                    os.stat(host, dir_fd=top, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None
+            return facts._subdir(top, host, f"{cfg.state_dir}/{facts.WATCH}/{host}", 0o700)
+        finally:
+            os.close(top)
+    finally:
+        os.close(base)
+
+
+def _watched(cfg: Config) -> list[dict]:
+    fd = _watch_dir(cfg, create=False)
+    if fd is None:
+        return []
+    entries = []
+    try:
+        for name in sorted(os.listdir(fd)):
+            try:
+                data = facts._read_regular(fd, name, {os.geteuid()})
+                entry = json.loads(data)
+                entry["_name"] = name
+                facts.check_name(str(entry["job_id"]), "job id")
+                int(entry["uid"]), int(entry["gid"])
+                entries.append(entry)
+            except (facts.FactError, ValueError, KeyError, TypeError) as exc:
+                from . import log
+                log(f"watch entry {name}: {exc}; ignored")
+    finally:
+        os.close(fd)
+    return entries
+
+
+def _add_watch(cfg: Config, entry: dict) -> None:
+    fd = _watch_dir(cfg, create=True)
+    assert fd is not None
+    try:
+        name = f"{entry['uid']}.{entry['job_id']}.{facts.new_token()}"
+        data = json.dumps(entry, sort_keys=True).encode()
+        facts._create_file(fd, name, data, f"{cfg.state_dir}/{facts.WATCH}", 0o600)
+    finally:
+        os.close(fd)
+
+
+def _drop_watch(cfg: Config, name: str) -> None:
+    fd = _watch_dir(cfg, create=False)
+    if fd is None:
+        return
+    try:
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _settle(cfg: Config, watched: list[dict], found: dict[str, list[dict]]) -> None:
+    """Record what became of watched survivors; stop watching those that are all gone."""
+    current_boot = facts.boot_id()
+    for entry in watched:
+        job_id = str(entry["job_id"])
+        if entry.get("boot_id") and entry.get("boot_id") != current_boot:
+            now: list[dict] = []
+            reason = "the machine rebooted"
+        else:
+            now = found.get(job_id, [])
+            reason = "re-scanned /proc"
+        before = {(s.get("pid"), s.get("starttime")) for s in entry.get("survivors", [])}
+        after = {(s.get("pid"), s.get("starttime")) for s in now}
+        if now and after == before:
+            continue
+        facts.write_fact(cfg.state_dir, int(entry["uid"]), int(entry["gid"]), job_id,
+                         "recheck", str(entry["node"]), {
+                             "time": time.time(), "restart": entry.get("restart"),
+                             "end_token": entry.get("end_token"), "boot_id": current_boot,
+                             "survivors": now, "reason": reason})
+        _drop_watch(cfg, entry["_name"])
+        if now:
+            fresh = {k: v for k, v in entry.items() if k != "_name"}
+            fresh["survivors"] = now
+            _add_watch(cfg, fresh)
