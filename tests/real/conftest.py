@@ -133,14 +133,19 @@ class Sandbox:
         if jobs:
             self.run(["scancel", *jobs], check=False)
 
-        def settled() -> Any:
-            states = self.node_states()
-            return (not self.active_jobs() and sorted(states) == sorted(self.nodes)
-                    and all(s == "idle" for s in states.values())) or states
+        last: dict[str, Any] = {}
 
-        value = self.wait_for(settled, timeout, "every node idle and no job active")
-        if value is not True:
-            raise AssertionError(f"sandbox not settled: {value}")
+        def settled() -> bool:
+            last["jobs"] = self.active_jobs()
+            last["nodes"] = self.node_states()
+            return (not last["jobs"] and sorted(last["nodes"]) == sorted(self.nodes)
+                    and all(s == "idle" for s in last["nodes"].values()))
+
+        try:
+            self.wait_for(settled, timeout, "every node idle and no job active")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: jobs {last.get('jobs')}, nodes {last.get('nodes')}") \
+                from None
 
 
 @pytest.fixture(scope="session")
