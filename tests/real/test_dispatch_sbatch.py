@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from slurm_dispatch import sandbox as sandbox_lib
+from slurm_dispatch import store
 
 pytestmark = pytest.mark.real
 
@@ -107,8 +109,10 @@ def wait_state(work: Workdir, slurm_id: str, states: set[str], timeout: float = 
 
 
 def published_steps(exec_dir: str) -> list[int]:
-    return sorted(int(p.split("-")[1]) for p in os.listdir(exec_dir)
-                  if p.startswith("checkpoint-") and "." not in p)
+    """Steps of the saves under ``exec_dir`` that are published (not merely written)."""
+    root = os.path.dirname(os.path.dirname(exec_dir))
+    return sorted(f.step for f in store.list_publications(root)
+                  if f.path.startswith(exec_dir + "/"))
 
 
 def test_requeue_gives_new_attempt_and_epoch(work: Workdir) -> None:
@@ -167,7 +171,8 @@ def test_resubmit_is_submission_two_and_resumes(work: Workdir) -> None:
     job, slurm_id = work.submit("--checkpoint", "ck", "trainer.sh", env=env)
     wait_state(work, slurm_id, {"COMPLETED"})
     proc = work.run("dispatch", "resubmit", job, env={**env, "TOY_STEPS": "20"})
-    assert "Submitted batch job" in proc.stdout and "submission 2" in proc.stdout
+    # The snapshot's sbatch options come along, --parsable included: sbatch's line is an id.
+    assert proc.stdout.split("\n")[0].isdigit() and "submission 2" in proc.stdout
     runs = wait_executions(work, job, 2)
     assert runs[1]["submission"] == 2 and runs[1]["epoch"] == 2_000_000
     assert runs[1]["resume_from"] == runs[0]["exec_dir"] + "/checkpoint-10"
@@ -269,8 +274,8 @@ def test_bad_input_errors(work: Workdir) -> None:
 
 
 def test_controller_down_is_a_clear_error(work: Workdir, tmp_path: Path) -> None:
-    conf = Path(work.sandbox.env["SLURM_CONF"]).read_text().replace(
-        "SlurmctldPort=16817", "SlurmctldPort=16999")
+    conf = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1",  # nothing listens there
+                  Path(work.sandbox.env["SLURM_CONF"]).read_text())
     down_conf = work.path / "down.conf"
     down_conf.write_text(conf)
     down_conf.chmod(0o644)
