@@ -1,7 +1,9 @@
 """Site configuration: ``dispatch.conf`` in Slurm's own ``Key=Value`` style.
 
 One search path and one override: the file named by ``$SLURM_DISPATCH_CONF`` if that is set,
-else ``/etc/slurm/dispatch.conf``.  A missing default file means safe defaults.
+else ``dispatch.conf`` in the folder of ``slurm.conf``, found the way Slurm finds its own
+``cgroup.conf`` or ``gres.conf``: beside ``$SLURM_CONF`` if set, else ``/etc/slurm/dispatch.conf``.
+A missing default file means safe defaults.
 
 Invariants:
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 
 ENV_VAR = "SLURM_DISPATCH_CONF"
+SLURM_CONF_DEFAULT = "/etc/slurm/slurm.conf"
 DEFAULT_PATH = "/etc/slurm/dispatch.conf"
 MAX_BYTES = 1 << 20
 
@@ -140,9 +143,14 @@ KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 
 
 def config_path(environ: dict[str, str] | None = None) -> str:
-    """The file to read: ``$SLURM_DISPATCH_CONF`` if set and not empty, else the default."""
+    """The file to read: ``$SLURM_DISPATCH_CONF`` if set and not empty, else dispatch.conf
+    beside slurm.conf (``$SLURM_CONF``, else /etc/slurm/slurm.conf)."""
     env = os.environ if environ is None else environ
-    return env.get(ENV_VAR) or DEFAULT_PATH
+    override = env.get(ENV_VAR)
+    if override:
+        return override
+    slurm_conf = env.get("SLURM_CONF") or SLURM_CONF_DEFAULT
+    return os.path.join(os.path.dirname(slurm_conf) or ".", "dispatch.conf")
 
 
 def _strip_comment(line: str) -> str:

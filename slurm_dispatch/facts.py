@@ -394,6 +394,8 @@ def execution_facts(slurm_job_id: str, state_dir: str | None = None,
          "controller": {"start": fact | None, "end": fact | None},
          "nodes": {"n1": {"start": fact | None, "end": fact | None, "recheck": fact | None,
                           "survivors": [...], "ceased": True | False | None}},
+         "end": {"time", "source": "controller" | "node", "exit_code": "3:0",
+                 "derived_exit_code", "requeued": bool} | None,
          "problems": ["..."]}
 
     ``ceased`` is the node's own word: True when its post-kill scan (or a later re-check) found
@@ -476,7 +478,28 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> lis
             if not fact.get("scan_error"):
                 entry["survivors"] = fact.get("survivors") or []
                 entry["ceased"] = not entry["survivors"]
-    return [executions[r] for r in sorted(executions)]
+    ordered = [executions[r] for r in sorted(executions)]
+    for item in ordered:
+        item["end"] = _end_summary(item, later=item is not ordered[-1])
+    return ordered
+
+
+def _end_summary(execution: dict, later: bool) -> dict | None:
+    """The end as the hooks saw it.  Slurm 22.05 gives hooks no job state (no SLURM_JOB_STATE;
+    the exit code is 0:0 for a cancelled or node-failed job too), so this is the exit code, and
+    ``requeued`` when a later execution of the same job id was recorded."""
+    source = execution["controller"].get("end")
+    origin = "controller"
+    if source is None:
+        ends = [n["end"] for n in execution["nodes"].values() if n.get("end")]
+        source = ends[-1] if ends else None
+        origin = "node"
+    if source is None and not later:
+        return None
+    slurm = (source or {}).get("slurm") or {}
+    return {"time": (source or {}).get("time"), "source": origin if source else None,
+            "exit_code": slurm.get("SLURM_JOB_EXIT_CODE2"),
+            "derived_exit_code": slurm.get("SLURM_JOB_DERIVED_EC"), "requeued": later}
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,6 +526,15 @@ def _stat_fields(pid: str) -> list[str]:
     raw = _read_proc(pid, "stat").decode("utf-8", "replace")
     # The command name is in parentheses and may contain anything, spaces included.
     return raw[raw.rfind(")") + 2:].split()
+
+
+def _uids(pid: str) -> list[int]:
+    """Real, effective, saved and file-system uid (from status: exact even when /proc/PID is
+    shown as root's because the process made itself non-dumpable)."""
+    for line in _read_proc(pid, "status").splitlines():
+        if line.startswith(b"Uid:"):
+            return [int(v) for v in line.split()[1:]]
+    raise ValueError(f"no Uid line in /proc/{pid}/status")
 
 
 def ancestors(pid: int | None = None) -> set[int]:
@@ -559,11 +591,17 @@ def scan_survivors(job_ids: dict[str, int | None],
             try:
                 fields = _stat_fields(name)
                 cmdline = _read_proc(name, "cmdline", 4096).rstrip(b"\0")
-                uid = os.stat(f"/proc/{name}").st_uid
-            except (OSError, IndexError):
+                uids = _uids(name)
+            except (OSError, IndexError, ValueError):
                 continue
             if fields[0] in ("Z", "X"):
                 continue
+            if b"\0SLURM_SCRIPT_CONTEXT=" in environ and not any(uids):
+                # A prolog or epilog Slurm runs as root for this job (another node's, where
+                # nodes share a machine, or the controller's): not a job process.  A user's
+                # process cannot be root, so it cannot hide this way.
+                continue
+            uid = uids[0]
             found[job].append({
                 "pid": int(name), "ppid": int(fields[1]), "state": fields[0],
                 "starttime": int(fields[19]), "uid": uid, "restart": restart,

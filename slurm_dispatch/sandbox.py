@@ -74,10 +74,75 @@ def site_config_lines(state_dir: Path) -> list[str]:
 
     This is where the project's hooks get installed the way a site admin would (Prolog, Epilog,
     PrologSlurmctld, EpilogSlurmctld, TaskProlog, PrologFlags): the base slurm.conf sets none of
-    those keys, so this file may set any of them.  Empty for now.
+    those keys, so this file may set any of them.  The hooks' parts and dispatch.conf are copied
+    from the checkout's ``contrib/`` and ``site-config/`` (docs/admin-guide.md, "Install") with
+    the knobs pointing at the sandbox: its venv's interpreter and ``<state>/etc/dispatch.conf``,
+    whose StateDir is ``<state>/dispatch-state``.
     """
-    del state_dir
-    return []
+    layout = Layout(state_dir)
+    if not _install_dispatch_site(layout):
+        return []
+    hooks = layout.etc
+    return [
+        "# slurm-dispatch hooks (site-config/slurm.conf.dispatch, with sandbox paths)",
+        f"Prolog={hooks}/prolog.d/*",
+        f"Epilog={hooks}/epilog.d/*",
+        f"PrologSlurmctld={hooks}/prolog.d/{DISPATCH_PART}",
+        f"EpilogSlurmctld={hooks}/epilog.d/{DISPATCH_PART}",
+        "PrologFlags=Alloc",
+        f"HealthCheckProgram={hooks}/dispatch-recheck",
+        "HealthCheckInterval=5",
+    ]
+
+
+DISPATCH_PART = "05-dispatch"
+
+
+def _dispatch_knobs(text: str, python: Path, conf: Path) -> str:
+    """Set a contrib part's knobs the way the admin guide tells an admin to."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("DISPATCH_PYTHON="):
+            line = f"DISPATCH_PYTHON={python}"
+        elif line.startswith("DISPATCH_CONF="):
+            line = f"DISPATCH_CONF={conf}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _install_dispatch_site(layout: Layout) -> bool:
+    """Install the hook parts, the re-check script and dispatch.conf; False when the checkout
+    with ``contrib/`` is not at hand and nothing was installed before."""
+    repo = source_root()
+    conf = layout.etc / "dispatch.conf"
+    facts_dir = layout.root / "dispatch-state"
+    if repo is None or not (repo / "contrib" / "prolog.d" / DISPATCH_PART).is_file():
+        return conf.is_file()
+    python = layout.venv_bin / "python"
+    parts = {
+        repo / "contrib" / "prolog.d" / DISPATCH_PART: layout.etc / "prolog.d" / DISPATCH_PART,
+        repo / "contrib" / "epilog.d" / DISPATCH_PART: layout.etc / "epilog.d" / DISPATCH_PART,
+        repo / "site-config" / "dispatch-recheck": layout.etc / "dispatch-recheck",
+    }
+    for source, target in parts.items():
+        target.parent.mkdir(mode=0o755, exist_ok=True)
+        text = _dispatch_knobs(source.read_text(), python, conf)
+        if not target.is_file() or target.read_text() != text:
+            _write_text(target, text, 0o755)
+    settings = []
+    for line in (repo / "site-config" / "dispatch.conf").read_text().splitlines():
+        if line.startswith("StateDir="):
+            line = f"StateDir={facts_dir}"
+        elif line.startswith("BootTimeTolerance="):
+            line = "BootTimeTolerance=2"
+        settings.append(line)
+    text = "\n".join(settings) + "\n"
+    if not conf.is_file() or conf.read_text() != text:
+        _write_text(conf, text, 0o644)
+    facts_dir.mkdir(mode=0o755, exist_ok=True)
+    os.chown(facts_dir, 0, 0)
+    os.chmod(facts_dir, 0o755)
+    return True
 
 
 # --------------------------------------------------------------------------------------------

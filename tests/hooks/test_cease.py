@@ -1,0 +1,190 @@
+"""Cessation evidence against a fake controller: what proves, what does not, and the cost."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import cease
+from slurm_dispatch.errors import UsageError
+
+from .fakes import FakeController, job, node, record, state_dir
+
+NOW = time.time()
+
+
+def start_end(state: str, name: str, restart: int = 0, survivors: list | None = None,
+              t: float = NOW - 100, **end: object) -> None:
+    start = record(state, "start", name, time=t, restart=restart)
+    record(state, "end", name, time=t + 10, restart=restart, start_token=start.split(".")[-1],
+           survivors=survivors or [], scan_error=end.pop("scan_error", None), **end)
+
+
+def test_clean_epilog_on_every_node_proves(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    for n in ("n1", "n2"):
+        start_end(state, n)
+    ctl = FakeController(job(nodelist="n[1-2]"), {"n1": node("n1"), "n2": node("n2")})
+    verdict = cease.cessation("100", cfg=cfg, controller=ctl)
+    assert verdict.ceased and verdict.exit_code == 0, cease.render(verdict)
+    assert [n.node for n in verdict.nodes] == ["n1", "n2"]
+    assert all("no process left after the kill" in n.evidence for n in verdict.nodes)
+    assert ctl.calls == [("job", "100"), ("nodes", ["n1", "n2"])]
+
+
+@pytest.mark.parametrize("state_name", ["RUNNING", "COMPLETING", "PENDING", "SUSPENDED",
+                                        "CONFIGURING"])
+def test_a_job_not_ended_is_not_ceased(tmp_path: Path, state_name: str) -> None:
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n1")
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(state=state_name), {"n1": node("n1")}))
+    assert not verdict.ceased and f"JobState={state_name}" in verdict.reason
+
+
+def test_survivors_are_named_and_do_not_prove(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    survivor = {"pid": 4242, "cmdline": "python train.py", "starttime": 7}
+    start_end(state, "n1", survivors=[survivor])
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(), {"n1": node("n1")}))
+    assert not verdict.ceased
+    assert "pid 4242 (python train.py)" in verdict.nodes[0].evidence
+    assert "4242" in cease.render(verdict)
+    assert json.loads(json.dumps(verdict.as_json()))["nodes"][0]["survivors"][0]["pid"] == 4242
+
+
+def test_recheck_that_found_them_gone_proves(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    start = record(state, "start", "n1", time=NOW - 100, restart=0)
+    end = record(state, "end", "n1", time=NOW - 90, restart=0,
+                 start_token=start.split(".")[-1], survivors=[{"pid": 1}], scan_error=None)
+    record(state, "recheck", "n1", time=NOW - 50, restart=0, end_token=end.split(".")[-1],
+           survivors=[], reason="re-scanned /proc")
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(), {"n1": node("n1")}))
+    assert verdict.ceased and "all gone" in verdict.nodes[0].evidence
+
+
+def test_down_node_without_record_is_not_proven(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n1")
+    record(state, "start", "n2", time=NOW - 100, restart=0)
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(nodelist="n[1-2]"),
+        {"n1": node("n1"), "n2": node("n2", state="DOWN+NOT_RESPONDING")}))
+    assert not verdict.ceased
+    assert verdict.nodes[1].evidence.startswith("no post-kill record")
+    assert "DOWN+NOT_RESPONDING" in verdict.nodes[1].evidence
+    assert "n2" in verdict.reason
+
+
+def test_reboot_after_the_last_record_proves_and_tolerance_applies(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    cfg.boot_time_tolerance = 5
+    record(state, "start", "n1", time=NOW - 100, restart=0)
+    record(state, "start", "n2", time=NOW - 100, restart=0)
+    ctl = FakeController(job(nodelist="n[1-2]", end=NOW - 90), {
+        "n1": node("n1", boot=NOW - 10),        # well after: proves
+        "n2": node("n2", boot=NOW - 88)})       # within the tolerance: does not
+    verdict = cease.cessation("100", cfg=cfg, controller=ctl)
+    assert verdict.nodes[0].proven and "rebooted" in verdict.nodes[0].evidence
+    assert not verdict.nodes[1].proven and not verdict.ceased
+
+
+def test_kill_task_failed_drain_does_not_prove(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n1")
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(), {"n1": node("n1", state="IDLE+DRAIN", reason="Kill task failed [root@...]")}))
+    assert not verdict.ceased and "Kill task failed" in verdict.nodes[0].evidence
+
+
+def test_no_record_at_all_is_not_proven(tmp_path: Path) -> None:
+    _, cfg = state_dir(tmp_path)
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(), {"n1": node("n1")}))
+    assert not verdict.ceased and "no post-kill record" in verdict.nodes[0].evidence
+
+
+def test_scan_error_does_not_prove(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n1", scan_error="cannot scan /proc: Permission denied")
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(), {"n1": node("n1")}))
+    assert not verdict.ceased and "could not look for survivors" in verdict.nodes[0].evidence
+
+
+def test_older_execution_uses_the_controller_allocation(tmp_path: Path) -> None:
+    """Restart 0 was requeued off n1 (partitioned); the job now runs as restart 1 on n2."""
+    state, cfg = state_dir(tmp_path)
+    record(state, "ctld-start", "slurmctld", time=NOW - 300, restart=0, nodes=["n1"])
+    record(state, "start", "n1", time=NOW - 299, restart=0)
+    record(state, "ctld-end", "slurmctld", time=NOW - 200, restart=0, nodes=["n1"])
+    start_end(state, "n2", restart=1)
+    ctl = FakeController(job(state="RUNNING", restarts=1, nodelist="n2"),
+                         {"n1": node("n1", state="DOWN+NOT_RESPONDING"), "n2": node("n2")})
+    verdict = cease.cessation("100", 0, cfg=cfg, controller=ctl)
+    assert [n.node for n in verdict.nodes] == ["n1"] and not verdict.ceased
+    # n1 rejoins; its Epilog runs for restart 0 although Slurm's count may say otherwise.
+    starts = [f for f in (tmp_path / "state/facts/1000/100").iterdir()
+              if f.name.startswith("start.n1.")]
+    record(state, "end", "n1", time=NOW, restart=1, survivors=[], scan_error=None,
+           start_token=starts[0].name.split(".")[-1])
+    ctl.node_fields["n1"] = node("n1")
+    verdict = cease.cessation("100", 0, cfg=cfg, controller=ctl)
+    assert verdict.ceased, cease.render(verdict)
+    # The running execution is not ceased.
+    assert not cease.cessation("100", 1, cfg=cfg, controller=ctl).ceased
+
+
+def test_restart_beyond_the_count_and_unknown_job_are_errors(tmp_path: Path) -> None:
+    _, cfg = state_dir(tmp_path)
+    with pytest.raises(UsageError, match="--restart 3 never ran"):
+        cease.cessation("100", 3, cfg=cfg, controller=FakeController(job(), {}))
+    with pytest.raises(UsageError, match="unknown to the controller"):
+        cease.cessation("100", cfg=cfg, controller=FakeController(None, {}))
+
+
+def test_purged_job_is_judged_from_records(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    record(state, "ctld-start", "slurmctld", time=NOW - 300, restart=0, nodes=["n1"])
+    start_end(state, "n1")
+    verdict = cease.cessation("100", cfg=cfg, uid=1000,
+                              controller=FakeController(None, {"n1": node("n1")}))
+    assert verdict.ceased, cease.render(verdict)
+
+
+def test_never_started_execution_has_ceased(tmp_path: Path) -> None:
+    _, cfg = state_dir(tmp_path)
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(state="CANCELLED", nodelist="(null)"), {}))
+    assert verdict.ceased and "never started" in verdict.reason
+
+
+def test_512_nodes_cost_two_controller_calls(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    names = [f"n{i}" for i in range(1, 513)]
+    for n in names:
+        start_end(state, n)
+    ctl = FakeController(job(nodelist="n[1-512]"), {n: node(n) for n in names})
+    verdict = cease.cessation("100", cfg=cfg, controller=ctl)
+    assert verdict.ceased and len(verdict.nodes) == 512
+    assert [c[0] for c in ctl.calls] == ["job", "nodes"]
+
+
+def test_untrusted_fact_is_a_problem_not_evidence(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n1", survivors=[{"pid": 9}])
+    job_dir = tmp_path / "state/facts/1000/100"
+    forged = job_dir / "recheck.n1.ffffffffffffffff00000000"
+    forged.write_text(json.dumps({"kind": "recheck", "survivors": [], "node": "n1"}))
+    import os
+    os.chown(forged, 1000, 1000)
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(), {"n1": node("n1")}))
+    assert not verdict.ceased
+    assert any("not trusted" in p for p in verdict.problems)
