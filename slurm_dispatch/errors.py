@@ -95,6 +95,6 @@ class SandboxError(DispatchError):
 
 
 class ConfigError(DispatchError):
-    """dispatch.conf has an unknown key or a bad value (the message names key, value, file, line)."""
+    """dispatch.conf has an unknown key or a bad value (named with its file and line)."""
 
     exit_code = 2
