@@ -22,4 +22,8 @@ check:
 	mypy slurm_dispatch
 
 bench: install
+	$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) bench/bench_store.py
+	$(PYTHON) bench/bench_supervisor.py
+	@for b in bench/bench_sbatch.py bench/bench_hooks.py; do \
+		if [ -f $$b ]; then $(PYTHON) $$b || exit 1; fi; done
