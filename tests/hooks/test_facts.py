@@ -1,0 +1,149 @@
+"""Facts: host lists, the O_NOFOLLOW write chain, trusted reads, grouping, the survivor scan."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import facts
+
+from .fakes import record, state_dir
+
+
+@pytest.mark.parametrize("text,names", [
+    ("n1", ["n1"]), ("n[1-3]", ["n1", "n2", "n3"]), ("n[1-2,5],gpu01", ["n1", "n2", "n5", "gpu01"]),
+    ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]), ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("(null)", []), ("", []), ("a,b", ["a", "b"]),
+])
+def test_expand_hostlist(text: str, names: list[str]) -> None:
+    assert facts.expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text", ["n[1-", "n1]", "n[a-b]", "n[3-1]"])
+def test_bad_hostlist(text: str) -> None:
+    with pytest.raises(ValueError):
+        facts.expand_hostlist(text)
+
+
+def test_written_fact_modes_owners_and_reading(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    name = facts.write_fact(state, 1234, 2345, "77", "start", "n1", {"time": 1.0, "restart": 0})
+    base = Path(state)
+    for path, mode, gid in ((base / "facts", 0o711, 0), (base / "facts/1234", 0o750, 2345),
+                            (base / "facts/1234/77", 0o750, 2345),
+                            (base / "facts/1234/77" / name, 0o640, 2345)):
+        info = path.lstat()
+        assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (mode, 0, gid), path
+    found, problems = facts.read_job_facts(state, 1234, "77")
+    assert problems == [] and found[0]["kind"] == "start" and found[0]["node"] == "n1"
+
+
+def test_names_are_plain(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    for bad in ("../x", ".hidden", "a/b", "", "x\n"):
+        with pytest.raises(facts.FactError):
+            facts.write_fact(state, 1, 1, bad, "start", "n1", {})
+        with pytest.raises(facts.FactError):
+            facts.write_fact(state, 1, 1, "1", "start", bad, {})
+
+
+@pytest.mark.parametrize("where", ["facts", "facts/1000", "facts/1000/100"])
+def test_planted_symlink_is_never_followed(tmp_path: Path, where: str) -> None:
+    state, _ = state_dir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = Path(state) / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(outside)
+    with pytest.raises(facts.FactError, match="cannot open|refus"):
+        record(state, "start", "n1", time=1.0, restart=0)
+    assert list(outside.iterdir()) == []
+
+
+def test_group_writable_chain_is_refused(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    (Path(state) / "facts").mkdir(mode=0o777)
+    os.chmod(Path(state) / "facts", 0o777)
+    with pytest.raises(facts.FactError, match="writable by group or others"):
+        record(state, "start", "n1", time=1.0, restart=0)
+
+
+def test_reader_reports_garbled_and_skips_fifos(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    record(state, "start", "n1", time=1.0, restart=0)
+    job = Path(state) / "facts/1000/100"
+    (job / "end.n1.0000000000000001aaaaaaaa").write_text("{not json")
+    os.mkfifo(job / "end.n1.0000000000000002bbbbbbbb")
+    found, problems = facts.read_job_facts(state, 1000, "100")
+    assert [f["kind"] for f in found] == ["start"]
+    assert any("garbled" in p for p in problems)
+    assert any("not a regular file" in p for p in problems)
+
+
+def test_group_executions_ties_end_to_start_not_to_restart_variable(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    start = record(state, "start", "n1", time=1.0, restart=0)
+    # The late Epilog of a rejoined node reports restart 1; its start says 0.
+    record(state, "end", "n1", time=5.0, restart=1, start_token=start.split(".")[-1],
+           survivors=[], scan_error=None)
+    record(state, "ctld-start", "slurmctld", time=0.5, restart=0, nodes=["n1"])
+    record(state, "ctld-end", "slurmctld", time=3.0, restart=0, nodes=["n1"],
+           slurm={"SLURM_JOB_EXIT_CODE2": "0:0"})
+    record(state, "ctld-start", "slurmctld", time=4.0, restart=1, nodes=["n2"])
+    executions = facts.execution_facts("100", state, 1000)
+    assert [e["restart"] for e in executions] == [0, 1]
+    first = executions[0]
+    assert first["nodes"]["n1"]["ceased"] is True and first["allocated"] == ["n1"]
+    assert first["end"]["requeued"] is True and first["end"]["exit_code"] == "0:0"
+    assert executions[1]["allocated"] == ["n2"] and executions[1]["end"] is None
+
+
+def _spawn_escaped(job_id: str, restart: str | None) -> int:
+    """A process of 'job_id' that escaped with setsid and a double fork; returns its pid."""
+    env = {"SLURM_JOB_ID": job_id, "PATH": "/usr/bin:/bin"}
+    if restart is not None:
+        env["SLURM_RESTART_COUNT"] = restart
+    out = subprocess.run(["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return int(out.strip())
+
+
+def test_scan_finds_an_escaped_process_of_the_right_execution() -> None:
+    job_id = f"9{os.getpid()}"
+    pid = _spawn_escaped(job_id, "2")
+    try:
+        found = facts.scan_survivors({job_id: 2})[job_id]
+        assert [s["pid"] for s in found] == [pid]
+        assert found[0]["cmdline"] == "sleep 60" and found[0]["ppid"] == 1 or found[0]["ppid"]
+        assert facts.scan_survivors({job_id: 1})[job_id] == []
+        assert facts.scan_survivors({job_id: None})[job_id][0]["pid"] == pid
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while facts.scan_survivors({job_id: 2})[job_id] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert facts.scan_survivors({job_id: 2})[job_id] == []
+
+
+def test_scan_ignores_slurm_hooks_running_as_root_and_itself() -> None:
+    job_id = f"8{os.getpid()}"
+    env = {"SLURM_JOB_ID": job_id, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}
+    proc = subprocess.Popen(["sleep", "60"], env={**env, "PATH": "/usr/bin:/bin"})
+    try:
+        assert facts.scan_survivors({job_id: None})[job_id] == []
+    finally:
+        proc.kill()
+        proc.wait()
+    code = ("import os, json; from slurm_dispatch import facts; "
+            f"print(json.dumps(facts.scan_survivors({{'{job_id}': None}})))")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         env={"SLURM_JOB_ID": job_id}, check=True).stdout
+    assert json.loads(out) == {job_id: []}
