@@ -210,10 +210,26 @@ def _render_status(data: dict[str, Any]) -> str:
 
 
 def _fact_text(fact: dict[str, Any]) -> str:
+    """One execution's hook facts in a few words: its end, then each node's cessation."""
     if "error" in fact:
         return f"facts unreadable: {fact['error']}"
-    parts = [str(fact.get(k)) for k in ("node", "state", "evidence") if fact.get(k)]
-    return " ".join(parts) or json.dumps(fact, sort_keys=True)
+    parts = []
+    end = fact.get("end")
+    if end:
+        state = end.get("state") or ("requeued" if end.get("requeued") else "ended")
+        parts.append(f"{state} exit {end.get('exit_code', '?')}")
+    for node, seen in sorted((fact.get("nodes") or {}).items()):
+        ceased = seen.get("ceased")
+        if ceased is True:
+            parts.append(f"{node} ceased")
+        elif ceased is False:
+            pids = [str(p.get("pid")) for p in seen.get("survivors", []) if isinstance(p, dict)]
+            parts.append(f"{node} SURVIVORS {','.join(pids) or '?'}")
+        else:
+            parts.append(f"{node} no end record")
+    if fact.get("problems"):
+        parts.append(f"{len(fact['problems'])} problem(s)")
+    return ", ".join(parts) or "-"
 
 
 @main.command(name="status")
