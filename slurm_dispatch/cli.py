@@ -8,37 +8,16 @@ other failures.  Errors print as ``dispatch: <message>``; a broken pipe is quiet
 from __future__ import annotations
 
 import json
-import os
 import sys
-from typing import Any, Callable, NoReturn, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import click
 
 from . import model, record, status, store
-from .errors import DispatchError, UsageError
+from .cli_exit import run_guarded
+from .errors import UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def fail(error: DispatchError, prog: str = "dispatch") -> NoReturn:
-    click.echo(f"{prog}: {error}", err=True)
-    sys.exit(error.exit_code)
-
-
-def run_guarded(function: Callable[[], Any], prog: str = "dispatch") -> None:
-    """Run a CLI body, mapping the library's errors to messages and exit codes."""
-    try:
-        function()
-    except DispatchError as error:
-        fail(error, prog)
-    except BrokenPipeError:
-        # Quiet on a closed pipe (`dispatch list | head`); point stdout at devnull so the
-        # interpreter's final flush does not complain again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
 
 
 def required(value: Optional[str], option: str, env: str) -> str:

@@ -10,7 +10,7 @@ import sys
 from typing import Optional
 
 from . import submit
-from .cli import run_guarded
+from .cli_exit import run_guarded
 from .errors import SlurmError
 from .slurm import Slurm
 

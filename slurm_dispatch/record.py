@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import time
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import RecordError, UsageError
@@ -44,8 +42,13 @@ def jobs_dir(home: Optional[str] = None) -> str:
     return os.path.join(home or home_dir(), "jobs")
 
 
+def _random_suffix() -> str:
+    return os.urandom(4).hex()
+
+
 def new_job_id() -> str:
-    return "d" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(7))
+    # 7 letters from 32 (os.urandom bytes, each reduced mod 32 without bias since 256 % 32 == 0)
+    return "d" + "".join(_ID_ALPHABET[b % 32] for b in os.urandom(7))
 
 
 def _write_new(path: str, data: bytes, mode: int = 0o644) -> None:
@@ -57,11 +60,11 @@ def _write_new(path: str, data: bytes, mode: int = 0o644) -> None:
         os.close(fd)
 
 
-@dataclass
 class JobRecord:
     """One dispatch job's folder."""
 
-    path: str
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     @property
     def id(self) -> str:
@@ -97,8 +100,8 @@ class JobRecord:
         event = {"event": kind, "time": round(now / 1e9, 3), "ns": now, **fields}
         events = os.path.join(self.path, "events")
         name = (f"{kind}-{once}.json" if once is not None
-                else f"{now:020d}-{kind}-{secrets.token_hex(4)}.json")
-        tmp = os.path.join(events, f".{now}-{secrets.token_hex(4)}.tmp")
+                else f"{now:020d}-{kind}-{_random_suffix()}.json")
+        tmp = os.path.join(events, f".{now}-{_random_suffix()}.tmp")
         try:
             _write_new(tmp, (json.dumps(event, sort_keys=True) + "\n").encode())
             try:

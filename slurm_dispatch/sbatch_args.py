@@ -14,7 +14,6 @@ The command line wins over directives.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import UsageError
@@ -50,14 +49,18 @@ DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede"}
 DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
 
 
-@dataclass
 class DispatchOptions:
-    checkpoint: Optional[str] = None
-    resubmit: int = 0
-    shared_checkpoint: bool = False
-    supersede: Optional[str] = None
-    plan: bool = False
-    given: set[str] = field(default_factory=set)
+    """The dispatch options given, and which of them were given (``given``)."""
+
+    __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan", "given")
+
+    def __init__(self, given: Optional[set[str]] = None) -> None:
+        self.checkpoint: Optional[str] = None
+        self.resubmit = 0
+        self.shared_checkpoint = False
+        self.supersede: Optional[str] = None
+        self.plan = False
+        self.given: set[str] = set(given or ())
 
     def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
         """These options (the command line) over ``directives`` (the script's)."""
@@ -68,13 +71,18 @@ class DispatchOptions:
         return out
 
 
-@dataclass
 class CommandLine:
-    dispatch: DispatchOptions
-    sbatch: list[str]  # sbatch's own options, in order, as given
-    script: Optional[str]
-    script_args: list[str]
-    long_names: set[str]  # the long names of sbatch options given (aliases resolved)
+    """A dispatch-sbatch command line, split into its parts."""
+
+    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names")
+
+    def __init__(self, dispatch: DispatchOptions, sbatch: list[str], script: Optional[str],
+                 script_args: list[str], long_names: set[str]) -> None:
+        self.dispatch = dispatch
+        self.sbatch = sbatch  # sbatch's own options, in order, as given
+        self.script = script
+        self.script_args = script_args
+        self.long_names = long_names  # long names of the sbatch options given, aliases resolved
 
 
 def _resolve_long(name: str, where: str) -> str:
@@ -176,15 +184,18 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     return CommandLine(opts, sbatch, script, list(argv[index + 1:]), names)
 
 
-@dataclass
 class ScriptHeader:
     """What the top of a job script says: its shebang and directive lines."""
 
-    shebang: str
-    sbatch_lines: list[str]  # every line of the directive block after the shebang, verbatim
-    sbatch_words: list[str]  # the words of the #SBATCH directives
-    dispatch: DispatchOptions
-    long_names: set[str]
+    __slots__ = ("shebang", "sbatch_lines", "sbatch_words", "dispatch", "long_names")
+
+    def __init__(self, shebang: str, sbatch_lines: list[str], sbatch_words: list[str],
+                 dispatch: DispatchOptions, long_names: set[str]) -> None:
+        self.shebang = shebang
+        self.sbatch_lines = sbatch_lines  # the directive block after the shebang, verbatim
+        self.sbatch_words = sbatch_words  # the words of the #SBATCH directives
+        self.dispatch = dispatch
+        self.long_names = long_names
 
 
 def read_header(text: str, script_name: str) -> ScriptHeader:

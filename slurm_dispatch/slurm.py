@@ -15,10 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
-
-import tenacity
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .errors import SlurmError, SlurmUnavailable
 
@@ -32,12 +29,16 @@ _TRANSIENT = re.compile(
 _SUBMITTED = re.compile(r"^(?:Submitted batch job (\d+)|(\d+)(?:;\S+)?)\s*$", re.MULTILINE)
 
 
-@dataclass
 class Result:
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
+    """What one Slurm command did."""
+
+    __slots__ = ("argv", "returncode", "stdout", "stderr")
+
+    def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
 
 
 Runner = Callable[[Sequence[str], Optional[Mapping[str, str]], Optional[str], float], Result]
@@ -72,7 +73,8 @@ class Slurm:
         self.attempts = attempts
         self.wait = wait
 
-    def _retrying(self) -> tenacity.Retrying:
+    def _retrying(self) -> Any:
+        import tenacity  # only the retried calls need it: keeps dispatch-sbatch's start fast
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(SlurmUnavailable),
             stop=tenacity.stop_after_attempt(self.attempts),

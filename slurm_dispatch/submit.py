@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from . import record, sbatch_args
@@ -27,18 +26,23 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PRE
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
-@dataclass
 class Request:
     """A dispatch-sbatch invocation, read and checked, nothing written yet."""
 
-    options: sbatch_args.DispatchOptions
-    sbatch: list[str]
-    script_path: str
-    script_bytes: bytes
-    script_args: list[str]
-    header: sbatch_args.ScriptHeader
-    long_names: set[str]
-    cwd: str
+    __slots__ = ("options", "sbatch", "script_path", "script_bytes", "script_args", "header",
+                 "long_names", "cwd")
+
+    def __init__(self, options: sbatch_args.DispatchOptions, sbatch: list[str],
+                 script_path: str, script_bytes: bytes, script_args: list[str],
+                 header: sbatch_args.ScriptHeader, long_names: set[str], cwd: str) -> None:
+        self.options = options
+        self.sbatch = sbatch
+        self.script_path = script_path
+        self.script_bytes = script_bytes
+        self.script_args = script_args
+        self.header = header
+        self.long_names = long_names
+        self.cwd = cwd
 
     @property
     def parsable(self) -> bool:
@@ -123,12 +127,17 @@ def _user() -> str:
         return str(os.getuid())
 
 
-@dataclass
 class Submitted:
-    job: record.JobRecord
-    submission: int
-    slurm_job_id: str
-    result: Result
+    """One submission made: its dispatch job, number, Slurm job id and sbatch's output."""
+
+    __slots__ = ("job", "submission", "slurm_job_id", "result")
+
+    def __init__(self, job: record.JobRecord, submission: int, slurm_job_id: str,
+                 result: Result) -> None:
+        self.job = job
+        self.submission = submission
+        self.slurm_job_id = slurm_job_id
+        self.result = result
 
 
 def marker(job: record.JobRecord, submission: int) -> str:

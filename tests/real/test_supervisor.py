@@ -1,0 +1,191 @@
+"""The supervisor on the real sandbox: resubmit budgets, shared-checkpoint holds that only
+dispatch-cease (or a person) lifts, and holds that expire."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_dispatch import sandbox as sandbox_lib
+from slurm_dispatch import store
+
+pytestmark = pytest.mark.real
+
+TRAINER = Path(__file__).resolve().parents[2] / "examples" / "toy-trainer.sh"
+FAILING = "#!/bin/bash\n#SBATCH --time=5\necho failing on purpose; exit 3\n"
+
+
+class User:
+    """Runs dispatch commands as the sandbox user in one folder, with a site config of its own."""
+
+    def __init__(self, sandbox: Any, path: Path, conf: Path) -> None:
+        self.sandbox, self.path, self.conf = sandbox, path, conf
+
+    def run(self, *argv: str, check: bool = True, env: dict[str, str] | None = None
+            ) -> Any:
+        words = list(argv)
+        if words[0].startswith("dispatch"):
+            words[0] = str(Path(self.sandbox.venv_bin) / words[0])
+        extra = [f"SLURM_DISPATCH_CONF={self.conf}",
+                 *(f"{k}={v}" for k, v in (env or {}).items())]
+        return self.sandbox.run(["env", "-C", str(self.path), *extra, *words],
+                                user=self.sandbox.user, check=check, timeout=180)
+
+    def submit(self, *argv: str, env: dict[str, str] | None = None) -> tuple[str, str]:
+        proc = self.run("dispatch-sbatch", "--parsable", *argv, env=env)
+        return proc.stderr.split("Dispatch job ")[1].split()[0], proc.stdout.strip()
+
+    def status(self, job: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.run("dispatch", "status", "--json", job).stdout)
+        return data
+
+    def supervise(self) -> str:
+        return str(self.run("dispatch", "supervise", check=False).stdout)
+
+    def events(self, job: str, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.status(job)["events"] if e["event"] == kind]
+
+
+def site_conf(sandbox: Any, path: Path, **overrides: str) -> Path:
+    """A copy of the sandbox's dispatch.conf with some keys changed (same StateDir)."""
+    text = (Path(sandbox.dir) / "etc" / "dispatch.conf").read_text()
+    for key, value in overrides.items():
+        text, count = re.subn(rf"(?m)^{key}=.*$", f"{key}={value}", text)
+        if not count:
+            text += f"{key}={value}\n"
+    conf = path / "dispatch.conf"
+    conf.write_text(text)
+    conf.chmod(0o644)
+    return conf
+
+
+@pytest.fixture
+def user(sandbox: Any) -> User:
+    path = Path(os.path.expanduser(f"~{sandbox.user}")) / "sup" / uuid.uuid4().hex[:8]
+    path.mkdir(parents=True)
+    for folder in (path, path.parent):
+        shutil.chown(folder, sandbox.user)
+    for name, text in (("trainer.sh", TRAINER.read_text()), ("failing.sh", FAILING)):
+        (path / name).write_text(text)
+        (path / name).chmod(0o755)
+        shutil.chown(path / name, sandbox.user)
+    return User(sandbox, path, site_conf(sandbox, path, CessationInterval="1"))
+
+
+def state_of(sandbox: Any, jobid: str) -> tuple[str, str]:
+    info = sandbox.job_state(jobid)
+    return info.get("JobState", ""), info.get("Reason", "")
+
+
+def submissions(user: User, job: str) -> list[dict[str, Any]]:
+    return list(user.status(job)["submissions"])
+
+
+def test_failing_isolated_job_is_resubmitted_until_budget_is_spent(user: User) -> None:
+    job, _ = user.submit("--checkpoint", "ck", "--resubmit", "2", "failing.sh")
+
+    def finished() -> bool:
+        user.supervise()
+        return bool(user.events(job, "finished"))
+    user.sandbox.wait_for(finished, 120, f"{job} to stop after its budget", interval=1)
+    subs = submissions(user, job)
+    assert [s["submission"] for s in subs] == [1, 2, 3]
+    assert all(s["state"] == "FAILED" for s in subs)
+    assert [s["reason"] for s in subs[1:]] == ["failed (budget 2)", "failed (budget 1)"]
+    assert user.supervise() == ""  # nothing more to do
+    assert len(submissions(user, job)) == 3
+
+
+def test_hold_without_signal_waits_for_scontrol_release(user: User) -> None:
+    user.conf = site_conf(user.sandbox, user.path, CessationSignal="")
+    job, first = user.submit("--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1",
+                             "failing.sh")
+    user.sandbox.wait_for(lambda: state_of(user.sandbox, first)[0] == "FAILED", 60,
+                          "the first submission to fail")
+    assert "held" in user.supervise()
+    (hold,) = user.events(job, "hold")
+    held = str(hold["slurm_job_id"])
+    assert state_of(user.sandbox, held) == ("PENDING", "JobHeldUser")
+    squeue = user.run("squeue", "-h", "-j", held, "-o", "%i %r %k").stdout
+    assert "JobHeldUser" in squeue and "held: shared checkpoint" in squeue
+    for _ in range(3):
+        user.supervise()
+    assert user.events(job, "cessation") == [] and state_of(user.sandbox, held)[1] == \
+        "JobHeldUser"
+    user.run("scontrol", "release", held)
+    user.supervise()
+    (released,) = user.events(job, "released")
+    assert released["by"] == "a person (scontrol release)"
+
+
+def test_hold_expires_and_nothing_more_starts(user: User) -> None:
+    user.conf = site_conf(user.sandbox, user.path, SharedHoldFor="3", CessationSignal="")
+    job, first = user.submit("--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "3",
+                             "failing.sh")
+    user.sandbox.wait_for(lambda: state_of(user.sandbox, first)[0] == "FAILED", 60,
+                          "the first submission to fail")
+    user.supervise()
+    (hold,) = user.events(job, "hold")
+
+    def expired() -> bool:
+        user.supervise()
+        return bool(user.events(job, "expired"))
+    user.sandbox.wait_for(expired, 30, "the hold to expire", interval=1)
+    assert state_of(user.sandbox, str(hold["slurm_job_id"]))[0] == "CANCELLED"
+    user.supervise()
+    assert len(submissions(user, job)) == 2
+    assert user.events(job, "finished")[0]["end_state"] == "hold expired"
+
+
+def test_shared_job_on_partitioned_node_is_held_until_dispatch_cease_proves_it_gone(
+        user: User) -> None:
+    sandbox = user.sandbox
+    run_env = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.1", "TOY_SAVE_EVERY": "5"}
+    job, first = user.submit("--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "2",
+                             "-o", "out-%j.txt", "trainer.sh", env=run_env)
+    sandbox.wait_for(lambda: user.status(job)["executions"], 60, "the first execution")
+    old = user.status(job)["executions"][0]
+    node = old["node"]
+    root = str(user.path / "ck")
+    sandbox.wait_for(lambda: store.latest(root), 60, "a first publication")
+    sandbox_lib.partition(node, sandbox.dir)
+    try:
+        # Slurm must not requeue it (no automatic requeue for a shared checkpoint).
+        sandbox.wait_for(lambda: state_of(sandbox, first)[0] == "NODE_FAIL", 120,
+                         f"job {first} to end with NODE_FAIL")
+        assert sandbox.job_state(first).get("Restarts") == "0"
+        assert "held" in user.supervise()
+        (hold,) = user.events(job, "hold")
+        held = str(hold["slurm_job_id"])
+        assert state_of(sandbox, held) == ("PENDING", "JobHeldUser")
+        user.supervise()
+        facts = user.events(job, "cessation")
+        assert facts and facts[-1]["verdict"] == "not ceased" and facts[-1]["code"] == 1
+        assert state_of(sandbox, held)[1] == "JobHeldUser", "released without proof"
+        status_text = user.run("dispatch", "status", job).stdout
+        assert "hold" in status_text and "not ceased" in status_text
+    finally:
+        sandbox_lib.heal(node, sandbox.dir)
+
+    def lifted() -> bool:
+        user.supervise()
+        return bool(user.events(job, "released"))
+    sandbox.wait_for(lifted, 120, "dispatch-cease to prove cessation and lift the hold",
+                     interval=1)
+    verdicts = [f["verdict"] for f in user.events(job, "cessation")]
+    assert verdicts[-1] == "ceased" and "not ceased" in verdicts
+    assert user.events(job, "released")[0]["by"] == "cessation signal"
+    executions = sandbox.wait_for(
+        lambda: [e for e in user.status(job)["executions"] if e["submission"] == 2], 60,
+        "submission 2 to start")
+    latest_before = executions[0]["resume_from"]
+    assert executions[0]["epoch"] == 2_000_000
+    assert latest_before.startswith(old["exec_dir"] + "/checkpoint-")
+    sandbox.run(["scancel", held], check=False)
