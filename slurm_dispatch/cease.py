@@ -19,13 +19,14 @@ questions go through :class:`Controller`, so tests and the bench use a fake one.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Protocol
 
 from . import config as config_module
 from . import facts
-from .errors import ConfigError, SlurmError, UsageError
+from .errors import ConfigError, RecordError, SlurmError, UsageError
 
 # Job states in which the current execution has ended (scontrol JobState, 22.05).
 ENDED_STATES = frozenset({
@@ -177,7 +178,14 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
         facts.check_name(slurm_job_id, "job id")
     except facts.FactError as exc:
         raise UsageError(str(exc)) from None
-    executions = facts.execution_facts(slurm_job_id, cfg.state_dir, uid)
+    if uid is None:
+        uid = os.getuid()
+        if uid == 0:
+            owners = facts.job_uids(cfg.state_dir, slurm_job_id)
+            uid = owners[0] if owners else 0
+    executions, problems = facts.collect(slurm_job_id, cfg.state_dir, uid)
+    if problems and not executions:
+        raise RecordError(f"cannot read the records of job {job_id}: " + "; ".join(problems))
     by_restart = {e["restart"]: e for e in executions}
     if restart is None:
         restart = max([restarts, *by_restart]) if (restarts >= 0 or by_restart) else None

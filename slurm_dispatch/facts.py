@@ -292,12 +292,16 @@ def _read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
         os.close(fd)
 
 
-def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[int]) -> int:
+def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[int],
+                      listable: bool = False) -> int:
+    # O_PATH: a user may pass through facts/ (mode 0711) without the right to open it.
+    mode = os.O_RDONLY if listable else os.O_PATH
     try:
         if parent is None:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(name, mode | os.O_DIRECTORY | os.O_CLOEXEC)
         else:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(name, mode | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -334,7 +338,7 @@ def read_job_facts(state_dir: str, uid: int, job_id: str,
         fds.append(_open_trusted_dir(base, FACTS, where, trusted))
         fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted))
         where = f"{where}/{uid}/{job_id}"
-        job = _open_trusted_dir(fds[-1], job_id, where, trusted)
+        job = _open_trusted_dir(fds[-1], job_id, where, trusted, listable=True)
         fds.append(job)
         for name in sorted(os.listdir(job), key=lambda n: n.rpartition(".")[2]):
             if prefixes and not name.startswith(prefixes):
@@ -401,7 +405,8 @@ def execution_facts(slurm_job_id: str, state_dir: str | None = None,
     ``ceased`` is the node's own word: True when its post-kill scan (or a later re-check) found
     nothing left, False when something was left, None when the node recorded no end.  A fact is a
     dict as written (``time`` in seconds since the epoch, ``boot_id``, ``boot_time``, ...).
-    Unreadable or untrusted facts are named in ``problems`` of every execution.
+    Unreadable or untrusted facts are named in ``problems`` of every execution; when nothing
+    could be read at all, :class:`FactError` says why.  No facts at all is an empty list.
     """
     if state_dir is None:
         from . import config
@@ -412,8 +417,16 @@ def execution_facts(slurm_job_id: str, state_dir: str | None = None,
             owners = job_uids(state_dir, slurm_job_id)
             if owners:
                 uid = owners[0]
-    facts, problems = read_job_facts(state_dir, uid, slurm_job_id)
-    return group_executions(slurm_job_id, facts, problems)
+    found, problems = collect(slurm_job_id, state_dir, uid)
+    if problems and not found:
+        raise FactError("; ".join(problems))
+    return found
+
+
+def collect(slurm_job_id: str, state_dir: str, uid: int) -> tuple[list[dict], list[str]]:
+    """:func:`execution_facts` and the problems met, without raising."""
+    found, problems = read_job_facts(state_dir, uid, slurm_job_id)
+    return group_executions(slurm_job_id, found, problems), problems
 
 
 def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> list[dict]:

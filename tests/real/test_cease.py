@@ -1,0 +1,216 @@
+"""dispatch-cease on the real sandbox: partition and heal, a SIGTERM-trapping job cancelled, a
+process escaping Slurm's tracking, a rebooted node, and the end states the hooks record.
+
+The sandbox installs the hooks as an admin would (contrib/ parts, dispatch.conf beside
+slurm.conf).  dispatch-cease runs as the job's user, as the supervisor would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from slurm_dispatch import facts
+from slurm_dispatch import sandbox as sandbox_lib
+
+if TYPE_CHECKING:
+    from tests.real.conftest import Sandbox
+
+pytestmark = pytest.mark.real
+
+
+def cease(sandbox: Sandbox, jobid: str, restart: int | None = None) -> tuple[int, dict[str, Any]]:
+    argv = [str(sandbox.venv_bin / "dispatch-cease"), jobid, "--json"]
+    if restart is not None:
+        argv += ["--restart", str(restart)]
+    proc = sandbox.run(argv, user=sandbox.user, check=False)
+    assert proc.returncode in (0, 1), f"dispatch-cease exited {proc.returncode}: {proc.stderr}"
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def wait_cease(sandbox: Sandbox, jobid: str, code: int, restart: int | None = None,
+               timeout: float = 60) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+
+    def answered() -> bool:
+        rc, last["verdict"] = cease(sandbox, jobid, restart)
+        return rc == code
+
+    sandbox.wait_for(answered, timeout, f"dispatch-cease {jobid} to exit {code}", interval=0.5)
+    return last["verdict"]
+
+
+def state_dir(sandbox: Sandbox) -> str:
+    return str(sandbox.dir / "dispatch-state")
+
+
+def executions(sandbox: Sandbox, jobid: str) -> list[dict[str, Any]]:
+    return facts.execution_facts(jobid, state_dir(sandbox), sandbox.uid)
+
+
+def running_on(sandbox: Sandbox, jobid: str) -> str:
+    fields = sandbox.wait_for(
+        lambda: (lambda f: f if f.get("JobState") == "RUNNING" else None)(
+            sandbox.job_state(jobid)), 30, f"job {jobid} running")
+    return fields["NodeList"]
+
+
+def escaping_script(marker: str) -> str:
+    """A job that leaves a process behind: setsid, then a double fork, so Slurm's process
+    tracking (proctrack/linuxproc follows the process tree) loses it."""
+    return ("#!/bin/bash\n"
+            f"setsid bash -c '(exec -a {marker} sleep 300 </dev/null >/dev/null 2>&1 &); exit 0'\n"
+            "sleep 1\nexit 0\n")
+
+
+def kill_marked(pid: int, marker: str) -> None:
+    """Kill a process the test's own job left behind, after checking it is that one."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert marker in cmdline, cmdline
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_trapping_job_cancelled(sandbox: Sandbox) -> None:
+    script = "#!/bin/sh\ntrap 'sleep 3; exit 0' TERM\nsleep 300 &\nwait\nsleep 3\n"
+    jobid = sandbox.submit(script)
+    running_on(sandbox, jobid)
+    sandbox.run(["scancel", jobid])
+    rc, verdict = cease(sandbox, jobid)
+    assert rc == 1, verdict
+    assert "has not ended" in verdict["reason"] or not verdict["ceased"]
+    verdict = wait_cease(sandbox, jobid, 0)
+    assert verdict["job_state"] == "CANCELLED"
+    assert all("no process left after the kill" in n["evidence"] for n in verdict["nodes"])
+
+
+def test_escaped_process_is_named_then_cessation_once_it_is_gone(sandbox: Sandbox) -> None:
+    marker = f"escaped-{os.getpid()}-{time.monotonic_ns()}"
+    script = escaping_script(marker)
+    jobid = sandbox.submit(script)
+    sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30,
+                     "job completed")
+    verdict = wait_cease(sandbox, jobid, 1)
+    survivors = [s for n in verdict["nodes"] for s in n["survivors"]]
+    assert survivors and any(marker in s["cmdline"] for s in survivors), verdict
+    assert any(marker in n["evidence"] for n in verdict["nodes"])
+    # The plain table names it too.
+    table = sandbox.run([str(sandbox.venv_bin / "dispatch-cease"), jobid], user=sandbox.user,
+                        check=False)
+    assert table.returncode == 1 and marker in table.stdout
+    for survivor in survivors:
+        if marker in survivor["cmdline"]:
+            kill_marked(survivor["pid"], marker)
+    # The node's re-check (HealthCheckProgram) records them gone.
+    verdict = wait_cease(sandbox, jobid, 0, timeout=60)
+    assert "all gone" in verdict["nodes"][0]["evidence"]
+
+
+def test_partition_then_heal(sandbox: Sandbox) -> None:
+    """The seed's scenario: requeued off a cut-off node, which keeps running until it rejoins.
+
+    Beside it, on the same node, a job that may not be requeued ends NODE_FAIL.
+    """
+    workdir = sandbox.workdir("partition")
+    loop = f"#!/bin/sh\nwhile true; do date >> {workdir}/out.$SLURM_RESTART_COUNT; sleep 1; done\n"
+    node = "n1"
+    requeued = sandbox.submit(loop, "--requeue", "-w", node)
+    failed = sandbox.submit(loop, "--no-requeue", "-w", node)
+    running_on(sandbox, requeued)
+    running_on(sandbox, failed)
+    sandbox_lib.partition(node, sandbox.dir)
+    try:
+        sandbox.wait_for(lambda: sandbox.job_state(requeued).get("Restarts") == "1", 90,
+                         "the job requeued off the partitioned node")
+        rc, verdict = cease(sandbox, requeued, 0)
+        assert rc == 1, verdict
+        assert verdict["nodes"][0]["node"] == node
+        assert "no post-kill record" in verdict["nodes"][0]["evidence"]
+        # The old execution is still writing: ended is not ceased.
+        out = workdir / "out."
+        size = out.stat().st_size
+        sandbox.wait_for(lambda: out.stat().st_size > size, 10, "the cut-off run still writing")
+        assert sandbox.job_state(failed)["JobState"] == "NODE_FAIL"
+        assert cease(sandbox, failed)[0] == 1
+    finally:
+        sandbox_lib.heal(node, sandbox.dir)
+    verdict = wait_cease(sandbox, requeued, 0, restart=0, timeout=60)
+    assert "no process left after the kill" in verdict["nodes"][0]["evidence"]
+    wait_cease(sandbox, failed, 0, timeout=60)
+    # Once the requeued job starts again (on the healed node), its first execution shows as
+    # requeued in the records.
+    found = sandbox.wait_for(lambda: (lambda e: e if len(e) > 1 else None)(
+        executions(sandbox, requeued)), 60, "the second execution recorded")
+    first = found[0]
+    assert first["restart"] == 0 and first["allocated"] == [node]
+    assert first["end"]["requeued"] is True
+    assert first["nodes"][node]["ceased"] is True
+
+
+def test_rebooted_node_proves_cessation(sandbox: Sandbox) -> None:
+    node = "n3"
+    marker = f"reboot-{os.getpid()}-{time.monotonic_ns()}"
+    script = escaping_script(marker)
+    jobid = sandbox.submit(script, "-w", node)
+    sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30,
+                     "job completed")
+    verdict = wait_cease(sandbox, jobid, 1)
+    pids = [s["pid"] for n in verdict["nodes"] for s in n["survivors"] if marker in s["cmdline"]]
+    assert pids, verdict
+    # "Reboot" the node the way Slurm's own tests do: slurmd -b reports a new BootTime.
+    layout = sandbox_lib.Layout(sandbox.dir)
+    daemon = sandbox_lib._slurmd(layout, node)
+    try:
+        # BootTime must be later than the node's last record by BootTimeTolerance (2 s).
+        _wait_seconds_past_records(sandbox, jobid, 3)
+        sandbox_lib._stop(daemon)
+        sandbox_lib._start(dataclasses.replace(daemon, argv=daemon.argv + ("-b",)), layout)
+        verdict = wait_cease(sandbox, jobid, 0, timeout=60)
+        assert "rebooted at" in verdict["nodes"][0]["evidence"], verdict
+    finally:
+        for pid in pids:
+            try:
+                kill_marked(pid, marker)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        sandbox_lib.heal(node, sandbox.dir)
+
+
+def _wait_seconds_past_records(sandbox: Sandbox, jobid: str, seconds: float) -> None:
+    latest = max(float(f.get("time", 0)) for e in executions(sandbox, jobid)
+                 for n in e["nodes"].values()
+                 for f in (n.get("start") or {}, n.get("end") or {}, n.get("recheck") or {}))
+    sandbox.wait_for(lambda: time.time() > latest + seconds, seconds + 5,
+                     "the clock to pass the node's records")
+
+
+def test_end_states_completed_failed_and_a_broken_store_drains_nothing(sandbox: Sandbox) -> None:
+    completed = sandbox.submit("#!/bin/sh\nexit 0\n")
+    failed = sandbox.submit("#!/bin/sh\nexit 3\n")
+    for jobid, state in ((completed, "COMPLETED"), (failed, "FAILED")):
+        verdict = wait_cease(sandbox, jobid, 0)
+        assert verdict["job_state"] == state
+    assert executions(sandbox, completed)[0]["end"]["exit_code"] == "0:0"
+    assert executions(sandbox, failed)[0]["end"]["exit_code"] == "3:0"
+    # A StateDir a user could write is refused by every hook: jobs run, no node drains, nothing
+    # is recorded, and dispatch-cease cannot prove anything.
+    store = Path(state_dir(sandbox))
+    os.chmod(store, 0o777)
+    try:
+        jobid = sandbox.submit("#!/bin/sh\nexit 0\n")
+        sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30,
+                         "job completed despite the broken store")
+        with pytest.raises(facts.FactError, match="not trusted"):
+            executions(sandbox, jobid)
+    finally:
+        os.chmod(store, 0o755)
+    assert executions(sandbox, jobid) == []
+    states = sandbox.node_states()
+    assert not any("drain" in s for s in states.values()), states
+    assert cease(sandbox, jobid)[0] == 1
