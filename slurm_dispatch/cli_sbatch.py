@@ -7,12 +7,15 @@ followed by its own arguments) passes through untouched, so this reads argv itse
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 from . import submit
 from .cli_exit import run_guarded
 from .errors import SlurmError
 from .slurm import Slurm
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Optional
 
 HELP = """\
 Usage: dispatch-sbatch [dispatch options] [sbatch options] script [args...]

@@ -22,9 +22,12 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Optional
 
 from .errors import RecordError, UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"  # no l, o, 0, 1: easy to read aloud
 

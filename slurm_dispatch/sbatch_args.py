@@ -14,9 +14,12 @@ The command line wins over directives.
 from __future__ import annotations
 
 import shlex
-from typing import Optional
 
 from .errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Optional
 
 # sbatch 22.05 options that take a required argument (``sbatch --help``, sbatch(1)).
 SHORT_WITH_ARG = set("aAbBcCdDeFGiJLmMnNopqStwx")

@@ -15,9 +15,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .errors import SlurmError, SlurmUnavailable
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, Optional, Sequence
 
 TIMEOUT = float(os.environ.get("DISPATCH_SLURM_TIMEOUT", "30"))
 ATTEMPTS = int(os.environ.get("DISPATCH_SLURM_ATTEMPTS", "4"))
@@ -41,7 +44,9 @@ class Result:
         self.stderr = stderr
 
 
-Runner = Callable[[Sequence[str], Optional[Mapping[str, str]], Optional[str], float], Result]
+if TYPE_CHECKING:
+    Runner = Callable[[Sequence[str], Optional[Mapping[str, str]], Optional[str], float],
+                      Result]
 
 
 def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,

@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional
 
 from . import record, sbatch_args
 from .errors import DispatchError, RecordError, SlurmError, UsageError
 from .slurm import Result, Slurm
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
