@@ -57,17 +57,23 @@ class Found:
         return {"epoch": self.epoch, "step": self.step, "path": self.path, "name": self.name}
 
 
-def _open_dir(path: str, label: str) -> int:
+def _open_pub_dir(pub_path: str, dir_fd: int | None = None) -> int:
+    """Open ``pub/`` without following a symlink; FileNotFoundError passes through.
+
+    With ``dir_fd`` (the open root), ``pub/`` is opened relative to it.
+    """
+    target = PUB if dir_fd is not None else pub_path
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            if os.path.islink(path):
-                raise StoreError(f"{label} {path!r} is a symlink; refusing to follow it") from None
-            raise StoreError(f"{label} {path!r} is not a directory") from None
-        raise StoreError(f"cannot open {label} {path!r}: {exc.strerror}") from None
+            if os.path.islink(pub_path):
+                raise StoreError(f"pub/ {pub_path!r} is a symlink; refusing to follow it") from None
+            raise StoreError(f"pub/ {pub_path!r} is not a directory") from None
+        raise StoreError(f"cannot open {pub_path!r}: {exc.strerror}") from None
 
 
 def _fsync_dir(fd: int, path: str) -> None:
@@ -151,7 +157,7 @@ def _check_inside(root_fd: int, root_abs: str, relative: str, given: str) -> Non
 
 def _open_pub(root_fd: int, pub_path: str) -> int:
     try:
-        return _open_dir_at(root_fd, pub_path)
+        return _open_pub_dir(pub_path, root_fd)
     except FileNotFoundError:
         pass
     try:
@@ -160,21 +166,7 @@ def _open_pub(root_fd: int, pub_path: str) -> int:
         pass  # another publisher made it meanwhile
     except OSError as exc:
         _raise_write_error(exc, pub_path)
-    return _open_dir_at(root_fd, pub_path)
-
-
-def _open_dir_at(root_fd: int, pub_path: str) -> int:
-    try:
-        return os.open(PUB, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       dir_fd=root_fd)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            if os.path.islink(pub_path):
-                raise StoreError(f"pub/ {pub_path!r} is a symlink; refusing to follow it") from None
-            raise StoreError(f"pub/ {pub_path!r} is not a directory") from None
-        raise StoreError(f"cannot open {pub_path!r}: {exc.strerror}") from None
+    return _open_pub_dir(pub_path, root_fd)
 
 
 def _raise_write_error(exc: OSError, path: str) -> None:
@@ -186,7 +178,7 @@ def _raise_write_error(exc: OSError, path: str) -> None:
 def _names(root: str) -> list[str]:
     pub_path = os.path.join(os.path.abspath(root), PUB)
     try:
-        fd = _open_dir(pub_path, "pub/")
+        fd = _open_pub_dir(pub_path)
     except FileNotFoundError:
         if not os.path.isdir(root):
             raise StoreError(f"checkpoint root {root!r} is not a directory") from None
