@@ -6,14 +6,19 @@ Layout under the site's ``StateDir`` (root-owned, not writable by users)::
       facts/                                0711: users may pass, not list
         <uid>/                              root:<job gid> 0750
           <jobid>/                          root:<job gid> 0750
-            <kind>.<node>.<token>           root:<job gid> 0640, one JSON object, written once
+            <kind>.<node>.<restart>.<token> root:<job gid> 0640, one JSON object, written once
       watch/<hostname>/                     0700: survivors this machine still has to re-check
         <uid>.<jobid>.<token>
 
 Kinds: ``start`` (node Prolog), ``end`` (node Epilog, with the post-kill survivor scan),
 ``recheck`` (a later scan of the same survivors), ``ctld-start`` (PrologSlurmctld) and
 ``ctld-end`` (EpilogSlurmctld).  ``token`` is the time in nanoseconds (hex) and 32 random bits, so
-names sort by time and never collide.
+names sort by time and never collide; an ``end`` takes the token of the start it is tied to, so
+an Epilog finds its node's open start from names alone.  ``restart`` is the execution's restart
+count (``x`` when unknown).  Names are parsed from the right: node names may contain dots.
+
+Hooks write JSON with the small encoder here (:func:`dumps`): importing ``json`` (and with it
+``re`` and ``enum``) would double a hook's start-up time.
 
 Invariants:
 
@@ -34,7 +39,6 @@ each other's facts (never change them).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -60,6 +64,64 @@ def check_name(value: str, what: str) -> str:
         raise FactError(f"{what} {value!r} is not a plain name ([A-Za-z0-9._-], not starting "
                         "with '.')")
     return value
+
+
+def parse_name(name: str) -> tuple[str, str, str, str] | None:
+    """``(kind, node, restart, token)`` of a fact's file name, or None."""
+    kind, _, rest = name.partition(".")
+    rest, _, token = rest.rpartition(".")
+    node, _, restart = rest.rpartition(".")
+    if kind not in KINDS or not node or not restart or len(token) != 24:
+        return None
+    return kind, node, restart, token
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _escape(text: str) -> str:
+    out = []
+    for char in text:
+        code = ord(char)
+        if char == '"' or char == "\\":
+            out.append("\\" + char)
+        elif char in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[char])
+        elif code < 0x20 or 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def dumps(value: object) -> str:
+    """JSON text of ``value`` (dict with str keys, list, tuple, str, int, float, bool, None),
+    keys sorted.  Equal to ``json.dumps(value, sort_keys=True, separators=(",", ":"))`` but
+    for escaping non-ASCII as itself (UTF-8); raises ValueError on anything else."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{value!r} is not JSON")
+        return repr(value)
+    if isinstance(value, str):
+        return _escape(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps(item) for item in value) + "]"
+    if isinstance(value, dict):
+        items = []
+        for key in sorted(value):
+            if not isinstance(key, str):
+                raise ValueError(f"key {key!r} is not a string")
+            items.append(_escape(key) + ":" + dumps(value[key]))
+        return "{" + ",".join(items) + "}"
+    raise ValueError(f"{type(value).__name__} is not JSON")
 
 
 def new_token() -> str:
@@ -231,18 +293,19 @@ def _create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
 
 
 def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node: str,
-               body: dict[str, object]) -> str:
+               body: dict[str, object], token: str | None = None) -> str:
     """Write one fact of ``kind`` about ``job_id``; return its file name."""
     check_name(job_id, "job id")
     check_name(node, "node name")
     if kind not in KINDS:
         raise FactError(f"unknown fact kind {kind!r}")
-    token = new_token()
-    name = f"{kind}.{node}.{token}"
+    token = token or new_token()
+    restart = body.get("restart")
+    name = f"{kind}.{node}.{restart if isinstance(restart, int) else 'x'}.{token}"
     record = dict(body)
     record.update({"kind": kind, "job_id": job_id, "node": node, "uid": uid, "gid": gid,
                    "token": token})
-    data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    data = dumps(record).encode() + b"\n"
     base = open_state_dir(state_dir)
     fds = [base]
     try:
@@ -262,6 +325,26 @@ def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node:
 
 # --------------------------------------------------------------------------------------------
 # Reading
+
+
+def list_job(state_dir: str, uid: int, job_id: str) -> list[str]:
+    """The fact names in a job's folder (no content read); [] when there is none."""
+    check_name(job_id, "job id")
+    trusted = {0, os.geteuid()}
+    fds: list[int] = []
+    try:
+        fds.append(open_state_dir(state_dir))
+        where = f"{state_dir}/{FACTS}"
+        fds.append(_open_trusted_dir(fds[-1], FACTS, where, trusted))
+        fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted))
+        fds.append(_open_trusted_dir(fds[-1], job_id, f"{where}/{uid}/{job_id}", trusted,
+                                     listable=True))
+        return os.listdir(fds[-1])
+    except FileNotFoundError:
+        return []
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
 
 
 def _read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
@@ -321,6 +404,7 @@ def read_job_facts(state_dir: str, uid: int, job_id: str,
     ``prefixes`` limits the files read to names starting with one of them (``"start.n1."``).
     No folder for the job means no facts (not a problem).
     """
+    import json
     check_name(job_id, "job id")
     facts: list[dict] = []
     problems: list[str] = []

@@ -17,7 +17,6 @@ Every handler raises on a fault; the caller logs it and exits 0.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -79,21 +78,29 @@ def prolog(cfg: Config) -> None:
 
 
 def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
-                   restart: int) -> dict | None:
-    """The start this node recorded for the job that no end of this node is tied to yet."""
-    found, problems = facts.read_job_facts(cfg.state_dir, uid, job_id,
-                                           (f"start.{node}.", f"end.{node}."))
-    for problem in problems:
-        from . import log
-        log(f"epilog job {job_id}: {problem}")
-    ended = {f.get("start_token") for f in found if f.get("kind") == "end"}
-    open_starts = [f for f in found if f.get("kind") == "start" and f.get("node") == node
-                   and f.get("token") not in ended]
+                   restart: int) -> tuple[str, int] | None:
+    """(token, restart) of the start this node recorded for the job with no end tied to it yet.
+
+    Read from the file names alone: an end carries the token of its start.
+    """
+    starts: list[tuple[str, str]] = []
+    ended = set()
+    for name in facts.list_job(cfg.state_dir, uid, job_id):
+        parsed = facts.parse_name(name)
+        if parsed is None or parsed[1] != node:
+            continue
+        kind, _, restart_text, token = parsed
+        if kind == "start" and restart_text.isdigit():
+            starts.append((token, restart_text))
+        elif kind == "end":
+            ended.add(token)
+    open_starts = sorted(s for s in starts if s[0] not in ended)
     if not open_starts:
         return None
     # Prefer the start with the restart count Slurm gives now; else the latest one.
-    same = [f for f in open_starts if f.get("restart") == restart]
-    return (same or open_starts)[-1]
+    same = [s for s in open_starts if int(s[1]) == restart]
+    token, restart_text = (same or open_starts)[-1]
+    return token, int(restart_text)
 
 
 def epilog(cfg: Config) -> None:
@@ -101,7 +108,7 @@ def epilog(cfg: Config) -> None:
     node = _node()
     restart_now, raw = _restart_env()
     start = _unended_start(cfg, uid, job_id, node, restart_now)
-    restart = start["restart"] if start is not None else restart_now
+    restart = start[1] if start is not None else restart_now
     watched = _watched(cfg)
     wanted: dict[str, int | None] = {job_id: restart}
     for entry in watched:
@@ -113,14 +120,15 @@ def epilog(cfg: Config) -> None:
         found = {job_id: []}
         scan_error = f"cannot scan /proc: {exc.strerror}"
     survivors = found.get(job_id, [])
-    body = {
+    body: dict[str, object] = {
         "time": time.time(), "restart": restart, "restart_env": raw,
-        "start_token": start["token"] if start is not None else None,
+        "start_token": start[0] if start is not None else None,
         "boot_id": facts.boot_id(), "boot_time": facts.boot_time(),
         "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
         "slurm": _end_variables(),
     }
-    name = facts.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body)
+    name = facts.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body,
+                            token=start[0] if start is not None else None)
     if survivors and not scan_error:
         _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
                          "restart": restart, "end_token": name.rpartition(".")[2],
@@ -202,7 +210,10 @@ def _watched(cfg: Config) -> list[dict]:
         return []
     entries = []
     try:
-        for name in sorted(os.listdir(fd)):
+        names = sorted(os.listdir(fd))
+        if names:
+            import json
+        for name in names:
             try:
                 data = facts._read_regular(fd, name, {os.geteuid()})
                 entry = json.loads(data)
@@ -223,7 +234,7 @@ def _add_watch(cfg: Config, entry: dict) -> None:
     assert fd is not None
     try:
         name = f"{entry['uid']}.{entry['job_id']}.{facts.new_token()}"
-        data = json.dumps(entry, sort_keys=True).encode()
+        data = facts.dumps(entry).encode()
         facts._create_file(fd, name, data, f"{cfg.state_dir}/{facts.WATCH}", 0o600)
     finally:
         os.close(fd)

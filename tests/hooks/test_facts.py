@@ -147,3 +147,33 @@ def test_scan_ignores_slurm_hooks_running_as_root_and_itself() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                          env={"SLURM_JOB_ID": job_id}, check=True).stdout
     assert json.loads(out) == {job_id: []}
+
+
+def test_dumps_equals_json_dumps() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False,
+                                                               allow_infinity=False)
+        | st.text(st.characters(exclude_categories=["Cs"])),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
+                                                                     max_size=4),
+        max_leaves=20)
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def check(value: object) -> None:
+        text = facts.dumps(value)
+        assert json.loads(text) == value
+        assert text == json.dumps(value, sort_keys=True, separators=(",", ":"),
+                                  ensure_ascii=False)
+
+    check()
+
+
+def test_fact_names_parse_from_the_right(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    name = facts.write_fact(state, 1, 1, "5", "start", "node.with.dots", {"restart": 3})
+    assert facts.parse_name(name) == ("start", "node.with.dots", "3", name.split(".")[-1])
+    assert facts.parse_name("start.n1.x") is None
