@@ -1,0 +1,85 @@
+"""The hooks on the real sandbox, installed as an admin would install them: every node of a
+multi-node job records its start and its post-kill end, the controller records the allocation
+and the end, the job's user can read them and another user cannot, and a timed-out job's end is
+recorded too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import TYPE_CHECKING
+
+import pytest
+
+from slurm_dispatch import facts
+
+if TYPE_CHECKING:
+    from tests.real.conftest import Sandbox
+
+pytestmark = pytest.mark.real
+
+
+def test_installed_like_an_admin(sandbox: Sandbox) -> None:
+    etc = sandbox.dir / "etc"
+    site = (etc / "site.conf").read_text()
+    for line in (f"Prolog={etc}/prolog.d/*", f"Epilog={etc}/epilog.d/*",
+                 f"PrologSlurmctld={etc}/prolog.d/05-dispatch",
+                 f"EpilogSlurmctld={etc}/epilog.d/05-dispatch", "PrologFlags=Alloc"):
+        assert line in site.splitlines(), site
+    part = (etc / "prolog.d/05-dispatch").read_text()
+    assert f"DISPATCH_PYTHON={sandbox.venv_bin / 'python'}" in part.splitlines()
+    assert (etc / "dispatch.conf").read_text().count(f"StateDir={sandbox.dir}/dispatch-state")
+
+
+def test_every_node_records_and_only_the_user_reads(sandbox: Sandbox) -> None:
+    jobid = sandbox.submit("#!/bin/sh\nsrun -l hostname >/dev/null\nexit 0\n",
+                           "-N", str(len(sandbox.nodes)))
+    state = str(sandbox.dir / "dispatch-state")
+
+    def ended_everywhere() -> list[dict] | None:
+        found = facts.execution_facts(jobid, state, sandbox.uid)
+        if found and sorted(found[0]["nodes"]) == sorted(sandbox.nodes) and all(
+                n["end"] for n in found[0]["nodes"].values()) and found[0]["controller"]["end"]:
+            return found
+        return None
+
+    found = sandbox.wait_for(ended_everywhere, 60, "start and end on every node")
+    execution = found[0]
+    assert execution["allocated"] == sandbox.nodes
+    for name, node in execution["nodes"].items():
+        assert node["start"]["node"] == name and node["end"]["start_token"] == \
+            node["start"]["token"]
+        assert node["ceased"] is True and node["survivors"] == []
+    assert execution["end"]["exit_code"] == "0:0"
+    # The job's user reads its own facts (through facts/, mode 0711, and its group's folders).
+    program = ("import json, sys; from slurm_dispatch import facts; "
+               f"print(json.dumps(facts.execution_facts({jobid!r}, {state!r})))")
+    mine = sandbox.run([str(sandbox.venv_bin / "python"), "-c", program], user=sandbox.user)
+    assert json.loads(mine.stdout)[0]["restart"] == 0
+    # Another user reads nothing of it, and cannot write there.
+    theirs = ("import json, sys; from slurm_dispatch import facts; print(json.dumps("
+              f"facts.execution_facts({jobid!r}, {state!r}, uid={sandbox.uid})))")
+    other = subprocess.run([str(sandbox.venv_bin / "python"), "-c", theirs],
+                           capture_output=True, text=True, user="nobody", cwd="/")
+    assert other.returncode != 0 and "Permission denied" in other.stderr, other
+    touch = subprocess.run(["touch", f"{state}/facts/{sandbox.uid}/{jobid}/forged"],
+                           capture_output=True, user=sandbox.user, cwd="/")
+    assert touch.returncode != 0
+
+
+def test_timed_out_job_end_is_recorded(sandbox: Sandbox) -> None:
+    jobid = sandbox.submit("#!/bin/sh\nsleep 300\n", "--time=1")
+    sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "TIMEOUT", 150,
+                     "the job to time out", interval=1)
+    state = str(sandbox.dir / "dispatch-state")
+    found = sandbox.wait_for(
+        lambda: (lambda f: f if f and f[0]["end"] and all(
+            n["end"] for n in f[0]["nodes"].values()) else None)(
+            facts.execution_facts(jobid, state, sandbox.uid)), 30, "the end recorded")
+    assert found[0]["end"]["source"] == "controller"
+    assert all(n["ceased"] for n in found[0]["nodes"].values())
+    proc = sandbox.run([str(sandbox.venv_bin / "dispatch-cease"), jobid, "--json"],
+                       user=sandbox.user, check=False)
+    verdict = json.loads(proc.stdout)
+    assert proc.returncode == 0 and verdict["job_state"] == "TIMEOUT", verdict
