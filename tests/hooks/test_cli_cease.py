@@ -1,0 +1,89 @@
+"""dispatch-cease as a command: exit codes 0/1/2, table and JSON, against a fake scontrol that
+fails loudly on an unexpected call."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .fakes import record, slurm_clock, state_dir
+
+FAKE = """#!{python}
+import sys
+args = sys.argv[1:]
+with open({log!r}, "a") as out:
+    out.write(" ".join(args) + "\\n")
+if args[:3] == ["-o", "show", "job"]:
+    if args[3] != "100":
+        sys.stderr.write("slurm_load_jobs error: Invalid job id specified\\n")
+        sys.exit(1)
+    print("JobId=100 JobName=x UserId=alice(1000) JobState={state} Reason=None Restarts=0 "
+          "StartTime={t} EndTime={t} NodeList=n[1-2] Command=/bin/true")
+elif args[:3] == ["-o", "show", "node"] and args[3] == "n1,n2":
+    for name in ("n1", "n2"):
+        print(f"NodeName={{name}} State=IDLE BootTime=2020-01-01T00:00:00 Reason=none")
+else:
+    sys.exit("unexpected scontrol call: " + " ".join(args))
+"""
+
+
+def cease(tmp_path: Path, *args: str, state: str = "COMPLETED",
+          conf: str | None = None) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "scontrol"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(tmp_path / "calls"), state=state,
+                                t=slurm_clock(time.time() - 50)))
+    fake.chmod(0o755)
+    config = tmp_path / "dispatch.conf"
+    config.write_text(conf if conf is not None else f"StateDir={tmp_path / 'state'}\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "SLURM_DISPATCH_CONF": str(config), "DISPATCH_SLURM_ATTEMPTS": "1"}
+    return subprocess.run([sys.executable, "-m", "slurm_dispatch.cli_cease", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture()
+def recorded(tmp_path: Path) -> Path:
+    state, _ = state_dir(tmp_path)
+    for name in ("n1", "n2"):
+        start = record(state, "start", name, time=time.time() - 60, restart=0)
+        record(state, "end", name, time=time.time() - 40, restart=0, survivors=[],
+               scan_error=None, start_token=start.split(".")[-1])
+    return tmp_path
+
+
+def test_ceased_exit_0_table_and_json(recorded: Path) -> None:
+    proc = cease(recorded, "100")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["NODE", "STATE", "CEASED", "EVIDENCE"]
+    assert lines[1].startswith("n1") and "yes" in lines[1]
+    assert lines[-1].startswith("job 100 restart 0 (COMPLETED): ceased")
+    data = json.loads(cease(recorded, "100", "--json").stdout)
+    assert data["ceased"] is True and [n["node"] for n in data["nodes"]] == ["n1", "n2"]
+    # Two controller calls per answer, whatever the node count.
+    assert len((recorded / "calls").read_text().splitlines()) == 4
+
+
+def test_not_proven_exit_1(recorded: Path) -> None:
+    proc = cease(recorded, "100", state="COMPLETING")
+    assert proc.returncode == 1 and "has not ended" in proc.stdout
+
+
+@pytest.mark.parametrize("args,conf,words", [
+    (["999"], None, "unknown to the controller"),
+    (["100", "--restart", "5"], None, "never ran"),
+    (["100"], "StateDir=/x\nHookTimeout=forever\n", "HookTimeout"),
+    (["100"], "Colour=blue\n", "unknown key 'Colour'"),
+])
+def test_errors_exit_2(recorded: Path, args: list[str], conf: str | None, words: str) -> None:
+    proc = cease(recorded, *args, conf=conf)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("dispatch-cease: ") and words in proc.stderr
