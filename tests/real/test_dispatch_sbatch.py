@@ -24,7 +24,7 @@ TRAINER = Path(__file__).resolve().parents[2] / "examples" / "toy-trainer.sh"
 
 TASKS_SCRIPT = """#!/bin/bash
 #SBATCH --time=5
-srun bash -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME attempt=$DISPATCH_ATTEMPT \
+srun /bin/bash -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME attempt=$DISPATCH_ATTEMPT \
 epoch=$DISPATCH_EPOCH exec=$DISPATCH_EXEC_DIR"'
 """
 
@@ -196,10 +196,12 @@ def test_supersede_raises_generation_and_resumes_from_old_saves(work: Workdir) -
         work.run("scancel", "--me", check=False)
 
 
-def test_two_node_job_every_task_sees_one_attempt(work: Workdir) -> None:
+@pytest.mark.parametrize("export", [[], ["--export=NONE"]], ids=["export-all", "export-none"])
+def test_two_node_job_every_task_sees_one_attempt(work: Workdir, export: list[str]) -> None:
+    """srun steps on every node carry the identity, also when the job exports nothing."""
     work.write("tasks.sh", TASKS_SCRIPT)
     job, slurm_id = work.submit("--checkpoint", "ck", "-N", "2", "--ntasks-per-node=2",
-                                "-o", "tasks.out", "tasks.sh")
+                                *export, "-o", "tasks.out", "tasks.sh")
     wait_state(work, slurm_id, {"COMPLETED"})
     lines = (work.path / "tasks.out").read_text().split("\n")
     tasks = [line for line in lines if line.startswith("task ")]
