@@ -172,10 +172,9 @@ def _render_status(data: dict[str, Any]) -> str:
                      status.clock(e["started"]), e["state"], evidence])
     out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
                              "END/CESSATION"], rows) if rows else "No execution has started yet.")
-    for ev in data["events"]:
-        extra = {k: v for k, v in ev.items() if k not in ("event", "time")}
-        out.append(f"{status.clock(ev['time'])} {ev['event']} "
-                   + " ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+    if data["events"]:
+        out.append("")
+        out.extend(f"{status.clock(ev['time'])} {_event_text(ev)}" for ev in data["events"])
     out.append("")
     latest_ = data["latest"]
     if latest_ is None:
@@ -186,6 +185,30 @@ def _render_status(data: dict[str, Any]) -> str:
         out.append(f"Latest publication: epoch {latest_['epoch']} step {latest_['step']} "
                    f"{latest_['path']}")
     return "\n".join(out)
+
+
+def _event_text(ev: dict[str, Any]) -> str:
+    """One line for a recorded decision: holds, cessation facts, releases, ends."""
+    kind = ev["event"]
+    if kind == "hold":
+        return (f"HOLD submission {ev['submission']} (Slurm job {ev['slurm_job_id']}) after "
+                f"{ev['end_state']} of job {ev['ended_slurm_job_id']}, until "
+                f"{status.clock(ev['deadline'])}")
+    if kind == "cessation":
+        evidence = ev.get("evidence")
+        reason = evidence.get("reason", "") if isinstance(evidence, dict) else str(evidence)
+        return (f"CESSATION of job {ev['ended_slurm_job_id']}: {ev['verdict']}"
+                + (f" ({reason})" if reason else ""))
+    if kind == "released":
+        return f"RELEASED Slurm job {ev['slurm_job_id']} by {ev['by']}"
+    if kind == "expired":
+        return f"EXPIRED hold on Slurm job {ev['slurm_job_id']}: nothing more starts"
+    if kind == "finished":
+        return f"FINISHED after {ev['end_state']}: {ev['rule']}"
+    if kind == "superseded":
+        return f"SUPERSEDED by {ev['by']}"
+    extra = {k: v for k, v in ev.items() if k not in ("event", "time", "ns")}
+    return f"{kind.upper()} " + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
 
 
 def _fact_text(fact: dict[str, Any]) -> str:

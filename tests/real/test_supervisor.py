@@ -170,7 +170,8 @@ def test_shared_job_on_partitioned_node_is_held_until_dispatch_cease_proves_it_g
         assert facts and facts[-1]["verdict"] == "not ceased" and facts[-1]["code"] == 1
         assert state_of(sandbox, held)[1] == "JobHeldUser", "released without proof"
         status_text = user.run("dispatch", "status", job).stdout
-        assert "hold" in status_text and "not ceased" in status_text
+        assert f"HOLD submission 2 (Slurm job {held})" in status_text
+        assert "CESSATION of job" in status_text and "not ceased" in status_text
     finally:
         sandbox_lib.heal(node, sandbox.dir)
 
