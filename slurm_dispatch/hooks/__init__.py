@@ -75,17 +75,18 @@ def run(hint: str = "", config_path: str | None = None) -> None:
         _exit()
     if pid == 0:
         os.close(read_end)
+        label = hint or "hook"
         try:
             cfg = config_module.load(config_path)
             os.write(write_end, f"{cfg.hook_timeout}\n".encode())
-            kind = hook_kind(hint)
+            kind = label = hook_kind(hint)
             for problem in cfg.problems:
                 log(f"{kind} job {job}: dispatch.conf: {problem}")
             _start_child_watchdog(started + cfg.hook_timeout, kind, job)
             from . import work
             work.HANDLERS[kind](cfg)
         except BaseException as exc:
-            log(f"{hint or 'hook'} job {job}: {type(exc).__name__}: {exc}")
+            log(f"{label} job {job}: {type(exc).__name__}: {exc}")
         finally:
             _exit()
     os.close(write_end)

@@ -78,9 +78,13 @@ def kill_marked(pid: int, marker: str) -> None:
 
 
 def test_sigterm_trapping_job_cancelled(sandbox: Sandbox) -> None:
-    script = "#!/bin/sh\ntrap 'sleep 3; exit 0' TERM\nsleep 300 &\nwait\nsleep 3\n"
+    workdir = sandbox.workdir("trap")
+    # Saves for longer than KillWait (5 s in the sandbox) on TERM: killed at KillWait.
+    script = (f"#!/bin/sh\ntrap 'sleep 20; exit 0' TERM\ntouch {workdir}/ready\n"
+              "sleep 300 &\nwait\nsleep 20\n")
     jobid = sandbox.submit(script)
     running_on(sandbox, jobid)
+    sandbox.wait_for(lambda: (workdir / "ready").exists(), 30, "the trap set")
     sandbox.run(["scancel", jobid])
     rc, verdict = cease(sandbox, jobid)
     assert rc == 1, verdict
