@@ -287,18 +287,6 @@ def plan(args: tuple[str, ...]) -> None:
     run_guarded(body)
 
 
-def _settings() -> Any:
-    from . import config
-    from .errors import UsageError as _UsageError
-    from .supervisor import Settings
-    conf = config.load()
-    if conf.problems:
-        raise _UsageError("site configuration: " + "; ".join(conf.problems))
-    return Settings(hold_for=float(conf.shared_hold_for),
-                    signal=conf.cessation_signal or None,
-                    interval=float(conf.cessation_interval))
-
-
 @main.command()
 @click.option("--loop", is_flag=True, help="Run a pass every --interval seconds, for ever.")
 @click.option("--interval", type=float, default=None, metavar="S",
@@ -321,8 +309,8 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
         import time as _time
 
         from .slurm import Slurm
-        from .supervisor import Supervisor
-        settings = _settings()
+        from .supervisor import Supervisor, site_settings
+        settings = site_settings()
         supervisor = Supervisor(Slurm(), settings)
         pause = interval if interval is not None else settings.interval
         while True:

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 
 from . import rules
 from .submit import Request, checkpoint_root
-
-
-def site_settings() -> tuple[str, str]:
-    """(SharedHoldFor as text, CessationSignal or "") from the site's dispatch.conf."""
-    try:
-        config = importlib.import_module(f"{__package__}.config")
-        conf = config.load()
-        hold = _human(int(conf.shared_hold_for))
-        signal = conf.cessation_signal or ""
-    except Exception:  # noqa: BLE001 - a plan still prints on the defaults
-        hold, signal = "24 h", "dispatch-cease"
-    return hold, signal
+from .supervisor import site_settings
 
 
 def _human(seconds: int) -> str:
@@ -32,7 +20,8 @@ def _human(seconds: int) -> str:
 def describe(request: Request) -> str:
     opts = request.options
     root = checkpoint_root(opts, request.cwd)
-    hold, signal = site_settings()
+    settings = site_settings()
+    hold, signal = _human(int(settings.hold_for)), settings.signal or ""
     lines = [f"Plan for {os.path.basename(request.script_path)}",
              f"  checkpoint  {root}",
              "  mode        " + ("shared checkpoint: no automatic requeue; every restart is a "

@@ -48,6 +48,18 @@ class Settings:
     signal_timeout: float = 120.0
 
 
+def site_settings() -> Settings:
+    """The supervisor's settings from the site's dispatch.conf; a bad file is an error."""
+    from . import config
+    from .errors import ConfigError
+    conf = config.load()
+    if conf.problems:
+        raise ConfigError("site configuration: " + "; ".join(conf.problems))
+    return Settings(hold_for=float(conf.shared_hold_for),
+                    signal=conf.cessation_signal or None,
+                    interval=float(conf.cessation_interval))
+
+
 @dataclass
 class Answer:
     verdict: str  # "ceased" | "not ceased" | "error"

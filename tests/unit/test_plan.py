@@ -1,0 +1,59 @@
+"""The plan printed before anything is submitted: rules, and holds standing in for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import plan, submit
+from slurm_dispatch.errors import ConfigError
+
+
+@pytest.fixture
+def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#DISPATCH --checkpoint ck\necho hi\n")
+    return tmp_path
+
+
+def rows(text: str) -> dict[str, str]:
+    lines = text.split("END STATE")[1].splitlines()[1:]
+    return {line[2:17].strip(): line[17:].strip() for line in lines if line.startswith("  ")}
+
+
+def test_isolated_plan_keeps_slurms_requeue(script: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(script / "none.conf"))
+    (script / "none.conf").write_text("")
+    text = plan.describe(submit.read_request(["--resubmit", "2", "job.sh"]))
+    table = rows(text)
+    assert table["node failure"].startswith("Slurm requeues it (R+1)")
+    assert table["failed"] == "resubmit (budget 2)"
+    assert table["cancelled"].startswith("stop")
+    assert f"checkpoint  {script / 'ck'}" in text and "Nothing was submitted." in text
+
+
+def test_shared_plan_shows_each_substitution_with_site_settings(
+        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = script / "dispatch.conf"
+    conf.write_text("SharedHoldFor=12:00:00\nCessationSignal=/opt/site/bin/cease\n")
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    table = rows(plan.describe(submit.read_request(
+        ["--shared-checkpoint", "--resubmit", "3", "job.sh"])))
+    assert table["node failure"] == ("resubmit (budget 3) -> hold for a person, up to 12 h; "
+                                     "lifted by /opt/site/bin/cease")
+    assert table["out of memory"] == table["node failure"]
+    conf.write_text("CessationSignal=\n")
+    table = rows(plan.describe(submit.read_request(["--shared-checkpoint", "--resubmit", "1",
+                                                    "job.sh"])))
+    assert table["timeout"].endswith("up to 24 h; lifted by a person (no CessationSignal)")
+
+
+def test_bad_site_config_is_an_error_naming_it(script: Path, monkeypatch: pytest.MonkeyPatch
+                                               ) -> None:
+    conf = script / "dispatch.conf"
+    conf.write_text("SharedHoldFor=soon\n")
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    with pytest.raises(ConfigError, match="SharedHoldFor.*'soon'"):
+        plan.describe(submit.read_request(["--shared-checkpoint", "job.sh"]))
