@@ -128,6 +128,10 @@ def test_partition_then_heal(sandbox: Sandbox) -> None:
     failed = sandbox.submit(loop, "--no-requeue", "-w", node)
     running_on(sandbox, requeued)
     running_on(sandbox, failed)
+    # RUNNING in the controller comes before slurmd has launched the script: wait for the
+    # first writes, or the partition may freeze the node before either job really runs.
+    out = workdir / "out."
+    sandbox.wait_for(lambda: out.exists() and out.stat().st_size > 0, 30, "the jobs writing")
     sandbox_lib.partition(node, sandbox.dir)
     try:
         sandbox.wait_for(lambda: sandbox.job_state(requeued).get("Restarts") == "1", 90,
@@ -137,7 +141,6 @@ def test_partition_then_heal(sandbox: Sandbox) -> None:
         assert verdict["nodes"][0]["node"] == node
         assert "no post-kill record" in verdict["nodes"][0]["evidence"]
         # The old execution is still writing: ended is not ceased.
-        out = workdir / "out."
         size = out.stat().st_size
         sandbox.wait_for(lambda: out.stat().st_size > size, 10, "the cut-off run still writing")
         assert sandbox.job_state(failed)["JobState"] == "NODE_FAIL"
