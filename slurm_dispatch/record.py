@@ -162,14 +162,15 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
     """Create a new job folder with its spec and script snapshot."""
     base = jobs_dir(home)
     try:
-        os.makedirs(base, mode=0o755, exist_ok=True)
+        # Only the user: a record holds the script, which may hold secrets.
+        os.makedirs(base, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise RecordError(f"cannot create the record folder {base!r}: {exc.strerror}") from None
     for _ in range(20):
         job_id = new_job_id()
         path = os.path.join(base, job_id)
         try:
-            os.mkdir(path, 0o755)
+            os.mkdir(path, 0o700)
         except FileExistsError:
             continue
         except OSError as exc:
@@ -178,8 +179,8 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
     else:  # pragma: no cover - 32^7 ids
         raise RecordError(f"could not find a free job id in {base!r}")
     try:
-        os.mkdir(os.path.join(path, "events"), 0o755)
-        os.mkdir(os.path.join(path, "claims"), 0o755)
+        os.mkdir(os.path.join(path, "events"), 0o700)
+        os.mkdir(os.path.join(path, "claims"), 0o700)
         _write_new(os.path.join(path, "script"), script_bytes, 0o555)
         _write_new(os.path.join(path, "job.json"),
                    (json.dumps({**spec, "id": job_id}, indent=2, sort_keys=True) + "\n").encode(),

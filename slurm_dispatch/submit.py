@@ -74,6 +74,11 @@ def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
         raise UsageError(f"script {line.script!r} is not text") from None
     header = sbatch_args.read_header(text, line.script)
     options = line.dispatch.merged_over(header.dispatch)
+    names = line.long_names | header.long_names
+    if options.shared_checkpoint and "requeue" in names:
+        raise UsageError("--requeue contradicts --shared-checkpoint: a job sharing one mutable "
+                         "checkpoint is never restarted by Slurm behind dispatch's back (its "
+                         "restarts become holds; see `dispatch plan`)")
     return Request(options, sbatch, os.path.abspath(path), data, line.script_args, header,
                    line.long_names | header.long_names, cwd)
 

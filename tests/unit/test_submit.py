@@ -69,6 +69,7 @@ def test_first_submission_records_job_and_sbatch_line(env: Path) -> None:
     assert (spec["generation"], spec["resubmit"], spec["checkpoint"]) == (0, 2, str(env / "ck"))
     assert (env / "ck").is_dir()
     assert Path(done.job.script).read_text() == (env / "job.sh").read_text()
+    assert os.stat(done.job.path).st_mode & 0o077 == 0, "records are the user's alone"
     assert [e["slurm_job_id"] for e in done.job.submissions()] == ["42"]
 
 
@@ -139,6 +140,8 @@ def test_controller_down_is_clear_and_leaves_no_job(env: Path) -> None:
     (["job.sh"], None, "no checkpoint root"),
     (["--checkpoint", "ck", "crlf.sh"], "#!/bin/bash\r\necho\r\n", "DOS line breaks"),
     (["--checkpoint", "ck", "--wrap=hostname"], None, "--wrap"),
+    (["--checkpoint", "ck", "--shared-checkpoint", "--requeue", "job.sh"], None,
+     "--requeue contradicts --shared-checkpoint"),
 ])
 def test_bad_input_is_refused_before_anything_is_made(env: Path, argv: list[str],
                                                       content: Optional[str], word: str) -> None:
