@@ -94,6 +94,10 @@ class Epoch:
 
 def check_epoch_value(value: int) -> int:
     """Return ``value`` if it is an epoch some (G, N, R) produces, else refuse it."""
+    # The fast path of publish; Epoch.from_value says precisely what is wrong otherwise.
+    if (type(value) is int and 0 <= value < EPOCH_LIMIT
+            and 1 <= value % GENERATION_FACTOR // SUBMISSION_FACTOR <= MAX_SUBMISSION):
+        return value
     return Epoch.from_value(value).value
 
 
@@ -191,6 +195,10 @@ def format_name(epoch: int, step: int, relative_path: str) -> str:
     check_epoch_value(epoch)
     check_step(step)
     relative = normalize_relative(relative_path)
+    return _format_normal(epoch, step, relative)
+
+
+def _format_normal(epoch: int, step: int, relative: str) -> str:
     name = f"{epoch:020d}-{step:020d}-{encode_path(relative)}"
     if len(name.encode("ascii")) > NAME_MAX:
         raise OutOfBounds(
@@ -217,6 +225,14 @@ def parse_name(name: str) -> Publication:
     except OutOfBounds as exc:
         raise BadPublicationName(f"publication {name!r}: {exc}") from None
     return Publication(epoch, int(name[21:41]), decode_path(name[42:], name=name))
+
+
+def format_name_inside(root: str, path: str, epoch: int, step: int) -> tuple[str, str]:
+    """(publication name, relative path) for ``path`` under ``root`` (both absolute)."""
+    check_epoch_value(epoch)
+    check_step(step)
+    relative = relative_inside(root, path)
+    return _format_normal(epoch, step, relative), relative
 
 
 def relative_inside(root: str, path: str) -> str:

@@ -92,8 +92,7 @@ def publish(root: str, epoch: int, step: int, path: str) -> str:
     """
     root_abs = os.path.abspath(root)
     path_abs = os.path.abspath(path)
-    relative = model.relative_inside(root_abs, path_abs)
-    name = model.format_name(epoch, step, relative)
+    name, relative = model.format_name_inside(root_abs, path_abs, epoch, step)
     root_fd = _open_root(root_abs, root)
     try:
         _check_inside(root_fd, root_abs, relative, path)
