@@ -71,8 +71,18 @@ case "$latest" in "$new_dir"/*) ;; *) echo "demo: latest is not the replacement'
 say "dispatch status $job"
 as_user dispatch status "$job"
 
-say "healing $node: slurmd rejoins and kills the orphaned execution"
+say "dispatch-cease $slurm_id --restart 0: are the cut-off execution's processes gone?"
+as_user dispatch-cease "$slurm_id" --restart 0 || echo "(exit $?: not proven, the node is still cut off)"
+
+say "healing $node: slurmd rejoins, kills the orphaned execution and runs its Epilog"
 "$here/bin/dispatch-sandbox" heal "$node"
+ceased() { as_user dispatch-cease "$slurm_id" --restart 0 >/dev/null; }
+wait_until 60 "the node's post-kill record" ceased
+as_user dispatch-cease "$slurm_id" --restart 0
 scancel "$slurm_id"
 trap - EXIT
+job_ended() { case "$(squeue -h -j "$slurm_id" -o %T 2>/dev/null)" in ""|CANCELLED) return 0;; esac; return 1; }
+wait_until 30 "the job's end" job_ended
+say "dispatch status $job, with each execution's end and cessation evidence"
+as_user dispatch status "$job"
 say "done: the overlap was harmless (files in $work)"

@@ -215,12 +215,15 @@ def _fact_text(fact: dict[str, Any]) -> str:
     """One execution's hook facts in a few words: its end, then each node's cessation."""
     if "error" in fact:
         return f"facts unreadable: {fact['error']}"
-    parts = []
+    parts: list[str] = []
+    nodes = fact.get("nodes") or {}
     end = fact.get("end")
+    if not end and all(seen.get("ceased") is None for seen in nodes.values()):
+        return "-"  # still running: nothing has ended yet
     if end:
         state = end.get("state") or ("requeued" if end.get("requeued") else "ended")
         parts.append(f"{state} exit {end.get('exit_code', '?')}")
-    for node, seen in sorted((fact.get("nodes") or {}).items()):
+    for node, seen in sorted(nodes.items()):
         ceased = seen.get("ceased")
         if ceased is True:
             parts.append(f"{node} ceased")
