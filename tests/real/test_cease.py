@@ -43,7 +43,11 @@ def wait_cease(sandbox: Sandbox, jobid: str, code: int, restart: int | None = No
         rc, last["verdict"] = cease(sandbox, jobid, restart)
         return rc == code
 
-    sandbox.wait_for(answered, timeout, f"dispatch-cease {jobid} to exit {code}", interval=0.5)
+    try:
+        sandbox.wait_for(answered, timeout, f"dispatch-cease {jobid} to exit {code}",
+                         interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its last answer: {last.get('verdict')}") from None
     return last["verdict"]
 
 
@@ -190,9 +194,22 @@ def test_rebooted_node_proves_cessation(sandbox: Sandbox) -> None:
 
 
 def _wait_seconds_past_records(sandbox: Sandbox, jobid: str, seconds: float) -> None:
-    latest = max(float(f.get("time", 0)) for e in executions(sandbox, jobid)
-                 for n in e["nodes"].values()
-                 for f in (n.get("start") or {}, n.get("end") or {}, n.get("recheck") or {}))
+    """Wait until the clock is ``seconds`` past every moment dispatch-cease weighs a reboot
+    against: the node's records, the controller's records (EpilogSlurmctld may lag the node's
+    Epilog under load) and the job's EndTime."""
+    def moments() -> list[float]:
+        found = [float(f.get("time", 0)) for e in executions(sandbox, jobid)
+                 for f in (*(n.get(k) or {} for n in e["nodes"].values()
+                             for k in ("start", "end", "recheck")),
+                           e["controller"].get("start") or {}, e["controller"].get("end") or {})]
+        end = sandbox.job_state(jobid).get("EndTime", "")
+        if end and end != "Unknown":
+            found.append(time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) + 1)
+        return found
+
+    sandbox.wait_for(lambda: executions(sandbox, jobid)[0]["controller"].get("end"), 30,
+                     "the controller's end record")
+    latest = max(moments())
     sandbox.wait_for(lambda: time.time() > latest + seconds, seconds + 5,
                      "the clock to pass the node's records")
 
