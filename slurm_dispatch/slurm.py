@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 
 from .errors import SlurmError, SlurmUnavailable
 
@@ -110,14 +111,18 @@ class Slurm:
         the user's jobs before trying again: never two jobs for one submission.
         """
         last: Optional[SlurmUnavailable] = None
-        for _ in range(self.attempts):
+        for attempt in range(self.attempts):
+            if attempt:
+                time.sleep(min(self.wait * 2 ** (attempt - 1), 8 * self.wait))
             try:
                 result = self._once(argv, env)
             except SlurmUnavailable as exc:
                 last = exc
-                found = self.find_by_marker(marker, env)
+                found = self.find_by_marker(marker, env) if marker else None
                 if found:
-                    return found, Result(list(argv), 0, f"Submitted batch job {found}\n", "")
+                    line = f"{found}\n" if "--parsable" in argv else \
+                        f"Submitted batch job {found}\n"
+                    return found, Result(list(argv), 0, line, "")
                 continue
             match = _SUBMITTED.search(result.stdout)
             if not match:
