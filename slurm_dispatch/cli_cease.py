@@ -8,12 +8,12 @@ dispatch.conf, the controller not answering).  Prints each node's evidence.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Optional
 
 import click
 
+from .cli_exit import quiet_broken_pipe
 from .errors import DispatchError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -49,9 +49,7 @@ def main(jobid: str, restart: Optional[int], as_json: bool, config_path: Optiona
         click.echo(f"dispatch-cease: {error}", err=True)
         sys.exit(2)
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(2)
+        quiet_broken_pipe(2)
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(verdict.exit_code)

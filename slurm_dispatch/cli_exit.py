@@ -22,10 +22,14 @@ def run_guarded(function, prog: str = "dispatch") -> None:  # type: ignore[no-un
     except DispatchError as error:
         fail(error, prog)
     except BrokenPipeError:
-        # Quiet on a closed pipe (`dispatch list | head`); point stdout at devnull so the
-        # interpreter's final flush does not complain again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(1)
+        quiet_broken_pipe(1)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def quiet_broken_pipe(code: int) -> None:
+    """Exit quietly on a closed pipe (`dispatch list | head`): stdout goes to devnull so the
+    interpreter's final flush does not complain again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(code)

@@ -8,7 +8,6 @@ place of the sandbox that prints or exits; every library error reaches the user 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from typing import Any, Callable, Optional, TypeVar
 import click
 
 from . import sandbox
+from .cli_exit import quiet_broken_pipe
 from .errors import DispatchError
 
 PROG = "dispatch-sandbox"
@@ -218,10 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except BrokenPipeError:
-        # Quiet when piped into head: point stdout at /dev/null so the exit flush cannot fail.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(1)
+        quiet_broken_pipe(1)
     except KeyboardInterrupt:
         sys.exit(130)
     # Without standalone mode, click returns the code of ctx.exit() (e.g. 0 after --help).
