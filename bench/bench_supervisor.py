@@ -39,7 +39,7 @@ class Controller:
         self.calls: list[str] = []
 
     def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 input_text: Optional[str], timeout: float) -> Result:
+                 cwd: Optional[str], timeout: float) -> Result:
         argv = list(argv)
         self.calls.append(argv[0])
         if argv[0] == "sbatch":

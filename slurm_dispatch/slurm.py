@@ -51,10 +51,12 @@ if TYPE_CHECKING:
 
 
 def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-                input_text: Optional[str] = None, timeout: float = TIMEOUT) -> Result:
+                cwd: Optional[str] = None, timeout: float = TIMEOUT) -> Result:
+    """Run one Slurm command in ``cwd`` (sbatch takes the job's default directory from it)."""
     try:
-        proc = subprocess.run(list(argv), env=None if env is None else dict(env),
-                              input=input_text, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]!r} not found on PATH; is Slurm's client installed?",
                          argv=list(argv)) from None
@@ -94,8 +96,9 @@ class Slurm:
                 return self._once(argv, env)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _once(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> Result:
-        result = self.runner(argv, env, None, TIMEOUT)
+    def _once(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+              cwd: Optional[str] = None) -> Result:
+        result = self.runner(argv, env, cwd, TIMEOUT)
         if result.returncode != 0:
             output = (result.stderr + result.stdout).strip()
             cls = SlurmUnavailable if _TRANSIENT.search(output) else SlurmError
@@ -104,7 +107,8 @@ class Slurm:
         return result
 
     def sbatch(self, argv: Sequence[str], marker: str,
-               env: Optional[Mapping[str, str]] = None) -> tuple[str, Result]:
+               env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str] = None) -> tuple[str, Result]:
         """Submit once; return (job id, result).  ``marker`` must be in the job's comment.
 
         On a transient failure the job may have landed anyway, so look for ``marker`` among
@@ -115,7 +119,7 @@ class Slurm:
             if attempt:
                 time.sleep(min(self.wait * 2 ** (attempt - 1), 8 * self.wait))
             try:
-                result = self._once(argv, env)
+                result = self._once(argv, env, cwd)
             except SlurmUnavailable as exc:
                 last = exc
                 found = self.find_by_marker(marker, env) if marker else None

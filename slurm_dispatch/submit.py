@@ -193,19 +193,11 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
     argv, has_marker = _sbatch_argv(job, submission, list(extra or []))
     cwd = job.spec["cwd"]
     run_env = dict(env if env is not None else os.environ)
-    previous = os.getcwd()
-    try:
-        os.chdir(cwd)
-    except OSError as exc:
-        raise UsageError(f"cannot enter the submission directory {cwd!r}: {exc.strerror}"
-                         ) from None
-    try:
-        if has_marker:
-            jobid, result = slurm.sbatch(argv, marker(job, submission), run_env)
-        else:
-            jobid, result = Slurm(slurm.runner, attempts=1).sbatch(argv, "", run_env)
-    finally:
-        os.chdir(previous)
+    if has_marker:
+        jobid, result = slurm.sbatch(argv, marker(job, submission), run_env, cwd)
+    else:
+        # No marker to look the job up by: one attempt, never a blind second sbatch.
+        jobid, result = Slurm(slurm.runner, attempts=1).sbatch(argv, "", run_env, cwd)
     job.append("submitted", once=str(submission), submission=submission,
                slurm_job_id=jobid, reason=reason, argv=argv)
     return Submitted(job, submission, jobid, result)
@@ -281,6 +273,10 @@ def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
         raise RecordError(f"{job.id}: submission {expected} was already made")
     if submission > 999_999:
         raise UsageError(f"{job.id} has made 999,999 submissions; no epoch is left for another")
+    cwd = job.spec["cwd"]
+    if not os.path.isdir(cwd):  # checked before claiming, so nothing is left half-made
+        raise UsageError(f"the submission directory {cwd!r} is gone; sbatch would take the "
+                         "job's working directory from it")
     if claim is None and not job.claim(f"submission-{submission}"):
         found = slurm.find_by_marker(marker(job, submission), env)
         if found:

@@ -147,25 +147,23 @@ def recheck(cfg: Config) -> None:
     _settle(cfg, watched, facts.scan_survivors(wanted))
 
 
-def prolog_slurmctld(cfg: Config) -> None:
+def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
+    """What the controller saw of one execution: its nodes, and for an end, Slurm's words."""
     job_id, uid, gid = _job()
     restart, raw = _restart_env()
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    facts.write_fact(cfg.state_dir, uid, gid, job_id, "ctld-start", "slurmctld", {
+    facts.write_fact(cfg.state_dir, uid, gid, job_id, kind, "slurmctld", {
         "time": time.time(), "restart": restart, "restart_env": raw,
-        "nodelist": nodelist, "nodes": facts.expand_hostlist(nodelist),
+        "nodelist": nodelist, "nodes": facts.expand_hostlist(nodelist), **extra,
     })
+
+
+def prolog_slurmctld(cfg: Config) -> None:
+    _controller_fact(cfg, "ctld-start", {})
 
 
 def epilog_slurmctld(cfg: Config) -> None:
-    job_id, uid, gid = _job()
-    restart, raw = _restart_env()
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    facts.write_fact(cfg.state_dir, uid, gid, job_id, "ctld-end", "slurmctld", {
-        "time": time.time(), "restart": restart, "restart_env": raw,
-        "nodelist": nodelist, "nodes": facts.expand_hostlist(nodelist),
-        "slurm": _end_variables(),
-    })
+    _controller_fact(cfg, "ctld-end", {"slurm": _end_variables()})
 
 
 HANDLERS = {

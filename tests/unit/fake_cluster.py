@@ -32,7 +32,7 @@ class FakeCluster:
         return [c for c in self.calls if c[0] == "sbatch"]
 
     def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 input_text: Optional[str], timeout: float) -> Result:
+                 cwd: Optional[str], timeout: float) -> Result:
         argv = list(argv)
         self.calls.append(argv)
         if argv[0] == "sbatch":

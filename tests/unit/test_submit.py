@@ -25,14 +25,16 @@ class FakeController:
     def __init__(self) -> None:
         self.expected: list[tuple[list[str], Result]] = []
         self.calls: list[list[str]] = []
+        self.cwds: list[Optional[str]] = []
 
     def expect(self, prefix: list[str], stdout: str = "", rc: int = 0, stderr: str = "") -> None:
         self.expected.append((prefix, Result(prefix, rc, stdout, stderr)))
 
     def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 input_text: Optional[str], timeout: float) -> Result:
+                 cwd: Optional[str], timeout: float) -> Result:
         argv = list(argv)
         self.calls.append(argv)
+        self.cwds.append(cwd)
         if not self.expected:
             raise AssertionError(f"unexpected Slurm call {argv}")
         prefix, result = self.expected.pop(0)
@@ -65,6 +67,7 @@ def test_first_submission_records_job_and_sbatch_line(env: Path) -> None:
     assert argv[:3] == ["sbatch", "-t", "5"]
     assert "--job-name=job.sh" in argv and f"--comment=dispatch:{done.job.id}/1" in argv
     assert argv[-2:] == [done.job.batch_script(1), "a b"]
+    assert fake.cwds == [str(env)], "sbatch runs where the user submitted (its default chdir)"
     spec = done.job.spec
     assert (spec["generation"], spec["resubmit"], spec["checkpoint"]) == (0, 2, str(env / "ck"))
     assert (env / "ck").is_dir()
@@ -102,7 +105,7 @@ def test_sbatch_refusal_leaves_no_job(env: Path) -> None:
 def test_transient_failure_finds_the_landed_job_instead_of_resubmitting(env: Path) -> None:
     calls: list[list[str]] = []
 
-    def answer(argv, env_, input_text, timeout):  # type: ignore[no-untyped-def]
+    def answer(argv, env_, cwd, timeout):  # type: ignore[no-untyped-def]
         argv = list(argv)
         calls.append(argv)
         if argv[0] == "sbatch":
@@ -187,6 +190,33 @@ def test_resubmit_claims_each_submission_once(env: Path) -> None:
     with pytest.raises(RecordError, match="submission 3 is being made"):
         submit.resubmit(Slurm(fake, wait=0), job)
     fake.done()
+
+
+def test_resubmit_runs_sbatch_from_the_first_submissions_directory(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 1\n")
+    job = make(["--checkpoint", "ck", "job.sh"], fake).job
+    os.chdir("/")
+    fake.expect(["sbatch"], "Submitted batch job 2\n")
+    submit.resubmit(Slurm(fake, wait=0), job)
+    assert fake.cwds == [str(env), str(env)] and os.getcwd() == "/"
+
+
+def test_resubmit_refuses_when_the_submission_directory_is_gone(tmp_path: Path,
+                                                                env: Path) -> None:
+    sub = env / "sub"
+    sub.mkdir()
+    (sub / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    os.chdir(sub)
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 1\n")
+    job = make(["--checkpoint", "ck", "job.sh"], fake).job
+    os.chdir(env)
+    shutil.rmtree(sub)
+    with pytest.raises(UsageError, match="submission directory .* is gone"):
+        submit.resubmit(Slurm(fake, wait=0), job)
+    fake.done()
+    assert not job.has_claim("submission-2")
 
 
 def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:

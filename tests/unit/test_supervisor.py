@@ -225,7 +225,7 @@ class FileCluster(FakeCluster):
         super().__init__()
         self.path = path
 
-    def __call__(self, argv, env, input_text, timeout):  # type: ignore[no-untyped-def]
+    def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         import fcntl
         import json
         with open(self.path + ".lock", "a") as lock:
@@ -233,7 +233,7 @@ class FileCluster(FakeCluster):
             state = json.loads(Path(self.path).read_text())
             self.jobs, self.calls = state["jobs"], state["calls"]
             self.ids = iter(range(state["next"], 10**9))
-            result = super().__call__(argv, env, input_text, timeout)
+            result = super().__call__(argv, env, cwd, timeout)
             if argv[0] == "sbatch":
                 self.set(result.stdout.split()[-1], JobState="FAILED")  # every run fails
             state = {"jobs": self.jobs, "calls": self.calls, "next": next(self.ids)}
