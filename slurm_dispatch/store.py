@@ -10,6 +10,12 @@ Invariants kept here (the seed's rules):
   a ``pub/`` that is a symlink or not a directory.
 * ``pub/`` is opened with ``O_NOFOLLOW`` and publications are created relative to that open
   directory, so a symlink planted in place of ``pub/`` is never followed.
+* The symlink rule, at publish time and again at read time: the root itself may be a symlink
+  (``/scratch/me -> /lustre/...``); a symlink below it (``exec/``, a save's folder) is allowed
+  only while it resolves inside the root.  ``publish`` refuses a save that leads out;
+  ``latest`` and ``list_publications`` refuse to return one (:class:`OutsideRoot`), for a
+  folder swapped for a symlink after publishing.  A save that no longer exists (pruned) is
+  returned as recorded.
 
 ``latest`` checks the shape of every name with one scan and decodes the path of the one it
 returns; ``list_publications`` decodes every name.
@@ -127,31 +133,62 @@ def _open_root(root_abs: str, given: str) -> int:
         raise StoreError(f"cannot open checkpoint root {given!r}: {exc.strerror}") from None
 
 
-def _check_inside(root_fd: int, root_abs: str, relative: str, given: str) -> None:
-    """The save exists, and no symlink on its way leads out of the root.
-
-    One lstat per component below the root; only when one of them is a symlink are both
-    paths resolved and compared.
-    """
+def _walk(root_fd: int, relative: str, given: str) -> tuple[bool, bool]:
+    """(a symlink is on the way, the save exists): one lstat per component below the root,
+    stopping at the first missing one."""
     parts = relative.split("/")
     linked = False
     for i in range(1, len(parts) + 1):
         try:
             st = os.lstat("/".join(parts[:i]), dir_fd=root_fd)
         except FileNotFoundError:
-            raise OutsideRoot(f"save {given!r} does not exist") from None
+            return linked, False
         except OSError as exc:
             raise StoreError(f"cannot inspect save {given!r}: {exc.strerror}") from None
         if stat.S_ISLNK(st.st_mode):
             linked = True
+    return linked, True
+
+
+def _escape(root_abs: str, relative: str) -> tuple[str, str] | None:
+    """(resolved save, resolved root) when the save resolves outside the root, else None."""
+    real_root = os.path.realpath(root_abs)
+    real_path = os.path.realpath(os.path.join(root_abs, relative))
+    if real_path.startswith(real_root.rstrip("/") + "/"):
+        return None
+    return real_path, real_root
+
+
+def _check_inside(root_fd: int, root_abs: str, relative: str, given: str) -> None:
+    """The save exists, and no symlink on its way leads out of the root.
+
+    Only when a component below the root is a symlink are both paths resolved and compared.
+    """
+    linked, exists = _walk(root_fd, relative, given)
+    if not exists:
+        raise OutsideRoot(f"save {given!r} does not exist")
     if linked:
-        real_root = os.path.realpath(root_abs)
-        real_path = os.path.realpath(os.path.join(root_abs, relative))
-        if not real_path.startswith(real_root.rstrip("/") + "/"):
-            raise OutsideRoot(f"save {given!r} resolves to {real_path!r}, outside the "
-                              f"checkpoint root {real_root!r}")
-        if not os.path.exists(real_path):
+        escape = _escape(root_abs, relative)
+        if escape is not None:
+            raise OutsideRoot(f"save {given!r} resolves to {escape[0]!r}, outside the "
+                              f"checkpoint root {escape[1]!r}")
+        if not os.path.exists(os.path.join(root_abs, relative)):
             raise OutsideRoot(f"save {given!r} is a dangling symlink")
+
+
+def _check_still_inside(root_fd: int, root_abs: str, found: Found) -> None:
+    """At read time: refuse a save that a symlink below the root now leads out of (a folder
+    under exec/ swapped for a link after publishing).  A save that is gone (pruned) passes:
+    nothing on its way leads out."""
+    relative = os.path.relpath(found.path, root_abs)
+    linked, _ = _walk(root_fd, relative, found.path)
+    if linked:
+        escape = _escape(root_abs, relative)
+        if escape is not None:
+            raise OutsideRoot(
+                f"publication {found.name!r}: save {found.path!r} resolves to "
+                f"{escape[0]!r}, outside the checkpoint root {escape[1]!r} (a symlink below "
+                "the root leads out of it); refusing to return it")
 
 
 def _open_pub(root_fd: int, pub_path: str) -> int:
@@ -227,10 +264,25 @@ def latest(root: str) -> Found | None:
             "(expected <epoch, 20 digits>-<step, 20 digits>-<base32 path>); "
             "refusing to guess the latest save past it")
     name = max(names)
-    return _found(root, model.parse_name(name), name)
+    found = _found(root, model.parse_name(name), name)
+    _check_found(root, [found])
+    return found
 
 
 def list_publications(root: str) -> list[Found]:
     """Every publication under ``root``, oldest first (the order of ``latest``)."""
     names = sorted(_names(root))
-    return [_found(root, model.parse_name(name), name) for name in names]
+    found = [_found(root, model.parse_name(name), name) for name in names]
+    if found:
+        _check_found(root, found)
+    return found
+
+
+def _check_found(root: str, found: list[Found]) -> None:
+    root_abs = os.path.abspath(root)
+    root_fd = _open_root(root_abs, root)
+    try:
+        for each in found:
+            _check_still_inside(root_fd, root_abs, each)
+    finally:
+        os.close(root_fd)

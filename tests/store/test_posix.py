@@ -271,6 +271,10 @@ def test_root_may_be_a_symlink(tmp_path: Path) -> None:
     root = tmp_path / "scratch"
     store.publish(str(root), E1, 1, str(save(root, "exec/a/c1")))
     assert store.latest(str(root)).path == str(root / "exec/a/c1")  # type: ignore[union-attr]
+    # Below a linked root, the read-time check still applies.
+    _swap_for_link(real / "exec" / "a", save(tmp_path, "elsewhere"))
+    with pytest.raises(OutsideRoot, match="elsewhere"):
+        store.latest(str(root))
 
 
 def test_dangling_symlink_is_refused(tmp_path: Path) -> None:
@@ -278,3 +282,42 @@ def test_dangling_symlink_is_refused(tmp_path: Path) -> None:
     (tmp_path / "exec" / "gone").symlink_to(tmp_path / "exec" / "nothing")
     with pytest.raises(OutsideRoot, match="dangling"):
         store.publish(str(tmp_path), E1, 1, str(tmp_path / "exec" / "gone"))
+
+
+def _swap_for_link(folder: Path, target: Path) -> None:
+    """Replace ``folder`` (after publishing) by a symlink to ``target``, as a later writer might."""
+    folder.rename(folder.with_name(folder.name + ".gone"))
+    folder.symlink_to(target)
+
+
+def test_latest_refuses_a_folder_swapped_for_a_link_out_of_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store.publish(str(root), E1, 1, str(save(root, "exec/a/c1")))
+    outside = save(tmp_path, "elsewhere/c1")
+    _swap_for_link(root / "exec" / "a", outside.parent)
+    for read in (store.latest, store.list_publications):
+        with pytest.raises(OutsideRoot, match=re.escape(str(outside))):
+            read(str(root))
+
+
+def test_latest_refuses_exec_itself_swapped_for_a_link_out(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store.publish(str(root), E1, 1, str(save(root, "exec/a/c1")))
+    save(tmp_path, "elsewhere/a/c1")
+    _swap_for_link(root / "exec", tmp_path / "elsewhere")
+    with pytest.raises(OutsideRoot, match="outside the checkpoint root"):
+        store.latest(str(root))
+
+
+def test_latest_accepts_a_link_that_stays_inside_and_a_pruned_save(tmp_path: Path) -> None:
+    # The rule at read time is publish's: a symlink below the root may point inside it.
+    root = tmp_path / "root"
+    store.publish(str(root), E1, 1, str(save(root, "exec/a/c1")))
+    save(root, "exec/b/c1")
+    _swap_for_link(root / "exec" / "a", root / "exec" / "b")
+    assert store.latest(str(root)).path == str(root / "exec/a/c1")  # type: ignore[union-attr]
+    # A save the user pruned is returned as recorded: nothing on its way leads out.
+    store.publish(str(root), E2, 1, str(save(root, "exec/c/c1")))
+    (root / "exec/c/c1").rmdir()
+    assert store.latest(str(root)).path == str(root / "exec/c/c1")  # type: ignore[union-attr]
+
