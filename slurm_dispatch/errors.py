@@ -19,7 +19,10 @@ never prints.  Messages name the offending value and, where it helps, what would
     ├── SlurmError                     exit 2  a Slurm command failed; keeps its raw output
     │   └── SlurmUnavailable           the controller did not answer
     ├── SandboxError                   exit 2  the sandbox cluster could not be set up
-    └── ConfigError                    exit 2  dispatch.conf has an unknown key or a bad value
+    ├── ConfigError                    exit 2  dispatch.conf has an unknown key or a bad value
+    └── FactError                      exit 2  a hook fact that cannot be written or read safely
+
+The node hooks import this module (through the fact store): it imports nothing.
 """
 
 from __future__ import annotations
@@ -96,5 +99,11 @@ class SandboxError(DispatchError):
 
 class ConfigError(DispatchError):
     """dispatch.conf has an unknown key or a bad value (named with its file and line)."""
+
+    exit_code = 2
+
+
+class FactError(DispatchError):
+    """A fact could not be written or read safely (the message says why and where)."""
 
     exit_code = 2

@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import time
 
-from .. import facts
+from .. import factstore as store
 from ..config import Config
+from ..errors import FactError
 
 # Variables of the job's end that EpilogSlurmctld and Epilog may carry (22.05 and later).
 _END_VARIABLES = ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERIVED_EC",
@@ -33,14 +34,14 @@ _END_VARIABLES = ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERI
 def _require(name: str) -> str:
     value = os.environ.get(name, "")
     if not value:
-        raise facts.FactError(f"${name} is not set; recording nothing")
+        raise FactError(f"${name} is not set; recording nothing")
     return value
 
 
 def _int_var(name: str) -> int:
     value = _require(name)
     if not value.isdigit():
-        raise facts.FactError(f"${name}={value!r} is not a number; recording nothing")
+        raise FactError(f"${name}={value!r} is not a number; recording nothing")
     return int(value)
 
 
@@ -49,17 +50,17 @@ def _restart_env() -> tuple[int, str | None]:
     if raw is None or raw == "":
         return 0, raw
     if not raw.isdigit():
-        raise facts.FactError(f"$SLURM_JOB_RESTART_COUNT={raw!r} is not a number")
+        raise FactError(f"$SLURM_JOB_RESTART_COUNT={raw!r} is not a number")
     return int(raw), raw
 
 
 def _job() -> tuple[str, int, int]:
-    job_id = facts.check_name(_require("SLURM_JOB_ID"), "$SLURM_JOB_ID")
+    job_id = store.check_name(_require("SLURM_JOB_ID"), "$SLURM_JOB_ID")
     return job_id, _int_var("SLURM_JOB_UID"), _int_var("SLURM_JOB_GID")
 
 
 def _node() -> str:
-    return facts.check_name(_require("SLURMD_NODENAME"), "$SLURMD_NODENAME")
+    return store.check_name(_require("SLURMD_NODENAME"), "$SLURMD_NODENAME")
 
 
 def _end_variables() -> dict[str, str]:
@@ -70,9 +71,9 @@ def prolog(cfg: Config) -> None:
     job_id, uid, gid = _job()
     node = _node()
     restart, raw = _restart_env()
-    facts.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
+    store.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
         "time": time.time(), "restart": restart, "restart_env": raw,
-        "boot_id": facts.boot_id(), "boot_time": facts.boot_time(),
+        "boot_id": store.boot_id(), "boot_time": store.boot_time(),
         "hostname": os.uname().nodename,
     })
 
@@ -85,8 +86,8 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     """
     starts: list[tuple[str, str]] = []
     ended = set()
-    for name in facts.list_job(cfg.state_dir, uid, job_id):
-        parsed = facts.parse_name(name)
+    for name in store.list_job(cfg.state_dir, uid, job_id):
+        parsed = store.parse_name(name)
         if parsed is None or parsed[1] != node:
             continue
         kind, _, restart_text, token = parsed
@@ -114,8 +115,9 @@ def epilog(cfg: Config) -> None:
     for entry in watched:
         wanted.setdefault(str(entry["job_id"]), entry.get("restart"))
     scan_error = None
+    from .. import procscan
     try:
-        found = facts.scan_survivors(wanted)
+        found = procscan.scan_survivors(wanted)
     except OSError as exc:
         found = {job_id: []}
         scan_error = f"cannot scan /proc: {exc.strerror}"
@@ -123,11 +125,11 @@ def epilog(cfg: Config) -> None:
     body: dict[str, object] = {
         "time": time.time(), "restart": restart, "restart_env": raw,
         "start_token": start[0] if start is not None else None,
-        "boot_id": facts.boot_id(), "boot_time": facts.boot_time(),
+        "boot_id": store.boot_id(), "boot_time": store.boot_time(),
         "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
         "slurm": _end_variables(),
     }
-    name = facts.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body,
+    name = store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body,
                             token=start[0] if start is not None else None)
     if survivors and not scan_error:
         _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
@@ -144,7 +146,8 @@ def recheck(cfg: Config) -> None:
     wanted: dict[str, int | None] = {}
     for entry in watched:
         wanted.setdefault(str(entry["job_id"]), entry.get("restart"))
-    _settle(cfg, watched, facts.scan_survivors(wanted))
+    from .. import procscan
+    _settle(cfg, watched, procscan.scan_survivors(wanted))
 
 
 def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
@@ -152,9 +155,10 @@ def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
     job_id, uid, gid = _job()
     restart, raw = _restart_env()
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    facts.write_fact(cfg.state_dir, uid, gid, job_id, kind, "slurmctld", {
+    from .. import hostlist
+    store.write_fact(cfg.state_dir, uid, gid, job_id, kind, "slurmctld", {
         "time": time.time(), "restart": restart, "restart_env": raw,
-        "nodelist": nodelist, "nodes": facts.expand_hostlist(nodelist), **extra,
+        "nodelist": nodelist, "nodes": hostlist.expand_hostlist(nodelist), **extra,
     })
 
 
@@ -180,22 +184,22 @@ HANDLERS = {
 
 
 def _watch_dir(cfg: Config, create: bool) -> int | None:
-    host = facts.check_name(os.uname().nodename, "hostname")
-    base = facts.open_state_dir(cfg.state_dir)
+    host = store.check_name(os.uname().nodename, "hostname")
+    base = store.open_state_dir(cfg.state_dir)
     try:
         if not create:
             try:
-                os.stat(facts.WATCH, dir_fd=base, follow_symlinks=False)
+                os.stat(store.WATCH, dir_fd=base, follow_symlinks=False)
             except FileNotFoundError:
                 return None
-        top = facts._subdir(base, facts.WATCH, f"{cfg.state_dir}/{facts.WATCH}", 0o700)
+        top = store.open_subdir(base, store.WATCH, f"{cfg.state_dir}/{store.WATCH}", 0o700)
         try:
             if not create:
                 try:
                     os.stat(host, dir_fd=top, follow_symlinks=False)
                 except FileNotFoundError:
                     return None
-            return facts._subdir(top, host, f"{cfg.state_dir}/{facts.WATCH}/{host}", 0o700)
+            return store.open_subdir(top, host, f"{cfg.state_dir}/{store.WATCH}/{host}", 0o700)
         finally:
             os.close(top)
     finally:
@@ -213,13 +217,13 @@ def _watched(cfg: Config) -> list[dict]:
             import json
         for name in names:
             try:
-                data = facts._read_regular(fd, name, {os.geteuid()})
+                data = store.read_regular(fd, name, {os.geteuid()})
                 entry = json.loads(data)
                 entry["_name"] = name
-                facts.check_name(str(entry["job_id"]), "job id")
+                store.check_name(str(entry["job_id"]), "job id")
                 int(entry["uid"]), int(entry["gid"])
                 entries.append(entry)
-            except (facts.FactError, ValueError, KeyError, TypeError) as exc:
+            except (FactError, ValueError, KeyError, TypeError) as exc:
                 from . import log
                 log(f"watch entry {name}: {exc}; ignored")
     finally:
@@ -231,9 +235,9 @@ def _add_watch(cfg: Config, entry: dict) -> None:
     fd = _watch_dir(cfg, create=True)
     assert fd is not None
     try:
-        name = f"{entry['uid']}.{entry['job_id']}.{facts.new_token()}"
-        data = facts.dumps(entry).encode()
-        facts._create_file(fd, name, data, f"{cfg.state_dir}/{facts.WATCH}", 0o600)
+        name = f"{entry['uid']}.{entry['job_id']}.{store.new_token()}"
+        data = store.dumps(entry).encode()
+        store.create_file(fd, name, data, f"{cfg.state_dir}/{store.WATCH}", 0o600)
     finally:
         os.close(fd)
 
@@ -252,7 +256,7 @@ def _drop_watch(cfg: Config, name: str) -> None:
 
 def _settle(cfg: Config, watched: list[dict], found: dict[str, list[dict]]) -> None:
     """Record what became of watched survivors; stop watching those that are all gone."""
-    current_boot = facts.boot_id()
+    current_boot = store.boot_id()
     for entry in watched:
         job_id = str(entry["job_id"])
         if entry.get("boot_id") and entry.get("boot_id") != current_boot:
@@ -265,7 +269,7 @@ def _settle(cfg: Config, watched: list[dict], found: dict[str, list[dict]]) -> N
         after = {(s.get("pid"), s.get("starttime")) for s in now}
         if now and after == before:
             continue
-        facts.write_fact(cfg.state_dir, int(entry["uid"]), int(entry["gid"]), job_id,
+        store.write_fact(cfg.state_dir, int(entry["uid"]), int(entry["gid"]), job_id,
                          "recheck", str(entry["node"]), {
                              "time": time.time(), "restart": entry.get("restart"),
                              "end_token": entry.get("end_token"), "boot_id": current_boot,

@@ -177,3 +177,26 @@ def test_fact_names_parse_from_the_right(tmp_path: Path) -> None:
     name = facts.write_fact(state, 1, 1, "5", "start", "node.with.dots", {"restart": 3})
     assert facts.parse_name(name) == ("start", "node.with.dots", "3", name.split(".")[-1])
     assert facts.parse_name("start.n1.x") is None
+
+
+def test_facts_carry_a_format_version_and_older_facts_read_as_version_1(tmp_path: Path) -> None:
+    state, _ = state_dir(tmp_path)
+    name = record(state, "start", "n1", time=1.0, restart=0)
+    job = Path(state) / "facts/1000/100"
+    assert json.loads((job / name).read_text())["v"] == facts.FORMAT_VERSION == 1
+    # Written before versions existed (no "v"): read as version 1.
+    old = dict(json.loads((job / name).read_text()), node="n2", token="0000000000000001aaaaaaaa")
+    del old["v"]
+    (job / "start.n2.0.0000000000000001aaaaaaaa").write_text(json.dumps(old))
+    # A newer writer's format is named as a problem, never used as evidence.
+    newer = dict(old, v=2, node="n3", token="0000000000000002bbbbbbbb")
+    (job / "start.n3.0.0000000000000002bbbbbbbb").write_text(json.dumps(newer))
+    found, problems = facts.read_job_facts(state, 1000, "100")
+    assert sorted(f["node"] for f in found) == ["n1", "n2"]
+    assert len(problems) == 1 and "format version 2" in problems[0], problems
+
+
+def test_fact_error_is_in_the_one_error_tree() -> None:
+    from slurm_dispatch import errors, factstore
+    assert facts.FactError is errors.FactError is factstore.FactError
+    assert issubclass(facts.FactError, errors.DispatchError)

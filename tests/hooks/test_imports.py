@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch.hooks", "slurm_dispatch.hooks.work",
-               "slurm_dispatch.facts", "slurm_dispatch.config"}
+               "slurm_dispatch.facts", "slurm_dispatch.config", "slurm_dispatch.errors",
+               "slurm_dispatch.factstore", "slurm_dispatch.procscan", "slurm_dispatch.hostlist",
+               "slurm_dispatch.executions"}
 
 PROGRAM = """
 import json, sys
