@@ -102,19 +102,22 @@ def bench_hooks(python: str, repeat: int, scratch: Path) -> dict[str, Any]:
 
 FAKE_SCONTROL = """#!{python}
 import sys
+sys.path.insert(0, {repo!r})
+from tests import squeue_fake
+prog = sys.argv[0].rsplit("/", 1)[-1]
 args = sys.argv[1:]
 with open({calls!r}, "a") as log:
-    log.write(" ".join(args) + "\\n")
-if args[:3] == ["-o", "show", "job"]:
-    print("JobId=100 JobName=bench UserId=alice(1000) GroupId=alice(1000) JobState=COMPLETED "
-          "Reason=None Restarts=0 StartTime={start} EndTime={end} NodeList=n[1-{nodes}] "
-          "Command=/bin/true")
-elif args[:3] == ["-o", "show", "node"]:
+    log.write(" ".join([prog, *args]) + "\\n")
+if prog == "squeue" and "--jobs" in args:
+    sys.stdout.write(squeue_fake.render(args, [{{
+        "JobId": "100", "UserId": "alice(1000)", "JobState": "COMPLETED", "Restarts": "0",
+        "StartTime": {start!r}, "EndTime": {end!r}, "NodeList": "n[1-{nodes}]"}}]))
+elif prog == "scontrol" and args[:3] == ["-o", "show", "node"]:
     for name in args[3].split(","):
         print(f"NodeName={{name}} Arch=x86_64 State=IDLE BootTime=2026-01-01T00:00:00 "
               "Reason=none")
 else:
-    sys.exit("unexpected scontrol call: " + " ".join(args))
+    sys.exit("unexpected Slurm call: " + " ".join([prog, *args]))
 """
 
 
@@ -149,9 +152,11 @@ def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
     bin_dir.mkdir()
     calls = scratch / "scontrol-calls"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 95))
-    (bin_dir / "scontrol").write_text(FAKE_SCONTROL.format(
-        python=sys.executable, calls=str(calls), start=stamp, end=stamp, nodes=NODES))
-    (bin_dir / "scontrol").chmod(0o755)
+    for prog in ("scontrol", "squeue"):
+        (bin_dir / prog).write_text(FAKE_SCONTROL.format(
+            python=sys.executable, calls=str(calls), start=stamp, end=stamp, nodes=NODES,
+            repo=str(Path(__file__).resolve().parents[1])))
+        (bin_dir / prog).chmod(0o755)
     (scratch / "dispatch.conf").write_text(f"StateDir={state}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
            "SLURM_DISPATCH_CONF": str(scratch / "dispatch.conf")}

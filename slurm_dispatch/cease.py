@@ -26,27 +26,22 @@ from typing import Any, Optional, Protocol
 
 from . import config as config_module
 from . import facts
-from .errors import ConfigError, RecordError, SlurmError, UsageError
-
-# Job states in which the current execution has ended (scontrol JobState, 22.05).
-ENDED_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT",
-})
+from .errors import ConfigError, RecordError, UsageError
+from .slurm import Job, Node
 
 
 class Controller(Protocol):
-    """The two questions cessation asks Slurm's controller."""
+    """The two questions cessation asks Slurm's controller (the Slurm adapter answers them)."""
 
-    def job(self, job_id: str) -> Optional[dict[str, str]]:
-        """``scontrol -o show job`` fields, or None when the controller does not know the job."""
+    def jobs(self, job_id: str) -> list[Job]:
+        """The job, or every task of an array asked by its id; [] when unknown."""
 
-    def nodes(self, names: list[str]) -> dict[str, dict[str, str]]:
-        """``scontrol -o show node`` fields of each named node, in one call."""
+    def nodes(self, names: list[str]) -> dict[str, Node]:
+        """Each named node, in one call."""
 
 
-class ScontrolController:
-    """The real controller, through ``scontrol`` (slurm_dispatch.slurm, with its retries)."""
+class SlurmController:
+    """The real controller, through the Slurm adapter (with its retries); counts questions."""
 
     def __init__(self, env: Optional[dict[str, str]] = None) -> None:
         from .slurm import Slurm
@@ -54,30 +49,13 @@ class ScontrolController:
         self.env = env
         self.calls = 0
 
-    def job(self, job_id: str) -> Optional[dict[str, str]]:
-        from .slurm import parse_record
+    def jobs(self, job_id: str) -> list[Job]:
         self.calls += 1
-        try:
-            result = self.slurm.call(["scontrol", "-o", "show", "job", job_id], self.env)
-        except SlurmError as exc:
-            if "invalid job id" in exc.output.lower():
-                return None
-            raise
-        lines = [line for line in result.stdout.splitlines() if line.strip()]
-        if not lines:
-            return None
-        return parse_record(lines[0])
+        return self.slurm.jobs(job_id, self.env)
 
-    def nodes(self, names: list[str]) -> dict[str, dict[str, str]]:
-        from .slurm import parse_record
+    def nodes(self, names: list[str]) -> dict[str, Node]:
         self.calls += 1
-        result = self.slurm.call(["scontrol", "-o", "show", "node", ",".join(names)], self.env)
-        found = {}
-        for line in result.stdout.splitlines():
-            if line.strip():
-                record = parse_record(line)
-                found[record.get("NodeName", "")] = record
-        return found
+        return self.slurm.nodes(names, self.env)
 
 
 @dataclass
@@ -103,6 +81,7 @@ class Verdict:
     reason: str
     nodes: list[NodeEvidence] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    tasks: list[Verdict] = field(default_factory=list)  # an array's tasks, each judged
 
     @property
     def exit_code(self) -> int:
@@ -118,26 +97,6 @@ def load_config(path: Optional[str] = None) -> config_module.Config:
     if cfg.problems:
         raise ConfigError("dispatch.conf: " + "; ".join(cfg.problems))
     return cfg
-
-
-def slurm_time(value: Optional[str]) -> Optional[float]:
-    """``2026-11-30T06:22:31`` (local time, as scontrol prints it) to seconds; else None."""
-    if not value or value in ("Unknown", "None", "N/A"):
-        return None
-    try:
-        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def _uid(fields: dict[str, str]) -> Optional[int]:
-    # UserId=alice(1000)
-    value = fields.get("UserId", "")
-    if "(" in value and value.endswith(")"):
-        inner = value[value.rfind("(") + 1:-1]
-        if inner.isdigit():
-            return int(inner)
-    return None
 
 
 def _clock(value: object) -> str:
@@ -158,22 +117,53 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
               uid: Optional[int] = None) -> Verdict:
     """Whether execution ``restart`` (default: the latest) of Slurm job ``job_id`` has ceased.
 
-    Raises :class:`UsageError` for a job unknown to both the controller and the records or a
-    restart count the job never reached, :class:`ConfigError` for a bad dispatch.conf and
-    :class:`SlurmError` when the controller cannot answer.
+    ``job_id`` may be an array's id: then every task the controller knows is judged, and the
+    array has ceased only when every task's latest execution has (``--restart`` then needs a
+    task id, ``97_1``).  Raises :class:`UsageError` for a job unknown to both the controller
+    and the records or a restart count the job never reached, :class:`ConfigError` for a bad
+    dispatch.conf and :class:`SlurmError` when the controller cannot answer.
     """
     cfg = cfg if cfg is not None else load_config()
-    ctl: Controller = controller if controller is not None else ScontrolController()
+    ctl: Controller = controller if controller is not None else SlurmController()
     if restart is not None and restart < 0:
         raise UsageError(f"--restart {restart} is negative")
-    info = ctl.job(job_id)
+    found = ctl.jobs(job_id)
+    if len(found) > 1 or (found and found[0].array_task_id is not None
+                          and "_" not in job_id and found[0].job_id != job_id):
+        if restart is not None:
+            raise UsageError(f"job {job_id} is an array of {len(found)} task(s); give one "
+                             f"task with --restart (for example {found[0].display_id})")
+        return _array_verdict(job_id, found, ctl, cfg, uid)
+    return _one(job_id, found[0] if found else None, restart, ctl, cfg, uid)
+
+
+def _array_verdict(job_id: str, tasks: list[Job], ctl: Controller,
+                   cfg: config_module.Config, uid: Optional[int]) -> Verdict:
+    verdicts = [_one(task.display_id, task, None, ctl, cfg, uid) for task in tasks]
+    unproven = [v.job_id for v in verdicts if not v.ceased]
+    states = sorted({v.job_state for v in verdicts})
+    reason = (f"all {len(verdicts)} task(s) ceased" if not unproven else
+              f"not proven for {len(unproven)} of {len(verdicts)} task(s): "
+              + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
+    return Verdict(job_id=job_id, slurm_job_id=tasks[0].array_job_id or job_id, restart=-1,
+                   job_state="+".join(states), ceased=not unproven, reason=reason,
+                   nodes=[n for v in verdicts for n in v.nodes],
+                   problems=[p for v in verdicts for p in v.problems], tasks=verdicts)
+
+
+def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controller,
+         cfg: config_module.Config, uid: Optional[int]) -> Verdict:
     if info is not None:
-        slurm_job_id = info.get("JobId", job_id)
-        uid = uid if uid is not None else _uid(info)
-        restarts = int(info.get("Restarts", "0") or 0)
-        state = info.get("JobState", "")
+        slurm_job_id = info.job_id
+        uid = uid if uid is not None else (info.uid if info.uid >= 0 else None)
+        restarts, state = info.restarts, info.state
     else:
-        slurm_job_id, restarts, state = job_id, -1, "(unknown to the controller)"
+        slurm_job_id, restarts, state = job_id, -1, "unknown to the controller"
+    if info is not None and info.array_task_id is not None and info.state == "PENDING" \
+            and info.job_id == info.array_job_id:
+        # A pending task shares its array's id: it has no execution of its own yet.
+        return Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=0, job_state=state,
+                       ceased=False, reason="the task has not started (PENDING)")
     try:
         facts.check_name(slurm_job_id, "job id")
     except facts.FactError as exc:
@@ -204,23 +194,18 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
                       job_state=state, ceased=False, reason="",
                       problems=list(execution.get("problems", [])))
     current = info is not None and restart == restarts
-    if current and state not in ENDED_STATES:
+    if current and info is not None and not info.execution_ended:
         verdict.reason = f"execution {restart} has not ended (JobState={state})"
         return verdict
 
-    nodes: list[str] = []
-    if current:
-        try:
-            nodes = facts.expand_hostlist(info.get("NodeList", "") if info else "")
-        except ValueError as exc:
-            verdict.problems.append(str(exc))
+    nodes: list[str] = list(info.nodes) if current and info is not None else []
     allocated = list(execution.get("allocated") or [])
     recorded = list(execution["nodes"])
     for name in [*allocated, *recorded]:
         if name not in nodes:
             nodes.append(name)
     if not nodes:
-        if current and slurm_time(info.get("StartTime") if info else None) is None:
+        if current and info is not None and info.start_time is None:
             verdict.ceased = True
             verdict.reason = f"execution {restart} never started on any node"
         else:
@@ -235,7 +220,7 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
     ctld_end = execution["controller"].get("end") or {}
     ends = [ctld_end.get("time")]
     if current and info is not None:
-        ends.append(slurm_time(info.get("EndTime")))
+        ends.append(info.end_time)
     for name in nodes:
         verdict.nodes.append(_node_evidence(name, execution["nodes"].get(name), node_info.get(name),
                                             [t for t in ends if isinstance(t, (int, float))],
@@ -250,16 +235,15 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
     return verdict
 
 
-def _node_evidence(name: str, recorded: Optional[dict[str, Any]],
-                   node: Optional[dict[str, str]], ends: list[float],
-                   tolerance: float) -> NodeEvidence:
-    state = (node or {}).get("State", "") if node is not None else "(unknown node)"
-    reason = (node or {}).get("Reason", "")
+def _node_evidence(name: str, recorded: Optional[dict[str, Any]], node: Optional[Node],
+                   ends: list[float], tolerance: float) -> NodeEvidence:
+    state = node.state if node is not None else "(unknown node)"
+    reason = node.reason if node is not None else ""
     recorded = recorded or {}
     start, end = recorded.get("start") or {}, recorded.get("end")
     moments = [*ends, *(f.get("time") for f in (start, end or {}, recorded.get("recheck") or {}))]
     last_moment = max((t for t in moments if isinstance(t, (int, float))), default=None)
-    booted = slurm_time((node or {}).get("BootTime"))
+    booted = node.boot_time if node is not None else None
     if booted is not None and last_moment is not None and booted > last_moment + tolerance:
         return NodeEvidence(name, state, True, f"rebooted at {_clock(booted)}, after the "
                             f"execution's last record there ({_clock(last_moment)})")
@@ -290,17 +274,32 @@ def _node_evidence(name: str, recorded: Optional[dict[str, Any]],
 
 
 def render(verdict: Verdict) -> str:
-    """The table ``dispatch-cease`` prints, aligned as squeue aligns, and a last verdict line."""
-    rows = [["NODE", "STATE", "CEASED", "EVIDENCE"]]
-    rows += [[n.node, n.state or "-", "yes" if n.proven else "no", n.evidence]
-             for n in verdict.nodes]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [" ".join([*(r[i].ljust(widths[i]) for i in range(3)), r[3]]).rstrip()
-             for r in rows] if verdict.nodes else []
-    for problem in verdict.problems:
+    """The table ``dispatch-cease`` prints, aligned as squeue aligns, and a last verdict line
+    (for an array: a TASK column, a line per task, then the array's line)."""
+    judged = verdict.tasks or [verdict]
+    head = ["TASK"] if verdict.tasks else []
+    rows = [[*head, "NODE", "STATE", "CEASED", "EVIDENCE"]]
+    for one in judged:
+        rows += [[*([one.job_id] if verdict.tasks else []), n.node, n.state or "-",
+                  "yes" if n.proven else "no", n.evidence] for n in one.nodes]
+    fixed = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(fixed)]
+    lines = [" ".join([*(r[i].ljust(widths[i]) for i in range(fixed)), r[fixed]]).rstrip()
+             for r in rows] if len(rows) > 1 else []
+    for problem in dict.fromkeys(verdict.problems):
         lines.append(f"problem: {problem}")
-    answer = "ceased" if verdict.ceased else "not proven"
-    lines.append(f"job {verdict.job_id} restart {verdict.restart} ({verdict.job_state}): "
-                 f"{answer}: {verdict.reason}")
+    for one in verdict.tasks:
+        lines.append(_verdict_line(one))
+    if verdict.tasks:
+        answer = "ceased" if verdict.ceased else "not proven"
+        lines.append(f"array job {verdict.job_id} ({len(verdict.tasks)} task(s)): "
+                     f"{answer}: {verdict.reason}")
+    else:
+        lines.append(_verdict_line(verdict))
     return "\n".join(lines)
 
+
+def _verdict_line(verdict: Verdict) -> str:
+    answer = "ceased" if verdict.ceased else "not proven"
+    return (f"job {verdict.job_id} restart {verdict.restart} ({verdict.job_state}): "
+            f"{answer}: {verdict.reason}")

@@ -244,12 +244,12 @@ def status_(job: str, as_json: bool) -> None:
     """Show a dispatch job: submissions, executions, end states, latest publication.
 
     JOB is a dispatch job id (printed by dispatch-sbatch) or a Slurm job id of one of its
-    submissions.  Costs one scontrol call.
+    submissions.  Costs one squeue call.
     """
     def body() -> None:
         from .slurm import Slurm
         record_ = record.open_job(job)
-        data = status.collect(record_, Slurm().show_jobs())
+        data = status.collect(record_, Slurm().own_jobs())
         if as_json:
             echo_json(data)
         else:

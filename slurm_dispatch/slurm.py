@@ -1,10 +1,24 @@
-"""The one adapter between slurm-dispatch and Slurm's command-line tools.
+"""The one adapter between slurm-dispatch and Slurm: typed views of jobs and nodes, one
+job-state vocabulary, and the few actions dispatch takes (submit, hold, release, cancel).
 
-Every call is a list argv with a timeout.  Transient controller errors (the controller not
-answering, a socket timeout, "try again") are retried with tenacity; ``sbatch`` is not
-idempotent, so after a timed-out or transient ``sbatch`` the adapter first looks for the job
-by its marker (the job's comment) before it submits again.  Callers pay a fixed number of
-controller calls: :func:`show_jobs` reads every job in one ``scontrol`` call.
+Nobody else parses Slurm's output.  Every call is a list argv with a timeout.  Transient
+controller errors (the controller not answering, a socket timeout, "try again") are retried with
+tenacity; ``sbatch`` is not idempotent, so after a timed-out or transient ``sbatch`` the adapter
+first looks for the job by its marker among the caller's own jobs before it submits again.
+
+Invariants:
+
+* **User-controlled text never moves a controller field.**  Jobs are read with ``squeue -O``,
+  every Slurm-controlled field first, then the reason, then the comment (which its owner may set
+  to anything, newlines included).  The reason and the comment end with two random nonces drawn
+  for each call, so a record ends only where the controller ended it and a comment shaped like
+  other fields (``JobState=COMPLETED Restarts=3``) is only ever a comment.
+* **The controller's cost follows the caller's jobs.**  :meth:`Slurm.own_jobs` asks for the
+  caller's jobs only (``squeue --me``, filtered by slurmctld; 22.05's ``squeue --json`` would
+  return the whole queue, whatever the filter), and :meth:`Slurm.jobs` for one job id; an array
+  is read task by task (``-r``), so an array's tasks are jobs of their own.
+* **One vocabulary for states**: :func:`is_final`, :func:`is_active`,
+  :func:`execution_ended`; :class:`Job` answers the same questions.
 
 pyslurm is not used here: it is an optional backend only where its version matches the
 installed Slurm, and the command-line tools work on every Slurm.
@@ -17,14 +31,60 @@ import re
 import subprocess
 import time
 
-from .errors import SlurmError, SlurmUnavailable
+from .errors import ConfigError, SlurmError, SlurmUnavailable
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
-    from typing import Any, Callable, Mapping, Optional, Sequence
+    from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-TIMEOUT = float(os.environ.get("DISPATCH_SLURM_TIMEOUT", "30"))
-ATTEMPTS = int(os.environ.get("DISPATCH_SLURM_ATTEMPTS", "4"))
+# Slurm's job states, by what they mean for dispatch (the first word of squeue's State).
+# Final: the job is over; nothing of it will run again without a new submission.
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE",
+})
+# Not final, but the current execution was ended by Slurm: requeued (and perhaps held, as
+# SPECIAL_EXIT is), the next execution has not started.
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
+HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+MARKER_PREFIX = "dispatch:"
+
+
+def is_final(state: str) -> bool:
+    """The job is over: Slurm will not run it again."""
+    return state in FINAL_STATES
+
+
+def is_active(state: str) -> bool:
+    """Not final: pending, running, requeued, held, suspended, special exit, ..."""
+    return bool(state) and state not in FINAL_STATES
+
+
+def execution_ended(state: str) -> bool:
+    """The job's current execution was ended by Slurm (its processes told to stop)."""
+    return state in FINAL_STATES or state in REQUEUE_STATES
+
+
+def _env_number(name: str, default: str, kind: type) -> Any:
+    raw = os.environ.get(name, default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"${name}={raw!r} is not a {kind.__name__}") from None
+    if value <= 0:
+        raise ConfigError(f"${name}={raw!r} must be positive")
+    return value
+
+
+def default_timeout() -> float:
+    """Seconds one Slurm command may take (``$DISPATCH_SLURM_TIMEOUT``, default 30)."""
+    return float(_env_number("DISPATCH_SLURM_TIMEOUT", "30", float))
+
+
+def default_attempts() -> int:
+    """Tries for a transient controller error (``$DISPATCH_SLURM_ATTEMPTS``, default 4)."""
+    return int(_env_number("DISPATCH_SLURM_ATTEMPTS", "4", int))
+
 
 _TRANSIENT = re.compile(
     r"Unable to contact slurm controller|Socket timed out|Connection refused|"
@@ -51,11 +111,12 @@ if TYPE_CHECKING:
 
 
 def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-                cwd: Optional[str] = None, timeout: float = TIMEOUT) -> Result:
+                cwd: Optional[str] = None, timeout: Optional[float] = None) -> Result:
     """Run one Slurm command in ``cwd`` (sbatch takes the job's default directory from it)."""
+    timeout = default_timeout() if timeout is None else timeout
     try:
         proc = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=timeout)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]!r} not found on PATH; is Slurm's client installed?",
@@ -63,7 +124,8 @@ def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
     except subprocess.TimeoutExpired as exc:
         raise SlurmUnavailable(f"{' '.join(argv[:2])} did not answer within {timeout:g} s",
                                argv=list(argv), output=_text(exc.stderr)) from None
-    return Result(list(argv), proc.returncode, proc.stdout, proc.stderr)
+    # A job's comment may hold any bytes: decode without failing, keep them visible.
+    return Result(list(argv), proc.returncode, _text(proc.stdout), _text(proc.stderr))
 
 
 def _text(data: object) -> str:
@@ -72,33 +134,216 @@ def _text(data: object) -> str:
     return data if isinstance(data, str) else ""
 
 
+def slurm_time(value: Optional[str]) -> Optional[float]:
+    """``2026-11-30T06:22:31`` (local time, as Slurm prints it) to seconds; else None."""
+    if not value or value in ("Unknown", "None", "N/A", "(null)"):
+        return None
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Typed views
+
+
+class Job:
+    """One Slurm job as the controller sees it; one array task is one Job.
+
+    ``job_id`` is Slurm's own id (a task that has started has its own; a pending task still
+    shares its array's), ``display_id`` what squeue shows (``97_1`` for a task).  ``comment`` is
+    the owner's free text: read it only as a comment (:attr:`markers`).
+    """
+
+    __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
+                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time")
+
+    def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
+                 array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
+                 nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
+                 submit_time: Optional[float] = None, start_time: Optional[float] = None,
+                 end_time: Optional[float] = None) -> None:
+        self.job_id = job_id
+        self.array_job_id = array_job_id
+        self.array_task_id = array_task_id
+        self.state = state
+        self.reason = reason
+        self.restarts = restarts
+        self.nodes = tuple(nodes)
+        self.uid = uid
+        self.comment = comment
+        self.submit_time = submit_time
+        self.start_time = start_time
+        self.end_time = end_time
+
+    @property
+    def display_id(self) -> str:
+        if self.array_task_id is not None and self.array_job_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+    @property
+    def is_final(self) -> bool:
+        return is_final(self.state)
+
+    @property
+    def is_active(self) -> bool:
+        return is_active(self.state)
+
+    @property
+    def execution_ended(self) -> bool:
+        return execution_ended(self.state)
+
+    @property
+    def is_held(self) -> bool:
+        return self.state == "PENDING" and self.reason in HOLD_REASONS
+
+    @property
+    def started(self) -> bool:
+        """The current execution has started on some node."""
+        return self.start_time is not None and bool(self.nodes) and self.state != "PENDING"
+
+    @property
+    def markers(self) -> list[str]:
+        """The ``dispatch:<id>/<N>`` words of the comment (words, so no prefix matches)."""
+        return [w for w in self.comment.split() if w.startswith(MARKER_PREFIX)]
+
+    def __repr__(self) -> str:
+        return (f"Job({self.display_id} {self.state} restarts={self.restarts} "
+                f"nodes={','.join(self.nodes) or '-'})")
+
+
+class Node:
+    """One node as the controller sees it."""
+
+    __slots__ = ("name", "state", "reason", "boot_time")
+
+    def __init__(self, name: str, state: str, reason: str = "",
+                 boot_time: Optional[float] = None) -> None:
+        self.name = name
+        self.state = state
+        self.reason = reason
+        self.boot_time = boot_time
+
+    def __repr__(self) -> str:
+        return f"Node({self.name} {self.state})"
+
+
+# squeue -O fields, Slurm-controlled ones first; then Reason and Comment, each ending with a
+# nonce (see the module docstring).  Width 0: printed whole, never cut at 20 characters.
+SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "State", "RestartCnt", "UserID",
+                 "NodeList", "SubmitTime", "StartTime", "EndTime")
+_SEP = "|"
+
+
+def squeue_format(nonces: tuple[str, str]) -> str:
+    """The ``squeue -O`` argument for :func:`parse_squeue` (nonces: hex, one per call)."""
+    fixed = ",".join(f"{name}:0{_SEP}" for name in SQUEUE_FIELDS)
+    return f"{fixed},Reason:0{nonces[0]},Comment:0{nonces[1]}"
+
+
+def _new_nonces() -> tuple[str, str]:
+    return "#" + os.urandom(12).hex() + "#", "#" + os.urandom(12).hex() + "#"
+
+
+def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = ()) -> list[Job]:
+    """Jobs from squeue output made with :func:`squeue_format` and the same ``nonces``."""
+    reason_end, record_end = nonces
+    chunks = text.split(record_end)
+    tail = chunks.pop().strip()
+    if tail:
+        raise SlurmError("squeue printed an unterminated record", argv=list(argv),
+                         output=tail[:500])
+    jobs = []
+    for chunk in chunks:
+        chunk = chunk.lstrip("\n")
+        head, found, comment = chunk.partition(reason_end)
+        parts = head.split(_SEP, len(SQUEUE_FIELDS))
+        if not found or len(parts) != len(SQUEUE_FIELDS) + 1:
+            raise SlurmError("squeue printed a record that does not parse", argv=list(argv),
+                             output=chunk[:500])
+        values = dict(zip(SQUEUE_FIELDS, parts))
+        jobs.append(_job_from_squeue(values, parts[-1], comment, argv))
+    return jobs
+
+
+def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
+                     argv: Sequence[str]) -> Job:
+    from .facts import expand_hostlist
+    try:
+        restarts = int(values["RestartCnt"])
+        uid = int(values["UserID"])
+        nodes = expand_hostlist(values["NodeList"])
+    except ValueError as exc:
+        raise SlurmError(f"squeue printed a field that does not parse: {exc}",
+                         argv=list(argv), output=str(values)[:500]) from None
+    task = values["ArrayTaskID"]
+    array = task.isdigit()
+    return Job(values["JobID"], values["State"].split()[0] if values["State"] else "",
+               array_job_id=values["ArrayJobID"] if array else None,
+               array_task_id=int(task) if array else None,
+               reason=reason, restarts=restarts, nodes=nodes, uid=uid,
+               comment="" if comment == "(null)" else comment,
+               submit_time=slurm_time(values["SubmitTime"]),
+               start_time=slurm_time(values["StartTime"]),
+               end_time=slurm_time(values["EndTime"]))
+
+
+def _parse_node_line(line: str) -> dict[str, str]:
+    # `scontrol -o show node`: Key=Value pairs; values may hold spaces (Reason=); node fields
+    # are set by Slurm and the site's admins, never by a job's owner.
+    fields: dict[str, str] = {}
+    keys = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9:/_]*)=", line))
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+        fields.setdefault(m.group(1), line[m.end():end].strip())
+    return fields
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+
+
 class Slurm:
     """Slurm's command-line tools, with retries for transient controller errors."""
 
-    def __init__(self, runner: Runner = run_command, attempts: int = ATTEMPTS,
+    def __init__(self, runner: Runner = run_command, attempts: Optional[int] = None,
                  wait: float = 1.0) -> None:
         self.runner = runner
-        self.attempts = attempts
+        self.attempts = default_attempts() if attempts is None else attempts
         self.wait = wait
+        self.bytes_read = 0  # what the controller's answers weighed, for the bench
 
-    def _retrying(self) -> Any:
+    def _retrying(self, attempts: Optional[int] = None) -> Any:
         import tenacity  # only the retried calls need it: keeps dispatch-sbatch's start fast
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(SlurmUnavailable),
-            stop=tenacity.stop_after_attempt(self.attempts),
+            stop=tenacity.stop_after_attempt(attempts or self.attempts),
             wait=tenacity.wait_exponential(multiplier=self.wait, max=8 * self.wait),
             reraise=True)
 
     def call(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> Result:
         """Run a read-only or idempotent command, retrying transient errors."""
-        for attempt in self._retrying():
+        return self._with_retries(lambda: self._once(argv, env), self.attempts)
+
+    def _with_retries(self, once: Callable[[], Any], attempts: int) -> Any:
+        # The first try needs no tenacity (dispatch-sbatch's start-up stays small).
+        try:
+            return once()
+        except SlurmUnavailable:
+            if attempts <= 1:
+                raise
+        time.sleep(self.wait)
+        for attempt in self._retrying(attempts - 1):
             with attempt:
-                return self._once(argv, env)
+                return once()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
               cwd: Optional[str] = None) -> Result:
-        result = self.runner(argv, env, cwd, TIMEOUT)
+        result = self.runner(argv, env, cwd, default_timeout())
+        self.bytes_read += len(result.stdout) + len(result.stderr)
         if result.returncode != 0:
             output = (result.stderr + result.stdout).strip()
             cls = SlurmUnavailable if _TRANSIENT.search(output) else SlurmError
@@ -106,61 +351,97 @@ class Slurm:
                       output=output, returncode=result.returncode)
         return result
 
+    # -- reads -----------------------------------------------------------------------------
+    def _squeue(self, selection: list[str], env: Optional[Mapping[str, str]],
+                retry: bool = True) -> list[Job]:
+        nonces = _new_nonces()
+        argv = ["squeue", *selection, "--noheader", "--array", "--states=all",
+                "--Format", squeue_format(nonces)]
+        result = self.call(argv, env) if retry else self._once(argv, env)
+        return parse_squeue(result.stdout, nonces, argv)
+
+    def own_jobs(self, env: Optional[Mapping[str, str]] = None,
+                 retry: bool = True) -> dict[str, Job]:
+        """The caller's own jobs (every array task), in one call the controller filters.
+
+        Keyed by ``display_id`` (``97_1``) and, where one job has it alone, by ``job_id``.
+        A job of another uid is dropped (``--me`` already asks for the caller's only).
+        """
+        me = os.getuid()
+        jobs = [j for j in self._squeue(["--me"], env, retry) if j.uid == me]
+        return index_jobs(jobs)
+
+    def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
+        """Job ``job_id`` (``123``, ``97_1``, or an array's id for all its tasks); [] when the
+        controller does not know it."""
+        if not re.fullmatch(r"\d+(_\d+)?", job_id):
+            raise SlurmError(f"{job_id!r} is not a Slurm job id (123 or 123_4)")
+        try:
+            return self._squeue(["--jobs", job_id], env)
+        except SlurmError as exc:
+            if "invalid job id" in exc.output.lower():
+                return []
+            raise
+
+    def nodes(self, names: Sequence[str], env: Optional[Mapping[str, str]] = None
+              ) -> dict[str, Node]:
+        """Each named node, in one call; a node the controller does not know is absent."""
+        if not names:
+            return {}
+        result = self.call(["scontrol", "-o", "show", "node", ",".join(names)], env)
+        found = {}
+        for line in result.stdout.splitlines():
+            if not line.strip() or not line.startswith("NodeName="):
+                continue
+            fields = _parse_node_line(line)
+            name = fields.get("NodeName", "")
+            found[name] = Node(name, fields.get("State", ""), fields.get("Reason", ""),
+                               slurm_time(fields.get("BootTime")))
+        return found
+
+    def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
+                       ) -> Optional[str]:
+        """The id of the caller's own job whose comment carries ``marker``, if any."""
+        try:
+            jobs = self.own_jobs(env, retry=False)  # the caller's loop is the retry
+        except SlurmError:
+            return None
+        for job in jobs.values():
+            if marker in job.markers and job.array_task_id is None:
+                return job.job_id
+        for job in jobs.values():
+            if marker in job.markers:
+                return job.array_job_id or job.job_id
+        return None
+
+    # -- actions ---------------------------------------------------------------------------
     def sbatch(self, argv: Sequence[str], marker: str,
                env: Optional[Mapping[str, str]] = None,
                cwd: Optional[str] = None) -> tuple[str, Result]:
         """Submit once; return (job id, result).  ``marker`` must be in the job's comment.
 
         On a transient failure the job may have landed anyway, so look for ``marker`` among
-        the user's jobs before trying again: never two jobs for one submission.
+        the caller's jobs before trying again: never two jobs for one submission.  Without a
+        marker there is one attempt only.
         """
-        last: Optional[SlurmUnavailable] = None
-        for attempt in range(self.attempts):
-            if attempt:
-                time.sleep(min(self.wait * 2 ** (attempt - 1), 8 * self.wait))
+        def once() -> tuple[str, Result]:
             try:
                 result = self._once(argv, env, cwd)
-            except SlurmUnavailable as exc:
-                last = exc
+            except SlurmUnavailable:
                 found = self.find_by_marker(marker, env) if marker else None
                 if found:
                     line = f"{found}\n" if "--parsable" in argv else \
                         f"Submitted batch job {found}\n"
                     return found, Result(list(argv), 0, line, "")
-                continue
+                raise
             match = _SUBMITTED.search(result.stdout)
             if not match:
                 raise SlurmError("sbatch printed no job id", argv=list(argv),
                                  output=result.stdout + result.stderr)
             return (match.group(1) or match.group(2)), result
-        assert last is not None
-        raise last
 
-    def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
-                       ) -> Optional[str]:
-        try:
-            result = self._once(["squeue", "--me", "-h", "--states=all", "-o", "%A|%k"], env)
-        except SlurmError:
-            return None
-        for line in result.stdout.splitlines():
-            jobid, _, comment = line.partition("|")
-            if marker in comment.split():
-                return jobid.strip()
-        return None
-
-    def show_jobs(self, env: Optional[Mapping[str, str]] = None) -> dict[str, dict[str, str]]:
-        """Every job the controller knows, in one call, keyed by job id (``123`` or ``123_4``)."""
-        result = self.call(["scontrol", "-o", "show", "job"], env)
-        jobs: dict[str, dict[str, str]] = {}
-        for line in result.stdout.splitlines():
-            if not line.strip() or line.startswith("No jobs"):
-                continue
-            fields = parse_record(line)
-            jobid = fields.get("JobId", "")
-            jobs[jobid] = fields
-            if fields.get("ArrayJobId") and fields.get("ArrayTaskId"):
-                jobs[f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"] = fields
-        return jobs
+        result: tuple[str, Result] = self._with_retries(once, self.attempts if marker else 1)
+        return result
 
     def cancel(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
@@ -170,19 +451,21 @@ class Slurm:
         if jobids:
             self.call(["scontrol", "release", ",".join(jobids)], env)
 
+    def hold(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        if jobids:
+            self.call(["scontrol", "hold", ",".join(jobids)], env)
 
-_FIELD = re.compile(r"(\S+?)=")
 
-
-def parse_record(line: str) -> dict[str, str]:
-    """Split one ``scontrol -o`` line into fields; values may contain spaces (Command=, Reason=).
-
-    A key is a word followed by ``=`` at the start or after a space; everything up to the next
-    key belongs to the value.
-    """
-    fields: dict[str, str] = {}
-    keys = [m for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9:/_]*)=", line)]
-    for i, m in enumerate(keys):
-        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
-        fields[m.group(1)] = line[m.end():end].strip()
-    return fields
+def index_jobs(jobs: Iterable[Job]) -> dict[str, Job]:
+    """Jobs keyed by ``display_id`` and, where one job has it alone, by ``job_id``."""
+    found: dict[str, Job] = {}
+    counts: dict[str, int] = {}
+    listed = list(jobs)
+    for job in listed:
+        counts[job.job_id] = counts.get(job.job_id, 0) + 1
+    for job in listed:
+        found[job.display_id] = job
+    for job in listed:
+        if counts[job.job_id] == 1:
+            found.setdefault(job.job_id, job)
+    return found

@@ -1,7 +1,7 @@
 """A dispatch job's status: its record joined with one view of Slurm and the site's facts.
 
-Costs one ``scontrol`` call whatever the number of submissions.  Pure over its inputs apart
-from reading the record, the store and the site facts.
+Costs one ``squeue`` call (the caller's own jobs) whatever the number of submissions.  Pure
+over its inputs apart from reading the record, the store and the site facts.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from typing import Any, Callable, Optional
 
 from . import record, store
 from .errors import DispatchError
+from .slurm import Job
 
 FactsReader = Callable[[str], list[dict[str, Any]]]
 
 
-def _state(info: Optional[dict[str, str]]) -> str:
+def _state(info: Optional[Job]) -> str:
     if info is None:
         return "UNKNOWN (no longer known to slurmctld)"
-    return info.get("JobState", "?").split()[0]
+    return info.state or "?"
 
 
 def _facts_reader() -> Optional[FactsReader]:
@@ -31,7 +32,7 @@ def _facts_reader() -> Optional[FactsReader]:
     return reader if callable(reader) else None
 
 
-def collect(job: record.JobRecord, slurm_jobs: dict[str, dict[str, str]],
+def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
     spec = job.spec
     events = job.events()
@@ -44,8 +45,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, dict[str, str]],
         submissions.append({
             "submission": ev["submission"], "slurm_job_id": str(ev["slurm_job_id"]),
             "reason": ev.get("reason", ""), "submitted": ev["time"], "state": _state(info),
-            "restarts": int(info.get("Restarts", "0")) if info else None,
-            "slurm_reason": info.get("Reason", "") if info else "",
+            "restarts": info.restarts if info else None,
+            "slurm_reason": info.reason if info else "",
         })
     executions = []
     facts_cache: dict[str, list[dict[str, Any]]] = {}
@@ -57,7 +58,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, dict[str, str]],
         key = f"{ev.get('array_job_id')}_{array}" if array else slurm_id
         info = slurm_jobs.get(key) or slurm_jobs.get(slurm_id)
         restart = int(ev.get("restart", 0))
-        if info is not None and int(info.get("Restarts", "0")) > restart:
+        if info is not None and info.restarts > restart:
             state = "REQUEUED"
         else:
             state = _state(info)
@@ -65,8 +66,9 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, dict[str, str]],
                                             "nodes", "exec_dir", "resume_from")}
         execution.update({"slurm_job_id": slurm_id, "array_task_id": array, "started": ev["time"],
                           "state": state})
-        if info is not None and int(info.get("Restarts", "0")) == restart:
-            execution["ended"] = info.get("EndTime", "")
+        if info is not None and info.restarts == restart and info.end_time is not None \
+                and info.execution_ended:
+            execution["ended"] = clock(info.end_time)
         if reader is not None and slurm_id:
             if slurm_id not in facts_cache:
                 try:

@@ -19,15 +19,11 @@ import time
 
 from . import record, sbatch_args
 from .errors import DispatchError, RecordError, SlurmError, UsageError
-from .slurm import Result, Slurm
+from .slurm import Job, Result, Slurm
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
     from typing import Any, Mapping, Optional
-
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
 
 class Request:
     """A dispatch-sbatch invocation, read and checked, nothing written yet."""
@@ -197,7 +193,7 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
         jobid, result = slurm.sbatch(argv, marker(job, submission), run_env, cwd)
     else:
         # No marker to look the job up by: one attempt, never a blind second sbatch.
-        jobid, result = Slurm(slurm.runner, attempts=1).sbatch(argv, "", run_env, cwd)
+        jobid, result = slurm.sbatch(argv, "", run_env, cwd)
     job.append("submitted", once=str(submission), submission=submission,
                slurm_job_id=jobid, reason=reason, argv=argv)
     return Submitted(job, submission, jobid, result)
@@ -237,14 +233,14 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
 
 
 def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
-                    jobs: Optional[dict[str, dict[str, str]]] = None,
+                    jobs: Optional[dict[str, Job]] = None,
                     env: Optional[Mapping[str, str]] = None) -> list[str]:
-    jobs = jobs if jobs is not None else slurm.show_jobs(env)
+    jobs = jobs if jobs is not None else slurm.own_jobs(env)
     live = []
     for sub in job.submissions():
         jobid = str(sub["slurm_job_id"])
         info = jobs.get(jobid)
-        if info is not None and info.get("JobState", "").split()[0] not in FINAL_STATES:
+        if info is not None and info.is_active:
             live.append(jobid)
     return live
 

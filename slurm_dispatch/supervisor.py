@@ -30,12 +30,8 @@ from typing import Any, Callable, Optional
 
 from . import record, rules, submit
 from .errors import DispatchError, RecordError, SlurmError
-from .slurm import Slurm
+from .slurm import Job, Slurm, is_active
 
-ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING",
-                 "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT",
-                 "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
-HOLD_REASONS = {"JobHeldUser", "JobHeldAdmin"}
 STALE_CLAIM_SECONDS = 300.0
 FINISHED_EVENTS = {"finished"}
 
@@ -96,8 +92,8 @@ class PassReport:
     controller_calls: int = 0
 
 
-def _state(info: Optional[dict[str, str]]) -> str:
-    return info.get("JobState", "").split()[0] if info else ""
+def _state(info: Optional[Job]) -> str:
+    return info.state if info is not None else ""
 
 
 def _latest(events: list[dict[str, Any]], kind: str) -> Optional[dict[str, Any]]:
@@ -120,7 +116,7 @@ class Supervisor:
         jobs = record.all_jobs(self.home)
         if not jobs:
             return report
-        slurm_jobs = self.slurm.show_jobs()
+        slurm_jobs = self.slurm.own_jobs()
         report.controller_calls += 1
         for job in jobs:
             try:
@@ -130,7 +126,7 @@ class Supervisor:
         return report
 
     # -- one job -------------------------------------------------------------------------
-    def _job(self, job: record.JobRecord, slurm_jobs: dict[str, dict[str, str]],
+    def _job(self, job: record.JobRecord, slurm_jobs: dict[str, Job],
              report: PassReport) -> None:
         events = job.events()
         if _latest(events, "finished") or _latest(events, "superseded"):
@@ -149,12 +145,12 @@ class Supervisor:
             self._hold(job, events, hold, info, report)
             return
         state = _state(info)
-        if not state or state in ACTIVE_STATES:
+        if not state or is_active(state):
             return  # running, pending, or aged out of slurmctld with nothing to act on
-        self._ended(job, n, str(last["slurm_job_id"]), info or {}, report, claim)
+        self._ended(job, n, str(last["slurm_job_id"]), info, report, claim)
 
     def _recover_claim(self, job: record.JobRecord, nxt: int,
-                       slurm_jobs: dict[str, dict[str, str]], report: PassReport
+                       slurm_jobs: dict[str, Job], report: PassReport
                        ) -> tuple[bool, Optional[str]]:
         """A claim for submission ``nxt`` with no submission recorded: finish or retry it.
 
@@ -164,7 +160,7 @@ class Supervisor:
             return False, None
         wanted = submit.marker(job, nxt)
         for jobid, info in slurm_jobs.items():
-            if wanted in info.get("Comment", "").split() and "_" not in jobid:
+            if wanted in info.markers and "_" not in jobid:
                 if job.append("submitted", once=str(nxt), submission=nxt, slurm_job_id=jobid,
                               reason="recovered", argv=[], recovered=True):
                     report.actions.append(
@@ -178,7 +174,7 @@ class Supervisor:
             return False, f"submission-{nxt}.stale"
         return True, None  # another supervisor is submitting it right now
 
-    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, info: dict[str, str],
+    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, info: Optional[Job],
                report: PassReport, claim: Optional[str] = None) -> None:
         end = rules.END_STATES.get(_state(info), "failed")
         spec = job.spec
@@ -201,7 +197,7 @@ class Supervisor:
             return
         # action == "hold": the next submission is made, held, for a person or the signal.
         deadline = self.clock() + self.settings.hold_for
-        restart = int(info.get("Restarts", "0") or 0)
+        restart = info.restarts if info is not None else 0
         until = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(deadline))
         comment = (f"--comment={submit.marker(job, n + 1)} held: shared checkpoint; {end} of "
                    f"job {slurm_id}; waits until its processes are proven gone or a person "
@@ -233,16 +229,15 @@ class Supervisor:
 
     # -- holds ---------------------------------------------------------------------------
     def _hold(self, job: record.JobRecord, events: list[dict[str, Any]], hold: dict[str, Any],
-              info: Optional[dict[str, str]], report: PassReport) -> None:
+              info: Optional[Job], report: PassReport) -> None:
         held_id = str(hold["slurm_job_id"])
         for kind in ("released", "expired"):
             done = _latest(events, kind)
             if done is not None and str(done["slurm_job_id"]) == held_id:
                 return
         state = _state(info)
-        reason = (info or {}).get("Reason", "")
-        if info is not None and not (state == "PENDING" and reason in HOLD_REASONS):
-            by = "a person (scontrol release)" if state in ACTIVE_STATES or state else "unknown"
+        if info is not None and not info.is_held:
+            by = "a person (scontrol release)" if state else "unknown"
             job.append("released", slurm_job_id=held_id, by=by, slurm_state=state)
             report.actions.append(f"{job.id}: hold on Slurm job {held_id} lifted by {by}")
             return

@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Union
 
 from slurm_dispatch import config, facts
+from slurm_dispatch.slurm import Job, Node, parse_squeue, slurm_time, squeue_format
+
+from .. import squeue_fake
 
 
 def slurm_clock(seconds: float) -> str:
@@ -16,24 +19,44 @@ def slurm_clock(seconds: float) -> str:
 
 
 class FakeController:
-    def __init__(self, job: Optional[dict[str, str]], nodes: dict[str, dict[str, str]]) -> None:
+    """Answers ``jobs`` from scontrol-style fields (one dict, a list for an array's tasks, or
+    None for a job the controller does not know) and ``nodes`` from node fields."""
+
+    def __init__(self, job: Union[dict[str, str], list[dict[str, str]], None],
+                 nodes: dict[str, dict[str, str]]) -> None:
         self.job_fields = job
         self.node_fields = nodes
         self.calls: list[tuple[str, Any]] = []
 
-    def job(self, job_id: str) -> Optional[dict[str, str]]:
+    def jobs(self, job_id: str) -> list[Job]:
         self.calls.append(("job", job_id))
-        if self.job_fields is not None and job_id not in (
-                self.job_fields.get("JobId"), self.job_fields.get("_alias")):
+        if self.job_fields is None:
+            return []
+        listed = self.job_fields if isinstance(self.job_fields, list) else [self.job_fields]
+        ids = {v for f in listed for v in (f.get("JobId"), f.get("ArrayJobId"), f.get("_alias"),
+                                             f"{f.get('ArrayJobId')}_{f.get('ArrayTaskId')}")}
+        if job_id not in ids:
             raise AssertionError(f"unexpected question about job {job_id}")
-        return self.job_fields
+        return [to_job(f) for f in listed if job_id in (
+            f.get("JobId"), f.get("ArrayJobId"), f.get("_alias"),
+            f"{f.get('ArrayJobId')}_{f.get('ArrayTaskId')}")]
 
-    def nodes(self, names: list[str]) -> dict[str, dict[str, str]]:
+    def nodes(self, names: list[str]) -> dict[str, Node]:
         self.calls.append(("nodes", list(names)))
         unknown = [n for n in names if n not in self.node_fields]
         if unknown:
             raise AssertionError(f"unexpected nodes {unknown[:5]}")
-        return {n: self.node_fields[n] for n in names}
+        return {n: Node(n, self.node_fields[n].get("State", ""),
+                        self.node_fields[n].get("Reason", ""),
+                        slurm_time(self.node_fields[n].get("BootTime")))
+                for n in names}
+
+
+def to_job(fields: dict[str, str]) -> Job:
+    """The adapter's view of scontrol-style fields, through the real squeue parser."""
+    nonces = ("#a#", "#b#")
+    argv = ["squeue", "--Format", squeue_format(nonces)]
+    return parse_squeue(squeue_fake.render(argv, [fields]), nonces, argv)[0]
 
 
 def job(job_id: str = "100", state: str = "COMPLETED", restarts: int = 0,

@@ -188,3 +188,45 @@ def test_untrusted_fact_is_a_problem_not_evidence(tmp_path: Path) -> None:
         job(), {"n1": node("n1")}))
     assert not verdict.ceased
     assert any("not trusted" in p for p in verdict.problems)
+
+
+def _task(task: int, job_id: str, state: str, **kw: object) -> dict[str, str]:
+    fields = job(job_id=job_id, state=state, **kw)  # type: ignore[arg-type]
+    fields.update({"ArrayJobId": "97", "ArrayTaskId": str(task)})
+    return fields
+
+
+def test_an_array_has_ceased_only_when_every_task_has(tmp_path: Path) -> None:
+    """Finding 1: task 1 exited 3 while task 0 kept running; asked about the array's id,
+    dispatch-cease read only the first task and answered ceased."""
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n2")  # job 100 = task 1's own id, ended cleanly on n2
+    tasks = [_task(1, "100", "FAILED", nodelist="n2"),
+             _task(0, "97", "RUNNING", nodelist="n1")]
+    ctl = FakeController(tasks, {"n1": node("n1"), "n2": node("n2")})
+    verdict = cease.cessation("97", cfg=cfg, controller=ctl)
+    assert not verdict.ceased and verdict.exit_code == 1, cease.render(verdict)
+    assert [t.job_id for t in verdict.tasks] == ["97_1", "97_0"]
+    assert verdict.tasks[0].ceased and not verdict.tasks[1].ceased
+    assert "97_0" in verdict.reason and "has not ended" in cease.render(verdict)
+    # The ended task asked on its own is judged on its own.
+    ctl.job_fields = [tasks[0]]
+    assert cease.cessation("97_1", cfg=cfg, controller=ctl).ceased
+    # Once the last task has ended and left nothing behind, the array has ceased.
+    tasks[1] = _task(0, "97", "COMPLETED", nodelist="n1")
+    start = record(state, "start", "n1", job_id="97", time=NOW - 100, restart=0)
+    record(state, "end", "n1", job_id="97", time=NOW - 90, restart=0, survivors=[],
+           scan_error=None, start_token=start.split(".")[-1])  # task 0's own id is 97
+    ctl.job_fields = tasks
+    verdict = cease.cessation("97", cfg=cfg, controller=ctl)
+    assert verdict.ceased, cease.render(verdict)
+    with pytest.raises(UsageError, match="give one task with --restart"):
+        cease.cessation("97", 0, cfg=cfg, controller=ctl)
+
+
+def test_a_pending_task_of_an_array_is_not_ceased(tmp_path: Path) -> None:
+    _, cfg = state_dir(tmp_path)
+    tasks = [_task(1, "97", "PENDING", nodelist="(null)"),
+             _task(0, "98", "COMPLETED", nodelist="(null)")]
+    verdict = cease.cessation("97", cfg=cfg, controller=FakeController(tasks, {}))
+    assert not verdict.ceased and "has not started" in verdict.tasks[0].reason

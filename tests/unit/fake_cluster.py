@@ -1,6 +1,6 @@
 """A fake Slurm controller at the process boundary, for fast tests of the supervisor.
 
-It answers the few commands slurm-dispatch uses (sbatch, scontrol show job / release,
+It answers the few commands slurm-dispatch uses (sbatch, squeue, scontrol release,
 scancel, squeue) from an in-memory job table, and fails loudly on anything else.  The real
 behaviour is proven by the real tier; this only makes pass logic cheap to exercise.
 """
@@ -8,9 +8,12 @@ behaviour is proven by the real tier; this only makes pass logic cheap to exerci
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Mapping, Optional, Sequence
 
 from slurm_dispatch.slurm import Result
+
+from .. import squeue_fake
 
 
 class FakeCluster:
@@ -41,9 +44,6 @@ class FakeCluster:
             jobid = self.add("PENDING" if held else "RUNNING", comment,
                              Reason="JobHeldUser" if held else "None")
             return Result(argv, 0, f"Submitted batch job {jobid}\n", "")
-        if argv[:4] == ["scontrol", "-o", "show", "job"]:
-            lines = [" ".join(f"{k}={v}" for k, v in job.items()) for job in self.jobs.values()]
-            return Result(argv, 0, "\n".join(lines) + "\n", "")
         if argv[:2] == ["scontrol", "release"]:
             for jobid in argv[2].split(","):
                 self.set(jobid, JobState="RUNNING", Reason="None")
@@ -53,6 +53,6 @@ class FakeCluster:
                 self.set(jobid, JobState="CANCELLED", Reason="None")
             return Result(argv, 0, "", "")
         if argv[0] == "squeue":
-            lines = [f"{j['JobId']}|{j['Comment']}" for j in self.jobs.values()]
-            return Result(argv, 0, "\n".join(lines) + "\n", "")
+            shown = squeue_fake.selected(argv, self.jobs.values(), os.getuid())
+            return Result(argv, 0, squeue_fake.render(argv, shown), "")
         raise AssertionError(f"unexpected Slurm call {argv}")

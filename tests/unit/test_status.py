@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch import cli, record, status, submit
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.slurm import Job, Slurm
 
 from .fake_cluster import FakeCluster
 
@@ -38,8 +38,7 @@ FACTS = [
 
 
 def test_collect_marks_the_requeued_execution_and_joins_facts(job: record.JobRecord) -> None:
-    slurm_jobs = {"7": {"JobId": "7", "JobState": "RUNNING", "Restarts": "1",
-                        "Reason": "None"}}
+    slurm_jobs = {"7": Job("7", "RUNNING", restarts=1, reason="None", nodes=["n2"])}
     data = status.collect(job, slurm_jobs, facts_reader=lambda jobid: FACTS)
     assert [e["state"] for e in data["executions"]] == ["REQUEUED", "RUNNING"]
     assert [len(e["facts"]) for e in data["executions"]] == [1, 1]
@@ -69,7 +68,7 @@ def test_decisions_render_as_readable_lines(job: record.JobRecord) -> None:
 def test_status_command_json_and_unknown_job(job: record.JobRecord,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
-    monkeypatch.setattr("slurm_dispatch.slurm.Slurm.show_jobs", lambda self: {})
+    monkeypatch.setattr("slurm_dispatch.slurm.Slurm.own_jobs", lambda self: {})
     runner = CliRunner()
     result = runner.invoke(cli.main, ["status", "--json", job.id])
     assert result.exit_code == 0, result.output

@@ -16,19 +16,23 @@ import pytest
 
 from slurm_dispatch import record, submit
 from slurm_dispatch.errors import RecordError, SlurmError, SlurmUnavailable, UsageError
-from slurm_dispatch.slurm import Result, Slurm, parse_record
+from slurm_dispatch.slurm import Result, Slurm
+
+from .. import squeue_fake
 
 
 class FakeController:
     """Answers exactly the calls queued with expect(); anything else fails the test."""
 
     def __init__(self) -> None:
-        self.expected: list[tuple[list[str], Result]] = []
+        self.expected: list[tuple[list[str], Result, Optional[list[dict[str, str]]]]] = []
         self.calls: list[list[str]] = []
         self.cwds: list[Optional[str]] = []
 
-    def expect(self, prefix: list[str], stdout: str = "", rc: int = 0, stderr: str = "") -> None:
-        self.expected.append((prefix, Result(prefix, rc, stdout, stderr)))
+    def expect(self, prefix: list[str], stdout: str = "", rc: int = 0, stderr: str = "",
+               jobs: Optional[list[dict[str, str]]] = None) -> None:
+        """Queue an answer; ``jobs`` (scontrol-style fields) answers a squeue read."""
+        self.expected.append((prefix, Result(prefix, rc, stdout, stderr), jobs))
 
     def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
                  cwd: Optional[str], timeout: float) -> Result:
@@ -37,9 +41,11 @@ class FakeController:
         self.cwds.append(cwd)
         if not self.expected:
             raise AssertionError(f"unexpected Slurm call {argv}")
-        prefix, result = self.expected.pop(0)
+        prefix, result, jobs = self.expected.pop(0)
         if argv[:len(prefix)] != prefix:
             raise AssertionError(f"expected a call starting {prefix}, got {argv}")
+        if jobs is not None:
+            return Result(argv, 0, squeue_fake.render(argv, jobs), "")
         return result
 
     def done(self) -> None:
@@ -114,7 +120,8 @@ def test_transient_failure_finds_the_landed_job_instead_of_resubmitting(env: Pat
         if len(calls) < 4:
             return Result(argv, 0, "", "")  # the first timed-out sbatch had not landed
         marker = [a for a in calls[-2] if a.startswith("--comment=")][0].split("=", 1)[1]
-        return Result(argv, 0, f"98|other\n99|{marker}\n", "")  # the second one had
+        jobs = [{"JobId": "98", "Comment": "other"}, {"JobId": "99", "Comment": marker}]
+        return Result(argv, 0, squeue_fake.render(argv, jobs), "")  # the second one had
 
     done = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
                              Slurm(answer, wait=0))
@@ -224,20 +231,12 @@ def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "job.sh"], fake).job
     fake.expect(["sbatch"], "Submitted batch job 11\n")
-    fake.expect(["scontrol", "-o", "show", "job"], "JobId=10 JobName=job.sh JobState=RUNNING "
-                "Reason=None Restarts=0\n")
+    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job
     fake.done()
     assert new.spec["generation"] == 1 and new.spec["checkpoint"] == old.spec["checkpoint"]
     assert [e["by"] for e in old.events() if e["event"] == "superseded"] == [new.id]
-
-
-def test_parse_record_keeps_values_with_spaces() -> None:
-    fields = parse_record("JobId=5 JobName=a b Reason=Node n1 went away Restarts=2 "
-                          "Command=/x y/z.sh")
-    assert fields["JobName"] == "a b" and fields["Reason"] == "Node n1 went away"
-    assert fields["Restarts"] == "2" and fields["Command"] == "/x y/z.sh"
 
 
 LAUNCHED = """#!/usr/bin/env python3

@@ -1,0 +1,67 @@
+"""What ``squeue -O`` prints, rendered from scontrol-style job fields, for the fakes.
+
+The fakes keep jobs as ``scontrol show job`` fields (``JobId``, ``JobState``, ``Restarts``,
+``Comment``, ...) because that is how people read them; this renders the exact text the Slurm
+adapter asks squeue for, taking the field list and its suffixes (the nonces) from the argv, so a
+fake answers whatever format the adapter uses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+
+def _uid(fields: Mapping[str, str]) -> str:
+    value = fields.get("UserId", str(os.getuid()))
+    if value.endswith(")") and "(" in value:
+        return value[value.rfind("(") + 1:-1]
+    return value
+
+
+def value_of(fields: Mapping[str, str], name: str) -> str:
+    task = fields.get("ArrayTaskId")
+    values = {
+        "JobID": fields["JobId"],
+        "ArrayJobID": fields.get("ArrayJobId") or fields["JobId"],
+        "ArrayTaskID": task if task else "N/A",
+        "State": fields.get("JobState", "PENDING"),
+        "RestartCnt": fields.get("Restarts", "0"),
+        "UserID": _uid(fields),
+        "NodeList": "" if fields.get("NodeList", "(null)") == "(null)"
+        else fields.get("NodeList", ""),
+        "SubmitTime": fields.get("SubmitTime", "2026-01-01T00:00:00"),
+        "StartTime": fields.get("StartTime", "Unknown"),
+        "EndTime": fields.get("EndTime", "Unknown"),
+        "Reason": fields.get("Reason", "None"),
+        "Comment": fields.get("Comment") or "(null)",
+    }
+    return values[name]
+
+
+def render(argv: Sequence[str], jobs: Iterable[Mapping[str, str]]) -> str:
+    """squeue's output for ``argv`` (``--Format A:0sfx,B:0sfx``) over ``jobs``."""
+    spec = argv[list(argv).index("--Format") + 1]
+    fields = []
+    for item in spec.split(","):
+        name, _, rest = item.partition(":")
+        fields.append((name, rest.lstrip("0123456789.")))
+    out = []
+    for job in jobs:
+        out.append("".join(value_of(job, name) + suffix for name, suffix in fields) + "\n")
+    return "".join(out)
+
+
+def selected(argv: Sequence[str], jobs: Iterable[Mapping[str, str]], uid: int
+             ) -> list[Mapping[str, str]]:
+    """The jobs squeue would print for ``argv``: ``--me`` (uid ``uid``) or ``--jobs ID``."""
+    argv = list(argv)
+    listed = list(jobs)
+    if "--me" in argv:
+        return [j for j in listed if _uid(j) == str(uid)]
+    if "--jobs" in argv:
+        wanted = argv[argv.index("--jobs") + 1]
+        return [j for j in listed if wanted in (
+            j["JobId"], j.get("ArrayJobId"),
+            f"{j.get('ArrayJobId')}_{j.get('ArrayTaskId')}" if j.get("ArrayTaskId") else None)]
+    return listed

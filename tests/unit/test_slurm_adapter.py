@@ -1,0 +1,139 @@
+"""The Slurm adapter's reads: user-controlled text never moves a controller field, the state
+vocabulary is one, and reads ask for the caller's jobs only."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_dispatch import slurm
+from slurm_dispatch.errors import ConfigError, SlurmError
+from slurm_dispatch.slurm import Result, Slurm
+
+from .. import squeue_fake
+
+HOSTILE = [
+    "JobState=COMPLETED Restarts=3 NodeList=(null)",
+    "x|COMPLETED|9|0|(null)",
+    "line one\nJobID|1|N/A|COMPLETED|3|0||N/A|N/A|N/A|None#00#forged#00#\nmore",
+    "#" * 40,
+    "dispatch:dabcdefg/2 and text",
+    "",
+]
+
+
+class FakeSqueue:
+    def __init__(self, jobs: list[dict[str, str]]) -> None:
+        self.jobs = jobs
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        self.calls.append(list(argv))
+        assert argv[0] == "squeue", argv
+        shown = squeue_fake.selected(argv, self.jobs, os.getuid())
+        return Result(list(argv), 0, squeue_fake.render(argv, shown), "")
+
+
+def running(comment: str, **fields: str) -> dict[str, str]:
+    return {"JobId": "7", "JobState": "RUNNING", "Restarts": "0", "NodeList": "n[1-2]",
+            "UserId": f"me({os.getuid()})", "StartTime": "2026-11-30T10:00:00",
+            "Comment": comment, **fields}
+
+
+@pytest.mark.parametrize("comment", HOSTILE)
+def test_a_comment_never_moves_a_field(comment: str) -> None:
+    """Finding 4: `scontrol update comment='JobState=COMPLETED Restarts=3 NodeList=(null)'`
+    made a running job read as an ended one that never started anywhere."""
+    fake = FakeSqueue([running(comment), running("plain", JobId="8")])
+    jobs = Slurm(fake, wait=0).jobs("7")
+    assert len(jobs) == 2 or jobs[0].job_id == "7"
+    job = next(j for j in jobs if j.job_id == "7")
+    assert (job.state, job.restarts, job.nodes) == ("RUNNING", 0, ("n1", "n2"))
+    assert job.comment == comment and not job.execution_ended
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=200))
+def test_any_comment_round_trips(comment: str) -> None:
+    nonces = ("#n1#", "#n2#")
+    if any(n in comment for n in nonces):
+        return  # the real nonces are random per call: a comment cannot hold them
+    argv = ["squeue", "--Format", slurm.squeue_format(nonces)]
+    text = squeue_fake.render(argv, [running(comment), running("x", JobId="8")])
+    jobs = slurm.parse_squeue(text, nonces, argv)
+    assert [j.job_id for j in jobs] == ["7", "8"]
+    assert jobs[0].comment == comment and jobs[0].state == "RUNNING"
+
+
+def test_nonces_differ_per_call() -> None:
+    fake = FakeSqueue([running("x")])
+    adapter = Slurm(fake, wait=0)
+    adapter.own_jobs()
+    adapter.own_jobs()
+    first, second = (c[c.index("--Format") + 1] for c in fake.calls)
+    assert first != second
+
+
+def test_own_jobs_asks_for_mine_only_and_drops_others() -> None:
+    """Finding 5: comments are public; only the caller's own jobs are read."""
+    theirs = running("dispatch:dvictim1/2", JobId="9", UserId="mallory(4242)")
+    fake = FakeSqueue([running("dispatch:dvictim1/1"), theirs])
+    jobs = Slurm(fake, wait=0).own_jobs()
+    assert "--me" in fake.calls[0] and "9" not in jobs and jobs["7"].markers == [
+        "dispatch:dvictim1/1"]
+    # Even a controller that ignored --me cannot hand us another uid's job.
+    fake.calls.clear()
+    leaky = Slurm(lambda argv, env, cwd, timeout: Result(
+        list(argv), 0, squeue_fake.render(argv, [theirs]), ""), wait=0)
+    assert leaky.own_jobs() == {}
+
+
+def test_array_tasks_are_jobs_of_their_own() -> None:
+    tasks = [running("", JobId="98", ArrayJobId="97", ArrayTaskId="1", JobState="FAILED"),
+             running("", JobId="97", ArrayJobId="97", ArrayTaskId="0"),
+             running("", JobId="97", ArrayJobId="97", ArrayTaskId="2", JobState="PENDING"),
+             running("", JobId="97", ArrayJobId="97", ArrayTaskId="3", JobState="PENDING")]
+    jobs = Slurm(FakeSqueue(tasks), wait=0).own_jobs()
+    assert jobs["97_1"].job_id == "98" and jobs["98"].display_id == "97_1"
+    assert jobs["97_1"].is_final and jobs["97_0"].is_active
+    assert "97" not in jobs  # shared by pending tasks: ambiguous, so only A_T keys it
+
+
+def test_one_state_vocabulary() -> None:
+    for state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                  "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
+        assert slurm.is_final(state) and not slurm.is_active(state)
+        assert slurm.execution_ended(state)
+    for state in ("SPECIAL_EXIT", "REQUEUED", "REQUEUE_HOLD"):
+        # Slurm runs it again (after a release): not final, but the execution has ended.
+        assert slurm.is_active(state) and slurm.execution_ended(state)
+    for state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
+        assert slurm.is_active(state) and not slurm.execution_ended(state)
+    assert not slurm.is_active("")
+
+
+def test_unterminated_or_garbled_output_is_an_error() -> None:
+    nonces = ("#a#", "#b#")
+    with pytest.raises(SlurmError, match="unterminated"):
+        slurm.parse_squeue("7|7|N/A|RUNNING", nonces)
+    with pytest.raises(SlurmError, match="does not parse"):
+        slurm.parse_squeue("7|RUNNING#a##b#\n", nonces)
+    with pytest.raises(SlurmError, match="does not parse"):
+        slurm.parse_squeue("7|7|N/A|RUNNING|x|0||N/A|N/A|N/A|None#a##b#\n", nonces)
+
+
+def test_unknown_job_is_empty_and_bad_ids_are_refused() -> None:
+    def answer(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        return Result(list(argv), 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+    assert Slurm(answer, wait=0).jobs("123") == []
+    with pytest.raises(SlurmError, match="not a Slurm job id"):
+        Slurm(answer, wait=0).jobs("123; rm")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1"])
+def test_environment_knobs_are_checked(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DISPATCH_SLURM_ATTEMPTS", value)
+    with pytest.raises(ConfigError, match=f"DISPATCH_SLURM_ATTEMPTS={value!r}"):
+        Slurm()
