@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 # sbatch 22.05 options that take a required argument (``sbatch --help``, sbatch(1)).
 SHORT_WITH_ARG = set("aAbBcCdDeFGiJLmMnNopqStwx")
-SHORT_FLAGS = set("hHkOQsvVW")
 LONG_WITH_ARG = {
     "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir",
     "cluster-constraint", "clusters", "comment", "constraint", "container", "core-spec",

@@ -270,7 +270,7 @@ def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = ()) -
 
 def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
                      argv: Sequence[str]) -> Job:
-    from .facts import expand_hostlist
+    from .hostlist import expand_hostlist
     try:
         restarts = int(values["RestartCnt"])
         uid = int(values["UserID"])
