@@ -101,13 +101,13 @@ def prepare_root(root: str) -> None:
         raise UsageError(f"checkpoint root {folder!r} is not writable by you")
 
 
-def _spec(request: Request, root: str, generation: int, supersedes: Optional[str]
-          ) -> dict[str, Any]:
+def _spec(request: Request, root: str, generation: int, supersedes: Optional[str],
+          shared: bool) -> dict[str, Any]:
     return {
         "generation": generation,
         "checkpoint": root,
         "resubmit": request.options.resubmit,
-        "shared_checkpoint": request.options.shared_checkpoint,
+        "shared_checkpoint": shared,
         "supersedes": supersedes,
         "sbatch": request.sbatch,
         "script_args": request.script_args,
@@ -201,7 +201,13 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
 
 def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
                env: Optional[Mapping[str, str]] = None) -> Submitted:
-    """The first submission of a new dispatch job (or of a superseding one)."""
+    """The first submission of a new dispatch job (or of a superseding one).
+
+    A job superseding a shared-checkpoint job shares that checkpoint too, so it is submitted
+    held, like any other restart of a shared job, and the old job's Slurm jobs are cancelled
+    only once it is: the two generations never run side by side.  The supervisor asks the
+    site's CessationSignal about the old execution and releases the hold on a ceased answer.
+    """
     old: Optional[record.JobRecord] = None
     generation = 0
     if request.options.supersede:
@@ -216,20 +222,52 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
         root = old_root
     else:
         root = checkpoint_root(request.options, request.cwd)
+    shared = request.options.shared_checkpoint or bool(old and old.spec["shared_checkpoint"])
     prepare_root(root)
-    job = record.create_job(_spec(request, root, generation, old.id if old else None),
+    job = record.create_job(_spec(request, root, generation, old.id if old else None, shared),
                             request.script_bytes, home)
+    held_after = _latest_slurm_id(old) if old is not None and shared else None
+    deadline = time.time() + _hold_for() if held_after else 0.0
     try:
         if not job.claim("submission-1"):  # pragma: no cover - a brand-new folder
             raise RecordError(f"{job.id}: submission 1 already claimed")
-        submitted = _submit(slurm, job, 1, "first", env=env)
+        extra = [] if not held_after else ["--hold", hold_comment(
+            job, 1, f"supersedes {old.id if old else '?'} (Slurm job {held_after})", deadline)]
+        submitted = _submit(slurm, job, 1, "first", extra=extra, env=env)
     except (DispatchError, OSError):
         record.remove_unsubmitted(job)
         raise
     if old is not None:
-        cancel_live(slurm, old, env)
+        jobs = slurm.own_jobs(env)
+        live = live_slurm_jobs(slurm, old, jobs)
+        slurm.cancel(live, env)
         old.append("superseded", by=job.id)
+        if held_after:
+            ended = jobs.get(held_after)
+            job.append("hold", submission=1, slurm_job_id=submitted.slurm_job_id,
+                       ended_slurm_job_id=held_after,
+                       ended_restart=ended.restarts if ended is not None else 0,
+                       end_state="superseded", deadline=round(deadline, 3),
+                       instead_of="start")
     return submitted
+
+
+def hold_comment(job: record.JobRecord, submission: int, why: str, deadline: float) -> str:
+    """The ``--comment`` of a held submission: its marker first, then why and until when
+    (a date, so squeue shows when the hold expires)."""
+    until = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(deadline))
+    return (f"--comment={marker(job, submission)} held: shared checkpoint; {why}; waits "
+            f"until its processes are proven gone or a person releases it; expires {until}")
+
+
+def _latest_slurm_id(job: record.JobRecord) -> Optional[str]:
+    submitted = job.submissions()
+    return str(submitted[-1]["slurm_job_id"]) if submitted else None
+
+
+def _hold_for() -> float:
+    from . import config
+    return float(config.load().shared_hold_for)
 
 
 def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
@@ -242,13 +280,6 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
         info = jobs.get(jobid)
         if info is not None and info.is_active:
             live.append(jobid)
-    return live
-
-
-def cancel_live(slurm: Slurm, job: record.JobRecord,
-                env: Optional[Mapping[str, str]] = None) -> list[str]:
-    live = live_slurm_jobs(slurm, job, env=env)
-    slurm.cancel(live, env)
     return live
 
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -281,3 +282,39 @@ def test_launcher_refuses_a_garbled_store(env: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
                            "--submission", "1", "--"], capture_output=True, text=True)
     assert proc.returncode == 2 and "'junk'" in proc.stderr and proc.stdout == ""
+
+
+def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) -> None:
+    """Finding 7: --supersede of a shared-checkpoint job started generation G+1 un-held
+    before cancelling the old one (sbatch, sbatch, scancel): two generations on one mutable
+    checkpoint.  The superseding job is held like any other restart of a shared job."""
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 10\n")
+    old = make(["--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1", "job.sh"],
+               fake).job
+    fake.expect(["sbatch"], "Submitted batch job 11\n")
+    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    fake.expect(["scancel", "10"])
+    new = make(["--supersede", old.id, "job.sh"], fake).job
+    fake.done()
+    sbatch = fake.calls[1]
+    assert "--hold" in sbatch, sbatch
+    assert any(a.startswith("--comment=dispatch:") and "held" in a for a in sbatch)
+    holds = [e for e in new.events() if e["event"] == "hold"]
+    assert len(holds) == 1
+    hold = holds[0]
+    assert (hold["submission"], hold["slurm_job_id"], hold["ended_slurm_job_id"]) == (
+        1, "11", "10")
+    assert hold["deadline"] > time.time() + 23 * 3600
+    assert new.spec["shared_checkpoint"] is True  # the new generation shares it too
+
+
+def test_superseding_an_isolated_job_is_not_held(env: Path) -> None:
+    fake = FakeController()
+    fake.expect(["sbatch"], "Submitted batch job 10\n")
+    old = make(["--checkpoint", "ck", "job.sh"], fake).job
+    fake.expect(["sbatch"], "Submitted batch job 11\n")
+    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    fake.expect(["scancel", "10"])
+    make(["--supersede", old.id, "job.sh"], fake)
+    assert "--hold" not in fake.calls[1]
