@@ -10,7 +10,18 @@ that user.
 Invariant: everything the sandbox writes or starts lives under its state folder (configuration,
 munge key, socket, pid files, logs, spool, state, venv).  It never reads or writes ``/etc/slurm``
 or ``/etc/munge`` and never signals a process unless the pid came from one of its own pid files
-*and* that process's command line names its own configuration.  The library never prints: it
+*and* that process's command line names its own configuration.
+
+The state folder's path is predictable (``/var/tmp/slurm-dispatch-sandbox``), so another local
+user may have made it, or a folder above it, first.  Before root writes there
+(:func:`claim_state_folder`, run by every root verb) the path is walked from ``/`` one opened
+folder at a time, never following a link it has not checked: every folder on the way must be
+root's and closed to others (or sticky, like ``/var/tmp``), the state folder is made with an
+exclusive ``mkdir`` or accepted only when root's and writable by nobody else, and so is each
+folder the sandbox makes in it (``munge/`` is the munge user's).  No other user can then place a
+name there; on top of that, files are written to a fresh ``O_EXCL|O_NOFOLLOW`` temporary name
+and renamed into place, and opened with ``O_NOFOLLOW``, so a link is replaced, never written
+through.  The library never prints: it
 returns values and raises :class:`~slurm_dispatch.errors.SandboxError`.
 """
 
@@ -25,12 +36,13 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -125,10 +137,8 @@ def _install_dispatch_site(layout: Layout) -> bool:
         repo / "site-config" / "dispatch-recheck": layout.etc / "dispatch-recheck",
     }
     for source, target in parts.items():
-        target.parent.mkdir(mode=0o755, exist_ok=True)
-        text = _dispatch_knobs(source.read_text(), python, conf)
-        if not target.is_file() or target.read_text() != text:
-            _write_text(target, text, 0o755)
+        _own_folder(target.parent)
+        _write_if_changed(target, _dispatch_knobs(source.read_text(), python, conf), 0o755)
     settings = []
     for line in (repo / "site-config" / "dispatch.conf").read_text().splitlines():
         if line.startswith("StateDir="):
@@ -136,12 +146,8 @@ def _install_dispatch_site(layout: Layout) -> bool:
         elif line.startswith("BootTimeTolerance="):
             line = "BootTimeTolerance=2"
         settings.append(line)
-    text = "\n".join(settings) + "\n"
-    if not conf.is_file() or conf.read_text() != text:
-        _write_text(conf, text, 0o644)
-    facts_dir.mkdir(mode=0o755, exist_ok=True)
-    os.chown(facts_dir, 0, 0)
-    os.chmod(facts_dir, 0o755)
+    _write_if_changed(conf, "\n".join(settings) + "\n", 0o644)
+    _own_folder(facts_dir)
     return True
 
 
@@ -488,7 +494,7 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     """
     started = time.monotonic()
     _require_root("up")
-    layout = Layout(state_dir(directory))
+    layout = Layout(claim_state_folder(directory))
     actions: list[str] = []
     actions += _ensure_packages(layout)
     _make_folders(layout)
@@ -498,7 +504,7 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
         count = nodes if nodes is not None else (len(old_nodes) or DEFAULT_NODE_COUNT)
         wanted = node_names(count)
         for node in wanted:
-            (layout.spool / node).mkdir(mode=0o755, exist_ok=True)
+            _own_folder(layout.spool / node)
         actions += _ensure_user(user)
         repo = Path(source) if source is not None else source_root()
         if repo is not None:
@@ -558,7 +564,7 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
     """
     _require_root("down")
     layout = Layout(state_dir(directory))
-    if not layout.root.is_dir():
+    if not _claim(layout.root, create=False):
         return []
     actions: list[str] = []
     with _locked(layout):
@@ -618,6 +624,7 @@ def partition(node: str, directory: Optional[PathLike] = None) -> int:
     """
     _require_root("partition")
     layout = Layout(state_dir(directory))
+    _claim(layout.root, create=False)
     daemon = _slurmd(layout, _known_node(layout, node))
     pid = _checked_pid(daemon)
     os.kill(pid, signal.SIGSTOP)
@@ -637,6 +644,7 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     """
     _require_root("heal")
     layout = Layout(state_dir(directory))
+    _claim(layout.root, create=False)
     name = _known_node(layout, node)
     daemon = _slurmd(layout, name)
     actions: list[str] = []
@@ -730,10 +738,10 @@ def _cmdline(pid: int) -> list[str]:
 
 def _proc_state(pid: int) -> str:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
-    after = stat.rpartition(")")[2].split()
+    after = text.rpartition(")")[2].split()
     return after[0] if after else ""
 
 
@@ -777,7 +785,7 @@ def _start(daemon: _Daemon, layout: Layout) -> list[str]:
     extra: dict[str, Any] = {}
     if daemon.run_as is not None:
         extra = {"user": daemon.run_as, "group": daemon.run_as, "extra_groups": []}
-    with open(start_log, "ab") as out:
+    with _append(start_log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n"
                   .encode())
         out.flush()
@@ -969,11 +977,10 @@ def _ensure_packages(layout: Layout) -> list[str]:
         packages.append("python3-venv")
     if not packages:
         return []
-    layout.root.mkdir(parents=True, exist_ok=True)
     log = layout.root / "apt.log"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *packages]):
-        with open(log, "ab") as out:
+        with _append(log) as out:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
                                   stderr=subprocess.STDOUT, env=env)
         if proc.returncode != 0:
@@ -987,26 +994,170 @@ def _ensure_packages(layout: Layout) -> list[str]:
 
 
 def _make_folders(layout: Layout) -> None:
-    # World-traversable: jobs run as another user and read the config and the venv.
+    """The folders of a claimed state folder, each root's (munge/ the munge user's)."""
     for folder in (layout.root, layout.etc, layout.state_save, layout.spool, layout.log_dir,
                    layout.run_dir):
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o755)
-    layout.munge_dir.mkdir(exist_ok=True)
+        _own_folder(folder)
     munge = pwd.getpwnam(MUNGE_USER)
-    os.chown(layout.munge_dir, munge.pw_uid, munge.pw_gid)
-    # munged refuses a socket folder that others can write to.
-    os.chmod(layout.munge_dir, 0o755)
+    _own_folder(layout.munge_dir, munge.pw_uid, munge.pw_gid)
+
+
+# --------------------------------------------------------------------------------------------
+# A state folder no other user can plant anything in
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40  # as the kernel's own limit on links followed in one path
+
+
+def claim_state_folder(directory: Optional[PathLike] = None) -> Path:
+    """Make sure root may write into the sandbox's state folder; return the folder.
+
+    Every folder from ``/`` down is opened relative to the one before (``O_NOFOLLOW``) and
+    checked on the open descriptor: it must be root's and not writable by group or others,
+    except that a folder above the state folder may be sticky (``/var/tmp``: others may add
+    names there but not move root's).  A symlink on the way must be root's; its target is
+    walked the same way.  A missing folder is made by root with ``mkdir`` (exclusive: one
+    that appears meanwhile is checked like any other).  Raises :class:`SandboxError` naming
+    the folder and its owner otherwise, before anything is written.
+    """
+    path = state_dir(directory)
+    _claim(path, create=True)
+    return path
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _refuse(folder: Path, problem: str) -> SandboxError:
+    return SandboxError(
+        f"{problem}: another user could plant links or programs there that root would write "
+        f"through or run; refusing to use {folder} as the sandbox folder (remove it, or choose "
+        f"another with --dir or ${DIR_ENV})")
+
+
+def _check_folder(fd: int, where: str, folder: Path, last: bool) -> None:
+    st = os.fstat(fd)
+    what = f"sandbox folder {where}" if last else f"folder {where} above the sandbox folder"
+    if st.st_uid != 0:
+        raise _refuse(folder, f"{what} is owned by {_owner(st.st_uid)}, not root")
+    if st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX):
+        raise _refuse(folder, f"{what} is writable by others (mode "
+                              f"{stat.S_IMODE(st.st_mode):o})")
+
+
+def _claim(folder: Path, create: bool) -> bool:
+    """Walk ``folder`` (absolute) as :func:`claim_state_folder` says; False when it is missing
+    and ``create`` is false."""
+    todo = list(folder.parts[1:])
+    fd = os.open("/", _DIR_FLAGS)
+    where = "/"
+    links = 0
+    try:
+        _check_folder(fd, where, folder, last=not todo)
+        while todo:
+            name = todo.pop(0)
+            if name in ("", "."):
+                continue
+            made = False
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not create:
+                    return False
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    made = True
+                except FileExistsError:
+                    pass
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            here = os.path.join(where, name)
+            if stat.S_ISLNK(st.st_mode):
+                if st.st_uid != 0:
+                    raise _refuse(folder, f"{here} is a symlink owned by {_owner(st.st_uid)}")
+                links += 1
+                if links > _MAX_LINKS:
+                    raise _refuse(folder, f"{here}: too many symlinks on the way")
+                target = os.readlink(name, dir_fd=fd)
+                todo = list(Path(target).parts) + todo
+                if target.startswith("/"):
+                    todo.pop(0)
+                    os.close(fd)
+                    fd, where = os.open("/", _DIR_FLAGS), "/"
+                continue
+            try:
+                opened = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _refuse(folder, f"{here} is not a folder ({exc.strerror})") from None
+            os.close(fd)
+            fd, where = opened, os.path.normpath(here)
+            if not stat.S_ISDIR(st.st_mode):  # replaced between stat and open
+                raise _refuse(folder, f"{here} changed while it was checked")
+            if made:
+                os.fchmod(fd, 0o755)  # whatever root's umask: jobs read the config below
+            _check_folder(fd, where, folder, last=not todo)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _own_folder(path: Path, uid: int = 0, gid: int = 0, mode: int = 0o755) -> None:
+    """Make ``path`` (whose parent is ours) a folder of ``uid``, mode ``mode``, or refuse one
+    that someone else made.  World-traversable: jobs run as another user and read the config
+    and the venv; munged refuses a socket folder that others can write to."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        raise SandboxError(f"{path} is a symlink or not a folder ({exc.strerror}); refusing to "
+                           "write into it as root: remove it and run `dispatch-sandbox up` "
+                           "again") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (0, uid) or st.st_mode & 0o022:
+            raise SandboxError(
+                f"{path} is owned by {_owner(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):o}, not root's and closed to others: another user "
+                "could have planted links there; refusing to write into it as root (remove it "
+                "and run `dispatch-sandbox up` again)")
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _append(path: Path) -> Any:
+    """``path`` opened for appending bytes, never through a symlink."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644), "ab")
+
+
+def _read_own(path: Path) -> Optional[str]:
+    """The text of the regular file ``path``, or None when it is missing or a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read().decode(errors="replace")
 
 
 @contextmanager
 def _locked(layout: Layout) -> Iterator[None]:
-    with open(layout.lock_file, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    fd = os.open(layout.lock_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _ensure_user(user: str) -> list[str]:
@@ -1032,7 +1183,8 @@ def _ensure_munge_key(layout: Layout) -> list[str]:
     if layout.munge_key.exists():
         return []
     munge = pwd.getpwnam(MUNGE_USER)
-    fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o400)
     try:
         os.write(fd, os.urandom(1024))
         os.fchown(fd, munge.pw_uid, munge.pw_gid)
@@ -1042,10 +1194,27 @@ def _ensure_munge_key(layout: Layout) -> list[str]:
 
 
 def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    """Replace ``path`` by a file holding ``text``: written under a fresh name (mkstemp:
+    O_EXCL|O_NOFOLLOW) in the same folder, then renamed over it; a symlink in place of either
+    is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode())
+            os.fchmod(handle.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    """Write ``text`` to ``path`` unless it holds it already (a symlink never does)."""
+    if _read_own(path) == text:
+        return False
+    _write_text(path, text, mode)
+    return True
 
 
 def _write_config(layout: Layout, nodes: Sequence[str]) -> list[str]:
@@ -1056,16 +1225,7 @@ def _write_config(layout: Layout, nodes: Sequence[str]) -> list[str]:
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }
-    changed = []
-    for path, text in wanted.items():
-        try:
-            current = path.read_text()
-        except OSError:
-            current = None
-        if current != text:
-            _write_text(path, text)
-            changed.append(path.name)
-    return changed
+    return [path.name for path, text in wanted.items() if _write_if_changed(path, text)]
 
 
 def _source_files(repo: Path) -> list[Path]:
@@ -1119,7 +1279,7 @@ def _ensure_venv(layout: Layout, repo: Path) -> list[str]:
 
 
 def _logged_run(argv: list[str], log: Path, what: str) -> None:
-    with open(log, "ab") as out:
+    with _append(log) as out:
         out.write(f"--- {shlex.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
