@@ -1,22 +1,116 @@
 """The survivor scan: processes of a job still alive on this machine after slurmd's kill.
 
-Invariant: standard library only (the Epilog imports it); it reads /proc and never writes.
+A process belongs to job J when its environment holds ``SLURM_JOB_ID=J``: Slurm gives it to every
+process of a job and it survives ``setsid`` and double forks, which is how a process escapes
+``proctrack/linuxproc``.  Its ``SLURM_RESTART_COUNT`` (unset: 0) and ``SLURMD_NODENAME`` say which
+execution, on which node, it belongs to.  Where the site runs ``proctrack/cgroup``, the job's
+cgroup (:func:`cgroup_processes`) is stronger evidence: it holds a process whatever its
+environment says.
+
+Invariants:
+
+* A process is counted only if one of its uids (real, effective, saved, file system) is the job's
+  own or root: another user cannot keep a victim's job unproven by claiming its id.  Slurm's own
+  prolog and epilog processes (all uids root, ``SLURM_SCRIPT_CONTEXT`` set) are not counted.
+* One pass over /proc is not enough: a process whose PID changes all the time (fork, the parent
+  exits, again) is gone before the pass reaches it.  :func:`scan` re-lists /proc and examines the
+  new PIDs until a round in which every PID it examined could be read alive.  Any process alive
+  at that round's listing was then read (it was either new in it, or seen before and read alive:
+  a PID that vanished in an earlier round was dead before this listing).  A scan that does not
+  get there by its deadline names the PIDs it could not read (``unresolved``), never a clean pass.
+* A thread group whose leader exited (``SYS_exit`` in the main thread) shows a zombie leader with
+  an empty environment; its live threads are read instead.  Environments are read to their end,
+  in chunks (no size cut).
+* Standard library only (the Epilog imports it); it reads /proc and cgroups and never writes.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable, Iterator
 
-__all__ = ["ancestors", "scan_survivors"]
+__all__ = ["Scan", "ancestors", "cgroup_processes", "environ_facts", "scan", "scan_survivors",
+           "scan_within"]
+
+# Variables read from a process's environment besides SLURM_JOB_ID (first occurrence wins).
+_RESTART, _NODE, _CONTEXT = b"SLURM_RESTART_COUNT", b"SLURMD_NODENAME", b"SLURM_SCRIPT_CONTEXT"
+_NAMES = frozenset({_RESTART, _NODE, _CONTEXT})
+# Bytes kept from one read to the next: longer than any entry that matters (job ids and node
+# names are at most 200 characters), so an entry cut by a read is seen whole in the next.
+_OVERLAP = 512
+_CHUNK = 1 << 16
+_GONE, _DEAD, _OTHER = "gone", "dead", "other"
+_PF_EXITING = 0x4  # in the flags field of /proc/PID/stat (include/linux/sched.h)
 
 
-def _read_proc(pid: str, what: str, limit: int = 1 << 20) -> bytes:
-    fd = os.open(f"/proc/{pid}/{what}", os.O_RDONLY | os.O_CLOEXEC)
+class Scan:
+    """What a scan found: job id -> processes, the PIDs it could not read, how long it took."""
+
+    __slots__ = ("found", "unresolved", "rounds", "seconds", "complete", "current")
+
+    def __init__(self, jobs: Iterable[str]) -> None:
+        self.found: dict[str, list[dict]] = {job: [] for job in jobs}
+        self.unresolved: list[int] = []
+        self.rounds = 0
+        self.seconds = 0.0
+        self.complete = False
+        self.current: int | None = None  # the PID being read (for a read that never returns)
+
+
+def environ_facts(chunks: Iterable[bytes],
+                  jobs: Collection[str]) -> tuple[set[str], dict[bytes, bytes]]:
+    """The ``jobs`` whose ``SLURM_JOB_ID`` an environment holds, and the values of
+    ``SLURM_RESTART_COUNT``, ``SLURMD_NODENAME`` and ``SLURM_SCRIPT_CONTEXT`` in it.
+
+    ``chunks`` are the environment's bytes as read (NUL-separated ``NAME=value``), in any cuts.
+    """
+    wanted = {job.encode(): job for job in jobs}
+    matched: set[str] = set()
+    values: dict[bytes, bytes] = {}
+    carry = b"\0"
+    for chunk in _then_nul(iter(chunks)):
+        data = carry + chunk
+        at = data.find(b"\0SLURM")
+        while at >= 0:
+            end = data.find(b"\0", at + 1)
+            if end < 0:
+                break
+            name, sep, value = data[at + 1:end].partition(b"=")
+            if sep:
+                if name == b"SLURM_JOB_ID":
+                    if value in wanted:
+                        matched.add(wanted[value])
+                elif name in _NAMES:
+                    values.setdefault(name, value)
+            at = data.find(b"\0SLURM", end)
+        carry = data[-_OVERLAP:]
+    return matched, values
+
+
+def _then_nul(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    yield from chunks
+    yield b"\0"
+
+
+def _chunks(path: str) -> Iterator[bytes]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def _read(path: str, limit: int = 1 << 16) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
         total = 0
         while total < limit:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, min(_CHUNK, limit - total))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -26,19 +120,20 @@ def _read_proc(pid: str, what: str, limit: int = 1 << 20) -> bytes:
         os.close(fd)
 
 
-def _stat_fields(pid: str) -> list[str]:
-    raw = _read_proc(pid, "stat").decode("utf-8", "replace")
+def _stat_fields(path: str) -> list[str]:
+    """``/proc/PID/stat`` from the state on (field 3 of proc(5) is index 0)."""
+    raw = _read(f"{path}/stat").decode("utf-8", "replace")
     # The command name is in parentheses and may contain anything, spaces included.
     return raw[raw.rfind(")") + 2:].split()
 
 
-def _uids(pid: str) -> list[int]:
+def _uids(path: str) -> list[int]:
     """Real, effective, saved and file-system uid (from status: exact even when /proc/PID is
     shown as root's because the process made itself non-dumpable)."""
-    for line in _read_proc(pid, "status").splitlines():
+    for line in _read(f"{path}/status").splitlines():
         if line.startswith(b"Uid:"):
             return [int(v) for v in line.split()[1:]]
-    raise ValueError(f"no Uid line in /proc/{pid}/status")
+    raise ValueError(f"no Uid line in {path}/status")
 
 
 def ancestors(pid: int | None = None) -> set[int]:
@@ -48,67 +143,224 @@ def ancestors(pid: int | None = None) -> set[int]:
     while current > 0 and current not in found:
         found.add(current)
         try:
-            current = int(_stat_fields(str(current))[1])
+            current = int(_stat_fields(f"/proc/{current}")[1])
         except (OSError, ValueError, IndexError):
             break
     return found
 
 
-def _env_value(environ: bytes, name: bytes) -> bytes | None:
-    key = b"\0" + name + b"="
-    at = environ.find(key)
-    if at < 0:
+def _live_task(pid: str) -> str | None:
+    """A live thread of ``pid`` other than its leader (the leader exited alone), or None."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
-    start = at + len(key)
-    end = environ.find(b"\0", start)
-    return environ[start:end if end >= 0 else len(environ)]
+    for tid in tasks:
+        if tid != pid:
+            path = f"/proc/{pid}/task/{tid}"
+            try:
+                if _stat_fields(path)[0] not in ("Z", "X"):
+                    return path
+            except (OSError, IndexError):
+                continue
+    return None
 
 
-def scan_survivors(job_ids: dict[str, int | None],
-                   exclude: set[int] | None = None) -> dict[str, list[dict]]:
+def _examine(pid: str, jobs: dict[str, int | None]) -> tuple[str, list[tuple[str, dict]]]:
+    """(outcome, [(job, process)]) for one PID; outcome is ``_GONE`` (vanished before it could be
+    read), ``_DEAD`` (a zombie: it may have forked just before), or ``_OTHER`` (read alive)."""
+    path = f"/proc/{pid}"
+    try:
+        matched, values = environ_facts(_chunks(f"{path}/environ"), jobs)
+        empty = not matched and not values
+    except ProcessLookupError:
+        matched, values, empty = set(), {}, True
+    except OSError:
+        return _GONE, []
+    if empty:
+        # A kernel thread, an emptied environment, a zombie, or a zombie leader of live threads.
+        try:
+            fields = _stat_fields(path)
+        except (OSError, IndexError):
+            return _GONE, []
+        if fields[0] not in ("Z", "X"):
+            # Alive with no environment: a kernel thread or an emptied environment, unless it
+            # is exiting (its memory already released), when it may have forked just before.
+            exiting = len(fields) > 6 and fields[6].isdigit() and int(fields[6]) & _PF_EXITING
+            return (_DEAD if exiting else _OTHER), []
+        task = _live_task(pid) if len(fields) > 17 and fields[17] != "1" else None
+        if task is None:
+            return _DEAD, []
+        path = task
+        try:
+            matched, values = environ_facts(_chunks(f"{path}/environ"), jobs)
+        except OSError:
+            return _GONE, []
+    if not matched:
+        return _OTHER, []
+    try:
+        fields = _stat_fields(path)
+        cmdline = _read(f"{path}/cmdline", 4096).rstrip(b"\0")
+        uids = _uids(path)
+    except (OSError, IndexError, ValueError):
+        return _GONE, []
+    if fields[0] in ("Z", "X"):
+        return _DEAD, []
+    if _CONTEXT in values and not any(uids):
+        # A prolog or epilog Slurm runs as root for this job (another node's, where nodes share
+        # a machine, or the controller's): not a job process.  A user's process cannot be root.
+        return _OTHER, []
+    restart_raw = values.get(_RESTART, b"")
+    node = values.get(_NODE)
+    process = {
+        "pid": int(pid), "ppid": int(fields[1]), "state": fields[0], "starttime": int(fields[19]),
+        "uid": uids[0], "restart": int(restart_raw) if restart_raw.isdigit() else 0,
+        "env_node": node.decode("utf-8", "replace") if node is not None else None,
+        "cmdline": cmdline.replace(b"\0", b" ").decode("utf-8", "replace")[:512],
+    }
+    mine = [(job, process) for job in sorted(matched)
+            if jobs[job] is None or jobs[job] in uids or 0 in uids]
+    return _OTHER, mine
+
+
+def scan(jobs: dict[str, int | None], exclude: set[int] | None = None,
+         seconds: float = 2.0, result: Scan | None = None) -> Scan:
+    """Processes of ``jobs`` (job id -> the job's uid, None: any uid) alive on this machine.
+
+    Rounds over /proc until one in which every PID examined was read alive, or ``seconds``
+    have passed (then ``complete`` is False and ``unresolved`` names the PIDs of the last round
+    that could not be read).  ``exclude`` (default: this process and its ancestors, which run in
+    the job's Epilog environment) is skipped.  ``result`` is filled as the scan goes (so a caller
+    that gives up on a read that never returns keeps what was found).
+    """
+    import time
+    started = time.monotonic()
+    skip = ancestors() if exclude is None else exclude
+    out = result if result is not None else Scan(jobs)
+    seen: set[str] = set()
+    while True:
+        out.rounds += 1
+        names = [n for n in os.listdir("/proc") if n.isdigit() and n not in seen]
+        seen.update(names)
+        # Newest first: a short-lived process is most likely among the highest PIDs.
+        names.sort(key=int, reverse=True)
+        unresolved = []
+        for name in names:
+            if int(name) in skip:
+                continue
+            out.current = int(name)
+            outcome, mine = _examine(name, jobs)
+            out.current = None
+            if outcome != _OTHER:
+                unresolved.append(int(name))
+            for job, process in mine:
+                out.found[job].append(process)
+        out.seconds = time.monotonic() - started
+        if not unresolved:
+            out.complete = True
+            out.unresolved = []
+            return out
+        if out.seconds >= seconds:
+            out.unresolved = unresolved
+            return out
+
+
+def scan_within(jobs: dict[str, int | None], seconds: float,
+                exclude: set[int] | None = None) -> Scan:
+    """:func:`scan`, given up after ``seconds`` even if a read never returns (a process stuck in
+    uninterruptible sleep can block a read of its /proc files): then what was found so far, and
+    the PID that could not be read as ``unresolved``."""
+    import _thread
+    import time
+    out = Scan(jobs)
+    done = _thread.allocate_lock()
+    done.acquire()
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            scan(jobs, exclude, seconds * 0.8, out)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+        finally:
+            done.release()
+
+    started = time.monotonic()
+    _thread.start_new_thread(work, ())
+    if not done.acquire(timeout=seconds):
+        stuck = out.current
+        out.complete = False
+        out.unresolved = [stuck] if stuck is not None else []
+        out.seconds = time.monotonic() - started
+        out.found = {job: list(found) for job, found in out.found.items()}
+        return out
+    if failure:
+        raise failure[0]
+    return out
+
+
+def scan_survivors(job_ids: dict[str, int | None], exclude: set[int] | None = None, *,
+                   uids: dict[str, int] | None = None) -> dict[str, list[dict]]:
     """Processes whose environment says they belong to one of ``job_ids``.
 
-    ``job_ids`` maps a Slurm job id to the restart count of the execution wanted (None: any).
-    A process belongs to job J, execution R, when its environment has ``SLURM_JOB_ID=J`` and
-    ``SLURM_RESTART_COUNT=R`` (unset means 0): the variables Slurm gives every process of a job,
-    which survive setsid and double forks.  Zombies are dead and not reported; ``exclude`` (by
-    default this process and its ancestors, which run in the job's Epilog environment) is
-    skipped.  Returns job id -> [{"pid", "ppid", "state", "starttime", "uid", "cmdline"}].
+    ``job_ids`` maps a Slurm job id to the restart count of the execution wanted (None: any):
+    a process belongs to execution R when its ``SLURM_RESTART_COUNT`` is R (unset means 0).
+    ``uids`` maps a job id to the job's uid: only that uid's (and root's) processes count
+    (default: any uid).  Returns job id -> [{"pid", "ppid", "state", "starttime", "uid",
+    "restart", "env_node", "cmdline"}].  A scan that could not finish lists nothing more: use
+    :func:`scan` to know.
     """
-    skip = ancestors() if exclude is None else exclude
-    wanted = {b"\0SLURM_JOB_ID=" + j.encode() + b"\0": j for j in job_ids}
-    found: dict[str, list[dict]] = {j: [] for j in job_ids}
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in skip:
-            continue
-        try:
-            environ = b"\0" + _read_proc(name, "environ") + b"\0"
-        except OSError:
-            continue  # gone, or a kernel thread
-        for needle, job in wanted.items():
-            if needle not in environ:
-                continue
-            restart_raw = _env_value(environ, b"SLURM_RESTART_COUNT")
-            restart = int(restart_raw) if restart_raw and restart_raw.isdigit() else 0
-            if job_ids[job] is not None and restart != job_ids[job]:
+    result = scan({job: (uids or {}).get(job) for job in job_ids}, exclude)
+    return {job: [p for p in found if job_ids[job] is None or p["restart"] == job_ids[job]]
+            for job, found in result.found.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# The job's cgroup (proctrack/cgroup)
+
+
+def _cgroup_dirs(root: str, job_id: str, uid: int, node: str) -> list[str]:
+    """Where Slurm keeps a job's cgroup: cgroup v2 under slurmstepd's scope (``<node>_`` first
+    when several slurmd share a machine), cgroup v1 per controller under ``slurm/uid_<uid>``
+    (``slurm_<node>`` likewise)."""
+    job = f"job_{job_id}"
+    places = [f"{root}/system.slice/{scope}/{job}"
+              for scope in (f"{node}_slurmstepd.scope", "slurmstepd.scope")]
+    for controller in ("freezer", "cpuset", "memory", "pids", "cpuacct"):
+        places += [f"{root}/{controller}/{top}/uid_{uid}/{job}"
+                   for top in (f"slurm_{node}", "slurm")]
+    return [p for p in places if os.path.isdir(p)]
+
+
+def cgroup_processes(root: str, job_id: str, uid: int, node: str) -> list[dict] | None:
+    """Processes in the job's cgroup, whatever their environment; None when the job has none
+    (no proctrack/cgroup, or Slurm already removed it): then there is no cgroup evidence."""
+    places = _cgroup_dirs(root, job_id, uid, node)
+    if not places:
+        return None
+    pids: set[int] = set()
+    for top in places:
+        for folder, _, files in os.walk(top):
+            if "cgroup.procs" not in files:
                 continue
             try:
-                fields = _stat_fields(name)
-                cmdline = _read_proc(name, "cmdline", 4096).rstrip(b"\0")
-                uids = _uids(name)
-            except (OSError, IndexError, ValueError):
+                text = _read(f"{folder}/cgroup.procs", 1 << 22).decode("ascii", "replace")
+            except OSError:
                 continue
-            if fields[0] in ("Z", "X"):
-                continue
-            if b"\0SLURM_SCRIPT_CONTEXT=" in environ and not any(uids):
-                # A prolog or epilog Slurm runs as root for this job (another node's, where
-                # nodes share a machine, or the controller's): not a job process.  A user's
-                # process cannot be root, so it cannot hide this way.
-                continue
-            uid = uids[0]
-            found[job].append({
-                "pid": int(name), "ppid": int(fields[1]), "state": fields[0],
-                "starttime": int(fields[19]), "uid": uid, "restart": restart,
-                "cmdline": cmdline.replace(b"\0", b" ").decode("utf-8", "replace")[:512],
-            })
+            pids.update(int(p) for p in text.split() if p.isdigit())
+    found = []
+    for pid in sorted(pids):
+        path = f"/proc/{pid}"
+        try:
+            fields = _stat_fields(path)
+            cmdline = _read(f"{path}/cmdline", 4096).rstrip(b"\0")
+            owner = _uids(path)[0]
+        except (OSError, IndexError, ValueError):
+            continue  # listed, gone since
+        if fields[0] in ("Z", "X"):
+            continue
+        found.append({"pid": pid, "ppid": int(fields[1]), "state": fields[0],
+                      "starttime": int(fields[19]), "uid": owner, "restart": None,
+                      "env_node": None, "source": "cgroup",
+                      "cmdline": cmdline.replace(b"\0", b" ").decode("utf-8", "replace")[:512]})
     return found
