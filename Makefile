@@ -1,7 +1,7 @@
 # slurm-dispatch: the commands a newcomer runs.
 PYTHON ?= python3
 
-.PHONY: demo demo-protocol test check bench install
+.PHONY: demo demo-protocol test test-fast check bench install
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -16,6 +16,10 @@ demo-protocol: install
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not real" --ignore=tests/real
 
 check:
 	ruff check slurm_dispatch tests bench
