@@ -2,7 +2,8 @@
 
 This is the only module of the package (with the other ``cli_*`` modules) that prints or
 exits.  Exit codes: 0 success; 1 a refused operation; 2 usage errors, unreadable stores and
-other failures.  Errors print as ``dispatch: <message>``; a broken pipe is quiet; Ctrl-C is 130.
+other failures.  The group's ``main`` ends every command through :mod:`slurm_dispatch.cli_exit`:
+errors print as ``dispatch: <message>``; a broken pipe is quiet; Ctrl-C is 130.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from typing import Any, Optional, Sequence
 import click
 
 from . import model, record, status, store
-from .cli_exit import run_guarded
+from .cli_exit import ClickShell
 from .errors import UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Shell(ClickShell, click.Group):
+    prog = "dispatch"
 
 
 def required(value: Optional[str], option: str, env: str) -> str:
@@ -52,7 +57,7 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
     return "\n".join(lines)
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=_Shell, context_settings=CONTEXT)
 @click.version_option(package_name="slurm-dispatch", prog_name="dispatch")
 def main() -> None:
     """Isolated checkpoints and append-only publication for Slurm jobs.
@@ -81,7 +86,7 @@ def epoch(generation: Optional[str], submission: Optional[str], restart: Optiona
         n = parse_int(required(submission, "--submission", "DISPATCH_SUBMISSION"), "--submission")
         r = parse_int(restart, "--restart") if restart not in (None, "") else 0
         click.echo(model.Epoch(g, n, r).value)
-    run_guarded(body)
+    body()
 
 
 ROOT_HELP = "Checkpoint root.  [env: DISPATCH_CHECKPOINT]"
@@ -107,7 +112,7 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, path: str) ->
         epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
         step_v = parse_int(step, "--step")
         click.echo(store.publish(root_v, epoch_v, step_v, path))
-    run_guarded(body)
+    body()
 
 
 @main.command()
@@ -128,7 +133,7 @@ def latest(root: Optional[str], as_json: bool) -> None:
             echo_json(found.as_json() if found else None)
         elif found:
             click.echo(found.path)
-    run_guarded(body)
+    body()
 
 
 @main.command(name="list")
@@ -146,7 +151,7 @@ def list_(root: Optional[str], as_json: bool, noheader: bool) -> None:
                              [[f.epoch, f.step, f.path] for f in found], noheader)
         if table:
             click.echo(table)
-    run_guarded(body)
+    body()
 
 
 def _render_status(data: dict[str, Any]) -> str:
@@ -254,7 +259,7 @@ def status_(job: str, as_json: bool) -> None:
             echo_json(data)
         else:
             click.echo(_render_status(data))
-    run_guarded(body)
+    body()
 
 
 @main.command()
@@ -271,7 +276,7 @@ def resubmit(job: str) -> None:
         done = resubmit_job(Slurm(), record.open_job(job))
         click.echo(done.result.stdout.rstrip("\n"))
         click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
-    run_guarded(body)
+    body()
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -287,7 +292,7 @@ def plan(args: tuple[str, ...]) -> None:
         from .plan import describe
         from .submit import read_request
         click.echo(describe(read_request(list(args))), nl=False)
-    run_guarded(body)
+    body()
 
 
 @main.command()
@@ -329,7 +334,7 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
                     sys.exit(2)
                 return
             _time.sleep(pause)
-    run_guarded(body)
+    body()
 
 
 @main.command()
@@ -345,7 +350,7 @@ def release(job: str) -> None:
         record_ = record.open_job(job)
         held = release_hold(Slurm(), record_)
         click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
-    run_guarded(body)
+    body()
 
 
 if __name__ == "__main__":  # pragma: no cover

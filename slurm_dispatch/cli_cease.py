@@ -8,18 +8,21 @@ dispatch.conf, the controller not answering).  Prints each node's evidence.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Optional
 
 import click
 
-from .cli_exit import quiet_broken_pipe
-from .errors import DispatchError
+from .cli_exit import ClickShell
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.command(context_settings=CONTEXT)
+class _Shell(ClickShell, click.Command):
+    prog = "dispatch-cease"
+    error_code = 2  # 1 means "not proven": every error must say 2
+
+
+@click.command(cls=_Shell, context_settings=CONTEXT)
 @click.argument("jobid")
 @click.option("--restart", "-r", type=click.IntRange(min=0), default=None, metavar="R",
               help="The execution to judge: Slurm's restart count (default: the latest).")
@@ -28,7 +31,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
               help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else "
                    "/etc/slurm/dispatch.conf).")
 @click.version_option(package_name="slurm-dispatch", prog_name="dispatch-cease")
-def main(jobid: str, restart: Optional[int], as_json: bool, config_path: Optional[str]) -> None:
+def main(jobid: str, restart: Optional[int], as_json: bool, config_path: Optional[str]) -> int:
     """Prove that an ended Slurm execution's processes are gone on every node it ran on.
 
     Evidence that proves, per node: the node's Epilog (run after slurmd killed the job) found no
@@ -39,20 +42,12 @@ def main(jobid: str, restart: Optional[int], as_json: bool, config_path: Optiona
     Exit 0 ceased, 1 not proven, 2 error.  Example: `dispatch-cease 1234 --restart 0`
     """
     from . import cease
-    try:
-        verdict = cease.cessation(jobid, restart, cfg=cease.load_config(config_path))
-        if as_json:
-            click.echo(json.dumps(verdict.as_json(), sort_keys=True))
-        else:
-            click.echo(cease.render(verdict))
-    except DispatchError as error:
-        click.echo(f"dispatch-cease: {error}", err=True)
-        sys.exit(2)
-    except BrokenPipeError:
-        quiet_broken_pipe(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    sys.exit(verdict.exit_code)
+    verdict = cease.cessation(jobid, restart, cfg=cease.load_config(config_path))
+    if as_json:
+        click.echo(json.dumps(verdict.as_json(), sort_keys=True))
+    else:
+        click.echo(cease.render(verdict))
+    return verdict.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

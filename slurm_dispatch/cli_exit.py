@@ -1,5 +1,14 @@
-"""How every command ends: library errors become ``<prog>: <message>`` and the error's exit
-code; a closed pipe is quiet; Ctrl-C is 130.  No click here, so ``dispatch-sbatch`` starts fast.
+"""The one shell of the four commands (dispatch, dispatch-sbatch, dispatch-cease,
+dispatch-sandbox): how each of them ends.
+
+Invariant: a command's body runs inside :func:`run`, which ends the process once: the body's
+exit code (0 when it returns nothing); a library error (:class:`DispatchError`, caught here and
+nowhere else) as one line ``<prog>: <message>`` on stderr with the error class's exit code; a
+closed pipe quietly with 1 (dispatch-cease: 2); Ctrl-C with 130.  No traceback reaches the
+user for any of these.
+
+No click here (only inside :class:`ClickShell`'s methods, which only the click commands call),
+so that ``dispatch-sbatch`` starts without importing it.
 """
 
 from __future__ import annotations
@@ -9,27 +18,74 @@ import sys
 
 from .errors import DispatchError
 
+TYPE_CHECKING = False  # typing is not imported at run time: dispatch-sbatch's start-up
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, Callable, NoReturn, Optional
 
-def fail(error: DispatchError, prog: str = "dispatch") -> None:
-    sys.stderr.write(f"{prog}: {error}\n")
-    sys.exit(error.exit_code)
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+BROKEN_PIPE = 1
 
 
-def run_guarded(function, prog: str = "dispatch") -> None:  # type: ignore[no-untyped-def]
-    """Run a command's body, mapping the library's errors to messages and exit codes."""
+def run(body: Callable[[], Optional[int]], prog: str,
+        error_code: Optional[int] = None) -> NoReturn:
+    """Run a command's body and end the process as the module docstring says.
+
+    ``error_code``, when given, replaces every error class's own exit code and the closed
+    pipe's: dispatch-cease answers 1 for "not proven" and so ends every failure with 2.
+    """
     try:
-        function()
+        code = body()
+        sys.stdout.flush()  # a closed pipe shows here at the latest, not in the final flush
     except DispatchError as error:
-        fail(error, prog)
+        sys.stderr.write(f"{prog}: {error}\n")
+        sys.exit(error.exit_code if error_code is None else error_code)
     except BrokenPipeError:
-        quiet_broken_pipe(1)
+        quiet_broken_pipe(BROKEN_PIPE if error_code is None else error_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
-def quiet_broken_pipe(code: int) -> None:
+def quiet_broken_pipe(code: int) -> NoReturn:
     """Exit quietly on a closed pipe (`dispatch list | head`): stdout goes to devnull so the
     interpreter's final flush does not complain again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     sys.exit(code)
+
+
+class ClickShell:
+    """Mixed into a click command or group: its ``main`` (the console entry point, and what
+    ``click.testing.CliRunner`` calls) parses and invokes inside :func:`run`.
+
+    Click's own ``main`` would answer a closed pipe, Ctrl-C and errors its own way; this one
+    keeps click's parsing and help (usage errors print as click prints them, exit 2) and
+    leaves the ending to :func:`run`.  Subclasses set ``prog`` and may set ``error_code``.
+    """
+
+    prog = "dispatch"
+    error_code: Optional[int] = None
+
+    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None,
+             complete_var: Optional[str] = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        import click
+
+        argv = list(sys.argv[1:] if args is None else args)
+        command: Any = self
+
+        def body() -> Optional[int]:
+            try:
+                with command.make_context(prog_name or self.prog, argv, **extra) as ctx:
+                    result = command.invoke(ctx)
+            except click.exceptions.Exit as done:  # --help, --version, ctx.exit(code)
+                return int(done.exit_code)
+            except click.exceptions.Abort:  # click's name for Ctrl-C (and EOF) while parsing
+                raise KeyboardInterrupt from None
+            except click.ClickException as error:
+                error.show()
+                return int(error.exit_code)
+            return result if isinstance(result, int) else None
+
+        run(body, self.prog, self.error_code)

@@ -2,7 +2,8 @@
 
 Role: parse arguments, call :mod:`slurm_dispatch.sandbox`, print.  Invariant: this is the only
 place of the sandbox that prints or exits; every library error reaches the user once, as
-``dispatch-sandbox: <message>`` with the error class's exit code (2 for sandbox errors).
+``dispatch-sandbox: <message>`` with the error class's exit code (2 for sandbox errors), through
+the shell of :mod:`slurm_dispatch.cli_exit`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from typing import Any, Callable, Optional, TypeVar
 import click
 
 from . import sandbox
-from .cli_exit import quiet_broken_pipe
-from .errors import DispatchError
+from .cli_exit import ClickShell
 
 PROG = "dispatch-sandbox"
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Shell(ClickShell, click.Group):
+    prog = PROG
 
 
 def _dir_option(func: F) -> F:
@@ -30,7 +34,8 @@ def _dir_option(func: F) -> F:
              f"{sandbox.DEFAULT_DIR}).")(func)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Shell,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def cli() -> None:
     """A real multi-node Slurm cluster on this machine, for demos and tests.
 
@@ -206,21 +211,4 @@ def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str]) 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point: run the CLI; errors print as ``dispatch-sandbox: <message>``."""
-    try:
-        code = cli.main(args=list(argv) if argv is not None else None, prog_name=PROG,
-                        standalone_mode=False)
-    except DispatchError as exc:
-        click.echo(f"{PROG}: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except BrokenPipeError:
-        quiet_broken_pipe(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    # Without standalone mode, click returns the code of ctx.exit() (e.g. 0 after --help).
-    if isinstance(code, int) and code:
-        sys.exit(code)
+    cli.main(args=list(argv) if argv is not None else None, prog_name=PROG)

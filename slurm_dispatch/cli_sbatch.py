@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from . import submit
-from .cli_exit import run_guarded
+from .cli_exit import run
 from .errors import SlurmError
 from .slurm import Slurm
 
@@ -48,16 +48,18 @@ Example:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    """Console entry point: ends the process through the shell (sbatch's own refusal ends
+    with sbatch's exit code)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    script_seen = False
-    for word in args:
-        if not word.startswith("-"):
-            script_seen = True
-        if not script_seen and word in ("-h", "--help"):
-            sys.stdout.write(HELP)
-            return
 
     def body() -> None:
+        script_seen = False
+        for word in args:
+            if not word.startswith("-"):
+                script_seen = True
+            if not script_seen and word in ("-h", "--help"):
+                sys.stdout.write(HELP)
+                return
         request = submit.read_request(args)
         if request.options.plan:
             from .plan import describe  # the plan is printed, nothing submitted
@@ -81,7 +83,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         (sys.stderr if request.parsable else sys.stdout).write(line)
         sys.stdout.flush()
 
-    run_guarded(body, "dispatch-sbatch")
+    run(body, "dispatch-sbatch")
 
 
 if __name__ == "__main__":  # pragma: no cover
