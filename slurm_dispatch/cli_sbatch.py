@@ -32,7 +32,8 @@ requeues, resubmissions) gets its own identity and its own checkpoint folder:
 Publish a complete save with `dispatch publish --step S PATH`; resume with `dispatch latest`.
 
 Dispatch options (also as `#DISPATCH` lines in the script's header, like `#SBATCH`):
-  --checkpoint DIR      the checkpoint root (required); %a, %A, %j expand per array task/job
+  --checkpoint DIR      the checkpoint root (required), the same for every submission;
+                        %a expands to the array task id (one root per task)
   --resubmit N          resubmit up to N times after failures (applied by `dispatch supervise`)
   --shared-checkpoint   the job shares one mutable checkpoint: recovery becomes a hold
   --supersede JOB       replace dispatch job JOB: generation G+1, same root, JOB cancelled
@@ -61,6 +62,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 sys.stdout.write(HELP)
                 return
         request = submit.read_request(args)
+        for warning in request.warnings:
+            sys.stderr.write(f"dispatch-sbatch: warning: {warning}\n")
         if request.options.plan:
             from .plan import describe  # the plan is printed, nothing submitted
             sys.stdout.write(describe(request))

@@ -76,15 +76,17 @@ class DispatchOptions:
 class CommandLine:
     """A dispatch-sbatch command line, split into its parts."""
 
-    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names")
+    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names", "warnings")
 
     def __init__(self, dispatch: DispatchOptions, sbatch: list[str], script: Optional[str],
-                 script_args: list[str], long_names: set[str]) -> None:
+                 script_args: list[str], long_names: set[str],
+                 warnings: Optional[list[str]] = None) -> None:
         self.dispatch = dispatch
         self.sbatch = sbatch  # sbatch's own options, in order, as given
         self.script = script
         self.script_args = script_args
         self.long_names = long_names  # long names of the sbatch options given, aliases resolved
+        self.warnings = list(warnings or [])  # for people: likely mistakes that are not errors
 
 
 def _resolve_long(name: str, where: str) -> str:
@@ -97,7 +99,13 @@ def _resolve_long(name: str, where: str) -> str:
     if candidates:
         raise UsageError(f"option '--{name}'{where} is ambiguous: "
                          + ", ".join("--" + c for c in candidates))
-    return name  # unknown: sbatch will judge it
+    import difflib  # only on this path: dispatch-sbatch's start-up stays small
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    if close:
+        # A typo: left alone, its value would be taken for the script (`--checkpont X`).
+        raise UsageError(f"unrecognized option '--{name}'{where} (did you mean "
+                         f"--{close[0]}?)")
+    return name  # unknown and like nothing we know: a newer sbatch's option, sbatch judges it
 
 
 def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where: str) -> None:
@@ -183,7 +191,15 @@ def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
 def parse_command_line(argv: list[str]) -> CommandLine:
     opts, sbatch, index, names = parse_options(argv, stop_at_script=True)
     script = argv[index] if index < len(argv) else None
-    return CommandLine(opts, sbatch, script, list(argv[index + 1:]), names)
+    script_args = list(argv[index + 1:])
+    ours = DISPATCH_WITH_ARG | DISPATCH_FLAGS
+    late = [w.split("=", 1)[0] for w in script_args
+            if w.startswith("--") and w[2:].split("=", 1)[0] in ours]
+    warnings = []
+    if late:
+        warnings.append(f"{', '.join(late)} after the script {script} go to the script, as "
+                        "with sbatch; dispatch options go before the script name")
+    return CommandLine(opts, sbatch, script, script_args, names, warnings)
 
 
 class ScriptHeader:

@@ -29,7 +29,7 @@ class Request:
     """A dispatch-sbatch invocation, read and checked, nothing written yet."""
 
     __slots__ = ("options", "sbatch", "script_path", "script_bytes", "script_args", "header",
-                 "long_names", "cwd")
+                 "long_names", "cwd", "warnings")
 
     def __init__(self, options: sbatch_args.DispatchOptions, sbatch: list[str],
                  script_path: str, script_bytes: bytes, script_args: list[str],
@@ -42,6 +42,7 @@ class Request:
         self.header = header
         self.long_names = long_names
         self.cwd = cwd
+        self.warnings: list[str] = []  # likely mistakes to tell the user about
 
     @property
     def parsable(self) -> bool:
@@ -75,8 +76,10 @@ def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
         raise UsageError("--requeue contradicts --shared-checkpoint: a job sharing one mutable "
                          "checkpoint is never restarted by Slurm behind dispatch's back (its "
                          "restarts become holds; see `dispatch plan`)")
-    return Request(options, sbatch, os.path.abspath(path), data, line.script_args, header,
-                   line.long_names | header.long_names, cwd)
+    request = Request(options, sbatch, os.path.abspath(path), data, line.script_args, header,
+                      line.long_names | header.long_names, cwd)
+    request.warnings = line.warnings
+    return request
 
 
 def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
@@ -84,6 +87,14 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
         raise UsageError("no checkpoint root: give --checkpoint DIR (or a '#DISPATCH "
                          "--checkpoint DIR' line in the script); every execution writes under "
                          "DIR/exec/<attempt>/ and publishes into DIR/pub/")
+    changing = [p for p in ("%j", "%A") if p in options.checkpoint.replace("%%", "")]
+    if changing:
+        raise UsageError(
+            f"--checkpoint {options.checkpoint!r}: {' and '.join(changing)} would give every "
+            "submission a new root, but a root must be the same for every submission of a "
+            "dispatch job (a resubmission resumes from the root's latest publication); each "
+            "execution already gets its own exec/<attempt>/ folder under it.  Write a fixed "
+            "path, with %a for one root per task of an array (for example ck/task%a)")
     return os.path.normpath(os.path.join(cwd, os.path.expanduser(options.checkpoint)))
 
 
