@@ -7,6 +7,9 @@ overlapping executions is only worth what this cluster reproduces of Slurm's beh
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import stat
 import subprocess
 import sys
 import time
@@ -24,7 +27,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.real
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 
 def _writer(log: Path) -> str:
@@ -66,6 +68,27 @@ def test_up_again_changes_nothing(sandbox: Sandbox) -> None:
     assert report.seconds < 5 or _cluster_actions(report) != report.actions
     assert [(d.name, d.pid) for d in report.status.daemons] == \
         [(d.name, d.pid) for d in before.daemons]
+
+
+def test_no_other_user_can_place_a_name_where_root_writes(sandbox: Sandbox) -> None:
+    # What `up` claimed and made (issue 8, finding 8): root's folders closed to others (munge/
+    # is the munge user's), and the files slurmd reads or runs as root are plain files.
+    root = sandbox.dir
+    munge = pwd.getpwnam(sandbox_lib.MUNGE_USER).pw_uid
+    folders = {root: 0, root / "etc": 0, root / "etc" / "prolog.d": 0,
+               root / "etc" / "epilog.d": 0, root / "log": 0, root / "run": 0,
+               root / "spool": 0, root / "state": 0, root / "dispatch-state": 0,
+               root / "munge": munge}
+    for folder, owner in folders.items():
+        st = os.lstat(folder)
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == owner, folder
+        assert not st.st_mode & 0o022, f"{folder} mode {stat.S_IMODE(st.st_mode):o}"
+    for name in ("slurm.conf", "site.conf", "plugstack.conf", "dispatch.conf",
+                 "dispatch-recheck", f"prolog.d/{sandbox_lib.DISPATCH_PART}",
+                 f"epilog.d/{sandbox_lib.DISPATCH_PART}"):
+        st = os.lstat(root / "etc" / name)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022, name
+    assert sandbox_lib.claim_state_folder(root) == root
 
 
 def test_status_json_lists_three_idle_nodes(sandbox: Sandbox) -> None:
