@@ -64,6 +64,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         request = submit.read_request(args)
         for warning in request.warnings:
             sys.stderr.write(f"dispatch-sbatch: warning: {warning}\n")
+        if "test-only" in request.long_names:
+            checked = submit.test_only(request, Slurm())  # sbatch's own check, as it prints it
+            sys.stdout.write(checked.stdout)
+            sys.stderr.write(checked.stderr)
+            sys.exit(checked.returncode)
         if request.options.plan:
             from .plan import describe  # the plan is printed, nothing submitted
             sys.stdout.write(describe(request))

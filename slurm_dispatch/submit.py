@@ -19,7 +19,7 @@ import time
 
 from . import record, sbatch_args
 from .errors import DispatchError, RecordError, SlurmError, UsageError
-from .slurm import Job, Result, Slurm
+from .slurm import Job, Result, Slurm, default_timeout
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -98,18 +98,49 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
     return os.path.normpath(os.path.join(cwd, os.path.expanduser(options.checkpoint)))
 
 
-def prepare_root(root: str) -> None:
-    """Create the root (up to its first %-pattern) and check the user can write it."""
+def prepare_root(root: str) -> list[str]:
+    """Create the root (up to its first %-pattern) and check the user can write it.
+
+    Returns the folders it created, outermost first, so a submission that fails can remove
+    them again (:func:`remove_new_folders`): a refused submission leaves nothing behind.
+    """
     static = root.split("%", 1)[0]
     folder = static if "%" not in root else os.path.dirname(static.rstrip("/")) or "/"
+    missing: list[str] = []
+    probe = folder
+    while probe and not os.path.lexists(probe):
+        missing.insert(0, probe)
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
+        remove_new_folders(missing)
         raise UsageError(f"cannot create checkpoint root {folder!r}: {exc.strerror}") from None
     if not os.path.isdir(folder):
         raise UsageError(f"checkpoint root {folder!r} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
+        remove_new_folders(missing)
         raise UsageError(f"checkpoint root {folder!r} is not writable by you")
+    return missing
+
+
+def remove_new_folders(created: list[str]) -> None:
+    """Remove folders :func:`prepare_root` made, innermost first, each only while empty."""
+    for folder in reversed(created):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return  # something was put there meanwhile: keep it and what holds it
+
+
+def test_only(request: Request, slurm: Slurm) -> Result:
+    """``--test-only``: sbatch only checks the job and says when it would start.  Passed
+    through as given (the user's own script), nothing recorded and no folder made."""
+    argv = ["sbatch", *request.sbatch, request.script_path, *request.script_args]
+    return slurm.runner(argv, dict(os.environ), request.cwd, default_timeout())
 
 
 def _spec(request: Request, root: str, generation: int, supersedes: Optional[str],
@@ -234,9 +265,13 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     else:
         root = checkpoint_root(request.options, request.cwd)
     shared = request.options.shared_checkpoint or bool(old and old.spec["shared_checkpoint"])
-    prepare_root(root)
-    job = record.create_job(_spec(request, root, generation, old.id if old else None, shared),
-                            request.script_bytes, home)
+    created = prepare_root(root)
+    try:
+        job = record.create_job(_spec(request, root, generation, old.id if old else None,
+                                      shared), request.script_bytes, home)
+    except DispatchError:
+        remove_new_folders(created)
+        raise
     held_after = _latest_slurm_id(old) if old is not None and shared else None
     deadline = time.time() + _hold_for() if held_after else 0.0
     try:
@@ -247,6 +282,7 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
         submitted = _submit(slurm, job, 1, "first", extra=extra, env=env)
     except (DispatchError, OSError):
         record.remove_unsubmitted(job)
+        remove_new_folders(created)
         raise
     if old is not None:
         jobs = slurm.own_jobs(env)

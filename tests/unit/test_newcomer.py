@@ -87,3 +87,46 @@ def test_dispatch_sbatch_prints_the_warning(script: Path, capsys: pytest.Capture
     assert info.value.code in (0, None)
     err = capsys.readouterr().err
     assert "dispatch-sbatch: warning: --resubmit after the script job.sh go to the script" in err
+
+
+class OneAnswer:
+    """A fake sbatch that answers once, as told, and records what it was asked."""
+
+    def __init__(self, rc: int, stdout: str = "", stderr: str = "") -> None:
+        self.answer = (rc, stdout, stderr)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        from slurm_dispatch.slurm import Result
+        self.calls.append(list(argv))
+        assert argv[0] == "sbatch", argv
+        return Result(list(argv), *self.answer)
+
+
+def test_a_refused_submission_leaves_no_folder_behind(script: Path) -> None:
+    """Item 10: `--partition=nope` left the newly made (empty) checkpoint folders behind."""
+    from slurm_dispatch import record
+    from slurm_dispatch.errors import SlurmError
+    from slurm_dispatch.slurm import Slurm
+    (script.parent / "runs").mkdir()
+    fake = OneAnswer(1, stderr="sbatch: error: invalid partition specified: nope\n")
+    with pytest.raises(SlurmError):
+        submit.submit_new(submit.read_request(
+            ["--checkpoint", "runs/a/b/ck", "-p", "nope", "job.sh"]), Slurm(fake, wait=0))
+    assert list((script.parent / "runs").iterdir()) == []  # runs/ was there: it stays
+    assert record.all_jobs() == []
+
+
+def test_test_only_is_passed_through_and_records_nothing(script: Path) -> None:
+    """Item 10: `--test-only` failed with "sbatch printed no job id" and left folders."""
+    from slurm_dispatch import record
+    from slurm_dispatch.slurm import Slurm
+    estimate = ("sbatch: Job 77 to start at 2026-11-30T15:00:00 using 1 processors on nodes "
+                "n1 in partition debug\n")
+    fake = OneAnswer(0, stderr=estimate)
+    result = submit.test_only(submit.read_request(["--checkpoint", "ck", "--test-only",
+                                                   "job.sh"]), Slurm(fake, wait=0))
+    assert result.returncode == 0 and result.stderr == estimate
+    assert fake.calls[0][:2] == ["sbatch", "--test-only"]
+    assert fake.calls[0][-1] == str(script)
+    assert not (script.parent / "ck").exists() and record.all_jobs() == []
