@@ -61,7 +61,8 @@ class ClickShell:
 
     Click's own ``main`` would answer a closed pipe, Ctrl-C and errors its own way; this one
     keeps click's parsing and help (usage errors print as click prints them, exit 2) and
-    leaves the ending to :func:`run`.  Subclasses set ``prog`` and may set ``error_code``.
+    leaves the ending to :func:`run`.  Subclasses set ``prog`` (the name usage and errors
+    show, whatever ``prog_name`` says) and may set ``error_code``.
     """
 
     prog = "dispatch"
@@ -77,7 +78,7 @@ class ClickShell:
 
         def body() -> Optional[int]:
             try:
-                with command.make_context(prog_name or self.prog, argv, **extra) as ctx:
+                with command.make_context(self.prog, argv, **extra) as ctx:
                     result = command.invoke(ctx)
             except click.exceptions.Exit as done:  # --help, --version, ctx.exit(code)
                 return int(done.exit_code)

@@ -169,3 +169,18 @@ def test_writes_never_follow_a_link(tmp_path: Path, victim: Path) -> None:
         assert not (etc / name).is_symlink()
         assert stat.S_IMODE((etc / name).stat().st_mode) == 0o644
     untouched(victim)
+
+
+def test_a_link_on_the_way_is_followed_only_when_roots_and_its_target_checked(
+        shared: Path) -> None:
+    real = shared / "real"
+    real.mkdir(mode=0o755)
+    (shared / "link").symlink_to("real")  # root's, relative
+    assert sandbox.claim_state_folder(shared / "link" / "sandbox") == shared / "link" / "sandbox"
+    assert (real / "sandbox").stat().st_uid == 0
+    theirs = shared / "theirs"
+    as_nobody(lambda: theirs.mkdir(mode=0o755))
+    (shared / "to-theirs").symlink_to(theirs)  # root's link, but into nobody's folder
+    with pytest.raises(SandboxError, match=f"{theirs}.*nobody"):
+        sandbox.claim_state_folder(shared / "to-theirs" / "sandbox")
+    assert not (theirs / "sandbox").exists()
