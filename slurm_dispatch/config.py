@@ -35,6 +35,8 @@ DEFAULT_BOOT_TIME_TOLERANCE = 5.0
 DEFAULT_SHARED_HOLD_FOR = 86400.0
 DEFAULT_CESSATION_SIGNAL = "dispatch-cease"
 DEFAULT_CESSATION_INTERVAL = 60.0
+# Where the Epilog looks for the job's cgroup (proctrack/cgroup): cgroup.conf's CgroupMountpoint.
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -44,7 +46,7 @@ class Config:
     """The site settings, each with its default; ``problems`` lists what was wrong in the file."""
 
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
-                 "cessation_signal", "cessation_interval", "problems")
+                 "cessation_signal", "cessation_interval", "cgroup_root", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -54,6 +56,7 @@ class Config:
         self.shared_hold_for = DEFAULT_SHARED_HOLD_FOR
         self.cessation_signal = DEFAULT_CESSATION_SIGNAL
         self.cessation_interval = DEFAULT_CESSATION_INTERVAL
+        self.cgroup_root = DEFAULT_CGROUP_ROOT
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -138,6 +141,7 @@ _KEYS = {
     "sharedholdfor": ("SharedHoldFor", "shared_hold_for", _positive_duration),
     "cessationsignal": ("CessationSignal", "cessation_signal", _command),
     "cessationinterval": ("CessationInterval", "cessation_interval", _positive_duration),
+    "cgrouproot": ("CgroupRoot", "cgroup_root", _state_dir),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

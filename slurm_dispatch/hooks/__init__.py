@@ -10,7 +10,9 @@ Invariants (a hook must never fail a node or a job because of us):
 * The process always exits 0.  The work runs in a forked child; the parent waits at most
   ``HookTimeout`` (5 s unless the site says otherwise) and then exits 0 whatever the child does,
   so even a child stuck in uninterruptible sleep on a hung file system cannot hold Slurm.  The
-  child also gives up at the same deadline if it can.
+  child also gives up at the same deadline if it can.  The parent never calls syslog itself
+  (a forked process does, not waited for), and a timer ends it with status 0 shortly after its
+  deadline whatever it is blocked in.
 * Every fault of ours is logged to syslog (facility daemon, ident ``slurm-dispatch``) and to
   stderr, with the hook and the job id.
 * Only the standard library is imported, no Slurm command is run, PATH is never used.
@@ -30,21 +32,49 @@ CONTEXTS = {
     "epilog_slurmctld": "epilog-slurmctld",
 }
 HOOKS = ("prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld", "recheck")
+# How long past its deadline the parent may take to kill the child and log, at most.
+_GRACE = 0.3
 
 
-def log(message: str, error: bool = True) -> None:
-    """Log to syslog and stderr; never raises."""
+def log(message: str, error: bool = True, detached: bool = False) -> None:
+    """Log to syslog and stderr; never raises.
+
+    ``detached``: syslog from a forked process not waited for, so that a syslog call that
+    blocks (a full /dev/log queue, a hung journald) cannot hold the caller."""
+    if detached:
+        try:
+            if os.fork() == 0:
+                _exit_at(time.monotonic() + 5)  # a blocked syslog must not leave it for ever
+                _syslog(message, error)
+                os._exit(0)
+        except Exception:  # noqa: S110 - logging must not fail the hook
+            pass
+    else:
+        _syslog(message, error)
+    try:
+        sys.stderr.write(f"{IDENT}: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: S110
+        pass
+
+
+def _syslog(message: str, error: bool) -> None:
     try:
         import syslog
         syslog.openlog(IDENT, syslog.LOG_PID, syslog.LOG_DAEMON)
         syslog.syslog(syslog.LOG_ERR if error else syslog.LOG_INFO, message)
     except Exception:  # noqa: S110 - logging must not fail the hook
         pass
-    try:
-        sys.stderr.write(f"{IDENT}: {message}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: S110
-        pass
+
+
+def _exit_at(deadline: float) -> None:
+    """End this process with status 0 at ``deadline`` (monotonic) whatever it is doing then.
+
+    The timer repeats, so a system call that retries after an interruption is interrupted
+    again until Python can run the handler.  (Timers are not inherited by a forked child.)"""
+    import signal
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()), 0.05)
 
 
 def hook_kind(hint: str = "", environ: dict[str, str] | None = None) -> str:
@@ -67,11 +97,12 @@ def run(hint: str = "", config_path: str | None = None) -> None:
     from .. import config as config_module
     started = time.monotonic()
     job = os.environ.get("SLURM_JOB_ID", "?")
+    _exit_at(started + config_module.DEFAULT_HOOK_TIMEOUT + _GRACE)
     try:
         read_end, write_end = os.pipe()
         pid = os.fork()
     except BaseException as exc:
-        log(f"{hint or 'hook'} job {job}: cannot fork ({exc}); recording nothing")
+        log(f"{hint or 'hook'} job {job}: cannot fork ({exc}); recording nothing", detached=True)
         _exit()
     if pid == 0:
         os.close(read_end)
@@ -114,12 +145,13 @@ def _wait_child(pid: int, read_end: int, started: float, hint: str, job: str) ->
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            log(f"{hint or 'hook'} job {job}: gave up after {time.monotonic() - started:.1f} s "
-                "(HookTimeout); the node and the job go on, this execution has no record")
             try:
                 os.kill(pid, 9)
             except OSError:
                 pass
+            log(f"{hint or 'hook'} job {job}: gave up after {time.monotonic() - started:.1f} s "
+                "(HookTimeout); the node and the job go on, this execution has no record",
+                detached=True)
             return
         try:
             ready, _, _ = select.select([read_end], [], [], remaining)
@@ -143,6 +175,7 @@ def _wait_child(pid: int, read_end: int, started: float, hint: str, job: str) ->
                 deadline = started + float(buffered.split(b"\n", 1)[0])
             except ValueError:
                 pass
+            _exit_at(deadline + _GRACE)
 
 
 def _start_child_watchdog(deadline: float, kind: str, job: str) -> None:

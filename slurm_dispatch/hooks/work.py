@@ -21,6 +21,7 @@ import os
 import time
 
 from .. import factstore as store
+from .. import procscan
 from ..config import Config
 from ..errors import FactError
 
@@ -104,6 +105,40 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     return token, int(restart_text)
 
 
+def _belongs(process: dict, node: str, restart: object) -> bool:
+    """Whether a process found for a job belongs to the execution this node ran: its
+    environment names this node (or no node) and this restart count.  Where nodes share a
+    machine (the sandbox), another node's processes of the same job are its own business."""
+    if process.get("source") == "cgroup" or process.get("unresolved"):
+        return True
+    return process.get("env_node") in (None, node) and process.get("restart") == restart
+
+
+def _unresolved(scan: procscan.Scan, restart: object) -> list[dict]:
+    """PIDs the scan could not read, as survivors: not knowing is not proof."""
+    return [{"pid": pid, "ppid": None, "state": "?", "starttime": None, "uid": None,
+             "restart": restart, "env_node": None, "unresolved": True,
+             "cmdline": f"(not readable within {scan.seconds:.1f} s: vanished and replaced "
+                        "faster than the scan, or stuck; not known to be gone)"}
+            for pid in scan.unresolved]
+
+
+def _execution_survivors(cfg: Config, scan: procscan.Scan, job_id: str, uid: int, node: str,
+                         restart: object) -> list[dict]:
+    survivors = [p for p in scan.found.get(job_id, []) if _belongs(p, node, restart)]
+    if not scan.complete:
+        survivors += _unresolved(scan, restart)
+    # proctrack/cgroup: the job's cgroup holds its processes whatever their environment says.
+    in_cgroup = procscan.cgroup_processes(cfg.cgroup_root, job_id, uid, node) or []
+    known = {p["pid"] for p in survivors}
+    return survivors + [p for p in in_cgroup if p["pid"] not in known]
+
+
+def _scan_budget(cfg: Config) -> float:
+    # Half the hook's time: the rest writes the record, whatever the scan met.
+    return max(0.05, cfg.hook_timeout * 0.5)
+
+
 def epilog(cfg: Config) -> None:
     job_id, uid, gid = _job()
     node = _node()
@@ -111,43 +146,44 @@ def epilog(cfg: Config) -> None:
     start = _unended_start(cfg, uid, job_id, node, restart_now)
     restart = start[1] if start is not None else restart_now
     watched = _watched(cfg)
-    wanted: dict[str, int | None] = {job_id: restart}
+    jobs: dict[str, int | None] = {job_id: uid}
     for entry in watched:
-        wanted.setdefault(str(entry["job_id"]), entry.get("restart"))
+        jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
     scan_error = None
-    from .. import procscan
     try:
-        found = procscan.scan_survivors(wanted)
+        scan = procscan.scan_within(jobs, _scan_budget(cfg))
+        survivors = _execution_survivors(cfg, scan, job_id, uid, node, restart)
     except OSError as exc:
-        found = {job_id: []}
+        scan, survivors = None, []
         scan_error = f"cannot scan /proc: {exc.strerror}"
-    survivors = found.get(job_id, [])
     body: dict[str, object] = {
         "time": time.time(), "restart": restart, "restart_env": raw,
         "start_token": start[0] if start is not None else None,
         "boot_id": store.boot_id(), "boot_time": store.boot_time(),
         "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
-        "slurm": _end_variables(),
+        "scan": None if scan is None else {"rounds": scan.rounds, "complete": scan.complete,
+                                           "seconds": round(scan.seconds, 4)},
+        "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(),
     }
     name = store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body,
                             token=start[0] if start is not None else None)
     if survivors and not scan_error:
         _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
                          "restart": restart, "end_token": name.rpartition(".")[2],
-                         "boot_id": body["boot_id"], "survivors": survivors})
-    if scan_error is None:
-        _settle(cfg, [e for e in watched if str(e["job_id"]) != job_id], found)
+                         "boot_id": body["boot_id"], "time": body["time"],
+                         "survivors": survivors})
+    if scan is not None:
+        _settle(cfg, watched, scan)
 
 
 def recheck(cfg: Config) -> None:
     watched = _watched(cfg)
     if not watched:
         return
-    wanted: dict[str, int | None] = {}
+    jobs: dict[str, int | None] = {}
     for entry in watched:
-        wanted.setdefault(str(entry["job_id"]), entry.get("restart"))
-    from .. import procscan
-    _settle(cfg, watched, procscan.scan_survivors(wanted))
+        jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
+    _settle(cfg, watched, procscan.scan_within(jobs, _scan_budget(cfg)))
 
 
 def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
@@ -254,16 +290,41 @@ def _drop_watch(cfg: Config, name: str) -> None:
         os.close(fd)
 
 
-def _settle(cfg: Config, watched: list[dict], found: dict[str, list[dict]]) -> None:
-    """Record what became of watched survivors; stop watching those that are all gone."""
+def _entry_time(entry: dict) -> float | None:
+    """When a watch entry was made: its ``time``, else its name's token (nanoseconds, hex)."""
+    value = entry.get("time")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    token = str(entry.get("_name", "")).rpartition(".")[2][:16]
+    try:
+        return int(token, 16) / 1e9
+    except ValueError:
+        return None
+
+
+def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan) -> None:
+    """Record what became of watched survivors; stop watching those that are all gone.
+
+    Each entry is one execution on one node (its end's token): its survivors are the processes
+    of that job, node and restart count, never all of the job's.  An entry of another boot is
+    settled as "rebooted" only if this machine booted after the entry was made; otherwise it is
+    another machine with this host name (a shared StateDir) and is left for that machine.
+    """
     current_boot = store.boot_id()
+    booted = store.boot_time()
     for entry in watched:
         job_id = str(entry["job_id"])
         if entry.get("boot_id") and entry.get("boot_id") != current_boot:
+            made = _entry_time(entry)
+            if booted is None or made is None or booted <= made:
+                continue
             now: list[dict] = []
             reason = "the machine rebooted"
+        elif not scan.complete and scan.unresolved:
+            continue  # not knowing is no news: keep watching
         else:
-            now = found.get(job_id, [])
+            now = _execution_survivors(cfg, scan, job_id, int(entry["uid"]),
+                                       str(entry["node"]), entry.get("restart"))
             reason = "re-scanned /proc"
         before = {(s.get("pid"), s.get("starttime")) for s in entry.get("survivors", [])}
         after = {(s.get("pid"), s.get("starttime")) for s in now}

@@ -89,14 +89,15 @@ class World:
         return {k: v for k, v in env.items() if v != "<unset>"}
 
     def run(self, hook: str, env: dict[str, str] | None = None, user: str | None = None,
-            hint: str | None = None) -> Outcome:
+            hint: str | None = None, wrap: list[str] | None = None) -> Outcome:
         program = (f"import sys; sys.path.insert(0, {str(self.code)!r}); "
                    f"from slurm_dispatch.hooks import run; run({(hint or hook.split('-')[0])!r})")
         log_path = self.root / f"hook-{time.monotonic_ns()}.log"
         started = time.monotonic()
         with open(log_path, "wb") as log:
             # stderr to a file, not a pipe: a child stuck on a hung file system keeps it open.
-            proc = subprocess.run([PYTHON, "-I", "-c", program], stdin=subprocess.DEVNULL,
+            proc = subprocess.run([*(wrap or []), PYTHON, "-I", "-c", program],
+                                  stdin=subprocess.DEVNULL,
                                   stdout=log, stderr=log, env=env or self.env(hook),
                                   cwd="/", timeout=BOUND + 10, user=user)
         seconds = time.monotonic() - started
@@ -318,3 +319,38 @@ def test_hung_file_system(frozen: World, hook: str) -> None:
     settled(outcome)
     assert "gave up" in outcome.log
     assert outcome.seconds >= TIMEOUT * 0.9
+
+
+@pytest.fixture()
+def full_syslog(world: World) -> Iterator[list[str]]:
+    """A /dev/log whose queue is full, so that every syslog call blocks: the hook runs in a
+    mount namespace of its own where /dev/log is this test's datagram socket, never read."""
+    import socket
+    path = world.root / "log.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(path))
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    client.setblocking(False)
+    try:
+        while True:
+            client.sendto(b"<3>filler", str(path))
+    except BlockingIOError:
+        pass
+    script = ("mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev && "
+              "mknod -m 666 /dev/null c 1 3 && : > /dev/log && "
+              f"mount --bind {path} /dev/log && exec \"$@\"")
+    try:
+        yield ["unshare", "-m", "sh", "-c", script, "hook"]
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog-slurmctld"])
+def test_a_blocking_syslog_does_not_hold_the_hook(frozen: World, full_syslog: list[str],
+                                                  hook: str) -> None:
+    # The child hangs on the frozen store; at the deadline the parent logs "gave up", and
+    # syslog blocks on the full /dev/log: the parent must still exit 0 in time.
+    outcome = frozen.run(hook, wrap=full_syslog)
+    settled(outcome)
+    assert "gave up" in outcome.log

@@ -1,0 +1,141 @@
+"""The Epilog and the re-check with real survivors: keyed by execution, not by job; a watch
+entry of another machine with the same host name is left alone; a scan that cannot read a
+process names it rather than losing the record.
+
+The hooks' handlers run in this process (as the hook's forked child runs them), with Slurm's
+variables set as Slurm sets them; the survivors are real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import facts
+from slurm_dispatch.config import Config
+from slurm_dispatch.hooks import work
+
+from .fakes import state_dir
+
+UID = os.getuid()
+
+
+def _job() -> str:
+    return f"6{os.getpid()}{time.monotonic_ns() % 10000}"
+
+
+@pytest.fixture()
+def cfg(tmp_path: Path) -> Config:
+    return state_dir(tmp_path)[1]
+
+
+@pytest.fixture()
+def spawned() -> Iterator[list[subprocess.Popen]]:
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def survivor(procs: list[subprocess.Popen], job: str, node: str, restart: int) -> int:
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job, "SLURMD_NODENAME": node}
+    if restart:
+        env["SLURM_RESTART_COUNT"] = str(restart)
+    proc = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    procs.append(proc)
+    deadline = time.monotonic() + 5
+    while b"SLURM_JOB_ID" not in Path(f"/proc/{proc.pid}/environ").read_bytes():
+        assert time.monotonic() < deadline, "sleep did not exec"
+        time.sleep(0.01)
+    return proc.pid
+
+
+def hook(monkeypatch: pytest.MonkeyPatch, cfg: Config, kind: str, job: str = "",
+         node: str = "", restart: int = 0) -> None:
+    for name in list(os.environ):
+        if name.startswith("SLURM"):
+            monkeypatch.delenv(name)
+    if kind != "recheck":
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_JOB_UID", str(UID))
+        monkeypatch.setenv("SLURM_JOB_GID", str(os.getgid()))
+        monkeypatch.setenv("SLURMD_NODENAME", node)
+        monkeypatch.setenv("SLURM_JOB_RESTART_COUNT", str(restart))
+    work.HANDLERS[kind](cfg)
+
+
+def node_view(cfg: Config, job: str) -> dict[tuple[int, str], dict]:
+    return {(e["restart"], name): n for e in facts.execution_facts(job, cfg.state_dir, UID)
+            for name, n in e["nodes"].items()}
+
+
+def test_recheck_keys_survivors_by_execution(monkeypatch: pytest.MonkeyPatch, cfg: Config,
+                                             spawned: list) -> None:
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    first = survivor(spawned, job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    hook(monkeypatch, cfg, "prolog", job, "n2", 1)
+    second = survivor(spawned, job, "n2", 1)
+    hook(monkeypatch, cfg, "epilog", job, "n2", 1)
+    view = node_view(cfg, job)
+    assert [s["pid"] for s in view[(0, "n1")]["survivors"]] == [first]
+    assert [s["pid"] for s in view[(1, "n2")]["survivors"]] == [second]
+    # The first execution's survivor goes; the second's still runs.
+    os.kill(first, signal.SIGKILL)
+    spawned[0].wait()
+    hook(monkeypatch, cfg, "recheck")
+    view = node_view(cfg, job)
+    assert view[(0, "n1")]["ceased"] is True
+    assert view[(1, "n2")]["ceased"] is False, view[(1, "n2")]
+    assert [s["pid"] for s in view[(1, "n2")]["survivors"]] == [second]
+    os.kill(second, signal.SIGKILL)
+    spawned[1].wait()
+    hook(monkeypatch, cfg, "recheck")
+    assert node_view(cfg, job)[(1, "n2")]["ceased"] is True
+
+
+def test_a_later_epilog_of_the_same_job_settles_its_earlier_executions(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    first = survivor(spawned, job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    os.kill(first, signal.SIGKILL)
+    spawned[0].wait()
+    hook(monkeypatch, cfg, "prolog", job, "n2", 1)
+    hook(monkeypatch, cfg, "epilog", job, "n2", 1)
+    view = node_view(cfg, job)
+    assert view[(0, "n1")]["ceased"] is True and view[(1, "n2")]["ceased"] is True
+
+
+def _watch_entries(cfg: Config) -> list[Path]:
+    return sorted((Path(cfg.state_dir) / "watch").rglob("*.*.*"))
+
+
+def test_a_watch_entry_of_another_machine_with_this_host_name_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    survivor(spawned, job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    [entry] = _watch_entries(cfg)
+    # The same host name, another machine (another boot id, up since before the entry): its
+    # survivors are not in this machine's /proc, and it did not reboot.
+    record = json.loads(entry.read_text())
+    record["boot_id"] = "00000000-another-machine"
+    record["survivors"] = [dict(record["survivors"][0], pid=999_999_999)]
+    entry.write_text(json.dumps(record))
+    hook(monkeypatch, cfg, "recheck")
+    view = node_view(cfg, job)
+    assert view[(0, "n1")]["ceased"] is False and view[(0, "n1")]["recheck"] is None
+    assert _watch_entries(cfg) == [entry]
