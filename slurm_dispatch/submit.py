@@ -265,6 +265,7 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     else:
         root = checkpoint_root(request.options, request.cwd)
     shared = request.options.shared_checkpoint or bool(old and old.spec["shared_checkpoint"])
+    refuse_shared_root(root, slurm, home, env, allowed=old.id if old else None)
     created = prepare_root(root)
     try:
         job = record.create_job(_spec(request, root, generation, old.id if old else None,
@@ -297,6 +298,39 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
                        end_state="superseded", deadline=round(deadline, 3),
                        instead_of="start")
     return submitted
+
+
+def refuse_shared_root(root: str, slurm: Slurm, home: Optional[str] = None,
+                       env: Optional[Mapping[str, str]] = None,
+                       allowed: Optional[str] = None) -> None:
+    """Refuse ``root`` when another live dispatch job of the caller's uses it.
+
+    Two jobs on one root would publish side by side at the same epochs.  Live: one of its
+    Slurm jobs is still active.  The records say which jobs use the root (nothing is written
+    into the root for this); Slurm is asked only when one does.
+    """
+    same = [job for job in record.all_jobs(home)
+            if job.id != allowed and _spec_root(job) == root]
+    if not same:
+        return
+    jobs = slurm.own_jobs(env)
+    for other in same:
+        for sub in reversed(other.submissions()):
+            info = jobs.get(str(sub["slurm_job_id"]))
+            if info is not None and info.is_active:
+                raise UsageError(
+                    f"checkpoint root {root!r} is in use by your dispatch job {other.id} "
+                    f"(Slurm job {info.display_id}, {info.state}): two jobs on one root would "
+                    f"publish side by side.  To replace it, submit with --supersede "
+                    f"{other.id} (the new generation resumes from its saves); otherwise "
+                    "choose another root")
+
+
+def _spec_root(job: record.JobRecord) -> Optional[str]:
+    try:
+        return str(job.spec["checkpoint"])
+    except (DispatchError, KeyError):
+        return None  # an unreadable record is reported where it is used, not here
 
 
 def hold_comment(job: record.JobRecord, submission: int, why: str, deadline: float) -> str:
@@ -361,7 +395,7 @@ def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
         raise RecordError(f"{job.id}: submission {submission} is being made by another "
                           "process (its claim exists but no submission is recorded yet)")
     try:
-        return _submit(slurm, job, submission, reason, extra, env)
+        return _submit(slurm, job, submission, reason, extra, env, hold)
     except SlurmError as exc:
         job.append("submit-failed", submission=submission, error=str(exc))
         raise

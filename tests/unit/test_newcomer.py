@@ -130,3 +130,26 @@ def test_test_only_is_passed_through_and_records_nothing(script: Path) -> None:
     assert fake.calls[0][:2] == ["sbatch", "--test-only"]
     assert fake.calls[0][-1] == str(script)
     assert not (script.parent / "ck").exists() and record.all_jobs() == []
+
+
+def test_a_root_another_live_job_of_yours_uses_is_refused(script: Path) -> None:
+    """Item 4: two `dispatch-sbatch --checkpoint ck-dup` went in side by side, both at epoch
+    1000000, and their publications interleaved."""
+    from slurm_dispatch import record
+    from slurm_dispatch.slurm import Slurm
+
+    from .fake_cluster import FakeCluster
+    cluster = FakeCluster(first_id=20)
+    first = submit.submit_new(submit.read_request(["--checkpoint", "ck-dup", "job.sh"]),
+                              Slurm(cluster, wait=0))
+    with pytest.raises(UsageError) as info:
+        submit.submit_new(submit.read_request(["--checkpoint", "./ck-dup/", "job.sh"]),
+                          Slurm(cluster, wait=0))
+    text = str(info.value)
+    assert first.job.id in text and "--supersede" in text and "ck-dup" in text
+    assert "RUNNING" in text and len(record.all_jobs()) == 1
+    # Once its Slurm job has ended, the root is free again.
+    cluster.set(first.slurm_job_id, JobState="COMPLETED")
+    again = submit.submit_new(submit.read_request(["--checkpoint", "ck-dup", "job.sh"]),
+                              Slurm(cluster, wait=0))
+    assert again.job.id != first.job.id
