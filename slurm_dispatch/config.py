@@ -37,6 +37,8 @@ DEFAULT_CESSATION_SIGNAL = "dispatch-cease"
 DEFAULT_CESSATION_INTERVAL = 60.0
 # Where the Epilog looks for the job's cgroup (proctrack/cgroup): cgroup.conf's CgroupMountpoint.
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
+DEFAULT_HOLD_NOTIFY = ""  # no site command: holds are told through Slurm's MailProg only
+DEFAULT_HOLD_WARNING = 7200.0  # a hold's owner is warned this long before it expires
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -46,7 +48,8 @@ class Config:
     """The site settings, each with its default; ``problems`` lists what was wrong in the file."""
 
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
-                 "cessation_signal", "cessation_interval", "cgroup_root", "problems")
+                 "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
+                 "cgroup_root", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -56,6 +59,8 @@ class Config:
         self.shared_hold_for = DEFAULT_SHARED_HOLD_FOR
         self.cessation_signal = DEFAULT_CESSATION_SIGNAL
         self.cessation_interval = DEFAULT_CESSATION_INTERVAL
+        self.hold_notify = DEFAULT_HOLD_NOTIFY
+        self.hold_warning = DEFAULT_HOLD_WARNING
         self.cgroup_root = DEFAULT_CGROUP_ROOT
         self.problems: list[str] = []
 
@@ -141,6 +146,9 @@ _KEYS = {
     "sharedholdfor": ("SharedHoldFor", "shared_hold_for", _positive_duration),
     "cessationsignal": ("CessationSignal", "cessation_signal", _command),
     "cessationinterval": ("CessationInterval", "cessation_interval", _positive_duration),
+    # HoldNotify=/path/cmd: run as `cmd made|expiring DISPATCH_JOB SLURM_JOB DEADLINE USER`.
+    "holdnotify": ("HoldNotify", "hold_notify", _command),
+    "holdwarning": ("HoldWarning", "hold_warning", parse_duration),
     "cgrouproot": ("CgroupRoot", "cgroup_root", _state_dir),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())

@@ -6,12 +6,17 @@ a file system the compute nodes see (a home directory usually is)::
     jobs/<id>/job.json          the job's spec, written once: G, rules, root, sbatch argv
     jobs/<id>/script            the script as submitted (read-only snapshot)
     jobs/<id>/batch-<N>.sh      the batch script sbatch got for submission N
-    jobs/<id>/claims/<name>     O_EXCL claims: whoever creates one does that work, once
-    jobs/<id>/events/<ns>-<kind>-<rand>.json   the append-only history
+    jobs/<id>/claims/<name>     create-once claims: whoever creates one does that work, once;
+                                a claim holds what its maker meant to do (JSON: pid, time, and
+                                for a submission its reason and hold), so a pass killed after
+                                acting is completed by the next one as it was meant
+    jobs/<id>/events/<ns>-<kind>-<rand>.json   the append-only history (schema: events.py)
 
-Invariants: an event file is written completely under a temporary name, then renamed into
-place, so a reader never sees half an event; nothing is ever rewritten or deleted, except a
-job folder removed whole when its first ``sbatch`` failed (no half-made job survives).
+Invariants: an event or claim file is written completely under a temporary name, then linked
+into place, so a reader never sees half of one; every event is checked against the schema when
+written and when read, and a bad one is an error naming its file, for its own job only; nothing
+is ever rewritten or deleted, except a job folder removed whole when its first ``sbatch``
+failed (no half-made job survives).
 Facts about nodes and end states recorded by the site's hooks live elsewhere (the site's
 state directory, written by root); this module only holds what the user's side knows.
 """
@@ -23,11 +28,12 @@ import os
 import shutil
 import time
 
+from . import events as schema
 from .errors import RecordError, UsageError
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"  # no l, o, 0, 1: easy to read aloud
 
@@ -57,7 +63,12 @@ def new_job_id() -> str:
 def _write_new(path: str, data: bytes, mode: int = 0o644) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # a write may be short (a signal, a full pipe of a network file system)
+            written = os.write(fd, view)
+            if written <= 0:  # pragma: no cover - a regular file never answers 0 for >0 bytes
+                raise OSError(5, f"short write to {path!r}")
+            view = view[written:]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -91,60 +102,121 @@ class JobRecord:
     def batch_script(self, submission: int) -> str:
         return os.path.join(self.path, f"batch-{submission}.sh")
 
-    def append(self, kind: str, once: Optional[str] = None, **fields: Any
-               ) -> Optional[dict[str, Any]]:
-        """Add an event to the history; returns it.
+    def append(self, kind: str | type[schema.Event], once: Optional[str] = None,
+               **fields: Any) -> Optional[schema.Event]:
+        """Add an event of ``kind`` (a schema class, or its kind name) to the history.
 
-        With ``once``, the event is recorded at most once under that key (for example the
-        submission number): a second writer gets ``None``.  The event is written under a
-        temporary name and then linked into place, so it appears whole or not at all.
+        The event is checked against the schema first: a caller's mistake is an error here,
+        never a record that breaks every later reader.  With ``once``, the event is recorded at
+        most once under that key (for example the submission number): a second writer gets
+        ``None``.  Written under a temporary name, then linked into place: whole or not at all.
         """
+        cls = schema.KINDS.get(kind) if isinstance(kind, str) else kind
+        if cls is None:
+            raise RecordError(f"unknown event kind {kind!r}")
         now = time.time_ns()
-        event = {"event": kind, "time": round(now / 1e9, 3), "ns": now, **fields}
-        events = os.path.join(self.path, "events")
-        name = (f"{kind}-{once}.json" if once is not None
-                else f"{now:020d}-{kind}-{_random_suffix()}.json")
-        tmp = os.path.join(events, f".{now}-{_random_suffix()}.tmp")
         try:
-            _write_new(tmp, (json.dumps(event, sort_keys=True) + "\n").encode())
-            try:
-                os.link(tmp, os.path.join(events, name))
-            except FileExistsError:
-                if once is None:
-                    raise
+            event = schema.new(cls, now, **fields)
+        except schema.EventError as exc:
+            raise RecordError(f"{self.id}: refusing to record a bad {cls.kind!r} event: "
+                              f"{exc}") from None
+        events = os.path.join(self.path, "events")
+        name = (f"{cls.kind}-{once}.json" if once is not None
+                else f"{now:020d}-{cls.kind}-{_random_suffix()}.json")
+        data = (json.dumps(event.fields(), sort_keys=True) + "\n").encode()
+        try:
+            if not _link_new(events, name, data):
+                if once is None:  # pragma: no cover - a random suffix collided
+                    raise FileExistsError(17, "File exists")
                 return None
-            finally:
-                os.unlink(tmp)
         except OSError as exc:
-            raise RecordError(f"cannot record {kind!r} in {events!r}: {exc.strerror}") from None
+            raise RecordError(f"cannot record {cls.kind!r} in {events!r}: "
+                              f"{exc.strerror}") from None
         return event
 
     def events(self) -> list[dict[str, Any]]:
-        """The history, oldest first."""
-        folder = os.path.join(self.path, "events")
-        try:
-            names = [n for n in os.listdir(folder) if n.endswith(".json")
-                     and not n.startswith(".")]
-        except OSError as exc:
-            raise RecordError(f"cannot read {folder!r}: {exc.strerror}") from None
-        found = [read_json(os.path.join(folder, n)) for n in names]
-        return sorted(found, key=lambda e: (e.get("ns", 0), e["event"]))
+        """The history as stored objects, oldest first, each checked against the schema."""
+        return [e.raw for e in self.history().events]
 
-    def claim(self, name: str) -> bool:
-        """Create claim ``name`` once; True for the one caller that created it."""
+    def history(self) -> schema.History:
+        """The history, checked: an event of the wrong shape is a RecordError naming its file."""
+        folder = os.path.join(self.path, "events")
+        names = _names(folder, lambda n: n.endswith(".json") and not n.startswith("."))
+        found = []
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                found.append(schema.parse(read_json(path)))
+            except schema.EventError as exc:
+                raise RecordError(f"event {path!r} is not a valid event: {exc}") from None
+        found.sort(key=lambda e: (e.ns, e.kind))
+        return schema.History(self.id, found)
+
+    def claim(self, name: str, intent: Optional[dict[str, Any]] = None,
+              now: Optional[float] = None) -> bool:
+        """Create claim ``name`` once, holding ``intent``; True for the one caller that did.
+
+        The claim appears whole (written aside, then linked), so whoever finds it can read what
+        its maker meant to do; ``now`` is the maker's clock (the supervisor's, in tests).
+        """
+        body = {"v": schema.VERSION, "pid": os.getpid(),
+                "time": round(time.time() if now is None else now, 3), **(intent or {})}
         try:
-            _write_new(os.path.join(self.path, "claims", name), b"%d\n" % os.getpid())
-        except FileExistsError:
-            return False
+            return _link_new(os.path.join(self.path, "claims"), name,
+                             (json.dumps(body, sort_keys=True) + "\n").encode())
         except OSError as exc:
             raise RecordError(f"cannot claim {name!r} in {self.path!r}: {exc.strerror}") from None
-        return True
 
     def has_claim(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.path, "claims", name))
 
+    def claims(self, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+        """Claims named ``prefix`` or ``prefix.<anything>``, oldest first, with what each holds.
+
+        A claim of version 1 holds only a pid: its time is the file's, its intent unknown.
+        """
+        folder = os.path.join(self.path, "claims")
+        names = _names(folder, lambda n: n == prefix or n.startswith(prefix + "."))
+        found = []
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as handle:
+                    raw = handle.read()
+                mtime = os.stat(path).st_mtime
+            except OSError as exc:
+                raise RecordError(f"cannot read claim {path!r}: {exc.strerror}") from None
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            if not isinstance(body, dict) or not isinstance(body.get("time"), (int, float)):
+                body = {"v": 1, "time": mtime}
+            found.append((name, body))
+        return sorted(found, key=lambda c: (c[1]["time"], c[0]))
+
     def submissions(self) -> list[dict[str, Any]]:
-        return [e for e in self.events() if e["event"] == "submitted"]
+        return [e.raw for e in self.history().submissions]
+
+
+def _names(folder: str, keep: Callable[[str], bool]) -> list[str]:
+    try:
+        return [n for n in os.listdir(folder) if keep(n)]
+    except OSError as exc:
+        raise RecordError(f"cannot read {folder!r}: {exc.strerror}") from None
+
+
+def _link_new(folder: str, name: str, data: bytes) -> bool:
+    """Write ``data`` as ``folder/name`` if no such file exists: False if one does."""
+    tmp = os.path.join(folder, f".{time.time_ns()}-{_random_suffix()}.tmp")
+    _write_new(tmp, data)
+    try:
+        os.link(tmp, os.path.join(folder, name))
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    return True
 
 
 def read_json(path: str) -> Any:
@@ -201,14 +273,19 @@ def open_job(ident: str, home: Optional[str] = None) -> JobRecord:
     base = jobs_dir(home)
     if ident and "/" not in ident and os.path.isfile(os.path.join(base, ident, "job.json")):
         return JobRecord(os.path.join(base, ident))
-    slurm_id = ident.split("_")[0]
-    if slurm_id.isdigit():
-        matches = [job for job in all_jobs(home)
-                   if any(str(s.get("slurm_job_id")) == slurm_id for s in job.submissions())]
+    if ident.split("_")[0].isdigit():
+        matches = [job for job in all_jobs(home) if _made(job, ident)]
         if matches:
             return max(matches, key=lambda j: j.spec.get("created", 0))
     raise UsageError(f"no dispatch job {ident!r} in {base!r} "
                      "(give a dispatch job id like dab2cd3e, or a Slurm job id)")
+
+
+def _made(job: JobRecord, slurm_job_id: str) -> bool:
+    try:
+        return job.history().submission_of(slurm_job_id) is not None
+    except RecordError:
+        return False  # a garbled record is reported when opened by its own id
 
 
 def all_jobs(home: Optional[str] = None) -> list[JobRecord]:

@@ -399,6 +399,18 @@ class Slurm:
                                slurm_time(fields.get("BootTime")))
         return found
 
+    def config_value(self, key: str, env: Optional[Mapping[str, str]] = None
+                     ) -> Optional[str]:
+        """One setting of the controller's ``scontrol show config`` (``MailProg``), or None
+        when it is unset (``(null)``) or absent."""
+        result = self.call(["scontrol", "show", "config"], env)
+        for line in result.stdout.splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name.strip() == key:
+                value = value.strip()
+                return None if value in ("", "(null)") else value
+        return None
+
     def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
                        ) -> Optional[str]:
         """The id of the caller's own job whose comment carries ``marker``, if any."""

@@ -225,8 +225,8 @@ def _write_batch(job: record.JobRecord, submission: int) -> None:
 
 
 def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
-            extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None
-            ) -> Submitted:
+            extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
+            hold: Optional[dict[str, Any]] = None) -> Submitted:
     _write_batch(job, submission)
     argv, has_marker = _sbatch_argv(job, submission, list(extra or []))
     cwd = job.spec["cwd"]
@@ -237,7 +237,7 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
         # No marker to look the job up by: one attempt, never a blind second sbatch.
         jobid, result = slurm.sbatch(argv, "", run_env, cwd)
     job.append("submitted", once=str(submission), submission=submission,
-               slurm_job_id=jobid, reason=reason, argv=argv)
+               slurm_job_id=jobid, reason=reason, argv=argv, hold=hold)
     return Submitted(job, submission, jobid, result)
 
 
@@ -370,11 +370,13 @@ def next_submission(job: record.JobRecord) -> int:
 
 def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
              extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
-             expected: Optional[int] = None, claim: Optional[str] = None) -> Submitted:
+             expected: Optional[int] = None, claim: Optional[str] = None,
+             hold: Optional[dict[str, Any]] = None) -> Submitted:
     """Submit the snapshot again as submission N+1 (claimed once, never doubled).
 
     ``expected`` refuses to submit unless N+1 is that number (a supervisor acting on what it
-    saw); ``claim`` names a claim the caller already holds for it.
+    saw); ``claim`` names a claim the caller already holds for it; ``hold`` is the hold
+    intent (:class:`events.HoldIntent` fields) a held submission is recorded with.
     """
     submission = next_submission(job)
     if expected is not None and submission != expected:

@@ -1,21 +1,33 @@
 """The supervisor: one idempotent pass applies every dispatch job's recovery rules.
 
-A pass reads the user's dispatch jobs, asks Slurm once for every job it knows
-(``scontrol -o show job``), and for each dispatch job whose latest submission has ended
-applies the rule for its end state (:mod:`slurm_dispatch.rules`):
+A pass reads the user's dispatch jobs and the user's own Slurm jobs (one ``squeue --me``
+call), and for each dispatch job whose latest submission has ended (for an array: every task
+of it) applies the rule for its end state (:mod:`slurm_dispatch.rules`):
 
 * isolated jobs: Slurm's own requeue covers node failure and preemption (raises R); failures
   with budget left are resubmitted (raises N);
 * shared-checkpoint jobs: the next submission is made *held* (a real Slurm hold: ``squeue``
-  shows it, ``scontrol release`` or ``dispatch release`` lifts it).  While the hold stands the
-  site's CessationSignal is asked about the ended execution every CessationInterval; each
-  answer is recorded as a cessation fact; a ceased answer releases the hold.  A hold that
-  outlives SharedHoldFor is cancelled and recorded as expired: nothing more starts.
+  shows it with its deadline, ``scontrol release`` or ``dispatch release`` lifts it).  While the
+  hold stands the site's CessationSignal is asked about the ended execution (each ended task
+  of an array) every CessationInterval; each answer is recorded as a cessation fact; ceased
+  answers for every one release the hold.  A hold that outlives SharedHoldFor is cancelled and
+  recorded as expired: nothing more starts.  The owner is told when a hold is made and
+  HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
 
-Invariants: a submission is made at most once, also with several supervisors running at once
-(its claim file is created with O_EXCL before sbatch runs, and Slurm's view is searched for
-its marker before a stale claim is retried); a pass killed anywhere leaves a state the next
-pass completes.  A pass costs one controller call plus one per action it takes.
+Invariants:
+
+* A submission is made at most once.  Its claim (created once, holding what the pass means to
+  do: the reason, and for a hold its deadline) comes before ``sbatch``.  A claim with no
+  recorded submission is completed from evidence that the submission landed (a job of the
+  user's own carrying its marker, or an execution that recorded a start), with the claim's
+  hold; it is retried only when no ``sbatch`` can have landed unseen: the newest attempt is
+  older than any ``sbatch`` in flight (SBATCH_SETTLE) and the oldest younger than MinJobAge
+  (a landed job would still be known to slurmctld).  Otherwise the job is *stuck*: an error in
+  every pass's report until a person settles it, never a silent skip.
+* Only the user's own Slurm jobs are theirs: a job of another uid carrying our marker is
+  ignored (comments are public).
+* A pass killed anywhere leaves a state the next pass completes.  An unreadable record is an
+  error for that job only.  A pass costs one controller call plus one per action it takes.
 """
 
 from __future__ import annotations
@@ -28,12 +40,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import record, rules, submit
+from . import events, record, rules, submit
 from .errors import DispatchError, RecordError, SlurmError
-from .slurm import Job, Slurm, is_active
+from .slurm import Job, Slurm
 
-STALE_CLAIM_SECONDS = 300.0
-FINISHED_EVENTS = {"finished"}
+# An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
+SBATCH_SETTLE = 150.0
+NOTIFY_TIMEOUT = 20.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,12 @@ class Settings:
     signal: Optional[str] = "dispatch-cease"
     interval: float = 60.0
     signal_timeout: float = 120.0
+    # slurm.conf's MinJobAge: an ended job stays known to slurmctld at least this long.
+    # None: ask the controller (once a pass, only when a claim needs it).
+    min_job_age: Optional[float] = 300.0
+    mail: bool = False  # tell a hold's owner through Slurm's MailProg
+    notify: Optional[str] = None  # the site's HoldNotify command
+    warn_before: float = 7200.0  # HoldWarning
 
 
 def site_settings() -> Settings:
@@ -53,7 +72,9 @@ def site_settings() -> Settings:
         raise ConfigError("site configuration: " + "; ".join(conf.problems))
     return Settings(hold_for=float(conf.shared_hold_for),
                     signal=conf.cessation_signal or None,
-                    interval=float(conf.cessation_interval))
+                    interval=float(conf.cessation_interval),
+                    min_job_age=None, mail=True, notify=conf.hold_notify or None,
+                    warn_before=float(conf.hold_warning))
 
 
 @dataclass
@@ -64,6 +85,8 @@ class Answer:
 
 
 SignalRunner = Callable[[list[str], float], Answer]
+# (argv, text on stdin, timeout) -> (it worked, what it said)
+Notifier = Callable[[list[str], str, float], tuple[bool, str]]
 
 
 def ask_signal(argv: list[str], timeout: float) -> Answer:
@@ -85,6 +108,24 @@ def ask_signal(argv: list[str], timeout: float) -> Answer:
     return Answer(verdict, proc.returncode, evidence)
 
 
+def run_notifier(argv: list[str], text: str, timeout: float) -> tuple[bool, str]:
+    """Run a mailer or the site's HoldNotify; any failure is an answer, never an exception."""
+    try:
+        proc = subprocess.run(argv, input=text, capture_output=True, text=True,
+                              timeout=timeout, stdin=None)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"{argv[0]}: {exc}"
+    said = (proc.stderr + proc.stdout).strip()[-500:]
+    if proc.returncode != 0:
+        return False, f"{argv[0]} exited {proc.returncode}" + (f": {said}" if said else "")
+    return True, said
+
+
+def when(seconds: float) -> str:
+    """A deadline as people read it: the date, the time and the zone."""
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(seconds))
+
+
 @dataclass
 class PassReport:
     actions: list[str] = field(default_factory=list)
@@ -92,131 +133,198 @@ class PassReport:
     controller_calls: int = 0
 
 
-def _state(info: Optional[Job]) -> str:
-    return info.state if info is not None else ""
+def _unique(slurm_jobs: dict[str, Job]) -> list[Job]:
+    # own_jobs keys a job by its id and by its display id: one Job, two keys.
+    return list({id(j): j for j in slurm_jobs.values()}.values())
 
 
-def _latest(events: list[dict[str, Any]], kind: str) -> Optional[dict[str, Any]]:
-    found = [e for e in events if e["event"] == kind]
-    return found[-1] if found else None
+def _views(slurm_id: str, slurm_jobs: dict[str, Job]) -> list[Job]:
+    """Slurm's view of a submission: the job, or every task of an array submission."""
+    tasks = [j for j in _unique(slurm_jobs) if j.array_job_id == slurm_id
+             and j.array_task_id is not None]
+    if tasks:
+        return sorted(tasks, key=lambda j: j.array_task_id or 0)
+    found = slurm_jobs.get(slurm_id)
+    return [found] if found is not None else []
+
+
+def _end_state(views: list[Job]) -> str:
+    """The end a rule is chosen by: for an array, the first of its tasks' ends in rule order
+    (a failed task outranks completed ones)."""
+    ends = [rules.END_STATES.get(v.state, "failed") for v in views]
+    return min(ends, key=lambda e: rules.ORDER.index(e) if e in rules.ORDER else -1)
 
 
 class Supervisor:
     def __init__(self, slurm: Slurm, settings: Settings, home: Optional[str] = None,
                  signal_runner: SignalRunner = ask_signal,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 notifier: Notifier = run_notifier) -> None:
         self.slurm = slurm
         self.settings = settings
         self.home = home
         self.ask = signal_runner
         self.clock = clock
+        self.notifier = notifier
+        self._mail_prog: Optional[str] = None
+        self._min_age: Optional[float] = None
 
     def run_pass(self) -> PassReport:
         report = PassReport()
+        self._mail_prog = self._min_age = None  # read again, once a pass, when first needed
         jobs = record.all_jobs(self.home)
         if not jobs:
             return report
-        slurm_jobs = self.slurm.own_jobs()
+        seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about
+        me = os.getuid()
+        # Comments are public: a job of another uid carrying our marker is not ours.
+        slurm_jobs = {k: j for k, j in self.slurm.own_jobs().items() if j.uid == me}
         report.controller_calls += 1
         for job in jobs:
             try:
-                self._job(job, slurm_jobs, report)
+                self._job(job, slurm_jobs, seen_at, report)
             except DispatchError as exc:
                 report.errors.append(f"{job.id}: {exc}")
         return report
 
     # -- one job -------------------------------------------------------------------------
-    def _job(self, job: record.JobRecord, slurm_jobs: dict[str, Job],
+    def _job(self, job: record.JobRecord, slurm_jobs: dict[str, Job], seen_at: int,
              report: PassReport) -> None:
-        events = job.events()
-        if _latest(events, "finished") or _latest(events, "superseded"):
+        history = job.history()
+        line = history.lineage()
+        if line.settled:
             return
-        submissions = [e for e in events if e["event"] == "submitted"]
-        if not submissions:
+        current = line.current
+        n = current.submission if current is not None else 0
+        busy, claim = self._recover_claim(job, line, n + 1, slurm_jobs, report)
+        if busy == "recovered":
+            self._job(job, slurm_jobs, seen_at, report)  # go on with the submission found
             return
-        n = max(int(e["submission"]) for e in submissions)
-        busy, claim = self._recover_claim(job, n + 1, slurm_jobs, report)
-        if busy:
+        if busy or current is None:
             return
-        last = [e for e in submissions if int(e["submission"]) == n][-1]
-        info = slurm_jobs.get(str(last["slurm_job_id"]))
-        hold = _latest(events, "hold")
-        if hold is not None and int(hold["submission"]) == n:
-            self._hold(job, events, hold, info, report)
+        hold = line.hold_for(n)
+        if hold is not None and hold.recovered:
+            # A pass was killed between the held submission and its hold event.
+            job.append(events.Hold, once=str(n), **_hold_fields(hold))
+            report.actions.append(f"{job.id}: recorded the hold on submission {n} "
+                                  f"(Slurm job {hold.slurm_job_id}) from its submission")
+        if hold is not None and line.lifted(hold.slurm_job_id) is None:
+            self._hold(job, line, hold, slurm_jobs, report)
             return
-        state = _state(info)
-        if not state or is_active(state):
-            return  # running, pending, or aged out of slurmctld with nothing to act on
-        self._ended(job, n, str(last["slurm_job_id"]), info, report, claim)
+        views = _views(current.slurm_job_id, slurm_jobs)
+        if not views:
+            if current.ns >= seen_at:
+                return  # recorded after Slurm was read: seen by the next pass
+            report.errors.append(
+                f"{job.id}: submission {n} (Slurm job {current.slurm_job_id}) is no longer "
+                "known to slurmctld and no end of it is recorded: nothing is decided for it "
+                f"(look it up with `sacct -j {current.slurm_job_id}`)")
+            return
+        if any(not v.is_final for v in views):
+            return  # running, pending, requeued: Slurm is not done with it
+        self._ended(job, n, current.slurm_job_id, views, claim, report)
 
-    def _recover_claim(self, job: record.JobRecord, nxt: int,
+    def _recover_claim(self, job: record.JobRecord, line: events.Lineage, nxt: int,
                        slurm_jobs: dict[str, Job], report: PassReport
-                       ) -> tuple[bool, Optional[str]]:
-        """A claim for submission ``nxt`` with no submission recorded: finish or retry it.
-
-        Returns (leave this job alone this pass, the claim this pass holds for ``nxt``).
-        """
-        if not job.has_claim(f"submission-{nxt}"):
-            return False, None
+                       ) -> tuple[str, Optional[str]]:
+        """Claims for submission ``nxt`` with no submission recorded: complete, retry or
+        report them.  Returns ("recovered" | "busy" | "", the claim a retry must make)."""
+        claims = job.claims(f"submission-{nxt}")
+        if not claims:
+            return "", None
+        meant = claims[-1][1]
         wanted = submit.marker(job, nxt)
-        for jobid, info in slurm_jobs.items():
-            if wanted in info.markers and "_" not in jobid:
-                if job.append("submitted", once=str(nxt), submission=nxt, slurm_job_id=jobid,
-                              reason="recovered", argv=[], recovered=True):
-                    report.actions.append(
-                        f"{job.id}: recorded submission {nxt} (Slurm job {jobid})")
-                return True, None
-        claim = os.path.join(job.path, "claims", f"submission-{nxt}")
-        age = self.clock() - os.stat(claim).st_mtime
-        if age > STALE_CLAIM_SECONDS and job.claim(f"submission-{nxt}.stale"):
-            job.append("submit-lost", submission=nxt,
-                       note=f"claim {age:.0f} s old and no such job in Slurm; retrying")
-            return False, f"submission-{nxt}.stale"
-        return True, None  # another supervisor is submitting it right now
+        landed = [j for j in _unique(slurm_jobs) if wanted in j.markers]
+        if landed:
+            first = landed[0]
+            self._recovered(job, nxt, first.array_job_id or first.job_id, meant,
+                            "found in Slurm", report)
+            return "recovered", None
+        started = line.started_for(nxt)
+        if started:
+            self._recovered(job, nxt, started[0].array_job_id or started[0].slurm_job_id, meant,
+                            "its execution recorded a start", report)
+            return "recovered", None
+        now = self.clock()
+        newest, oldest = meant["time"], claims[0][1]["time"]
+        if now - newest < SBATCH_SETTLE:
+            return "busy", None  # an sbatch may be in flight (another supervisor, or ours)
+        min_age = self._min_job_age(report)
+        if now - oldest >= min_age:
+            folder = os.path.join(job.path, "claims")
+            report.errors.append(
+                f"{job.id}: STUCK: submission {nxt} was claimed {now - oldest:.0f} s ago "
+                f"({len(claims)} attempt(s)); no job of yours carries {wanted} and none "
+                "recorded a start, but one may have run and aged out of slurmctld "
+                f"(MinJobAge {min_age:g} s), so it is not submitted again. "
+                f"Check `sacct -X -o JobID,State,Comment%60 | grep {wanted}`; if none ran, "
+                f"remove {folder}/submission-{nxt}* and the next pass submits it")
+            return "busy", None
+        # No attempt can have landed unseen: it would still be known to slurmctld.
+        return "", f"submission-{nxt}.retry-{len(claims)}"
 
-    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, info: Optional[Job],
-               report: PassReport, claim: Optional[str] = None) -> None:
-        end = rules.END_STATES.get(_state(info), "failed")
+    def _recovered(self, job: record.JobRecord, nxt: int, slurm_id: str,
+                   meant: dict[str, Any], how: str, report: PassReport) -> None:
+        hold = meant.get("hold")
+        if job.append(events.Submitted, once=str(nxt), submission=nxt, slurm_job_id=slurm_id,
+                      reason=str(meant.get("reason", "recovered")), recovered=True, hold=hold):
+            report.actions.append(f"{job.id}: recorded submission {nxt} (Slurm job "
+                                  f"{slurm_id}): {how}")
+
+    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, views: list[Job],
+               claim: Optional[str], report: PassReport) -> None:
+        end = _end_state(views)
         spec = job.spec
         budget_left = int(spec["resubmit"]) - (n - 1)
-        shared = bool(spec["shared_checkpoint"])
-        rule = rules.rule_for(end, shared, budget_left)
+        rule = rules.rule_for(end, bool(spec["shared_checkpoint"]), budget_left)
         action = rule.action
         if action == "slurm-requeue":
             action = "resubmit" if budget_left > 0 else "stop"  # Slurm did not requeue it
         if action == "stop":
-            job.append("finished", submission=n, slurm_job_id=slurm_id, end_state=end,
+            job.append(events.Finished, submission=n, slurm_job_id=slurm_id, end_state=end,
                        rule=rule.text)
             report.actions.append(f"{job.id}: {end}: {rule.text}")
             return
         if action == "resubmit":
-            done = self._submit(job, n, f"{end} (budget {budget_left})", [], report, claim)
+            done = self._submit(job, n, f"{end} (budget {budget_left})", [], None, claim,
+                                report)
             if done:
                 report.actions.append(f"{job.id}: {end}: resubmitted as submission {n + 1} "
                                       f"(Slurm job {done.slurm_job_id})")
             return
         # action == "hold": the next submission is made, held, for a person or the signal.
-        deadline = self.clock() + self.settings.hold_for
-        restart = info.restarts if info is not None else 0
-        until = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(deadline))
+        deadline = round(self.clock() + self.settings.hold_for, 3)
+        array = len(views) > 1 or views[0].array_task_id is not None
+        intent = events.HoldIntent(
+            deadline=deadline, ended_slurm_job_id=slurm_id,
+            ended_restart=0 if array else views[0].restarts, end_state=end,
+            instead_of=rule.instead_of,
+            ended_tasks=[[v.display_id, v.restarts] for v in views] if array else [])
         comment = (f"--comment={submit.marker(job, n + 1)} held: shared checkpoint; {end} of "
                    f"job {slurm_id}; waits until its processes are proven gone or a person "
-                   f"releases it; expires {until}")
+                   f"releases it; expires {when(deadline)}")
         done = self._submit(job, n, f"{end}: held (shared checkpoint)", ["--hold", comment],
-                            report, claim)
+                            intent.as_dict(), claim, report)
         if done:
-            job.append("hold", submission=n + 1, slurm_job_id=done.slurm_job_id,
-                       ended_slurm_job_id=slurm_id, ended_restart=restart, end_state=end,
-                       deadline=round(deadline, 3), instead_of=rule.instead_of)
+            hold = job.append(events.Hold, once=str(n + 1), submission=n + 1,
+                              slurm_job_id=done.slurm_job_id, **intent.as_dict())
             report.actions.append(f"{job.id}: {end}: submission {n + 1} held as Slurm job "
-                                  f"{done.slurm_job_id} until "
-                                  f"{time.strftime('%H:%M:%S', time.localtime(deadline))}")
+                                  f"{done.slurm_job_id} until {when(deadline)}")
+            if isinstance(hold, events.Hold):
+                self._tell(job, hold, "made", report)
 
     def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
-                report: PassReport, claim: Optional[str]) -> Optional[submit.Submitted]:
+                hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport
+                ) -> Optional[submit.Submitted]:
+        name = claim or f"submission-{n + 1}"
+        # The claim holds what this pass means to do, before sbatch: a pass killed after
+        # sbatch leaves the next one everything it needs (the hold and its deadline).
+        if not job.claim(name, {"submission": n + 1, "reason": reason, "hold": hold},
+                         now=self.clock()):
+            return None  # another supervisor made this claim first: it submits
         try:
             done = submit.resubmit(self.slurm, job, reason=reason, extra=extra,
-                                   expected=n + 1, claim=claim)
+                                   expected=n + 1, claim=name, hold=hold)
         except RecordError as exc:
             report.errors.append(f"{job.id}: {exc}")
             return None
@@ -228,70 +336,168 @@ class Supervisor:
         return done
 
     # -- holds ---------------------------------------------------------------------------
-    def _hold(self, job: record.JobRecord, events: list[dict[str, Any]], hold: dict[str, Any],
-              info: Optional[Job], report: PassReport) -> None:
-        held_id = str(hold["slurm_job_id"])
-        for kind in ("released", "expired"):
-            done = _latest(events, kind)
-            if done is not None and str(done["slurm_job_id"]) == held_id:
-                return
-        state = _state(info)
-        if info is not None and not info.is_held:
-            by = "a person (scontrol release)" if state else "unknown"
-            job.append("released", slurm_job_id=held_id, by=by, slurm_state=state)
+    def _hold(self, job: record.JobRecord, line: events.Lineage, hold: events.Hold,
+              slurm_jobs: dict[str, Job], report: PassReport) -> None:
+        held_id = hold.slurm_job_id
+        held = _views(held_id, slurm_jobs)
+        moved = [v for v in held if not v.is_held]
+        if moved:
+            state = moved[0].state
+            by = (f"Slurm: {state} while held" if moved[0].is_final
+                  else "a person (scontrol release)")
+            job.append(events.Released, slurm_job_id=held_id, by=by, slurm_state=state)
             report.actions.append(f"{job.id}: hold on Slurm job {held_id} lifted by {by}")
             return
+        if not held:
+            report.errors.append(f"{job.id}: the held Slurm job {held_id} is no longer known "
+                                 "to slurmctld; the hold stands until it expires "
+                                 f"{when(hold.deadline)}")
         now = self.clock()
-        if now >= float(hold["deadline"]):
-            try:
-                self.slurm.cancel([held_id])
-                report.controller_calls += 1
-            except SlurmError as exc:
-                report.errors.append(f"{job.id}: cannot cancel expired hold {held_id}: {exc}")
-                return
-            job.append("expired", slurm_job_id=held_id, deadline=hold["deadline"])
-            job.append("finished", submission=hold["submission"], slurm_job_id=held_id,
-                       end_state="hold expired", rule="nothing more starts")
-            report.actions.append(f"{job.id}: hold on Slurm job {held_id} expired; job ended")
+        if now >= hold.deadline:
+            self._expire(job, hold, bool(held), report)
             return
+        if now >= hold.deadline - self.settings.warn_before:
+            self._tell(job, hold, "expiring", report)
         if not self.settings.signal:
             return  # no CessationSignal at this site: the hold waits for a person
-        asked = [e for e in events if e["event"] == "cessation"
-                 and e.get("held_slurm_job_id") == held_id]
-        if asked and now - float(asked[-1].get("asked_at", asked[-1]["time"])) < \
-                self.settings.interval:
+        answers = line.answers_for(held_id)
+        if answers and now - answers[-1].asked < self.settings.interval:
             return
-        ended = str(hold["ended_slurm_job_id"])
-        argv = [*shlex.split(self.settings.signal), ended, "--restart",
-                str(hold.get("ended_restart", 0)), "--json"]
-        answer = self.ask(argv, self.settings.signal_timeout)
-        job.append("cessation", asked_at=round(now, 3), held_slurm_job_id=held_id,
-                   ended_slurm_job_id=ended,
-                   verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
-                   command=argv)
-        report.actions.append(f"{job.id}: {self.settings.signal} {ended}: {answer.verdict}")
-        if answer.verdict == "ceased":
+        targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
+        verdicts = []
+        for target, restart in targets:
+            argv = [*shlex.split(self.settings.signal), str(target), "--restart",
+                    str(restart), "--json"]
+            answer = self.ask(argv, self.settings.signal_timeout)
+            job.append(events.Cessation, asked_at=round(now, 3), held_slurm_job_id=held_id,
+                       ended_slurm_job_id=str(target), verdict=answer.verdict,
+                       code=answer.code, evidence=answer.evidence, command=argv)
+            report.actions.append(f"{job.id}: {self.settings.signal} {target}: "
+                                  f"{answer.verdict}")
+            verdicts.append(answer.verdict)
+        if all(v == "ceased" for v in verdicts):
             try:
                 self.slurm.release([held_id])
                 report.controller_calls += 1
             except SlurmError as exc:
                 report.errors.append(f"{job.id}: cannot release {held_id}: {exc}")
                 return
-            job.append("released", slurm_job_id=held_id, by="cessation signal")
+            job.append(events.Released, slurm_job_id=held_id, by="cessation signal")
             report.actions.append(f"{job.id}: hold on Slurm job {held_id} lifted: ceased")
+
+    def _expire(self, job: record.JobRecord, hold: events.Hold, known: bool,
+                report: PassReport) -> None:
+        if known:
+            try:
+                self.slurm.cancel([hold.slurm_job_id])
+                report.controller_calls += 1
+            except SlurmError as exc:
+                report.errors.append(f"{job.id}: cannot cancel expired hold "
+                                     f"{hold.slurm_job_id}: {exc}")
+                return
+        job.append(events.Expired, slurm_job_id=hold.slurm_job_id, deadline=hold.deadline)
+        job.append(events.Finished, submission=hold.submission, slurm_job_id=hold.slurm_job_id,
+                   end_state="hold expired", rule="nothing more starts")
+        report.actions.append(f"{job.id}: hold on Slurm job {hold.slurm_job_id} expired; "
+                              "job ended")
+
+    # -- telling people ------------------------------------------------------------------
+    def _tell(self, job: record.JobRecord, hold: events.Hold, about: str,
+              report: PassReport) -> None:
+        """Tell the job's owner about a hold, once per channel; best effort: a failure is
+        recorded and reported, never retried in a loop, never blocks the pass."""
+        told = {e.channel for e in job.history().of(events.Notified)
+                if e.slurm_job_id == hold.slurm_job_id and e.about == about}
+        spec = job.spec
+        user = str(spec.get("user") or os.getuid())
+        to = _mail_user(spec) or user
+        subject = (f"slurm-dispatch {job.id}: submission {hold.submission} held (Slurm job "
+                   f"{hold.slurm_job_id}) until {when(hold.deadline)}")
+        if about == "expiring":
+            subject = (f"slurm-dispatch {job.id}: the hold on Slurm job {hold.slurm_job_id} "
+                       f"expires {when(hold.deadline)}")
+        body = (f"{subject}\n\nAfter {hold.end_state} of Slurm job {hold.ended_slurm_job_id} "
+                f"the next submission of dispatch job {job.id} ({spec.get('script_name')}) "
+                "waits until the ended execution's processes are proven gone, or a person "
+                f"releases it (`dispatch release {job.id}`).  Unreleased, it is cancelled at "
+                f"{when(hold.deadline)} and the job ends.\n`dispatch status {job.id}` shows "
+                "the evidence.\n")
+        channels: list[tuple[str, list[str]]] = []
+        if self.settings.mail and "mail" not in told:
+            mail_prog = self._mailer(report)
+            if mail_prog:
+                channels.append(("mail", [mail_prog, "-s", subject, to]))
+        if self.settings.notify and "site" not in told:
+            channels.append(("site", [*shlex.split(self.settings.notify), about, job.id,
+                                      hold.slurm_job_id,
+                                      time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                                    time.localtime(hold.deadline)), user, to]))
+        for channel, argv in channels:
+            ok, said = self.notifier(argv, body, NOTIFY_TIMEOUT)
+            job.append(events.Notified, slurm_job_id=hold.slurm_job_id, about=about,
+                       channel=channel, ok=ok, detail=said)
+            if not ok:
+                report.errors.append(f"{job.id}: could not tell {to} about the hold on Slurm "
+                                     f"job {hold.slurm_job_id} ({channel}): {said}")
+
+    def _min_job_age(self, report: PassReport) -> float:
+        """MinJobAge: the settings', else the controller's (read once a pass), else 300 s,
+        Slurm's default; an unreadable value counts as 0 (no retry is ever proven safe)."""
+        if self.settings.min_job_age is not None:
+            return self.settings.min_job_age
+        if self._min_age is None:
+            try:
+                value = self.slurm.config_value("MinJobAge") or "300 sec"
+                self._min_age = float(value.split()[0])
+            except (SlurmError, ValueError) as exc:
+                report.errors.append(f"cannot read Slurm's MinJobAge: {exc}")
+                self._min_age = 0.0
+            report.controller_calls += 1
+        return self._min_age
+
+    def _mailer(self, report: PassReport) -> Optional[str]:
+        """Slurm's MailProg (``scontrol show config``), read once a pass, when first needed."""
+        if self._mail_prog is None:
+            try:
+                self._mail_prog = self.slurm.config_value("MailProg") or ""
+            except SlurmError as exc:
+                report.errors.append(f"cannot read Slurm's MailProg: {exc}")
+                self._mail_prog = ""
+            report.controller_calls += 1
+        return self._mail_prog or None
+
+
+def _hold_fields(hold: events.Hold) -> dict[str, Any]:
+    return {k: v for k, v in hold.fields().items() if k not in ("event", "time", "ns", "v")}
+
+
+def _mail_user(spec: dict[str, Any]) -> Optional[str]:
+    """The job's --mail-user, from its command line or its #SBATCH lines, if given."""
+    words = list(spec.get("sbatch", []))
+    for line in spec.get("header", []):
+        words.extend(shlex.split(line.partition("#SBATCH")[2], comments=True)
+                     if line.lstrip().startswith("#SBATCH") else [])
+    found = None
+    for i, word in enumerate(words):
+        if word.startswith("--mail-user="):
+            found = word.split("=", 1)[1]
+        elif word == "--mail-user" and i + 1 < len(words):
+            found = words[i + 1]
+    return found or None
 
 
 def release(slurm: Slurm, job: record.JobRecord) -> str:
     """A person lifts the standing hold of ``job``; returns the released Slurm job id."""
-    events = job.events()
-    hold = _latest(events, "hold")
+    line = job.history().lineage()
+    last = line.holds[-1] if line.holds else None
+    hold = line.hold
     if hold is None:
+        lifted = line.lifted(last.slurm_job_id) if last is not None else None
+        if last is not None and lifted is not None:
+            raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
+                              f"already {lifted.kind}")
         raise RecordError(f"dispatch job {job.id} has no hold to release")
-    held_id = str(hold["slurm_job_id"])
-    for kind in ("released", "expired"):
-        done = _latest(events, kind)
-        if done is not None and str(done["slurm_job_id"]) == held_id:
-            raise RecordError(f"the hold on Slurm job {held_id} of {job.id} is already {kind}")
-    slurm.release([held_id])
-    job.append("released", slurm_job_id=held_id, by="a person (dispatch release)")
-    return held_id
+    slurm.release([hold.slurm_job_id])
+    job.append(events.Released, slurm_job_id=hold.slurm_job_id,
+               by="a person (dispatch release)")
+    return hold.slurm_job_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 from pathlib import Path
@@ -16,8 +17,8 @@ from .fake_cluster import FakeCluster
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
 
     def __call__(self) -> float:
         return self.now
@@ -45,8 +46,12 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+ROOTS = itertools.count()
+
+
 def new_job(cluster: FakeCluster, *options: str) -> tuple[record.JobRecord, str]:
-    done = submit.submit_new(submit.read_request(["--checkpoint", "ck", *options, "job.sh"]),
+    root = f"ck-{next(ROOTS)}"  # a root of its own: one live dispatch job per root
+    done = submit.submit_new(submit.read_request(["--checkpoint", root, *options, "job.sh"]),
                              Slurm(cluster, wait=0))
     return done.job, done.slurm_job_id
 
@@ -205,17 +210,24 @@ def test_killed_after_claim_is_finished_by_next_pass(home: Path) -> None:
     assert [s["submission"] for s in job.submissions()] == [1, 2]
 
 
-def test_stale_claim_without_a_job_is_retried_once(home: Path) -> None:
+def test_an_old_claim_without_evidence_is_stuck_and_reported_every_pass(home: Path) -> None:
     cluster, clock = FakeCluster(), Clock()
     job, slurm_id = new_job(cluster, "--resubmit", "1")
     cluster.set(slurm_id, JobState="FAILED")
-    assert job.claim("submission-2")  # a pass died before sbatch ran
+    assert job.claim("submission-2")  # a pass died around its sbatch
     clock.now = os.stat(Path(job.path) / "claims" / "submission-2").st_mtime + 10
     sup = Supervisor(Slurm(cluster, wait=0), Settings(), clock=clock)
     assert sup.run_pass().actions == []  # fresh claim: someone may be submitting
-    clock.now += 1000
+    clock.now += 1000  # older than MinJobAge: a job it made could have aged out unseen
+    for _ in range(2):
+        errors = sup.run_pass().errors
+        assert len(errors) == 1 and "STUCK: submission 2" in errors[0]
+        assert f"{job.path}/claims/submission-2*" in errors[0]
+    assert len(cluster.sbatch_calls()) == 1
+    for name in os.listdir(Path(job.path) / "claims"):  # what the message tells a person
+        if name.startswith("submission-2"):
+            os.unlink(Path(job.path) / "claims" / name)
     assert "resubmitted as submission 2" in sup.run_pass().actions[0]
-    assert len(cluster.sbatch_calls()) == 2
 
 
 class FileCluster(FakeCluster):

@@ -1,0 +1,456 @@
+"""The event schema of a dispatch job's record, and the history read from it.
+
+Role: the one place that knows what a recorded event looks like.  Every event kind is a
+frozen dataclass; :func:`parse` turns one stored JSON object into one, checking every field's
+type, and :class:`History` answers the questions the supervisor, ``status``, ``submit`` and
+the CLI ask of a job (its next submission number, the standing hold and its deadline, whether
+it is settled), per array task where the job is an array.
+
+Invariants:
+
+* A stored event is valid or it is an error naming the file and the field: no reader ever
+  sees a half-valid event, and nothing outside this module reads an event by its kind string.
+* Format versions: ``"v": 2`` is written now.  Events written before carry no ``v`` and are
+  read as version 1 (same fields, no ``task``).  An event of a newer version than this reader
+  knows is an error that says to upgrade (a newer writer may mean something this reader cannot
+  see); unknown *fields* of a known version are kept in :attr:`Event.raw` and otherwise ignored.
+* Array jobs: rules, budgets, submission numbers, holds and cessation are per task.  An event
+  carries ``task`` (the array task id) when it concerns one task only; ``task`` absent means the
+  whole job (a plain job, or every task of an array submission).  A task's lineage is made of
+  the whole-job submissions and its own (:meth:`History.lineage`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Union
+
+VERSION = 2  # the format written now; events with no "v" are version 1
+
+
+class EventError(ValueError):
+    """One stored event has the wrong shape; the message names the field and the value."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Fields every event has.  ``raw`` is the stored object, unknown fields included."""
+
+    kind: ClassVar[str] = ""
+    required: ClassVar[tuple[str, ...]] = ()  # beyond time and ns, which every event has
+    time: float = 0.0
+    ns: int = 0
+    v: int = 1
+    task: Optional[int] = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def fields(self) -> dict[str, Any]:
+        """The event as it is stored: ``event`` kind first, no ``raw``."""
+        out: dict[str, Any] = {"event": self.kind}
+        for f in dataclasses.fields(self):
+            if f.name == "raw":
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue  # absent means None (a whole-job event has no task, as in version 1)
+            out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class HoldIntent:
+    """What a held submission waits for: recorded before ``sbatch`` runs, so a pass killed
+    after ``sbatch`` still knows the submission is a hold, with its deadline."""
+
+    deadline: float
+    ended_slurm_job_id: str
+    ended_restart: int
+    end_state: str
+    instead_of: Optional[str] = None
+    # For an array: every task execution that must cease first, as [display id, restart].
+    ended_tasks: list[list[Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Submitted(Event):
+    kind: ClassVar[str] = "submitted"
+    required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id")
+    submission: int = 0
+    slurm_job_id: str = ""
+    reason: str = ""
+    argv: list[str] = field(default_factory=list)
+    recovered: bool = False
+    hold: Optional[dict[str, Any]] = None  # a HoldIntent's fields for a held submission
+
+
+@dataclass(frozen=True)
+class SubmitFailed(Event):
+    kind: ClassVar[str] = "submit-failed"
+    required: ClassVar[tuple[str, ...]] = ("submission",)
+    submission: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SubmitLost(Event):
+    """Version 1 only: a stale claim retried.  Read, never written now."""
+
+    kind: ClassVar[str] = "submit-lost"
+    required: ClassVar[tuple[str, ...]] = ("submission",)
+    submission: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Hold(Event):
+    kind: ClassVar[str] = "hold"
+    required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id", "ended_slurm_job_id",
+                                           "deadline")
+    submission: int = 0
+    slurm_job_id: str = ""
+    ended_slurm_job_id: str = ""
+    ended_restart: int = 0
+    end_state: str = ""
+    deadline: float = 0.0
+    instead_of: Optional[str] = None
+    ended_tasks: list[list[Any]] = field(default_factory=list)
+    recovered: bool = False
+
+
+@dataclass(frozen=True)
+class Released(Event):
+    kind: ClassVar[str] = "released"
+    required: ClassVar[tuple[str, ...]] = ("slurm_job_id",)
+    slurm_job_id: str = ""
+    by: str = ""
+    slurm_state: str = ""
+
+
+@dataclass(frozen=True)
+class Expired(Event):
+    kind: ClassVar[str] = "expired"
+    required: ClassVar[tuple[str, ...]] = ("slurm_job_id",)
+    slurm_job_id: str = ""
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cessation(Event):
+    kind: ClassVar[str] = "cessation"
+    required: ClassVar[tuple[str, ...]] = ("held_slurm_job_id", "ended_slurm_job_id", "verdict")
+    held_slurm_job_id: str = ""
+    ended_slurm_job_id: str = ""
+    verdict: str = ""
+    code: Optional[int] = None
+    evidence: Any = None
+    command: list[str] = field(default_factory=list)
+    asked_at: Optional[float] = None
+
+    @property
+    def asked(self) -> float:
+        return self.asked_at if self.asked_at is not None else self.time
+
+
+@dataclass(frozen=True)
+class Notified(Event):
+    """A person was told about a hold (made, or about to expire); ``ok`` False: it failed."""
+
+    kind: ClassVar[str] = "notified"
+    required: ClassVar[tuple[str, ...]] = ("slurm_job_id", "about", "channel")
+    slurm_job_id: str = ""
+    about: str = ""  # "hold" | "expiring"
+    channel: str = ""  # "mail" | "site"
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Finished(Event):
+    kind: ClassVar[str] = "finished"
+    required: ClassVar[tuple[str, ...]] = ("submission",)
+    submission: int = 0
+    slurm_job_id: str = ""
+    end_state: str = ""
+    rule: str = ""
+
+
+@dataclass(frozen=True)
+class Superseded(Event):
+    kind: ClassVar[str] = "superseded"
+    required: ClassVar[tuple[str, ...]] = ("by",)
+    by: str = ""
+
+
+@dataclass(frozen=True)
+class Started(Event):
+    """Written by the launcher at the start of every execution, as the job's user."""
+
+    kind: ClassVar[str] = "started"
+    required: ClassVar[tuple[str, ...]] = ("submission",)
+    submission: int = 0
+    slurm_job_id: str = ""
+    array_job_id: str = ""
+    array_task_id: str = ""
+    restart: int = 0
+    attempt: str = ""
+    epoch: int = 0
+    exec_dir: str = ""
+    resume_from: str = ""
+    node: str = ""
+    nodes: str = ""
+    host: str = ""
+    pid: int = 0
+
+
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
+    Submitted, SubmitFailed, SubmitLost, Hold, Released, Expired, Cessation, Notified,
+    Finished, Superseded, Started)}
+
+
+# -- reading -----------------------------------------------------------------------------
+
+def _check(name: str, value: Any, hint: Any) -> Any:
+    """``value`` if it has type ``hint`` (JSON's types; an int is a float), else EventError."""
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        hint = next(o for o in options if o is not type(None))
+        origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint in (str, bool):
+        if type(value) is hint:
+            return value
+    elif origin is list or hint is list:
+        if isinstance(value, list):
+            return value
+    elif origin is dict or hint is dict:
+        if isinstance(value, dict):
+            return value
+    expected = getattr(hint, "__name__", str(hint))
+    raise EventError(f"field {name!r} is {value!r}, not {expected}")
+
+
+_HINTS: dict[type[Event], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Event]) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def parse(data: Any) -> Event:
+    """One stored event, checked; raises EventError naming what is wrong."""
+    if not isinstance(data, dict):
+        raise EventError(f"an event is a JSON object, not {type(data).__name__} {data!r:.80}")
+    kind = data.get("event")
+    if not isinstance(kind, str):
+        raise EventError(f"no 'event' kind (got {kind!r})")
+    version = data.get("v", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise EventError(f"format version 'v' is {version!r}, not an integer from 1")
+    if version > VERSION:
+        raise EventError(f"{kind!r} event is format version {version}, newer than this "
+                         f"slurm-dispatch reads ({VERSION}): upgrade slurm-dispatch here")
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise EventError(f"unknown event kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "raw":
+            continue
+        if f.name not in data:
+            if f.name in cls.required or f.name in ("time", "ns"):
+                raise EventError(f"{kind!r} event has no {f.name!r}")
+            continue
+        values[f.name] = _check(f.name, data[f.name], hints[f.name])
+    if cls is Started and values.get("task") is None and data.get("array_task_id"):
+        task = str(data["array_task_id"])
+        if not task.isdigit():
+            raise EventError(f"field 'array_task_id' is {task!r}, not an array task id")
+        values["task"] = int(task)
+    if values.get("task") is not None and values["task"] < 0:
+        raise EventError(f"field 'task' is {values['task']!r}, not an array task id")
+    if cls is Submitted and values.get("hold") is not None:
+        intent(values["hold"])  # checked here, so a reader never meets a bad one later
+    event = cls(**values, raw=data)
+    if getattr(event, "submission", 1) < 1:
+        raise EventError(f"field 'submission' is {event.submission!r}, "  # type: ignore
+                         "not a number from 1")
+    return event
+
+
+def intent(data: Any) -> HoldIntent:
+    """A hold intent as stored (in a submitted event or a claim); raises EventError."""
+    if not isinstance(data, dict):
+        raise EventError(f"a hold intent is a JSON object, not {data!r:.80}")
+    hints = typing.get_type_hints(HoldIntent)
+    values = {}
+    for f in dataclasses.fields(HoldIntent):
+        if f.name in data:
+            values[f.name] = _check(f.name, data[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise EventError(f"hold intent has no {f.name!r}")
+    return HoldIntent(**values)
+
+
+def new(cls: type[Event], now_ns: int, **values: Any) -> Event:
+    """A new event of this format version, stamped ``now_ns``; checked like a stored one."""
+    data = {"event": cls.kind, "v": VERSION, "time": round(now_ns / 1e9, 3), "ns": now_ns,
+            **{k: v for k, v in values.items() if not (k == "task" and v is None)}}
+    return parse(data)
+
+
+# -- the history -------------------------------------------------------------------------
+
+@dataclass
+class Lineage:
+    """One lineage of submissions: the whole job, or one array task (``task``)."""
+
+    task: Optional[int]
+    submissions: list[Submitted]
+    holds: list[Hold]
+    ends: list[Union[Released, Expired]]
+    answers: list[Cessation]
+    started: list[Started]
+    finished: Optional[Finished]
+    superseded: Optional[Superseded]
+
+    @property
+    def current(self) -> Optional[Submitted]:
+        """The latest submission (the greatest number; the first record of it wins)."""
+        best: Optional[Submitted] = None
+        for sub in self.submissions:
+            if best is None or sub.submission > best.submission:
+                best = sub
+        return best
+
+    @property
+    def next_submission(self) -> int:
+        return max((s.submission for s in self.submissions), default=0) + 1
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more is done for it: finished by a rule, an expired hold, or superseded."""
+        return self.finished is not None or self.superseded is not None
+
+    def submission(self, number: int) -> Optional[Submitted]:
+        return next((s for s in self.submissions if s.submission == number), None)
+
+    def hold_for(self, number: int) -> Optional[Hold]:
+        """The hold of submission ``number``: its hold event, else the intent it was
+        submitted with (a pass killed between the two), marked ``recovered``."""
+        for hold in reversed(self.holds):
+            if hold.submission == number:
+                return hold
+        sub = self.submission(number)
+        if sub is None or sub.hold is None:
+            return None
+        wanted = intent(sub.hold)
+        return Hold(time=sub.time, ns=sub.ns, v=sub.v, task=sub.task, submission=number,
+                    slurm_job_id=sub.slurm_job_id, ended_slurm_job_id=wanted.ended_slurm_job_id,
+                    ended_restart=wanted.ended_restart, end_state=wanted.end_state,
+                    deadline=wanted.deadline, instead_of=wanted.instead_of,
+                    ended_tasks=wanted.ended_tasks, recovered=True)
+
+    def lifted(self, slurm_job_id: str) -> Optional[Union[Released, Expired]]:
+        """How the hold on ``slurm_job_id`` ended (released or expired), if it did."""
+        return next((e for e in self.ends if e.slurm_job_id == slurm_job_id), None)
+
+    @property
+    def hold(self) -> Optional[Hold]:
+        """The standing hold: the current submission's, while not released nor expired."""
+        current = self.current
+        if current is None:
+            return None
+        hold = self.hold_for(current.submission)
+        if hold is None or self.lifted(hold.slurm_job_id) is not None:
+            return None
+        return hold
+
+    def answers_for(self, held_slurm_job_id: str) -> list[Cessation]:
+        return [a for a in self.answers if a.held_slurm_job_id == held_slurm_job_id]
+
+    def started_for(self, number: int) -> list[Started]:
+        return [s for s in self.started if s.submission == number]
+
+
+@dataclass
+class History:
+    """A dispatch job's events, oldest first, and what they say."""
+
+    job_id: str
+    events: list[Event]
+
+    def of(self, cls: type[Event]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    @property
+    def tasks(self) -> list[int]:
+        """Array task ids the record speaks of (its executions and per-task events)."""
+        return sorted({e.task for e in self.events if e.task is not None})
+
+    def lineage(self, task: Optional[int] = None) -> Lineage:
+        """The whole job (``task`` None) or one array task: whole-job events count for
+        every task, a task's own events only for it."""
+        def mine(e: Event) -> bool:
+            return e.task is None or e.task == task
+        superseded = self.of(Superseded)
+        finished = [e for e in self.of(Finished) if e.task is None or e.task == task]
+        return Lineage(
+            task=task,
+            submissions=[e for e in self.of(Submitted) if mine(e)],
+            holds=[e for e in self.of(Hold) if mine(e)],
+            ends=[e for e in self.events if isinstance(e, (Released, Expired)) and mine(e)],
+            answers=[e for e in self.of(Cessation) if mine(e)],
+            started=[e for e in self.of(Started) if task is None or e.task == task],
+            finished=finished[-1] if finished else None,
+            superseded=superseded[-1] if superseded else None)
+
+    # The whole job's answers, for callers that do not deal in tasks.
+    @property
+    def submissions(self) -> list[Submitted]:
+        return self.of(Submitted)
+
+    @property
+    def next_submission(self) -> int:
+        return self.lineage().next_submission
+
+    @property
+    def hold(self) -> Optional[Hold]:
+        return self.lineage().hold
+
+    @property
+    def settled(self) -> bool:
+        return self.lineage().settled
+
+    def submission_of(self, slurm_job_id: str) -> Optional[Submitted]:
+        """The submission made as Slurm job ``slurm_job_id`` (``97`` or a task's ``97_1``)."""
+        base = slurm_job_id.split("_")[0]
+        for sub in self.of(Submitted):
+            if sub.slurm_job_id == base:
+                return sub
+        for start in self.of(Started):  # a task's own job id (98 for 97_1)
+            if start.slurm_job_id == base and start.array_job_id:
+                return next((s for s in self.of(Submitted)
+                             if s.slurm_job_id == start.array_job_id), None)
+        return None
+
+    def decisions(self) -> list[Event]:
+        """What was decided and observed beyond submissions and starts, for a reader."""
+        return [e for e in self.events if not isinstance(e, (Submitted, Started))]
