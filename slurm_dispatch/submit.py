@@ -230,7 +230,7 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
     _write_batch(job, submission)
     argv, has_marker = _sbatch_argv(job, submission, list(extra or []))
     cwd = job.spec["cwd"]
-    run_env = dict(env if env is not None else os.environ)
+    run_env = dict(env) if env is not None else submission_environment(job)
     if has_marker:
         jobid, result = slurm.sbatch(argv, marker(job, submission), run_env, cwd)
     else:
@@ -239,6 +239,56 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
     job.append("submitted", once=str(submission), submission=submission,
                slurm_job_id=jobid, reason=reason, argv=argv, hold=hold)
     return Submitted(job, submission, jobid, result)
+
+
+ENVIRONMENT = "environment"
+
+
+def save_environment(job: record.JobRecord, env: Mapping[str, str]) -> None:
+    """Keep the environment sbatch saw at the first submission, for every later one.
+
+    sbatch exports it to the job by its ``--export`` rules, so keeping what sbatch was given
+    (and giving the same options) gives every submission the job environment of the first.
+    Written once, 0600 (it may hold secrets), as ``NAME=value`` entries ended by NUL bytes.
+    """
+    data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items()
+                    if "=" not in k and "\0" not in k and "\0" not in v)
+    path = os.path.join(job.path, ENVIRONMENT)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise RecordError(f"cannot write {path!r}: {exc.strerror}") from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except OSError as exc:
+        raise RecordError(f"cannot write {path!r}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def submission_environment(job: record.JobRecord) -> dict[str, str]:
+    """The environment of the job's first submission (the caller's, for a job recorded before
+    environments were kept)."""
+    path = os.path.join(job.path, ENVIRONMENT)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return dict(os.environ)
+    except OSError as exc:
+        raise RecordError(f"cannot read {path!r}: {exc.strerror}") from None
+    env = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
 
 
 def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
@@ -278,6 +328,7 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     try:
         if not job.claim("submission-1"):  # pragma: no cover - a brand-new folder
             raise RecordError(f"{job.id}: submission 1 already claimed")
+        save_environment(job, env if env is not None else os.environ)
         extra = [] if not held_after else ["--hold", hold_comment(
             job, 1, f"supersedes {old.id if old else '?'} (Slurm job {held_after})", deadline)]
         submitted = _submit(slurm, job, 1, "first", extra=extra, env=env)

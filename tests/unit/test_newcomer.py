@@ -153,3 +153,30 @@ def test_a_root_another_live_job_of_yours_uses_is_refused(script: Path) -> None:
     again = submit.submit_new(submit.read_request(["--checkpoint", "ck-dup", "job.sh"]),
                               Slurm(cluster, wait=0))
     assert again.job.id != first.job.id
+
+
+def test_every_submission_runs_with_the_first_submissions_environment(
+        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3: submitted with TOY_STEPS=10, then `TOY_STEPS=20 dispatch resubmit` ran to step
+    20; the supervisor, run from scrontab or a timer, has none of the user's environment."""
+    import stat
+
+    from slurm_dispatch.slurm import Result, Slurm
+    seen: list[dict[str, str]] = []
+
+    def sbatch(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        seen.append(dict(env))
+        return Result(list(argv), 0, f"Submitted batch job {30 + len(seen)}\n", "")
+    monkeypatch.setenv("TOY_STEPS", "10")
+    monkeypatch.setenv("ODD", "a=b\nc")
+    first = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
+                              Slurm(sbatch, wait=0))
+    saved = Path(first.job.path) / "environment"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    monkeypatch.setenv("TOY_STEPS", "20")
+    monkeypatch.delenv("ODD")
+    monkeypatch.setenv("PATH", "/nowhere")
+    submit.resubmit(Slurm(sbatch, wait=0), first.job)
+    assert seen[1]["TOY_STEPS"] == "10" and seen[1]["ODD"] == "a=b\nc"
+    assert seen[1]["PATH"] == seen[0]["PATH"] != "/nowhere"
+    assert seen[1] == seen[0]

@@ -55,11 +55,13 @@ def test_a_comment_never_moves_a_field(comment: str) -> None:
     assert job.comment == comment and not job.execution_ended
 
 
-@given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=200))
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200))
 def test_any_comment_round_trips(comment: str) -> None:
     nonces = ("#n1#", "#n2#")
     if any(n in comment for n in nonces):
         return  # the real nonces are random per call: a comment cannot hold them
+    if comment == "(null)":
+        return  # squeue's word for no comment: a comment of these six letters reads as none
     argv = ["squeue", "--Format", slurm.squeue_format(nonces)]
     text = squeue_fake.render(argv, [running(comment), running("x", JobId="8")])
     jobs = slurm.parse_squeue(text, nonces, argv)
