@@ -33,6 +33,13 @@ def describe(request: Request) -> str:
              "  END STATE      WHAT HAPPENS"]
     for rule in rules.rules_for(opts.shared_checkpoint, opts.resubmit, hold, signal):
         lines.append(f"  {rule.end_state:<14} {rule.text}")
+    if opts.shared_checkpoint and opts.resubmit > 0:
+        told = "by mail (Slurm's MailProg, to --mail-user or you)"
+        if settings.notify:
+            told += f" and by {settings.notify}"
+        lines.append(f"  A hold is told {told} when it is made and "
+                     f"{_human(int(settings.warn_before))} before it expires; "
+                     "`dispatch status` and squeue show its deadline.")
     lines.append("")
     lines.append("Nothing was submitted.")
     return "\n".join(lines) + "\n"

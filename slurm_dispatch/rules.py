@@ -32,7 +32,6 @@ END_STATES = {
 ORDER = ["node failure", "preempted", "failed", "timeout", "out of memory", "cancelled",
          "completed"]
 SLURM_REQUEUES = {"node failure", "preempted"}
-RESUBMITS = {"failed", "timeout", "out of memory", "node failure", "preempted"}
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,11 @@ def test_shared_plan_shows_each_substitution_with_site_settings(
     assert table["node failure"] == ("resubmit (budget 3) -> hold for a person, up to 12 h; "
                                      "lifted by /opt/site/bin/cease")
     assert table["out of memory"] == table["node failure"]
+    conf.write_text("HoldNotify=/opt/site/bin/tell\nHoldWarning=1:00:00\n")
+    text = plan.describe(submit.read_request(["--shared-checkpoint", "--resubmit", "1",
+                                              "job.sh"]))
+    assert "A hold is told by mail (Slurm's MailProg, to --mail-user or you) and by " \
+        "/opt/site/bin/tell when it is made and 1 h before it expires" in text
     conf.write_text("CessationSignal=\n")
     table = rows(plan.describe(submit.read_request(["--shared-checkpoint", "--resubmit", "1",
                                                     "job.sh"])))

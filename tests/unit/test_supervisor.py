@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from slurm_dispatch import record, submit
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.slurm import Result, Slurm
 from slurm_dispatch.supervisor import Answer, Settings, Supervisor, release
 
 from .fake_cluster import FakeCluster
@@ -283,3 +284,132 @@ def test_two_supervisors_never_double_submit(home: Path) -> None:
         assert kinds(job)[-1] == "finished"
     calls = json.loads(state.read_text())["calls"]
     assert sum(1 for c in calls if c[0] == "sbatch") == 10 * 5
+
+
+def test_another_users_job_carrying_our_marker_is_never_adopted(home: Path) -> None:
+    """Finding 5b: comments are public; another user planted a held job with our marker."""
+
+    class WholeQueue(FakeCluster):  # a controller that ignores --me: the uid check remains
+        def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+            return super().__call__([a for a in argv if a != "--me"], env, cwd, timeout)
+    for cluster in (FakeCluster(), WholeQueue()):
+        job, slurm_id = new_job(cluster, "--resubmit", "1")
+        cluster.set(slurm_id, JobState="FAILED")
+        assert job.claim("submission-2")  # our pass died before its sbatch
+        planted = cluster.add("PENDING", comment=submit.marker(job, 2), Reason="JobHeldUser",
+                              UserId="mallory(4242)")
+        report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+        assert [s["slurm_job_id"] for s in job.submissions()] == [slurm_id], report
+        assert planted not in " ".join(report.actions)
+
+
+def test_a_released_hold_lets_the_rules_apply_again(home: Path) -> None:
+    cluster, clock = FakeCluster(), Clock()
+    job, _ = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=Signal("ceased"),
+                     clock=clock)
+    sup.run_pass()
+    clock.now += 61
+    sup.run_pass()
+    assert kinds(job)[-1] == "released"
+    cluster.set(last_slurm_id(job), JobState="NODE_FAIL")  # the released submission fails
+    clock.now += 61
+    assert "submission 3 held" in " ".join(sup.run_pass().actions)
+
+
+def test_an_array_acts_when_every_task_ended_and_asks_about_each(home: Path) -> None:
+    """Finding 1, the supervisor's side: task 1 ended while task 0 still wrote; nothing may
+    start until task 0 ends too, and the hold is lifted only when both have ceased."""
+    cluster, clock = FakeCluster(), Clock()
+    signal = Signal("ceased", "not ceased", "ceased", "ceased")
+    job, array = new_job(cluster, "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
+    cluster.set(array, ArrayJobId=array, ArrayTaskId="0", JobState="RUNNING")
+    task1 = cluster.add("FAILED", comment=submit.marker(job, 1), ArrayJobId=array,
+                        ArrayTaskId="1", Restarts="1")
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=signal, clock=clock)
+    assert sup.run_pass().actions == [], "acted while task 0 still ran"
+    cluster.set(array, JobState="COMPLETED")
+    assert "submission 2 held" in " ".join(sup.run_pass().actions)
+    hold = [e for e in job.events() if e["event"] == "hold"][0]
+    assert hold["ended_tasks"] == [[f"{array}_0", 0], [f"{array}_1", 1]] and task1
+    clock.now += 61
+    sup.run_pass()
+    assert [a[1:4] for a in signal.asked] == [[f"{array}_0", "--restart", "0"],
+                                             [f"{array}_1", "--restart", "1"]]
+    assert cluster.jobs[last_slurm_id(job)]["Reason"] == "JobHeldUser", "one task not ceased"
+    clock.now += 61
+    sup.run_pass()
+    assert cluster.jobs[last_slurm_id(job)]["JobState"] == "RUNNING"
+
+
+class MailingCluster(FakeCluster):
+    """Also answers `scontrol show config`, as 22.05 prints it."""
+
+    def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        if list(argv) == ["scontrol", "show", "config"]:
+            self.calls.append(list(argv))
+            return Result(list(argv), 0, "Configuration data as of 2026-01-01T00:00:00\n"
+                          "MailDomain              = (null)\n"
+                          "MailProg                = /usr/bin/mail\n", "")
+        return super().__call__(argv, env, cwd, timeout)
+
+
+class Notifier:
+    def __init__(self, ok: bool = True) -> None:
+        self.sent: list[list[str]] = []
+        self.texts: list[str] = []
+        self.ok = ok
+
+    def __call__(self, argv: list[str], text: str, timeout: float) -> tuple[bool, str]:
+        self.sent.append(argv)
+        self.texts.append(text)
+        return self.ok, "" if self.ok else "mail: cannot send"
+
+
+def test_a_hold_is_told_when_made_and_before_it_expires(home: Path) -> None:
+    cluster, clock, notifier = MailingCluster(), Clock(), Notifier()
+    job, ended = new_job(cluster, "--shared-checkpoint", "--resubmit", "1",
+                         "--mail-user=ann@example.org")
+    cluster.set(ended, JobState="NODE_FAIL")
+    settings = Settings(signal=None, hold_for=10 * 3600, mail=True, notify="/site/tell -v",
+                        warn_before=2 * 3600)
+    sup = Supervisor(Slurm(cluster, wait=0), settings, clock=clock, notifier=notifier)
+    report = sup.run_pass()
+    held = last_slurm_id(job)
+    deadline = clock.now + 10 * 3600
+    day = time.strftime("%Y-%m-%d", time.localtime(deadline))
+    assert f"until {day} " in report.actions[0]  # a date, not only a time of day
+    assert f"expires {day} " in cluster.jobs[held]["Comment"]  # what squeue shows
+    mail, site = notifier.sent
+    assert mail[:2] == ["/usr/bin/mail", "-s"] and mail[3] == "ann@example.org"
+    assert held in mail[2] and day in mail[2] and f"dispatch release {job.id}" in \
+        notifier.texts[0]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(deadline))
+    assert site == ["/site/tell", "-v", "made", job.id, held, stamp, job.spec["user"],
+                    "ann@example.org"]
+    for _ in range(2):
+        clock.now += 3600
+        sup.run_pass()
+    assert len(notifier.sent) == 2, "warned too early or told twice"
+    clock.now += 6 * 3600 + 1  # now within 2 h of the deadline
+    sup.run_pass()
+    sup.run_pass()
+    assert [a[2] for a in notifier.sent[2:]][1:] == ["expiring"] and len(notifier.sent) == 4
+    assert "expires" in notifier.sent[2][2]
+    assert [c for c in cluster.calls if c[:2] == ["scontrol", "show"]] == \
+        [["scontrol", "show", "config"]] * 2  # once per pass that mailed, not per job
+
+
+def test_a_failing_mailer_is_reported_and_never_blocks_the_pass(home: Path) -> None:
+    cluster, clock, signal = MailingCluster(), Clock(), Signal("not ceased")
+    job, ended = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(mail=True), signal_runner=signal,
+                     clock=clock, notifier=Notifier(ok=False))
+    report = sup.run_pass()
+    assert "held" in " ".join(report.actions)
+    assert any("could not tell" in e and "mail: cannot send" in e for e in report.errors)
+    told = [e for e in job.events() if e["event"] == "notified"]
+    assert [(t["channel"], t["ok"]) for t in told] == [("mail", False)]
+    clock.now += 61
+    report = sup.run_pass()
+    assert signal.asked and not report.errors  # asked about; the failed mail is not retried
