@@ -264,16 +264,24 @@ def status_(job: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("job")
-def resubmit(job: str) -> None:
+@click.option("--force", is_flag=True,
+              help="Submit even while one of the job's Slurm jobs is still active.")
+def resubmit(job: str, force: bool) -> None:
     """Submit a dispatch job's script snapshot again, as submission N+1.
 
-    The new submission runs what was first submitted, with the same sbatch options, from the
-    same directory; its executions resume from the latest publication.  Prints sbatch's line.
+    The new submission runs what was first submitted, with the same sbatch options and the
+    environment of the first submission, from the same directory; its executions resume from
+    the latest publication.  Refused while a submission is still active (it would run beside
+    it), unless --force.  Prints sbatch's line.
     """
     def body() -> None:
         from .slurm import Slurm
+        from .submit import refuse_while_live
         from .submit import resubmit as resubmit_job
-        done = resubmit_job(Slurm(), record.open_job(job))
+        slurm, record_ = Slurm(), record.open_job(job)
+        if not force:
+            refuse_while_live(slurm, record_)
+        done = resubmit_job(slurm, record_)
         click.echo(done.result.stdout.rstrip("\n"))
         click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
     body()

@@ -419,6 +419,20 @@ def next_submission(job: record.JobRecord) -> int:
     return max((int(s["submission"]) for s in job.submissions()), default=0) + 1
 
 
+def refuse_while_live(slurm: Slurm, job: record.JobRecord,
+                      env: Optional[Mapping[str, str]] = None) -> None:
+    """A person's resubmission while one of the job's Slurm jobs is still active would run
+    beside it on the same root: refuse, saying which and what to do instead."""
+    jobs = slurm.own_jobs(env)
+    live = live_slurm_jobs(slurm, job, jobs, env)
+    if live:
+        shown = ", ".join(f"{jobs[j].display_id} ({jobs[j].state})" for j in live)
+        raise UsageError(
+            f"dispatch job {job.id} still has Slurm job(s) {shown}: a resubmission now would "
+            f"run beside it on the same checkpoint root.  Wait for it to end, cancel it "
+            f"(scancel {' '.join(live)}), or give --force to submit anyway")
+
+
 def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
              extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
              expected: Optional[int] = None, claim: Optional[str] = None,

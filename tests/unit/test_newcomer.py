@@ -180,3 +180,24 @@ def test_every_submission_runs_with_the_first_submissions_environment(
     assert seen[1]["TOY_STEPS"] == "10" and seen[1]["ODD"] == "a=b\nc"
     assert seen[1]["PATH"] == seen[0]["PATH"] != "/nowhere"
     assert seen[1] == seen[0]
+
+
+def test_resubmit_while_a_submission_runs_is_refused_without_force(script: Path) -> None:
+    """Item 8: `dispatch resubmit` while a submission was still running made a second copy
+    (status then read "resubmits 1 of 0")."""
+    from click.testing import CliRunner
+
+    from slurm_dispatch import cli
+    from slurm_dispatch.slurm import Slurm
+
+    from .fake_cluster import FakeCluster
+    cluster = FakeCluster(first_id=40)
+    first = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
+                              Slurm(cluster, wait=0))
+    with pytest.raises(UsageError, match=r"still has Slurm job\(s\) 40 \(RUNNING\).*--force"):
+        submit.refuse_while_live(Slurm(cluster, wait=0), first.job)
+    cluster.set("40", JobState="FAILED")
+    submit.refuse_while_live(Slurm(cluster, wait=0), first.job)  # ended: allowed
+    runner = CliRunner()
+    result = runner.invoke(cli.main, ["resubmit", "--help"])
+    assert "--force" in result.output
