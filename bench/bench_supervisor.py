@@ -72,10 +72,11 @@ class Controller:
 
 def make_jobs(count: int, controller: Controller, workdir: Path) -> list[record.JobRecord]:
     (workdir / "job.sh").write_text("#!/bin/bash\necho hi\n")
-    request = submit.read_request(["--checkpoint", "ck", "--resubmit", "3", "job.sh"],
-                                  cwd=str(workdir))
     slurm = Slurm(controller, wait=0)
-    return [submit.submit_new(request, slurm).job for _ in range(count)]
+    # A root of its own per job: one live dispatch job per root.
+    return [submit.submit_new(submit.read_request(
+        ["--checkpoint", f"ck-{i}", "--resubmit", "3", "job.sh"], cwd=str(workdir)),
+        slurm).job for i in range(count)]
 
 
 def floor(jobs_home: str) -> float:
