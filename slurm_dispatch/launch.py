@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from typing import Optional
 
 from . import model, record, store
@@ -117,7 +118,22 @@ def launch(job_path: str, submission: int, script_args: list[str],
                resume_from=values["DISPATCH_RESUME_FROM"],
                node=env.get("SLURMD_NODENAME", ""), nodes=env.get("SLURM_JOB_NODELIST", ""),
                host=socket.gethostname(), pid=os.getpid())
+    sys.stdout.write(header_line(job.id, submission, env, values))
+    sys.stdout.flush()
     os.execve(job.script, [job.script, *script_args], env)
+
+
+def header_line(job_id: str, submission: int, env: dict[str, str],
+                values: dict[str, str]) -> str:
+    """The line that starts each execution's output: with ``--open-mode=append`` (the
+    default dispatch-sbatch gives), one output file holds every execution, each headed so."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%S")
+    resume = values["DISPATCH_RESUME_FROM"] or "nothing (a fresh start)"
+    return (f"==> slurm-dispatch: {when} dispatch job {job_id} submission {submission}, "
+            f"Slurm job {env.get('SLURM_JOB_ID', '?')} restart {restart_count(env)} on "
+            f"{env.get('SLURMD_NODENAME', socket.gethostname())}: epoch "
+            f"{values['DISPATCH_EPOCH']}, attempt {values['DISPATCH_ATTEMPT']}, resuming "
+            f"from {resume} <==\n")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -190,17 +190,21 @@ def marker(job: record.JobRecord, submission: int) -> str:
     return f"dispatch:{job.id}/{submission}"
 
 
-def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str]
-                 ) -> tuple[list[str], bool]:
+def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str],
+                 env: Mapping[str, str]) -> tuple[list[str], bool]:
     spec = job.spec
     names = set(spec["long_names"])
     argv = ["sbatch", *spec["sbatch"], *extra]
-    if "job-name" not in names and not os.environ.get("SBATCH_JOB_NAME"):
+    if "job-name" not in names and not env.get("SBATCH_JOB_NAME"):
         argv.append(f"--job-name={spec['script_name']}")
+    if "open-mode" not in names and not env.get("SBATCH_OPEN_MODE"):
+        # Slurm truncates the output file when it requeues a job; append keeps every
+        # execution's output (the launcher heads each with a line of its own).
+        argv.append("--open-mode=append")
     if spec.get("shared_checkpoint") and "no-requeue" not in names:
         # Slurm must not restart a shared-checkpoint job behind dispatch's back.
         argv.append("--no-requeue")
-    has_marker = "comment" not in names and not os.environ.get("SBATCH_COMMENT")
+    has_marker = "comment" not in names and not env.get("SBATCH_COMMENT")
     if has_marker and not any(a.startswith("--comment=") for a in extra):
         argv.append(f"--comment={marker(job, submission)}")
     argv.append(job.batch_script(submission))
@@ -228,9 +232,9 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
             extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
             hold: Optional[dict[str, Any]] = None) -> Submitted:
     _write_batch(job, submission)
-    argv, has_marker = _sbatch_argv(job, submission, list(extra or []))
-    cwd = job.spec["cwd"]
     run_env = dict(env) if env is not None else submission_environment(job)
+    argv, has_marker = _sbatch_argv(job, submission, list(extra or []), run_env)
+    cwd = job.spec["cwd"]
     if has_marker:
         jobid, result = slurm.sbatch(argv, marker(job, submission), run_env, cwd)
     else:

@@ -289,3 +289,28 @@ def test_controller_down_is_a_clear_error(work: Workdir, tmp_path: Path) -> None
     assert time.monotonic() - started < 120
     assert not any(f"checkpoint {work.path}/ck" in line for line in proc.stdout.splitlines())
     assert not (work.path / "ck" / "exec").exists()
+
+
+def test_every_executions_output_is_kept_with_a_header(work: Workdir) -> None:
+    """Issue 9 item 9: Slurm truncates `-o slurm-%j.out` when it requeues a job, so only the
+    last execution's output survived.  Appended by default, each execution headed."""
+    script = work.write("talk.sh", "#!/bin/bash\n#SBATCH --time=5\n"
+                        "echo \"said by restart ${SLURM_RESTART_COUNT:-0}\"\n"
+                        f"while [ ! -e {work.path}/stop.${{SLURM_RESTART_COUNT:-0}} ]; do "
+                        "sleep 0.2; done\n")
+    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", script.name)
+    out = work.path / f"out-{slurm_id}.txt"
+    work.sandbox.wait_for(lambda: out.exists() and "said by restart 0" in out.read_text(), 60,
+                          "the first execution's output")
+    work.sandbox.run(["scontrol", "requeue", slurm_id])
+    work.sandbox.wait_for(lambda: "said by restart 1" in out.read_text(), 90,
+                          "the second execution's output")
+    (work.path / "stop.1").touch()
+    wait_state(work, slurm_id, {"COMPLETED"})
+    text = out.read_text()
+    headers = [line for line in text.splitlines() if line.startswith("==> slurm-dispatch: ")]
+    assert len(headers) == 2, text
+    assert "restart 0" in headers[0] and "restart 1" in headers[1]
+    assert f"dispatch job {job}" in headers[0]
+    assert text.index("said by restart 0") < text.index(headers[1]) < \
+        text.index("said by restart 1")

@@ -259,7 +259,10 @@ def test_launcher_gives_identity_and_execs_script(env: Path) -> None:
         proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
                                "--submission", "1", "--", "x", "y z"], env=run_env,
                               capture_output=True, text=True, check=True)
-        outs.append(json.loads(proc.stdout))
+        header, _, printed = proc.stdout.partition("\n")
+        assert header.startswith("==> slurm-dispatch: ") and header.endswith(" <==")
+        assert f"dispatch job {job.id} submission 1, Slurm job 5 restart 2 on n9" in header
+        outs.append(json.loads(printed))
     first = outs[0]
     assert first["argv"] == ["x", "y z"]
     e = first["env"]
