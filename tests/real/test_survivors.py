@@ -1,0 +1,179 @@
+"""Survivors that hide from one pass over /proc, and another user's impostor, on the real
+sandbox: a job that leaves a PID hopper ``(setsid <hopper> &)`` and a thread group whose leader
+exited is "not proven" while they run and "ceased" once they are killed and the node's re-check
+ran; another user's ``env SLURM_JOB_ID=<job> sleep 600`` does not keep the job unproven.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.real.test_cease import cease, wait_cease
+
+if TYPE_CHECKING:
+    from tests.real.conftest import Sandbox
+
+pytestmark = pytest.mark.real
+
+PYTHON = "/usr/bin/python3"
+OTHER_USER = "dispatch-other"
+
+# Fork, the parent exits, again, for ever; each generation appends to a file.  The first one
+# writes its session id (setsid made it a session leader) so that the test can end them all.
+HOPPER = """
+import os, sys, time
+out, marker = sys.argv[1], sys.argv[2]
+with open(out + ".sid", "w") as f:
+    f.write(str(os.getsid(0)))
+while True:
+    with open(out, "a") as f:
+        f.write("hop\\n")
+    time.sleep(0.001)
+    if os.fork():
+        os._exit(0)
+"""
+
+# The main thread leaves with SYS_exit; the second thread keeps writing.
+LEADER = """
+import ctypes, sys, threading, time
+out, marker = sys.argv[1], sys.argv[2]
+def work():
+    while True:
+        with open(out, "a") as f:
+            f.write("thread\\n")
+        time.sleep(0.2)
+threading.Thread(target=work).start()
+ctypes.CDLL(None).syscall(60, 0)
+"""
+
+
+def _writing(path: Path, seconds: float = 10) -> bool:
+    """Whether ``path`` grows within ``seconds``."""
+    size = path.stat().st_size if path.exists() else 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size > size:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _script(workdir: Path, name: str, code: str, marker: str) -> str:
+    program = workdir / f"{name}.py"
+    program.write_text(code)
+    os.chmod(program, 0o644)
+    out = workdir / f"{name}.out"
+    return (f"#!/bin/sh\n(setsid {PYTHON} {program} {out} {marker} </dev/null >/dev/null 2>&1 &)\n"
+            "sleep 300\n")
+
+
+def test_hopper_and_thread_leader_are_not_proven_until_killed(sandbox: Sandbox) -> None:
+    workdir = sandbox.workdir("hiders")
+    marker = f"hider-{os.getpid()}-{time.monotonic_ns()}"
+    hopper = sandbox.submit(_script(workdir, "hopper", HOPPER, marker), "-w", "n1")
+    leader = sandbox.submit(_script(workdir, "leader", LEADER, marker), "-w", "n2")
+    hop_out, lead_out = workdir / "hopper.out", workdir / "leader.out"
+    sandbox.wait_for(lambda: _writing(hop_out, 1) and _writing(lead_out, 1), 60,
+                     "both jobs' hiders writing")
+    sandbox.run(["scancel", hopper, leader])
+    try:
+        for jobid, out in ((hopper, hop_out), (leader, lead_out)):
+            sandbox.wait_for(lambda j=jobid: _unproven_with_survivors(sandbox, j), 60,
+                             f"job {jobid} not proven, its survivors named")
+            assert _writing(out), f"{out} stopped: nothing to find"
+            # Still unproven while they write, across re-checks (every 5 s in the sandbox).
+            time.sleep(6)
+            assert _unproven_with_survivors(sandbox, jobid), cease(sandbox, jobid)
+    finally:
+        sid = int((workdir / "hopper.out.sid").read_text())
+        os.killpg(sid, signal.SIGKILL)  # the hopper's session: every generation
+        for pid in _pids_with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not _writing(hop_out, 2) and not _writing(lead_out, 2)
+    for jobid in (hopper, leader):
+        verdict = wait_cease(sandbox, jobid, 0, timeout=60)
+        assert "all gone" in verdict["nodes"][0]["evidence"], verdict
+
+
+def _unproven_with_survivors(sandbox: Sandbox, jobid: str) -> dict | None:
+    rc, verdict = cease(sandbox, jobid)
+    if rc == 1 and verdict["job_state"] == "CANCELLED" and any(
+            n["survivors"] for n in verdict["nodes"]):
+        return verdict
+    return None
+
+
+def _pids_with_marker(marker: str) -> list[int]:
+    """This test's own leftover processes (their command line carries its marker; a thread
+    group whose leader exited shows it only in its live threads' command lines)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            tasks = os.listdir(f"/proc/{name}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                if marker.encode() in Path(f"/proc/{name}/task/{tid}/cmdline").read_bytes():
+                    found.append(int(name))
+                    break
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def other_user() -> str:
+    """A second local user (created once on this machine if missing)."""
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
+                        OTHER_USER], check=True)
+    return OTHER_USER
+
+
+def test_another_users_impostor_does_not_keep_the_job_unproven(sandbox: Sandbox,
+                                                               other_user: str) -> None:
+    workdir = sandbox.workdir("impostor")
+    jobid = sandbox.submit(f"#!/bin/sh\ntouch {workdir}/ready\nsleep 300\n", "-w", "n1")
+    sandbox.wait_for(lambda: (workdir / "ready").exists(), 60, "the victim running")
+    impostor = subprocess.Popen(
+        ["runuser", "-u", other_user, "--", "env", "-i", f"SLURM_JOB_ID={jobid}",
+         "SLURMD_NODENAME=n1", "sleep", "600"], start_new_session=True, cwd="/")
+    try:
+        sandbox.wait_for(lambda: f"SLURM_JOB_ID={jobid}".encode() in b"".join(
+            _environ(p) for p in _children(impostor.pid)), 10, "the impostor's sleep")
+        sandbox.run(["scancel", jobid])
+        verdict = wait_cease(sandbox, jobid, 0, timeout=60)
+        assert verdict["job_state"] == "CANCELLED"
+        assert "no process left after the kill" in verdict["nodes"][0]["evidence"], verdict
+        assert impostor.poll() is None  # it was there all along
+    finally:
+        os.killpg(impostor.pid, signal.SIGKILL)
+        impostor.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text()
+                       .split())]
+    except OSError:
+        return [pid]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
