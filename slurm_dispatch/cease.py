@@ -10,11 +10,14 @@ it never guesses.  For each node of the execution, evidence that proves:
 
 Evidence that does not prove: the node being down or not responding, survivors found, a drain
 with "Kill task failed" (unless the node rebooted since), no record.  An execution that is still
-running, completing or not yet started is not ceased.
+running, completing or not yet started is not ceased.  An array has ceased only when every task
+the controller knows has: each task is judged on its own, by its own records.
 
-Invariant: the controller is asked a fixed number of questions whatever the node count: one
-``scontrol -o show job`` and at most one ``scontrol -o show node`` for all the nodes.  The
-questions go through :class:`Controller`, so tests and the bench use a fake one.
+Invariants: the controller is asked a fixed number of questions whatever the node count: one
+read of the job (every task of an array, through the Slurm adapter, which never lets the job's
+comment move a field) and one ``scontrol -o show node`` for all the nodes (an array's tasks
+share it).  The questions go
+through :class:`Controller`, so tests and the bench use a fake one.
 """
 
 from __future__ import annotations
@@ -137,9 +140,30 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
     return _one(job_id, found[0] if found else None, restart, ctl, cfg, uid)
 
 
+class _NodeCache:
+    """Asks the controller about nodes once for a whole array: the tasks' nodes first, in one
+    call; a node only a task's records name is asked about when that task is judged."""
+
+    def __init__(self, ctl: Controller, names: list[str]) -> None:
+        self.ctl = ctl
+        self.known: dict[str, Node] = ctl.nodes(names) if names else {}
+        self.asked = set(names)
+
+    def jobs(self, job_id: str) -> list[Job]:  # pragma: no cover - not asked for arrays
+        return self.ctl.jobs(job_id)
+
+    def nodes(self, names: list[str]) -> dict[str, Node]:
+        missing = [n for n in names if n not in self.asked]
+        if missing:
+            self.known.update(self.ctl.nodes(missing))
+            self.asked.update(missing)
+        return {n: self.known[n] for n in names if n in self.known}
+
+
 def _array_verdict(job_id: str, tasks: list[Job], ctl: Controller,
                    cfg: config_module.Config, uid: Optional[int]) -> Verdict:
-    verdicts = [_one(task.display_id, task, None, ctl, cfg, uid) for task in tasks]
+    cache = _NodeCache(ctl, sorted({n for task in tasks for n in task.nodes}))
+    verdicts = [_one(task.display_id, task, None, cache, cfg, uid) for task in tasks]
     unproven = [v.job_id for v in verdicts if not v.ceased]
     states = sorted({v.job_state for v in verdicts})
     reason = (f"all {len(verdicts)} task(s) ceased" if not unproven else

@@ -317,9 +317,9 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
     CessationInterval whether the ended execution's processes are gone; a ceased answer
     releases the hold; after SharedHoldFor the hold expires and the job ends.
 
-    A pass costs one scontrol call plus one per action.  Several supervisors may run at
-    once: no submission is ever made twice.  Run it from a login node (`dispatch supervise
-    --loop`), from scrontab (`*/2 * * * * dispatch supervise -q`), or from a systemd timer.
+    A pass costs one squeue call (your own jobs) plus one per action.  Several supervisors
+    may run at once: no submission is ever made twice.  Run it from a login node (`dispatch
+    supervise --loop`), from scrontab (`*/2 * * * * dispatch supervise -q`), or from a timer.
     """
     def body() -> None:
         import time as _time

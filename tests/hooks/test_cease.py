@@ -230,3 +230,20 @@ def test_a_pending_task_of_an_array_is_not_ceased(tmp_path: Path) -> None:
              _task(0, "98", "COMPLETED", nodelist="(null)")]
     verdict = cease.cessation("97", cfg=cfg, controller=FakeController(tasks, {}))
     assert not verdict.ceased and "has not started" in verdict.tasks[0].reason
+
+
+def test_an_array_of_many_tasks_costs_two_controller_calls(tmp_path: Path) -> None:
+    state, cfg = state_dir(tmp_path)
+    tasks = []
+    for t in range(50):
+        job_id = str(200 + t)
+        start = record(state, "start", f"n{t % 4}", job_id=job_id, time=NOW - 100, restart=0)
+        record(state, "end", f"n{t % 4}", job_id=job_id, time=NOW - 90, restart=0,
+               survivors=[], scan_error=None, start_token=start.split(".")[-1])
+        fields = job(job_id=job_id, nodelist=f"n{t % 4}")
+        fields.update({"ArrayJobId": "200", "ArrayTaskId": str(t)})
+        tasks.append(fields)
+    ctl = FakeController(tasks, {f"n{i}": node(f"n{i}") for i in range(4)})
+    verdict = cease.cessation("200", cfg=cfg, controller=ctl)
+    assert verdict.ceased and len(verdict.tasks) == 50, cease.render(verdict)
+    assert [c[0] for c in ctl.calls] == ["job", "nodes"]
