@@ -33,7 +33,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "hooks"))
 
 HOOK_TARGET = 1.5
 CEASE_TARGET = 1.0
@@ -122,9 +121,8 @@ else:
 
 
 def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
-    from fakes import FakeController, job, node, record
-
     from slurm_dispatch import cease, config
+    from tests.hooks.fakes import FakeController, job, node, record
 
     state = scratch / "cease-state"
     state.mkdir(mode=0o755)
