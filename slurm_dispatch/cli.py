@@ -263,6 +263,53 @@ def status_(job: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
+@click.option("--noheader", "-h", is_flag=True, help="No header line.")
+def jobs(as_json: bool, noheader: bool) -> None:
+    """List your dispatch jobs, one line each, oldest first.
+
+    STATE is Slurm's for the latest submission (every task's for an array), HELD for a
+    standing shared-checkpoint hold, FINISHED once the supervisor settled it, UNKNOWN when
+    Slurm has forgotten the job and nothing settled it yet.  Costs one squeue call.
+    """
+    def body() -> None:
+        from .slurm import Slurm
+        found = record.all_jobs()
+        lines = status.job_lines(found, Slurm().own_jobs() if found else {})
+        lines.sort(key=lambda line: line.get("created") or 0)
+        if as_json:
+            echo_json(lines)
+            return
+        rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
+                else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
+                      line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
+                for line in lines]
+        text = render_table(["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE",
+                             "CHECKPOINT"], rows, noheader)
+        if text:
+            click.echo(text)
+    body()
+
+
+@main.command()
+@click.argument("job")
+def cancel(job: str) -> None:
+    """Cancel a dispatch job: whichever of its Slurm jobs is current (running, pending or
+    held).  The supervisor then stops it: a user's cancel is never undone."""
+    def body() -> None:
+        from .slurm import Slurm
+        from .submit import cancel_job
+        record_ = record.open_job(job)
+        cancelled = cancel_job(Slurm(), record_)
+        if cancelled:
+            click.echo(f"cancelled Slurm job(s) {' '.join(cancelled)} of dispatch job "
+                       f"{record_.id}")
+        else:
+            click.echo(f"dispatch job {record_.id} has no active Slurm job")
+    body()
+
+
+@main.command()
 @click.argument("job")
 @click.option("--force", is_flag=True,
               help="Submit even while one of the job's Slurm jobs is still active.")

@@ -103,3 +103,40 @@ def clock(seconds: Optional[float]) -> str:
     if not seconds:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
+
+
+def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[dict[str, Any]]:
+    """One summary per dispatch job, for ``dispatch jobs``: the latest submission and what
+    Slurm says of it (or what the record says once Slurm has forgotten it).  A record that
+    cannot be read is a line saying so, never a silent gap."""
+    lines: list[dict[str, Any]] = []
+    for job in jobs:
+        try:
+            spec = job.spec
+            history = job.history()
+        except DispatchError as exc:
+            lines.append({"id": job.id, "error": str(exc)})
+            continue
+        current = history.lineage().current
+        info = slurm_jobs.get(current.slurm_job_id) if current is not None else None
+        tasks = [j for j in slurm_jobs.values() if current is not None
+                 and j.array_job_id == current.slurm_job_id and j.array_task_id is not None]
+        if history.lineage().superseded is not None:
+            state = "SUPERSEDED"
+        elif history.hold is not None and (info is None or info.is_held):
+            state = "HELD"
+        elif tasks:
+            state = "+".join(sorted({t.state for t in tasks}))
+        elif info is not None:
+            state = info.state
+        elif history.settled:
+            state = "FINISHED"
+        else:
+            state = "UNKNOWN"  # ended and forgotten by slurmctld, not yet settled
+        lines.append({
+            "id": job.id, "script": spec.get("script_name"), "generation": spec["generation"],
+            "submission": current.submission if current is not None else 0,
+            "slurm_job_id": current.slurm_job_id if current is not None else None,
+            "state": state, "checkpoint": spec["checkpoint"], "created": spec.get("created"),
+        })
+    return lines

@@ -327,31 +327,37 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     except DispatchError:
         remove_new_folders(created)
         raise
+    # The old generation as Slurm sees it, read before sbatch: a held submission's intent
+    # (what it waits for) is recorded with its claim, so a kill after sbatch keeps the hold.
+    jobs = slurm.own_jobs(env) if old is not None else {}
     held_after = _latest_slurm_id(old) if old is not None and shared else None
-    deadline = time.time() + _hold_for() if held_after else 0.0
+    intent: Optional[dict[str, Any]] = None
+    extra: list[str] = []
+    if held_after:
+        from .events import HoldIntent
+        ended = jobs.get(held_after)
+        intent = HoldIntent(deadline=round(time.time() + _hold_for(), 3),
+                            ended_slurm_job_id=held_after,
+                            ended_restart=ended.restarts if ended is not None else 0,
+                            end_state="superseded", instead_of="start").as_dict()
+        extra = ["--hold", hold_comment(job, 1, f"supersedes {old.id if old else '?'} "
+                                        f"(Slurm job {held_after})", intent["deadline"])]
     try:
-        if not job.claim("submission-1"):  # pragma: no cover - a brand-new folder
-            raise RecordError(f"{job.id}: submission 1 already claimed")
+        if not job.claim("submission-1", {"reason": "first", "hold": intent}):
+            raise RecordError(f"{job.id}: submission 1 already claimed")  # pragma: no cover
         save_environment(job, env if env is not None else os.environ)
-        extra = [] if not held_after else ["--hold", hold_comment(
-            job, 1, f"supersedes {old.id if old else '?'} (Slurm job {held_after})", deadline)]
-        submitted = _submit(slurm, job, 1, "first", extra=extra, env=env)
+        submitted = _submit(slurm, job, 1, "first", extra=extra, env=env, hold=intent)
     except (DispatchError, OSError):
         record.remove_unsubmitted(job)
         remove_new_folders(created)
         raise
+    if intent is not None:
+        from .events import Hold
+        job.append(Hold, once="1", submission=1, slurm_job_id=submitted.slurm_job_id,
+                   **intent)
     if old is not None:
-        jobs = slurm.own_jobs(env)
-        live = live_slurm_jobs(slurm, old, jobs)
-        slurm.cancel(live, env)
+        slurm.cancel(live_slurm_jobs(slurm, old, jobs), env)
         old.append("superseded", by=job.id)
-        if held_after:
-            ended = jobs.get(held_after)
-            job.append("hold", submission=1, slurm_job_id=submitted.slurm_job_id,
-                       ended_slurm_job_id=held_after,
-                       ended_restart=ended.restarts if ended is not None else 0,
-                       end_state="superseded", deadline=round(deadline, 3),
-                       instead_of="start")
     return submitted
 
 
@@ -391,7 +397,7 @@ def _spec_root(job: record.JobRecord) -> Optional[str]:
 def hold_comment(job: record.JobRecord, submission: int, why: str, deadline: float) -> str:
     """The ``--comment`` of a held submission: its marker first, then why and until when
     (a date, so squeue shows when the hold expires)."""
-    until = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(deadline))
+    until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(deadline))
     return (f"--comment={marker(job, submission)} held: shared checkpoint; {why}; waits "
             f"until its processes are proven gone or a person releases it; expires {until}")
 
@@ -416,6 +422,15 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
         info = jobs.get(jobid)
         if info is not None and info.is_active:
             live.append(jobid)
+    return live
+
+
+def cancel_job(slurm: Slurm, job: record.JobRecord,
+               env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """Cancel whichever of the dispatch job's Slurm jobs are active (running, pending, held);
+    returns their ids.  A user's cancel is never undone: the supervisor then stops the job."""
+    live = live_slurm_jobs(slurm, job, env=env)
+    slurm.cancel(live, env)
     return live
 
 

@@ -231,8 +231,8 @@ def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:
     fake = FakeController()
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "job.sh"], fake).job
-    fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job
     fake.done()
@@ -295,12 +295,12 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1", "job.sh"],
                fake).job
-    fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job
     fake.done()
-    sbatch = fake.calls[1]
+    sbatch = fake.calls[2]
     assert "--hold" in sbatch, sbatch
     assert any(a.startswith("--comment=dispatch:") and "held" in a for a in sbatch)
     holds = [e for e in new.events() if e["event"] == "hold"]
@@ -310,14 +310,22 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
         1, "11", "10")
     assert hold["deadline"] > time.time() + 23 * 3600
     assert new.spec["shared_checkpoint"] is True  # the new generation shares it too
+    # Killed between sbatch and the hold event: the submission carries the hold it was made
+    # with, so the supervisor still knows what it waits for and when it expires.
+    for name in os.listdir(os.path.join(new.path, "events")):
+        if name.startswith("hold-"):
+            os.unlink(os.path.join(new.path, "events", name))
+    recovered = new.history().lineage().hold
+    assert recovered is not None and recovered.ended_slurm_job_id == "10"
+    assert recovered.deadline == hold["deadline"]
 
 
 def test_superseding_an_isolated_job_is_not_held(env: Path) -> None:
     fake = FakeController()
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "job.sh"], fake).job
-    fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     make(["--supersede", old.id, "job.sh"], fake)
-    assert "--hold" not in fake.calls[1]
+    assert fake.calls[2][0] == "sbatch" and "--hold" not in fake.calls[2]

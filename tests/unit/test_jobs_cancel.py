@@ -1,0 +1,75 @@
+"""dispatch jobs and dispatch cancel: one line per dispatch job, whichever Slurm job is current
+cancelled (issue 9, what users ask for first)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_dispatch import cli, record, status, submit
+from slurm_dispatch.slurm import Slurm
+
+from .fake_cluster import FakeCluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    fake = FakeCluster(first_id=50)
+    # The CLI builds its own adapter: give it this fake controller.
+    original = Slurm.__init__
+
+    def init(self: Slurm, runner: object = fake, **kwargs: object) -> None:
+        original(self, fake, wait=0)  # type: ignore[arg-type]
+    monkeypatch.setattr(Slurm, "__init__", init)
+    return fake
+
+
+def submit_one(root: str, *extra: str) -> submit.Submitted:
+    return submit.submit_new(submit.read_request(["--checkpoint", root, *extra, "job.sh"]),
+                             Slurm())
+
+
+def test_jobs_lists_each_dispatch_job_with_its_current_state(cluster: FakeCluster) -> None:
+    running = submit_one("ck-a")
+    ended = submit_one("ck-b")
+    cluster.set(ended.slurm_job_id, JobState="FAILED")
+    forgotten = submit_one("ck-c")
+    del cluster.jobs[forgotten.slurm_job_id]
+    result = CliRunner().invoke(cli.main, ["jobs"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE",
+                                "CHECKPOINT"]
+    by_id = {line.split()[0]: line.split() for line in lines[1:]}
+    assert by_id[running.job.id][1:5] == ["job.sh", "0/1", running.slurm_job_id, "RUNNING"]
+    assert by_id[ended.job.id][4] == "FAILED"
+    assert by_id[forgotten.job.id][4] == "UNKNOWN"
+    data = json.loads(CliRunner().invoke(cli.main, ["jobs", "--json"]).output)
+    assert [d["id"] for d in data] == [running.job.id, ended.job.id, forgotten.job.id]
+    assert CliRunner().invoke(cli.main, ["jobs", "-h"]).output.count("\n") == 3
+
+
+def test_an_unreadable_record_is_a_line_not_a_crash(cluster: FakeCluster) -> None:
+    job = submit_one("ck-a").job
+    events = Path(job.path) / "events"
+    (events / "00000000000000000001-submitted-ffff.json").write_text('["not", "an event"]')
+    lines = status.job_lines(record.all_jobs(), Slurm().own_jobs())
+    assert "error" in lines[0] and "ffff" in lines[0]["error"]
+
+
+def test_cancel_cancels_whichever_slurm_job_is_current(cluster: FakeCluster) -> None:
+    done = submit_one("ck-a")
+    result = CliRunner().invoke(cli.main, ["cancel", done.job.id])
+    assert result.exit_code == 0, result.output
+    assert f"cancelled Slurm job(s) {done.slurm_job_id}" in result.output
+    assert cluster.jobs[done.slurm_job_id]["JobState"] == "CANCELLED"
+    again = CliRunner().invoke(cli.main, ["cancel", done.slurm_job_id])
+    assert "has no active Slurm job" in again.output
+    missing = CliRunner().invoke(cli.main, ["cancel", "dnope"])
+    assert missing.exit_code == 2 and "no dispatch job 'dnope'" in missing.stderr
