@@ -394,16 +394,23 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
 
 @main.command()
 @click.argument("job")
-def release(job: str) -> None:
+@click.option("--force", is_flag=True,
+              help="Release even when the ended execution is not proven gone.")
+def release(job: str, force: bool) -> None:
     """Lift the hold on a shared-checkpoint job's next submission, as a person.
 
-    Same as `scontrol release` on the held Slurm job, and recorded as your decision.
+    The site's CessationSignal (dispatch.conf; default dispatch-cease) is asked first about
+    the ended execution the hold waits for: when its processes are not proven gone (survivors,
+    a node cut off, no record), the release is refused with the evidence (exit 1), because
+    they may still write the shared checkpoint; --force releases anyway, as your decision.
+    Same as `scontrol release` on the held Slurm job, and recorded.
     """
     def body() -> None:
         from .slurm import Slurm
         from .supervisor import release as release_hold
+        from .supervisor import site_settings
         record_ = record.open_job(job)
-        held = release_hold(Slurm(), record_)
+        held = release_hold(Slurm(), record_, site_settings(), force=force)
         click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
     body()
 

@@ -463,6 +463,11 @@ class Slurm:
         if jobids:
             self.call(["scontrol", "release", ",".join(jobids)], env)
 
+    def set_comment(self, jobid: str, text: str,
+                    env: Optional[Mapping[str, str]] = None) -> None:
+        """Replace a job's comment (the owner's own free text; ours starts with its marker)."""
+        self.call(["scontrol", "update", f"jobid={jobid}", f"comment={text}"], env)
+
     def hold(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
             self.call(["scontrol", "hold", ",".join(jobids)], env)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from . import events, record, rules, submit
-from .errors import DispatchError, RecordError, SlurmError
+from .errors import DispatchError, RecordError, RefusedError, SlurmError
 from .slurm import Job, Slurm
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
@@ -383,6 +383,7 @@ class Supervisor:
                 report.errors.append(f"{job.id}: cannot release {held_id}: {exc}")
                 return
             job.append(events.Released, slurm_job_id=held_id, by="cessation signal")
+            mark_released(self.slurm, job, hold, "(ceased)")
             report.actions.append(f"{job.id}: hold on Slurm job {held_id} lifted: ceased")
 
     def _expire(self, job: record.JobRecord, hold: events.Hold, known: bool,
@@ -486,8 +487,15 @@ def _mail_user(spec: dict[str, Any]) -> Optional[str]:
     return found or None
 
 
-def release(slurm: Slurm, job: record.JobRecord) -> str:
-    """A person lifts the standing hold of ``job``; returns the released Slurm job id."""
+def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
+            force: bool = False, signal_runner: SignalRunner = ask_signal,
+            clock: Callable[[], float] = time.time) -> str:
+    """A person lifts the standing hold of ``job``; returns the released Slurm job id.
+
+    With a CessationSignal in ``settings``, it is asked first about every ended execution the
+    hold waits for (each answer recorded): when one is not proven ceased, the release is
+    refused with the evidence (:class:`RefusedError`), unless ``force`` (the person's call).
+    """
     line = job.history().lineage()
     last = line.holds[-1] if line.holds else None
     hold = line.hold
@@ -497,7 +505,47 @@ def release(slurm: Slurm, job: record.JobRecord) -> str:
             raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
                               f"already {lifted.kind}")
         raise RecordError(f"dispatch job {job.id} has no hold to release")
+    if settings is not None and settings.signal and not force:
+        unproven = []
+        targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
+        for target, restart in targets:
+            argv = [*shlex.split(settings.signal), str(target), "--restart", str(restart),
+                    "--json"]
+            answer = signal_runner(argv, settings.signal_timeout)
+            job.append(events.Cessation, asked_at=round(clock(), 3),
+                       held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
+                       verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
+                       command=argv)
+            if answer.verdict != "ceased":
+                unproven.append(f"{target}: {answer.verdict}: {_evidence_text(answer)}")
+        if unproven:
+            raise RefusedError(
+                f"the ended execution the hold of {job.id} waits for is not proven gone, so "
+                "its processes may still write the shared checkpoint: " + "; ".join(unproven)
+                + f".  Release anyway with `dispatch release --force {job.id}`")
     slurm.release([hold.slurm_job_id])
     job.append(events.Released, slurm_job_id=hold.slurm_job_id,
-               by="a person (dispatch release)")
+               by="a person (dispatch release" + (" --force)" if force else ")"))
+    mark_released(slurm, job, hold, "by a person")
     return hold.slurm_job_id
+
+
+def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
+    """Say in the released job's comment that the hold is over (its marker stays first, so
+    the job is still found by it); best effort: the release itself is what matters."""
+    text = (f"{submit.marker(job, hold.submission)} released {by} "
+            f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
+    try:
+        slurm.set_comment(hold.slurm_job_id, text)
+    except SlurmError:
+        pass
+
+
+def _evidence_text(answer: Answer) -> str:
+    evidence = answer.evidence
+    if isinstance(evidence, dict):
+        reason = evidence.get("reason") or evidence.get("stderr") or ""
+        nodes = [f"{n.get('node')}: {n.get('evidence')}" for n in evidence.get("nodes") or []
+                 if isinstance(n, dict) and not n.get("proven")]
+        return "; ".join([str(reason), *nodes[:4]]).strip("; ")
+    return str(evidence)[:300]

@@ -1,6 +1,6 @@
 """A fake Slurm controller at the process boundary, for fast tests of the supervisor.
 
-It answers the few commands slurm-dispatch uses (sbatch, squeue, scontrol release,
+It answers the few commands slurm-dispatch uses (sbatch, squeue, scontrol release and update comment,
 scancel, squeue) from an in-memory job table, and fails loudly on anything else.  The real
 behaviour is proven by the real tier; this only makes pass logic cheap to exercise.
 """
@@ -47,6 +47,9 @@ class FakeCluster:
         if argv[:2] == ["scontrol", "release"]:
             for jobid in argv[2].split(","):
                 self.set(jobid, JobState="RUNNING", Reason="None")
+            return Result(argv, 0, "", "")
+        if argv[:2] == ["scontrol", "update"] and argv[3].startswith("comment="):
+            self.set(argv[2].split("=", 1)[1], Comment=argv[3].split("=", 1)[1])
             return Result(argv, 0, "", "")
         if argv[0] == "scancel":
             for jobid in argv[1:]:

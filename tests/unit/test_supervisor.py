@@ -413,3 +413,56 @@ def test_a_failing_mailer_is_reported_and_never_blocks_the_pass(home: Path) -> N
     clock.now += 61
     report = sup.run_pass()
     assert signal.asked and not report.errors  # asked about; the failed mail is not retried
+
+
+def test_release_by_a_person_shows_the_evidence_and_asks_for_force(home: Path) -> None:
+    """Issue 9 item 14: `dispatch release` of a job whose old execution still has survivors
+    released it silently; now the evidence is shown and --force asked for."""
+    from slurm_dispatch.errors import RefusedError
+    cluster = FakeCluster()
+    job, ended = shared_job(cluster)
+    Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
+    held = last_slurm_id(job)
+    settings = Settings(signal="dispatch-cease")
+    with pytest.raises(RefusedError) as info:
+        release(Slurm(cluster, wait=0), job, settings, signal_runner=Signal("not ceased"))
+    text = str(info.value)
+    assert f"{ended}: not ceased" in text and "n1: not ceased" in text
+    assert f"dispatch release --force {job.id}" in text
+    assert cluster.jobs[held]["Reason"] == "JobHeldUser"  # still held
+    assert [e["verdict"] for e in job.events() if e["event"] == "cessation"] == ["not ceased"]
+    assert release(Slurm(cluster, wait=0), job, settings, force=True) == held
+    assert cluster.jobs[held]["JobState"] == "RUNNING"
+    released = [e for e in job.events() if e["event"] == "released"]
+    assert released[-1]["by"] == "a person (dispatch release --force)"
+    # Issue 9 item 15: the comment no longer says "held" once the hold is over.
+    comment = cluster.jobs[held]["Comment"]
+    assert comment.startswith(f"dispatch:{job.id}/2 released by a person") and "held" not in \
+        comment
+
+
+def test_a_ceased_answer_lets_a_person_release_without_force(home: Path) -> None:
+    cluster = FakeCluster()
+    job, _ = shared_job(cluster)
+    Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
+    held = last_slurm_id(job)
+    assert release(Slurm(cluster, wait=0), job, Settings(), signal_runner=Signal("ceased")) \
+        == held
+
+
+def test_a_held_job_cancelled_is_not_a_release_and_the_job_finishes(home: Path) -> None:
+    """Issue 9 item 6: `scancel` of a held job was logged "hold lifted by a person (scontrol
+    release)" and the job never got a finished record."""
+    cluster = FakeCluster()
+    job, _ = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(signal=None))
+    sup.run_pass()
+    held = last_slurm_id(job)
+    cluster.set(held, JobState="CANCELLED", Reason="None")
+    for _ in range(2):
+        sup.run_pass()
+    released = [e for e in job.events() if e["event"] == "released"]
+    assert [e["by"] for e in released] == ["Slurm: CANCELLED while held"]
+    finished = [e for e in job.events() if e["event"] == "finished"]
+    assert len(finished) == 1 and finished[0]["end_state"] == "cancelled"
+    assert len(cluster.sbatch_calls()) == 2  # a user's cancel is never undone
