@@ -9,24 +9,30 @@ replaces itself with the script so Slurm's signals reach the script directly.  `
 inherit the environment, so every task on every node sees the same identity.
 
 Invariant: a fresh attempt token and a fresh ``exec/<attempt>/`` folder for every execution;
-the folder is created with ``mkdir`` (never reused).  Any failure stops the execution with
-exit 2 rather than letting it run without an identity.
+the folder is created with ``mkdir`` (never reused), and before the script runs it holds the
+execution's record ``.dispatch`` (:data:`EXEC_RECORD`): JSON, created once (``O_CREAT|O_EXCL``),
+read-only, synced with its folder, never rewritten.  Cleanup reads it to learn which saves an
+execution may still need (its resume source).  Any failure stops the execution with exit 2
+rather than letting it run without an identity or its record.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from . import model, record, store
-from .errors import DispatchError, UsageError
+from .errors import DispatchError, RecordError, UsageError
 
 CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
             "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
             "DISPATCH_RESUME_FROM")
+EXEC_RECORD = ".dispatch"  # in exec/<attempt>/; a leading dot keeps it out of save patterns
+EXEC_RECORD_FORMAT = 1
 
 
 def expand_root(pattern: str, env: dict[str, str]) -> str:
@@ -66,6 +72,13 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
     exec_dir = os.path.join(exec_parent, attempt)
     os.mkdir(exec_dir, 0o755)
     found = store.latest(root)
+    write_exec_record(exec_dir, {
+        "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
+        "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
+        "resume_from": found.path if found else None,
+        "resume_publication": found.name if found else None,
+        "slurm_job_id": env.get("SLURM_JOB_ID", ""),
+        "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
     return {
         "DISPATCH_JOB": job.id,
         "DISPATCH_GENERATION": str(epoch.generation),
@@ -76,6 +89,33 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
         "DISPATCH_EXEC_DIR": exec_dir,
         "DISPATCH_RESUME_FROM": found.path if found else "",
     }
+
+
+def write_exec_record(exec_dir: str, fields: dict[str, Any]) -> str:
+    """Create ``exec_dir/.dispatch`` once with ``fields``, the format version and the start
+    time; sync it and its folder.  An existing record is never replaced (FileExistsError)."""
+    now_ns = time.time_ns()
+    data = {"format": EXEC_RECORD_FORMAT, **fields, "time": round(now_ns / 1e9, 3),
+            "ns": now_ns}
+    path = os.path.join(exec_dir, EXEC_RECORD)
+    record._write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444)
+    fd = os.open(exec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)  # the record's name is durable too, not only its bytes
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_exec_record(exec_dir: str) -> dict[str, Any]:
+    """An execution's record, checked for its format; a missing or garbled one is a
+    RecordError naming its path."""
+    path = os.path.join(exec_dir, EXEC_RECORD)
+    data = record.read_json(path)
+    if not isinstance(data, dict) or data.get("format") != EXEC_RECORD_FORMAT:
+        raise RecordError(f"{path!r} is not an execution record of format "
+                          f"{EXEC_RECORD_FORMAT}")
+    return data
 
 
 def export_to_steps(env: dict[str, str]) -> None:
