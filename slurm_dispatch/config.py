@@ -39,6 +39,8 @@ DEFAULT_CESSATION_INTERVAL = 60.0
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 DEFAULT_HOLD_NOTIFY = ""  # no site command: holds are told through Slurm's MailProg only
 DEFAULT_HOLD_WARNING = 7200.0  # a hold's owner is warned this long before it expires
+DEFAULT_STORE_TIMEOUT = 60.0  # an S3 call or scan that takes longer is an error
+DEFAULT_STAGE_DIR = ""  # S3 roots' local staging folder: empty means $TMPDIR, else /tmp
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -49,7 +51,7 @@ class Config:
 
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
-                 "cgroup_root", "problems")
+                 "cgroup_root", "store_timeout", "stage_dir", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -62,6 +64,8 @@ class Config:
         self.hold_notify = DEFAULT_HOLD_NOTIFY
         self.hold_warning = DEFAULT_HOLD_WARNING
         self.cgroup_root = DEFAULT_CGROUP_ROOT
+        self.store_timeout = DEFAULT_STORE_TIMEOUT
+        self.stage_dir = DEFAULT_STAGE_DIR
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -150,6 +154,9 @@ _KEYS = {
     "holdnotify": ("HoldNotify", "hold_notify", _command),
     "holdwarning": ("HoldWarning", "hold_warning", parse_duration),
     "cgrouproot": ("CgroupRoot", "cgroup_root", _state_dir),
+    "storetimeout": ("StoreTimeout", "store_timeout", _positive_duration),
+    # StageDir=/local/scratch: where the launcher makes an S3 root's local staging folder.
+    "stagedir": ("StageDir", "stage_dir", _state_dir),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

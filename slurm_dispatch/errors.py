@@ -10,7 +10,8 @@ never prints.  Messages name the offending value and, where it helps, what would
     ├── UsageError                     exit 2  bad option or argument value
     ├── StoreError                     exit 2  a store that cannot be read or written
     │   ├── BadPublicationName (ValueError)   a name in pub/ that does not parse
-    │   └── StoreFull (OSError)        no space left while publishing
+    │   ├── StoreFull (OSError)        no space left while publishing
+    │   └── StoreTimeout (TimeoutError)   an S3 call or scan that did not finish in time
     ├── RefusedError                   exit 1  a refused operation
     │   ├── OutOfBounds (ValueError)   an epoch component or step outside its bounds
     │   ├── AlreadyPublished (FileExistsError)
@@ -47,6 +48,10 @@ class BadPublicationName(StoreError, ValueError):
 
 
 class StoreFull(StoreError, OSError):
+    pass
+
+
+class StoreTimeout(StoreError, TimeoutError):
     pass
 
 

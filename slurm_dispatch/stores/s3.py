@@ -1,0 +1,280 @@
+"""The S3 publication store: a root ``s3://bucket/prefix``, publications under ``prefix/pub/``.
+
+The same protocol as on POSIX, with S3's primitives:
+
+* A publication is an empty object ``<prefix>/pub/<name>`` created with ``PutObject`` and
+  ``If-None-Match: *``: the server creates it once or answers 412 (``AlreadyPublished``,
+  exit 1).  A 409 (a concurrent conditional create in flight, as AWS may answer) is retried
+  with tenacity until the deadline.  Nothing here overwrites, copies or deletes.
+* ``latest`` and ``list_publications`` page through ``ListObjectsV2`` of ``<prefix>/pub/``
+  with no delimiter, so a key in a deeper "folder" is seen too; any key that is not a
+  publication name is an error naming it (only the folder marker ``pub/`` itself, which
+  S3 consoles create, is not an entry).
+* Every call runs against one deadline (``timeout`` seconds, :func:`within`): a scan that
+  does not finish in time is :class:`StoreTimeout`, never a partial answer.  The worker
+  thread's sockets time out on their own soon after, and it stops paging once abandoned.
+* Endpoint, region and credentials come from boto3's usual chain (environment,
+  ``~/.aws/config``, ``AWS_ENDPOINT_URL``); nothing of our own.  boto3 is imported only
+  here, when an ``s3://`` root is used; a missing boto3 is an error naming the extra.
+* ``publish`` makes exactly one request: it does not check that the save exists (on S3 a
+  "folder" is only a prefix, and a check would double publish's cost); the path must still
+  lie under the root, in normal form.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from .. import model
+from ..errors import (
+    AlreadyPublished,
+    OutsideRoot,
+    StoreError,
+    StoreTimeout,
+    UsageError,
+)
+from .base import EXEC, PUB, S3_SCHEME, Found, Store, found_all, found_latest, is_s3_root
+
+EXTRA_HINT = "pip install 'slurm-dispatch[s3]'"
+# Codes a server gives for a conditional create that raced another one in flight (AWS S3
+# documents ConditionalRequestConflict); retrying settles it as a create or a 412.
+_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
+_CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                               "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed"})
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class S3Root:
+    """A parsed ``s3://bucket/prefix`` root; ``prefix`` has no slash at either end."""
+
+    bucket: str
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        base = f"{S3_SCHEME}{self.bucket}"
+        return f"{base}/{self.prefix}" if self.prefix else base
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+
+def parse_root(root: str) -> S3Root:
+    """Split ``s3://bucket/prefix``; refuse a root whose keys would not be one clean prefix."""
+    if not is_s3_root(root):
+        raise UsageError(f"checkpoint root {root!r} is not an s3:// URL")
+    rest = root[len(S3_SCHEME):]
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.rstrip("/")
+    if not bucket:
+        raise UsageError(f"checkpoint root {root!r} names no bucket (expected s3://bucket/prefix)")
+    if prefix:
+        try:
+            clean = model.normalize_relative(prefix)
+        except OutsideRoot as exc:
+            raise UsageError(f"checkpoint root {root!r}: {exc}") from None
+        if clean != prefix:
+            raise UsageError(f"checkpoint root {root!r}: the prefix {prefix!r} is not in normal "
+                             f"form (expected {clean!r}: no empty, '.' or '..' parts)")
+    return S3Root(bucket, prefix)
+
+
+# --------------------------------------------------------------------------- boto3
+
+
+_clients: dict[tuple[object, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(timeout: float) -> Any:
+    """A boto3 S3 client whose sockets give up within ``timeout``; one per process for a given
+    timeout and ``AWS_*`` environment (making one costs tens of milliseconds)."""
+    key = (timeout, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError:
+                raise StoreError("an s3:// checkpoint root needs boto3, which is not installed: "
+                                 f"{EXTRA_HINT} (the 's3' extra)") from None
+            socket_timeout = max(0.1, min(timeout, 30.0))
+            config = Config(connect_timeout=socket_timeout, read_timeout=socket_timeout,
+                            retries={"mode": "standard", "max_attempts": 3},
+                            max_pool_connections=4)
+            client = boto3.session.Session().client("s3", config=config)
+            _clients[key] = client
+        return client
+
+
+def _describe(exc: BaseException, action: str, where: str) -> StoreError:
+    """A StoreError naming the bucket and key (``where``), the server's code and a hint."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        error = response.get("Error", {})
+        code = error.get("Code", "?")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+        text = f"{action} {where} failed: {code} (HTTP {status}): {error.get('Message', '')}"
+        if code == "NoSuchBucket":
+            text += f"; the bucket {where[len(S3_SCHEME):].split('/', 1)[0]!r} does not exist"
+        elif code in _CREDENTIAL_CODES:
+            text += ("; check the credentials boto3 found (AWS_ACCESS_KEY_ID and "
+                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials)")
+        return StoreError(text.rstrip(": "))
+    name = type(exc).__name__
+    if name == "NoCredentialsError":
+        return StoreError(f"{action} {where} failed: no S3 credentials found (set "
+                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
+                          "~/.aws/credentials)")
+    return StoreError(f"{action} {where} failed: {exc}")
+
+
+def within(timeout: float, what: str, call: Callable[[threading.Event], T]) -> T:
+    """Run ``call(abandoned)`` in a worker thread and wait at most ``timeout`` seconds.
+
+    Past the deadline, ``abandoned`` is set (the worker stops at its next page) and
+    :class:`StoreTimeout` is raised: no partial answer ever leaves here.
+    """
+    abandoned = threading.Event()
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = call(abandoned)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    # A daemon thread: a worker stuck in a socket read must not keep the process alive.
+    threading.Thread(target=work, name="dispatch-s3", daemon=True).start()
+    if not done.wait(timeout):
+        abandoned.set()
+        raise StoreTimeout(
+            f"{what} did not finish within the timeout of {timeout:g} s (--timeout, "
+            "$DISPATCH_STORE_TIMEOUT or StoreTimeout in dispatch.conf); an unfinished scan "
+            "is an error, never a partial answer")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class S3Store(Store):
+    """The :class:`~.base.Store` of an ``s3://bucket/prefix`` root."""
+
+    def __init__(self, root: str, timeout: float) -> None:
+        if not timeout > 0:
+            raise UsageError(f"timeout {timeout!r} must be more than 0 seconds")
+        self.root = root
+        self.where = parse_root(root)
+        self.timeout = float(timeout)
+        self.pub_prefix = self.where.key(PUB) + "/"
+
+    # The interface ----------------------------------------------------------
+
+    def publish(self, epoch: int, step: int, path: str) -> str:
+        name = model.format_name(epoch, step, self.relative(path))
+        key = self.pub_prefix + name
+        url = f"{S3_SCHEME}{self.where.bucket}/{key}"
+        within(self.timeout, f"publishing {url}",
+               lambda _abandoned: self._create_once(key, url, epoch, step))
+        return name
+
+    def latest(self) -> Optional[Found]:
+        names = self._names()
+        return found_latest(self, names, self._pub_url())
+
+    def list_publications(self) -> list[Found]:
+        return found_all(self, self._names())
+
+    def exec_dir(self, attempt: str) -> str:
+        return f"{self.where.url}/{EXEC}/{model.check_attempt(attempt)}"
+
+    def locate(self, relative: str) -> str:
+        return f"{self.where.url}/{relative}"
+
+    # S3 ---------------------------------------------------------------------
+
+    def relative(self, path: str) -> str:
+        """The save's path under the root; ``path`` must be an ``s3://`` URL inside it."""
+        base = self.where.url + "/"
+        if not path.startswith(base) or path == base:
+            raise OutsideRoot(f"save {path!r} is not inside the checkpoint root "
+                              f"{self.where.url!r} (an s3:// URL under it is expected)")
+        rest = path[len(base):].rstrip("/")
+        relative = model.normalize_relative(rest)
+        if relative != rest:
+            raise OutsideRoot(f"save {path!r} is not in normal form (expected "
+                              f"{base + relative!r})")
+        return relative
+
+    def _pub_url(self) -> str:
+        return f"{S3_SCHEME}{self.where.bucket}/{self.pub_prefix}"
+
+    def _create_once(self, key: str, url: str, epoch: int, step: int) -> None:
+        import tenacity
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = _client(self.timeout)
+
+        def conflict(exc: BaseException) -> bool:
+            return (isinstance(exc, ClientError)
+                    and exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(conflict),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+            stop=tenacity.stop_after_delay(self.timeout), reraise=True)
+        try:
+            # If a retry follows a create whose answer was lost, it meets 412: the name is
+            # then already there with the same (epoch, step, path), which is the same fact.
+            retrying(client.put_object, Bucket=self.where.bucket, Key=key, Body=b"",
+                     IfNoneMatch="*")
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if error.get("Code") == "PreconditionFailed" or status == 412:
+                raise AlreadyPublished(
+                    f"publication {url!r} already exists (epoch {epoch}, step {step})") from None
+            raise _describe(exc, "publishing", url) from None
+        except BotoCoreError as exc:
+            raise _describe(exc, "publishing", url) from None
+
+    def _names(self) -> list[str]:
+        return within(self.timeout, f"listing {self._pub_url()}", self._scan)
+
+    def _scan(self, abandoned: threading.Event) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = _client(self.timeout)
+        prefix = self.pub_prefix
+        cut = len(prefix)
+        names: list[str] = []
+        request: dict[str, Any] = {"Bucket": self.where.bucket, "Prefix": prefix}
+        try:
+            while not abandoned.is_set():
+                page = client.list_objects_v2(**request)
+                names.extend(item["Key"][cut:] for item in page.get("Contents", ()))
+                if not page.get("IsTruncated"):
+                    break
+                token = page.get("NextContinuationToken")
+                if not token:
+                    raise StoreError(f"listing {self._pub_url()}: the server said the listing "
+                                     "is truncated but gave no continuation token")
+                request["ContinuationToken"] = token
+        except ClientError as exc:
+            raise _describe(exc, "listing", self._pub_url()) from None
+        except BotoCoreError as exc:
+            raise _describe(exc, "listing", self._pub_url()) from None
+        # The folder marker "pub/" itself (an S3 console's "create folder") is not an entry.
+        return [name for name in names if name != ""]

@@ -1,0 +1,180 @@
+"""One contract for every store (fsspec's tests/abstract habit): the POSIX store on a real
+folder and the S3 store on a real SeaweedFS server pass the same tests.
+
+What a store promises: round trips, the order of ``latest`` (epoch, then step, then the
+encoded path for exact ties), create-once publication, refusal of bad names in ``pub/`` and
+of paths that climb out of the root.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from slurm_dispatch import model, store
+from slurm_dispatch.errors import (
+    AlreadyPublished,
+    BadPublicationName,
+    OutOfBounds,
+    OutsideRoot,
+)
+from slurm_dispatch.stores import open_store
+from tests.s3server import SeaweedServer
+
+from .conftest import BUCKET
+
+E1 = model.Epoch(0, 1, 0).value
+E2 = model.Epoch(0, 1, 1).value
+ATTEMPT = "0" * 26
+
+
+class Layout:
+    """A root of one kind, with the two raw operations the contract needs from outside the
+    store: making a save exist, and planting an entry in pub/ by hand."""
+
+    def __init__(self, root: str, make: Callable[[str], str], plant: Callable[[str], None]):
+        self.root = root
+        self.make = make
+        self.plant = plant
+
+    def save(self, relative: str) -> str:
+        return self.make(relative)
+
+
+def _posix(tmp_path: Path) -> Layout:
+    root = tmp_path / "root"
+    root.mkdir()
+
+    def make(relative: str) -> str:
+        (root / relative).mkdir(parents=True, exist_ok=True)
+        return str(root / relative)
+
+    def plant(name: str) -> None:
+        (root / "pub").mkdir(exist_ok=True)
+        (root / "pub" / name).touch()
+
+    return Layout(str(root), make, plant)
+
+
+def _s3(server: SeaweedServer, root: str) -> Layout:
+    client = server.client()
+    prefix = root[len(f"s3://{BUCKET}/"):]
+
+    def make(relative: str) -> str:
+        client.put_object(Bucket=BUCKET, Key=f"{prefix}/{relative}/model.bin", Body=b"w")
+        return f"{root}/{relative}"
+
+    def plant(name: str) -> None:
+        client.put_object(Bucket=BUCKET, Key=f"{prefix}/pub/{name}", Body=b"")
+
+    return Layout(root, make, plant)
+
+
+@pytest.fixture(params=["posix", "s3"])
+def layout(request: pytest.FixtureRequest, tmp_path: Path) -> Layout:
+    if request.param == "posix":
+        return _posix(tmp_path)
+    server = request.getfixturevalue("s3_env")
+    return _s3(server, request.getfixturevalue("s3_root"))
+
+
+def test_empty_store_has_no_latest(layout: Layout) -> None:
+    assert store.latest(layout.root) is None
+    assert store.list_publications(layout.root) == []
+
+
+def test_round_trip(layout: Layout) -> None:
+    path = layout.save("exec/a/checkpoint-500")
+    name = store.publish(layout.root, E1, 500, path)
+    assert name == model.format_name(E1, 500, "exec/a/checkpoint-500")
+    found = store.latest(layout.root)
+    assert found is not None
+    assert (found.epoch, found.step, found.path, found.name) == (E1, 500, path, name)
+    assert store.list_publications(layout.root) == [found]
+    assert found.as_json() == {"epoch": E1, "step": 500, "path": path, "name": name}
+
+
+def test_latest_prefers_epoch_over_step(layout: Layout) -> None:
+    old = layout.save("exec/old/checkpoint-900")
+    new = layout.save("exec/new/checkpoint-100")
+    store.publish(layout.root, E2, 100, new)
+    store.publish(layout.root, E1, 900, old)  # the old run's late save
+    found = store.latest(layout.root)
+    assert found is not None and (found.epoch, found.step, found.path) == (E2, 100, new)
+    assert [(f.epoch, f.step) for f in store.list_publications(layout.root)] == [
+        (E1, 900), (E2, 100)]
+
+
+def test_latest_prefers_step_within_an_epoch(layout: Layout) -> None:
+    for step in (3, 20, 100, 9):
+        store.publish(layout.root, E1, step, layout.save(f"exec/a/checkpoint-{step}"))
+    assert store.latest(layout.root).step == 100  # type: ignore[union-attr]
+    assert [f.step for f in store.list_publications(layout.root)] == [3, 9, 20, 100]
+
+
+def test_tie_goes_to_the_greatest_encoded_path(layout: Layout) -> None:
+    paths = ["exec/a/x", "exec/b/x", "exec/a/y"]
+    for relative in paths:
+        store.publish(layout.root, E1, 7, layout.save(relative))
+    winner = max(paths, key=model.encode_path)
+    found = store.latest(layout.root)
+    assert found is not None and found.path.endswith("/" + winner)
+    assert found.name == max(model.format_name(E1, 7, p) for p in paths)
+
+
+def test_publish_twice_is_refused_with_exit_1(layout: Layout) -> None:
+    path = layout.save("exec/a/c1")
+    name = store.publish(layout.root, E1, 1, path)
+    with pytest.raises(AlreadyPublished, match=re.escape(name)) as info:
+        store.publish(layout.root, E1, 1, path)
+    assert isinstance(info.value, FileExistsError) and info.value.exit_code == 1
+    assert len(store.list_publications(layout.root)) == 1
+
+
+def test_publish_refuses_paths_outside_the_root(layout: Layout) -> None:
+    layout.save("exec/a/c1")
+    for outside in (layout.root + "/../elsewhere", layout.root + "-sibling/exec/a/c1",
+                    layout.root):
+        with pytest.raises(OutsideRoot):
+            store.publish(layout.root, E1, 1, outside)
+    assert store.list_publications(layout.root) == []
+
+
+def test_publish_refuses_out_of_bounds_values(layout: Layout) -> None:
+    path = layout.save("exec/a/c1")
+    with pytest.raises(OutOfBounds, match="999999"):
+        store.publish(layout.root, 999_999, 1, path)  # N = 0: no execution has it
+    with pytest.raises(OutOfBounds, match="step -1"):
+        store.publish(layout.root, E1, -1, path)
+    assert store.list_publications(layout.root) == []
+
+
+@pytest.mark.parametrize("bad", [
+    "checkpoint-99",
+    f"{999_999:020d}-{1:020d}-ME",  # an epoch no (G, N, R) makes, not the greatest name
+    f"{E1:020d}-{1:020d}-MEA",  # a base32 length no path has
+    f"{E1:020d}-{1:020d}-me",  # lower case: a case-folding store could merge two names
+])
+def test_a_bad_name_in_pub_is_an_error_naming_it(layout: Layout, bad: str) -> None:
+    store.publish(layout.root, E2, 5, layout.save("exec/a/c1"))
+    layout.plant(bad)
+    for read in (store.latest, store.list_publications):
+        with pytest.raises(BadPublicationName, match=re.escape(repr(bad))):
+            read(layout.root)
+
+
+def test_a_climbing_path_in_pub_is_an_error(layout: Layout) -> None:
+    layout.plant(f"{E2:020d}-{1:020d}-{model.encode_path_bytes(b'../../etc/passwd')}")
+    for read in (store.latest, store.list_publications):
+        with pytest.raises(BadPublicationName, match="climbs"):
+            read(layout.root)
+
+
+def test_exec_dir_is_the_attempts_own_place_under_the_root(layout: Layout) -> None:
+    exec_dir = open_store(layout.root).exec_dir(ATTEMPT)
+    assert exec_dir == f"{layout.root}/exec/{ATTEMPT}"
+    with pytest.raises(OutOfBounds):
+        open_store(layout.root).exec_dir("../x")
