@@ -89,7 +89,23 @@ def epoch(generation: Optional[str], submission: Optional[str], restart: Optiona
     body()
 
 
-ROOT_HELP = "Checkpoint root.  [env: DISPATCH_CHECKPOINT]"
+ROOT_HELP = "Checkpoint root: a folder or s3://bucket/prefix.  [env: DISPATCH_CHECKPOINT]"
+TIMEOUT_HELP = ("Seconds an S3 call or scan may take before it is an error (exit 2); default "
+                "StoreTimeout in dispatch.conf, else 60.  [env: DISPATCH_STORE_TIMEOUT]")
+
+
+def timeout_option(func: Any) -> Any:
+    return click.option("--timeout", envvar="DISPATCH_STORE_TIMEOUT", metavar="SECONDS",
+                        help=TIMEOUT_HELP)(func)
+
+
+def parse_timeout(value: Optional[str]) -> Optional[float]:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--timeout {value!r} is not a number of seconds") from None
 
 
 @main.command()
@@ -97,13 +113,17 @@ ROOT_HELP = "Checkpoint root.  [env: DISPATCH_CHECKPOINT]"
 @click.option("--epoch", "epoch_", envvar="DISPATCH_EPOCH", metavar="E",
               help="This execution's epoch.  [env: DISPATCH_EPOCH]")
 @click.option("--step", required=True, metavar="S", help="The training step of the save.")
+@timeout_option
 @click.argument("path", type=click.Path())
-def publish(root: Optional[str], epoch_: Optional[str], step: str, path: str) -> None:
+def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Optional[str],
+            path: str) -> None:
     """Make the save at PATH visible; print the publication's file name.
 
     PATH must exist and lie inside ROOT (usually under $DISPATCH_EXEC_DIR).  The publication
     is an empty file created once (O_EXCL) in ROOT/pub/ and synced before this returns.
-    Publishing the same (epoch, step, path) twice is refused with exit 1.
+    Publishing the same (epoch, step, path) twice is refused with exit 1.  On an
+    s3://bucket/prefix root, PATH is an s3:// URL under it and the publication is an empty
+    object created with If-None-Match: * (not checked for existence first).
 
     Example: `dispatch publish --step 500 "$DISPATCH_EXEC_DIR/checkpoint-500"`
     """
@@ -111,14 +131,16 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, path: str) ->
         root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
         epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
         step_v = parse_int(step, "--step")
-        click.echo(store.publish(root_v, epoch_v, step_v, path))
+        click.echo(store.publish(root_v, epoch_v, step_v, path,
+                                 timeout=parse_timeout(timeout)))
     body()
 
 
 @main.command()
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print an object (or null).")
-def latest(root: Optional[str], as_json: bool) -> None:
+@timeout_option
+def latest(root: Optional[str], as_json: bool, timeout: Optional[str]) -> None:
     """Print the absolute path of the latest published save, or nothing.
 
     The latest save has the greatest epoch, then the greatest step; exact ties go to the
@@ -128,7 +150,8 @@ def latest(root: Optional[str], as_json: bool) -> None:
     Example: `RESUME=$(dispatch latest)`
     """
     def body() -> None:
-        found = store.latest(required(root, "--root", "DISPATCH_CHECKPOINT"))
+        found = store.latest(required(root, "--root", "DISPATCH_CHECKPOINT"),
+                             timeout=parse_timeout(timeout))
         if as_json:
             echo_json(found.as_json() if found else None)
         elif found:
@@ -140,10 +163,12 @@ def latest(root: Optional[str], as_json: bool) -> None:
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
-def list_(root: Optional[str], as_json: bool, noheader: bool) -> None:
+@timeout_option
+def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[str]) -> None:
     """Print every publication under ROOT, oldest first (the latest is last)."""
     def body() -> None:
-        found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"))
+        found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"),
+                                        timeout=parse_timeout(timeout))
         if as_json:
             echo_json([f.as_json() for f in found])
             return

@@ -47,17 +47,19 @@ LONG_FLAGS -= LONG_WITH_ARG
 SHORT_ALIASES = {"J": "job-name", "D": "chdir", "o": "output", "e": "error", "a": "array",
                  "H": "hold", "W": "wait"}
 
-DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede"}
+DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before"}
 DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
 
 
 class DispatchOptions:
     """The dispatch options given, and which of them were given (``given``)."""
 
-    __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan", "given")
+    __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
+                 "warn_before", "given")
 
     def __init__(self, given: Optional[set[str]] = None) -> None:
         self.checkpoint: Optional[str] = None
+        self.warn_before: Optional[tuple[str, int]] = None  # (signal, seconds before the end)
         self.resubmit = 0
         self.shared_checkpoint = False
         self.supersede: Optional[str] = None
@@ -67,7 +69,8 @@ class DispatchOptions:
     def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
         """These options (the command line) over ``directives`` (the script's)."""
         out = DispatchOptions(given=self.given | directives.given)
-        for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan"):
+        for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
+                     "warn_before"):
             source = self if name in self.given else directives
             setattr(out, name, getattr(source, name))
         return out
@@ -126,10 +129,39 @@ def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where:
         if not value:
             raise UsageError(f"--supersede{where} needs a dispatch job id")
         opts.supersede = value
+    elif name == "warn-before":
+        opts.warn_before = parse_warning(value or "", where)
     elif name == "shared-checkpoint":
         opts.shared_checkpoint = True
     elif name == "plan":
         opts.plan = True
+
+
+SIGNALS = {"USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "CONT", "URG"}
+
+
+def parse_warning(value: str, where: str = "") -> tuple[str, int]:
+    """``--warn-before TIME[:SIGNAL]``: seconds (or MM:SS) before the time limit, and the
+    signal (default USR1).  Slurm takes 0..65535 seconds."""
+    parts = value.split(":")
+    signal = "USR1"
+    if len(parts) > 1 and not parts[-1].isdigit():
+        signal = parts.pop().upper().removeprefix("SIG")
+    if signal not in SIGNALS:
+        raise UsageError(f"--warn-before {value!r}{where}: unknown signal {signal!r} "
+                         f"(one of {', '.join(sorted(SIGNALS))})")
+    try:
+        if len(parts) > 2:
+            raise ValueError(value)
+        total = int(parts[-1]) + (60 * int(parts[0]) if len(parts) == 2 else 0)
+    except ValueError:
+        raise UsageError(f"--warn-before {value!r}{where}: give the time before the limit as "
+                         "seconds or MM:SS, then :SIGNAL if not USR1 (e.g. 300, 5:00, "
+                         "120:TERM)") from None
+    if not 1 <= total <= 65535:
+        raise UsageError(f"--warn-before {value!r}{where}: {total} s is outside 1..65535 "
+                         "(what sbatch --signal accepts)")
+    return signal, total
 
 
 def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""

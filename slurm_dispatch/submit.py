@@ -72,6 +72,10 @@ def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
     header = sbatch_args.read_header(text, line.script)
     options = line.dispatch.merged_over(header.dispatch)
     names = line.long_names | header.long_names
+    if options.warn_before and ("signal" in names or os.environ.get("SBATCH_SIGNAL")):
+        raise UsageError("--warn-before sets sbatch's --signal; both were given (keep one: "
+                         "--warn-before TIME[:SIGNAL] signals the job script, --signal as "
+                         "sbatch defines it)")
     if options.shared_checkpoint and "requeue" in names:
         raise UsageError("--requeue contradicts --shared-checkpoint: a job sharing one mutable "
                          "checkpoint is never restarted by Slurm behind dispatch's back (its "
@@ -150,6 +154,8 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "checkpoint": root,
         "resubmit": request.options.resubmit,
         "shared_checkpoint": shared,
+        "warn_before": list(request.options.warn_before) if request.options.warn_before
+        else None,
         "supersedes": supersedes,
         "sbatch": request.sbatch,
         "script_args": request.script_args,
@@ -186,17 +192,106 @@ class Submitted:
         self.result = result
 
 
-def marker(job: record.JobRecord, submission: int) -> str:
-    return f"dispatch:{job.id}/{submission}"
+def marker(job: record.JobRecord, submission: int, task: Optional[int] = None) -> str:
+    """The word in a submission's comment that finds it again: ``dispatch:<id>/<N>``, and
+    ``dispatch:<id>/<N>-t<task>`` for one array task's own submission."""
+    return f"dispatch:{job.id}/{submission}" + ("" if task is None else f"-t{task}")
+
+
+def claim_name(submission: int, task: Optional[int] = None) -> str:
+    """The claim made before submission N (of one array task, or of the whole job)."""
+    return f"submission-{submission}" + ("" if task is None else f"-t{task}")
+
+
+def once_key(submission: int, task: Optional[int] = None) -> str:
+    """The key a submission (and its hold) is recorded under, once."""
+    return str(submission) + ("" if task is None else f"-t{task}")
+
+
+def _array_words(words: list[str]) -> tuple[Optional[str], list[str]]:
+    """The last ``--array`` (``-a``) value among sbatch words, as sbatch would take it, and
+    the words without any array option."""
+    found, rest = None, []
+    i = 0
+    while i < len(words):
+        word, value, taken = words[i], None, 1
+        if word.startswith("--") and len(word) > 2:
+            name, sep, given = word[2:].partition("=")
+            try:
+                resolved = sbatch_args._resolve_long(name, "")
+            except UsageError:
+                resolved = name
+            if resolved == "array":
+                value, taken = (given, 1) if sep else (
+                    words[i + 1] if i + 1 < len(words) else "", 2)
+        elif word == "-a":
+            value, taken = (words[i + 1] if i + 1 < len(words) else ""), 2
+        elif word.startswith("-a") and not word.startswith("--"):
+            value = word[2:].lstrip("=")
+        if value is None:
+            rest.append(word)
+        else:
+            found = value
+        i += taken
+    return found, rest
+
+
+def parse_array(spec: str) -> list[int]:
+    """Task ids of an ``--array`` value (``0-15:4%2``, ``1,3,5-7``); raises UsageError."""
+    body = spec.split("%", 1)[0]
+    tasks: set[int] = set()
+    try:
+        for part in body.split(","):
+            span, _, step = part.partition(":")
+            first, dash, last = span.partition("-")
+            low, high = int(first), int(last) if dash else int(first)
+            stride = int(step) if step else 1
+            if low < 0 or high < low or stride < 1:
+                raise ValueError(part)
+            tasks.update(range(low, high + 1, stride))
+    except ValueError:
+        raise UsageError(f"--array {spec!r} is not a list of task ids (like 0-15:4%2 or "
+                         "1,3,5-7)") from None
+    return sorted(tasks)
+
+
+def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
+    """The task ids of an array job as its first submission asked for them (the command
+    line over ``SBATCH_ARRAY_INX`` of its environment over its ``#SBATCH`` lines); None for
+    a job that is not an array."""
+    spec = job.spec
+    value = _array_words(list(spec["sbatch"]))[0]
+    if value is None:
+        value = submission_environment(job).get("SBATCH_ARRAY_INX") or None
+    if value is None:
+        header: list[str] = []
+        for line in spec.get("header", []):
+            text = line.lstrip()
+            if text.startswith("#SBATCH"):
+                header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
+                                                           spec["script_name"], 0))
+        value = _array_words(header)[0]
+    return parse_array(value) if value is not None else None
 
 
 def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str],
-                 env: Mapping[str, str]) -> tuple[list[str], bool]:
+                 env: Mapping[str, str], task: Optional[int] = None
+                 ) -> tuple[list[str], bool]:
     spec = job.spec
     names = set(spec["long_names"])
-    argv = ["sbatch", *spec["sbatch"], *extra]
+    if task is None:
+        argv = ["sbatch", *spec["sbatch"], *extra]
+    else:
+        # One task of the array on its own: the same snapshot and options, --array=<task>
+        # (the command line wins over the script's #SBATCH --array and SBATCH_ARRAY_INX).
+        argv = ["sbatch", *_array_words(list(spec["sbatch"]))[1], f"--array={task}", *extra]
     if "job-name" not in names and not env.get("SBATCH_JOB_NAME"):
         argv.append(f"--job-name={spec['script_name']}")
+    warn = spec.get("warn_before")
+    if warn:
+        # To the batch shell (B:): the launcher execs the job script there, and a plain
+        # --signal reaches only srun steps, never a script running its trainer directly.
+        argv.append(f"--signal=B:{warn[0]}@{warn[1]}")
     if "open-mode" not in names and not env.get("SBATCH_OPEN_MODE"):
         # Slurm truncates the output file when it requeues a job; append keeps every
         # execution's output (the launcher heads each with a line of its own).
@@ -206,19 +301,22 @@ def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str],
         argv.append("--no-requeue")
     has_marker = "comment" not in names and not env.get("SBATCH_COMMENT")
     if has_marker and not any(a.startswith("--comment=") for a in extra):
-        argv.append(f"--comment={marker(job, submission)}")
-    argv.append(job.batch_script(submission))
+        argv.append(f"--comment={marker(job, submission, task)}")
+    argv.append(job.batch_script(submission, task))
     argv.extend(spec["script_args"])
     return argv, has_marker
 
 
-def _write_batch(job: record.JobRecord, submission: int) -> None:
+def _write_batch(job: record.JobRecord, submission: int, task: Optional[int] = None) -> None:
+    """The batch script of submission N (``batch-<N>.sh``; ``batch-<N>-t<task>.sh`` for one
+    task's own): the launcher learns N from it, so a task's submission number is fixed
+    before the task can start, whatever the record says by then."""
     spec = job.spec
     header = sbatch_args.ScriptHeader(spec["shebang"], spec["header"], [],
                                       sbatch_args.DispatchOptions(), set())
     text = sbatch_args.render_batch_script(header=header, python=spec["python"],
                                            job_path=job.path, submission=submission)
-    path = job.batch_script(submission)
+    path = job.batch_script(submission, task)
     try:
         with open(path, "x", encoding="utf-8", errors="surrogateescape") as handle:
             handle.write(text)
@@ -230,18 +328,18 @@ def _write_batch(job: record.JobRecord, submission: int) -> None:
 
 def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
             extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
-            hold: Optional[dict[str, Any]] = None) -> Submitted:
-    _write_batch(job, submission)
+            hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> Submitted:
+    _write_batch(job, submission, task)
     run_env = dict(env) if env is not None else submission_environment(job)
-    argv, has_marker = _sbatch_argv(job, submission, list(extra or []), run_env)
+    argv, has_marker = _sbatch_argv(job, submission, list(extra or []), run_env, task)
     cwd = job.spec["cwd"]
     if has_marker:
-        jobid, result = slurm.sbatch(argv, marker(job, submission), run_env, cwd)
+        jobid, result = slurm.sbatch(argv, marker(job, submission, task), run_env, cwd)
     else:
         # No marker to look the job up by: one attempt, never a blind second sbatch.
         jobid, result = slurm.sbatch(argv, "", run_env, cwd)
-    job.append("submitted", once=str(submission), submission=submission,
-               slurm_job_id=jobid, reason=reason, argv=argv, hold=hold)
+    job.append("submitted", once=once_key(submission, task), submission=submission,
+               slurm_job_id=jobid, reason=reason, argv=argv, hold=hold, task=task)
     return Submitted(job, submission, jobid, result)
 
 
@@ -455,14 +553,18 @@ def refuse_while_live(slurm: Slurm, job: record.JobRecord,
 def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
              extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
              expected: Optional[int] = None, claim: Optional[str] = None,
-             hold: Optional[dict[str, Any]] = None) -> Submitted:
+             hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> Submitted:
     """Submit the snapshot again as submission N+1 (claimed once, never doubled).
 
     ``expected`` refuses to submit unless N+1 is that number (a supervisor acting on what it
     saw); ``claim`` names a claim the caller already holds for it; ``hold`` is the hold
-    intent (:class:`events.HoldIntent` fields) a held submission is recorded with.
+    intent (:class:`events.HoldIntent` fields) a held submission is recorded with.  ``task``
+    resubmits one array task on its own (``--array=<task>``), numbered in its own lineage.
     """
-    submission = next_submission(job)
+    if task is None:
+        submission = next_submission(job)
+    else:
+        submission = job.history().lineage(task).next_submission
     if expected is not None and submission != expected:
         raise RecordError(f"{job.id}: submission {expected} was already made")
     if submission > 999_999:
@@ -471,17 +573,17 @@ def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
     if not os.path.isdir(cwd):  # checked before claiming, so nothing is left half-made
         raise UsageError(f"the submission directory {cwd!r} is gone; sbatch would take the "
                          "job's working directory from it")
-    if claim is None and not job.claim(f"submission-{submission}"):
-        found = slurm.find_by_marker(marker(job, submission), env)
+    if claim is None and not job.claim(claim_name(submission, task)):
+        found = slurm.find_by_marker(marker(job, submission, task), env)
         if found:
-            job.append("submitted", once=str(submission), submission=submission,
-                       slurm_job_id=found, reason=reason, argv=[], recovered=True)
+            job.append("submitted", once=once_key(submission, task), submission=submission,
+                       slurm_job_id=found, reason=reason, argv=[], recovered=True, task=task)
             raise RecordError(f"{job.id}: submission {submission} had already been made "
                               f"(Slurm job {found}); recorded it")
         raise RecordError(f"{job.id}: submission {submission} is being made by another "
                           "process (its claim exists but no submission is recorded yet)")
     try:
-        return _submit(slurm, job, submission, reason, extra, env, hold)
+        return _submit(slurm, job, submission, reason, extra, env, hold, task)
     except SlurmError as exc:
-        job.append("submit-failed", submission=submission, error=str(exc))
+        job.append("submit-failed", submission=submission, error=str(exc), task=task)
         raise

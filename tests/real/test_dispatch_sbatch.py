@@ -314,3 +314,17 @@ def test_every_executions_output_is_kept_with_a_header(work: Workdir) -> None:
     assert f"dispatch job {job}" in headers[0]
     assert text.index("said by restart 0") < text.index(headers[1]) < \
         text.index("said by restart 1")
+
+
+def test_warn_before_reaches_the_job_script_ahead_of_its_time_limit(work: Workdir) -> None:
+    """`--warn-before`: the job script itself gets the signal (a plain `--signal` reaches only
+    srun steps), so a trainer run by the script can save before the time limit."""
+    script = work.write("warned.sh", "#!/bin/bash\n#SBATCH --time=2\n"
+                        f"trap 'date +%s > {work.path}/warned; exit 0' USR1\n"
+                        "while true; do sleep 0.2; done\n")
+    started = time.time()
+    job, slurm_id = work.submit("--checkpoint", "ck", "--warn-before", "100", script.name)
+    work.sandbox.wait_for(lambda: (work.path / "warned").exists(), 110,
+                          "the warning signal in the job script")
+    assert int((work.path / "warned").read_text()) < started + 100  # well before the limit
+    wait_state(work, slurm_id, {"COMPLETED"})

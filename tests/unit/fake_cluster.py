@@ -1,7 +1,7 @@
 """A fake Slurm controller at the process boundary, for fast tests of the supervisor.
 
-It answers the few commands slurm-dispatch uses (sbatch, squeue, scontrol release and update comment,
-scancel, squeue) from an in-memory job table, and fails loudly on anything else.  The real
+It answers the few commands slurm-dispatch uses (sbatch, squeue, scontrol release, scontrol
+update of a comment, scancel) from an in-memory job table, and fails loudly on anything else.  The real
 behaviour is proven by the real tier; this only makes pass logic cheap to exercise.
 """
 

@@ -201,3 +201,32 @@ def test_resubmit_while_a_submission_runs_is_refused_without_force(script: Path)
     runner = CliRunner()
     result = runner.invoke(cli.main, ["resubmit", "--help"])
     assert "--force" in result.output
+
+
+@pytest.mark.parametrize("value,signal,seconds", [
+    ("300", "USR1", 300), ("5:00", "USR1", 300), ("120:TERM", "TERM", 120),
+    ("5:00:usr2", "USR2", 300), ("10:SIGINT", "INT", 10)])
+def test_warn_before_reads_time_and_signal(value: str, signal: str, seconds: int) -> None:
+    assert sbatch_args.parse_warning(value) == (signal, seconds)
+
+
+@pytest.mark.parametrize("value,words", [
+    ("0", "outside 1..65535"), ("70000", "outside 1..65535"), ("x", "seconds or MM:SS"),
+    ("10:KILLME", "unknown signal 'KILLME'"), ("1:2:3", "seconds or MM:SS")])
+def test_warn_before_refuses_bad_values(value: str, words: str) -> None:
+    with pytest.raises(UsageError, match=f"--warn-before '{value}'.*{words}"):
+        sbatch_args.parse_warning(value)
+
+
+def test_warn_before_signals_the_job_script_before_its_time_limit(script: Path) -> None:
+    """Issue 9: save before the time limit.  sbatch's plain --signal reaches srun steps only,
+    never a trainer the job script runs itself, so the warning goes to the batch shell."""
+    fake = OneAnswer(0, "Submitted batch job 60\n")
+    from slurm_dispatch.slurm import Slurm
+    script.write_text("#!/bin/bash\n#DISPATCH --warn-before 2:00\necho hi\n")
+    submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
+                      Slurm(fake, wait=0))
+    assert "--signal=B:USR1@120" in fake.calls[0]
+    with pytest.raises(UsageError, match="both were given"):
+        submit.read_request(["--checkpoint", "ck", "--warn-before", "60", "--signal=USR2@30",
+                             "job.sh"])
