@@ -255,6 +255,9 @@ def _watched(cfg: Config) -> list[dict]:
             try:
                 data = store.read_regular(fd, name, {os.geteuid()})
                 entry = json.loads(data)
+                problem = store.format_problem(entry)
+                if problem:
+                    raise FactError(problem)  # a newer hook's entry: it settles it itself
                 entry["_name"] = name
                 store.check_name(str(entry["job_id"]), "job id")
                 int(entry["uid"]), int(entry["gid"])
@@ -272,7 +275,7 @@ def _add_watch(cfg: Config, entry: dict) -> None:
     assert fd is not None
     try:
         name = f"{entry['uid']}.{entry['job_id']}.{store.new_token()}"
-        data = store.dumps(entry).encode()
+        data = store.dumps({**entry, "v": store.FORMAT_VERSION}).encode()
         store.create_file(fd, name, data, f"{cfg.state_dir}/{store.WATCH}", 0o600)
     finally:
         os.close(fd)
