@@ -1,7 +1,7 @@
 # slurm-dispatch: the commands a newcomer runs.
 PYTHON ?= python3
 
-.PHONY: demo demo-protocol test test-fast check bench install
+.PHONY: demo demo-protocol test test-fast check bench install dist
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -31,3 +31,12 @@ bench: install
 	$(PYTHON) bench/bench_supervisor.py
 	@for b in bench/bench_sbatch.py bench/bench_hooks.py; do \
 		if [ -f $$b ]; then $(PYTHON) $$b || exit 1; fi; done
+
+# What a site installs from: the wheel (nodes, controller, login nodes: pip install it into a
+# venv) and the admin's parts (hook scripts, config templates, the admin guide) in one tarball.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+dist:
+	rm -rf dist
+	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md
+	@ls -l dist

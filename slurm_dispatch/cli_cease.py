@@ -28,8 +28,8 @@ class _Shell(ClickShell, click.Command):
               help="The execution to judge: Slurm's restart count (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--config", "config_path", default=None, metavar="FILE",
-              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else "
-                   "/etc/slurm/dispatch.conf).")
+              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
+                   "beside slurm.conf: the folder of $SLURM_CONF, else /etc/slurm).")
 @click.version_option(package_name="slurm-dispatch", prog_name="dispatch-cease")
 def main(jobid: str, restart: Optional[int], as_json: bool, config_path: Optional[str]) -> int:
     """Prove that an ended Slurm execution's processes are gone on every node it ran on.

@@ -26,7 +26,6 @@ import os
 
 ENV_VAR = "SLURM_DISPATCH_CONF"
 SLURM_CONF_DEFAULT = "/etc/slurm/slurm.conf"
-DEFAULT_PATH = "/etc/slurm/dispatch.conf"
 MAX_BYTES = 1 << 20
 
 DEFAULT_STATE_DIR = "/var/lib/slurm-dispatch"
