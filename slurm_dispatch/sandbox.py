@@ -661,6 +661,23 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     return actions
 
 
+def set_job_requeue(enabled: bool, directory: Optional[PathLike] = None) -> None:
+    """Set ``JobRequeue`` (1: Slurm requeues batch jobs after a node failure; 0: such a job
+    ends NODE_FAIL) and make slurmctld read it (``scontrol reconfigure``), for sites that do
+    not requeue.  Jobs take the value at submission; the next ``up`` restores 1."""
+    _require_root("set JobRequeue")
+    layout = Layout(state_dir(directory))
+    _claim(layout.root, create=False)
+    text = _read_own(layout.slurm_conf)
+    if text is None or "\nJobRequeue=" not in text:
+        raise SandboxError(f"{layout.slurm_conf} has no JobRequeue line: run "
+                           "`dispatch-sandbox up` first")
+    lines = [f"JobRequeue={1 if enabled else 0}" if line.startswith("JobRequeue=") else line
+             for line in text.split("\n")]
+    _write_text(layout.slurm_conf, "\n".join(lines))
+    _slurm(layout, ["scontrol", "reconfigure"])
+
+
 def source_root() -> Optional[Path]:
     """The checkout this package runs from, or None when it runs from an installed copy."""
     root = Path(__file__).resolve().parent.parent

@@ -190,3 +190,34 @@ def test_shared_job_on_partitioned_node_is_held_until_dispatch_cease_proves_it_g
     assert executions[0]["epoch"] == 2_000_000
     assert latest_before.startswith(old["exec_dir"] + "/checkpoint-")
     sandbox.run(["scancel", held], check=False)
+
+
+def test_where_slurm_does_not_requeue_a_node_failure_is_resubmitted(user: User) -> None:
+    """Issue 9: sites with JobRequeue=0 (or --no-requeue, PreemptMode=CANCEL): a node failure
+    ends an isolated job; the supervisor resubmits it while budget lasts, resuming from its
+    latest publication."""
+    sandbox = user.sandbox
+    sandbox_lib.set_job_requeue(False, sandbox.dir)
+    node = ""
+    try:
+        run_env = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.1", "TOY_SAVE_EVERY": "5"}
+        job, first = user.submit("--checkpoint", "ck", "--resubmit", "1", "-o", "out-%j.txt",
+                                 "trainer.sh", env=run_env)
+        sandbox.wait_for(lambda: user.status(job)["executions"], 60, "the first execution")
+        old = user.status(job)["executions"][0]
+        node = old["node"]
+        sandbox.wait_for(lambda: store.latest(str(user.path / "ck")), 60, "a first save")
+        sandbox_lib.partition(node, sandbox.dir)
+        sandbox.wait_for(lambda: state_of(sandbox, first)[0] == "NODE_FAIL", 120,
+                         f"job {first} to end with NODE_FAIL")
+        assert sandbox.job_state(first).get("Restarts") == "0", "Slurm requeued it"
+        assert "resubmitted as submission 2" in user.supervise()
+        second = sandbox.wait_for(
+            lambda: [e for e in user.status(job)["executions"] if e["submission"] == 2], 90,
+            "submission 2 to start")[0]
+        assert second["epoch"] == 2_000_000
+        assert second["resume_from"].startswith(old["exec_dir"] + "/checkpoint-")
+    finally:
+        if node:
+            sandbox_lib.heal(node, sandbox.dir)
+        sandbox_lib.set_job_requeue(True, sandbox.dir)
