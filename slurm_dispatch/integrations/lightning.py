@@ -1,0 +1,215 @@
+"""Lightning's ``Trainer`` inside a dispatch execution: one callback and one resume helper.
+
+A training script adds two things and keeps its own ``ModelCheckpoint`` and arguments::
+
+    from slurm_dispatch.integrations.lightning import DispatchCallback, resume_from_checkpoint
+    trainer = L.Trainer(..., callbacks=[ModelCheckpoint(...), DispatchCallback()])
+    trainer.fit(model, data, ckpt_path=resume_from_checkpoint())
+
+Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
+
+* Every ``ModelCheckpoint`` writes into the execution's own folder (``checkpoints/``) and
+  deletes nothing (``save_top_k`` is recorded for dispatch's cleanup, then set to keep every save).
+* Each save made through ``Trainer.save_checkpoint`` inside that folder gives exactly one
+  publication, by the global-zero process after every rank synced its part and the strategy's
+  barrier passed.  A ``last`` checkpoint, which Lightning rewrites in place, is never published.
+* The requeue signal (SIGUSR1 unless the ``SLURMEnvironment`` names another) only sets a flag:
+  Lightning's own handler, which saves inside the handler and requeues, is not installed.  At the
+  end of the next training batch every rank saves, the save is published, and the job is
+  requeued (``scontrol requeue``) and stopped.  A ``--shared-checkpoint`` job (or one whose
+  record cannot be read) saves and publishes but is never requeued: such a job restarts only
+  after a proof or a person (DESIGN invariant 6).
+
+Outside a dispatch execution the callback does nothing (Lightning's own SLURM support stays as
+it was) and ``resume_from_checkpoint(default)`` returns ``default``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any, Callable, Optional, Union
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from .. import record
+from ..errors import DispatchError
+from .saves import Execution, choose_resume, publish_save, record_keep, sync_save
+
+FRAMEWORK = "lightning"
+REQUEUE_SAVE = "requeue-step={step}.ckpt"
+CHECKPOINTS = "checkpoints"  # under the execution's folder
+
+
+def resume_from_checkpoint(default: Optional[str] = None,
+                           env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """What to pass to ``Trainer.fit(ckpt_path=...)``.
+
+    Inside a dispatch execution: the save to resume from, or ``None`` for a fresh start.
+    Outside one: ``default`` (what the script passed before, e.g. ``"last"`` or a path).
+    """
+    execution = Execution.current(env)
+    if execution is None:
+        return default
+    return choose_resume(execution, framework=FRAMEWORK).path
+
+
+def is_shared_checkpoint(execution: Execution) -> Optional[bool]:
+    """Whether the execution's dispatch job shares its checkpoint; ``None`` when its record
+    cannot be read (then it is treated as shared: no restart behind dispatch's back)."""
+    if not execution.job:
+        return None
+    try:
+        return bool(record.open_job(execution.job).spec.get("shared_checkpoint"))
+    except (DispatchError, OSError, ValueError, KeyError):
+        return None
+
+
+def _last_pattern(callback: ModelCheckpoint) -> re.Pattern[str]:
+    """File names the callback's ``last`` save takes (``last.ckpt``, ``last-v1.ckpt``, or a
+    formatted name such as ``{epoch}-last``)."""
+    parts = re.split(r"\{[^}]*\}", callback.CHECKPOINT_NAME_LAST)
+    body = ".*".join(re.escape(p) for p in parts)
+    return re.compile(f"(?:.*{re.escape(callback.CHECKPOINT_JOIN_CHAR)})?{body}"
+                      rf"(?:-v[0-9]+)?{re.escape(callback.FILE_EXTENSION)}")
+
+
+class DispatchCallback(Callback):  # type: ignore[misc]
+    """Publishes each save of a Lightning ``Trainer``, turns its rotation and its own SLURM
+    requeue off inside a dispatch execution, and answers the requeue signal at a safe point.
+
+    ``publications`` lists the names this process published (global zero only).
+    """
+
+    def __init__(self, env: Optional[Mapping[str, str]] = None,
+                 requeue_command: Optional[list[str]] = None) -> None:
+        self.execution = Execution.current(env)
+        self.publications: list[str] = []
+        self.requeued = False
+        self._requeue_command = requeue_command
+        self._signalled = False
+        self._signum: Optional[int] = None
+        self._previous_handler: Union[Callable[[int, Optional[FrameType]], Any], int, None] = None
+        self._last_names: list[re.Pattern[str]] = []
+        self._published_paths: set[str] = set()
+        self._shared: Optional[bool] = None
+
+    # --- set-up and tear-down ---------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.execution is None or stage != "fit":
+            return
+        # A folder of their own: Lightning warns about a non-empty one, and the execution's
+        # folder holds dispatch's records.
+        ckpt_dir = os.path.join(self.execution.exec_dir, CHECKPOINTS)
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint):
+                if callback.save_top_k != -1:
+                    record_keep(self.execution, FRAMEWORK, "save_top_k", callback.save_top_k)
+                    callback.save_top_k = -1
+                callback.dirpath = ckpt_dir
+                self._last_names.append(_last_pattern(callback))
+        self._shared = is_shared_checkpoint(self.execution)
+        self._take_requeue_signal(trainer)
+        self._wrap_save(trainer)
+
+    def _take_requeue_signal(self, trainer: pl.Trainer) -> None:
+        # Lightning installs its SIGUSR1 handler (save inside the handler, then requeue) only
+        # where none is installed and auto_requeue is on; both are made so here.
+        cluster = getattr(trainer._accelerator_connector, "cluster_environment", None)
+        signum = signal.SIGUSR1
+        if isinstance(cluster, SLURMEnvironment):
+            cluster.auto_requeue = False
+            signum = cluster.requeue_signal or signal.SIGUSR1
+        if threading.current_thread() is threading.main_thread():
+            self._signum = int(signum)
+            self._previous_handler = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        # Nothing else happens inside the handler: the save waits for a safe point of the loop.
+        self._signalled = True
+
+    def _wrap_save(self, trainer: pl.Trainer) -> None:
+        original = trainer.save_checkpoint
+
+        def save_and_publish(filepath: Any, weights_only: Optional[bool] = None,
+                             storage_options: Optional[Any] = None) -> None:
+            original(filepath, weights_only, storage_options)
+            self._publish(trainer, os.fspath(filepath))
+
+        # Every save goes through Trainer.save_checkpoint, which ends with the strategy's
+        # barrier: after it, every rank's part is written.  Lightning's Callback API has no
+        # hook after a save, so the instance's method is wrapped (undone in teardown).
+        trainer.save_checkpoint = save_and_publish  # type: ignore[method-assign]
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.execution is None or stage != "fit":
+            return
+        trainer.__dict__.pop("save_checkpoint", None)
+        if self._signum is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(self._signum, self._previous_handler or signal.SIG_DFL)
+            self._signum = None
+
+    # --- publication ----------------------------------------------------------------------
+
+    def _publish(self, trainer: pl.Trainer, path: str) -> None:
+        assert self.execution is not None
+        absolute = os.path.abspath(path)
+        inside = absolute.startswith(os.path.abspath(self.execution.exec_dir) + os.sep)
+        name = os.path.basename(absolute)
+        if (not inside or absolute in self._published_paths
+                or any(p.fullmatch(name) for p in self._last_names)):
+            return  # not ours to publish, or a name Lightning rewrites in place
+        if os.path.exists(absolute):
+            sync_save(absolute)
+        trainer.strategy.barrier("dispatch.publish")
+        self._published_paths.add(absolute)
+        if trainer.is_global_zero:
+            self.publications.append(publish_save(self.execution, trainer.global_step, absolute))
+
+    # --- the requeue signal -----------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.execution is None or self.requeued:
+            return
+        # Every rank must take part in the save, so the ranks agree on "any rank signalled".
+        if not trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
+            return
+        self._signalled = False
+        path = os.path.join(self.execution.exec_dir, CHECKPOINTS,
+                            REQUEUE_SAVE.format(step=trainer.global_step))
+        trainer.save_checkpoint(path)
+        self.requeued = True
+        if trainer.is_global_zero:
+            self._requeue()
+        trainer.should_stop = True
+
+    def _requeue(self) -> None:
+        if self._shared is not False:
+            why = ("it shares its checkpoint" if self._shared
+                   else "its dispatch record could not be read")
+            sys.stderr.write("dispatch: saved and published at the requeue signal; not "
+                             f"requeuing the job: {why}, so it restarts only after a proof "
+                             "or a person\n")
+            return
+        command = self._requeue_command or ["scontrol", "requeue", _slurm_job_id()]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.stderr.write(f"dispatch: {' '.join(command)} failed (exit {result.returncode}): "
+                             f"{result.stderr.strip()}\n")
+
+
+def _slurm_job_id() -> str:
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job:
+        return f"{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return os.environ.get("SLURM_JOB_ID", "")

@@ -1,0 +1,295 @@
+"""What the framework integrations share: the execution they run in, durable publication of a
+save, and the choice of the save to resume from (with its fallback).  Imports no training
+library.
+
+Invariants kept here:
+
+* A save is published only after its files and folders are fsynced and a create-once manifest
+  (each file's size) is written beside it: a publication then promises a whole save, not a
+  name (the seed says a publication is not a data sync; with the integrations it is one).
+* The resume source is ``$DISPATCH_RESUME_FROM`` as the launcher chose it (empty: a fresh
+  start), or the latest publication when the variable is absent.  A source that cannot be
+  loaded (a file shorter than its manifest says, a folder deleted by hand) is passed over for
+  the previous save *of its lineage*: the execution's own earlier publications, then the save
+  that execution resumed from; only where no record says what an execution resumed from, the
+  previous publication in (epoch, step) order.  An old execution's late saves are therefore not
+  taken for the lineage's.  Each pass-over is said on stderr once and recorded, create-once, in
+  the execution's folder (``.dispatch-resume.json``).
+* The framework's own rotation limit is recorded, create-once, in the execution's folder
+  (``.dispatch-keep.json``) for dispatch's cleanup, which applies it across the store.
+
+Outside a dispatch execution (no ``DISPATCH_EXEC_DIR``) nothing here is used: ``current()``
+returns ``None`` and the integrations leave the framework alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .. import store
+from ..errors import UsageError
+
+MANIFEST_SUFFIX = ".dispatch-manifest.json"  # a folder save holds MANIFEST_SUFFIX[1:]
+RESUME_RECORD = ".dispatch-resume.json"
+KEEP_RECORD = ".dispatch-keep.json"
+LAUNCH_RECORD = ".dispatch"  # the launcher's create-once record of the execution
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The dispatch execution this process runs in, from the launcher's environment."""
+
+    root: str
+    exec_dir: str
+    epoch: int
+    attempt: str
+    job: str
+    # None: the variable is absent (ask the store); "": the launcher found nothing to resume.
+    resume_from: Optional[str]
+
+    @classmethod
+    def current(cls, env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
+        """The execution named by ``env`` (default: ``os.environ``), or ``None`` outside one."""
+        env = os.environ if env is None else env
+        exec_dir = env.get("DISPATCH_EXEC_DIR", "")
+        root = env.get("DISPATCH_CHECKPOINT", "")
+        if not exec_dir or not root:
+            return None
+        if "://" in root:
+            raise UsageError(f"checkpoint root {root!r} is not a local folder; the framework "
+                             "integrations publish on POSIX roots only (use dispatch watch "
+                             "with DISPATCH_STAGE_DIR for an object store)")
+        raw_epoch = env.get("DISPATCH_EPOCH", "")
+        try:
+            epoch = int(raw_epoch)
+        except ValueError:
+            raise UsageError(f"DISPATCH_EPOCH {raw_epoch!r} is not an integer") from None
+        return cls(root=root, exec_dir=exec_dir, epoch=epoch,
+                   attempt=env.get("DISPATCH_ATTEMPT", ""), job=env.get("DISPATCH_JOB", ""),
+                   resume_from=env.get("DISPATCH_RESUME_FROM"))
+
+
+# --- durability ---------------------------------------------------------------------------
+
+def _fsync_path(path: str, directory: bool) -> None:
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_save(path: str) -> None:
+    """fsync every regular file of the save at ``path`` (a file or a folder), then its folders
+    bottom-up, then the folder holding it; symlinks are not followed."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        for folder, _dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                full = os.path.join(folder, name)
+                if not os.path.islink(full):
+                    _fsync_path(full, directory=False)
+            _fsync_path(folder, directory=True)
+    else:
+        _fsync_path(path, directory=False)
+    _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+
+
+def manifest_path(save: str) -> str:
+    """Where the manifest of ``save`` lives: inside a folder save, beside a file save."""
+    if os.path.isdir(save):
+        return os.path.join(save, MANIFEST_SUFFIX[1:])
+    return save + MANIFEST_SUFFIX
+
+
+def _sizes(save: str) -> dict[str, int]:
+    if not os.path.isdir(save):
+        return {os.path.basename(save): os.lstat(save).st_size}
+    sizes: dict[str, int] = {}
+    for folder, _dirs, files in os.walk(save):
+        for name in files:
+            full = os.path.join(folder, name)
+            if name != MANIFEST_SUFFIX[1:] and not os.path.islink(full):
+                sizes[os.path.relpath(full, save)] = os.lstat(full).st_size
+    return sizes
+
+
+def write_create_once(path: str, data: dict[str, Any]) -> bool:
+    """Write ``data`` as JSON to a new file at ``path`` and sync it; False when it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o444)
+    except FileExistsError:
+        return False
+    try:
+        view = memoryview((json.dumps(data, sort_keys=True) + "\n").encode())
+        while view:  # a write may be short
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+    return True
+
+
+def publish_save(execution: Execution, step: int, save: str) -> str:
+    """Write the save's manifest, then publish it; returns the publication's name.
+
+    Call after every rank's part is written and synced (:func:`sync_save` on each rank, then a
+    barrier), from one process only.
+    """
+    sizes = _sizes(save)
+    write_create_once(manifest_path(save), {"format": MANIFEST_FORMAT, "files": sizes})
+    return store.publish(execution.root, execution.epoch, step, save)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def why_unloadable(save: str, required: tuple[str, ...] = ()) -> Optional[str]:
+    """Why the save at ``save`` cannot be loaded, or ``None`` when it looks whole.
+
+    With a manifest, every file it lists must exist at its size; without one (a save published
+    by hand or by watch), the ``required`` files of a folder save must exist.
+    """
+    if not os.path.exists(save):
+        return f"save {save!r} does not exist (deleted?)"
+    manifest = manifest_path(save)
+    try:
+        with open(manifest, encoding="utf-8") as handle:
+            listed = json.load(handle).get("files", {})
+    except FileNotFoundError:
+        listed = None
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"manifest {manifest!r} cannot be read: {exc}"
+    if listed is None:
+        if os.path.isdir(save):
+            for name in required:
+                if not os.path.exists(os.path.join(save, name)):
+                    return f"save {save!r} has no {name!r}"
+        elif os.path.getsize(save) == 0:
+            return f"save {save!r} is empty"
+        return None
+    base = save if os.path.isdir(save) else os.path.dirname(save)
+    for name, size in sorted(listed.items()):
+        full = os.path.join(base, name)
+        try:
+            actual = os.lstat(full).st_size
+        except FileNotFoundError:
+            return f"file {full!r} of the save is missing"
+        if actual != size:
+            return f"file {full!r} is {actual} bytes; its manifest says {size} (truncated?)"
+    return None
+
+
+@dataclass
+class Resume:
+    """The save to resume from (``None``: a fresh start) and the saves passed over, with why."""
+
+    path: Optional[str]
+    passed_over: list[dict[str, str]] = field(default_factory=list)
+
+
+def _exec_folder(root: str, path: str) -> Optional[str]:
+    parts = os.path.relpath(path, os.path.abspath(root)).split(os.sep)
+    if len(parts) >= 3 and parts[0] == store.EXEC:
+        return os.path.join(os.path.abspath(root), store.EXEC, parts[1])
+    return None
+
+
+def _recorded_source(exec_folder: str) -> Optional[str]:
+    """What the execution owning ``exec_folder`` resumed from, as recorded there (ours first,
+    then the launcher's record); ``None`` when nothing says."""
+    for name in (RESUME_RECORD, LAUNCH_RECORD):
+        try:
+            with open(os.path.join(exec_folder, name), encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("resume_from"), str):
+            return str(data["resume_from"])
+    return None
+
+
+def _lineage_before(root: str, bad: str, found: list[store.Found]) -> Iterator[str]:
+    """The saves to try after ``bad``, nearest first, along its lineage."""
+    by_path = {f.path: f for f in found}
+    seen = {bad}
+    current = bad
+    while True:
+        mine = by_path.get(current)
+        folder = _exec_folder(root, current)
+        own = [f for f in found if folder is not None and _exec_folder(root, f.path) == folder
+               and mine is not None and (f.epoch, f.step) < (mine.epoch, mine.step)]
+        for each in sorted(own, key=lambda f: f.name, reverse=True):
+            if each.path not in seen:
+                seen.add(each.path)
+                yield each.path
+        source = _recorded_source(folder) if folder is not None else None
+        if source:  # the lineage goes on in the save this execution resumed from
+            if source in seen:
+                return
+            seen.add(source)
+            yield source
+            current = source
+            continue
+        if source == "":
+            return  # that execution started fresh: the lineage ends here
+        # No record: the plain order of publications is all there is to go by.
+        below = [f for f in found if mine is None or f.name < mine.name]
+        for each in sorted(below, key=lambda f: f.name, reverse=True):
+            if each.path not in seen:
+                seen.add(each.path)
+                yield each.path
+        return
+
+
+def choose_resume(execution: Execution, required: tuple[str, ...] = (),
+                  framework: str = "") -> Resume:
+    """The save this execution resumes from, passing over saves that cannot be loaded.
+
+    The choice is recorded in the execution's folder; the first process to record it also says
+    on stderr which saves it passed over and why (one message per execution, not per rank).
+    """
+    launcher_choice = execution.resume_from
+    if launcher_choice is None:
+        latest = store.latest(execution.root)
+        start = latest.path if latest is not None else ""
+    else:
+        start = launcher_choice
+    resume = Resume(path=start or None)
+    if start:
+        why = why_unloadable(start, required)
+        if why is not None:
+            resume.passed_over.append({"path": start, "why": why})
+            resume.path = None
+            found = store.list_publications(execution.root)
+            for candidate in _lineage_before(execution.root, start, found):
+                why = why_unloadable(candidate, required)
+                if why is None:
+                    resume.path = candidate
+                    break
+                resume.passed_over.append({"path": candidate, "why": why})
+    record = {"resume_from": resume.path or "", "passed_over": resume.passed_over,
+              "launcher_resume_from": launcher_choice, "framework": framework,
+              "attempt": execution.attempt, "epoch": execution.epoch}
+    if write_create_once(os.path.join(execution.exec_dir, RESUME_RECORD), record):
+        for skipped in resume.passed_over:
+            instead = resume.path or "nothing (a fresh start)"
+            sys.stderr.write(f"dispatch: not resuming from {skipped['path']}: {skipped['why']}; "
+                             f"trying the previous save of its lineage (resuming from "
+                             f"{instead})\n")
+        sys.stderr.flush()
+    return resume
+
+
+def record_keep(execution: Execution, framework: str, setting: str, value: Any) -> None:
+    """Record the framework's own rotation limit, turned off here, for dispatch's cleanup."""
+    # Every rank may record it; the first one does, the others find it there.
+    write_create_once(os.path.join(execution.exec_dir, KEEP_RECORD),
+                      {"framework": framework, "setting": setting, "keep": value})

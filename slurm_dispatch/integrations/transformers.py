@@ -1,0 +1,97 @@
+"""Hugging Face ``Trainer`` inside a dispatch execution: one callback and one resume helper.
+
+A training script adds two things and keeps its own arguments::
+
+    from slurm_dispatch.integrations.transformers import DispatchCallback, resume_from_checkpoint
+    trainer = Trainer(model=model, args=args, ..., callbacks=[DispatchCallback()])
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint())
+
+Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
+
+* Saves go to the execution's own folder (``args.output_dir`` becomes ``$DISPATCH_EXEC_DIR``),
+  so another execution's saves are never seen, resumed from, or rotated away.
+* ``save_total_limit`` deletes nothing: it is recorded for dispatch's cleanup and turned off,
+  because the Trainer's rotation sees one folder while a replacement may be loading from it.
+* Each save gives exactly one publication, made in ``on_save`` by the world's main process after
+  every rank has synced its part of the save to disk and passed a barrier.
+* ``resume_from_checkpoint()`` returns the save to resume from: ``$DISPATCH_RESUME_FROM``, or
+  the previous save of its lineage when that one cannot be loaded (see ``saves``).
+
+Outside a dispatch execution the callback does nothing and ``resume_from_checkpoint(default)``
+returns ``default``: the same script runs unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from .saves import Execution, choose_resume, publish_save, record_keep, sync_save
+
+TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint folder
+CHECKPOINT_PREFIX = "checkpoint"
+FRAMEWORK = "transformers"
+
+
+def resume_from_checkpoint(default: Union[str, bool, None] = None,
+                           env: Optional[Mapping[str, str]] = None) -> Union[str, bool, None]:
+    """What to pass to ``Trainer.train(resume_from_checkpoint=...)``.
+
+    Inside a dispatch execution: the save to resume from, or ``None`` for a fresh start.
+    Outside one: ``default`` (what the script passed before, e.g. ``True`` or a path).
+    """
+    execution = Execution.current(env)
+    if execution is None:
+        return default
+    return choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK).path
+
+
+def _barrier(args: TrainingArguments) -> None:
+    """Wait for every rank: the Trainer's own (accelerate's) where it has one."""
+    state = getattr(args, "distributed_state", None)
+    if state is not None and getattr(state, "num_processes", 1) > 1:
+        state.wait_for_everyone()
+        return
+    import torch.distributed as dist  # only reached with a distributed run
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class DispatchCallback(TrainerCallback):  # type: ignore[misc]
+    """Publishes each save of a ``Trainer`` and keeps its rotation from deleting any save.
+
+    ``publications`` lists the names this process published (the main process only).
+    """
+
+    def __init__(self, env: Optional[Mapping[str, str]] = None) -> None:
+        self.execution = Execution.current(env)
+        self.publications: list[str] = []
+        self.user_output_dir: Optional[str] = None
+        self.user_save_total_limit: Optional[int] = None
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        if self.execution is None:
+            return
+        self.user_output_dir = args.output_dir
+        args.output_dir = self.execution.exec_dir
+        self.user_save_total_limit = args.save_total_limit
+        if args.save_total_limit is not None and args.save_total_limit > 0:
+            record_keep(self.execution, FRAMEWORK, "save_total_limit", args.save_total_limit)
+        args.save_total_limit = None
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if self.execution is None:
+            return
+        save = os.path.join(args.output_dir or self.execution.exec_dir,
+                            f"{CHECKPOINT_PREFIX}-{state.global_step}")
+        if os.path.isdir(save):  # on a node that does not share the folder, nothing to sync
+            sync_save(save)
+        _barrier(args)
+        if state.is_world_process_zero:
+            self.publications.append(publish_save(self.execution, state.global_step, save))

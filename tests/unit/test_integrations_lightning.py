@@ -1,0 +1,155 @@
+"""The Lightning integration with the real ``lightning.Trainer`` on the CPU: one publication per
+save (never the rewritten ``last.ckpt``), ``save_top_k`` off inside dispatch and untouched
+outside, the requeue signal answered at the next batch end (not in the handler) with a
+published save and a requeue, none for a shared-checkpoint job, and resume from the save."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from slurm_dispatch import store
+from slurm_dispatch.integrations import saves
+from slurm_dispatch.integrations.lightning import DispatchCallback, resume_from_checkpoint
+
+pytestmark = [
+    # Lightning's own notices about this tiny set-up, not about the integration.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+E1, E2 = 1_000_000, 1_000_001
+
+
+def weights_hash(state: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, signal_at: Optional[int] = None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.signal_at = signal_at
+        self.start_step: Optional[int] = None
+        self.start_weights: Optional[str] = None
+        self.saved_in_handler: Optional[bool] = None
+
+    def on_train_start(self) -> None:
+        self.start_step = self.trainer.global_step
+        self.start_weights = weights_hash(self.state_dict())
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.signal_at is not None and self.global_step == self.signal_at:
+            folder = Path(os.environ["DISPATCH_EXEC_DIR"])
+            before = set(folder.rglob("*"))
+            os.kill(os.getpid(), signal.SIGUSR1)  # its handler has run when kill returns
+            self.saved_in_handler = set(folder.rglob("*")) != before
+        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(tmp_path: Path, max_steps: int, callbacks: list[Any], model: Optional[Tiny] = None,
+        ckpt_path: Optional[str] = None) -> tuple[Any, Tiny]:
+    torch.manual_seed(0)
+    model = model or Tiny()
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4)
+    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path / "user"), callbacks=callbacks)
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def dispatch_env(root: Path, attempt: str, epoch: int, resume: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Path:
+    exec_dir = root / "exec" / attempt
+    exec_dir.mkdir(parents=True)
+    for name, value in (("DISPATCH_CHECKPOINT", str(root)), ("DISPATCH_EXEC_DIR", str(exec_dir)),
+                        ("DISPATCH_EPOCH", str(epoch)), ("DISPATCH_ATTEMPT", attempt),
+                        ("DISPATCH_RESUME_FROM", resume)):
+        monkeypatch.setenv(name, value)
+    return exec_dir
+
+
+def test_each_save_is_published_once_and_top_k_deletes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    checkpoint = ModelCheckpoint(every_n_train_steps=2, save_top_k=1, save_last=True)
+    callback = DispatchCallback()
+    fit(tmp_path, 6, [checkpoint, callback], ckpt_path=resume_from_checkpoint())
+    folder = exec_dir / "checkpoints"
+    found = store.list_publications(str(root))
+    assert [(f.epoch, f.step) for f in found] == [(E1, 2), (E1, 4), (E1, 6)]
+    assert [Path(f.path).name for f in found] == [f"epoch=0-step={s}.ckpt" for s in (2, 4, 6)]
+    assert all(Path(f.path).parent == folder and saves.why_unloadable(f.path) is None
+               for f in found)
+    assert (folder / "last.ckpt").exists()  # written, never published
+    assert json.loads((exec_dir / saves.KEEP_RECORD).read_text())["keep"] == 1
+
+
+def test_outside_dispatch_lightning_is_left_alone(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "out", every_n_train_steps=2, save_top_k=1)
+    callback = DispatchCallback()
+    assert resume_from_checkpoint("last") == "last"
+    fit(tmp_path, 6, [checkpoint, callback])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["epoch=0-step=6.ckpt"]
+    assert callback.publications == []
+
+
+def test_requeue_signal_saves_at_the_next_batch_end_publishes_and_requeues(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    monkeypatch.setattr("slurm_dispatch.integrations.lightning.is_shared_checkpoint",
+                        lambda execution: False)
+    marker = tmp_path / "requeued"
+    callback = DispatchCallback(requeue_command=["touch", str(marker)])
+    trainer, model = fit(tmp_path, 50, [callback], model=Tiny(signal_at=5))
+    assert model.saved_in_handler is False
+    assert trainer.global_step == 6  # stopped after the batch that got the signal
+    save = exec_dir / "checkpoints" / "requeue-step=6.ckpt"
+    found = store.list_publications(str(root))
+    # Lightning's default ModelCheckpoint also saves as the loop stops: published too.
+    assert str(save) in [f.path for f in found] and {f.step for f in found} == {6}
+    assert marker.exists() and callback.requeued
+    assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)  # handed back
+
+    # The requeued execution resumes from it, with its weights.
+    dispatch_env(root, "b", E2, str(save), monkeypatch)
+    stored = torch.load(save, map_location="cpu", weights_only=False)["state_dict"]
+    trainer, model = fit(tmp_path, 10, [DispatchCallback()], ckpt_path=resume_from_checkpoint())
+    assert model.start_step == 6 and model.start_weights == weights_hash(stored)
+    assert trainer.global_step == 10
+
+
+def test_a_shared_checkpoint_job_is_never_requeued(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "ck"
+    dispatch_env(root, "a", E1, "", monkeypatch)
+    monkeypatch.setattr("slurm_dispatch.integrations.lightning.is_shared_checkpoint",
+                        lambda execution: True)
+    marker = tmp_path / "requeued"
+    callback = DispatchCallback(requeue_command=["touch", str(marker)])
+    fit(tmp_path, 50, [callback], model=Tiny(signal_at=3))
+    assert {f.step for f in store.list_publications(str(root))} == {4}
+    assert not marker.exists()
+    assert "not requeuing the job: it shares its checkpoint" in capfd.readouterr().err
