@@ -179,6 +179,63 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
     body()
 
 
+@main.command(context_settings={"allow_interspersed_args": False})
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--dir", "folder", envvar="DISPATCH_EXEC_DIR", metavar="DIR",
+              help="The folder whose saves to publish.  [env: DISPATCH_EXEC_DIR]")
+@click.option("--pattern", metavar="GLOB",
+              help="Names of saves, with {step} where the step's digits are "
+                   "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.")
+@click.option("--ready", metavar="NAME", default=None,
+              help="The file a save folder's writer writes last.  [default: "
+                   "trainer_state.json]")
+@click.option("--interval", type=float, default=None, metavar="S",
+              help="Seconds between scans.  [default: 2]")
+@click.option("--timeout", type=float, default=None, metavar="S",
+              help="A scan taking longer is an error.  [default: 300]")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
+          ready: Optional[str], interval: Optional[float], timeout: Optional[float],
+          command: tuple[str, ...]) -> int:
+    """Publish each complete save in DIR as it appears, in step order, each once.
+
+    A save is a folder checkpoint-<N> once its ready file (--ready) is whole, or a file
+    whose name holds step=<N> (Lightning's epoch=0-step=50.ckpt) once it is in place and
+    whole; with --pattern, every matching name.  Saves at or below the greatest step
+    already published from DIR are never published, so a restarted watch carries on.
+
+    With a COMMAND (after --), run it, forward TERM, INT, USR1, USR2, HUP and CONT to it,
+    scan once more when it exits and exit with its status.  Without one, run until TERM,
+    INT or HUP, then scan once more and exit 0.  The first error (a store error, a scan
+    longer than --timeout) stops publishing: exit 2, or the command's status if it failed.
+    One writer only: saves several ranks write are published by the integrations.
+
+    Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
+    """
+    import os
+
+    from . import watch as watch_lib
+
+    def report(line: str) -> None:
+        click.echo(f"dispatch watch: {line}", err=True)
+
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    folder_v = required(folder, "--dir", "DISPATCH_EXEC_DIR")
+    own = os.environ.get("DISPATCH_EXEC_DIR", "")
+    if own and not (os.path.abspath(folder_v) + "/").startswith(os.path.abspath(own) + "/"):
+        raise UsageError(f"--dir {folder_v!r} is outside this execution's folder {own!r}: "
+                         "watch publishes only its own execution's saves")
+    epoch_v = parse_int(required(os.environ.get("DISPATCH_EPOCH"), "$DISPATCH_EPOCH",
+                                 "DISPATCH_EPOCH"), "$DISPATCH_EPOCH")
+    watcher = watch_lib.Watcher(root_v, folder_v, epoch_v,
+                                watch_lib.SaveRule.make(pattern, ready), report)
+    runner = watch_lib.Runner(
+        watcher, list(command) or None,
+        watch_lib.DEFAULT_INTERVAL if interval is None else interval,
+        watch_lib.DEFAULT_TIMEOUT if timeout is None else timeout, report)
+    return runner.run()
+
+
 def _render_status(data: dict[str, Any]) -> str:
     mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
     out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "

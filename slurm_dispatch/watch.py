@@ -1,0 +1,483 @@
+"""``dispatch watch``: publish each complete save of one execution's folder as it appears.
+
+The seed's in-job helper, for saves one process writes (it cannot see ranks: a save that
+several ranks write publishes through the integrations, after a barrier).  A
+:class:`Watcher` scans the folder; :class:`Runner` repeats the scan every interval, runs the
+user's command as its child, forwards Slurm's signals to it and scans a last time when it
+exits.
+
+Invariants:
+
+* Each save is published at most once, in step order, and never one at or below the
+  greatest step already published from the folder (read from ``pub/`` by the first scan,
+  then kept), so a restarted watch neither fails nor republishes.
+* Only complete saves are published (:class:`SaveRule` says what complete means: a folder
+  once its ready file is whole, a file once it is in place and whole).
+* The first error stops publishing for good: nothing is published after it, and the run
+  ends non-zero.
+* A name's meaning never changes, so a name decided once (not a save, or at or below the
+  mark) is never looked at again: a scan of a folder of old saves costs one listing.
+
+Library code: it never prints; progress and errors go through the ``report`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import select
+import signal
+import stat
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from . import model, store
+from .errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
+
+DEFAULT_READY = "trainer_state.json"  # Hugging Face Trainer writes it last into checkpoint-N/
+DEFAULT_INTERVAL = 2.0
+DEFAULT_TIMEOUT = 300.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
+             signal.SIGCONT)
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # without a command: scan, then stop
+FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's name must be
+STOPPED_CODE = 2  # watch stopped at an error (and the command, if any, succeeded)
+
+_FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
+# Lightning's default file name is epoch=<E>-step=<S>.ckpt; "last.ckpt" and "hpc_ckpt_<n>.ckpt"
+# carry no step and are not saves here.  "step=" must start the name or follow a character
+# that is not a letter, digit or "_" (so "global_step=" is not it).
+_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)")
+# O_NONBLOCK: a FIFO planted as a save or ready file must not block a scan in open().
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_ZIP_LOCAL = b"PK\x03\x04"
+_ZIP_END = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_END = b"PK\x06\x06"
+
+
+@dataclass(frozen=True)
+class SaveRule:
+    """Which names in the folder are saves, their steps, and when each is complete.
+
+    Without a pattern: a folder ``checkpoint-<N>`` (complete once its ready file is whole),
+    or a file whose name holds ``step=<N>`` (complete once it is in place and whole).  With a
+    pattern (a glob over names in the folder with one ``{step}`` standing for the digits),
+    every matching name is a save: a folder needs its ready file, a file is complete when
+    whole.  Names starting with "." are never saves.
+    """
+
+    pattern: Optional[str] = None
+    ready: str = DEFAULT_READY
+    regex: Optional[re.Pattern[str]] = field(default=None, compare=False)
+
+    @classmethod
+    def make(cls, pattern: Optional[str] = None, ready: Optional[str] = None) -> SaveRule:
+        ready = DEFAULT_READY if ready is None else ready
+        if ready in ("", ".", "..") or "/" in ready or "\0" in ready:
+            raise UsageError(f"--ready {ready!r} is not a file name (one name, no '/')")
+        if pattern is None:
+            return cls(None, ready, None)
+        return cls(pattern, ready, compile_pattern(pattern))
+
+    def step_of(self, name: str) -> Optional[tuple[int, str]]:
+        """(step, kind) of a save's name, kind being FOLDER, FILE or EITHER; None when the
+        name is no save."""
+        if name.startswith("."):
+            return None
+        if self.regex is not None:
+            match = self.regex.fullmatch(name)
+            return (int(match.group(1)), EITHER) if match else None
+        match = _FOLDER_NAME.fullmatch(name)
+        if match:
+            return int(match.group(1)), FOLDER
+        match = _FILE_STEP.search(name)
+        return (int(match.group(1)), FILE) if match else None
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A glob over one name (``*``, ``?``, ``[...]``) with exactly one ``{step}``."""
+    if pattern.count("{step}") != 1:
+        raise UsageError(f"--pattern {pattern!r} must hold {{step}} exactly once, where the "
+                         "step's digits are (e.g. 'model_{step}.pt')")
+    if "/" in pattern or pattern.startswith("."):
+        raise UsageError(f"--pattern {pattern!r} must match names directly in the folder "
+                         "(no '/', not starting with '.')")
+    head, tail = pattern.split("{step}")
+    return re.compile(_glob(head, pattern) + "([0-9]+)" + _glob(tail, pattern))
+
+
+def _glob(text: str, pattern: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        char = text[i]
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char == "[":
+            end = text.find("]", i + 2 if text[i + 1:i + 2] in ("!", "]") else i + 1)
+            if end < 0:
+                raise UsageError(f"--pattern {pattern!r} has a '[' without its ']'")
+            body = text[i + 1:end]
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return "".join(out)
+
+
+def folder_complete(path: str, ready: str) -> bool:
+    """A save folder is complete once its ready file is a non-empty regular file (and, for a
+    ``.json`` one, parses: Hugging Face creates trainer_state.json, then writes it)."""
+    return _regular_and(os.path.join(path, ready),
+                        _json_whole if ready.endswith(".json") else lambda fd, size: True)
+
+
+def file_complete(path: str) -> bool:
+    """A save file is complete once it is a non-empty regular file and, when it is a zip
+    (torch.save's format, so Lightning's ``.ckpt``), its end record is in place.
+
+    Lightning moves the file into place, but fsspec's move across file systems (``$TMPDIR``
+    on a local disk, the checkpoint on a shared one) is a copy into the final name, which is
+    visible while it grows; the zip's end record is written last.
+    """
+    return _regular_and(path, lambda fd, size: os.pread(fd, 4, 0) != _ZIP_LOCAL
+                        or _zip_whole(fd, size))
+
+
+def _regular_and(path: str, whole: Callable[[int, int], bool]) -> bool:
+    """``path`` is a non-empty regular file (no symlink followed) and ``whole(fd, size)``."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and st.st_size > 0 and whole(fd, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _json_whole(fd: int, size: int) -> bool:
+    try:
+        json.loads(_read_all(fd, size))
+    except ValueError:
+        return False
+    return True
+
+
+def _zip_whole(fd: int, size: int) -> bool:
+    """The zip's end record ends the file and says the central directory ends where the end
+    records begin (zip64 too): true of a whole zip, not of one cut anywhere."""
+    tail_len = min(size, 22 + 65535)
+    tail = os.pread(fd, tail_len, size - tail_len)
+    at = tail.rfind(_ZIP_END)
+    while at >= 0:  # the end record whose comment ends the file (the comment may hold "PK")
+        if at + 22 <= len(tail) and at + 22 + struct.unpack_from("<H", tail, at + 20)[0] \
+                == len(tail):
+            break
+        at = tail.rfind(_ZIP_END, 0, at)
+    if at < 0:
+        return False
+    end_pos = size - tail_len + at
+    # A zip64 archive (more than 65,535 members, or past 4 GiB) puts its own end record and
+    # a locator between the central directory and the classic end record.
+    locator = os.pread(fd, 20, end_pos - 20) if end_pos >= 20 else b""
+    if locator.startswith(_ZIP64_LOCATOR) and len(locator) == 20:
+        end64_pos = struct.unpack_from("<Q", locator, 8)[0]
+        end64 = os.pread(fd, 56, end64_pos)
+        if len(end64) == 56 and end64.startswith(_ZIP64_END):
+            record_size = struct.unpack_from("<Q", end64, 4)[0] + 12
+            cd_size64, cd_offset64 = struct.unpack_from("<QQ", end64, 40)
+            if cd_offset64 + cd_size64 == end64_pos and end64_pos + record_size == end_pos - 20:
+                return True
+    cd_size, cd_offset = struct.unpack_from("<II", tail, at + 12)
+    return bool(cd_offset + cd_size == end_pos)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class Published:
+    step: int
+    path: str
+    name: str
+
+
+class Watcher:
+    """Scans one folder and publishes its complete saves; one scan at a time."""
+
+    def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
+                 report: Callable[[str], None] = lambda line: None) -> None:
+        self.root = os.path.abspath(root)
+        self.folder = os.path.abspath(folder)
+        if not os.path.isdir(self.root):
+            raise UsageError(f"checkpoint root {root!r} is not a directory")
+        try:
+            model.relative_inside(self.root, self.folder)
+        except OutsideRoot:
+            raise UsageError(f"folder {folder!r} is not inside the checkpoint root {root!r}; "
+                             "publications name saves under the root") from None
+        self.epoch = model.check_epoch_value(epoch)
+        self.rule = rule
+        self.report = report
+        self.mark: Optional[int] = None  # the greatest step published from the folder
+        self.cancelled = False  # set by the runner when a scan overran: publish nothing more
+        self._settled: set[str] = set()  # names decided for good
+
+    def _own_mark(self) -> int:
+        prefix = self.folder + "/"
+        steps = [f.step for f in store.list_publications(self.root) if f.path.startswith(prefix)]
+        return max(steps, default=-1)
+
+    def _listing(self) -> list[str]:
+        try:
+            return os.listdir(self.folder)
+        except OSError as exc:
+            raise StoreError(f"cannot list the watched folder {self.folder!r}: "
+                             f"{exc.strerror}") from None
+
+    def scan(self) -> list[Published]:
+        """Publish the complete saves above the mark, in step order; return them."""
+        first = self.mark is None
+        mark = self._own_mark() if self.mark is None else self.mark
+        self.mark = mark
+        candidates: list[tuple[int, str]] = []
+        settled = self._settled
+        for name in self._listing():
+            if name in settled:
+                continue
+            found = self.rule.step_of(name)
+            if found is None:
+                settled.add(name)
+                continue
+            step, kind = found
+            if step <= mark:
+                settled.add(name)
+                if not first:
+                    self.report(f"not publishing step {step}: {os.path.join(self.folder, name)} "
+                                f"(step {mark} is already published)")
+                continue
+            if self._complete(name, kind):
+                candidates.append((step, name))
+        return [p for p in (self._publish(step, name) for step, name in sorted(candidates))
+                if p is not None]
+
+    def _complete(self, name: str, kind: str) -> bool:
+        path = os.path.join(self.folder, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
+        if stat.S_ISDIR(st.st_mode) and kind != FILE:
+            return folder_complete(path, self.rule.ready)
+        if stat.S_ISREG(st.st_mode) and kind != FOLDER:
+            return file_complete(path)
+        # A checkpoint-N file, a step=N folder (a sharded save: ranks publish those), a
+        # symlink (never followed): not a save, now or later.
+        self._settled.add(name)
+        return False
+
+    def _publish(self, step: int, name: str) -> Optional[Published]:
+        path = os.path.join(self.folder, name)
+        assert self.mark is not None
+        if step <= self.mark:  # a second save of a step just published
+            self._settled.add(name)
+            self.report(f"not publishing step {step}: {path} (step {self.mark} is already "
+                        "published)")
+            return None
+        if self.cancelled:
+            return None
+        try:
+            pub = store.publish(self.root, self.epoch, step, path)
+        except AlreadyPublished:
+            self.report(f"step {step} was already published: {path}")
+            pub = ""
+        except OutsideRoot:
+            if os.path.lexists(path):
+                raise
+            self._settled.add(name)
+            self.report(f"not publishing step {step}: {path} was deleted before it could be")
+            return None
+        self.mark = step
+        self._settled.add(name)
+        if pub:
+            self.report(f"published step {step}: {path}")
+        return Published(step, path, pub)
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128+N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Runner:
+    """Scans every ``interval`` seconds; with a command, runs it as a child, forwards the
+    signals Slurm sends (:data:`FORWARDED`) and scans a last time once it exits.
+
+    Without a command, TERM, INT and HUP end the run after a last scan (exit 0); USR1, USR2
+    and CONT are ignored.  A scan that does not finish within ``timeout`` seconds is an error.
+    The first error stops publishing; it is reported at once.  The exit status is the
+    command's; after an error it is the command's when that failed, else 2 (also 2 without a
+    command).
+    """
+
+    def __init__(self, watcher: Watcher, command: Optional[list[str]], interval: float,
+                 timeout: float, report: Callable[[str], None]) -> None:
+        for label, value in (("--interval", interval), ("--timeout", timeout)):
+            if not (math.isfinite(value) and value > 0):
+                raise UsageError(f"{label} {value!r} must be a positive number of seconds")
+        self.watcher = watcher
+        self.command = list(command) if command else None
+        self.interval = interval
+        self.timeout = timeout
+        self.report = report
+        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.error: Optional[DispatchError] = None
+        self._pending: list[int] = []
+        self._ending = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGCHLD:
+            return  # only to wake the loop (through the wakeup fd): the child may have ended
+        if self.command is None:
+            self._ending = self._ending or signum in _ENDING
+        elif self.child is None:
+            self._pending.append(signum)
+        else:
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        assert self.child is not None
+        if self.child.returncode is None:
+            try:
+                os.kill(self.child.pid, signum)
+            except ProcessLookupError:
+                pass  # it has just exited; the loop sees that next
+
+    def _wait(self, seconds: Optional[float]) -> None:
+        """Sleep until a signal, the child's exit, a scan's end, or ``seconds`` pass."""
+        try:
+            ready, _, _ = select.select([self._wake_r], [], [], seconds)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries select
+            return
+        if ready:
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def _scan(self) -> None:
+        """One scan in a worker thread, so signals are forwarded meanwhile and a scan stuck
+        on a hung file system is noticed after ``timeout``."""
+        outcome: dict[str, BaseException] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                self.watcher.scan()
+            except BaseException as exc:  # handed to the main thread
+                outcome["error"] = exc
+            finally:
+                done.set()
+                try:
+                    os.write(self._wake_w, b"\0")
+                except OSError:  # pragma: no cover - the runner already closed the pipe
+                    pass
+
+        threading.Thread(target=work, name="dispatch-watch-scan", daemon=True).start()
+        deadline = time.monotonic() + self.timeout
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.watcher.cancelled = True
+                self._fail(StoreError(f"a scan of {self.watcher.folder!r} did not finish within "
+                                      f"{self.timeout:g} s (--timeout)"))
+                return
+            self._wait(left)
+        error = outcome.get("error")
+        if isinstance(error, DispatchError):
+            self._fail(error)
+        elif error is not None:
+            raise error
+
+    def _fail(self, error: DispatchError) -> None:
+        self.error = error
+        self.report(f"stopped publishing: {error}")
+
+    def _start_child(self) -> None:
+        assert self.command is not None
+        try:
+            self.child = subprocess.Popen(self.command)
+        except FileNotFoundError:
+            raise UsageError(f"command {self.command[0]!r} not found") from None
+        except PermissionError:
+            raise UsageError(f"command {self.command[0]!r} is not executable") from None
+        except OSError as exc:
+            raise UsageError(f"cannot run command {self.command[0]!r}: {exc.strerror}") from None
+        for signum in self._pending:
+            self._forward(signum)
+        self._pending.clear()
+
+    def run(self) -> int:
+        handled = (*FORWARDED, signal.SIGCHLD)
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        try:
+            if self.command is not None:
+                self._start_child()
+            self._loop()
+            if self.error is None:
+                self._scan()  # the last one: saves written just before the end
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        return self._status()
+
+    def _loop(self) -> None:
+        next_scan = time.monotonic()
+        while True:
+            if self.child is not None and self.child.poll() is not None:
+                return
+            if self.command is None and (self._ending or self.error is not None):
+                return
+            now = time.monotonic()
+            if self.error is None and now >= next_scan:
+                self._scan()
+                next_scan = max(next_scan + self.interval, time.monotonic())
+                continue
+            self._wait(None if self.error is not None else next_scan - now)
+
+    def _status(self) -> int:
+        code = 0
+        if self.child is not None:
+            code = exit_status(self.child.wait())
+        if self.error is not None and code == 0:
+            return STOPPED_CODE
+        return code
