@@ -181,3 +181,38 @@ def test_the_jobs_cgroup_is_counted_when_present(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+C_HOPPER = """#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    puts("ready"); fflush(stdout); close(1);
+    for (;;) if (fork()) _exit(0);
+}
+"""
+
+
+@pytest.fixture()
+def c_hopper() -> Iterator[Path]:
+    """The hopper in C (thousands of new PIDs a second), where another user may run it."""
+    import shutil
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="dispatch-hopper-", dir="/var/tmp"))
+    os.chmod(folder, 0o755)
+    (folder / "hop.c").write_text(C_HOPPER)
+    subprocess.run(["gcc", "-O2", "-o", str(folder / "hop"), str(folder / "hop.c")], check=True)
+    yield folder / "hop"
+    shutil.rmtree(folder)
+
+
+def test_another_users_hopper_neither_counts_nor_keeps_the_scan_from_finishing(
+        reaper: list, c_hopper: Path) -> None:
+    job = job_id()
+    proc = subprocess.Popen([str(c_hopper)], env={**PATH, "SLURM_JOB_ID": job},
+                            stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            user="nobody", cwd="/")
+    reaper.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    results = [procscan.scan({job: 4321}) for _ in range(30)]
+    assert all(r.found[job] == [] for r in results)
+    assert all(r.complete for r in results), [(r.rounds, r.unresolved[:3]) for r in results]

@@ -139,3 +139,26 @@ def test_a_watch_entry_of_another_machine_with_this_host_name_is_left_alone(
     view = node_view(cfg, job)
     assert view[(0, "n1")]["ceased"] is False and view[(0, "n1")]["recheck"] is None
     assert _watch_entries(cfg) == [entry]
+
+
+def test_the_epilog_counts_the_jobs_cgroup_whatever_the_environment(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, tmp_path: Path) -> None:
+    job = _job()
+    # A process that scrubbed its environment: only the job's cgroup (proctrack/cgroup) has it.
+    scrubbed = subprocess.Popen(["sleep", "300"], env={"PATH": "/usr/bin:/bin"})
+    spawned.append(scrubbed)
+    step = tmp_path / "cgroup/system.slice/n1_slurmstepd.scope" / f"job_{job}/step_batch/user"
+    step.mkdir(parents=True)
+    (step / "cgroup.procs").write_text(f"{scrubbed.pid}\n")
+    cfg.cgroup_root = str(tmp_path / "cgroup")
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    node = node_view(cfg, job)[(0, "n1")]
+    assert node["ceased"] is False
+    assert [(s["pid"], s["source"]) for s in node["survivors"]] == [(scrubbed.pid, "cgroup")]
+    # Once the cgroup is empty (and the process gone), the re-check records them gone.
+    scrubbed.kill()
+    scrubbed.wait()
+    (step / "cgroup.procs").write_text("")
+    hook(monkeypatch, cfg, "recheck")
+    assert node_view(cfg, job)[(0, "n1")]["ceased"] is True
