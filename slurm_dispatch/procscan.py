@@ -300,7 +300,7 @@ def scan(jobs: dict[str, int | None], exclude: set[int] | None = None,
         names.sort(key=int, reverse=True)
         unresolved = []
         for name in names:
-            if int(name) in skip:
+            if name in kernel or int(name) in skip:
                 continue
             out.current = int(name)
             outcome, mine = _examine(name, jobs, kernel)
