@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from . import record, sbatch_args
+from . import dependency, record, sbatch_args
 from .errors import DispatchError, RecordError, SlurmError, UsageError
 from .slurm import Job, Result, Slurm, default_timeout
 
@@ -72,6 +72,12 @@ def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
     header = sbatch_args.read_header(text, line.script)
     options = line.dispatch.merged_over(header.dispatch)
     names = line.long_names | header.long_names
+    in_script = dependency.dependency_value(header.sbatch_words)
+    if in_script is not None and dependency.named_jobs(in_script[2]):
+        raise UsageError(f"#SBATCH --dependency={in_script[2]} in {line.script}: a dispatch job "
+                         "id there would reach sbatch as it is; give --dependency on the "
+                         "command line, where dispatch-sbatch replaces it by the job's current "
+                         "submission")
     if options.warn_before and ("signal" in names or os.environ.get("SBATCH_SIGNAL")):
         raise UsageError("--warn-before sets sbatch's --signal; both were given (keep one: "
                          "--warn-before TIME[:SIGNAL] signals the job script, --signal as "
@@ -275,16 +281,17 @@ def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
 
 
 def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str],
-                 env: Mapping[str, str], task: Optional[int] = None
-                 ) -> tuple[list[str], bool]:
+                 env: Mapping[str, str], task: Optional[int] = None,
+                 words: Optional[list[str]] = None) -> tuple[list[str], bool]:
     spec = job.spec
     names = set(spec["long_names"])
+    words = list(spec["sbatch"]) if words is None else words
     if task is None:
-        argv = ["sbatch", *spec["sbatch"], *extra]
+        argv = ["sbatch", *words, *extra]
     else:
         # One task of the array on its own: the same snapshot and options, --array=<task>
         # (the command line wins over the script's #SBATCH --array and SBATCH_ARRAY_INX).
-        argv = ["sbatch", *_array_words(list(spec["sbatch"]))[1], f"--array={task}", *extra]
+        argv = ["sbatch", *_array_words(words)[1], f"--array={task}", *extra]
     if "job-name" not in names and not env.get("SBATCH_JOB_NAME"):
         argv.append(f"--job-name={spec['script_name']}")
     warn = spec.get("warn_before")
@@ -331,7 +338,13 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
             hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> Submitted:
     _write_batch(job, submission, task)
     run_env = dict(env) if env is not None else submission_environment(job)
-    argv, has_marker = _sbatch_argv(job, submission, list(extra or []), run_env, task)
+    words = list(job.spec["sbatch"])
+    named = dependency.dependency_value(words)
+    if named is not None and dependency.named_jobs(named[2]):
+        # --dependency names dispatch jobs: their current submissions, at each submission.
+        words = dependency.resolve(words, os.path.dirname(os.path.dirname(job.path)),
+                                   slurm.own_jobs(run_env))
+    argv, has_marker = _sbatch_argv(job, submission, list(extra or []), run_env, task, words)
     cwd = job.spec["cwd"]
     if has_marker:
         jobid, result = slurm.sbatch(argv, marker(job, submission, task), run_env, cwd)
