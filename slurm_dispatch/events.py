@@ -422,6 +422,11 @@ class History:
             finished=finished[-1] if finished else None,
             superseded=superseded[-1] if superseded else None)
 
+    def settled_tasks(self, tasks: list[int]) -> bool:
+        """Every one of an array's ``tasks`` is settled (or the whole job is)."""
+        return self.lineage().settled or (
+            bool(tasks) and all(self.lineage(t).settled for t in tasks))
+
     # The whole job's answers, for callers that do not deal in tasks.
     @property
     def submissions(self) -> list[Submitted]:
@@ -429,7 +434,9 @@ class History:
 
     @property
     def next_submission(self) -> int:
-        return self.lineage().next_submission
+        """The number a whole-job submission gets: above every task's too, so that no task's
+        lineage ever holds two submissions of one number."""
+        return max((s.submission for s in self.of(Submitted)), default=0) + 1
 
     @property
     def hold(self) -> Optional[Hold]:

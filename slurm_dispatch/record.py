@@ -6,6 +6,7 @@ a file system the compute nodes see (a home directory usually is)::
     jobs/<id>/job.json          the job's spec, written once: G, rules, root, sbatch argv
     jobs/<id>/script            the script as submitted (read-only snapshot)
     jobs/<id>/batch-<N>.sh      the batch script sbatch got for submission N
+    jobs/<id>/batch-<N>-t<T>.sh the batch script of array task T's own submission N
     jobs/<id>/claims/<name>     create-once claims: whoever creates one does that work, once;
                                 a claim holds what its maker meant to do (JSON: pid, time, and
                                 for a submission its reason and hold), so a pass killed after
@@ -99,8 +100,10 @@ class JobRecord:
     def script(self) -> str:
         return os.path.join(self.path, "script")
 
-    def batch_script(self, submission: int) -> str:
-        return os.path.join(self.path, f"batch-{submission}.sh")
+    def batch_script(self, submission: int, task: Optional[int] = None) -> str:
+        """``batch-<N>.sh``, or ``batch-<N>-t<task>.sh`` for one array task's own."""
+        suffix = "" if task is None else f"-t{task}"
+        return os.path.join(self.path, f"batch-{submission}{suffix}.sh")
 
     def append(self, kind: str | type[schema.Event], once: Optional[str] = None,
                **fields: Any) -> Optional[schema.Event]:

@@ -411,6 +411,35 @@ class Slurm:
                 return None if value in ("", "(null)") else value
         return None
 
+    def accounting(self, job_id: str, env: Optional[Mapping[str, str]] = None
+                   ) -> Optional[list[Job]]:
+        """Job ``job_id`` (an array's id: every task) as Slurm's accounting keeps it
+        (``sacct``), for jobs slurmctld has forgotten (MinJobAge); None where the site keeps
+        no accounting.  Only Slurm-controlled fields are asked for, ``|``-separated."""
+        argv = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobIDRaw,JobID,State,UID"]
+        try:
+            result = self.call(argv, env)
+        except SlurmError as exc:
+            said = exc.output.lower()
+            if "accounting storage is disabled" in said or "not found on path" in str(exc):
+                return None
+            raise
+        jobs = []
+        for line in result.stdout.splitlines():
+            if not line.strip():
+                continue
+            parts = line.split("|")
+            if len(parts) != 4 or not parts[0].isdigit():
+                raise SlurmError("sacct printed a line that does not parse", argv=argv,
+                                 output=line[:500])
+            raw, shown, state, uid = parts
+            array, _, task = shown.partition("_")
+            jobs.append(Job(raw, state.split()[0] if state else "",
+                            array_job_id=array if task.isdigit() else None,
+                            array_task_id=int(task) if task.isdigit() else None,
+                            uid=int(uid) if uid.isdigit() else -1))
+        return jobs
+
     def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
                        ) -> Optional[str]:
         """The id of the caller's own job whose comment carries ``marker``, if any."""

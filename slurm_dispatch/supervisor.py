@@ -1,18 +1,23 @@
 """The supervisor: one idempotent pass applies every dispatch job's recovery rules.
 
 A pass reads the user's dispatch jobs and the user's own Slurm jobs (one ``squeue --me``
-call), and for each dispatch job whose latest submission has ended (for an array: every task
-of it) applies the rule for its end state (:mod:`slurm_dispatch.rules`):
+call), and for each dispatch job whose latest submission has ended applies the rule for its end
+state (:mod:`slurm_dispatch.rules`).  An array job is as many lineages as it has tasks: rules,
+budgets, submission numbers and holds are per task, and a failed task is resubmitted on its
+own (``--array=<task>``, ``batch-<N>-t<task>.sh``), the other tasks untouched.  A submission
+slurmctld has forgotten (MinJobAge) ended as Slurm's accounting says (``sacct``, where the site
+keeps it) or as the controller hook's end record proves (a non-zero exit); one whose end
+cannot be known is an error in every pass's report, never dropped.
 
 * isolated jobs: Slurm's own requeue covers node failure and preemption (raises R); failures
   with budget left are resubmitted (raises N);
 * shared-checkpoint jobs: the next submission is made *held* (a real Slurm hold: ``squeue``
   shows it with its deadline, ``scontrol release`` or ``dispatch release`` lifts it).  While the
-  hold stands the site's CessationSignal is asked about the ended execution (each ended task
-  of an array) every CessationInterval; each answer is recorded as a cessation fact; ceased
-  answers for every one release the hold.  A hold that outlives SharedHoldFor is cancelled and
-  recorded as expired: nothing more starts.  The owner is told when a hold is made and
-  HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
+  hold stands the site's CessationSignal is asked about the ended execution (that task's, for
+  an array task's hold) every CessationInterval; each answer is recorded as a cessation fact;
+  ceased answers for every one release the hold.  A hold that outlives SharedHoldFor is
+  cancelled and recorded as expired: nothing more starts.  The owner is told when a hold is
+  made and HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
 
 Invariants:
 
@@ -27,7 +32,8 @@ Invariants:
 * Only the user's own Slurm jobs are theirs: a job of another uid carrying our marker is
   ignored (comments are public).
 * A pass killed anywhere leaves a state the next pass completes.  An unreadable record is an
-  error for that job only.  A pass costs one controller call plus one per action it takes.
+  error for that job only.  A pass costs one controller call plus one per action it takes
+  (and, at a site with accounting, one ``sacct`` per submission slurmctld forgot).
 """
 
 from __future__ import annotations
@@ -138,11 +144,13 @@ def _unique(slurm_jobs: dict[str, Job]) -> list[Job]:
     return list({id(j): j for j in slurm_jobs.values()}.values())
 
 
-def _views(slurm_id: str, slurm_jobs: dict[str, Job]) -> list[Job]:
-    """Slurm's view of a submission: the job, or every task of an array submission."""
+def _views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
+           ) -> list[Job]:
+    """Slurm's view of a submission: the job, every task of an array submission, or with
+    ``task`` that one task of it."""
     tasks = [j for j in _unique(slurm_jobs) if j.array_job_id == slurm_id
-             and j.array_task_id is not None]
-    if tasks:
+             and j.array_task_id is not None and (task is None or j.array_task_id == task)]
+    if tasks or task is not None:
         return sorted(tasks, key=lambda j: j.array_task_id or 0)
     found = slurm_jobs.get(slurm_id)
     return [found] if found is not None else []
@@ -155,23 +163,47 @@ def _end_state(views: list[Job]) -> str:
     return min(ends, key=lambda e: rules.ORDER.index(e) if e in rules.ORDER else -1)
 
 
+def exit_end(exit_code: Any) -> Optional[str]:
+    """The Slurm state an end record's ``exit:signal`` code proves, if any.  Slurm 22.05
+    gives the controller's EpilogSlurmctld no state name: a script that exited non-zero
+    on its own (signal 0) is FAILED; ``0:0`` is a completion, a node failure or a cancel
+    alike, and a signal is a cancel, a time limit or a preemption alike: not known."""
+    status, _, signal = str(exit_code or "").partition(":")
+    if status.isdigit() and int(status) != 0 and signal in ("", "0"):
+        return "FAILED"
+    return None
+
+
+FactsReader = Callable[[str], list[dict[str, Any]]]
+
+
+def site_facts(slurm_job_id: str) -> list[dict[str, Any]]:
+    """What the site's hooks recorded about a Slurm job's executions (its StateDir)."""
+    from .executions import execution_facts
+    return execution_facts(slurm_job_id)
+
+
 class Supervisor:
     def __init__(self, slurm: Slurm, settings: Settings, home: Optional[str] = None,
                  signal_runner: SignalRunner = ask_signal,
                  clock: Callable[[], float] = time.time,
-                 notifier: Notifier = run_notifier) -> None:
+                 notifier: Notifier = run_notifier,
+                 facts_reader: FactsReader = site_facts) -> None:
         self.slurm = slurm
         self.settings = settings
         self.home = home
         self.ask = signal_runner
         self.clock = clock
         self.notifier = notifier
+        self.facts = facts_reader
         self._mail_prog: Optional[str] = None
         self._min_age: Optional[float] = None
+        self._accounting = True  # False once sacct said the site keeps no accounting
 
     def run_pass(self) -> PassReport:
         report = PassReport()
         self._mail_prog = self._min_age = None  # read again, once a pass, when first needed
+        self._accounting = True
         jobs = record.all_jobs(self.home)
         if not jobs:
             return report
@@ -187,62 +219,137 @@ class Supervisor:
                 report.errors.append(f"{job.id}: {exc}")
         return report
 
-    # -- one job -------------------------------------------------------------------------
+    # -- one job ---------------------------------------------------------------------------
     def _job(self, job: record.JobRecord, slurm_jobs: dict[str, Job], seen_at: int,
              report: PassReport) -> None:
         history = job.history()
-        line = history.lineage()
+        whole = history.lineage()
+        if whole.settled:
+            return
+        tasks = submit.array_tasks(job)
+        if tasks is not None and history.settled_tasks(tasks):
+            return
+        # The whole job first: its claims (a person's resubmission) and its hold (a
+        # superseding generation).  An array's tasks act only once it has neither, each
+        # on its own: rules, budgets, submission numbers and holds are per task.
+        if not self._lineage(job, history, None, tasks, slurm_jobs, seen_at, report):
+            return
+        for task in tasks or []:
+            self._lineage(job, history, task, tasks, slurm_jobs, seen_at, report)
+
+    def _lineage(self, job: record.JobRecord, history: events.History, task: Optional[int],
+                 tasks: Optional[list[int]], slurm_jobs: dict[str, Job], seen_at: int,
+                 report: PassReport) -> bool:
+        """Apply the rules to one lineage: the whole job (``task`` None) or one array task.
+        For an array's whole job: True when its tasks may act."""
+        line = history.lineage(task)
         if line.settled:
-            return
+            return False
         current = line.current
-        n = current.submission if current is not None else 0
-        busy, claim = self._recover_claim(job, line, n + 1, slurm_jobs, report)
-        if busy == "recovered":
-            self._job(job, slurm_jobs, seen_at, report)  # go on with the submission found
-            return
+        nxt = history.next_submission if task is None else line.next_submission
+        busy, claim = self._recover_claim(job, line, nxt, task, slurm_jobs, report)
+        if busy == "recovered":  # go on with the submission found
+            return self._lineage(job, job.history(), task, tasks, slurm_jobs, seen_at, report)
         if busy or current is None:
-            return
+            return False
+        n = current.submission
         hold = line.hold_for(n)
         if hold is not None and hold.recovered:
             # A pass was killed between the held submission and its hold event.
-            job.append(events.Hold, once=str(n), **_hold_fields(hold))
-            report.actions.append(f"{job.id}: recorded the hold on submission {n} "
+            job.append(events.Hold, once=submit.once_key(n, hold.task), **_hold_fields(hold))
+            report.actions.append(f"{job.id}: recorded the hold on {_what(n, hold.task)} "
                                   f"(Slurm job {hold.slurm_job_id}) from its submission")
         if hold is not None and line.lifted(hold.slurm_job_id) is None:
             self._hold(job, line, hold, slurm_jobs, report)
-            return
-        views = _views(current.slurm_job_id, slurm_jobs)
+            return False
+        if task is None and tasks is not None:
+            return True  # an array's ends are its tasks'
+        views = _views(current.slurm_job_id, slurm_jobs, task)
+        how = ""
         if not views:
             if current.ns >= seen_at:
-                return  # recorded after Slurm was read: seen by the next pass
-            report.errors.append(
-                f"{job.id}: submission {n} (Slurm job {current.slurm_job_id}) is no longer "
-                "known to slurmctld and no end of it is recorded: nothing is decided for it "
-                f"(look it up with `sacct -j {current.slurm_job_id}`)")
-            return
+                return False  # recorded after Slurm was read: seen by the next pass
+            views, how = self._recorded_end(job, line, current, task, report)
+            if not views:
+                report.errors.append(
+                    f"{job.id}: {_what(n, task)} (Slurm job "
+                    f"{_shown(current.slurm_job_id, task)}) is no longer known to slurmctld "
+                    f"and {how}: nothing is decided for it until its end is known (look it "
+                    f"up with `sacct -j {current.slurm_job_id}`; `dispatch resubmit {job.id}` "
+                    "submits it again)")
+                return False
         if any(not v.is_final for v in views):
-            return  # running, pending, requeued: Slurm is not done with it
-        self._ended(job, n, current.slurm_job_id, views, claim, report)
+            return False  # running, pending, requeued: Slurm is not done with it
+        self._ended(job, n, current.slurm_job_id, task, views, claim, report, how)
+        return False
+
+    def _recorded_end(self, job: record.JobRecord, line: events.Lineage,
+                      current: events.Submitted, task: Optional[int], report: PassReport
+                      ) -> tuple[list[Job], str]:
+        """How a submission slurmctld has forgotten (MinJobAge) ended, from what is
+        recorded: Slurm's accounting where the site keeps it, else the controller hook's end
+        record.  Returns (its views, where the end was read), or ([], why it is not known)."""
+        slurm_id = current.slurm_job_id
+        started = line.started_for(current.submission)
+        restart = max((s.restart for s in started), default=0)
+        if self._accounting:
+            try:
+                found = self.slurm.accounting(slurm_id)
+            except SlurmError as exc:
+                found = None
+                report.errors.append(f"{job.id}: cannot read Slurm's accounting: {exc}")
+            report.controller_calls += 1
+            if found is None:
+                self._accounting = False  # no accounting at this site: not asked again
+            else:
+                views = [j for j in found if j.uid in (-1, os.getuid())
+                         and (j.job_id == slurm_id if task is None
+                              else j.array_job_id == slurm_id and j.array_task_id == task)]
+                if views and all(v.is_final for v in views):
+                    for view in views:
+                        view.restarts = restart
+                    return views, "Slurm's accounting (sacct)"
+        own = started[-1].slurm_job_id if started else (slurm_id if task is None else "")
+        if not own:
+            return [], "none of its executions recorded a start, so no end record is found"
+        try:
+            executions = self.facts(own)
+        except Exception as exc:  # noqa: BLE001 - a site without readable facts says so
+            return [], f"the controller's end record cannot be read ({exc})"
+        end = executions[-1].get("end") if executions else None
+        if not end:
+            return [], (f"no end of Slurm job {own} is recorded by the site's hooks, nor by "
+                        "Slurm's accounting")
+        code = end.get("exit_code")
+        state = exit_end(code)
+        if state is None:
+            return [], (f"the end record of Slurm job {own} (exit {code}) does not say how it "
+                        "ended (0:0 is a completion, a node failure or a cancel alike)")
+        view = Job(own, state, array_job_id=slurm_id if task is not None else None,
+                   array_task_id=task, restarts=int(executions[-1].get("restart") or 0))
+        return [view], f"the controller's end record (exit {code})"
 
     def _recover_claim(self, job: record.JobRecord, line: events.Lineage, nxt: int,
-                       slurm_jobs: dict[str, Job], report: PassReport
+                       task: Optional[int], slurm_jobs: dict[str, Job], report: PassReport
                        ) -> tuple[str, Optional[str]]:
         """Claims for submission ``nxt`` with no submission recorded: complete, retry or
         report them.  Returns ("recovered" | "busy" | "", the claim a retry must make)."""
-        claims = job.claims(f"submission-{nxt}")
+        name = submit.claim_name(nxt, task)
+        claims = job.claims(name)
         if not claims:
             return "", None
         meant = claims[-1][1]
-        wanted = submit.marker(job, nxt)
+        wanted = submit.marker(job, nxt, task)
         landed = [j for j in _unique(slurm_jobs) if wanted in j.markers]
         if landed:
             first = landed[0]
-            self._recovered(job, nxt, first.array_job_id or first.job_id, meant,
+            self._recovered(job, nxt, task, first.array_job_id or first.job_id, meant,
                             "found in Slurm", report)
             return "recovered", None
         started = line.started_for(nxt)
         if started:
-            self._recovered(job, nxt, started[0].array_job_id or started[0].slurm_job_id, meant,
+            self._recovered(job, nxt, task,
+                            started[0].array_job_id or started[0].slurm_job_id, meant,
                             "its execution recorded a start", report)
             return "recovered", None
         now = self.clock()
@@ -253,26 +360,28 @@ class Supervisor:
         if now - oldest >= min_age:
             folder = os.path.join(job.path, "claims")
             report.errors.append(
-                f"{job.id}: STUCK: submission {nxt} was claimed {now - oldest:.0f} s ago "
+                f"{job.id}: STUCK: {_what(nxt, task)} was claimed {now - oldest:.0f} s ago "
                 f"({len(claims)} attempt(s)); no job of yours carries {wanted} and none "
                 "recorded a start, but one may have run and aged out of slurmctld "
                 f"(MinJobAge {min_age:g} s), so it is not submitted again. "
                 f"Check `sacct -X -o JobID,State,Comment%60 | grep {wanted}`; if none ran, "
-                f"remove {folder}/submission-{nxt}* and the next pass submits it")
+                f"remove {folder}/{name}* and the next pass submits it")
             return "busy", None
         # No attempt can have landed unseen: it would still be known to slurmctld.
-        return "", f"submission-{nxt}.retry-{len(claims)}"
+        return "", f"{name}.retry-{len(claims)}"
 
-    def _recovered(self, job: record.JobRecord, nxt: int, slurm_id: str,
+    def _recovered(self, job: record.JobRecord, nxt: int, task: Optional[int], slurm_id: str,
                    meant: dict[str, Any], how: str, report: PassReport) -> None:
         hold = meant.get("hold")
-        if job.append(events.Submitted, once=str(nxt), submission=nxt, slurm_job_id=slurm_id,
-                      reason=str(meant.get("reason", "recovered")), recovered=True, hold=hold):
-            report.actions.append(f"{job.id}: recorded submission {nxt} (Slurm job "
-                                  f"{slurm_id}): {how}")
+        if job.append(events.Submitted, once=submit.once_key(nxt, task), submission=nxt,
+                      slurm_job_id=slurm_id, reason=str(meant.get("reason", "recovered")),
+                      recovered=True, hold=hold, task=task):
+            report.actions.append(f"{job.id}: recorded {_what(nxt, task)} (Slurm job "
+                                  f"{_shown(slurm_id, task)}): {how}")
 
-    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, views: list[Job],
-               claim: Optional[str], report: PassReport) -> None:
+    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, task: Optional[int],
+               views: list[Job], claim: Optional[str], report: PassReport, how: str = ""
+               ) -> None:
         end = _end_state(views)
         spec = job.spec
         budget_left = int(spec["resubmit"]) - (n - 1)
@@ -280,51 +389,55 @@ class Supervisor:
         action = rule.action
         if action == "slurm-requeue":
             action = "resubmit" if budget_left > 0 else "stop"  # Slurm did not requeue it
+        who = f"{job.id}" + ("" if task is None else f" task {task}")
+        seen = f" (known from {how})" if how else ""
         if action == "stop":
             job.append(events.Finished, submission=n, slurm_job_id=slurm_id, end_state=end,
-                       rule=rule.text)
-            report.actions.append(f"{job.id}: {end}: {rule.text}")
+                       rule=rule.text, task=task)
+            report.actions.append(f"{who}: {end}{seen}: {rule.text}")
             return
         if action == "resubmit":
-            done = self._submit(job, n, f"{end} (budget {budget_left})", [], None, claim,
-                                report)
+            done = self._submit(job, n, f"{end} (budget {budget_left}){seen}", [], None,
+                                claim, report, task)
             if done:
-                report.actions.append(f"{job.id}: {end}: resubmitted as submission {n + 1} "
-                                      f"(Slurm job {done.slurm_job_id})")
+                report.actions.append(f"{who}: {end}{seen}: resubmitted as submission {n + 1} "
+                                      f"(Slurm job {_shown(done.slurm_job_id, task)})")
             return
         # action == "hold": the next submission is made, held, for a person or the signal.
         deadline = round(self.clock() + self.settings.hold_for, 3)
-        array = len(views) > 1 or views[0].array_task_id is not None
+        array = task is None and (len(views) > 1 or views[0].array_task_id is not None)
+        ended = views[0].display_id if task is not None else slurm_id
         intent = events.HoldIntent(
-            deadline=deadline, ended_slurm_job_id=slurm_id,
+            deadline=deadline, ended_slurm_job_id=ended,
             ended_restart=0 if array else views[0].restarts, end_state=end,
             instead_of=rule.instead_of,
             ended_tasks=[[v.display_id, v.restarts] for v in views] if array else [])
-        comment = (f"--comment={submit.marker(job, n + 1)} held: shared checkpoint; {end} of "
-                   f"job {slurm_id}; waits until its processes are proven gone or a person "
-                   f"releases it; expires {when(deadline)}")
-        done = self._submit(job, n, f"{end}: held (shared checkpoint)", ["--hold", comment],
-                            intent.as_dict(), claim, report)
+        comment = (f"--comment={submit.marker(job, n + 1, task)} held: shared checkpoint; "
+                   f"{end} of job {ended}; waits until its processes are proven gone or a "
+                   f"person releases it; expires {when(deadline)}")
+        done = self._submit(job, n, f"{end}: held (shared checkpoint){seen}",
+                            ["--hold", comment], intent.as_dict(), claim, report, task)
         if done:
-            hold = job.append(events.Hold, once=str(n + 1), submission=n + 1,
-                              slurm_job_id=done.slurm_job_id, **intent.as_dict())
-            report.actions.append(f"{job.id}: {end}: submission {n + 1} held as Slurm job "
-                                  f"{done.slurm_job_id} until {when(deadline)}")
+            hold = job.append(events.Hold, once=submit.once_key(n + 1, task),
+                              submission=n + 1, slurm_job_id=done.slurm_job_id, task=task,
+                              **intent.as_dict())
+            report.actions.append(f"{who}: {end}{seen}: submission {n + 1} held as Slurm job "
+                                  f"{_shown(done.slurm_job_id, task)} until {when(deadline)}")
             if isinstance(hold, events.Hold):
                 self._tell(job, hold, "made", report)
 
     def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
-                hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport
-                ) -> Optional[submit.Submitted]:
-        name = claim or f"submission-{n + 1}"
+                hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport,
+                task: Optional[int] = None) -> Optional[submit.Submitted]:
+        name = claim or submit.claim_name(n + 1, task)
         # The claim holds what this pass means to do, before sbatch: a pass killed after
         # sbatch leaves the next one everything it needs (the hold and its deadline).
-        if not job.claim(name, {"submission": n + 1, "reason": reason, "hold": hold},
-                         now=self.clock()):
+        if not job.claim(name, {"submission": n + 1, "reason": reason, "hold": hold,
+                                "task": task}, now=self.clock()):
             return None  # another supervisor made this claim first: it submits
         try:
             done = submit.resubmit(self.slurm, job, reason=reason, extra=extra,
-                                   expected=n + 1, claim=name, hold=hold)
+                                   expected=n + 1, claim=name, hold=hold, task=task)
         except RecordError as exc:
             report.errors.append(f"{job.id}: {exc}")
             return None
@@ -338,15 +451,17 @@ class Supervisor:
     # -- holds ---------------------------------------------------------------------------
     def _hold(self, job: record.JobRecord, line: events.Lineage, hold: events.Hold,
               slurm_jobs: dict[str, Job], report: PassReport) -> None:
-        held_id = hold.slurm_job_id
-        held = _views(held_id, slurm_jobs)
+        held_id, task = hold.slurm_job_id, line.task
+        held = _views(held_id, slurm_jobs, task)
         moved = [v for v in held if not v.is_held]
         if moved:
             state = moved[0].state
             by = (f"Slurm: {state} while held" if moved[0].is_final
                   else "a person (scontrol release)")
-            job.append(events.Released, slurm_job_id=held_id, by=by, slurm_state=state)
-            report.actions.append(f"{job.id}: hold on Slurm job {held_id} lifted by {by}")
+            job.append(events.Released, slurm_job_id=held_id, by=by, slurm_state=state,
+                       task=task)
+            report.actions.append(f"{job.id}: hold on Slurm job {_shown(held_id, task)} "
+                                  f"lifted by {by}")
             return
         if not held:
             report.errors.append(f"{job.id}: the held Slurm job {held_id} is no longer known "
@@ -354,7 +469,7 @@ class Supervisor:
                                  f"{when(hold.deadline)}")
         now = self.clock()
         if now >= hold.deadline:
-            self._expire(job, hold, bool(held), report)
+            self._expire(job, hold, task, bool(held), report)
             return
         if now >= hold.deadline - self.settings.warn_before:
             self._tell(job, hold, "expiring", report)
@@ -371,7 +486,7 @@ class Supervisor:
             answer = self.ask(argv, self.settings.signal_timeout)
             job.append(events.Cessation, asked_at=round(now, 3), held_slurm_job_id=held_id,
                        ended_slurm_job_id=str(target), verdict=answer.verdict,
-                       code=answer.code, evidence=answer.evidence, command=argv)
+                       code=answer.code, evidence=answer.evidence, command=argv, task=task)
             report.actions.append(f"{job.id}: {self.settings.signal} {target}: "
                                   f"{answer.verdict}")
             verdicts.append(answer.verdict)
@@ -382,12 +497,14 @@ class Supervisor:
             except SlurmError as exc:
                 report.errors.append(f"{job.id}: cannot release {held_id}: {exc}")
                 return
-            job.append(events.Released, slurm_job_id=held_id, by="cessation signal")
+            job.append(events.Released, slurm_job_id=held_id, by="cessation signal",
+                       task=task)
             mark_released(self.slurm, job, hold, "(ceased)")
-            report.actions.append(f"{job.id}: hold on Slurm job {held_id} lifted: ceased")
+            report.actions.append(f"{job.id}: hold on Slurm job {_shown(held_id, task)} "
+                                  "lifted: ceased")
 
-    def _expire(self, job: record.JobRecord, hold: events.Hold, known: bool,
-                report: PassReport) -> None:
+    def _expire(self, job: record.JobRecord, hold: events.Hold, task: Optional[int],
+                known: bool, report: PassReport) -> None:
         if known:
             try:
                 self.slurm.cancel([hold.slurm_job_id])
@@ -396,9 +513,10 @@ class Supervisor:
                 report.errors.append(f"{job.id}: cannot cancel expired hold "
                                      f"{hold.slurm_job_id}: {exc}")
                 return
-        job.append(events.Expired, slurm_job_id=hold.slurm_job_id, deadline=hold.deadline)
+        job.append(events.Expired, slurm_job_id=hold.slurm_job_id, deadline=hold.deadline,
+                   task=task)
         job.append(events.Finished, submission=hold.submission, slurm_job_id=hold.slurm_job_id,
-                   end_state="hold expired", rule="nothing more starts")
+                   end_state="hold expired", rule="nothing more starts", task=task)
         report.actions.append(f"{job.id}: hold on Slurm job {hold.slurm_job_id} expired; "
                               "job ended")
 
@@ -436,7 +554,7 @@ class Supervisor:
         for channel, argv in channels:
             ok, said = self.notifier(argv, body, NOTIFY_TIMEOUT)
             job.append(events.Notified, slurm_job_id=hold.slurm_job_id, about=about,
-                       channel=channel, ok=ok, detail=said)
+                       channel=channel, ok=ok, detail=said, task=hold.task)
             if not ok:
                 report.errors.append(f"{job.id}: could not tell {to} about the hold on Slurm "
                                      f"job {hold.slurm_job_id} ({channel}): {said}")
@@ -468,6 +586,15 @@ class Supervisor:
         return self._mail_prog or None
 
 
+def _what(submission: int, task: Optional[int]) -> str:
+    return f"submission {submission}" + ("" if task is None else f" of task {task}")
+
+
+def _shown(slurm_id: str, task: Optional[int]) -> str:
+    """A Slurm job id as squeue shows it: ``97_1`` for one task of array 97."""
+    return slurm_id if task is None or "_" in slurm_id else f"{slurm_id}_{task}"
+
+
 def _hold_fields(hold: events.Hold) -> dict[str, Any]:
     return {k: v for k, v in hold.fields().items() if k not in ("event", "time", "ns", "v")}
 
@@ -490,16 +617,25 @@ def _mail_user(spec: dict[str, Any]) -> Optional[str]:
 def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
             force: bool = False, signal_runner: SignalRunner = ask_signal,
             clock: Callable[[], float] = time.time) -> str:
-    """A person lifts the standing hold of ``job``; returns the released Slurm job id.
+    """A person lifts the standing hold of ``job`` (of an array: every task's standing
+    hold); returns the released Slurm job id(s), comma-separated.
 
     With a CessationSignal in ``settings``, it is asked first about every ended execution the
     hold waits for (each answer recorded): when one is not proven ceased, the release is
     refused with the evidence (:class:`RefusedError`), unless ``force`` (the person's call).
     """
-    line = job.history().lineage()
-    last = line.holds[-1] if line.holds else None
-    hold = line.hold
-    if hold is None:
+    history = job.history()
+    tasks = submit.array_tasks(job) or []
+    lines = [history.lineage()] + [history.lineage(t) for t in tasks]
+    standing: list[tuple[events.Lineage, events.Hold]] = []
+    for line in lines:
+        hold = line.hold
+        if hold is not None and (line.task is None or hold.task is not None) \
+                and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
+            standing.append((line, hold))
+    if not standing:
+        line = lines[0]
+        last = line.holds[-1] if line.holds else None
         lifted = line.lifted(last.slurm_job_id) if last is not None else None
         if last is not None and lifted is not None:
             raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
@@ -507,33 +643,38 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
         raise RecordError(f"dispatch job {job.id} has no hold to release")
     if settings is not None and settings.signal and not force:
         unproven = []
-        targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
-        for target, restart in targets:
-            argv = [*shlex.split(settings.signal), str(target), "--restart", str(restart),
-                    "--json"]
-            answer = signal_runner(argv, settings.signal_timeout)
-            job.append(events.Cessation, asked_at=round(clock(), 3),
-                       held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
-                       verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
-                       command=argv)
-            if answer.verdict != "ceased":
-                unproven.append(f"{target}: {answer.verdict}: {_evidence_text(answer)}")
+        for _, hold in standing:
+            targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
+            for target, restart in targets:
+                argv = [*shlex.split(settings.signal), str(target), "--restart", str(restart),
+                        "--json"]
+                answer = signal_runner(argv, settings.signal_timeout)
+                job.append(events.Cessation, asked_at=round(clock(), 3),
+                           held_slurm_job_id=hold.slurm_job_id,
+                           ended_slurm_job_id=str(target), verdict=answer.verdict,
+                           code=answer.code, evidence=answer.evidence, command=argv,
+                           task=hold.task)
+                if answer.verdict != "ceased":
+                    unproven.append(f"{target}: {answer.verdict}: {_evidence_text(answer)}")
         if unproven:
             raise RefusedError(
                 f"the ended execution the hold of {job.id} waits for is not proven gone, so "
                 "its processes may still write the shared checkpoint: " + "; ".join(unproven)
                 + f".  Release anyway with `dispatch release --force {job.id}`")
-    slurm.release([hold.slurm_job_id])
-    job.append(events.Released, slurm_job_id=hold.slurm_job_id,
-               by="a person (dispatch release" + (" --force)" if force else ")"))
-    mark_released(slurm, job, hold, "by a person")
-    return hold.slurm_job_id
+    held_ids = [hold.slurm_job_id for _, hold in standing]
+    slurm.release(held_ids)
+    for _, hold in standing:
+        job.append(events.Released, slurm_job_id=hold.slurm_job_id,
+                   by="a person (dispatch release" + (" --force)" if force else ")"),
+                   task=hold.task)
+        mark_released(slurm, job, hold, "by a person")
+    return ",".join(held_ids)
 
 
 def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
     """Say in the released job's comment that the hold is over (its marker stays first, so
     the job is still found by it); best effort: the release itself is what matters."""
-    text = (f"{submit.marker(job, hold.submission)} released {by} "
+    text = (f"{submit.marker(job, hold.submission, hold.task)} released {by} "
             f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
     try:
         slurm.set_comment(hold.slurm_job_id, text)

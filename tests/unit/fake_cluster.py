@@ -1,8 +1,9 @@
 """A fake Slurm controller at the process boundary, for fast tests of the supervisor.
 
-It answers the few commands slurm-dispatch uses (sbatch, squeue, scontrol release, scontrol
-update of a comment, scancel) from an in-memory job table, and fails loudly on anything else.  The real
-behaviour is proven by the real tier; this only makes pass logic cheap to exercise.
+It answers the few commands slurm-dispatch uses (sbatch, with --array too, squeue, scontrol
+release, scontrol update of a comment, scancel, and sacct as a site without accounting does) from
+an in-memory job table, and fails loudly on anything else.  The real behaviour is proven by the
+real tier; this only makes pass logic cheap to exercise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class FakeCluster:
     def set(self, jobid: str, **fields: str) -> None:
         self.jobs[jobid].update(fields)
 
+    def tasks_of(self, jobids: Sequence[str]) -> list[str]:
+        """The jobs ``jobids`` name: a job, or every task of an array by the array's id."""
+        named = set(jobids)
+        return [j for j, f in self.jobs.items() if j in named or f.get("ArrayJobId") in named]
+
     def sbatch_calls(self) -> list[list[str]]:
         return [c for c in self.calls if c[0] == "sbatch"]
 
@@ -41,20 +47,35 @@ class FakeCluster:
         if argv[0] == "sbatch":
             comment = next((a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), "")
             held = "--hold" in argv or "-H" in argv
-            jobid = self.add("PENDING" if held else "RUNNING", comment,
-                             Reason="JobHeldUser" if held else "None")
+            state, reason = ("PENDING", "JobHeldUser") if held else ("RUNNING", "None")
+            array = [a.split("=", 1)[1] for a in argv if a.startswith("--array=")]
+            if not array:
+                jobid = self.add(state, comment, Reason=reason)
+                return Result(argv, 0, f"Submitted batch job {jobid}\n", "")
+            # An array: every task a job of its own; the first task's id is the array's.
+            from slurm_dispatch.submit import parse_array
+            jobid = ""
+            for task in parse_array(array[-1]):
+                taskid = self.add(state, comment, Reason=reason, ArrayTaskId=str(task))
+                jobid = jobid or taskid
+                self.set(taskid, ArrayJobId=jobid)
             return Result(argv, 0, f"Submitted batch job {jobid}\n", "")
         if argv[:2] == ["scontrol", "release"]:
-            for jobid in argv[2].split(","):
+            for jobid in self.tasks_of(argv[2].split(",")):
                 self.set(jobid, JobState="RUNNING", Reason="None")
             return Result(argv, 0, "", "")
         if argv[:2] == ["scontrol", "update"] and argv[3].startswith("comment="):
             self.set(argv[2].split("=", 1)[1], Comment=argv[3].split("=", 1)[1])
             return Result(argv, 0, "", "")
+        if argv[:2] == ["scontrol", "update"] and argv[3].startswith("dependency="):
+            self.set(argv[2].split("=", 1)[1], Dependency=argv[3].split("=", 1)[1])
+            return Result(argv, 0, "", "")
         if argv[0] == "scancel":
-            for jobid in argv[1:]:
+            for jobid in self.tasks_of(argv[1:]):
                 self.set(jobid, JobState="CANCELLED", Reason="None")
             return Result(argv, 0, "", "")
+        if argv[0] == "sacct":  # like the sandbox's controller: no accounting
+            return Result(argv, 1, "", "Slurm accounting storage is disabled\n")
         if argv[0] == "squeue":
             shown = squeue_fake.selected(argv, self.jobs.values(), os.getuid())
             return Result(argv, 0, squeue_fake.render(argv, shown), "")

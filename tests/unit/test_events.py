@@ -118,7 +118,12 @@ def test_array_tasks_have_lineages_of_their_own(job: record.JobRecord) -> None:
     assert [s.slurm_job_id for s in one.started] == ["99"]
     hold = one.hold
     assert hold is not None and hold.recovered and hold.ended_slurm_job_id == "97_1"
-    assert not history.settled and history.next_submission == 2  # the whole job's lineage
+    # A whole-job submission is numbered above every task's: task 1 already has a 2.
+    assert not history.settled and history.next_submission == 3
+    assert not history.settled_tasks([0, 1])
+    job.append("finished", submission=2, slurm_job_id="120", task=1, end_state="completed",
+               rule="stop (done)")
+    assert job.history().settled_tasks([0, 1]) and not job.history().settled
     assert history.submission_of("99") is not None  # a task's own job id finds the job
     assert history.submission_of("97_1") is not None
 

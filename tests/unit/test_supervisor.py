@@ -317,31 +317,6 @@ def test_a_released_hold_lets_the_rules_apply_again(home: Path) -> None:
     assert "submission 3 held" in " ".join(sup.run_pass().actions)
 
 
-def test_an_array_acts_when_every_task_ended_and_asks_about_each(home: Path) -> None:
-    """Finding 1, the supervisor's side: task 1 ended while task 0 still wrote; nothing may
-    start until task 0 ends too, and the hold is lifted only when both have ceased."""
-    cluster, clock = FakeCluster(), Clock()
-    signal = Signal("ceased", "not ceased", "ceased", "ceased")
-    job, array = new_job(cluster, "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
-    cluster.set(array, ArrayJobId=array, ArrayTaskId="0", JobState="RUNNING")
-    task1 = cluster.add("FAILED", comment=submit.marker(job, 1), ArrayJobId=array,
-                        ArrayTaskId="1", Restarts="1")
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=signal, clock=clock)
-    assert sup.run_pass().actions == [], "acted while task 0 still ran"
-    cluster.set(array, JobState="COMPLETED")
-    assert "submission 2 held" in " ".join(sup.run_pass().actions)
-    hold = [e for e in job.events() if e["event"] == "hold"][0]
-    assert hold["ended_tasks"] == [[f"{array}_0", 0], [f"{array}_1", 1]] and task1
-    clock.now += 61
-    sup.run_pass()
-    assert [a[1:4] for a in signal.asked] == [[f"{array}_0", "--restart", "0"],
-                                             [f"{array}_1", "--restart", "1"]]
-    assert cluster.jobs[last_slurm_id(job)]["Reason"] == "JobHeldUser", "one task not ceased"
-    clock.now += 61
-    sup.run_pass()
-    assert cluster.jobs[last_slurm_id(job)]["JobState"] == "RUNNING"
-
-
 class MailingCluster(FakeCluster):
     """Also answers `scontrol show config`, as 22.05 prints it."""
 

@@ -1,0 +1,151 @@
+"""Array jobs as first-class citizens (issue 9 item 1), against the fake controller: a
+failed task is resubmitted on its own (``--array=<task>`` of the same snapshot), with its own
+budget, submission numbers and holds; the other tasks' lineages are unaffected."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import record, submit
+from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.supervisor import Settings, Supervisor, release
+
+from .fake_cluster import FakeCluster
+from .test_supervisor import Clock, Signal, new_job
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    return tmp_path
+
+
+def task_ids(cluster: FakeCluster, array: str) -> dict[int, str]:
+    """Each task's own Slurm job id in the fake, by task id."""
+    return {int(f["ArrayTaskId"]): j for j, f in cluster.jobs.items()
+            if f.get("ArrayJobId") == array}
+
+
+def submitted(job: record.JobRecord) -> list[tuple[int, int | None, str]]:
+    return [(s.submission, s.task, s.slurm_job_id) for s in job.history().submissions]
+
+
+def test_a_failed_task_is_resubmitted_on_its_own_with_its_own_budget(home: Path) -> None:
+    cluster = FakeCluster(first_id=97)
+    job, array = new_job(cluster, "--array=0-2", "--resubmit", "1")
+    tasks = task_ids(cluster, array)
+    assert sorted(tasks) == [0, 1, 2]
+    sup = Supervisor(Slurm(cluster, wait=0), Settings())
+    cluster.set(tasks[1], JobState="FAILED")  # task 1 exits 5 while 0 and 2 still run
+    report = sup.run_pass()
+    assert report.actions == [f"{job.id} task 1: failed: resubmitted as submission 2 "
+                              "(Slurm job 100_1)"], report
+    call = cluster.sbatch_calls()[-1]
+    assert "--array=1" in call and "--array=0-2" not in call
+    assert f"--comment=dispatch:{job.id}/2-t1" in call
+    assert call[-1] == os.path.join(job.path, "batch-2-t1.sh")
+    # The launcher learns the task's submission number from its own batch script.
+    assert "--submission 2 --" in Path(job.path, "batch-2-t1.sh").read_text()
+    assert submitted(job) == [(1, None, array), (2, 1, "100")]
+    history = job.history()
+    assert [history.lineage(t).next_submission for t in (0, 1, 2)] == [2, 3, 2]
+    assert sup.run_pass().actions == []  # task 1's new run is running: nothing to do
+    # Tasks 0 and 2 complete; task 1 fails again: its budget (1) is spent, its own only.
+    cluster.set(tasks[0], JobState="COMPLETED")
+    cluster.set(tasks[2], JobState="COMPLETED")
+    cluster.set("100", JobState="FAILED")
+    actions = sup.run_pass().actions
+    assert sorted(actions) == [f"{job.id} task 0: completed: stop (done)",
+                               f"{job.id} task 1: failed: stop (no resubmit budget)",
+                               f"{job.id} task 2: completed: stop (done)"]
+    assert job.history().settled_tasks([0, 1, 2])
+    assert sup.run_pass().actions == [] and len(cluster.sbatch_calls()) == 2
+
+
+def test_two_tasks_failing_get_submission_2_each_in_their_own_lineage(home: Path) -> None:
+    cluster = FakeCluster(first_id=97)
+    job, array = new_job(cluster, "--array=0-2", "--resubmit", "3")
+    tasks = task_ids(cluster, array)
+    for t in (0, 2):
+        cluster.set(tasks[t], JobState="TIMEOUT")
+    Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert sorted((n, t) for n, t, _ in submitted(job)) == [(1, None), (2, 0), (2, 2)]
+    assert sorted(os.listdir(Path(job.path) / "claims")) == [
+        "submission-1", "submission-2-t0", "submission-2-t2"]
+
+
+def test_a_shared_array_task_is_held_and_asked_about_its_own_execution(home: Path) -> None:
+    """A task's restart is a hold for that task, asked about that task's ended execution
+    only; the other task runs on, never held nor asked about."""
+    cluster, clock = FakeCluster(first_id=97), Clock()
+    signal = Signal("not ceased", "ceased")
+    job, array = new_job(cluster, "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
+    tasks = task_ids(cluster, array)
+    cluster.set(tasks[1], JobState="FAILED", Restarts="0")
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=signal, clock=clock)
+    assert [a.split(" until ")[0] for a in sup.run_pass().actions] == [
+        f"{job.id} task 1: failed: submission 2 held as Slurm job 99_1"]
+    call = cluster.sbatch_calls()[-1]
+    assert "--hold" in call and "--array=1" in call
+    assert cluster.jobs["99"]["Reason"] == "JobHeldUser"
+    (hold,) = job.history().lineage(1).holds
+    assert (hold.task, hold.ended_slurm_job_id, hold.ended_restart, hold.ended_tasks) == (
+        1, f"{array}_1", 0, [])
+    assert job.history().lineage(0).hold is None
+    clock.now += 61
+    sup.run_pass()
+    assert [a[1] for a in signal.asked] == [f"{array}_1"]
+    assert cluster.jobs["99"]["Reason"] == "JobHeldUser"
+    clock.now += 61
+    sup.run_pass()
+    assert [a[1] for a in signal.asked] == [f"{array}_1"] * 2
+    assert cluster.jobs["99"]["JobState"] == "RUNNING"
+    assert cluster.jobs[tasks[0]]["JobState"] == "RUNNING"  # task 0 was never touched
+    assert cluster.jobs["99"]["Comment"].startswith(f"dispatch:{job.id}/2-t1 released")
+
+
+def test_a_person_releases_a_tasks_hold(home: Path) -> None:
+    cluster = FakeCluster(first_id=97)
+    job, array = new_job(cluster, "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
+    cluster.set(task_ids(cluster, array)[0], JobState="NODE_FAIL")
+    Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
+    assert release(Slurm(cluster, wait=0), job) == "99"
+    assert cluster.jobs["99"]["JobState"] == "RUNNING"
+    assert job.history().lineage(0).hold is None
+
+
+def test_a_pass_killed_after_a_tasks_sbatch_is_completed_from_its_marker(home: Path) -> None:
+    cluster = FakeCluster(first_id=97)
+    job, array = new_job(cluster, "--array=0-1", "--resubmit", "2")
+    cluster.set(task_ids(cluster, array)[1], JobState="FAILED")
+    # A pass claimed task 1's submission 2 and ran sbatch, then died.
+    assert job.claim(submit.claim_name(2, 1), {"reason": "failed (budget 2)", "hold": None})
+    landed = cluster.add("RUNNING", comment=submit.marker(job, 2, 1), ArrayTaskId="1")
+    cluster.set(landed, ArrayJobId=landed)
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert report.actions == [f"{job.id}: recorded submission 2 of task 1 (Slurm job "
+                              f"{landed}_1): found in Slurm"], report
+    assert submitted(job)[-1] == (2, 1, landed) and len(cluster.sbatch_calls()) == 1
+
+
+def test_array_tasks_are_read_from_the_command_line_header_and_environment(
+        home: Path) -> None:
+    cluster = FakeCluster()
+    (home / "arr.sh").write_text("#!/bin/bash\n#SBATCH --array=1,3-5\necho hi\n")
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck-h/%a", "arr.sh"]),
+                             Slurm(cluster, wait=0))
+    assert submit.array_tasks(done.job) == [1, 3, 4, 5]
+    over = submit.submit_new(submit.read_request(["--checkpoint", "ck-o/%a", "-a", "0-4:2%1",
+                                                  "arr.sh"]), Slurm(cluster, wait=0))
+    assert submit.array_tasks(over.job) == [0, 2, 4]
+    plain, _ = new_job(cluster)
+    assert submit.array_tasks(plain) is None
+    env = submit.submit_new(submit.read_request(["--checkpoint", "ck-e/%a", "job.sh"]),
+                            Slurm(cluster, wait=0), env={**os.environ,
+                                                         "SBATCH_ARRAY_INX": "7-8"})
+    assert submit.array_tasks(env.job) == [7, 8]
