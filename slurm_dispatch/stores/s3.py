@@ -135,7 +135,8 @@ def _describe(exc: BaseException, action: str, where: str) -> StoreError:
     return StoreError(f"{action} {where} failed: {exc}")
 
 
-def within(timeout: float, what: str, call: Callable[[threading.Event], T]) -> T:
+def within(timeout: float, what: str, call: Callable[[threading.Event], T],
+           after: str = "an unfinished scan is an error, never a partial answer") -> T:
     """Run ``call(abandoned)`` in a worker thread and wait at most ``timeout`` seconds.
 
     Past the deadline, ``abandoned`` is set (the worker stops at its next page) and
@@ -159,8 +160,7 @@ def within(timeout: float, what: str, call: Callable[[threading.Event], T]) -> T
         abandoned.set()
         raise StoreTimeout(
             f"{what} did not finish within the timeout of {timeout:g} s (--timeout, "
-            "$DISPATCH_STORE_TIMEOUT or StoreTimeout in dispatch.conf); an unfinished scan "
-            "is an error, never a partial answer")
+            f"$DISPATCH_STORE_TIMEOUT or StoreTimeout in dispatch.conf); {after}")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]
@@ -187,7 +187,8 @@ class S3Store(Store):
         key = self.pub_prefix + name
         url = f"{S3_SCHEME}{self.where.bucket}/{key}"
         within(self.timeout, f"publishing {url}",
-               lambda _abandoned: self._create_once(key, url, epoch, step))
+               lambda _abandoned: self._create_once(key, url, epoch, step),
+               after="whether it was published is unknown (`dispatch list` shows)")
         return name
 
     def latest(self) -> Optional[Found]:
