@@ -327,7 +327,10 @@ def _fact_text(fact: dict[str, Any]) -> str:
 @main.command(name="status")
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def status_(job: str, as_json: bool) -> None:
+@click.option("--timeline", is_flag=True,
+              help="Draw the executions as bars over time: running, ended but not proven "
+                   "gone (the overlap), ceased, publications, holds; the lineage that won.")
+def status_(job: str, as_json: bool, timeline: bool) -> None:
     """Show a dispatch job: submissions, executions, end states, latest publication.
 
     JOB is a dispatch job id (printed by dispatch-sbatch) or a Slurm job id of one of its
@@ -339,6 +342,14 @@ def status_(job: str, as_json: bool) -> None:
         data = status.collect(record_, Slurm().own_jobs())
         if as_json:
             echo_json(data)
+        elif timeline:
+            import shutil
+
+            from . import timeline as drawing
+            root = str(data["checkpoint"])
+            found = drawing.marks(root) if "%" not in root else []
+            width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
+            click.echo(drawing.render(data, found, width=max(width, 60)))
         else:
             click.echo(_render_status(data))
     body()
