@@ -25,12 +25,12 @@ import sys
 import time
 from typing import Any, Optional
 
-from . import model, record, store
+from . import config, model, record, store
 from .errors import DispatchError, RecordError, UsageError
 
 CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
             "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
-            "DISPATCH_RESUME_FROM")
+            "DISPATCH_RESUME_FROM", "DISPATCH_STAGE_DIR")
 EXEC_RECORD = ".dispatch"  # in exec/<attempt>/; a leading dot keeps it out of save patterns
 EXEC_RECORD_FORMAT = 1
 
@@ -67,12 +67,20 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
     epoch = model.Epoch(int(spec["generation"]), submission, restart_count(env))
     attempt = model.new_attempt()
     root = expand_root(spec["checkpoint"], env)
-    exec_parent = os.path.join(root, store.EXEC)
-    os.makedirs(exec_parent, exist_ok=True)
-    exec_dir = os.path.join(exec_parent, attempt)
-    os.mkdir(exec_dir, 0o755)
-    found = store.latest(root)
-    write_exec_record(exec_dir, {
+    timeout = store.store_timeout(None, env)
+    stage: dict[str, str] = {}
+    if store.is_s3_root(root):
+        # The execution's prefix needs no creating; frameworks that write only to local disk
+        # get a fresh local folder (its record is kept there: S3 is not written here).
+        exec_dir = store.open_store(root, timeout).exec_dir(attempt)
+        record_dir = stage["DISPATCH_STAGE_DIR"] = make_stage_dir(attempt, env)
+    else:
+        exec_parent = os.path.join(root, store.EXEC)
+        os.makedirs(exec_parent, exist_ok=True)
+        exec_dir = record_dir = os.path.join(exec_parent, attempt)
+        os.mkdir(exec_dir, 0o755)
+    found = store.latest(root, timeout=timeout)
+    write_exec_record(record_dir, {
         "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
         "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
         "resume_from": found.path if found else None,
@@ -88,7 +96,17 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
         "DISPATCH_CHECKPOINT": root,
         "DISPATCH_EXEC_DIR": exec_dir,
         "DISPATCH_RESUME_FROM": found.path if found else "",
+        **stage,
     }
+
+
+def make_stage_dir(attempt: str, env: dict[str, str]) -> str:
+    """A fresh local folder for an S3 root's execution: under StageDir (dispatch.conf), else
+    ``$TMPDIR`` (node-local scratch on most sites), else /tmp; made with mkdir, never reused."""
+    base = config.load(environ=env).stage_dir or env.get("TMPDIR") or "/tmp"
+    folder = os.path.join(base, f"dispatch-stage-{attempt}")
+    os.mkdir(folder, 0o700)
+    return folder
 
 
 def write_exec_record(exec_dir: str, fields: dict[str, Any]) -> str:

@@ -105,6 +105,13 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
             "dispatch job (a resubmission resumes from the root's latest publication); each "
             "execution already gets its own exec/<attempt>/ folder under it.  Write a fixed "
             "path, with %a for one root per task of an array (for example ck/task%a)")
+    if "://" in options.checkpoint:  # imported only then: start-up speed
+        from . import stores
+        from .stores import s3
+
+        stores.check_root_scheme(options.checkpoint)
+        # Checked for shape only: dispatch-sbatch never talks to S3 (boto3 stays off this path).
+        return s3.parse_root(options.checkpoint).url
     return os.path.normpath(os.path.join(cwd, os.path.expanduser(options.checkpoint)))
 
 
@@ -113,7 +120,10 @@ def prepare_root(root: str) -> list[str]:
 
     Returns the folders it created, outermost first, so a submission that fails can remove
     them again (:func:`remove_new_folders`): a refused submission leaves nothing behind.
+    An ``s3://`` root is no folder: nothing is made and S3 is not asked.
     """
+    if root[:5].lower() == "s3://":
+        return []
     static = root.split("%", 1)[0]
     folder = static if "%" not in root else os.path.dirname(static.rstrip("/")) or "/"
     missing: list[str] = []
@@ -160,6 +170,8 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "checkpoint": root,
         "resubmit": request.options.resubmit,
         "shared_checkpoint": shared,
+        "array_tasks": _array_of(request.sbatch, os.environ, request.header.sbatch_lines,
+                                 os.path.basename(request.script_path)),
         "warn_before": list(request.options.warn_before) if request.options.warn_before
         else None,
         "supersedes": supersedes,
@@ -264,18 +276,28 @@ def parse_array(spec: str) -> list[int]:
 def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
     """The task ids of an array job as its first submission asked for them (the command
     line over ``SBATCH_ARRAY_INX`` of its environment over its ``#SBATCH`` lines); None for
-    a job that is not an array."""
+    a job that is not an array.  Recorded in the spec at the first submission (records made
+    before that are read from their parts)."""
     spec = job.spec
-    value = _array_words(list(spec["sbatch"]))[0]
+    if "array_tasks" in spec:
+        found = spec["array_tasks"]
+        return [int(t) for t in found] if isinstance(found, list) else None
+    return _array_of(list(spec["sbatch"]), submission_environment(job),
+                     list(spec.get("header", [])), spec["script_name"])
+
+
+def _array_of(words: list[str], env: Mapping[str, str], header_lines: list[str],
+              script_name: str) -> Optional[list[int]]:
+    value = _array_words(words)[0]
     if value is None:
-        value = submission_environment(job).get("SBATCH_ARRAY_INX") or None
+        value = env.get("SBATCH_ARRAY_INX") or None
     if value is None:
         header: list[str] = []
-        for line in spec.get("header", []):
+        for line in header_lines:
             text = line.lstrip()
             if text.startswith("#SBATCH"):
                 header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
-                                                           spec["script_name"], 0))
+                                                           script_name, 0))
         value = _array_words(header)[0]
     return parse_array(value) if value is not None else None
 
