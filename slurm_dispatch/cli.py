@@ -238,22 +238,34 @@ def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
 
 def _render_status(data: dict[str, Any]) -> str:
     mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
+    tasks = data.get("tasks")
+    used = (f"resubmits {data['resubmits_used']} of {data['resubmit_budget']}" if tasks is None
+            else f"an array of {len(tasks)} task(s), each with a resubmit budget of "
+            f"{data['resubmit_budget']}")
     out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "
-           f"{mode}, resubmits {data['resubmits_used']} of {data['resubmit_budget']}",
+           f"{mode}, {used}",
            f"Checkpoint  {data['checkpoint']}"]
     if data.get("supersedes"):
         out.append(f"Supersedes  {data['supersedes']}")
     out.append("")
     out.append(render_table(
         ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "REASON"],
-        [[s["submission"], s["slurm_job_id"], s["state"],
+        [[s["submission"], s.get("display_id") or s["slurm_job_id"], s["state"],
           "-" if s["restarts"] is None else s["restarts"], status.clock(s["submitted"]),
           s["slurm_reason"] if s["slurm_reason"] not in ("", "None") else s["reason"]]
          for s in data["submissions"]]))
+    if tasks:
+        out.append("")
+        out.append(render_table(
+            ["TASK", "SUBMISSION", "JOBID", "STATE", "RESUBMITS", "LATEST PUBLICATION"],
+            [[t["task"], t["submission"], t["display_id"],
+              "FINISHED" if t["settled"] and t["state"].startswith("UNKNOWN") else t["state"],
+              f"{t['resubmits_used']} of {data['resubmit_budget']}", _latest_text(t["latest"])]
+             for t in tasks]))
     out.append("")
     rows = []
     for e in data["executions"]:
-        jobid = e["slurm_job_id"] + (f"_{e['array_task_id']}" if e["array_task_id"] else "")
+        jobid = e.get("display_id") or e["slurm_job_id"]
         evidence = "; ".join(_fact_text(f) for f in e.get("facts", [])) or "-"
         rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
                      status.clock(e["started"]), e["state"], evidence])
@@ -262,16 +274,19 @@ def _render_status(data: dict[str, Any]) -> str:
     if data["events"]:
         out.append("")
         out.extend(f"{status.clock(ev['time'])} {_event_text(ev)}" for ev in data["events"])
+    if tasks and "%a" in data["checkpoint"].replace("%%", ""):
+        return "\n".join(out)  # each task's root, its latest: in the task table
     out.append("")
-    latest_ = data["latest"]
-    if latest_ is None:
-        out.append("Latest publication: none")
-    elif "error" in latest_:
-        out.append(f"Latest publication: unreadable: {latest_['error']}")
-    else:
-        out.append(f"Latest publication: epoch {latest_['epoch']} step {latest_['step']} "
-                   f"{latest_['path']}")
+    out.append(f"Latest publication: {_latest_text(data['latest'])}")
     return "\n".join(out)
+
+
+def _latest_text(latest_: Optional[dict[str, Any]]) -> str:
+    if latest_ is None:
+        return "none"
+    if "error" in latest_:
+        return f"unreadable: {latest_['error']}"
+    return f"epoch {latest_['epoch']} step {latest_['step']} {latest_['path']}"
 
 
 def _event_text(ev: dict[str, Any]) -> str:
@@ -338,8 +353,9 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     """
     def body() -> None:
         from .slurm import Slurm
-        record_ = record.open_job(job)
-        data = status.collect(record_, Slurm().own_jobs())
+        slurm_jobs = Slurm().own_jobs()
+        record_ = status.open_job(job, slurm_jobs)
+        data = status.collect(record_, slurm_jobs)
         if as_json:
             echo_json(data)
         elif timeline:

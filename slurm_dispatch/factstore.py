@@ -289,8 +289,8 @@ def format_problem(record: dict) -> str | None:
     version = record.get("v", 1)
     if version == FORMAT_VERSION and not isinstance(version, bool):
         return None
-    return (f"format version {version!r}, this reader knows {FORMAT_VERSION}; "
-            "upgrade slurm-dispatch where the facts are read")
+    return (f"format version {version!r}: written by a newer slurm-dispatch (this reader knows "
+            f"{FORMAT_VERSION}); upgrade slurm-dispatch where the facts are read")
 
 
 def list_job(state_dir: str, uid: int, job_id: str) -> list[str]:

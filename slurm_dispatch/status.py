@@ -1,17 +1,21 @@
 """A dispatch job's status: its record joined with one view of Slurm and the site's facts.
 
 Costs one ``squeue`` call (the caller's own jobs) whatever the number of submissions.  Pure
-over its inputs apart from reading the record, the store and the site facts.
+over its inputs apart from reading the record, the store and the site facts.  An array job is
+shown task by task as well: each task's latest submission (``97_1``, as Slurm shows it) and,
+where each task has its own root (``%a``), that root's latest publication.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from typing import Any, Callable, Optional
 
-from . import record, store
+from . import record, store, submit
 from .errors import DispatchError
+from .launch import expand_root
 from .slurm import Job
 
 FactsReader = Callable[[str], list[dict[str, Any]]]
@@ -32,19 +36,57 @@ def _facts_reader() -> Optional[FactsReader]:
     return reader if callable(reader) else None
 
 
+def _task_views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
+                ) -> list[Job]:
+    """The tasks of array submission ``slurm_id`` Slurm knows (or the one ``task``)."""
+    found = {id(j): j for j in slurm_jobs.values() if j.array_job_id == slurm_id
+             and j.array_task_id is not None and (task is None or j.array_task_id == task)}
+    return sorted(found.values(), key=lambda j: j.array_task_id or 0)
+
+
+def _submission_view(slurm_id: str, task: Optional[int], array: bool,
+                     slurm_jobs: dict[str, Job]) -> tuple[str, Optional[Job], str]:
+    """(the id as squeue shows it, Slurm's view of it, its state) for one submission."""
+    if task is not None:
+        views = _task_views(slurm_id, slurm_jobs, task)
+        return f"{slurm_id}_{task}", (views[0] if views else None), \
+            _state(views[0] if views else None)
+    if array:
+        views = _task_views(slurm_id, slurm_jobs)
+        if views:
+            return slurm_id, None, "+".join(sorted({v.state for v in views}))
+        return slurm_id, None, _state(None)
+    info = slurm_jobs.get(slurm_id)
+    return slurm_id, info, _state(info)
+
+
+def _latest(root: str, missing_is_none: bool = False) -> Any:
+    """The root's latest publication (as JSON), None, or {"error": why}.  With
+    ``missing_is_none``, a local root not made yet (a task that has not run) has none."""
+    if missing_is_none and not store.is_s3_root(root) and not os.path.lexists(root):
+        return None
+    try:
+        found = store.latest(root)
+        return found.as_json() if found else None
+    except DispatchError as exc:
+        return {"error": str(exc)}
+
+
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
     spec = job.spec
-    events = job.events()
+    history = job.history()
+    events = [e.raw for e in history.events]
     reader = facts_reader if facts_reader is not None else _facts_reader()
+    tasks = submit.array_tasks(job)
     submissions = []
-    for ev in events:
-        if ev["event"] != "submitted":
-            continue
-        info = slurm_jobs.get(str(ev["slurm_job_id"]))
+    for sub in history.submissions:
+        shown, info, state = _submission_view(sub.slurm_job_id, sub.task, tasks is not None,
+                                              slurm_jobs)
         submissions.append({
-            "submission": ev["submission"], "slurm_job_id": str(ev["slurm_job_id"]),
-            "reason": ev.get("reason", ""), "submitted": ev["time"], "state": _state(info),
+            "submission": sub.submission, "slurm_job_id": sub.slurm_job_id,
+            "task": sub.task, "display_id": shown,
+            "reason": sub.reason, "submitted": sub.time, "state": state,
             "restarts": info.restarts if info else None,
             "slurm_reason": info.reason if info else "",
         })
@@ -65,7 +107,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         execution = {k: ev.get(k) for k in ("submission", "restart", "attempt", "epoch", "node",
                                             "nodes", "exec_dir", "resume_from")}
         execution.update({"slurm_job_id": slurm_id, "array_task_id": array, "started": ev["time"],
-                          "state": state})
+                          "state": state, "display_id": key})
         if info is not None and info.restarts == restart and info.end_time is not None \
                 and info.execution_ended:
             execution["ended"] = clock(info.end_time)
@@ -78,25 +120,48 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             execution["facts"] = [f for f in facts_cache[slurm_id]
                                   if f.get("restart") in (None, restart)]
         executions.append(execution)
-    try:
-        found = store.latest(_root_for_status(spec["checkpoint"]))
-        latest: Any = found.as_json() if found else None
-    except DispatchError as exc:
-        latest = {"error": str(exc)}
+    root = spec["checkpoint"]
+    per_task = tasks is not None and "%a" in root.replace("%%", "")
+    latest: Any = None if per_task else _latest(expand_root(root, {}))
     others = [ev for ev in events if ev["event"] not in ("submitted", "started")]
+    lines = []
+    for task in tasks or []:
+        # Each task's lineage: its latest submission and, where each task has a root of its
+        # own (%a), that root's latest publication.
+        line = history.lineage(task)
+        current = line.current
+        shown, info, state = (_submission_view(current.slurm_job_id, task, True, slurm_jobs)
+                              if current is not None else ("-", None, "-"))
+        lines.append({
+            "task": task, "submission": current.submission if current else 0,
+            "display_id": shown, "state": state,
+            "resubmits_used": max(0, len(line.submissions) - 1),
+            "settled": line.settled,
+            "checkpoint": expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)}),
+            "latest": _latest(expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)}), True)
+            if per_task else latest})
+    used = max(0, len(submissions) - 1) if tasks is None else \
+        max((t["resubmits_used"] for t in lines), default=0)
     return {
-        "id": job.id, "generation": spec["generation"], "checkpoint": spec["checkpoint"],
+        "id": job.id, "generation": spec["generation"], "checkpoint": root,
         "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
-        "resubmits_used": max(0, len(submissions) - 1), "supersedes": spec.get("supersedes"),
+        "resubmits_used": used, "supersedes": spec.get("supersedes"),
         "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
         "submissions": submissions, "executions": executions, "events": others,
-        "latest": latest,
+        "latest": latest, "tasks": lines if tasks is not None else None,
     }
 
 
-def _root_for_status(root: str) -> str:
-    # An array job's root has per-task patterns; status shows the static part's store then.
-    return root.split("%", 1)[0].rstrip("/") if "%" in root else root
+def open_job(ident: str, slurm_jobs: dict[str, Job]) -> record.JobRecord:
+    """The dispatch job ``ident`` names: its id, or a Slurm job id of it (an array task's own
+    id too, ``98`` for ``97_1``: from the record, else from Slurm's view of the task)."""
+    try:
+        return record.open_job(ident)
+    except DispatchError:
+        info = slurm_jobs.get(ident)
+        if info is None or not info.array_job_id or info.array_job_id == ident:
+            raise
+        return record.open_job(info.array_job_id)
 
 
 def clock(seconds: Optional[float]) -> str:
@@ -119,17 +184,20 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
             continue
         current = history.lineage().current
         info = slurm_jobs.get(current.slurm_job_id) if current is not None else None
-        tasks = [j for j in slurm_jobs.values() if current is not None
-                 and j.array_job_id == current.slurm_job_id and j.array_task_id is not None]
+        array = submit.array_tasks(job)
+        tasks: list[Job] = []
+        for task in array or []:  # each task's latest submission, as Slurm sees it
+            now = history.lineage(task).current
+            tasks.extend(_task_views(now.slurm_job_id, slurm_jobs, task) if now else [])
         if history.lineage().superseded is not None:
             state = "SUPERSEDED"
         elif history.hold is not None and (info is None or info.is_held):
             state = "HELD"
         elif tasks:
-            state = "+".join(sorted({t.state for t in tasks}))
-        elif info is not None:
+            state = "+".join(sorted({"HELD" if t.is_held else t.state for t in tasks}))
+        elif info is not None and array is None:
             state = info.state
-        elif history.settled:
+        elif history.settled or (array is not None and history.settled_tasks(array)):
             state = "FINISHED"
         else:
             state = "UNKNOWN"  # ended and forgotten by slurmctld, not yet settled

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, record, status, submit
+from slurm_dispatch import cli, record, status, store, submit
 from slurm_dispatch.slurm import Job, Slurm
 
 from .fake_cluster import FakeCluster
@@ -77,3 +77,73 @@ def test_status_command_json_and_unknown_job(job: record.JobRecord,
     assert json.loads(by_slurm_id.stdout)["id"] == job.id
     missing = runner.invoke(cli.main, ["status", "dnope"])
     assert missing.exit_code == 2 and "no dispatch job 'dnope'" in missing.stderr
+
+
+@pytest.fixture
+def array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[record.JobRecord,
+                                                                     FakeCluster]:
+    """Array 97 (tasks 97_0, 97_1, 97_2 with their own ids 97, 98, 99), each task's root
+    ck/<task>; task 1 failed and was resubmitted on its own as 100_1."""
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    cluster = FakeCluster(first_id=97)
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck/%a", "--resubmit", "2",
+                                                  "--array=0-2", "job.sh"]),
+                             Slurm(cluster, wait=0))
+    for task in range(3):
+        done.job.append("started", submission=1, slurm_job_id=str(97 + task),
+                        array_job_id="97", array_task_id=str(task), restart=0,
+                        attempt=f"a{task}" * 13, epoch=1_000_000, exec_dir="/x",
+                        resume_from="", node="n1", nodes="n1", host="h", pid=1)
+    cluster.set("98", JobState="FAILED")
+    from slurm_dispatch.supervisor import Settings, Supervisor
+    Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    for task, epoch in ((0, 1_000_000), (1, 2_000_000)):
+        exec_dir = tmp_path / "ck" / str(task) / "exec" / f"e{task}"
+        exec_dir.mkdir(parents=True)
+        (exec_dir / "save").write_text("x")
+        store.publish(str(tmp_path / "ck" / str(task)), epoch, 10 + task,
+                      str(exec_dir / "save"))
+    return done.job, cluster
+
+
+def test_an_array_shows_each_tasks_latest_and_ids_as_slurm_shows_them(
+        array: tuple[record.JobRecord, FakeCluster]) -> None:
+    """Issue 9 item 1: status said "Latest publication: unreadable: checkpoint root
+    '.../ck-' is not a directory" and showed task 1's job as 99_1 (its own id) not 97_1."""
+    job, cluster = array
+    data = status.collect(job, Slurm(cluster, wait=0).own_jobs(), facts_reader=lambda j: [])
+    assert [(t["task"], t["submission"], t["display_id"], t["state"]) for t in data["tasks"]] \
+        == [(0, 1, "97_0", "RUNNING"), (1, 2, "100_1", "RUNNING"), (2, 1, "97_2", "RUNNING")]
+    assert [t["latest"]["step"] if t["latest"] else None for t in data["tasks"]] == [10, 11,
+                                                                                   None]
+    assert [e["display_id"] for e in data["executions"]] == ["97_0", "97_1", "97_2"]
+    assert [(s["display_id"], s["task"]) for s in data["submissions"]] == [("97", None),
+                                                                           ("100_1", 1)]
+    text = cli._render_status(data)
+    assert "unreadable" not in text and "Latest publication:" not in text
+    row = next(line for line in text.splitlines() if line.startswith("1 ") and "100_1" in line)
+    assert "1 of 2" in row and "epoch 2000000 step 11" in row
+    assert "99_1" not in text
+    executions = text.split("ATTEMPT")[1]
+    assert "97_1 " in executions
+
+
+def test_status_of_a_tasks_own_job_id_finds_the_dispatch_job(
+        array: tuple[record.JobRecord, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    job, cluster = array
+    monkeypatch.setattr(status, "_facts_reader", lambda: None)
+    fake, own_jobs = Slurm(cluster, wait=0), Slurm.own_jobs
+    monkeypatch.setattr("slurm_dispatch.slurm.Slurm.own_jobs",
+                        lambda self, *args, **kwargs: own_jobs(fake))
+    runner = CliRunner()
+    for ident in ("98", "97_1", "100", "100_1"):
+        result = runner.invoke(cli.main, ["status", "--json", ident])
+        assert result.exit_code == 0, (ident, result.output)
+        assert json.loads(result.stdout)["id"] == job.id
+    # A task that never recorded a start (still pending) is found through Slurm's view.
+    cluster.add("PENDING", comment="", ArrayJobId="100", ArrayTaskId="1")
+    pending = max(cluster.jobs, key=int)
+    result = runner.invoke(cli.main, ["status", "--json", pending])
+    assert result.exit_code == 0 and json.loads(result.stdout)["id"] == job.id
