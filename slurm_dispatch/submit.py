@@ -170,8 +170,6 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "checkpoint": root,
         "resubmit": request.options.resubmit,
         "shared_checkpoint": shared,
-        "array_tasks": _array_of(request.sbatch, os.environ, request.header.sbatch_lines,
-                                 os.path.basename(request.script_path)),
         "warn_before": list(request.options.warn_before) if request.options.warn_before
         else None,
         "supersedes": supersedes,
@@ -276,28 +274,18 @@ def parse_array(spec: str) -> list[int]:
 def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
     """The task ids of an array job as its first submission asked for them (the command
     line over ``SBATCH_ARRAY_INX`` of its environment over its ``#SBATCH`` lines); None for
-    a job that is not an array.  Recorded in the spec at the first submission (records made
-    before that are read from their parts)."""
+    a job that is not an array."""
     spec = job.spec
-    if "array_tasks" in spec:
-        found = spec["array_tasks"]
-        return [int(t) for t in found] if isinstance(found, list) else None
-    return _array_of(list(spec["sbatch"]), submission_environment(job),
-                     list(spec.get("header", [])), spec["script_name"])
-
-
-def _array_of(words: list[str], env: Mapping[str, str], header_lines: list[str],
-              script_name: str) -> Optional[list[int]]:
-    value = _array_words(words)[0]
+    value = _array_words(list(spec["sbatch"]))[0]
     if value is None:
-        value = env.get("SBATCH_ARRAY_INX") or None
+        value = submission_environment(job).get("SBATCH_ARRAY_INX") or None
     if value is None:
         header: list[str] = []
-        for line in header_lines:
+        for line in spec.get("header", []):
             text = line.lstrip()
             if text.startswith("#SBATCH"):
                 header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
-                                                           script_name, 0))
+                                                           spec["script_name"], 0))
         value = _array_words(header)[0]
     return parse_array(value) if value is not None else None
 
