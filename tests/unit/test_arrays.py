@@ -149,3 +149,100 @@ def test_array_tasks_are_read_from_the_command_line_header_and_environment(
                             Slurm(cluster, wait=0), env={**os.environ,
                                                          "SBATCH_ARRAY_INX": "7-8"})
     assert submit.array_tasks(env.job) == [7, 8]
+
+
+# -- jobs Slurm has forgotten (issue 9 item 7) ----------------------------------------------
+
+def ended_records(exit_code: str) -> list[dict[str, object]]:
+    """What the site's facts say of one execution that ended with ``exit_code``."""
+    return [{"restart": 0, "end": {"exit_code": exit_code, "source": "controller"},
+             "nodes": {}, "problems": []}]
+
+
+def forget(cluster: FakeCluster, job: record.JobRecord, slurm_id: str, task: int | None = None,
+           own: str | None = None) -> None:
+    """The execution started (the launcher recorded it), ended, and aged out of slurmctld."""
+    job.append("started", submission=1, slurm_job_id=own or slurm_id,
+               array_job_id=slurm_id if task is not None else "",
+               array_task_id="" if task is None else str(task), restart=0, attempt="a" * 26,
+               epoch=1_000_000, exec_dir="/x", resume_from="", node="n1", nodes="n1", host="h",
+               pid=1)
+    del cluster.jobs[own or slurm_id]
+
+
+def test_a_failed_job_forgotten_by_slurmctld_is_resubmitted_from_its_end_record(
+        home: Path) -> None:
+    cluster = FakeCluster()
+    job, first = new_job(cluster, "--resubmit", "1")
+    forget(cluster, job, first)
+    asked: list[str] = []
+
+    def facts(slurm_id: str) -> list[dict[str, object]]:
+        asked.append(slurm_id)
+        return ended_records("5:0")
+    report = Supervisor(Slurm(cluster, wait=0), Settings(), facts_reader=facts).run_pass()
+    assert report.actions == [
+        f"{job.id}: failed (known from the controller's end record (exit 5:0)): resubmitted "
+        "as submission 2 (Slurm job 101)"], report
+    assert asked == [first]
+    assert [c[0] for c in cluster.calls].count("sacct") == 1  # no accounting: asked once
+
+
+@pytest.mark.parametrize("exit_code", ["0:0", "0:15", None])
+def test_a_forgotten_job_whose_end_is_not_known_is_reported_every_pass(
+        home: Path, exit_code: str | None) -> None:
+    cluster = FakeCluster()
+    job, first = new_job(cluster, "--resubmit", "1")
+    forget(cluster, job, first)
+    records = [] if exit_code is None else ended_records(exit_code)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), facts_reader=lambda j: records)
+    for _ in range(3):
+        report = sup.run_pass()
+        (error,) = report.errors
+        assert error.startswith(f"{job.id}: submission 1 (Slurm job {first}) is no longer "
+                                "known to slurmctld") and "nothing is decided" in error
+        assert (f"exit {exit_code}" in error) if exit_code else "no end of Slurm job" in error
+    assert len(cluster.sbatch_calls()) == 1 and not job.history().settled
+
+
+class Accounting(FakeCluster):
+    """A controller whose site keeps accounting: sacct answers for jobs squeue forgot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accounted: dict[str, tuple[str, str]] = {}  # own id -> (shown id, state)
+
+    def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        if argv[0] == "sacct":
+            self.calls.append(list(argv))
+            wanted = argv[argv.index("-j") + 1]
+            lines = [f"{own}|{shown}|{state}|{os.getuid()}"
+                     for own, (shown, state) in self.accounted.items()
+                     if wanted in (own, shown.split("_")[0])]
+            from slurm_dispatch.slurm import Result
+            return Result(list(argv), 0, "".join(line + "\n" for line in lines), "")
+        return super().__call__(argv, env, cwd, timeout)
+
+
+def test_accounting_says_how_a_forgotten_job_ended(home: Path) -> None:
+    cluster = Accounting()
+    job, first = new_job(cluster, "--resubmit", "1")
+    forget(cluster, job, first)
+    cluster.accounted[first] = (first, "CANCELLED by 1000")
+    never = lambda j: pytest.fail("the end record was read although accounting knew")  # noqa: E731
+    report = Supervisor(Slurm(cluster, wait=0), Settings(), facts_reader=never).run_pass()
+    assert report.actions == [f"{job.id}: cancelled (known from Slurm's accounting (sacct)): "
+                              "stop (a user's cancel is never undone)"], report
+    assert job.history().settled and len(cluster.sbatch_calls()) == 1
+
+
+def test_a_forgotten_array_task_is_resubmitted_from_accounting(home: Path) -> None:
+    cluster = Accounting()
+    cluster.ids = iter(range(97, 10**6))
+    job, array = new_job(cluster, "--array=0-1", "--resubmit", "1")
+    tasks = task_ids(cluster, array)
+    forget(cluster, job, array, task=1, own=tasks[1])
+    cluster.accounted[tasks[1]] = (f"{array}_1", "OUT_OF_MEMORY")
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert report.actions == [f"{job.id} task 1: out of memory (known from Slurm's accounting "
+                              "(sacct)): resubmitted as submission 2 (Slurm job 99_1)"], report
