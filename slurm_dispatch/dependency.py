@@ -130,22 +130,40 @@ def resolve(words: list[str], home: Optional[str] = None,
     return new
 
 
+def dependents(records: list[record.JobRecord]) -> dict[str, list[record.JobRecord]]:
+    """The dispatch jobs whose ``--dependency`` names each dispatch job, by its id (read once
+    per pass: a scan per resubmission would make a pass quadratic in the user's jobs)."""
+    found: dict[str, list[record.JobRecord]] = {}
+    for job in records:
+        try:
+            where = dependency_value(list(job.spec["sbatch"]))
+        except DispatchError:
+            continue
+        for ident in named_jobs(where[2]) if where is not None else []:
+            found.setdefault(ident, []).append(job)
+    return found
+
+
 def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
-           home: Optional[str] = None, jobs: Optional[dict[str, Job]] = None) -> list[str]:
+           home: Optional[str] = None, jobs: Optional[dict[str, Job]] = None,
+           waiting: Optional[list[record.JobRecord]] = None) -> list[str]:
     """After ``upstream`` was resubmitted as ``new_slurm_id``: rewrite the dependency of every
     pending Slurm job of the caller's dispatch jobs that names ``upstream``; returns the Slurm
-    job ids updated.  Best effort per job (a failure is reported by the caller's next pass)."""
+    job ids updated.  ``waiting`` (from :func:`dependents`) and ``jobs`` (a supervisor pass's)
+    save reading them again; Slurm is asked only when a job names ``upstream``."""
+    if waiting is None:
+        waiting = dependents(record.all_jobs(home)).get(upstream.id, [])
+    if not waiting:
+        return []
     jobs = jobs if jobs is not None else slurm.own_jobs()
     updated = []
-    for job in record.all_jobs(home):
-        if job.id == upstream.id:
-            continue
+    for job in waiting:
         try:
             where = dependency_value(list(job.spec["sbatch"]))
             current = job.history().lineage().current
         except DispatchError:
             continue
-        if where is None or upstream.id not in named_jobs(where[2]) or current is None:
+        if where is None or current is None:
             continue
         info = jobs.get(current.slurm_job_id)
         if info is None or info.state != "PENDING":

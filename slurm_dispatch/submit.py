@@ -164,12 +164,16 @@ def test_only(request: Request, slurm: Slurm) -> Result:
 
 
 def _spec(request: Request, root: str, generation: int, supersedes: Optional[str],
-          shared: bool) -> dict[str, Any]:
+          shared: bool, env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     return {
         "generation": generation,
         "checkpoint": root,
         "resubmit": request.options.resubmit,
         "shared_checkpoint": shared,
+        # The environment sbatch is given (SBATCH_ARRAY_INX) is the submission's, not ours.
+        "array_tasks": _array_of(request.sbatch, os.environ if env is None else env,
+                                 request.header.sbatch_lines,
+                                 os.path.basename(request.script_path)),
         "warn_before": list(request.options.warn_before) if request.options.warn_before
         else None,
         "supersedes": supersedes,
@@ -274,18 +278,28 @@ def parse_array(spec: str) -> list[int]:
 def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
     """The task ids of an array job as its first submission asked for them (the command
     line over ``SBATCH_ARRAY_INX`` of its environment over its ``#SBATCH`` lines); None for
-    a job that is not an array."""
+    a job that is not an array.  Recorded in the spec at the first submission (records made
+    before that are read from their parts)."""
     spec = job.spec
-    value = _array_words(list(spec["sbatch"]))[0]
+    if "array_tasks" in spec:
+        found = spec["array_tasks"]
+        return [int(t) for t in found] if isinstance(found, list) else None
+    return _array_of(list(spec["sbatch"]), submission_environment(job),
+                     list(spec.get("header", [])), spec["script_name"])
+
+
+def _array_of(words: list[str], env: Mapping[str, str], header_lines: list[str],
+              script_name: str) -> Optional[list[int]]:
+    value = _array_words(words)[0]
     if value is None:
-        value = submission_environment(job).get("SBATCH_ARRAY_INX") or None
+        value = env.get("SBATCH_ARRAY_INX") or None
     if value is None:
         header: list[str] = []
-        for line in spec.get("header", []):
+        for line in header_lines:
             text = line.lstrip()
             if text.startswith("#SBATCH"):
                 header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
-                                                           spec["script_name"], 0))
+                                                           script_name, 0))
         value = _array_words(header)[0]
     return parse_array(value) if value is not None else None
 
@@ -444,7 +458,7 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     created = prepare_root(root)
     try:
         job = record.create_job(_spec(request, root, generation, old.id if old else None,
-                                      shared), request.script_bytes, home)
+                                      shared, env), request.script_bytes, home)
     except DispatchError:
         remove_new_folders(created)
         raise

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import events, record, rules, submit
+from . import dependency, events, record, rules, submit
 from .errors import DispatchError, RecordError, RefusedError, SlurmError
 from .slurm import Job, Slurm
 
@@ -144,12 +144,28 @@ def _unique(slurm_jobs: dict[str, Job]) -> list[Job]:
     return list({id(j): j for j in slurm_jobs.values()}.values())
 
 
+_ARRAYS: list[tuple[dict[str, Job], dict[str, list[Job]]]] = []
+
+
+def _array_index(slurm_jobs: dict[str, Job]) -> dict[str, list[Job]]:
+    """Array tasks by their array's id, built once per view of Slurm (a pass looks up every
+    job in it: a scan per job would make the pass quadratic in the user's jobs)."""
+    if _ARRAYS and _ARRAYS[0][0] is slurm_jobs:
+        return _ARRAYS[0][1]
+    index: dict[str, list[Job]] = {}
+    for job in _unique(slurm_jobs):
+        if job.array_job_id and job.array_task_id is not None:
+            index.setdefault(job.array_job_id, []).append(job)
+    _ARRAYS[:] = [(slurm_jobs, index)]
+    return index
+
+
 def _views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
            ) -> list[Job]:
     """Slurm's view of a submission: the job, every task of an array submission, or with
     ``task`` that one task of it."""
-    tasks = [j for j in _unique(slurm_jobs) if j.array_job_id == slurm_id
-             and j.array_task_id is not None and (task is None or j.array_task_id == task)]
+    tasks = [j for j in _array_index(slurm_jobs).get(slurm_id, [])
+             if task is None or j.array_task_id == task]
     if tasks or task is not None:
         return sorted(tasks, key=lambda j: j.array_task_id or 0)
     found = slurm_jobs.get(slurm_id)
@@ -212,6 +228,8 @@ class Supervisor:
         # Comments are public: a job of another uid carrying our marker is not ours.
         slurm_jobs = {k: j for k, j in self.slurm.own_jobs().items() if j.uid == me}
         report.controller_calls += 1
+        self._records, self._slurm_jobs = jobs, slurm_jobs
+        self._waiting: Optional[dict[str, list[record.JobRecord]]] = None
         for job in jobs:
             try:
                 self._job(job, slurm_jobs, seen_at, report)
@@ -446,7 +464,32 @@ class Supervisor:
             report.controller_calls += 1
             return None
         report.controller_calls += 1
+        self._follow(job, done, report)
         return done
+
+    def _follow(self, job: record.JobRecord, done: submit.Submitted,
+                report: PassReport) -> None:
+        """Jobs that wait for ``job`` (``--dependency=afterok:<its id>``) now wait for its new
+        submission; a failure to tell one is reported, never stops the pass."""
+        try:
+            if getattr(self, "_waiting", None) is None:
+                self._waiting = dependency.dependents(getattr(self, "_records", None)
+                                                      or record.all_jobs(self.home))
+            waiting = (self._waiting or {}).get(job.id, [])
+            if not waiting:
+                return
+            updated = dependency.follow(self.slurm, job, done.slurm_job_id, self.home,
+                                        jobs=getattr(self, "_slurm_jobs", None),
+                                        waiting=waiting)
+        except (DispatchError, OSError) as exc:
+            report.errors.append(f"{job.id}: could not move its dependents to Slurm job "
+                                 f"{done.slurm_job_id}: {exc}")
+            return
+        report.controller_calls += len(updated)
+        for slurm_id in updated:
+            report.actions.append(f"{job.id}: Slurm job {slurm_id} now waits for its "
+                                  f"submission {done.submission} (Slurm job "
+                                  f"{done.slurm_job_id})")
 
     # -- holds ---------------------------------------------------------------------------
     def _hold(self, job: record.JobRecord, line: events.Lineage, hold: events.Hold,

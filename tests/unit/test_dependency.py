@@ -82,3 +82,16 @@ def test_a_dispatch_id_in_an_sbatch_line_is_refused(cluster: FakeCluster) -> Non
     Path("job.sh").write_text("#!/bin/bash\n#SBATCH --dependency=afterok:dabcdefg\necho\n")
     with pytest.raises(UsageError, match="on the command line"):
         submit_one(cluster, "ck")
+
+
+def test_the_supervisors_resubmission_moves_the_dependents(cluster: FakeCluster) -> None:
+    from slurm_dispatch.supervisor import Settings, Supervisor
+    up = submit_one(cluster, "ck-up", "--resubmit", "1")
+    down = submit_one(cluster, "ck-down", f"--dependency=afterok:{up.job.id}")
+    cluster.set(down.slurm_job_id, JobState="PENDING", Reason="DependencyNeverSatisfied")
+    cluster.set(up.slurm_job_id, JobState="FAILED")
+    report = Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
+    new = up.job.history().lineage().current
+    assert new is not None and new.submission == 2
+    assert cluster.jobs[down.slurm_job_id]["Dependency"] == f"afterok:{new.slurm_job_id}"
+    assert any(f"Slurm job {down.slurm_job_id} now waits" in a for a in report.actions)
