@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_dispatch import sandbox as sandbox_lib
 from slurm_dispatch import store
 from tests.real import test_dispatch_sbatch as sbatch_tests
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions, wait_state
@@ -78,3 +79,41 @@ def test_watch_publishes_each_save_once_across_a_requeue(work: Workdir) -> None:
         assert (record["attempt"], record["epoch"]) == (execution["attempt"], execution["epoch"])
     assert json.loads((Path(second["exec_dir"]) / ".dispatch").read_text())["resume_from"] \
         == resumed
+
+
+def test_a_partitioned_watch_keeps_publishing_its_own_lineage_harmlessly(work: Workdir) -> None:
+    """The cut-off execution's watch goes on publishing its trainer's saves under its own,
+    lower epoch while the replacement runs: they never outrank the replacement's, and the
+    replacement resumed from what was published when it started."""
+    sandbox = work.sandbox
+    work.write("watch-trainer.sh", WATCH_TRAINER.read_text())
+    long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.05", "TOY_SAVE_EVERY": "5",
+                "TOY_WATCH_INTERVAL": "0.2"}
+    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "watch-trainer.sh",
+                                env=long_run)
+    root = work.path / "ck"
+    old = wait_executions(work, job, 1)[0]
+    node = old["node"]
+    sandbox.wait_for(lambda: publications(root, old["exec_dir"]), 60, f"a first save on {node}")
+    sandbox_lib.partition(node, sandbox.dir)
+    try:
+        new = wait_executions(work, job, 2, timeout=150)[1]
+        assert new["node"] != node and new["restart"] == 1
+        sandbox.wait_for(lambda: len(publications(root, new["exec_dir"])) >= 2, 60,
+                         "the replacement's saves published")
+        at_start = len(publications(root, old["exec_dir"]))
+        sandbox.wait_for(lambda: len(publications(root, old["exec_dir"])) > at_start, 60,
+                         "the cut-off execution's watch publishing again")
+        late = publications(root, old["exec_dir"])[-1]
+        latest = store.latest(str(root))
+        assert latest is not None and latest.epoch == 1_000_001
+        assert latest.path.startswith(new["exec_dir"] + "/")
+        assert late.epoch == 1_000_000 and late.step > latest.step, \
+            "the old lineage's late save should be ahead in steps, and still not the latest"
+        resumed = new["resume_from"]
+        assert resumed.startswith(old["exec_dir"] + "/checkpoint-")
+        first_new = publications(root, new["exec_dir"])[0]
+        assert first_new.step == int(resumed.rsplit("-", 1)[1]) + 5
+    finally:
+        sandbox_lib.heal(node, sandbox.dir)
+        sandbox.run(["scancel", slurm_id], check=False)
