@@ -185,7 +185,7 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
               help="The folder whose saves to publish.  [env: DISPATCH_EXEC_DIR]")
 @click.option("--pattern", metavar="GLOB",
               help="Names of saves, with {step} where the step's digits are "
-                   "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.")
+                   "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.ckpt.")
 @click.option("--ready", metavar="NAME", default=None,
               help="The file a save folder's writer writes last.  [default: "
                    "trainer_state.json]")
@@ -199,8 +199,8 @@ def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
           command: tuple[str, ...]) -> int:
     """Publish each complete save in DIR as it appears, in step order, each once.
 
-    A save is a folder checkpoint-<N> once its ready file (--ready) is whole, or a file
-    whose name holds step=<N> (Lightning's epoch=0-step=50.ckpt) once it is in place and
+    A save is a folder checkpoint-<N> once its ready file (--ready) is whole, or a .ckpt
+    file whose name holds step=<N> (Lightning's epoch=0-step=50.ckpt) once in place and
     whole; with --pattern, every matching name.  Saves at or below the greatest step
     already published from DIR are never published, so a restarted watch carries on.
 

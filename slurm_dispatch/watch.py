@@ -50,10 +50,11 @@ FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's
 STOPPED_CODE = 2  # watch stopped at an error (and the command, if any, succeeded)
 
 _FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
-# Lightning's default file name is epoch=<E>-step=<S>.ckpt; "last.ckpt" and "hpc_ckpt_<n>.ckpt"
-# carry no step and are not saves here.  "step=" must start the name or follow a character
-# that is not a letter, digit or "_" (so "global_step=" is not it).
-_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)")
+# Lightning's default file name is epoch=<E>-step=<S>.ckpt (-v<k> when a name repeats);
+# "last.ckpt" and "hpc_ckpt_<n>.ckpt" carry no step and are not saves here.  "step=" must start
+# the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
+# it), and the name must end in ".ckpt" (so a manifest beside a save is not one).
+_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
 # O_NONBLOCK: a FIFO planted as a save or ready file must not block a scan in open().
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _ZIP_LOCAL = b"PK\x03\x04"
@@ -67,7 +68,7 @@ class SaveRule:
     """Which names in the folder are saves, their steps, and when each is complete.
 
     Without a pattern: a folder ``checkpoint-<N>`` (complete once its ready file is whole),
-    or a file whose name holds ``step=<N>`` (complete once it is in place and whole).  With a
+    or a ``.ckpt`` file whose name holds ``step=<N>`` (complete once in place and whole).  With a
     pattern (a glob over names in the folder with one ``{step}`` standing for the digits),
     every matching name is a save: a folder needs its ready file, a file is complete when
     whole.  Names starting with "." are never saves.

@@ -104,7 +104,9 @@ def test_ready_names_another_last_file(root: Path, folder: Path) -> None:
 def test_files_named_by_step_are_saves_when_whole(root: Path, folder: Path) -> None:
     w = watcher(root, folder)
     for name in ("last.ckpt", "hpc_ckpt_1.ckpt", "global_step=7.ckpt", ".tmp-step=9.ckpt",
-                 "checkpoint-4"):  # checkpoint-N must be a folder
+                 "checkpoint-4",  # checkpoint-N must be a folder
+                 "step=3.pt",  # not Lightning's extension: --pattern says what else is a save
+                 "epoch=0-step=5.ckpt.dispatch-manifest.json"):  # the integrations' manifest
         (folder / name).write_bytes(b"x")
     (folder / "epoch=0-step=60.ckpt").write_bytes(b"")  # created, not yet written
     (folder / "epoch=1-step=50.ckpt").mkdir()  # a sharded save (several ranks): not watch's
