@@ -229,6 +229,10 @@ class Watcher:
 
     def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
                  report: Callable[[str], None] = lambda line: None) -> None:
+        if "://" in root:
+            raise UsageError(f"checkpoint root {root!r} is not a folder: dispatch watch "
+                             "publishes saves under a POSIX root only (on S3, upload each save "
+                             "and `dispatch publish` its URL, or use the integrations)")
         self.root = os.path.abspath(root)
         self.folder = os.path.abspath(folder)
         if not os.path.isdir(self.root):
