@@ -2,8 +2,9 @@
 
 First one test per crash window found, with the kill placed by hand; then a property test:
 passes killed by SIGKILL at random steps (a forked pass that ``os._exit``s at its k-th Slurm
-call or record write), over many jobs whose Slurm jobs fail, end, are held, released and age
-out of the controller, with invariants checked after every pass:
+call or record write), over many jobs (half of them arrays of three tasks, each task a lineage
+of its own) whose Slurm jobs fail, end, are held, released and age out of the controller, with
+invariants checked after every pass (per task for an array):
 
 * no submission is made twice (the controller counts ``sbatch`` per marker);
 * none is silently lost: after a pass that ran to its end, every dispatch job is settled, has
@@ -24,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from slurm_dispatch import record, supervisor
+from slurm_dispatch import events, record, submit, supervisor
 from slurm_dispatch.slurm import Result, Slurm
 from slurm_dispatch.supervisor import Answer, Settings, Supervisor
 
@@ -268,7 +269,7 @@ def run_pass_in_child(world: World, now: float, kill_at: Optional[int], seed: in
                 return Answer(verdict, {"ceased": 0, "not ceased": 1}.get(verdict, 2), {})
             sup = Supervisor(Slurm(steps.around(world), wait=0),
                              Settings(hold_for=900, interval=60), signal_runner=signal,
-                             clock=lambda: now)
+                             clock=lambda: now, facts_reader=lambda slurm_id: [])
             report = sup.run_pass()
             out.write_text(json.dumps({"actions": report.actions, "errors": report.errors}))
             code = 0
@@ -300,9 +301,12 @@ def evolve(world: World, jobs: dict[str, record.JobRecord], rng: random.Random,
             state = "RUNNING"
         if state == "RUNNING" and not fields.get("Started") and ident in jobs:
             fields["Started"] = "1"
-            jobs[ident].append("started", submission=int(number), slurm_job_id=jobid,
-                               array_job_id="", array_task_id="", restart=0,
-                               attempt="a" * 26, epoch=int(number) * 10**6, exec_dir="/x",
+            task = fields.get("ArrayTaskId", "")  # an array task: its own id, its array's
+            submission = int(number.partition("-t")[0])
+            jobs[ident].append("started", submission=submission, slurm_job_id=jobid,
+                               array_job_id=fields.get("ArrayJobId", "") if task else "",
+                               array_task_id=task, restart=0,
+                               attempt="a" * 26, epoch=submission * 10**6, exec_dir="/x",
                                resume_from="", node="n1", nodes="n1", host="h", pid=1)
         elif state == "RUNNING" and rng.random() < 0.3:
             end = rng.choice(["FAILED", "FAILED", "NODE_FAIL", "NODE_FAIL", "COMPLETED",
@@ -324,30 +328,38 @@ def check(world: World, jobs: dict[str, record.JobRecord], report: Optional[dict
                 if f["JobState"] == "PENDING" and f["Reason"] == "JobHeldUser"}
     for ident, job in jobs.items():
         history = job.history()
-        line = history.lineage()
         said = [e for e in report["errors"] + report["actions"] if e.startswith(ident)]
         if any("STUCK" in e for e in report["errors"] if e.startswith(ident)):
             figures["stuck"].add(ident)
-        if line.settled or said:
-            continue
-        current = line.current
-        assert current is not None
-        live = world.jobs.get(current.slurm_job_id, {}).get("JobState") in (
-            "PENDING", "RUNNING")
-        claims = job.claims(f"submission-{current.submission + 1}")
-        in_flight = bool(claims) and now - claims[-1][1]["time"] < supervisor.SBATCH_SETTLE
-        assert live or in_flight, (f"{ident} silently lost: submission {current.submission} "
-                                   f"is {world.jobs.get(current.slurm_job_id)}; {report}")
-        hold = line.hold
-        if hold is not None:
-            assert hold.deadline > hold.time, hold
-            if hold.slurm_job_id in passed_holds:
-                assert line.answers_for(hold.slurm_job_id), f"{ident}: hold never asked about"
+        tasks = submit.array_tasks(job)
+        # Every lineage: the job's, or each task's of an array (each on its own).
+        for task in [None] if tasks is None else tasks:
+            line = history.lineage(task)
+            if line.settled or said:
+                continue
+            current = line.current
+            assert current is not None
+            live = any(f["JobState"] in ("PENDING", "RUNNING") for j, f in world.jobs.items()
+                       if (j == current.slurm_job_id if task is None else
+                           f.get("ArrayJobId") == current.slurm_job_id
+                           and f.get("ArrayTaskId") == str(task)))
+            claims = job.claims(submit.claim_name(current.submission + 1, task))
+            in_flight = bool(claims) and now - claims[-1][1]["time"] < supervisor.SBATCH_SETTLE
+            assert live or in_flight, (f"{ident} task {task} silently lost: submission "
+                                       f"{current.submission} ({current.slurm_job_id}); "
+                                       f"{report}")
+            hold = line.hold
+            if hold is not None:
+                assert hold.deadline > hold.time, hold
+                if hold.slurm_job_id in passed_holds:
+                    assert line.answers_for(hold.slurm_job_id), \
+                        f"{ident} task {task}: hold never asked about"
     for jobid in held_ids:
         ident, _, number = world.jobs[jobid]["Comment"].split()[0][len("dispatch:"):] \
             .partition("/")
-        line = jobs[ident].history().lineage()
-        hold = line.hold_for(int(number))
+        n, _, task = number.partition("-t")
+        line = jobs[ident].history().lineage(int(task) if task else None)
+        hold = line.hold_for(int(n))
         assert hold is not None and hold.deadline > 0, f"held {jobid} unknown to {ident}"
     passed_holds.clear()
     passed_holds.update(held_ids)
@@ -362,6 +374,8 @@ def test_random_sigkills_never_double_nor_lose_a_submission(home: Path, seed: in
         options = ["--resubmit", str(rng.randint(2, 8))]
         if i % 2:
             options.append("--shared-checkpoint")
+        if i % 4 >= 2:
+            options.append("--array=0-2")  # each task a lineage of its own
         job, _ = new_job(world, *options)
         jobs[job.id] = job
     now = os.stat(Path(next(iter(jobs.values())).path) / "claims" / "submission-1").st_mtime
@@ -383,8 +397,12 @@ def test_random_sigkills_never_double_nor_lose_a_submission(home: Path, seed: in
         check(world, jobs, report, now, passed_holds, figures)
     world.load()
     figures["sbatch"] = sum(world.sbatch.values())
-    figures["settled"] = sum(j.history().settled for j in jobs.values())
-    figures["holds"] = sum(len(j.history().lineage().holds) for j in jobs.values())
+    figures["settled"] = sum(j.history().settled_tasks(submit.array_tasks(j) or [])
+                             for j in jobs.values())
+    figures["holds"] = sum(len(j.history().of(events.Hold)) for j in jobs.values())
+    figures["task submissions"] = sum(s.task is not None for j in jobs.values()
+                                      for s in j.history().submissions)
     figures["stuck"] = len(figures["stuck"])
     print(f"seed {seed}: {figures} over {len(jobs)} jobs")
     assert figures["kills"] > 20 and figures["sbatch"] > 1.5 * len(jobs) and figures["holds"]
+    assert figures["task submissions"] > 4, "the world's arrays never resubmitted a task"
