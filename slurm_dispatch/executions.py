@@ -72,6 +72,7 @@ def collect(slurm_job_id: str, state_dir: str, uid: int) -> tuple[list[dict], li
 def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> list[dict]:
     """Group facts by execution; an end is tied to the start its own node recorded."""
     starts = {f.get("token"): f for f in facts if f.get("kind") == "start"}
+    ctld_starts = {f.get("token"): f for f in facts if f.get("kind") == "ctld-start"}
     executions: dict[int, dict] = {}
 
     def execution(restart: int) -> dict:
@@ -110,7 +111,10 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> lis
             entry["ceased"] = not survivors and not fact.get("scan_error")
             ends_by_token[str(fact.get("token"))] = (restart, node)
         elif kind in ("ctld-start", "ctld-end"):
-            restart = _restart_of(fact)
+            # A controller's end is tied to the start it closes (its restart count may be the
+            # next execution's: Slurm gives EpilogSlurmctld the count after a requeue).
+            closes = ctld_starts.get(fact.get("start_token")) if kind == "ctld-end" else None
+            restart = _restart_of(closes if closes is not None else fact)
             if restart is None:
                 continue
             item = execution(restart)

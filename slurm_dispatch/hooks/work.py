@@ -80,10 +80,14 @@ def prolog(cfg: Config) -> None:
 
 
 def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
-                   restart: int) -> tuple[str, int] | None:
-    """(token, restart) of the start this node recorded for the job with no end tied to it yet.
+                   restart: int, kinds: tuple[str, str] = ("start", "end"),
+                   oldest: bool = False) -> tuple[str, int] | None:
+    """(token, restart) of the start ``node`` recorded for the job with no end tied to it yet.
 
-    Read from the file names alone: an end carries the token of its start.
+    Read from the file names alone: an end carries the token of its start.  A node prefers the
+    start with the restart count Slurm gives now, else its latest; the controller (``oldest``)
+    ends its executions in the order they started, whatever count its EpilogSlurmctld is given
+    (after ``scontrol requeue`` it is the next execution's).
     """
     starts: list[tuple[str, str]] = []
     ended = set()
@@ -92,14 +96,16 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
         if parsed is None or parsed[1] != node:
             continue
         kind, _, restart_text, token = parsed
-        if kind == "start" and restart_text.isdigit():
+        if kind == kinds[0] and restart_text.isdigit():
             starts.append((token, restart_text))
-        elif kind == "end":
+        elif kind == kinds[1]:
             ended.add(token)
     open_starts = sorted(s for s in starts if s[0] not in ended)
     if not open_starts:
         return None
-    # Prefer the start with the restart count Slurm gives now; else the latest one.
+    if oldest:
+        token, restart_text = open_starts[0]
+        return token, int(restart_text)
     same = [s for s in open_starts if int(s[1]) == restart]
     token, restart_text = (same or open_starts)[-1]
     return token, int(restart_text)
@@ -187,15 +193,29 @@ def recheck(cfg: Config) -> None:
 
 
 def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
-    """What the controller saw of one execution: its nodes, and for an end, Slurm's words."""
+    """What the controller saw of one execution: its nodes, and for an end, Slurm's words.
+
+    An end is tied to the controller's start it closes, the way a node's end is (it takes the
+    start's token and restart count): the count EpilogSlurmctld is given is not reliable.
+    """
     job_id, uid, gid = _job()
     restart, raw = _restart_env()
+    token = None
+    if kind == "ctld-end":
+        start = _unended_start(cfg, uid, job_id, CONTROLLER, restart,
+                               ("ctld-start", "ctld-end"), oldest=True)
+        if start is not None:
+            token, restart = start
+            extra = {**extra, "start_token": token}
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
     from .. import hostlist
-    store.write_fact(cfg.state_dir, uid, gid, job_id, kind, "slurmctld", {
+    store.write_fact(cfg.state_dir, uid, gid, job_id, kind, CONTROLLER, {
         "time": time.time(), "restart": restart, "restart_env": raw,
         "nodelist": nodelist, "nodes": hostlist.expand_hostlist(nodelist), **extra,
-    })
+    }, token=token)
+
+
+CONTROLLER = "slurmctld"  # the node name the controller's facts are recorded under
 
 
 def prolog_slurmctld(cfg: Config) -> None:

@@ -83,3 +83,35 @@ def test_timed_out_job_end_is_recorded(sandbox: Sandbox) -> None:
                        user=sandbox.user, check=False)
     verdict = json.loads(proc.stdout)
     assert proc.returncode == 0 and verdict["job_state"] == "TIMEOUT", verdict
+
+
+def test_a_requeued_executions_ends_are_its_own(sandbox: Sandbox) -> None:
+    """Issue 9 item 5: after `scontrol requeue`, the controller's end record of restart 0 was
+    filed under restart 1 (Slurm gives EpilogSlurmctld the next count), so the running
+    execution read "ended exit 0:0".  Ends are tied to the starts they close."""
+    workdir = sandbox.workdir("requeue-ends")
+    script = ("#!/bin/bash\n"
+              f"touch {workdir}/running.${{SLURM_RESTART_COUNT:-0}}\n"
+              f"while [ ! -e {workdir}/stop ]; do sleep 0.2; done\n")
+    jobid = sandbox.submit(script, f"--chdir={workdir}", "-o", "/dev/null")
+    state = str(sandbox.dir / "dispatch-state")
+    sandbox.wait_for(lambda: (workdir / "running.0").exists(), 60, "the first execution")
+    sandbox.run(["scontrol", "requeue", jobid])
+    sandbox.wait_for(lambda: (workdir / "running.1").exists(), 90, "the second execution")
+
+    def both() -> list[dict] | None:
+        found = facts.execution_facts(jobid, state, sandbox.uid)
+        return found if len(found) == 2 and found[1]["controller"]["start"] else None
+    first, second = sandbox.wait_for(both, 30, "both executions recorded")
+    assert first["controller"]["end"] is not None and first["end"]["requeued"]
+    assert all(n["end"] for n in first["nodes"].values())
+    # The running execution has no end: none of restart 0's records was filed under it.
+    assert second["controller"]["end"] is None and second["end"] is None, second
+    assert all(n["end"] is None for n in second["nodes"].values())
+    (workdir / "stop").touch()
+    sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 60,
+                     "the second execution to complete")
+    second = sandbox.wait_for(
+        lambda: (lambda f: f[1] if len(f) == 2 and f[1]["controller"]["end"] else None)(
+            facts.execution_facts(jobid, state, sandbox.uid)), 30, "its end recorded")
+    assert second["end"]["exit_code"] == "0:0" and not second["end"]["requeued"]
