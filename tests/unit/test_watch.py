@@ -24,14 +24,8 @@ import pytest
 
 from slurm_dispatch import model, store
 from slurm_dispatch.errors import OutOfBounds, UsageError
-from slurm_dispatch.watch import (
-    Published,
-    Runner,
-    SaveRule,
-    Watcher,
-    compile_pattern,
-    file_complete,
-)
+from slurm_dispatch.saverules import SaveRule, compile_pattern, file_complete
+from slurm_dispatch.watch import Published, Runner, Watcher
 
 EPOCH = model.Epoch(0, 1, 0).value
 
