@@ -137,26 +137,52 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Opti
 
 
 @main.command()
+@click.argument("job", required=False)
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--task", type=click.IntRange(min=0), default=None, metavar="T",
+              help="With JOB: the array task whose root (%a) to look in.")
 @click.option("--json", "as_json", is_flag=True, help="Print an object (or null).")
 @timeout_option
-def latest(root: Optional[str], as_json: bool, timeout: Optional[str]) -> None:
+def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json: bool,
+           timeout: Optional[str]) -> None:
     """Print the absolute path of the latest published save, or nothing.
 
     The latest save has the greatest epoch, then the greatest step; exact ties go to the
     greatest publication name.  Exit 0 whether or not there is one.  With --json, print
-    {"epoch", "step", "path", "name"} or null.
+    {"epoch", "step", "path", "name"} or null.  JOB (a dispatch job id or one of its Slurm
+    job ids) looks in that job's root, no --root needed.
 
-    Example: `RESUME=$(dispatch latest)`
+    Example: `RESUME=$(dispatch latest)`, or from a login node `dispatch latest dab2cd3e`
     """
     def body() -> None:
-        found = store.latest(required(root, "--root", "DISPATCH_CHECKPOINT"),
-                             timeout=parse_timeout(timeout))
+        where = _job_root(job, task) if job else required(root, "--root",
+                                                            "DISPATCH_CHECKPOINT")
+        import os
+        if job and "://" not in where and not os.path.lexists(where):
+            found = None  # the job's (task's) root is made by its first execution: none yet
+        else:
+            found = store.latest(where, timeout=parse_timeout(timeout))
         if as_json:
             echo_json(found.as_json() if found else None)
         elif found:
             click.echo(found.path)
     body()
+
+
+def _job_root(job: str, task: Optional[int]) -> str:
+    """The checkpoint root of dispatch job ``job`` (of array task ``task`` for a %a root)."""
+    spec = record.open_job(job).spec
+    root = str(spec["checkpoint"])
+    if "%a" not in root.replace("%%", ""):
+        if task is not None:
+            raise UsageError(f"--task {task}: dispatch job {job}'s root {root!r} is one for "
+                             "all tasks")
+        return root.replace("%%", "%")
+    if task is None:
+        raise UsageError(f"dispatch job {job}'s root {root!r} is one per array task: give "
+                         "--task T")
+    from .launch import expand_root
+    return expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)})
 
 
 @main.command(name="list")

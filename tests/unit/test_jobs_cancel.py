@@ -73,3 +73,31 @@ def test_cancel_cancels_whichever_slurm_job_is_current(cluster: FakeCluster) -> 
     assert "has no active Slurm job" in again.output
     missing = CliRunner().invoke(cli.main, ["cancel", "dnope"])
     assert missing.exit_code == 2 and "no dispatch job 'dnope'" in missing.stderr
+
+
+def test_latest_of_a_job_needs_no_root(cluster: FakeCluster, tmp_path: Path) -> None:
+    from slurm_dispatch import model, store
+    done = submit_one("ck-a")
+    save = tmp_path / "ck-a" / "exec" / model.new_attempt() / "checkpoint-3"
+    save.mkdir(parents=True)
+    store.publish(str(tmp_path / "ck-a"), 1_000_000, 3, str(save))
+    for ident in (done.job.id, done.slurm_job_id):
+        result = CliRunner().invoke(cli.main, ["latest", ident])
+        assert result.exit_code == 0 and result.output.strip() == str(save), result.output
+    wrong = CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "1"])
+    assert wrong.exit_code == 2 and "one for all tasks" in wrong.stderr
+
+
+def test_latest_of_an_array_job_looks_in_the_tasks_root(cluster: FakeCluster,
+                                                        tmp_path: Path) -> None:
+    from slurm_dispatch import model, store
+    done = submit_one("ck-t%a", "--array=0-1")
+    root = tmp_path / "ck-t1"
+    save = root / "exec" / model.new_attempt() / "checkpoint-8"
+    save.mkdir(parents=True)
+    store.publish(str(root), 1_000_000, 8, str(save))
+    result = CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "1"])
+    assert result.output.strip() == str(save), result.output
+    assert CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "0"]).output == ""
+    missing = CliRunner().invoke(cli.main, ["latest", done.job.id])
+    assert missing.exit_code == 2 and "give --task T" in missing.stderr
