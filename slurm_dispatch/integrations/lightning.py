@@ -42,7 +42,14 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from .. import record
 from ..errors import DispatchError
-from .saves import Execution, choose_resume, publish_save, record_keep, sync_save
+from .saves import (
+    Execution,
+    choose_resume,
+    publish_save,
+    record_keep,
+    seal_save,
+    sync_save,
+)
 
 FRAMEWORK = "lightning"
 REQUEUE_SAVE = "requeue-step={step}.ckpt"
@@ -168,11 +175,14 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if (not inside or absolute in self._published_paths
                 or any(p.fullmatch(name) for p in self._last_names)):
             return  # not ours to publish, or a name Lightning rewrites in place
-        if os.path.exists(absolute):
-            sync_save(absolute)
-        trainer.strategy.barrier("dispatch.publish")
+        single = trainer.world_size <= 1
+        if not single:
+            if os.path.exists(absolute):  # each rank syncs what it wrote
+                sync_save(absolute)
+            trainer.strategy.barrier("dispatch.publish")
         self._published_paths.add(absolute)
         if trainer.is_global_zero:
+            seal_save(absolute, single_writer=single)
             self.publications.append(publish_save(self.execution, trainer.global_step, absolute))
 
     # --- the requeue signal -----------------------------------------------------------------

@@ -120,8 +120,9 @@ def _sizes(save: str) -> dict[str, int]:
     return sizes
 
 
-def write_create_once(path: str, data: dict[str, Any]) -> bool:
-    """Write ``data`` as JSON to a new file at ``path`` and sync it; False when it exists."""
+def write_create_once(path: str, data: dict[str, Any], sync: bool = True) -> bool:
+    """Write ``data`` as JSON to a new file at ``path`` (synced with its folder unless the
+    caller syncs them itself); False when it exists."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o444)
@@ -131,21 +132,32 @@ def write_create_once(path: str, data: dict[str, Any]) -> bool:
         view = memoryview((json.dumps(data, sort_keys=True) + "\n").encode())
         while view:  # a write may be short
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+    if sync:
+        _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
     return True
 
 
-def publish_save(execution: Execution, step: int, save: str) -> str:
-    """Write the save's manifest, then publish it; returns the publication's name.
+def seal_save(save: str, single_writer: bool) -> None:
+    """Make the save durable and write its manifest, on the process that will publish it.
 
-    Call after every rank's part is written and synced (:func:`sync_save` on each rank, then a
-    barrier), from one process only.
+    A single writer writes the manifest first and syncs it with the save in one pass.  With
+    several ranks, each rank has already synced its own part (:func:`sync_save`, then a
+    barrier); the manifest is then written and synced on its own.
     """
-    sizes = _sizes(save)
-    write_create_once(manifest_path(save), {"format": MANIFEST_FORMAT, "files": sizes})
+    manifest = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
+    if single_writer:
+        write_create_once(manifest_path(save), manifest, sync=False)
+        sync_save(save)
+    else:
+        write_create_once(manifest_path(save), manifest)
+
+
+def publish_save(execution: Execution, step: int, save: str) -> str:
+    """Publish a sealed save (:func:`seal_save`); returns the publication's name."""
     return store.publish(execution.root, execution.epoch, step, save)
 
 
@@ -211,8 +223,10 @@ def _recorded_source(exec_folder: str) -> Optional[str]:
                 data = json.load(handle)
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and isinstance(data.get("resume_from"), str):
-            return str(data["resume_from"])
+        if isinstance(data, dict) and "resume_from" in data:
+            source = data["resume_from"]
+            # The launcher writes null for a fresh start: the lineage ends there.
+            return source if isinstance(source, str) else ""
     return None
 
 

@@ -29,7 +29,7 @@ from typing import Any, Optional, Union
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from .saves import Execution, choose_resume, publish_save, record_keep, sync_save
+from .saves import Execution, choose_resume, publish_save, record_keep, seal_save, sync_save
 
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint folder
 CHECKPOINT_PREFIX = "checkpoint"
@@ -90,8 +90,11 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
             return
         save = os.path.join(args.output_dir or self.execution.exec_dir,
                             f"{CHECKPOINT_PREFIX}-{state.global_step}")
-        if os.path.isdir(save):  # on a node that does not share the folder, nothing to sync
-            sync_save(save)
-        _barrier(args)
+        single = args.world_size <= 1
+        if not single:
+            if os.path.isdir(save):  # each rank syncs what it wrote (none on a node apart)
+                sync_save(save)
+            _barrier(args)
         if state.is_world_process_zero:
+            seal_save(save, single_writer=single)
             self.publications.append(publish_save(self.execution, state.global_step, save))

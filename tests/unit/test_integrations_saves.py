@@ -30,7 +30,7 @@ def _save(execution: saves.Execution, step: int, publish: bool = True) -> str:
     (folder / "model.bin").write_bytes(b"w" * (100 + step))
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     if publish:
-        saves.sync_save(str(folder))
+        saves.seal_save(str(folder), single_writer=True)
         saves.publish_save(execution, step, str(folder))
     return str(folder)
 
@@ -152,3 +152,17 @@ def test_the_core_never_imports_a_training_library(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True,
                          text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "imported:", out
+
+
+def test_the_launchers_record_of_a_fresh_start_ends_the_lineage(tmp_path: Path) -> None:
+    """An execution whose launcher record says it started fresh has no earlier save to fall
+    back to: another job generation's older publication is not its lineage."""
+    other = _execution(tmp_path, "other", E1, "")
+    _save(other, 8)
+    fresh = _execution(tmp_path, "fresh", E2, None)
+    Path(fresh.exec_dir, saves.LAUNCH_RECORD).write_text(json.dumps({"resume_from": None}))
+    bad = _save(fresh, 2)
+    _truncate(bad)
+    after = _execution(tmp_path, "after", E3, bad)
+    resume = saves.choose_resume(after)
+    assert resume.path is None and [p["path"] for p in resume.passed_over] == [bad]
