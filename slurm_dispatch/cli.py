@@ -274,11 +274,14 @@ def _render_status(data: dict[str, Any]) -> str:
     if data.get("supersedes"):
         out.append(f"Supersedes  {data['supersedes']}")
     out.append("")
+    out.append(_supervisor_text(data))
+    out.append("")
+    # Slurm's reason for the job's state, and ours for making the submission, apart.
     out.append(render_table(
-        ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "REASON"],
+        ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "SLURM_REASON", "SUBMITTED_FOR"],
         [[s["submission"], s.get("display_id") or s["slurm_job_id"], s["state"],
           "-" if s["restarts"] is None else s["restarts"], status.clock(s["submitted"]),
-          s["slurm_reason"] if s["slurm_reason"] not in ("", "None") else s["reason"]]
+          s["slurm_reason"] or "-", s["reason"] or "-"]
          for s in data["submissions"]]))
     if tasks:
         out.append("")
@@ -305,6 +308,22 @@ def _render_status(data: dict[str, Any]) -> str:
     out.append("")
     out.append(f"Latest publication: {_latest_text(data['latest'])}")
     return "\n".join(out)
+
+
+def _supervisor_text(data: dict[str, Any]) -> str:
+    """When a supervisor last passed: resubmissions and holds happen only while one runs."""
+    seen = data.get("supervisor")
+    rules_wait = data["resubmit_budget"] > 0 or data["shared_checkpoint"]
+    if not seen:
+        return ("Supervisor  none has passed yet" + (
+            ": --resubmit and holds act only while `dispatch supervise` runs (scrontab, a "
+            "timer, or --loop)" if rules_wait else ""))
+    import time as _time
+    ago = max(0, int(_time.time() - float(seen["time"])))
+    when = f"{ago} s" if ago < 120 else f"{ago // 60} min" if ago < 7200 else \
+        f"{ago // 3600} h"
+    return (f"Supervisor  last pass {status.clock(seen['time'])} ({when} ago, on "
+            f"{seen.get('host', '?')})")
 
 
 def _latest_text(latest_: Optional[dict[str, Any]]) -> str:

@@ -40,6 +40,10 @@ def describe(request: Request) -> str:
         lines.append(f"  A hold is told {told} when it is made and "
                      f"{_human(int(settings.warn_before))} before it expires; "
                      "`dispatch status` and squeue show its deadline.")
+    if opts.resubmit > 0 or opts.shared_checkpoint:
+        lines.append("  Resubmissions and holds are made by `dispatch supervise`: run it from "
+                     "scrontab (`*/2 * * * * dispatch supervise -q`), a timer, or with --loop; "
+                     "without it a failed job stays failed.")
     lines.append("")
     lines.append("Nothing was submitted.")
     return "\n".join(lines) + "\n"

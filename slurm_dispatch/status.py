@@ -149,7 +149,13 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
         "submissions": submissions, "executions": executions, "events": others,
         "latest": latest, "tasks": lines if tasks is not None else None,
+        "supervisor": _last_pass(job),
     }
+
+
+def _last_pass(job: record.JobRecord) -> Optional[dict[str, Any]]:
+    from .supervisor import last_pass  # status never needs the supervisor otherwise
+    return last_pass(os.path.dirname(os.path.dirname(job.path)))
 
 
 def open_job(ident: str, slurm_jobs: dict[str, Job]) -> record.JobRecord:

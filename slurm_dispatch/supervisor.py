@@ -235,6 +235,7 @@ class Supervisor:
                 self._job(job, slurm_jobs, seen_at, report)
             except DispatchError as exc:
                 report.errors.append(f"{job.id}: {exc}")
+        mark_pass(self.home, report, len(jobs))
         return report
 
     # -- one job ---------------------------------------------------------------------------
@@ -655,6 +656,39 @@ def _mail_user(spec: dict[str, Any]) -> Optional[str]:
         elif word == "--mail-user" and i + 1 < len(words):
             found = words[i + 1]
     return found or None
+
+
+PASS_FILE = "supervisor-pass.json"
+
+
+def mark_pass(home: Optional[str], report: PassReport, jobs: int) -> None:
+    """Say when a supervisor last passed over the user's jobs (``dispatch status`` shows it:
+    resubmissions and holds happen only while one runs).  Replaced whole (a new file renamed
+    into place); best effort: a pass is not undone by a marker that cannot be written."""
+    folder = home or record.home_dir()
+    body = {"time": round(time.time(), 3), "host": os.uname().nodename, "pid": os.getpid(),
+            "jobs": jobs, "actions": len(report.actions), "errors": len(report.errors)}
+    tmp = os.path.join(folder, f".{PASS_FILE}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(body, handle)
+        os.replace(tmp, os.path.join(folder, PASS_FILE))
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def last_pass(home: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """What :func:`mark_pass` wrote last, or None (no supervisor has passed, or unreadable)."""
+    try:
+        with open(os.path.join(home or record.home_dir(), PASS_FILE), encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("time"), (int, float)) \
+        else None
 
 
 def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,

@@ -147,3 +147,30 @@ def test_status_of_a_tasks_own_job_id_finds_the_dispatch_job(
     pending = max(cluster.jobs, key=int)
     result = runner.invoke(cli.main, ["status", "--json", pending])
     assert result.exit_code == 0 and json.loads(result.stdout)["id"] == job.id
+
+
+def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
+    """Issue 9 item 13: --resubmit acts only when `dispatch supervise` runs; status says when
+    one last passed.  Item 15: Slurm's reason and ours for a submission are two columns."""
+    from slurm_dispatch.slurm import Job
+    from slurm_dispatch.supervisor import PassReport, mark_pass
+    slurm_jobs = {"7": Job("7", "PENDING", reason="Resources")}
+    text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
+    assert "Supervisor  none has passed yet: --resubmit and holds act only while" in text
+    header = next(line for line in text.splitlines() if line.startswith("SUBMISSION"))
+    assert header.split() == ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED",
+                              "SLURM_REASON", "SUBMITTED_FOR"]
+    row = next(line for line in text.splitlines() if line.startswith("1 "))
+    assert row.split()[-2:] == ["Resources", "first"]
+    mark_pass(None, PassReport(), 1)
+    text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
+    assert "Supervisor  last pass " in text and " s ago, on " in text
+
+
+def test_plan_says_the_supervisor_makes_resubmissions(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_dispatch.plan import describe
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    text = describe(submit.read_request(["--checkpoint", "ck", "--resubmit", "2", "job.sh"]))
+    assert "Resubmissions and holds are made by `dispatch supervise`" in text
