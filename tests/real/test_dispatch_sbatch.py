@@ -328,3 +328,17 @@ def test_warn_before_reaches_the_job_script_ahead_of_its_time_limit(work: Workdi
                           "the warning signal in the job script")
     assert int((work.path / "warned").read_text()) < started + 100  # well before the limit
     wait_state(work, slurm_id, {"COMPLETED"})
+
+
+def test_a_root_that_would_change_per_submission_is_refused(work: Workdir) -> None:
+    """Issue 9 item 2: `--checkpoint 'ck/%j'` gave the resubmission a fresh root, which then
+    started from scratch; refused with why and what to write instead, nothing made."""
+    for root in ("ck/%j", "ck-%A"):
+        proc = work.run("dispatch-sbatch", "--checkpoint", root, "trainer.sh", check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "every submission" in proc.stderr and "%a" in proc.stderr
+    assert sorted(p.name for p in work.path.iterdir()) == ["trainer.sh"]
+    work.submit("--checkpoint", "ck-%a", "--array=0-1", "trainer.sh",
+                               env={"TOY_STEPS": "3", "TOY_INTERVAL": "0.05"})
+    work.sandbox.wait_for(lambda: (work.path / "ck-0").is_dir() and (work.path / "ck-1").is_dir(),
+                          60, "a root per task")
