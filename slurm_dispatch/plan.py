@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from . import rules
-from .submit import Request, checkpoint_root
+from .submit import Request, _array_of, checkpoint_root
 from .supervisor import site_settings
 
 
@@ -15,6 +15,16 @@ def _human(seconds: int) -> str:
     if seconds % 60 == 0:
         return f"{seconds // 60} min"
     return f"{seconds} s"
+
+
+def _array_line(request: Request) -> list[str]:
+    """For an array: the rules below apply to each task on its own."""
+    tasks = _array_of(request.sbatch, os.environ, request.header.sbatch_lines,
+                      os.path.basename(request.script_path))
+    if tasks is None:
+        return []
+    return [f"  array       {len(tasks)} task(s), each on its own: a task's end, budget, "
+            "submission numbers and holds are its own; a failed task is resubmitted alone"]
 
 
 def describe(request: Request) -> str:
@@ -29,6 +39,7 @@ def describe(request: Request) -> str:
                                  "isolated: each execution writes <checkpoint>/exec/<attempt>/"),
              f"  generation  {'G+1 of ' + opts.supersede if opts.supersede else '0 (new job)'}",
              f"  resubmit    budget {opts.resubmit}",
+             *_array_line(request),
              "",
              "  END STATE      WHAT HAPPENS"]
     for rule in rules.rules_for(opts.shared_checkpoint, opts.resubmit, hold, signal):

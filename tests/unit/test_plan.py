@@ -32,6 +32,10 @@ def test_isolated_plan_keeps_slurms_requeue(script: Path, monkeypatch: pytest.Mo
     assert table["failed"] == "resubmit (budget 2)"
     assert table["cancelled"].startswith("stop")
     assert f"checkpoint  {script / 'ck'}" in text and "Nothing was submitted." in text
+    assert "array" not in text
+    text = plan.describe(submit.read_request(["--resubmit", "2", "--array=0-3", "job.sh"]))
+    assert "  array       4 task(s), each on its own: a task's end, budget, submission " \
+        "numbers and holds are its own; a failed task is resubmitted alone" in text
 
 
 def test_shared_plan_shows_each_substitution_with_site_settings(
