@@ -99,29 +99,9 @@ def bench_hooks(python: str, repeat: int, scratch: Path) -> dict[str, Any]:
             "ratio_to_bare": {k: round(v / bare, 2) for k, v in medians.items()}}
 
 
-FAKE_SCONTROL = """#!{python}
-import sys
-sys.path.insert(0, {repo!r})
-from tests import squeue_fake
-prog = sys.argv[0].rsplit("/", 1)[-1]
-args = sys.argv[1:]
-with open({calls!r}, "a") as log:
-    log.write(" ".join([prog, *args]) + "\\n")
-if prog == "squeue" and "--jobs" in args:
-    sys.stdout.write(squeue_fake.render(args, [{{
-        "JobId": "100", "UserId": "alice(1000)", "JobState": "COMPLETED", "Restarts": "0",
-        "StartTime": {start!r}, "EndTime": {end!r}, "NodeList": "n[1-{nodes}]"}}]))
-elif prog == "scontrol" and args[:3] == ["-o", "show", "node"]:
-    for name in args[3].split(","):
-        print(f"NodeName={{name}} Arch=x86_64 State=IDLE BootTime=2026-01-01T00:00:00 "
-              "Reason=none")
-else:
-    sys.exit("unexpected Slurm call: " + " ".join([prog, *args]))
-"""
-
-
 def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
     from slurm_dispatch import cease, config
+    from tests import squeue_fake
     from tests.hooks.fakes import FakeController, job, node, record
 
     state = scratch / "cease-state"
@@ -150,11 +130,10 @@ def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
     bin_dir.mkdir()
     calls = scratch / "scontrol-calls"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 95))
-    for prog in ("scontrol", "squeue"):
-        (bin_dir / prog).write_text(FAKE_SCONTROL.format(
-            python=sys.executable, calls=str(calls), start=stamp, end=stamp, nodes=NODES,
-            repo=str(Path(__file__).resolve().parents[1])))
-        (bin_dir / prog).chmod(0o755)
+    squeue_fake.install_commands(bin_dir, str(calls), {
+        "JobId": "100", "UserId": "alice(1000)", "JobState": "COMPLETED", "Restarts": "0",
+        "StartTime": stamp, "EndTime": stamp, "NodeList": f"n[1-{NODES}]"},
+        boot="2026-01-01T00:00:00")
     (scratch / "dispatch.conf").write_text(f"StateDir={state}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
            "SLURM_DISPATCH_CONF": str(scratch / "dispatch.conf")}

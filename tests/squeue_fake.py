@@ -65,3 +65,42 @@ def selected(argv: Sequence[str], jobs: Iterable[Mapping[str, str]], uid: int
             j["JobId"], j.get("ArrayJobId"),
             f"{j.get('ArrayJobId')}_{j.get('ArrayTaskId')}" if j.get("ArrayTaskId") else None)]
     return listed
+
+
+_COMMANDS = """#!{python}
+# A fake squeue/scontrol for tests and benches: answers what dispatch-cease asks about one
+# job and its nodes, logs every call, and fails loudly on anything else.
+import json, sys
+sys.path.insert(0, {repo!r})
+from tests import squeue_fake
+prog = sys.argv[0].rsplit("/", 1)[-1]
+args = sys.argv[1:]
+with open({log!r}, "a") as out:
+    out.write(" ".join([prog, *args]) + "\\n")
+JOB = json.loads({job!r})
+if prog == "squeue" and "--jobs" in args:
+    if args[args.index("--jobs") + 1] != JOB["JobId"]:
+        sys.stderr.write("slurm_load_jobs error: Invalid job id specified\\n")
+        sys.exit(1)
+    sys.stdout.write(squeue_fake.render(args, [JOB]))
+elif prog == "scontrol" and args[:3] == ["-o", "show", "node"]:
+    for name in args[3].split(","):
+        print(f"NodeName={{name}} Arch=x86_64 State=IDLE BootTime={boot} Reason=none")
+else:
+    sys.exit("unexpected Slurm call: " + " ".join([prog, *args]))
+"""
+
+
+def install_commands(bin_dir: os.PathLike[str], log: str, job: Mapping[str, str],
+                     boot: str = "2020-01-01T00:00:00") -> None:
+    """Write fake ``squeue`` and ``scontrol`` into ``bin_dir`` (put it first on PATH)."""
+    import json
+    import sys
+    from pathlib import Path
+    repo = str(Path(__file__).resolve().parents[1])
+    text = _COMMANDS.format(python=sys.executable, repo=repo, log=log,
+                            job=json.dumps(dict(job)), boot=boot)
+    for prog in ("squeue", "scontrol"):
+        path = Path(bin_dir) / prog
+        path.write_text(text)
+        path.chmod(0o755)

@@ -12,41 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from .. import squeue_fake
 from .fakes import record, slurm_clock, state_dir
-
-FAKE = """#!{python}
-import sys
-sys.path.insert(0, {repo!r})
-from tests import squeue_fake
-prog = sys.argv[0].rsplit("/", 1)[-1]
-args = sys.argv[1:]
-with open({log!r}, "a") as out:
-    out.write(" ".join([prog, *args]) + "\\n")
-JOB = {{"JobId": "100", "UserId": "alice(1000)", "JobState": {state!r}, "Restarts": "0",
-       "StartTime": {t!r}, "EndTime": {t!r}, "NodeList": "n[1-2]"}}
-if prog == "squeue" and "--jobs" in args:
-    if args[args.index("--jobs") + 1] != "100":
-        sys.stderr.write("slurm_load_jobs error: Invalid job id specified\\n")
-        sys.exit(1)
-    sys.stdout.write(squeue_fake.render(args, [JOB]))
-elif prog == "scontrol" and args[:3] == ["-o", "show", "node"] and args[3] == "n1,n2":
-    for name in ("n1", "n2"):
-        print(f"NodeName={{name}} State=IDLE BootTime=2020-01-01T00:00:00 Reason=none")
-else:
-    sys.exit("unexpected Slurm call: " + " ".join([prog, *args]))
-"""
-REPO = str(Path(__file__).resolve().parents[2])
 
 
 def cease(tmp_path: Path, *args: str, state: str = "COMPLETED",
           conf: str | None = None) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for prog in ("scontrol", "squeue"):
-        fake = bin_dir / prog
-        fake.write_text(FAKE.format(python=sys.executable, log=str(tmp_path / "calls"),
-                                    state=state, t=slurm_clock(time.time() - 50), repo=REPO))
-        fake.chmod(0o755)
+    stamp = slurm_clock(time.time() - 50)
+    squeue_fake.install_commands(bin_dir, str(tmp_path / "calls"), {
+        "JobId": "100", "UserId": "alice(1000)", "JobState": state, "Restarts": "0",
+        "StartTime": stamp, "EndTime": stamp, "NodeList": "n[1-2]"})
     config = tmp_path / "dispatch.conf"
     config.write_text(conf if conf is not None else f"StateDir={tmp_path / 'state'}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",

@@ -6,7 +6,6 @@ Each test is the scenario that fooled dispatch before (issue 8), run as a user w
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -16,32 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_supervisor import User, site_conf  # tests/real is on sys.path (no package)
+from test_cease import cease, wait_cease  # tests/real is on sys.path (no package)
+from test_supervisor import User, site_conf
 
 pytestmark = pytest.mark.real
 
 OTHER_USER = "dispatchother"
-
-
-def cease(sandbox: Any, jobid: str) -> tuple[int, dict[str, Any]]:
-    proc = sandbox.run([str(sandbox.venv_bin / "dispatch-cease"), jobid, "--json"],
-                       user=sandbox.user, check=False)
-    assert proc.returncode in (0, 1), f"dispatch-cease exited {proc.returncode}: {proc.stderr}"
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def wait_cease(sandbox: Any, jobid: str, code: int, timeout: float = 60) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-
-    def answered() -> bool:
-        rc, last["verdict"] = cease(sandbox, jobid)
-        return rc == code
-    try:
-        sandbox.wait_for(answered, timeout, f"dispatch-cease {jobid} to exit {code}",
-                         interval=0.5)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; its last answer: {last.get('verdict')}") from None
-    return last["verdict"]
 
 
 def test_an_array_has_not_ceased_while_one_task_still_runs(sandbox: Any) -> None:
