@@ -108,6 +108,13 @@ def wait_state(work: Workdir, slurm_id: str, states: set[str], timeout: float = 
     return seen[0]
 
 
+def printed(out: Path) -> str:
+    """What the job's script printed: its output without the launcher's header lines."""
+    lines = out.read_text().splitlines(keepends=True)
+    assert lines and lines[0].startswith("==> slurm-dispatch: "), lines[:2]
+    return "".join(line for line in lines if not line.startswith("==> slurm-dispatch: "))
+
+
 def published_steps(exec_dir: str) -> list[int]:
     """Steps of the saves under ``exec_dir`` that are published (not merely written)."""
     root = os.path.dirname(os.path.dirname(exec_dir))
@@ -159,8 +166,9 @@ def test_partitioned_node_overlap_is_harmless(work: Workdir) -> None:
         latest = json.loads(work.run("dispatch", "latest", "--json", "--root", "ck").stdout)
         assert latest["epoch"] == 1_000_001, "an old run's late save outranked the replacement"
         assert latest["path"].startswith(new["exec_dir"])
-        assert os.listdir(new["exec_dir"]) and all(
-            p.startswith("checkpoint-") for p in os.listdir(new["exec_dir"]))
+        saves = [p for p in os.listdir(new["exec_dir"]) if not p.startswith(".")]
+        assert saves and all(p.startswith("checkpoint-") for p in saves)
+        assert os.path.isfile(os.path.join(new["exec_dir"], ".dispatch"))  # its record
     finally:
         sandbox_lib.heal(node, sandbox.dir)
         sandbox.run(["scancel", slurm_id], check=False)
@@ -220,7 +228,7 @@ def test_array_job_each_task_has_its_own_identity_and_root(work: Workdir) -> Non
     runs = wait_executions(work, job, 3)
     for task in range(3):
         wait_state(work, f"{slurm_id}_{task}", {"COMPLETED"})
-    seen = [json.loads((work.path / f"arr-{t}.out").read_text()) for t in range(3)]
+    seen = [json.loads(printed(work.path / f"arr-{t}.out")) for t in range(3)]
     assert len({s["DISPATCH_ATTEMPT"] for s in seen}) == 3
     assert [s["DISPATCH_CHECKPOINT"] for s in seen] == [str(work.path / "ck" / str(t))
                                                         for t in range(3)]
@@ -232,7 +240,7 @@ def test_python_script_with_export_none_and_arguments(work: Workdir) -> None:
     job, slurm_id = work.submit("--checkpoint", "ck", "--export=NONE", "-o", "py.out",
                                 "py.py", "a b", "--flag")
     wait_state(work, slurm_id, {"COMPLETED"})
-    seen = json.loads((work.path / "py.out").read_text())
+    seen = json.loads(printed(work.path / "py.out"))
     assert seen["argv"] == ["a b", "--flag"]
     assert seen["DISPATCH_JOB"] == job and seen["DISPATCH_EPOCH"] == "1000000"
     assert seen["DISPATCH_EXEC_DIR"].startswith(str(work.path / "ck" / "exec") + "/")
