@@ -1,10 +1,17 @@
 # slurm-dispatch: the commands a newcomer runs.
 PYTHON ?= python3
 
-.PHONY: demo demo-protocol test test-fast check bench install dist
+.PHONY: demo demo-protocol test test-fast check bench install install-test dist
 
 install:
-	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pip install -q -e .
+
+# What the tests use: the test tools, boto3 and the S3 server, and the training libraries for the
+# integrations' tests.  torch first, pinned to the CPU build (a bare `torch` may pull a CUDA
+# build of several GB); the extras' torch range admits it.
+install-test:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q 'torch==2.13.0'
+	$(PYTHON) -m pip install -q -e '.[test,transformers,lightning]'
 
 # The seed's scenario on a real multi-node Slurm sandbox (needs root: installs slurm-wlm, munge).
 demo: install
@@ -14,18 +21,18 @@ demo: install
 demo-protocol: install
 	bash demo/protocol.sh
 
-test: install
+test: install-test
 	$(PYTHON) -m pytest -q
 
 # The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
-test-fast: install
+test-fast: install-test
 	$(PYTHON) -m pytest -q -m "not real" --ignore=tests/real
 
 check:
 	ruff check slurm_dispatch tests bench
 	mypy slurm_dispatch
 
-bench: install
+bench: install-test
 	$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) bench/bench_store.py
 	$(PYTHON) bench/bench_supervisor.py
