@@ -47,11 +47,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from . import sandbox_root
 from .errors import SandboxError
 
 DEFAULT_DIR = Path("/var/tmp/slurm-dispatch-sandbox")
 DIR_ENV = "DISPATCH_SANDBOX_DIR"
 USER_ENV = "DISPATCH_SANDBOX_USER"
+# Which Slurm the sandbox runs: "host" (this machine's, the default) or a release of
+# sandbox_root.RELEASES, run from a Debian root; a release's default folder is DEFAULT_DIR-<it>.
+RELEASE_ENV = "DISPATCH_SANDBOX_SLURM"
+HOST_RELEASE = sandbox_root.HOST
 DEFAULT_USER = "dispatchuser"
 DEFAULT_NODE_COUNT = 3
 MAX_NODE_COUNT = 32
@@ -71,6 +76,7 @@ SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "munge", "unmunge", "sinfo", 
 # here: requeue-to-running 6 s with 5, 11 s with 10).  Slurm 22.05 rejects values below 5 and
 # falls back to 120 (with an error in the log).
 CRED_EXPIRE = 5
+FIRST_ROOT_JOB_ID = 1_000_000
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -267,9 +273,18 @@ class Layout:
         return self.log_dir / f"slurmd-{node}.log"
 
 
+def default_dir(release: Optional[str] = None) -> Path:
+    """The default state folder of ``release`` (default ``$DISPATCH_SANDBOX_SLURM``, else the
+    host's): DEFAULT_DIR for the host's Slurm, ``DEFAULT_DIR-<release>`` for another."""
+    chosen = sandbox_root.normalize(release if release is not None
+                                    else os.environ.get(RELEASE_ENV))
+    return DEFAULT_DIR if chosen == HOST_RELEASE else Path(f"{DEFAULT_DIR}-{chosen}")
+
+
 def state_dir(override: Optional[PathLike] = None) -> Path:
-    """The sandbox state folder: ``override``, else ``$DISPATCH_SANDBOX_DIR``, else the default."""
-    chosen = override if override is not None else os.environ.get(DIR_ENV) or DEFAULT_DIR
+    """The sandbox state folder: ``override``, else ``$DISPATCH_SANDBOX_DIR``, else the default
+    folder of ``$DISPATCH_SANDBOX_SLURM``'s release (:func:`default_dir`)."""
+    chosen = override if override is not None else os.environ.get(DIR_ENV) or default_dir()
     path = Path(os.path.abspath(os.fspath(chosen)))
     bad = [c for c in " \t\n,=\"'#" if c in str(path)]
     if bad:
@@ -290,8 +305,14 @@ def node_names(count: int) -> list[str]:
     return [f"n{i}" for i in range(1, count + 1)]
 
 
-def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str) -> str:
-    """The sandbox's slurm.conf (pure): loopback nodes, fast timers, no accounting, no hooks."""
+def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
+                      release: str = HOST_RELEASE) -> str:
+    """The sandbox's slurm.conf (pure): loopback nodes, fast timers, no accounting, no hooks.
+
+    The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
+    that a sandbox in a Debian root numbers its jobs from FIRST_ROOT_JOB_ID: the job user is
+    shared with the host's sandboxes, and the hooks' survivor scan must not take a process a
+    host sandbox left behind under the same job id for one of this sandbox's jobs."""
     spool = layout.spool / "%n"
     lines = [
         "# slurm.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`: do not",
@@ -334,6 +355,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str) -> st
         "InactiveLimit=0",
         "WaitTime=0",
         "MinJobAge=600",
+        *([f"FirstJobId={FIRST_ROOT_JOB_ID}"] if release != HOST_RELEASE else []),
         "PrologEpilogTimeout=30",
         "UnkillableStepTimeout=60",
         "JobRequeue=1",
@@ -397,7 +419,17 @@ def environment(directory: Optional[PathLike] = None, user: Optional[str] = None
 
 
 def env_lines(directory: Optional[PathLike] = None) -> list[str]:
-    """Shell lines to ``eval``: the exports of :func:`environment`, PATH prepended literally."""
+    """Shell lines to ``eval``: the exports of :func:`environment`, PATH prepended literally.
+
+    Refused for a sandbox in a Debian root: its clients and venv run only inside that root
+    (:func:`command`, ``dispatch-sandbox exec``)."""
+    layout = Layout(state_dir(directory))
+    if _root_of(layout) is not None:
+        release = _read_manifest(layout).get("slurm", "")
+        raise SandboxError(
+            f"the sandbox in {layout.root} runs Slurm {release} from its Debian root; its "
+            "clients and venv do not run on this machine: run them with `dispatch-sandbox "
+            "exec [--user USER] -- COMMAND`")
     env = environment(directory, base_path="")
     lines = [f"export {name}={shlex.quote(env[name])}"
              for name in ("SLURM_CONF", DIR_ENV, USER_ENV)]
@@ -444,6 +476,9 @@ class SandboxStatus:
     user: str
     venv_bin: str
     daemons: list[DaemonStatus] = field(default_factory=list)
+    # "host" (this machine's Slurm) or the release run from a Debian root, and that root.
+    slurm: str = HOST_RELEASE
+    rootfs: str = ""
     nodes: list[NodeStatus] = field(default_factory=list)
     controller_error: str = ""
 
@@ -478,7 +513,7 @@ class UpReport:
 
 def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
        user: str = DEFAULT_USER, source: Optional[PathLike] = None,
-       timeout: float = 120.0) -> UpReport:
+       timeout: float = 120.0, slurm: Optional[str] = None) -> UpReport:
     """Start the sandbox, or make a running one whole; return when every node is usable.
 
     Usable means idle, or running jobs (``mixed``/``allocated``) that someone left running.
@@ -491,12 +526,42 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     is reinstalled only when its files changed.  Raises :class:`SandboxError` with the tail of
     the daemon logs when the daemons and nodes are not up within ``timeout`` seconds (counted
     after packages and venv are in place).
+
+    ``slurm`` chooses the release: ``host`` (this machine's Slurm) or one of
+    :data:`sandbox_root.RELEASES` (``24.11``), whose daemons, clients, venv and jobs run from a
+    Debian root built once under :func:`sandbox_root.cache_folder`.  Default:
+    ``$DISPATCH_SANDBOX_SLURM``, else the folder's, else the host's; a folder keeps the
+    release it was made with (another one is an error naming both).
     """
     started = time.monotonic()
     _require_root("up")
+    wanted_release = slurm if slurm is not None else os.environ.get(RELEASE_ENV)
+    if directory is None:
+        directory = os.environ.get(DIR_ENV) or default_dir(wanted_release)
     layout = Layout(claim_state_folder(directory))
     actions: list[str] = []
-    actions += _ensure_packages(layout)
+    old_manifest = _read_manifest(layout) if layout.manifest.exists() else {}
+    release = sandbox_root.normalize(
+        wanted_release if wanted_release is not None
+        else old_manifest.get("slurm", HOST_RELEASE))
+    if old_manifest and old_manifest.get("slurm", HOST_RELEASE) != release:
+        raise SandboxError(
+            f"the sandbox in {layout.root} runs Slurm "
+            f"{old_manifest.get('slurm', HOST_RELEASE)}, not {release}: its state cannot change "
+            f"release; choose another folder (--dir) or remove {layout.root}")
+    root: Optional[Path] = None
+    if release == HOST_RELEASE:
+        actions += _ensure_packages(layout)
+    else:
+        actions += _ensure_munge_user(layout)
+        root, built = sandbox_root.ensure_root(
+            sandbox_root.RELEASES[release], sandbox_root.cache_folder(),
+            lambda folder: _claim(folder, create=True),
+            lambda packages: _apt_install(layout, packages))
+        actions += built
+        point = sandbox_root.mount_point(root, layout.root)
+        if point is not None:
+            _claim(point, create=True)
     _make_folders(layout)
     with _locked(layout):
         manifest = _read_manifest(layout) if layout.manifest.exists() else {}
@@ -508,16 +573,18 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
         actions += _ensure_user(user)
         repo = Path(source) if source is not None else source_root()
         if repo is not None:
-            actions += _ensure_venv(layout, repo)
+            actions += _ensure_venv(layout, repo, root)
         elif not (layout.venv_bin / "python").exists():
             raise SandboxError(
                 f"no venv in {layout.venv} and no source checkout to install from: run "
                 "`dispatch-sandbox up` from a checkout (bin/dispatch-sandbox) once")
         actions += _ensure_munge_key(layout)
-        changed = _write_config(layout, wanted)
+        changed = _write_config(layout, wanted, release)
         if changed:
             actions.append("wrote " + ", ".join(changed))
-        new_manifest = {"nodes": wanted, "user": user}
+        new_manifest: dict[str, Any] = {"nodes": wanted, "user": user}
+        if root is not None:
+            new_manifest.update(slurm=release, rootfs=str(root))
         if manifest != new_manifest:
             _write_text(layout.manifest, json.dumps(new_manifest, indent=2) + "\n")
 
@@ -584,7 +651,9 @@ def status(directory: Optional[PathLike] = None) -> SandboxStatus:
     nodes: list[str] = list(manifest.get("nodes", []))
     report = SandboxStatus(dir=str(layout.root), slurm_conf=str(layout.slurm_conf),
                            user=str(manifest.get("user", DEFAULT_USER)),
-                           venv_bin=str(layout.venv_bin))
+                           venv_bin=str(layout.venv_bin),
+                           slurm=str(manifest.get("slurm", HOST_RELEASE)),
+                           rootfs=str(manifest.get("rootfs", "")))
     if not manifest:
         report.controller_error = f"no sandbox in {layout.root} (run `dispatch-sandbox up`)"
         return report
@@ -715,7 +784,7 @@ def _munged(layout: Layout) -> _Daemon:
     socket_arg = f"--socket={layout.munge_socket}"
     return _Daemon(
         name="munged", program="munged",
-        argv=(_program("munged"), f"--key-file={layout.munge_key}", socket_arg,
+        argv=(_program("munged", _root_of(layout)), f"--key-file={layout.munge_key}", socket_arg,
               f"--pid-file={layout.munge_pid_file}", f"--log-file={layout.munge_log}",
               f"--seed-file={layout.munge_seed}", "--num-threads=4"),
         marks=(socket_arg,), pid_file=layout.munge_pid_file, log=layout.munge_log,
@@ -725,14 +794,15 @@ def _munged(layout: Layout) -> _Daemon:
 def _slurmctld(layout: Layout) -> _Daemon:
     conf = str(layout.slurm_conf)
     return _Daemon(name="slurmctld", program="slurmctld",
-                   argv=(_program("slurmctld"), "-f", conf), marks=("-f", conf),
+                   argv=(_program("slurmctld", _root_of(layout)), "-f", conf),
+                   marks=("-f", conf),
                    pid_file=layout.slurmctld_pid_file, log=layout.slurmctld_log)
 
 
 def _slurmd(layout: Layout, node: str) -> _Daemon:
     conf = str(layout.slurm_conf)
     return _Daemon(name=f"slurmd {node}", program="slurmd",
-                   argv=(_program("slurmd"), "-f", conf, "-N", node),
+                   argv=(_program("slurmd", _root_of(layout)), "-f", conf, "-N", node),
                    marks=("-f", conf, "-N", node),
                    pid_file=layout.slurmd_pid_file(node), log=layout.slurmd_log(node))
 
@@ -800,14 +870,18 @@ def _start(daemon: _Daemon, layout: Layout) -> list[str]:
     daemon.pid_file.unlink(missing_ok=True)
     start_log = layout.log_dir / f"{daemon.name.replace(' ', '-')}.start.log"
     extra: dict[str, Any] = {}
-    if daemon.run_as is not None:
+    argv = list(daemon.argv)
+    if _root_of(layout) is not None:
+        # Mounting needs root: the root's own runuser drops to the daemon's user inside.
+        argv = _wrap(layout, argv, user=daemon.run_as)
+    elif daemon.run_as is not None:
         extra = {"user": daemon.run_as, "group": daemon.run_as, "extra_groups": []}
     with _append(start_log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n"
                   .encode())
         out.flush()
         try:
-            proc = subprocess.run(daemon.argv, stdin=subprocess.DEVNULL, stdout=out,
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
                                   stderr=subprocess.STDOUT, env=_daemon_env(layout),
                                   cwd="/", start_new_session=True, timeout=60, **extra)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -854,10 +928,12 @@ def _client_env(layout: Layout) -> dict[str, str]:
 
 def _slurm(layout: Layout, argv: list[str], timeout: float = 30) -> str:
     """Run a Slurm client against the sandbox; return stdout or raise with its output."""
-    full = [_program(argv[0]), *argv[1:]]
+    root = _root_of(layout)
+    full = [_program(argv[0], root), *argv[1:]]
     try:
-        proc = subprocess.run(full, capture_output=True, text=True, env=_client_env(layout),
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(_wrap(layout, full, root=root), capture_output=True, text=True,
+                              env=_client_env(layout), timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise SandboxError(f"{shlex.join(full)} did not answer within {timeout:.0f} s") from exc
     if proc.returncode != 0:
@@ -868,12 +944,14 @@ def _slurm(layout: Layout, argv: list[str], timeout: float = 30) -> str:
 
 def _munge_works(layout: Layout) -> bool:
     sock = f"--socket={layout.munge_socket}"
+    root = _root_of(layout)
     try:
-        cred = subprocess.run([_program("munge"), sock, "-n"], capture_output=True,
-                              timeout=5, stdin=subprocess.DEVNULL)
+        cred = subprocess.run(_wrap(layout, [_program("munge", root), sock, "-n"], root=root),
+                              capture_output=True, timeout=5, stdin=subprocess.DEVNULL)
         if cred.returncode != 0:
             return False
-        check = subprocess.run([_program("unmunge"), sock], input=cred.stdout,
+        check = subprocess.run(_wrap(layout, [_program("unmunge", root), sock], root=root),
+                               input=cred.stdout,
                                capture_output=True, timeout=5)
     except subprocess.TimeoutExpired:
         return False
@@ -966,12 +1044,13 @@ def _require_root(verb: str) -> None:
                            f"daemons run as root; try: sudo dispatch-sandbox {verb}")
 
 
-def _program(name: str) -> str:
+def _program(name: str, root: Optional[Path] = None) -> str:
+    """The program's path on this machine, or inside ``root`` (as seen from within it)."""
     for folder in ("/usr/sbin", "/usr/bin", "/sbin", "/bin"):
         candidate = os.path.join(folder, name)
-        if os.access(candidate, os.X_OK):
+        if os.access(f"{root}{candidate}" if root is not None else candidate, os.X_OK):
             return candidate
-    return shutil.which(name) or name
+    return name if root is not None else shutil.which(name) or name
 
 
 def _missing_programs() -> list[str]:
@@ -994,6 +1073,15 @@ def _ensure_packages(layout: Layout) -> list[str]:
         packages.append("python3-venv")
     if not packages:
         return []
+    _apt_install(layout, packages)
+    still = _missing_programs()
+    if still:
+        raise SandboxError(f"after installing {' '.join(packages)}, still missing: "
+                           + ", ".join(still))
+    return [f"installed {' '.join(packages)}"]
+
+
+def _apt_install(layout: Layout, packages: list[str]) -> None:
     log = layout.root / "apt.log"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *packages]):
@@ -1003,11 +1091,54 @@ def _ensure_packages(layout: Layout) -> list[str]:
         if proc.returncode != 0:
             raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}):\n"
                                + _tail(log))
-    still = _missing_programs()
-    if still:
-        raise SandboxError(f"after installing {' '.join(packages)}, still missing: "
-                           + ", ".join(still))
-    return [f"installed {' '.join(packages)}"]
+
+
+def _ensure_munge_user(layout: Layout) -> list[str]:
+    """A sandbox in a Debian root shares the host's accounts (sandbox_root binds /etc/passwd):
+    its munged runs as the host's munge user, made by the host's munge package when missing."""
+    try:
+        pwd.getpwnam(MUNGE_USER)
+    except KeyError:
+        _apt_install(layout, ["munge"])
+        return ["installed munge (for its user)"]
+    return []
+
+
+def _root_of(layout: Layout) -> Optional[Path]:
+    """The Debian root this sandbox runs from (its manifest says), or None for the host's."""
+    if not layout.manifest.exists():
+        return None
+    rootfs = _read_manifest(layout).get("rootfs")
+    return Path(rootfs) if rootfs else None
+
+
+def _wrap(layout: Layout, argv: Sequence[str], user: Optional[str] = None,
+          cwd: Optional[str] = None, root: Optional[Path] = None) -> list[str]:
+    """``argv`` as run against this sandbox: unchanged for the host's Slurm (``user`` and
+    ``cwd`` are then the caller's to apply), entered into the Debian root otherwise."""
+    root = root if root is not None else _root_of(layout)
+    if root is None:
+        return list(argv)
+    return sandbox_root.enter_argv(root, layout.root, argv, user=user, cwd=cwd)
+
+
+def command(argv: Sequence[str], directory: Optional[PathLike] = None,
+            user: Optional[str] = None, cwd: Optional[PathLike] = None) -> list[str]:
+    """The command line that runs ``argv`` on the sandbox's side, as ``user`` in ``cwd``.
+
+    For the host's Slurm: ``runuser -u USER -- env -C CWD ARGV`` (or less).  For a sandbox
+    in a Debian root, the same inside that root (see :mod:`sandbox_root`); then it must be
+    run as root.  Run it with the variables of :func:`environment`.
+    """
+    layout = Layout(state_dir(directory))
+    where = os.fspath(cwd) if cwd is not None else None
+    root = _root_of(layout)
+    if root is not None:
+        return sandbox_root.enter_argv(root, layout.root, argv, user=user, cwd=where)
+    prefix = ["runuser", "-u", user, "--"] if user is not None else []
+    if where is not None:
+        prefix += ["env", "-C", where]
+    return [*prefix, *argv]
 
 
 def _make_folders(layout: Layout) -> None:
@@ -1234,14 +1365,20 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
     return True
 
 
-def _write_config(layout: Layout, nodes: Sequence[str]) -> list[str]:
+def _write_config(layout: Layout, nodes: Sequence[str],
+                  release: str = HOST_RELEASE) -> list[str]:
     """Write the config files that differ; return the names of those written."""
     hostname = socket.gethostname().split(".")[0]
     wanted = {
-        layout.slurm_conf: render_slurm_conf(layout, nodes, hostname),
+        layout.slurm_conf: render_slurm_conf(layout, nodes, hostname, release),
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }
+    if release != HOST_RELEASE:
+        # 24.11's slurmd refuses to start without a cgroup plugin unless told there is none.
+        wanted[layout.etc / "cgroup.conf"] = (
+            "# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
+            "CgroupPlugin=disabled\n")
     return [path.name for path, text in wanted.items() if _write_if_changed(path, text)]
 
 
@@ -1255,14 +1392,18 @@ def _source_files(repo: Path) -> list[Path]:
     return files
 
 
-def _ensure_venv(layout: Layout, repo: Path) -> list[str]:
-    """Install ``repo`` into ``<state>/venv`` unless the same source is installed already."""
+def _ensure_venv(layout: Layout, repo: Path, root: Optional[Path] = None) -> list[str]:
+    """Install ``repo`` into ``<state>/venv`` unless the same source is installed already.
+
+    With ``root`` the venv is made by, and runs on, that Debian root's Python (its path is
+    the same inside: sandbox_root binds the state folder), and pip runs inside it."""
     if not (repo / "pyproject.toml").is_file():
         raise SandboxError(f"{repo} is not a slurm-dispatch checkout (no pyproject.toml)")
     digest = source_digest(repo)
     python = layout.venv_bin / "python"
-    works = python.exists() and subprocess.run(
-        [str(python), "-c", ""], capture_output=True).returncode == 0
+    works = (python.exists() or python.is_symlink()) and subprocess.run(
+        _wrap(layout, [str(python), "-c", ""], root=root), capture_output=True,
+        env=_pip_env(root)).returncode == 0
     try:
         installed = layout.source_hash_file.read_text().strip()
     except OSError:
@@ -1273,7 +1414,8 @@ def _ensure_venv(layout: Layout, repo: Path) -> list[str]:
     log = layout.log_dir / "venv.log"
     if not works:
         shutil.rmtree(layout.venv, ignore_errors=True)
-        _logged_run([SYSTEM_PYTHON, "-m", "venv", str(layout.venv)], log, "creating the venv")
+        _logged_run(_wrap(layout, [SYSTEM_PYTHON, "-m", "venv", str(layout.venv)], root=root),
+                    log, "creating the venv", env=_pip_env(root))
         actions.append(f"created {layout.venv}")
     # Build from a copy: an in-tree build would write build/ and *.egg-info into the checkout,
     # and a non-editable install keeps working when the checkout is not readable by the job user.
@@ -1287,20 +1429,35 @@ def _ensure_venv(layout: Layout, repo: Path) -> list[str]:
             (copy / "README.md").write_text("slurm-dispatch\n")
         layout.source_hash_file.unlink(missing_ok=True)
         # pip always reinstalls a project given as a folder; dependencies only when missing.
-        _logged_run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                     "--no-input", "--quiet", str(copy)],
-                    log, f"installing {repo} into the venv")
+        _logged_run(_wrap(layout, [str(python), "-m", "pip", "install",
+                                   "--disable-pip-version-check", "--no-input", "--quiet",
+                                   str(copy)], root=root),
+                    log, f"installing {repo} into the venv", env=_pip_env(root))
     _write_text(layout.source_hash_file, digest + "\n")
     actions.append(f"installed {repo} into {layout.venv}")
     return actions
 
 
-def _logged_run(argv: list[str], log: Path, what: str) -> None:
+def _pip_env(root: Optional[Path]) -> Optional[dict[str, str]]:
+    """The environment of pip: ours on the host; inside a Debian root without this machine's
+    pip settings (they name files of the host, such as local wheels), trusting what this
+    machine trusts (its certificate store is bound inside)."""
+    if root is None:
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    if os.path.isfile(sandbox_root.CA_BUNDLE):
+        env["PIP_CERT"] = sandbox_root.CA_BUNDLE
+    return env
+
+
+def _logged_run(argv: list[str], log: Path, what: str,
+                env: Optional[dict[str, str]] = None) -> None:
     with _append(log) as out:
         out.write(f"--- {shlex.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, umask=0o022)
+                              stderr=subprocess.STDOUT, umask=0o022, env=env)
     if proc.returncode != 0:
         raise SandboxError(f"{what} failed (exit {proc.returncode}):\n" + _tail(log, 30))
 

@@ -13,6 +13,12 @@ poison the next.
 So one test session per sandbox at a time (settling cancels every job in it).  To run another
 session beside it, give it its own sandbox: ``DISPATCH_SANDBOX_DIR=/var/tmp/sandbox-b pytest``
 (a sandbox in another folder gets its own ports).
+
+The Slurm release: ``DISPATCH_SANDBOX_SLURM=24.11 pytest tests/real`` runs the same tests
+against a sandbox whose daemons, clients, venv, jobs and hooks run from a Debian 13 root
+(slurm_dispatch.sandbox_root; its default folder is ``/var/tmp/slurm-dispatch-sandbox-24.11``);
+unset or ``host``, this machine's own Slurm.  :meth:`Sandbox.run` runs every command on the
+sandbox's side, so a test that runs its commands through it runs unchanged on both.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class Sandbox:
     env: dict[str, str]
     venv_bin: Path
     nodes: list[str]
+    # "host", or the release run from a Debian root (sandbox_lib.RELEASE_ENV).
+    slurm: str = sandbox_lib.HOST_RELEASE
     uid: int = field(init=False)
     home: Path = field(init=False)
 
@@ -66,14 +74,13 @@ class Sandbox:
 
         A user's command runs in that user's home unless ``cwd`` says otherwise (the test's
         own folder is usually unreadable to it).  With ``check``, a non-zero exit fails with
-        the command's output.
+        the command's output.  On a sandbox in a Debian root the command runs inside it.
         """
         args = [os.fspath(a) for a in argv]
-        if user is not None:
-            args = ["runuser", "-u", user, "--", *args]
-            if cwd is None:
-                cwd = Path(pwd.getpwnam(user).pw_dir)
-        proc = subprocess.run(args, env=self.env, cwd=cwd, input=input, text=True,
+        if user is not None and cwd is None:
+            cwd = Path(pwd.getpwnam(user).pw_dir)
+        args = sandbox_lib.command(args, self.dir, user=user, cwd=cwd)
+        proc = subprocess.run(args, env=self.env, input=input, text=True,
                               capture_output=True, timeout=timeout,
                               stdin=None if input is not None else subprocess.DEVNULL)
         if check and proc.returncode != 0:
@@ -162,7 +169,8 @@ def sandbox() -> Iterator[Sandbox]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
     env.update(sandbox_lib.environment(state.dir, user=state.user))
     cluster = Sandbox(dir=Path(state.dir), user=state.user, env=env,
-                      venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes])
+                      venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
+                      slurm=state.slurm)
     # Leftovers of an earlier, interrupted session (a requeued loop, a stopped slurmd).
     cluster.settle()
     yield cluster

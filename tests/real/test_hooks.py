@@ -7,7 +7,7 @@ recorded too.
 from __future__ import annotations
 
 import json
-import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -60,11 +60,11 @@ def test_every_node_records_and_only_the_user_reads(sandbox: Sandbox) -> None:
     # Another user reads nothing of it, and cannot write there.
     theirs = ("import json, sys; from slurm_dispatch import facts; print(json.dumps("
               f"facts.execution_facts({jobid!r}, {state!r}, uid={sandbox.uid})))")
-    other = subprocess.run([str(sandbox.venv_bin / "python"), "-c", theirs],
-                           capture_output=True, text=True, user="nobody", cwd="/")
+    other = sandbox.run([str(sandbox.venv_bin / "python"), "-c", theirs], user="nobody",
+                        cwd=Path("/"), check=False)
     assert other.returncode != 0 and "Permission denied" in other.stderr, other
-    touch = subprocess.run(["touch", f"{state}/facts/{sandbox.uid}/{jobid}/forged"],
-                           capture_output=True, user=sandbox.user, cwd="/")
+    touch = sandbox.run(["touch", f"{state}/facts/{sandbox.uid}/{jobid}/forged"],
+                        user=sandbox.user, cwd=Path("/"), check=False)
     assert touch.returncode != 0
 
 
