@@ -9,8 +9,11 @@ the shell of :mod:`slurm_dispatch.cli_exit`.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar
 
@@ -28,10 +31,24 @@ class _Shell(ClickShell, click.Group):
 
 
 def _dir_option(func: F) -> F:
+    """--dir and --slurm; the command gets ``directory`` (None when neither is given)."""
+    func = click.option(
+        "--slurm", "release", metavar="RELEASE", default=None,
+        help=f"Slurm release: host (this machine's) or 24.11 (from a Debian 13 root); "
+             f"chooses the default folder (default: ${sandbox.RELEASE_ENV}, else host).")(func)
     return click.option(
         "--dir", "directory", metavar="DIR", default=None,
         help=f"State folder of the sandbox (default: ${sandbox.DIR_ENV}, else "
-             f"{sandbox.DEFAULT_DIR}).")(func)
+             f"{sandbox.DEFAULT_DIR} for the host's Slurm, {sandbox.DEFAULT_DIR}-RELEASE "
+             "for another).")(func)
+
+
+def _folder(directory: Optional[str], release: Optional[str]) -> Optional[str]:
+    """The folder a verb works on: --dir, else $DISPATCH_SANDBOX_DIR, else --slurm's default
+    (None leaves it to the library: $DISPATCH_SANDBOX_SLURM's default)."""
+    if directory is not None or release is None:
+        return directory
+    return os.environ.get(sandbox.DIR_ENV) or str(sandbox.default_dir(release))
 
 
 @click.group(cls=_Shell,
@@ -60,7 +77,8 @@ def cli() -> None:
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
 @_dir_option
-def up(nodes: Optional[int], timeout: float, directory: Optional[str]) -> None:
+def up(nodes: Optional[int], timeout: float, directory: Optional[str],
+       release: Optional[str]) -> None:
     """Start the sandbox (or repair it) and wait until every node is idle.
 
     Installs slurm-wlm and munge with apt-get when missing, creates the job user, installs
@@ -70,28 +88,39 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str]) -> None:
     changed configuration (for example another --nodes) restarts slurmctld and the slurmds;
     running jobs survive.
 
+    With --slurm 24.11 the daemons, the Slurm tools, the venv (on Python 3.13) and the jobs
+    run from a Debian 13 root that debootstrap builds once from Debian's packages (about 2
+    minutes, kept in /var/cache/slurm-dispatch); reach it with `dispatch-sandbox exec`.
+
     \b
     Examples:
       dispatch-sandbox up
       dispatch-sandbox up --nodes 5
+      dispatch-sandbox up --slurm 24.11
       DISPATCH_SANDBOX_DIR=/var/tmp/sb2 dispatch-sandbox up
     """
-    report = sandbox.up(directory, nodes=nodes, timeout=timeout)
+    report = sandbox.up(_folder(directory, release), nodes=nodes, timeout=timeout,
+                        slurm=release)
     for action in report.actions:
         click.echo(action)
     for node in report.partitioned:
         click.echo(f"{node} is partitioned: left so (undo with: {PROG} heal {node})")
     names = " ".join(n.name for n in report.status.nodes)
     verb = "up" if report.actions else "already up"
+    slurm = "" if report.status.slurm == sandbox.HOST_RELEASE else \
+        f" on Slurm {report.status.slurm}"
     click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
-               f"({names}) in {report.status.dir}")
-    where = f" --dir {shlex.quote(report.status.dir)}" if directory else ""
-    click.echo(f'use it with: eval "$({PROG} env{where})"')
+               f"({names}){slurm} in {report.status.dir}")
+    where = f" --dir {shlex.quote(report.status.dir)}" if directory or release else ""
+    if report.status.rootfs:
+        click.echo(f"use it with: {PROG} exec{where} [--user USER] -- sinfo -N")
+    else:
+        click.echo(f'use it with: eval "$({PROG} env{where})"')
 
 
 @cli.command()
 @_dir_option
-def down(directory: Optional[str]) -> None:
+def down(directory: Optional[str], release: Optional[str]) -> None:
     """Stop the daemons the sandbox started; keep its files.
 
     Stops each slurmd, slurmctld and munged named by the pid files in the state folder (after
@@ -103,7 +132,7 @@ def down(directory: Optional[str]) -> None:
     Example:
       dispatch-sandbox down
     """
-    actions = sandbox.down(directory)
+    actions = sandbox.down(_folder(directory, release))
     for action in actions:
         click.echo(action)
     if not actions:
@@ -113,7 +142,7 @@ def down(directory: Optional[str]) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_dir_option
-def status(as_json: bool, directory: Optional[str]) -> None:
+def status(as_json: bool, directory: Optional[str], release: Optional[str]) -> None:
     """Show the daemons, the nodes and the state folder.  Exit 0 when all is up, else 1.
 
     Needs no root.  Node states come from `sinfo -N` against the sandbox's slurm.conf; a
@@ -124,7 +153,7 @@ def status(as_json: bool, directory: Optional[str]) -> None:
       dispatch-sandbox status
       dispatch-sandbox status --json | jq '.nodes[].state'
     """
-    report = sandbox.status(directory)
+    report = sandbox.status(_folder(directory, release))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -132,6 +161,8 @@ def status(as_json: bool, directory: Optional[str]) -> None:
         click.echo(f"slurm.conf  {report.slurm_conf}")
         click.echo(f"job user    {report.user}")
         click.echo(f"venv        {report.venv_bin}")
+        if report.rootfs:
+            click.echo(f"slurm       {report.slurm} (Debian root {report.rootfs})")
         if report.daemons:
             click.echo("daemons:")
         for daemon in report.daemons:
@@ -154,24 +185,25 @@ def status(as_json: bool, directory: Optional[str]) -> None:
 
 @cli.command()
 @_dir_option
-def env(directory: Optional[str]) -> None:
+def env(directory: Optional[str], release: Optional[str]) -> None:
     """Print shell lines that point Slurm commands and `dispatch` at the sandbox.
 
     Sets SLURM_CONF, DISPATCH_SANDBOX_DIR and DISPATCH_SANDBOX_USER and puts <state>/venv/bin
-    first on PATH.
+    first on PATH.  A sandbox in a Debian root (--slurm 24.11) has none: its tools run only
+    inside that root, through `dispatch-sandbox exec`.
 
     \b
     Example:
       eval "$(dispatch-sandbox env)"; sinfo -N
     """
-    for line in sandbox.env_lines(directory):
+    for line in sandbox.env_lines(_folder(directory, release)):
         click.echo(line)
 
 
 @cli.command()
 @click.argument("node")
 @_dir_option
-def partition(node: str, directory: Optional[str]) -> None:
+def partition(node: str, directory: Optional[str], release: Optional[str]) -> None:
     """Cut NODE off the network: its slurmd stops answering, its jobs keep running.
 
     Sends SIGSTOP to the slurmd of NODE.  About 25 s later Slurm marks the node DOWN and
@@ -182,7 +214,7 @@ def partition(node: str, directory: Optional[str]) -> None:
     Example:
       dispatch-sandbox partition n1; sleep 40; squeue; dispatch-sandbox heal n1
     """
-    pid = sandbox.partition(node, directory)
+    pid = sandbox.partition(node, _folder(directory, release))
     click.echo(f"partitioned {node} (slurmd pid {pid} stopped); undo with: {PROG} heal {node}")
 
 
@@ -193,7 +225,8 @@ def partition(node: str, directory: Optional[str]) -> None:
                    "again by itself (about 40 s).")
 @click.option("--no-wait", is_flag=True, help="Return without waiting for NODE to be idle.")
 @_dir_option
-def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str]) -> None:
+def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str],
+         release: Optional[str]) -> None:
     """Reconnect NODE after `partition`, and wait until it is idle again.
 
     Sends SIGCONT to the slurmd of NODE (it then kills what is left of the jobs that were
@@ -203,10 +236,61 @@ def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str]) 
     Example:
       dispatch-sandbox heal n1
     """
-    actions = sandbox.heal(node, directory, wait=not no_wait, register=not no_register)
+    actions = sandbox.heal(node, _folder(directory, release), wait=not no_wait,
+                           register=not no_register)
     for action in actions:
         click.echo(action)
     click.echo(f"{node} healed" if actions else f"{node} was not partitioned")
+
+
+@cli.command(name="build-root")
+@click.option("--slurm", "release", metavar="RELEASE", required=True,
+              help="The release whose Debian root to build (24.11).")
+def build_root(release: str) -> None:
+    """Build the Debian root of a Slurm release now (up --slurm builds it when missing).
+
+    debootstrap (installed with apt-get when missing) makes it from Debian's packages once;
+    it is kept in $DISPATCH_SANDBOX_ROOTFS, else /var/cache/slurm-dispatch, and reused.
+
+    \b
+    Example:
+      dispatch-sandbox build-root --slurm 24.11
+    """
+    started = time.monotonic()
+    root, actions = sandbox.build_root(release)
+    for action in actions:
+        click.echo(action)
+    verb = "built" if actions else "already built"
+    click.echo(f"Debian root for Slurm {release} {verb} in {time.monotonic() - started:.1f} s: "
+               f"{root}")
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.option("--user", "-u", metavar="USER", default=None,
+              help="Run as USER (runuser), in USER's home unless --cwd says otherwise.")
+@click.option("--cwd", metavar="DIR", default=None, help="Folder to run in.")
+@_dir_option
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(user: Optional[str], cwd: Optional[str], directory: Optional[str],
+          release: Optional[str], command: tuple[str, ...]) -> None:
+    """Run COMMAND against the sandbox: its Slurm tools and venv first on PATH.
+
+    For the host's Slurm this is COMMAND with the variables of `env`; for a sandbox in a
+    Debian root (--slurm 24.11) COMMAND runs inside that root, where its own Slurm tools,
+    munge and venv are (needs root).  Exits with COMMAND's exit status.
+
+    \b
+    Examples:
+      dispatch-sandbox exec --slurm 24.11 -- sinfo -N
+      dispatch-sandbox exec --slurm 24.11 --user dispatchuser -- sbatch --wrap hostname
+    """
+    folder = _folder(directory, release)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(sandbox.environment(folder))
+    if user is not None and cwd is None:
+        cwd = sandbox.home_of(user)
+    argv = sandbox.command(list(command), folder, user=user, cwd=cwd)
+    sys.exit(subprocess.run(argv, env=env).returncode)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

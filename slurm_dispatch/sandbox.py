@@ -284,7 +284,9 @@ def default_dir(release: Optional[str] = None) -> Path:
 def state_dir(override: Optional[PathLike] = None) -> Path:
     """The sandbox state folder: ``override``, else ``$DISPATCH_SANDBOX_DIR``, else the default
     folder of ``$DISPATCH_SANDBOX_SLURM``'s release (:func:`default_dir`)."""
-    chosen = override if override is not None else os.environ.get(DIR_ENV) or default_dir()
+    # An empty value (DISPATCH_SANDBOX_DIR= from a Makefile) means the default, not ".".
+    chosen = override if override not in (None, "") else \
+        os.environ.get(DIR_ENV) or default_dir()
     path = Path(os.path.abspath(os.fspath(chosen)))
     bad = [c for c in " \t\n,=\"'#" if c in str(path)]
     if bad:
@@ -536,7 +538,7 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     started = time.monotonic()
     _require_root("up")
     wanted_release = slurm if slurm is not None else os.environ.get(RELEASE_ENV)
-    if directory is None:
+    if directory is None or directory == "":
         directory = os.environ.get(DIR_ENV) or default_dir(wanted_release)
     layout = Layout(claim_state_folder(directory))
     actions: list[str] = []
@@ -1093,6 +1095,22 @@ def _apt_install(layout: Layout, packages: list[str]) -> None:
                                + _tail(log))
 
 
+def build_root(release: str) -> tuple[Path, list[str]]:
+    """The Debian root of ``release`` (see :mod:`sandbox_root`), built now when missing, as
+    ``up`` would (debootstrap installed with apt-get when missing); its path and what was
+    done.  For CI, to build (and time) it before the tests."""
+    _require_root("build-root")
+    chosen = sandbox_root.normalize(release)
+    if chosen == HOST_RELEASE:
+        raise SandboxError("the host's Slurm needs no Debian root: name a release of "
+                           + ", ".join(sandbox_root.RELEASES))
+    cache = sandbox_root.cache_folder()
+    _claim(cache, create=True)
+    return sandbox_root.ensure_root(
+        sandbox_root.RELEASES[chosen], cache, lambda folder: _claim(folder, create=True),
+        lambda packages: _apt_install(Layout(cache), packages))
+
+
 def _ensure_munge_user(layout: Layout) -> list[str]:
     """A sandbox in a Debian root shares the host's accounts (sandbox_root binds /etc/passwd):
     its munged runs as the host's munge user, made by the host's munge package when missing."""
@@ -1139,6 +1157,14 @@ def command(argv: Sequence[str], directory: Optional[PathLike] = None,
     if where is not None:
         prefix += ["env", "-C", where]
     return [*prefix, *argv]
+
+
+def home_of(user: str) -> str:
+    """``user``'s home folder (where `exec --user` runs by default)."""
+    try:
+        return pwd.getpwnam(user).pw_dir
+    except KeyError:
+        raise SandboxError(f"no user {user!r} on this machine") from None
 
 
 def _make_folders(layout: Layout) -> None:
