@@ -11,8 +11,11 @@ inherit the environment, so every task on every node sees the same identity.
 Invariant: a fresh attempt token and a fresh ``exec/<attempt>/`` folder for every execution;
 the folder is created with ``mkdir`` (never reused), and before the script runs it holds the
 execution's record ``.dispatch`` (:data:`EXEC_RECORD`): JSON, created once (``O_CREAT|O_EXCL``),
-read-only, synced with its folder, never rewritten.  Cleanup reads it to learn which saves an
-execution may still need (its resume source).  Any failure stops the execution with exit 2
+read-only, synced with its folder, never rewritten (on S3 it is copied, create-once, to
+``exec/<attempt>/.dispatch`` in the store).  Cleanup reads it to learn which saves an
+execution may still need (its resume source); the launcher checks, once its record exists,
+that its source is still published, and starts again in a fresh folder when cleanup removed
+it meanwhile.  Any failure stops the execution with exit 2
 rather than letting it run without an identity or its record.
 """
 
@@ -26,13 +29,14 @@ import time
 from typing import Any, Optional
 
 from . import config, model, record, store
-from .errors import DispatchError, RecordError, UsageError
+from .errors import DispatchError, RecordError, StoreError, UsageError
 
 CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
             "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
             "DISPATCH_RESUME_FROM", "DISPATCH_STAGE_DIR")
 EXEC_RECORD = ".dispatch"  # in exec/<attempt>/; a leading dot keeps it out of save patterns
 EXEC_RECORD_FORMAT = 1
+START_TRIES = 5  # fresh folders tried when cleanup removes the resume source meanwhile
 
 
 def expand_root(pattern: str, env: dict[str, str]) -> str:
@@ -65,28 +69,45 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
     """Compute and create this execution's identity; returns the variables to set."""
     spec = job.spec
     epoch = model.Epoch(int(spec["generation"]), submission, restart_count(env))
-    attempt = model.new_attempt()
     root = expand_root(spec["checkpoint"], env)
     timeout = store.store_timeout(None, env)
-    stage: dict[str, str] = {}
-    if store.is_s3_root(root):
-        # The execution's prefix needs no creating; frameworks that write only to local disk
-        # get a fresh local folder (its record is kept there: S3 is not written here).
-        exec_dir = store.open_store(root, timeout).exec_dir(attempt)
-        record_dir = stage["DISPATCH_STAGE_DIR"] = make_stage_dir(attempt, env)
+    st = store.open_store(root, timeout)
+    for _ in range(START_TRIES):
+        attempt = model.new_attempt()
+        stage: dict[str, str] = {}
+        if store.is_s3_root(root):
+            # The execution's prefix needs no creating; frameworks that write only to local
+            # disk get a fresh local folder (its record is kept there, and copied to S3).
+            exec_dir = st.exec_dir(attempt)
+            record_dir = stage["DISPATCH_STAGE_DIR"] = make_stage_dir(attempt, env)
+        else:
+            exec_parent = os.path.join(root, store.EXEC)
+            os.makedirs(exec_parent, exist_ok=True)
+            exec_dir = record_dir = os.path.join(exec_parent, attempt)
+            os.mkdir(exec_dir, 0o755)
+        found = store.latest(root, timeout=timeout)
+        path = write_exec_record(record_dir, {
+            "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
+            "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
+            "resume_from": found.path if found else None,
+            "resume_publication": found.name if found else None,
+            "slurm_job_id": env.get("SLURM_JOB_ID", ""),
+            "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
+        if store.is_s3_root(root):  # cleanup (gc) reads it in the execution's prefix
+            with open(path, "rb") as handle:
+                st.create_exec_file(attempt, EXEC_RECORD, handle.read())
+        # Cleanup removes a publication before its save, then reads the records it had not
+        # seen and spares their sources: a source still published now that our record exists
+        # is one it spares.  One removed meanwhile: start again in a fresh folder.
+        if found is None or st.has_publication(found.name):
+            break
+        st.remove_exec(attempt, EXEC_RECORD)
+        if stage:
+            os.unlink(path)
+            os.rmdir(record_dir)
     else:
-        exec_parent = os.path.join(root, store.EXEC)
-        os.makedirs(exec_parent, exist_ok=True)
-        exec_dir = record_dir = os.path.join(exec_parent, attempt)
-        os.mkdir(exec_dir, 0o755)
-    found = store.latest(root, timeout=timeout)
-    write_exec_record(record_dir, {
-        "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
-        "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
-        "resume_from": found.path if found else None,
-        "resume_publication": found.name if found else None,
-        "slurm_job_id": env.get("SLURM_JOB_ID", ""),
-        "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
+        raise StoreError(f"the resume source in {root!r} was removed by cleanup (dispatch gc) "
+                         f"while this execution started, {START_TRIES} times running")
     return {
         "DISPATCH_JOB": job.id,
         "DISPATCH_GENERATION": str(epoch.generation),

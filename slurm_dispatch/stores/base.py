@@ -1,10 +1,18 @@
 """What every publication store is: the interface, the value it returns, the name check.
 
 A store holds a checkpoint root's publications in ``<root>/pub/``, one empty entry per
-publication, created once or not at all, never renamed, rewritten or deleted; the latest save
-is the greatest name.  :class:`Store` is what the POSIX store (:mod:`.posix`) and the S3 store
+publication, created once or not at all, never renamed or rewritten; the latest save is the
+greatest name.  :class:`Store` is what the POSIX store (:mod:`.posix`) and the S3 store
 (:mod:`.s3`) both implement, and all the callers above them (the CLI, the launcher, ``watch``,
-``status``) use.
+``status``, ``gc``) use.
+
+The one operation that removes anything is cleanup (:mod:`slurm_dispatch.gc`, through the
+``*_exec``, ``*_save``, ``*_publication`` and ``*_intent`` methods below): it removes only
+publications below the K latest, each before its save, and records its intent in
+``<root>/gc/`` first so that a rerun finishes what a killed run began.  The seed's guarantees
+still hold: a name is never renamed or rewritten (it exists whole, or not at all), and
+``latest`` is still the greatest name by listing, without a lock, because the greatest name
+is never removed (K is at least 1).
 
 Invariant kept here: :func:`check_names` refuses a listing that holds any entry that is not a
 publication name (one scan, at C speed), naming the first bad entry; nothing is ever skipped,
@@ -23,6 +31,7 @@ from ..errors import BadPublicationName, OutOfBounds
 
 PUB = "pub"
 EXEC = "exec"
+GC = "gc"  # cleanup's intents: one empty entry per publication being removed
 S3_SCHEME = "s3://"
 
 # One scan over all names joined by newlines checks every name's shape at C speed; the
@@ -73,6 +82,80 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def locate(self, relative: str) -> str:
         """The save at ``relative`` (a normal path under the root) as a path or URL."""
+
+    # What cleanup (gc) needs.  Nothing else calls the removing methods. -------------------
+
+    @abc.abstractmethod
+    def check_store(self) -> None:
+        """Raise StoreError naming the root unless it is a checkpoint root (it holds
+        ``pub/`` or ``exec/``): cleanup never removes anything under another folder."""
+
+    @abc.abstractmethod
+    def publication_names(self) -> list[str]:
+        """Every name in ``pub/``, each checked (:func:`check_names`), in no order."""
+
+    @abc.abstractmethod
+    def has_publication(self, name: str) -> bool:
+        """Whether the publication ``name`` is in ``pub/`` now."""
+
+    @abc.abstractmethod
+    def delete_publications(self, names: list[str]) -> None:
+        """Remove the publications ``names`` (absent ones are fine); durable when this
+        returns."""
+
+    @abc.abstractmethod
+    def list_exec(self) -> list[str]:
+        """The names of the execution folders under ``exec/``, in no order."""
+
+    @abc.abstractmethod
+    def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
+        """The bytes of ``exec/<attempt>/<name>``, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
+        """Create ``exec/<attempt>/<name>`` once with ``data`` (FileExistsError if it is
+        there); durable when this returns."""
+
+    @abc.abstractmethod
+    def exists(self, relative: str) -> bool:
+        """Whether anything is at ``relative`` (on S3: a key equal to it or under it; a
+        "folder" whose objects are all gone is not there, whatever a listing says)."""
+
+    @abc.abstractmethod
+    def size(self, relative: str) -> int:
+        """Bytes of every file of the save or folder at ``relative`` (0 when absent)."""
+
+    @abc.abstractmethod
+    def check_removable(self, relative: str) -> None:
+        """Raise StoreError naming the first part of ``relative`` (a save or an execution
+        folder) that cannot be removed, before anything is; nothing is changed."""
+
+    @abc.abstractmethod
+    def remove_save(self, relative: str) -> int:
+        """Remove the save at ``relative`` (a folder, or a file and its manifest beside it);
+        return the bytes freed (0 when it was gone)."""
+
+    @abc.abstractmethod
+    def remove_exec(self, attempt: str, record: str) -> int:
+        """Remove the folder ``exec/<attempt>/``, its ``record`` file last (so a killed
+        removal leaves a folder that still says whose it is); return the bytes freed."""
+
+    @abc.abstractmethod
+    def list_intents(self) -> list[str]:
+        """The publication names in ``gc/``: removals a cleanup began."""
+
+    @abc.abstractmethod
+    def create_intents(self, names: list[str]) -> None:
+        """Record, durably, that the publications ``names`` and their saves are being
+        removed (an intent that exists already is fine)."""
+
+    @abc.abstractmethod
+    def delete_intents(self, names: list[str]) -> None:
+        """Forget finished removals (absent ones are fine)."""
+
+
+# The sibling a framework integration writes beside a file save (integrations/saves.py).
+MANIFEST_SUFFIX = ".dispatch-manifest.json"
 
 
 def is_s3_root(root: str) -> bool:

@@ -4,7 +4,10 @@
 system folder; the module functions are its body.  Invariants kept here (the seed's rules):
 
 * A publication is an empty file created with ``O_CREAT|O_EXCL``; ``pub/`` and the root are
-  fsynced before :func:`publish` returns.  Nothing here renames, rewrites, appends or deletes.
+  fsynced before :func:`publish` returns.  Nothing here renames, rewrites or appends; only
+  cleanup's methods (``delete_publication``, ``remove_save``, ``remove_exec``) delete, and
+  they never follow a symlink: a path with a symlink on its way is refused, a symlink inside
+  a removed folder is removed itself, never what it points to.
 * No locks and no pointer file: the latest save is the greatest name in ``pub/``
   (greatest epoch, then step, then encoded path in byte order for exact ties).
 * A name in ``pub/`` that is not a publication is an error naming it, never skipped; so is
@@ -27,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Optional
 
 from .. import model
 from ..errors import (
@@ -35,7 +39,7 @@ from ..errors import (
     StoreError,
     StoreFull,
 )
-from .base import EXEC, PUB, Found, Store, check_names
+from .base import EXEC, GC, MANIFEST_SUFFIX, PUB, Found, Store, check_names
 
 __all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC"]
 
@@ -240,7 +244,302 @@ def _check_found(root: str, found: list[Found]) -> None:
         os.close(root_fd)
 
 
-class PosixStore(Store):
+# --------------------------------------------------------------------------- cleanup's part
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_below(root_fd: int, parts: list[str], shown: str) -> Optional[int]:
+    """Open the folder ``parts`` below the open root, never following a symlink; None when a
+    part does not exist.  A symlink or a file on the way is a StoreError naming it."""
+    fd = os.dup(root_fd)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                os.close(fd)
+                return None
+            except OSError as exc:
+                where = os.path.join(shown, *parts[:i + 1])
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise StoreError(f"{where!r} is a symlink or not a folder; cleanup never "
+                                     "follows one") from None
+                raise StoreError(f"cannot open {where!r}: {exc.strerror}") from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _tree(parent_fd: int, name: str, shown: str, visit_dir: bool) -> tuple[int, list[str]]:
+    """(bytes of every file, folders that cannot be emptied) of ``name`` in ``parent_fd``;
+    symlinks count as themselves."""
+    try:
+        st = os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return 0, []
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size, []
+    total, stuck = 0, []
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return 0, []
+    except OSError as exc:
+        return 0, [f"{shown} ({exc.strerror})"]
+    if visit_dir and not os.access(name, os.W_OK | os.X_OK, dir_fd=parent_fd,
+                                   follow_symlinks=False):
+        stuck.append(f"{shown} (no write permission)")
+    try:
+        for entry in os.scandir(fd):
+            size, below = _tree(fd, entry.name, os.path.join(shown, entry.name), visit_dir)
+            total += size
+            stuck.extend(below)
+    finally:
+        os.close(fd)
+    return total, stuck
+
+
+def _remove(parent_fd: int, name: str, shown: str, last: str = "") -> int:
+    """Remove ``name`` (a file, a symlink or a whole folder) from ``parent_fd``; a folder's
+    entry ``last`` goes after every other one.  Returns the bytes of the files removed."""
+    try:
+        st = os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return 0
+    try:
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=parent_fd)
+            return st.st_size
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        total = 0
+        try:
+            names = sorted(entry.name for entry in os.scandir(fd))
+            for child in [n for n in names if n != last] + [n for n in names if n == last]:
+                total += _remove(fd, child, os.path.join(shown, child))
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=parent_fd)
+        return total
+    except FileNotFoundError:
+        return 0  # another cleanup removed it meanwhile
+    except OSError as exc:
+        raise StoreError(f"cannot remove {shown!r}: {exc.strerror}") from None
+
+
+class _Cleanup:
+    """The POSIX store's part for cleanup; mixed into :class:`PosixStore`."""
+
+    root: str
+
+    def _root_fd(self) -> int:
+        return _open_root(os.path.abspath(self.root), self.root)
+
+    def _at(self, relative: str) -> tuple[Optional[int], str, str]:
+        """(open parent folder or None when absent, last part, the path as shown)."""
+        parts = relative.split("/")
+        shown = os.path.join(self.root, relative)
+        root_fd = self._root_fd()
+        try:
+            return _open_below(root_fd, parts[:-1], self.root), parts[-1], shown
+        finally:
+            os.close(root_fd)
+
+    def check_store(self) -> None:
+        root_abs = os.path.abspath(self.root)
+        os.close(_open_root(root_abs, self.root))
+        if not any(os.path.lexists(os.path.join(root_abs, part)) for part in (PUB, EXEC)):
+            raise StoreError(f"{self.root!r} is not a checkpoint root (it holds neither pub/ "
+                             "nor exec/); refusing to clean it")
+
+    def publication_names(self) -> list[str]:
+        names = _names(self.root)
+        check_names(names, os.path.join(self.root, PUB))
+        return names
+
+    def _entry(self, folder: str, name: str) -> str:
+        return os.path.join(os.path.abspath(self.root), folder, name)
+
+    def has_publication(self, name: str) -> bool:
+        return os.path.lexists(self._entry(PUB, name))
+
+    def _open_part(self, part: str) -> Optional[int]:
+        """``pub/``, ``exec/`` or ``gc/`` opened without following a symlink (None: absent)."""
+        root_fd = self._root_fd()
+        try:
+            return _open_below(root_fd, [part], self.root)
+        finally:
+            os.close(root_fd)
+
+    def _unlink_synced(self, folder: str, names: list[str]) -> None:
+        path = os.path.join(os.path.abspath(self.root), folder)
+        fd = self._open_part(folder)
+        if fd is None:
+            return
+        try:
+            for name in names:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass  # another cleanup removed it
+                except OSError as exc:
+                    raise StoreError(f"cannot remove {os.path.join(path, name)!r}: "
+                                     f"{exc.strerror}") from None
+            _fsync_dir(fd, path)  # one sync makes every removal above durable
+        finally:
+            os.close(fd)
+
+    def delete_publications(self, names: list[str]) -> None:
+        self._unlink_synced(PUB, names)
+
+    def list_exec(self) -> list[str]:
+        path = os.path.join(os.path.abspath(self.root), EXEC)
+        fd = self._open_part(EXEC)
+        if fd is None:
+            return []
+        try:
+            return os.listdir(fd)
+        except OSError as exc:
+            raise StoreError(f"cannot list {path!r}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+
+    def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
+        parent, last, shown = self._at(f"{EXEC}/{attempt}/{name}")
+        if parent is None:
+            return None
+        try:
+            fd = os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {shown!r}: {exc.strerror}") from None
+        finally:
+            os.close(parent)
+        with os.fdopen(fd, "rb") as handle:
+            return handle.read()
+
+    def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
+        from ..record import _write_new
+
+        path = os.path.join(os.path.abspath(self.root), EXEC, attempt, name)
+        _write_new(path, data, 0o444)
+        fd = os.open(os.path.dirname(path), _DIR_FLAGS)
+        try:
+            _fsync_dir(fd, os.path.dirname(path))
+        finally:
+            os.close(fd)
+
+    def exists(self, relative: str) -> bool:
+        parent, last, _shown = self._at(relative)
+        if parent is None:
+            return False
+        try:
+            os.lstat(last, dir_fd=parent)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(parent)
+
+    def size(self, relative: str) -> int:
+        parent, last, shown = self._at(relative)
+        if parent is None:
+            return 0
+        try:
+            total = _tree(parent, last, shown, visit_dir=False)[0]
+            if not last.endswith(MANIFEST_SUFFIX):
+                total += _tree(parent, last + MANIFEST_SUFFIX, shown, visit_dir=False)[0]
+            return total
+        finally:
+            os.close(parent)
+
+    def check_removable(self, relative: str) -> None:
+        parent, last, shown = self._at(relative)
+        if parent is None:
+            return
+        try:
+            try:
+                os.lstat(last, dir_fd=parent)
+            except FileNotFoundError:
+                return
+            stuck = [] if os.access(".", os.W_OK | os.X_OK, dir_fd=parent) else [
+                f"{os.path.dirname(shown)} (no write permission)"]
+            stuck += _tree(parent, last, shown, visit_dir=True)[1]
+        finally:
+            os.close(parent)
+        if stuck:
+            raise StoreError(f"cannot remove {shown!r}: {stuck[0]}"
+                             + (f" and {len(stuck) - 1} more" if len(stuck) > 1 else "")
+                             + "; nothing was removed")
+
+    def remove_save(self, relative: str) -> int:
+        parent, last, shown = self._at(relative)
+        if parent is None:
+            return 0
+        try:
+            freed = _remove(parent, last, shown)
+            if not last.endswith(MANIFEST_SUFFIX):
+                freed += _remove(parent, last + MANIFEST_SUFFIX, shown + MANIFEST_SUFFIX)
+            _fsync_dir(parent, os.path.dirname(shown))
+            return freed
+        finally:
+            os.close(parent)
+
+    def remove_exec(self, attempt: str, record: str) -> int:
+        parent, last, shown = self._at(f"{EXEC}/{attempt}")
+        if parent is None:
+            return 0
+        try:
+            freed = _remove(parent, last, shown, last=record)
+            _fsync_dir(parent, os.path.dirname(shown))
+            return freed
+        finally:
+            os.close(parent)
+
+    def list_intents(self) -> list[str]:
+        path = os.path.join(os.path.abspath(self.root), GC)
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {path!r}: {exc.strerror}") from None
+
+    def create_intents(self, names: list[str]) -> None:
+        root_fd = self._root_fd()
+        path = os.path.join(os.path.abspath(self.root), GC)
+        try:
+            try:
+                os.mkdir(GC, 0o755, dir_fd=root_fd)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                _raise_write_error(exc, path)
+            fd = _open_below(root_fd, [GC], self.root)
+            assert fd is not None
+            try:
+                for name in names:
+                    try:
+                        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                                         | os.O_CLOEXEC, 0o444, dir_fd=fd))
+                    except OSError as exc:
+                        _raise_write_error(exc, os.path.join(path, name))
+                _fsync_dir(fd, path)
+            finally:
+                os.close(fd)
+            _fsync_dir(root_fd, self.root)
+        finally:
+            os.close(root_fd)
+
+    def delete_intents(self, names: list[str]) -> None:
+        self._unlink_synced(GC, names)
+
+
+class PosixStore(_Cleanup, Store):
     """The :class:`~.base.Store` of a folder.  A hung file system cannot be interrupted from
     user space, so there is no timeout here (the S3 store has one)."""
 

@@ -5,7 +5,7 @@ The same protocol as on POSIX, with S3's primitives:
 * A publication is an empty object ``<prefix>/pub/<name>`` created with ``PutObject`` and
   ``If-None-Match: *``: the server creates it once or answers 412 (``AlreadyPublished``,
   exit 1).  A 409 (a concurrent conditional create in flight, as AWS may answer) is retried
-  with tenacity until the deadline.  Nothing here overwrites, copies or deletes.
+  with tenacity until the deadline.  Nothing here overwrites or copies.
 * ``latest`` and ``list_publications`` page through ``ListObjectsV2`` of ``<prefix>/pub/``
   with no delimiter, so a key in a deeper "folder" is seen too; any key that is not a
   publication name is an error naming it (only the folder marker ``pub/`` itself, which
@@ -19,6 +19,10 @@ The same protocol as on POSIX, with S3's primitives:
 * ``publish`` makes exactly one request: it does not check that the save exists (on S3 a
   "folder" is only a prefix, and a check would double publish's cost); the path must still
   lie under the root, in normal form.
+* Only cleanup's methods delete (``DeleteObjects``, a thousand keys a request): a save is every
+  key equal to its path or under it as a folder, plus its manifest beside it.  S3 cannot say
+  beforehand whether a delete will be allowed (``check_removable`` checks nothing); a refused
+  delete is an error naming the key, and cleanup's order keeps the store valid after it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from .. import model
 from ..errors import (
@@ -36,7 +40,19 @@ from ..errors import (
     StoreTimeout,
     UsageError,
 )
-from .base import EXEC, PUB, S3_SCHEME, Found, Store, found_all, found_latest, is_s3_root
+from .base import (
+    EXEC,
+    GC,
+    MANIFEST_SUFFIX,
+    PUB,
+    S3_SCHEME,
+    Found,
+    Store,
+    check_names,
+    found_all,
+    found_latest,
+    is_s3_root,
+)
 
 EXTRA_HINT = "pip install 'slurm-dispatch[s3]'"
 # Codes a server gives for a conditional create that raced another one in flight (AWS S3
@@ -251,6 +267,20 @@ class S3Store(Store):
         except BotoCoreError as exc:
             raise _describe(exc, "publishing", url) from None
 
+    def _pages(self, client: Any, request: dict[str, Any], url: str,
+               abandoned: threading.Event) -> Iterator[dict[str, Any]]:
+        """Each page of a ListObjectsV2 listing, until the last one or ``abandoned``."""
+        while not abandoned.is_set():
+            page = client.list_objects_v2(**request)
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+            if not token:
+                raise StoreError(f"listing {url}: the server said the listing is truncated "
+                                 "but gave no continuation token")
+            request["ContinuationToken"] = token
+
     def _names(self) -> list[str]:
         return within(self.timeout, f"listing {self._pub_url()}", self._scan)
 
@@ -263,19 +293,187 @@ class S3Store(Store):
         names: list[str] = []
         request: dict[str, Any] = {"Bucket": self.where.bucket, "Prefix": prefix}
         try:
-            while not abandoned.is_set():
-                page = client.list_objects_v2(**request)
+            for page in self._pages(client, request, self._pub_url(), abandoned):
                 names.extend(item["Key"][cut:] for item in page.get("Contents", ()))
-                if not page.get("IsTruncated"):
-                    break
-                token = page.get("NextContinuationToken")
-                if not token:
-                    raise StoreError(f"listing {self._pub_url()}: the server said the listing "
-                                     "is truncated but gave no continuation token")
-                request["ContinuationToken"] = token
         except ClientError as exc:
             raise _describe(exc, "listing", self._pub_url()) from None
         except BotoCoreError as exc:
             raise _describe(exc, "listing", self._pub_url()) from None
         # The folder marker "pub/" itself (an S3 console's "create folder") is not an entry.
         return [name for name in names if name != ""]
+
+    # Cleanup's part ------------------------------------------------------------
+
+    def _url(self, key: str) -> str:
+        return f"{S3_SCHEME}{self.where.bucket}/{key}"
+
+    def _call(self, what: str, key: str, call: Callable[[Any], T]) -> T:
+        """One request against the deadline; client errors name the key."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        def run(_abandoned: threading.Event) -> T:
+            try:
+                return call(_client(self.timeout))
+            except (ClientError, BotoCoreError) as exc:
+                raise _describe(exc, what, self._url(key)) from None
+
+        return within(self.timeout, f"{what} {self._url(key)}", run)
+
+    def _request(self, what: str, key: str, method: str, **kwargs: Any) -> Any:
+        """``client.<method>(Bucket=..., **kwargs)`` against the deadline."""
+        return self._call(what, key, lambda client: getattr(client, method)(
+            Bucket=self.where.bucket, **kwargs))
+
+    def _objects(self, prefix: str, delimiter: str = "") -> list[tuple[str, int]]:
+        """(key, size) of every object under ``prefix``, one scan against the deadline; with a
+        ``delimiter``, the common prefixes too (size -1)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        request: dict[str, Any] = {"Bucket": self.where.bucket, "Prefix": prefix}
+        if delimiter:
+            request["Delimiter"] = delimiter
+        url = self._url(prefix)
+
+        def scan(abandoned: threading.Event) -> list[tuple[str, int]]:
+            found: list[tuple[str, int]] = []
+            try:
+                for page in self._pages(_client(self.timeout), request, url, abandoned):
+                    found.extend((item["Key"], int(item.get("Size", 0)))
+                                 for item in page.get("Contents", ()))
+                    found.extend((common["Prefix"], -1)
+                                 for common in page.get("CommonPrefixes", ()))
+            except (ClientError, BotoCoreError) as exc:
+                raise _describe(exc, "listing", url) from None
+            return found
+
+        return within(self.timeout, f"listing {url}", scan)
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = keys[start:start + 1000]
+            answer = self._request(
+                "deleting", batch[0], "delete_objects",
+                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True})
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StoreError(f"deleting {self._url(first.get('Key', '?'))} failed: "
+                                 f"{first.get('Code', '?')}: {first.get('Message', '')}"
+                                 + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+
+    def _save_objects(self, relative: str) -> list[tuple[str, int]]:
+        key = self.where.key(relative)
+        wanted = {key, key + MANIFEST_SUFFIX}
+        return [(k, size) for k, size in self._objects(key)
+                if k in wanted or k.startswith(key + "/")]
+
+    def check_store(self) -> None:
+        for part in (PUB, EXEC):
+            prefix = self.where.key(part) + "/"
+            page = self._request("listing", prefix, "list_objects_v2", Prefix=prefix,
+                                 MaxKeys=1)
+            if page.get("Contents"):
+                return
+        raise StoreError(f"{self.root!r} is not a checkpoint root (nothing under pub/ or "
+                         "exec/); refusing to clean it")
+
+    def publication_names(self) -> list[str]:
+        names = self._names()
+        check_names(names, self._pub_url())
+        return names
+
+    def has_publication(self, name: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        key = self.pub_prefix + name
+
+        def head(client: Any) -> bool:
+            try:
+                client.head_object(Bucket=self.where.bucket, Key=key)
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                    return False
+                raise
+            return True
+
+        return self._call("reading", key, head)
+
+    def delete_publications(self, names: list[str]) -> None:
+        self._delete_keys([self.pub_prefix + name for name in names])
+
+    def list_exec(self) -> list[str]:
+        prefix = self.where.key(EXEC) + "/"
+        return [key[len(prefix):].rstrip("/") for key, size in self._objects(prefix, "/")
+                if size == -1]
+
+    def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
+        from botocore.exceptions import ClientError
+
+        key = self.where.key(f"{EXEC}/{attempt}/{name}")
+
+        def get(client: Any) -> Optional[bytes]:
+            try:
+                answer = client.get_object(Bucket=self.where.bucket, Key=key)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+            return answer["Body"].read()  # type: ignore[no-any-return]
+
+        return self._call("reading", key, get)
+
+    def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
+
+        def put(client: Any) -> None:
+            try:
+                client.put_object(Bucket=self.where.bucket, Key=key, Body=data,
+                                  IfNoneMatch="*")
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                    raise FileExistsError(f"{self._url(key)} already exists") from None
+                raise
+
+        self._call("creating", key, put)
+
+    def exists(self, relative: str) -> bool:
+        key = self.where.key(relative)
+        page = self._request("listing", key, "list_objects_v2", Prefix=key + "/", MaxKeys=1)
+        if page.get("Contents"):
+            return True
+        page = self._request("listing", key, "list_objects_v2", Prefix=key, MaxKeys=1)
+        return any(item["Key"] == key for item in page.get("Contents", ()))
+
+    def size(self, relative: str) -> int:
+        return sum(size for _key, size in self._save_objects(relative))
+
+    def check_removable(self, relative: str) -> None:
+        return None  # S3 answers only the delete itself
+
+    def remove_save(self, relative: str) -> int:
+        found = self._save_objects(relative)
+        self._delete_keys([key for key, _size in found])
+        return sum(size for _key, size in found)
+
+    def remove_exec(self, attempt: str, record: str) -> int:
+        prefix = self.where.key(f"{EXEC}/{attempt}") + "/"
+        found = list(self._objects(prefix))
+        last = prefix + record
+        self._delete_keys([key for key, _size in found if key != last])
+        self._delete_keys([key for key, _size in found if key == last])
+        return sum(size for _key, size in found)
+
+    def list_intents(self) -> list[str]:
+        prefix = self.where.key(GC) + "/"
+        return [key[len(prefix):] for key, _size in self._objects(prefix)
+                if key != prefix]
+
+    def create_intents(self, names: list[str]) -> None:
+        for name in names:
+            key = self.where.key(f"{GC}/{name}")
+            self._request("creating", key, "put_object", Key=key, Body=b"")
+
+    def delete_intents(self, names: list[str]) -> None:
+        self._delete_keys([self.where.key(f"{GC}/{name}") for name in names])
