@@ -108,6 +108,13 @@ def parse_timeout(value: Optional[str]) -> Optional[float]:
         raise UsageError(f"--timeout {value!r} is not a number of seconds") from None
 
 
+def keep_callback(ctx: click.Context, _param: click.Parameter, value: Optional[int]) -> None:
+    """watch --keep: checked at once, kept aside for the watcher."""
+    from .gc import check_keep
+
+    ctx.meta["gc_keep"] = None if value is None else check_keep(value)
+
+
 @main.command()
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
 @click.option("--epoch", "epoch_", envvar="DISPATCH_EPOCH", metavar="E",
@@ -219,6 +226,10 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
               help="Seconds between scans.  [default: 2]")
 @click.option("--timeout", type=float, default=None, metavar="S",
               help="A scan taking longer is an error.  [default: 300]")
+@click.option("--keep", type=int, default=None, metavar="K", expose_value=False,
+              callback=keep_callback,
+              help="After each publication, remove what `dispatch gc --keep K` would "
+                   "(publishing goes on if cleanup fails).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
           ready: Optional[str], interval: Optional[float], timeout: Optional[float],
@@ -255,6 +266,7 @@ def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
                                  "DISPATCH_EPOCH"), "$DISPATCH_EPOCH")
     watcher = watch_lib.Watcher(root_v, folder_v, epoch_v,
                                 watch_lib.SaveRule.make(pattern, ready), report)
+    watcher.keep = click.get_current_context().meta.get("gc_keep")
     runner = watch_lib.Runner(
         watcher, list(command) or None,
         watch_lib.DEFAULT_INTERVAL if interval is None else interval,
@@ -566,6 +578,67 @@ def release(job: str, force: bool) -> None:
         record_ = record.open_job(job)
         held = release_hold(Slurm(), record_, site_settings(), force=force)
         click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
+    body()
+
+
+def _size_text(value: Optional[int]) -> str:
+    return "-" if value is None else str(value)
+
+
+@main.command(name="gc")
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--keep", metavar="K",
+              help="Keep the saves of the K latest publications (at least 1).  [default: the "
+                   "largest rotation limit an execution recorded, .dispatch-keep.json]")
+@click.option("--dry-run", is_flag=True, help="Remove nothing; say what would go.")
+@click.option("--sizes", is_flag=True,
+              help="Also measure each execution folder and what would be freed (stats every "
+                   "file).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@timeout_option
+def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as_json: bool,
+        timeout: Optional[str]) -> None:
+    """Remove the saves and execution folders no execution can need any more.
+
+    Stays: the saves of the K latest publications (by epoch, then step); every folder of an
+    execution whose epoch is at least the latest publication's, and the save it resumed from
+    (its .dispatch record says); every folder with no record.  Goes: older executions'
+    publications below the K latest, each before its save, and their folders once nothing in
+    them stays.  Safe while jobs run and publish; a run killed midway is finished by the
+    next.  Prints what it removed (or would) with the bytes freed (measured while removing;
+    for a dry run, with --sizes).
+
+    Example: `dispatch gc --root /scratch/me/run1 --keep 3 --dry-run --sizes`
+    """
+    def body() -> None:
+        from . import gc as cleanup
+        from .stores import open_store
+
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
+        report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
+                                 timeout=parse_timeout(timeout))
+        if as_json:
+            echo_json(report.as_json())
+            return
+        where = open_store(root_v, parse_timeout(timeout))
+        action = "would remove" if dry_run else "removed"
+        rows = [[f"kept ({r.skipped})" if r.skipped else action, r.kind,
+                 _size_text(r.bytes), len(r.publications), where.locate(r.path)]
+                for r in report.removals]
+        if rows:
+            click.echo(render_table(["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"], rows))
+        if sizes:
+            click.echo("")
+            click.echo(render_table(["ATTEMPT", "EPOCH", "BYTES", "VERDICT"], [
+                [f.attempt, "-" if f.epoch is None else f.epoch, _size_text(f.bytes), f.verdict]
+                for f in report.folders]))
+        gone = [r for r in report.removals if not r.skipped]
+        freed = report.freed
+        click.echo(f"{'would remove' if dry_run else 'removed'} {len(gone)} save(s) or "
+                   f"folder(s), {sum(len(r.publications) for r in gone)} publication(s)"
+                   + ("" if freed is None else f", {freed} bytes")
+                   + f"; keeping the {report.keep} latest publication(s)")
     body()
 
 

@@ -55,6 +55,10 @@ class Published:
 class Watcher:
     """Scans one folder and publishes its complete saves; one scan at a time."""
 
+    # --keep K: after a scan that published, cleanup applies the rule of `dispatch gc --keep K`
+    # to the root (gc.py); None: no cleanup.  Cleanup's errors are said and end cleanup only.
+    keep: Optional[int] = None
+
     def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
                  report: Callable[[str], None] = lambda line: None) -> None:
         if "://" in root:
@@ -112,8 +116,24 @@ class Watcher:
                 continue
             if self._complete(name, kind):
                 candidates.append((step, name))
-        return [p for p in (self._publish(step, name) for step, name in sorted(candidates))
-                if p is not None]
+        published = [p for p in (self._publish(step, name) for step, name in sorted(candidates))
+                     if p is not None]
+        if published and self.keep is not None and not self.cancelled:
+            self._clean(self.keep)
+        return published
+
+    def _clean(self, keep: int) -> None:
+        from . import gc
+
+        try:
+            done = gc.collect(self.root, keep)
+        except DispatchError as exc:
+            self.keep = None  # publishing goes on; a cleanup that failed once is not retried
+            self.report(f"cleanup stopped (saves are still published): {exc}")
+            return
+        for removal in done.removals:
+            if not removal.skipped:
+                self.report(f"removed {removal.kind} {removal.path} ({removal.bytes} bytes)")
 
     def _complete(self, name: str, kind: str) -> bool:
         path = os.path.join(self.folder, name)

@@ -56,20 +56,20 @@ class World:
                 launch.write_exec_record(folder, fields)
         return attempt
 
-    def put(self, relative: str, size: int) -> None:
+    def put(self, relative: str, size: int, body: bytes = b"") -> None:
+        data = body or b"x" * size
         if self.s3:
-            self.client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{relative}",
-                                   Body=b"x" * size)
+            self.client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{relative}", Body=data)
         else:
             path = Path(self.root, relative)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"x" * size)
+            path.write_bytes(data)
 
     def save(self, attempt: str, step: int, size: int = 100) -> str:
         """A folder save checkpoint-<step> of ``size`` bytes in two files; its relative path."""
         relative = f"exec/{attempt}/checkpoint-{step}"
         self.put(f"{relative}/model.bin", size - 10)
-        self.put(f"{relative}/trainer_state.json", 10)
+        self.put(f"{relative}/trainer_state.json", 10, b'{"step":1}')  # whole JSON: ready
         return relative
 
     def publish(self, epoch_value: int, step: int, relative: str) -> str:
