@@ -11,6 +11,8 @@ The rule (issue 13), applied to what the store holds when cleanup looks:
 3. what goes is a publication below the K latest, of an epoch below the latest's, whose save
    lies in the folder of such an older execution (and is no kept save, nor holds or lies in
    one), with its save; a folder of an older execution that holds nothing kept goes whole.
+   In a folder with no record, only such a publication whose save is already gone goes (a
+   superseded execution that went on writing while its folder was removed leaves those).
 
 Invariants kept whatever runs at the same time:
 
@@ -44,6 +46,7 @@ RECORD = ".dispatch"  # the launcher's create-once record (launch.EXEC_RECORD)
 KEEP_RECORD = ".dispatch-keep.json"  # the integrations' record of the framework's rotation
 FOLDER = "folder"
 SAVE = "save"
+PUBLICATION = "publication"  # one whose save is already gone: only the name goes
 
 # exec/ + a 26-character attempt + / is 32 bytes: 7 base32 blocks (35 bytes, 56 characters)
 # always hold it, so a publication's folder is found by decoding that much only, once per
@@ -194,6 +197,9 @@ class Plan:
     removals: list[Removal]
     kept_saves: set[str]
     epoch: Optional[int]
+    # Older publications below the K latest whose folder has no record: only one whose save
+    # is gone goes (nothing can load it), without touching the folder.
+    unsure: list[str] = field(default_factory=list)
 
 
 def plan(names: list[str], folders: dict[str, Folder], keep: int,
@@ -220,9 +226,12 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     protected = {a for a, each in folders.items() if each.epoch is None or each.epoch >= epoch}
     by_folder: dict[str, list[str]] = {}
     blocked: set[str] = set()  # folders holding a publication that stays
+    unsure: list[str] = []  # older publications into folders with no record
     for n in ordered[:-keep]:
         folder = decode.folder(n)
         if folder is None or folder in protected:
+            if folder is not None and folders[folder].epoch is None and int(n[:20]) < epoch:
+                unsure.append(n)
             continue
         if int(n[:20]) >= epoch:
             blocked.add(folder)
@@ -250,7 +259,7 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         for path, pubs in sorted(saves.items()):
             if not any(_overlap(path, k) for k in kept):
                 removals.append(Removal(SAVE, path, pubs))
-    return Plan(latest, removals, kept, epoch)
+    return Plan(latest, removals, kept, epoch, unsure)
 
 
 def _folders(st: Store, attempts: list[str]) -> dict[str, Folder]:
@@ -299,6 +308,10 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     decode = _Names()
     # A removal a killed cleanup began counts as the publication it removes.
     found = plan(sorted(set(names) | set(intents)), folders, keep, decode)
+    for n in found.unsure:
+        path = decode.path(n)
+        if not any(_overlap(path, k) for k in found.kept_saves) and not st.exists(path):
+            found.removals.append(Removal(PUBLICATION, path, [n], 0))
     report = Report(root, keep, dry_run, found.latest, found.removals,
                     sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)))
     if sizes:
@@ -323,8 +336,10 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     for r in found.removals:
         if r.skipped:
             continue
-        r.bytes = (st.remove_exec(r.path.split("/")[1], RECORD) if r.kind == FOLDER
-                   else st.remove_save(r.path))
+        if r.kind == FOLDER:
+            r.bytes = st.remove_exec(r.path.split("/")[1], RECORD)
+        elif r.kind == SAVE:
+            r.bytes = st.remove_save(r.path)
         pause("removed")
     done = sorted(set(intents) | set(singles))
     if done:

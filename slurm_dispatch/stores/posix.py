@@ -246,6 +246,7 @@ def _check_found(root: str, found: list[Found]) -> None:
 
 # --------------------------------------------------------------------------- cleanup's part
 
+_ROUNDS = 5  # removals of a folder something still writes into, before it is an error
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -317,13 +318,21 @@ def _remove(parent_fd: int, name: str, shown: str, last: str = "") -> int:
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
         total = 0
         try:
-            names = sorted(entry.name for entry in os.scandir(fd))
-            for child in [n for n in names if n != last] + [n for n in names if n == last]:
-                total += _remove(fd, child, os.path.join(shown, child))
+            # A superseded execution may still be writing into its folder: what it adds
+            # meanwhile is removed too, a few rounds at most.
+            for round_ in range(_ROUNDS):
+                names = sorted(entry.name for entry in os.scandir(fd))
+                for child in [n for n in names if n != last] + [n for n in names if n == last]:
+                    total += _remove(fd, child, os.path.join(shown, child))
+                try:
+                    os.rmdir(name, dir_fd=parent_fd)
+                    return total
+                except OSError as exc:
+                    if exc.errno != errno.ENOTEMPTY or round_ == _ROUNDS - 1:
+                        raise
         finally:
             os.close(fd)
-        os.rmdir(name, dir_fd=parent_fd)
-        return total
+        raise AssertionError("unreachable")  # pragma: no cover
     except FileNotFoundError:
         return 0  # another cleanup removed it meanwhile
     except OSError as exc:
