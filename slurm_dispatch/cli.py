@@ -215,7 +215,11 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
 @main.command(context_settings={"allow_interspersed_args": False})
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
 @click.option("--dir", "folder", envvar="DISPATCH_EXEC_DIR", metavar="DIR",
-              help="The folder whose saves to publish.  [env: DISPATCH_EXEC_DIR]")
+              help="The folder whose saves to publish.  [env: DISPATCH_EXEC_DIR; on an s3:// "
+                   "root: DISPATCH_STAGE_DIR]")
+@click.option("--to", "upload_to", metavar="URL",
+              help="On an s3:// root: the prefix to upload each save to before publishing "
+                   "it.  [env: DISPATCH_EXEC_DIR]")
 @click.option("--pattern", metavar="GLOB",
               help="Names of saves, with {step} where the step's digits are "
                    "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.ckpt.")
@@ -231,9 +235,9 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
               help="After each publication, remove what `dispatch gc --keep K` would "
                    "(publishing goes on if cleanup fails).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
-          ready: Optional[str], interval: Optional[float], timeout: Optional[float],
-          command: tuple[str, ...]) -> int:
+def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
+          pattern: Optional[str], ready: Optional[str], interval: Optional[float],
+          timeout: Optional[float], command: tuple[str, ...]) -> int:
     """Publish each complete save in DIR as it appears, in step order, each once.
 
     A save is a folder checkpoint-<N> once its ready file (--ready) is whole, or a .ckpt
@@ -247,6 +251,11 @@ def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
     longer than --timeout) stops publishing: exit 2, or the command's status if it failed.
     One writer only: saves several ranks write are published by the integrations.
 
+    On an s3:// root, DIR is the local staging folder ($DISPATCH_STAGE_DIR): each complete
+    save is uploaded under the execution's prefix ($DISPATCH_EXEC_DIR, or --to) with boto3's
+    transfer manager, then published; a local copy is removed once published, the newest kept.
+    --timeout bounds the scan and each upload.
+
     Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
     """
     import os
@@ -257,21 +266,37 @@ def watch(root: Optional[str], folder: Optional[str], pattern: Optional[str],
         click.echo(f"dispatch watch: {line}", err=True)
 
     root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-    folder_v = required(folder, "--dir", "DISPATCH_EXEC_DIR")
-    own = os.environ.get("DISPATCH_EXEC_DIR", "")
+    on_s3 = store.is_s3_root(root_v)
+    if on_s3:
+        # $DISPATCH_EXEC_DIR is the execution's S3 prefix there; the saves are staged locally.
+        if click.get_current_context().get_parameter_source("folder") \
+                is not click.core.ParameterSource.COMMANDLINE:
+            folder = os.environ.get("DISPATCH_STAGE_DIR")
+        upload_to = upload_to or os.environ.get("DISPATCH_EXEC_DIR")
+    folder_v = required(folder, "--dir", "DISPATCH_STAGE_DIR" if on_s3 else "DISPATCH_EXEC_DIR")
+    own = os.environ.get("DISPATCH_STAGE_DIR" if on_s3 else "DISPATCH_EXEC_DIR", "")
     if own and not (os.path.abspath(folder_v) + "/").startswith(os.path.abspath(own) + "/"):
         raise UsageError(f"--dir {folder_v!r} is outside this execution's folder {own!r}: "
                          "watch publishes only its own execution's saves")
     epoch_v = parse_int(required(os.environ.get("DISPATCH_EPOCH"), "$DISPATCH_EPOCH",
                                  "DISPATCH_EPOCH"), "$DISPATCH_EPOCH")
+    timeout_v = watch_lib.DEFAULT_TIMEOUT if timeout is None else timeout
     watcher = watch_lib.Watcher(root_v, folder_v, epoch_v,
-                                watch_lib.SaveRule.make(pattern, ready), report)
+                                watch_lib.SaveRule.make(pattern, ready), report,
+                                upload_to=upload_to, timeout=timeout_v)
     watcher.keep = click.get_current_context().meta.get("gc_keep")
     runner = watch_lib.Runner(
         watcher, list(command) or None,
-        watch_lib.DEFAULT_INTERVAL if interval is None else interval,
-        watch_lib.DEFAULT_TIMEOUT if timeout is None else timeout, report)
-    return runner.run()
+        watch_lib.DEFAULT_INTERVAL if interval is None else interval, timeout_v, report)
+    code = runner.run()
+    if runner.error is not None and watcher.uploader is not None:
+        # Stopped at an error, perhaps an upload stuck on a hung server: the transfer manager's
+        # worker threads would hold the interpreter's exit until their sockets give up.
+        # Nothing more is published; the command, if any, has been waited for.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _render_status(data: dict[str, Any]) -> str:

@@ -37,6 +37,8 @@ from typing import Callable, Optional
 from . import model, store
 from .errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
 from .saverules import FILE, FOLDER, SaveRule, file_complete, folder_complete
+from .stores import check_root_scheme
+from .watch_s3 import Uploader
 
 DEFAULT_INTERVAL = 2.0
 DEFAULT_TIMEOUT = 300.0
@@ -60,17 +62,22 @@ class Watcher:
     keep: Optional[int] = None
 
     def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
-                 report: Callable[[str], None] = lambda line: None) -> None:
-        if "://" in root:
-            raise UsageError(f"checkpoint root {root!r} is not a folder: dispatch watch "
-                             "publishes saves under a POSIX root only (on S3, upload each save "
-                             "and `dispatch publish` its URL, or use the integrations)")
-        self.root = os.path.abspath(root)
+                 report: Callable[[str], None] = lambda line: None,
+                 upload_to: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        # On an s3:// root, ``folder`` is the local staging folder and each complete save is
+        # uploaded under ``upload_to`` (the execution's prefix), then published (watch_s3).
+        self.uploader: Optional[Uploader] = None
+        self.phase: Optional[tuple[float, str]] = None  # (since, what) of a long step in a scan
+        if store.is_s3_root(root):
+            self.uploader = Uploader(root, folder, upload_to, timeout, report)
+        check_root_scheme(root)  # gs://, file://...: refused, never taken for a folder's name
+        self.root = root if self.uploader else os.path.abspath(root)
         self.folder = os.path.abspath(folder)
-        if not os.path.isdir(self.root):
+        if self.uploader is None and not os.path.isdir(self.root):
             raise UsageError(f"checkpoint root {root!r} is not a directory")
         try:
-            model.relative_inside(self.root, self.folder)
+            if self.uploader is None:
+                model.relative_inside(self.root, self.folder)
         except OutsideRoot:
             raise UsageError(f"folder {folder!r} is not inside the checkpoint root {root!r}; "
                              "publications name saves under the root") from None
@@ -82,6 +89,8 @@ class Watcher:
         self._settled: set[str] = set()  # names decided for good
 
     def _own_mark(self) -> int:
+        if self.uploader is not None:
+            return self.uploader.own_mark()
         prefix = self.folder + "/"
         steps = [f.step for f in store.list_publications(self.root) if f.path.startswith(prefix)]
         return max(steps, default=-1)
@@ -163,7 +172,7 @@ class Watcher:
         if self.cancelled:
             return None
         try:
-            pub = store.publish(self.root, self.epoch, step, path)
+            pub = self._put(step, path)
         except AlreadyPublished:
             self.report(f"step {step} was already published: {path}")
             pub = ""
@@ -173,11 +182,26 @@ class Watcher:
             self._settled.add(name)
             self.report(f"not publishing step {step}: {path} was deleted before it could be")
             return None
+        if self.uploader is not None and self.cancelled:
+            return None  # the scan overran while the save was uploading: not published
         self.mark = step
         self._settled.add(name)
         if pub:
-            self.report(f"published step {step}: {path}")
+            self.report(f"published step {step}: "
+                        f"{self.uploader.url_of(path) if self.uploader else path}")
+        if self.uploader is not None:
+            self.uploader.published(path)
         return Published(step, path, pub)
+
+    def _put(self, step: int, path: str) -> str:
+        """Publish the save (on S3: upload it first, then publish its URL)."""
+        if self.uploader is None:
+            return store.publish(self.root, self.epoch, step, path)
+        self.phase = (time.monotonic(), f"uploading {path} to {self.uploader.url_of(path)}")
+        try:
+            return self.uploader.put(self.epoch, step, path, lambda: self.cancelled)
+        finally:
+            self.phase = (time.monotonic(), f"a scan of {self.folder!r}")
 
 
 def exit_status(returncode: int) -> int:
@@ -261,14 +285,17 @@ class Runner:
                 except OSError:  # pragma: no cover - the runner already closed the pipe
                     pass
 
+        started = time.monotonic()
+        self.watcher.phase = None
         threading.Thread(target=work, name="dispatch-watch-scan", daemon=True).start()
-        deadline = time.monotonic() + self.timeout
         while not done.is_set():
-            left = deadline - time.monotonic()
+            # Each upload (S3) and the scan around them has --timeout of its own.
+            since, what = self.watcher.phase or (started, f"a scan of {self.watcher.folder!r}")
+            left = max(since, started) + self.timeout - time.monotonic()
             if left <= 0:
                 self.watcher.cancelled = True
-                self._fail(StoreError(f"a scan of {self.watcher.folder!r} did not finish within "
-                                      f"{self.timeout:g} s (--timeout)"))
+                self._fail(StoreError(f"{what} did not finish within {self.timeout:g} s "
+                                      "(--timeout)"))
                 return
             self._wait(left)
         error = outcome.get("error")

@@ -167,8 +167,11 @@ def test_bad_values_are_named(root: Path, folder: Path, tmp_path: Path) -> None:
         Watcher(str(root), str(tmp_path / "elsewhere"), EPOCH, SaveRule.make())
     with pytest.raises(UsageError, match="'.*nope' is not a directory"):
         Watcher(str(tmp_path / "nope"), str(folder), EPOCH, SaveRule.make())
-    with pytest.raises(UsageError, match="'s3://b/run' is not a folder: .* POSIX root only"):
-        Watcher("s3://b/run", "s3://b/run/exec/a", EPOCH, SaveRule.make())
+    with pytest.raises(UsageError, match="'s3://b/run' is on S3: watch needs the execution's "
+                       "prefix"):
+        Watcher("s3://b/run", str(folder), EPOCH, SaveRule.make())
+    with pytest.raises(UsageError, match="'gs://b/run': 'gs://' roots are not supported"):
+        Watcher("gs://b/run", str(folder), EPOCH, SaveRule.make())
     with pytest.raises(OutOfBounds, match="submission 0"):
         Watcher(str(root), str(folder), 5, SaveRule.make())
     w = watcher(root, folder)
