@@ -109,5 +109,5 @@ class World:
 
 def posix_world(tmp_path: Path) -> World:
     root = tmp_path / "root"
-    root.mkdir(exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     return World(str(root))
