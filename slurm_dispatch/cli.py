@@ -502,9 +502,11 @@ def cancel(job: str) -> None:
 
 @main.command()
 @click.argument("job")
+@click.option("--task", type=click.IntRange(min=0), default=None, metavar="T",
+              help="Resubmit one task of an array job on its own (--array=T), in its lineage.")
 @click.option("--force", is_flag=True,
               help="Submit even while one of the job's Slurm jobs is still active.")
-def resubmit(job: str, force: bool) -> None:
+def resubmit(job: str, task: Optional[int], force: bool) -> None:
     """Submit a dispatch job's script snapshot again, as submission N+1.
 
     The new submission runs what was first submitted, with the same sbatch options and the
@@ -514,12 +516,15 @@ def resubmit(job: str, force: bool) -> None:
     """
     def body() -> None:
         from .slurm import Slurm
-        from .submit import refuse_while_live
+        from .submit import array_tasks, refuse_while_live
         from .submit import resubmit as resubmit_job
         slurm, record_ = Slurm(), record.open_job(job)
+        if task is not None and task not in (array_tasks(record_) or []):
+            raise UsageError(f"--task {task}: dispatch job {record_.id} has no such array task "
+                             f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
         if not force:
-            refuse_while_live(slurm, record_)
-        done = resubmit_job(slurm, record_)
+            refuse_while_live(slurm, record_, task=task)
+        done = resubmit_job(slurm, record_, task=task)
         click.echo(done.result.stdout.rstrip("\n"))
         click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
     body()

@@ -549,15 +549,23 @@ def _hold_for() -> float:
 
 def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
                     jobs: Optional[dict[str, Job]] = None,
-                    env: Optional[Mapping[str, str]] = None) -> list[str]:
+                    env: Optional[Mapping[str, str]] = None,
+                    task: Optional[int] = None) -> list[str]:
+    """The job's Slurm jobs still active: plain jobs by id, array tasks by display id (a task
+    that started has an id of its own, so an array's id alone says nothing of its tasks).
+    With ``task``, only that array task's."""
     jobs = jobs if jobs is not None else slurm.own_jobs(env)
-    live = []
-    for sub in job.submissions():
-        jobid = str(sub["slurm_job_id"])
-        info = jobs.get(jobid)
-        if info is not None and info.is_active:
-            live.append(jobid)
-    return live
+    submitted = {str(sub["slurm_job_id"]) for sub in job.submissions()}
+    live: list[str] = []
+    for view in {id(j): j for j in jobs.values()}.values():
+        if not view.is_active:
+            continue
+        if view.array_task_id is not None and view.array_job_id in submitted:
+            if task is None or view.array_task_id == task:
+                live.append(view.display_id)
+        elif view.array_task_id is None and view.job_id in submitted and task is None:
+            live.append(view.job_id)
+    return sorted(live)
 
 
 def cancel_job(slurm: Slurm, job: record.JobRecord,
@@ -574,13 +582,14 @@ def next_submission(job: record.JobRecord) -> int:
 
 
 def refuse_while_live(slurm: Slurm, job: record.JobRecord,
-                      env: Optional[Mapping[str, str]] = None) -> None:
-    """A person's resubmission while one of the job's Slurm jobs is still active would run
-    beside it on the same root: refuse, saying which and what to do instead."""
+                      env: Optional[Mapping[str, str]] = None,
+                      task: Optional[int] = None) -> None:
+    """A person's resubmission while one of the job's Slurm jobs (of array task ``task``) is
+    still active would run beside it on the same root: refuse, saying which and what to do."""
     jobs = slurm.own_jobs(env)
-    live = live_slurm_jobs(slurm, job, jobs, env)
+    live = live_slurm_jobs(slurm, job, jobs, env, task)
     if live:
-        shown = ", ".join(f"{jobs[j].display_id} ({jobs[j].state})" for j in live)
+        shown = ", ".join(f"{j} ({jobs[j].state})" for j in live)
         raise UsageError(
             f"dispatch job {job.id} still has Slurm job(s) {shown}: a resubmission now would "
             f"run beside it on the same checkpoint root.  Wait for it to end, cancel it "

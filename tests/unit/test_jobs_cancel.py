@@ -101,3 +101,22 @@ def test_latest_of_an_array_job_looks_in_the_tasks_root(cluster: FakeCluster,
     assert CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "0"]).output == ""
     missing = CliRunner().invoke(cli.main, ["latest", done.job.id])
     assert missing.exit_code == 2 and "give --task T" in missing.stderr
+
+
+def test_an_array_is_live_while_any_task_runs_and_a_task_resubmits_alone(
+        cluster: FakeCluster) -> None:
+    """An array's id alone says nothing of its tasks (a started task has an id of its own):
+    `dispatch resubmit` is refused while any task runs; `--task T` looks at that task only
+    and resubmits it on its own (--array=T)."""
+    done = submit_one("ck-t%a", "--array=0-1")
+    tasks = {f["ArrayTaskId"]: jobid for jobid, f in cluster.jobs.items()}
+    cluster.set(tasks["0"], JobState="COMPLETED")  # the task that kept the array's id
+    refused = CliRunner().invoke(cli.main, ["resubmit", done.job.id])
+    assert refused.exit_code == 2 and f"{done.slurm_job_id}_1 (RUNNING)" in refused.stderr
+    cluster.set(tasks["1"], JobState="FAILED")
+    cluster.set(tasks["0"], JobState="RUNNING")
+    again = CliRunner().invoke(cli.main, ["resubmit", done.job.id, "--task", "1"])
+    assert again.exit_code == 0, again.output + again.stderr
+    assert "--array=1" in cluster.sbatch_calls()[-1]
+    bad = CliRunner().invoke(cli.main, ["resubmit", done.job.id, "--task", "7"])
+    assert bad.exit_code == 2 and "no such array task" in bad.stderr
