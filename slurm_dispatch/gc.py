@@ -5,9 +5,11 @@ The rule (issue 13), applied to what the store holds when cleanup looks:
 
 1. the saves of the K latest publications (by epoch, then step; K >= 1, so the latest's) stay;
 2. every folder of an execution whose epoch is at least the latest publication's stays (it may
-   be the live lineage that has not published yet), and so does the save any such execution
-   resumed from, as its create-once record (``exec/<attempt>/.dispatch``) says; a folder with
-   no record (or one that cannot be read) stays whole;
+   be the live lineage that has not published yet), with all it has not published, and so
+   does the save any such execution resumed from, as its create-once record
+   (``exec/<attempt>/.dispatch``) says; a folder with no record (or one that cannot be read)
+   stays whole.  What the live lineage published below the K latest goes, save by save (so
+   the disk stays bounded during a long execution);
 3. what goes is a publication below the K latest, of an epoch below the latest's, whose save
    lies in the folder of such an older execution (and is no kept save, nor holds or lies in
    one), with its save; a folder of an older execution that holds nothing kept goes whole.
@@ -227,11 +229,15 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     by_folder: dict[str, list[str]] = {}
     blocked: set[str] = set()  # folders holding a publication that stays
     unsure: list[str] = []  # older publications into folders with no record
+    live: list[str] = []  # publications below the K latest in a live execution's folder
     for n in ordered[:-keep]:
         folder = decode.folder(n)
         if folder is None or folder in protected:
-            if folder is not None and folders[folder].epoch is None and int(n[:20]) < epoch:
-                unsure.append(n)
+            if folder is not None and folders[folder].epoch is None:
+                if int(n[:20]) < epoch:
+                    unsure.append(n)
+            elif folder is not None:
+                live.append(n)
             continue
         if int(n[:20]) >= epoch:
             blocked.add(folder)
@@ -259,6 +265,15 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         for path, pubs in sorted(saves.items()):
             if not any(_overlap(path, k) for k in kept):
                 removals.append(Removal(SAVE, path, pubs))
+    # The live lineage's folder stays, and so does all it has not published (a save being
+    # written); what it published below the K latest goes, one save at a time, so that the
+    # disk stays bounded during a long execution too.
+    saves = {}
+    for n in live:
+        saves.setdefault(decode.path(n), []).append(n)
+    for path, pubs in sorted(saves.items()):
+        if not any(_overlap(path, k) for k in kept) and path.count("/") >= 2:
+            removals.append(Removal(SAVE, path, pubs))
     return Plan(latest, removals, kept, epoch, unsure)
 
 

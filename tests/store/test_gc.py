@@ -239,3 +239,18 @@ def test_the_launcher_records_on_the_store_and_starts_again_when_its_source_goes
     assert world.folders() == {a, b, attempt}  # the first try's folder is gone
     kept = json.loads(world.store.read_exec_file(attempt, ".dispatch") or b"{}")
     assert kept["resume_publication"] == b_pubs[0] and kept["epoch"] == epoch(2)
+
+
+def test_the_live_lineage_keeps_its_folder_and_unpublished_saves_not_old_published_ones(
+        world: World) -> None:
+    """A long execution under `watch --keep`: its disk stays bounded."""
+    a, a_pubs, b, b_pubs = lineage(world)
+    more = [world.saved(b, E2, step) for step in (8, 9, 10)]
+    world.save(b, 11)  # being written: not published yet
+    gc.collect(world.root, 2)
+    assert world.names() == sorted([a_pubs[-1], *more[-2:]])
+    for step in (6, 7, 8):
+        assert not world.exists(f"exec/{b}/checkpoint-{step}")
+    for step in (9, 10, 11):
+        assert world.exists(f"exec/{b}/checkpoint-{step}")
+    assert world.exists(f"exec/{b}/.dispatch") and world.exists(f"exec/{a}/checkpoint-5")
