@@ -20,6 +20,10 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   record cannot be read) saves and publishes but is never requeued: such a job restarts only
   after a proof or a person (DESIGN invariant 6).
 
+On an ``s3://`` root Lightning writes its saves under the execution's prefix itself (fsspec,
+which needs s3fs); each is published once its manifest object is written, and
+``resume_from_checkpoint()`` gives the URL, checked on S3 (:mod:`.s3saves`).
+
 Outside a dispatch execution the callback does nothing (Lightning's own SLURM support stays as
 it was) and ``resume_from_checkpoint(default)`` returns ``default``.
 """
@@ -66,6 +70,10 @@ def resume_from_checkpoint(default: Optional[str] = None,
     execution = Execution.current(env)
     if execution is None:
         return default
+    if execution.on_s3:  # Lightning loads s3:// itself (fsspec): the URL, checked on S3
+        from . import s3saves
+
+        return s3saves.choose_resume(execution, framework=FRAMEWORK).path
     return choose_resume(execution, framework=FRAMEWORK).path
 
 
@@ -116,11 +124,16 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             return
         # A folder of their own: Lightning warns about a non-empty one, and the execution's
         # folder holds dispatch's records.
-        ckpt_dir = os.path.join(self.execution.exec_dir, CHECKPOINTS)
+        ckpt_dir = os.path.join(self.execution.exec_dir, CHECKPOINTS)  # s3://... on S3
+        keep = record_keep
+        if self.execution.on_s3:
+            from . import s3saves
+
+            keep = s3saves.record_keep
         for callback in trainer.checkpoint_callbacks:
             if isinstance(callback, ModelCheckpoint):
                 if callback.save_top_k != -1:
-                    record_keep(self.execution, FRAMEWORK, "save_top_k", callback.save_top_k)
+                    keep(self.execution, FRAMEWORK, "save_top_k", callback.save_top_k)
                     callback.save_top_k = -1
                 callback.dirpath = ckpt_dir
                 self._last_names.append(_last_pattern(callback))
@@ -169,12 +182,27 @@ class DispatchCallback(Callback):  # type: ignore[misc]
 
     def _publish(self, trainer: pl.Trainer, path: str) -> None:
         assert self.execution is not None
-        absolute = os.path.abspath(path)
-        inside = absolute.startswith(os.path.abspath(self.execution.exec_dir) + os.sep)
-        name = os.path.basename(absolute)
+        on_s3 = self.execution.on_s3
+        # On S3 the save is an s3:// URL Lightning wrote through fsspec; no local path.
+        absolute = path.rstrip("/") if on_s3 else os.path.abspath(path)
+        exec_dir = self.execution.exec_dir if on_s3 else os.path.abspath(
+            self.execution.exec_dir)
+        inside = absolute.startswith(exec_dir.rstrip("/") + "/")
+        name = absolute.rsplit("/", 1)[-1]
         if (not inside or absolute in self._published_paths
                 or any(p.fullmatch(name) for p in self._last_names)):
             return  # not ours to publish, or a name Lightning rewrites in place
+        if on_s3:
+            if trainer.world_size > 1:  # every rank's part is written once all are here
+                trainer.strategy.barrier("dispatch.publish")
+            self._published_paths.add(absolute)
+            if trainer.is_global_zero:
+                from . import s3saves
+
+                s3saves.seal_remote_save(absolute)
+                self.publications.append(
+                    publish_save(self.execution, trainer.global_step, absolute))
+            return
         single = trainer.world_size <= 1
         if not single:
             if os.path.exists(absolute):  # each rank syncs what it wrote

@@ -29,7 +29,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import store
 from ..errors import UsageError
@@ -52,6 +52,12 @@ class Execution:
     job: str
     # None: the variable is absent (ask the store); "": the launcher found nothing to resume.
     resume_from: Optional[str]
+    # On an s3:// root: exec_dir is the execution's prefix, and this its local staging folder.
+    stage_dir: Optional[str] = None
+
+    @property
+    def on_s3(self) -> bool:
+        return store.is_s3_root(self.root)
 
     @classmethod
     def current(cls, env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
@@ -61,10 +67,9 @@ class Execution:
         root = env.get("DISPATCH_CHECKPOINT", "")
         if not exec_dir or not root:
             return None
-        if "://" in root:
-            raise UsageError(f"checkpoint root {root!r} is not a local folder; the framework "
-                             "integrations publish on POSIX roots only (use dispatch watch "
-                             "with DISPATCH_STAGE_DIR for an object store)")
+        if "://" in root and not store.is_s3_root(root):
+            raise UsageError(f"checkpoint root {root!r}: the framework integrations publish "
+                             "under a folder or an s3:// root only")
         raw_epoch = env.get("DISPATCH_EPOCH", "")
         try:
             epoch = int(raw_epoch)
@@ -72,7 +77,8 @@ class Execution:
             raise UsageError(f"DISPATCH_EPOCH {raw_epoch!r} is not an integer") from None
         return cls(root=root, exec_dir=exec_dir, epoch=epoch,
                    attempt=env.get("DISPATCH_ATTEMPT", ""), job=env.get("DISPATCH_JOB", ""),
-                   resume_from=env.get("DISPATCH_RESUME_FROM"))
+                   resume_from=env.get("DISPATCH_RESUME_FROM"),
+                   stage_dir=env.get("DISPATCH_STAGE_DIR") or None)
 
 
 # --- durability ---------------------------------------------------------------------------
@@ -230,21 +236,26 @@ def _recorded_source(exec_folder: str) -> Optional[str]:
     return None
 
 
-def _lineage_before(root: str, bad: str, found: list[store.Found]) -> Iterator[str]:
-    """The saves to try after ``bad``, nearest first, along its lineage."""
+def _lineage_before(root: str, bad: str, found: list[store.Found],
+                    folder_of: Callable[[str, str], Optional[str]] = _exec_folder,
+                    recorded: Callable[[str], Optional[str]] = _recorded_source
+                    ) -> Iterator[str]:
+    """The saves to try after ``bad``, nearest first, along its lineage.  ``folder_of`` gives
+    a save's execution folder (on S3: its prefix), ``recorded`` what that execution resumed
+    from."""
     by_path = {f.path: f for f in found}
     seen = {bad}
     current = bad
     while True:
         mine = by_path.get(current)
-        folder = _exec_folder(root, current)
-        own = [f for f in found if folder is not None and _exec_folder(root, f.path) == folder
+        folder = folder_of(root, current)
+        own = [f for f in found if folder is not None and folder_of(root, f.path) == folder
                and mine is not None and (f.epoch, f.step) < (mine.epoch, mine.step)]
         for each in sorted(own, key=lambda f: f.name, reverse=True):
             if each.path not in seen:
                 seen.add(each.path)
                 yield each.path
-        source = _recorded_source(folder) if folder is not None else None
+        source = recorded(folder) if folder is not None else None
         if source:  # the lineage goes on in the save this execution resumed from
             if source in seen:
                 return

@@ -17,6 +17,10 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
 * ``resume_from_checkpoint()`` returns the save to resume from: ``$DISPATCH_RESUME_FROM``, or
   the previous save of its lineage when that one cannot be loaded (see ``saves``).
 
+On an ``s3://`` root the Trainer's saves go to the local staging folder (``$DISPATCH_STAGE_DIR``);
+each is uploaded under the execution's prefix, then published, and the resume source is a local
+copy of the S3 save (:mod:`.s3saves`).  Its ranks must then share one node.
+
 Outside a dispatch execution the callback does nothing and ``resume_from_checkpoint(default)``
 returns ``default``: the same script runs unchanged.
 """
@@ -29,6 +33,7 @@ from typing import Any, Optional, Union
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ..errors import UsageError
 from .saves import Execution, choose_resume, publish_save, record_keep, seal_save, sync_save
 
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint folder
@@ -46,6 +51,11 @@ def resume_from_checkpoint(default: Union[str, bool, None] = None,
     execution = Execution.current(env)
     if execution is None:
         return default
+    if execution.on_s3:  # the Trainer loads from local disk: a local copy of the S3 save
+        from . import s3saves
+
+        return s3saves.choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK,
+                                     fetch=True).path
     return choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK).path
 
 
@@ -72,6 +82,7 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
         self.publications: list[str] = []
         self.user_output_dir: Optional[str] = None
         self.user_save_total_limit: Optional[int] = None
+        self._uploader: Any = None  # on an s3:// root: the staging folder's uploader
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
@@ -80,8 +91,24 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
         self.user_output_dir = args.output_dir
         args.output_dir = self.execution.exec_dir
         self.user_save_total_limit = args.save_total_limit
+        keep = record_keep
+        if self.execution.on_s3:
+            # The Trainer writes local disk only: its saves go to the staging folder, each is
+            # uploaded under the execution's prefix, then published.  That folder is the
+            # node's own, so every rank must be on one node.
+            from . import s3saves
+
+            ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
+            if args.world_size > ranks_here:
+                raise UsageError(
+                    f"an s3:// root with {args.world_size} ranks over several nodes: the "
+                    "staging folder is each node's own, so a save would be split across "
+                    "nodes; run on one node, or use a folder root on a shared file system")
+            self._uploader = s3saves.uploader(self.execution)
+            args.output_dir = self.execution.stage_dir
+            keep = s3saves.record_keep
         if args.save_total_limit is not None and args.save_total_limit > 0:
-            record_keep(self.execution, FRAMEWORK, "save_total_limit", args.save_total_limit)
+            keep(self.execution, FRAMEWORK, "save_total_limit", args.save_total_limit)
         args.save_total_limit = None
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -96,5 +123,11 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
                 sync_save(save)
             _barrier(args)
         if state.is_world_process_zero:
+            if self._uploader is not None:
+                from . import s3saves
+
+                self.publications.append(s3saves.publish_local_save(
+                    self.execution, self._uploader, state.global_step, save))
+                return
             seal_save(save, single_writer=single)
             self.publications.append(publish_save(self.execution, state.global_step, save))

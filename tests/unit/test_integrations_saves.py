@@ -132,8 +132,12 @@ def test_execution_from_the_environment(tmp_path: Path) -> None:
            "DISPATCH_EPOCH": str(E2), "DISPATCH_RESUME_FROM": ""}
     execution = saves.Execution.current(env)
     assert execution is not None and execution.epoch == E2 and execution.resume_from == ""
-    with pytest.raises(Exception, match="'s3://bucket/run'"):
-        saves.Execution.current({**env, "DISPATCH_CHECKPOINT": "s3://bucket/run"})
+    on_s3 = saves.Execution.current({**env, "DISPATCH_CHECKPOINT": "s3://bucket/run",
+                                     "DISPATCH_STAGE_DIR": str(tmp_path / "stage")})
+    assert on_s3 is not None and on_s3.on_s3 and on_s3.stage_dir == str(tmp_path / "stage")
+    assert not execution.on_s3 and execution.stage_dir is None
+    with pytest.raises(Exception, match="'gs://bucket/run'"):
+        saves.Execution.current({**env, "DISPATCH_CHECKPOINT": "gs://bucket/run"})
     with pytest.raises(Exception, match="'soon'"):
         saves.Execution.current({**env, "DISPATCH_EPOCH": "soon"})
 

@@ -1,0 +1,245 @@
+"""The framework integrations on an ``s3://`` root: saves and resume through S3.  Imports no
+training library; boto3 only through :mod:`slurm_dispatch.stores`.
+
+* Hugging Face ``Trainer`` writes only to local disk: its saves go to the execution's staging
+  folder (``$DISPATCH_STAGE_DIR``), and :func:`publish_local_save` writes the manifest, uploads
+  the save under the execution's prefix with boto3's transfer manager, then publishes it (the
+  same :class:`~slurm_dispatch.watch_s3.Uploader` as ``dispatch watch``, which also removes
+  the older local copies and keeps the newest).  It resumes from a local copy
+  (:func:`choose_resume` with ``fetch=True``): the save fetched from S3, or a copy of the one an
+  earlier execution left on this node when it holds the same files at the same sizes.
+* Lightning writes ``s3://`` itself (fsspec, s3fs); :func:`seal_remote_save` writes the
+  manifest object beside a written save before it is published, and it resumes from the URL.
+
+Invariants, as on POSIX (:mod:`.saves`): a publication promises a whole save (every object is
+uploaded, and the manifest lists their sizes, before the publication is created); a resume
+source that cannot be loaded is passed over for the previous save of its lineage, and the
+choice is recorded create-once (on S3: an object under the execution's prefix, made with
+``If-None-Match: *``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+from .. import store
+from ..errors import StoreError
+from ..stores import transfer
+from ..watch_s3 import Uploader, stage_copy
+from .saves import (
+    LAUNCH_RECORD,
+    MANIFEST_FORMAT,
+    MANIFEST_SUFFIX,
+    RESUME_RECORD,
+    Execution,
+    Resume,
+    _lineage_before,
+    _sizes,
+    manifest_path,
+    why_unloadable,
+    write_create_once,
+)
+
+RESUME_FOLDER = "resume"  # in the staging folder: fetched resume sources
+
+
+def _timeout() -> float:
+    return store.store_timeout()
+
+
+def _client() -> Any:
+    from ..stores.s3 import _client as client
+
+    return client(_timeout())
+
+
+def put_once(url: str, data: dict[str, Any]) -> bool:
+    """Create the object ``url`` holding ``data`` as JSON, once (``If-None-Match: *``); False
+    when it exists."""
+    from botocore.exceptions import ClientError
+
+    place = transfer.Place.of(url)
+    try:
+        _client().put_object(Bucket=place.bucket, Key=place.key, IfNoneMatch="*",
+                             Body=(json.dumps(data, sort_keys=True) + "\n").encode())
+    except ClientError as exc:
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+            return False
+        from ..stores.s3 import _describe
+
+        raise _describe(exc, "writing", url) from None
+    return True
+
+
+def read_json(url: str) -> Optional[Any]:
+    """The JSON object at ``url``; None when there is none or it does not parse."""
+    from botocore.exceptions import ClientError
+
+    place = transfer.Place.of(url)
+    try:
+        body = _client().get_object(Bucket=place.bucket, Key=place.key)["Body"].read()
+        return json.loads(body)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        from ..stores.s3 import _describe
+
+        raise _describe(exc, "reading", url) from None
+    except ValueError:
+        return None
+
+
+def record_keep(execution: Execution, framework: str, setting: str, value: Any) -> None:
+    """The framework's rotation limit, for dispatch's cleanup: an object under the prefix."""
+    from .saves import KEEP_RECORD
+
+    put_once(f"{execution.exec_dir}/{KEEP_RECORD}",
+             {"framework": framework, "setting": setting, "keep": value})
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"dispatch: {line}\n")
+    sys.stderr.flush()
+
+
+def uploader(execution: Execution, report: Callable[[str], None] = _say) -> Uploader:
+    """The uploader of this execution's staging folder to its prefix."""
+    if not execution.stage_dir:
+        raise StoreError("an s3:// root needs $DISPATCH_STAGE_DIR (the launcher sets it) for a "
+                         "framework that writes only to local disk")
+    return Uploader(execution.root, execution.stage_dir, execution.exec_dir, _timeout(), report)
+
+
+def publish_local_save(execution: Execution, up: Uploader, step: int, save: str) -> str:
+    """Write the manifest of the local ``save``, upload the save, then publish it; remove the
+    older local copies (the newest stays).  Returns the publication's name."""
+    # No fsync: the local copy is not what the publication promises; the uploaded one is.
+    write_create_once(manifest_path(save), {"format": MANIFEST_FORMAT, "files": _sizes(save)},
+                      sync=False)
+    name = up.put(execution.epoch, step, save, lambda: False)
+    up.published(save)
+    return name
+
+
+def seal_remote_save(url: str) -> None:
+    """Write the manifest object of a file save that the framework wrote to ``url``."""
+    folder, objects = transfer.save_objects(url, _timeout())
+    if not objects:
+        raise StoreError(f"the save {url} is not on S3 after it was written")
+    target = f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX
+    put_once(target, {"format": MANIFEST_FORMAT, "files": objects})
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def why_unloadable_remote(url: str, required: tuple[str, ...] = ()) -> Optional[str]:
+    """Why the save at ``url`` cannot be loaded from S3, or None when it looks whole."""
+    folder, objects = transfer.save_objects(url, _timeout())
+    if not objects:
+        return f"save {url} does not exist on S3 (deleted?)"
+    listed = read_json(f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX)
+    if not isinstance(listed, dict):
+        missing = [name for name in required if folder and name not in objects]
+        return f"save {url} has no {missing[0]!r}" if missing else None
+    for name, size in sorted(dict(listed.get("files", {})).items()):
+        actual = objects.get(name)
+        if actual is None:
+            return f"object {name!r} of the save {url} is missing"
+        if actual != size:
+            return f"object {name!r} of the save {url} is {actual} bytes; its manifest says {size}"
+    return None
+
+
+def local_copy(execution: Execution, url: str, number: int) -> str:
+    """A local copy of the save at ``url`` in the staging folder: a copy of the one an earlier
+    execution's upload left on this node when it matches S3's listing, else fetched."""
+    assert execution.stage_dir is not None
+    target = os.path.join(execution.stage_dir, f"{RESUME_FOLDER}-{number}",
+                          url.rstrip("/").rsplit("/", 1)[-1])
+    near = stage_copy(url, execution.stage_dir)
+    if near is not None:
+        _folder, objects = transfer.save_objects(url, _timeout())
+        here = {name: os.lstat(path).st_size for name, path in transfer.local_files(near)}
+        if objects and here == objects:
+            if os.path.isdir(near):
+                shutil.copytree(near, target, symlinks=True)
+            else:
+                os.makedirs(os.path.dirname(target))
+                shutil.copy2(near, target)
+            return target
+    return transfer.fetch_save(url, target, _timeout())
+
+
+def _exec_prefix(root: str, url: str) -> Optional[str]:
+    head = root.rstrip("/") + f"/{store.EXEC}/"
+    if not url.startswith(head):
+        return None
+    attempt = url[len(head):].split("/", 1)[0]
+    return head + attempt
+
+
+def _recorded_source(prefix: str) -> Optional[str]:
+    """What the execution at ``prefix`` resumed from, as recorded under it (ours first, then
+    the launcher's copy of its record); None when nothing says, "" for a fresh start."""
+    for name in (RESUME_RECORD, LAUNCH_RECORD):
+        record = read_json(f"{prefix}/{name}")
+        if isinstance(record, dict) and "resume_from" in record:
+            source = record["resume_from"]
+            return source if isinstance(source, str) else ""
+    return None
+
+
+def choose_resume(execution: Execution, required: tuple[str, ...] = (), framework: str = "",
+                  fetch: bool = False) -> Resume:
+    """The save this execution resumes from: its URL, or with ``fetch`` a local copy of it.
+    A save that cannot be loaded is passed over for the previous one of its lineage."""
+    if execution.resume_from is None:
+        latest = store.latest(execution.root)
+        start = latest.path if latest is not None else ""
+    else:
+        start = execution.resume_from
+    resume = Resume(path=None)
+    source_url = ""
+    candidates: Iterator[str] = iter([start] if start else [])
+    found: Optional[list[store.Found]] = None
+    number = 0
+    while True:
+        url = next(candidates, None)
+        if url is None:
+            if found is not None or not start:
+                break
+            found = store.list_publications(execution.root)
+            candidates = _lineage_before(execution.root, start, found,
+                                         folder_of=_exec_prefix, recorded=_recorded_source)
+            continue
+        number += 1
+        try:
+            if fetch:
+                local = local_copy(execution, url, number)
+                why = why_unloadable(local, required)
+            else:
+                local, why = url, why_unloadable_remote(url, required)
+        except StoreError as exc:
+            why = str(exc)
+        if why is None:
+            resume.path, source_url = local, url
+            break
+        resume.passed_over.append({"path": url, "why": why})
+    record = {"resume_from": source_url, "local_copy": resume.path if fetch else None,
+              "passed_over": resume.passed_over,
+              "launcher_resume_from": execution.resume_from, "framework": framework,
+              "attempt": execution.attempt, "epoch": execution.epoch}
+    if put_once(f"{execution.exec_dir}/{RESUME_RECORD}", record):
+        for skipped in resume.passed_over:
+            instead = source_url or "nothing (a fresh start)"
+            _say(f"not resuming from {skipped['path']}: {skipped['why']}; trying the previous "
+                 f"save of its lineage (resuming from {instead})")
+    return resume
+
