@@ -242,4 +242,3 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (), framewor
             _say(f"not resuming from {skipped['path']}: {skipped['why']}; trying the previous "
                  f"save of its lineage (resuming from {instead})")
     return resume
-

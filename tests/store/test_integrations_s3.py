@@ -185,4 +185,3 @@ def test_a_multi_node_hf_run_on_s3_is_refused_with_why(
 
     with pytest.raises(UsageError, match="2 ranks over several nodes"):
         DispatchCallback().on_init_end(Args(), None, None)
-
