@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional
 from . import model
 from .errors import BadPublicationName, OutsideRoot, StoreError, UsageError
 from .stores import EXEC, Store, open_store
+from .stores.base import GC, check_names
 
 RECORD = ".dispatch"  # the launcher's create-once record (launch.EXEC_RECORD)
 KEEP_RECORD = ".dispatch-keep.json"  # the integrations' record of the framework's rotation
@@ -146,7 +147,8 @@ class _Names:
     def path(self, name: str) -> str:
         path = self._paths.get(name)
         if path is None:
-            path = self._paths[name] = model.parse_name(name).path
+            # Every name was checked with the listing (check_names): only the path to decode.
+            path = self._paths[name] = model.decode_path(name[42:], name=name)
         return path
 
 
@@ -180,7 +182,8 @@ def _resume_of(st: Store, data: dict[str, Any]) -> Optional[str]:
     name = data.get("resume_publication")
     if isinstance(name, str) and name:
         try:
-            return model.parse_name(name).path
+            check_names([name], RECORD)  # the fast check; parse_name's pattern is slower
+            return model.decode_path(name[42:], name=name)
         except BadPublicationName:
             pass
     source = data.get("resume_from")
@@ -205,11 +208,12 @@ class Plan:
 
 
 def plan(names: list[str], folders: dict[str, Folder], keep: int,
-         decode: Optional[_Names] = None) -> Plan:
-    """What the rule removes, from the publication names and the execution folders (pure)."""
+         decode: Optional[_Names] = None, presorted: bool = False) -> Plan:
+    """What the rule removes, from the publication names (checked; ``presorted`` when they
+    are in order already) and the execution folders (pure)."""
     check_keep(keep)
     decode = decode or _Names()
-    ordered = sorted(names)
+    ordered = names if presorted else sorted(names)
     if not ordered:
         for each in folders.values():
             each.verdict = "kept: nothing is published"
@@ -230,19 +234,26 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     blocked: set[str] = set()  # folders holding a publication that stays
     unsure: list[str] = []  # older publications into folders with no record
     live: list[str] = []  # publications below the K latest in a live execution's folder
+    latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
+    recordless = {a for a in protected if folders[a].epoch is None}
+    folder_of, heads = decode.folder, decode._heads
+    cut = 42 + _HEAD_CHARS
     for n in ordered[:-keep]:
-        folder = decode.folder(n)
-        if folder is None or folder in protected:
-            if folder is not None and folders[folder].epoch is None:
-                if int(n[:20]) < epoch:
-                    unsure.append(n)
-            elif folder is not None:
+        # The folder of most names is one dictionary look-up (decode.folder, inlined).
+        folder = heads.get(n[42:cut]) if len(n) > cut else None
+        if folder is None:
+            folder = folder_of(n)
+        if folder is None:
+            continue
+        if folder in protected:
+            if folder not in recordless:
                 live.append(n)
-            continue
-        if int(n[:20]) >= epoch:
+            elif n[:20] < latest_epoch:
+                unsure.append(n)
+        elif n[:20] >= latest_epoch:
             blocked.add(folder)
-            continue
-        by_folder.setdefault(folder, []).append(n)
+        else:
+            by_folder.setdefault(folder, []).append(n)
     for n in top:
         folder = decode.folder(n)
         if folder is not None:
@@ -315,14 +326,19 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     st = store or open_store(root, timeout)
     st.check_store()
     intents = st.list_intents()
+    check_names(intents, st.locate(GC))  # they are decoded as publication names
     attempts = st.list_exec()
     folders = _folders(st, attempts)
     if keep is None:
         keep = default_keep(st, attempts)
     names = st.publication_names()
+    names.sort()
     decode = _Names()
     # A removal a killed cleanup began counts as the publication it removes.
-    found = plan(sorted(set(names) | set(intents)), folders, keep, decode)
+    present = set(names)
+    extra = [n for n in intents if n not in present]
+    found = plan(sorted(names + extra) if extra else names, folders, keep, decode,
+                 presorted=True)
     for n in found.unsure:
         path = decode.path(n)
         if not any(_overlap(path, k) for k in found.kept_saves) and not st.exists(path):
@@ -343,7 +359,6 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     if singles:
         st.create_intents([n for n in singles if n not in intents])
     pause("intents")
-    present = set(names)
     st.delete_publications(sorted({n for r in found.removals for n in r.publications
                                    if n in present}))
     pause("unpublished")
