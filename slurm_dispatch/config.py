@@ -40,6 +40,9 @@ DEFAULT_HOLD_NOTIFY = ""  # no site command: holds are told through Slurm's Mail
 DEFAULT_HOLD_WARNING = 7200.0  # a hold's owner is warned this long before it expires
 DEFAULT_STORE_TIMEOUT = 60.0  # an S3 call or scan that takes longer is an error
 DEFAULT_STAGE_DIR = ""  # S3 roots' local staging folder: empty means $TMPDIR, else /tmp
+# How the commands reach Slurm: pyslurm where it matches the running Slurm, else its tools.
+DEFAULT_SLURM_BACKEND = "auto"
+SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -50,7 +53,7 @@ class Config:
 
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
-                 "cgroup_root", "store_timeout", "stage_dir", "problems")
+                 "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -65,6 +68,7 @@ class Config:
         self.cgroup_root = DEFAULT_CGROUP_ROOT
         self.store_timeout = DEFAULT_STORE_TIMEOUT
         self.stage_dir = DEFAULT_STAGE_DIR
+        self.slurm_backend = DEFAULT_SLURM_BACKEND
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -141,6 +145,14 @@ def _command(value: str) -> str:
     return value.strip()
 
 
+def slurm_backend(value: str) -> str:
+    """``auto``, ``cli`` or ``pyslurm`` (any case); ValueError naming the value otherwise."""
+    name = value.strip().lower()
+    if name not in SLURM_BACKENDS:
+        raise ValueError(f"{value!r} is not one of {', '.join(SLURM_BACKENDS)}")
+    return name
+
+
 # Key (lower case) -> (spelling, attribute, converter).
 _KEYS = {
     "statedir": ("StateDir", "state_dir", _state_dir),
@@ -156,6 +168,8 @@ _KEYS = {
     "storetimeout": ("StoreTimeout", "store_timeout", _positive_duration),
     # StageDir=/local/scratch: where the launcher makes an S3 root's local staging folder.
     "stagedir": ("StageDir", "stage_dir", _state_dir),
+    # SlurmBackend=auto|cli|pyslurm ($DISPATCH_SLURM_BACKEND overrides it): see slurm_backend.py.
+    "slurmbackend": ("SlurmBackend", "slurm_backend", slurm_backend),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

@@ -20,8 +20,15 @@ Invariants:
 * **One vocabulary for states**: :func:`is_final`, :func:`is_active`,
   :func:`execution_ended`; :class:`Job` answers the same questions.
 
-pyslurm is not used here: it is an optional backend only where its version matches the
-installed Slurm, and the command-line tools work on every Slurm.
+The backend is a detail behind this one interface.  By default (``SlurmBackend=auto``, see
+:mod:`slurm_backend`) the reads (the caller's jobs, one job or array, nodes) and the actions
+(hold, release, requeue, cancel, set comment) go through pyslurm where it is installed, matches
+the running Slurm's major release and loads its configuration; otherwise through the
+command-line tools, which work on every Slurm.  The choice is made at the first read or
+action, never when the adapter is made (``dispatch-sbatch`` submits without it).  Submission is
+always ``sbatch`` itself: the site's ``cli_filter`` plugins, ``SBATCH_*`` variables and grammar
+apply.  pyslurm serves only calls made with this process's own Slurm configuration (pyslurm
+loads it once per process); a call given another ``SLURM_CONF`` goes through the tools.
 """
 
 from __future__ import annotations
@@ -90,6 +97,13 @@ _TRANSIENT = re.compile(
     r"Unable to contact slurm controller|Socket timed out|Connection refused|"
     r"Resource temporarily unavailable|Slurm temporarily unavailable|try again|"
     r"Communication connection failure|Zero Bytes were transmitted", re.IGNORECASE)
+
+
+def is_transient(text: str) -> bool:
+    """The controller's words for "not now": worth another try."""
+    return bool(_TRANSIENT.search(text))
+
+
 _SUBMITTED = re.compile(r"^(?:Submitted batch job (\d+)|(\d+)(?:;\S+)?)\s*$", re.MULTILINE)
 
 
@@ -153,7 +167,9 @@ class Job:
 
     ``job_id`` is Slurm's own id (a task that has started has its own; a pending task still
     shares its array's), ``display_id`` what squeue shows (``97_1`` for a task).  ``comment`` is
-    the owner's free text: read it only as a comment (:attr:`markers`).
+    the owner's free text: read it only as a comment (:attr:`markers`).  ``start_time`` and
+    ``end_time`` are the current execution's, None while pending or running respectively (the
+    scheduler's estimates are not kept).
     """
 
     __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
@@ -280,14 +296,17 @@ def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
                          argv=list(argv), output=str(values)[:500]) from None
     task = values["ArrayTaskID"]
     array = task.isdigit()
-    return Job(values["JobID"], values["State"].split()[0] if values["State"] else "",
+    state = values["State"].split()[0] if values["State"] else ""
+    return Job(values["JobID"], state,
                array_job_id=values["ArrayJobID"] if array else None,
                array_task_id=int(task) if array else None,
                reason=reason, restarts=restarts, nodes=nodes, uid=uid,
                comment="" if comment == "(null)" else comment,
                submit_time=slurm_time(values["SubmitTime"]),
-               start_time=slurm_time(values["StartTime"]),
-               end_time=slurm_time(values["EndTime"]))
+               # A pending job's StartTime is the scheduler's estimate: not a start.
+               start_time=None if state == "PENDING" else slurm_time(values["StartTime"]),
+               # Before the execution ends, EndTime is an estimate (start + time limit).
+               end_time=slurm_time(values["EndTime"]) if execution_ended(state) else None)
 
 
 def _parse_node_line(line: str) -> dict[str, str]:
@@ -305,15 +324,46 @@ def _parse_node_line(line: str) -> dict[str, str]:
 # The adapter
 
 
+_UNCHOSEN = object()
+_NOT_FOUND = re.compile(r"Node \S+ not found")
+
+
 class Slurm:
-    """Slurm's command-line tools, with retries for transient controller errors."""
+    """Slurm through one backend (pyslurm or the command-line tools), with retries for
+    transient controller errors.
+
+    ``backend``: ``auto``, ``cli`` or ``pyslurm``; None reads the setting
+    (``$DISPATCH_SLURM_BACKEND``, else dispatch.conf's ``SlurmBackend``).  A ``runner`` other
+    than :func:`run_command` (a test's fake controller) means the command-line tools.
+    """
 
     def __init__(self, runner: Runner = run_command, attempts: Optional[int] = None,
-                 wait: float = 1.0) -> None:
+                 wait: float = 1.0, backend: Optional[str] = None) -> None:
         self.runner = runner
         self.attempts = default_attempts() if attempts is None else attempts
         self.wait = wait
         self.bytes_read = 0  # what the controller's answers weighed, for the bench
+        self._setting = backend
+        self._chosen: Any = _UNCHOSEN
+
+    def _pyslurm(self, env: Optional[Mapping[str, str]] = None) -> Any:
+        """The pyslurm backend for a call made with ``env``, or None for the tools."""
+        if self._chosen is _UNCHOSEN:
+            if self.runner is not run_command and self._setting is None:
+                self._chosen = None
+            else:
+                from .slurm_backend import select
+                self._chosen = select(self._setting, default_timeout())
+        if self._chosen is not None and env is not None \
+                and env.get("SLURM_CONF") != os.environ.get("SLURM_CONF"):
+            return None  # pyslurm loaded this process's configuration, not that one
+        return self._chosen
+
+    @property
+    def backend(self) -> str:
+        """``pyslurm`` or ``cli``: the backend the reads and actions go through (chosen now
+        if not yet)."""
+        return "cli" if self._pyslurm() is None else "pyslurm"
 
     def _retrying(self, attempts: Optional[int] = None) -> Any:
         import tenacity  # only the retried calls need it: keeps dispatch-sbatch's start fast
@@ -346,7 +396,7 @@ class Slurm:
         self.bytes_read += len(result.stdout) + len(result.stderr)
         if result.returncode != 0:
             output = (result.stderr + result.stdout).strip()
-            cls = SlurmUnavailable if _TRANSIENT.search(output) else SlurmError
+            cls = SlurmUnavailable if is_transient(output) else SlurmError
             raise cls(f"{argv[0]} failed (exit {result.returncode})", argv=list(argv),
                       output=output, returncode=result.returncode)
         return result
@@ -368,14 +418,23 @@ class Slurm:
         A job of another uid is dropped (``--me`` already asks for the caller's only).
         """
         me = os.getuid()
-        jobs = [j for j in self._squeue(["--me"], env, retry) if j.uid == me]
-        return index_jobs(jobs)
+        backend = self._pyslurm(env)
+        if backend is not None:
+            listed = self._with_retries(lambda: backend.user_jobs(me),
+                                        self.attempts if retry else 1)
+        else:
+            listed = self._squeue(["--me"], env, retry)
+        return index_jobs(j for j in listed if j.uid == me)
 
     def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
         """Job ``job_id`` (``123``, ``97_1``, or an array's id for all its tasks); [] when the
         controller does not know it."""
         if not re.fullmatch(r"\d+(_\d+)?", job_id):
             raise SlurmError(f"{job_id!r} is not a Slurm job id (123 or 123_4)")
+        backend = self._pyslurm(env)
+        if backend is not None:
+            found: list[Job] = self._with_retries(lambda: backend.jobs(job_id), self.attempts)
+            return found
         try:
             return self._squeue(["--jobs", job_id], env)
         except SlurmError as exc:
@@ -388,9 +447,23 @@ class Slurm:
         """Each named node, in one call; a node the controller does not know is absent."""
         if not names:
             return {}
-        result = self.call(["scontrol", "-o", "show", "node", ",".join(names)], env)
+        backend = self._pyslurm(env)
+        if backend is not None:
+            loaded: dict[str, Node] = self._with_retries(lambda: backend.nodes(list(names)),
+                                                         self.attempts)
+            return loaded
+        argv = ["scontrol", "-o", "show", "node", ",".join(names)]
+        try:
+            text = self.call(argv, env).stdout
+        except SlurmError as exc:
+            # One unknown name fails the whole command (exit 1, "Node nx not found") after
+            # the known ones are printed: those stand, the unknown are absent.
+            said = [line for line in exc.output.splitlines() if line.strip()]
+            if not any(_NOT_FOUND.fullmatch(line) for line in said):
+                raise
+            text = "\n".join(line for line in said if line.startswith("NodeName="))
         found = {}
-        for line in result.stdout.splitlines():
+        for line in text.splitlines():
             if not line.strip() or not line.startswith("NodeName="):
                 continue
             fields = _parse_node_line(line)
@@ -484,22 +557,46 @@ class Slurm:
         result: tuple[str, Result] = self._with_retries(once, self.attempts if marker else 1)
         return result
 
+    def _act(self, action: str, jobids: Sequence[str], argv: list[str],
+             env: Optional[Mapping[str, str]]) -> None:
+        """One action on whole jobs through pyslurm, else ``argv`` through the tools.  An array
+        task given as ``A_T`` goes through scontrol (pyslurm acts on whole job ids; scontrol
+        splits a pending task off its array)."""
+        backend = self._pyslurm(env)
+        if backend is not None and all(j.isdigit() for j in jobids):
+            self._with_retries(lambda: getattr(backend, action)(list(jobids)), self.attempts)
+        else:
+            self.call(argv, env)
+
     def cancel(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
-            self.call(["scancel", *jobids], env)
+            backend = self._pyslurm(env)
+            if backend is not None:  # slurm_kill_job2 takes A_T as scancel does
+                self._with_retries(lambda: backend.cancel(list(jobids)), self.attempts)
+            else:
+                self.call(["scancel", *jobids], env)
 
     def release(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
-            self.call(["scontrol", "release", ",".join(jobids)], env)
+            self._act("release", jobids, ["scontrol", "release", ",".join(jobids)], env)
+
+    def requeue(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        """Requeue running jobs: their executions end, each comes back pending."""
+        if jobids:
+            self._act("requeue", jobids, ["scontrol", "requeue", ",".join(jobids)], env)
 
     def set_comment(self, jobid: str, text: str,
                     env: Optional[Mapping[str, str]] = None) -> None:
         """Replace a job's comment (the owner's own free text; ours starts with its marker)."""
-        self.call(["scontrol", "update", f"jobid={jobid}", f"comment={text}"], env)
+        backend = self._pyslurm(env)
+        if backend is not None and jobid.isdigit():
+            self._with_retries(lambda: backend.set_comment(jobid, text), self.attempts)
+        else:
+            self.call(["scontrol", "update", f"jobid={jobid}", f"comment={text}"], env)
 
     def hold(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
-            self.call(["scontrol", "hold", ",".join(jobids)], env)
+            self._act("hold", jobids, ["scontrol", "hold", ",".join(jobids)], env)
 
 
 def index_jobs(jobs: Iterable[Job]) -> dict[str, Job]:

@@ -139,3 +139,27 @@ def test_environment_knobs_are_checked(monkeypatch: pytest.MonkeyPatch, value: s
     monkeypatch.setenv("DISPATCH_SLURM_ATTEMPTS", value)
     with pytest.raises(ConfigError, match=f"DISPATCH_SLURM_ATTEMPTS={value!r}"):
         Slurm()
+
+
+def test_an_unknown_node_is_absent_not_an_error() -> None:
+    """scontrol exits 1 ("Node nx9 not found") after printing the nodes it knows."""
+    def answer(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        return Result(list(argv), 1, "NodeName=n1 State=IDLE BootTime=2026-11-30T10:00:00\n",
+                      "Node nx9 not found\n")
+    nodes = Slurm(answer, wait=0).nodes(["n1", "nx9"])
+    assert list(nodes) == ["n1"] and nodes["n1"].boot_time == slurm.slurm_time(
+        "2026-11-30T10:00:00")
+
+    def broken(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        return Result(list(argv), 1, "", "slurm_load_node error: Access denied\n")
+    with pytest.raises(SlurmError, match="scontrol failed"):
+        Slurm(broken, wait=0).nodes(["n1"])
+
+
+def test_a_fake_controller_means_the_tools_and_no_probe(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """A test's runner is the controller: the backend setting is not even read."""
+    monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "pyslurm")
+    fake = FakeSqueue([running("x")])
+    adapter = Slurm(fake, wait=0)
+    assert adapter.backend == "cli" and "7" in adapter.own_jobs()
