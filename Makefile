@@ -21,19 +21,19 @@ demo: install
 demo-protocol: install
 	bash demo/protocol.sh
 
-# Every test on the host's Slurm (22.05 on Debian 12), then the real tests whose subject moves
-# between Slurm releases again on 24.11, from the sandbox's Debian 13 root (built once, kept in
-# /var/cache/slurm-dispatch): the release itself, hooks, cease, the supervisor, and
-# dispatch-sbatch with the launcher (the demo's partition scenario among them); about 8 minutes
-# more.  On 22.05 only: test_sandbox (the host-side verbs: env, the venv's own dispatch-sandbox),
-# test_frameworks (torch's CPU build comes from this machine's local wheels, which the root's
-# pip does not see: there a bare torch would pull a CUDA build of several GB), and
-# test_arrays, test_survivors, test_trust and test_watch (they start processes and users on the
-# host side directly, not through Sandbox.run; what they prove of Slurm is the hooks' and the
-# adapter's, covered above).  Its sandbox folder is the default's with -24.11 appended
+# Every test on the host's Slurm (22.05 on Debian 12), then the real tests again on 24.11, from
+# the sandbox's Debian 13 root (built once, kept in /var/cache/slurm-dispatch): the release
+# itself, hooks, cease, the supervisor, dispatch-sbatch with the launcher (the demo's partition
+# scenario among them), arrays, survivors, trust and watch; 42 tests, about 10 minutes more
+# (measured on 2 cores).  On 22.05 only: test_sandbox, whose subject is the host-side verbs
+# (`env`, the venv's own dispatch-sandbox; a 24.11 sandbox refuses `env` by design), and
+# test_frameworks, which installs torch's CPU build from this machine's local wheels into the
+# sandbox's venv: the root's pip does not see them, and a bare torch there would pull a CUDA build
+# of several GB.  The 24.11 sandbox's folder is the default's with -24.11 appended
 # (DISPATCH_SANDBOX_DIR's, when that is set).
 REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/test_cease.py \
-	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py
+	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py tests/real/test_arrays.py \
+	tests/real/test_survivors.py tests/real/test_trust.py tests/real/test_watch.py
 test: install-test
 	$(PYTHON) -m pytest -q
 	DISPATCH_SANDBOX_SLURM=24.11 \

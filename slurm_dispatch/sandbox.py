@@ -7,10 +7,17 @@ run as an unprivileged user (``dispatchuser``) from a virtualenv under the state
 repository is installed into, because the developer's own interpreter is usually unreachable for
 that user.
 
+Another Slurm release (``up(slurm="24.11")``, :data:`sandbox_root.RELEASES`) runs the same
+daemons, the same configuration and a venv on the root's own Python from a Debian root built
+once with debootstrap (:mod:`slurm_dispatch.sandbox_root`); every command that talks to that
+cluster, the sandbox's own included, enters the root (:func:`command`).  A state folder keeps
+the release it was made with (its manifest says which, and where the root is).
+
 Invariant: everything the sandbox writes or starts lives under its state folder (configuration,
-munge key, socket, pid files, logs, spool, state, venv).  It never reads or writes ``/etc/slurm``
-or ``/etc/munge`` and never signals a process unless the pid came from one of its own pid files
-*and* that process's command line names its own configuration.
+munge key, socket, pid files, logs, spool, state, venv), the Debian root of another release
+under its cache folder.  It never reads or writes ``/etc/slurm`` or ``/etc/munge``, never changes
+the host's mount table, and never signals a process unless the pid came from one of its own pid
+files *and* that process's command line names its own configuration.
 
 The state folder's path is predictable (``/var/tmp/slurm-dispatch-sandbox``), so another local
 user may have made it, or a folder above it, first.  Before root writes there

@@ -152,7 +152,8 @@ def _build(release: Release, cache: Path, target: Path,
     log = cache / f"{release.folder}.log"
     argv = ["debootstrap", "--variant=minbase", f"--include={','.join(release.packages)}",
             release.suite, str(build)]
-    with open(log, "ab") as out:
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, 0o644), "ab") as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,

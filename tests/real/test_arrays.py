@@ -10,7 +10,6 @@ keeps no accounting: ``sacct`` fails there).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -110,8 +109,7 @@ def short_min_job_age(sandbox: Any) -> Iterator[None]:
 
 
 def known(sandbox: Any, jobid: str) -> bool:
-    proc = subprocess.run(["squeue", "-h", "--states=all", "-j", jobid, "-o", "%i"],
-                          env=sandbox.env, capture_output=True, text=True)
+    proc = sandbox.run(["squeue", "-h", "--states=all", "-j", jobid, "-o", "%i"], check=False)
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 

@@ -1,0 +1,82 @@
+"""The Debian root of another Slurm release: release names, the marker, how a command enters it.
+
+Entering the root for real is the real tier's (tests/real/test_release.py); here, the pure parts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch import sandbox, sandbox_root
+from slurm_dispatch.errors import SandboxError
+
+ROOT = Path("/var/cache/slurm-dispatch/debian-trixie-slurm-24.11")
+
+
+def test_release_names() -> None:
+    assert sandbox_root.normalize(None) == sandbox_root.normalize("") == "host"
+    assert sandbox_root.normalize(" 24.11 ") == "24.11"
+    with pytest.raises(SandboxError, match="'9.99'.*host, 24.11"):
+        sandbox_root.normalize("9.99")
+    assert sandbox_root._major("slurm-wlm 24.11.5") == "24.11"
+    assert sandbox_root._major("slurm 22.05.8") == "22.05"
+    assert sandbox_root._major("") == ""
+
+
+def test_default_folder_follows_the_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sandbox.DIR_ENV, raising=False)
+    monkeypatch.delenv(sandbox.RELEASE_ENV, raising=False)
+    assert sandbox.state_dir() == sandbox.DEFAULT_DIR
+    monkeypatch.setenv(sandbox.RELEASE_ENV, "24.11")
+    assert sandbox.state_dir() == Path(f"{sandbox.DEFAULT_DIR}-24.11")
+    # An empty DISPATCH_SANDBOX_DIR (as a Makefile passes it) is the default, never ".".
+    monkeypatch.setenv(sandbox.DIR_ENV, "")
+    assert sandbox.state_dir("") == Path(f"{sandbox.DEFAULT_DIR}-24.11")
+
+
+def test_a_root_is_complete_only_with_its_own_marker(tmp_path: Path) -> None:
+    release = sandbox_root.RELEASES["24.11"]
+    assert not sandbox_root.root_complete(tmp_path, release)
+    marker = tmp_path / sandbox_root.MARKER
+    marker.write_text(json.dumps({"release": "24.11", "packages": ["slurmd"]}))
+    assert not sandbox_root.root_complete(tmp_path, release)  # another package set
+    marker.write_text(json.dumps({"release": "24.11", "packages": list(release.packages)}))
+    assert sandbox_root.root_complete(tmp_path, release)
+    marker.write_text("{not json")
+    assert not sandbox_root.root_complete(tmp_path, release)
+
+
+def test_a_state_folder_under_a_bound_folder_needs_no_mount_point() -> None:
+    assert sandbox_root.mount_point(ROOT, Path("/var/tmp/sb")) is None
+    assert sandbox_root.mount_point(ROOT, Path("/home/me/sb")) is None
+    assert sandbox_root.mount_point(ROOT, Path("/srv/sb")) == ROOT / "srv/sb"
+    assert sandbox_root.mount_point(ROOT, Path("/var/tmpx")) == ROOT / "var/tmpx"
+
+
+def test_enter_argv_mounts_in_a_namespace_of_its_own_then_chroots() -> None:
+    argv = sandbox_root.enter_argv(ROOT, Path("/srv/sb"), ["sbatch", "--wrap", "a b"],
+                                   user="u", cwd="/home/u")
+    assert argv[1:5] == ["--mount", "--propagation", "private", "--"]
+    script = argv[argv.index("-c") + 1]
+    assert argv[-3:] == ["sbatch", "--wrap", "a b"]
+    lines = script.splitlines()
+    assert lines[0] == "set -e"
+    assert f"mount --bind /srv/sb {ROOT}/srv/sb" in lines
+    assert any(f"mount --rbind /proc {ROOT}/proc" in line for line in lines)
+    assert lines[-1] == f'exec chroot {ROOT} runuser -u u -- env -C /home/u "$@"'
+    # No user, no folder: the command alone, as root, in the root's /.
+    plain = sandbox_root.enter_argv(ROOT, Path("/var/tmp/sb"), ["sinfo"])
+    last = plain[plain.index("-c") + 1].splitlines()[-1]
+    assert last == f'exec chroot {ROOT} "$@"'
+    assert "mount --bind /var/tmp/sb" not in plain[plain.index("-c") + 1]
+
+
+def test_command_on_the_hosts_slurm_is_runuser_and_env(tmp_path: Path) -> None:
+    folder = tmp_path / "sb"
+    folder.mkdir()
+    assert sandbox.command(["sinfo"], folder) == ["sinfo"]
+    assert sandbox.command(["sinfo"], folder, user="u", cwd="/w") == \
+        ["runuser", "-u", "u", "--", "env", "-C", "/w", "sinfo"]
