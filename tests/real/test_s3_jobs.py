@@ -5,7 +5,9 @@ An HF-shaped job (a shell trainer writing ``checkpoint-<N>/`` folders, weights f
 ``trainer_state.json`` last, into ``$DISPATCH_STAGE_DIR``) runs under ``dispatch watch``,
 which uploads each complete save under the execution's prefix and publishes it; requeued
 mid-run, the replacement fetches its lineage's latest save from S3 to local disk and goes on
-from it.  The sandbox's venv gets boto3 (the ``s3`` extra) once.
+from it.  The Lightning example job writes ``s3://`` itself (fsspec, s3fs): at the requeue
+signal it saves, publishes and requeues, and the requeued execution resumes from that URL.
+The sandbox's venv gets boto3 (the ``s3`` extra) once, and s3fs with the frameworks.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 from slurm_dispatch import store
 from slurm_dispatch.stores import transfer
 from tests.real import test_dispatch_sbatch as sbatch_tests
+from tests.real import test_frameworks as frameworks_tests
 from tests.real.test_dispatch_sbatch import Workdir, printed, wait_executions, wait_state
 from tests.s3server import SeaweedServer
 from tests.store.conftest import point_boto3_at
@@ -31,6 +34,7 @@ from tests.store.conftest import point_boto3_at
 pytestmark = pytest.mark.real
 
 work = sbatch_tests.work  # the fixture: a folder of the sandbox user's, with helpers
+frameworks = frameworks_tests.frameworks  # the sandbox venv with torch and the extras
 BUCKET = "dispatch-jobs"
 
 # The trainer: resumes from a local copy of $DISPATCH_RESUME_FROM (fetched from S3 with the
@@ -143,3 +147,47 @@ def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
         assert not any(f"checkpoint-{f.step}" in kept for f in pubs[:-1])
         record = json.loads((stage / ".dispatch").read_text())
         assert record["attempt"] == (first, second)[number]["attempt"]
+
+
+def test_a_lightning_job_writes_s3_itself_and_resumes_after_the_requeue_signal(
+        sandbox: Any, frameworks: Path, s3: SeaweedServer, tmp_path: Path) -> None:
+    """The Lightning example job with an s3:// root: Lightning writes its saves to the
+    execution's prefix (fsspec, s3fs), the callback publishes each; at the requeue signal it
+    saves, publishes and requeues, and the requeued execution resumes from that URL."""
+    python = Path(sandbox.venv_bin) / "python"
+    if subprocess.run([str(python), "-c", "import s3fs"], capture_output=True).returncode:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "s3fs>=2024.6"], check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    work = frameworks_tests._work(sandbox, "lightning")
+    root = f"s3://{BUCKET}/pl-{uuid.uuid4().hex[:8]}"
+    env = {**s3.env(), "TRAIN_STEPS": "80", "SAVE_EVERY": "10", "STEP_SECONDS": "0.3"}
+    job, slurm_id = work.submit("--checkpoint", root, "-o", "out.txt", "job.sh", env=env)
+    output = work.path / "out.txt"
+    first = wait_executions(work, job, 1)[0]
+    sandbox.wait_for(lambda: first["attempt"] in frameworks_tests._starts(output), 180,
+                     "training to start")
+    sandbox.wait_for(lambda: publications(root, first["exec_dir"]), 120,
+                     "a first save written to S3 by Lightning and published")
+    sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
+    second = wait_executions(work, job, 2, timeout=120)[1]
+    ends = sandbox.wait_for(
+        lambda: second["attempt"] in frameworks_tests._ends(output)
+        and frameworks_tests._ends(output), 240, "the requeued execution's end line")
+    source = second["resume_from"]
+    assert second["restart"] == 1
+    assert re.fullmatch(re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt",
+                        source), source
+    step = int(source.rsplit("=", 1)[1].split(".")[0])
+    starts = frameworks_tests._starts(output)
+    assert starts[second["attempt"]][0] == step
+    import torch
+
+    local = transfer.fetch_save(source, str(tmp_path / "source.ckpt"), 60)
+    state = torch.load(local, map_location="cpu", weights_only=False)["state_dict"]
+    example = frameworks_tests._load_example("lightning")
+    assert starts[second["attempt"]][1] == example.weights_sha256(state)
+    assert ends[second["attempt"]] == 80
+    found = store.list_publications(root)
+    assert source in [f.path for f in found]
+    assert all(f.path.startswith(f"{root}/exec/") and f.path.endswith(".ckpt") for f in found)
+    assert [f.step for f in publications(root, second["exec_dir"])][-1] == 80
