@@ -31,7 +31,14 @@ Run = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
 
 def vendor_dir() -> Path:
-    return Path(os.environ.get("DISPATCH_VENDOR_DIR") or REPO_ROOT.parent / "shared" / "vendor")
+    """$DISPATCH_VENDOR_DIR, else ``shared/vendor`` beside the checkout, else the workplace's
+    (a clean clone made elsewhere, as CI's may be, still finds it)."""
+    if os.environ.get("DISPATCH_VENDOR_DIR"):
+        return Path(os.environ["DISPATCH_VENDOR_DIR"])
+    for candidate in (REPO_ROOT.parent / "shared" / "vendor", Path("/work/shared/vendor")):
+        if candidate.is_dir():
+            return candidate
+    return REPO_ROOT.parent / "shared" / "vendor"
 
 
 def cache_dir() -> Path:
