@@ -4,7 +4,8 @@ Two lines make it a dispatch job (marked "dispatch:"); outside a dispatch job th
 runs as before.  The model is a tiny GPT-2 built from a config, so nothing is downloaded.
 Knobs (environment): TRAIN_STEPS (total optimizer steps), SAVE_EVERY (steps between saves),
 SAVE_LIMIT (the Trainer's save_total_limit), STEP_SECONDS (a pause per step, to watch it run),
-OUTPUT_DIR (where saves go outside dispatch).
+OUTPUT_DIR (where saves go outside dispatch).  The same script runs with several ranks
+(job-ddp.sh: one per node).
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def tiny_model() -> Any:
                                       n_positions=32, bos_token_id=0, eos_token_id=0))
 
 
+def saved_weights_sha256(checkpoint: str) -> str:
+    """The weights hash of the model a checkpoint folder holds (to check what a run resumed)."""
+    from safetensors.torch import load_file
+
+    model = tiny_model()
+    model.load_state_dict(load_file(os.path.join(checkpoint, "model.safetensors")), strict=False)
+    model.tie_weights()  # the saved file holds the shared embedding once
+    return weights_sha256(model)
+
+
 class Report(TrainerCallback):  # type: ignore[misc]
     """Says where training starts and ends (and pauses per step when asked)."""
 
@@ -49,6 +60,11 @@ class Report(TrainerCallback):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
+        dist = torch.distributed
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "-"
+        print(f"example: attempt={os.environ.get('DISPATCH_ATTEMPT', '-')} "
+              f"rank={args.process_index} world={args.world_size} backend={backend} "
+              f"node={os.environ.get('SLURMD_NODENAME', '-')}", flush=True)
         if state.is_world_process_zero:
             print(f"example: attempt={os.environ.get('DISPATCH_ATTEMPT', '-')} "
                   f"start step={state.global_step} weights={weights_sha256(model)}", flush=True)

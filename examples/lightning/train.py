@@ -3,7 +3,8 @@
 Two lines make it a dispatch job (marked "dispatch:"); outside a dispatch job the same script
 runs as before, Lightning's own SLURM support included.  Inside one, the requeue signal
 (``#SBATCH --signal=USR1@90`` in job.sh) makes the next batch end save, publish and requeue.
-Knobs (environment): TRAIN_STEPS, SAVE_EVERY, STEP_SECONDS (a pause per step).
+Knobs (environment): TRAIN_STEPS, SAVE_EVERY, STEP_SECONDS (a pause per step).  In a job of
+several nodes (job-ddp.sh: one process per node) it trains with DDP on every node.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class Regression(L.LightningModule):
         self.step_seconds = step_seconds
 
     def on_train_start(self) -> None:
+        dist = torch.distributed
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "-"
+        print(f"example: attempt={os.environ.get('DISPATCH_ATTEMPT', '-')} "
+              f"rank={self.trainer.global_rank} world={self.trainer.world_size} "
+              f"backend={backend} node={os.environ.get('SLURMD_NODENAME', '-')}", flush=True)
         if self.trainer.is_global_zero:
             print(f"example: attempt={os.environ.get('DISPATCH_ATTEMPT', '-')} "
                   f"start step={self.trainer.global_step} "
@@ -62,7 +68,9 @@ def main() -> None:
     data = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(features, features.sum(dim=1, keepdim=True)),
         batch_size=16)
+    nodes = int(os.environ.get("SLURM_NNODES", "1"))  # one process per node (job-ddp.sh)
     trainer = L.Trainer(
+        num_nodes=nodes, strategy="ddp" if nodes > 1 else "auto",
         max_steps=int(os.environ.get("TRAIN_STEPS", "60")), accelerator="cpu", logger=False,
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[ModelCheckpoint(every_n_train_steps=int(os.environ.get("SAVE_EVERY", "10")),
