@@ -142,6 +142,20 @@ def _assert_one_publication_per_save(root: Path, saved: dict[str, list[int]],
     assert len(saved[old["exec_dir"]]) - len(old_steps) <= 1, saved[old["exec_dir"]]
 
 
+def _assert_published_after_every_part(work: Workdir) -> None:
+    """Each Lightning publication comes after every rank's part of its save (the harness's
+    markers) and after the checkpoint file rank 0 wrote, and promises a whole file."""
+    root = work.path / "ck"
+    for found in _published(root):
+        assert saves.why_unloadable(found.path) is None, found
+        attempt = found.path.split(f"/{store.EXEC}/", 1)[1].split("/", 1)[0]
+        made = _pub_mtime(root, found)
+        parts = [work.path / "parts" / attempt / f"{os.path.basename(found.path)}.rank{rank}"
+                 for rank in range(RANKS)]
+        for written in [Path(found.path), *parts]:
+            assert written.stat().st_mtime_ns <= made, (found.path, written)
+
+
 def test_hf_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_resumes(
         sandbox: Any) -> None:
     steps, every = 40, 5
@@ -183,16 +197,7 @@ def test_lightning_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_r
     work, old, new = _partitioned_run(sandbox, "lightning", {
         "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "STEP_SECONDS": "1"})
     root, output = work.path / "ck", work.path / "out.txt"
-    # Each publication comes after every rank's part of its save (the harness's markers) and
-    # after the checkpoint file rank 0 wrote.
-    for found in _published(root):
-        assert saves.why_unloadable(found.path) is None, found
-        attempt = found.path.split(f"/{store.EXEC}/", 1)[1].split("/", 1)[0]
-        made = _pub_mtime(root, found)
-        parts = [work.path / "parts" / attempt / f"{os.path.basename(found.path)}.rank{rank}"
-                 for rank in range(RANKS)]
-        for written in [Path(found.path), *parts]:
-            assert written.stat().st_mtime_ns <= made, (found.path, written)
+    _assert_published_after_every_part(work)
     step_of = re.compile(r"step=(\d+)\.ckpt")
     saved = {folder: sorted(int(m[1]) for p in Path(folder, "checkpoints").glob("*.ckpt")
                             if (m := step_of.search(p.name)))
@@ -211,3 +216,43 @@ def test_lightning_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_r
     assert _ends(output)[new["attempt"]] == steps
     latest = store.latest(str(root))
     assert latest is not None and (latest.epoch, latest.step) == (new["epoch"], steps)
+
+
+def test_lightning_ddp_requeue_signal_on_two_nodes_saves_once_publishes_and_resumes(
+        sandbox: Any) -> None:
+    steps = 60
+    work = _work(sandbox, "lightning")
+    env = {"TRAIN_SCRIPT": HARNESS.name, "PARTS_DIR": str(work.path / "parts"),
+           "TRAIN_STEPS": str(steps), "SAVE_EVERY": "10", "STEP_SECONDS": "0.3"}
+    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out.txt", "job-ddp.sh", env=env)
+    root, output = work.path / "ck", work.path / "out.txt"
+    first = wait_executions(work, job, 1)[0]
+    sandbox.wait_for(lambda: _published(root), 180, "a first published save")
+    _assert_two_ranks_on_two_nodes(output, first["attempt"])
+    # What Slurm sends --signal=USR1@T before the time limit, sent now: to every rank.
+    sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
+    second = wait_executions(work, job, 2, timeout=150)[1]
+    sandbox.wait_for(lambda: second["attempt"] in _ends(output), 240,
+                     "the requeued execution's end line")
+    _assert_two_ranks_on_two_nodes(output, second["attempt"])
+    assert second["restart"] == 1
+    # The ranks saved together once at the signal; that save was published once, after every
+    # rank's part, and the requeued execution resumed it.
+    source = second["resume_from"]
+    assert re.fullmatch(re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt",
+                        source), source
+    _assert_published_after_every_part(work)
+    found = _published(root)
+    assert len({f.path for f in found}) == len(found)
+    for execution in (first, second):  # every save of each execution published, once
+        written = {str(p) for p in Path(execution["exec_dir"], "checkpoints").glob("*.ckpt")}
+        assert {f.path for f in found if f.path.startswith(execution["exec_dir"] + "/")} \
+            == written
+    assert not list(work.path.rglob("hpc_ckpt_*.ckpt"))  # Lightning's own handler never ran
+    start_step, start_weights = _starts(output)[second["attempt"]]
+    assert start_step == int(source.rsplit("=", 1)[1].split(".")[0])
+    import torch
+
+    state = torch.load(source, map_location="cpu", weights_only=False)["state_dict"]
+    assert start_weights == _load_example("lightning").weights_sha256(state)
+    assert _ends(output)[second["attempt"]] == steps
