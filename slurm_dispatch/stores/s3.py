@@ -248,15 +248,21 @@ class S3Store(Store):
             return (isinstance(exc, ClientError)
                     and exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES)
 
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(conflict),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
-            stop=tenacity.stop_after_delay(self.timeout), reraise=True)
+        def create() -> None:
+            client.put_object(Bucket=self.where.bucket, Key=key, Body=b"", IfNoneMatch="*")
+
         try:
             # If a retry follows a create whose answer was lost, it meets 412: the name is
             # then already there with the same (epoch, step, path), which is the same fact.
-            retrying(client.put_object, Bucket=self.where.bucket, Key=key, Body=b"",
-                     IfNoneMatch="*")
+            try:
+                create()  # the first try needs no retry machinery (publish's cost)
+            except ClientError as exc:
+                if not conflict(exc):
+                    raise
+                tenacity.Retrying(
+                    retry=tenacity.retry_if_exception(conflict),
+                    wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+                    stop=tenacity.stop_after_delay(self.timeout), reraise=True)(create)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
