@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 from . import model
 from .errors import BadPublicationName, OutsideRoot, StoreError, UsageError
 from .stores import EXEC, Store, open_store
-from .stores.base import GC, check_names
+from .stores.base import GC, StillWritten, check_names
 
 RECORD = ".dispatch"  # the launcher's create-once record (launch.EXEC_RECORD)
 KEEP_RECORD = ".dispatch-keep.json"  # the integrations' record of the framework's rotation
@@ -367,7 +367,12 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         if r.skipped:
             continue
         if r.kind == FOLDER:
-            r.bytes = st.remove_exec(r.path.split("/")[1], RECORD)
+            try:
+                r.bytes = st.remove_exec(r.path.split("/")[1], RECORD)
+            except StillWritten as exc:
+                # An old execution still running writes into its folder: nothing of it is
+                # published any more (its publications went first); the rest goes next time.
+                r.skipped = str(exc)
         elif r.kind == SAVE:
             r.bytes = st.remove_save(r.path)
         pause("removed")

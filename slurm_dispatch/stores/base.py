@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from .. import model
-from ..errors import BadPublicationName, OutOfBounds
+from ..errors import BadPublicationName, OutOfBounds, StoreError
 
 PUB = "pub"
 EXEC = "exec"
@@ -213,3 +213,8 @@ def found_all(store: Store, names: list[str]) -> list[Found]:
         out.append(Found(publication.epoch, publication.step, name,
                          store.locate(publication.path)))
     return out
+
+
+class StillWritten(StoreError):
+    """A folder something kept writing into while cleanup removed it (an old execution still
+    running): what it held is gone, the folder itself is left for a later cleanup."""

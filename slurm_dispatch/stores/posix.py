@@ -39,7 +39,7 @@ from ..errors import (
     StoreError,
     StoreFull,
 )
-from .base import EXEC, GC, MANIFEST_SUFFIX, PUB, Found, Store, check_names
+from .base import EXEC, GC, MANIFEST_SUFFIX, PUB, Found, StillWritten, Store, check_names
 
 __all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC"]
 
@@ -328,8 +328,11 @@ def _remove(parent_fd: int, name: str, shown: str, last: str = "") -> int:
                     os.rmdir(name, dir_fd=parent_fd)
                     return total
                 except OSError as exc:
-                    if exc.errno != errno.ENOTEMPTY or round_ == _ROUNDS - 1:
+                    if exc.errno != errno.ENOTEMPTY:
                         raise
+                    if round_ == _ROUNDS - 1:
+                        raise StillWritten(f"{shown!r} is still being written into: left for "
+                                           "the next cleanup") from None
         finally:
             os.close(fd)
         raise AssertionError("unreachable")  # pragma: no cover
