@@ -200,10 +200,15 @@ def _names(root: str) -> list[str]:
         if not os.path.isdir(root):
             raise StoreError(f"checkpoint root {root!r} is not a directory") from None
         return []
+    return _list_closing(fd, pub_path)
+
+
+def _list_closing(fd: int, path: str) -> list[str]:
+    """The names in the open folder ``fd`` (shown as ``path`` in errors); closes ``fd``."""
     try:
         return os.listdir(fd)
     except OSError as exc:
-        raise StoreError(f"cannot list {pub_path!r}: {exc.strerror}") from None
+        raise StoreError(f"cannot list {path!r}: {exc.strerror}") from None
     finally:
         os.close(fd)
 
@@ -412,12 +417,7 @@ class _Cleanup:
         fd = self._open_part(EXEC)
         if fd is None:
             return []
-        try:
-            return os.listdir(fd)
-        except OSError as exc:
-            raise StoreError(f"cannot list {path!r}: {exc.strerror}") from None
-        finally:
-            os.close(fd)
+        return _list_closing(fd, path)
 
     def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
         parent, last, shown = self._at(f"{EXEC}/{attempt}/{name}")

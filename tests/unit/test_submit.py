@@ -238,6 +238,7 @@ def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:
     fake.done()
     assert new.spec["generation"] == 1 and new.spec["checkpoint"] == old.spec["checkpoint"]
     assert [e["by"] for e in old.events() if e["event"] == "superseded"] == [new.id]
+    assert fake.calls[2][0] == "sbatch" and "--hold" not in fake.calls[2]  # isolated: not held
 
 
 LAUNCHED = """#!/usr/bin/env python3
@@ -318,14 +319,3 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
     recovered = new.history().lineage().hold
     assert recovered is not None and recovered.ended_slurm_job_id == "10"
     assert recovered.deadline == hold["deadline"]
-
-
-def test_superseding_an_isolated_job_is_not_held(env: Path) -> None:
-    fake = FakeController()
-    fake.expect(["sbatch"], "Submitted batch job 10\n")
-    old = make(["--checkpoint", "ck", "job.sh"], fake).job
-    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
-    fake.expect(["sbatch"], "Submitted batch job 11\n")
-    fake.expect(["scancel", "10"])
-    make(["--supersede", old.id, "job.sh"], fake)
-    assert fake.calls[2][0] == "sbatch" and "--hold" not in fake.calls[2]
