@@ -75,14 +75,16 @@ def overlay(sandbox: Sandbox) -> Path:
     assert release is not None, f"scontrol --version said {said!r}"
     python = str(sandbox.venv_bin / "python")
     host = sandbox.slurm == sandbox_lib.HOST_RELEASE
-    cache = None if host else sandbox.dir / "wheels"  # a Debian root sees its state folder
+    # The wheel cache is the machine's (.ci/run fills it up front, for both releases); a Debian
+    # root does not see it, but it sees the sandbox's state folder: the wheel passes through it.
+    staging = None if host else sandbox.dir / "wheels"
 
     def run(argv: Any) -> Any:
         return sandbox.run(argv, check=False, timeout=1800)
 
-    wheel = pyslurm_build.wheel_for(release, python, run, cache)
+    wheel = pyslurm_build.wheel_for(release, python, run, staging=staging)
     return pyslurm_build.install_into(sandbox.dir / "pyslurm" / f"{release[0]}.{release[1]}",
-                                      wheel, python, run)
+                                      wheel, python, run, staging=staging)
 
 
 def adapter(sandbox: Sandbox, overlay: Path, backend: str, *ops: Any,
