@@ -48,9 +48,15 @@ Example:
 """
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    """Console entry point: ends the process through the shell (sbatch's own refusal ends
-    with sbatch's exit code)."""
+def entry() -> None:
+    """The console script ``dispatch-sbatch``: :func:`main`, ending the process without the
+    interpreter's teardown once its output is flushed (start-up speed)."""
+    main(fast_exit=True)
+
+
+def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
+    """Ends the process through the shell (sbatch's own refusal ends with sbatch's exit
+    code)."""
     args = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> None:
@@ -91,8 +97,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         (sys.stderr if request.parsable else sys.stdout).write(line)
         sys.stdout.flush()
 
-    run(body, "dispatch-sbatch")
+    run(body, "dispatch-sbatch", fast_exit=fast_exit)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

@@ -19,16 +19,19 @@ them (``d`` and seven letters of the id alphabet), and Slurm's own grammar is ke
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional
 
 from . import record
 from .errors import DispatchError, UsageError
 from .slurm import Job, Slurm
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed (dispatch-sbatch)
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    Lookup = Callable[[str], Optional[str]]
+
 DISPATCH_ID = re.compile(r"^d[a-km-np-z2-9]{7}$")
 _TERM = re.compile(r"^(?P<type>[a-z_]+):(?P<ids>.+)$")
-
-Lookup = Callable[[str], Optional[str]]
 
 
 def dependency_value(words: list[str]) -> Optional[tuple[int, int, str]]:

@@ -1,10 +1,11 @@
 """The event schema of a dispatch job's record, and the history read from it.
 
-Role: the one place that knows what a recorded event looks like.  Every event kind is a
-frozen dataclass; :func:`parse` turns one stored JSON object into one, checking every field's
-type, and :class:`History` answers the questions the supervisor, ``status``, ``submit`` and
-the CLI ask of a job (its next submission number, the standing hold and its deadline, whether
-it is settled), per array task where the job is an array.
+Role: the one place that knows what a recorded event looks like. Every event kind is a frozen
+record (a plain class whose annotations are its fields); :func:`parse` turns one stored JSON
+object into one, checking every field's type, and :class:`History` answers the questions the
+supervisor, ``status``, ``submit`` and the CLI ask of a job (its next submission number, the
+standing hold and its deadline, whether it is settled), per array task where the job is an
+array.
 
 Invariants:
 
@@ -22,10 +23,9 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Union
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed (dispatch-sbatch)
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Optional, Union
 
 VERSION = 2  # the format written now; events with no "v" are version 1
 
@@ -34,8 +34,100 @@ class EventError(ValueError):
     """One stored event has the wrong shape; the message names the field and the value."""
 
 
-@dataclass(frozen=True)
-class Event:
+# How a field's annotation (a string, under ``from __future__ import annotations``) is checked
+# against JSON: the outer type only, as a stored event is JSON.
+_CHECKS = {"float": "float", "int": "int", "str": "str", "bool": "bool", "Any": "any"}
+
+
+def _kind_of(annotation: str) -> tuple[str, bool]:
+    """(check, nullable) for an annotation string such as ``Optional[dict[str, Any]]``."""
+    nullable = annotation.startswith("Optional[")
+    if nullable:
+        annotation = annotation[len("Optional["):-1]
+    outer = annotation.split("[", 1)[0]
+    if outer in ("list", "dict"):
+        return outer, nullable
+    if annotation not in _CHECKS:
+        raise TypeError(f"event field annotation {annotation!r} has no JSON check")
+    return _CHECKS[annotation], nullable
+
+
+class _Field:
+    __slots__ = ("name", "check", "nullable", "default", "required")
+
+    def __init__(self, name: str, annotation: str, default: Any, required: bool) -> None:
+        self.name = name
+        self.check, self.nullable = _kind_of(annotation)
+        self.default = default
+        self.required = required
+
+
+_NO_DEFAULT = object()
+
+
+class _Frozen:
+    """A frozen record whose fields are its class annotations (ClassVar ones excepted), in
+    definition order, base classes first; a list default is copied per instance.
+
+    Plain classes rather than dataclasses: building a dozen dataclasses cost ``dispatch-sbatch``
+    about 15 ms of its start-up (bench/bench_sbatch.py), a third of its overhead over sbatch.
+    """
+
+    _fields: ClassVar[tuple[_Field, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields: dict[str, _Field] = {f.name: f for f in cls._fields}
+        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+            if annotation.startswith("ClassVar"):
+                continue
+            default = cls.__dict__.get(name, _NO_DEFAULT)
+            if default is _NO_DEFAULT and name in fields:
+                default = fields[name].default
+            fields[name] = _Field(name, annotation, default, default is _NO_DEFAULT)
+        cls._fields = tuple(fields.values())
+
+    def __init__(self, **values: Any) -> None:
+        for f in self._fields:
+            if f.name in values:
+                value = values.pop(f.name)
+            elif f.required:
+                raise TypeError(f"{type(self).__name__} needs {f.name!r}")
+            else:
+                value = list(f.default) if isinstance(f.default, list) else (
+                    dict(f.default) if isinstance(f.default, dict) else f.default)
+            object.__setattr__(self, f.name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__} has no field {sorted(values)[0]!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name!r}")
+
+    def _compared(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in self._fields if f.name != "raw")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._compared() == other._compared()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, repr(self._compared())))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in self._fields
+                          if f.name != "raw")
+        return f"{type(self).__name__}({shown})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field, ``raw`` excepted, as stored."""
+        return {f.name: getattr(self, f.name) for f in self._fields if f.name != "raw"}
+
+
+class Event(_Frozen):
     """Fields every event has.  ``raw`` is the stored object, unknown fields included."""
 
     kind: ClassVar[str] = ""
@@ -44,12 +136,12 @@ class Event:
     ns: int = 0
     v: int = 1
     task: Optional[int] = None
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = {}
 
     def fields(self) -> dict[str, Any]:
         """The event as it is stored: ``event`` kind first, no ``raw``."""
         out: dict[str, Any] = {"event": self.kind}
-        for f in dataclasses.fields(self):
+        for f in self._fields:
             if f.name == "raw":
                 continue
             value = getattr(self, f.name)
@@ -59,8 +151,7 @@ class Event:
         return out
 
 
-@dataclass(frozen=True)
-class HoldIntent:
+class HoldIntent(_Frozen):
     """What a held submission waits for: recorded before ``sbatch`` runs, so a pass killed
     after ``sbatch`` still knows the submission is a hold, with its deadline."""
 
@@ -70,25 +161,20 @@ class HoldIntent:
     end_state: str
     instead_of: Optional[str] = None
     # For an array: every task execution that must cease first, as [display id, restart].
-    ended_tasks: list[list[Any]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    ended_tasks: list[list[Any]] = []
 
 
-@dataclass(frozen=True)
 class Submitted(Event):
     kind: ClassVar[str] = "submitted"
     required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id")
     submission: int = 0
     slurm_job_id: str = ""
     reason: str = ""
-    argv: list[str] = field(default_factory=list)
+    argv: list[str] = []
     recovered: bool = False
     hold: Optional[dict[str, Any]] = None  # a HoldIntent's fields for a held submission
 
 
-@dataclass(frozen=True)
 class SubmitFailed(Event):
     kind: ClassVar[str] = "submit-failed"
     required: ClassVar[tuple[str, ...]] = ("submission",)
@@ -96,7 +182,6 @@ class SubmitFailed(Event):
     error: str = ""
 
 
-@dataclass(frozen=True)
 class SubmitLost(Event):
     """Version 1 only: a stale claim retried.  Read, never written now."""
 
@@ -106,7 +191,6 @@ class SubmitLost(Event):
     note: str = ""
 
 
-@dataclass(frozen=True)
 class Hold(Event):
     kind: ClassVar[str] = "hold"
     required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id", "ended_slurm_job_id",
@@ -118,11 +202,10 @@ class Hold(Event):
     end_state: str = ""
     deadline: float = 0.0
     instead_of: Optional[str] = None
-    ended_tasks: list[list[Any]] = field(default_factory=list)
+    ended_tasks: list[list[Any]] = []
     recovered: bool = False
 
 
-@dataclass(frozen=True)
 class Released(Event):
     kind: ClassVar[str] = "released"
     required: ClassVar[tuple[str, ...]] = ("slurm_job_id",)
@@ -131,7 +214,6 @@ class Released(Event):
     slurm_state: str = ""
 
 
-@dataclass(frozen=True)
 class Expired(Event):
     kind: ClassVar[str] = "expired"
     required: ClassVar[tuple[str, ...]] = ("slurm_job_id",)
@@ -139,7 +221,6 @@ class Expired(Event):
     deadline: float = 0.0
 
 
-@dataclass(frozen=True)
 class Cessation(Event):
     kind: ClassVar[str] = "cessation"
     required: ClassVar[tuple[str, ...]] = ("held_slurm_job_id", "ended_slurm_job_id", "verdict")
@@ -148,7 +229,7 @@ class Cessation(Event):
     verdict: str = ""
     code: Optional[int] = None
     evidence: Any = None
-    command: list[str] = field(default_factory=list)
+    command: list[str] = []
     asked_at: Optional[float] = None
 
     @property
@@ -156,7 +237,6 @@ class Cessation(Event):
         return self.asked_at if self.asked_at is not None else self.time
 
 
-@dataclass(frozen=True)
 class Notified(Event):
     """A person was told about a hold (made, or about to expire); ``ok`` False: it failed."""
 
@@ -169,7 +249,6 @@ class Notified(Event):
     detail: str = ""
 
 
-@dataclass(frozen=True)
 class Finished(Event):
     kind: ClassVar[str] = "finished"
     required: ClassVar[tuple[str, ...]] = ("submission",)
@@ -179,14 +258,12 @@ class Finished(Event):
     rule: str = ""
 
 
-@dataclass(frozen=True)
 class Superseded(Event):
     kind: ClassVar[str] = "superseded"
     required: ClassVar[tuple[str, ...]] = ("by",)
     by: str = ""
 
 
-@dataclass(frozen=True)
 class Started(Event):
     """Written by the launcher at the start of every execution, as the job's user."""
 
@@ -214,43 +291,32 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
 
 # -- reading -----------------------------------------------------------------------------
 
-def _check(name: str, value: Any, hint: Any) -> Any:
-    """``value`` if it has type ``hint`` (JSON's types; an int is a float), else EventError."""
-    origin = typing.get_origin(hint)
-    if origin is Union:
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        hint = next(o for o in options if o is not type(None))
-        origin = typing.get_origin(hint)
-    if hint is Any:
+def _check(f: _Field, value: Any) -> Any:
+    """``value`` if it has the field's JSON type (an int is a float), else EventError."""
+    if value is None and f.nullable:
+        return None
+    check = f.check
+    if check == "any":
         return value
-    if hint is float:
+    if check == "float":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif hint is int:
+    elif check == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    elif hint in (str, bool):
-        if type(value) is hint:
+    elif check == "str":
+        if type(value) is str:
             return value
-    elif origin is list or hint is list:
+    elif check == "bool":
+        if type(value) is bool:
+            return value
+    elif check == "list":
         if isinstance(value, list):
             return value
-    elif origin is dict or hint is dict:
+    elif check == "dict":
         if isinstance(value, dict):
             return value
-    expected = getattr(hint, "__name__", str(hint))
-    raise EventError(f"field {name!r} is {value!r}, not {expected}")
-
-
-_HINTS: dict[type[Event], dict[str, Any]] = {}
-
-
-def _hints(cls: type[Event]) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+    raise EventError(f"field {f.name!r} is {value!r}, not {check}")
 
 
 def parse(data: Any) -> Event:
@@ -269,16 +335,15 @@ def parse(data: Any) -> Event:
     cls = KINDS.get(kind)
     if cls is None:
         raise EventError(f"unknown event kind {kind!r} (known: {', '.join(sorted(KINDS))})")
-    hints = _hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
+    for f in cls._fields:
         if f.name == "raw":
             continue
         if f.name not in data:
             if f.name in cls.required or f.name in ("time", "ns"):
                 raise EventError(f"{kind!r} event has no {f.name!r}")
             continue
-        values[f.name] = _check(f.name, data[f.name], hints[f.name])
+        values[f.name] = _check(f, data[f.name])
     if cls is Started and values.get("task") is None and data.get("array_task_id"):
         task = str(data["array_task_id"])
         if not task.isdigit():
@@ -299,12 +364,11 @@ def intent(data: Any) -> HoldIntent:
     """A hold intent as stored (in a submitted event or a claim); raises EventError."""
     if not isinstance(data, dict):
         raise EventError(f"a hold intent is a JSON object, not {data!r:.80}")
-    hints = typing.get_type_hints(HoldIntent)
     values = {}
-    for f in dataclasses.fields(HoldIntent):
+    for f in HoldIntent._fields:
         if f.name in data:
-            values[f.name] = _check(f.name, data[f.name], hints[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            values[f.name] = _check(f, data[f.name])
+        elif f.required:
             raise EventError(f"hold intent has no {f.name!r}")
     return HoldIntent(**values)
 
@@ -318,18 +382,21 @@ def new(cls: type[Event], now_ns: int, **values: Any) -> Event:
 
 # -- the history -------------------------------------------------------------------------
 
-@dataclass
 class Lineage:
     """One lineage of submissions: the whole job, or one array task (``task``)."""
 
-    task: Optional[int]
-    submissions: list[Submitted]
-    holds: list[Hold]
-    ends: list[Union[Released, Expired]]
-    answers: list[Cessation]
-    started: list[Started]
-    finished: Optional[Finished]
-    superseded: Optional[Superseded]
+    def __init__(self, task: Optional[int], submissions: list[Submitted], holds: list[Hold],
+                 ends: list[Union[Released, Expired]], answers: list[Cessation],
+                 started: list[Started], finished: Optional[Finished],
+                 superseded: Optional[Superseded]) -> None:
+        self.task = task
+        self.submissions = submissions
+        self.holds = holds
+        self.ends = ends
+        self.answers = answers
+        self.started = started
+        self.finished = finished
+        self.superseded = superseded
 
     @property
     def current(self) -> Optional[Submitted]:
@@ -390,12 +457,15 @@ class Lineage:
         return [s for s in self.started if s.submission == number]
 
 
-@dataclass
 class History:
     """A dispatch job's events, oldest first, and what they say."""
 
-    job_id: str
-    events: list[Event]
+    def __init__(self, job_id: str, events: list[Event]) -> None:
+        self.job_id = job_id
+        self.events = events
+
+    def __repr__(self) -> str:
+        return f"History({self.job_id!r}, {len(self.events)} events)"
 
     def of(self, cls: type[Event]) -> list[Any]:
         return [e for e in self.events if isinstance(e, cls)]

@@ -20,6 +20,8 @@ import fcntl
 import json
 import os
 import random
+import sys
+import traceback
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -273,6 +275,9 @@ def run_pass_in_child(world: World, now: float, kill_at: Optional[int], seed: in
             report = sup.run_pass()
             out.write_text(json.dumps({"actions": report.actions, "errors": report.errors}))
             code = 0
+        except BaseException:  # shown with the failure: the pass failed on its own
+            traceback.print_exc()
+            sys.stderr.flush()
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
