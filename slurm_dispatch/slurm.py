@@ -427,20 +427,24 @@ class Slurm:
         return index_jobs(j for j in listed if j.uid == me)
 
     def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
-        """Job ``job_id`` (``123``, ``97_1``, or an array's id for all its tasks); [] when the
-        controller does not know it."""
+        """Job ``job_id`` (``123``, ``97_1``, or an array's id for all its tasks, in task
+        order); [] when the controller does not know it."""
         if not re.fullmatch(r"\d+(_\d+)?", job_id):
             raise SlurmError(f"{job_id!r} is not a Slurm job id (123 or 123_4)")
         backend = self._pyslurm(env)
         if backend is not None:
             found: list[Job] = self._with_retries(lambda: backend.jobs(job_id), self.attempts)
-            return found
-        try:
-            return self._squeue(["--jobs", job_id], env)
-        except SlurmError as exc:
-            if "invalid job id" in exc.output.lower():
-                return []
-            raise
+        else:
+            try:
+                found = self._squeue(["--jobs", job_id], env)
+            except SlurmError as exc:
+                if "invalid job id" in exc.output.lower():
+                    return []
+                raise
+        # Task order on every backend: squeue prints an array pending remainder first, by
+        # priority; pyslurm 24.11 loads the queue in the controller's order (slurm_pyslurm).
+        return sorted(found, key=lambda j: (-1 if j.array_task_id is None else j.array_task_id,
+                                            int(j.job_id)))
 
     def nodes(self, names: Sequence[str], env: Optional[Mapping[str, str]] = None
               ) -> dict[str, Node]:

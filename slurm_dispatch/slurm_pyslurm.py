@@ -26,6 +26,7 @@ import pyslurm  # the probe imported it in a child first: see slurm_backend
 from .errors import SlurmError, SlurmUnavailable
 from .hostlist import expand_hostlist
 from .slurm import Job, Node, execution_ended, is_transient
+from .slurm_backend import major_release
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -104,6 +105,14 @@ class PyslurmBackend:
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
+        release = major_release(probe.pyslurm_version)
+        # 22.5's job().find_id() loads one job (slurm_load_job, the id translated from text by
+        # slurm_xlate_job_id); 24.11.0's passes the id's text where libslurm takes a number,
+        # and every call is a TypeError ("an integer is required"; PySlurm/pyslurm#357: that
+        # dictionary API is deprecated).  Its object API's Job.load keeps one record of an
+        # array only, so there the whole queue is loaded and the job's records kept.
+        self._load_one = (self._find_id if release is not None and release[0] < 23
+                          else self._find_in_queue)
 
     def _rpc(self, what: str, target: str, call: Callable[[], Any]) -> Any:
         try:
@@ -126,17 +135,33 @@ class PyslurmBackend:
         # A_T: the whole array is loaded (a pending task lives in its array's remainder, which
         # libslurm's A_T translation does not find), then the task asked for is kept.
         array, _, task = job_id.partition("_")
-        try:
-            records = self._rpc("find_id", array, lambda: pyslurm.job().find_id(array))
-        except SlurmError as exc:
-            if "invalid job id" in exc.output.lower():
-                return []
-            raise
+        records = self._load_one(array)
         jobs = [job for record in records for job in jobs_from_record(record)]
         if task:
             jobs = [job for job in jobs
                     if job.array_task_id == int(task) and job.array_job_id == array]
         return jobs
+
+    def _find_id(self, array: str) -> list[dict[str, Any]]:
+        """The records of job ``array`` (every record of an array), [] if unknown."""
+        try:
+            found: list[dict[str, Any]] = self._rpc("find_id", array,
+                                                    lambda: pyslurm.job().find_id(array))
+        except SlurmError as exc:
+            if "invalid job id" in exc.output.lower():
+                return []
+            raise
+        return found
+
+    def _find_in_queue(self, array: str) -> list[dict[str, Any]]:
+        """The records of job ``array`` out of the whole queue's (what ``find_id`` returns:
+        the job's own record, or every record of the array whose id it is)."""
+        if not array.isdigit():
+            return []  # what the controller answers for an id that is not one: no such job
+        wanted = int(array)
+        loaded = self._rpc("get", array, lambda: pyslurm.job().get())
+        return [record for record in (loaded or {}).values()
+                if record.get("job_id") == wanted or record.get("array_job_id") == wanted]
 
     def nodes(self, names: Sequence[str]) -> dict[str, Node]:
         """Each named node that the controller knows (one load of every node)."""

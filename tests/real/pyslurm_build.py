@@ -114,6 +114,13 @@ def wheel_for(release: tuple[int, int], python: str = sys.executable, run: Run =
     if not local_source.exists():
         shutil.copyfile(source, local_source)
     env = [f"{k}={v}" for k, v in BUILD_ENV.items()]
+    # Both cores: 24.11.0's setup.py cythonizes $PYSLURM_BUILD_JOBS files at once, and
+    # setuptools compiles in parallel as $DIST_EXTRA_CONFIG says (178 s -> 108 s on 2 cores).
+    # 22.5.3 reads neither (its build pins setuptools 59, older than that setting): serial.
+    jobs = len(os.sched_getaffinity(0))
+    parallel = where / "build-parallel.cfg"
+    parallel.write_text(f"[build_ext]\nparallel = {jobs}\n")
+    env += [f"PYSLURM_BUILD_JOBS={jobs}", f"DIST_EXTRA_CONFIG={parallel}"]
     if release in BUILD_CONSTRAINTS:
         constraints = where / f"constraints-{release[0]}.{release[1]}.txt"
         constraints.write_text("".join(f"{line}\n" for line in BUILD_CONSTRAINTS[release]))

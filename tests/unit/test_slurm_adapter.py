@@ -163,3 +163,14 @@ def test_a_fake_controller_means_the_tools_and_no_probe(monkeypatch: pytest.Monk
     fake = FakeSqueue([running("x")])
     adapter = Slurm(fake, wait=0)
     assert adapter.backend == "cli" and "7" in adapter.own_jobs()
+
+
+def test_an_arrays_tasks_come_in_task_order() -> None:
+    """squeue prints an array's pending remainder first (by priority); pyslurm 24.11's backend
+    reads the controller's order: the adapter hands both over in task order."""
+    tasks = [running("", JobId="97", ArrayJobId="97", ArrayTaskId="3", JobState="PENDING"),
+             running("", JobId="97", ArrayJobId="97", ArrayTaskId="2", JobState="PENDING"),
+             running("", JobId="99", ArrayJobId="97", ArrayTaskId="1"),
+             running("", JobId="98", ArrayJobId="97", ArrayTaskId="0")]
+    jobs = Slurm(FakeSqueue(tasks), wait=0).jobs("97")
+    assert [j.display_id for j in jobs] == ["97_0", "97_1", "97_2", "97_3"]
