@@ -110,9 +110,9 @@ class PyslurmBackend:
         # slurm_xlate_job_id); 24.11.0's passes the id's text where libslurm takes a number,
         # and every call is a TypeError ("an integer is required"; PySlurm/pyslurm#357: that
         # dictionary API is deprecated).  Its object API's Job.load keeps one record of an
-        # array only, so there the whole queue is loaded and the job's records kept.
+        # array only, so there it tells the owner, whose jobs are then loaded.
         self._load_one = (self._find_id if release is not None and release[0] < 23
-                          else self._find_in_queue)
+                          else self._find_via_owner)
 
     def _rpc(self, what: str, target: str, call: Callable[[], Any]) -> Any:
         try:
@@ -153,13 +153,23 @@ class PyslurmBackend:
             raise
         return found
 
-    def _find_in_queue(self, array: str) -> list[dict[str, Any]]:
-        """The records of job ``array`` out of the whole queue's (what ``find_id`` returns:
-        the job's own record, or every record of the array whose id it is)."""
+    def _find_via_owner(self, array: str) -> list[dict[str, Any]]:
+        """The records of job ``array`` (what ``find_id`` returns: the job's own record, or
+        every record of the array whose id it is), read from its owner's jobs: ``Job.load``
+        answers whose job it is (its first record only), then the owner's jobs are loaded
+        (``slurm_load_job_user``) and the job's records kept.  Two calls bounded by one
+        user's jobs, never the whole queue a big site holds."""
         if not array.isdigit():
             return []  # what the controller answers for an id that is not one: no such job
         wanted = int(array)
-        loaded = self._rpc("get", array, lambda: pyslurm.job().get())
+        try:
+            first = self._rpc("Job.load", array, lambda: pyslurm.Job.load(wanted))
+        except SlurmError as exc:
+            if "invalid job id" in exc.output.lower():
+                return []
+            raise
+        uid = int(first.user_id)
+        loaded = self._rpc("find_user", str(uid), lambda: pyslurm.job().find_user(uid))
         return [record for record in (loaded or {}).values()
                 if record.get("job_id") == wanted or record.get("array_job_id") == wanted]
 

@@ -88,12 +88,12 @@ def overlay(sandbox: Sandbox) -> Path:
 
 
 def adapter(sandbox: Sandbox, overlay: Path, backend: str, *ops: Any,
-            env: tuple[str, ...] = ()) -> list[Any]:
-    """Run ``ops`` through the adapter as the job user; the answers, the first being
-    ``{"backend": ...}``."""
+            env: tuple[str, ...] = (), as_root: bool = False) -> list[Any]:
+    """Run ``ops`` through the adapter as the job user (as root: dispatch-cease's caller);
+    the answers, the first being ``{"backend": ...}``."""
     argv = ["env", *env, f"PYTHONPATH={overlay}", str(sandbox.venv_bin / "python"), "-c",
             DRIVER, backend, json.dumps(list(ops))]
-    proc = sandbox.run(argv, user=sandbox.user, check=False)
+    proc = sandbox.run(argv, user=None if as_root else sandbox.user, check=False)
     assert proc.returncode == 0 and proc.stdout.strip(), \
         f"the adapter's process ended with {proc.returncode}: {proc.stderr[-2000:]}"
     answers: list[Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -213,6 +213,31 @@ def test_the_backends_agree(sandbox: Sandbox, overlay: Path) -> None:
     assert len(cli[0]) == 9 and len(cli[1]) == 8 and len(cli[2]) == 1, cli
     for what, one, other in zip(ops, cli, lib):
         assert other == one, f"{what}: cli and pyslurm differ: {differences(one, other)}"
+
+
+def test_root_reads_a_users_jobs_alike(sandbox: Sandbox, overlay: Path) -> None:
+    """dispatch-cease runs as root and reads the user's job: an array with a pending
+    remainder and a plain job, each whole, alike through both backends (pyslurm 24.11 finds a
+    job through its owner's jobs, so the owner must be the job's, not the caller's)."""
+    array = sandbox.submit(sleeper(), "--array=0-3", "--begin=now+1hour")
+    single = sandbox.submit(sleeper(), "--hold")
+    # The scheduler sets a pending job's reason on its own time: both backends read after.
+    sandbox.wait_for(lambda: sandbox.job_state(array).get("Reason") == "BeginTime"
+                     and sandbox.job_state(single).get("Reason") == "JobHeldUser", 60,
+                     "the scheduler's reasons set")
+    ops = (["jobs", array], ["jobs", f"{array}_2"], ["jobs", single], ["jobs", "999999"])
+    answers = {}
+    for backend in BACKENDS:
+        got = adapter(sandbox, overlay, backend, *ops, as_root=True)
+        assert got[0] == {"backend": backend}, got[0]
+        answers[backend] = [ok(a) for a in got[1:]]
+    whole, task, plain, unknown = answers["cli"]
+    assert sorted(t["array_task_id"] for t in whole) == [0, 1, 2, 3], whole
+    assert all(t["uid"] == sandbox.uid for t in whole + plain), whole + plain
+    assert [t["display_id"] for t in task] == [f"{array}_2"] and len(plain) == 1
+    assert unknown == []
+    assert answers["pyslurm"] == answers["cli"], \
+        differences(answers["cli"], answers["pyslurm"])
 
 
 def differences(one: Any, other: Any, where: str = "") -> list[str]:
