@@ -25,14 +25,15 @@ demo-protocol: install
 # the sandbox's Debian 13 root (built once, kept in /var/cache/slurm-dispatch): the release
 # itself, hooks, cease, the supervisor, dispatch-sbatch with the launcher (the demo's partition
 # scenario among them), arrays, survivors, trust, watch and the Slurm adapter's contract on
-# both backends; 56 tests, about 10 minutes more (measured on 2 cores before the contract
-# joined; its 14 tests took 18 s on their own).  On 22.05 only: test_sandbox, whose subject is the host-side verbs
-# (`env`, the venv's own dispatch-sandbox; a 24.11 sandbox refuses `env` by design), and
-# test_frameworks, which installs torch's CPU build from this machine's local wheels into the
-# sandbox's venv: the root's pip does not see them, and a bare torch there would pull a CUDA build
-# of several GB.  The adapter's contract suite runs on both, each with its own pyslurm (22.5.3
-# here, 24.11.0 built in the root: `python3 -m tests.real.pyslurm_build [--slurm 24.11]`, which
-# .ci/run does first; the fixture builds it otherwise, about 3 minutes).  The 24.11 sandbox's
+# both backends; 57 tests, about 10 minutes more on 2 cores.  On 22.05 only: test_sandbox,
+# whose subject is the host-side verbs (`env`, the venv's own dispatch-sandbox; a 24.11 sandbox
+# refuses `env` by design); test_frameworks, test_frameworks_ddp and test_s3_jobs, which install
+# torch's CPU build from this machine's local wheels into the sandbox's venv (the root's pip does
+# not see them, and a bare torch there would pull a CUDA build of several GB); and test_gc, whose
+# subject (the store's cleanup) does not depend on the Slurm release.  The adapter's contract
+# suite runs on both, each with its own pyslurm (22.5.3 here, 24.11.0 built in the root:
+# `python3 -m tests.real.pyslurm_build [--slurm 24.11]`, which .ci/run does first; the fixture
+# builds it otherwise, about 3 minutes).  The 24.11 sandbox's
 # folder is the default's with -24.11 appended (DISPATCH_SANDBOX_DIR's, when that is set).
 REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/test_cease.py \
 	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py tests/real/test_arrays.py \

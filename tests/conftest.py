@@ -8,6 +8,7 @@ by for a real controller that `SLURM_CONF` happens to name.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -21,3 +22,27 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureReques
             monkeypatch.delenv(name)
     if request.node.get_closest_marker("real") is None:
         monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "cli")
+
+
+def _sigint_state() -> str:
+    """'' when Ctrl-C would reach this process as usual; else what keeps it from doing so."""
+    said = []
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        said.append("ignored")
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        said.append("blocked")
+    return " and ".join(said)
+
+
+@pytest.fixture(autouse=True)
+def sigint_left_as_found(request: pytest.FixtureRequest) -> object:
+    """A test that leaves SIGINT ignored or blocked in the test process passes that on to
+    every command a later test starts (a Ctrl-C test then hangs): it fails here, naming
+    itself, and SIGINT is put back so the tests after it run as they would alone."""
+    before = _sigint_state()
+    yield
+    after = _sigint_state()
+    if after and after != before:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        pytest.fail(f"{request.node.nodeid} left SIGINT {after} in the test process")

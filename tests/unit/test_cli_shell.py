@@ -24,6 +24,13 @@ COMMANDS = {
 }
 
 
+def as_at_a_terminal() -> None:
+    """In the child before exec: Ctrl-C's default disposition.  A command started in the
+    background of a shell without job control inherits SIGINT ignored, and Python then never
+    raises KeyboardInterrupt; a user at a terminal does not have it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def command(prog: str, *args: str, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*COMMANDS[prog], *args], capture_output=True, text=True,
@@ -105,7 +112,8 @@ run(body, "prog", 2 if case.endswith("-as-2") else None, fast_exit=fast)
 
     def end(case: str) -> tuple[int, str, str]:
         proc = subprocess.run([sys.executable, "-c", program, case, str(fast_exit)],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60,
+                              preexec_fn=as_at_a_terminal)
         return proc.returncode, proc.stdout, proc.stderr
 
     assert end("refused") == (1, "", "prog: no, 'x' is refused\n")
@@ -142,17 +150,21 @@ def test_ctrl_c_while_waiting_for_slurm_ends_130(tmp_path: Path) -> None:
         (bin_dir / client).chmod(0o755)
     conf = tmp_path / "dispatch.conf"
     conf.write_text(f"StateDir={tmp_path / 'state'}\n")
-    proc = subprocess.Popen(
-        [*COMMANDS["dispatch-cease"], "100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-                        "SLURM_DISPATCH_CONF": str(conf), "DISPATCH_SLURM_ATTEMPTS": "1"})
-    deadline = time.monotonic() + 30
-    while not started.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the fake scontrol never started"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    with subprocess.Popen(
+            [*COMMANDS["dispatch-cease"], "100"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, preexec_fn=as_at_a_terminal,
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                 "SLURM_DISPATCH_CONF": str(conf), "DISPATCH_SLURM_ATTEMPTS": "1"}) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while not started.exists():
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the fake scontrol never started"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:  # never left running for a later test's garbage collection to meet
+            proc.kill()
     assert (proc.returncode, out) == (130, "") and "Traceback" not in err, err
 
 
