@@ -442,7 +442,7 @@ class Slurm:
                     return []
                 raise
         # Task order on every backend: squeue prints an array pending remainder first, by
-        # priority; pyslurm 24.11 loads the queue in the controller's order (slurm_pyslurm).
+        # priority; pyslurm 24.11 reads the owner's jobs in the controller's order.
         return sorted(found, key=lambda j: (-1 if j.array_task_id is None else j.array_task_id,
                                             int(j.job_id)))
 

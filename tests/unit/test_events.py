@@ -160,3 +160,30 @@ def test_write_loops_on_a_short_write(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(os, "write", short)
     record._write_new(str(tmp_path / "f"), b"0123456789")
     assert (tmp_path / "f").read_bytes() == b"0123456789" and len(calls) == 4
+
+
+def test_events_are_frozen_records_compared_by_value() -> None:
+    """Plain classes, not dataclasses (start-up speed), with what dataclasses gave: frozen,
+    equal by fields (the stored object aside), a list default of their own each, every field
+    checked against JSON, and an unknown field an error naming it."""
+    a = events.new(events.Submitted, 1_700_000_000_000_000_000, submission=1, slurm_job_id="5")
+    b = events.parse({**a.fields(), "extra": "kept in raw"})
+    assert a == b and b.raw["extra"] == "kept in raw" and hash(a) == hash(b)
+    assert a != events.parse({**a.fields(), "submission": 2})
+    with pytest.raises(AttributeError, match="frozen"):
+        a.submission = 2  # type: ignore[misc]
+    fresh = events.Submitted()
+    fresh.argv.append("x")
+    assert events.Submitted().argv == [] and a.argv == []
+    for field, bad in [("time", "noon"), ("task", -1), ("argv", "x"), ("hold", [1]),
+                       ("recovered", 1)]:
+        with pytest.raises(events.EventError, match=repr(field)):
+            events.parse({**b.fields(), field: bad})
+    assert events.parse({**b.fields(), "time": 3}).time == 3.0  # an int is a float
+    with pytest.raises(TypeError, match="'colour'"):
+        events.Submitted(colour="blue")
+    intent = events.HoldIntent(deadline=1.0, ended_slurm_job_id="4", ended_restart=0,
+                               end_state="NODE_FAIL")
+    assert events.intent(intent.as_dict()) == intent
+    with pytest.raises(events.EventError, match="'deadline'"):
+        events.intent({"ended_slurm_job_id": "4", "ended_restart": 0, "end_state": "X"})
