@@ -120,7 +120,12 @@ def test_another_users_planted_markers_are_not_adopted(user: User, other_user: s
     assert [s["submission"] for s in subs] == [1, 2]
     second = subs[1]["slurm_job_id"]
     assert second not in planted
-    owner = user.sandbox.run(["squeue", "-h", "-j", second, "-O", "UserName:0"]).stdout.strip()
+    # Read the owner once the resubmitted failing.sh has failed, always: squeue -j without
+    # --states lists only pending and running jobs, so CI once read an empty owner when the
+    # job was quick; scontrol shows an ended job until MinJobAge.
+    user.sandbox.wait_for(lambda: user.sandbox.job_state(second).get("JobState") == "FAILED",
+                          60, "the second submission to fail")
+    owner = user.sandbox.job_state(second).get("UserId", "").partition("(")[0]
     assert owner == user.sandbox.user
     user.sandbox.run(["scancel", *planted])
 
