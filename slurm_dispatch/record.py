@@ -260,15 +260,14 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
                    (json.dumps({**spec, "id": job_id}, indent=2, sort_keys=True) + "\n").encode(),
                    0o444)
     except OSError as exc:
-        import shutil  # only here: its import costs every submission 2 ms
-        shutil.rmtree(path, ignore_errors=True)
+        remove_unsubmitted(JobRecord(path))
         raise RecordError(f"cannot write the record {path!r}: {exc.strerror}") from None
     return JobRecord(path)
 
 
 def remove_unsubmitted(job: JobRecord) -> None:
     """Remove a job whose first submission failed: no half-made job survives."""
-    import shutil
+    import shutil  # only here: its import costs every submission 2 ms
     shutil.rmtree(job.path, ignore_errors=True)
 
 

@@ -144,14 +144,19 @@ class PyslurmBackend:
 
     def _find_id(self, array: str) -> list[dict[str, Any]]:
         """The records of job ``array`` (every record of an array), [] if unknown."""
+        found: Optional[list[dict[str, Any]]] = self._rpc_known(
+            "find_id", array, lambda: pyslurm.job().find_id(array))
+        return found or []
+
+    def _rpc_known(self, what: str, target: str, call: Callable[[], Any]) -> Any:
+        """:meth:`_rpc` for a read of one job: None when the controller does not know the id
+        ("Invalid job id specified"), which is an answer (no such job), not a failure."""
         try:
-            found: list[dict[str, Any]] = self._rpc("find_id", array,
-                                                    lambda: pyslurm.job().find_id(array))
+            return self._rpc(what, target, call)
         except SlurmError as exc:
             if "invalid job id" in exc.output.lower():
-                return []
+                return None
             raise
-        return found
 
     def _find_via_owner(self, array: str) -> list[dict[str, Any]]:
         """The records of job ``array`` (what ``find_id`` returns: the job's own record, or
@@ -162,12 +167,9 @@ class PyslurmBackend:
         if not array.isdigit():
             return []  # what the controller answers for an id that is not one: no such job
         wanted = int(array)
-        try:
-            first = self._rpc("Job.load", array, lambda: pyslurm.Job.load(wanted))
-        except SlurmError as exc:
-            if "invalid job id" in exc.output.lower():
-                return []
-            raise
+        first = self._rpc_known("Job.load", array, lambda: pyslurm.Job.load(wanted))
+        if first is None:
+            return []
         uid = int(first.user_id)
         loaded = self._rpc("find_user", str(uid), lambda: pyslurm.job().find_user(uid))
         return [record for record in (loaded or {}).values()

@@ -187,3 +187,19 @@ def test_events_are_frozen_records_compared_by_value() -> None:
     assert events.intent(intent.as_dict()) == intent
     with pytest.raises(events.EventError, match="'deadline'"):
         events.intent({"ended_slurm_job_id": "4", "ended_restart": 0, "end_state": "X"})
+
+
+def test_a_record_that_cannot_be_written_whole_is_not_left_half_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = record._write_new
+
+    def write(path: str, data: bytes, mode: int) -> None:
+        if path.endswith("job.json"):
+            raise OSError(28, "No space left on device")
+        real_write(path, data, mode)
+
+    monkeypatch.setattr(record, "_write_new", write)
+    home = tmp_path / "home"
+    with pytest.raises(RecordError, match="cannot write the record .*No space left"):
+        record.create_job({"resubmit": 1}, b"#!/bin/bash\n", str(home))
+    assert os.listdir(record.jobs_dir(str(home))) == []
