@@ -126,16 +126,19 @@ def test_partition_then_heal(sandbox: Sandbox) -> None:
     Beside it, on the same node, a job that may not be requeued ends NODE_FAIL.
     """
     workdir = sandbox.workdir("partition")
-    loop = f"#!/bin/sh\nwhile true; do date >> {workdir}/out.$SLURM_RESTART_COUNT; sleep 1; done\n"
+    loop = ("#!/bin/sh\nwhile true; do echo \"$SLURM_JOB_ID $(date)\" "
+            f">> {workdir}/out.$SLURM_RESTART_COUNT; sleep 1; done\n")
     node = "n1"
     requeued = sandbox.submit(loop, "--requeue", "-w", node)
     failed = sandbox.submit(loop, "--no-requeue", "-w", node)
     running_on(sandbox, requeued)
     running_on(sandbox, failed)
-    # RUNNING in the controller comes before slurmd has launched the script: wait for the
-    # first writes, or the partition may freeze the node before either job really runs.
+    # RUNNING in the controller comes before slurmd has launched the script: wait for each
+    # job's first write, or the partition may freeze the node before one of them really runs.
     out = workdir / "out."
-    sandbox.wait_for(lambda: out.exists() and out.stat().st_size > 0, 30, "the jobs writing")
+    sandbox.wait_for(lambda: out.exists() and {requeued, failed} <= {
+        line.split()[0] for line in out.read_text().splitlines() if line}, 30,
+        "both jobs writing")
     sandbox_lib.partition(node, sandbox.dir)
     try:
         sandbox.wait_for(lambda: sandbox.job_state(requeued).get("Restarts") == "1", 90,

@@ -50,7 +50,9 @@ def disk_bytes(root: Path) -> int:
 def test_watch_keep_bounds_the_disk_across_requeues(work: Workdir) -> None:
     sandbox = work.sandbox
     work.write("keep-trainer.sh", keep_trainer())
-    long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.02", "TOY_SAVE_EVERY": "5",
+    # A save every 0.2 s, the watch's own interval: a loaded machine that stalls the watch
+    # for a scan or two must not pile saves beyond the bound.
+    long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.04", "TOY_SAVE_EVERY": "5",
                 "TOY_WATCH_INTERVAL": "0.2"}
     job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "keep-trainer.sh",
                                 env=long_run)

@@ -65,7 +65,9 @@ def test_up_again_changes_nothing(sandbox: Sandbox) -> None:
     before = sandbox_lib.status(sandbox.dir)
     report = sandbox_lib.up(sandbox.dir, source=REPO_ROOT)
     assert _cluster_actions(report) == []
-    assert report.seconds < 5 or _cluster_actions(report) != report.actions
+    # Changing nothing is quick (a loaded 2-core machine, or the 24.11 root, may take some
+    # seconds; a restart of the daemons would take far more).
+    assert report.seconds < 15 or _cluster_actions(report) != report.actions
     assert [(d.name, d.pid) for d in report.status.daemons] == \
         [(d.name, d.pid) for d in before.daemons]
 
@@ -144,9 +146,10 @@ python3 -c 'import slurm_dispatch, sys; print("prefix=" + sys.prefix)'
     assert fields["node"] in sandbox.nodes
     assert fields["restart"] == "0"
     assert fields["prefix"] == str(sandbox.dir / "venv")
-    # sched_interval=1 and no batch delay: submission to start within a couple of seconds.
+    # sched_interval=1 and no batch delay: submission to start within a couple of seconds on
+    # a quiet machine (the default scheduler's interval is 60 s); 10 s leaves room for load.
     started = _slurm_time(state["StartTime"]) - _slurm_time(state["SubmitTime"])
-    assert started.total_seconds() <= 2
+    assert started.total_seconds() <= 10
 
 
 def test_scontrol_requeue_runs_the_job_again(sandbox: Sandbox,
@@ -178,11 +181,10 @@ def test_partitioned_node_requeues_its_job_while_the_old_execution_runs_on(
         first = sandbox.wait_for(lambda: _lines(log, 0), 30, f"job {jobid} to write")
         node = _field(first[0], "node")
         old_pid = int(_field(first[0], "pid"))
-        assert node == "n1", "an idle cluster places the first job on n1"
 
         cut_at = time.monotonic()
         sandbox_lib.partition(node, sandbox.dir)
-        sandbox.wait_for(lambda: "*" in sandbox.node_states()[node], 30,
+        sandbox.wait_for(lambda: "*" in sandbox.node_states()[node], 60,
                          f"{node} to stop responding")
         state = sandbox.wait_for(
             lambda: (s := sandbox.job_state(jobid))["Restarts"] == "1" and s, 90,

@@ -119,10 +119,14 @@ def test_hold_without_signal_waits_for_scontrol_release(user: User) -> None:
         user.supervise()
     assert user.events(job, "cessation") == [] and state_of(user.sandbox, held)[1] == \
         "JobHeldUser"
+    # Released, it must stay pending until the pass has seen it: failing.sh could otherwise
+    # start, fail and end first on a fast machine, and the pass would rightly say FAILED.
+    user.run("scontrol", "update", f"jobid={held}", "StartTime=now+3600")
     user.run("scontrol", "release", held)
     user.supervise()
     (released,) = user.events(job, "released")
     assert released["by"] == "a person (scontrol release)"
+    user.run("scancel", held)
 
 
 def test_hold_expires_and_nothing_more_starts(user: User) -> None:

@@ -153,7 +153,7 @@ def test_another_users_impostor_does_not_keep_the_job_unproven(sandbox: Sandbox,
          "SLURMD_NODENAME=n1", "sleep", "600"], start_new_session=True, cwd="/")
     try:
         sandbox.wait_for(lambda: f"SLURM_JOB_ID={jobid}".encode() in b"".join(
-            _environ(p) for p in _children(impostor.pid)), 10, "the impostor's sleep")
+            _environ(p) for p in _children(impostor.pid)), 30, "the impostor's sleep")
         sandbox.run(["scancel", jobid])
         verdict = wait_cease(sandbox, jobid, 0, timeout=60)
         assert verdict["job_state"] == "CANCELLED"
