@@ -625,18 +625,24 @@ def _size_text(value: Optional[int]) -> str:
               help="Also measure each execution folder and what would be freed (stats every "
                    "file).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--all-files", is_flag=True,
+              help="Also remove the files of old execution folders that are not saves "
+                   "(TensorBoard events, logs); by default they stay.")
 @timeout_option
 def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as_json: bool,
-        timeout: Optional[str]) -> None:
+        all_files: bool, timeout: Optional[str]) -> None:
     """Remove the saves and execution folders no execution can need any more.
 
-    Stays: the saves of the K latest publications (by epoch, then step); every folder of an
-    execution whose epoch is at least the latest publication's, and the save it resumed from
-    (its .dispatch record says); every folder with no record.  Goes: older executions'
-    publications below the K latest, each before its save, and their folders once nothing in
-    them stays.  Safe while jobs run and publish; a run killed midway is finished by the
-    next.  Prints what it removed (or would) with the bytes freed (measured while removing;
-    for a dry run, with --sizes).
+    Stays, whatever K: the saves of the K latest publications (by epoch, then step); every
+    save an execution that may be live has chosen to resume from (the launcher's choice, or
+    an integration's fallback when that one could not be loaded); pinned saves (`dispatch
+    pin`); the framework's best saves (Lightning's save_top_k by its monitor, the Trainer's
+    best model); every folder with no record; what the live executions have not published.
+    Goes: publications below the K latest, every name of a save before the save, and old
+    execution folders once nothing in them stays.  Files that are not saves (TensorBoard
+    events, logs) stay unless --all-files.  Safe while jobs run and publish; a run killed
+    midway is finished by the next, whatever K.  --dry-run lists what would go, every file
+    of a whole folder included, and why each kept save stays.
 
     Example: `dispatch gc --root /scratch/me/run1 --keep 3 --dry-run --sizes`
     """
@@ -647,7 +653,7 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
         root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
         keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
         report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
-                                 timeout=parse_timeout(timeout))
+                                 timeout=parse_timeout(timeout), all_files=all_files)
         if as_json:
             echo_json(report.as_json())
             return
@@ -658,17 +664,61 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
                 for r in report.removals]
         if rows:
             click.echo(render_table(["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"], rows))
+        if dry_run:
+            for r in report.removals:
+                for entry in r.entries:
+                    click.echo(f"  would remove {where.locate(r.path)}/{entry}")
         if sizes:
             click.echo("")
             click.echo(render_table(["ATTEMPT", "EPOCH", "BYTES", "VERDICT"], [
                 [f.attempt, "-" if f.epoch is None else f.epoch, _size_text(f.bytes), f.verdict]
                 for f in report.folders]))
+        if dry_run and report.kept:
+            click.echo("")
+            click.echo(render_table(["KEPT", "WHY"], [
+                [where.locate(path), why] for path, why in sorted(report.kept.items())]))
+        for path in report.left:
+            click.echo(f"left (not a save): {where.locate(path)}")
         gone = [r for r in report.removals if not r.skipped]
         freed = report.freed
         click.echo(f"{'would remove' if dry_run else 'removed'} {len(gone)} save(s) or "
                    f"folder(s), {sum(len(r.publications) for r in gone)} publication(s)"
                    + ("" if freed is None else f", {freed} bytes")
                    + f"; keeping the {report.keep} latest publication(s)")
+    body()
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.argument("save")
+@timeout_option
+def pin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
+    """Keep the published SAVE through every cleanup (gc, watch --keep, the integrations'
+    limits) until `dispatch unpin`.  `dispatch gc --dry-run` lists pins among what it keeps.
+
+    Example: `dispatch pin --root /scratch/me/run1 /scratch/me/run1/exec/<attempt>/checkpoint-500`
+    """
+    def body() -> None:
+        from . import gc as cleanup
+
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        made = cleanup.pin(root_v, save, parse_timeout(timeout))
+        click.echo(f"pinned {save}" if made else f"{save} was pinned already")
+    body()
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.argument("save")
+@timeout_option
+def unpin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
+    """Let cleanup treat SAVE by its rules again (it may then be removed)."""
+    def body() -> None:
+        from . import gc as cleanup
+
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        gone = cleanup.unpin(root_v, save, parse_timeout(timeout))
+        click.echo(f"unpinned {save}" if gone else f"{save} was not pinned")
     body()
 
 

@@ -1,32 +1,51 @@
-"""Cleanup (``dispatch gc``, ``dispatch watch --keep``): remove the saves and execution folders
-no execution can need any more, on any store.
+"""Cleanup (``dispatch gc``, ``dispatch watch --keep``, and the framework integrations' own
+limit): remove the saves no execution can need any more, on any store.
 
-The rule (issue 13), applied to what the store holds when cleanup looks:
+What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
 
-1. the saves of the K latest publications (by epoch, then step; K >= 1, so the latest's) stay;
-2. every folder of an execution whose epoch is at least the latest publication's stays (it may
-   be the live lineage that has not published yet), with all it has not published, and so
-   does the save any such execution resumed from, as its create-once record
-   (``exec/<attempt>/.dispatch``) says; a folder with no record (or one that cannot be read)
-   stays whole.  What the live lineage published below the K latest goes, save by save (so
-   the disk stays bounded during a long execution);
-3. what goes is a publication below the K latest, of an epoch below the latest's, whose save
-   lies in the folder of such an older execution (and is no kept save, nor holds or lies in
-   one), with its save; a folder of an older execution that holds nothing kept goes whole.
-   In a folder with no record, only such a publication whose save is already gone goes (a
-   superseded execution that went on writing while its folder was removed leaves those).
+1. it is the save of one of the K latest publications (by epoch, then step; K >= 1, so the
+   latest's);
+2. an execution that may be the live lineage (its epoch is at least the latest publication's)
+   has chosen it: the launcher's record (``exec/<attempt>/.dispatch``) names it, or an
+   integration recorded it as a choice before loading it (``.dispatch-choice-*.json``, the
+   fallback along the lineage when the latest save cannot be loaded; :mod:`.execdir`);
+3. it is pinned (``dispatch pin``: ``<root>/pins/``);
+4. the framework would keep it as one of its best: an execution's ``.dispatch-keep.json``
+   says how the framework ranks its saves (Lightning's ``monitor``, ``mode`` and
+   ``save_top_k``; the Trainer's ``metric_for_best_model``), each save's manifest holds its
+   score, and the ``top`` best scored saves of that ranking stay.
+
+What a needed save holds is read through symlinks: a published symlink under the root keeps
+its target too (:meth:`Store.resolve`), so ``latest`` never names a dangling link.
+
+What goes, when it is not needed:
+
+* a publication below the K latest whose save lies in an execution's folder, with every
+  other publication of the same save (one save published twice goes with both names, never
+  leaving one that names nothing), each before the save;
+* in the folder of a live execution (epoch at least the latest's), only such published saves
+  (the disk stays bounded during a long execution); what it has not published stays;
+* the folder of an older execution, whole (its record last), once nothing in it is needed and
+  it holds nothing but saves and dispatch's records; one that holds other files (TensorBoard
+  event files, logs: the Trainer writes them into its output folder) loses its saves only,
+  and the other files stay unless ``all_files`` asks for them too;
+* a folder with no record (or an unreadable one) stays whole; of the older publications into
+  it, only those whose save is already gone go.
 
 Invariants kept whatever runs at the same time:
 
-* ``latest`` never names a save that no longer exists: a publication is removed before its
-  save, and the greatest name is never removed.
-* A starting execution never loses its resume source: cleanup removes the publications, then
-  reads again the records of folders that had none (or were new), and spares any save one of
-  them names; the launcher, after writing its record, checks that its source's publication is
-  still there (``launch.py``).  One of the two always sees the other.
-* A killed cleanup leaves a valid store and a rerun finishes: a save removed on its own is
-  recorded first as an intent in ``<root>/gc/`` (the publication's name) and forgotten only
-  once removed; a whole folder loses its record last, so until then it is still known.
+* ``latest`` never names a save that no longer exists: every publication of a save is
+  removed before the save, and the greatest name is never removed.
+* A starting execution never loses the save it chose: cleanup removes the publications, then
+  reads again every record and choice of the folders that may be live, and spares any save
+  they name; the launcher and the integrations, after recording their choice, check that a
+  publication of it is still there (and choose again when not).  One of the two always sees
+  the other.
+* A killed cleanup leaves a valid store and a rerun finishes it, whatever K the rerun is
+  given: a save removed on its own is recorded first as an intent in ``<root>/gc/`` (the
+  publication's name); an intent whose publication is already gone is a removal decided,
+  finished by the next run (unless the save has become needed since), and forgotten only
+  once done.  A whole folder loses its record last, so until then it is still known.
 * Nothing is removed when a removal is known beforehand to fail (permission): the checks run
   over every path first.
 
@@ -37,16 +56,18 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-from . import model
+from . import execdir, model
 from .errors import BadPublicationName, OutsideRoot, StoreError, UsageError
 from .stores import EXEC, Store, open_store
 from .stores.base import GC, StillWritten, check_names
 
-RECORD = ".dispatch"  # the launcher's create-once record (launch.EXEC_RECORD)
-KEEP_RECORD = ".dispatch-keep.json"  # the integrations' record of the framework's rotation
+RECORD = execdir.RECORD  # the launcher's create-once record
+KEEP_RECORD = execdir.KEEP  # the integrations' record of the framework's rotation
 FOLDER = "folder"
 SAVE = "save"
 PUBLICATION = "publication"  # one whose save is already gone: only the name goes
@@ -55,6 +76,9 @@ PUBLICATION = "publication"  # one whose save is already gone: only the name goe
 # always hold it, so a publication's folder is found by decoding that much only, once per
 # distinct head (many saves share it).
 _HEAD_CHARS = 56
+# Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
+# while it writes, Lightning's .ckpt files and its checkpoints/ folder inside an execution's).
+_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt|checkpoints/")
 
 
 @dataclass
@@ -67,10 +91,12 @@ class Removal:
     publications: list[str]
     bytes: Optional[int] = None
     skipped: str = ""  # why it was left in the end (a starting execution named it)
+    entries: list[str] = field(default_factory=list)  # a folder's: everything that goes
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "publications": len(self.publications),
-                "bytes": self.bytes, "skipped": self.skipped or None}
+                "bytes": self.bytes, "skipped": self.skipped or None,
+                "entries": self.entries}
 
 
 @dataclass
@@ -79,14 +105,16 @@ class Folder:
 
     attempt: str
     epoch: Optional[int]  # None: no record, or one that cannot be read
-    resume: Optional[str]  # the save it resumed from, relative to the root
+    resume: Optional[str]  # the save the launcher chose, relative to the root
     problem: str = ""
     verdict: str = ""  # why it stays, or "removed"
     bytes: Optional[int] = None
+    entries: list[str] = field(default_factory=list)  # names in it ("x/" for a folder)
+    chosen: list[str] = field(default_factory=list)  # every save it chose (resume included)
 
     def as_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
-                "verdict": self.verdict, "bytes": self.bytes,
+                "chosen": self.chosen, "verdict": self.verdict, "bytes": self.bytes,
                 "problem": self.problem or None}
 
 
@@ -99,6 +127,8 @@ class Report:
     removals: list[Removal] = field(default_factory=list)
     folders: list[Folder] = field(default_factory=list)
     finished_intents: int = 0
+    kept: dict[str, str] = field(default_factory=dict)  # needed save -> why it stays
+    left: list[str] = field(default_factory=list)  # files that are not saves, left in place
 
     @property
     def freed(self) -> Optional[int]:
@@ -112,6 +142,8 @@ class Report:
                 "latest": self.latest, "freed": self.freed,
                 "removals": [r.as_json() for r in self.removals],
                 "folders": [f.as_json() for f in self.folders],
+                "kept": [{"path": p, "why": w} for p, w in sorted(self.kept.items())],
+                "left": self.left,
                 "finished_intents": self.finished_intents}
 
 
@@ -160,8 +192,22 @@ def _overlap(a: str, b: str) -> bool:
     return _under(a, b) or _under(b, a)
 
 
-def read_folder(st: Store, attempt: str) -> Folder:
-    """An execution folder's epoch and resume source from its record (None when absent)."""
+def _needed_by(path: str, needed: dict[str, str]) -> Optional[str]:
+    for kept, why in needed.items():
+        if _overlap(path, kept):
+            return why
+    return None
+
+
+def read_folder(st: Store, attempt: str, entries: Optional[list[str]] = None) -> Folder:
+    """An execution folder's epoch and the launcher's resume source from its record (None
+    when absent); ``entries``, when listed already, are kept with it."""
+    found = _read_record(st, attempt)
+    found.entries = list(entries or [])
+    return found
+
+
+def _read_record(st: Store, attempt: str) -> Folder:
     try:
         raw = st.read_exec_file(attempt, RECORD)
     except StoreError as exc:
@@ -175,7 +221,19 @@ def read_folder(st: Store, attempt: str) -> Folder:
         return Folder(attempt, None, None, problem=f"record unreadable: {exc}")
     except Exception as exc:  # noqa: BLE001 - OutOfBounds and the like: keep the folder
         return Folder(attempt, None, None, problem=f"record unreadable: {exc}")
-    return Folder(attempt, epoch, _resume_of(st, data))
+    resume = _resume_of(st, data)
+    return Folder(attempt, epoch, resume, chosen=[resume] if resume else [])
+
+
+def _relative(st: Store, source: Any) -> Optional[str]:
+    """A save's path or URL as recorded, relative to the root; None when it is not one."""
+    base = st.locate("")
+    if isinstance(source, str) and source.startswith(base):
+        try:
+            return model.normalize_relative(source[len(base):].rstrip("/"))
+        except OutsideRoot:
+            return None
+    return None
 
 
 def _resume_of(st: Store, data: dict[str, Any]) -> Optional[str]:
@@ -186,14 +244,28 @@ def _resume_of(st: Store, data: dict[str, Any]) -> Optional[str]:
             return model.decode_path(name[42:], name=name)
         except BadPublicationName:
             pass
-    source = data.get("resume_from")
-    base = st.locate("")
-    if isinstance(source, str) and source.startswith(base):
-        try:
-            return model.normalize_relative(source[len(base):].rstrip("/"))
-        except OutsideRoot:
-            return None
-    return None
+    return _relative(st, data.get("resume_from"))
+
+
+def read_choices(st: Store, folder: Folder, entries: Optional[list[str]] = None) -> None:
+    """Add to ``folder.chosen`` every save its execution recorded as chosen: its choice files
+    and its resume record (:mod:`.execdir`).  ``entries``: the folder's names, listed now."""
+    names = st.list_exec_entries(folder.attempt) if entries is None else entries
+    found = set(folder.chosen)
+    for name in names:
+        if execdir.is_choice(name):
+            save = execdir.chosen_in_choice(st.read_exec_file(folder.attempt, name))
+            if save:
+                try:
+                    found.add(model.normalize_relative(save))
+                except OutsideRoot:
+                    pass
+        elif name == execdir.RESUME:
+            data = execdir.load(st.read_exec_file(folder.attempt, name))
+            source = _relative(st, data.get("resume_from")) if data else None
+            if source:
+                found.add(source)
+    folder.chosen = sorted(found)
 
 
 @dataclass
@@ -205,108 +277,154 @@ class Plan:
     # Older publications below the K latest whose folder has no record: only one whose save
     # is gone goes (nothing can load it), without touching the folder.
     unsure: list[str] = field(default_factory=list)
+    needed: dict[str, str] = field(default_factory=dict)
+    left: list[str] = field(default_factory=list)
+
+
+def _is_save_entry(entry: str, published_tops: set[str]) -> bool:
+    """Whether a name in an execution folder is a save (or dispatch's): published, a
+    manifest, one a framework's rotation names so, or dispatch's own record."""
+    bare = entry.rstrip("/")
+    return (entry.startswith(execdir.OWN_PREFIX) or bare in published_tops
+            or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)
 
 
 def plan(names: list[str], folders: dict[str, Folder], keep: int,
-         decode: Optional[_Names] = None, presorted: bool = False) -> Plan:
+         decode: Optional[_Names] = None, presorted: bool = False,
+         needed: Optional[dict[str, str]] = None, all_files: bool = False,
+         resolve: Callable[[str], Optional[str]] = lambda path: None) -> Plan:
     """What the rule removes, from the publication names (checked; ``presorted`` when they
-    are in order already) and the execution folders (pure)."""
+    are in order already), the execution folders, and the saves ``needed`` otherwise (pins,
+    the framework's bests: path -> why) (pure but for ``resolve``, which reads symlinks)."""
     check_keep(keep)
     decode = decode or _Names()
     ordered = names if presorted else sorted(names)
+    needed = dict(needed or {})
     if not ordered:
         for each in folders.values():
             each.verdict = "kept: nothing is published"
-        return Plan(None, [], set(), None)
+        _resolve_all(needed, resolve)
+        return Plan(None, [], set(needed), None, needed=needed)
     latest = ordered[-1]
     top = ordered[-keep:]
     epoch = int(latest[:20])
-    kept = {decode.path(n) for n in top}
+    for n in reversed(top):
+        needed.setdefault(decode.path(n), "one of the K latest publications names it")
     for each in folders.values():
         if each.epoch is None:
             each.verdict = f"kept: {each.problem}"
         elif each.epoch >= epoch:
             each.verdict = "kept: its epoch is at least the latest publication's"
-            if each.resume:
-                kept.add(each.resume)
+            for chosen in each.chosen:
+                needed.setdefault(chosen, f"execution {each.attempt} chose it")
+    _resolve_all(needed, resolve)
     protected = {a for a, each in folders.items() if each.epoch is None or each.epoch >= epoch}
-    by_folder: dict[str, list[str]] = {}
-    blocked: set[str] = set()  # folders holding a publication that stays
-    unsure: list[str] = []  # older publications into folders with no record
-    live: list[str] = []  # publications below the K latest in a live execution's folder
-    latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
     recordless = {a for a in protected if folders[a].epoch is None}
+    latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
+    top_tails = {n[42:] for n in top}
+    # Every publication of one save goes together: names by their path's text (the tail).
+    by_tail: dict[str, list[str]] = {}
+    for n in ordered[:-keep]:
+        tail = n[42:]
+        if tail in top_tails:
+            continue
+        same = by_tail.get(tail)
+        if same is None:
+            by_tail[tail] = [n]
+        else:
+            same.append(n)
+    older: dict[str, dict[str, list[str]]] = {}  # older folder -> save -> publications
+    live: dict[str, list[str]] = {}  # save in a live execution's folder -> publications
+    unsure: list[str] = []
     folder_of, heads = decode.folder, decode._heads
     cut = 42 + _HEAD_CHARS
-    for n in ordered[:-keep]:
+    for pubs in by_tail.values():
+        n = pubs[-1]
         # The folder of most names is one dictionary look-up (decode.folder, inlined).
         folder = heads.get(n[42:cut]) if len(n) > cut else None
         if folder is None:
             folder = folder_of(n)
         if folder is None:
-            continue
-        if folder in protected:
-            if folder not in recordless:
-                live.append(n)
-            elif n[:20] < latest_epoch:
-                unsure.append(n)
-        elif n[:20] >= latest_epoch:
-            blocked.add(folder)
+            continue  # a save outside exec/: never removed
+        if folder in recordless:
+            unsure.extend(p for p in pubs if p[:20] < latest_epoch)
+        elif folder in protected:
+            path = decode.path(n)
+            if path.count("/") >= 2 and _needed_by(path, needed) is None:
+                live[path] = pubs
         else:
-            by_folder.setdefault(folder, []).append(n)
-    for n in top:
-        folder = decode.folder(n)
-        if folder is not None:
-            blocked.add(folder)
+            older.setdefault(folder, {})[decode.path(n)] = pubs
     removals: list[Removal] = []
-    for attempt in sorted(set(by_folder) | (set(folders) - protected)):
-        mine = by_folder.get(attempt, [])
+    left: list[str] = []
+    for attempt in sorted(set(older) | (set(folders) - protected)):
+        saves = older.get(attempt, {})
         where = f"{EXEC}/{attempt}"
         f: Optional[Folder] = folders.get(attempt)
-        if (f is not None and attempt not in blocked
-                and not any(_overlap(k, where) for k in kept)):
-            removals.append(Removal(FOLDER, where, mine))
+        stays = _needed_by(where, needed)
+        tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+        others = [] if f is None else [e for e in f.entries if not _is_save_entry(e, tops)]
+        if f is not None and stays is None and (all_files or not others):
+            removals.append(Removal(FOLDER, where, sorted(p for ps in saves.values()
+                                                          for p in ps),
+                                    entries=sorted(f.entries)))
             f.verdict = "removed"
             continue
         if f is not None:
-            f.verdict = "kept: it holds a save that stays"
-        saves: dict[str, list[str]] = {}
-        for n in mine:
-            saves.setdefault(decode.path(n), []).append(n)
+            if stays is not None:
+                f.verdict = "kept: it holds a save that stays"
+            else:
+                f.verdict = ("kept: it holds files that are not saves (" + ", ".join(others[:3])
+                             + (", ..." if len(others) > 3 else "")
+                             + "); `dispatch gc --all-files` removes them too")
+                left.extend(f"{where}/{e}" for e in sorted(others))
         for path, pubs in sorted(saves.items()):
-            if not any(_overlap(path, k) for k in kept):
+            if _needed_by(path, needed) is None:
                 removals.append(Removal(SAVE, path, pubs))
+        if f is not None and stays is None:
+            # Saves it never published (a save cut off while being written) go too.
+            for entry in sorted(f.entries):
+                bare = entry.rstrip("/")
+                path = f"{where}/{bare}"
+                if (bare not in tops and not entry.startswith(execdir.OWN_PREFIX)
+                        and _SAVE_NAME.fullmatch(entry) and entry != "checkpoints/"):
+                    removals.append(Removal(SAVE, path, []))
     # The live lineage's folder stays, and so does all it has not published (a save being
     # written); what it published below the K latest goes, one save at a time, so that the
     # disk stays bounded during a long execution too.
-    saves = {}
-    for n in live:
-        saves.setdefault(decode.path(n), []).append(n)
-    for path, pubs in sorted(saves.items()):
-        if not any(_overlap(path, k) for k in kept) and path.count("/") >= 2:
-            removals.append(Removal(SAVE, path, pubs))
-    return Plan(latest, removals, kept, epoch, unsure)
+    for path, pubs in sorted(live.items()):
+        removals.append(Removal(SAVE, path, pubs))
+    return Plan(latest, removals, set(needed), epoch, unsure, needed, left)
+
+
+def _resolve_all(needed: dict[str, str], resolve: Callable[[str], Optional[str]]) -> None:
+    """A needed save reached through a symlink keeps what the link leads to as well."""
+    for path, why in list(needed.items()):
+        target = resolve(path)
+        if target is not None and target not in needed:
+            needed[target] = f"{why} (through the symlink {path})"
 
 
 def _folders(st: Store, attempts: list[str]) -> dict[str, Folder]:
-    found = {a: read_folder(st, a) for a in attempts}
-    # An S3 listing may still name a "folder" whose objects are all gone: it is not there.
-    return {a: f for a, f in found.items()
-            if f.epoch is not None or st.exists(f"{EXEC}/{a}")}
+    out: dict[str, Folder] = {}
+    for attempt in attempts:
+        entries = st.list_exec_entries(attempt)
+        f = read_folder(st, attempt, entries)
+        # An S3 listing may still name a "folder" whose objects are all gone: it is not there.
+        if f.epoch is not None or entries:
+            out[attempt] = f
+    return out
 
 
-def default_keep(st: Store, attempts: list[str]) -> int:
+def default_keep(st: Store, attempts: Iterable[str],
+                 folders: Optional[dict[str, Folder]] = None) -> int:
     """The greatest rotation limit the integrations recorded in any execution's folder."""
     found = []
     for attempt in attempts:
-        raw = st.read_exec_file(attempt, KEEP_RECORD)
-        if raw is None:
+        if folders is not None and attempt in folders and \
+                KEEP_RECORD not in folders[attempt].entries:
             continue
-        try:
-            value = json.loads(raw).get("keep")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        value = execdir.keep_of(st.read_exec_file(attempt, KEEP_RECORD))
+        if value is not None:
             found.append(value)
     if not found:
         raise UsageError("--keep K is required: no execution recorded its framework's "
@@ -314,8 +432,69 @@ def default_keep(st: Store, attempts: list[str]) -> int:
     return max(found)
 
 
+def pin_entry(relative: str) -> str:
+    """The entry in ``pins/`` of the save at ``relative``: its path in base32."""
+    return model.encode_path(relative)
+
+
+def pinned(st: Store) -> dict[str, str]:
+    """Every pinned save (relative to the root) -> why it stays."""
+    out = {}
+    for entry in st.list_pins():
+        try:
+            out[model.decode_path(entry, name=entry)] = "pinned (dispatch pin)"
+        except BadPublicationName as exc:
+            raise StoreError(f"{entry!r} in pins/ is not a pinned save's name: {exc}") from None
+    return out
+
+
+def bests(st: Store, names: list[str], folders: dict[str, Folder],
+          decode: _Names) -> dict[str, str]:
+    """The saves the framework would keep as its best: for each ranking an execution's keep
+    record names (monitor, mode), the ``top`` best scored saves of every execution that
+    ranks so (each save's manifest holds its score)."""
+    rankings: dict[tuple[str, str], int] = {}
+    ranked_by: dict[str, tuple[str, str]] = {}
+    for attempt, f in folders.items():
+        if KEEP_RECORD not in f.entries:
+            continue
+        best = execdir.best_of(st.read_exec_file(attempt, KEEP_RECORD))
+        if best is None:
+            continue
+        key = (best["monitor"], best["mode"])
+        rankings[key] = max(rankings.get(key, 0), best["top"])
+        ranked_by[attempt] = key
+    if not rankings:
+        return {}
+    scored: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    seen: set[str] = set()
+    for n in names:
+        folder = decode.folder(n)
+        if folder not in ranked_by:
+            continue
+        path = decode.path(n)
+        if path in seen or path.count("/") < 2:
+            continue
+        seen.add(path)
+        inside = path.split("/", 2)[2]
+        raw = (st.read_exec_file(folder, f"{inside}/{execdir.MANIFEST_NAME}")
+               or st.read_exec_file(folder, inside + execdir.MANIFEST_SUFFIX))
+        score = execdir.score_of(raw)
+        if score is not None and (score[0], score[1]) in rankings:
+            scored.setdefault((score[0], score[1]), []).append((score[2], path))
+    out: dict[str, str] = {}
+    for (monitor, mode), saves in scored.items():
+        saves.sort(key=lambda item: item[0], reverse=(mode == "max"))
+        top = rankings[(monitor, mode)]
+        for value, path in saves[:top]:
+            out.setdefault(path, f"one of the framework's {top} best by {monitor} ({mode}: "
+                                 f"{value:g})")
+    return out
+
+
 def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: bool = False,
             timeout: Optional[float] = None, store: Optional[Store] = None,
+            all_files: bool = False,
             pause: Callable[[str], None] = lambda where: None) -> Report:
     """Apply the rule to ``root`` (or only say what it would remove, with ``dry_run``).
 
@@ -330,21 +509,38 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     attempts = st.list_exec()
     folders = _folders(st, attempts)
     if keep is None:
-        keep = default_keep(st, attempts)
+        keep = default_keep(st, attempts, folders)
     names = st.publication_names()
     names.sort()
     decode = _Names()
-    # A removal a killed cleanup began counts as the publication it removes.
+    latest_epoch = int(names[-1][:20]) if names else None
+    for f in folders.values():
+        if f.epoch is not None and (latest_epoch is None or f.epoch >= latest_epoch):
+            read_choices(st, f, f.entries)
+    needed = pinned(st)
+    for path, why in bests(st, names, folders, decode).items():
+        needed.setdefault(path, why)
+    found = plan(names, folders, keep, decode, presorted=True, needed=needed,
+                 all_files=all_files, resolve=st.resolve)
     present = set(names)
-    extra = [n for n in intents if n not in present]
-    found = plan(sorted(names + extra) if extra else names, folders, keep, decode,
-                 presorted=True)
+    # A removal a killed cleanup decided (its publication is gone already) is finished,
+    # whatever K this run was given, unless the save has become needed since.
+    held: list[str] = []
+    planned = {r.path for r in found.removals}
+    for n in sorted(set(intents) - present):
+        path = decode.path(n)
+        if _needed_by(path, found.needed) is not None:
+            held.append(n)
+        elif path not in planned:
+            found.removals.append(Removal(SAVE, path, [n]))
+            planned.add(path)
     for n in found.unsure:
         path = decode.path(n)
-        if not any(_overlap(path, k) for k in found.kept_saves) and not st.exists(path):
+        if _needed_by(path, found.needed) is None and not st.exists(path):
             found.removals.append(Removal(PUBLICATION, path, [n], 0))
     report = Report(root, keep, dry_run, found.latest, found.removals,
-                    sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)))
+                    sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)),
+                    kept=found.needed, left=found.left)
     if sizes:
         for f in report.folders:
             f.bytes = st.size(f"{EXEC}/{f.attempt}")
@@ -376,28 +572,69 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         elif r.kind == SAVE:
             r.bytes = st.remove_save(r.path)
         pause("removed")
-    done = sorted(set(intents) | set(singles))
+    # An intent is forgotten once its save is gone; one whose save was spared (a starting
+    # execution chose it) stays, and the next run decides again.
+    spared = {n for r in found.removals if r.skipped for n in r.publications}
+    done = sorted((set(intents) | set(singles)) - set(held) - spared)
     if done:
         st.delete_intents(done)
-    report.finished_intents = len(set(intents))
+    report.finished_intents = len(set(intents) - set(held))
     return report
 
 
 def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
                        report: Report) -> None:
-    """After the publications are gone, read the records cleanup had not seen: an execution
-    that started meanwhile may resume from a save about to go; it stays."""
+    """After the publications are gone, read again what every execution that may be live
+    has chosen (and the records cleanup had not seen): an execution that started, or chose
+    a fallback, meanwhile keeps the save it chose."""
     if found.epoch is None:
         return
-    fresh = [a for a in st.list_exec() if a not in folders or folders[a].epoch is None]
-    spared: set[str] = set()
+    spared: dict[str, str] = {}
+    current = st.list_exec()
+    fresh = [a for a in current if a not in folders or folders[a].epoch is None]
     for attempt, f in _folders(st, fresh).items():
-        if f.epoch is None or f.epoch >= found.epoch:
-            if f.resume:
-                spared.add(f.resume)
-            if attempt not in folders:
-                report.folders.append(f)
-                f.verdict = "kept: it started while cleanup ran"
+        if attempt not in folders:
+            report.folders.append(f)
+            f.verdict = "kept: it started while cleanup ran"
+        folders[attempt] = f
+    for attempt, f in folders.items():
+        if attempt in current and (f.epoch is None or f.epoch >= found.epoch):
+            if f.epoch is not None:
+                read_choices(st, f)
+            for chosen in f.chosen:
+                spared[chosen] = f"execution {attempt} chose it"
+    _resolve_all(spared, st.resolve)
     for r in found.removals:
-        if any(_overlap(r.path, s) for s in spared):
-            r.skipped = "a starting execution resumes from it"
+        why = _needed_by(r.path, spared)
+        if why is not None:
+            r.skipped = f"a starting execution resumes from it ({why} while cleanup ran)"
+
+
+def _save_under(st: Store, path: str) -> str:
+    """The save at ``path`` (a path or an ``s3://`` URL) relative to the store's root."""
+    relative = getattr(st, "relative", None)
+    if relative is not None:
+        return str(relative(path))
+    try:
+        return model.relative_inside(os.path.abspath(st.root), os.path.abspath(path))
+    except OutsideRoot:
+        raise UsageError(f"{path!r} is not inside the checkpoint root {st.root!r}") from None
+
+
+def pin(root: str, path: str, timeout: Optional[float] = None) -> bool:
+    """Pin the published save at ``path``: no cleanup removes it until it is unpinned.
+    Returns False when it was pinned already."""
+    st = open_store(root, timeout)
+    relative = _save_under(st, path)
+    names = st.publication_names()
+    decode = _Names()
+    if not any(decode.path(n) == relative for n in names):
+        raise UsageError(f"{path!r} is not a published save of {root!r}: only a save some "
+                         "publication names can be pinned (`dispatch list` shows them)")
+    return st.create_pin(pin_entry(relative))
+
+
+def unpin(root: str, path: str, timeout: Optional[float] = None) -> bool:
+    """Unpin the save at ``path``; False when it was not pinned."""
+    st = open_store(root, timeout)
+    return st.delete_pin(pin_entry(_save_under(st, path)))

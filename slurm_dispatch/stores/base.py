@@ -32,6 +32,7 @@ from ..errors import BadPublicationName, OutOfBounds, StoreError
 PUB = "pub"
 EXEC = "exec"
 GC = "gc"  # cleanup's intents: one empty entry per publication being removed
+PINS = "pins"  # pinned saves: one empty entry per save, named by its path in base32
 S3_SCHEME = "s3://"
 
 # One scan over all names joined by newlines checks every name's shape at C speed; the
@@ -152,6 +153,30 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_intents(self, names: list[str]) -> None:
         """Forget finished removals (absent ones are fine)."""
+
+    # Pins, what an execution folder holds, and symlinks (cleanup's view of what is needed).
+
+    @abc.abstractmethod
+    def list_pins(self) -> list[str]:
+        """The entries of ``pins/`` (each a save's path in base32), in no order."""
+
+    @abc.abstractmethod
+    def create_pin(self, entry: str) -> bool:
+        """Pin: create ``pins/<entry>`` durably; False when it was there already."""
+
+    @abc.abstractmethod
+    def delete_pin(self, entry: str) -> bool:
+        """Unpin: remove ``pins/<entry>`` durably; False when it was not there."""
+
+    @abc.abstractmethod
+    def list_exec_entries(self, attempt: str) -> list[str]:
+        """The names directly in ``exec/<attempt>/``, a folder's with a trailing ``/``."""
+
+    def resolve(self, relative: str) -> Optional[str]:
+        """Where the save at ``relative`` really is (relative to the root) when a symlink
+        below the root is on its way and it resolves inside the root; None otherwise (no
+        symlink, or a store without symlinks)."""
+        return None
 
 
 # The sibling a framework integration writes beside a file save (integrations/saves.py).

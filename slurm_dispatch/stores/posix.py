@@ -39,7 +39,7 @@ from ..errors import (
     StoreError,
     StoreFull,
 )
-from .base import EXEC, GC, MANIFEST_SUFFIX, PUB, Found, StillWritten, Store, check_names
+from .base import EXEC, GC, MANIFEST_SUFFIX, PINS, PUB, Found, StillWritten, Store, check_names
 
 __all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC"]
 
@@ -522,22 +522,32 @@ class _Cleanup:
             raise StoreError(f"cannot list {path!r}: {exc.strerror}") from None
 
     def create_intents(self, names: list[str]) -> None:
+        self._create_entries(GC, names, exclusive=False)
+
+    def _create_entries(self, part: str, names: list[str], exclusive: bool) -> list[str]:
+        """Create the empty entries ``names`` in ``part`` (made when absent), durably; with
+        ``exclusive``, an entry already there is not made again.  Returns those made."""
         root_fd = self._root_fd()
-        path = os.path.join(os.path.abspath(self.root), GC)
+        path = os.path.join(os.path.abspath(self.root), part)
+        made = []
         try:
             try:
-                os.mkdir(GC, 0o755, dir_fd=root_fd)
+                os.mkdir(part, 0o755, dir_fd=root_fd)
             except FileExistsError:
                 pass
             except OSError as exc:
                 _raise_write_error(exc, path)
-            fd = _open_below(root_fd, [GC], self.root)
+            fd = _open_below(root_fd, [part], self.root)
             assert fd is not None
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 for name in names:
                     try:
-                        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
-                                         | os.O_CLOEXEC, 0o444, dir_fd=fd))
+                        os.close(os.open(name, flags | (os.O_EXCL if exclusive else 0), 0o444,
+                                         dir_fd=fd))
+                        made.append(name)
+                    except FileExistsError:
+                        continue
                     except OSError as exc:
                         _raise_write_error(exc, os.path.join(path, name))
                 _fsync_dir(fd, path)
@@ -546,9 +556,55 @@ class _Cleanup:
             _fsync_dir(root_fd, self.root)
         finally:
             os.close(root_fd)
+        return made
 
     def delete_intents(self, names: list[str]) -> None:
         self._unlink_synced(GC, names)
+
+    def list_pins(self) -> list[str]:
+        fd = self._open_part(PINS)
+        if fd is None:
+            return []
+        return _list_closing(fd, os.path.join(os.path.abspath(self.root), PINS))
+
+    def create_pin(self, entry: str) -> bool:
+        return bool(self._create_entries(PINS, [entry], exclusive=True))
+
+    def delete_pin(self, entry: str) -> bool:
+        if not os.path.lexists(self._entry(PINS, entry)):
+            return False
+        self._unlink_synced(PINS, [entry])
+        return True
+
+    def list_exec_entries(self, attempt: str) -> list[str]:
+        root_fd = self._root_fd()
+        try:
+            fd = _open_below(root_fd, [EXEC, attempt], self.root)
+        finally:
+            os.close(root_fd)
+        if fd is None:
+            return []
+        try:
+            with os.scandir(fd) as entries:
+                return [e.name + "/" if e.is_dir(follow_symlinks=False) else e.name
+                        for e in entries]
+        finally:
+            os.close(fd)
+
+    def resolve(self, relative: str) -> Optional[str]:
+        root_abs = os.path.abspath(self.root)
+        root_fd = self._root_fd()
+        try:
+            linked, exists = _walk(root_fd, relative, relative)
+        finally:
+            os.close(root_fd)
+        if not linked or not exists:
+            return None
+        real_root = os.path.realpath(root_abs)
+        real = os.path.realpath(os.path.join(root_abs, relative))
+        if not real.startswith(real_root.rstrip("/") + "/"):
+            return None
+        return os.path.relpath(real, real_root).replace(os.sep, "/")
 
 
 class PosixStore(_Cleanup, Store):

@@ -44,6 +44,7 @@ from .base import (
     EXEC,
     GC,
     MANIFEST_SUFFIX,
+    PINS,
     PUB,
     S3_SCHEME,
     Found,
@@ -483,3 +484,36 @@ class S3Store(Store):
 
     def delete_intents(self, names: list[str]) -> None:
         self._delete_keys([self.where.key(f"{GC}/{name}") for name in names])
+
+    def list_pins(self) -> list[str]:
+        prefix = self.where.key(PINS) + "/"
+        return [key[len(prefix):] for key, _size in self._objects(prefix) if key != prefix]
+
+    def create_pin(self, entry: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        key = self.where.key(f"{PINS}/{entry}")
+
+        def put(client: Any) -> bool:
+            try:
+                client.put_object(Bucket=self.where.bucket, Key=key, Body=b"",
+                                  IfNoneMatch="*")
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                    return False
+                raise
+            return True
+
+        return self._call("creating", key, put)
+
+    def delete_pin(self, entry: str) -> bool:
+        key = self.where.key(f"{PINS}/{entry}")
+        there = any(k == key for k, _size in self._objects(key))
+        if there:
+            self._delete_keys([key])
+        return there
+
+    def list_exec_entries(self, attempt: str) -> list[str]:
+        prefix = self.where.key(f"{EXEC}/{attempt}") + "/"
+        return [key[len(prefix):] for key, _size in self._objects(prefix, "/")
+                if key != prefix]

@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
 from tests.s3server import SeaweedServer
+
+if TYPE_CHECKING:
+    from .gc_world import World
 
 BUCKET = "dispatch-tests"
 
@@ -50,3 +53,14 @@ def s3_env(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch,
 @pytest.fixture
 def s3_root(s3_env: SeaweedServer) -> str:
     return f"s3://{BUCKET}/runs/{uuid.uuid4().hex}"
+
+
+@pytest.fixture(params=["posix", "s3"])
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> World:
+    """A checkpoint root for cleanup's tests (gc_world), on a folder and on SeaweedFS."""
+    from .gc_world import World, posix_world
+
+    if request.param == "posix":
+        return posix_world(tmp_path)
+    server = request.getfixturevalue("s3_env")
+    return World(request.getfixturevalue("s3_root"), server.client())

@@ -55,7 +55,10 @@ def test_a_dry_run_with_sizes_measures_each_folder_and_removes_nothing(tmp_path:
     assert "would remove save 100 1" in " ".join(out.split())
     table = out.split("\n\n")[1].splitlines()
     assert table[0].split() == ["ATTEMPT", "EPOCH", "BYTES", "VERDICT"]
-    assert {line.split()[0] for line in table[1:-1]} == {a, b}
+    assert {line.split()[0] for line in table[1:] if not line.startswith("would")} == {a, b}
+    kept = out.split("\n\n")[2].splitlines()  # why each kept save stays
+    assert kept[0].split() == ["KEPT", "WHY"]
+    assert any("one of the K latest" in line for line in kept[1:])
     assert world.exists(f"exec/{a}/checkpoint-1") and len(world.names()) == 5
     code, out, _ = run("gc", "--root", world.root, "--keep", "2", "--dry-run", "--json")
     data = json.loads(out)

@@ -1,0 +1,123 @@
+"""What an execution folder (``<root>/exec/<attempt>/``) holds besides its saves: one home for
+the names and the meaning of dispatch's own files there, read by cleanup (``gc``), the
+launcher, ``watch``, the framework integrations and the API alike.
+
+The files, each created once and never rewritten (a leading dot keeps them out of every save
+rule):
+
+* ``.dispatch`` (:data:`RECORD`): the launcher's record of the execution (epoch, attempt, the
+  save it resumes from and that save's publication), written before the user's script runs.
+* ``.dispatch-choice-<hash>.json`` (:func:`choice_name`): a save the execution has chosen to
+  load, written *before* it loads it, one per save tried (an integration that passes over an
+  unloadable save records each one it tries).  With the launcher's record these are "what an
+  execution has chosen": cleanup never removes such a save while the execution may be the
+  live lineage's, however it chose it.
+* ``.dispatch-resume.json`` (:data:`RESUME`): the integrations' account of the resume: what
+  was finally loaded and what was passed over, and why.
+* ``.dispatch-keep.json`` (:data:`KEEP`): the framework's rotation limit, turned off inside
+  the execution and applied by dispatch's cleanup (``keep``), and how the framework picks its
+  best saves (``best``: a monitor, ``min`` or ``max``, and how many it keeps).
+* ``<save>.dispatch-manifest.json`` beside a file save, ``dispatch-manifest.json`` inside a
+  folder save (:data:`MANIFEST_SUFFIX`): each file's size (and, with a monitor, the save's
+  ``score``), written before the save is published.
+
+The handshake with cleanup (invariant 9 of DESIGN.md): an execution records its choice
+(create-once, durable), then checks that a publication of the chosen save is still there;
+cleanup removes publications first, then reads every live execution's choices again and spares
+what they name.  One of the two always sees the other.
+
+Standard library only; no I/O of its own except through the store it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Optional
+
+RECORD = ".dispatch"
+RECORD_FORMAT = 1
+RESUME = ".dispatch-resume.json"
+KEEP = ".dispatch-keep.json"
+CHOICE_PREFIX = ".dispatch-choice-"
+CHOICE_SUFFIX = ".json"
+MANIFEST_SUFFIX = ".dispatch-manifest.json"  # a folder save holds MANIFEST_SUFFIX[1:]
+MANIFEST_NAME = MANIFEST_SUFFIX[1:]
+MANIFEST_FORMAT = 1
+OWN_PREFIX = ".dispatch"  # every file of dispatch's own in an execution folder starts so
+
+
+def choice_name(relative: str) -> str:
+    """The file that records the choice of the save at ``relative`` (a path under the root):
+    one name per save, so ranks that choose the same save write the same file."""
+    digest = hashlib.sha256(relative.encode("utf-8")).hexdigest()[:32]
+    return f"{CHOICE_PREFIX}{digest}{CHOICE_SUFFIX}"
+
+
+def is_choice(name: str) -> bool:
+    return name.startswith(CHOICE_PREFIX) and name.endswith(CHOICE_SUFFIX)
+
+
+def choice_bytes(relative: str, attempt: str, why: str) -> bytes:
+    return (json.dumps({"save": relative, "attempt": attempt, "why": why}, sort_keys=True)
+            + "\n").encode()
+
+
+def load(raw: Optional[bytes]) -> Optional[dict[str, Any]]:
+    """A record's JSON object, or None when absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def chosen_in_choice(raw: Optional[bytes]) -> Optional[str]:
+    """The save (relative to the root) a choice file names, or None."""
+    data = load(raw)
+    save = data.get("save") if data else None
+    return save if isinstance(save, str) and save else None
+
+
+def keep_of(raw: Optional[bytes]) -> Optional[int]:
+    """The rotation limit a keep record holds, or None."""
+    data = load(raw)
+    value = data.get("keep") if data else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return None
+
+
+def best_of(raw: Optional[bytes]) -> Optional[dict[str, Any]]:
+    """How the framework picks its best saves, from a keep record: ``{"monitor": str,
+    "mode": "min"|"max", "top": int}``, or None when it keeps no best."""
+    data = load(raw)
+    best = data.get("best") if data else None
+    if not isinstance(best, dict):
+        return None
+    monitor, mode, top = best.get("monitor"), best.get("mode"), best.get("top")
+    if (isinstance(monitor, str) and monitor and mode in ("min", "max")
+            and isinstance(top, int) and not isinstance(top, bool) and top >= 1):
+        return {"monitor": monitor, "mode": mode, "top": top}
+    return None
+
+
+def score_of(raw: Optional[bytes]) -> Optional[tuple[str, str, float]]:
+    """(monitor, mode, value) a manifest's ``score`` holds, or None."""
+    data = load(raw)
+    score = data.get("score") if data else None
+    if not isinstance(score, dict):
+        return None
+    monitor, mode, value = score.get("monitor"), score.get("mode"), score.get("value")
+    if (isinstance(monitor, str) and mode in ("min", "max")
+            and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and value == value):  # NaN never ranks
+        return monitor, str(mode), float(value)
+    return None
+
+
+def manifest_of(relative: str, folder: bool) -> str:
+    """Where the manifest of the save at ``relative`` is (relative to the root)."""
+    return f"{relative}/{MANIFEST_NAME}" if folder else relative + MANIFEST_SUFFIX
