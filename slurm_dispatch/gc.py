@@ -477,9 +477,7 @@ def bests(st: Store, names: list[str], folders: dict[str, Folder],
             continue
         seen.add(path)
         inside = path.split("/", 2)[2]
-        raw = (st.read_exec_file(folder, f"{inside}/{execdir.MANIFEST_NAME}")
-               or st.read_exec_file(folder, inside + execdir.MANIFEST_SUFFIX))
-        score = execdir.score_of(raw)
+        score = execdir.score_of(_manifest(st, folder, inside))
         if score is not None and (score[0], score[1]) in rankings:
             scored.setdefault((score[0], score[1]), []).append((score[2], path))
     out: dict[str, str] = {}
@@ -490,6 +488,18 @@ def bests(st: Store, names: list[str], folders: dict[str, Folder],
             out.setdefault(path, f"one of the framework's {top} best by {monitor} ({mode}: "
                                  f"{value:g})")
     return out
+
+
+def _manifest(st: Store, attempt: str, inside: str) -> Optional[bytes]:
+    """The manifest of the save ``exec/<attempt>/<inside>`` (beside a file save, inside a
+    folder save), or None."""
+    raw = st.read_exec_file(attempt, inside + execdir.MANIFEST_SUFFIX)
+    if raw is not None:
+        return raw
+    try:
+        return st.read_exec_file(attempt, f"{inside}/{execdir.MANIFEST_NAME}")
+    except StoreError:  # a file save: nothing inside it
+        return None
 
 
 def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: bool = False,

@@ -51,6 +51,7 @@ from .saves import (
     choose_resume,
     publish_save,
     record_keep,
+    score,
     seal_save,
     sync_save,
 )
@@ -133,7 +134,12 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         for callback in trainer.checkpoint_callbacks:
             if isinstance(callback, ModelCheckpoint):
                 if callback.save_top_k != -1:
-                    keep(self.execution, FRAMEWORK, "save_top_k", callback.save_top_k)
+                    # With a monitor, Lightning keeps the top k by it: cleanup keeps those
+                    # (ranked by each save's score in its manifest) as well as the k latest.
+                    best = ({"monitor": callback.monitor, "mode": callback.mode,
+                             "top": callback.save_top_k}
+                            if callback.monitor and callback.save_top_k > 0 else None)
+                    keep(self.execution, FRAMEWORK, "save_top_k", callback.save_top_k, best)
                     callback.save_top_k = -1
                 callback.dirpath = ckpt_dir
                 self._last_names.append(_last_pattern(callback))
@@ -210,7 +216,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             trainer.strategy.barrier("dispatch.publish")
         self._published_paths.add(absolute)
         if trainer.is_global_zero:
-            seal_save(absolute, single_writer=single)
+            seal_save(absolute, single_writer=single, scored=_score_of(trainer, absolute))
             self.publications.append(publish_save(self.execution, trainer.global_step, absolute))
 
     # --- the requeue signal -----------------------------------------------------------------
@@ -244,6 +250,17 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if result.returncode != 0:
             sys.stderr.write(f"dispatch: {' '.join(command)} failed (exit {result.returncode}): "
                              f"{result.stderr.strip()}\n")
+
+
+def _score_of(trainer: pl.Trainer, path: str) -> Optional[dict[str, Any]]:
+    """The save's score by the monitor of the ModelCheckpoint that made it (Lightning records
+    it in ``best_k_models`` before the save), for cleanup's ranking of the bests."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor:
+            for made, value in callback.best_k_models.items():
+                if os.path.abspath(os.fspath(made)) == path:
+                    return score(callback.monitor, callback.mode, value)
+    return None
 
 
 def _slurm_job_id() -> str:

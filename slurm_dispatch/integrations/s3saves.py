@@ -40,7 +40,9 @@ from .saves import (
     Resume,
     _lineage_before,
     _sizes,
+    apply_limit,
     manifest_path,
+    record_choice,
     why_unloadable,
     write_create_once,
 )
@@ -94,12 +96,13 @@ def read_json(url: str) -> Optional[Any]:
         return None
 
 
-def record_keep(execution: Execution, framework: str, setting: str, value: Any) -> None:
-    """The framework's rotation limit, for dispatch's cleanup: an object under the prefix."""
-    from .saves import KEEP_RECORD
+def record_keep(execution: Execution, framework: str, setting: str, value: Any,
+                best: Optional[dict[str, Any]] = None) -> None:
+    """The framework's rotation limit (and how it ranks its bests), for dispatch's cleanup:
+    an object under the prefix."""
+    from .saves import KEEP_RECORD, keep_record
 
-    put_once(f"{execution.exec_dir}/{KEEP_RECORD}",
-             {"framework": framework, "setting": setting, "keep": value})
+    put_once(f"{execution.exec_dir}/{KEEP_RECORD}", keep_record(framework, setting, value, best))
 
 
 # --- saving ----------------------------------------------------------------------------------
@@ -125,6 +128,7 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str)
                       sync=False)
     name = up.put(execution.epoch, step, save, lambda: False)
     up.published(save)
+    apply_limit(execution)
     return name
 
 
@@ -208,7 +212,8 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (), framewor
     resume = Resume(path=None)
     source_url = ""
     candidates: Iterator[str] = iter([start] if start else [])
-    found: Optional[list[store.Found]] = None
+    found: Optional[list[store.Found]] = None  # set once the lineage is tried
+    listing: list[store.Found] = []
     number = 0
     while True:
         url = next(candidates, None)
@@ -220,6 +225,12 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (), framewor
                                          folder_of=_exec_prefix, recorded=_recorded_source)
             continue
         number += 1
+        if url != execution.resume_from:  # the launcher's record protects its own choice
+            listing = found or listing or store.list_publications(execution.root)
+            if not record_choice(execution, url, listing, f"resuming (first choice {start})"):
+                resume.passed_over.append({"path": url, "why": "its publication was removed "
+                                           "by cleanup while this execution chose it"})
+                continue
         try:
             if fetch:
                 local = local_copy(execution, url, number)

@@ -15,8 +15,17 @@ Invariants kept here:
   previous publication in (epoch, step) order.  An old execution's late saves are therefore not
   taken for the lineage's.  Each pass-over is said on stderr once and recorded, create-once, in
   the execution's folder (``.dispatch-resume.json``).
+* A save other than the launcher's choice is recorded as chosen (``.dispatch-choice-*.json``,
+  :mod:`slurm_dispatch.execdir`) *before* it is loaded, and then a publication of it must still
+  be there, else it is passed over (cleanup unpublished it meanwhile): cleanup, which removes
+  publications first and then reads every live execution's choices again, spares every save so
+  chosen.  The ranks of one execution load the same save: the first to record the resume
+  takes it, the others take what it recorded.
 * The framework's own rotation limit is recorded, create-once, in the execution's folder
-  (``.dispatch-keep.json``) for dispatch's cleanup, which applies it across the store.
+  (``.dispatch-keep.json``) with how the framework ranks its best saves, and each save's
+  manifest holds its score; after each publication the limit is applied across the store as
+  ``dispatch gc --keep`` would (:func:`apply_limit`), keeping the framework's bests too.  A
+  cleanup that fails is said once on stderr and not tried again; training goes on.
 
 Outside a dispatch execution (no ``DISPATCH_EXEC_DIR``) nothing here is used: ``current()``
 returns ``None`` and the integrations leave the framework alone.
@@ -31,14 +40,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import store
-from ..errors import UsageError
+from .. import execdir, store
+from ..errors import DispatchError, UsageError
 
-MANIFEST_SUFFIX = ".dispatch-manifest.json"  # a folder save holds MANIFEST_SUFFIX[1:]
-RESUME_RECORD = ".dispatch-resume.json"
-KEEP_RECORD = ".dispatch-keep.json"
-LAUNCH_RECORD = ".dispatch"  # the launcher's create-once record of the execution
-MANIFEST_FORMAT = 1
+MANIFEST_SUFFIX = execdir.MANIFEST_SUFFIX  # a folder save holds MANIFEST_SUFFIX[1:]
+RESUME_RECORD = execdir.RESUME
+KEEP_RECORD = execdir.KEEP
+LAUNCH_RECORD = execdir.RECORD  # the launcher's create-once record of the execution
+MANIFEST_FORMAT = execdir.MANIFEST_FORMAT
 
 
 @dataclass(frozen=True)
@@ -147,14 +156,29 @@ def write_create_once(path: str, data: dict[str, Any], sync: bool = True) -> boo
     return True
 
 
-def seal_save(save: str, single_writer: bool) -> None:
+def score(monitor: Optional[str], mode: Optional[str], value: Any) -> Optional[dict[str, Any]]:
+    """A save's score for its manifest (how the framework ranks it), or None."""
+    if not monitor or mode not in ("min", "max") or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return {"monitor": monitor, "mode": mode, "value": number} if number == number else None
+
+
+def seal_save(save: str, single_writer: bool,
+              scored: Optional[dict[str, Any]] = None) -> None:
     """Make the save durable and write its manifest, on the process that will publish it.
 
     A single writer writes the manifest first and syncs it with the save in one pass.  With
     several ranks, each rank has already synced its own part (:func:`sync_save`, then a
-    barrier); the manifest is then written and synced on its own.
+    barrier); the manifest is then written and synced on its own.  ``scored``: the save's
+    score (:func:`score`), kept in the manifest for cleanup's ranking of the bests.
     """
-    manifest = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
+    if scored is not None:
+        manifest["score"] = scored
     if single_writer:
         write_create_once(manifest_path(save), manifest, sync=False)
         sync_save(save)
@@ -163,8 +187,60 @@ def seal_save(save: str, single_writer: bool) -> None:
 
 
 def publish_save(execution: Execution, step: int, save: str) -> str:
-    """Publish a sealed save (:func:`seal_save`); returns the publication's name."""
-    return store.publish(execution.root, execution.epoch, step, save)
+    """Publish a sealed save (:func:`seal_save`), then apply the framework's limit
+    (:func:`apply_limit`); returns the publication's name."""
+    name = store.publish(execution.root, execution.epoch, step, save)
+    apply_limit(execution)
+    return name
+
+
+_LIMITS: dict[str, Optional[int]] = {}  # exec_dir -> the limit recorded (None: none, or off)
+
+
+def apply_limit(execution: Execution) -> None:
+    """After a publication: remove what ``dispatch gc --keep K`` would, K being the limit the
+    framework was given (recorded in the execution's keep record); nothing without one.  What
+    cleanup keeps (every save a live execution chose, pins, the framework's bests) stays.  A
+    failure is said once and ends this execution's cleanup, never its training."""
+    if execution.exec_dir not in _LIMITS:
+        try:
+            _LIMITS[execution.exec_dir] = execdir.keep_of(store.open_store(
+                execution.root).read_exec_file(_attempt_of(execution), KEEP_RECORD))
+        except DispatchError:
+            _LIMITS[execution.exec_dir] = None
+    keep = _LIMITS[execution.exec_dir]
+    if keep is None:
+        return
+    from .. import gc
+
+    try:
+        gc.collect(execution.root, keep)
+    except DispatchError as exc:
+        _LIMITS[execution.exec_dir] = None
+        sys.stderr.write(f"dispatch: cleanup stopped (saves are still published; run "
+                         f"`dispatch gc` later): {exc}\n")
+        sys.stderr.flush()
+
+
+def _attempt_of(execution: Execution) -> str:
+    return execution.attempt or execution.exec_dir.rstrip("/").rsplit("/", 1)[-1]
+
+
+def record_choice(execution: Execution, path: str, found: list[store.Found],
+                  why: str) -> bool:
+    """Record, before loading it, that this execution chose the save at ``path`` (a path or
+    URL under the root), then say whether a publication of it is still there: when it is,
+    cleanup spares it (it reads the choices again after unpublishing); when not, it may be
+    going, and the caller passes it over."""
+    st = store.open_store(execution.root)
+    base = st.locate("")
+    relative = path[len(base):].rstrip("/") if path.startswith(base) else path
+    try:
+        st.create_exec_file(_attempt_of(execution), execdir.choice_name(relative),
+                            execdir.choice_bytes(relative, _attempt_of(execution), why))
+    except FileExistsError:
+        pass  # another rank chose it too
+    return any(st.has_publication(f.name) for f in found if f.path.rstrip("/") == path.rstrip("/"))
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -288,14 +364,26 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
     else:
         start = launcher_choice
     resume = Resume(path=start or None)
-    if start:
-        why = why_unloadable(start, required)
-        if why is not None:
-            resume.passed_over.append({"path": start, "why": why})
+    found: Optional[list[store.Found]] = None
+    if start and launcher_choice is None:
+        # Not the launcher's choice (its record already protects that one): record it.
+        found = store.list_publications(execution.root)
+        if not record_choice(execution, start, found, "the latest publication"):
+            resume.passed_over.append({"path": start, "why": "its publication was removed "
+                                       "by cleanup while this execution chose it"})
             resume.path = None
-            found = store.list_publications(execution.root)
+    if start:
+        why = why_unloadable(start, required) if resume.path else "passed over"
+        if why is not None:
+            if resume.path:
+                resume.passed_over.append({"path": start, "why": why})
+            resume.path = None
+            found = store.list_publications(execution.root) if found is None else found
             for candidate in _lineage_before(execution.root, start, found):
                 why = why_unloadable(candidate, required)
+                if why is None and not record_choice(execution, candidate, found,
+                                                     f"fallback from {start}"):
+                    why = "its publication was removed by cleanup while this execution chose it"
                 if why is None:
                     resume.path = candidate
                     break
@@ -303,18 +391,38 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
     record = {"resume_from": resume.path or "", "passed_over": resume.passed_over,
               "launcher_resume_from": launcher_choice, "framework": framework,
               "attempt": execution.attempt, "epoch": execution.epoch}
-    if write_create_once(os.path.join(execution.exec_dir, RESUME_RECORD), record):
+    path = os.path.join(execution.exec_dir, RESUME_RECORD)
+    if write_create_once(path, record):
         for skipped in resume.passed_over:
             instead = resume.path or "nothing (a fresh start)"
             sys.stderr.write(f"dispatch: not resuming from {skipped['path']}: {skipped['why']}; "
                              f"trying the previous save of its lineage (resuming from "
                              f"{instead})\n")
         sys.stderr.flush()
+    else:
+        # Another rank recorded the resume first: load what it chose, so the ranks agree.
+        try:
+            with open(path, encoding="utf-8") as handle:
+                first = json.load(handle)
+        except (OSError, ValueError):
+            first = None
+        if isinstance(first, dict) and isinstance(first.get("resume_from"), str):
+            resume.path = first["resume_from"] or None
     return resume
 
 
-def record_keep(execution: Execution, framework: str, setting: str, value: Any) -> None:
-    """Record the framework's own rotation limit, turned off here, for dispatch's cleanup."""
+def record_keep(execution: Execution, framework: str, setting: str, value: Any,
+                best: Optional[dict[str, Any]] = None) -> None:
+    """Record the framework's own rotation limit, turned off here, for dispatch's cleanup,
+    with how it ranks its best saves (``best``: monitor, mode and how many it keeps)."""
     # Every rank may record it; the first one does, the others find it there.
-    write_create_once(os.path.join(execution.exec_dir, KEEP_RECORD),
-                      {"framework": framework, "setting": setting, "keep": value})
+    write_create_once(os.path.join(execution.exec_dir, KEEP_RECORD), keep_record(
+        framework, setting, value, best))
+
+
+def keep_record(framework: str, setting: str, value: Any,
+                best: Optional[dict[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {"framework": framework, "setting": setting, "keep": value}
+    if best is not None:
+        data["best"] = best
+    return data
