@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from . import rules
-from .submit import Request, _array_of, checkpoint_root
+from .submit import Request, _array_of, checkpoint_root, refuse_array_on_one_root
 from .supervisor import site_settings
 
 
@@ -30,6 +30,7 @@ def _array_line(request: Request) -> list[str]:
 def describe(request: Request) -> str:
     opts = request.options
     root = checkpoint_root(opts, request.cwd)
+    refuse_array_on_one_root(request, root)  # what dispatch-sbatch would refuse
     settings = site_settings()
     hold, signal = _human(int(settings.hold_for)), settings.signal or ""
     lines = [f"Plan for {os.path.basename(request.script_path)}",

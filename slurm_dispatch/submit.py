@@ -3,7 +3,8 @@
 Invariants:
 
 * Nothing is recorded before the input is known good (script readable, ``#!`` first line, no
-  DOS line breaks, checkpoint root usable); a job whose first ``sbatch`` fails is removed whole.
+  DOS line breaks, checkpoint root usable, one root per task for an array of several tasks);
+  a job whose first ``sbatch`` fails is removed whole.
 * Submission N is made at most once: its claim file is created with ``O_EXCL`` before
   ``sbatch`` runs, and the job carries the marker ``dispatch:<id>/<N>`` in its comment so a
   timed-out ``sbatch`` is looked up, not blindly repeated.
@@ -290,18 +291,69 @@ def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
 
 def _array_of(words: list[str], env: Mapping[str, str], header_lines: list[str],
               script_name: str) -> Optional[list[int]]:
+    found = _array_given(words, env, header_lines, script_name)
+    return parse_array(found[0]) if found is not None else None
+
+
+def _array_given(words: list[str], env: Mapping[str, str], header_lines: list[str],
+                 script_name: str) -> Optional[tuple[str, str]]:
+    """The ``--array`` value sbatch would take and where it was given (as the user would
+    write it), or None: the command line over ``SBATCH_ARRAY_INX`` over ``#SBATCH`` lines."""
     value = _array_words(words)[0]
-    if value is None:
-        value = env.get("SBATCH_ARRAY_INX") or None
-    if value is None:
-        header: list[str] = []
-        for line in header_lines:
-            text = line.lstrip()
-            if text.startswith("#SBATCH"):
-                header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
-                                                           script_name, 0))
-        value = _array_words(header)[0]
-    return parse_array(value) if value is not None else None
+    if value is not None:
+        return value, f"--array={value}"
+    value = env.get("SBATCH_ARRAY_INX") or None
+    if value is not None:
+        return value, f"SBATCH_ARRAY_INX={value}"
+    header: list[str] = []
+    for line in header_lines:
+        text = line.lstrip()
+        if text.startswith("#SBATCH"):
+            header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
+                                                       script_name, 0))
+    value = _array_words(header)[0]
+    return (value, f"#SBATCH --array={value} in {script_name}") if value is not None else None
+
+
+def per_task(root: str) -> bool:
+    """Whether ``root`` names one root per array task: a ``%a`` that
+    :func:`launch.expand_root` expands (``%%`` is a literal '%', read left to right)."""
+    i = 0
+    while i < len(root) - 1:
+        if root[i] == "%":
+            if root[i + 1] == "a":
+                return True
+            i += 2 if root[i + 1] == "%" else 1
+        else:
+            i += 1
+    return False
+
+
+def refuse_array_on_one_root(request: Request, root: str,
+                             env: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse an array of several tasks whose checkpoint root is the same for every task.
+
+    Each task is a lineage of its own, with its own submission numbers, so its epochs mean
+    nothing beside another task's: on one root a task resumes from another task's latest save
+    and its cleanup removes the other's saves.  ``%a`` makes one root per task.  (``%A`` is the
+    same for every task, and ``%j``, a task's own job id, changes when the task is
+    resubmitted, so the resubmission would not find its saves: :func:`checkpoint_root`
+    refuses both.)  An array of one task is one lineage, on any root.
+    """
+    found = _array_given(request.sbatch, os.environ if env is None else env,
+                         request.header.sbatch_lines, os.path.basename(request.script_path))
+    if found is None or per_task(root):
+        return
+    tasks = parse_array(found[0])
+    if len(tasks) < 2:
+        return
+    given = request.options.checkpoint or root
+    raise UsageError(
+        f"--checkpoint {given!r} is one root for all {len(tasks)} tasks of the array "
+        f"({found[1]}): each task is a lineage of its own, with its own submission numbers and "
+        "epochs, so on one root a task would resume from another task's saves and its cleanup "
+        "would remove them.  Put %a (the array task id) in the root for one root per task, "
+        f"for example --checkpoint {given.rstrip('/')}/task%a")
 
 
 def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str],
@@ -454,6 +506,7 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     else:
         root = checkpoint_root(request.options, request.cwd)
     shared = request.options.shared_checkpoint or bool(old and old.spec["shared_checkpoint"])
+    refuse_array_on_one_root(request, root, env)
     refuse_shared_root(root, slurm, home, env, allowed=old.id if old else None)
     created = prepare_root(root)
     try:

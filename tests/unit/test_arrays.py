@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch import record, submit
+from slurm_dispatch.errors import UsageError
 from slurm_dispatch.slurm import Slurm
 from slurm_dispatch.supervisor import Settings, Supervisor, release
 
@@ -246,3 +247,41 @@ def test_a_forgotten_array_task_is_resubmitted_from_accounting(home: Path) -> No
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert report.actions == [f"{job.id} task 1: out of memory (known from Slurm's accounting "
                               "(sacct)): resubmitted as submission 2 (Slurm job 99_1)"], report
+
+
+@pytest.mark.parametrize("where", ["command line", "#SBATCH", "SBATCH_ARRAY_INX"])
+@pytest.mark.parametrize("root", ["ck", "ck/%%a"])
+def test_an_array_on_one_root_for_all_tasks_is_refused_before_anything_is_made(
+        home: Path, where: str, root: str) -> None:
+    """Issue 17 item 5: tasks on one root compare epochs across unrelated lineages (task 1
+    resumed from task 0's saves, and its cleanup removed them): refused at submission, the
+    message naming the root, why, and what to write; no record, folder or sbatch call.
+    ``%%a`` is a literal '%a', not the task id (``%A`` and ``%j`` are refused for every job)."""
+    from .test_submit import FakeController  # fails on any call to Slurm
+
+    argv, env = ["--checkpoint", root, "job.sh"], dict(os.environ)
+    if where == "command line":
+        argv.insert(0, "--array=0-2")
+    elif where == "#SBATCH":
+        (home / "job.sh").write_text("#!/bin/bash\n#SBATCH --array=0-2\necho hi\n")
+    else:
+        env["SBATCH_ARRAY_INX"] = "0-2"
+    fake = FakeController()
+    with pytest.raises(UsageError) as refused:
+        submit.submit_new(submit.read_request(argv), Slurm(fake, wait=0), env=env)
+    text = str(refused.value)
+    assert f"--checkpoint {root!r}" in text and "3 tasks" in text
+    assert "%a" in text and f"{root}/task%a" in text
+    assert fake.calls == []
+    assert not (home / "ck").exists() and list(record.all_jobs()) == []
+
+
+def test_an_array_root_per_task_or_an_array_of_one_task_is_accepted(home: Path) -> None:
+    """``%a`` anywhere in the root (``%%%a``: a literal '%' then the task id) makes one root
+    per task; an array of a single task is one lineage, on any root."""
+    cluster = FakeCluster()
+    for root, array in (("ck-1/task%a", "0-2"), ("ck-2/%%%a", "0-2"), ("ck-3", "5")):
+        done = submit.submit_new(submit.read_request(["--checkpoint", root,
+                                                      f"--array={array}", "job.sh"]),
+                                 Slurm(cluster, wait=0))
+        assert done.job.spec["checkpoint"] == str(home / root)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch import plan, submit
-from slurm_dispatch.errors import ConfigError
+from slurm_dispatch.errors import ConfigError, UsageError
 
 
 @pytest.fixture
@@ -33,7 +33,10 @@ def test_isolated_plan_keeps_slurms_requeue(script: Path, monkeypatch: pytest.Mo
     assert table["cancelled"].startswith("stop")
     assert f"checkpoint  {script / 'ck'}" in text and "Nothing was submitted." in text
     assert "array" not in text
-    text = plan.describe(submit.read_request(["--resubmit", "2", "--array=0-3", "job.sh"]))
+    with pytest.raises(UsageError, match="one root for all 4 tasks"):  # as dispatch-sbatch
+        plan.describe(submit.read_request(["--resubmit", "2", "--array=0-3", "job.sh"]))
+    text = plan.describe(submit.read_request(["--checkpoint", "ck/t%a", "--resubmit", "2",
+                                              "--array=0-3", "job.sh"]))
     assert "  array       4 task(s), each on its own: a task's end, budget, submission " \
         "numbers and holds are its own; a failed task is resubmitted alone" in text
 

@@ -52,6 +52,8 @@ ROOTS = itertools.count()
 
 def new_job(cluster: FakeCluster, *options: str) -> tuple[record.JobRecord, str]:
     root = f"ck-{next(ROOTS)}"  # a root of its own: one live dispatch job per root
+    if any(o.startswith("--array") for o in options):
+        root += "/t%a"  # and one per task of an array
     done = submit.submit_new(submit.read_request(["--checkpoint", root, *options, "job.sh"]),
                              Slurm(cluster, wait=0))
     return done.job, done.slurm_job_id
