@@ -19,6 +19,7 @@ never prints.  Messages name the offending value and, where it helps, what would
     ├── RecordError                    exit 2  a dispatch job record missing or garbled
     ├── SlurmError                     exit 2  a Slurm command failed; keeps its raw output
     │   └── SlurmUnavailable           the controller did not answer
+    ├── NotRequeued                    exit 1  a job that stopped to be requeued and was not
     ├── SandboxError                   exit 2  the sandbox cluster could not be set up
     ├── ConfigError                    exit 2  dispatch.conf has an unknown key or a bad value
     └── FactError                      exit 2  a hook fact that cannot be written or read safely
@@ -96,6 +97,14 @@ class SlurmError(DispatchError):
 
 class SlurmUnavailable(SlurmError):
     pass
+
+
+class NotRequeued(DispatchError):
+    """A job stopped at the requeue signal (its save published) and was not requeued: raised
+    so that the job ends with a failure status, never COMPLETED, and dispatch's rule for a
+    failed job applies."""
+
+    exit_code = 1
 
 
 class SandboxError(DispatchError):

@@ -5,7 +5,8 @@
 #
 # 90 s before the time limit Slurm sends SIGUSR1 to the training step; DispatchCallback saves at
 # the end of the next batch, publishes the save and requeues the job, and the requeued execution
-# resumes from that save.  (A --shared-checkpoint job saves and publishes, but is not requeued.)
+# resumes from that save.  (A --shared-checkpoint job, or one Slurm will not requeue, saves and
+# publishes, then ends FAILED, so dispatch's rule for a failure applies: --resubmit, or a hold.)
 #SBATCH --job-name=pl-dispatch
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1

@@ -19,6 +19,12 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   requeued (``scontrol requeue``) and stopped.  A ``--shared-checkpoint`` job (or one whose
   record cannot be read) saves and publishes but is never requeued: such a job restarts only
   after a proof or a person (DESIGN invariant 6).
+* A job that stopped at the signal and was not requeued (a shared checkpoint, or a requeue
+  Slurm refused: ``--no-requeue``, ``JobRequeue=0``) never ends as if it had finished: once its
+  save is published and the loop has stopped, ``fit`` raises :class:`NotRequeued` on every
+  rank, so the job ends FAILED and dispatch's rule for a failed job applies (a resubmission
+  while the budget lasts; a hold for a shared checkpoint), never COMPLETED, where the
+  supervisor stops for good.
 
 On an ``s3://`` root Lightning writes its saves under the execution's prefix itself (fsspec,
 which needs s3fs); each is published once its manifest object is written, and
@@ -45,7 +51,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from .. import record
-from ..errors import DispatchError
+from ..errors import DispatchError, NotRequeued
 from .saves import (
     Execution,
     choose_resume,
@@ -183,6 +189,11 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if self._signum is not None and threading.current_thread() is threading.main_thread():
             signal.signal(self._signum, self._previous_handler or signal.SIG_DFL)
             self._signum = None
+        if self._not_requeued is not None:
+            # Last, once everything above is undone: fit returning would end the job
+            # COMPLETED, and the supervisor stops a completed job for good.
+            why, self._not_requeued = self._not_requeued, None
+            raise NotRequeued(why)
 
     # --- publication ----------------------------------------------------------------------
 
@@ -221,9 +232,13 @@ class DispatchCallback(Callback):  # type: ignore[misc]
 
     # --- the requeue signal -----------------------------------------------------------------
 
+    # Why a job that stopped at the requeue signal was not requeued (raised at teardown).
+    _not_requeued: Optional[str] = None
+    _stopped = False  # the loop was stopped at the requeue signal
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.execution is None or self.requeued:
+        if self.execution is None or self._stopped:
             return
         # Every rank must take part in the save, so the ranks agree on "any rank signalled".
         if not trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
@@ -231,25 +246,47 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         self._signalled = False
         path = os.path.join(self.execution.exec_dir, CHECKPOINTS,
                             REQUEUE_SAVE.format(step=trainer.global_step))
-        trainer.save_checkpoint(path)
-        self.requeued = True
-        if trainer.is_global_zero:
-            self._requeue()
+        trainer.save_checkpoint(path)  # published when it returns
+        self._stopped = True
+        why = self._requeue(path) if trainer.is_global_zero else None
+        # Every rank ends the same way: all with NotRequeued, or all requeued.
+        why = trainer.strategy.broadcast(why, src=0)
+        self.requeued = why is None
+        self._not_requeued = why
         trainer.should_stop = True
 
-    def _requeue(self) -> None:
+    def _requeue(self, save: str) -> Optional[str]:
+        """Requeue the job; None when Slurm took it, else what happened and what comes next
+        (the message of the :class:`NotRequeued` the job ends with)."""
+        after = ("so it ends with this error: Slurm records it FAILED, not COMPLETED, and "
+                 "dispatch's rule for a failed job applies")
         if self._shared is not False:
             why = ("it shares its checkpoint" if self._shared
                    else "its dispatch record could not be read")
             sys.stderr.write("dispatch: saved and published at the requeue signal; not "
                              f"requeuing the job: {why}, so it restarts only after a proof "
                              "or a person\n")
-            return
+            return (f"stopped at the requeue signal and published {save}, but not requeued: "
+                    f"{why}, {after}: while its --resubmit budget lasts, a hold until the "
+                    "old execution is proven gone or a person releases it (`dispatch "
+                    "status` shows it)")
         command = self._requeue_command or ["scontrol", "requeue", _slurm_job_id()]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.stderr.write(f"dispatch: {' '.join(command)} failed (exit {result.returncode}): "
-                             f"{result.stderr.strip()}\n")
+        try:
+            result = subprocess.run(command, capture_output=True, text=True)
+        except OSError as exc:
+            failed = f"could not run ({exc.strerror or exc})"
+        else:
+            if result.returncode == 0:
+                return None
+            failed = f"failed (exit {result.returncode}): {result.stderr.strip()}"
+        message = (f"stopped at the requeue signal and published {save}, but "
+                   f"`{' '.join(command)}` {failed}; the job was not requeued (as Slurm refuses "
+                   f"for a job submitted with --no-requeue or where JobRequeue=0), {after}: "
+                   "`dispatch supervise` resubmits it while its --resubmit budget lasts, "
+                   "and the resubmission resumes from that save; with no budget left the "
+                   "job stops")
+        sys.stderr.write(f"dispatch: {message}\n")
+        return message
 
 
 def _score_of(trainer: pl.Trainer, path: str) -> Optional[dict[str, Any]]:

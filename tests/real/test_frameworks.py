@@ -27,6 +27,7 @@ import tomllib
 from slurm_dispatch import sandbox as sandbox_lib
 from slurm_dispatch import store
 from slurm_dispatch.integrations import saves
+from tests.real.conftest import ENDED_STATES
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions
 
 pytestmark = [pytest.mark.real,
@@ -172,3 +173,48 @@ def test_lightning_requeue_signal_saves_publishes_requeues_and_resumes(
     assert not list(work.path.rglob("hpc_ckpt_*.ckpt"))  # Lightning's own handler never ran
     names = [f.path for f in _published(root)]
     assert len(names) == len(set(names)) and source in names
+
+
+@pytest.mark.parametrize("not_requeueable", ["--no-requeue", "JobRequeue=0"])
+def test_lightning_job_slurm_will_not_requeue_ends_failed_and_is_resubmitted(
+        sandbox: Any, frameworks: Path, not_requeueable: str) -> None:
+    """Issue 17 item 14: a job Slurm will not requeue (``--no-requeue``, ``JobRequeue=0``) gets
+    the requeue signal; the callback saves and publishes, ``scontrol requeue`` is refused, and
+    the job must end FAILED (had it ended COMPLETED, the supervisor would stop for good): then
+    the resubmit rule applies and submission 2 resumes from the save made at the signal."""
+    work = _work(sandbox, "lightning")
+    env = {"TRAIN_STEPS": "80", "SAVE_EVERY": "10", "STEP_SECONDS": "0.3"}
+    options = ["--no-requeue"] if not_requeueable == "--no-requeue" else []
+    if not options:
+        sandbox_lib.set_job_requeue(False, sandbox.dir)  # jobs take it at submission
+    try:
+        job, slurm_id = work.submit("--checkpoint", "ck", "--resubmit", "1", *options,
+                                    "-o", "out.txt", "job.sh", env=env)
+    finally:
+        if not options:
+            sandbox_lib.set_job_requeue(True, sandbox.dir)
+    root, output = work.path / "ck", work.path / "out.txt"
+    first = wait_executions(work, job, 1)[0]
+    sandbox.wait_for(lambda: first["attempt"] in _starts(output), 120, "training to start")
+    sandbox.wait_for(lambda: _published(root), 120, "a first published save")
+    sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
+    ended = sandbox.wait_for(
+        lambda: sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
+        and sandbox.job_state(slurm_id), 120, f"job {slurm_id} to end")
+    assert ended["JobState"] == "FAILED" and ended["Restarts"] == "0", ended
+    assert ended["ExitCode"] != "0:0", ended
+    text = output.read_text()
+    assert "NotRequeued" in text and "Requested operation is presently disabled" in text, text
+    saved = [f.path for f in _published(root) if "/checkpoints/requeue-step=" in f.path]
+    assert len(saved) == 1 and saved[0].startswith(first["exec_dir"] + "/"), saved
+    assert saves.why_unloadable(saved[0]) is None
+    step = int(saved[0].rsplit("=", 1)[1].split(".")[0])
+    assert _ends(output)[first["attempt"]] == step < 80  # stopped at the signal
+    # The resubmit rule applies to the failure: submission 2 resumes from that save.
+    supervised = work.run("dispatch", "supervise", check=False)
+    assert "resubmitted as submission 2" in supervised.stdout, supervised
+    second = sandbox.wait_for(
+        lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2], 90,
+        "submission 2 to start")[0]
+    assert second["resume_from"] == saved[0] and second["epoch"] == 2_000_000
+    sandbox.run(["scancel", str(second["slurm_job_id"])], check=False)

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from slurm_dispatch import store
+from slurm_dispatch.errors import NotRequeued
 from slurm_dispatch.integrations import saves
 from slurm_dispatch.integrations.lightning import DispatchCallback, resume_from_checkpoint
 
@@ -149,7 +150,43 @@ def test_a_shared_checkpoint_job_is_never_requeued(
                         lambda execution: True)
     marker = tmp_path / "requeued"
     callback = DispatchCallback(requeue_command=["touch", str(marker)])
-    fit(tmp_path, 50, [callback], model=Tiny(signal_at=3))
+    # Stopped at the signal and not requeued: it must not end COMPLETED (the supervisor would
+    # stop for good), but failed, so that its rule (a hold, for a shared checkpoint) applies.
+    with pytest.raises(NotRequeued) as stopped:
+        fit(tmp_path, 50, [callback], model=Tiny(signal_at=3))
     assert {f.step for f in store.list_publications(str(root))} == {4}
     assert not marker.exists()
     assert "not requeuing the job: it shares its checkpoint" in capfd.readouterr().err
+    assert "it shares its checkpoint" in str(stopped.value) and "hold" in str(stopped.value)
+
+
+@pytest.mark.parametrize("command", [
+    ["sh", "-c", "echo 'scontrol: error: Requested operation is presently disabled' >&2; "
+     "exit 1"],
+    ["/nonexistent/scontrol", "requeue", "42"]])
+def test_a_requeue_slurm_refuses_ends_the_job_failed_after_publishing_the_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    """Issue 17 item 14: a job Slurm will not requeue (``--no-requeue``, ``JobRequeue=0``)
+    stopped at the signal; had ``fit`` returned, the job would exit 0, COMPLETED, and the
+    supervisor would stop for good.  The save is published, then ``fit`` raises, saying what
+    happened and what the resubmit rule will do, so the job ends FAILED."""
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    monkeypatch.setattr("slurm_dispatch.integrations.lightning.is_shared_checkpoint",
+                        lambda execution: False)
+    callback = DispatchCallback(requeue_command=command)
+    model = Tiny(signal_at=5)
+    with pytest.raises(NotRequeued) as stopped:
+        fit(tmp_path, 50, [callback], model=model)
+    assert model.trainer.global_step == 6  # stopped after the batch that got the signal
+    save = exec_dir / "checkpoints" / "requeue-step=6.ckpt"
+    assert str(save) in [f.path for f in store.list_publications(str(root))]
+    assert saves.why_unloadable(str(save)) is None
+    text = str(stopped.value)
+    assert " ".join(command) in text and str(save) in text, text
+    assert ("Requested operation is presently disabled" in text if command[0] == "sh"
+            else "No such file" in text), text
+    assert "resubmit" in text and "FAILED" in text
+    assert not callback.requeued
+    assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)  # handed back
+    assert "save_checkpoint" not in model.trainer.__dict__  # unwrapped
