@@ -642,7 +642,9 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
     execution folders once nothing in them stays.  Files that are not saves (TensorBoard
     events, logs) stay unless --all-files.  Safe while jobs run and publish; a run killed
     midway is finished by the next, whatever K.  --dry-run lists what would go, every file
-    of a whole folder included, and why each kept save stays.
+    of a whole folder included, and why each kept save stays.  Before removing saves it waits
+    twice ListingLag (dispatch.conf, default 60 s; $DISPATCH_LISTING_LAG) so that a choice
+    made on a node whose view of the root lags (NFS) is seen; it says so on stderr.
 
     Example: `dispatch gc --root /scratch/me/run1 --keep 3 --dry-run --sizes`
     """
@@ -653,7 +655,8 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
         root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
         keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
         report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
-                                 timeout=parse_timeout(timeout), all_files=all_files)
+                                 timeout=parse_timeout(timeout), all_files=all_files,
+                                 say=lambda line: click.echo(f"dispatch gc: {line}", err=True))
         if as_json:
             echo_json(report.as_json())
             return

@@ -40,6 +40,9 @@ DEFAULT_HOLD_NOTIFY = ""  # no site command: holds are told through Slurm's Mail
 DEFAULT_HOLD_WARNING = 7200.0  # a hold's owner is warned this long before it expires
 DEFAULT_STORE_TIMEOUT = 60.0  # an S3 call or scan that takes longer is an error
 DEFAULT_STAGE_DIR = ""  # S3 roots' local staging folder: empty means $TMPDIR, else /tmp
+# How old a node's view of a checkpoint root's listings may be (NFS caches directory contents
+# and lookups for up to acdirmax, 60 s by default; some S3 implementations list late).
+DEFAULT_LISTING_LAG = 60.0
 # How the commands reach Slurm: pyslurm where it matches the running Slurm, else its tools.
 DEFAULT_SLURM_BACKEND = "auto"
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
@@ -53,7 +56,8 @@ class Config:
 
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
-                 "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "problems")
+                 "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "listing_lag",
+                 "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -69,6 +73,7 @@ class Config:
         self.store_timeout = DEFAULT_STORE_TIMEOUT
         self.stage_dir = DEFAULT_STAGE_DIR
         self.slurm_backend = DEFAULT_SLURM_BACKEND
+        self.listing_lag = DEFAULT_LISTING_LAG
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -141,6 +146,13 @@ def _positive_duration(value: str) -> float:
     return seconds
 
 
+def _lag(value: str) -> float:
+    seconds = parse_duration(value)
+    if not 0 <= seconds <= 3600:
+        raise ValueError(f"{value!r} is outside 0 to 3600 seconds")
+    return seconds
+
+
 def _command(value: str) -> str:
     return value.strip()
 
@@ -170,6 +182,9 @@ _KEYS = {
     "stagedir": ("StageDir", "stage_dir", _state_dir),
     # SlurmBackend=auto|cli|pyslurm ($DISPATCH_SLURM_BACKEND overrides it): see slurm_backend.py.
     "slurmbackend": ("SlurmBackend", "slurm_backend", slurm_backend),
+    # ListingLag=60: how stale a node's view of pub/ and exec/ may be; cleanup waits twice
+    # that between removing publications and reading the executions' choices again.
+    "listinglag": ("ListingLag", "listing_lag", _lag),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

@@ -48,6 +48,12 @@ Invariants kept whatever runs at the same time:
   once done.  A whole folder loses its record last, so until then it is still known.
 * Nothing is removed when a removal is known beforehand to fail (permission): the checks run
   over every path first.
+* The handshake holds when a node's view of ``exec/`` and ``pub/`` lags by up to ``ListingLag``
+  seconds (dispatch.conf, default 60: NFS's acdirmax; ``$DISPATCH_LISTING_LAG``): between
+  removing the publications and reading the choices again, cleanup waits twice that, so a
+  choice recorded before a starting execution's (stale) check saw the publication is always
+  visible to the re-read.  In a job (``watch --keep``, the integrations' limits) that wait
+  runs beside the training, never in its way (:func:`collect_in_background`).
 
 Library code: it never prints.
 """
@@ -58,6 +64,9 @@ import base64
 import json
 import os
 import re
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -404,14 +413,19 @@ def _resolve_all(needed: dict[str, str], resolve: Callable[[str], Optional[str]]
             needed[target] = f"{why} (through the symlink {path})"
 
 
-def _folders(st: Store, attempts: list[str]) -> dict[str, Folder]:
+def _folders(st: Store, attempts: Optional[list[str]] = None,
+             listed: Optional[dict[str, list[str]]] = None) -> dict[str, Folder]:
+    """The execution folders (all, or those of ``attempts``) with their records and names
+    (``listed``: :meth:`Store.exec_entries`, read now when not given).  A folder that holds
+    nothing (an S3 listing may still name one whose objects are all gone) is not there."""
+    listed = st.exec_entries() if listed is None else listed
     out: dict[str, Folder] = {}
-    for attempt in attempts:
-        entries = st.list_exec_entries(attempt)
-        f = read_folder(st, attempt, entries)
-        # An S3 listing may still name a "folder" whose objects are all gone: it is not there.
-        if f.epoch is not None or entries:
-            out[attempt] = f
+    for attempt in sorted(listed) if attempts is None else attempts:
+        entries = listed.get(attempt)
+        if not entries:
+            continue
+        out[attempt] = (read_folder(st, attempt, entries) if RECORD in entries
+                        else Folder(attempt, None, None, problem="no record", entries=entries))
     return out
 
 
@@ -502,13 +516,40 @@ def _manifest(st: Store, attempt: str, inside: str) -> Optional[bytes]:
         return None
 
 
+LAG_ENV = "DISPATCH_LISTING_LAG"
+
+
+def listing_lag(value: Optional[float] = None,
+                environ: Optional[dict[str, str]] = None) -> float:
+    """Seconds a node's view of the root's listings may lag: ``value``, else
+    ``$DISPATCH_LISTING_LAG``, else ``ListingLag`` in dispatch.conf (default 60)."""
+    if value is not None:
+        if not 0 <= value <= 3600:
+            raise UsageError(f"--listing-lag {value!r} must be 0 to 3600 seconds")
+        return float(value)
+    env = dict(os.environ if environ is None else environ)
+    raw = env.get(LAG_ENV, "").strip()
+    if raw:
+        try:
+            return listing_lag(float(raw))
+        except ValueError:
+            raise UsageError(f"${LAG_ENV} {raw!r} is not a number of seconds") from None
+    from . import config
+
+    return float(config.load(environ=env).listing_lag)
+
+
 def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: bool = False,
             timeout: Optional[float] = None, store: Optional[Store] = None,
-            all_files: bool = False,
+            all_files: bool = False, lag: Optional[float] = None,
+            say: Callable[[str], None] = lambda line: None,
+            wait: Callable[[float], None] = time.sleep,
             pause: Callable[[str], None] = lambda where: None) -> Report:
     """Apply the rule to ``root`` (or only say what it would remove, with ``dry_run``).
 
-    ``pause(where)`` is called between the stages (tests stop the process there).
+    ``lag``: how stale another node's view of the listings may be (:func:`listing_lag`);
+    ``say`` hears of the wait it costs.  ``pause(where)`` is called between the stages
+    (tests stop the process there).
     """
     if keep is not None:
         check_keep(keep)
@@ -516,10 +557,9 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     st.check_store()
     intents = st.list_intents()
     check_names(intents, st.locate(GC))  # they are decoded as publication names
-    attempts = st.list_exec()
-    folders = _folders(st, attempts)
+    folders = _folders(st)
     if keep is None:
-        keep = default_keep(st, attempts, folders)
+        keep = default_keep(st, folders, folders)
     names = st.publication_names()
     names.sort()
     decode = _Names()
@@ -568,6 +608,11 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     st.delete_publications(sorted({n for r in found.removals for n in r.publications
                                    if n in present}))
     pause("unpublished")
+    seconds = 2 * listing_lag(lag)
+    if seconds > 0 and any(not r.skipped for r in found.removals):
+        say(f"waiting {seconds:g} s (twice ListingLag) for every node's view of pub/ to show "
+            "the removed publications before reading the executions' choices again")
+        wait(seconds)
     _spare_new_sources(st, folders, found, report)
     for r in found.removals:
         if r.skipped:
@@ -600,17 +645,17 @@ def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
     if found.epoch is None:
         return
     spared: dict[str, str] = {}
-    current = st.list_exec()
-    fresh = [a for a in current if a not in folders or folders[a].epoch is None]
-    for attempt, f in _folders(st, fresh).items():
+    now = st.exec_entries()
+    fresh = [a for a in now if a not in folders or folders[a].epoch is None]
+    for attempt, f in _folders(st, fresh, now).items():
         if attempt not in folders:
             report.folders.append(f)
             f.verdict = "kept: it started while cleanup ran"
         folders[attempt] = f
     for attempt, f in folders.items():
-        if attempt in current and (f.epoch is None or f.epoch >= found.epoch):
+        if attempt in now and (f.epoch is None or f.epoch >= found.epoch):
             if f.epoch is not None:
-                read_choices(st, f)
+                read_choices(st, f, now[attempt])
             for chosen in f.chosen:
                 spared[chosen] = f"execution {attempt} chose it"
     _resolve_all(spared, st.resolve)
@@ -648,3 +693,54 @@ def unpin(root: str, path: str, timeout: Optional[float] = None) -> bool:
     """Unpin the save at ``path``; False when it was not pinned."""
     st = open_store(root, timeout)
     return st.delete_pin(pin_entry(_save_under(st, path)))
+
+
+_RUNNING: dict[str, threading.Thread] = {}
+_AGAIN: set[str] = set()
+
+
+def collect_in_background(root: str, keep: int,
+                          say: Callable[[str], None] = lambda line: None) -> None:
+    """Run :func:`collect` for ``root`` beside the caller (a job's training or watch loop), one
+    run at a time per root; a request while one runs makes one more run after it.  With no
+    listing lag there is nothing to wait for, and it runs at once in the caller.  A failure is
+    said and ends this process's cleanups of the root (a later run finishes what it began)."""
+    if listing_lag() == 0:
+        _collect_reporting(root, keep, say)
+        return
+    thread = _RUNNING.get(root)
+    if thread is not None and thread.is_alive():
+        _AGAIN.add(root)
+        return
+
+    def work() -> None:
+        while _collect_reporting(root, keep, say) and root in _AGAIN:
+            _AGAIN.discard(root)
+
+    thread = threading.Thread(target=work, name="dispatch-cleanup", daemon=True)
+    _RUNNING[root] = thread
+    thread.start()
+
+
+_FAILED: set[str] = set()
+
+
+def _collect_reporting(root: str, keep: int, say: Callable[[str], None]) -> bool:
+    if root in _FAILED:
+        return False
+    try:
+        collect(root, keep, say=say)
+    except (StoreError, UsageError, OSError) as exc:
+        _FAILED.add(root)
+        say(f"cleanup stopped (saves are still published; run `dispatch gc` later): {exc}")
+        return False
+    except Exception as exc:  # noqa: BLE001 - a cleanup never ends a training run
+        _FAILED.add(root)
+        say(f"cleanup stopped by an unexpected error (saves are still published): {exc!r}")
+        return False
+    return True
+
+
+def say_on_stderr(line: str) -> None:
+    sys.stderr.write(f"dispatch: {line}\n")
+    sys.stderr.flush()

@@ -158,6 +158,8 @@ def _install_dispatch_site(layout: Layout) -> bool:
             line = f"StateDir={facts_dir}"
         elif line.startswith("BootTimeTolerance="):
             line = "BootTimeTolerance=2"
+        elif line.startswith("ListingLag="):
+            line = "ListingLag=0"  # one machine, one local file system: no node sees late
         settings.append(line)
     _write_if_changed(conf, "\n".join(settings) + "\n", 0o644)
     _own_folder(facts_dir)

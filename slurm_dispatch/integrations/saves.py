@@ -201,7 +201,7 @@ def apply_limit(execution: Execution) -> None:
     """After a publication: remove what ``dispatch gc --keep K`` would, K being the limit the
     framework was given (recorded in the execution's keep record); nothing without one.  What
     cleanup keeps (every save a live execution chose, pins, the framework's bests) stays.  A
-    failure is said once and ends this execution's cleanup, never its training."""
+    failure is said once and ends this process's cleanup, never its training."""
     if execution.exec_dir not in _LIMITS:
         try:
             _LIMITS[execution.exec_dir] = execdir.keep_of(store.open_store(
@@ -213,13 +213,8 @@ def apply_limit(execution: Execution) -> None:
         return
     from .. import gc
 
-    try:
-        gc.collect(execution.root, keep)
-    except DispatchError as exc:
-        _LIMITS[execution.exec_dir] = None
-        sys.stderr.write(f"dispatch: cleanup stopped (saves are still published; run "
-                         f"`dispatch gc` later): {exc}\n")
-        sys.stderr.flush()
+    # The listing lag's wait runs beside the training (and at once without a lag).
+    gc.collect_in_background(execution.root, keep, gc.say_on_stderr)
 
 
 def _attempt_of(execution: Execution) -> str:

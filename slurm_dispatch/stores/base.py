@@ -172,6 +172,16 @@ class Store(abc.ABC):
     def list_exec_entries(self, attempt: str) -> list[str]:
         """The names directly in ``exec/<attempt>/``, a folder's with a trailing ``/``."""
 
+    def exec_entries(self) -> dict[str, list[str]]:
+        """Every execution folder with the names directly in it (see
+        :meth:`list_exec_entries`); a folder that holds nothing is left out."""
+        out = {}
+        for attempt in self.list_exec():
+            entries = self.list_exec_entries(attempt)
+            if entries:
+                out[attempt] = entries
+        return out
+
     def resolve(self, relative: str) -> Optional[str]:
         """Where the save at ``relative`` really is (relative to the root) when a symlink
         below the root is on its way and it resolves inside the root; None otherwise (no

@@ -513,6 +513,19 @@ class S3Store(Store):
             self._delete_keys([key])
         return there
 
+    def exec_entries(self) -> dict[str, list[str]]:
+        # One listing of exec/ (paged) rather than one per folder.
+        prefix = self.where.key(EXEC) + "/"
+        out: dict[str, set[str]] = {}
+        for key, _size in self._objects(prefix):
+            rest = key[len(prefix):]
+            attempt, _, inside = rest.partition("/")
+            if not attempt or not inside:
+                continue
+            head, slash, _tail = inside.partition("/")
+            out.setdefault(attempt, set()).add(head + slash)
+        return {attempt: sorted(names) for attempt, names in out.items()}
+
     def list_exec_entries(self, attempt: str) -> list[str]:
         prefix = self.where.key(f"{EXEC}/{attempt}") + "/"
         return [key[len(prefix):] for key, _size in self._objects(prefix, "/")
