@@ -14,11 +14,23 @@ instead (``afterok:dab2cd3e``) fixes that in two places:
 Invariant: only the words of ``--dependency`` (``-d``) are rewritten, only dispatch job ids in
 them (``d`` and seven letters of the id alphabet), and Slurm's own grammar is kept: types,
 ``+time`` suffixes, ``,`` (all) and ``?`` (any) separators.
+
+An upstream whose current Slurm job slurmctld has forgotten (``MinJobAge`` after its end) can
+no longer be named to sbatch; its final outcome in the dispatch record decides each term by the
+term's meaning in sbatch(1) (:func:`judge`): ``afterany`` and ``afterburstbuffer`` are
+satisfied by any end, ``afterok`` and ``aftercorr`` only by ``completed``, ``afternotok`` only by
+any other end (failed, timeout, node failure, cancelled, ...), ``after`` by the start (or the
+cancellation) plus its ``+time`` minutes.  A satisfied term is dropped; one that can never be
+satisfied is refused at submission (sbatch would leave the job pending for ever with
+DependencyNeverSatisfied); an outcome the record does not know is an error saying so.  With
+``?`` one satisfied alternative satisfies the whole dependency and only alternatives that can
+never be are dropped, so it is refused only when none is left.
 """
 
 from __future__ import annotations
 
 import re
+import time
 
 from . import record
 from .errors import DispatchError, UsageError
@@ -28,7 +40,9 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up speed (dis
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
-    Lookup = Callable[[str], Optional[str]]
+    # (dispatch job id, dependency type, the item's "+time" or "") -> Slurm job id, or None
+    # when the item is satisfied already; raises Never when it can never be.
+    Lookup = Callable[[str, str, str], Optional[str]]
 
 DISPATCH_ID = re.compile(r"^d[a-km-np-z2-9]{7}$")
 _TERM = re.compile(r"^(?P<type>[a-z_]+):(?P<ids>.+)$")
@@ -66,64 +80,151 @@ def named_jobs(value: str) -> list[str]:
     return names
 
 
+class Never(Exception):
+    """An item of a dependency that can never be satisfied; the message says why."""
+
+
 def rewrite(value: str, lookup: Lookup) -> str:
-    """``value`` with each dispatch job id replaced by ``lookup(id)``; a term whose every id
-    is looked up as None (satisfied already) is dropped with its separator."""
+    """``value`` with each dispatch job id replaced by ``lookup(id, type, "+time")``.
+
+    An item looked up as None (satisfied already) is dropped, and a term left with no item
+    goes with its separator.  With ``?`` (any of them) a satisfied item satisfies the whole
+    dependency (``""``) and an item that can never be satisfied (:class:`Never`) is dropped,
+    refused (UsageError) only when every item is; without, such an item is refused at once.
+    """
     parts = re.split(r"([,?])", value)  # term, separator, term, ...
     any_of = "?" in parts[1::2]  # Slurm does not mix ',' and '?' in one dependency
     kept: list[str] = []
+    never: list[str] = []
     for index in range(0, len(parts), 2):
         term = parts[index]
         match = _TERM.match(term)
         if match:
-            items = []
+            kind, items = match.group("type"), []
             for item in match.group("ids").split(":"):
                 base, plus, extra = item.partition("+")
                 if DISPATCH_ID.match(base):
-                    slurm_id = lookup(base)
+                    try:
+                        slurm_id = lookup(base, kind, plus + extra)
+                    except Never as exc:
+                        if not any_of:
+                            raise UsageError(f"--dependency {value!r}: {exc}") from None
+                        never.append(str(exc))
+                        continue
                     if slurm_id is None:
+                        if any_of:
+                            return ""  # one satisfied alternative satisfies them all
                         continue
                     item = slurm_id + plus + extra
                 items.append(item)
             if not items:
-                if any_of:
-                    return ""  # one satisfied alternative satisfies them all
                 continue
-            term = f"{match.group('type')}:{':'.join(items)}"
+            term = f"{kind}:{':'.join(items)}"
         if kept:
             kept.append(parts[index - 1])
         kept.append(term)
+    if never and not kept:
+        raise UsageError(f"--dependency {value!r}: no alternative can ever be satisfied: "
+                         + "; ".join(never))
     return "".join(kept)
+
+
+OK_ONLY = {"afterok", "aftercorr"}  # satisfied only by a success
+ANY_END = {"afterany", "afterburstbuffer"}  # satisfied by any end
+
+
+def judge(kind: str, ident: str, outcome: str, started: float, delay: str,
+          now: float) -> None:
+    """Whether a term of ``kind`` on dispatch job ``ident`` is satisfied, its Slurm job having
+    ended with ``outcome`` for good (started, or was cancelled, at ``started``) and been
+    forgotten: returns when it is; raises :class:`Never` when it can never be, and
+    UsageError when it is not yet (an ``after`` delay still running) or ``kind`` is unknown."""
+    never = (f"{kind}:{ident} can never be satisfied: dispatch job {ident} ended {outcome} "
+             "for good (and Slurm has forgotten its job), so sbatch would leave this job "
+             "pending for ever with reason DependencyNeverSatisfied")
+    success = outcome == "completed"
+    if kind in ANY_END:
+        return
+    if kind in OK_ONLY or kind == "afternotok":
+        if success != (kind in OK_ONLY):
+            raise Never(never)
+        return
+    if kind == "after":
+        minutes = delay[1:]
+        if minutes and not minutes.isdigit():
+            raise UsageError(f"--dependency {kind}:{ident}{delay}: {minutes!r} is not a "
+                             "number of minutes")
+        due = started + 60 * int(minutes or 0)
+        if now < due:
+            when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(due))
+            began = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started))
+            raise UsageError(
+                f"--dependency {kind}:{ident}{delay}: dispatch job {ident} started (or was "
+                f"cancelled) at {began} and Slurm has forgotten its job, so the wait cannot "
+                f"be left to Slurm; it ends at {when}: submit then, or give --begin={when} "
+                "instead of this term")
+        return
+    raise UsageError(f"--dependency {kind}:{ident}: unknown dependency type {kind!r} (sbatch "
+                     "knows after, afterany, afterburstbuffer, aftercorr, afternotok, "
+                     "afterok and singleton)")
+
+
+def _final_outcome(upstream: record.JobRecord) -> Optional[tuple[str, float]]:
+    """How a dispatch job ended for good (``completed``, or the other ends of its lineages:
+    an array's tasks each have one) and when its last submission started (or, never started,
+    ended); None while the record does not say for every lineage."""
+    from . import submit  # submit imports this module
+
+    history = upstream.history()
+    whole = history.lineage()
+    tasks = submit.array_tasks(upstream)
+    lines = [whole] if not tasks or whole.settled else [history.lineage(t) for t in tasks]
+    outcomes, started = [], 0.0
+    for line in lines:
+        end = line.finished or line.superseded
+        if end is None:
+            return None
+        # Superseding cancels the job's Slurm jobs.
+        outcomes.append(line.finished.end_state if line.finished else "cancelled")
+        current = line.current
+        runs = line.started_for(current.submission) if current is not None else []
+        started = max(started, runs[-1].time if runs else end.time)
+    failed = sorted({o for o in outcomes if o != "completed"})
+    return (", ".join(failed) if failed else "completed"), started
 
 
 def resolve(words: list[str], home: Optional[str] = None,
             jobs: Optional[dict[str, Job]] = None) -> list[str]:
     """sbatch words with the dispatch job ids of ``--dependency`` replaced by their current
-    Slurm job ids.  An upstream job that completed and that Slurm has forgotten is satisfied
-    already (its term goes); one that ended otherwise for good is an error naming it."""
+    Slurm job ids.  An upstream job whose Slurm job Slurm has forgotten is judged by its final
+    outcome and the term's type (:func:`judge`): satisfied, its term goes; never satisfiable,
+    or not known yet, an error naming it."""
     where = dependency_value(words)
     if where is None or not named_jobs(where[2]):
         return list(words)
     index, offset, value = where
 
-    def lookup(ident: str) -> Optional[str]:
+    def lookup(ident: str, kind: str, delay: str) -> Optional[str]:
         try:
             upstream = record.open_job(ident, home)
             line = upstream.history().lineage()
+            current = line.current
+            if current is None:
+                raise UsageError(f"--dependency {value!r}: dispatch job {ident} has no "
+                                 "submission yet")
+            if jobs is None or current.slurm_job_id in jobs:
+                return current.slurm_job_id  # Slurm knows it: Slurm judges the term
+            outcome = _final_outcome(upstream)
         except DispatchError as exc:
             raise UsageError(f"--dependency {value!r}: {exc}") from None
-        current = line.current
-        if current is None:
-            raise UsageError(f"--dependency {value!r}: dispatch job {ident} has no "
-                             "submission yet")
-        known = jobs is None or current.slurm_job_id in jobs
-        if not known and line.finished is not None:
-            if line.finished.end_state == "completed":
-                return None
-            raise UsageError(f"--dependency {value!r}: dispatch job {ident} ended "
-                             f"{line.finished.end_state} for good; nothing that waits for "
-                             "its success can start")
-        return current.slurm_job_id
+        if outcome is None:
+            raise UsageError(
+                f"--dependency {value!r}: dispatch job {ident}'s Slurm job "
+                f"{current.slurm_job_id} has ended and Slurm has forgotten it, and how it "
+                "ended for good is not known yet (no supervisor pass has judged it since; it "
+                "may still be resubmitted): run `dispatch supervise`, then submit again")
+        judge(kind, ident, outcome[0], outcome[1], delay, time.time())
+        return None
     new = list(words)
     new[index] = new[index][:offset] + rewrite(value, lookup)
     if new[index] == new[index][:offset]:  # every term satisfied: no dependency left
@@ -171,8 +272,8 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
         info = jobs.get(current.slurm_job_id)
         if info is None or info.state != "PENDING":
             continue
-        value = rewrite(where[2], lambda ident: new_slurm_id if ident == upstream.id
-                        else _current(ident, home))
+        value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
+                        if ident == upstream.id else _current(ident, home))
         slurm.call(["scontrol", "update", f"jobid={info.job_id}", f"dependency={value}"])
         updated.append(info.job_id)
     return updated

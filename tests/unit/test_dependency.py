@@ -13,7 +13,11 @@ from slurm_dispatch.slurm import Slurm
 
 from .fake_cluster import FakeCluster
 
-LOOKUP = {"dabcdefg": "101", "dhjkmnpq": None}.get
+IDS = {"dabcdefg": "101", "dhjkmnpq": None}
+
+
+def table(ident: str, kind: str, delay: str) -> str | None:
+    return IDS.get(ident)
 
 
 @pytest.mark.parametrize("value,expected", [
@@ -25,7 +29,7 @@ LOOKUP = {"dabcdefg": "101", "dhjkmnpq": None}.get
     ("afterok:dhjkmnpq", ""),
 ])
 def test_rewrite_keeps_slurms_grammar(value: str, expected: str) -> None:
-    assert dependency.rewrite(value, LOOKUP) == expected
+    assert dependency.rewrite(value, table) == expected
 
 
 def test_only_dispatch_ids_are_names() -> None:
@@ -95,3 +99,106 @@ def test_the_supervisors_resubmission_moves_the_dependents(cluster: FakeCluster)
     assert new is not None and new.submission == 2
     assert cluster.jobs[down.slurm_job_id]["Dependency"] == f"afterok:{new.slurm_job_id}"
     assert any(f"Slurm job {down.slurm_job_id} now waits" in a for a in report.actions)
+
+
+def forgotten(cluster: FakeCluster, end_state: str | None, started: bool = False
+              ) -> submit.Submitted:
+    """An upstream dispatch job whose Slurm job ended and aged out of slurmctld; its record's
+    final outcome is ``end_state`` (None: no pass judged it yet)."""
+    up = submit_one(cluster, f"ck-up-{len(cluster.jobs)}")
+    if started:
+        up.job.append("started", submission=1, slurm_job_id=up.slurm_job_id, restart=0,
+                      attempt="a" * 26, epoch=1_000_000, exec_dir="/x", resume_from="",
+                      node="n1", nodes="n1", host="h", pid=1)
+    if end_state is not None:
+        up.job.append("finished", submission=1, slurm_job_id=up.slurm_job_id,
+                      end_state=end_state, rule="stop")
+    del cluster.jobs[up.slurm_job_id]
+    return up
+
+
+@pytest.mark.parametrize("kind,end_state,satisfied", [
+    ("afterok", "completed", True), ("afterok", "failed", False),
+    ("afterok", "cancelled", False),
+    ("afternotok", "completed", False), ("afternotok", "failed", True),
+    ("afternotok", "timeout", True), ("afternotok", "node failure", True),
+    ("afternotok", "cancelled", True), ("afternotok", "hold expired", True),
+    ("afterany", "completed", True), ("afterany", "failed", True),
+    ("afterany", "cancelled", True), ("afterburstbuffer", "out of memory", True),
+    ("after", "failed", True), ("after", "completed", True),
+    ("aftercorr", "completed", True), ("aftercorr", "timeout", False),
+])
+def test_a_forgotten_upstream_resolves_each_type_by_its_meaning(
+        cluster: FakeCluster, kind: str, end_state: str, satisfied: bool) -> None:
+    """Issue 17 item 15: a term on an upstream Slurm has forgotten is dropped when its type is
+    satisfied by the upstream's final outcome (afternotok after a failure, afterany after
+    anything), refused when it never can be (afternotok after a success), as sbatch(1) says:
+    such a job would stay pending with DependencyNeverSatisfied for ever."""
+    up = forgotten(cluster, end_state)
+    other = submit_one(cluster, "ck-other")  # a live upstream, kept as Slurm's id
+    value = f"{kind}:{up.job.id},afterany:{other.job.id}"
+    if satisfied:
+        submit_one(cluster, "ck-down", f"--dependency={value}")
+        assert f"--dependency=afterany:{other.slurm_job_id}" in cluster.sbatch_calls()[-1]
+    else:
+        calls = len(cluster.sbatch_calls())
+        with pytest.raises(UsageError) as refused:
+            submit_one(cluster, "ck-down", f"--dependency={value}")
+        text = str(refused.value)
+        assert f"{kind}:{up.job.id}" in text and f"ended {end_state}" in text, text
+        assert "never" in text and "DependencyNeverSatisfied" in text, text
+        assert len(cluster.sbatch_calls()) == calls
+
+
+def test_a_forgotten_upstream_without_a_known_outcome_is_an_error(cluster: FakeCluster
+                                                                  ) -> None:
+    up = forgotten(cluster, None)
+    with pytest.raises(UsageError) as refused:
+        submit_one(cluster, "ck-down", f"--dependency=afternotok:{up.job.id}")
+    text = str(refused.value)
+    assert up.job.id in text and up.slurm_job_id in text and "not known" in text, text
+    assert "dispatch supervise" in text
+
+
+def test_after_with_a_delay_counts_from_the_upstreams_start(
+        cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``after:JOB+MIN``: MIN minutes from the start; passed: satisfied; still ahead: refused
+    with when (Slurm no longer knows the job, so the term cannot be left to it)."""
+    up = forgotten(cluster, "failed", started=True)
+    start = up.job.history().lineage().started[-1].time
+    monkeypatch.setattr(dependency.time, "time", lambda: start + 60)
+    with pytest.raises(UsageError, match=rf"after:{up.job.id}\+30.*--begin"):
+        submit_one(cluster, "ck-down-1", f"--dependency=after:{up.job.id}+30")
+    monkeypatch.setattr(dependency.time, "time", lambda: start + 31 * 60)
+    submit_one(cluster, "ck-down-2", f"--dependency=after:{up.job.id}+30")
+    assert not any("dependency" in a for a in cluster.sbatch_calls()[-1])
+
+
+def test_any_of_drops_the_alternatives_that_can_never_be_satisfied(cluster: FakeCluster
+                                                                   ) -> None:
+    """With '?' one satisfied alternative is enough, so one that never can be is dropped; all
+    of them never satisfiable: refused."""
+    done = forgotten(cluster, "completed")
+    live = submit_one(cluster, "ck-live")
+    submit_one(cluster, "ck-down-1",
+               f"--dependency=afternotok:{done.job.id}?afterok:{live.job.id}")
+    assert f"--dependency=afterok:{live.slurm_job_id}" in cluster.sbatch_calls()[-1]
+    failed = forgotten(cluster, "failed")
+    with pytest.raises(UsageError, match="never"):
+        submit_one(cluster, "ck-down-2",
+                   f"--dependency=afternotok:{done.job.id}?afterok:{failed.job.id}")
+
+
+def test_a_forgotten_array_upstream_is_judged_by_all_its_tasks(cluster: FakeCluster) -> None:
+    """An array's outcome is its tasks': completed only when every task completed."""
+    up = submit_one(cluster, "ck-up/t%a", "--array=0-1")
+    for task, end in ((0, "completed"), (1, "failed")):
+        up.job.append("finished", submission=1, slurm_job_id=up.slurm_job_id, end_state=end,
+                      rule="stop", task=task)
+    for slurm_id in [j for j, f in cluster.jobs.items()
+                     if f.get("ArrayJobId") == up.slurm_job_id or j == up.slurm_job_id]:
+        del cluster.jobs[slurm_id]
+    with pytest.raises(UsageError, match=f"afterok:{up.job.id} can never.*ended failed"):
+        submit_one(cluster, "ck-down-1", f"--dependency=afterok:{up.job.id}")
+    submit_one(cluster, "ck-down-2", f"--dependency=afternotok:{up.job.id}")
+    assert not any("dependency" in a for a in cluster.sbatch_calls()[-1])
