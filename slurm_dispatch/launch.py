@@ -28,14 +28,14 @@ import sys
 import time
 from typing import Any, Optional
 
-from . import config, model, record, store
+from . import config, execdir, model, record, store
 from .errors import DispatchError, RecordError, StoreError, UsageError
 
 CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
             "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
             "DISPATCH_RESUME_FROM", "DISPATCH_STAGE_DIR")
-EXEC_RECORD = ".dispatch"  # in exec/<attempt>/; a leading dot keeps it out of save patterns
-EXEC_RECORD_FORMAT = 1
+EXEC_RECORD = execdir.RECORD  # in exec/<attempt>/; a leading dot keeps it out of save patterns
+EXEC_RECORD_FORMAT = execdir.RECORD_FORMAT
 START_TRIES = 5  # fresh folders tried when cleanup removes the resume source meanwhile
 
 

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from .. import model
+from .. import execdir, model
 from ..errors import BadPublicationName, OutOfBounds, StoreError
 
 PUB = "pub"
@@ -189,8 +189,8 @@ class Store(abc.ABC):
         return None
 
 
-# The sibling a framework integration writes beside a file save (integrations/saves.py).
-MANIFEST_SUFFIX = ".dispatch-manifest.json"
+# The sibling a framework integration writes beside a file save (slurm_dispatch/execdir.py).
+MANIFEST_SUFFIX = execdir.MANIFEST_SUFFIX
 
 
 def is_s3_root(root: str) -> bool:
