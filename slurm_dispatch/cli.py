@@ -128,9 +128,12 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Opti
 
     PATH must exist and lie inside ROOT (usually under $DISPATCH_EXEC_DIR).  The publication
     is an empty file created once (O_EXCL) in ROOT/pub/ and synced before this returns.
-    Publishing the same (epoch, step, path) twice is refused with exit 1.  On an
-    s3://bucket/prefix root, PATH is an s3:// URL under it and the publication is an empty
-    object created with If-None-Match: * (not checked for existence first).
+    Publishing the same (epoch, step, path) again finds it there: that publication can only
+    be this save's (its name is the epoch, step and path), so this says "already published,
+    nothing to do" on stderr, prints the name and exits 0, as after a timeout and a retry.
+    On an s3://bucket/prefix root, PATH is an s3:// URL under it and the publication is an
+    empty object created with If-None-Match: * (not checked for existence first); a create
+    whose answer was lost and retried is recognised as this call's own and reported as made.
 
     Example: `dispatch publish --step 500 "$DISPATCH_EXEC_DIR/checkpoint-500"`
     """
@@ -138,8 +141,11 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Opti
         root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
         epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
         step_v = parse_int(step, "--step")
-        click.echo(store.publish(root_v, epoch_v, step_v, path,
-                                 timeout=parse_timeout(timeout)))
+        click.echo(store.publish_done(
+            root_v, epoch_v, step_v, path, timeout=parse_timeout(timeout),
+            said=lambda text: click.echo(f"dispatch publish: already published, nothing to "
+                                         f"do: {text}; it is this save's publication",
+                                         err=True)))
     body()
 
 

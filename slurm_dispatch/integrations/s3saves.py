@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from .. import store
-from ..errors import StoreError
+from ..errors import AlreadyPublished, StoreError
 from ..stores import transfer
 from ..watch_s3 import Uploader, stage_copy
 from .saves import (
@@ -43,6 +43,7 @@ from .saves import (
     apply_limit,
     manifest_path,
     record_choice,
+    say_published,
     why_unloadable,
     write_create_once,
 )
@@ -126,7 +127,11 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str)
     # No fsync: the local copy is not what the publication promises; the uploaded one is.
     write_create_once(manifest_path(save), {"format": MANIFEST_FORMAT, "files": _sizes(save)},
                       sync=False)
-    name = up.put(execution.epoch, step, save, lambda: False)
+    try:
+        name = up.put(execution.epoch, step, save, lambda: False)
+    except AlreadyPublished as exc:  # this save's own publication (store.publish_done)
+        say_published(str(exc))
+        name = store.publication_name(execution.root, execution.epoch, step, up.url_of(save))
     up.published(save)
     apply_limit(execution)
     return name

@@ -188,10 +188,16 @@ def seal_save(save: str, single_writer: bool,
 
 def publish_save(execution: Execution, step: int, save: str) -> str:
     """Publish a sealed save (:func:`seal_save`), then apply the framework's limit
-    (:func:`apply_limit`); returns the publication's name."""
-    name = store.publish(execution.root, execution.epoch, step, save)
+    (:func:`apply_limit`); returns the publication's name.  Its publication found already
+    there is this save's (:func:`store.publish_done`): said, never an error that ends a run."""
+    name = store.publish_done(execution.root, execution.epoch, step, save, said=say_published)
     apply_limit(execution)
     return name
+
+
+def say_published(text: str) -> None:
+    sys.stderr.write(f"dispatch: already published, nothing to do: {text}\n")
+    sys.stderr.flush()
 
 
 _LIMITS: dict[str, Optional[int]] = {}  # exec_dir -> the limit recorded (None: none, or off)

@@ -3,9 +3,17 @@
 The same protocol as on POSIX, with S3's primitives:
 
 * A publication is an empty object ``<prefix>/pub/<name>`` created with ``PutObject`` and
-  ``If-None-Match: *``: the server creates it once or answers 412 (``AlreadyPublished``,
-  exit 1).  A 409 (a concurrent conditional create in flight, as AWS may answer) is retried
-  with tenacity until the deadline.  Nothing here overwrites or copies.
+  ``If-None-Match: *``: the server creates it once or answers 412.  A 409 (a concurrent
+  conditional create in flight, as AWS may answer) is retried with tenacity until the
+  deadline.  Nothing here overwrites or copies.
+* ``publish`` returns only when the publication is there, and says whose it is: each call
+  sends a random token of its own as the object's metadata (``x-amz-meta-dispatch-call``).
+  A 412 whose object holds this call's token is this call's own create, its answer lost and
+  retried by botocore: published, returned as made.  A 412 for any other object (or one whose
+  token cannot be read) is :class:`AlreadyPublished`: the name was there before this call.
+  The name is the save's epoch, step and path, so it is the same save's publication either
+  way; ``dispatch publish`` and the integrations take it as done (POSIX's O_EXCL has no lost
+  answer, so there AlreadyPublished has the same meaning).
 * ``latest`` and ``list_publications`` page through ``ListObjectsV2`` of ``<prefix>/pub/``
   with no delimiter, so a key in a deeper "folder" is seen too; any key that is not a
   publication name is an error naming it (only the folder marker ``pub/`` itself, which
@@ -16,9 +24,9 @@ The same protocol as on POSIX, with S3's primitives:
 * Endpoint, region and credentials come from boto3's usual chain (environment,
   ``~/.aws/config``, ``AWS_ENDPOINT_URL``); nothing of our own.  boto3 is imported only
   here, when an ``s3://`` root is used; a missing boto3 is an error naming the extra.
-* ``publish`` makes exactly one request: it does not check that the save exists (on S3 a
-  "folder" is only a prefix, and a check would double publish's cost); the path must still
-  lie under the root, in normal form.
+* ``publish`` makes exactly one request (a 412 adds one HEAD, to read whose it is): it does
+  not check that the save exists (on S3 a "folder" is only a prefix, and a check would double
+  publish's cost); the path must still lie under the root, in normal form.
 * Only cleanup's methods delete (``DeleteObjects``, a thousand keys a request): a save is every
   key equal to its path or under it as a folder, plus its manifest beside it.  S3 cannot say
   beforehand whether a delete will be allowed (``check_removable`` checks nothing); a refused
@@ -28,6 +36,7 @@ The same protocol as on POSIX, with S3's primitives:
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -59,6 +68,8 @@ EXTRA_HINT = "pip install 'slurm-dispatch[s3]'"
 # Codes a server gives for a conditional create that raced another one in flight (AWS S3
 # documents ConditionalRequestConflict); retrying settles it as a create or a 412.
 _CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
+# The metadata key of a publication's call token (boto3 sends it as x-amz-meta-dispatch-call).
+CALL_TOKEN = "dispatch-call"
 _CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                                "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed"})
 
@@ -200,11 +211,13 @@ class S3Store(Store):
     # The interface ----------------------------------------------------------
 
     def publish(self, epoch: int, step: int, path: str) -> str:
-        name = model.format_name(epoch, step, self.relative(path))
+        relative = self.relative(path)
+        name = model.format_name(epoch, step, relative)
         key = self.pub_prefix + name
         url = f"{S3_SCHEME}{self.where.bucket}/{key}"
         within(self.timeout, f"publishing {url}",
-               lambda _abandoned: self._create_once(key, url, epoch, step),
+               lambda _abandoned: self._create_once(key, url, f"(epoch {epoch}, step {step}, "
+                                                               f"path {relative!r})"),
                after="whether it was published is unknown (`dispatch list` shows)")
         return name
 
@@ -239,22 +252,22 @@ class S3Store(Store):
     def _pub_url(self) -> str:
         return f"{S3_SCHEME}{self.where.bucket}/{self.pub_prefix}"
 
-    def _create_once(self, key: str, url: str, epoch: int, step: int) -> None:
+    def _create_once(self, key: str, url: str, what: str) -> None:
         import tenacity
         from botocore.exceptions import BotoCoreError, ClientError
 
         client = _client(self.timeout)
+        token = secrets.token_hex(16)  # this call's own: a 412 on it is our lost answer
 
         def conflict(exc: BaseException) -> bool:
             return (isinstance(exc, ClientError)
                     and exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES)
 
         def create() -> None:
-            client.put_object(Bucket=self.where.bucket, Key=key, Body=b"", IfNoneMatch="*")
+            client.put_object(Bucket=self.where.bucket, Key=key, Body=b"", IfNoneMatch="*",
+                              Metadata={CALL_TOKEN: token})
 
         try:
-            # If a retry follows a create whose answer was lost, it meets 412: the name is
-            # then already there with the same (epoch, step, path), which is the same fact.
             try:
                 create()  # the first try needs no retry machinery (publish's cost)
             except ClientError as exc:
@@ -268,11 +281,26 @@ class S3Store(Store):
             error = exc.response.get("Error", {})
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if error.get("Code") == "PreconditionFailed" or status == 412:
+                whose = self._token_of(client, key)
+                if whose == token:
+                    return  # made by this call; botocore retried after its answer was lost
                 raise AlreadyPublished(
-                    f"publication {url!r} already exists (epoch {epoch}, step {step})") from None
+                    f"publication {url!r} already exists {what}: "
+                    + ("published before this call" if whose is not None else
+                       "published before this call, or by it with the answer lost (its "
+                       "owner could not be read)")) from None
             raise _describe(exc, "publishing", url) from None
         except BotoCoreError as exc:
             raise _describe(exc, "publishing", url) from None
+
+    def _token_of(self, client: Any, key: str) -> Optional[str]:
+        """The call token of the publication at ``key`` ("" when it has none: made by hand or
+        by an older release); None when it cannot be read."""
+        try:
+            head = client.head_object(Bucket=self.where.bucket, Key=key)
+        except Exception:  # a lookup that says nothing either way
+            return None
+        return str(head.get("Metadata", {}).get(CALL_TOKEN, ""))
 
     def _pages(self, client: Any, request: dict[str, Any], url: str,
                abandoned: threading.Event) -> Iterator[dict[str, Any]]:

@@ -5,6 +5,8 @@ Some answers a real store gives cannot be provoked on SeaweedFS (AWS's 409
 sick server).  This proxy forwards every request byte for byte (the ``Host`` header too, so
 SigV4 signatures still verify) and replaces the answer to the next ``n`` requests matching a
 method with a canned S3 error, so the store's handling of them runs against real HTTP.
+:meth:`FaultyProxy.drop_answer_next` forwards a request, lets the server apply it, then closes
+the connection without answering (an answer lost on the network after the fact).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ class FaultyProxy:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.faults: list[tuple[str, int, str]] = []  # (method, status, code), used in order
-        self.seen: list[tuple[str, str, int]] = []  # (method, path, status answered)
+        self.drops: list[tuple[str, str]] = []  # (method, part of the path), used in order
+        self.seen: list[tuple[str, str, int]] = []  # (method, path, status answered; 0: dropped)
         self.lock = threading.Lock()
         proxy = self
 
@@ -47,6 +50,11 @@ class FaultyProxy:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     response = conn.getresponse()
                     data = response.read()
+                    if proxy._take_drop(self.command, self.path):
+                        with proxy.lock:
+                            proxy.seen.append((self.command, self.path, 0))
+                        self.close_connection = True  # applied upstream, never answered
+                        return
                     kept = {k: v for k, v in response.getheaders()
                             if k.lower() not in ("transfer-encoding", "connection",
                                                  "content-length")}
@@ -79,6 +87,20 @@ class FaultyProxy:
         with self.lock:
             self.faults.extend([(method, status, code)] * times)
 
+    def drop_answer_next(self, method: str, path_contains: str = "", times: int = 1) -> None:
+        """Forward the next ``times`` requests of ``method`` whose path holds
+        ``path_contains``, then close the connection without answering them."""
+        with self.lock:
+            self.drops.extend([(method, path_contains)] * times)
+
+    def _take_drop(self, method: str, path: str) -> bool:
+        with self.lock:
+            for i, (m, part) in enumerate(self.drops):
+                if m == method and part in path:
+                    del self.drops[i]
+                    return True
+        return False
+
     def _take(self, method: str) -> tuple[int, str] | None:
         with self.lock:
             for i, (m, status, code) in enumerate(self.faults):
@@ -94,5 +116,6 @@ class FaultyProxy:
     def __exit__(self, *exc: object) -> None:
         with self.lock:
             self.faults.clear()
+            self.drops.clear()
         self.server.shutdown()
         self.server.server_close()

@@ -190,7 +190,7 @@ def test_a_conflict_on_a_concurrent_create_is_retried(s3_env: SeaweedServer, s3_
         name = store.publish(s3_root, E1, 5, s3_root + "/exec/a/c5")
         puts = [status for method, _, status in proxy.seen if method == "PUT"]
         assert puts == [409, 409, 409, 200]
-        # The conflict settled as a create: a second publisher now meets 412, exit 1.
+        # The conflict settled as a create: a second publisher now meets 412.
         proxy.fail_next("PUT", 409, "ConditionalRequestConflict")
         with pytest.raises(AlreadyPublished, match=name):
             store.publish(s3_root, E1, 5, s3_root + "/exec/a/c5")
@@ -279,7 +279,7 @@ def test_cli_round_trip_on_s3(s3_root: str) -> None:
     assert code == 0 and out.strip() == model.format_name(E1, 9, "exec/a/checkpoint-9")
     code, out, err, _ = run_cli("publish", "--root", s3_root, "--epoch", str(E1), "--step", "9",
                                 s3_root + "/exec/a/checkpoint-9")
-    assert code == 1 and "already exists" in err
+    assert code == 0 and "already published, nothing to do" in err  # the same save's
     code, out, _, _ = run_cli("latest", "--root", s3_root)
     assert code == 0 and out.strip() == s3_root + "/exec/a/checkpoint-9"
     code, out, _, _ = run_cli("list", "--root", s3_root, "--noheader")
