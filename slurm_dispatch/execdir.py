@@ -15,11 +15,12 @@ rule):
 * ``.dispatch-resume.json`` (:data:`RESUME`): the integrations' account of the resume: what
   was finally loaded and what was passed over, and why.
 * ``.dispatch-keep.json`` (:data:`KEEP`): the framework's rotation limit, turned off inside
-  the execution and applied by dispatch's cleanup (``keep``), and how the framework picks its
-  best saves (``best``: a monitor, ``min`` or ``max``, and how many it keeps).
+  the execution and applied by dispatch's cleanup (``keep``; ``every`` when one of its
+  checkpoint callbacks keeps every save, so no limit applies).
 * ``<save>.dispatch-manifest.json`` beside a file save, ``dispatch-manifest.json`` inside a
-  folder save (:data:`MANIFEST_SUFFIX`): each file's size (and, with a monitor, the save's
-  ``score``), written before the save is published.
+  folder save (:data:`MANIFEST_SUFFIX`): each file's size, and the saves the framework keeps
+  as its best at that moment (``bests``: Lightning's top k by each monitor, the Trainer's best
+  model), written before the save is published.
 
 The handshake with cleanup (invariant 9 of DESIGN.md): an execution records its choice
 (create-once, durable), then checks that a publication of the chosen save is still there;
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Optional
 
 RECORD = ".dispatch"
@@ -41,10 +43,10 @@ RESUME = ".dispatch-resume.json"
 KEEP = ".dispatch-keep.json"
 CHOICE_PREFIX = ".dispatch-choice-"
 CHOICE_SUFFIX = ".json"
+OWN_NAMES = frozenset({RECORD, ".dispatch-resume.json", ".dispatch-keep.json"})
 MANIFEST_SUFFIX = ".dispatch-manifest.json"  # a folder save holds MANIFEST_SUFFIX[1:]
 MANIFEST_NAME = MANIFEST_SUFFIX[1:]
 MANIFEST_FORMAT = 1
-OWN_PREFIX = ".dispatch"  # every file of dispatch's own in an execution folder starts so
 
 
 def choice_name(relative: str) -> str:
@@ -56,6 +58,16 @@ def choice_name(relative: str) -> str:
 
 def is_choice(name: str) -> bool:
     return name.startswith(CHOICE_PREFIX) and name.endswith(CHOICE_SUFFIX)
+
+
+def is_own(name: str) -> bool:
+    """Whether a name directly in an execution folder is one of dispatch's own files (a
+    user's ``.dispatch-notes`` is not)."""
+    return name in OWN_NAMES or is_choice(name) or _OWN_TMP.fullmatch(name) is not None
+
+
+# One of ours being written (then linked into place): <name>.<pid>.<ns>.tmp
+_OWN_TMP = re.compile(r"\.dispatch(?:-[a-z0-9-]+\.json)?\.[0-9]+\.[0-9]+\.tmp")
 
 
 def choice_bytes(relative: str, attempt: str, why: str) -> bytes:
@@ -90,32 +102,21 @@ def keep_of(raw: Optional[bytes]) -> Optional[int]:
     return None
 
 
-def best_of(raw: Optional[bytes]) -> Optional[dict[str, Any]]:
-    """How the framework picks its best saves, from a keep record: ``{"monitor": str,
-    "mode": "min"|"max", "top": int}``, or None when it keeps no best."""
+def keeps_every(raw: Optional[bytes]) -> bool:
+    """Whether a keep record says the framework keeps every save (a Lightning
+    ``ModelCheckpoint(save_top_k=-1)`` beside others): no limit applies then."""
     data = load(raw)
-    best = data.get("best") if data else None
-    if not isinstance(best, dict):
-        return None
-    monitor, mode, top = best.get("monitor"), best.get("mode"), best.get("top")
-    if (isinstance(monitor, str) and monitor and mode in ("min", "max")
-            and isinstance(top, int) and not isinstance(top, bool) and top >= 1):
-        return {"monitor": monitor, "mode": mode, "top": top}
-    return None
+    return bool(data and data.get("every") is True)
 
 
-def score_of(raw: Optional[bytes]) -> Optional[tuple[str, str, float]]:
-    """(monitor, mode, value) a manifest's ``score`` holds, or None."""
+def bests_of(raw: Optional[bytes]) -> list[str]:
+    """The saves (relative to the root) a manifest says the framework keeps as its best when
+    that save was made (Lightning's top k by each monitor, the Trainer's best model)."""
     data = load(raw)
-    score = data.get("score") if data else None
-    if not isinstance(score, dict):
-        return None
-    monitor, mode, value = score.get("monitor"), score.get("mode"), score.get("value")
-    if (isinstance(monitor, str) and mode in ("min", "max")
-            and isinstance(value, (int, float)) and not isinstance(value, bool)
-            and value == value):  # NaN never ranks
-        return monitor, str(mode), float(value)
-    return None
+    found = data.get("bests") if data else None
+    if not isinstance(found, list):
+        return []
+    return [path for path in found if isinstance(path, str) and path]
 
 
 def manifest_of(relative: str, folder: bool) -> str:

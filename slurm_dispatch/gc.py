@@ -10,12 +10,13 @@ What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
    integration recorded it as a choice before loading it (``.dispatch-choice-*.json``, the
    fallback along the lineage when the latest save cannot be loaded; :mod:`.execdir`);
 3. it is pinned (``dispatch pin``: ``<root>/pins/``);
-4. the framework would keep it as one of its best: an execution's ``.dispatch-keep.json``
-   says how the framework ranks its saves (Lightning's ``monitor``, ``mode`` and
-   ``save_top_k``; the Trainer's ``metric_for_best_model``), each save's manifest holds its
-   score, and the ``top`` best scored saves of that ranking stay.
+4. the framework of a live execution keeps it as one of its best: the manifests of that
+   execution's latest saves (of its source, before it has saved) list them (Lightning's top k
+   by each ``ModelCheckpoint``'s monitor, the Trainer's ``best_model_checkpoint``), so an old
+   execution's late save never displaces the live lineage's best.
 
 What a needed save holds is read through symlinks: a published symlink under the root keeps
+every link of its chain and what it leads to, and a symlink inside a needed folder save keeps
 its target too (:meth:`Store.resolve`), so ``latest`` never names a dangling link.
 
 What goes, when it is not needed:
@@ -87,7 +88,8 @@ PUBLICATION = "publication"  # one whose save is already gone: only the name goe
 _HEAD_CHARS = 56
 # Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
 # while it writes, Lightning's .ckpt files and its checkpoints/ folder inside an execution's).
-_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt|checkpoints/")
+_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/")
+CHECKPOINTS = "checkpoints/"  # the Lightning integration's folder in an execution's
 
 
 @dataclass
@@ -120,6 +122,7 @@ class Folder:
     bytes: Optional[int] = None
     entries: list[str] = field(default_factory=list)  # names in it ("x/" for a folder)
     chosen: list[str] = field(default_factory=list)  # every save it chose (resume included)
+    inner: list[str] = field(default_factory=list)  # the names in its checkpoints/
 
     def as_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
@@ -290,18 +293,23 @@ class Plan:
     left: list[str] = field(default_factory=list)
 
 
-def _is_save_entry(entry: str, published_tops: set[str]) -> bool:
+def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder] = None
+                   ) -> bool:
     """Whether a name in an execution folder is a save (or dispatch's): published, a
-    manifest, one a framework's rotation names so, or dispatch's own record."""
+    manifest, one a framework's rotation names so, or dispatch's own record.  Lightning's
+    ``checkpoints/`` is one only while it holds nothing but checkpoints."""
     bare = entry.rstrip("/")
-    return (entry.startswith(execdir.OWN_PREFIX) or bare in published_tops
+    if entry == CHECKPOINTS and folder is not None:
+        return all(_SAVE_NAME.fullmatch(e) is not None and not e.endswith("/")
+                   or e.endswith(execdir.MANIFEST_SUFFIX) for e in folder.inner)
+    return (execdir.is_own(bare) or bare in published_tops
             or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)
 
 
 def plan(names: list[str], folders: dict[str, Folder], keep: int,
          decode: Optional[_Names] = None, presorted: bool = False,
          needed: Optional[dict[str, str]] = None, all_files: bool = False,
-         resolve: Callable[[str], Optional[str]] = lambda path: None) -> Plan:
+         resolve: Callable[[str], list[str]] = lambda path: []) -> Plan:
     """What the rule removes, from the publication names (checked; ``presorted`` when they
     are in order already), the execution folders, and the saves ``needed`` otherwise (pins,
     the framework's bests: path -> why) (pure but for ``resolve``, which reads symlinks)."""
@@ -371,7 +379,8 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         f: Optional[Folder] = folders.get(attempt)
         stays = _needed_by(where, needed)
         tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
-        others = [] if f is None else [e for e in f.entries if not _is_save_entry(e, tops)]
+        others = [] if f is None else [e for e in f.entries
+                                       if not _is_save_entry(e, tops, f)]
         if f is not None and stays is None and (all_files or not others):
             removals.append(Removal(FOLDER, where, sorted(p for ps in saves.values()
                                                           for p in ps),
@@ -387,6 +396,8 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
                              + "); `dispatch gc --all-files` removes them too")
                 left.extend(f"{where}/{e}" for e in sorted(others))
         for path, pubs in sorted(saves.items()):
+            if path == where and others and not all_files:
+                continue  # the folder itself published as a save: its other files stay
             if _needed_by(path, needed) is None:
                 removals.append(Removal(SAVE, path, pubs))
         if f is not None and stays is None:
@@ -394,7 +405,7 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             for entry in sorted(f.entries):
                 bare = entry.rstrip("/")
                 path = f"{where}/{bare}"
-                if (bare not in tops and not entry.startswith(execdir.OWN_PREFIX)
+                if (bare not in tops and not execdir.is_own(bare)
                         and _SAVE_NAME.fullmatch(entry) and entry != "checkpoints/"):
                     removals.append(Removal(SAVE, path, []))
     # The live lineage's folder stays, and so does all it has not published (a save being
@@ -405,12 +416,16 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     return Plan(latest, removals, set(needed), epoch, unsure, needed, left)
 
 
-def _resolve_all(needed: dict[str, str], resolve: Callable[[str], Optional[str]]) -> None:
-    """A needed save reached through a symlink keeps what the link leads to as well."""
-    for path, why in list(needed.items()):
-        target = resolve(path)
-        if target is not None and target not in needed:
-            needed[target] = f"{why} (through the symlink {path})"
+def _resolve_all(needed: dict[str, str], resolve: Callable[[str], list[str]]) -> None:
+    """A needed save reached through symlinks keeps every link on the way and what they lead
+    to, and so does a symlink inside it (what it leads to is followed again)."""
+    todo = list(needed.items())
+    while todo:
+        path, why = todo.pop()
+        for target in resolve(path):
+            if target not in needed:
+                needed[target] = f"{why} (through the symlink {path})"
+                todo.append((target, needed[target]))
 
 
 def _folders(st: Store, attempts: Optional[list[str]] = None,
@@ -437,13 +452,19 @@ def default_keep(st: Store, attempts: Iterable[str],
         if folders is not None and attempt in folders and \
                 KEEP_RECORD not in folders[attempt].entries:
             continue
-        value = execdir.keep_of(st.read_exec_file(attempt, KEEP_RECORD))
+        raw = st.read_exec_file(attempt, KEEP_RECORD)
+        if execdir.keeps_every(raw):
+            return EVERY  # a checkpoint callback keeps every save: no limit applies
+        value = execdir.keep_of(raw)
         if value is not None:
             found.append(value)
     if not found:
         raise UsageError("--keep K is required: no execution recorded its framework's "
                          f"rotation limit ({KEEP_RECORD})")
     return max(found)
+
+
+EVERY = 10**9  # the K of a framework that keeps every save
 
 
 def pin_entry(relative: str) -> str:
@@ -464,44 +485,42 @@ def pinned(st: Store) -> dict[str, str]:
 
 def bests(st: Store, names: list[str], folders: dict[str, Folder],
           decode: _Names) -> dict[str, str]:
-    """The saves the framework would keep as its best: for each ranking an execution's keep
-    record names (monitor, mode), the ``top`` best scored saves of every execution that
-    ranks so (each save's manifest holds its score)."""
-    rankings: dict[tuple[str, str], int] = {}
-    ranked_by: dict[str, tuple[str, str]] = {}
-    for attempt, f in folders.items():
-        if KEEP_RECORD not in f.entries:
-            continue
-        best = execdir.best_of(st.read_exec_file(attempt, KEEP_RECORD))
-        if best is None:
-            continue
-        key = (best["monitor"], best["mode"])
-        rankings[key] = max(rankings.get(key, 0), best["top"])
-        ranked_by[attempt] = key
-    if not rankings:
+    """The saves the framework of each live execution (its epoch at least the latest
+    publication's) keeps as its best: what the manifest of its latest save lists, or, before
+    it has published, the manifest of the save it chose to resume from."""
+    if not names:
         return {}
-    scored: dict[tuple[str, str], list[tuple[float, str]]] = {}
-    seen: set[str] = set()
-    for n in names:
+    latest_epoch = int(names[-1][:20])
+    live = {a for a, f in folders.items() if f.epoch is not None and f.epoch >= latest_epoch}
+    # live attempt -> (epoch and step of its latest publications, their saves): several
+    # saves of one step (two checkpoint callbacks) are made in an order no name tells.
+    newest: dict[str, tuple[str, list[str]]] = {}
+    for n in names:  # in order: the last ones seen are the latest
         folder = decode.folder(n)
-        if folder not in ranked_by:
-            continue
-        path = decode.path(n)
-        if path in seen or path.count("/") < 2:
-            continue
-        seen.add(path)
-        inside = path.split("/", 2)[2]
-        score = execdir.score_of(_manifest(st, folder, inside))
-        if score is not None and (score[0], score[1]) in rankings:
-            scored.setdefault((score[0], score[1]), []).append((score[2], path))
+        if folder in live:
+            at = newest.get(folder)
+            if at is not None and at[0] == n[:41]:
+                at[1].append(decode.path(n))
+            else:
+                newest[folder] = (n[:41], [decode.path(n)])
     out: dict[str, str] = {}
-    for (monitor, mode), saves in scored.items():
-        saves.sort(key=lambda item: item[0], reverse=(mode == "max"))
-        top = rankings[(monitor, mode)]
-        for value, path in saves[:top]:
-            out.setdefault(path, f"one of the framework's {top} best by {monitor} ({mode}: "
-                                 f"{value:g})")
+    for attempt in sorted(live):
+        sources = newest[attempt][1] if attempt in newest else folders[attempt].chosen
+        for source in sources:
+            for best in execdir.bests_of(_manifest_at(st, source)):
+                try:
+                    out.setdefault(model.normalize_relative(best),
+                                   f"the framework of execution {attempt} keeps it as best")
+                except OutsideRoot:
+                    continue
     return out
+
+
+def _manifest_at(st: Store, relative: str) -> Optional[bytes]:
+    parts = relative.split("/", 2)
+    if len(parts) < 3 or parts[0] != EXEC:
+        return None
+    return _manifest(st, parts[1], parts[2])
 
 
 def _manifest(st: Store, attempt: str, inside: str) -> Optional[bytes]:
@@ -567,6 +586,10 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     for f in folders.values():
         if f.epoch is not None and (latest_epoch is None or f.epoch >= latest_epoch):
             read_choices(st, f, f.entries)
+    for f in folders.values():
+        if CHECKPOINTS in f.entries and (f.epoch is not None and latest_epoch is not None
+                                         and f.epoch < latest_epoch):
+            f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
     needed = pinned(st)
     for path, why in bests(st, names, folders, decode).items():
         needed.setdefault(path, why)
@@ -658,11 +681,14 @@ def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
                 read_choices(st, f, now[attempt])
             for chosen in f.chosen:
                 spared[chosen] = f"execution {attempt} chose it"
+    for path, why in pinned(st).items():  # a pin made while cleanup ran
+        spared.setdefault(path, why)
     _resolve_all(spared, st.resolve)
     for r in found.removals:
-        why = _needed_by(r.path, spared)
-        if why is not None:
-            r.skipped = f"a starting execution resumes from it ({why} while cleanup ran)"
+        because = _needed_by(r.path, spared)
+        if because is not None:
+            r.skipped = (f"a starting execution resumes from it ({because} while cleanup ran)"
+                         if "chose it" in because else f"{because} while cleanup ran")
 
 
 def _save_under(st: Store, path: str) -> str:
@@ -683,10 +709,20 @@ def pin(root: str, path: str, timeout: Optional[float] = None) -> bool:
     relative = _save_under(st, path)
     names = st.publication_names()
     decode = _Names()
-    if not any(decode.path(n) == relative for n in names):
+    mine = [n for n in names if decode.path(n) == relative]
+    if not mine:
         raise UsageError(f"{path!r} is not a published save of {root!r}: only a save some "
-                         "publication names can be pinned (`dispatch list` shows them)")
-    return st.create_pin(pin_entry(relative))
+                         "publication names can be pinned, spelled as `dispatch list` "
+                         "shows it")
+    made = st.create_pin(pin_entry(relative))
+    # The handshake with a cleanup running now: it re-reads pins/ after removing
+    # publications, so a pin made while one is still there is seen; one made after is not.
+    if not any(st.has_publication(n) for n in mine):
+        if made:
+            st.delete_pin(pin_entry(relative))
+        raise StoreError(f"{path!r} was being removed by a cleanup (dispatch gc) while it "
+                         "was pinned; it is not pinned")
+    return made
 
 
 def unpin(root: str, path: str, timeout: Optional[float] = None) -> bool:

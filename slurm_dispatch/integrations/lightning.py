@@ -57,7 +57,7 @@ from .saves import (
     choose_resume,
     publish_save,
     record_keep,
-    score,
+    relative_saves,
     seal_save,
     sync_save,
 )
@@ -123,6 +123,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         self._last_names: list[re.Pattern[str]] = []
         self._published_paths: set[str] = set()
         self._shared: Optional[bool] = None
+        self._tops: dict[int, int] = {}  # each ModelCheckpoint's own save_top_k
 
     # --- set-up and tear-down ---------------------------------------------------------------
 
@@ -137,18 +138,19 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             from . import s3saves
 
             keep = s3saves.record_keep
-        for callback in trainer.checkpoint_callbacks:
-            if isinstance(callback, ModelCheckpoint):
-                if callback.save_top_k != -1:
-                    # With a monitor, Lightning keeps the top k by it: cleanup keeps those
-                    # (ranked by each save's score in its manifest) as well as the k latest.
-                    best = ({"monitor": callback.monitor, "mode": callback.mode,
-                             "top": callback.save_top_k}
-                            if callback.monitor and callback.save_top_k > 0 else None)
-                    keep(self.execution, FRAMEWORK, "save_top_k", callback.save_top_k, best)
-                    callback.save_top_k = -1
-                callback.dirpath = ckpt_dir
-                self._last_names.append(_last_pattern(callback))
+        checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        tops = [c.save_top_k for c in checkpoints]
+        if any(top != -1 for top in tops):
+            # One record for all of them: the largest limit, none when one keeps every save
+            # (each one's bests go into every manifest and stay: _bests).
+            every = -1 in tops
+            limit = None if every else max(tops)
+            keep(self.execution, FRAMEWORK, "save_top_k", limit if limit else None, every)
+        for callback in checkpoints:
+            self._tops[id(callback)] = callback.save_top_k
+            callback.save_top_k = -1
+            callback.dirpath = ckpt_dir
+            self._last_names.append(_last_pattern(callback))
         self._shared = is_shared_checkpoint(self.execution)
         self._take_requeue_signal(trainer)
         self._wrap_save(trainer)
@@ -216,7 +218,8 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             if trainer.is_global_zero:
                 from . import s3saves
 
-                s3saves.seal_remote_save(absolute)
+                s3saves.seal_remote_save(absolute, relative_saves(self.execution,
+                                                                  self._bests(trainer)))
                 self.publications.append(
                     publish_save(self.execution, trainer.global_step, absolute))
             return
@@ -227,8 +230,27 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             trainer.strategy.barrier("dispatch.publish")
         self._published_paths.add(absolute)
         if trainer.is_global_zero:
-            seal_save(absolute, single_writer=single, scored=_score_of(trainer, absolute))
+            seal_save(absolute, single_writer=single,
+                      bests=relative_saves(self.execution, self._bests(trainer)))
             self.publications.append(publish_save(self.execution, trainer.global_step, absolute))
+
+    def _bests(self, trainer: pl.Trainer) -> list[str]:
+        """The saves Lightning keeps as its best now: each monitoring ModelCheckpoint's top k
+        by its mode (it ranks every save it made, its own rotation being off) and its
+        ``best_model_path``."""
+        found: list[str] = []
+        for callback in trainer.checkpoint_callbacks:
+            top = self._tops.get(id(callback), 0)
+            if not isinstance(callback, ModelCheckpoint) or not callback.monitor:
+                continue
+            if top > 0:
+                ranked = sorted(((float(v), os.fspath(p)) for p, v in
+                                 callback.best_k_models.items() if float(v) == float(v)),
+                                reverse=callback.mode == "max")
+                found.extend(path for _value, path in ranked[:top])
+            if callback.best_model_path:
+                found.append(os.fspath(callback.best_model_path))
+        return found
 
     # --- the requeue signal -----------------------------------------------------------------
 
@@ -287,17 +309,6 @@ class DispatchCallback(Callback):  # type: ignore[misc]
                    "job stops")
         sys.stderr.write(f"dispatch: {message}\n")
         return message
-
-
-def _score_of(trainer: pl.Trainer, path: str) -> Optional[dict[str, Any]]:
-    """The save's score by the monitor of the ModelCheckpoint that made it (Lightning records
-    it in ``best_k_models`` before the save), for cleanup's ranking of the bests."""
-    for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.monitor:
-            for made, value in callback.best_k_models.items():
-                if os.path.abspath(os.fspath(made)) == path:
-                    return score(callback.monitor, callback.mode, value)
-    return None
 
 
 def _slurm_job_id() -> str:

@@ -98,12 +98,12 @@ def read_json(url: str) -> Optional[Any]:
 
 
 def record_keep(execution: Execution, framework: str, setting: str, value: Any,
-                best: Optional[dict[str, Any]] = None) -> None:
-    """The framework's rotation limit (and how it ranks its bests), for dispatch's cleanup:
-    an object under the prefix."""
+                every: bool = False) -> None:
+    """The framework's rotation limit, for dispatch's cleanup: an object under the prefix."""
     from .saves import KEEP_RECORD, keep_record
 
-    put_once(f"{execution.exec_dir}/{KEEP_RECORD}", keep_record(framework, setting, value, best))
+    put_once(f"{execution.exec_dir}/{KEEP_RECORD}", keep_record(framework, setting, value,
+                                                                 every))
 
 
 # --- saving ----------------------------------------------------------------------------------
@@ -121,12 +121,15 @@ def uploader(execution: Execution, report: Callable[[str], None] = _say) -> Uplo
     return Uploader(execution.root, execution.stage_dir, execution.exec_dir, _timeout(), report)
 
 
-def publish_local_save(execution: Execution, up: Uploader, step: int, save: str) -> str:
+def publish_local_save(execution: Execution, up: Uploader, step: int, save: str,
+                       bests: Optional[list[str]] = None) -> str:
     """Write the manifest of the local ``save``, upload the save, then publish it; remove the
     older local copies (the newest stays).  Returns the publication's name."""
     # No fsync: the local copy is not what the publication promises; the uploaded one is.
-    write_create_once(manifest_path(save), {"format": MANIFEST_FORMAT, "files": _sizes(save)},
-                      sync=False)
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
+    if bests:
+        manifest["bests"] = bests  # relative to the root (saves.relative_saves)
+    write_create_once(manifest_path(save), manifest, sync=False)
     try:
         name = up.put(execution.epoch, step, save, lambda: False)
     except AlreadyPublished as exc:  # this save's own publication (store.publish_done)
@@ -137,13 +140,17 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str)
     return name
 
 
-def seal_remote_save(url: str) -> None:
-    """Write the manifest object of a file save that the framework wrote to ``url``."""
+def seal_remote_save(url: str, bests: Optional[list[str]] = None) -> None:
+    """Write the manifest object of a file save that the framework wrote to ``url``
+    (``bests``: the saves the framework keeps as its best now, relative to the root)."""
     folder, objects = transfer.save_objects(url, _timeout())
     if not objects:
         raise StoreError(f"the save {url} is not on S3 after it was written")
     target = f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX
-    put_once(target, {"format": MANIFEST_FORMAT, "files": objects})
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": objects}
+    if bests:
+        manifest["bests"] = bests
+    put_once(target, manifest)
 
 
 # --- loading ---------------------------------------------------------------------------------

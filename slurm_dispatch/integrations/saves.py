@@ -22,9 +22,9 @@ Invariants kept here:
   chosen.  The ranks of one execution load the same save: the first to record the resume
   takes it, the others take what it recorded.
 * The framework's own rotation limit is recorded, create-once, in the execution's folder
-  (``.dispatch-keep.json``) with how the framework ranks its best saves, and each save's
-  manifest holds its score; after each publication the limit is applied across the store as
-  ``dispatch gc --keep`` would (:func:`apply_limit`), keeping the framework's bests too.  A
+  (``.dispatch-keep.json``), and each save's manifest lists the saves the framework keeps as
+  its best at that moment; after each publication the limit is applied across the store as
+  ``dispatch gc --keep`` would (:func:`apply_limit`), keeping the live lineage's bests too.  A
   cleanup that fails is said once on stderr and not tried again; training goes on.
 
 Outside a dispatch execution (no ``DISPATCH_EXEC_DIR``) nothing here is used: ``current()``
@@ -156,29 +156,32 @@ def write_create_once(path: str, data: dict[str, Any], sync: bool = True) -> boo
     return True
 
 
-def score(monitor: Optional[str], mode: Optional[str], value: Any) -> Optional[dict[str, Any]]:
-    """A save's score for its manifest (how the framework ranks it), or None."""
-    if not monitor or mode not in ("min", "max") or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return {"monitor": monitor, "mode": mode, "value": number} if number == number else None
+def relative_saves(execution: Execution, paths: list[str]) -> list[str]:
+    """``paths`` (absolute paths or URLs of saves) relative to the execution's root, for a
+    manifest's ``bests``; a path outside the root is left out."""
+    base = execution.root.rstrip("/") + "/"
+    if not execution.on_s3:
+        base = os.path.abspath(execution.root).rstrip("/") + "/"
+    out = []
+    for path in paths:
+        full = path if execution.on_s3 else os.path.abspath(path)
+        if full.startswith(base) and full.rstrip("/") != base.rstrip("/"):
+            out.append(full[len(base):].rstrip("/"))
+    return sorted(set(out))
 
 
-def seal_save(save: str, single_writer: bool,
-              scored: Optional[dict[str, Any]] = None) -> None:
+def seal_save(save: str, single_writer: bool, bests: Optional[list[str]] = None) -> None:
     """Make the save durable and write its manifest, on the process that will publish it.
 
     A single writer writes the manifest first and syncs it with the save in one pass.  With
     several ranks, each rank has already synced its own part (:func:`sync_save`, then a
-    barrier); the manifest is then written and synced on its own.  ``scored``: the save's
-    score (:func:`score`), kept in the manifest for cleanup's ranking of the bests.
+    barrier); the manifest is then written and synced on its own.  ``bests``: the saves the
+    framework keeps as its best now (relative to the root, :func:`relative_saves`), which
+    cleanup keeps while this execution is live.
     """
     manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
-    if scored is not None:
-        manifest["score"] = scored
+    if bests:
+        manifest["bests"] = bests
     if single_writer:
         write_create_once(manifest_path(save), manifest, sync=False)
         sync_save(save)
@@ -413,17 +416,16 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
 
 
 def record_keep(execution: Execution, framework: str, setting: str, value: Any,
-                best: Optional[dict[str, Any]] = None) -> None:
-    """Record the framework's own rotation limit, turned off here, for dispatch's cleanup,
-    with how it ranks its best saves (``best``: monitor, mode and how many it keeps)."""
+                every: bool = False) -> None:
+    """Record the framework's own rotation limit, turned off here, for dispatch's cleanup
+    (``every``: one of its checkpoint callbacks keeps every save, so no limit applies)."""
     # Every rank may record it; the first one does, the others find it there.
     write_create_once(os.path.join(execution.exec_dir, KEEP_RECORD), keep_record(
-        framework, setting, value, best))
+        framework, setting, value, every))
 
 
-def keep_record(framework: str, setting: str, value: Any,
-                best: Optional[dict[str, Any]]) -> dict[str, Any]:
+def keep_record(framework: str, setting: str, value: Any, every: bool) -> dict[str, Any]:
     data: dict[str, Any] = {"framework": framework, "setting": setting, "keep": value}
-    if best is not None:
-        data["best"] = best
+    if every:
+        data["every"] = True
     return data

@@ -39,7 +39,7 @@ from .saves import (
     choose_resume,
     publish_save,
     record_keep,
-    score,
+    relative_saves,
     seal_save,
     sync_save,
 )
@@ -65,36 +65,6 @@ def resume_from_checkpoint(default: Union[str, bool, None] = None,
         return s3saves.choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK,
                                      fetch=True).path
     return choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK).path
-
-
-def _metric(args: TrainingArguments) -> Optional[str]:
-    """The logged name of the Trainer's metric for its best model (``eval_`` added as the
-    Trainer does), or None."""
-    metric = args.metric_for_best_model
-    if not metric:
-        return None
-    return metric if metric.startswith("eval_") else f"eval_{metric}"
-
-
-def _best_of(args: TrainingArguments) -> Optional[dict[str, Any]]:
-    metric = _metric(args)
-    if metric is None:
-        return None
-    greater = args.greater_is_better
-    if greater is None:
-        greater = not metric.endswith("loss")
-    return {"monitor": metric, "mode": "max" if greater else "min", "top": 1}
-
-
-def _score_of(args: TrainingArguments, state: TrainerState) -> Optional[dict[str, Any]]:
-    """The save's score: the metric evaluated at its step, as the Trainer logged it."""
-    best = _best_of(args)
-    if best is None:
-        return None
-    for entry in reversed(state.log_history):
-        if entry.get("step") == state.global_step and best["monitor"] in entry:
-            return score(best["monitor"], best["mode"], entry[best["monitor"]])
-    return None
 
 
 def _barrier(args: TrainingArguments) -> None:
@@ -145,13 +115,17 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
             self._uploader = s3saves.uploader(self.execution)
             args.output_dir = self.execution.stage_dir
             keep = s3saves.record_keep
-        limit = args.save_total_limit if (args.save_total_limit or 0) > 0 else None
-        best = _best_of(args)
-        if limit is not None or best is not None:
-            # The Trainer's rotation keeps its best_model_checkpoint too: cleanup keeps the
-            # best save by metric_for_best_model (each manifest holds the save's score).
-            keep(self.execution, FRAMEWORK, "save_total_limit", limit, best)
+        if args.save_total_limit is not None and args.save_total_limit > 0:
+            # The Trainer's rotation keeps its best_model_checkpoint too: each manifest names
+            # it, and cleanup keeps it while this execution's lineage is live.
+            keep(self.execution, FRAMEWORK, "save_total_limit", args.save_total_limit)
         args.save_total_limit = None
+
+    def _bests(self, state: TrainerState) -> list[str]:
+        """The Trainer's best model (``metric_for_best_model``), which its own rotation keeps."""
+        assert self.execution is not None
+        best = state.best_model_checkpoint
+        return relative_saves(self.execution, [best]) if best else []
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -168,8 +142,11 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
             if self._uploader is not None:
                 from . import s3saves
 
+                best = state.best_model_checkpoint
+                bests = relative_saves(self.execution, [self._uploader.url_of(best)]) \
+                    if best else []
                 self.publications.append(s3saves.publish_local_save(
-                    self.execution, self._uploader, state.global_step, save))
+                    self.execution, self._uploader, state.global_step, save, bests))
                 return
-            seal_save(save, single_writer=single, scored=_score_of(args, state))
+            seal_save(save, single_writer=single, bests=self._bests(state))
             self.publications.append(publish_save(self.execution, state.global_step, save))

@@ -169,8 +169,9 @@ class Store(abc.ABC):
         """Unpin: remove ``pins/<entry>`` durably; False when it was not there."""
 
     @abc.abstractmethod
-    def list_exec_entries(self, attempt: str) -> list[str]:
-        """The names directly in ``exec/<attempt>/``, a folder's with a trailing ``/``."""
+    def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:
+        """The names directly in ``exec/<attempt>/`` (or its folder ``inside``), a folder's
+        with a trailing ``/``."""
 
     def exec_entries(self) -> dict[str, list[str]]:
         """Every execution folder with the names directly in it (see
@@ -182,11 +183,11 @@ class Store(abc.ABC):
                 out[attempt] = entries
         return out
 
-    def resolve(self, relative: str) -> Optional[str]:
-        """Where the save at ``relative`` really is (relative to the root) when a symlink
-        below the root is on its way and it resolves inside the root; None otherwise (no
-        symlink, or a store without symlinks)."""
-        return None
+    def resolve(self, relative: str) -> list[str]:
+        """What the save at ``relative`` needs besides itself because of symlinks (paths
+        relative to the root, inside it): each hop of a symlink on its way, and the target of
+        each symlink inside it.  Empty for a store without symlinks."""
+        return []
 
 
 # The sibling a framework integration writes beside a file save (slurm_dispatch/execdir.py).

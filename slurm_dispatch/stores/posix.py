@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from typing import Optional
 
 from .. import model
@@ -435,10 +436,17 @@ class _Cleanup:
             return handle.read()
 
     def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
+        """Created whole or not at all: written to a temporary name, synced, then linked into
+        place (``link`` fails when the name exists), so a reader never sees it empty."""
         from ..record import _write_new
 
         path = os.path.join(os.path.abspath(self.root), EXEC, attempt, name)
-        _write_new(path, data, 0o444)
+        temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        _write_new(temporary, data, 0o444)
+        try:
+            os.link(temporary, path, follow_symlinks=False)
+        finally:
+            os.unlink(temporary)
         fd = os.open(os.path.dirname(path), _DIR_FLAGS)
         try:
             _fsync_dir(fd, os.path.dirname(path))
@@ -576,10 +584,11 @@ class _Cleanup:
         self._unlink_synced(PINS, [entry])
         return True
 
-    def list_exec_entries(self, attempt: str) -> list[str]:
+    def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:
         root_fd = self._root_fd()
         try:
-            fd = _open_below(root_fd, [EXEC, attempt], self.root)
+            fd = _open_below(root_fd, [EXEC, attempt, *[p for p in inside.split("/") if p]],
+                             self.root)
         finally:
             os.close(root_fd)
         if fd is None:
@@ -591,20 +600,44 @@ class _Cleanup:
         finally:
             os.close(fd)
 
-    def resolve(self, relative: str) -> Optional[str]:
+    def resolve(self, relative: str) -> list[str]:
         root_abs = os.path.abspath(self.root)
-        root_fd = self._root_fd()
-        try:
-            linked, exists = _walk(root_fd, relative, relative)
-        finally:
-            os.close(root_fd)
-        if not linked or not exists:
-            return None
         real_root = os.path.realpath(root_abs)
-        real = os.path.realpath(os.path.join(root_abs, relative))
-        if not real.startswith(real_root.rstrip("/") + "/"):
-            return None
-        return os.path.relpath(real, real_root).replace(os.sep, "/")
+        found: list[str] = []
+
+        def inside(path: str) -> Optional[str]:
+            real = os.path.normpath(path)
+            if not real.startswith(real_root.rstrip("/") + "/"):
+                return None
+            return os.path.relpath(real, real_root).replace(os.sep, "/")
+
+        # Each hop of a symlink on the way: the link's text, read one component at a time.
+        current, hops = relative, 0
+        while hops < 40:
+            parts = current.split("/")
+            for i in range(1, len(parts) + 1):
+                here = os.path.join(real_root, *parts[:i])
+                if os.path.islink(here):
+                    target = os.path.join(os.path.dirname(here), os.readlink(here))
+                    nxt = inside(os.path.join(target, *parts[i:]))
+                    if nxt is None:
+                        return found
+                    found.append(nxt)
+                    current, hops = nxt, hops + 1
+                    break
+            else:
+                break
+        # Symlinks inside the save (a folder): each one's target is needed too.
+        real = os.path.join(real_root, current)
+        if os.path.isdir(real) and not os.path.islink(real):
+            for folder, dirs, files in os.walk(real):
+                for name in dirs + files:
+                    full = os.path.join(folder, name)
+                    if os.path.islink(full):
+                        led = inside(os.path.join(folder, os.readlink(full)))
+                        if led is not None:
+                            found.append(led)
+        return found
 
 
 class PosixStore(_Cleanup, Store):

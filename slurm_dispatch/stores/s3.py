@@ -554,7 +554,7 @@ class S3Store(Store):
             out.setdefault(attempt, set()).add(head + slash)
         return {attempt: sorted(names) for attempt, names in out.items()}
 
-    def list_exec_entries(self, attempt: str) -> list[str]:
-        prefix = self.where.key(f"{EXEC}/{attempt}") + "/"
+    def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:
+        prefix = self.where.key(f"{EXEC}/{attempt}" + (f"/{inside}" if inside else "")) + "/"
         return [key[len(prefix):] for key, _size in self._objects(prefix, "/")
                 if key != prefix]

@@ -156,30 +156,31 @@ def test_pin_refuses_what_is_not_a_published_save(world: World) -> None:
     assert world.store.list_pins() == []
 
 
-def scored(world: World, attempt: str, ep: int, step: int, value: float) -> str:
+def saved_with_bests(world: World, attempt: str, ep: int, step: int,
+                     bests: list[str]) -> str:
+    """A save whose manifest lists what the framework keeps as best when it was made."""
     relative = world.save(attempt, step)
     world.put(f"{relative}/{execdir.MANIFEST_NAME}", 0, json.dumps(
-        {"format": 1, "files": {}, "score": {"monitor": "val_loss", "mode": "min",
-                                             "value": value}}).encode())
+        {"format": 1, "files": {}, "bests": bests}).encode())
     return world.publish(ep, step, relative)
 
 
 def test_the_frameworks_best_saves_stay_as_well_as_the_k_latest(world: World) -> None:
-    """Item 4: save_top_k=2 by val_loss (min): the two best stay with the 2 latest."""
+    """Item 4: save_top_k=2 by val_loss (min): the two best the framework names in the live
+    execution's latest manifest stay with the 2 latest."""
     a = world.execution(E1)
     world.store.create_exec_file(a, execdir.KEEP, json.dumps(
-        {"framework": "lightning", "setting": "save_top_k", "keep": 2,
-         "best": {"monitor": "val_loss", "mode": "min", "top": 2}}).encode())
+        {"framework": "lightning", "setting": "save_top_k", "keep": 2}).encode())
     losses = [0.9, 0.2, 0.8, 0.1, 0.7, 0.6, 0.95, 0.99]
+    made: dict[int, float] = {}
     for step, loss in enumerate(losses, start=1):
-        scored(world, a, E1, step, loss)
-    b = world.execution(E2)
-    world.saved(b, E2, 9)
-    world.saved(b, E2, 10)
+        made[step] = loss
+        top = sorted(made, key=made.__getitem__)[:2]
+        saved_with_bests(world, a, E1, step, [f"exec/{a}/checkpoint-{s}" for s in top])
     report = gc.collect(world.root, None)
     assert report.keep == 2
     kept = {s for s in range(1, 9) if world.exists(f"exec/{a}/checkpoint-{s}")}
-    assert kept == {2, 4}
+    assert kept == {2, 4, 7, 8}
     assert world.every_published_save_exists()
 
 

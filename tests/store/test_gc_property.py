@@ -106,12 +106,11 @@ class Model:
             self.unpublished.setdefault(attempt, set()).add(relative)
             self.log.append(f"save {relative} unpublished")
             return
-        if self.ranked == attempt and self.rng.random() < 0.7:
-            value = round(self.rng.random(), 3)
+        if self.ranked == attempt:
+            # The framework's bests (top 2 by a score) as its manifest would list them.
+            self.scored[relative] = round(self.rng.random(), 3)
             self.world.put(f"{relative}/{execdir.MANIFEST_NAME}", 0, json.dumps(
-                {"format": 1, "files": {}, "score": {"monitor": "val_loss", "mode": "min",
-                                                     "value": value}}).encode())
-            self.scored[relative] = value
+                {"format": 1, "files": {}, "bests": sorted(self.bests())}).encode())
         self.world.publish(self.execs[attempt], self.step, relative)
         self.log.append(f"publish {relative}")
 
@@ -157,15 +156,12 @@ class Model:
             self.log.append(f"pin {save}")
 
     def rank(self) -> None:
-        """An execution records how its framework ranks its bests (top 2 by val_loss)."""
-        if self.ranked is not None or not self.execs:
+        """An execution's framework starts keeping its best saves (top 2 by a score)."""
+        live = [a for a, e in self.execs.items() if e >= self.latest_epoch()]
+        if self.ranked is not None or not live:
             return
-        attempt = self.rng.choice(sorted(self.execs))
-        self.world.store.create_exec_file(attempt, execdir.KEEP, json.dumps(
-            {"framework": "lightning", "setting": "save_top_k", "keep": 2,
-             "best": {"monitor": "val_loss", "mode": "min", "top": 2}}).encode())
-        self.ranked = attempt
-        self.log.append(f"rank bests in {attempt}")
+        self.ranked = self.rng.choice(sorted(live))
+        self.log.append(f"rank bests in {self.ranked}")
 
     def clean(self) -> None:
         keep = self.rng.randint(1, 4)
@@ -195,6 +191,9 @@ class Model:
     # the invariants ---------------------------------------------------------------------
 
     def bests(self) -> set[str]:
+        """What the ranking execution's framework keeps as best now (while it is live)."""
+        if self.ranked is None or self.execs[self.ranked] < self.latest_epoch():
+            return set()
         ranked = sorted(self.scored.items(), key=lambda item: item[1])
         return {path for path, _value in ranked[:2]}
 

@@ -153,7 +153,10 @@ def test_lightning_top_k_by_monitor_survives_and_the_limit_bounds_the_disk(
     assert on_disk == [4, 8, 14, 16]
     assert os.path.exists(checkpoint.best_model_path)  # it never dangles
     keep = json.loads((exec_a / execdir.KEEP).read_text())
-    assert keep["best"] == {"monitor": "val_loss", "mode": "min", "top": 2}
+    assert keep == {"framework": "lightning", "setting": "save_top_k", "keep": 2}
+    manifest = json.loads(Path(checkpoint.best_model_path + execdir.MANIFEST_SUFFIX)
+                          .read_text())
+    assert sorted(manifest["bests"])[:1] == ["exec/a/checkpoints/epoch=0-step=4.ckpt"]
     # A later `dispatch gc` by hand keeps them too.
     gc.collect(str(root), None)
     assert os.path.exists(checkpoint.best_model_path)
@@ -203,9 +206,8 @@ def test_the_trainer_best_model_survives_its_limit(
     trainer.train()
     best = trainer.state.best_model_checkpoint
     assert best is not None and os.path.isdir(best)
-    scores = {s: json.loads(Path(exec_a, f"checkpoint-{s}", execdir.MANIFEST_NAME).read_text())
-              ["score"]["value"] for s in range(2, 13, 2)
-              if Path(exec_a, f"checkpoint-{s}").exists()}
-    assert best.endswith(f"checkpoint-{min(scores, key=scores.__getitem__)}")
+    losses = {entry["step"]: entry["eval_loss"] for entry in trainer.state.log_history
+              if "eval_loss" in entry}
+    assert best.endswith(f"checkpoint-{min(losses, key=losses.__getitem__)}")
     assert len(list(exec_a.glob("checkpoint-*"))) <= 2  # the latest and the best
     assert model.parse_name(store.latest(str(root)).name).step == 12  # type: ignore[union-attr]
