@@ -687,7 +687,15 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
             click.echo(render_table(["KEPT", "WHY"], [
                 [where.locate(path), why] for path, why in sorted(report.kept.items())]))
         for path in report.left:
-            click.echo(f"left (not a save): {where.locate(path)}")
+            click.echo(f"{'would leave' if dry_run else 'left'} (not a save; --all-files "
+                       f"removes it): {where.locate(path)}")
+        if dry_run and not sizes:
+            kept = [f for f in report.folders if f.verdict != "removed"]
+            if kept:
+                click.echo("")
+                click.echo(render_table(["ATTEMPT", "EPOCH", "VERDICT"], [
+                    [f.attempt, "-" if f.epoch is None else f.epoch, f.verdict]
+                    for f in kept]))
         gone = [r for r in report.removals if not r.skipped]
         freed = report.freed
         click.echo(f"{'would remove' if dry_run else 'removed'} {len(gone)} save(s) or "
@@ -699,18 +707,26 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
 
 @main.command()
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
-@click.argument("save")
+@click.argument("save", required=False)
 @timeout_option
-def pin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
+def pin(root: Optional[str], save: Optional[str], timeout: Optional[str]) -> None:
     """Keep the published SAVE through every cleanup (gc, watch --keep, the integrations'
-    limits) until `dispatch unpin`.  `dispatch gc --dry-run` lists pins among what it keeps.
+    limits) until `dispatch unpin`; without SAVE, list the pinned saves.  SAVE is spelled as
+    `dispatch list` shows it: a path under the root, or an s3://bucket/prefix/... URL.
+    `dispatch gc --dry-run` lists pins among what it keeps, and why.
 
     Example: `dispatch pin --root /scratch/me/run1 /scratch/me/run1/exec/<attempt>/checkpoint-500`
     """
     def body() -> None:
         from . import gc as cleanup
+        from .stores import open_store
 
         root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        if save is None:
+            st = open_store(root_v, parse_timeout(timeout))
+            for path in sorted(cleanup.pinned(st)):
+                click.echo(st.locate(path))
+            return
         made = cleanup.pin(root_v, save, parse_timeout(timeout))
         click.echo(f"pinned {save}" if made else f"{save} was pinned already")
     body()

@@ -141,3 +141,33 @@ def test_watch_refuses_keep_zero() -> None:
                          env={"DISPATCH_CHECKPOINT": "/tmp", "DISPATCH_EXEC_DIR": "/tmp",
                               "DISPATCH_EPOCH": "1000000", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 2 and "--keep 0 must be at least 1" in out.stderr
+
+
+def test_pin_unpin_and_a_dry_run_that_says_what_stays_and_why(tmp_path: Path) -> None:
+    """Issue 17, item 4 and 7 as a user runs them: pin, list pins, the dry run's reasons and
+    the files it would leave."""
+    world = posix_world(tmp_path)
+    a, b, pubs = two_lineages(world)
+    old = world.execution(E1)
+    world.saved(old, E1, 0)
+    world.put(f"exec/{old}/train.log", 5)
+    target = f"{world.root}/exec/{a}/checkpoint-1"
+    code, out, err = run("pin", "--root", world.root, target)
+    assert (code, out.strip(), err) == (0, f"pinned {target}", "")
+    code, out, _ = run("pin", "--root", world.root)
+    assert (code, out.splitlines()) == (0, [target])
+    code, out, err = run("pin", "--root", world.root, f"{world.root}/exec/{a}/nothing")
+    assert code == 2 and "is not a published save" in err and "nothing" in err
+    code, out, _ = run("gc", "--root", world.root, "--keep", "1", "--dry-run")
+    assert code == 0
+    assert f"{target}  pinned (dispatch pin)" in " ".join(out.split("  ")) or \
+        any(line.split()[:2] == [target, "pinned"] for line in out.splitlines())
+    assert ("would leave (not a save; --all-files removes it): "
+            f"{world.root}/exec/{old}/train.log") in out
+    assert any(line.startswith(old) and "not saves" in line for line in out.splitlines())
+    assert any(line.startswith(a) and "holds a save that stays" in line
+               for line in out.splitlines())
+    code, out, _ = run("unpin", "--root", world.root, target)
+    assert (code, out.strip()) == (0, f"unpinned {target}")
+    code, out, _ = run("unpin", "--root", world.root, target)
+    assert out.strip() == f"{target} was not pinned"
