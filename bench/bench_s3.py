@@ -144,6 +144,7 @@ def bench_upload(server: SeaweedServer, args: argparse.Namespace, base: str) -> 
             os.link(weights, os.path.join(save, "model.safetensors"))  # no copy on disk
             with open(os.path.join(save, "trainer_state.json"), "w") as state:
                 state.write(f'{{"global_step": {i + 1}}}')
+            assert watcher.scan() == []  # the scan that first sees a save only records it
 
             def run_watch(watcher: Watcher = watcher, step: int = i + 1) -> None:
                 assert [p.step for p in watcher.scan()] == [step]

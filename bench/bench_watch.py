@@ -70,7 +70,8 @@ def median_us(samples: list[int]) -> float:
 def bench_scan(args: argparse.Namespace, root: str, folder: str) -> dict[str, Any]:
     make_saves(folder, range(1, args.saves + 1))
     watcher = Watcher(root, folder, EPOCH, SaveRule.make())
-    first = watcher.scan()  # publishes all of them: the steady state begins
+    assert watcher.scan() == []  # sees them all
+    first = watcher.scan()  # finds them unchanged, publishes them: the steady state begins
     assert len(first) == args.saves, len(first)
     bare_scandir(folder)
     scans: list[int] = []

@@ -230,8 +230,8 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
               help="Names of saves, with {step} where the step's digits are "
                    "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.ckpt.")
 @click.option("--ready", metavar="NAME", default=None,
-              help="The file a save folder's writer writes last.  [default: "
-                   "trainer_state.json]")
+              help="The file a save folder's writer writes last; the folder must also be "
+                   "unchanged and unwritten (see above).  [default: trainer_state.json]")
 @click.option("--interval", type=float, default=None, metavar="S",
               help="Seconds between scans.  [default: 2]")
 @click.option("--timeout", type=float, default=None, metavar="S",
@@ -246,16 +246,23 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
           timeout: Optional[float], command: tuple[str, ...]) -> int:
     """Publish each complete save in DIR as it appears, in step order, each once.
 
-    A save is a folder checkpoint-<N> once its ready file (--ready) is whole, or a .ckpt
-    file whose name holds step=<N> (Lightning's epoch=0-step=50.ckpt) once in place and
-    whole; with --pattern, every matching name.  Saves at or below the greatest step
-    already published from DIR are never published, so a restarted watch carries on.
+    A save is a folder checkpoint-<N>, or a .ckpt file whose name holds step=<N>
+    (Lightning's epoch=0-step=50.ckpt); with --pattern, every matching name.  Complete means,
+    for every kind: it looks whole (a folder: its ready file, --ready, is a non-empty file,
+    parsing if .json; a file: non-empty and, if a zip as torch.save writes, ended by its end
+    record), nothing in it (every file and folder under a folder) changed between two
+    consecutive scans, and no process of yours on this node has one of its files open for
+    writing or mapped writable.  So a save is published one to two intervals after it is
+    finished.  Saves at or
+    below the greatest step already published from DIR are never published, so a restarted
+    watch carries on.
 
     With a COMMAND (after --), run it, forward TERM, INT, USR1, USR2, HUP and CONT to it,
-    scan once more when it exits and exit with its status.  Without one, run until TERM,
-    INT or HUP, then scan once more and exit 0.  The first error (a store error, a scan
-    longer than --timeout) stops publishing: exit 2, or the command's status if it failed.
-    One writer only: saves several ranks write are published by the integrations.
+    scan again when it exits (at most a second apart, until every save that looks whole is
+    confirmed, for at most --timeout) and exit with its status.  Without one, run until
+    TERM, INT or HUP, then do the same last scans and exit 0.  The first error (a store
+    error, a scan longer than --timeout) stops publishing: exit 2, or the command's status if
+    it failed.  One writer only: saves several ranks write are published by the integrations.
 
     On an s3:// root, DIR is the local staging folder ($DISPATCH_STAGE_DIR): each complete
     save is uploaded under the execution's prefix ($DISPATCH_EXEC_DIR, or --to) with boto3's

@@ -11,8 +11,17 @@ Invariants:
 * Each save is published at most once, in step order, and never one at or below the
   greatest step already published from the folder (read from ``pub/`` by the first scan,
   then kept), so a restarted watch neither fails nor republishes.
-* Only complete saves are published (:class:`SaveRule` says what complete means: a folder
-  once its ready file is whole, a file once it is in place and whole).
+* Only complete saves are published.  A save is complete when it looks whole
+  (:class:`SaveRule`: a folder's ready file is whole; a file is in place, non-empty and, for
+  a zip, ended by its end record), its snapshot (every entry under it, recursively: type,
+  size, mtime and ctime in ns, inode) is the same at two consecutive scans and again just
+  before its publication, and no process of this user on this node holds one of its files open for
+  writing or maps one shared and writable (saverules).  So a save is published one interval
+  after it is finished at the earliest, about two at the latest; after the command exits the
+  last scans come at most a second apart until no save that looks whole is left unconfirmed
+  (at most ``timeout``).  A writer that is on another node, closes every file and changes
+  nothing for a whole interval is the case this cannot see: ``--ready`` names a file the
+  writer writes last.
 * The first error stops publishing for good: nothing is published after it, and the run
   ends non-zero.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
@@ -36,11 +45,22 @@ from typing import Callable, Optional
 
 from . import model, store
 from .errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
-from .saverules import FILE, FOLDER, SaveRule, file_complete, folder_complete
+from .saverules import (
+    FILE,
+    FOLDER,
+    Entry,
+    NotASave,
+    SaveRule,
+    files_of,
+    looks_whole,
+    open_for_writing,
+    snapshot,
+)
 from .stores import check_root_scheme
 from .watch_s3 import Uploader
 
 DEFAULT_INTERVAL = 2.0
+LAST_GAP = 1.0  # after the command exits: the most seconds between the last scans
 DEFAULT_TIMEOUT = 300.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
              signal.SIGCONT)
@@ -87,6 +107,10 @@ class Watcher:
         self.mark: Optional[int] = None  # the greatest step published from the folder
         self.cancelled = False  # set by the runner when a scan overran: publish nothing more
         self._settled: set[str] = set()  # names decided for good
+        # name -> (is a folder, snapshot) of a save above the mark that looked whole at the
+        # last scan; published once the next scan finds it unchanged and unwritten.
+        self._seen: dict[str, tuple[bool, tuple[Entry, ...]]] = {}
+        self._held: set[str] = set()  # names whose writer has been said once
 
     def _own_mark(self) -> int:
         if self.uploader is not None:
@@ -107,9 +131,10 @@ class Watcher:
         first = self.mark is None
         mark = self._own_mark() if self.mark is None else self.mark
         self.mark = mark
-        candidates: list[tuple[int, str]] = []
+        stable: list[tuple[int, str]] = []
         settled = self._settled
-        for name in self._listing():
+        listed = self._listing()
+        for name in listed:
             if name in settled:
                 continue
             found = self.rule.step_of(name)
@@ -118,18 +143,83 @@ class Watcher:
                 continue
             step, kind = found
             if step <= mark:
-                settled.add(name)
+                self._settle(name)
                 if not first:
                     self.report(f"not publishing step {step}: {os.path.join(self.folder, name)} "
                                 f"(step {mark} is already published)")
                 continue
-            if self._complete(name, kind):
-                candidates.append((step, name))
-        published = [p for p in (self._publish(step, name) for step, name in sorted(candidates))
-                     if p is not None]
+            if self._unchanged(name, step, kind):
+                stable.append((step, name))
+        for name in set(self._seen) - set(listed):
+            del self._seen[name]  # removed before it was published
+        published = []
+        if stable:
+            writers = self._writers([name for _, name in stable])
+            for step, name in sorted(stable):
+                if name in writers:
+                    if name not in self._held:
+                        self._held.add(name)
+                        pid, path = writers[name]
+                        self.report(f"not publishing step {step} yet: process {pid} has "
+                                    f"{path} open for writing")
+                    continue
+                done = self._publish(step, name)
+                if done is not None:
+                    published.append(done)
         if published and self.keep is not None and not self.cancelled:
             self._clean(self.keep)
         return published
+
+    def waiting(self) -> list[str]:
+        """The saves above the mark that look whole but are not confirmed yet (seen at one
+        scan only, changed since, or still open for writing), by name."""
+        return sorted(self._seen)
+
+    def _settle(self, name: str) -> None:
+        self._settled.add(name)
+        self._seen.pop(name, None)
+        self._held.discard(name)
+
+    def _unchanged(self, name: str, step: int, kind: str) -> bool:
+        """The save looks whole and its snapshot is the one the last scan took (which it
+        keeps otherwise, for the next scan)."""
+        path = os.path.join(self.folder, name)
+        is_folder = self._kind(name, kind)
+        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready):
+            self._seen.pop(name, None)
+            return False
+        now = self._snapshot(name, step)
+        if now is None:
+            self._seen.pop(name, None)
+            return False
+        before = self._seen.get(name)
+        self._seen[name] = (is_folder, now)
+        return before == (is_folder, now)
+
+    def _snapshot(self, name: str, step: int) -> Optional[tuple[Entry, ...]]:
+        path = os.path.join(self.folder, name)
+        try:
+            return snapshot(path)
+        except NotASave as exc:
+            self._settle(name)
+            self.report(f"not publishing step {step}: {path} holds {exc.path}, which is not a "
+                        "regular file, folder or symlink")
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
+
+    def _writers(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        """name -> (pid, file) for the saves among ``names`` that a process of this user on
+        this node still writes (one pass over /proc for them all)."""
+        owner: dict[str, str] = {}
+        for name in names:
+            path = os.path.join(self.folder, name)
+            for file in files_of(path, self._seen[name][1]):
+                owner[file] = name
+        out: dict[str, tuple[int, str]] = {}
+        for pid, file in open_for_writing(set(owner)):
+            out.setdefault(owner[file], (pid, file))
+        return out
 
     def _clean(self, keep: int) -> None:
         from . import gc
@@ -144,32 +234,44 @@ class Watcher:
             if not removal.skipped:
                 self.report(f"removed {removal.kind} {removal.path} ({removal.bytes} bytes)")
 
-    def _complete(self, name: str, kind: str) -> bool:
+    def _kind(self, name: str, kind: str) -> Optional[bool]:
+        """True for a folder save, False for a file save, None while it is absent; an entry
+        of the wrong kind is settled (never a save)."""
         path = os.path.join(self.folder, name)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return False
+            return None
         except OSError as exc:
             raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
         if stat.S_ISDIR(st.st_mode) and kind != FILE:
-            return folder_complete(path, self.rule.ready)
+            return True
         if stat.S_ISREG(st.st_mode) and kind != FOLDER:
-            return file_complete(path)
+            return False
         # A checkpoint-N file, a step=N folder (a sharded save: ranks publish those), a
         # symlink (never followed): not a save, now or later.
-        self._settled.add(name)
-        return False
+        self._settle(name)
+        return None
+
+    def _durable(self, step: int, name: str) -> bool:
+        """Check the save is still what the scans saw: True when it may be published now."""
+        seen = self._seen.get(name)
+        now = self._snapshot(name, step)
+        if seen is None or now is None or seen[1] != now:
+            if now is not None and seen is not None:
+                self._seen[name] = (seen[0], now)
+            return False
+        return True
 
     def _publish(self, step: int, name: str) -> Optional[Published]:
         path = os.path.join(self.folder, name)
         assert self.mark is not None
         if step <= self.mark:  # a second save of a step just published
-            self._settled.add(name)
+            self._settle(name)
             self.report(f"not publishing step {step}: {path} (step {self.mark} is already "
                         "published)")
             return None
-        if self.cancelled:
+        if self.cancelled or not self._durable(step, name):
             return None
         try:
             pub = self._put(step, path)
@@ -179,13 +281,13 @@ class Watcher:
         except OutsideRoot:
             if os.path.lexists(path):
                 raise
-            self._settled.add(name)
+            self._settle(name)
             self.report(f"not publishing step {step}: {path} was deleted before it could be")
             return None
         if self.uploader is not None and self.cancelled:
             return None  # the scan overran while the save was uploading: not published
         self.mark = step
-        self._settled.add(name)
+        self._settle(name)
         if pub:
             self.report(f"published step {step}: "
                         f"{self.uploader.url_of(path) if self.uploader else path}")
@@ -211,9 +313,11 @@ def exit_status(returncode: int) -> int:
 
 class Runner:
     """Scans every ``interval`` seconds; with a command, runs it as a child, forwards the
-    signals Slurm sends (:data:`FORWARDED`) and scans a last time once it exits.
+    signals Slurm sends (:data:`FORWARDED`) and makes the last scans once it exits: one, and
+    while a save that looks whole is not confirmed, another at most :data:`LAST_GAP` seconds
+    later, for at most ``timeout`` (what is still being written then is said, not published).
 
-    Without a command, TERM, INT and HUP end the run after a last scan (exit 0); USR1, USR2
+    Without a command, TERM, INT and HUP end the run after the last scans (exit 0); USR1, USR2
     and CONT are ignored.  A scan that does not finish within ``timeout`` seconds is an error.
     The first error stops publishing; it is reported at once.  The exit status is the
     command's; after an error it is the command's when that failed, else 2 (also 2 without a
@@ -330,8 +434,7 @@ class Runner:
             if self.command is not None:
                 self._start_child()
             self._loop()
-            if self.error is None:
-                self._scan()  # the last one: saves written just before the end
+            self._last_scans()
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for signum, handler in previous.items():
@@ -339,6 +442,25 @@ class Runner:
             os.close(self._wake_r)
             os.close(self._wake_w)
         return self._status()
+
+    def _last_scans(self) -> None:
+        """Saves written just before the end: scan, and while a save that looks whole is not
+        confirmed yet, scan again at most LAST_GAP seconds later, for at most ``timeout``."""
+        gap = min(self.interval, LAST_GAP)
+        deadline = time.monotonic() + self.timeout
+        while self.error is None:
+            self._scan()
+            if self.error is not None or not self.watcher.waiting():
+                return
+            if time.monotonic() + gap > deadline:
+                for name in self.watcher.waiting():
+                    self.report(f"not publishing {os.path.join(self.watcher.folder, name)}: "
+                                f"still being written {self.timeout:g} s (--timeout) after "
+                                "the end")
+                return
+            end = time.monotonic() + gap
+            while time.monotonic() < end:  # a signal may wake the wait early
+                self._wait(end - time.monotonic())
 
     def _loop(self) -> None:
         next_scan = time.monotonic()

@@ -1,6 +1,8 @@
 """``dispatch watch`` in real Slurm jobs on the sandbox: the example job script
 (examples/watch-trainer.sh, a trainer run under watch) requeued mid-run; each execution's
-complete saves published once, in step order, the replacement resuming from its own lineage."""
+complete saves published once, in step order, the replacement resuming from its own lineage.
+A save is published at the second scan that finds it unchanged, so the waits below are for
+publications, never for a scan."""
 
 from __future__ import annotations
 
@@ -55,7 +57,14 @@ def test_watch_publishes_each_save_once_across_a_requeue(work: Workdir) -> None:
     wait_state(work, slurm_id, {"CANCELLED"})
 
     # Every save each execution finished was published exactly once, in step order: the
-    # last scan after Slurm's TERM included.  The first one's last save is the resume source.
+    # last scans after Slurm's TERM included.  Those confirm a save at a second scan, up to
+    # a second (here an interval, 0.2 s) after the first, and may still run when Slurm says
+    # CANCELLED: they are waited for, not assumed done.  The first one's last save is the
+    # resume source.
+    for execution in (first, second):
+        sandbox.wait_for(lambda e=execution: [f.step for f in publications(root, e["exec_dir"])]
+                         == complete_saves(e["exec_dir"]), 30,
+                         f"watch's last scans in {execution['exec_dir']}")
     old = publications(root, first["exec_dir"])
     assert [f.step for f in old] == complete_saves(first["exec_dir"])
     assert {f.epoch for f in old} == {1_000_000}

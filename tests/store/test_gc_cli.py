@@ -122,7 +122,8 @@ def test_watch_keep_bounds_the_disk_while_it_publishes(tmp_path: Path) -> None:
     watcher.keep = 2
     for step in range(3, 9):
         world.save(b, step)
-        watcher.scan()
+        assert watcher.scan() == []  # the first scan that sees a save only records it
+        assert [p.step for p in watcher.scan()] == [step]
         # B is the live lineage: its folder stays, its saves below the 2 latest go.
         assert world.exists(f"exec/{b}/checkpoint-{step}")
         assert not world.exists(f"exec/{b}/checkpoint-{step - 2}")

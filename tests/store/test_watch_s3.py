@@ -20,7 +20,7 @@ from slurm_dispatch.errors import UsageError
 from slurm_dispatch.saverules import SaveRule
 from slurm_dispatch.stores import transfer
 from slurm_dispatch.stores.s3 import parse_root
-from slurm_dispatch.watch import Runner, Watcher
+from slurm_dispatch.watch import Published, Runner, Watcher
 from tests.s3server import SeaweedServer
 from tests.unit.test_watch import poll
 
@@ -71,6 +71,13 @@ def watcher(root: str, stage: Path, lines: list[str] | None = None,
                    upload_to=exec_prefix(root), timeout=timeout)
 
 
+def two_scans(w: Watcher) -> list[Published]:
+    """A save is published at the second scan that finds it unchanged (watch.py): the first
+    scan that sees the saves publishes none of them."""
+    assert w.scan() == [], "published at the first scan that saw it"
+    return w.scan()
+
+
 # ---- upload, then publish ----------------------------------------------------------------
 
 def test_complete_saves_are_uploaded_then_published_in_step_order(
@@ -80,7 +87,7 @@ def test_complete_saves_are_uploaded_then_published_in_step_order(
     hf_save(stage, 10)
     hf_save(stage, 5)
     hf_save(stage, 15, ready=False)  # still being written: its ready file comes last
-    done = w.scan()
+    done = two_scans(w)
     prefix = exec_prefix(s3_root)
     assert [(p.step, p.path) for p in done] == [(5, str(stage / "checkpoint-5")),
                                                 (10, str(stage / "checkpoint-10"))]
@@ -96,7 +103,7 @@ def test_complete_saves_are_uploaded_then_published_in_step_order(
     # Published and older than the newest: removed; the newest and the unpublished stay.
     assert sorted(os.listdir(stage)) == ["checkpoint-10", "checkpoint-15"]
     (stage / "checkpoint-15" / "trainer_state.json").write_text("{}")
-    assert [p.step for p in w.scan()] == [15]
+    assert [p.step for p in two_scans(w)] == [15]
     assert sorted(os.listdir(stage)) == ["checkpoint-15"]
     assert w.scan() == []  # each once
     assert [s for s, _ in published(s3_root)] == [5, 10, 15]
@@ -106,7 +113,7 @@ def test_a_large_save_is_uploaded_in_parts_by_the_transfer_manager(
         s3_env: SeaweedServer, s3_root: str, stage: Path) -> None:
     weights = os.urandom(3 * transfer.PART_SIZE + 12345)
     hf_save(stage, 1, weights=weights)
-    assert [p.step for p in watcher(s3_root, stage).scan()] == [1]
+    assert [p.step for p in two_scans(watcher(s3_root, stage))] == [1]
     where = parse_root(exec_prefix(s3_root))
     head = s3_env.client().head_object(
         Bucket=where.bucket, Key=f"{where.prefix}/checkpoint-1/model.safetensors")
@@ -120,7 +127,7 @@ def test_a_file_save_is_one_object(s3_env: SeaweedServer, s3_root: str, stage: P
     (stage / "model_7.pt").write_bytes(b"m" * 99)
     w = Watcher(s3_root, str(stage), EPOCH, SaveRule.make("model_{step}.pt"),
                 upload_to=exec_prefix(s3_root))
-    assert [p.step for p in w.scan()] == [7]
+    assert [p.step for p in two_scans(w)] == [7]
     url = f"{exec_prefix(s3_root)}/model_7.pt"
     assert published(s3_root) == [(7, url)]
     assert transfer.save_objects(url, 10) == (False, {"model_7.pt": 99})
@@ -130,12 +137,12 @@ def test_a_restarted_watch_neither_fails_nor_republishes(
         s3_env: SeaweedServer, s3_root: str, stage: Path) -> None:
     hf_save(stage, 5)
     hf_save(stage, 10)
-    assert [p.step for p in watcher(s3_root, stage).scan()] == [5, 10]
+    assert [p.step for p in two_scans(watcher(s3_root, stage))] == [5, 10]
     hf_save(stage, 5)  # the local copy was removed: a trainer could write the step again
     hf_save(stage, 20)
     lines: list[str] = []
     again = watcher(s3_root, stage, lines)
-    assert [p.step for p in again.scan()] == [20]
+    assert [p.step for p in two_scans(again)] == [20]
     assert [s for s, _ in published(s3_root)] == [5, 10, 20]
     # The old save at or below the mark is left alone (it was never uploaded by this watch).
     assert (stage / "checkpoint-5").is_dir()
@@ -144,7 +151,7 @@ def test_a_restarted_watch_neither_fails_nor_republishes(
 def test_the_mark_is_this_prefix_own(s3_env: SeaweedServer, s3_root: str, stage: Path) -> None:
     store.publish(s3_root, EPOCH, 50, f"{s3_root}/exec/{'1' * 26}/checkpoint-50")
     hf_save(stage, 5)
-    assert [p.step for p in watcher(s3_root, stage).scan()] == [5]
+    assert [p.step for p in two_scans(watcher(s3_root, stage))] == [5]
 
 
 def test_wrong_values_are_named(s3_env: SeaweedServer, s3_root: str, stage: Path,

@@ -1,8 +1,11 @@
-"""``dispatch watch``: which saves are complete, step order, a restarted watch, the first
-store error, signal forwarding to the command, the last scan, and bad input.
+"""``dispatch watch``: which saves look whole, step order, a restarted watch, the first
+store error, signal forwarding to the command, the last scans, and bad input.
 
 The rules are tested on :class:`Watcher` directly; the process behaviour runs the real
-``dispatch watch`` as a subprocess on real folders (no mocks), polling for conditions.
+``dispatch watch`` as a subprocess on real folders (no mocks), polling for conditions.  A save
+that looks whole is published at the second scan that finds it unchanged (the first one only
+records it): ``two_scans`` models that; test_watch_complete.py tests the rule itself (writers,
+changes between scans, durability).
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ def hf_save(folder: Path, step: int, state: str = '{"global_step": 1}') -> Path:
     return save
 
 
+def two_scans(w: Watcher) -> list[int]:
+    """The steps a first scan, which sees the saves, then a second, which finds them the
+    same, publish; the first must publish none of them."""
+    assert w.scan() == [], "published at the first scan that saw it"
+    return [p.step for p in w.scan()]
+
+
 def published(root: Path) -> list[tuple[int, str]]:
     return [(f.step, os.path.basename(f.path)) for f in store.list_publications(str(root))]
 
@@ -83,16 +93,16 @@ def test_a_folder_waits_for_its_whole_ready_file(root: Path, folder: Path) -> No
     (save / "trainer_state.json").write_text('{"global_step": ')
     assert w.scan() == []
     (save / "trainer_state.json").write_text('{"global_step": 5}')
-    assert [p.step for p in w.scan()] == [5]
+    assert two_scans(w) == [5]
     assert published(root) == [(5, "checkpoint-5")]
 
 
 def test_ready_names_another_last_file(root: Path, folder: Path) -> None:
     w = watcher(root, folder, SaveRule.make(ready="DONE"))
     save = hf_save(folder, 3)
-    assert w.scan() == [], "trainer_state.json is not the ready file any more"
+    assert w.scan() == [] and w.scan() == [], "trainer_state.json is not the ready file"
     (save / "DONE").write_text("x")
-    assert [p.step for p in w.scan()] == [3]
+    assert two_scans(w) == [3]
 
 
 def test_files_named_by_step_are_saves_when_whole(root: Path, folder: Path) -> None:
@@ -104,10 +114,10 @@ def test_files_named_by_step_are_saves_when_whole(root: Path, folder: Path) -> N
         (folder / name).write_bytes(b"x")
     (folder / "epoch=0-step=60.ckpt").write_bytes(b"")  # created, not yet written
     (folder / "epoch=1-step=50.ckpt").mkdir()  # a sharded save (several ranks): not watch's
-    assert w.scan() == []
+    assert w.scan() == [] and w.scan() == []
     (folder / "epoch=0-step=60.ckpt").write_bytes(b"legacy pickle, not a zip")
-    assert [(p.step, os.path.basename(p.path)) for p in w.scan()] == [
-        (60, "epoch=0-step=60.ckpt")]
+    assert two_scans(w) == [60]
+    assert published(root) == [(60, "epoch=0-step=60.ckpt")]
 
 
 def test_a_zip_copied_into_place_is_published_only_when_whole(root: Path, folder: Path
@@ -120,9 +130,10 @@ def test_a_zip_copied_into_place_is_published_only_when_whole(root: Path, folder
     target = folder / "epoch=0-step=70.ckpt"
     for cut in (4, len(data) // 2, len(data) - 23, len(data) - 1):
         target.write_bytes(data[:cut])
-        assert w.scan() == [], f"published a zip cut at {cut} of {len(data)} bytes"
+        for _ in range(2):  # unchanged across two scans, and still not whole
+            assert w.scan() == [], f"published a zip cut at {cut} of {len(data)} bytes"
     target.write_bytes(data)
-    assert [p.step for p in w.scan()] == [70]
+    assert two_scans(w) == [70]
 
 
 def test_a_zip64_end_record_is_whole(tmp_path: Path) -> None:
@@ -144,9 +155,9 @@ def test_pattern_with_step_placeholder(root: Path, folder: Path) -> None:
     for name in ("model_3.pt", "model_4.Pt", "model_5.pt.tmp", "model_x.pt", "checkpoint-9"):
         (folder / name).write_bytes(b"x")
     (folder / "model_8.pt").mkdir()  # a folder needs the ready file
-    assert [p.step for p in w.scan()] == [3, 4]
+    assert two_scans(w) == [3, 4]
     (folder / "model_8.pt" / "trainer_state.json").write_text("{}")
-    assert [p.step for p in w.scan()] == [8]
+    assert two_scans(w) == [8]
 
 
 @pytest.mark.parametrize("pattern, word", [
@@ -188,7 +199,7 @@ def test_saves_publish_in_step_order_each_once(root: Path, folder: Path) -> None
     for step in (30, 10, 20):
         hf_save(folder, step)
     (folder / "epoch=0-step=20.ckpt").write_bytes(b"x")  # a second save of step 20
-    assert [p.step for p in w.scan()] == [10, 20, 30]
+    assert two_scans(w) == [10, 20, 30]
     assert w.scan() == []
     pubs = store.list_publications(str(root))
     made = sorted(pubs, key=lambda f: os.stat(root / "pub" / f.name).st_ctime_ns)
@@ -205,7 +216,7 @@ def test_a_restarted_watch_neither_fails_nor_republishes(root: Path, folder: Pat
     first = watcher(root, folder)
     hf_save(folder, 5)
     hf_save(folder, 10)
-    assert [p.step for p in first.scan()] == [5, 10]
+    assert two_scans(first) == [5, 10]
     # Cleanup may have pruned the older save meanwhile.
     for part in (folder / "checkpoint-5").iterdir():
         part.unlink()
@@ -215,7 +226,7 @@ def test_a_restarted_watch_neither_fails_nor_republishes(root: Path, folder: Pat
     assert again.scan() == [] and lines == []
     hf_save(folder, 7)  # below the mark: never published, said once
     hf_save(folder, 15)
-    assert [p.step for p in again.scan()] == [15]
+    assert two_scans(again) == [15]
     assert again.scan() == []
     assert lines == [f"not publishing step 7: {folder}/checkpoint-7 (step 10 is already "
                      "published)", f"published step 15: {folder}/checkpoint-15"]
@@ -228,7 +239,7 @@ def test_the_mark_is_this_folders_own(root: Path, folder: Path) -> None:
     other.mkdir()
     store.publish(str(root), EPOCH, 900, str(hf_save(other, 900)))
     hf_save(folder, 5)
-    assert [p.step for p in watcher(root, folder).scan()] == [5]
+    assert two_scans(watcher(root, folder)) == [5]
 
 
 def test_a_save_published_by_hand_meanwhile_is_not_an_error(root: Path, folder: Path) -> None:
@@ -237,7 +248,7 @@ def test_a_save_published_by_hand_meanwhile_is_not_an_error(root: Path, folder: 
     assert w.scan() == []
     save = hf_save(folder, 4)
     store.publish(str(root), EPOCH, 4, str(save))
-    assert [p.step for p in w.scan()] == [4]
+    assert two_scans(w) == [4]
     assert lines == [f"step 4 was already published: {save}"]
     assert len(store.list_publications(str(root))) == 1
 
@@ -314,15 +325,19 @@ def test_signals_reach_the_command_and_its_status_is_watchs(
     assert Path(f"{flag}.signals").read_text().split() == names
 
 
-def test_the_last_scan_publishes_a_save_made_just_before_the_end(
+def test_the_last_scans_publish_a_save_made_just_before_the_end(
         root: Path, folder: Path, child: Path, tmp_path: Path) -> None:
+    """With an interval of an hour, only the first scan comes before the command's end, and
+    it publishes nothing (it sees step 10 once); the last scans, at most a second apart,
+    confirm step 10 and then the save the command wrote last."""
     flag = tmp_path / "flag"
     Path(f"{flag}.late").write_text("20")
     hf_save(folder, 10)
     proc = start_watch(root, folder, "--interval", "3600", "--", sys.executable, str(child),
                        str(flag), "0", log=tmp_path / "err")
     try:
-        poll(lambda: published(root) == [(10, "checkpoint-10")], "the first scan")
+        poll(lambda: Path(f"{flag}.started").exists(), "the command to start")
+        assert published(root) == []
         Path(f"{flag}.go").touch()  # the command saves step 20, then exits at once
         assert proc.wait(timeout=20) == 0
     finally:
@@ -342,12 +357,21 @@ def test_a_command_killed_by_a_signal_gives_128_plus_it(root: Path, folder: Path
         proc.kill()
 
 
-def test_without_a_command_term_ends_after_a_last_scan(root: Path, folder: Path,
-                                                      tmp_path: Path) -> None:
+def handles(pid: int, signum: int) -> bool:
+    """The process has a handler for ``signum`` (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_without_a_command_term_ends_after_the_last_scans(root: Path, folder: Path,
+                                                         tmp_path: Path) -> None:
     hf_save(folder, 1)
     proc = start_watch(root, folder, "--interval", "3600", log=tmp_path / "err")
     try:
-        poll(lambda: published(root) == [(1, "checkpoint-1")], "the first scan")
+        poll(lambda: handles(proc.pid, signal.SIGTERM), "watch to handle TERM")
+        assert published(root) == []  # at most one scan so far: it saw step 1 once
         hf_save(folder, 3)
         proc.send_signal(signal.SIGUSR1)  # Slurm's warning signal does not end it
         proc.send_signal(signal.SIGTERM)
