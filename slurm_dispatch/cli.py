@@ -253,7 +253,8 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     record), nothing in it (every file and folder under a folder) changed between two
     consecutive scans, and no process of yours on this node has one of its files open for
     writing or mapped writable.  So a save is published one to two intervals after it is
-    finished.  Saves at or
+    finished.  On a folder root each is fsynced (files and folders) before it is published,
+    so --keep never removes an older save because of one not on disk.  Saves at or
     below the greatest step already published from DIR are never published, so a restarted
     watch carries on.
 

@@ -14,14 +14,19 @@ Invariants:
 * Only complete saves are published.  A save is complete when it looks whole
   (:class:`SaveRule`: a folder's ready file is whole; a file is in place, non-empty and, for
   a zip, ended by its end record), its snapshot (every entry under it, recursively: type,
-  size, mtime and ctime in ns, inode) is the same at two consecutive scans and again just
-  before its publication, and no process of this user on this node holds one of its files open for
+  size, mtime and ctime in ns, inode) is the same at two consecutive scans and again after it
+  is synced, and no process of this user on this node holds one of its files open for
   writing or maps one shared and writable (saverules).  So a save is published one interval
   after it is finished at the earliest, about two at the latest; after the command exits the
   last scans come at most a second apart until no save that looks whole is left unconfirmed
   (at most ``timeout``).  A writer that is on another node, closes every file and changes
   nothing for a whole interval is the case this cannot see: ``--ready`` names a file the
   writer writes last.
+* A save is durable before it is published: every file and folder of it, and the folder
+  holding it, is fsynced first (the integrations' ``sync_save``), so neither a publication
+  nor ``--keep``'s cleanup, which runs only after publications, ever relies on data that has
+  not reached the disk.  A save that cannot be synced is a store error.  (On S3 the upload is
+  the durable copy.)
 * The first error stops publishing for good: nothing is published after it, and the run
   ends non-zero.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
@@ -45,6 +50,7 @@ from typing import Callable, Optional
 
 from . import model, store
 from .errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
+from .integrations.saves import sync_save
 from .saverules import (
     FILE,
     FOLDER,
@@ -254,7 +260,18 @@ class Watcher:
         return None
 
     def _durable(self, step: int, name: str) -> bool:
-        """Check the save is still what the scans saw: True when it may be published now."""
+        """Sync the save (POSIX), then check it is still what the scans saw: True when it may
+        be published now."""
+        path = os.path.join(self.folder, name)
+        if self.uploader is None:
+            try:
+                sync_save(path)
+            except FileNotFoundError:
+                self._seen.pop(name, None)  # a part went meanwhile: it is not what was seen
+                return False
+            except OSError as exc:
+                raise StoreError(f"cannot sync {path!r} before publishing it: "
+                                 f"{exc.strerror}") from None
         seen = self._seen.get(name)
         now = self._snapshot(name, step)
         if seen is None or now is None or seen[1] != now:

@@ -1,11 +1,11 @@
-"""``dispatch watch`` publishes a save only once nothing is still writing it (issue 17, items 9
-and 10).
+"""``dispatch watch`` publishes a save only once nothing is still writing it, and only once it
+is durable (issue 17, items 9, 10 and 11).
 
 A save is complete when it looks whole (a folder's ready file, a zip's end record), has not
 changed between two consecutive scans, and no process of this user on this node holds one of
-its files open for writing or mapped writable.  Two scans are modelled by calling
-``Watcher.scan()`` twice; writers are real file descriptors and mappings (of this process
-or a child).
+its files open for writing or mapped writable; it is fsynced before it is published, so before
+``--keep`` removes anything older because of it.  Two scans are modelled by calling
+``Watcher.scan()`` twice; writers are real file descriptors and mappings of this process.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import mmap
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import launch, model, store
+from slurm_dispatch import gc, launch, model, store
 from slurm_dispatch.saverules import SaveRule, open_for_writing
 from slurm_dispatch.watch import Runner, Watcher
 
@@ -250,3 +251,89 @@ def test_a_folder_holding_a_fifo_is_never_published(root: Path, folder: Path) ->
         assert w.scan() == []
     assert lines == [f"not publishing step 9: {save} holds {save}/pipe, which is not a "
                      "regular file, folder or symlink"]
+
+
+# ---- item 11: durable before anything older goes ------------------------------------------
+
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every path os.fsync is called on, in order (read from /proc/self/fd)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    yield seen
+
+
+def every_part(save: Path) -> set[str]:
+    parts = {os.path.realpath(save), os.path.realpath(save.parent)}
+    for path in save.rglob("*"):
+        if not path.is_symlink():
+            parts.add(os.path.realpath(path))
+    return parts
+
+
+def test_keep_removes_nothing_before_the_new_save_is_synced(
+        root: Path, folder: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    at_collect: list[set[str]] = []
+    real_collect = gc.collect
+
+    def collect(*args: object, **kwargs: object) -> object:
+        at_collect.append(set(synced))
+        return real_collect(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gc, "collect", collect)
+    w = watcher(root, folder, keep=1)
+    saves = []
+    for step in (1, 2):
+        save = folder / f"checkpoint-{step}"
+        (save / "sub").mkdir(parents=True)
+        (save / "model.safetensors").write_bytes(b"w" * 100)
+        (save / "sub" / "optimizer.pt").write_bytes(b"o" * 100)
+        (save / "trainer_state.json").write_text("{}")
+        (save / "link").symlink_to("model.safetensors")
+        saves.append(save)
+        synced.clear()
+        assert w.scan() == [] and not synced and len(at_collect) == step - 1
+        assert steps(w.scan()) == [step]
+        missing = every_part(save) - at_collect[-1]
+        assert not missing, f"not synced before cleanup ran: {sorted(missing)}"
+    assert not saves[0].exists() and saves[1].exists()
+
+
+def test_a_save_is_synced_before_it_is_published(
+        root: Path, folder: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    at_publish: list[set[str]] = []
+    real_publish = store.publish
+
+    def publish(*args: object, **kwargs: object) -> str:
+        at_publish.append(set(synced))
+        return real_publish(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "publish", publish)
+    w = watcher(root, folder)
+    target = folder / "epoch=0-step=3.ckpt"
+    target.write_bytes(b"p" * 100)
+    assert w.scan() == []
+    assert steps(w.scan()) == [3]
+    assert at_publish and {os.path.realpath(target), os.path.realpath(folder)} <= at_publish[0]
+
+
+def test_a_save_that_cannot_be_synced_is_not_published(
+        root: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_dispatch.errors import StoreError
+
+    def fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    w = watcher(root, folder)
+    (folder / "epoch=0-step=3.ckpt").write_bytes(b"p" * 100)
+    assert w.scan() == []
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StoreError, match="cannot sync .*step=3.ckpt.*Input/output error"):
+        w.scan()
+    assert published(root) == []
