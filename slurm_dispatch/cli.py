@@ -682,8 +682,13 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
         if rows:
             click.echo(render_table(["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"], rows))
         if dry_run:
+            # A whole folder: how much goes, and by name what is not named like a save
+            # (--json lists every entry).
             for r in report.removals:
-                for entry in r.entries:
+                if r.kind == "folder":
+                    click.echo(f"  would remove {where.locate(r.path)}: {len(r.entries)} "
+                               f"entries, {len(r.others)} not named like saves")
+                for entry in r.others:
                     click.echo(f"  would remove {where.locate(r.path)}/{entry}")
         if sizes:
             click.echo("")

@@ -103,6 +103,7 @@ class Removal:
     bytes: Optional[int] = None
     skipped: str = ""  # why it was left in the end (a starting execution named it)
     entries: list[str] = field(default_factory=list)  # a folder's: everything that goes
+    others: list[str] = field(default_factory=list)  # of those, what is not named like a save
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "publications": len(self.publications),
@@ -298,6 +299,8 @@ def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder
     """Whether a name in an execution folder is a save (or dispatch's): published, a
     manifest, one a framework's rotation names so, or dispatch's own record.  Lightning's
     ``checkpoints/`` is one only while it holds nothing but checkpoints."""
+    if entry.endswith(".ckpt"):  # most entries of most folders: Lightning's files
+        return True
     bare = entry.rstrip("/")
     if entry == CHECKPOINTS and folder is not None:
         return all(_SAVE_NAME.fullmatch(e) is not None and not e.endswith("/")
@@ -338,55 +341,65 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     protected = {a for a, each in folders.items() if each.epoch is None or each.epoch >= epoch}
     recordless = {a for a in protected if folders[a].epoch is None}
     latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
-    top_tails = {n[42:] for n in top}
-    # Every publication of one save goes together: names by their path's text (the tail).
-    by_tail: dict[str, list[str]] = {}
-    for n in ordered[:-keep]:
-        tail = n[42:]
-        if tail in top_tails:
-            continue
-        same = by_tail.get(tail)
-        if same is None:
-            by_tail[tail] = [n]
-        else:
-            same.append(n)
-    older: dict[str, dict[str, list[str]]] = {}  # older folder -> save -> publications
-    live: dict[str, list[str]] = {}  # save in a live execution's folder -> publications
+    # One pass over the names: each one's folder (mostly one dictionary look-up); the paths
+    # are decoded only where a save is handled on its own (decoding is the costly part).
+    older: dict[str, list[str]] = {}  # older folder -> its publications below the K latest
+    live_names: list[str] = []  # publications below the K latest in a live folder
     unsure: list[str] = []
     folder_of, heads = decode.folder, decode._heads
     cut = 42 + _HEAD_CHARS
-    for pubs in by_tail.values():
-        n = pubs[-1]
-        # The folder of most names is one dictionary look-up (decode.folder, inlined).
+    for n in ordered[:-keep]:
         folder = heads.get(n[42:cut]) if len(n) > cut else None
         if folder is None:
             folder = folder_of(n)
         if folder is None:
             continue  # a save outside exec/: never removed
         if folder in recordless:
-            unsure.extend(p for p in pubs if p[:20] < latest_epoch)
+            if n[:20] < latest_epoch:
+                unsure.append(n)
         elif folder in protected:
-            path = decode.path(n)
-            if path.count("/") >= 2 and _needed_by(path, needed) is None:
-                live[path] = pubs
+            live_names.append(n)
         else:
-            older.setdefault(folder, {})[decode.path(n)] = pubs
+            same = older.get(folder)
+            if same is None:
+                older[folder] = [n]
+            else:
+                same.append(n)
+
+    def by_save(group: list[str]) -> dict[str, list[str]]:
+        """Every publication of one save together: names by their path's text."""
+        tails: dict[str, list[str]] = {}
+        for n in group:
+            tails.setdefault(n[42:], []).append(n)
+        return {decode.path(pubs[-1]): pubs for pubs in tails.values()}
+
+    live = {path: pubs for path, pubs in by_save(live_names).items()
+            if path.count("/") >= 2 and _needed_by(path, needed) is None}
     removals: list[Removal] = []
     left: list[str] = []
     for attempt in sorted(set(older) | (set(folders) - protected)):
-        saves = older.get(attempt, {})
+        group = older.get(attempt, [])
         where = f"{EXEC}/{attempt}"
         f: Optional[Folder] = folders.get(attempt)
         stays = _needed_by(where, needed)
-        tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
-        others = [] if f is None else [e for e in f.entries
-                                       if not _is_save_entry(e, tops, f)]
+        # (".ckpt" first: most entries of most folders, without a call each)
+        unsure_entries = [] if f is None else [
+            e for e in f.entries if not e.endswith(".ckpt") and not _is_save_entry(e, set(), f)]
+        saves: dict[str, list[str]] = {}
+        tops: set[str] = set()
+        if unsure_entries or stays is not None or f is None:
+            saves = by_save(group)
+            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+        # (checkpoints/ was looked into: a published save in it does not make it all saves)
+        others = [e for e in unsure_entries if e == CHECKPOINTS or e.rstrip("/") not in tops]
         if f is not None and stays is None and (all_files or not others):
-            removals.append(Removal(FOLDER, where, sorted(p for ps in saves.values()
-                                                          for p in ps),
-                                    entries=sorted(f.entries)))
+            removals.append(Removal(FOLDER, where, sorted(group), entries=sorted(f.entries),
+                                    others=sorted(unsure_entries)))
             f.verdict = "removed"
             continue
+        if not saves:
+            saves = by_save(group)
+            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
         if f is not None:
             if stays is not None:
                 f.verdict = "kept: it holds a save that stays"
@@ -495,7 +508,11 @@ def bests(st: Store, names: list[str], folders: dict[str, Folder],
     # live attempt -> (epoch and step of its latest publications, their saves): several
     # saves of one step (two checkpoint callbacks) are made in an order no name tells.
     newest: dict[str, tuple[str, list[str]]] = {}
-    for n in names:  # in order: the last ones seen are the latest
+    first = len(names)
+    floor = names[-1][:20]  # a live execution's publications are at the latest epoch or above
+    while first > 0 and names[first - 1][:20] >= floor:
+        first -= 1
+    for n in names[first:]:  # in order: the last ones seen are the latest
         folder = decode.folder(n)
         if folder in live:
             at = newest.get(folder)

@@ -12,15 +12,27 @@ Invariants:
   watcher was cancelled (a scan or upload overran ``--timeout``).
 * A local copy is removed only once it is uploaded and published (or found already
   published), and the newest such copy is kept, so a replacement on the same node can resume
-  from local disk (:func:`stage_copy`).  A save that was never published is never removed.
+  from local disk (:func:`stage_copy`) when the save's manifest records its files' sha256
+  (the integrations' uploads do; this watcher writes no manifest, so its saves are fetched).
+  A save that was never published is never removed.
+* A copy left in another execution's staging folder is taken (:func:`copy_own`) only when it
+  is this user's own and holds what was uploaded: every folder on the way from the staging
+  folder down and every file is owned by this process's user, not writable by group or
+  others, no symlink (each opened relative to the last with ``O_NOFOLLOW``), every file
+  regular, at the size S3 lists and with the sha256 recorded when it was uploaded.  The bytes
+  checked are the bytes copied (read once, through the file opened for the check).  Anything
+  else is refused with why, and the caller fetches the save from S3 instead.
 * Everything else (which names are saves, step order, the mark, first error stops) is the
   POSIX watcher's, unchanged.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import shutil
+import stat
 from typing import Callable, Optional
 
 from . import model, store
@@ -111,3 +123,128 @@ def stage_copy(url: str, stage_dir: str) -> Optional[str]:
     candidate = os.path.join(os.path.dirname(os.path.abspath(stage_dir)),
                              f"dispatch-stage-{attempt}", name)
     return candidate if os.path.lexists(candidate) else None
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
+
+
+class NotOwn(Exception):
+    """A local copy that is not this user's own or not what was uploaded; says why."""
+
+
+def _open_checked(name: str, dir_fd: Optional[int], shown: str, folder: bool) -> int:
+    """Open ``name`` (relative to ``dir_fd``) without following a link; check its owner and
+    mode on the open descriptor."""
+    try:
+        fd = os.open(name, _DIR_FLAGS if folder else _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NotOwn(f"{shown} is a symlink (or not a {'folder' if folder else 'file'})"
+                         ) from None
+        raise NotOwn(f"cannot open {shown}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        uid = os.geteuid()
+        if st.st_uid != uid:
+            raise NotOwn(f"{shown} is owned by uid {st.st_uid}, not this user (uid {uid})")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise NotOwn(f"{shown} is writable by group or others (mode "
+                         f"{stat.S_IMODE(st.st_mode):04o})")
+        if not folder and not stat.S_ISREG(st.st_mode):
+            raise NotOwn(f"{shown} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def copy_own(candidate: str, target: str, expected: dict[str, tuple[int, str]],
+             folder: bool) -> Optional[str]:
+    """Copy the local save ``candidate`` to ``target`` (which must not exist) when it is this
+    user's own and holds what was uploaded; ``expected``: each file's name (relative to a
+    folder save; a file save: its base name) with its size and sha256.  Returns None when
+    copied, else why not (``target`` is then not left behind).  Only the files of
+    ``expected`` are copied."""
+    stage, name = os.path.split(os.path.abspath(candidate))
+    base, stage_name = os.path.split(stage)
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError as exc:
+            return f"cannot open {base}: {exc.strerror}"
+        try:
+            fds.append(_open_checked(stage_name, fds[-1], stage, folder=True))
+            if folder:
+                fds.append(_open_checked(name, fds[-1], candidate, folder=True))
+            for relative, (size, digest) in sorted(expected.items()):
+                _copy_one(fds[-1], candidate, relative if folder else name, target, folder,
+                          size, digest)
+        except NotOwn as exc:
+            if os.path.lexists(target):
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                else:
+                    os.unlink(target)
+            return str(exc)
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _copy_one(top_fd: int, candidate: str, relative: str, target: str, folder: bool,
+              size: int, digest: str) -> None:
+    """Copy one file of the save, from under the open ``top_fd``, checking each folder on the
+    way, the file, its size and its sha256 (NotOwn otherwise)."""
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise NotOwn(f"the uploaded save names a file {relative!r} outside its folder")
+    opened: list[int] = []
+    try:
+        here, shown = top_fd, candidate
+        for part in parts[:-1]:
+            shown = os.path.join(shown, part)
+            here = _open_checked(part, here, shown, folder=True)
+            opened.append(here)
+        shown = os.path.join(candidate, relative) if folder else candidate
+        fd = _open_checked(parts[-1], here, shown, folder=False)
+        opened.append(fd)
+        found = os.fstat(fd).st_size
+        if found != size:
+            raise NotOwn(f"{shown} is {found} bytes; the uploaded object is {size}")
+        out = os.path.join(target, relative) if folder else target
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        hashed = hashlib.sha256()
+        with open(os.dup(fd), "rb", closefd=True) as source, open(out, "xb") as sink:
+            while True:
+                chunk = source.read(1 << 20)
+                if not chunk:
+                    break
+                hashed.update(chunk)
+                sink.write(chunk)
+        if hashed.hexdigest() != digest:
+            raise NotOwn(f"{shown} differs from what was uploaded (sha256 {hashed.hexdigest()}, "
+                         f"recorded at upload {digest})")
+    finally:
+        for each in opened:
+            os.close(each)
+
+
+def file_hashes(save: str, skip: str = "") -> dict[str, str]:
+    """The sha256 of each regular file of a local save (as :func:`transfer.local_files` names
+    them; ``skip``: a name left out), for its manifest at upload."""
+    out: dict[str, str] = {}
+    for relative, full in transfer.local_files(save):
+        if relative == skip:
+            continue
+        hashed = hashlib.sha256()
+        with open(full, "rb") as source:
+            while True:
+                chunk = source.read(1 << 20)
+                if not chunk:
+                    break
+                hashed.update(chunk)
+        out[relative] = hashed.hexdigest()
+    return out

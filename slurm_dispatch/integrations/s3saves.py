@@ -5,9 +5,13 @@ training library; boto3 only through :mod:`slurm_dispatch.stores`.
   folder (``$DISPATCH_STAGE_DIR``), and :func:`publish_local_save` writes the manifest, uploads
   the save under the execution's prefix with boto3's transfer manager, then publishes it (the
   same :class:`~slurm_dispatch.watch_s3.Uploader` as ``dispatch watch``, which also removes
-  the older local copies and keeps the newest).  It resumes from a local copy
-  (:func:`choose_resume` with ``fetch=True``): the save fetched from S3, or a copy of the one an
-  earlier execution left on this node when it holds the same files at the same sizes.
+  the older local copies and keeps the newest); the manifest records each file's size and
+  sha256.  It resumes from a local copy (:func:`choose_resume` with ``fetch=True``): the save
+  fetched from S3, or a copy of the one an earlier execution left on this node, taken only
+  when it is this user's own (owner, mode, no symlink on the way, opened without following
+  one) and every file has S3's size and the sha256 recorded at upload (:func:`own_copy`;
+  multipart ETags are not the content's MD5, so they are not used); otherwise it is fetched,
+  and why is said.
 * Lightning writes ``s3://`` itself (fsspec, s3fs); :func:`seal_remote_save` writes the
   manifest object beside a written save before it is published, and it resumes from the URL.
 
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
@@ -30,7 +33,7 @@ from typing import Any, Callable, Optional
 from .. import store
 from ..errors import AlreadyPublished, StoreError
 from ..stores import transfer
-from ..watch_s3 import Uploader, stage_copy
+from ..watch_s3 import Uploader, copy_own, file_hashes, stage_copy
 from .saves import (
     LAUNCH_RECORD,
     MANIFEST_FORMAT,
@@ -49,6 +52,7 @@ from .saves import (
 )
 
 RESUME_FOLDER = "resume"  # in the staging folder: fetched resume sources
+SHA256_KEY = "sha256"  # in the manifest of a save uploaded from local disk: each file's hash
 
 
 def _timeout() -> float:
@@ -126,7 +130,8 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str,
     """Write the manifest of the local ``save``, upload the save, then publish it; remove the
     older local copies (the newest stays).  Returns the publication's name."""
     # No fsync: the local copy is not what the publication promises; the uploaded one is.
-    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save),
+                                SHA256_KEY: file_hashes(save, MANIFEST_SUFFIX[1:])}
     if bests:
         manifest["bests"] = bests  # relative to the root (saves.relative_saves)
     write_create_once(manifest_path(save), manifest, sync=False)
@@ -175,22 +180,43 @@ def why_unloadable_remote(url: str, required: tuple[str, ...] = ()) -> Optional[
 
 def local_copy(execution: Execution, url: str, number: int) -> str:
     """A local copy of the save at ``url`` in the staging folder: a copy of the one an earlier
-    execution's upload left on this node when it matches S3's listing, else fetched."""
+    execution's upload left on this node when it is this user's own and holds what was
+    uploaded (:func:`own_copy`), else fetched from S3."""
     assert execution.stage_dir is not None
     target = os.path.join(execution.stage_dir, f"{RESUME_FOLDER}-{number}",
                           url.rstrip("/").rsplit("/", 1)[-1])
     near = stage_copy(url, execution.stage_dir)
     if near is not None:
-        _folder, objects = transfer.save_objects(url, _timeout())
-        here = {name: os.lstat(path).st_size for name, path in transfer.local_files(near)}
-        if objects and here == objects:
-            if os.path.isdir(near):
-                shutil.copytree(near, target, symlinks=True)
-            else:
-                os.makedirs(os.path.dirname(target))
-                shutil.copy2(near, target)
+        why = own_copy(url, near, target)
+        if why is None:
             return target
+        _say(f"not using the local copy {near}: {why}; fetching {url} from S3 instead")
     return transfer.fetch_save(url, target, _timeout())
+
+
+def own_copy(url: str, near: str, target: str) -> Optional[str]:
+    """Copy ``near`` to ``target`` when it holds exactly the uploaded save at ``url``: each of
+    S3's objects at its listed size with the sha256 its manifest recorded at upload (folders
+    and files this user's own, no link: :func:`watch_s3.copy_own`).  None when copied, else why
+    not."""
+    folder, objects = transfer.save_objects(url, _timeout())
+    manifest_url = f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX
+    manifest = read_json(manifest_url)
+    hashes = manifest.get(SHA256_KEY) if isinstance(manifest, dict) else None
+    if not isinstance(hashes, dict) or not hashes:
+        return (f"the uploaded save's manifest ({manifest_url}) records no sha256 of its files "
+                "(uploaded by dispatch watch or an older release), so the copy cannot be "
+                "checked")
+    uploaded = {name: size for name, size in objects.items()
+                if not (folder and name == MANIFEST_SUFFIX[1:])}
+    if set(uploaded) != set(hashes):
+        return (f"S3 holds {sorted(uploaded)} but the manifest {manifest_url} records the "
+                f"sha256 of {sorted(hashes)}")
+    why = copy_own(near, target, {name: (size, str(hashes[name]))
+                                  for name, size in uploaded.items()}, folder)
+    if why is None and folder and isinstance(manifest, dict):  # as uploaded, not the local one
+        write_create_once(manifest_path(target), manifest, sync=False)
+    return why
 
 
 def _exec_prefix(root: str, url: str) -> Optional[str]:
