@@ -782,7 +782,7 @@ def _collect_reporting(root: str, keep: int, say: Callable[[str], None]) -> bool
     if root in _FAILED:
         return False
     try:
-        collect(root, keep, say=say)
+        done = collect(root, keep, say=say)
     except (StoreError, UsageError, OSError) as exc:
         _FAILED.add(root)
         say(f"cleanup stopped (saves are still published; run `dispatch gc` later): {exc}")
@@ -791,6 +791,9 @@ def _collect_reporting(root: str, keep: int, say: Callable[[str], None]) -> bool
         _FAILED.add(root)
         say(f"cleanup stopped by an unexpected error (saves are still published): {exc!r}")
         return False
+    for removal in done.removals:
+        if not removal.skipped:
+            say(f"removed {removal.kind} {removal.path} ({removal.bytes} bytes)")
     return True
 
 

@@ -230,6 +230,11 @@ class Watcher:
     def _clean(self, keep: int) -> None:
         from . import gc
 
+        if gc.listing_lag() > 0:
+            # Cleanup waits out the listing lag (ListingLag) before it removes: beside the
+            # scans, never in their way (one run at a time; its lines come through report).
+            gc.collect_in_background(self.root, keep, self.report)
+            return
         try:
             done = gc.collect(self.root, keep)
         except DispatchError as exc:

@@ -119,3 +119,34 @@ def test_the_lag_defaults_to_nfs_s_and_is_configurable(tmp_path: Path,
     monkeypatch.setenv("DISPATCH_LISTING_LAG", "soon")
     with pytest.raises(UsageError, match="'soon'"):
         gc.listing_lag()
+
+
+def test_watch_keep_waits_out_the_lag_beside_its_scans(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a listing lag, `watch --keep`'s cleanup runs beside the scans: a scan returns at
+    once (it is not held for twice the lag), and the cleanup removes what it should after."""
+    import threading
+
+    from slurm_dispatch.saverules import SaveRule
+    from slurm_dispatch.watch import Watcher
+
+    from .gc_world import posix_world
+
+    monkeypatch.setenv("DISPATCH_LISTING_LAG", "0.5")
+    world = posix_world(tmp_path)
+    a = world.execution(E1)
+    world.saved(a, E1, 1)
+    lines: list[str] = []
+    watcher = Watcher(world.root, str(tmp_path / "root" / "exec" / a), E1, SaveRule.make(),
+                      lines.append)
+    watcher.keep = 1
+    world.save(a, 2)
+    watcher.scan()
+    assert [p.step for p in watcher.scan()] == [2]
+    cleaning = [t for t in threading.enumerate() if t.name == "dispatch-cleanup"]
+    assert cleaning and cleaning[0].is_alive()  # still waiting: the scan did not
+    assert world.exists(f"exec/{a}/checkpoint-1")
+    cleaning[0].join(30)
+    assert not world.exists(f"exec/{a}/checkpoint-1")
+    assert any("twice ListingLag" in line for line in lines)
+    assert any(f"removed save exec/{a}/checkpoint-1" in line for line in lines)
