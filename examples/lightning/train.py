@@ -3,7 +3,8 @@
 Two lines make it a dispatch job (marked "dispatch:"); outside a dispatch job the same script
 runs as before, Lightning's own SLURM support included.  Inside one, the requeue signal
 (``#SBATCH --signal=USR1@90`` in job.sh) makes the next batch end save, publish and requeue.
-Knobs (environment): TRAIN_STEPS, SAVE_EVERY, STEP_SECONDS (a pause per step).  In a job of
+Knobs (environment): TRAIN_STEPS, SAVE_EVERY, SAVE_TOP_K (ModelCheckpoint's, default 2; -1
+keeps every save), STEP_SECONDS (a pause per step).  In a job of
 several nodes (job-ddp.sh: one process per node) it trains with DDP on every node.
 """
 
@@ -74,7 +75,8 @@ def main() -> None:
         max_steps=int(os.environ.get("TRAIN_STEPS", "60")), accelerator="cpu", logger=False,
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[ModelCheckpoint(every_n_train_steps=int(os.environ.get("SAVE_EVERY", "10")),
-                                   save_top_k=2, monitor="step", mode="max"),
+                                   save_top_k=int(os.environ.get("SAVE_TOP_K", "2")),
+                                   monitor="step", mode="max"),
                    DispatchCallback()])  # dispatch: saves isolated, published, requeue at a safe point
     # dispatch: resume from the latest published save of this job (outside dispatch: None)
     trainer.fit(Regression(float(os.environ.get("STEP_SECONDS", "0"))), data,

@@ -137,8 +137,15 @@ def test_hf_job_partitioned_mid_training_resumes_its_own_lineage(
     assert late_before_heal and all(f.step > start_step for f in late_before_heal)
     assert ends[new["attempt"]] == 60
     mine = [f.step for f in _published(root) if f.epoch == new["epoch"]]
-    assert mine == list(range(start_step + 5, 61, 5))  # one publication per save
-    assert all(os.path.isdir(f.path) for f in _published(root))  # rotation deleted nothing
+    # save_total_limit=1 is applied by dispatch across the store after each publication
+    # (issue 17, item 8): the replacement's older saves were published, then removed, each
+    # said on stderr; one publication per save all the same.
+    removed = [int(step) for step in re.findall(
+        rf"dispatch: removed save exec/{new['attempt']}/checkpoint-([0-9]+) ", output.read_text())]
+    assert mine == [60]
+    assert sorted(removed + mine) == list(range(start_step + 5, 61, 5))
+    assert os.path.isdir(source)  # the live execution's resume source stays
+    assert all(os.path.isdir(f.path) for f in _published(root))  # no name without its save
     latest = store.latest(str(root))
     assert latest is not None and (latest.epoch, latest.step) == (new["epoch"], 60)
     assert saves.why_unloadable(latest.path, ("trainer_state.json",)) is None

@@ -160,8 +160,8 @@ def test_hf_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_resumes(
         sandbox: Any) -> None:
     steps, every = 40, 5
     work, old, new = _partitioned_run(sandbox, "hf", {
-        "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "SAVE_LIMIT": "1",
-        "STEP_SECONDS": "1"})
+        "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "SAVE_LIMIT": "0",
+        "STEP_SECONDS": "1"})  # no limit: every save's publication is there to count
     root, output = work.path / "ck", work.path / "out.txt"
     rank_parts = {f"rng_state_{rank}.pth" for rank in range(RANKS)}
     # Each publication promises every rank's part: listed in the manifest with its size, on
@@ -195,7 +195,8 @@ def test_lightning_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_r
         sandbox: Any) -> None:
     steps, every = 60, 5
     work, old, new = _partitioned_run(sandbox, "lightning", {
-        "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "STEP_SECONDS": "1"})
+        "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "STEP_SECONDS": "1",
+        "SAVE_TOP_K": "-1"})  # keep every save: every publication is there to count
     root, output = work.path / "ck", work.path / "out.txt"
     _assert_published_after_every_part(work)
     step_of = re.compile(r"step=(\d+)\.ckpt")
