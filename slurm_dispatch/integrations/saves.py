@@ -238,7 +238,8 @@ def record_choice(execution: Execution, path: str, found: list[store.Found],
     going, and the caller passes it over."""
     st = store.open_store(execution.root)
     base = st.locate("")
-    relative = path[len(base):].rstrip("/") if path.startswith(base) else path
+    full = path if execution.on_s3 else os.path.abspath(path)
+    relative = full[len(base):].rstrip("/") if full.startswith(base) else full
     try:
         st.create_exec_file(_attempt_of(execution), execdir.choice_name(relative),
                             execdir.choice_bytes(relative, _attempt_of(execution), why))
