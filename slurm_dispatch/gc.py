@@ -285,7 +285,6 @@ def read_choices(st: Store, folder: Folder, entries: Optional[list[str]] = None)
 class Plan:
     latest: Optional[str]
     removals: list[Removal]
-    kept_saves: set[str]
     epoch: Optional[int]
     # Older publications below the K latest whose folder has no record: only one whose save
     # is gone goes (nothing can load it), without touching the folder.
@@ -324,7 +323,7 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         for each in folders.values():
             each.verdict = "kept: nothing is published"
         _resolve_all(needed, resolve)
-        return Plan(None, [], set(needed), None, needed=needed)
+        return Plan(None, [], None, needed=needed)
     latest = ordered[-1]
     top = ordered[-keep:]
     epoch = int(latest[:20])
@@ -426,7 +425,7 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     # disk stays bounded during a long execution too.
     for path, pubs in sorted(live.items()):
         removals.append(Removal(SAVE, path, pubs))
-    return Plan(latest, removals, set(needed), epoch, unsure, needed, left)
+    return Plan(latest, removals, epoch, unsure, needed, left)
 
 
 def _resolve_all(needed: dict[str, str], resolve: Callable[[str], list[str]]) -> None:

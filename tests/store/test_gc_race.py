@@ -20,12 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from slurm_dispatch import gc, launch, model, record, store
 from slurm_dispatch.stores import open_store
 
-from .gc_world import World, epoch, posix_world
+from .gc_world import World, epoch
 
 RUN_SECONDS = 8.0
 
@@ -114,14 +112,6 @@ def checker(root: str, stop: Any, failures: Any, checks: Any) -> None:
             if st.has_publication(found.name):  # a save gone while still published
                 failures.put(f"latest {found.name} names a save that does not exist")
         checks.value += 1
-
-
-@pytest.fixture(params=["posix", "s3"])
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> World:
-    if request.param == "posix":
-        return posix_world(tmp_path)
-    server = request.getfixturevalue("s3_env")
-    return World(request.getfixturevalue("s3_root"), server.client())
 
 
 def test_cleanup_racing_publishers_and_starting_executions(world: World,
