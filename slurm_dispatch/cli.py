@@ -469,7 +469,7 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
-@click.option("--noheader", "-h", is_flag=True, help="No header line.")
+@click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
 def jobs(as_json: bool, noheader: bool) -> None:
     """List your dispatch jobs, one line each, oldest first.
 

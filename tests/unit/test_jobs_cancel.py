@@ -52,7 +52,18 @@ def test_jobs_lists_each_dispatch_job_with_its_current_state(cluster: FakeCluste
     assert by_id[forgotten.job.id][4] == "UNKNOWN"
     data = json.loads(CliRunner().invoke(cli.main, ["jobs", "--json"]).output)
     assert [d["id"] for d in data] == [running.job.id, ended.job.id, forgotten.job.id]
-    assert CliRunner().invoke(cli.main, ["jobs", "-h"]).output.count("\n") == 3
+    for flag in ("-H", "--noheader"):
+        assert CliRunner().invoke(cli.main, ["jobs", flag]).output.count("\n") == 3
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["list"], ["status"], ["cancel"], ["latest"],
+                                     ["supervise"], ["resubmit"], []])
+def test_dash_h_is_help_on_every_command(cluster: FakeCluster, command: list[str]) -> None:
+    """-h is help everywhere, as on every other dispatch command (squeue's -h is its
+    --noheader; ours is -H, as `dispatch list` has it)."""
+    result = CliRunner().invoke(cli.main, [*command, "-h"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Usage: ")
 
 
 def test_an_unreadable_record_is_a_line_not_a_crash(cluster: FakeCluster) -> None:
