@@ -10,25 +10,38 @@ execution's environment give, without shelling out.
     ...                              # train; write each save under run.exec_dir
     api.publish(save_path, step)     # now the next execution can see it
 
+and for the process that submits (a sweep: hundreds of jobs from one interpreter)::
+
+    for lr in (1e-4, 3e-4, 1e-3):
+        job = api.submit("train.sh", "-N", "2", "--time=4:00:00", args=["--lr", str(lr)],
+                         checkpoint=f"/scratch/me/lr{lr}", resubmit=3)
+        print(job.job, job.slurm_job_id)
+
 Every function takes its root and epoch from the execution's environment (the contract the
 launcher sets: ``DISPATCH_CHECKPOINT``, ``DISPATCH_EPOCH``, ...) unless given, and raises the
 package's errors (:mod:`slurm_dispatch.errors`): an existing publication is
 :class:`~slurm_dispatch.errors.AlreadyPublished` (a ``FileExistsError``), a path outside the
 root :class:`~slurm_dispatch.errors.OutsideRoot`, an unreadable store a
-:class:`~slurm_dispatch.errors.StoreError`.  It imports no training library and no click.
+:class:`~slurm_dispatch.errors.StoreError`; :func:`submit` raises what ``dispatch-sbatch``
+reports (bad input a :class:`~slurm_dispatch.errors.UsageError`, sbatch's refusal a
+:class:`~slurm_dispatch.errors.SlurmError` with sbatch's words and exit code).  It imports no
+training library and no click.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
 
 from . import store
 from .errors import UsageError
 
-__all__ = ["Execution", "Publication", "execution", "latest", "list_publications",
-           "publish", "resume_from"]
+if TYPE_CHECKING:
+    from .slurm import Slurm
+
+__all__ = ["Execution", "Publication", "Submission", "execution", "latest",
+           "list_publications", "publish", "resume_from", "submit"]
 
 Publication = store.Found  # epoch, step, path (absolute), name; .as_json()
 
@@ -130,3 +143,161 @@ def resume_from(root: Optional[str] = None) -> Optional[str]:
         return None
     found = latest(root)
     return found.path if found is not None else None
+
+
+# --------------------------------------------------------------------------- submitting
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A dispatch job submitted: what ``dispatch-sbatch`` prints, as a value."""
+
+    job: str  # the dispatch job id (DISPATCH_JOB of its executions; `dispatch status JOB`)
+    slurm_job_id: str  # sbatch's job id of this submission (an array's id for an array)
+    generation: int  # G: 0, or the superseded job's plus one
+    submission: int  # N: 1 for a new job
+    epoch: int  # the first execution's epoch, G*10^12 + N*10^6 (R=0; a requeue adds to R)
+    checkpoint: str  # the root, absolute (or the s3:// URL)
+    record: str  # the job's record folder (spec, script snapshot, events)
+    sbatch_output: str  # what sbatch printed on stdout
+    warnings: tuple[str, ...] = ()  # what dispatch-sbatch prints as "warning:" lines
+
+
+def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
+           checkpoint: Optional[PathLike] = None, resubmit: Optional[int] = None,
+           shared_checkpoint: bool = False, warn_before: Union[int, str, None] = None,
+           supersede: Optional[str] = None, array: Union[str, Iterable[int], None] = None,
+           env: Optional[Mapping[str, Optional[str]]] = None, cwd: Optional[PathLike] = None,
+           slurm: Optional[Slurm] = None) -> Submission:
+    """Submit ``script`` as ``dispatch-sbatch`` would, from this process; returns its
+    :class:`Submission`.
+
+    ``dispatch-sbatch [dispatch options] SBATCH_ARGS... SCRIPT ARGS...`` with its options as
+    keywords: ``checkpoint`` (the root, required unless the script's ``#DISPATCH`` lines or
+    ``supersede`` give it; ``%a`` for one root per array task), ``resubmit`` (N resubmissions
+    after failures, by ``dispatch supervise``), ``shared_checkpoint``, ``warn_before``
+    (seconds, or ``"TIME[:SIGNAL]"`` as on the command line), ``supersede`` (a dispatch job
+    id).  ``sbatch_args`` are sbatch's own options, word by word as on its command line
+    (``"-N", "2", "--time=4:00:00"``); ``array`` is ``--array`` (``"0-15%4"`` or task ids);
+    ``args`` are the script's arguments.  ``env`` sets variables for this job over this
+    process's environment (``None`` removes one): sbatch sees that environment, and every
+    resubmission gets it again.  ``cwd`` is the folder it is submitted from (the script is
+    found there, and sbatch runs there), default this process's.  ``slurm`` is the Slurm
+    adapter to use (:class:`slurm_dispatch.slurm.Slurm`; one is made when not given).
+
+    The same checks, record, injected identity and sbatch line as ``dispatch-sbatch`` (one
+    code path); bad input raises :class:`UsageError` naming the value before anything is
+    written, sbatch's refusal :class:`~slurm_dispatch.errors.SlurmError` (its ``output`` and
+    ``returncode`` are sbatch's), and nothing of a refused job is kept.  ``--wrap`` is refused
+    as by the command: a job is a script, snapshotted, so every resubmission runs the same
+    thing.  Warnings (likely mistakes) are issued with :func:`warnings.warn` and kept in
+    :attr:`Submission.warnings`.
+    """
+    import warnings
+
+    from . import submit as submitting
+    from .slurm import Slurm
+
+    words = _dispatch_words(checkpoint, resubmit, shared_checkpoint, warn_before, supersede)
+    sbatch_words = _sbatch_words(sbatch_args, array)
+    if isinstance(args, (str, bytes)):
+        raise UsageError(f"args={args!r} is one string: give the script's arguments as a "
+                         "list of words (args=['--lr', '3e-4'])")
+    script_args = [os.fspath(a) for a in args]
+    folder = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
+    environment = _environment(env)
+    argv = [*words, *sbatch_words, "--", os.fspath(script), *script_args]
+    # `--` ends the options: a script named like an option is still the script.
+    request = submitting.read_request(argv, folder, environment)
+    request.sbatch.remove("--")
+    if "test-only" in request.long_names:
+        raise UsageError("--test-only submits nothing: it asks sbatch when the job would start "
+                         "(run `dispatch-sbatch --test-only ...` or sbatch's own)")
+    for text in request.warnings:
+        warnings.warn(text, stacklevel=2)
+    done = submitting.submit_new(request, slurm if slurm is not None else Slurm(),
+                                 env=environment)
+    spec = done.job.spec
+    generation = int(spec["generation"])
+    return Submission(job=done.job.id, slurm_job_id=done.slurm_job_id, generation=generation,
+                      submission=done.submission,
+                      epoch=generation * 10**12 + done.submission * 10**6,
+                      checkpoint=str(spec["checkpoint"]), record=done.job.path,
+                      sbatch_output=done.result.stdout, warnings=tuple(request.warnings))
+
+
+def _dispatch_words(checkpoint: Optional[PathLike], resubmit: Optional[int],
+                    shared_checkpoint: bool, warn_before: Union[int, str, None],
+                    supersede: Optional[str]) -> list[str]:
+    """The keywords as dispatch-sbatch's options (checked there, by the command's rules)."""
+    words: list[str] = []
+    if checkpoint is not None:
+        words.append(f"--checkpoint={os.fspath(checkpoint)}")
+    if resubmit is not None:
+        if isinstance(resubmit, bool) or not isinstance(resubmit, int):
+            raise UsageError(f"resubmit={resubmit!r} is not an int (the number of "
+                             "resubmissions after failures)")
+        words.append(f"--resubmit={resubmit}")
+    if not isinstance(shared_checkpoint, bool):
+        raise UsageError(f"shared_checkpoint={shared_checkpoint!r} is not a bool")
+    if shared_checkpoint:
+        words.append("--shared-checkpoint")
+    if warn_before is not None:
+        if isinstance(warn_before, bool) or not isinstance(warn_before, (int, str)):
+            raise UsageError(f"warn_before={warn_before!r} is neither seconds (an int) nor "
+                             "'TIME[:SIGNAL]'")
+        words.append(f"--warn-before={warn_before}")
+    if supersede is not None:
+        words.append(f"--supersede={supersede}")
+    return words
+
+
+def _sbatch_words(given: Sequence[str], array: Union[str, Iterable[int], None]) -> list[str]:
+    """sbatch's options as given, refusing dispatch's own among them and anything that is
+    not an option (the script and its arguments have their own parameters)."""
+    from . import sbatch_args as grammar
+
+    words = [os.fspath(w) for w in given]
+    if "--" in words:
+        raise UsageError("'--' among the sbatch options: the script is the first parameter "
+                         "and its arguments go in args=[...]")
+    found, _, index, _ = grammar.parse_options(words, stop_at_script=True)
+    if found.given:
+        name = sorted(found.given)[0]
+        option = "--" + name.replace("_", "-")
+        if name == "plan":
+            raise UsageError("--plan among the sbatch options: api.submit submits; "
+                             "`dispatch plan` or `dispatch-sbatch --plan` prints the plan")
+        raise UsageError(f"{option} among the sbatch options: give it as {name}=... "
+                         "(a keyword of api.submit)")
+    if index < len(words):
+        raise UsageError(f"{words[index]!r} among the sbatch options is not an option: the "
+                         "script is the first parameter and its arguments go in args=[...]")
+    if array is not None:
+        if isinstance(array, str):
+            value = array
+        else:
+            tasks = list(array)
+            if not tasks or not all(isinstance(t, int) and not isinstance(t, bool)
+                                    for t in tasks):
+                raise UsageError(f"array={tasks!r} names no task: give task ids (ints) or "
+                                 "sbatch's --array value ('0-15%4')")
+            value = ",".join(str(t) for t in tasks)
+        words.append(f"--array={value}")
+    return words
+
+
+def _environment(env: Optional[Mapping[str, Optional[str]]]) -> dict[str, str]:
+    merged = dict(os.environ)
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not name or "=" in name or \
+                not (value is None or isinstance(value, str)):
+            raise UsageError(f"env={dict(env or {})!r}: give variable names and str values "
+                             f"(None removes one); {name!r}: {value!r} is not")
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    return merged

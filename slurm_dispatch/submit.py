@@ -50,8 +50,14 @@ class Request:
         return "parsable" in self.long_names
 
 
-def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
+def read_request(argv: list[str], cwd: Optional[str] = None,
+                 env: Optional[Mapping[str, str]] = None) -> Request:
+    """Read and check a dispatch-sbatch command line (``dispatch-sbatch``'s and
+    :func:`slurm_dispatch.api.submit`'s one path): the script, its header, the options; raises
+    :class:`UsageError` naming the bad value, before anything is written.  ``env`` is the
+    environment sbatch will be given (default this process's)."""
     cwd = cwd or os.getcwd()
+    env = os.environ if env is None else env
     line = sbatch_args.parse_command_line(argv)
     sbatch = list(line.sbatch)
     if any(w == "--wrap" or w.startswith("--wrap=") for w in sbatch):
@@ -79,7 +85,7 @@ def read_request(argv: list[str], cwd: Optional[str] = None) -> Request:
                          "id there would reach sbatch as it is; give --dependency on the "
                          "command line, where dispatch-sbatch replaces it by the job's current "
                          "submission")
-    if options.warn_before and ("signal" in names or os.environ.get("SBATCH_SIGNAL")):
+    if options.warn_before and ("signal" in names or env.get("SBATCH_SIGNAL")):
         raise UsageError("--warn-before sets sbatch's --signal; both were given (keep one: "
                          "--warn-before TIME[:SIGNAL] signals the job script, --signal as "
                          "sbatch defines it)")
@@ -186,7 +192,8 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "shebang": request.header.shebang,
         "long_names": sorted(request.long_names),
         "cwd": request.cwd,
-        "python": os.environ.get("DISPATCH_PYTHON") or sys.executable,
+        "python": (os.environ if env is None else env).get("DISPATCH_PYTHON")
+        or sys.executable,
         "created": round(time.time(), 3),
         "user": _user(),
     }

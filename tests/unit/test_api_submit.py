@@ -1,0 +1,195 @@
+"""``api.submit``: dispatch-sbatch's submission from Python, against the fake controller at the
+process boundary (the sbatch, squeue and scancel it would run): the same record, the same sbatch
+line and the same refusals as the command, as exceptions naming the bad value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import pytest
+
+from slurm_dispatch import api, model, record, submit
+from slurm_dispatch.errors import SlurmError, UsageError
+from slurm_dispatch.slurm import Result, Slurm
+
+from .fake_cluster import FakeCluster
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH -N 1\necho hi\n")
+    return tmp_path
+
+
+class Recording(FakeCluster):
+    """The fake controller, keeping the environment and folder each call ran with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.envs: list[dict[str, str]] = []
+        self.cwds: list[Optional[str]] = []
+
+    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
+                 cwd: Optional[str], timeout: float) -> Result:
+        self.envs.append(dict(env or {}))
+        self.cwds.append(cwd)
+        return super().__call__(argv, env, cwd, timeout)
+
+
+def comparable(job: record.JobRecord, argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """A job's spec and sbatch line without what differs between any two submissions (its id,
+    when it was made)."""
+    spec = {k: v for k, v in job.spec.items() if k not in ("id", "created")}
+    return spec, [w.replace(job.id, "<job>") for w in argv]
+
+
+def test_submit_makes_the_job_dispatch_sbatch_makes(home: Path) -> None:
+    cluster = Recording()
+    done = api.submit("job.sh", "-t", "5", "--partition=debug", args=["a b", "--lr=3"],
+                      checkpoint="ck", resubmit=2, warn_before="5:00",
+                      slurm=Slurm(cluster, wait=0))
+    by_cli = submit.submit_new(submit.read_request(
+        ["--checkpoint", "ck-cli", "--resubmit", "2", "--warn-before", "5:00", "-t", "5",
+         "--partition=debug", "job.sh", "a b", "--lr=3"]), Slurm(cluster, wait=0))
+    job = record.open_job(done.job)
+    spec, argv = comparable(job, cluster.sbatch_calls()[0])
+    cli_spec, cli_argv = comparable(by_cli.job, cluster.sbatch_calls()[1])
+    assert argv == cli_argv and argv[:3] == ["sbatch", "-t", "5"]
+    assert spec == {**cli_spec, "checkpoint": str(home / "ck")}
+    assert f"--comment=dispatch:{done.job}/1" in cluster.sbatch_calls()[0]
+    assert "--signal=B:USR1@300" in cluster.sbatch_calls()[0]
+    assert (done.slurm_job_id, done.submission, done.generation) == ("100", 1, 0)
+    assert done.epoch == model.Epoch(0, 1, 0).value
+    assert done.checkpoint == str(home / "ck") and (home / "ck").is_dir()
+    assert done.record == job.path and Path(job.script).read_bytes() == b"#!/bin/bash\n" \
+        b"#SBATCH -N 1\necho hi\n"
+    assert done.sbatch_output == "Submitted batch job 100\n"
+    assert cluster.cwds[0] == str(home), "sbatch runs where the caller is, as the command does"
+
+
+def test_a_sweep_submits_many_jobs_from_one_process(home: Path) -> None:
+    cluster = FakeCluster()
+    slurm = Slurm(cluster, wait=0)
+    done = [api.submit(home / "job.sh", args=[f"--lr={i}"], checkpoint=home / "sweep" / str(i),
+                       slurm=slurm) for i in range(30)]
+    assert len({d.job for d in done}) == 30
+    assert [d.slurm_job_id for d in done] == [str(100 + i) for i in range(30)]
+    assert sorted(j.id for j in record.all_jobs()) == sorted(d.job for d in done)
+    assert [c[-1] for c in cluster.sbatch_calls()] == [f"--lr={i}" for i in range(30)]
+
+
+def test_env_is_set_over_the_callers_environment_for_this_job(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEPT", "1")
+    monkeypatch.setenv("SBATCH_PARTITION", "elsewhere")
+    cluster = Recording()
+    done = api.submit("job.sh", checkpoint="ck", env={"LR": "0.1", "SBATCH_PARTITION": None},
+                      slurm=Slurm(cluster, wait=0))
+    seen = cluster.envs[cluster.calls.index(cluster.sbatch_calls()[0])]
+    assert seen["LR"] == "0.1" and seen["KEPT"] == "1" and "SBATCH_PARTITION" not in seen
+    kept = submit.submission_environment(record.open_job(done.job))
+    assert kept["LR"] == "0.1" and "SBATCH_PARTITION" not in kept, \
+        "every resubmission gets the first submission's environment"
+    assert os.environ["SBATCH_PARTITION"] == "elsewhere", "the caller's own is left alone"
+
+
+def test_array_and_shared_checkpoint_keywords(home: Path) -> None:
+    cluster = FakeCluster()
+    done = api.submit("job.sh", checkpoint="ck/task%a", array=[0, 1, 2],
+                      slurm=Slurm(cluster, wait=0))
+    assert "--array=0,1,2" in cluster.sbatch_calls()[0]
+    assert record.open_job(done.job).spec["array_tasks"] == [0, 1, 2]
+    shared = api.submit("job.sh", checkpoint="shared", shared_checkpoint=True,
+                        slurm=Slurm(cluster, wait=0))
+    assert record.open_job(shared.job).spec["shared_checkpoint"] is True
+    assert "--no-requeue" in cluster.sbatch_calls()[1]
+
+
+def test_supersede_keyword_raises_the_generation_and_cancels_the_old(home: Path) -> None:
+    cluster = FakeCluster()
+    slurm = Slurm(cluster, wait=0)
+    old = api.submit("job.sh", checkpoint="ck", slurm=slurm)
+    new = api.submit("job.sh", supersede=old.job, slurm=slurm)
+    assert (new.generation, new.checkpoint, new.epoch) == (1, old.checkpoint,
+                                                          model.Epoch(1, 1, 0).value)
+    assert cluster.jobs[old.slurm_job_id]["JobState"] == "CANCELLED"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "no checkpoint root"),
+    ({"checkpoint": "ck", "resubmit": -1}, "--resubmit -1"),
+    ({"checkpoint": "ck", "resubmit": "3"}, "resubmit='3' is not an int"),
+    ({"checkpoint": "ck", "resubmit": True}, "resubmit=True is not an int"),
+    ({"checkpoint": "ck", "warn_before": "soon"}, "--warn-before 'soon'"),
+    ({"checkpoint": "ck", "warn_before": 0}, "--warn-before '0'"),
+    ({"checkpoint": "ck/%j"}, "--checkpoint 'ck/%j'"),
+    ({"checkpoint": "ck", "array": "0-3"}, "one root for all 4 tasks"),
+    ({"checkpoint": "ck", "array": "x"}, "--array 'x'"),
+    ({"checkpoint": "ck", "array": []}, "array=[] names no task"),
+    ({"checkpoint": "ck", "env": {"A": 1}}, "env={'A': 1}"),
+    ({"checkpoint": "ck", "shared_checkpoint": "no"}, "shared_checkpoint='no' is not a bool"),
+    ({"checkpoint": "ck", "args": "--lr 3"}, "args='--lr 3' is one string"),
+    ({"checkpoint": "ck", "sbatch": ["--checkpoint", "other"]},
+     "--checkpoint among the sbatch options: give it as checkpoint="),
+    ({"checkpoint": "ck", "sbatch": ["--plan"]}, "--plan among the sbatch options"),
+    ({"checkpoint": "ck", "sbatch": ["-N", "2", "train"]},
+     "'train' among the sbatch options is not an option"),
+    ({"checkpoint": "ck", "sbatch": ["--wrap=hostname"]}, "--wrap is"),
+    ({"checkpoint": "ck", "sbatch": ["--", "x"]}, "'--' among the sbatch options"),
+    ({"checkpoint": "ck", "sbatch": ["--test-only"]}, "--test-only submits nothing"),
+    ({"checkpoint": "ck", "sbatch": ["--requeue"], "shared_checkpoint": True},
+     "--requeue contradicts --shared-checkpoint"),
+    ({"checkpoint": "ck", "script": "missing.sh"}, "cannot read script 'missing.sh'"),
+])
+def test_bad_input_is_a_usage_error_naming_the_value_with_nothing_made(
+        home: Path, kwargs: dict[str, Any], message: str) -> None:
+    cluster = FakeCluster()
+    script = kwargs.pop("script", "job.sh")
+    words = kwargs.pop("sbatch", [])
+    with pytest.raises(UsageError) as info:
+        api.submit(script, *words, slurm=Slurm(cluster, wait=0), **kwargs)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert cluster.sbatch_calls() == [] and record.all_jobs() == []
+    assert not (home / "ck").exists()
+
+
+def test_sbatchs_refusal_is_a_slurm_error_with_its_words_and_nothing_kept(home: Path) -> None:
+    def refuse(argv: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str],
+               timeout: float) -> Result:
+        assert argv[0] == "sbatch", argv
+        return Result(list(argv), 1, "", "sbatch: error: invalid partition specified: nope\n")
+
+    with pytest.raises(SlurmError) as info:
+        api.submit("job.sh", "-p", "nope", checkpoint="ck", slurm=Slurm(refuse, wait=0))
+    assert info.value.returncode == 1
+    assert "invalid partition specified: nope" in info.value.output
+    assert record.all_jobs() == [] and not (home / "ck").exists()
+
+
+def test_a_root_in_use_by_a_live_job_is_refused_naming_it(home: Path) -> None:
+    cluster = FakeCluster()
+    first = api.submit("job.sh", checkpoint="ck", slurm=Slurm(cluster, wait=0))
+    with pytest.raises(UsageError, match=f"in use by your dispatch job {first.job}"):
+        api.submit("job.sh", checkpoint="ck", slurm=Slurm(cluster, wait=0))
+
+
+def test_submission_is_a_readable_value(home: Path) -> None:
+    done = api.submit("job.sh", checkpoint="ck", slurm=Slurm(FakeCluster(), wait=0))
+    assert repr(done).startswith(f"Submission(job='{done.job}', slurm_job_id='100'")
+    with pytest.raises(AttributeError):
+        done.job = "other"  # type: ignore[misc]
+
+
+def test_submitting_imports_no_click() -> None:
+    code = ("import sys, slurm_dispatch.api, slurm_dispatch.submit, slurm_dispatch.slurm; "
+            "print(','.join(m for m in ('click', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == ""
