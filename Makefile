@@ -1,17 +1,38 @@
 # slurm-dispatch: the commands a newcomer runs.
+#
+# Everything installs into a venv of the project's own (VENV, default .venv), made from PYTHON
+# (default python3), never into the interpreter itself: Debian's and Ubuntu's own python3 refuse
+# that (PEP 668), and a global install can leave another project's packages inconsistent.  The
+# venv's bin/ goes first on PATH for every recipe, so `dispatch`, `dispatch-sbatch` and `python3`
+# in the scripts and tests are the venv's.  `make test PYTHON=/usr/bin/python3` is what CI runs.
 PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+unexport VIRTUAL_ENV
 
-.PHONY: demo demo-protocol test test-fast check bench install install-test dist
+.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv
 
-install:
-	$(PYTHON) -m pip install -q -e .
+venv: $(PY)
+$(PY):
+	sh tools/make-venv $(PYTHON) $(VENV)
+
+# Reinstalled when pyproject.toml changes (the install is editable: source edits need nothing).
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $@
 
 # What the tests use: the test tools, boto3 and the S3 server, and the training libraries for the
 # integrations' tests.  torch first, pinned to the CPU build (a bare `torch` may pull a CUDA
-# build of several GB); the extras' torch range admits it.
-install-test:
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q 'torch==2.13.0'
-	$(PYTHON) -m pip install -q -e '.[test,transformers,lightning]'
+# build of several GB); the extras' torch range admits it.  `pip check` fails the install if
+# what the venv holds does not fit together.
+install-test: $(VENV)/.installed-test
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[test,transformers,lightning]'
+	$(PY) -m pip check
+	touch $@
 
 # The seed's scenario on a real multi-node Slurm sandbox (needs root: installs slurm-wlm, munge).
 demo: install
@@ -40,31 +61,33 @@ REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/t
 	tests/real/test_survivors.py tests/real/test_trust.py tests/real/test_watch.py \
 	tests/real/test_adapter_contract.py
 test: install-test
-	$(PYTHON) -m pytest -q
+	$(PY) -m pytest -q
 	DISPATCH_SANDBOX_SLURM=24.11 \
 	DISPATCH_SANDBOX_DIR=$(if $(DISPATCH_SANDBOX_DIR),$(DISPATCH_SANDBOX_DIR)-24.11,) \
-	$(PYTHON) -m pytest -q $(REAL_ON_24_11)
+	$(PY) -m pytest -q $(REAL_ON_24_11)
 
 # The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
 test-fast: install-test
-	$(PYTHON) -m pytest -q -m "not real" --ignore=tests/real
+	$(PY) -m pytest -q -m "not real" --ignore=tests/real
 
-check:
-	ruff check slurm_dispatch tests bench
-	mypy slurm_dispatch
+check: install-test
+	$(PY) -m ruff check slurm_dispatch tests bench
+	$(PY) -m mypy slurm_dispatch
 
 bench: install-test
-	$(PYTHON) -m pip install -q -e '.[bench]'
-	$(PYTHON) bench/bench_store.py
-	$(PYTHON) bench/bench_supervisor.py
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/bench_store.py
+	$(PY) bench/bench_supervisor.py
 	@for b in bench/bench_sbatch.py bench/bench_hooks.py; do \
-		if [ -f $$b ]; then $(PYTHON) $$b || exit 1; fi; done
+		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 # What a site installs from: the wheel (nodes, controller, login nodes: pip install it into a
 # venv) and the admin's parts (hook scripts, config templates, the admin guide) in one tarball.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-dist:
+# pip builds the wheel in an isolated environment of its own with what pyproject.toml's
+# build-system asks for (setuptools; a fresh venv has no `wheel` for --no-build-isolation).
+dist: | $(PY)
 	rm -rf dist
-	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	$(PY) -m pip wheel -q --no-deps -w dist .
 	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md
 	@ls -l dist

@@ -5,6 +5,7 @@ the site tarball holds the hook parts, the config templates and the admin guide.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tarfile
@@ -14,8 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path) -> None:
-    subprocess.run(["make", "-s", "dist", f"PYTHON={sys.executable}"], cwd=REPO, check=True,
-                   capture_output=True, text=True, timeout=300)
+    # Built from a fresh venv, as a newcomer's would be: it has no `wheel`, which building with
+    # --no-build-isolation needed ("invalid command 'bdist_wheel'", issue 18 item 6).
+    build = tmp_path / "build-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(build)], check=True, timeout=120)
+    made = subprocess.run(["make", "-s", "dist", f"PYTHON={build}/bin/python", f"VENV={build}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
     wheels = sorted((REPO / "dist").glob("slurm_dispatch-*.whl"))
     (site,) = sorted((REPO / "dist").glob("slurm-dispatch-site-*.tar.gz"))
     assert len(wheels) == 1
@@ -38,3 +44,16 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
                             "print(slurm_dispatch.__file__)"],
                            capture_output=True, text=True, timeout=60, check=True)
     assert str(venv) in hooks.stdout
+
+
+def test_the_shipped_parts_default_to_the_python_the_admin_guide_installs() -> None:
+    # Issue 18 item 9: the parts defaulted to /usr/bin/python3, which the guide never installs
+    # into, so an admin who followed it had hooks that recorded nothing.
+    guide = (REPO / "docs/admin-guide.md").read_text()
+    venvs = set(re.findall(r"python3 -m venv (/\S+?)/?[\s`]", guide))
+    assert len(venvs) == 1, venvs
+    (venv,) = venvs
+    for part in ("contrib/prolog.d/05-dispatch", "contrib/epilog.d/05-dispatch",
+                 "site-config/dispatch-recheck"):
+        defaults = re.findall(r"^DISPATCH_PYTHON=(\S+)", (REPO / part).read_text(), re.M)
+        assert defaults == [f"{venv}/bin/python"], (part, defaults)
