@@ -182,9 +182,16 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
     body()
 
 
+def _open(job: str, slurm: Any = None) -> record.JobRecord:
+    """Dispatch job ``job`` (its id, or a Slurm job id of it) of this cluster: records of
+    several clusters may share one home, and a job of another is an error naming it."""
+    from .slurm import Slurm
+    return record.open_job(job, cluster=(slurm if slurm is not None else Slurm()).cluster())
+
+
 def _job_root(job: str, task: Optional[int]) -> str:
     """The checkpoint root of dispatch job ``job`` (of array task ``task`` for a %a root)."""
-    spec = record.open_job(job).spec
+    spec = _open(job).spec
     root = str(spec["checkpoint"])
     if "%a" not in root.replace("%%", ""):
         if task is not None:
@@ -449,9 +456,12 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     """
     def body() -> None:
         from .slurm import Slurm
-        slurm_jobs = Slurm().own_jobs()
-        record_ = status.open_job(job, slurm_jobs)
+        slurm = Slurm()
+        slurm_jobs = slurm.own_jobs()
+        here = slurm.cluster()
+        record_ = status.open_job(job, slurm_jobs, here)
         data = status.collect(record_, slurm_jobs)
+        data["cluster"] = data["cluster"] or here
         if as_json:
             echo_json(data)
         elif timeline:
@@ -463,37 +473,76 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
             width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
             click.echo(drawing.render(data, found, width=max(width, 60)))
         else:
-            click.echo(_render_status(data))
+            text = _render_status(data)
+            if len(record.clusters(record.all_jobs(), here)) > 1:  # whose job it is
+                head, _, rest = text.partition("\n")
+                text = f"{head}\nCluster     {data['cluster']}\n{rest}"
+            click.echo(text)
     body()
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
 @click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
-def jobs(as_json: bool, noheader: bool) -> None:
+@click.option("--clusters", "-M", metavar="NAME[,NAME...]|all",
+              help="List these clusters' jobs (records of several clusters may share one "
+                   "home); default: this cluster's.  Other clusters' states are as recorded.")
+def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
     """List your dispatch jobs, one line each, oldest first.
 
     STATE is Slurm's for the latest submission (every task's for an array), HELD for a
     standing shared-checkpoint hold, FINISHED once the supervisor settled it, UNKNOWN when
     Slurm has forgotten the job and nothing settled it yet.  Costs one squeue call.
+    A CLUSTER column shows each job's cluster where your records name more than one.
     """
     def body() -> None:
         from .slurm import Slurm
-        found = record.all_jobs()
-        lines = status.job_lines(found, Slurm().own_jobs() if found else {})
+        slurm = Slurm()
+        here = slurm.cluster()
+        every = record.all_jobs()
+        wanted = _cluster_choice(clusters, here)
+        own = [j for j in every if j.of_cluster(here)] if not wanted or here in wanted else []
+        # Another cluster's jobs: Slurm here cannot be asked about them, the record says.
+        others = [] if wanted is None else [
+            j for j in every if not j.of_cluster(here) and (not wanted or j.cluster in wanted)]
+        lines = status.job_lines(own, slurm.own_jobs() if own else {})
+        lines += status.job_lines(others, {})
+        for line, job in zip(lines, own + others):
+            line["cluster"] = _cluster_of(job) or here
         lines.sort(key=lambda line: line.get("created") or 0)
         if as_json:
             echo_json(lines)
             return
+        several = len(record.clusters(every, here)) > 1
         rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
                 else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
                       line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
                 for line in lines]
-        text = render_table(["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE",
-                             "CHECKPOINT"], rows, noheader)
+        headers = ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
+        if several:
+            headers.insert(1, "CLUSTER")
+            for row, line in zip(rows, lines):
+                row.insert(1, line.get("cluster") or "-")
+        text = render_table(headers, rows, noheader)
         if text:
             click.echo(text)
     body()
+
+
+def _cluster_choice(value: Optional[str], here: Optional[str]) -> Optional[set[str]]:
+    """--clusters: None for this cluster's only, an empty set for all, else the names."""
+    if value is None or value.strip() == "":
+        return None
+    names = {n.strip().lower() for n in value.split(",") if n.strip()}
+    return set() if "all" in names else names
+
+
+def _cluster_of(job: record.JobRecord) -> Optional[str]:
+    from .errors import DispatchError
+    try:
+        return job.cluster
+    except DispatchError:
+        return None  # an unreadable record: its line says so
 
 
 @main.command()
@@ -504,7 +553,7 @@ def cancel(job: str) -> None:
     def body() -> None:
         from .slurm import Slurm
         from .submit import cancel_job
-        record_ = record.open_job(job)
+        record_ = _open(job)
         cancelled = cancel_job(Slurm(), record_)
         if cancelled:
             click.echo(f"cancelled Slurm job(s) {' '.join(cancelled)} of dispatch job "
@@ -532,7 +581,8 @@ def resubmit(job: str, task: Optional[int], force: bool) -> None:
         from .slurm import Slurm
         from .submit import array_tasks, refuse_while_live
         from .submit import resubmit as resubmit_job
-        slurm, record_ = Slurm(), record.open_job(job)
+        slurm = Slurm()
+        record_ = _open(job, slurm)
         if task is not None and task not in (array_tasks(record_) or []):
             raise UsageError(f"--task {task}: dispatch job {record_.id} has no such array task "
                              f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
@@ -619,7 +669,7 @@ def release(job: str, force: bool) -> None:
         from .slurm import Slurm
         from .supervisor import release as release_hold
         from .supervisor import site_settings
-        record_ = record.open_job(job)
+        record_ = _open(job)
         held = release_hold(Slurm(), record_, site_settings(), force=force)
         click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
     body()

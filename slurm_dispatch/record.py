@@ -29,7 +29,7 @@ import os
 import time
 
 from . import events as schema
-from .errors import RecordError, UsageError
+from .errors import DispatchError, RecordError, UsageError
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -94,6 +94,24 @@ class JobRecord:
             cached = read_json(os.path.join(self.path, "job.json"))
             self._spec = cached
         return cached
+
+    @property
+    def cluster(self) -> Optional[str]:
+        """The Slurm cluster (``ClusterName``, lower case) the job was submitted to; None for
+        a record made before records carried it."""
+        value = self.spec.get("cluster")
+        return str(value) if value else None
+
+    def of_cluster(self, cluster: Optional[str]) -> bool:
+        """The job belongs to ``cluster``: a record without a cluster belongs to every one
+        (it was made before records carried it), and so does every record where the current
+        cluster is not known; an unreadable record too (it is reported where it is read)."""
+        if cluster is None:
+            return True
+        try:
+            return self.cluster in (None, cluster)
+        except DispatchError:
+            return True
 
     @property
     def script(self) -> str:
@@ -271,15 +289,31 @@ def remove_unsubmitted(job: JobRecord) -> None:
     shutil.rmtree(job.path, ignore_errors=True)
 
 
-def open_job(ident: str, home: Optional[str] = None) -> JobRecord:
-    """Find a dispatch job by its id, or by the Slurm job id of one of its submissions."""
+def open_job(ident: str, home: Optional[str] = None,
+             cluster: Optional[str] = None) -> JobRecord:
+    """Find a dispatch job by its id, or by the Slurm job id of one of its submissions.
+
+    With ``cluster`` (this cluster's name), only that cluster's jobs: a Slurm job id names a
+    job of its own cluster (ids repeat across clusters), and a job of another cluster is an
+    error naming it (Slurm here knows nothing of it)."""
     base = jobs_dir(home)
     if ident and "/" not in ident and os.path.isfile(os.path.join(base, ident, "job.json")):
-        return JobRecord(os.path.join(base, ident))
+        job = JobRecord(os.path.join(base, ident))
+        if not job.of_cluster(cluster):
+            raise UsageError(f"dispatch job {ident} was submitted to cluster {job.cluster!r}, "
+                             f"not this one ({cluster!r}): run this command on "
+                             f"{job.cluster!r}")
+        return job
     if ident.split("_")[0].isdigit():
         matches = [job for job in all_jobs(home) if _made(job, ident)]
+        mine = [job for job in matches if job.of_cluster(cluster)]
+        if mine:
+            return max(mine, key=lambda j: j.spec.get("created", 0))
         if matches:
-            return max(matches, key=lambda j: j.spec.get("created", 0))
+            named = ", ".join(sorted(f"dispatch job {j.id} of cluster {j.cluster!r}"
+                                     for j in matches))
+            raise UsageError(f"Slurm job {ident} of this cluster ({cluster!r}) is no dispatch "
+                             f"job's; on another cluster it is {named}")
     raise UsageError(f"no dispatch job {ident!r} in {base!r} "
                      "(give a dispatch job id like dab2cd3e, or a Slurm job id)")
 
@@ -301,3 +335,22 @@ def all_jobs(home: Optional[str] = None) -> list[JobRecord]:
         raise RecordError(f"cannot list {base!r}: {exc.strerror}") from None
     return [JobRecord(os.path.join(base, n)) for n in names
             if os.path.isfile(os.path.join(base, n, "job.json"))]
+
+
+def cluster_jobs(cluster: Optional[str], home: Optional[str] = None) -> list[JobRecord]:
+    """The dispatch jobs of ``cluster`` (:meth:`JobRecord.of_cluster`): those a command run
+    on that cluster acts on.  Several clusters may share one home, and Slurm job ids repeat
+    across clusters."""
+    return [job for job in all_jobs(home) if job.of_cluster(cluster)]
+
+
+def clusters(jobs: list[JobRecord], current: Optional[str]) -> list[str]:
+    """The clusters ``jobs`` were submitted to, ``current`` for a record that names none
+    (and with it): more than one means a command shows each job's cluster."""
+    found = set() if current is None else {current}
+    for job in jobs:
+        try:
+            found.add(job.cluster or current or "")
+        except DispatchError:
+            continue
+    return sorted(found - {""})

@@ -68,6 +68,13 @@ DEFAULT_USER = "dispatchuser"
 DEFAULT_NODE_COUNT = 3
 MAX_NODE_COUNT = 32
 CLUSTER_NAME = "dispatch-sandbox"
+# Another ClusterName, for a second sandbox standing for another cluster over the same home.
+# Fixed for a folder's life: slurmctld refuses to start on state saved under another name.
+CLUSTER_ENV = "DISPATCH_SANDBOX_CLUSTER"
+# How long slurmctld keeps an ended job (slurm.conf MinJobAge); a short one lets a test see
+# a job forgotten (slurmctld purges about once a minute).
+MIN_JOB_AGE = 600
+MIN_JOB_AGE_ENV = "DISPATCH_SANDBOX_MIN_JOB_AGE"
 PARTITION_NAME = "debug"
 # Well away from Slurm's defaults (6817/6818) so a system Slurm can run beside the sandbox.
 # A sandbox in another folder shifts them (Layout.port_slot) so that two can run at once.
@@ -317,7 +324,8 @@ def node_names(count: int) -> list[str]:
 
 
 def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
-                      release: str = HOST_RELEASE) -> str:
+                      release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
+                      min_job_age: int = MIN_JOB_AGE) -> str:
     """The sandbox's slurm.conf (pure): loopback nodes, fast timers, no accounting, no hooks.
 
     The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
@@ -328,7 +336,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
     lines = [
         "# slurm.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`: do not",
         "# edit; site settings come from slurm_dispatch.sandbox.site_config_lines (site.conf).",
-        f"ClusterName={CLUSTER_NAME}",
+        f"ClusterName={cluster}",
         f"SlurmctldHost={hostname}(127.0.0.1)",
         f"SlurmctldPort={layout.controller_port}",
         "SlurmUser=root",
@@ -365,7 +373,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "KillWait=5",
         "InactiveLimit=0",
         "WaitTime=0",
-        "MinJobAge=600",
+        f"MinJobAge={min_job_age}",
         *([f"FirstJobId={FIRST_ROOT_JOB_ID}"] if release != HOST_RELEASE else []),
         "PrologEpilogTimeout=30",
         "UnkillableStepTimeout=60",
@@ -738,6 +746,31 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
             os.kill(pid, signal.SIGHUP)
     if wait:
         actions += _wait_nodes_usable(layout, [name], time.monotonic() + timeout)
+    return actions
+
+
+def stop_controller(directory: Optional[PathLike] = None) -> list[str]:
+    """Stop slurmctld alone (a controller outage: every client call fails until
+    :func:`start_controller`); the nodes and their jobs go on.  Returns what it did."""
+    _require_root("stop the controller")
+    layout = Layout(state_dir(directory))
+    _claim(layout.root, create=False)
+    with _locked(layout):
+        return _stop(_slurmctld(layout))
+
+
+def start_controller(directory: Optional[PathLike] = None, timeout: float = 60.0
+                     ) -> list[str]:
+    """Start slurmctld again after :func:`stop_controller` (it reads its saved state) and wait
+    until it answers.  Returns what it did."""
+    _require_root("start the controller")
+    layout = Layout(state_dir(directory))
+    _claim(layout.root, create=False)
+    with _locked(layout):
+        daemon = _slurmctld(layout)
+        actions = [] if _alive(daemon) else _start(daemon, layout)
+        _wait(lambda: _controller_answers(layout), time.monotonic() + timeout,
+              "slurmctld to answer", layout, [])
     return actions
 
 
@@ -1400,12 +1433,24 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
     return True
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise SandboxError(f"${name}={raw!r} is not a whole number of seconds")
+    return int(raw)
+
+
 def _write_config(layout: Layout, nodes: Sequence[str],
                   release: str = HOST_RELEASE) -> list[str]:
     """Write the config files that differ; return the names of those written."""
     hostname = socket.gethostname().split(".")[0]
     wanted = {
-        layout.slurm_conf: render_slurm_conf(layout, nodes, hostname, release),
+        layout.slurm_conf: render_slurm_conf(
+            layout, nodes, hostname, release,
+            cluster=os.environ.get(CLUSTER_ENV) or CLUSTER_NAME,
+            min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE)),
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }

@@ -148,6 +148,39 @@ def _text(data: object) -> str:
     return data if isinstance(data, str) else ""
 
 
+# Where a node or login node keeps its copy of slurm.conf when the site runs configless:
+# slurmd's and sackd's cache (23.11 and later), and 22.05's slurmd spool.
+CONF_CACHES = ("/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf")
+
+
+def _conf_cluster(path: str) -> Optional[str]:
+    """``ClusterName`` of the slurm.conf at ``path`` (key case-insensitive, as Slurm reads
+    it), or None when the file cannot be read or does not set it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, sep, value = line.partition("#")[0].partition("=")
+                if sep and key.strip().lower() == "clustername" and value.strip():
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def local_cluster_name(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This cluster's ``ClusterName``, in lower case (Slurm maps it to lower case), from what
+    is on this machine: ``$SLURM_CLUSTER_NAME`` (set in every job), else the slurm.conf
+    ``$SLURM_CONF`` names, else /etc/slurm/slurm.conf or a configless cache; None if none says.
+    """
+    env = os.environ if env is None else env
+    name = env.get("SLURM_CLUSTER_NAME", "").strip()
+    if not name:
+        paths = [env["SLURM_CONF"]] if env.get("SLURM_CONF") else \
+            ["/etc/slurm/slurm.conf", *CONF_CACHES]
+        name = next((found for found in map(_conf_cluster, paths) if found), "")
+    return name.lower() or None
+
+
 def slurm_time(value: Optional[str]) -> Optional[float]:
     """``2026-11-30T06:22:31`` (local time, as Slurm prints it) to seconds; else None."""
     if not value or value in ("Unknown", "None", "N/A", "(null)"):
@@ -345,6 +378,7 @@ class Slurm:
         self.bytes_read = 0  # what the controller's answers weighed, for the bench
         self._setting = backend
         self._chosen: Any = _UNCHOSEN
+        self._cluster: Any = _UNCHOSEN
 
     def _pyslurm(self, env: Optional[Mapping[str, str]] = None) -> Any:
         """The pyslurm backend for a call made with ``env``, or None for the tools."""
@@ -358,6 +392,20 @@ class Slurm:
                 and env.get("SLURM_CONF") != os.environ.get("SLURM_CONF"):
             return None  # pyslurm loaded this process's configuration, not that one
         return self._chosen
+
+    def cluster(self, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+        """The cluster this adapter talks to, lower case: :func:`local_cluster_name`, else the
+        controller's ``ClusterName`` (one ``scontrol show config``, configless sites); None
+        when neither says.  Read once per adapter."""
+        if self._cluster is _UNCHOSEN:
+            found = local_cluster_name(env)
+            if found is None:
+                try:
+                    found = (self.config_value("ClusterName", env) or "").lower() or None
+                except SlurmError:
+                    found = None
+            self._cluster = found
+        return self._cluster  # type: ignore[return-value]
 
     @property
     def backend(self) -> str:

@@ -143,7 +143,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
     used = max(0, len(submissions) - 1) if tasks is None else \
         max((t["resubmits_used"] for t in lines), default=0)
     return {
-        "id": job.id, "generation": spec["generation"], "checkpoint": root,
+        "id": job.id, "cluster": job.cluster, "generation": spec["generation"],
+        "checkpoint": root,
         "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
         "resubmits_used": used, "supersedes": spec.get("supersedes"),
         "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
@@ -158,16 +159,18 @@ def _last_pass(job: record.JobRecord) -> Optional[dict[str, Any]]:
     return last_pass(os.path.dirname(os.path.dirname(job.path)))
 
 
-def open_job(ident: str, slurm_jobs: dict[str, Job]) -> record.JobRecord:
+def open_job(ident: str, slurm_jobs: dict[str, Job],
+             cluster: Optional[str] = None) -> record.JobRecord:
     """The dispatch job ``ident`` names: its id, or a Slurm job id of it (an array task's own
-    id too, ``98`` for ``97_1``: from the record, else from Slurm's view of the task)."""
+    id too, ``98`` for ``97_1``: from the record, else from Slurm's view of the task).  With
+    ``cluster``, that cluster's jobs only (:func:`record.open_job`)."""
     try:
-        return record.open_job(ident)
+        return record.open_job(ident, cluster=cluster)
     except DispatchError:
         info = slurm_jobs.get(ident)
         if info is None or not info.array_job_id or info.array_job_id == ident:
             raise
-        return record.open_job(info.array_job_id)
+        return record.open_job(info.array_job_id, cluster=cluster)
 
 
 def clock(seconds: Optional[float]) -> str:

@@ -517,8 +517,11 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     refuse_shared_root(root, slurm, home, env, allowed=old.id if old else None)
     created = prepare_root(root)
     try:
-        job = record.create_job(_spec(request, root, generation, old.id if old else None,
-                                      shared, env), request.script_bytes, home)
+        # The cluster: records of several clusters may share one home (one $HOME, several
+        # clusters), and each cluster's commands act on its own jobs only.
+        job = record.create_job({**_spec(request, root, generation, old.id if old else None,
+                                         shared, env), "cluster": slurm.cluster(env)},
+                                request.script_bytes, home)
     except DispatchError:
         remove_new_folders(created)
         raise

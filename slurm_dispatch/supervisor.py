@@ -220,7 +220,9 @@ class Supervisor:
         report = PassReport()
         self._mail_prog = self._min_age = None  # read again, once a pass, when first needed
         self._accounting = True
-        jobs = record.all_jobs(self.home)
+        # This cluster's jobs only: another cluster's, over the same home, are its own
+        # supervisor's (their ids repeat here, and this controller knows none of them).
+        jobs = record.cluster_jobs(self.slurm.cluster(), self.home)
         if not jobs:
             return report
         seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about

@@ -1,5 +1,6 @@
 """Shared test set-up: every test starts with no SLURM_* or DISPATCH_* in its environment
-(but ``DISPATCH_LISTING_LAG=0``: its roots are on one local disk).
+(but ``DISPATCH_LISTING_LAG=0``: its roots are on one local disk; below the real tier,
+``SLURM_CLUSTER_NAME=fake``, the fakes' cluster).
 
 Tests below the real tier talk to fakes (a fake controller, fake Slurm commands on PATH): they
 use the command-line backend, whatever pyslurm the machine may have, so a fake is never passed
@@ -23,6 +24,9 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureReques
             monkeypatch.delenv(name)
     if request.node.get_closest_marker("real") is None:
         monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "cli")
+        # The fakes' cluster, as a job's environment names it: no test asks a fake
+        # controller for its ClusterName unless it means to.
+        monkeypatch.setenv("SLURM_CLUSTER_NAME", "fake")
     # Every root of these tests is on this machine's own disk, seen by all at once: no listing
     # lag to wait for (tests/store/test_gc_lag.py models the lag itself, and the default).
     monkeypatch.setenv("DISPATCH_LISTING_LAG", "0")
