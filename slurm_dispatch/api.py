@@ -208,10 +208,13 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     script_args = [os.fspath(a) for a in args]
     folder = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
     environment = _environment(env)
-    argv = [*words, *sbatch_words, "--", os.fspath(script), *script_args]
     # `--` ends the options: a script named like an option is still the script.
-    request = submitting.read_request(argv, folder, environment)
+    request = submitting.read_request([*words, *sbatch_words, "--", os.fspath(script)], folder,
+                                      environment)
     request.sbatch.remove("--")
+    # Given apart, so never mistaken for options (the command warns of dispatch options
+    # after the script: here they are the script's by construction).
+    request.script_args = script_args
     if "test-only" in request.long_names:
         raise UsageError("--test-only submits nothing: it asks sbatch when the job would start "
                          "(run `dispatch-sbatch --test-only ...` or sbatch's own)")

@@ -52,10 +52,10 @@ def comparable(job: record.JobRecord, argv: list[str]) -> tuple[dict[str, Any], 
 def test_submit_makes_the_job_dispatch_sbatch_makes(home: Path) -> None:
     cluster = Recording()
     done = api.submit("job.sh", "-t", "5", "--partition=debug", args=["a b", "--lr=3"],
-                      checkpoint="ck", resubmit=2, warn_before="5:00",
+                      checkpoint="ck", resubmit=2, warn_before="2:00",
                       slurm=Slurm(cluster, wait=0))
     by_cli = submit.submit_new(submit.read_request(
-        ["--checkpoint", "ck-cli", "--resubmit", "2", "--warn-before", "5:00", "-t", "5",
+        ["--checkpoint", "ck-cli", "--resubmit", "2", "--warn-before", "2:00", "-t", "5",
          "--partition=debug", "job.sh", "a b", "--lr=3"]), Slurm(cluster, wait=0))
     job = record.open_job(done.job)
     spec, argv = comparable(job, cluster.sbatch_calls()[0])
@@ -63,7 +63,7 @@ def test_submit_makes_the_job_dispatch_sbatch_makes(home: Path) -> None:
     assert argv == cli_argv and argv[:3] == ["sbatch", "-t", "5"]
     assert spec == {**cli_spec, "checkpoint": str(home / "ck")}
     assert f"--comment=dispatch:{done.job}/1" in cluster.sbatch_calls()[0]
-    assert "--signal=B:USR1@300" in cluster.sbatch_calls()[0]
+    assert "--signal=B:USR1@120" in cluster.sbatch_calls()[0]
     assert (done.slurm_job_id, done.submission, done.generation) == ("100", 1, 0)
     assert done.epoch == model.Epoch(0, 1, 0).value
     assert done.checkpoint == str(home / "ck") and (home / "ck").is_dir()
@@ -82,6 +82,15 @@ def test_a_sweep_submits_many_jobs_from_one_process(home: Path) -> None:
     assert [d.slurm_job_id for d in done] == [str(100 + i) for i in range(30)]
     assert sorted(j.id for j in record.all_jobs()) == sorted(d.job for d in done)
     assert [c[-1] for c in cluster.sbatch_calls()] == [f"--lr={i}" for i in range(30)]
+
+
+def test_script_arguments_like_dispatch_options_go_to_the_script_without_a_warning(
+        home: Path) -> None:
+    cluster = FakeCluster()  # pytest turns a warning into an error here (filterwarnings)
+    done = api.submit("job.sh", args=["--resubmit", "3", "--", "-N"], checkpoint="ck",
+                      slurm=Slurm(cluster, wait=0))
+    assert cluster.sbatch_calls()[0][-4:] == ["--resubmit", "3", "--", "-N"]
+    assert record.open_job(done.job).spec["resubmit"] == 0 and done.warnings == ()
 
 
 def test_env_is_set_over_the_callers_environment_for_this_job(
