@@ -53,6 +53,7 @@ def _folder(directory: Optional[str], release: Optional[str]) -> Optional[str]:
 
 @click.group(cls=_Shell,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="slurm-dispatch", prog_name=PROG)
 def cli() -> None:
     """A real multi-node Slurm cluster on this machine, for demos and tests.
 

@@ -31,21 +31,50 @@ requeues, resubmissions) gets its own identity and its own checkpoint folder:
 
 Publish a complete save with `dispatch publish --step S PATH`; resume with `dispatch latest`.
 
-Dispatch options (also as `#DISPATCH` lines in the script's header, like `#SBATCH`):
-  --checkpoint DIR      the checkpoint root (required), the same for every submission;
-                        %a expands to the array task id (one root per task)
-  --resubmit N          resubmit up to N times after failures (applied by `dispatch supervise`)
-  --shared-checkpoint   the job shares one mutable checkpoint: recovery becomes a hold
+Dispatch options (also as `#DISPATCH` lines in the script's header, like `#SBATCH`;
+the command line wins):
+  --checkpoint DIR      the checkpoint root (required), the same for every submission: a
+                        folder or s3://bucket/prefix (s3:// needs the 's3' extra, boto3);
+                        %a expands to the array task id (one root per task: an array of
+                        several tasks must have it, a job without --array must not)
+  --resubmit N          resubmit up to N times after failure, timeout or out-of-memory
+                        (carried out by `dispatch supervise`, which must be running)
+  --shared-checkpoint   the job shares one mutable checkpoint: no Slurm requeue, each
+                        restart becomes a hold until its processes are proven gone
   --supersede JOB       replace dispatch job JOB: generation G+1, same root, JOB cancelled
+  --warn-before TIME[:SIGNAL]
+                        signal the job script TIME (seconds or MM:SS, less than --time)
+                        before its time limit, USR1 unless named, so it can save first
+                        (sets sbatch's --signal=B:SIGNAL@TIME)
   --plan                print the plan (rules, holds) and submit nothing
+  -h, --help            print this help;  -V, --version  print the version
 
-Every sbatch option and #SBATCH directive works as with sbatch (see `sbatch --help`).
+Every other sbatch option and #SBATCH directive works as with sbatch (see `sbatch
+--help`), except:
+  --wrap                refused: every resubmission runs the snapshot of a script taken at
+                        the first; put the command in a script
+  --signal              refused with --warn-before (which sets it)
+  --requeue             refused with --shared-checkpoint (Slurm must not restart it)
+  --dependency          in #SBATCH lines, naming a dispatch job is refused (give it on the
+                        command line, where it becomes the job's current submission)
+  --array               of several tasks, refused on a root without %a
 The job name defaults to the script's name.  Prints sbatch's own line, then the dispatch
 job id (on stderr with --parsable, so stdout stays exactly what sbatch prints).
 
 Example:
   dispatch-sbatch --checkpoint /scratch/$USER/run1 -N 2 --time=4:00:00 train.sh --lr 3e-4
 """
+
+
+def version() -> str:
+    """The installed package's version, as ``dispatch --version`` reads it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("slurm-dispatch")
+    except metadata.PackageNotFoundError:  # a checkout run without installing
+        from . import __version__
+        return __version__
 
 
 def entry() -> None:
@@ -66,6 +95,9 @@ def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
                 script_seen = True
             if not script_seen and word in ("-h", "--help"):
                 sys.stdout.write(HELP)
+                return
+            if not script_seen and word in ("-V", "--version"):
+                sys.stdout.write(f"dispatch-sbatch, version {version()}\n")
                 return
         request = submit.read_request(args)
         for warning in request.warnings:

@@ -60,9 +60,13 @@ def read_request(argv: list[str], cwd: Optional[str] = None,
     env = os.environ if env is None else env
     line = sbatch_args.parse_command_line(argv)
     sbatch = list(line.sbatch)
-    if any(w == "--wrap" or w.startswith("--wrap=") for w in sbatch):
-        raise UsageError("--wrap is not supported: put the command in a script so every "
-                         "resubmission runs the same thing")
+    if "wrap" in line.long_names:
+        raise UsageError(
+            "--wrap is refused: every resubmission runs the snapshot of a script taken at the "
+            "first submission, so put the command in a script (printf '#!/bin/bash\\n%s\\n' "
+            "CMD >job.sh).  It is the one sbatch option always refused; --signal with "
+            "--warn-before and --requeue with --shared-checkpoint are refused together "
+            "(dispatch-sbatch --help lists them)")
     if line.script is None:
         raise UsageError("no batch script given: usage is "
                          "dispatch-sbatch [dispatch options] [sbatch options] script [args...]")
@@ -112,11 +116,14 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
             "dispatch job (a resubmission resumes from the root's latest publication); each "
             "execution already gets its own exec/<attempt>/ folder under it.  Write a fixed "
             "path, with %a for one root per task of an array (for example ck/task%a)")
-    if "://" in options.checkpoint:  # imported only then: start-up speed
+    if ":" in options.checkpoint:  # imported only then: start-up speed
         from . import stores
-        from .stores import s3
 
         stores.check_root_scheme(options.checkpoint)
+    if "://" in options.checkpoint:
+        from .stores import s3
+
+        s3.refuse_without_sdk(quick=True)
         # Checked for shape only: dispatch-sbatch never talks to S3 (boto3 stays off this path).
         return s3.parse_root(options.checkpoint).url
     return os.path.normpath(os.path.join(cwd, os.path.expanduser(options.checkpoint)))
@@ -239,6 +246,13 @@ def once_key(submission: int, task: Optional[int] = None) -> str:
 def _array_words(words: list[str]) -> tuple[Optional[str], list[str]]:
     """The last ``--array`` (``-a``) value among sbatch words, as sbatch would take it, and
     the words without any array option."""
+    return _option_words(words, "array", "a")
+
+
+def _option_words(words: list[str], long: str, short: str
+                  ) -> tuple[Optional[str], list[str]]:
+    """The last value of sbatch option ``--long`` (``-short``) among sbatch words, as sbatch
+    would take it, and the words without that option."""
     found, rest = None, []
     i = 0
     while i < len(words):
@@ -249,12 +263,12 @@ def _array_words(words: list[str]) -> tuple[Optional[str], list[str]]:
                 resolved = sbatch_args._resolve_long(name, "")
             except UsageError:
                 resolved = name
-            if resolved == "array":
+            if resolved == long:
                 value, taken = (given, 1) if sep else (
                     words[i + 1] if i + 1 < len(words) else "", 2)
-        elif word == "-a":
+        elif word == "-" + short:
             value, taken = (words[i + 1] if i + 1 < len(words) else ""), 2
-        elif word.startswith("-a") and not word.startswith("--"):
+        elif word.startswith("-" + short) and not word.startswith("--"):
             value = word[2:].lstrip("=")
         if value is None:
             rest.append(word)
@@ -306,20 +320,69 @@ def _array_given(words: list[str], env: Mapping[str, str], header_lines: list[st
                  script_name: str) -> Optional[tuple[str, str]]:
     """The ``--array`` value sbatch would take and where it was given (as the user would
     write it), or None: the command line over ``SBATCH_ARRAY_INX`` over ``#SBATCH`` lines."""
-    value = _array_words(words)[0]
+    return _given(words, env, header_lines, script_name, "array", "a", "SBATCH_ARRAY_INX")
+
+
+def _given(words: list[str], env: Mapping[str, str], header_lines: list[str],
+           script_name: str, long: str, short: str, variable: str
+           ) -> Optional[tuple[str, str]]:
+    """The value of sbatch option ``--long`` sbatch would take and where it was given (as the
+    user would write it), or None: the command line over ``$variable`` over ``#SBATCH``."""
+    value = _option_words(words, long, short)[0]
     if value is not None:
-        return value, f"--array={value}"
-    value = env.get("SBATCH_ARRAY_INX") or None
+        spelled = next((w for w in reversed(words) if w == "-" + short), None)
+        return value, f"-{short} {value}" if spelled else f"--{long}={value}"
+    value = env.get(variable) or None
     if value is not None:
-        return value, f"SBATCH_ARRAY_INX={value}"
+        return value, f"{variable}={value}"
     header: list[str] = []
     for line in header_lines:
         text = line.lstrip()
         if text.startswith("#SBATCH"):
             header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
                                                        script_name, 0))
-    value = _array_words(header)[0]
-    return (value, f"#SBATCH --array={value} in {script_name}") if value is not None else None
+    value = _option_words(header, long, short)[0]
+    return (value, f"#SBATCH --{long}={value} in {script_name}") if value is not None \
+        else None
+
+
+def time_limit(value: str) -> Optional[int]:
+    """Seconds of an sbatch ``--time`` value (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``); None for no limit (``INFINITE``, ``UNLIMITED``) or a value sbatch judges."""
+    text = value.strip()
+    try:
+        days, dash, rest = text.partition("-")
+        if not dash:
+            parts = [int(p) for p in text.split(":")]
+            scale = {1: [60], 2: [60, 1], 3: [3600, 60, 1]}[len(parts)]
+            return sum(p * m for p, m in zip(parts, scale))
+        parts = [int(p) for p in rest.split(":")]
+        if len(parts) > 3 or any(p < 0 for p in parts):
+            return None
+        return int(days) * 86400 + sum(p * m for p, m in zip(parts, [3600, 60, 1]))
+    except (ValueError, KeyError):
+        return None
+
+
+def refuse_warning_past_limit(request: Request,
+                              env: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse ``--warn-before`` that is not less than the job's time limit: the signal would
+    come before the job starts its work, or never (Slurm signals only within the limit).
+    The limit is sbatch's ``--time`` (command line, ``SBATCH_TIMELIMIT``, ``#SBATCH``); with
+    none given the partition's default applies, which only the controller knows."""
+    warn = request.options.warn_before
+    if not warn:
+        return
+    found = _given(request.sbatch, os.environ if env is None else env,
+                   request.header.sbatch_lines, os.path.basename(request.script_path),
+                   "time", "t", "SBATCH_TIMELIMIT")
+    limit = time_limit(found[0]) if found is not None else None
+    if found is None or limit is None or warn[1] < limit:
+        return
+    raise UsageError(
+        f"--warn-before {warn[1]} ({warn[1]} s) is not less than {found[1]} ({limit} s): the "
+        f"job script would get SIG{warn[0]} as it starts, not before its time limit.  Give "
+        "--warn-before less than the limit (the time a save takes, plus a margin)")
 
 
 def per_task(root: str) -> bool:
@@ -349,6 +412,12 @@ def refuse_array_on_one_root(request: Request, root: str,
     """
     found = _array_given(request.sbatch, os.environ if env is None else env,
                          request.header.sbatch_lines, os.path.basename(request.script_path))
+    if found is None and per_task(root):
+        given = request.options.checkpoint or root
+        raise UsageError(
+            f"--checkpoint {given!r} has %a (the array task id) but the job is submitted "
+            "without --array: a job that is not an array has no task id.  Give --array, or "
+            "remove %a from the root (write %%a for a literal '%a')")
     if found is None or per_task(root):
         return
     tasks = parse_array(found[0])
@@ -514,6 +583,7 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
         root = checkpoint_root(request.options, request.cwd)
     shared = request.options.shared_checkpoint or bool(old and old.spec["shared_checkpoint"])
     refuse_array_on_one_root(request, root, env)
+    refuse_warning_past_limit(request, env)
     refuse_shared_root(root, slurm, home, env, allowed=old.id if old else None)
     created = prepare_root(root)
     try:

@@ -26,6 +26,11 @@ _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 def check_root_scheme(root: str) -> None:
     """Refuse a URL root of a kind no store serves (``gs://``, ``file://``...)."""
+    if root[:3].lower() == "s3:" and root[3:5] != "//":
+        # One slash (or none) would make a local folder named 's3:' quietly.
+        raise UsageError(f"checkpoint root {root!r} is not an S3 URL, which has two slashes: "
+                         f"s3://{root[3:].lstrip('/')}; for a local folder of that name, "
+                         f"write ./{root}")
     match = _SCHEME_RE.match(root)
     if match and not is_s3_root(root):
         raise UsageError(f"checkpoint root {root!r}: {match.group(0)!r} roots are not "

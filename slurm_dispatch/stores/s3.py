@@ -64,7 +64,40 @@ from .base import (
     is_s3_root,
 )
 
-EXTRA_HINT = "pip install 'slurm-dispatch[s3]'"
+EXTRA_HINT = ("install the 's3' extra into it: pip install "
+              "'slurm_dispatch-<version>-py3-none-any.whl[s3]' (the wheel make dist builds), "
+              "or pip install boto3")
+SDK = ("boto3", "botocore")
+
+
+def refuse_without_sdk(quick: bool = False) -> None:
+    """A StoreError in one line, naming the extra, where boto3 or botocore cannot be imported
+    (an ``s3://`` root needs both; without them every S3 call would fail deep inside).
+
+    ``quick`` (dispatch-sbatch, which never talks to S3): only look for the packages, not
+    import them (importing boto3 costs about 100 ms).
+    """
+    import sys
+
+    for name in SDK:
+        if quick:
+            import importlib.util
+
+            try:
+                missing = importlib.util.find_spec(name) is None
+            except (ImportError, ValueError):
+                missing = True
+        else:
+            try:
+                __import__(name + (".exceptions" if name == "botocore" else ""))
+                missing = False
+            except ImportError:
+                missing = True
+        if missing:
+            raise StoreError(f"an s3:// checkpoint root needs {name}, which {sys.executable} "
+                             f"cannot import: {EXTRA_HINT}")
+
+
 # Codes a server gives for a conditional create that raced another one in flight (AWS S3
 # documents ConditionalRequestConflict); retrying settles it as a create or a 412.
 _CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
@@ -126,12 +159,9 @@ def _client(timeout: float) -> Any:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            try:
-                import boto3
-                from botocore.config import Config
-            except ImportError:
-                raise StoreError("an s3:// checkpoint root needs boto3, which is not installed: "
-                                 f"{EXTRA_HINT} (the 's3' extra)") from None
+            refuse_without_sdk()
+            import boto3
+            from botocore.config import Config
             socket_timeout = max(0.1, min(timeout, 30.0))
             config = Config(connect_timeout=socket_timeout, read_timeout=socket_timeout,
                             retries={"mode": "standard", "max_attempts": 3},
@@ -205,6 +235,7 @@ class S3Store(Store):
             raise UsageError(f"timeout {timeout!r} must be more than 0 seconds")
         self.root = root
         self.where = parse_root(root)
+        refuse_without_sdk()
         self.timeout = float(timeout)
         self.pub_prefix = self.where.key(PUB) + "/"
 

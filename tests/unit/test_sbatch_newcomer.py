@@ -1,0 +1,178 @@
+"""What a newcomer hits at submission and in the launcher (issue 18, items 3, 9, 12, 13, 14,
+15): each command runs as a real process, so what is checked is what a user sees.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_cli_shell import command, one_error_line
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("prog", ["dispatch-sbatch", "dispatch-sandbox"])
+def test_version_reads_like_dispatchs_own(prog: str) -> None:
+    theirs = command("dispatch", "--version")
+    assert theirs.returncode == 0 and theirs.stdout.startswith("dispatch, version ")
+    version = theirs.stdout.split("version ", 1)[1]
+    ours = command(prog, "--version")
+    assert (ours.returncode, ours.stdout, ours.stderr) == (0, f"{prog}, version {version}", "")
+
+
+# -- item 9: --help teaches every option, and says which sbatch options are refused ---------
+
+def test_sbatch_help_lists_every_dispatch_option_and_the_refused_sbatch_ones() -> None:
+    from slurm_dispatch import sbatch_args
+
+    shown = command("dispatch-sbatch", "--help")
+    assert shown.returncode == 0
+    for name in sorted(sbatch_args.DISPATCH_WITH_ARG | sbatch_args.DISPATCH_FLAGS):
+        assert f"  --{name}" in shown.stdout, name
+    refused = shown.stdout.split("except:", 1)[1]
+    for name in ("--wrap", "--signal", "--requeue", "--dependency", "--array"):
+        assert f"  {name} " in refused, name
+
+
+@pytest.mark.parametrize("wrap", ["--wrap=hostname", "--wra=hostname"])
+def test_wrap_is_refused_saying_why_and_what_else_is(tmp_path: Path, wrap: str) -> None:
+    refused = command("dispatch-sbatch", "--checkpoint", str(tmp_path / "ck"), wrap,
+                      cwd=tmp_path, env={"DISPATCH_HOME": str(tmp_path / "home")})
+    one_error_line(refused, "dispatch-sbatch", 2, "--wrap is refused: every resubmission")
+    assert "--signal with --warn-before" in refused.stderr
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "home").exists()
+
+
+# -- item 14: submission inputs that cannot mean what they say -------------------------------
+
+def submit_refused(tmp_path: Path, *args: str, header: str = "", env: dict[str, str] | None
+                   = None) -> subprocess.CompletedProcess[str]:
+    """dispatch-sbatch with ``args`` before job.sh; sbatch itself must never be reached."""
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n{header}true\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for client in ("sbatch", "squeue", "scontrol"):
+        (bin_dir / client).write_text(f"#!/bin/sh\ntouch {tmp_path}/reached-slurm\nexit 1\n")
+        (bin_dir / client).chmod(0o755)
+    proc = command("dispatch-sbatch", *args, "job.sh", cwd=tmp_path,
+                   env={"DISPATCH_HOME": str(tmp_path / "home"),
+                        "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})})
+    assert not (tmp_path / "reached-slurm").exists(), proc.stderr
+    assert not (tmp_path / "home" / "jobs").exists() or not list(
+        (tmp_path / "home" / "jobs").iterdir()), "a record was made"
+    return proc
+
+
+@pytest.mark.parametrize("time_args,env,header,words", [
+    (["--time=5"], {}, "", "--warn-before 600 (600 s) is not less than --time=5 (300 s)"),
+    (["-t", "0:10:00"], {}, "", "not less than -t 0:10:00 (600 s)"),
+    ([], {"SBATCH_TIMELIMIT": "9"}, "", "not less than SBATCH_TIMELIMIT=9 (540 s)"),
+    ([], {}, "#SBATCH --time=00:08:00\n", "not less than #SBATCH --time=00:08:00 in job.sh"),
+])
+def test_warn_before_not_shorter_than_the_time_limit_is_refused(
+        tmp_path: Path, time_args: list[str], env: dict[str, str], header: str,
+        words: str) -> None:
+    proc = submit_refused(tmp_path, "--checkpoint", "ck", "--warn-before", "600", *time_args,
+                          header=header, env=env)
+    one_error_line(proc, "dispatch-sbatch", 2, words)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_warn_before_within_the_time_limit_is_taken(tmp_path: Path) -> None:
+    from slurm_dispatch import submit
+
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --time=1-00:00\ntrue\n")
+    for given in (["--time=UNLIMITED"], ["--time=11"], []):
+        request = submit.read_request(["--checkpoint", "ck", "--warn-before", "10:00", *given,
+                                       "job.sh"], cwd=str(tmp_path))
+        assert request.options.warn_before == ("USR1", 600)
+
+
+def test_a_per_task_root_without_an_array_is_refused(tmp_path: Path) -> None:
+    proc = submit_refused(tmp_path, "--checkpoint", "ck/task%a")
+    one_error_line(proc, "dispatch-sbatch", 2, "--checkpoint 'ck/task%a' has %a")
+    assert "without --array" in proc.stderr
+    assert not (tmp_path / "ck").exists()
+
+
+def test_a_literal_percent_a_needs_no_array(tmp_path: Path) -> None:
+    from slurm_dispatch import submit
+
+    (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
+    request = submit.read_request(["--checkpoint", "ck/100%%a", "job.sh"], cwd=str(tmp_path))
+    submit.refuse_array_on_one_root(request, str(tmp_path / "ck/100%%a"), {})  # no refusal
+
+
+@pytest.mark.parametrize("root", ["s3:/bucket/run1", "S3:bucket/run1"])
+def test_an_s3_url_with_one_slash_is_not_taken_for_a_folder(tmp_path: Path, root: str) -> None:
+    proc = submit_refused(tmp_path, "--checkpoint", root)
+    one_error_line(proc, "dispatch-sbatch", 2, f"checkpoint root {root!r}")
+    assert "s3://bucket/run1" in proc.stderr and "./" + root in proc.stderr
+    assert not list(tmp_path.glob("[sS]3*"))
+    listed = command("dispatch", "list", "--root", root)
+    one_error_line(listed, "dispatch", 2, "s3://bucket/run1")
+
+
+# -- item 3: an s3:// root where boto3 cannot be imported ------------------------------------
+
+def without_boto(tmp_path: Path) -> dict[str, str]:
+    """An environment whose Python cannot import boto3 or botocore (as in a venv without the
+    's3' extra): a sitecustomize on PYTHONPATH blocks both, in every process started so."""
+    block = tmp_path / "no-boto"
+    block.mkdir(exist_ok=True)
+    (block / "sitecustomize.py").write_text(
+        "import sys\nsys.modules.update({'boto3': None, 'botocore': None})\n")
+    return {"PYTHONPATH": os.pathsep.join([str(block), str(REPO)])}
+
+
+def one_line_naming_the_extra(proc: subprocess.CompletedProcess[str], prog: str) -> None:
+    one_error_line(proc, prog, 2, "an s3:// checkpoint root needs boto3")
+    assert "the 's3' extra" in proc.stderr and ".whl[s3]" in proc.stderr, proc.stderr
+
+
+def test_without_the_s3_extra_each_command_says_so_in_one_line(tmp_path: Path) -> None:
+    env = without_boto(tmp_path)
+    probe = subprocess.run([sys.executable, "-c", "import botocore"], env={**os.environ, **env},
+                           capture_output=True, text=True)
+    assert probe.returncode == 1 and "ModuleNotFoundError" in probe.stderr  # the block holds
+    for args in (["latest", "--root", "s3://bucket/run1"], ["list", "--root", "s3://bucket/x"]):
+        one_line_naming_the_extra(command("dispatch", *args, env=env), "dispatch")
+    refused = submit_refused(tmp_path, "--checkpoint", "s3://bucket/run1", env=env)
+    one_line_naming_the_extra(refused, "dispatch-sbatch")
+
+
+def test_without_the_s3_extra_the_job_and_its_status_say_so(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from slurm_dispatch import submit
+    from slurm_dispatch.slurm import Slurm
+
+    from .fake_cluster import FakeCluster
+
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho ran\n")
+    done = submit.submit_new(submit.read_request(["--checkpoint", "s3://bucket/run1", "job.sh"],
+                                                 cwd=str(tmp_path)), Slurm(FakeCluster(), wait=0))
+    env = {**without_boto(tmp_path), "DISPATCH_HOME": str(tmp_path / "home"),
+           "SLURM_JOB_ID": done.slurm_job_id}
+    launched = subprocess.run(
+        [sys.executable, "-m", "slurm_dispatch.launch", "--job", done.job.path, "--submission",
+         "1", "--"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    one_line_naming_the_extra(launched, "dispatch-launch")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")  # Slurm knows none of them now
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho 'accounting storage is disabled' >&2\n"
+                                   "exit 1\n")
+    for client in ("squeue", "sacct"):
+        (bin_dir / client).chmod(0o755)
+    status = command("dispatch", "status", done.job.id,
+                     env={**env, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    shown = [line for line in status.stdout.splitlines() if "boto3" in line]
+    assert len(shown) == 1 and ".whl[s3]" in shown[0], status.stdout
