@@ -185,7 +185,8 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     process's environment (``None`` removes one): sbatch sees that environment, and every
     resubmission gets it again.  ``cwd`` is the folder it is submitted from (the script is
     found there, and sbatch runs there), default this process's.  ``slurm`` is the Slurm
-    adapter to use (:class:`slurm_dispatch.slurm.Slurm`; one is made when not given).
+    adapter to use (:class:`slurm_dispatch.slurm.Slurm`); without it, one made at the first
+    call is used by every call of the process (give one for another cluster).
 
     The same checks, record, injected identity and sbatch line as ``dispatch-sbatch`` (one
     code path); bad input raises :class:`UsageError` naming the value before anything is
@@ -220,8 +221,11 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
                          "(run `dispatch-sbatch --test-only ...` or sbatch's own)")
     for text in request.warnings:
         warnings.warn(text, stacklevel=2)
-    done = submitting.submit_new(request, slurm if slurm is not None else Slurm(),
-                                 env=environment)
+    if slurm is None:
+        if not _ADAPTER:  # one for the process: what it learns once (the cluster) is kept
+            _ADAPTER.append(Slurm())
+        slurm = _ADAPTER[0]
+    done = submitting.submit_new(request, slurm, env=environment)
     spec = done.job.spec
     generation = int(spec["generation"])
     return Submission(job=done.job.id, slurm_job_id=done.slurm_job_id, generation=generation,
@@ -229,6 +233,9 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
                       epoch=generation * 10**12 + done.submission * 10**6,
                       checkpoint=str(spec["checkpoint"]), record=done.job.path,
                       sbatch_output=done.result.stdout, warnings=tuple(request.warnings))
+
+
+_ADAPTER: list[Slurm] = []
 
 
 def _dispatch_words(checkpoint: Optional[PathLike], resubmit: Optional[int],

@@ -655,11 +655,29 @@ def refuse_shared_root(root: str, slurm: Slurm, home: Optional[str] = None,
                     "choose another root")
 
 
+# Each record's root as read by this process: (job.json's identity, root), by record folder.
+_ROOTS: dict[str, tuple[tuple[int, int, int, int], Optional[str]]] = {}
+
+
 def _spec_root(job: record.JobRecord) -> Optional[str]:
+    """The job's root.  A record's job.json is written once and never changed (0444), so a
+    process that submits many jobs (a sweep through ``api.submit``) reads each once, not once
+    per submission: kept by the file's inode, times and size, so a record removed and made
+    again under the same id is read again."""
     try:
-        return str(job.spec["checkpoint"])
+        info = os.stat(os.path.join(job.path, "job.json"))
+    except OSError:
+        return None  # gone meanwhile, or unreadable: reported where it is used, not here
+    key = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_size)
+    known = _ROOTS.get(job.path)
+    if known is not None and known[0] == key:
+        return known[1]
+    try:
+        root: Optional[str] = str(job.spec["checkpoint"])
     except (DispatchError, KeyError):
-        return None  # an unreadable record is reported where it is used, not here
+        root = None  # an unreadable record is reported where it is used, not here
+    _ROOTS[job.path] = (key, root)
+    return root
 
 
 def hold_comment(job: record.JobRecord, submission: int, why: str, deadline: float) -> str:

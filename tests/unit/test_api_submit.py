@@ -202,3 +202,36 @@ def test_submitting_imports_no_click() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == ""
+
+
+def test_a_sweep_reads_each_record_once_for_the_root_in_use_check(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check lists the caller's records at every submission; a record's spec never
+    changes once written, so one process reads each once (linear, not quadratic, in jobs)."""
+    reads: list[str] = []
+    real = record.read_json
+
+    def counted(path: str) -> Any:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(record, "read_json", counted)
+    slurm = Slurm(FakeCluster(), wait=0)
+    done = [api.submit("job.sh", checkpoint=f"sweep/{i}", slurm=slurm) for i in range(40)]
+    specs = [p for p in reads if p.endswith("job.json")]
+    assert len(specs) <= 3 * len(done), f"{len(specs)} reads of job.json for {len(done)} jobs"
+    with pytest.raises(UsageError, match=f"in use by your dispatch job {done[7].job}"):
+        api.submit("job.sh", checkpoint="sweep/7", slurm=slurm)
+
+
+def test_a_record_made_again_under_its_id_is_read_again(home: Path) -> None:
+    slurm = Slurm(FakeCluster(), wait=0)
+    first = api.submit("job.sh", checkpoint="a", slurm=slurm)
+    spec = Path(first.record, "job.json")
+    text = spec.read_text().replace(str(home / "a"), str(home / "b"))
+    spec.chmod(0o644)
+    spec.unlink()
+    spec.write_text(text)
+    with pytest.raises(UsageError, match=f"in use by your dispatch job {first.job}"):
+        api.submit("job.sh", checkpoint="b", slurm=slurm)
+    assert api.submit("job.sh", checkpoint="a", slurm=slurm).job != first.job
