@@ -39,19 +39,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Mapping
-from types import FrameType
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from .. import record
-from ..errors import DispatchError, NotRequeued
+from ..errors import NotRequeued
+from .requeue import SignalFlag, is_shared_checkpoint, requeue
 from .saves import (
     Execution,
     choose_resume,
@@ -84,17 +80,6 @@ def resume_from_checkpoint(default: Optional[str] = None,
     return choose_resume(execution, framework=FRAMEWORK).path
 
 
-def is_shared_checkpoint(execution: Execution) -> Optional[bool]:
-    """Whether the execution's dispatch job shares its checkpoint; ``None`` when its record
-    cannot be read (then it is treated as shared: no restart behind dispatch's back)."""
-    if not execution.job:
-        return None
-    try:
-        return bool(record.open_job(execution.job).spec.get("shared_checkpoint"))
-    except (DispatchError, OSError, ValueError, KeyError):
-        return None
-
-
 def _last_pattern(callback: ModelCheckpoint) -> re.Pattern[str]:
     """File names the callback's ``last`` save takes (``last.ckpt``, ``last-v1.ckpt``, or a
     formatted name such as ``{epoch}-last``)."""
@@ -117,9 +102,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         self.publications: list[str] = []
         self.requeued = False
         self._requeue_command = requeue_command
-        self._signalled = False
-        self._signum: Optional[int] = None
-        self._previous_handler: Union[Callable[[int, Optional[FrameType]], Any], int, None] = None
+        self._signal = SignalFlag()  # the requeue signal, taken as a flag
         self._last_names: list[re.Pattern[str]] = []
         self._published_paths: set[str] = set()
         self._shared: Optional[bool] = None
@@ -163,13 +146,8 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if isinstance(cluster, SLURMEnvironment):
             cluster.auto_requeue = False
             signum = cluster.requeue_signal or signal.SIGUSR1
-        if threading.current_thread() is threading.main_thread():
-            self._signum = int(signum)
-            self._previous_handler = signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         # Nothing else happens inside the handler: the save waits for a safe point of the loop.
-        self._signalled = True
+        self._signal.take(int(signum))
 
     def _wrap_save(self, trainer: pl.Trainer) -> None:
         original = trainer.save_checkpoint
@@ -188,9 +166,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if self.execution is None or stage != "fit":
             return
         trainer.__dict__.pop("save_checkpoint", None)
-        if self._signum is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(self._signum, self._previous_handler or signal.SIG_DFL)
-            self._signum = None
+        self._signal.hand_back()
         if self._not_requeued is not None:
             # Last, once everything above is undone: fit returning would end the job
             # COMPLETED, and the supervisor stops a completed job for good.
@@ -263,56 +239,17 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if self.execution is None or self._stopped:
             return
         # Every rank must take part in the save, so the ranks agree on "any rank signalled".
-        if not trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
+        if not trainer.strategy.reduce_boolean_decision(self._signal.raised, all=False):
             return
-        self._signalled = False
+        self._signal.raised = False
         path = os.path.join(self.execution.exec_dir, CHECKPOINTS,
                             REQUEUE_SAVE.format(step=trainer.global_step))
         trainer.save_checkpoint(path)  # published when it returns
         self._stopped = True
-        why = self._requeue(path) if trainer.is_global_zero else None
+        why = requeue(path, self._shared, self._requeue_command) if trainer.is_global_zero \
+            else None
         # Every rank ends the same way: all with NotRequeued, or all requeued.
         why = trainer.strategy.broadcast(why, src=0)
         self.requeued = why is None
         self._not_requeued = why
         trainer.should_stop = True
-
-    def _requeue(self, save: str) -> Optional[str]:
-        """Requeue the job; None when Slurm took it, else what happened and what comes next
-        (the message of the :class:`NotRequeued` the job ends with)."""
-        after = ("so it ends with this error: Slurm records it FAILED, not COMPLETED, and "
-                 "dispatch's rule for a failed job applies")
-        if self._shared is not False:
-            why = ("it shares its checkpoint" if self._shared
-                   else "its dispatch record could not be read")
-            sys.stderr.write("dispatch: saved and published at the requeue signal; not "
-                             f"requeuing the job: {why}, so it restarts only after a proof "
-                             "or a person\n")
-            return (f"stopped at the requeue signal and published {save}, but not requeued: "
-                    f"{why}, {after}: while its --resubmit budget lasts, a hold until the "
-                    "old execution is proven gone or a person releases it (`dispatch "
-                    "status` shows it)")
-        command = self._requeue_command or ["scontrol", "requeue", _slurm_job_id()]
-        try:
-            result = subprocess.run(command, capture_output=True, text=True)
-        except OSError as exc:
-            failed = f"could not run ({exc.strerror or exc})"
-        else:
-            if result.returncode == 0:
-                return None
-            failed = f"failed (exit {result.returncode}): {result.stderr.strip()}"
-        message = (f"stopped at the requeue signal and published {save}, but "
-                   f"`{' '.join(command)}` {failed}; the job was not requeued (as Slurm refuses "
-                   f"for a job submitted with --no-requeue or where JobRequeue=0), {after}: "
-                   "`dispatch supervise` resubmits it while its --resubmit budget lasts, "
-                   "and the resubmission resumes from that save; with no budget left the "
-                   "job stops")
-        sys.stderr.write(f"dispatch: {message}\n")
-        return message
-
-
-def _slurm_job_id() -> str:
-    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array_job:
-        return f"{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
-    return os.environ.get("SLURM_JOB_ID", "")

@@ -16,6 +16,15 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   every rank has synced its part of the save to disk and passed a barrier.
 * ``resume_from_checkpoint()`` returns the save to resume from: ``$DISPATCH_RESUME_FROM``, or
   the previous save of its lineage when that one cannot be loaded (see ``saves``).
+* The warning signal (the job's ``--warn-before TIME[:SIGNAL]``, SIGUSR1 unless it names
+  another) only sets a flag.  At the end of the next optimizer step (``on_step_end``, every
+  rank agreeing that any rank got it) the callback asks the Trainer to save and stop
+  (``control.should_save``, ``control.should_training_stop``): the Trainer saves as at any
+  ``save_steps``, the save is published as every save is, and then the job is requeued
+  (``scontrol requeue``), by the rules the Lightning callback follows (:mod:`.requeue`): a
+  ``--shared-checkpoint`` job, or one whose record cannot be read, is never requeued, and a
+  job stopped at the signal and not requeued ends with :class:`NotRequeued` raised from
+  ``train()`` (FAILED, never COMPLETED), once its save is published.
 
 On an ``s3://`` root the Trainer's saves go to the local staging folder (``$DISPATCH_STAGE_DIR``);
 each is uploaded under the execution's prefix, then published, and the resume source is a local
@@ -33,7 +42,8 @@ from typing import Any, Optional, Union
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ..errors import UsageError
+from ..errors import NotRequeued, UsageError
+from .requeue import SignalFlag, is_shared_checkpoint, requeue, warning_signal
 from .saves import (
     Execution,
     choose_resume,
@@ -85,12 +95,20 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
     ``publications`` lists the names this process published (the main process only).
     """
 
-    def __init__(self, env: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, env: Optional[Mapping[str, str]] = None,
+                 requeue_command: Optional[list[str]] = None,
+                 requeue_signal: Optional[int] = None) -> None:
         self.execution = Execution.current(env)
         self.publications: list[str] = []
         self.user_output_dir: Optional[str] = None
         self.user_save_total_limit: Optional[int] = None
+        self.requeued = False
         self._uploader: Any = None  # on an s3:// root: the staging folder's uploader
+        self._requeue_command = requeue_command
+        self._requeue_signal = requeue_signal  # None: the job's --warn-before signal
+        self._signal = SignalFlag()
+        self._stopping = False  # a save was asked for at the signal; requeue after it
+        self._not_requeued: Optional[str] = None
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
@@ -120,6 +138,9 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
             # it, and cleanup keeps it while this execution's lineage is live.
             keep(self.execution, FRAMEWORK, "save_total_limit", args.save_total_limit)
         args.save_total_limit = None
+        # The handler goes in as early as the Trainer exists: a signal before it would end
+        # the process (the default action) without a save.
+        self._signal.take(self._requeue_signal or warning_signal(self.execution))
 
     def _bests(self, state: TrainerState) -> list[str]:
         """The Trainer's best model (``metric_for_best_model``), which its own rotation keeps."""
@@ -147,6 +168,73 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
                     if best else []
                 self.publications.append(s3saves.publish_local_save(
                     self.execution, self._uploader, state.global_step, save, bests))
-                return
-            seal_save(save, single_writer=single, bests=self._bests(state))
-            self.publications.append(publish_save(self.execution, state.global_step, save))
+            else:
+                seal_save(save, single_writer=single, bests=self._bests(state))
+                self.publications.append(publish_save(self.execution, state.global_step, save))
+        if self._stopping:
+            self._requeue_after(args, state, save)
+
+    # --- the requeue signal -----------------------------------------------------------------
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        if self.execution is None or self._stopping:
+            return
+        # Every rank must take part in the save, so the ranks agree on "any rank signalled".
+        if not _any_rank(self._signal.raised, args):
+            return
+        self._signal.raised = False
+        self._stopping = True
+        control.should_save = True  # the Trainer's own save, then on_save publishes it
+        control.should_training_stop = True
+
+    def _requeue_after(self, args: TrainingArguments, state: TrainerState, save: str) -> None:
+        """The save made at the signal is published (on every rank's side of the barrier):
+        requeue the job from the main process; every rank learns the outcome."""
+        assert self.execution is not None
+        self._stopping = False
+        published = self._uploader.url_of(save) if self._uploader is not None else save
+        why = None
+        if state.is_world_process_zero:
+            why = requeue(published, is_shared_checkpoint(self.execution),
+                          self._requeue_command)
+        why = _from_rank_zero(why, args)
+        self.requeued = why is None
+        self._not_requeued = why
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: Any) -> None:
+        self._signal.hand_back()
+        if self._not_requeued is not None:
+            # train() returning would end the job COMPLETED, where the supervisor stops.
+            why, self._not_requeued = self._not_requeued, None
+            raise NotRequeued(why)
+
+
+def _distributed(args: TrainingArguments) -> Any:
+    """torch.distributed when this run has several ranks, else None."""
+    if args.world_size <= 1:
+        return None
+    import torch.distributed as dist  # only reached with a distributed run
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _any_rank(flag: bool, args: TrainingArguments) -> bool:
+    dist = _distributed(args)
+    if dist is None:
+        return flag
+    import torch
+
+    value = torch.tensor([1 if flag else 0], device=args.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _from_rank_zero(value: Optional[str], args: TrainingArguments) -> Optional[str]:
+    dist = _distributed(args)
+    if dist is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
