@@ -337,7 +337,7 @@ def _render_status(data: dict[str, Any]) -> str:
     # Slurm's reason for the job's state, and ours for making the submission, apart.
     out.append(render_table(
         ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "SLURM_REASON", "SUBMITTED_FOR"],
-        [[s["submission"], s.get("display_id") or s["slurm_job_id"], s["state"],
+        [[s["submission"], s.get("display_id") or s["slurm_job_id"], _state_text(s),
           "-" if s["restarts"] is None else s["restarts"], status.clock(s["submitted"]),
           s["slurm_reason"] or "-", s["reason"] or "-"]
          for s in data["submissions"]]))
@@ -366,6 +366,14 @@ def _render_status(data: dict[str, Any]) -> str:
     out.append("")
     out.append(f"Latest publication: {_latest_text(data['latest'])}")
     return "\n".join(out)
+
+
+def _state_text(sub: dict[str, Any]) -> str:
+    """A submission's state; a recorded end with the hook's exit code, as sacct's ExitCode."""
+    state = str(sub["state"])
+    if sub.get("exit_code") and state.endswith(" (recorded)"):
+        return f"{state[:-1]}, exit {sub['exit_code']})"
+    return state
 
 
 def _supervisor_text(data: dict[str, Any]) -> str:
@@ -491,8 +499,11 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
     """List your dispatch jobs, one line each, oldest first.
 
     STATE is Slurm's for the latest submission (every task's for an array), HELD for a
-    standing shared-checkpoint hold, FINISHED once the supervisor settled it, UNKNOWN when
-    Slurm has forgotten the job and nothing settled it yet.  Costs one squeue call.
+    standing shared-checkpoint hold.  Once slurmctld has forgotten the job (MinJobAge), the
+    end the record holds, as sacct names it and marked so: FAILED (recorded) is what the
+    supervisor saw and acted on, or what the controller hook's end record proves; FINISHED
+    when it settled the job without one; UNKNOWN when nothing is recorded yet.  Costs one
+    squeue call.
     A CLUSTER column shows each job's cluster where your records name more than one.
     """
     def body() -> None:

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from . import record, store, submit
+from . import events, record, store, submit
 from .errors import DispatchError
 from .launch import expand_root
 from .slurm import Job
@@ -25,6 +25,63 @@ def _state(info: Optional[Job]) -> str:
     if info is None:
         return "UNKNOWN (no longer known to slurmctld)"
     return info.state or "?"
+
+
+# The supervisor's names for ends (rules.END_STATES), back to Slurm's (as sacct prints them).
+SLURM_END = {"completed": "COMPLETED", "failed": "FAILED", "timeout": "TIMEOUT",
+             "node failure": "NODE_FAIL", "preempted": "PREEMPTED",
+             "out of memory": "OUT_OF_MEMORY", "cancelled": "CANCELLED"}
+
+
+def _rule_end(text: str) -> Optional[str]:
+    """Slurm's state for a recorded end (``failed``) or a reason that starts with one
+    (``failed (budget 2)``, ``node failure: held (shared checkpoint)``)."""
+    for name, state in SLURM_END.items():
+        if text == name or text.startswith((name + " ", name + ":")):
+            return state
+    return None
+
+
+def recorded_end(history: events.History, sub: events.Submitted,
+                 facts: Optional[list[dict[str, Any]]] = None) -> Optional[str]:
+    """How submission ``sub`` ended as the record says, in Slurm's words (FAILED, TIMEOUT,
+    ...), for a submission slurmctld has forgotten; None when the record does not say.
+
+    In order: the supervisor's end of the lineage at it (finished), the hold or resubmission
+    the supervisor made after it (what it saw then), Slurm ending it while held (released),
+    the controller hook's end record of its last execution (``facts``: a non-zero exit of
+    its own is FAILED; ``0:0`` or a signal says nothing by itself)."""
+    line = history.lineage(sub.task)
+    done = line.finished
+    if done is not None and done.submission == sub.submission:
+        if done.end_state == "hold expired":
+            return "CANCELLED"  # the supervisor cancelled the expired hold
+        found = done.raw.get("slurm_state") or _rule_end(done.end_state)
+        if found:
+            return str(found)
+    later = [s for s in line.submissions if s.submission > sub.submission]
+    if later:
+        after = min(later, key=lambda s: s.submission)
+        hold = line.hold_for(after.submission)
+        found = _rule_end(hold.end_state) if hold is not None else None
+        found = found or _rule_end(after.reason)
+        if found:
+            return found
+    lifted = line.lifted(sub.slurm_job_id)
+    if isinstance(lifted, events.Released) and lifted.slurm_state:
+        return lifted.slurm_state
+    for fact in reversed(facts or []):
+        end = fact.get("end") if isinstance(fact, dict) else None
+        if isinstance(end, dict):
+            if end.get("state"):
+                return str(end["state"]).split()[0].upper()
+            from .supervisor import exit_end
+            return exit_end(end.get("exit_code"))
+    return None
+
+
+def _recorded(state: Optional[str]) -> str:
+    return f"{state} (recorded)" if state else _state(None)
 
 
 def _facts_reader() -> Optional[FactsReader]:
@@ -76,23 +133,50 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
     spec = job.spec
     history = job.history()
-    events = [e.raw for e in history.events]
+    records = [e.raw for e in history.events]
     reader = facts_reader if facts_reader is not None else _facts_reader()
     tasks = submit.array_tasks(job)
+    facts_cache: dict[str, list[dict[str, Any]]] = {}
+
+    def facts_of(slurm_id: str) -> list[dict[str, Any]]:
+        if reader is None or not slurm_id:
+            return []
+        if slurm_id not in facts_cache:
+            try:
+                facts_cache[slurm_id] = reader(slurm_id)
+            except Exception as exc:  # noqa: BLE001 - status still shows the rest
+                facts_cache[slurm_id] = [{"error": str(exc)}]
+        return facts_cache[slurm_id]
+
+    def forgotten(sub: events.Submitted, task: Optional[int]) -> tuple[str, Optional[str]]:
+        starts = history.lineage(task).started_for(sub.submission)
+        own = starts[-1].slurm_job_id if starts else (sub.slurm_job_id if tasks is None
+                                                       else "")
+        facts = [f for f in facts_of(own) if "error" not in f]
+        last = facts[-1].get("end") if facts else None
+        code = last.get("exit_code") if isinstance(last, dict) else None
+        return _recorded(recorded_end(history, sub, facts)), code
+
     submissions = []
+    ends: dict[tuple[int, Optional[int]], tuple[str, Optional[str]]] = {}
     for sub in history.submissions:
         shown, info, state = _submission_view(sub.slurm_job_id, sub.task, tasks is not None,
                                               slurm_jobs)
+        code = None
+        if info is None and state == _state(None):
+            # Forgotten by slurmctld: the end the record holds, and the hook's exit code.
+            state, code = forgotten(sub, sub.task)
+            ends[(sub.submission, sub.task)] = (state, code)
         submissions.append({
             "submission": sub.submission, "slurm_job_id": sub.slurm_job_id,
             "task": sub.task, "display_id": shown,
             "reason": sub.reason, "submitted": sub.time, "state": state,
+            "exit_code": code,
             "restarts": info.restarts if info else None,
             "slurm_reason": info.reason if info else "",
         })
     executions = []
-    facts_cache: dict[str, list[dict[str, Any]]] = {}
-    for ev in events:
+    for ev in records:
         if ev["event"] != "started":
             continue
         slurm_id = str(ev.get("slurm_job_id", ""))
@@ -102,6 +186,14 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         restart = int(ev.get("restart", 0))
         if info is not None and info.restarts > restart:
             state = "REQUEUED"
+        elif info is None:
+            task = int(array) if array.isdigit() else None
+            later = [e for e in records if e["event"] == "started"
+                     and e.get("submission") == ev.get("submission")
+                     and str(e.get("array_task_id") or "") == array
+                     and int(e.get("restart", 0)) > restart]
+            state = "REQUEUED (recorded)" if later else \
+                ends.get((int(ev.get("submission", 0)), task), (_state(None), None))[0]
         else:
             state = _state(info)
         execution = {k: ev.get(k) for k in ("submission", "restart", "attempt", "epoch", "node",
@@ -112,18 +204,13 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
                 and info.execution_ended:
             execution["ended"] = clock(info.end_time)
         if reader is not None and slurm_id:
-            if slurm_id not in facts_cache:
-                try:
-                    facts_cache[slurm_id] = reader(slurm_id)
-                except Exception as exc:  # noqa: BLE001 - status still shows the rest
-                    facts_cache[slurm_id] = [{"error": str(exc)}]
-            execution["facts"] = [f for f in facts_cache[slurm_id]
+            execution["facts"] = [f for f in facts_of(slurm_id)
                                   if f.get("restart") in (None, restart)]
         executions.append(execution)
     root = spec["checkpoint"]
     per_task = tasks is not None and "%a" in root.replace("%%", "")
     latest: Any = None if per_task else _latest(expand_root(root, {}))
-    others = [ev for ev in events if ev["event"] not in ("submitted", "started")]
+    others = [ev for ev in records if ev["event"] not in ("submitted", "started")]
     lines = []
     for task in tasks or []:
         # Each task's lineage: its latest submission and, where each task has a root of its
@@ -132,6 +219,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         current = line.current
         shown, info, state = (_submission_view(current.slurm_job_id, task, True, slurm_jobs)
                               if current is not None else ("-", None, "-"))
+        if current is not None and info is None and state == _state(None):
+            state = forgotten(current, task)[0]
         lines.append({
             "task": task, "submission": current.submission if current else 0,
             "display_id": shown, "state": state,
@@ -206,10 +295,16 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
             state = "+".join(sorted({"HELD" if t.is_held else t.state for t in tasks}))
         elif info is not None and array is None:
             state = info.state
-        elif history.settled or (array is not None and history.settled_tasks(array)):
-            state = "FINISHED"
         else:
-            state = "UNKNOWN"  # ended and forgotten by slurmctld, not yet settled
+            # Forgotten by slurmctld: the end the record holds (each task's, for an array).
+            subs = [history.lineage(t).current for t in array] if array else [current]
+            ends = {recorded_end(history, sub) for sub in subs if sub is not None}
+            if ends and None not in ends:
+                state = "+".join(sorted(str(e) for e in ends)) + " (recorded)"
+            elif history.settled or (array is not None and history.settled_tasks(array)):
+                state = "FINISHED"
+            else:
+                state = "UNKNOWN"  # ended and forgotten by slurmctld, not yet settled
         lines.append({
             "id": job.id, "script": spec.get("script_name"), "generation": spec["generation"],
             "submission": current.submission if current is not None else 0,

@@ -1,0 +1,57 @@
+"""After slurmctld forgets a job (MinJobAge, no accounting), `dispatch status` and `dispatch
+jobs` show the end the record holds, as sacct names it, marked as recorded (issue 18, item 8):
+the supervisor's decisions (what it saw and acted on) and the controller hook's end record."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from slurm_dispatch import cli, status
+from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.supervisor import Settings, Supervisor
+
+from .fake_cluster import FakeCluster
+from .test_jobs_cancel import cluster, submit_one  # noqa: F401,F811 - the fixture
+
+
+def test_forgotten_jobs_show_the_end_the_supervisor_saw(cluster: FakeCluster) -> None:  # noqa: F811
+    failed = submit_one("ck-a", "--resubmit", "1")
+    done = submit_one("ck-b")
+    timed = submit_one("ck-c")
+    sup = Supervisor(Slurm(), Settings())
+    cluster.set(failed.slurm_job_id, JobState="FAILED")
+    cluster.set(done.slurm_job_id, JobState="COMPLETED")
+    cluster.set(timed.slurm_job_id, JobState="TIMEOUT")
+    sup.run_pass()  # resubmits the failed one, finishes the others
+    again = str(failed.job.submissions()[-1]["slurm_job_id"])
+    cluster.set(again, JobState="CANCELLED")
+    sup.run_pass()
+    cluster.jobs.clear()  # every one aged out of slurmctld (MinJobAge), no accounting
+    data = json.loads(CliRunner().invoke(cli.main, ["jobs", "--json"]).output)
+    assert [d["state"] for d in data] == ["CANCELLED (recorded)", "COMPLETED (recorded)",
+                                          "TIMEOUT (recorded)"]
+    shown = json.loads(CliRunner().invoke(cli.main, ["status", "--json",
+                                                     failed.job.id]).output)
+    assert [s["state"] for s in shown["submissions"]] == ["FAILED (recorded)",
+                                                          "CANCELLED (recorded)"]
+    text = CliRunner().invoke(cli.main, ["status", failed.job.id]).output
+    assert "FAILED (recorded)" in text and "UNKNOWN" not in text
+
+
+def test_the_controller_hooks_end_record_gives_the_exit_code(cluster: FakeCluster) -> None:  # noqa: F811
+    job = submit_one("ck-a", "--resubmit", "1")
+    job.job.append("started", submission=1, slurm_job_id=job.slurm_job_id, restart=0,
+                   attempt="a" * 26, epoch=1_000_000, exec_dir="/x", node="n1", nodes="n1")
+    facts = [{"restart": 0, "end": {"exit_code": "3:0", "source": "controller"},
+              "nodes": {}, "problems": []}]
+    data = status.collect(job.job, {}, facts_reader=lambda jobid: facts)
+    sub = data["submissions"][0]
+    assert (sub["state"], sub["exit_code"]) == ("FAILED (recorded)", "3:0")
+    assert data["executions"][0]["state"] == "FAILED (recorded)"
+    assert "FAILED (recorded, exit 3:0)" in cli._render_status(data)
+    # 0:0 proves nothing by itself (a completion, a node failure or a cancel alike).
+    facts[0]["end"]["exit_code"] = "0:0"
+    data = status.collect(job.job, {}, facts_reader=lambda jobid: facts)
+    assert data["submissions"][0]["state"].startswith("UNKNOWN")
