@@ -97,8 +97,8 @@ class Verdict:
 def load_config(path: Optional[str] = None) -> config_module.Config:
     """The site configuration; a bad file is an error naming key, value, file and line."""
     cfg = config_module.load(path)
-    if cfg.problems:
-        raise ConfigError("dispatch.conf: " + "; ".join(cfg.problems))
+    if cfg.problems:  # no verdict is given on a configuration other than the one meant
+        raise ConfigError(config_module.refusal(cfg, "--config"))
     return cfg
 
 

@@ -189,6 +189,16 @@ _KEYS = {
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 
 
+def refusal(config: Config, named_by: str = "") -> str:
+    """The problems of ``config`` as one error for a command that stops on them: without the
+    "using the default(s)" a hook goes on with; ``named_by`` (``--config``) says who named a
+    file given as an argument."""
+    said = [p.split("; using the default")[0] for p in config.problems]
+    if named_by:
+        said = [p.replace("(named by the caller)", f"(named by {named_by})") for p in said]
+    return "; ".join(said)
+
+
 def config_path(environ: dict[str, str] | None = None) -> str:
     """The file to read: ``$SLURM_DISPATCH_CONF`` if set and not empty, else dispatch.conf
     beside slurm.conf (``$SLURM_CONF``, else /etc/slurm/slurm.conf)."""

@@ -176,3 +176,19 @@ def test_without_the_s3_extra_the_job_and_its_status_say_so(tmp_path: Path,
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     shown = [line for line in status.stdout.splitlines() if "boto3" in line]
     assert len(shown) == 1 and ".whl[s3]" in shown[0], status.stdout
+
+
+# -- item 9: a dispatch.conf named but missing is an error, not "the defaults" ---------------
+
+def test_cease_with_a_named_config_that_is_missing_is_one_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.conf"
+    named = command("dispatch-cease", "--config", str(missing), "100")
+    one_error_line(named, "dispatch-cease", 2, f"{missing}: no such file (named by --config)")
+    by_env = command("dispatch-cease", "100", env={"SLURM_DISPATCH_CONF": str(missing)})
+    one_error_line(by_env, "dispatch-cease", 2, "no such file (named by $SLURM_DISPATCH_CONF)")
+    for proc in (named, by_env):
+        assert "defaults" not in proc.stderr  # it gives no verdict: nothing went on
+    bad = tmp_path / "bad.conf"
+    bad.write_text("HookTimeout=soon\n")
+    one_error_line(command("dispatch-cease", "--config", str(bad), "100"), "dispatch-cease", 2,
+                   f"{bad}:1: bad value for HookTimeout")
