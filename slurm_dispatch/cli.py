@@ -182,6 +182,11 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
     body()
 
 
+def _say(line: str) -> None:
+    """A word to the person waiting (what a slow call waits for): stderr."""
+    click.echo(f"dispatch: {line}", err=True)
+
+
 def _open(job: str, slurm: Any = None) -> record.JobRecord:
     """Dispatch job ``job`` (its id, or a Slurm job id of it) of this cluster: records of
     several clusters may share one home, and a job of another is an error naming it."""
@@ -384,12 +389,22 @@ def _supervisor_text(data: dict[str, Any]) -> str:
         return ("Supervisor  none has passed yet" + (
             ": --resubmit and holds act only while `dispatch supervise` runs (scrontab, a "
             "timer, or --loop)" if rules_wait else ""))
+    good = (f"last good pass {status.clock(seen['time'])} ({_ago(seen['time'])} ago, on "
+            f"{seen.get('host', '?')})" if seen.get("time") else "no good pass yet")
+    if not seen.get("failing_since"):
+        return f"Supervisor  {good}"
+    return (f"Supervisor  {good}; passes failing since {status.clock(seen['failing_since'])} "
+            f"({seen.get('failures', '?')} failed, the latest {_ago(seen.get('failed_at'))} "
+            f"ago): {seen.get('error', '?')}")
+
+
+def _ago(seconds: Any) -> str:
     import time as _time
-    ago = max(0, int(_time.time() - float(seen["time"])))
-    when = f"{ago} s" if ago < 120 else f"{ago // 60} min" if ago < 7200 else \
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    ago = max(0, int(_time.time() - float(seconds)))
+    return f"{ago} s" if ago < 120 else f"{ago // 60} min" if ago < 7200 else \
         f"{ago // 3600} h"
-    return (f"Supervisor  last pass {status.clock(seen['time'])} ({when} ago, on "
-            f"{seen.get('host', '?')})")
 
 
 def _latest_text(latest_: Optional[dict[str, Any]]) -> str:
@@ -464,7 +479,7 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     """
     def body() -> None:
         from .slurm import Slurm
-        slurm = Slurm()
+        slurm = Slurm.for_people(_say)
         slurm_jobs = slurm.own_jobs()
         here = slurm.cluster()
         record_ = status.open_job(job, slurm_jobs, here)
@@ -508,7 +523,7 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
     """
     def body() -> None:
         from .slurm import Slurm
-        slurm = Slurm()
+        slurm = Slurm.for_people(_say)
         here = slurm.cluster()
         every = record.all_jobs()
         wanted = _cluster_choice(clusters, here)
@@ -637,19 +652,45 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
 
     A pass costs one squeue call (your own jobs) plus one per action.  Several supervisors
     may run at once: no submission is ever made twice.  Run it from a login node (`dispatch
-    supervise --loop`), from scrontab (`*/2 * * * * dispatch supervise -q`), or from a timer.
+    supervise --loop`), from a systemd user timer (contrib/systemd), from scrontab
+    (`* * * * * dispatch supervise -q`), or from cron.
+
+    A pass the controller does not answer (slurmctld restarting, failing over) fails as a
+    whole: one line on stderr with the cause, the failure is recorded (`dispatch status`
+    shows the last good pass and since when passes fail), and --loop goes on passing, sooner
+    at first, never less often than every --interval, for as long as it takes.  Without
+    --loop a failed pass exits 2.
     """
     def body() -> None:
         import time as _time
 
+        from .errors import DispatchError
         from .slurm import Slurm
-        from .supervisor import Supervisor, site_settings
+        from .supervisor import Supervisor, mark_failure, retry_pause, site_settings
         settings = site_settings()
         supervisor = Supervisor(Slurm(), settings)
         pause = interval if interval is not None else settings.interval
+        failed: Optional[dict[str, Any]] = None
         while True:
-            report = supervisor.run_pass()
+            try:
+                report = supervisor.run_pass()
+            except (DispatchError, OSError) as exc:
+                cause = " ".join(str(exc).split())
+                failed = mark_failure(None, cause)
+                wait = retry_pause(int(failed["failures"]), pause)
+                click.echo(f"dispatch: {_time.strftime('%Y-%m-%dT%H:%M:%S')} pass failed: "
+                           f"{cause}" + (f" (next pass in {wait:g} s)" if loop else ""),
+                           err=True)
+                if not loop:
+                    sys.exit(2)
+                _time.sleep(wait)
+                continue
             stamp = _time.strftime("%Y-%m-%dT%H:%M:%S")
+            if failed is not None and not quiet:
+                click.echo(f"{stamp} the controller answers again, after "
+                           f"{failed['failures']} failed pass(es) since "
+                           f"{status.clock(failed['failing_since'])}")
+            failed = None
             if not quiet:
                 for action in report.actions:
                     click.echo(f"{stamp} {action}")
@@ -820,6 +861,42 @@ def unpin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
         click.echo(f"unpinned {save}" if gone else f"{save} was not pinned")
     body()
 
+
+
+@main.command()
+@click.argument("save", required=False)
+@click.argument("dest", required=False, type=click.Path())
+@timeout_option
+def fetch(save: Optional[str], dest: Optional[str], timeout: Optional[str]) -> None:
+    """Bring a save to local disk, checked; print its local path (nothing: a fresh start).
+
+    SAVE defaults to this execution's resume source, chosen as the framework integrations
+    choose it: $DISPATCH_RESUME_FROM, or the previous save of its lineage when that one
+    cannot be loaded (said on stderr).  On an s3:// root it is fetched with boto3's transfer
+    manager into the staging folder ($DISPATCH_STAGE_DIR/resume-<n>/), or to DEST; asked
+    again, the copy already made is printed.  A save on a folder root is already local: its
+    path is printed as it is (read it, never write into it), or copied when DEST is given.
+    Every copy is checked before it is printed: each file at the size S3 lists and its
+    manifest records, and at the sha256 the manifest records (a local copy: its source's
+    bytes); one that does not check out is removed (exit 2).  DEST must not exist.
+
+    \b
+    Example, in a shell trainer on either kind of root:
+      resume=$(dispatch fetch)
+      [ -n "$resume" ] && step=$(cat "$resume/step")
+      # ... write saves under $DISPATCH_LOCAL_DIR, published by `dispatch watch`
+    """
+    def body() -> None:
+        import os
+
+        from . import fetch as fetch_lib
+
+        if timeout is not None:
+            os.environ["DISPATCH_STORE_TIMEOUT"] = str(parse_timeout(timeout))
+        path = fetch_lib.fetch(save or None, dest)
+        if path:
+            click.echo(path)
+    body()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

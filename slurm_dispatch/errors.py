@@ -90,7 +90,7 @@ class SlurmError(DispatchError):
 
     def __str__(self) -> str:
         text = super().__str__()
-        if self.output.strip():
+        if self.output.strip() and self.output.strip() not in text:
             text += "\n" + self.output.rstrip()
         return text
 

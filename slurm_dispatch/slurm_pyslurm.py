@@ -119,9 +119,11 @@ class PyslurmBackend:
             return call()
         except (ValueError, pyslurm.RPCError) as exc:
             said = str(exc.args[0]) if exc.args else str(exc)
-            cls = SlurmUnavailable if is_transient(said) else SlurmError
-            raise cls(f"pyslurm {what} {target} failed: {said}",
-                      argv=["pyslurm", what, target], output=said) from None
+        except Exception as exc:  # noqa: BLE001 - whatever else pyslurm raises is this call's
+            said = f"{type(exc).__name__}: {exc}"  # (24.11.0's old API: TypeError)
+        cls = SlurmUnavailable if is_transient(said) else SlurmError
+        raise cls(f"pyslurm {what} {target} failed: {said}",
+                  argv=["pyslurm", what, target], output=said) from None
 
     # -- reads -----------------------------------------------------------------------------
     def user_jobs(self, uid: int) -> list[Job]:

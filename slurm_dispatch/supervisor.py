@@ -224,6 +224,7 @@ class Supervisor:
         # supervisor's (their ids repeat here, and this controller knows none of them).
         jobs = record.cluster_jobs(self.slurm.cluster(), self.home)
         if not jobs:
+            mark_pass(self.home, report, 0)  # a supervisor runs: dispatch-sbatch reads it
             return report
         seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about
         me = os.getuid()
@@ -237,6 +238,10 @@ class Supervisor:
                 self._job(job, slurm_jobs, seen_at, report)
             except DispatchError as exc:
                 report.errors.append(f"{job.id}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one job's failure is that job's
+                report.errors.append(f"{job.id}: unexpected {type(exc).__name__}: {exc}")
+        # One line each: Slurm's own words follow ours on the same line.
+        report.errors[:] = [" ".join(error.split()) for error in report.errors]
         mark_pass(self.home, report, len(jobs))
         return report
 
@@ -541,7 +546,8 @@ class Supervisor:
                 self.slurm.release([held_id])
                 report.controller_calls += 1
             except SlurmError as exc:
-                report.errors.append(f"{job.id}: cannot release {held_id}: {exc}")
+                report.errors.append(f"{job.id}: cannot release Slurm job {held_id} (the "
+                                     f"hold stands): {exc}")
                 return
             job.append(events.Released, slurm_job_id=held_id, by="cessation signal",
                        task=task)
@@ -664,14 +670,38 @@ PASS_FILE = "supervisor-pass.json"
 
 
 def mark_pass(home: Optional[str], report: PassReport, jobs: int) -> None:
-    """Say when a supervisor last passed over the user's jobs (``dispatch status`` shows it:
-    resubmissions and holds happen only while one runs).  Replaced whole (a new file renamed
-    into place); best effort: a pass is not undone by a marker that cannot be written."""
+    """Say when a supervisor last passed over the user's jobs (``dispatch status`` shows it,
+    and ``dispatch-sbatch`` warns when none has passed lately: resubmissions and holds happen
+    only while one runs).  A good pass ends a run of failed ones (:func:`mark_failure`)."""
+    _write_pass(home, {"time": round(time.time(), 3), "host": os.uname().nodename,
+                       "pid": os.getpid(), "jobs": jobs, "actions": len(report.actions),
+                       "errors": len(report.errors)})
+
+
+def mark_failure(home: Optional[str], cause: str) -> dict[str, Any]:
+    """Say that a pass failed as a whole (the controller did not answer): the last good pass
+    stays (``time``, None if there was none), with since when passes fail, how many did and
+    the latest cause.  Returns what was written."""
+    before = _read_pass(home) or {}
+    now = round(time.time(), 3)
+    since = before.get("failing_since")
+    body = {"time": before.get("time") if isinstance(before.get("time"), (int, float))
+            else None,
+            "host": os.uname().nodename, "pid": os.getpid(),
+            "failing_since": since if isinstance(since, (int, float)) else now,
+            "failures": int(before.get("failures") or 0) + 1 if since else 1,
+            "failed_at": now, "error": cause}
+    _write_pass(home, body)
+    return body
+
+
+def _write_pass(home: Optional[str], body: dict[str, Any]) -> None:
+    """Replaced whole (a new file renamed into place); best effort: a pass is not undone by a
+    marker that cannot be written."""
     folder = home or record.home_dir()
-    body = {"time": round(time.time(), 3), "host": os.uname().nodename, "pid": os.getpid(),
-            "jobs": jobs, "actions": len(report.actions), "errors": len(report.errors)}
     tmp = os.path.join(folder, f".{PASS_FILE}.{os.getpid()}.tmp")
     try:
+        os.makedirs(folder, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(body, handle)
         os.replace(tmp, os.path.join(folder, PASS_FILE))
@@ -682,15 +712,32 @@ def mark_pass(home: Optional[str], report: PassReport, jobs: int) -> None:
             pass
 
 
-def last_pass(home: Optional[str] = None) -> Optional[dict[str, Any]]:
-    """What :func:`mark_pass` wrote last, or None (no supervisor has passed, or unreadable)."""
+def _read_pass(home: Optional[str]) -> Optional[dict[str, Any]]:
     try:
         with open(os.path.join(home or record.home_dir(), PASS_FILE), encoding="utf-8") as f:
             found = json.load(f)
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) and isinstance(found.get("time"), (int, float)) \
-        else None
+    return found if isinstance(found, dict) else None
+
+
+def last_pass(home: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """What :func:`mark_pass` or :func:`mark_failure` wrote last, or None (no supervisor has
+    passed, or unreadable).  ``time``: the last good pass (None if none was);
+    ``failing_since``, ``failures``, ``error``: present while passes fail."""
+    found = _read_pass(home)
+    if found is None:
+        return None
+    good = isinstance(found.get("time"), (int, float))
+    failing = isinstance(found.get("failing_since"), (int, float))
+    return found if good or failing else None
+
+
+def retry_pause(failures: int, interval: float) -> float:
+    """Seconds before the next pass after ``failures`` failed ones in a row: an eighth of the
+    interval (at least 1 s), doubling, never more than the interval."""
+    first = max(1.0, interval / 8)
+    return min(interval, first * 2 ** min(max(failures - 1, 0), 30))
 
 
 def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,65 @@ def test_where_slurm_does_not_requeue_a_node_failure_is_resubmitted(user: User) 
         if node:
             sandbox_lib.heal(node, sandbox.dir)
         sandbox_lib.set_job_requeue(True, sandbox.dir)
+
+
+def test_the_loop_rides_out_a_controller_outage_and_resubmits_after(user: User) -> None:
+    """Issue 18, item 2: `dispatch supervise --loop` went away for good once slurmctld was
+    silent for about 90 s.  Here slurmctld is stopped for several passes (each squeue bounded
+    at 3 s and tried once, so a pass fails fast, as a long outage would after its retries);
+    the loop says each failed pass, records it, and resubmits the job that failed meanwhile
+    once slurmctld is back."""
+    sandbox = user.sandbox
+    home = user.path / "home"
+    env = {"DISPATCH_HOME": str(home), "DISPATCH_SLURM_TIMEOUT": "3",
+           "DISPATCH_SLURM_ATTEMPTS": "1"}
+    job, first = user.submit("--checkpoint", "ck", "--resubmit", "1", "failing.sh", env=env)
+    sandbox.wait_for(lambda: state_of(sandbox, first)[0] == "FAILED", 60,
+                     "the first submission to fail")
+    beat = home / "supervisor-pass.json"
+
+    def subs() -> list[dict[str, Any]]:
+        return list(json.loads(user.run("dispatch", "status", "--json", job,
+                                        env=env).stdout)["submissions"])
+
+    def seen() -> dict[str, Any]:
+        try:
+            found: dict[str, Any] = json.loads(beat.read_text())
+        except (OSError, ValueError):
+            return {}
+        return found
+    sandbox_lib.stop_controller(sandbox.dir)
+    loop = subprocess.Popen(
+        sandbox_lib.command(["env", f"SLURM_DISPATCH_CONF={user.conf}",
+                             *(f"{k}={v}" for k, v in env.items()),
+                             str(Path(sandbox.venv_bin) / "dispatch"), "supervise", "--loop",
+                             "--interval", "2"], sandbox.dir, user=sandbox.user, cwd=user.path),
+        env=sandbox.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            sandbox.wait_for(lambda: loop.poll() is not None or seen().get("failures", 0) >= 4,
+                             120, "four failed passes")
+            assert loop.poll() is None, f"the loop ended: {loop.communicate()}"
+            down = seen()
+            assert down["time"] is None and down["error"], down
+        finally:
+            sandbox_lib.start_controller(sandbox.dir)
+
+        def resubmitted() -> bool:
+            assert loop.poll() is None, f"the loop ended: {loop.communicate()}"
+            return len(subs()) == 2 and not seen().get("failing_since")
+        sandbox.wait_for(resubmitted, 120, "the resubmission after slurmctld came back",
+                         interval=1)
+    finally:
+        if loop.poll() is None:
+            loop.terminate()
+        out, err = loop.communicate(timeout=30)
+    failed = [line for line in err.splitlines() if "pass failed" in line]
+    assert len(failed) >= 4, err
+    assert all(line.startswith("dispatch: ") and "squeue" in line for line in failed), err
+    assert "the controller answers again, after" in out and "resubmitted as submission 2" in out
+    assert subs()[1]["reason"] == "failed (budget 1)"
+    text = user.run("dispatch", "status", job, env=env).stdout
+    line = next(x for x in text.splitlines() if x.startswith("Supervisor"))
+    assert "last good pass" in line and "failing" not in line, line

@@ -164,7 +164,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
     assert row.split()[-2:] == ["Resources", "first"]
     mark_pass(None, PassReport(), 1)
     text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
-    assert "Supervisor  last pass " in text and " s ago, on " in text
+    assert "Supervisor  last good pass " in text and " s ago, on " in text
 
 
 def test_plan_says_the_supervisor_makes_resubmissions(tmp_path: Path,
