@@ -47,7 +47,9 @@ def run(body: Callable[[], Optional[int]], prog: str,
         code = error.exit_code if error_code is None else error_code
     except BrokenPipeError:
         quiet_broken_pipe(BROKEN_PIPE if error_code is None else error_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        if str(stop):  # what became of the work, when the body knows (dispatch-sbatch)
+            sys.stderr.write(f"{prog}: {stop}\n")
         code = INTERRUPTED
     except SystemExit as stop:  # the body's own ending (sbatch's refusal, --test-only)
         if not fast_exit:

@@ -280,6 +280,9 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
     except OSError as exc:
         remove_unsubmitted(JobRecord(path))
         raise RecordError(f"cannot write the record {path!r}: {exc.strerror}") from None
+    except BaseException:  # Ctrl-C: no half-made record either
+        remove_unsubmitted(JobRecord(path))
+        raise
     return JobRecord(path)
 
 

@@ -595,30 +595,41 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     except DispatchError:
         remove_new_folders(created)
         raise
-    # The old generation as Slurm sees it, read before sbatch: a held submission's intent
-    # (what it waits for) is recorded with its claim, so a kill after sbatch keeps the hold.
-    jobs = slurm.own_jobs(env) if old is not None else {}
-    held_after = _latest_slurm_id(old) if old is not None and shared else None
+    except KeyboardInterrupt:  # create_job removes what it had made of the record
+        remove_new_folders(created)
+        raise Interrupted(NOTHING_SUBMITTED) from None
     intent: Optional[dict[str, Any]] = None
-    extra: list[str] = []
-    if held_after:
-        from .events import HoldIntent
-        ended = jobs.get(held_after)
-        intent = HoldIntent(deadline=round(time.time() + _hold_for(), 3),
-                            ended_slurm_job_id=held_after,
-                            ended_restart=ended.restarts if ended is not None else 0,
-                            end_state="superseded", instead_of="start").as_dict()
-        extra = ["--hold", hold_comment(job, 1, f"supersedes {old.id if old else '?'} "
-                                        f"(Slurm job {held_after})", intent["deadline"])]
+    sbatch_begun = False
     try:
+        # The old generation as Slurm sees it, read before sbatch: a held submission's intent
+        # (what it waits for) is recorded with its claim, so a kill after sbatch keeps the hold.
+        jobs = slurm.own_jobs(env) if old is not None else {}
+        held_after = _latest_slurm_id(old) if old is not None and shared else None
+        extra: list[str] = []
+        if held_after:
+            from .events import HoldIntent
+            ended = jobs.get(held_after)
+            intent = HoldIntent(deadline=round(time.time() + _hold_for(), 3),
+                                ended_slurm_job_id=held_after,
+                                ended_restart=ended.restarts if ended is not None else 0,
+                                end_state="superseded", instead_of="start").as_dict()
+            extra = ["--hold", hold_comment(job, 1, f"supersedes {old.id if old else '?'} "
+                                            f"(Slurm job {held_after})", intent["deadline"])]
         if not job.claim("submission-1", {"reason": "first", "hold": intent}):
             raise RecordError(f"{job.id}: submission 1 already claimed")  # pragma: no cover
         save_environment(job, env if env is not None else os.environ)
+        sbatch_begun = True
         submitted = _submit(slurm, job, 1, "first", extra=extra, env=env, hold=intent)
     except (DispatchError, OSError):
         record.remove_unsubmitted(job)
         remove_new_folders(created)
         raise
+    except KeyboardInterrupt:
+        if not sbatch_begun:
+            record.remove_unsubmitted(job)
+            remove_new_folders(created)
+            raise Interrupted(NOTHING_SUBMITTED) from None
+        raise interrupted_in_sbatch(slurm, job, env, created, intent, old) from None
     if intent is not None:
         from .events import Hold
         job.append(Hold, once="1", submission=1, slurm_job_id=submitted.slurm_job_id,
@@ -627,6 +638,60 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
         slurm.cancel(live_slurm_jobs(slurm, old, jobs), env)
         old.append("superseded", by=job.id)
     return submitted
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a first submission, with what became of it in one sentence: the record
+    is whole either way (removed, or kept with its submission or its claim)."""
+
+
+NOTHING_SUBMITTED = "interrupted before sbatch ran: nothing was submitted, nothing is recorded"
+
+
+def interrupted_in_sbatch(slurm: Slurm, job: record.JobRecord,
+                          env: Optional[Mapping[str, str]], created: list[str],
+                          intent: Optional[dict[str, Any]],
+                          old: Optional[record.JobRecord]) -> Interrupted:
+    """Ctrl-C once sbatch may have run: ask Slurm once for the job by its marker.  Found: its
+    submission is recorded.  Slurm answers without it: sbatch submitted nothing, and the
+    record goes.  Slurm cannot be asked (or the user gave the comment, so there is no
+    marker): the record stays with its claim, which ``dispatch supervise`` completes."""
+    wanted = marker(job, 1)
+    name = _job_name(job, env)
+    left = f"; {old.id} was not cancelled" if old is not None else ""
+    jobs = None
+    if intent is not None or _sbatch_argv(job, 1, [], env or os.environ)[1]:
+        try:
+            jobs = slurm.own_jobs(env, retry=False)
+        except (DispatchError, KeyboardInterrupt):
+            jobs = None
+    if jobs is not None:
+        landed = [j for j in jobs.values() if wanted in j.markers]
+        if landed:
+            slurm_id = landed[0].array_job_id or landed[0].job_id
+            job.append("submitted", once="1", submission=1, slurm_job_id=slurm_id,
+                       reason="first", argv=[], hold=intent, recovered=True)
+            if intent is not None:
+                from .events import Hold
+                job.append(Hold, once="1", submission=1, slurm_job_id=slurm_id, **intent)
+            return Interrupted(
+                f"interrupted, but sbatch had submitted it: Slurm job {slurm_id}, dispatch job "
+                f"{job.id} (recorded; `scancel {slurm_id}` if it is unwanted){left}")
+        record.remove_unsubmitted(job)
+        remove_new_folders(created)
+        return Interrupted(f"interrupted while sbatch ran; no job of yours carries {wanted}, "
+                           "so nothing was submitted and nothing is recorded")
+    return Interrupted(
+        f"interrupted while sbatch ran: the job may have reached Slurm (it could not be asked). "
+        f"See `squeue --me -n {name}` or `dispatch status {job.id}`; the record of dispatch "
+        f"job {job.id} is kept with its claim, so `dispatch supervise` records it once Slurm "
+        f"shows it{left}")
+
+
+def _job_name(job: record.JobRecord, env: Optional[Mapping[str, str]]) -> str:
+    """The job name sbatch was given (the last --job-name/-J), else the script's name."""
+    found = _option_words(list(job.spec["sbatch"]), "job-name", "J")[0]
+    return found or (env or os.environ).get("SBATCH_JOB_NAME") or job.spec["script_name"]
 
 
 def refuse_shared_root(root: str, slurm: Slurm, home: Optional[str] = None,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_cli_shell import command, one_error_line
+from .test_cli_shell import COMMANDS, command, one_error_line
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,3 +192,95 @@ def test_cease_with_a_named_config_that_is_missing_is_one_error(tmp_path: Path) 
     bad.write_text("HookTimeout=soon\n")
     one_error_line(command("dispatch-cease", "--config", str(bad), "100"), "dispatch-cease", 2,
                    f"{bad}:1: bad value for HookTimeout")
+
+
+# -- item 12: Ctrl-C while sbatch runs says what became of the job, the record whole --------
+
+FAKE_SBATCH = """#!{python}
+import json, os, sys, time
+state = {state!r}
+comment = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--comment="))
+if open(os.path.join(state, "mode")).read() == "landed":  # the controller took it
+    with open(os.path.join(state, "jobs.json"), "w") as handle:
+        json.dump([{{"JobId": "4242", "JobState": "PENDING", "Comment": comment}}], handle)
+open(os.path.join(state, "sbatch-started"), "w").close()
+time.sleep(60)  # its answer never comes: the user presses Ctrl-C
+"""
+FAKE_SQUEUE = """#!{python}
+import json, os, sys
+sys.path.insert(0, {repo!r})
+from tests import squeue_fake
+state = {state!r}
+if open(os.path.join(state, "mode")).read() == "down":
+    sys.exit("squeue: error: Unable to contact slurm controller (connect failure)")
+path = os.path.join(state, "jobs.json")
+jobs = json.load(open(path)) if os.path.exists(path) else []
+sys.stdout.write(squeue_fake.render(sys.argv, jobs))
+"""
+
+
+def interrupt_sbatch(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[str],
+                                                         list[Path]]:
+    """dispatch-sbatch, Ctrl-C once its sbatch runs; (what it said, the records left)."""
+    import signal
+    import time
+
+    from .test_cli_shell import as_at_a_terminal
+
+    state = tmp_path / "slurm"
+    bin_dir = tmp_path / "bin"
+    for folder in (state, bin_dir):
+        folder.mkdir()
+    (state / "mode").write_text(mode)
+    for name, text in (("sbatch", FAKE_SBATCH), ("squeue", FAKE_SQUEUE)):
+        (bin_dir / name).write_text(text.format(python=sys.executable, state=str(state),
+                                                repo=str(REPO)))
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "train.sh").write_text("#!/bin/bash\ntrue\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "DISPATCH_HOME": str(tmp_path / "home"), "DISPATCH_SLURM_ATTEMPTS": "1",
+           "PYTHONPATH": str(REPO)}
+    with subprocess.Popen([*COMMANDS["dispatch-sbatch"], "--checkpoint", "ck/run", "-J",
+                           "mytrain", "train.sh"], cwd=tmp_path, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=as_at_a_terminal) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while not (state / "sbatch-started").exists():
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the fake sbatch never started"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    jobs = tmp_path / "home" / "jobs"
+    return (subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+            sorted(jobs.iterdir()) if jobs.exists() else [])
+
+
+def test_ctrl_c_after_sbatch_landed_records_the_job_and_says_so(tmp_path: Path) -> None:
+    from slurm_dispatch import record
+
+    said, left = interrupt_sbatch(tmp_path, "landed")
+    one_error_line(said, "dispatch-sbatch", 130, "sbatch had submitted it: Slurm job 4242")
+    assert len(left) == 1 and f"dispatch job {left[0].name}" in said.stderr
+    assert [s["slurm_job_id"] for s in record.JobRecord(str(left[0])).submissions()] == ["4242"]
+
+
+def test_ctrl_c_when_nothing_landed_leaves_nothing(tmp_path: Path) -> None:
+    said, left = interrupt_sbatch(tmp_path, "lost")
+    one_error_line(said, "dispatch-sbatch", 130, "nothing was submitted and nothing is recorded")
+    assert left == [] and not (tmp_path / "ck").exists()
+
+
+def test_ctrl_c_when_slurm_cannot_be_asked_says_it_may_have_landed(tmp_path: Path) -> None:
+    from slurm_dispatch import record
+
+    said, left = interrupt_sbatch(tmp_path, "down")
+    one_error_line(said, "dispatch-sbatch", 130, "the job may have reached Slurm")
+    assert "squeue --me -n mytrain" in said.stderr and f"dispatch status {left[0].name}" in \
+        said.stderr
+    job = record.JobRecord(str(left[0]))  # whole: its spec, and the claim the supervisor reads
+    assert job.spec["script_name"] == "train.sh" and job.has_claim("submission-1")
+    assert job.submissions() == []
