@@ -187,6 +187,11 @@ def _say(line: str) -> None:
     click.echo(f"dispatch: {line}", err=True)
 
 
+def _say(line: str) -> None:
+    """A word to the person waiting (what a slow call waits for): stderr."""
+    click.echo(f"dispatch: {line}", err=True)
+
+
 def _open(job: str, slurm: Any = None) -> record.JobRecord:
     """Dispatch job ``job`` (its id, or a Slurm job id of it) of this cluster: records of
     several clusters may share one home, and a job of another is an error naming it."""
@@ -518,7 +523,8 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
     end the record holds, as sacct names it and marked so: FAILED (recorded) is what the
     supervisor saw and acted on, or what the controller hook's end record proves; FINISHED
     when it settled the job without one; UNKNOWN when nothing is recorded yet.  Costs one
-    squeue call.
+    squeue call; a controller that does not answer is given two tries of about its
+    MessageTimeout (slurm.conf) each, said on stderr while waiting, then one line (exit 2).
     A CLUSTER column shows each job's cluster where your records name more than one.
     """
     def body() -> None:

@@ -153,18 +153,46 @@ def _text(data: object) -> str:
 CONF_CACHES = ("/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf")
 
 
-def _conf_cluster(path: str) -> Optional[str]:
-    """``ClusterName`` of the slurm.conf at ``path`` (key case-insensitive, as Slurm reads
-    it), or None when the file cannot be read or does not set it."""
+def _conf_value(path: str, name: str) -> Optional[str]:
+    """The first ``name`` setting of the slurm.conf at ``path`` (keys case-insensitive, as
+    Slurm reads them), or None when the file cannot be read or does not set it."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 key, sep, value = line.partition("#")[0].partition("=")
-                if sep and key.strip().lower() == "clustername" and value.strip():
+                if sep and key.strip().lower() == name.lower() and value.strip():
                     return value.strip()
     except OSError:
         return None
     return None
+
+
+def _conf_paths(env: Mapping[str, str]) -> list[str]:
+    return [env["SLURM_CONF"]] if env.get("SLURM_CONF") else \
+        ["/etc/slurm/slurm.conf", *CONF_CACHES]
+
+
+def conf_value(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """A setting of this machine's slurm.conf (``$SLURM_CONF``, else /etc/slurm/slurm.conf or
+    a configless cache), read from the file: no controller call.  None if none says."""
+    env = os.environ if env is None else env
+    return next((v for v in (_conf_value(p, name) for p in _conf_paths(env)) if v), None)
+
+
+def controller_name(env: Optional[Mapping[str, str]] = None) -> str:
+    """``slurmctld on HOST`` (slurm.conf's first SlurmctldHost), or ``slurmctld``."""
+    host = (conf_value("SlurmctldHost", env) or conf_value("ControlMachine", env) or "")
+    host = host.split("(")[0].split(",")[0].strip()
+    return f"slurmctld on {host}" if host else "slurmctld"
+
+
+def message_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """slurm.conf's MessageTimeout (seconds a client waits for the controller), default 10."""
+    raw = conf_value("MessageTimeout", env) or ""
+    try:
+        return max(1.0, float(raw.split()[0]))
+    except (ValueError, IndexError):
+        return 10.0
 
 
 def local_cluster_name(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -175,9 +203,7 @@ def local_cluster_name(env: Optional[Mapping[str, str]] = None) -> Optional[str]
     env = os.environ if env is None else env
     name = env.get("SLURM_CLUSTER_NAME", "").strip()
     if not name:
-        paths = [env["SLURM_CONF"]] if env.get("SLURM_CONF") else \
-            ["/etc/slurm/slurm.conf", *CONF_CACHES]
-        name = next((found for found in map(_conf_cluster, paths) if found), "")
+        name = conf_value("ClusterName", env) or ""
     return name.lower() or None
 
 
@@ -358,6 +384,7 @@ def _parse_node_line(line: str) -> dict[str, str]:
 
 
 _UNCHOSEN = object()
+NOTICE_AFTER = 2.0  # seconds a person waits before being told what for
 _NOT_FOUND = re.compile(r"Node \S+ not found")
 
 
@@ -371,10 +398,17 @@ class Slurm:
     """
 
     def __init__(self, runner: Runner = run_command, attempts: Optional[int] = None,
-                 wait: float = 1.0, backend: Optional[str] = None) -> None:
+                 wait: float = 1.0, backend: Optional[str] = None,
+                 timeout: Optional[float] = None,
+                 notice: Optional[Callable[[str], None]] = None) -> None:
         self.runner = runner
         self.attempts = default_attempts() if attempts is None else attempts
         self.wait = wait
+        self.timeout = timeout  # seconds one command may take; None: default_timeout()
+        # For a person waiting at a terminal: told what the call waits for after NOTICE_AFTER
+        # seconds, and a controller that does not answer is one line naming it.
+        self.notice = notice
+        self._told = False
         self.bytes_read = 0  # what the controller's answers weighed, for the bench
         self._setting = backend
         self._chosen: Any = _UNCHOSEN
@@ -407,6 +441,15 @@ class Slurm:
             self._cluster = found
         return self._cluster  # type: ignore[return-value]
 
+    @classmethod
+    def for_people(cls, say: Callable[[str], None],
+                   env: Optional[Mapping[str, str]] = None) -> Slurm:
+        """An adapter for a person at a terminal (``dispatch jobs``, ``status``, ``cancel``):
+        bounded near Slurm's own MessageTimeout, one try and at most one retry (a client
+        itself waits MessageTimeout for the controller), a word on stderr (``say``) after
+        NOTICE_AFTER seconds, and a controller that does not answer is one line naming it."""
+        return cls(attempts=2, timeout=round(1.2 * message_timeout(env) + 2, 1), notice=say)
+
     @property
     def backend(self) -> str:
         """``pyslurm`` or ``cli``: the backend the reads and actions go through (chosen now
@@ -427,20 +470,48 @@ class Slurm:
 
     def _with_retries(self, once: Callable[[], Any], attempts: int) -> Any:
         # The first try needs no tenacity (dispatch-sbatch's start-up stays small).
+        started = time.monotonic()
         try:
-            return once()
-        except SlurmUnavailable:
-            if attempts <= 1:
-                raise
-        time.sleep(self.wait)
-        for attempt in self._retrying(attempts - 1):
-            with attempt:
+            try:
                 return once()
+            except SlurmUnavailable:
+                if attempts <= 1:
+                    raise
+            time.sleep(self.wait)
+            for attempt in self._retrying(attempts - 1):
+                with attempt:
+                    return once()
+        except SlurmUnavailable as exc:
+            if self.notice is None:
+                raise
+            said = [line.strip() for line in exc.output.splitlines() if line.strip()]
+            raise SlurmUnavailable(
+                f"{controller_name()} did not answer {exc.argv[0] if exc.argv else 'Slurm'} "
+                f"({attempts} tries in {time.monotonic() - started:.0f} s): "
+                f"{said[-1] if said else str(exc).splitlines()[0]}",
+                argv=exc.argv, returncode=exc.returncode) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
               cwd: Optional[str] = None) -> Result:
-        result = self.runner(argv, env, cwd, default_timeout())
+        timeout = default_timeout() if self.timeout is None else self.timeout
+        if self.notice is None or self._told:
+            result = self.runner(argv, env, cwd, timeout)
+        else:
+            import threading
+            notice = self.notice
+
+            def tell() -> None:
+                self._told = True  # once: the person knows what the wait is for
+                notice(f"waiting for {controller_name(env)} to answer {argv[0]} (at most "
+                       f"{timeout:g} s a try, {self.attempts} tries)")
+            told = threading.Timer(NOTICE_AFTER, tell)
+            told.daemon = True
+            told.start()
+            try:
+                result = self.runner(argv, env, cwd, timeout)
+            finally:
+                told.cancel()
         self.bytes_read += len(result.stdout) + len(result.stderr)
         if result.returncode != 0:
             output = (result.stderr + result.stdout).strip()
