@@ -187,11 +187,6 @@ def _say(line: str) -> None:
     click.echo(f"dispatch: {line}", err=True)
 
 
-def _say(line: str) -> None:
-    """A word to the person waiting (what a slow call waits for): stderr."""
-    click.echo(f"dispatch: {line}", err=True)
-
-
 def _open(job: str, slurm: Any = None) -> record.JobRecord:
     """Dispatch job ``job`` (its id, or a Slurm job id of it) of this cluster: records of
     several clusters may share one home, and a job of another is an error naming it."""
@@ -285,7 +280,9 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     On an s3:// root, DIR is the local staging folder ($DISPATCH_STAGE_DIR): each complete
     save is uploaded under the execution's prefix ($DISPATCH_EXEC_DIR, or --to) with boto3's
     transfer manager, then published; a local copy is removed once published, the newest kept.
-    --timeout bounds the scan and each upload.
+    When COMMAND exits 0, the staging folder is removed, all but what is not on S3 (a file
+    never uploaded keeps it, named on stderr); a run stopped early keeps it for a replacement
+    on this node.  --timeout bounds the scan and each upload.
 
     Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
     """
@@ -320,6 +317,13 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
         watcher, list(command) or None,
         watch_lib.DEFAULT_INTERVAL if interval is None else interval, timeout_v, report)
     code = runner.run()
+    if on_s3 and command and code == 0 and runner.error is None and own \
+            and os.path.abspath(folder_v) == os.path.abspath(own):
+        # The execution's work is done and its saves are on S3: its node-local staging
+        # folder goes, all but what is not on S3 (said).
+        from . import stage
+
+        stage.clear(root_v, own, str(upload_to), timeout_v, report)
     if runner.error is not None and watcher.uploader is not None:
         # Stopped at an error, perhaps an upload stuck on a hung server: the transfer manager's
         # worker threads would hold the interpreter's exit until their sockets give up.
@@ -343,6 +347,8 @@ def _render_status(data: dict[str, Any]) -> str:
         out.append(f"Supersedes  {data['supersedes']}")
     out.append("")
     out.append(_supervisor_text(data))
+    if data.get("launcher_problem"):
+        out.append(f"Launcher    {data['launcher_problem']}")
     out.append("")
     # Slurm's reason for the job's state, and ours for making the submission, apart.
     out.append(render_table(
@@ -601,13 +607,19 @@ def cancel(job: str) -> None:
               help="Resubmit one task of an array job on its own (--array=T), in its lineage.")
 @click.option("--force", is_flag=True,
               help="Submit even while one of the job's Slurm jobs is still active.")
-def resubmit(job: str, task: Optional[int], force: bool) -> None:
+@click.option("--python", "python", metavar="PATH",
+              help="Run the launcher with this interpreter (one with slurm-dispatch "
+                   "installed), from this submission on, the supervisor's included: for a "
+                   "job whose venv was moved or removed.  [default: the one it was submitted "
+                   "with]")
+def resubmit(job: str, task: Optional[int], force: bool, python: Optional[str]) -> None:
     """Submit a dispatch job's script snapshot again, as submission N+1.
 
     The new submission runs what was first submitted, with the same sbatch options and the
     environment of the first submission, from the same directory; its executions resume from
     the latest publication.  Refused while a submission is still active (it would run beside
-    it), unless --force.  Prints sbatch's line.
+    it), unless --force; refused too when the interpreter the job's launcher runs with is gone
+    (see --python).  Prints sbatch's line.
     """
     def body() -> None:
         from .slurm import Slurm
@@ -620,6 +632,9 @@ def resubmit(job: str, task: Optional[int], force: bool) -> None:
                              f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
         if not force:
             refuse_while_live(slurm, record_, task=task)
+        if python is not None:
+            from .interpreter import choose
+            choose(record_, python)
         done = resubmit_job(slurm, record_, task=task)
         click.echo(done.result.stdout.rstrip("\n"))
         click.echo(f"Dispatch job {done.job.id} submission {done.submission}")

@@ -240,7 +240,17 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         "submissions": submissions, "executions": executions, "events": others,
         "latest": latest, "tasks": lines if tasks is not None else None,
         "supervisor": _last_pass(job),
+        # Why the next submission would fail at once (its interpreter is gone), with the fix.
+        "launcher_problem": None if history.lineage().settled else _launcher_problem(job),
     }
+
+
+def _launcher_problem(job: record.JobRecord) -> Optional[str]:
+    from .interpreter import problem
+    try:
+        return problem(job)
+    except DispatchError as exc:
+        return str(exc)
 
 
 def _last_pass(job: record.JobRecord) -> Optional[dict[str, Any]]:

@@ -473,7 +473,8 @@ def _write_batch(job: record.JobRecord, submission: int, task: Optional[int] = N
     spec = job.spec
     header = sbatch_args.ScriptHeader(spec["shebang"], spec["header"], [],
                                       sbatch_args.DispatchOptions(), set())
-    text = sbatch_args.render_batch_script(header=header, python=spec["python"],
+    from .interpreter import recorded  # spec["python"], unless a person chose another
+    text = sbatch_args.render_batch_script(header=header, python=recorded(job),
                                            job_path=job.path, submission=submission)
     path = job.batch_script(submission, task)
     try:
@@ -835,6 +836,11 @@ def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
     if not os.path.isdir(cwd):  # checked before claiming, so nothing is left half-made
         raise UsageError(f"the submission directory {cwd!r} is gone; sbatch would take the "
                          "job's working directory from it")
+    from .errors import RefusedError
+    from .interpreter import problem
+    why = problem(job)  # it would fail at once, after taking a submission number
+    if why is not None:
+        raise RefusedError(f"not resubmitted: {why}")
     if claim is None and not job.claim(claim_name(submission, task)):
         found = slurm.find_by_marker(marker(job, submission, task), env)
         if found:

@@ -455,6 +455,13 @@ class Supervisor:
     def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
                 hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport,
                 task: Optional[int] = None) -> Optional[submit.Submitted]:
+        from .interpreter import problem
+        why = problem(job)
+        if why is not None:
+            # It would fail at once, in the batch shell: no submission, no budget spent.
+            report.errors.append(f"{job.id}: submission {n + 1} not made, nothing of its "
+                                 f"budget spent ({reason}): {why}")
+            return None
         name = claim or submit.claim_name(n + 1, task)
         # The claim holds what this pass means to do, before sbatch: a pass killed after
         # sbatch leaves the next one everything it needs (the hold and its deadline).
