@@ -597,6 +597,15 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
               "cProfile inflates small calls)")
         print(split["profile"].strip())
 
+    print_verdicts(rows)
+    print("ratio = median / baseline median (what the target is judged on); "
+          "min ratio = min / baseline min; dispatch-sbatch, sbatch and submitit run through "
+          "runuser, the bare interpreter start does not (runuser cancels out of the "
+          "difference)")
+
+
+def print_verdicts(rows: list[dict[str, Any]]) -> None:
+    """The verdict table (:func:`verdicts`' rows), after a blank line (also bench_submit_api)."""
     header = ("operation", "median", "min", "baseline", "base median", "base min", "ratio",
               "min ratio", "target", "result")
     table = [header]
@@ -612,10 +621,43 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
                         for j, (cell, w) in enumerate(zip(row, widths))).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    print("ratio = median / baseline median (what the target is judged on); "
-          "min ratio = min / baseline min; dispatch-sbatch, sbatch and submitit run through "
-          "runuser, the bare interpreter start does not (runuser cancels out of the "
-          "difference)")
+
+
+def bench_folder(layout: sandbox.Layout, user: str, prefix: str,
+                 files: list[tuple[str, str, int]]) -> str:
+    """A scratch folder ``user`` owns under the sandbox's ``bench/``, holding ``files`` (name,
+    text, mode), with submitit in the sandbox venv (also bench_submit_api)."""
+    parent = layout.root / "bench"
+    parent.mkdir(mode=0o755, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    entry = pwd.getpwnam(user)
+    os.chown(scratch, entry.pw_uid, entry.pw_gid)
+    os.chmod(scratch, 0o755)
+    has = subprocess.run([str(layout.venv_bin / "python"), "-c", "import submitit"],
+                         capture_output=True)
+    if has.returncode != 0:  # the peer a user would pick instead, from PyPI
+        subprocess.run([str(layout.venv_bin / "python"), "-m", "pip", "install", "-q",
+                        "submitit"], check=True)
+    for name, text, mode in files:
+        path = os.path.join(scratch, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(path, mode)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    return scratch
+
+
+def sandbox_options(p: argparse.ArgumentParser, default_dir: str) -> None:
+    """The options of a bench on its own sandbox (also bench_submit_api)."""
+    p.add_argument("--dir", default=default_dir,
+                   help=f"the bench's own sandbox state folder (default {default_dir})")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="nodes of the bench sandbox (default 1: held jobs never run)")
+    p.add_argument("--user", default=sandbox.DEFAULT_USER,
+                   help=f"the sandbox user (default {sandbox.DEFAULT_USER})")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the sandbox running and keep the scratch folder")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
 # --------------------------------------------------------------------------- main
@@ -624,19 +666,11 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", default=DEFAULT_DIR,
-                   help=f"the bench's own sandbox state folder (default {DEFAULT_DIR})")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="nodes of the bench sandbox (default 1: held jobs never run)")
-    p.add_argument("--user", default=sandbox.DEFAULT_USER,
-                   help=f"the sandbox user (default {sandbox.DEFAULT_USER})")
+    sandbox_options(p, DEFAULT_DIR)
     p.add_argument("--count", type=int, default=30,
                    help="timed submissions of each command, interleaved (default 30)")
     p.add_argument("--split-count", type=int, default=10,
                    help="fresh processes of each kind for the time split (default 10)")
-    p.add_argument("--keep", action="store_true",
-                   help="leave the sandbox running and keep the scratch folder")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--profile", action="store_true",
                    help="also cProfile one in-process cli_sbatch.main (untimed)")
     p.add_argument("--profile-lines", type=int, default=25, help=argparse.SUPPRESS)
@@ -666,24 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "sandbox": {"up_seconds": report.seconds, "up_actions": report.actions},
     }
-    parent = layout.root / "bench"
-    parent.mkdir(mode=0o755, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="run-", dir=parent)
-    entry = pwd.getpwnam(state.user)
-    os.chown(scratch, entry.pw_uid, entry.pw_gid)
-    os.chmod(scratch, 0o755)
-    has = subprocess.run([str(layout.venv_bin / "python"), "-c", "import submitit"],
-                         capture_output=True)
-    if has.returncode != 0:  # the peer a user would pick instead, from PyPI
-        subprocess.run([str(layout.venv_bin / "python"), "-m", "pip", "install", "-q",
-                        "submitit"], check=True)
-    for name, text, mode in (("job.sh", JOB_SCRIPT, 0o755), ("driver.py", DRIVER, 0o644),
-                             ("submitit_submit.py", SUBMITIT, 0o644)):
-        path = os.path.join(scratch, name)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(path, mode)
-        os.chown(path, entry.pw_uid, entry.pw_gid)
+    scratch = bench_folder(layout, state.user, "run-",
+                           [("job.sh", JOB_SCRIPT, 0o755), ("driver.py", DRIVER, 0o644),
+                            ("submitit_submit.py", SUBMITIT, 0o644)])
     cl = Cluster(state.dir, state.user, scratch)
     _, version = cl.run(["sbatch", "--version"], as_user=False)
     _, venv_python = cl.run([os.path.join(cl.venv_bin, "python"), "-c",

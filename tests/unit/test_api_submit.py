@@ -235,3 +235,19 @@ def test_a_record_made_again_under_its_id_is_read_again(home: Path) -> None:
     with pytest.raises(UsageError, match=f"in use by your dispatch job {first.job}"):
         api.submit("job.sh", checkpoint="b", slurm=slurm)
     assert api.submit("job.sh", checkpoint="a", slurm=slurm).job != first.job
+
+
+def test_the_user_guides_example_submits_its_sweep(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    section = guide.split("\n## Submitting from Python\n", 1)[1].split("\n## ", 1)[0]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (home / "train.sh").write_text("#!/bin/bash\npython3 train.py \"$@\"\n")
+    cluster = Recording()
+    monkeypatch.setattr(api, "_ADAPTER", [Slurm(cluster, wait=0)])  # the process's adapter
+    exec(compile(example, "user-guide.md", "exec"), {})
+    jobs = {j.spec["checkpoint"]: j for j in record.all_jobs()}
+    assert sorted(jobs) == [str(home / "sweep" / f"lr{lr}") for lr in ("1e-3", "1e-4", "3e-4")]
+    assert [c[-2:] for c in cluster.sbatch_calls()] == [["--lr", lr]
+                                                        for lr in ("1e-4", "3e-4", "1e-3")]
+    assert submit.submission_environment(jobs[str(home / "sweep" / "lr3e-4")])["LR"] == "3e-4"
