@@ -13,13 +13,18 @@ unexport VIRTUAL_ENV
 
 .PHONY: demo demo-protocol test test-fast check bench install install-test dist venv
 
-venv: $(PY)
-$(PY):
-	sh tools/make-venv $(PYTHON) $(VENV)
+# make-venv runs every time: it keeps a venv that works (and was made from PYTHON, when PYTHON is
+# given), and makes it anew otherwise; a new venv has a new pyvenv.cfg, so the installs below,
+# which depend on it, run again in the same make (their stamps went with the old venv).
+VENV_MADE := $(VENV)/pyvenv.cfg
+venv: $(VENV_MADE)
+$(VENV_MADE): FORCE
+	@sh tools/make-venv $(PYTHON) $(VENV) $(if $(filter file,$(origin PYTHON)),,given)
+FORCE:
 
 # Reinstalled when pyproject.toml changes (the install is editable: source edits need nothing).
 install: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml $(VENV_MADE)
 	$(PY) -m pip install -q -e .
 	touch $@
 
@@ -28,7 +33,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 # build of several GB); the extras' torch range admits it.  `pip check` fails the install if
 # what the venv holds does not fit together.
 install-test: $(VENV)/.installed-test
-$(VENV)/.installed-test: pyproject.toml | $(PY)
+$(VENV)/.installed-test: pyproject.toml $(VENV_MADE)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'
 	$(PY) -m pip install -q -e '.[test,transformers,lightning]'
 	$(PY) -m pip check
@@ -86,7 +91,7 @@ bench: install-test
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # pip builds the wheel in an isolated environment of its own with what pyproject.toml's
 # build-system asks for (setuptools; a fresh venv has no `wheel` for --no-build-isolation).
-dist: | $(PY)
+dist: $(VENV_MADE)
 	rm -rf dist
 	$(PY) -m pip wheel -q --no-deps -w dist .
 	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,128 @@ def test_make_venv_names_the_package_when_it_cannot_make_one() -> None:
     assert "python3-venv" in out.stderr and "python3.11-venv" in out.stderr, out.stderr
     assert not (tmp_path / "venv").exists()
     shutil.rmtree(tmp_path)
+
+
+# The venv's life across runs (what an unlucky user hits), with a fake interpreter at the
+# process boundary: it answers make-venv's questions as a Python named NAME would, makes "venvs"
+# whose bin/python is a fake of the same NAME, and logs every `-m pip` it is asked to run, so
+# each case shows what make installed without installing anything.
+FAKE_PYTHON = r"""#!/bin/sh
+name=@NAME@
+log=@LOG@
+case "$*" in
+  "-m venv "*) mkdir -p "$3/bin"; sed "s|^home=.*|home=$3|" "$0" >"$3/bin/python"
+               chmod +x "$3/bin/python"; echo "home = fake $name" >"$3/pyvenv.cfg"
+               echo "$name venv $3" >>"$log";;
+  *"-m pip --version"*) [ -n "${home:-}" ] && [ ! -e "$home/no-pip" ];;
+  *"-m pip "*) echo "$name pip $*" >>"$log"; [ ! -e "${home:-/}/pip-blocks" ] || sleep 600;;
+  *base_prefix*) echo "3.11.0 (/fake/$name)";;
+  *version_info*) echo 3.11;;
+  *) exit 0;;
+esac
+"""
+
+
+def fake_python(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"python-{name}"
+    path.write_text(FAKE_PYTHON.replace("@NAME@", name).replace("@LOG@", str(tmp_path / "log"))
+                    .replace("#!/bin/sh\n", "#!/bin/sh\nhome=\n", 1))
+    path.chmod(0o755)
+    return path
+
+
+def make(tmp_path: Path, target: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", target, f"VENV={tmp_path / 'venv'}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def logged(tmp_path: Path) -> list[str]:
+    log = tmp_path / "log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return lines
+
+
+def installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if " pip -m pip install" in line]
+
+
+def test_a_venv_made_anew_is_installed_into_in_the_same_run(tmp_path: Path) -> None:
+    # A venv whose Python was deleted (a pyenv version removed, a moved clone), or whose making
+    # was interrupted before pip (Ctrl-C in ensurepip): make-venv makes it anew, and the install
+    # stamps, which went with the old venv, must not stop this run's install.  Before: make had
+    # looked at the stamp before the venv was remade, installed nothing, and the demo ran
+    # whatever `dispatch` came next on PATH.
+    python = fake_python(tmp_path, "a")
+    done = make(tmp_path, "install", f"PYTHON={python}")
+    assert done.returncode == 0, done.stderr
+    assert len(installs(logged(tmp_path))) == 1
+    assert (tmp_path / "venv/.installed").exists()
+    for breakage in ("rm", "no-pip"):
+        if breakage == "rm":
+            (tmp_path / "venv/bin/python").unlink()
+        else:
+            (tmp_path / "venv/no-pip").touch()
+        done = make(tmp_path, "install", f"PYTHON={python}")
+        assert done.returncode == 0, done.stderr
+        lines = logged(tmp_path)
+        assert lines[0] == f"a venv {tmp_path / 'venv'}", (breakage, lines)
+        assert len(installs(lines)) == 1, (breakage, lines)
+        assert "making it anew" in done.stderr, done.stderr
+    done = make(tmp_path, "install", f"PYTHON={python}")
+    assert done.returncode == 0 and logged(tmp_path) == [], done.stdout + done.stderr
+
+
+def test_a_venv_from_another_python_is_made_anew_when_python_is_given(tmp_path: Path) -> None:
+    # `make demo` (python3, pyenv's) and then `make test PYTHON=/usr/bin/python3` as CI does:
+    # the second ran on the first's venv without a word, so "what CI runs" was not what ran.
+    a, b = fake_python(tmp_path, "a"), fake_python(tmp_path, "b")
+    assert make(tmp_path, "install", f"PYTHON={a}").returncode == 0
+    logged(tmp_path)
+    done = make(tmp_path, "install", f"PYTHON={b}")
+    assert done.returncode == 0, done.stderr
+    lines = logged(tmp_path)
+    assert lines[0] == f"b venv {tmp_path / 'venv'}" and len(installs(lines)) == 1, lines
+    assert "/fake/a" in done.stderr and "/fake/b" in done.stderr, done.stderr
+    # PYTHON not given: the venv there is used, whichever Python made it.
+    done = subprocess.run(["make", "install", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert done.returncode == 0 and logged(tmp_path) == [], done.stdout + done.stderr
+
+
+def test_make_venv_never_removes_a_folder_that_is_not_a_venv(tmp_path: Path) -> None:
+    # VENV=~/work by mistake: make-venv "made it anew" with rm -rf.
+    folder = tmp_path / "venv"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("years of work\n")
+    done = make(tmp_path, "install", f"PYTHON={fake_python(tmp_path, 'a')}")
+    assert done.returncode != 0
+    assert (folder / "thesis.tex").read_text() == "years of work\n"
+    assert str(folder) in done.stderr and "not a venv" in done.stderr, done.stderr
+
+
+def test_an_interrupted_install_is_not_claimed_done(tmp_path: Path) -> None:
+    # Ctrl-C in the middle of `make install-test`: its stamp must not say it finished, and the
+    # next run installs again.
+    python = fake_python(tmp_path, "a")
+    assert make(tmp_path, "venv", f"PYTHON={python}").returncode == 0
+    (tmp_path / "venv/pip-blocks").touch()
+    logged(tmp_path)
+    proc = subprocess.Popen(["make", "install-test", f"PYTHON={python}",
+                             f"VENV={tmp_path / 'venv'}"], cwd=REPO, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    log = tmp_path / "log"
+    while not (log.exists() and " install " in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) != 0
+    assert not (tmp_path / "venv/.installed-test").exists()
+    (tmp_path / "venv/pip-blocks").unlink()
+    logged(tmp_path)
+    done = make(tmp_path, "install-test", f"PYTHON={python}")
+    assert done.returncode == 0, done.stderr
+    assert any("-e .[test" in line for line in installs(logged(tmp_path)))
+    assert (tmp_path / "venv/.installed-test").exists()
