@@ -251,3 +251,16 @@ def test_the_user_guides_example_submits_its_sweep(
     assert [c[-2:] for c in cluster.sbatch_calls()] == [["--lr", lr]
                                                         for lr in ("1e-4", "3e-4", "1e-3")]
     assert submit.submission_environment(jobs[str(home / "sweep" / "lr3e-4")])["LR"] == "3e-4"
+
+
+def test_cwd_is_where_the_script_and_root_are_found_and_sbatch_runs(home: Path) -> None:
+    other = home / "project"
+    other.mkdir()
+    (other / "run.sh").write_text("#!/bin/bash\necho run\n")
+    cluster = Recording()
+    done = api.submit("run.sh", checkpoint="ck", cwd=other, slurm=Slurm(cluster, wait=0))
+    assert done.checkpoint == str(other / "ck") and (other / "ck").is_dir()
+    assert cluster.cwds[cluster.calls.index(cluster.sbatch_calls()[0])] == str(other)
+    assert record.open_job(done.job).spec["cwd"] == str(other)
+    with pytest.raises(UsageError, match="cannot read script 'job.sh'"):
+        api.submit("job.sh", checkpoint="ck2", cwd=other, slurm=Slurm(cluster, wait=0))
