@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport VIRTUAL_ENV
 
-.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv
+.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv docs
 
 # make-venv runs every time: it keeps a venv that works (and was made from PYTHON, when PYTHON is
 # given), and makes it anew otherwise; a new venv has a new pyvenv.cfg, so the installs below,
@@ -86,6 +86,12 @@ bench: install-test
 	@for b in bench/bench_sbatch.py bench/bench_hooks.py; do \
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
+# The man pages (docs/man/man1), the markdown reference (docs/reference) and the bash completions
+# (contrib/completion), from the commands' own help; tests/unit/test_docs.py fails while they
+# are not what the help says.  The wheel installs the man pages and completions under share/.
+docs: install
+	$(PY) -m slurm_dispatch.manpages
+
 # What a site installs from: the wheel (nodes, controller, login nodes: pip install it into a
 # venv) and the admin's parts (hook scripts, config templates, the admin guide) in one tarball.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -94,5 +100,5 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 dist: $(VENV_MADE)
 	rm -rf dist
 	$(PY) -m pip wheel -q --no-deps -w dist .
-	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md
+	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md docs/man
 	@ls -l dist

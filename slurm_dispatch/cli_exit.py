@@ -96,6 +96,13 @@ class ClickShell:
 
         argv = list(sys.argv[1:] if args is None else args)
         command: Any = self
+        # Shell completion, as click's own main does it: `_DISPATCH_COMPLETE=bash_source
+        # dispatch` prints the script, which calls back with `bash_complete`.
+        variable = complete_var or "_" + self.prog.replace("-", "_").upper() + "_COMPLETE"
+        instruction = os.environ.get(variable)
+        if instruction:
+            from click.shell_completion import shell_complete
+            sys.exit(shell_complete(command, extra, self.prog, variable, instruction))
 
         def body() -> Optional[int]:
             try:
