@@ -198,6 +198,7 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     """
     import warnings
 
+    from . import model
     from . import submit as submitting
     from .slurm import Slurm
 
@@ -230,7 +231,7 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     generation = int(spec["generation"])
     return Submission(job=done.job.id, slurm_job_id=done.slurm_job_id, generation=generation,
                       submission=done.submission,
-                      epoch=generation * 10**12 + done.submission * 10**6,
+                      epoch=model.Epoch(generation, done.submission, 0).value,
                       checkpoint=str(spec["checkpoint"]), record=done.job.path,
                       sbatch_output=done.result.stdout, warnings=tuple(request.warnings))
 
