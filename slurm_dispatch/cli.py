@@ -334,10 +334,23 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     return code
 
 
+def _resubmits_text(data: dict[str, Any]) -> str:
+    """``resubmits 1 of 3``, or, where a person resubmitted, what was whose: the supervisor
+    counts every resubmission against the budget."""
+    used, budget = data["resubmits_used"], data["resubmit_budget"]
+    by_hand = data.get("resubmits_by_hand", 0)
+    if not by_hand:
+        return f"resubmits {used} of {budget}"
+    times = "time" if by_hand == 1 else "times"
+    rest = f" and {used - by_hand} by dispatch supervise" if used > by_hand else ""
+    return (f"resubmitted {by_hand} {times} by hand (dispatch resubmit){rest}; resubmit "
+            f"budget {budget}, {max(0, budget - used)} left for dispatch supervise")
+
+
 def _render_status(data: dict[str, Any]) -> str:
     mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
     tasks = data.get("tasks")
-    used = (f"resubmits {data['resubmits_used']} of {data['resubmit_budget']}" if tasks is None
+    used = (_resubmits_text(data) if tasks is None
             else f"an array of {len(tasks)} task(s), each with a resubmit budget of "
             f"{data['resubmit_budget']}")
     out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "

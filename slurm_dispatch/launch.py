@@ -82,17 +82,25 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
             record_dir = stage["DISPATCH_STAGE_DIR"] = make_stage_dir(attempt, env)
         else:
             exec_parent = os.path.join(root, store.EXEC)
-            os.makedirs(exec_parent, exist_ok=True)
             exec_dir = record_dir = os.path.join(exec_parent, attempt)
-            os.mkdir(exec_dir, 0o755)
+            try:
+                os.makedirs(exec_parent, exist_ok=True)
+                os.mkdir(exec_dir, 0o755)
+            except OSError as exc:
+                raise RecordError(f"cannot create the execution folder {exec_dir!r}: "
+                                  f"{exc.strerror}") from None
         found = store.latest(root, timeout=timeout)
-        path = write_exec_record(record_dir, {
-            "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
-            "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
-            "resume_from": found.path if found else None,
-            "resume_publication": found.name if found else None,
-            "slurm_job_id": env.get("SLURM_JOB_ID", ""),
-            "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
+        try:
+            path = write_exec_record(record_dir, {
+                "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
+                "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
+                "resume_from": found.path if found else None,
+                "resume_publication": found.name if found else None,
+                "slurm_job_id": env.get("SLURM_JOB_ID", ""),
+                "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
+        except RecordError:
+            os.rmdir(record_dir)  # empty again: no execution folder without its record
+            raise
         if store.is_s3_root(root):  # cleanup (gc) reads it in the execution's prefix
             with open(path, "rb") as handle:
                 st.create_exec_file(attempt, EXEC_RECORD, handle.read())
@@ -137,12 +145,18 @@ def write_exec_record(exec_dir: str, fields: dict[str, Any]) -> str:
     data = {"format": EXEC_RECORD_FORMAT, **fields, "time": round(now_ns / 1e9, 3),
             "ns": now_ns}
     path = os.path.join(exec_dir, EXEC_RECORD)
-    record._write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444)
-    fd = os.open(exec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)  # the record's name is durable too, not only its bytes
-    finally:
-        os.close(fd)
+        record._write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444)
+        fd = os.open(exec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)  # the record's name is durable too, not only its bytes
+        finally:
+            os.close(fd)
+    except FileExistsError:
+        raise
+    except OSError as exc:  # a full disk, most often: say where, and what was written
+        raise RecordError(f"cannot write the execution record {path!r}: "
+                          f"{exc.strerror}") from None
     return path
 
 

@@ -70,8 +70,11 @@ def _write_new(path: str, data: bytes, mode: int = 0o644) -> None:
                 raise OSError(5, f"short write to {path!r}")
             view = view[written:]
         os.fsync(fd)
-    finally:
+    except BaseException:  # a full disk or Ctrl-C: no partial file left under its name
         os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
 
 
 class JobRecord:

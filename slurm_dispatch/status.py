@@ -236,6 +236,11 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         "checkpoint": root,
         "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
         "resubmits_used": used, "supersedes": spec.get("supersedes"),
+        # A person's `dispatch resubmit`s (reason "manual"): counted in resubmits_used, as the
+        # supervisor counts them against the budget, and shown apart so "1 of 0" is not read
+        # as the supervisor going past the budget.
+        "resubmits_by_hand": sum(1 for s in submissions[1:] if s["reason"] == "manual"
+                                 and s["task"] is None),
         "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
         "submissions": submissions, "executions": executions, "events": others,
         "latest": latest, "tasks": lines if tasks is not None else None,

@@ -284,3 +284,75 @@ def test_ctrl_c_when_slurm_cannot_be_asked_says_it_may_have_landed(tmp_path: Pat
     job = record.JobRecord(str(left[0]))  # whole: its spec, and the claim the supervisor reads
     assert job.spec["script_name"] == "train.sh" and job.has_claim("submission-1")
     assert job.submissions() == []
+
+
+# -- item 13: a full disk in the launcher names the path; status counts resubmits plainly ----
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> object:
+    """A 64 KiB tmpfs, filled up: a real ENOSPC from the kernel (root only)."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(folder: Path) -> None:
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as exc:
+        assert exc.errno == 28, exc  # ENOSPC: full
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_in_the_launcher_names_the_path_and_leaves_no_half_record(
+        tmp_path: Path, tiny_disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_dispatch import submit
+    from slurm_dispatch.slurm import Slurm
+
+    from .fake_cluster import FakeCluster
+
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho ran\n")
+    root = tiny_disk / "ck"
+    done = submit.submit_new(submit.read_request(["--checkpoint", str(root), "job.sh"],
+                                                 cwd=str(tmp_path)), Slurm(FakeCluster(), wait=0))
+    fill(tiny_disk)
+    launched = subprocess.run(
+        [sys.executable, "-m", "slurm_dispatch.launch", "--job", done.job.path, "--submission",
+         "1", "--"], env={**os.environ, "DISPATCH_HOME": str(tmp_path / "home"),
+                          "SLURM_JOB_ID": done.slurm_job_id, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=60)
+    one_error_line(launched, "dispatch-launch", 2, "No space left on device")
+    assert f"{root}/exec/" in launched.stderr and "execution record" in launched.stderr
+    assert list((root / "exec").iterdir()) == []  # no folder with a half-written record
+
+
+def test_status_counts_resubmissions_by_hand_apart_from_the_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the full disk, the job was resubmitted by hand (`dispatch resubmit`) and status
+    read "resubmits 1 of 0", as if the supervisor had gone past the budget."""
+    from slurm_dispatch import cli, status, submit
+    from slurm_dispatch.slurm import Slurm
+
+    from .fake_cluster import FakeCluster
+
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
+    cluster = FakeCluster(first_id=40)
+    first = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"],
+                                                  cwd=str(tmp_path)), Slurm(cluster, wait=0))
+    cluster.set("40", JobState="FAILED")
+    submit.resubmit(Slurm(cluster, wait=0), first.job)
+    head = cli._render_status(status.collect(first.job, {})).splitlines()[0]
+    assert "resubmits 1 of 0" not in head
+    assert "resubmitted 1 time by hand (dispatch resubmit); resubmit budget 0" in head, head
