@@ -4,9 +4,15 @@
 #     $DISPATCH_EXEC_DIR once, in step order, forwards Slurm's signals to the trainer and scans a
 #     last time when it exits; it exits with the trainer's status, or non-zero when it could not
 #     publish, so either way a failure is the job's failure and dispatch's recovery rules apply;
-#   - the trainer resumes from the latest published save ($DISPATCH_RESUME_FROM), writes each save
-#     as Hugging Face Trainer does (checkpoint-<step>/, weights first, trainer_state.json last)
+#   - the trainer resumes from the latest published save: `dispatch fetch` prints it as a local
+#     folder (on a folder root $DISPATCH_RESUME_FROM itself; on an s3:// root a checked copy
+#     fetched into the staging folder), or nothing for a fresh start;
+#   - it writes each save under $DISPATCH_LOCAL_DIR, a local folder of the execution's own (on a
+#     folder root its $DISPATCH_EXEC_DIR; on an s3:// root the staging folder, whose saves watch
+#     uploads under $DISPATCH_EXEC_DIR, the execution's prefix, before publishing them), as
+#     Hugging Face Trainer does (checkpoint-<step>/, weights first, trainer_state.json last),
 #     and never deletes one (no rotation: a replacement may be resuming from it).
+# The same script runs on either kind of root.
 # Knobs (environment): TOY_STEPS (default 30), TOY_SAVE_EVERY (5), TOY_INTERVAL seconds (0.2),
 # TOY_WATCH_INTERVAL seconds between watch's scans (1).
 #SBATCH --job-name=watch-trainer
@@ -23,7 +29,7 @@ steps=${TOY_STEPS:-30}
 save_every=${TOY_SAVE_EVERY:-5}
 interval=${TOY_INTERVAL:-0.2}
 
-resume=${DISPATCH_RESUME_FROM:-}
+resume=$(dispatch fetch)
 step=0
 if [ -n "$resume" ]; then
     step=$(cat "$resume/weights")
@@ -36,7 +42,7 @@ while [ "$step" -lt "$steps" ]; do
     step=$((step + 1))
     sleep "$interval"                                   # "training"
     if [ $((step % save_every)) -eq 0 ]; then
-        save="$DISPATCH_EXEC_DIR/checkpoint-$step"
+        save="$DISPATCH_LOCAL_DIR/checkpoint-$step"
         mkdir "$save"
         echo "$step" > "$save/weights"
         echo "{\"global_step\": $step}" > "$save/trainer_state.json"   # written last

@@ -4,9 +4,11 @@ It runs at the start of every execution, inside the batch step, as the job's use
 the restart count R is known only then (``SLURM_RESTART_COUNT``; unset means 0).  It sets the
 environment contract (``DISPATCH_JOB``, ``DISPATCH_GENERATION``, ``DISPATCH_SUBMISSION``,
 ``DISPATCH_EPOCH``, ``DISPATCH_ATTEMPT``, ``DISPATCH_CHECKPOINT``, ``DISPATCH_EXEC_DIR``,
-``DISPATCH_RESUME_FROM``), creates the execution's own folder, records the start, and
-replaces itself with the script so Slurm's signals reach the script directly.  ``srun`` steps
-inherit the environment, so every task on every node sees the same identity.
+``DISPATCH_RESUME_FROM``; ``DISPATCH_LOCAL_DIR``, a local writable folder: the execution's
+folder, or on an ``s3://`` root its staging folder ``DISPATCH_STAGE_DIR``), creates the
+execution's own folder, records the start, and replaces itself with the script so Slurm's
+signals reach the script directly.  ``srun`` steps inherit the environment, so every task on
+every node sees the same identity.
 
 Invariant: a fresh attempt token and a fresh ``exec/<attempt>/`` folder for every execution;
 the folder is created with ``mkdir`` (never reused), and before the script runs it holds the
@@ -33,7 +35,7 @@ from .errors import DispatchError, RecordError, StoreError, UsageError
 
 CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
             "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
-            "DISPATCH_RESUME_FROM", "DISPATCH_STAGE_DIR")
+            "DISPATCH_RESUME_FROM", "DISPATCH_STAGE_DIR", "DISPATCH_LOCAL_DIR")
 EXEC_RECORD = execdir.RECORD  # in exec/<attempt>/; a leading dot keeps it out of save patterns
 EXEC_RECORD_FORMAT = execdir.RECORD_FORMAT
 START_TRIES = 5  # fresh folders tried when cleanup removes the resume source meanwhile
@@ -125,6 +127,9 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
         "DISPATCH_CHECKPOINT": root,
         "DISPATCH_EXEC_DIR": exec_dir,
         "DISPATCH_RESUME_FROM": found.path if found else "",
+        # Always a local, writable folder of this execution's own: a shell trainer writes
+        # its saves there on either kind of root (`dispatch watch` publishes them).
+        "DISPATCH_LOCAL_DIR": stage.get("DISPATCH_STAGE_DIR", exec_dir),
         **stage,
     }
 
@@ -211,9 +216,39 @@ def launch(job_path: str, submission: int, script_args: list[str],
                resume_from=values["DISPATCH_RESUME_FROM"],
                node=env.get("SLURMD_NODENAME", ""), nodes=env.get("SLURM_JOB_NODELIST", ""),
                host=socket.gethostname(), pid=os.getpid())
+    end_hold_comment(job, submission, env)
     sys.stdout.write(header_line(job.id, submission, env, values))
     sys.stdout.flush()
     os.execve(job.script, [job.script, *script_args], env)
+
+
+def end_hold_comment(job: record.JobRecord, submission: int, env: dict[str, str]) -> None:
+    """A held submission's comment says "held: ..., expires ..." (squeue shows it); once it
+    runs, however its hold was lifted (the supervisor, dispatch release, a person's scontrol
+    release), the comment says the hold is over, its marker still first.  Best effort: a
+    failure is a warning in the job's output, never a reason not to run."""
+    slurm_id = env.get("SLURM_JOB_ID", "")
+    if not job.spec.get("shared_checkpoint") or not slurm_id:
+        return  # only a shared-checkpoint job is ever submitted held
+    from . import submit
+    raw = env.get("SLURM_ARRAY_TASK_ID", "")
+    task = int(raw) if raw.isdigit() else None
+    own: Optional[int] = None
+    claims: list[tuple[str, dict[str, Any]]] = []
+    for own in ([task] if task is not None else []) + [None]:  # a task's own, else the job's
+        claims = job.claims(submit.claim_name(submission, own))
+        if claims:
+            break
+    if not claims or not claims[-1][1].get("hold"):
+        return
+    text = (f"{submit.marker(job, submission, own)} hold over: started "
+            f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
+    try:
+        from .slurm import Slurm
+        Slurm(attempts=1).set_comment(slurm_id, text)
+    except DispatchError as exc:
+        sys.stderr.write(f"dispatch-launch: warning: the job's comment still says it is held: "
+                         f"{exc}\n")
 
 
 def header_line(job_id: str, submission: int, env: dict[str, str],
@@ -222,8 +257,11 @@ def header_line(job_id: str, submission: int, env: dict[str, str],
     default dispatch-sbatch gives), one output file holds every execution, each headed so."""
     when = time.strftime("%Y-%m-%dT%H:%M:%S")
     resume = values["DISPATCH_RESUME_FROM"] or "nothing (a fresh start)"
+    # An array task as Slurm shows it (squeue, sacct, dispatch status): 18_0, not its own 19.
+    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    slurm_id = f"{array}_{task}" if array and task.isdigit() else env.get("SLURM_JOB_ID", "?")
     return (f"==> slurm-dispatch: {when} dispatch job {job_id} submission {submission}, "
-            f"Slurm job {env.get('SLURM_JOB_ID', '?')} restart {restart_count(env)} on "
+            f"Slurm job {slurm_id} restart {restart_count(env)} on "
             f"{env.get('SLURMD_NODENAME', socket.gethostname())}: epoch "
             f"{values['DISPATCH_EPOCH']}, attempt {values['DISPATCH_ATTEMPT']}, resuming "
             f"from {resume} <==\n")
