@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from . import model, record, status, store
+from . import events, model, record, status, store
 from .cli_exit import ClickShell
 from .errors import UsageError
 
@@ -153,7 +153,8 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Opti
 @click.argument("job", required=False)
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
 @click.option("--task", type=click.IntRange(min=0), default=None, metavar="T",
-              help="With JOB: the array task whose root (%a) to look in.")
+              help="With JOB: the array task whose root (%a) to look in (JOB given as A_T, "
+                   "as Slurm writes a task, names it too).")
 @click.option("--json", "as_json", is_flag=True, help="Print an object (or null).")
 @timeout_option
 def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json: bool,
@@ -168,8 +169,8 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
     Example: `RESUME=$(dispatch latest)`, or from a login node `dispatch latest dab2cd3e`
     """
     def body() -> None:
-        where = _job_root(job, task) if job else required(root, "--root",
-                                                            "DISPATCH_CHECKPOINT")
+        where = _job_root(job, _task_named(job, task)) if job else required(
+            root, "--root", "DISPATCH_CHECKPOINT")
         import os
         if job and "://" not in where and not os.path.lexists(where):
             found = None  # the job's (task's) root is made by its first execution: none yet
@@ -192,6 +193,26 @@ def _open(job: str, slurm: Any = None) -> record.JobRecord:
     several clusters may share one home, and a job of another is an error naming it."""
     from .slurm import Slurm
     return record.open_job(job, cluster=(slurm if slurm is not None else Slurm()).cluster())
+
+
+def _task_named(job: str, task: Optional[int], record_: Optional[record.JobRecord] = None
+                ) -> Optional[int]:
+    """The array task a job id names (``14_2``, as Slurm writes it, or a task's own Slurm job
+    id once its execution recorded it), checked against --task; else --task."""
+    named: Optional[int] = None
+    head, sep, tail = job.partition("_")
+    if sep and head.isdigit() and tail.isdigit():
+        named = int(tail)
+    elif job.isdigit():
+        try:
+            found = record_ if record_ is not None else _open(job)
+            named = next((s.task for s in found.history().of(events.Started)
+                          if s.slurm_job_id == job and s.array_job_id), None)
+        except UsageError:
+            named = None  # opening it again says why
+    if named is not None and task is not None and task != named:
+        raise UsageError(f"--task {task}: job id {job} names task {named}")
+    return named if named is not None else task
 
 
 def _job_root(job: str, task: Optional[int]) -> str:
@@ -440,7 +461,20 @@ def _latest_text(latest_: Optional[dict[str, Any]]) -> str:
 
 
 def _event_text(ev: dict[str, Any]) -> str:
-    """One line for a recorded decision: holds, cessation facts, releases, ends."""
+    """One line for a recorded decision: holds, cessation facts, releases, ends.  One array
+    task's: named, and its Slurm jobs as Slurm shows them (``80_1``)."""
+    task = ev.get("task")
+    if task is None:
+        return _decision_text(ev)
+    ev = {**ev, **{k: f"{ev[k]}_{task}" for k in ("slurm_job_id", "held_slurm_job_id")
+                   if ev.get(k) and "_" not in str(ev[k])}}
+    text = _decision_text(ev)
+    head, _, rest = text.partition(" ")
+    return f"{head} task {task} {rest}" if ev["event"] in ("hold", "finished", "cessation") \
+        else text
+
+
+def _decision_text(ev: dict[str, Any]) -> str:
     kind = ev["event"]
     if kind == "hold":
         return (f"HOLD submission {ev['submission']} (Slurm job {ev['slurm_job_id']}) after "
@@ -617,7 +651,8 @@ def cancel(job: str) -> None:
 @main.command()
 @click.argument("job")
 @click.option("--task", type=click.IntRange(min=0), default=None, metavar="T",
-              help="Resubmit one task of an array job on its own (--array=T), in its lineage.")
+              help="Resubmit one task of an array job on its own (--array=T), in its lineage "
+                   "(JOB given as A_T, as Slurm writes a task, names it too).")
 @click.option("--force", is_flag=True,
               help="Submit even while one of the job's Slurm jobs is still active.")
 @click.option("--python", "python", metavar="PATH",
@@ -640,6 +675,8 @@ def resubmit(job: str, task: Optional[int], force: bool, python: Optional[str]) 
         from .submit import resubmit as resubmit_job
         slurm = Slurm()
         record_ = _open(job, slurm)
+        nonlocal task
+        task = _task_named(job, task, record_)
         if task is not None and task not in (array_tasks(record_) or []):
             raise UsageError(f"--task {task}: dispatch job {record_.id} has no such array task "
                              f"(its tasks: {array_tasks(record_) or 'none, not an array'})")

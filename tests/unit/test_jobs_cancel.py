@@ -99,14 +99,19 @@ def test_latest_of_a_job_needs_no_root(cluster: FakeCluster, tmp_path: Path) -> 
     assert wrong.exit_code == 2 and "one for all tasks" in wrong.stderr
 
 
+def publish_save(root: Path, step: int) -> Path:
+    """A save at ``step`` in a new execution folder of ``root``, published at epoch 10^6."""
+    from slurm_dispatch import model, store
+    save = root / "exec" / model.new_attempt() / f"checkpoint-{step}"
+    save.mkdir(parents=True)
+    store.publish(str(root), 1_000_000, step, str(save))
+    return save
+
+
 def test_latest_of_an_array_job_looks_in_the_tasks_root(cluster: FakeCluster,
                                                         tmp_path: Path) -> None:
-    from slurm_dispatch import model, store
     done = submit_one("ck-t%a", "--array=0-1")
-    root = tmp_path / "ck-t1"
-    save = root / "exec" / model.new_attempt() / "checkpoint-8"
-    save.mkdir(parents=True)
-    store.publish(str(root), 1_000_000, 8, str(save))
+    save = publish_save(tmp_path / "ck-t1", 8)
     result = CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "1"])
     assert result.output.strip() == str(save), result.output
     assert CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "0"]).output == ""
