@@ -155,6 +155,16 @@ class Sandbox:
                 from None
 
 
+def sandbox_of(report: Any) -> Sandbox:
+    """The running sandbox :func:`slurm_dispatch.sandbox.up` reported, as the tests see it."""
+    state = report.status
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
+    env.update(sandbox_lib.environment(state.dir, user=state.user))
+    return Sandbox(dir=Path(state.dir), user=state.user, env=env,
+                   venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
+                   slurm=state.slurm)
+
+
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[Sandbox]:
     """The real Slurm sandbox (started once, left running after the session)."""
@@ -165,12 +175,7 @@ def sandbox() -> Iterator[Sandbox]:
                                 source=REPO_ROOT)
     except SandboxError as exc:
         pytest.fail(f"the sandbox cluster did not start: {exc}")
-    state = report.status
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
-    env.update(sandbox_lib.environment(state.dir, user=state.user))
-    cluster = Sandbox(dir=Path(state.dir), user=state.user, env=env,
-                      venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
-                      slurm=state.slurm)
+    cluster = sandbox_of(report)
     # Leftovers of an earlier, interrupted session (a requeued loop, a stopped slurmd).
     cluster.settle()
     yield cluster
