@@ -5,6 +5,7 @@ the site tarball holds the hook parts, the config templates and the admin guide.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -30,6 +31,10 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
     assert {"contrib/prolog.d/05-dispatch", "contrib/epilog.d/05-dispatch",
             "site-config/dispatch.conf", "site-config/slurm.conf.dispatch",
             "site-config/dispatch-recheck", "docs/admin-guide.md"} <= names
+    commands = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-sandbox")
+    # issue 18 item 15: the man pages and completions, for a site's system-wide install
+    assert {f"docs/man/man1/{c}.1" for c in commands} <= names
+    assert {f"contrib/completion/{c}" for c in commands} <= names
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True, timeout=120)
@@ -44,6 +49,14 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
                             "print(slurm_dispatch.__file__)"],
                            capture_output=True, text=True, timeout=60, check=True)
     assert str(venv) in hooks.stdout
+    # and in the venv's share/, where man and bash-completion look beside a bin/ on PATH
+    for command in commands:
+        assert (venv / f"share/bash-completion/completions/{command}").is_file()
+        found = subprocess.run(["man", "-w", command], capture_output=True, text=True,
+                               timeout=60, env={**{k: v for k, v in os.environ.items()
+                                                    if k != "MANPATH"},
+                                                 "PATH": f"{venv}/bin:/usr/bin:/bin"})
+        assert found.stdout.strip() == str(venv / f"share/man/man1/{command}.1"), found
 
 
 def test_the_shipped_parts_default_to_the_python_the_admin_guide_installs() -> None:

@@ -14,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -379,18 +378,6 @@ def test_each_man_page_renders_without_a_warning(name: str) -> None:
     assert out.stderr == ""
     out.stdout = re.sub(".\x08", "", out.stdout)  # grotty's overstrikes for bold
     assert "NAME" in out.stdout and "SYNOPSIS" in out.stdout and name in out.stdout
-
-
-def test_the_wheel_installs_the_man_pages_and_completions(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path), str(REPO)], check=True,
-                   capture_output=True, timeout=300)
-    (wheel,) = tmp_path.glob("slurm_dispatch-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    data = f"slurm_dispatch-{manpages.__version__}.data/data/share"
-    for name in COMMANDS:
-        assert f"{data}/man/man1/{name}.1" in names
-        assert f"{data}/bash-completion/completions/{name}" in names
 
 
 def complete(tmp_path: Path, command: str, words: list[str]) -> list[str]:
