@@ -245,7 +245,7 @@ def end_hold_comment(job: record.JobRecord, submission: int, env: dict[str, str]
             f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
     try:
         from .slurm import Slurm
-        Slurm(attempts=1).set_comment(slurm_id, text)
+        Slurm(attempts=1, timeout=10).set_comment(slurm_id, text)  # a hung controller: 10 s
     except DispatchError as exc:
         sys.stderr.write(f"dispatch-launch: warning: the job's comment still says it is held: "
                          f"{exc}\n")

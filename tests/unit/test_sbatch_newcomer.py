@@ -356,3 +356,45 @@ def test_status_counts_resubmissions_by_hand_apart_from_the_budget(
     head = cli._render_status(status.collect(first.job, {})).splitlines()[0]
     assert "resubmits 1 of 0" not in head
     assert "resubmitted 1 time by hand (dispatch resubmit); resubmit budget 0" in head, head
+
+
+# -- item 9: a held job's comment no longer says "held" once it runs -------------------------
+
+def run_launcher(tmp_path: Path, job_path: str, slurm_id: str) -> list[str]:
+    """The launcher as a process, with a logging scontrol on PATH; the scontrol calls made."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "scontrol.log"
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >>{log}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    launched = subprocess.run(
+        [sys.executable, "-m", "slurm_dispatch.launch", "--job", job_path, "--submission", "1",
+         "--"], env={**os.environ, "SLURM_JOB_ID": slurm_id, "PYTHONPATH": str(REPO),
+                     "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60)
+    assert launched.returncode == 0 and "ran" in launched.stdout, launched.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_held_submission_says_its_hold_is_over_once_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_dispatch import submit
+    from slurm_dispatch.slurm import Slurm
+
+    from .fake_cluster import FakeCluster
+
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho ran\n")
+    cluster = FakeCluster(first_id=10)
+    slurm = Slurm(cluster, wait=0)
+    old = submit.submit_new(submit.read_request(
+        ["--checkpoint", "ck", "--shared-checkpoint", "job.sh"], cwd=str(tmp_path)), slurm)
+    assert run_launcher(tmp_path, old.job.path, old.slurm_job_id) == []  # never held: no call
+    new = submit.submit_new(submit.read_request(["--supersede", old.job.id, "job.sh"],
+                                                cwd=str(tmp_path)), slurm)
+    assert "held" in cluster.jobs[new.slurm_job_id]["Comment"]  # as squeue shows it, held
+    calls = run_launcher(tmp_path, new.job.path, new.slurm_job_id)
+    assert len(calls) == 1, calls
+    update, = calls
+    assert update.startswith(f"update jobid={new.slurm_job_id} comment=dispatch:{new.job.id}/1 ")
+    assert "held" not in update and "hold over" in update
