@@ -216,6 +216,16 @@ def test_every_command_a_page_shows_exists(page: Path) -> None:
             assert target in targets, f"{rel(page)}: no make target {target!r}"
 
 
+SCRIPTS = sorted((REPO / "examples").rglob("*.sh")) + sorted((REPO / "demo").glob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=rel)
+def test_every_command_a_shipped_script_runs_exists(script: Path) -> None:
+    """The examples and demos are docs too: what they run, with what options, exists."""
+    for line in script.read_text().replace("\\\n", " ").split("\n"):
+        check_line(line, rel(script))
+
+
 @pytest.mark.parametrize("line,wrong", [
     ("dispatch status JOB --jsn", "--jsn"),
     ("dispatch stats JOB", "'stats'"),
