@@ -158,7 +158,7 @@ def roff(page: Page, see_also: list[str]) -> str:
         out.append(".SH COMMANDS")
         for sub in page.subcommands:
             out += [".SS " + roff_text(sub.name), ".B " + roff_text(sub.usage)]
-            out += roff_body(own_body(sub))
+            out += roff_body(sub.body)  # no NAME line of its own: its summary too
             if sub.options:
                 out += [".PP", "Options:", ".RS"] + list(roff_options(sub.options)) + [".RE"]
     out += [".SH SEE ALSO", ", ".join(f"\\fB{roff_text(name)}\\fR(1)" for name in see_also)]
@@ -193,7 +193,7 @@ def markdown(page: Page, see_also: list[str]) -> str:
         out += ["Options:", ""] + list(md_options(page.options)) + [""]
     for sub in page.subcommands:
         out += [f"## {sub.name}", "", "```\n" + sub.usage + "\n```", "",
-                "\n\n".join(md_body(own_body(sub))), ""]
+                "\n\n".join(md_body(sub.body)), ""]
         if sub.options:
             out += ["Options:", ""] + list(md_options(sub.options)) + [""]
     out += ["See also: " + ", ".join(f"[{name}]({name}.md)" for name in see_also), ""]
