@@ -432,8 +432,8 @@ def _supervisor_text(data: dict[str, Any]) -> str:
     rules_wait = data["resubmit_budget"] > 0 or data["shared_checkpoint"]
     if not seen:
         return ("Supervisor  none has passed yet" + (
-            ": --resubmit and holds act only while `dispatch supervise` runs (scrontab, a "
-            "timer, or --loop)" if rules_wait else ""))
+            ": --resubmit and holds act only while `dispatch supervise` runs (a systemd user "
+            "timer: contrib/systemd; scrontab; or --loop)" if rules_wait else ""))
     good = (f"last good pass {status.clock(seen['time'])} ({_ago(seen['time'])} ago, on "
             f"{seen.get('host', '?')})" if seen.get("time") else "no good pass yet")
     if not seen.get("failing_since"):
@@ -568,7 +568,17 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
 @click.option("--clusters", "-M", metavar="NAME[,NAME...]|all",
               help="List these clusters' jobs (records of several clusters may share one "
                    "home); default: this cluster's.  Other clusters' states are as recorded.")
-def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
+@click.option("--state", "--states", "-t", "states", metavar="STATE[,STATE...]",
+              help="Only jobs in these states, as squeue -t takes them (FAILED,RUNNING or "
+                   "F,R; a recorded end counts), or HELD, SUPERSEDED, FINISHED, UNKNOWN; all.")
+@click.option("--name", "-n", "names", metavar="SCRIPT[,SCRIPT...]",
+              help="Only jobs of these scripts (the SCRIPT column, exactly).")
+@click.option("--since", "-S", metavar="TIME",
+              help="Only jobs whose latest submission was made at TIME or later, as sacct -S "
+                   "reads it: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], today, midnight, "
+                   "now[-N[seconds|minutes|hours|days|weeks]].")
+def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optional[str],
+         names: Optional[str], since: Optional[str]) -> None:
     """List your dispatch jobs, one line each, oldest first.
 
     STATE is Slurm's for the latest submission (every task's for an array), HELD for a
@@ -582,6 +592,7 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
     """
     def body() -> None:
         from .slurm import Slurm
+        keep = _job_filter(states, names, since)  # bad input: refused before any call
         slurm = Slurm.for_people(_say)
         here = slurm.cluster()
         every = record.all_jobs()
@@ -594,6 +605,7 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
         lines += status.job_lines(others, {})
         for line, job in zip(lines, own + others):
             line["cluster"] = _cluster_of(job) or here
+        lines = [line for line in lines if keep(line)]
         lines.sort(key=lambda line: line.get("created") or 0)
         if as_json:
             echo_json(lines)
@@ -614,6 +626,81 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str]) -> None:
     body()
 
 
+# squeue's compact state codes (squeue(1), JOB STATE CODES), and the states dispatch jobs adds.
+STATE_CODES = {
+    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
+    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED", "R": "RUNNING",
+    "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
+    "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
+    "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+OUR_STATES = ("HELD", "SUPERSEDED", "FINISHED", "UNKNOWN")
+
+
+def _job_filter(states: Optional[str], names: Optional[str], since: Optional[str]) -> Any:
+    """dispatch jobs' --state, --name and --since as one test of a line; a bad value is a
+    UsageError naming it."""
+    wanted: Optional[set[str]] = None
+    if states and states.strip().lower() != "all":
+        wanted = set()
+        known = set(STATE_CODES.values()) | set(OUR_STATES)
+        for word in (w.strip().upper() for w in states.split(",") if w.strip()):
+            state = STATE_CODES.get(word, word)
+            if state not in known:
+                raise UsageError(f"--state {word!r} is not a job state (squeue's, as "
+                                 f"FAILED or F, or {', '.join(OUR_STATES)})")
+            wanted.add(state)
+    scripts = {n.strip() for n in names.split(",") if n.strip()} if names else None
+    after = parse_since(since) if since else None
+
+    def keep(line: dict[str, Any]) -> bool:
+        if wanted is not None:
+            shown = {part.split()[0] for part in str(line.get("state") or "").split("+")
+                     if part.split()}
+            if not shown & wanted:
+                return False
+        if scripts is not None and line.get("script") not in scripts:
+            return False
+        return after is None or float(line.get("submitted") or 0) >= after
+    return keep
+
+
+_UNITS = {"": 1, "second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+
+
+def parse_since(text: str, now: Optional[float] = None) -> float:
+    """A time as sacct -S reads it, in seconds: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], today
+    or midnight, now[{+|-}N[seconds|minutes|hours|days|weeks]]; local time."""
+    import re
+    import time as _time
+    now = _time.time() if now is None else now
+    value = text.strip()
+    bad = UsageError(f"--since {text!r} is not a time sacct -S reads (YYYY-MM-DD[THH:MM[:SS]],"
+                     " MM/DD[/YY], today, now-2days)")
+    relative = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", value.lower())
+    if relative:
+        sign, count, unit = relative.groups()
+        unit = unit[:-1] if unit.endswith("s") else unit
+        if count is None:
+            return now
+        if unit not in _UNITS:
+            raise bad
+        return now + (1 if sign == "+" else -1) * int(count) * _UNITS[unit]
+    if value.lower() in ("today", "midnight"):
+        day = _time.localtime(now)
+        return _time.mktime((day.tm_year, day.tm_mon, day.tm_mday, 0, 0, 0, 0, 0, -1))
+    for form in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y"):
+        try:
+            return _time.mktime(_time.strptime(value, form))
+        except ValueError:
+            continue
+    try:
+        day = _time.strptime(f"{value}/{_time.localtime(now).tm_year}", "%m/%d/%Y")
+    except ValueError:
+        raise bad from None
+    return _time.mktime(day)
+
+
 def _cluster_choice(value: Optional[str], here: Optional[str]) -> Optional[set[str]]:
     """--clusters: None for this cluster's only, an empty set for all, else the names."""
     if value is None or value.strip() == "":
@@ -631,20 +718,89 @@ def _cluster_of(job: record.JobRecord) -> Optional[str]:
 
 
 @main.command()
-@click.argument("job")
-def cancel(job: str) -> None:
-    """Cancel a dispatch job: whichever of its Slurm jobs is current (running, pending or
-    held).  The supervisor then stops it: a user's cancel is never undone."""
+@click.argument("job", nargs=-1, required=True)
+def cancel(job: tuple[str, ...]) -> None:
+    """Cancel dispatch jobs: whichever of each one's Slurm jobs is current (running, pending
+    or held).  The supervisor then stops them: a user's cancel is never undone.
+
+    Each JOB is a dispatch job id or a Slurm job id of it; A_T (as Slurm writes an array
+    task) cancels that task only.  Every JOB is looked up first: one that is not found is an
+    error naming it, and nothing is cancelled.  One squeue and one scancel for them all.
+
+    Example: `dispatch cancel 12 13 14_2`
+    """
     def body() -> None:
         from .slurm import Slurm
-        from .submit import cancel_job
-        record_ = _open(job)
-        cancelled = cancel_job(Slurm(), record_)
-        if cancelled:
-            click.echo(f"cancelled Slurm job(s) {' '.join(cancelled)} of dispatch job "
-                       f"{record_.id}")
-        else:
-            click.echo(f"dispatch job {record_.id} has no active Slurm job")
+        from .submit import live_slurm_jobs
+        slurm = Slurm.for_people(_say)
+        chosen = []
+        for ident in job:
+            record_ = _open(ident, slurm)
+            chosen.append((record_, _task_named(ident, None, record_)))
+        views = slurm.own_jobs()
+        plan = [(r, live_slurm_jobs(slurm, r, views, task=t)) for r, t in chosen]
+        slurm.cancel(sorted({j for _, live in plan for j in live}))
+        for record_, live in plan:
+            if live:
+                click.echo(f"cancelled Slurm job(s) {' '.join(live)} of dispatch job "
+                           f"{record_.id}")
+            else:
+                click.echo(f"dispatch job {record_.id} has no active Slurm job")
+    body()
+
+
+@main.command()
+@click.argument("job", nargs=-1)
+@click.option("--before", metavar="TIME",
+              help="Forget every job of yours last active before TIME (sacct -S's forms, "
+                   "as dispatch jobs --since: 2026-11-01, now-30days).")
+@click.option("--dry-run", is_flag=True, help="Remove nothing; say what would go and why "
+                                              "the others stay.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: bool) -> None:
+    """Remove old dispatch job records (JOB..., or all last active before --before).
+
+    Never forgotten: a job a Slurm job of which the controller still knows, one with a
+    standing hold, one with a submission being made, one whose end the supervisor has not
+    decided yet (not settled: it may be resubmitted), one another unsettled job waits for
+    (--dependency).  Named JOBs are all forgotten or none (exit 1 saying why each stays);
+    with --before the ones that stay are listed.  A record is removed whole (renamed out of
+    sight first).  Checkpoints are never touched (that is `dispatch gc`).
+
+    Example: `dispatch forget --before now-30days --dry-run`
+    """
+    def body() -> None:
+        from . import dependency
+        from . import forget as forgetting
+        from .errors import RefusedError
+        from .slurm import Slurm
+        if bool(job) == bool(before):
+            raise UsageError("give JOB... or --before TIME (one of the two)")
+        after = parse_since(before) if before else None
+        slurm = Slurm.for_people(_say)
+        mine = record.cluster_jobs(slurm.cluster())
+        chosen = [_open(ident, slurm) for ident in job] if job else mine
+        going, kept = forgetting.plan(chosen, slurm.own_jobs(),
+                                      dependency.dependents(mine), after)
+        if job and kept:
+            raise RefusedError("not forgetting anything: " + "; ".join(
+                f"{k['id']} stays: {k['why']}" for k in kept))
+        if not dry_run:
+            forgetting.finish_earlier()
+            by_id = {j.id: j for j in chosen}
+            for entry in going:
+                forgetting.forget(by_id[entry["id"]])
+        if as_json:
+            echo_json({"dry_run": dry_run, "forgotten": going, "kept": kept})
+            return
+        verb = "would forget" if dry_run else "forgot"
+        for entry in going:
+            click.echo(f"{verb} {entry['id']} (last active {status.clock(entry['last'])}, "
+                       f"{entry['bytes']} bytes)")
+        for entry in kept:
+            click.echo(f"kept {entry['id']}: {entry['why']}")
+        click.echo(f"{verb} {len(going)} job(s), {sum(e['bytes'] for e in going)} bytes; "
+                   f"kept {len(kept)}")
     body()
 
 
@@ -741,13 +897,15 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
         settings = site_settings()
         supervisor = Supervisor(Slurm(), settings)
         pause = interval if interval is not None else settings.interval
+        supervisor.every = pause if loop else None
         failed: Optional[dict[str, Any]] = None
         while True:
             try:
                 report = supervisor.run_pass()
             except (DispatchError, OSError) as exc:
                 cause = " ".join(str(exc).split())
-                failed = mark_failure(None, cause)
+                failed = mark_failure(None, cause, supervisor.slurm.cluster(),
+                                      supervisor.every)
                 wait = retry_pause(int(failed["failures"]), pause)
                 click.echo(f"dispatch: {_time.strftime('%Y-%m-%dT%H:%M:%S')} pass failed: "
                            f"{cause}" + (f" (next pass in {wait:g} s)" if loop else ""),

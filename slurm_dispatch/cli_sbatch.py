@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from . import submit
+from . import record, submit
 from .cli_exit import run
 from .errors import SlurmError
 from .slurm import Slurm
@@ -128,8 +128,26 @@ def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
                 f"{done.submission}, checkpoint {spec['checkpoint']})\n")
         (sys.stderr if request.parsable else sys.stdout).write(line)
         sys.stdout.flush()
+        unsupervised = _no_supervisor(request, done.job)
+        if unsupervised:
+            sys.stderr.write(f"dispatch-sbatch: warning: {unsupervised}\n")
 
     run(body, "dispatch-sbatch", fast_exit=fast_exit)
+
+
+def _no_supervisor(request: submit.Request, job: record.JobRecord) -> Optional[str]:
+    """--resubmit and --shared-checkpoint act only through `dispatch supervise`: say so when no
+    supervisor of this user has passed lately (its heartbeat in the dispatch home)."""
+    used = ([f"--resubmit {request.options.resubmit}"] if request.options.resubmit else []) \
+        + (["--shared-checkpoint"] if request.options.shared_checkpoint else [])
+    if not used:
+        return None
+    import os
+
+    from .heartbeat import missing_warning
+    cluster = job.spec.get("cluster")
+    return missing_warning(os.path.dirname(os.path.dirname(job.path)),
+                           cluster if isinstance(cluster, str) else None, used)
 
 
 if __name__ == "__main__":  # pragma: no cover

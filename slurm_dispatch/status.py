@@ -259,8 +259,10 @@ def _launcher_problem(job: record.JobRecord) -> Optional[str]:
 
 
 def _last_pass(job: record.JobRecord) -> Optional[dict[str, Any]]:
-    from .supervisor import last_pass  # status never needs the supervisor otherwise
-    return last_pass(os.path.dirname(os.path.dirname(job.path)))
+    from .heartbeat import read
+    cluster = job.spec.get("cluster")
+    return read(os.path.dirname(os.path.dirname(job.path)),
+                cluster if isinstance(cluster, str) else None)
 
 
 def open_job(ident: str, slurm_jobs: dict[str, Job],
@@ -325,5 +327,6 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
             "submission": current.submission if current is not None else 0,
             "slurm_job_id": current.slurm_job_id if current is not None else None,
             "state": state, "checkpoint": spec["checkpoint"], "created": spec.get("created"),
+            "submitted": current.time if current is not None else None,
         })
     return lines

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import dependency, events, record, rules, submit
+from . import dependency, events, heartbeat, record, rules, submit
 from .errors import DispatchError, RecordError, RefusedError, SlurmError
 from .slurm import Job, Slurm
 
@@ -215,6 +215,7 @@ class Supervisor:
         self._mail_prog: Optional[str] = None
         self._min_age: Optional[float] = None
         self._accounting = True  # False once sacct said the site keeps no accounting
+        self.every: Optional[float] = None  # a loop's interval, for the heartbeat
 
     def run_pass(self) -> PassReport:
         report = PassReport()
@@ -224,7 +225,8 @@ class Supervisor:
         # supervisor's (their ids repeat here, and this controller knows none of them).
         jobs = record.cluster_jobs(self.slurm.cluster(), self.home)
         if not jobs:
-            mark_pass(self.home, report, 0)  # a supervisor runs: dispatch-sbatch reads it
+            # A supervisor runs: dispatch-sbatch reads it.
+            mark_pass(self.home, report, 0, self.slurm.cluster(), self.every)
             return report
         seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about
         me = os.getuid()
@@ -242,7 +244,7 @@ class Supervisor:
                 report.errors.append(f"{job.id}: unexpected {type(exc).__name__}: {exc}")
         # One line each: Slurm's own words follow ours on the same line.
         report.errors[:] = [" ".join(error.split()) for error in report.errors]
-        mark_pass(self.home, report, len(jobs))
+        mark_pass(self.home, report, len(jobs), self.slurm.cluster(), self.every)
         return report
 
     # -- one job ---------------------------------------------------------------------------
@@ -673,71 +675,27 @@ def _mail_user(spec: dict[str, Any]) -> Optional[str]:
     return found or None
 
 
-PASS_FILE = "supervisor-pass.json"
+PASS_FILE = heartbeat.PASS_FILE
 
 
-def mark_pass(home: Optional[str], report: PassReport, jobs: int) -> None:
-    """Say when a supervisor last passed over the user's jobs (``dispatch status`` shows it,
-    and ``dispatch-sbatch`` warns when none has passed lately: resubmissions and holds happen
-    only while one runs).  A good pass ends a run of failed ones (:func:`mark_failure`)."""
-    _write_pass(home, {"time": round(time.time(), 3), "host": os.uname().nodename,
-                       "pid": os.getpid(), "jobs": jobs, "actions": len(report.actions),
-                       "errors": len(report.errors)})
+def mark_pass(home: Optional[str], report: PassReport, jobs: int,
+              cluster: Optional[str] = None, every: Optional[float] = None) -> None:
+    """Say when a supervisor last passed over the user's jobs (:mod:`heartbeat`:
+    ``dispatch status`` shows it, and ``dispatch-sbatch`` warns when none has passed lately:
+    resubmissions and holds happen only while one runs)."""
+    heartbeat.good(home, cluster, jobs, len(report.actions), len(report.errors), every)
 
 
-def mark_failure(home: Optional[str], cause: str) -> dict[str, Any]:
-    """Say that a pass failed as a whole (the controller did not answer): the last good pass
-    stays (``time``, None if there was none), with since when passes fail, how many did and
-    the latest cause.  Returns what was written."""
-    before = _read_pass(home) or {}
-    now = round(time.time(), 3)
-    since = before.get("failing_since")
-    body = {"time": before.get("time") if isinstance(before.get("time"), (int, float))
-            else None,
-            "host": os.uname().nodename, "pid": os.getpid(),
-            "failing_since": since if isinstance(since, (int, float)) else now,
-            "failures": int(before.get("failures") or 0) + 1 if since else 1,
-            "failed_at": now, "error": cause}
-    _write_pass(home, body)
-    return body
+def mark_failure(home: Optional[str], cause: str, cluster: Optional[str] = None,
+                 every: Optional[float] = None) -> dict[str, Any]:
+    """Say that a pass failed as a whole (:func:`heartbeat.failed`)."""
+    return heartbeat.failed(home, cluster, cause, every)
 
 
-def _write_pass(home: Optional[str], body: dict[str, Any]) -> None:
-    """Replaced whole (a new file renamed into place); best effort: a pass is not undone by a
-    marker that cannot be written."""
-    folder = home or record.home_dir()
-    tmp = os.path.join(folder, f".{PASS_FILE}.{os.getpid()}.tmp")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-        os.replace(tmp, os.path.join(folder, PASS_FILE))
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
-def _read_pass(home: Optional[str]) -> Optional[dict[str, Any]]:
-    try:
-        with open(os.path.join(home or record.home_dir(), PASS_FILE), encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
-
-
-def last_pass(home: Optional[str] = None) -> Optional[dict[str, Any]]:
-    """What :func:`mark_pass` or :func:`mark_failure` wrote last, or None (no supervisor has
-    passed, or unreadable).  ``time``: the last good pass (None if none was);
-    ``failing_since``, ``failures``, ``error``: present while passes fail."""
-    found = _read_pass(home)
-    if found is None:
-        return None
-    good = isinstance(found.get("time"), (int, float))
-    failing = isinstance(found.get("failing_since"), (int, float))
-    return found if good or failing else None
+def last_pass(home: Optional[str] = None, cluster: Optional[str] = None
+              ) -> Optional[dict[str, Any]]:
+    """What the last pass left (:func:`heartbeat.read`), or None."""
+    return heartbeat.read(home, cluster)
 
 
 def retry_pause(failures: int, interval: float) -> float:

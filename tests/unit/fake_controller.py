@@ -23,6 +23,7 @@ from slurm_dispatch.slurm import Result
 from .fake_cluster import FakeCluster
 
 COMMANDS = ("squeue", "sbatch", "scontrol", "scancel", "sacct")
+CLUSTER = "fake"  # what every command run with Controller.env takes this cluster's name for
 CONFIG = "ClusterName             = fake\nMinJobAge               = 300 sec\n"
 DOWN = "slurm_load_jobs error: Socket timed out on send/recv operation"
 _SCRIPT = """#!{python}
@@ -74,7 +75,8 @@ class Controller:
 
     def env(self, **extra: str) -> dict[str, str]:
         """An environment whose Slurm commands are this controller's."""
-        return {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", **extra}
+        return {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}",
+                "SLURM_CLUSTER_NAME": CLUSTER, **extra}
 
 
 @contextmanager

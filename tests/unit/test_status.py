@@ -162,7 +162,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
                               "SLURM_REASON", "SUBMITTED_FOR"]
     row = next(line for line in text.splitlines() if line.startswith("1 "))
     assert row.split()[-2:] == ["Resources", "first"]
-    mark_pass(None, PassReport(), 1)
+    mark_pass(None, PassReport(), 1, job.spec.get("cluster"))  # the job's cluster's
     text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
     assert "Supervisor  last good pass " in text and " s ago, on " in text
 

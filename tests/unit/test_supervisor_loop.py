@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import pytest
 
-from slurm_dispatch import record, submit, supervisor
+from slurm_dispatch import heartbeat, record, submit, supervisor
 from slurm_dispatch.slurm import Slurm
 
-from .fake_controller import Controller
+from .fake_controller import CLUSTER, Controller
 
 DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli"]
 REPO = str(Path(__file__).resolve().parents[2])
@@ -36,6 +36,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     controller = Controller(tmp_path / "slurm")
     # Submissions keep the first one's environment: its PATH finds the fake commands.
     monkeypatch.setenv("PATH", f"{controller.bin}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", CLUSTER)
     env = controller.env(DISPATCH_HOME=str(home), SLURM_DISPATCH_CONF=str(conf),
                          DISPATCH_SLURM_ATTEMPTS="1", DISPATCH_SLURM_BACKEND="cli",
                          PYTHONPATH=REPO)
@@ -65,13 +66,13 @@ def test_the_loop_rides_out_a_silent_controller_and_acts_after(world: dict[str, 
                             env=world["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        good = poll("a first good pass", lambda: supervisor.last_pass(world["home"]), proc)
+        good = poll("a first good pass", lambda: supervisor.last_pass(world["home"], CLUSTER), proc)
         assert not good.get("failing_since")
         controller.down()
         controller.set(done.slurm_job_id, JobState="FAILED")  # due while nobody answers
 
         def failures() -> int:
-            seen = supervisor.last_pass(world["home"]) or {}
+            seen = supervisor.last_pass(world["home"], CLUSTER) or {}
             return int(seen.get("failures") or 0)
         poll("five failed passes", lambda: failures() >= 5, proc)
         assert len(job.submissions()) == 1
@@ -87,7 +88,7 @@ def test_the_loop_rides_out_a_silent_controller_and_acts_after(world: dict[str, 
         poll("the resubmission after the controller answered again",
              lambda: len(job.submissions()) == 2, proc)
         poll("a good pass again",
-             lambda: not (supervisor.last_pass(world["home"]) or {}).get("failing_since"),
+             lambda: not (supervisor.last_pass(world["home"], CLUSTER) or {}).get("failing_since"),
              proc)
         assert proc.poll() is None, "the loop ended"
     finally:
@@ -117,14 +118,14 @@ def test_one_failed_pass_without_loop_is_recorded_and_exits_2(world: dict[str, A
         assert proc.returncode == 2
         (line,) = proc.stderr.splitlines()
         assert "pass failed" in line and "Socket timed out" in line, proc.stderr
-        seen = supervisor.last_pass(world["home"])
+        seen = supervisor.last_pass(world["home"], CLUSTER)
         assert seen is not None and seen["failures"] == n and seen["time"] is None
-    first = json.loads(Path(world["home"], supervisor.PASS_FILE).read_text())["failing_since"]
-    assert isinstance(first, float)
+    first = json.loads(Path(heartbeat.path(world["home"], CLUSTER)).read_text())
+    assert isinstance(first["failing_since"], float) and first["cluster"] == CLUSTER
     controller.down(False)
     proc = subprocess.run([*DISPATCH, "supervise"], env=world["env"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    seen = supervisor.last_pass(world["home"])
+    seen = supervisor.last_pass(world["home"], CLUSTER)
     assert seen is not None and seen["time"] and "failing_since" not in seen
     assert record.all_jobs(world["home"])
