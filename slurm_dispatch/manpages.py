@@ -222,7 +222,8 @@ def sbatch_completion() -> str:
     words = sorted({f"--{name}" for name in (sbatch_args.DISPATCH_WITH_ARG
                                              | sbatch_args.DISPATCH_FLAGS
                                              | sbatch_args.LONG_WITH_ARG
-                                             | sbatch_args.LONG_FLAGS)})
+                                             | sbatch_args.LONG_FLAGS)} - {"--wrap"})
+    # (--wrap: sbatch's, always refused by dispatch-sbatch, submit.read_request)
     takes = {f"--{n}" for n in sbatch_args.DISPATCH_WITH_ARG | sbatch_args.LONG_WITH_ARG}
     takes |= {f"-{c}" for c in sbatch_args.SHORT_WITH_ARG}  # the word after these is theirs
     lines = [f"# bash completion for dispatch-sbatch.  {GENERATED}",

@@ -425,7 +425,8 @@ def test_bash_completes_dispatch_sbatch_options_then_files(tmp_path: Path) -> No
     (tmp_path / "job.sh").write_text("#!/bin/bash\n")
     assert complete(tmp_path, "dispatch-sbatch", ["dispatch-sbatch", "--chec"]) == \
         ["--checkpoint"]
-    assert "--warn-before" in complete(tmp_path, "dispatch-sbatch", ["dispatch-sbatch", "--w"])
+    offered = complete(tmp_path, "dispatch-sbatch", ["dispatch-sbatch", "--w"])
+    assert "--warn-before" in offered and "--wrap" not in offered  # refused, never offered
     assert "--partition" in complete(tmp_path, "dispatch-sbatch",
                                      ["dispatch-sbatch", "-N", "2", "--part"])
     assert complete(tmp_path, "dispatch-sbatch", ["dispatch-sbatch", "j"]) == ["job.sh"]
