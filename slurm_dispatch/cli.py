@@ -701,6 +701,81 @@ def parse_since(text: str, now: Optional[float] = None) -> float:
     return _time.mktime(day)
 
 
+# squeue's compact state codes (squeue(1), JOB STATE CODES), and the states dispatch jobs adds.
+STATE_CODES = {
+    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
+    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED", "R": "RUNNING",
+    "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
+    "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
+    "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+OUR_STATES = ("HELD", "SUPERSEDED", "FINISHED", "UNKNOWN")
+
+
+def _job_filter(states: Optional[str], names: Optional[str], since: Optional[str]) -> Any:
+    """dispatch jobs' --state, --name and --since as one test of a line; a bad value is a
+    UsageError naming it."""
+    wanted: Optional[set[str]] = None
+    if states and states.strip().lower() != "all":
+        wanted = set()
+        known = set(STATE_CODES.values()) | set(OUR_STATES)
+        for word in (w.strip().upper() for w in states.split(",") if w.strip()):
+            state = STATE_CODES.get(word, word)
+            if state not in known:
+                raise UsageError(f"--state {word!r} is not a job state (squeue's, as "
+                                 f"FAILED or F, or {', '.join(OUR_STATES)})")
+            wanted.add(state)
+    scripts = {n.strip() for n in names.split(",") if n.strip()} if names else None
+    after = parse_since(since) if since else None
+
+    def keep(line: dict[str, Any]) -> bool:
+        if wanted is not None:
+            shown = {part.split()[0] for part in str(line.get("state") or "").split("+")
+                     if part.split()}
+            if not shown & wanted:
+                return False
+        if scripts is not None and line.get("script") not in scripts:
+            return False
+        return after is None or float(line.get("submitted") or 0) >= after
+    return keep
+
+
+_UNITS = {"": 1, "second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+
+
+def parse_since(text: str, now: Optional[float] = None) -> float:
+    """A time as sacct -S reads it, in seconds: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], today
+    or midnight, now[{+|-}N[seconds|minutes|hours|days|weeks]]; local time."""
+    import re
+    import time as _time
+    now = _time.time() if now is None else now
+    value = text.strip()
+    bad = UsageError(f"--since {text!r} is not a time sacct -S reads (YYYY-MM-DD[THH:MM[:SS]],"
+                     " MM/DD[/YY], today, now-2days)")
+    relative = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", value.lower())
+    if relative:
+        sign, count, unit = relative.groups()
+        unit = unit[:-1] if unit.endswith("s") else unit
+        if count is None:
+            return now
+        if unit not in _UNITS:
+            raise bad
+        return now + (1 if sign == "+" else -1) * int(count) * _UNITS[unit]
+    if value.lower() in ("today", "midnight"):
+        day = _time.localtime(now)
+        return _time.mktime((day.tm_year, day.tm_mon, day.tm_mday, 0, 0, 0, 0, 0, -1))
+    for form in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y"):
+        try:
+            return _time.mktime(_time.strptime(value, form))
+        except ValueError:
+            continue
+    try:
+        day = _time.strptime(f"{value}/{_time.localtime(now).tm_year}", "%m/%d/%Y")
+    except ValueError:
+        raise bad from None
+    return _time.mktime(day)
+
+
 def _cluster_choice(value: Optional[str], here: Optional[str]) -> Optional[set[str]]:
     """--clusters: None for this cluster's only, an empty set for all, else the names."""
     if value is None or value.strip() == "":
@@ -796,11 +871,11 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
         verb = "would forget" if dry_run else "forgot"
         for entry in going:
             click.echo(f"{verb} {entry['id']} (last active {status.clock(entry['last'])}, "
-                       f"{entry['bytes']} bytes)")
+                       f"{entry['bytes']} bytes on disk)")
         for entry in kept:
             click.echo(f"kept {entry['id']}: {entry['why']}")
-        click.echo(f"{verb} {len(going)} job(s), {sum(e['bytes'] for e in going)} bytes; "
-                   f"kept {len(kept)}")
+        click.echo(f"{verb} {len(going)} job(s), {sum(e['bytes'] for e in going)} bytes on "
+                   f"disk; kept {len(kept)}")
     body()
 
 

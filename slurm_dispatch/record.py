@@ -339,8 +339,9 @@ def all_jobs(home: Optional[str] = None) -> list[JobRecord]:
         return []
     except OSError as exc:
         raise RecordError(f"cannot list {base!r}: {exc.strerror}") from None
+    # A dot name is a record being removed whole (dispatch forget): no reader sees it.
     return [JobRecord(os.path.join(base, n)) for n in names
-            if os.path.isfile(os.path.join(base, n, "job.json"))]
+            if not n.startswith(".") and os.path.isfile(os.path.join(base, n, "job.json"))]
 
 
 def cluster_jobs(cluster: Optional[str], home: Optional[str] = None) -> list[JobRecord]:

@@ -33,9 +33,11 @@ class FakeCluster:
         self.jobs[jobid].update(fields)
 
     def tasks_of(self, jobids: Sequence[str]) -> list[str]:
-        """The jobs ``jobids`` name: a job, or every task of an array by the array's id."""
+        """The jobs ``jobids`` name: a job, every task of an array by the array's id, or one
+        task as ``A_T``."""
         named = set(jobids)
-        return [j for j, f in self.jobs.items() if j in named or f.get("ArrayJobId") in named]
+        return [j for j, f in self.jobs.items() if j in named or f.get("ArrayJobId") in named
+                or f"{f.get('ArrayJobId')}_{f.get('ArrayTaskId')}" in named]
 
     def sbatch_calls(self) -> list[list[str]]:
         return [c for c in self.calls if c[0] == "sbatch"]
