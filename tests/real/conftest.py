@@ -12,7 +12,8 @@ poison the next.
 
 So one test session per sandbox at a time (settling cancels every job in it).  To run another
 session beside it, give it its own sandbox: ``DISPATCH_SANDBOX_DIR=/var/tmp/sandbox-b pytest``
-(a sandbox in another folder gets its own ports).
+(a sandbox in another folder gets its own ports), and its own job user with
+``DISPATCH_SANDBOX_USER=dispatchuser2`` (another home, so records of the two never mix).
 
 The Slurm release: ``DISPATCH_SANDBOX_SLURM=24.11 pytest tests/real`` runs the same tests
 against a sandbox whose daemons, clients, venv, jobs and hooks run from a Debian 13 root
@@ -171,8 +172,11 @@ def sandbox() -> Iterator[Sandbox]:
     if os.geteuid() != 0:
         pytest.fail("the real tier needs root: it starts munged, slurmctld and slurmd")
     try:
+        # DISPATCH_SANDBOX_USER: the job user, so that two sessions at once (make test runs
+        # 24.11 beside 22.05's fast tier) do not share one home and its dispatch records.
         report = sandbox_lib.up(os.environ.get(sandbox_lib.DIR_ENV), nodes=NODE_COUNT,
-                                source=REPO_ROOT)
+                                user=os.environ.get(sandbox_lib.USER_ENV)
+                                or sandbox_lib.DEFAULT_USER, source=REPO_ROOT)
     except SandboxError as exc:
         pytest.fail(f"the sandbox cluster did not start: {exc}")
     cluster = sandbox_of(report)
