@@ -328,6 +328,5 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
             "slurm_job_id": current.slurm_job_id if current is not None else None,
             "state": state, "checkpoint": spec["checkpoint"], "created": spec.get("created"),
             "submitted": current.time if current is not None else None,
-            "submitted": current.time if current is not None else None,
         })
     return lines
