@@ -53,9 +53,9 @@ def describe(request: Request) -> str:
                      f"{_human(int(settings.warn_before))} before it expires; "
                      "`dispatch status` and squeue show its deadline.")
     if opts.resubmit > 0 or opts.shared_checkpoint:
-        lines.append("  Resubmissions and holds are made by `dispatch supervise`: run it from "
-                     "scrontab (`*/2 * * * * dispatch supervise -q`), a timer, or with --loop; "
-                     "without it a failed job stays failed.")
+        from .heartbeat import WAYS
+        lines.append("  Resubmissions and holds are made by `dispatch supervise`: run it with "
+                     f"{WAYS}; without it a failed job stays failed.")
     lines.append("")
     lines.append("Nothing was submitted.")
     return "\n".join(lines) + "\n"
