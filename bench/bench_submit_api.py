@@ -13,6 +13,7 @@ by each of:
   sweep did before ``api.submit``);
 * ``api.submit``: one Python process (the sandbox venv's) that imports ``slurm_dispatch.api``
   and calls ``api.submit("job.sh", "--hold", checkpoint=f"ck-{i}")`` per job;
+* the same from a pool of 8 threads (``ThreadPoolExecutor``), overlapping sbatch's answers;
 * submitit (installed into the sandbox venv if missing), one process: a ``SlurmExecutor``
   (held by ``additional_parameters={"hold": True}``) submitting ``CommandFunction(["bash",
   "job.sh"])`` once per job, the same script;
@@ -68,19 +69,27 @@ JOB_SCRIPT = """#!/bin/bash
 echo "held jobs do not run"
 """
 
-# argv: PREFIX COUNT; prints {"import_ns", "submit_ns": [...], "ids": [...]}.
+# argv: PREFIX COUNT THREADS; prints {"import_ns", "submit_ns": [...], "ids": [...]}.
 API_DRIVER = """\
 import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
 t0 = time.perf_counter_ns()
 from slurm_dispatch import api
 import_ns = time.perf_counter_ns() - t0
-prefix, count = sys.argv[1], int(sys.argv[2])
-ids, each = [], []
-for i in range(count):
+prefix, count, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def one(i):
     t = time.perf_counter_ns()
-    ids.append(api.submit("job.sh", "--hold", checkpoint=f"{prefix}-{i}").slurm_job_id)
-    each.append(time.perf_counter_ns() - t)
-print(json.dumps({"import_ns": import_ns, "submit_ns": each, "ids": ids}))
+    job = api.submit("job.sh", "--hold", checkpoint=f"{prefix}-{i}").slurm_job_id
+    return job, time.perf_counter_ns() - t
+
+if threads > 1:
+    with ThreadPoolExecutor(threads) as pool:
+        done = list(pool.map(one, range(count)))
+else:
+    done = [one(i) for i in range(count)]
+print(json.dumps({"import_ns": import_ns, "submit_ns": [d[1] for d in done],
+                  "ids": [d[0] for d in done]}))
 """
 
 SUBMITIT_DRIVER = """\
@@ -100,7 +109,9 @@ for i in range(count):
 print(json.dumps({"import_ns": import_ns, "submit_ns": each, "ids": ids}))
 """
 
-METHODS = ["dispatch-sbatch loop", "api.submit", "submitit", "sbatch loop"]
+THREADS = 8
+METHODS = ["dispatch-sbatch loop", "api.submit", f"api.submit, {THREADS} threads", "submitit",
+           "sbatch loop"]
 
 
 def shell_loop(command: str, count: int) -> list[str]:
@@ -119,8 +130,9 @@ def run_method(cl: Cluster, method: str, tag: str, count: int) -> dict[str, Any]
                           count)
     elif method == "sbatch loop":
         argv = shell_loop("sbatch --parsable --hold job.sh", count)
-    elif method == "api.submit":
-        argv = [python, "api_driver.py", f"ck-{tag}", str(count)]
+    elif method.startswith("api.submit"):
+        threads = THREADS if "threads" in method else 1
+        argv = [python, "api_driver.py", f"ck-{tag}", str(count), str(threads)]
     else:
         argv = [python, "submitit_driver.py", f"submitit-{tag}", str(count)]
     elapsed, proc = cl.run(argv)
@@ -164,13 +176,15 @@ def bench(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> Non
 
 def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
     per = results["sweep"]["per_job"]
-    mine = per["api.submit"]
     rows = []
-    for base, target in (("submitit", "< 1"), ("dispatch-sbatch loop", "< 1"),
-                         ("sbatch loop", "-")):
-        other = per[base]
+    threaded = f"api.submit, {THREADS} threads"
+    for name, base, target in (("api.submit", "submitit", "< 1"),
+                               ("api.submit", "dispatch-sbatch loop", "< 1"),
+                               ("api.submit", "sbatch loop", "-"),
+                               (threaded, "api.submit", "-"), (threaded, "sbatch loop", "-")):
+        mine, other = per[name], per[base]
         ratio = mine["median_ns"] / other["median_ns"]
-        rows.append({"operation": "api.submit, per job", "median_ns": mine["median_ns"],
+        rows.append({"operation": name + ", per job", "median_ns": mine["median_ns"],
                      "min_ns": mine["min_ns"], "baseline": base + ", per job",
                      "baseline_median_ns": other["median_ns"],
                      "baseline_min_ns": other["min_ns"], "ratio": ratio,
@@ -194,7 +208,7 @@ def print_report(results: dict[str, Any], rows: list[dict[str, Any]]) -> None:
           "rotated; whole runs (process start to end), per job = run / count:")
     for method in METHODS:
         per, total = sweep["per_job"][method], sweep["total"][method]
-        print(f"  {method:20s} per job median {ms(per['median_ns']):>9s}  min "
+        print(f"  {method:26s} per job median {ms(per['median_ns']):>9s}  min "
               f"{ms(per['min_ns']):>9s}   whole run median {total['median_ns'] / 1e9:6.2f} s")
     for method, data in sweep["inner"].items():
         print(f"  inside {method}: import {ms(data['import']['median_ns'])}, one submission "

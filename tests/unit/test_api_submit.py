@@ -264,3 +264,24 @@ def test_cwd_is_where_the_script_and_root_are_found_and_sbatch_runs(home: Path) 
     assert record.open_job(done.job).spec["cwd"] == str(other)
     with pytest.raises(UsageError, match="cannot read script 'job.sh'"):
         api.submit("job.sh", checkpoint="ck2", cwd=other, slurm=Slurm(cluster, wait=0))
+
+
+def test_a_sweep_may_submit_from_threads_each_job_on_its_own_root(home: Path) -> None:
+    """sbatch's answer is most of a submission's time, so a sweep overlaps them from a thread
+    pool: every job is recorded once, with its own submission, marker and batch script."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cluster = FakeCluster()
+    slurm = Slurm(cluster, wait=0)
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda i: api.submit("job.sh", args=[str(i)],
+                                                  checkpoint=f"sweep/{i}", slurm=slurm),
+                             range(40)))
+    assert len({d.job for d in done}) == len({d.slurm_job_id for d in done}) == 40
+    for i, d in enumerate(done):
+        job = record.open_job(d.job)
+        assert [s["slurm_job_id"] for s in job.submissions()] == [d.slurm_job_id]
+        call = next(c for c in cluster.sbatch_calls() if f"--comment=dispatch:{d.job}/1" in c)
+        assert call[-2:] == [job.batch_script(1), str(i)]
+        assert cluster.jobs[d.slurm_job_id]["Comment"] == f"dispatch:{d.job}/1"
+        assert job.spec["checkpoint"] == str(home / "sweep" / str(i))
