@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -196,3 +197,29 @@ def test_an_interrupted_install_is_not_claimed_done(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert any("-e .[test" in line for line in installs(logged(tmp_path)))
     assert (tmp_path / "venv/.installed-test").exists()
+
+
+def test_the_checkout_sandbox_command_runs_on_a_python_without_click(tmp_path: Path) -> None:
+    # `bin/dispatch-sandbox env` on a stock Debian, where python3 is Debian's own and click is
+    # only in the clone's .venv: a traceback ending "No module named 'click'".  It runs with the
+    # clone's .venv when there is one, and says what to do when there is none.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
+                   timeout=120)
+    checkout = tmp_path / "checkout"
+    (checkout / "bin").mkdir(parents=True)
+    shutil.copy(REPO / "bin/dispatch-sandbox", checkout / "bin")
+    (checkout / "slurm_dispatch").symlink_to(REPO / "slurm_dispatch")
+    env = {**os.environ, "PATH": f"{bare}/bin:{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([str(checkout / "bin/dispatch-sandbox"), "--version"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "click" in out.stderr and "make install" in out.stderr, out.stderr
+    # With the clone's venv (here one whose Python has click):
+    (checkout / ".venv/bin").mkdir(parents=True)
+    (checkout / ".venv/bin/python").symlink_to(sys.executable)
+    out = subprocess.run([str(checkout / "bin/dispatch-sandbox"), "--version"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "version" in out.stdout, out.stdout + out.stderr
