@@ -8,6 +8,9 @@ what the commands' own help gives now; the README's ten-line job publishes and r
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import os
 import re
 import shlex
@@ -214,6 +217,30 @@ def test_every_command_a_page_shows_exists(page: Path) -> None:
         check_line(line, rel(page), first_only=inline)
         for target in re.findall(r"(?:^|[;&|] *)make ([\w-]+)", line.strip()):
             assert target in targets, f"{rel(page)}: no make target {target!r}"
+
+
+@pytest.mark.parametrize("page", pages(), ids=rel)
+def test_every_python_example_parses_and_names_what_exists(page: Path) -> None:
+    """A page's Python parses, and what it imports from slurm_dispatch (and uses of it:
+    `api.publish`) exists."""
+    for lang, block in code_blocks(page.read_text()):
+        if lang != "python":
+            continue
+        tree = ast.parse(block)
+        names: dict[str, object] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("slurm_dis"):
+                module = importlib.import_module(node.module or "")
+                for alias in node.names:
+                    if not hasattr(module, alias.name):
+                        importlib.import_module(f"{node.module}.{alias.name}")  # a submodule
+                    names[alias.asname or alias.name] = getattr(module, alias.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                owner = names.get(node.value.id)
+                if inspect.ismodule(owner):
+                    assert hasattr(owner, node.attr), (
+                        f"{rel(page)}: {node.value.id}.{node.attr} does not exist")
 
 
 SCRIPTS = sorted((REPO / "examples").rglob("*.sh")) + sorted((REPO / "demo").glob("*.sh"))
