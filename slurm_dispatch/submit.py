@@ -571,7 +571,8 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     old: Optional[record.JobRecord] = None
     generation = 0
     if request.options.supersede:
-        old = record.open_job(request.options.supersede, home)
+        # This cluster's job only: another's Slurm jobs cannot be held after nor cancelled here.
+        old = record.open_job(request.options.supersede, home, cluster=slurm.cluster(env))
         generation = int(old.spec["generation"]) + 1
         old_root = old.spec["checkpoint"]
         if request.options.checkpoint and checkpoint_root(request.options,

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch import cli, record, submit
+from slurm_dispatch.errors import UsageError
 from slurm_dispatch.slurm import Slurm, local_cluster_name
 from slurm_dispatch.supervisor import Settings, Supervisor
 
@@ -117,3 +118,14 @@ def test_an_old_record_without_a_cluster_is_the_current_clusters(
     assert "CLUSTER" not in result.output and a.job.id in result.output
     on(monkeypatch, "beta")
     assert a.job.id in CliRunner().invoke(cli.main, ["jobs"]).output
+
+
+def test_a_job_of_another_cluster_is_not_superseded_from_this_one(
+        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    on(monkeypatch, "alpha")
+    a = submit_one("ck-a")
+    on(monkeypatch, "beta")
+    with pytest.raises(UsageError, match="submitted to cluster 'alpha'"):
+        submit.submit_new(submit.read_request(["--supersede", a.job.id, "job.sh"]), Slurm())
+    assert two["alpha"].jobs[a.slurm_job_id]["JobState"] == "RUNNING"
+    assert [j.id for j in record.all_jobs()] == [a.job.id]
