@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.real import test_supervisor as supervisor_tests
-from tests.real.test_supervisor import User, site_conf, state_of
+from tests.real.test_supervisor import User
 
 pytestmark = pytest.mark.real
 user = supervisor_tests.user  # the fixture: a folder of the sandbox user's, failing.sh in it
@@ -19,14 +19,7 @@ def comment_of(user: User, jobid: str) -> str:
 
 
 def test_a_released_hold_that_ran_no_longer_reads_held(user: User) -> None:
-    user.conf = site_conf(user.sandbox, user.path, CessationSignal="")
-    job, first = user.submit("--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1",
-                             "failing.sh")
-    user.sandbox.wait_for(lambda: state_of(user.sandbox, first)[0] == "FAILED", 60,
-                          "the first submission to fail")
-    assert "held" in user.supervise()
-    (hold,) = user.events(job, "hold")
-    held = str(hold["slurm_job_id"])
+    job, held = supervisor_tests.held_after_a_failure(user)
     assert comment_of(user, held).startswith(f"dispatch:{job}/2 held: shared checkpoint")
     user.run("scontrol", "release", held)  # a person's own release: no dispatch command
 

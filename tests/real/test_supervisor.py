@@ -104,7 +104,9 @@ def test_failing_isolated_job_is_resubmitted_until_budget_is_spent(user: User) -
     assert len(submissions(user, job)) == 3
 
 
-def test_hold_without_signal_waits_for_scontrol_release(user: User) -> None:
+def held_after_a_failure(user: User) -> tuple[str, str]:
+    """A shared-checkpoint job whose first submission failed, its next one held by the pass
+    with no CessationSignal (the hold waits for a person): (dispatch job, held Slurm job)."""
     user.conf = site_conf(user.sandbox, user.path, CessationSignal="")
     job, first = user.submit("--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1",
                              "failing.sh")
@@ -112,7 +114,11 @@ def test_hold_without_signal_waits_for_scontrol_release(user: User) -> None:
                           "the first submission to fail")
     assert "held" in user.supervise()
     (hold,) = user.events(job, "hold")
-    held = str(hold["slurm_job_id"])
+    return job, str(hold["slurm_job_id"])
+
+
+def test_hold_without_signal_waits_for_scontrol_release(user: User) -> None:
+    job, held = held_after_a_failure(user)
     assert state_of(user.sandbox, held) == ("PENDING", "JobHeldUser")
     squeue = user.run("squeue", "-h", "-j", held, "-o", "%i %r %k").stdout
     assert "JobHeldUser" in squeue and "held: shared checkpoint" in squeue
