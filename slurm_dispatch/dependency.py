@@ -194,7 +194,7 @@ def _final_outcome(upstream: record.JobRecord) -> Optional[tuple[str, float]]:
 
 
 def resolve(words: list[str], home: Optional[str] = None,
-            jobs: Optional[dict[str, Job]] = None) -> list[str]:
+            jobs: Optional[dict[str, Job]] = None, cluster: Optional[str] = None) -> list[str]:
     """sbatch words with the dispatch job ids of ``--dependency`` replaced by their current
     Slurm job ids.  An upstream job whose Slurm job Slurm has forgotten is judged by its final
     outcome and the term's type (:func:`judge`): satisfied, its term goes; never satisfiable,
@@ -206,7 +206,8 @@ def resolve(words: list[str], home: Optional[str] = None,
 
     def lookup(ident: str, kind: str, delay: str) -> Optional[str]:
         try:
-            upstream = record.open_job(ident, home)
+            # This cluster's job only: another's Slurm ids mean other jobs here.
+            upstream = record.open_job(ident, home, cluster=cluster)
             line = upstream.history().lineage()
             current = line.current
             if current is None:

@@ -496,7 +496,8 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
     if named is not None and dependency.named_jobs(named[2]):
         # --dependency names dispatch jobs: their current submissions, at each submission.
         words = dependency.resolve(words, os.path.dirname(os.path.dirname(job.path)),
-                                   slurm.own_jobs(run_env))
+                                   slurm.own_jobs(run_env),
+                                   cluster=job.cluster or slurm.cluster(run_env))
     argv, has_marker = _sbatch_argv(job, submission, list(extra or []), run_env, task, words)
     cwd = job.spec["cwd"]
     if has_marker:

@@ -129,3 +129,16 @@ def test_a_job_of_another_cluster_is_not_superseded_from_this_one(
         submit.submit_new(submit.read_request(["--supersede", a.job.id, "job.sh"]), Slurm())
     assert two["alpha"].jobs[a.slurm_job_id]["JobState"] == "RUNNING"
     assert [j.id for j in record.all_jobs()] == [a.job.id]
+
+
+def test_a_dependency_on_another_clusters_job_is_refused(
+        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its Slurm job ids are another controller's: here they name other jobs, or none."""
+    on(monkeypatch, "alpha")
+    a = submit_one("ck-a")
+    on(monkeypatch, "beta")
+    submit_one("ck-b")  # beta's own job with the same Slurm id as alpha's
+    with pytest.raises(UsageError, match="submitted to cluster 'alpha'"):
+        submit.submit_new(submit.read_request(
+            ["--checkpoint", "ck-c", f"--dependency=afterok:{a.job.id}", "job.sh"]), Slurm())
+    assert not [c for c in two["beta"].sbatch_calls() if any("afterok" in w for w in c)]
