@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 
 from . import rules
-from .submit import Request, _array_of, checkpoint_root, refuse_array_on_one_root
+from .submit import (
+    Request,
+    _array_of,
+    checkpoint_root,
+    refuse_array_on_one_root,
+    refuse_warning_past_limit,
+)
 from .supervisor import site_settings
 
 
@@ -31,6 +37,7 @@ def describe(request: Request) -> str:
     opts = request.options
     root = checkpoint_root(opts, request.cwd)
     refuse_array_on_one_root(request, root)  # what dispatch-sbatch would refuse
+    refuse_warning_past_limit(request)
     settings = site_settings()
     hold, signal = _human(int(settings.hold_for)), settings.signal or ""
     lines = [f"Plan for {os.path.basename(request.script_path)}",

@@ -398,3 +398,11 @@ def test_a_held_submission_says_its_hold_is_over_once_it_runs(
     update, = calls
     assert update.startswith(f"update jobid={new.slurm_job_id} comment=dispatch:{new.job.id}/1 ")
     assert "held" not in update and "hold over" in update
+
+
+def test_the_plan_refuses_what_submission_would(tmp_path: Path) -> None:
+    for args, words in ((["--checkpoint", "ck/%a"], "without --array"),
+                        (["--checkpoint", "ck", "--warn-before", "600", "--time=5"],
+                         "not less than --time=5")):
+        proc = submit_refused(tmp_path, "--plan", *args)
+        one_error_line(proc, "dispatch-sbatch", 2, words)
