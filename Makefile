@@ -65,11 +65,10 @@ REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/t
 	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py tests/real/test_arrays.py \
 	tests/real/test_survivors.py tests/real/test_trust.py tests/real/test_watch.py \
 	tests/real/test_adapter_contract.py
+# tools/run-tests runs the 24.11 tests beside the fast tier (one waits on Slurm, the other on
+# the CPU), each sandbox with a job user of its own; TEST_SERIAL=1 runs them one at a time.
 test: install-test
-	$(PY) -m pytest -q
-	DISPATCH_SANDBOX_SLURM=24.11 \
-	DISPATCH_SANDBOX_DIR=$(if $(DISPATCH_SANDBOX_DIR),$(DISPATCH_SANDBOX_DIR)-24.11,) \
-	$(PY) -m pytest -q $(REAL_ON_24_11)
+	bash tools/run-tests $(PY) $(REAL_ON_24_11)
 
 # The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
 test-fast: install-test
