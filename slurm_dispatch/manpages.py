@@ -74,10 +74,15 @@ def click_page(command: click.Command, name: str,
     body = paragraphs(command.help or "")
     summary = command.get_short_help_str(limit=200)
     options = []
-    for param in command.get_params(ctx):
+    for param in command.params:
         record = param.get_help_record(ctx)
         if record is not None and (record[1] or not isinstance(param, click.Argument)):
             options.append(record)
+    if command.add_help_option and ctx.help_option_names:
+        # Made here from the context's names, not asked of the command: click keeps the help
+        # option of the first context that asked, whatever names that one had.
+        names = sorted(ctx.help_option_names, key=len)
+        options.append((", ".join(names), "Show this message and exit."))
     subs: list[Page] = []
     if isinstance(command, click.Group):
         for sub in command.list_commands(ctx):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import json
 import os
 import re
 import shlex
@@ -382,6 +383,20 @@ def test_the_generated_pages_are_what_the_commands_help_says() -> None:
         (REPO / path).read_text().splitlines(True), manpages.outputs()[path].splitlines(True),
         path, "from the help now", n=1))
     assert not stale, f"run `make docs` (python3 -m slurm_dispatch.manpages): {stale}\n{diff}"
+
+
+def test_the_pages_do_not_depend_on_who_asked_click_first() -> None:
+    """click keeps the help option of the first context that asks a command for it: one made
+    without the group's settings (`--help` only, no `-h`; a test, a tool) must not change the
+    pages.  Fresh interpreters, since a command asked once keeps its answer."""
+    generate = ("import json, click; from slurm_dispatch import manpages; "
+                "from slurm_dispatch.cli import main; s = main.commands['status']; "
+                "{} print(json.dumps(manpages.outputs()))")
+    texts = [subprocess.run([sys.executable, "-c", generate.format(first)], check=True,
+                            capture_output=True, text=True, timeout=120).stdout
+             for first in ("", "s.get_params(click.Context(s, info_name='status'));")]
+    assert texts[0] == texts[1]
+    assert "-h, --help" in json.loads(texts[1])["docs/reference/dispatch.md"]
 
 
 def test_every_command_and_option_is_in_its_man_page_and_reference() -> None:
