@@ -420,8 +420,9 @@ class Supervisor:
         who = f"{job.id}" + ("" if task is None else f" task {task}")
         seen = f" (known from {how})" if how else ""
         if action == "stop":
+            said = [v.state for v in views if rules.END_STATES.get(v.state, "failed") == end]
             job.append(events.Finished, submission=n, slurm_job_id=slurm_id, end_state=end,
-                       rule=rule.text, task=task)
+                       rule=rule.text, task=task, slurm_state=said[0] if said else "")
             report.actions.append(f"{who}: {end}{seen}: {rule.text}")
             return
         if action == "resubmit":
@@ -533,8 +534,10 @@ class Supervisor:
             return
         if now >= hold.deadline - self.settings.warn_before:
             self._tell(job, hold, "expiring", report)
-        if not self.settings.signal:
-            return  # no CessationSignal at this site: the hold waits for a person
+        if not self.settings.signal or not held:
+            # No CessationSignal at this site: the hold waits for a person.  A held job the
+            # controller forgot cannot be released: asking about it would only fail again.
+            return
         answers = line.answers_for(held_id)
         if answers and now - answers[-1].asked < self.settings.interval:
             return

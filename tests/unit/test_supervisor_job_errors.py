@@ -172,3 +172,19 @@ def test_an_unexpected_error_in_one_job_is_that_jobs(home: Path,
     (error,) = report.errors
     assert error.startswith(f"{bad}: ") and "No space left on device" in error, error
     assert any(a.startswith(f"{jobs[1].id}: ") and "resubmitted" in a for a in report.actions)
+
+
+def test_a_forgotten_held_job_is_one_error_and_no_release_is_tried(home: Path) -> None:
+    """The held job slurmctld forgot: its job's one line each pass (the hold stands until it
+    expires), no release that can only fail; the other job's hold is lifted."""
+    cluster = FakeCluster()
+    runner = Refusing(cluster)
+    sup = Supervisor(Slurm(runner, wait=0), Settings(interval=0), signal_runner=ceased)
+    (first, second), (held1, held2) = two_held(cluster, sup)
+    runner.refused.add(held1)
+    del cluster.jobs[held1]
+    report = sup.run_pass()
+    (error,) = report.errors
+    assert error.startswith(f"{first.id}: the held Slurm job {held1} is no longer known")
+    assert not [c for c in cluster.calls if c[:2] == ["scontrol", "release"] and held1 in c[2]]
+    assert cluster.jobs[held2]["JobState"] == "RUNNING"
