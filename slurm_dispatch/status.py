@@ -56,7 +56,7 @@ def recorded_end(history: events.History, sub: events.Submitted,
     if done is not None and done.submission == sub.submission:
         if done.end_state == "hold expired":
             return "CANCELLED"  # the supervisor cancelled the expired hold
-        found = done.raw.get("slurm_state") or _rule_end(done.end_state)
+        found = done.slurm_state or _rule_end(done.end_state)
         if found:
             return str(found)
     later = [s for s in line.submissions if s.submission > sub.submission]

@@ -55,3 +55,16 @@ def test_the_controller_hooks_end_record_gives_the_exit_code(cluster: FakeCluste
     facts[0]["end"]["exit_code"] = "0:0"
     data = status.collect(job.job, {}, facts_reader=lambda jobid: facts)
     assert data["submissions"][0]["state"].startswith("UNKNOWN")
+
+
+def test_the_supervisor_records_slurms_own_name_for_the_end(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    """DEADLINE and BOOT_FAIL share a rule with TIMEOUT and NODE_FAIL: the record keeps
+    Slurm's word for what it saw."""
+    late = submit_one("ck-a")
+    cluster.set(late.slurm_job_id, JobState="DEADLINE")
+    Supervisor(Slurm(), Settings()).run_pass()
+    assert late.job.history().lineage().finished.raw["slurm_state"] == "DEADLINE"
+    cluster.jobs.clear()
+    data = json.loads(CliRunner().invoke(cli.main, ["jobs", "--json"]).output)
+    assert data[0]["state"] == "DEADLINE (recorded)"
