@@ -37,8 +37,9 @@ work = sbatch_tests.work  # the fixture: a folder of the sandbox user's, with he
 frameworks = frameworks_tests.frameworks  # the sandbox venv with torch and the extras
 BUCKET = "dispatch-jobs"
 
-# The trainer: resumes from a local copy of $DISPATCH_RESUME_FROM (fetched from S3 with the
-# transfer manager), saves every TOY_SAVE_EVERY steps into the staging folder, never deletes.
+# The trainer: resumes from a local copy of $DISPATCH_RESUME_FROM (`dispatch fetch`: fetched
+# from S3 with the transfer manager, checked), saves every 5 steps into $DISPATCH_LOCAL_DIR
+# (the staging folder on S3), never deletes.
 TRAINER = r"""#!/bin/bash
 #SBATCH --ntasks=1
 #SBATCH --time=00:30:00
@@ -46,20 +47,18 @@ set -euo pipefail
 if [ "${1:-}" != "--train" ]; then
     exec dispatch watch --interval 0.2 -- "$0" --train
 fi
-echo "stage=$DISPATCH_STAGE_DIR"
+echo "stage=$DISPATCH_STAGE_DIR local=$DISPATCH_LOCAL_DIR"
 step=0
-if [ -n "$DISPATCH_RESUME_FROM" ]; then
-    local="$DISPATCH_STAGE_DIR/resume"
-    python -c 'import sys; from slurm_dispatch.stores import transfer
-transfer.fetch_save(sys.argv[1], sys.argv[2], 60)' "$DISPATCH_RESUME_FROM" "$local"
-    step=$(cat "$local/weights")
-    echo "resuming at step $step from $DISPATCH_RESUME_FROM"
+resume=$(dispatch fetch)
+if [ -n "$resume" ]; then
+    step=$(cat "$resume/weights")
+    echo "resuming at step $step from $DISPATCH_RESUME_FROM, copied to $resume"
 fi
 while true; do
     step=$((step + 1))
     sleep 0.05
     if [ $((step % 5)) -eq 0 ]; then
-        save="$DISPATCH_STAGE_DIR/checkpoint-$step"
+        save="$DISPATCH_LOCAL_DIR/checkpoint-$step"
         mkdir "$save"
         head -c 300000 /dev/urandom > "$save/model.safetensors"
         echo "$step" > "$save/weights"
@@ -96,7 +95,9 @@ def publications(root: str, exec_dir: str) -> list[store.Found]:
 
 
 def stage_of(out: str, execution: int) -> Path:
-    return Path(re.findall(r"^stage=(.*)$", out, re.M)[execution])
+    stage, local = re.findall(r"^stage=(.*) local=(.*)$", out, re.M)[execution]
+    assert local == stage  # DISPATCH_LOCAL_DIR: the staging folder on an s3:// root
+    return Path(stage)
 
 
 def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
@@ -135,7 +136,9 @@ def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
     assert objects["model.safetensors"] == 300_000
 
     out = printed(work.path / f"out-{slurm_id}.txt")
-    assert f"resuming at step {old[-1].step} from {old[-1].path}" in out
+    name = old[-1].path.rsplit("/", 1)[-1]
+    assert (f"resuming at step {old[-1].step} from {old[-1].path}, copied to "
+            f"{stage_of(out, 1)}/resume-1/{name}") in out, out
     lines = [line for line in out.splitlines() if line.startswith("dispatch watch: published")]
     assert lines == [f"dispatch watch: published step {f.step}: {f.path}" for f in old + new]
     # Uploaded and published: each execution's older local copies are gone, its newest kept.
