@@ -601,6 +601,18 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
     except KeyboardInterrupt:  # create_job removes what it had made of the record
         remove_new_folders(created)
         raise Interrupted(NOTHING_SUBMITTED) from None
+    try:
+        # Again, now that this job is recorded: one submitted on the same root meanwhile (by
+        # another process or thread) is seen, or sees this one.
+        refuse_shared_root(root, slurm, home, env, allowed=old.id if old else None, new=job)
+    except DispatchError:
+        record.remove_unsubmitted(job)
+        remove_new_folders(created)
+        raise
+    except KeyboardInterrupt:
+        record.remove_unsubmitted(job)
+        remove_new_folders(created)
+        raise Interrupted(NOTHING_SUBMITTED) from None
     intent: Optional[dict[str, Any]] = None
     sbatch_begun = False
     try:
@@ -697,22 +709,48 @@ def _job_name(job: record.JobRecord, env: Optional[Mapping[str, str]]) -> str:
     return found or (env or os.environ).get("SBATCH_JOB_NAME") or job.spec["script_name"]
 
 
+# A record this young without a submission is one being submitted (older: one that died).
+BEING_SUBMITTED_FOR = 600.0
+
+
 def refuse_shared_root(root: str, slurm: Slurm, home: Optional[str] = None,
                        env: Optional[Mapping[str, str]] = None,
-                       allowed: Optional[str] = None) -> None:
+                       allowed: Optional[str] = None,
+                       new: Optional[record.JobRecord] = None) -> None:
     """Refuse ``root`` when another live dispatch job of the caller's uses it.
 
     Two jobs on one root would publish side by side at the same epochs.  Live: one of its
-    Slurm jobs is still active.  The records say which jobs use the root (nothing is written
-    into the root for this); Slurm is asked only when one does.
+    Slurm jobs is still active, or it is being submitted (recorded, no submission yet, for
+    less than :data:`BEING_SUBMITTED_FOR`).  The records say which jobs use the root (nothing
+    is written into the root for this); Slurm is asked only when one does.
+
+    ``new`` is the caller's own job, checked again once recorded: of two submissions that
+    both looked before either was recorded, the second to check sees the first and gives way
+    (both do when both see the other: never two on one root, without a lock).
     """
     same = [job for job in record.all_jobs(home)
-            if job.id != allowed and _spec_root(job) == root]
+            if job.id not in (allowed, new.id if new else None) and _spec_root(job) == root]
     if not same:
         return
+    made: dict[str, list[dict[str, Any]]] = {}
+    for other in same:
+        try:
+            made[other.id] = other.submissions()
+            created = float(other.spec.get("created") or 0)
+        except DispatchError:
+            continue  # being removed (a refused submission), or unreadable: not a live job
+        if made[other.id]:
+            continue
+        age = time.time() - created
+        if age < BEING_SUBMITTED_FOR:
+            raise UsageError(
+                f"checkpoint root {root!r} is being submitted by your dispatch job "
+                f"{other.id} (recorded {max(age, 0):.0f} s ago, no Slurm job yet): two jobs on "
+                "one root would publish side by side.  Submit jobs on one root one at a "
+                "time, or choose another root")
     jobs = slurm.own_jobs(env)
     for other in same:
-        for sub in reversed(other.submissions()):
+        for sub in reversed(made.get(other.id, [])):
             info = jobs.get(str(sub["slurm_job_id"]))
             if info is not None and info.is_active:
                 raise UsageError(

@@ -285,3 +285,88 @@ def test_a_sweep_may_submit_from_threads_each_job_on_its_own_root(home: Path) ->
         assert call[-2:] == [job.batch_script(1), str(i)]
         assert cluster.jobs[d.slurm_job_id]["Comment"] == f"dispatch:{d.job}/1"
         assert job.spec["checkpoint"] == str(home / "sweep" / str(i))
+
+
+class HeldSbatch(FakeCluster):
+    """The fake controller, whose first sbatch answers only once ``go`` is set (a submission
+    caught between its record and its Slurm job)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = __import__("threading").Event()
+        self.go = __import__("threading").Event()
+
+    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
+                 cwd: Optional[str], timeout: float) -> Result:
+        if argv[0] == "sbatch" and not self.inside.is_set():
+            self.inside.set()
+            assert self.go.wait(30), "the test never let the first sbatch answer"
+        return super().__call__(argv, env, cwd, timeout)
+
+
+def test_a_root_being_submitted_by_another_thread_is_refused(home: Path) -> None:
+    """Two simultaneous submissions on one root: the second found the first's record with no
+    submission yet, took the root for free and both ran on it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cluster = HeldSbatch()
+    slurm = Slurm(cluster, wait=0)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(api.submit, "job.sh", checkpoint="ck", slurm=slurm)
+        assert cluster.inside.wait(30)
+        try:
+            with pytest.raises(UsageError, match="is being submitted by your dispatch job"):
+                api.submit("job.sh", checkpoint="ck", slurm=slurm)
+        finally:
+            cluster.go.set()
+        done = first.result(30)
+    assert [j.id for j in record.all_jobs()] == [done.job]
+    assert len(cluster.sbatch_calls()) == 1
+
+
+def test_two_submissions_that_both_checked_before_either_was_recorded_never_both_run(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both looked at the root before either had a record: each checks again once its own
+    record exists, so the second to check gives way (both may, never neither)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    both = threading.Barrier(2, timeout=30)
+    real = submit.prepare_root
+
+    def meet_then_prepare(root: str) -> list[str]:  # both are past the first look
+        both.wait()
+        return real(root)
+
+    monkeypatch.setattr(submit, "prepare_root", meet_then_prepare)
+    cluster = FakeCluster()
+    slurm = Slurm(cluster, wait=0)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(api.submit, "job.sh", checkpoint="ck", slurm=slurm)
+                   for _ in range(2)]
+        outcomes = [f.exception(30) or f.result() for f in futures]
+    refused = [o for o in outcomes if isinstance(o, UsageError)]
+    kept = [o for o in outcomes if isinstance(o, api.Submission)]
+    assert len(kept) <= 1 and len(refused) + len(kept) == 2, outcomes
+    assert all("is being submitted by your dispatch job" in str(r) for r in refused)
+    assert [j.id for j in record.all_jobs()] == [k.job for k in kept]
+    assert len(cluster.sbatch_calls()) == len(kept)
+
+
+def test_a_record_left_without_a_submission_long_ago_does_not_hold_its_root(
+        home: Path) -> None:
+    """A submission killed between its record and sbatch leaves a record with no submission:
+    it holds the root for BEING_SUBMITTED_FOR only."""
+    import time
+
+    spec = {"checkpoint": str(home / "ck"), "created": time.time() - submit.BEING_SUBMITTED_FOR
+            - 1}
+    record.create_job(spec, b"#!/bin/bash\n")
+    done = api.submit("job.sh", checkpoint="ck", slurm=Slurm(FakeCluster(), wait=0))
+    assert done.slurm_job_id == "100"
+    record.create_job({**spec, "checkpoint": str(home / "ck2"), "created": time.time()},
+                      b"#!/bin/bash\n")
+    with pytest.raises(UsageError, match="ck2' is being submitted by your dispatch job"):
+        api.submit("job.sh", checkpoint="ck2", slurm=Slurm(FakeCluster(), wait=0))
+    assert not any(j.spec.get("script_name") for j in record.all_jobs()
+                   if j.spec["checkpoint"].endswith("ck2"))
