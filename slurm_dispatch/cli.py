@@ -944,14 +944,16 @@ def release(job: str, force: bool) -> None:
     the ended execution the hold waits for: when its processes are not proven gone (survivors,
     a node cut off, no record), the release is refused with the evidence (exit 1), because
     they may still write the shared checkpoint; --force releases anyway, as your decision.
-    Same as `scontrol release` on the held Slurm job, and recorded.
+    Same as `scontrol release` on the held Slurm job, and recorded.  Of an array job, every
+    task's standing hold; JOB given as A_T (as Slurm writes a task), that task's only.
     """
     def body() -> None:
         from .slurm import Slurm
         from .supervisor import release as release_hold
         from .supervisor import site_settings
         record_ = _open(job)
-        held = release_hold(Slurm(), record_, site_settings(), force=force)
+        held = release_hold(Slurm(), record_, site_settings(), force=force,
+                            task=_task_named(job, None, record_))
         click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
     body()
 

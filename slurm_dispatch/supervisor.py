@@ -710,9 +710,10 @@ def retry_pause(failures: int, interval: float) -> float:
 
 def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
             force: bool = False, signal_runner: SignalRunner = ask_signal,
-            clock: Callable[[], float] = time.time) -> str:
+            clock: Callable[[], float] = time.time, task: Optional[int] = None) -> str:
     """A person lifts the standing hold of ``job`` (of an array: every task's standing
-    hold); returns the released Slurm job id(s), comma-separated.
+    hold, or with ``task`` that task's only); returns the released Slurm job id(s),
+    comma-separated.
 
     With a CessationSignal in ``settings``, it is asked first about every ended execution the
     hold waits for (each answer recorded): when one is not proven ceased, the release is
@@ -720,7 +721,8 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
     """
     history = job.history()
     tasks = submit.array_tasks(job) or []
-    lines = [history.lineage()] + [history.lineage(t) for t in tasks]
+    lines = [history.lineage()] + [history.lineage(t) for t in tasks] if task is None \
+        else [history.lineage(task)]
     standing: list[tuple[events.Lineage, events.Hold]] = []
     for line in lines:
         hold = line.hold

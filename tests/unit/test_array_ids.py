@@ -56,3 +56,20 @@ def test_status_lines_about_one_task_name_it_as_slurm_does(
     text = cli._render_status(data)
     assert "HOLD task 1 submission 2 (Slurm job 80_1)" in text, text
     assert "RELEASED Slurm job 80_1 " in text and "FINISHED task 1 after completed" in text
+
+
+def test_release_of_a_job_task_id_lifts_that_tasks_hold_only(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    from slurm_dispatch.supervisor import Settings, Supervisor
+    done = submit_one("ck-t%a", "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
+    for jobid in list(cluster.jobs):
+        cluster.set(jobid, JobState="NODE_FAIL")
+    Supervisor(Slurm(), Settings(signal=None)).run_pass()
+    history = done.job.history()
+    held = {t: history.lineage(t).hold.slurm_job_id for t in (0, 1)}  # type: ignore[union-attr]
+    result = CliRunner().invoke(cli.main, ["release", "--force", f"{done.slurm_job_id}_1"])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert f"released Slurm job {held[1]} " in result.output
+    assert cluster.jobs[held[1]]["JobState"] == "RUNNING"
+    assert cluster.jobs[held[0]]["Reason"] == "JobHeldUser"
+    assert done.job.history().lineage(0).hold is not None
