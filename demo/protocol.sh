@@ -27,7 +27,12 @@ echo "== checkpoint root: $root"
 echo "== execution 1 (R=0) starts; Slurm will 'lose' it after a few saves, but it keeps running"
 run_execution 0 60 TOY_INTERVAL=0.05 &
 old=$!
-until [ "$(dispatch list -H | wc -l)" -ge 2 ]; do sleep 0.1; done
+published_twice() { [ "$(dispatch list -H | wc -l)" -ge 2 ]; }
+until published_twice; do  # a condition polled, and the end of the one that would meet it
+    kill -0 "$old" 2>/dev/null || published_twice ||
+        { echo "demo: the first execution ended before it published twice" >&2; exit 1; }
+    sleep 0.1
+done
 echo "== execution 2 (R=1) replaces it and resumes from the latest publication"
 run_execution 1 10 TOY_INTERVAL=0.1
 wait "$old"

@@ -36,3 +36,18 @@ exec {real} "$@"
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     assert "== ok: the overlap was harmless" in done.stdout
     assert (tmp_path / "late").is_dir()  # the replacement did start late
+
+
+def test_the_protocol_demo_ends_when_dispatch_cannot_run(tmp_path: Path) -> None:
+    # A clone moved after `make install` left .venv/bin/dispatch naming the old venv's Python:
+    # the demo's wait for the first two publications spun for ever on "cannot execute".
+    broken = tmp_path / "bin/dispatch"
+    broken.parent.mkdir()
+    broken.write_text("#!/nonexistent/python\n")
+    broken.chmod(0o755)
+    env = {**os.environ, "PATH": f"{broken.parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(REPO / "demo/protocol.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "demo: the first execution ended before it published twice" in done.stderr, \
+        done.stderr[-2000:]

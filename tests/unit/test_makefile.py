@@ -84,6 +84,7 @@ log=@LOG@
 case "$*" in
   "-m venv "*) mkdir -p "$3/bin"; sed "s|^home=.*|home=$3|" "$0" >"$3/bin/python"
                chmod +x "$3/bin/python"; echo "home = fake $name" >"$3/pyvenv.cfg"
+               printf '#!%s/bin/python\n# -*- coding: utf-8 -*-\n' "$3" >"$3/bin/pip"
                echo "$name venv $3" >>"$log";;
   *"-m pip --version"*) [ -n "${home:-}" ] && [ ! -e "$home/no-pip" ];;
   *"-m pip "*) echo "$name pip $*" >>"$log"; [ ! -e "${home:-/}/pip-blocks" ] || sleep 600;;
@@ -223,3 +224,43 @@ def test_the_checkout_sandbox_command_runs_on_a_python_without_click(tmp_path: P
     out = subprocess.run([str(checkout / "bin/dispatch-sandbox"), "--version"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "version" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("how", ["moved", "copied"])
+def test_a_venv_moved_or_copied_with_its_clone_is_made_anew(tmp_path: Path, how: str) -> None:
+    # `mv clone clone2` (or `cp -a`): the venv's Python and pip still ran, so it was kept, but
+    # its scripts name their interpreter by the old path: `make demo-protocol` then spun on
+    # ".venv/bin/dispatch: cannot execute: required file not found" (moved), or ran the other
+    # clone's venv and code (copied).
+    python = fake_python(tmp_path, "a")
+    assert make(tmp_path, "install", f"PYTHON={python}").returncode == 0
+    logged(tmp_path)
+    old, new = tmp_path / "venv", tmp_path / "venv2"
+    if how == "moved":
+        old.rename(new)
+    else:
+        shutil.copytree(old, new, symlinks=True)
+    done = subprocess.run(["make", "install", f"VENV={new}", f"PYTHON={python}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = logged(tmp_path)
+    assert lines[0] == f"a venv {new}" and len(installs(lines)) == 1, lines
+    assert "making it anew" in done.stderr and str(old) in done.stderr, done.stderr
+    done = subprocess.run(["make", "install", f"VENV={new}", f"PYTHON={python}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and logged(tmp_path) == [], done.stdout + done.stderr
+
+
+def test_a_venv_at_a_long_path_is_kept(tmp_path: Path) -> None:
+    # Past 127 characters pip writes its scripts as #!/bin/sh with the interpreter on the second
+    # line: make-venv reads that form too, or every make would make the venv anew.
+    venv = tmp_path / ("x" * 130) / "venv with a space"
+    made = subprocess.run(["sh", str(REPO / "tools/make-venv"), sys.executable, str(venv),
+                           "given"], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0 and "made" in made.stdout, made.stdout + made.stderr
+    assert (venv / "bin/pip").read_text().startswith("#!/bin/sh\n")
+    stamp = (venv / "pyvenv.cfg").stat().st_mtime_ns
+    again = subprocess.run(["sh", str(REPO / "tools/make-venv"), sys.executable, str(venv),
+                            "given"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout + again.stderr == "", again.stderr
+    assert (venv / "pyvenv.cfg").stat().st_mtime_ns == stamp
