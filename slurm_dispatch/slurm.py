@@ -430,14 +430,16 @@ class Slurm:
     def cluster(self, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
         """The cluster this adapter talks to, lower case: :func:`local_cluster_name`, else the
         controller's ``ClusterName`` (one ``scontrol show config``, configless sites); None
-        when neither says.  Read once per adapter."""
+        when neither says.  Read once per adapter, except that a controller which did not
+        answer is asked again next time (a supervisor started in an outage must not stay
+        without a cluster for life)."""
         if self._cluster is _UNCHOSEN:
             found = local_cluster_name(env)
             if found is None:
                 try:
                     found = (self.config_value("ClusterName", env) or "").lower() or None
                 except SlurmError:
-                    found = None
+                    return None
             self._cluster = found
         return self._cluster  # type: ignore[return-value]
 

@@ -8,13 +8,14 @@ Their job ids repeat, as two clusters' do."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch import cli, record, submit
-from slurm_dispatch.errors import UsageError
+from slurm_dispatch.errors import SlurmError, UsageError
 from slurm_dispatch.slurm import Slurm, local_cluster_name
 from slurm_dispatch.supervisor import Settings, Supervisor
 
@@ -142,3 +143,25 @@ def test_a_dependency_on_another_clusters_job_is_refused(
         submit.submit_new(submit.read_request(
             ["--checkpoint", "ck-c", f"--dependency=afterok:{a.job.id}", "job.sh"]), Slurm())
     assert not [c for c in two["beta"].sbatch_calls() if any("afterok" in w for w in c)]
+
+
+def test_a_controller_down_at_the_first_ask_is_asked_again_for_the_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A configless site (no slurm.conf here, no job environment): the cluster comes from the
+    # controller.  One that is down at a supervisor's first pass must not leave that supervisor
+    # without a cluster for life (it would then take every cluster's records for its own).
+    env = {"SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    answers: list[object] = [SlurmError("scontrol show config failed: Socket timed out"),
+                             subprocess.CompletedProcess([], 0, "ClusterName     = Alpha\n", "")]
+
+    def call(self: Slurm, argv: list[str], env: object = None) -> object:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(Slurm, "call", call)
+    slurm = Slurm()
+    assert slurm.cluster(env) is None
+    assert slurm.cluster(env) == "alpha"
+    assert slurm.cluster(env) == "alpha" and not answers
