@@ -264,3 +264,20 @@ def test_a_venv_at_a_long_path_is_kept(tmp_path: Path) -> None:
                             "given"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout + again.stderr == "", again.stderr
     assert (venv / "pyvenv.cfg").stat().st_mtime_ns == stamp
+
+
+def test_the_development_page_says_where_dispatch_sandbox_is_in_a_clone() -> None:
+    # A newcomer after `make demo` typed the page's `dispatch-sandbox status`: "command not
+    # found", since make puts it in .venv/bin, never on the shell's PATH.
+    text = (REPO / "docs/development.md").read_text()
+    sandbox = text[text.index("## The sandbox"):]
+    sandbox = sandbox[:sandbox.index("\n## ", 1)]
+    assert "bin/dispatch-sandbox" in sandbox and ".venv/bin/activate" in sandbox
+
+
+def test_the_readme_says_what_the_first_make_demo_and_test_fast_cost() -> None:
+    # Measured on a fresh clone with Debian's python3: `make demo` 122 s (the .venv made and
+    # installed first), not "about a minute"; the first `make test-fast` installs the test tools
+    # and training libraries before its first test.
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert "fresh clone" in text and "first run" in text
