@@ -13,7 +13,8 @@ it is
 * a save published from the execution's prefix, every file of it regular and on S3 at its
   size (a folder holding a symlink or anything else is kept);
 * the launcher's record ``.dispatch``, when S3 holds the same bytes under the prefix;
-* a copy dispatch fetched from S3 (``resume-<n>/``, ``fetched/``).
+* a copy dispatch fetched from S3 (``resume-<n>/``, ``fetched/``) holding only files of a
+  save of this root by its name, each on S3 at its size (a file a trainer added keeps it).
 
 Anything else (a log, a final model never uploaded, a save not yet published) stays, with the
 folder, and is named on stderr.
@@ -39,13 +40,14 @@ def clear(root: str, stage_dir: str, prefix: str, timeout: float,
     when the folder is gone."""
     st = store.open_store(root, timeout)
     prefix = prefix.rstrip("/")
-    published = {f.path.rstrip("/") for f in st.list_publications()
-                 if f.path.startswith(prefix + "/")}
+    every = [f.path.rstrip("/") for f in st.list_publications()]
+    published = {path for path in every if path.startswith(prefix + "/")}
     attempt = prefix.rsplit("/", 1)[-1]
     kept: list[str] = []
     for name in sorted(os.listdir(stage_dir)):
         path = os.path.join(stage_dir, name)
-        why = _why_kept(st, attempt, name, path, f"{prefix}/{name}", published, timeout)
+        why = _why_kept(st, attempt, name, path, f"{prefix}/{name}", published, every,
+                        timeout)
         if why is not None:
             kept.append(f"{name} ({why})")
             continue
@@ -62,9 +64,9 @@ def clear(root: str, stage_dir: str, prefix: str, timeout: float,
 
 
 def _why_kept(st: Store, attempt: str, name: str, path: str, url: str,
-              published: set[str], timeout: float) -> Optional[str]:
+              published: set[str], every: list[str], timeout: float) -> Optional[str]:
     if DOWNLOADS.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
-        return None  # fetched from S3: there still
+        return _download_kept(path, every, timeout)  # fetched: there still, unless added to
     if name == execdir.RECORD:
         try:
             with open(path, "rb") as handle:
@@ -80,6 +82,30 @@ def _why_kept(st: Store, attempt: str, name: str, path: str, url: str,
     for relative, full in transfer.local_files(path):
         if objects.get(relative) != os.lstat(full).st_size:
             return f"{relative} is not on S3 at its size"
+    return None
+
+
+def _download_kept(folder: str, saves: list[str], timeout: float) -> Optional[str]:
+    """Why a download folder stays, or None: each entry must be a copy of a save of this root
+    (``saves``, every publication's URL) by its name, each of its files an object of that save
+    at its size.  A file a trainer wrote into the copy, or beside it, was never uploaded."""
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not _regular_only(path):
+            return f"{name} holds something other than regular files and folders"
+        urls = [url for url in saves if url.rsplit("/", 1)[-1] == name]
+        if not urls:
+            return f"{name} is not a save of this root on S3"
+        why = ""
+        for url in urls:
+            _folder, objects = transfer.save_objects(url, timeout)
+            why = next((f"{name}/{relative} is not on S3 at its size"
+                        for relative, full in transfer.local_files(path)
+                        if objects.get(relative) != os.lstat(full).st_size), "")
+            if not why:
+                break
+        if why:
+            return why
     return None
 
 
