@@ -668,21 +668,26 @@ def _job_filter(states: Optional[str], names: Optional[str], since: Optional[str
 _UNITS = {"": 1, "second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 
 
-def parse_since(text: str, now: Optional[float] = None) -> float:
+def _now() -> float:
+    import time as _time
+    return _time.time()
+
+
+def parse_since(text: str, now: Optional[float] = None, option: str = "--since") -> float:
     """A time as sacct -S reads it, in seconds: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], today
     or midnight, now[{+|-}N[seconds|minutes|hours|days|weeks]]; local time."""
     import re
     import time as _time
     now = _time.time() if now is None else now
     value = text.strip()
-    bad = UsageError(f"--since {text!r} is not a time sacct -S reads (YYYY-MM-DD[THH:MM[:SS]],"
+    bad = UsageError(f"{option} {text!r} is not a time sacct -S reads (YYYY-MM-DD[THH:MM[:SS]],"
                      " MM/DD[/YY], today, now-2days)")
     relative = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", value.lower())
     if relative:
         sign, count, unit = relative.groups()
-        unit = unit[:-1] if unit.endswith("s") else unit
         if count is None:
             return now
+        unit = unit[:-1] if unit.endswith("s") else unit
         if unit not in _UNITS:
             raise bad
         return now + (1 if sign == "+" else -1) * int(count) * _UNITS[unit]
@@ -776,7 +781,12 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
         from .slurm import Slurm
         if bool(job) == bool(before):
             raise UsageError("give JOB... or --before TIME (one of the two)")
-        after = parse_since(before) if before else None
+        after = parse_since(before, option="--before") if before else None
+        if after is not None and after > _now():
+            # now+30days for now-30days would forget every settled job, however new.
+            raise UsageError(f"--before {before!r} is in the future ({status.clock(after)}): "
+                             "every settled job would be forgotten; give a past time "
+                             "(now-30days)")
         slurm = Slurm.for_people(_say)
         mine = record.cluster_jobs(slurm.cluster())
         chosen = [_open(ident, slurm) for ident in job] if job else mine

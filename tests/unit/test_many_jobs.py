@@ -95,7 +95,7 @@ def test_forget_removes_only_settled_jobs_slurm_has_forgotten(
     unsupervised = submit_one("ck-d")
     del cluster.jobs[unsupervised.slurm_job_id]  # ended and forgotten, never settled
     run = CliRunner().invoke
-    dry = run(cli.main, ["forget", "--dry-run", "--before", "now+1days"])
+    dry = run(cli.main, ["forget", "--dry-run", "--before", "now"])
     assert dry.exit_code == 0, dry.output + dry.stderr
     assert f"would forget {done.job.id}" in dry.output
     for job, why in ((running, "still known to Slurm"), (pending, "still known to Slurm"),
@@ -127,10 +127,10 @@ def test_forget_keeps_a_held_job_and_an_upstream_others_wait_for(
                     if k not in (upstream.slurm_job_id, held.slurm_job_id)}
     held_now = str(held.job.submissions()[-1]["slurm_job_id"])
     del cluster.jobs[held_now]  # even forgotten by Slurm, the hold stands
-    out = CliRunner().invoke(cli.main, ["forget", "--dry-run", "--before", "now+1days"]).output
+    out = CliRunner().invoke(cli.main, ["forget", "--dry-run", "--before", "now"]).output
     assert any(upstream.job.id in line and downstream.job.id in line
                for line in out.splitlines()), out
     assert any(held.job.id in line and "hold" in line for line in out.splitlines()), out
     data = json.loads(CliRunner().invoke(cli.main, ["forget", "--dry-run", "--json",
-                                                    "--before", "now+1days"]).output)
+                                                    "--before", "now"]).output)
     assert {k["id"] for k in data["kept"]} >= {upstream.job.id, held.job.id}

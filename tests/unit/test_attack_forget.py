@@ -1,0 +1,38 @@
+"""Issue 18 attack on item 20: `dispatch forget --before` as an unlucky user types it."""
+
+from __future__ import annotations
+
+import os
+
+from click.testing import CliRunner
+
+from slurm_dispatch import cli
+from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.supervisor import Settings, Supervisor
+
+from .fake_cluster import FakeCluster
+from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
+
+
+def test_a_bad_before_names_before_not_since() -> None:
+    done = CliRunner().invoke(cli.main, ["forget", "--before", "yesterday"])
+    assert done.exit_code == 2
+    assert "--before 'yesterday' is not a time" in done.stderr, done.stderr
+    assert "--since" not in done.stderr
+
+
+def test_a_before_in_the_future_forgets_nothing(cluster: FakeCluster) -> None:  # noqa: F811
+    # now+30days for now-30days: one wrong sign would forget every settled job, however new.
+    done = submit_one("ck-a")
+    cluster.set(done.slurm_job_id, JobState="COMPLETED")
+    Supervisor(Slurm(), Settings()).run_pass()
+    del cluster.jobs[done.slurm_job_id]
+    refused = CliRunner().invoke(cli.main, ["forget", "--before", "now+30days"])
+    assert refused.exit_code == 2, refused.output
+    assert "--before 'now+30days' is in the future" in refused.stderr, refused.stderr
+    assert os.path.isdir(done.job.path)
+
+
+def test_now_alone_is_a_time_as_sacct_reads_it() -> None:
+    assert cli.parse_since("now", 1000.0) == 1000.0
+    assert cli.parse_since("NOW", 1000.0) == 1000.0
