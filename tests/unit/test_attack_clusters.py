@@ -1,0 +1,46 @@
+"""Issue 18 attack on item 4: a record made before records carried the cluster belongs to every
+cluster, so over one home its Slurm job id may be another job's on this cluster (ids repeat
+across clusters).  Slurm's view of that other job must not decide the old record's end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+from slurm_dispatch import record
+from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.supervisor import Settings, Supervisor
+
+from .fake_cluster import FakeCluster
+from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
+
+
+def _without_cluster(job: record.JobRecord) -> None:
+    path = os.path.join(job.path, "job.json")
+    with open(path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    spec.pop("cluster", None)
+    os.chmod(path, 0o644)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(spec, handle)
+    os.chmod(path, 0o444)
+
+
+def test_an_old_record_is_not_ended_by_another_job_with_its_slurm_id(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    old = submit_one("ck-old", "--resubmit", "2")
+    _without_cluster(old.job)
+    assert record.JobRecord(old.job.path).cluster is None
+    # It ran on the other cluster: here its id is free, then taken by a job of this one.
+    del cluster.jobs[old.slurm_job_id]
+    cluster.ids = itertools.count(int(old.slurm_job_id))
+    mine = submit_one("ck-mine")
+    assert mine.slurm_job_id == old.slurm_job_id
+    cluster.set(mine.slurm_job_id, JobState="FAILED")
+    before = len(cluster.sbatch_calls())
+    report = Supervisor(Slurm(), Settings()).run_pass()
+    assert len(cluster.sbatch_calls()) == before, report.actions  # nothing resubmitted
+    assert not any(old.job.id in line and "resubmit" in line for line in report.actions), \
+        report.actions
+    assert record.JobRecord(old.job.path).history().submissions[-1].submission == 1
