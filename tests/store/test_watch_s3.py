@@ -190,7 +190,10 @@ def test_the_cli_stages_from_the_stage_dir_to_the_exec_prefix(
     prefix = exec_prefix(s3_root)
     assert published(s3_root) == [(3, f"{prefix}/checkpoint-3"), (6, f"{prefix}/checkpoint-6")]
     assert f"dispatch watch: published step 6: {prefix}/checkpoint-6" in proc.stderr
-    assert os.listdir(stage) == ["checkpoint-6"]
+    # The command ended with 0 and every save is on S3: the staging folder is removed
+    # (issue 18, item 19; before, the newest copy stayed there for good).
+    assert not stage.exists(), proc.stderr
+    assert f"dispatch watch: removed the staging folder {stage}" in proc.stderr
 
 
 def test_a_stage_dir_outside_this_executions_is_refused(
