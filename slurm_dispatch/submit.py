@@ -815,8 +815,8 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
     submitted = {str(sub["slurm_job_id"]) for sub in job.submissions()}
     live: list[str] = []
     for view in {id(j): j for j in jobs.values()}.values():
-        if not view.is_active:
-            continue
+        if not view.is_active or view.marks_another(job.id):
+            continue  # another's: ids repeat across clusters, an old record has none
         if view.array_task_id is not None and view.array_job_id in submitted:
             if task is None or view.array_task_id == task:
                 live.append(view.display_id)

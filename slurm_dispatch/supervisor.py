@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 
 from . import dependency, events, heartbeat, record, rules, submit
 from .errors import DispatchError, RecordError, RefusedError, SlurmError
-from .slurm import MARKER_PREFIX, Job, Slurm
+from .slurm import Job, Slurm
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
 SBATCH_SETTLE = 150.0
@@ -172,14 +172,6 @@ def _views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
     return [found] if found is not None else []
 
 
-def _marks_another(view: Job, job_id: str) -> bool:
-    """The Slurm job carries dispatch markers, none of them ``job_id``'s: another dispatch
-    job's (a record older than records' cluster, read on a cluster where its Slurm job id is
-    another's).  A comment without a marker (a person's own) proves nothing either way."""
-    marks = view.markers
-    return bool(marks) and not any(m.startswith(f"{MARKER_PREFIX}{job_id}/") for m in marks)
-
-
 def _end_state(views: list[Job]) -> str:
     """The end a rule is chosen by: for an array, the first of its tasks' ends in rule order
     (a failed task outranks completed ones)."""
@@ -301,7 +293,7 @@ class Supervisor:
         if task is None and tasks is not None:
             return True  # an array's ends are its tasks'
         views = _views(current.slurm_job_id, slurm_jobs, task)
-        if any(_marks_another(v, job.id) for v in views):
+        if any(v.marks_another(job.id) for v in views):
             views = []  # its id, now another dispatch job's (ids repeat across clusters)
         how = ""
         if not views:

@@ -8,7 +8,9 @@ import itertools
 import json
 import os
 
-from slurm_dispatch import record
+from click.testing import CliRunner
+
+from slurm_dispatch import cli, record, submit
 from slurm_dispatch.slurm import Slurm
 from slurm_dispatch.supervisor import Settings, Supervisor
 
@@ -27,8 +29,8 @@ def _without_cluster(job: record.JobRecord) -> None:
     os.chmod(path, 0o444)
 
 
-def test_an_old_record_is_not_ended_by_another_job_with_its_slurm_id(
-        cluster: FakeCluster) -> None:  # noqa: F811
+def _old_and_mine(cluster: FakeCluster) -> tuple[submit.Submitted, submit.Submitted]:  # noqa: F811
+    """An old record (no cluster) whose Slurm job id is, here, a job of another record."""
     old = submit_one("ck-old", "--resubmit", "2")
     _without_cluster(old.job)
     assert record.JobRecord(old.job.path).cluster is None
@@ -37,6 +39,22 @@ def test_an_old_record_is_not_ended_by_another_job_with_its_slurm_id(
     cluster.ids = itertools.count(int(old.slurm_job_id))
     mine = submit_one("ck-mine")
     assert mine.slurm_job_id == old.slurm_job_id
+    return old, mine
+
+
+def test_cancelling_an_old_record_never_cancels_another_job_with_its_slurm_id(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    old, mine = _old_and_mine(cluster)
+    done = CliRunner().invoke(cli.main, ["cancel", old.job.id])
+    assert done.exit_code == 0, done.output + done.stderr
+    assert not [c for c in cluster.calls if c[0] == "scancel"], cluster.calls
+    assert cluster.jobs[mine.slurm_job_id]["JobState"] == "RUNNING"
+    assert f"dispatch job {old.job.id} has no active Slurm job" in done.output
+
+
+def test_an_old_record_is_not_ended_by_another_job_with_its_slurm_id(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    old, mine = _old_and_mine(cluster)
     cluster.set(mine.slurm_job_id, JobState="FAILED")
     before = len(cluster.sbatch_calls())
     report = Supervisor(Slurm(), Settings()).run_pass()
