@@ -224,6 +224,15 @@ class Supervisor:
         # This cluster's jobs only: another cluster's, over the same home, are its own
         # supervisor's (their ids repeat here, and this controller knows none of them).
         jobs = record.cluster_jobs(self.slurm.cluster(), self.home)
+        if self.slurm.cluster() is None:
+            named = record.clusters(jobs, None)
+            if named:
+                # A configless site whose controller did not answer scontrol show config:
+                # every cluster's records would look like this one's.
+                raise SlurmError("cannot tell which cluster this is (no ClusterName in a "
+                                 "slurm.conf here, and scontrol show config did not answer), "
+                                 f"and this home holds jobs of cluster(s) {', '.join(named)}: "
+                                 "no pass until the controller says")
         if not jobs:
             # A supervisor runs: dispatch-sbatch reads it.
             mark_pass(self.home, report, 0, self.slurm.cluster(), self.every)

@@ -8,10 +8,12 @@ import itertools
 import json
 import os
 
+import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch import cli, record, submit
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.errors import SlurmError
+from slurm_dispatch.slurm import Result, Slurm
 from slurm_dispatch.supervisor import Settings, Supervisor
 
 from .fake_cluster import FakeCluster
@@ -62,3 +64,27 @@ def test_an_old_record_is_not_ended_by_another_job_with_its_slurm_id(
     assert not any(old.job.id in line and "resubmit" in line for line in report.actions), \
         report.actions
     assert record.JobRecord(old.job.path).history().submissions[-1].submission == 1
+
+
+def test_a_pass_that_cannot_tell_its_cluster_acts_on_no_other_clusters_job(
+        cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # A configless site in an outage: scontrol show config does not answer (this fake
+    # controller refuses it), squeue does.  The other cluster's record must not be read as a
+    # job of this one that slurmctld forgot.
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "other")
+    theirs = submit_one("ck-theirs")
+    monkeypatch.delenv("SLURM_CLUSTER_NAME")
+    assert record.JobRecord(theirs.job.path).cluster == "other"
+    del cluster.jobs[theirs.slurm_job_id]
+    answer = FakeCluster.__call__
+
+    def outage(self: FakeCluster, argv: list[str], *rest: object) -> Result:
+        if argv[:3] == ["scontrol", "show", "config"]:
+            return Result(argv, 1, "", "slurm_load_ctl_conf error: Unable to contact slurm "
+                                       "controller (connect failure)\n")
+        return answer(self, argv, *rest)  # type: ignore[arg-type]
+    monkeypatch.setattr(FakeCluster, "__call__", outage)
+    with pytest.raises(SlurmError, match="cannot tell which cluster"):
+        Supervisor(Slurm(), Settings()).run_pass()
+    assert len(record.JobRecord(theirs.job.path).history().events) == \
+        len(theirs.job.history().events)
