@@ -131,6 +131,8 @@ def _latest(root: str, missing_is_none: bool = False) -> Any:
 
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
+    # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster).
+    slurm_jobs = {k: v for k, v in slurm_jobs.items() if not v.marks_another(job.id)}
     spec = job.spec
     history = job.history()
     records = [e.raw for e in history.events]
@@ -299,11 +301,14 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
             continue
         current = history.lineage().current
         info = slurm_jobs.get(current.slurm_job_id) if current is not None else None
+        if info is not None and info.marks_another(job.id):
+            info = None  # its id, here another dispatch job's
         array = submit.array_tasks(job)
         tasks: list[Job] = []
         for task in array or []:  # each task's latest submission, as Slurm sees it
             now = history.lineage(task).current
-            tasks.extend(_task_views(now.slurm_job_id, slurm_jobs, task) if now else [])
+            tasks.extend(v for v in (_task_views(now.slurm_job_id, slurm_jobs, task)
+                                     if now else []) if not v.marks_another(job.id))
         if history.lineage().superseded is not None:
             state = "SUPERSEDED"
         elif history.hold is not None and (info is None or info.is_held):

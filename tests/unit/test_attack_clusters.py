@@ -88,3 +88,15 @@ def test_a_pass_that_cannot_tell_its_cluster_acts_on_no_other_clusters_job(
         Supervisor(Slurm(), Settings()).run_pass()
     assert len(record.JobRecord(theirs.job.path).history().events) == \
         len(theirs.job.history().events)
+
+
+def test_jobs_and_status_never_show_another_jobs_state_for_an_old_record(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    old, mine = _old_and_mine(cluster)
+    lines = CliRunner().invoke(cli.main, ["jobs"]).output.splitlines()
+    row = {line.split()[0]: line.split() for line in lines[1:]}
+    assert row[mine.job.id][4] == "RUNNING"
+    assert row[old.job.id][4] != "RUNNING", lines
+    shown = CliRunner().invoke(cli.main, ["status", "--json", old.job.id])
+    assert shown.exit_code == 0, shown.output + shown.stderr
+    assert "RUNNING" not in json.dumps(json.loads(shown.output)["submissions"]), shown.output
