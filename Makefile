@@ -31,11 +31,12 @@ $(VENV)/.installed: pyproject.toml $(VENV_MADE)
 # What the tests use: the test tools, boto3 and the S3 server, and the training libraries for the
 # integrations' tests.  torch first, pinned to the CPU build (a bare `torch` may pull a CUDA
 # build of several GB); the extras' torch range admits it.  `pip check` fails the install if
-# what the venv holds does not fit together.
+# what the venv holds does not fit together.  tests/constraints.txt pins the versions the tests
+# ran with: without it pip's resolver backtracks through boto3's releases for many minutes.
 install-test: $(VENV)/.installed-test
-$(VENV)/.installed-test: pyproject.toml $(VENV_MADE)
+$(VENV)/.installed-test: pyproject.toml tests/constraints.txt $(VENV_MADE)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'
-	$(PY) -m pip install -q -e '.[test,transformers,lightning]'
+	$(PY) -m pip install -q -c tests/constraints.txt -e '.[test,transformers,lightning]'
 	$(PY) -m pip check
 	touch $@
 
@@ -79,7 +80,7 @@ check: install-test
 	$(PY) -m mypy slurm_dispatch
 
 bench: install-test
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -c tests/constraints.txt -e '.[bench]'
 	$(PY) bench/bench_store.py
 	$(PY) bench/bench_supervisor.py
 	@for b in bench/bench_sbatch.py bench/bench_hooks.py; do \

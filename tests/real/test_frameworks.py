@@ -38,6 +38,8 @@ pytestmark = [pytest.mark.real,
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 TORCH = "torch==2.13.0"  # the CPU build on this machine's disk; a bare torch pulls CUDA
+# The versions the test environment is installed with (pip resolves them at once; see the file).
+CONSTRAINTS = REPO / "tests" / "constraints.txt"
 _START = re.compile(r"example: attempt=(\S+) start step=(\d+) weights=([0-9a-f]{64})")
 _END = re.compile(r"example: attempt=(\S+) end step=(\d+)")
 
@@ -56,7 +58,8 @@ def frameworks(sandbox: Any) -> Path:
     if subprocess.run(probe, capture_output=True).returncode != 0:
         started = time.monotonic()
         for step in ([TORCH], _extras()):
-            subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True,
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(CONSTRAINTS),
+                            *step], check=True,
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         sys.stderr.write(f"frameworks installed into the sandbox venv in "
                          f"{time.monotonic() - started:.0f} s\n")

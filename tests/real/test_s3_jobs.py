@@ -73,7 +73,8 @@ def s3_server(sandbox: Any) -> Iterator[SeaweedServer]:
     """SeaweedFS on loopback for the module, and boto3 in the sandbox's venv (once)."""
     python = Path(sandbox.venv_bin) / "python"
     if subprocess.run([str(python), "-c", "import boto3"], capture_output=True).returncode:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "boto3>=1.35"], check=True,
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c",
+                        str(frameworks_tests.CONSTRAINTS), "boto3>=1.35"], check=True,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     server = SeaweedServer(os.environ.get("DISPATCH_S3_TEST_DIR") or None).start()
     try:
@@ -159,7 +160,8 @@ def test_a_lightning_job_writes_s3_itself_and_resumes_after_the_requeue_signal(
     saves, publishes and requeues, and the requeued execution resumes from that URL."""
     python = Path(sandbox.venv_bin) / "python"
     if subprocess.run([str(python), "-c", "import s3fs"], capture_output=True).returncode:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "s3fs>=2024.6"], check=True,
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c",
+                        str(frameworks_tests.CONSTRAINTS), "s3fs>=2024.6"], check=True,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     work = frameworks_tests._work(sandbox, "lightning")
     root = f"s3://{BUCKET}/pl-{uuid.uuid4().hex[:8]}"
