@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from typing import Optional
 
 FILE = "python"
+FIND_TIMEOUT = 30.0  # seconds for the interpreter to say whether it finds slurm_dispatch
 
 
 def recorded(job: record.JobRecord) -> str:
@@ -46,6 +47,21 @@ def missing(python: str) -> Optional[str]:
         return f"the interpreter {python} is gone"
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         return f"the interpreter {python} is not an executable file"
+    # There, but perhaps a venv made again without slurm-dispatch, or another Python: the
+    # launcher's import fails as surely.  Asked without importing it (tens of ms).
+    import subprocess
+    try:
+        found = subprocess.run(
+            [python, "-c", "import importlib.util, sys; "
+             "sys.exit(importlib.util.find_spec('slurm_dispatch') is None)"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=FIND_TIMEOUT, cwd="/")
+    except subprocess.TimeoutExpired:
+        return None  # a slow file system is no proof: the launcher will say
+    except OSError as exc:
+        return f"the interpreter {python} cannot be run ({exc.strerror})"
+    if found.returncode == 1:
+        return (f"the interpreter {python} cannot import slurm_dispatch (slurm-dispatch is not "
+                "installed for it)")
     return None
 
 
