@@ -218,9 +218,19 @@ def test_the_checkout_sandbox_command_runs_on_a_python_without_click(tmp_path: P
     assert out.returncode != 0
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "click" in out.stderr and "make install" in out.stderr, out.stderr
-    # With the clone's venv (here one whose Python has click):
+    # A clone's .venv whose Python lacks click as well: the same line, once (it ran itself
+    # again and again, found when the tests ran from a venv whose Python is a link to Debian's).
     (checkout / ".venv/bin").mkdir(parents=True)
-    (checkout / ".venv/bin/python").symlink_to(sys.executable)
+    (checkout / ".venv/bin/python").write_text(f"#!/bin/sh\nexec {bare}/bin/python \"$@\"\n")
+    (checkout / ".venv/bin/python").chmod(0o755)
+    out = subprocess.run([str(checkout / "bin/dispatch-sandbox"), "--version"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "make install" in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # With the clone's venv (here one whose Python has click: this interpreter, started as
+    # itself, so that it keeps its own prefix and packages):
+    (checkout / ".venv/bin/python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (checkout / ".venv/bin/python").chmod(0o755)
     out = subprocess.run([str(checkout / "bin/dispatch-sandbox"), "--version"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "version" in out.stdout, out.stdout + out.stderr
