@@ -51,11 +51,16 @@ def test_sigkill_at_random_moments_leaves_a_valid_store_a_rerun_finishes(tmp_pat
                                                                           ) -> None:
     template = posix_world(tmp_path / "template")
     build(template)
-    reference = tmp_path / "reference"
-    shutil.copytree(template.root, reference, symlinks=True)
-    started = time.monotonic()
-    gc.collect(str(reference), 2)
-    took = time.monotonic() - started
+    # The kill window is the quickest of three cleanups: one timed during a burst of other
+    # work (make test runs the 24.11 tier beside this) made most kills land after the end.
+    times = []
+    for n in range(3):
+        reference = tmp_path / f"reference{n}"
+        shutil.copytree(template.root, reference, symlinks=True)
+        started = time.monotonic()
+        gc.collect(str(reference), 2)
+        times.append(time.monotonic() - started)
+    took = min(times)
     expected = files(reference)
     rng = random.Random(13)
     interrupted = 0
