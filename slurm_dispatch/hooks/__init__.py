@@ -72,7 +72,7 @@ def _exit_at(deadline: float) -> None:
 
     The timer repeats, so a system call that retries after an interruption is interrupted
     again until Python can run the handler.  (Timers are not inherited by a forked child.)"""
-    import _signal  # not signal: it imports enum, which would slow every hook's start
+    import _signal  # type: ignore[import-not-found]  # not signal: it imports enum (slow start)
     _signal.signal(_signal.SIGALRM, lambda *_: os._exit(0))
     _signal.setitimer(_signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()), 0.05)
 
