@@ -90,7 +90,7 @@ bench: install-test
 # (contrib/completion), from the commands' own help; tests/unit/test_docs.py fails while they
 # are not what the help says.  The wheel installs the man pages and completions under share/.
 docs: install
-	$(PY) -m slurm_dispatch.manpages
+	$(PY) -m slurm_dispatch.cli.manpages
 
 # What a site installs from: the wheel (nodes, controller, login nodes: pip install it into a
 # venv) and the admin's parts (hook scripts, config templates, the admin guide) in one tarball.

@@ -30,7 +30,9 @@ import tempfile
 import time
 from typing import Callable
 
-from slurm_dispatch import gc, launch, model, store
+from slurm_dispatch.checkpoint import gc, model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.execution import launch
 
 TARGET = 2.0  # gc --dry-run / latest, as commands
 
@@ -62,7 +64,7 @@ def timed(call: Callable[[], object]) -> float:
 
 
 def command(*args: str) -> Callable[[], object]:
-    argv = [sys.executable, "-m", "slurm_dispatch.cli", *args]
+    argv = [sys.executable, "-m", "slurm_dispatch.cli.dispatch", *args]
     return lambda: subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
 
 

@@ -100,7 +100,8 @@ def bench_hooks(python: str, repeat: int, scratch: Path) -> dict[str, Any]:
 
 
 def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
-    from slurm_dispatch import cease, config
+    from slurm_dispatch import config
+    from slurm_dispatch.node import cease
     from tests import squeue_fake
     from tests.hooks.fakes import FakeController, job, node, record
 
@@ -137,7 +138,7 @@ def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
     (scratch / "dispatch.conf").write_text(f"StateDir={state}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
            "SLURM_DISPATCH_CONF": str(scratch / "dispatch.conf")}
-    cli = [sys.executable, "-c", "from slurm_dispatch.cli_cease import main; main()", "100"]
+    cli = [sys.executable, "-c", "from slurm_dispatch.cli.cease import main; main()", "100"]
     end_to_end = []
     for _ in range(repeat):
         calls.write_text("")

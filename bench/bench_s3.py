@@ -36,7 +36,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slurm_dispatch import model, store  # noqa: E402
+from slurm_dispatch.checkpoint import model  # noqa: E402
+from slurm_dispatch.checkpoint import publish as store
 from tests.s3server import SeaweedServer  # noqa: E402
 
 LATEST_TARGET = 1.3
@@ -119,8 +120,8 @@ def bench_publish(server: SeaweedServer, args: argparse.Namespace) -> dict[str, 
 def bench_upload(server: SeaweedServer, args: argparse.Namespace, base: str) -> dict[str, Any]:
     import tempfile
 
-    from slurm_dispatch.saverules import SaveRule
-    from slurm_dispatch.watch import Watcher
+    from slurm_dispatch.execution.saverules import SaveRule
+    from slurm_dispatch.execution.watch import Watcher
 
     client = server.client()
     root = f"s3://{BUCKET}/upload"

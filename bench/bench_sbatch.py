@@ -19,8 +19,8 @@ One run measures:
 2. Where dispatch-sbatch's time goes, over ``--split-count`` fresh processes of each kind
    (order rotated per round): ``runuser -- true`` (the runuser floor both sides pay), the
    venv's ``python -c pass`` (interpreter start-up), ``python -c 'import
-   slurm_dispatch.cli_sbatch'`` and ``dispatch-sbatch --help`` (start-up + imports), and a
-   driver that imports ``slurm_dispatch.cli_sbatch`` and runs its ``main`` in-process on the
+   slurm_dispatch.cli.sbatch'`` and ``dispatch-sbatch --help`` (start-up + imports), and a
+   driver that imports ``slurm_dispatch.cli.sbatch`` and runs its ``main`` in-process on the
    same arguments with every phase timed (read the request, checkpoint root, job record,
    claim, batch script, the sbatch subprocess, the Slurm adapter around it, the
    ``submitted`` event).  Import probes split the import: the standard library modules it
@@ -31,7 +31,7 @@ One run measures:
 
 The sandbox lives in its own state folder (``--dir``, default ``/var/tmp/sb-bench``; its ports
 derive from the folder, so it runs beside the test sandboxes), started with
-``slurm_dispatch.sandbox.up`` (idempotent; this checkout is installed into its venv when it
+``slurm_dispatch.sandbox.cluster.up`` (idempotent; this checkout is installed into its venv when it
 changed) and stopped at the end with ``sandbox.down`` unless ``--keep``.  Dispatch records go
 to ``DISPATCH_HOME`` in a scratch folder under the state folder (not the user's
 ``~/.local/state``, which the real tests inspect), removed at the end unless ``--keep``.
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from slurm_dispatch import sandbox
+from slurm_dispatch.sandbox import cluster as sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = "/var/tmp/sb-bench"
@@ -105,7 +105,7 @@ def probe(names):
 def loaded():
     """The modules outside slurm_dispatch that its import loads (not there at start-up)."""
     before = set(sys.modules)
-    import slurm_dispatch.cli_sbatch  # noqa: F401
+    import slurm_dispatch.cli.sbatch  # noqa: F401
     import json
     print(json.dumps(sorted(name for name in set(sys.modules) - before
                             if not name.startswith("slurm_dispatch"))))
@@ -198,7 +198,7 @@ else:
 # costs beyond the standard library it needs.
 STDLIB = "<stdlib>"
 PROBES = [
-    ("as is", ["slurm_dispatch.cli_sbatch"]),
+    ("as is", ["slurm_dispatch.cli.sbatch"]),
     ("the standard library it loads, alone", [STDLIB]),
     ("json and subprocess alone", ["json", "subprocess"]),
 ]
@@ -356,7 +356,7 @@ def bench_split(args: argparse.Namespace, cl: Cluster, jobs: list[str],
     external = {
         "runuser true": ["true"],
         "python -c pass": [python, "-c", "pass"],
-        "python -c import": [python, "-c", "import slurm_dispatch.cli_sbatch"],
+        "python -c import": [python, "-c", "import slurm_dispatch.cli.sbatch"],
         "dispatch-sbatch --help": [dispatch, "--help"],
     }
     wall: dict[str, list[int]] = {key: [] for key in external}
@@ -448,7 +448,7 @@ def bench_importtime(args: argparse.Namespace, cl: Cluster, results: dict[str, A
     python = os.path.join(cl.venv_bin, "python")
     runs = []
     for _ in range(3):
-        _, proc = cl.run([python, "-X", "importtime", "-c", "import slurm_dispatch.cli_sbatch"])
+        _, proc = cl.run([python, "-X", "importtime", "-c", "import slurm_dispatch.cli.sbatch"])
         rows = []
         for line in proc.stderr.splitlines():
             if not line.startswith("import time:") or "self [us]" in line:
@@ -500,7 +500,7 @@ def split_rows(results: dict[str, Any]) -> list[tuple[str, float]]:
     rows = [("runuser (runuser -u USER -- true)", ext["runuser true"]),
             ("python start-up (python -c pass - runuser)", ext["python -c pass"]
              - ext["runuser true"]),
-            ("imports of slurm_dispatch.cli_sbatch (in-process)", inp["import"]["median_ns"])]
+            ("imports of slurm_dispatch.cli.sbatch (in-process)", inp["import"]["median_ns"])]
     for key, label in PHASES:
         rows.append((f"main: {label}", inp["phases"][key]["median_ns"]))
     rows.append(("exit, entry-point script, noise (the remainder)",
@@ -555,7 +555,7 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
           f"(-> {sub['entry_python_real']}); its bare start (-I -c pass, no runuser) "
           f"{ms(sub['ops']['python -I -c pass']['median_ns'])}")
     imp, bare = ext["python -c import"]["median_ns"], ext["python -c pass"]["median_ns"]
-    print(f"cross-checks: python -c 'import slurm_dispatch.cli_sbatch' {ms(imp)} - "
+    print(f"cross-checks: python -c 'import slurm_dispatch.cli.sbatch' {ms(imp)} - "
           f"python -c pass {ms(bare)} = {ms(imp - bare)} "
           f"for the imports (interpreter teardown included); dispatch-sbatch --help "
           f"{ms(ext['dispatch-sbatch --help']['median_ns'])}; in-process main() "
@@ -571,7 +571,7 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
 
     print()
     print(f"import probes (in-process imports, medians of {split['count']} fresh processes; "
-          f"the standard library slurm_dispatch.cli_sbatch loads: "
+          f"the standard library slurm_dispatch.cli.sbatch loads: "
           f"{', '.join(split.get('stdlib', []))}):")
     full = split["probes"][PROBES[0][0]]["median_ns"]
     for label, _ in PROBES:

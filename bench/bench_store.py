@@ -34,7 +34,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
 
 LATEST_FLOOR_TARGET = 1.5  # latest / (listdir + split) must be <= this
 LATEST_HF_TARGET = 1.0  # latest / get_last_checkpoint must be < this

@@ -31,7 +31,7 @@ below submitit's and below ``dispatch-sbatch``'s in a loop (ratios of medians < 
 
 The sandbox lives in ``--dir`` (default ``/var/tmp/sb-bench-api``; its ports derive from the
 folder, so it runs beside the others; ``--nodes`` of them), started with
-``slurm_dispatch.sandbox.up`` (this checkout installed into its venv when it changed) and
+``slurm_dispatch.sandbox.cluster.up`` (this checkout installed into its venv when it changed) and
 stopped at the end unless ``--keep``.
 """
 
@@ -58,7 +58,7 @@ from bench_sbatch import (
     summary,
 )
 
-from slurm_dispatch import sandbox
+from slurm_dispatch.sandbox import cluster as sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = "/var/tmp/sb-bench-api"

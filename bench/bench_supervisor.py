@@ -30,9 +30,9 @@ from typing import Mapping, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurm_dispatch import record, submit  # noqa: E402
-from slurm_dispatch.slurm import Result, Slurm  # noqa: E402
-from slurm_dispatch.supervisor import Settings, Supervisor  # noqa: E402
+from slurm_dispatch.control import record, submit  # noqa: E402
+from slurm_dispatch.control.supervisor import Settings, Supervisor  # noqa: E402
+from slurm_dispatch.slurm.adapter import Result, Slurm  # noqa: E402
 from tests import squeue_fake  # noqa: E402
 
 # A real 22.05 `scontrol -o show job` line of a plain batch job is about 1,300 bytes.

@@ -41,10 +41,11 @@ import threading
 import time
 from typing import Any
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.execution.saverules import files_of, open_for_writing, snapshot
+from slurm_dispatch.execution.watch import DEFAULT_INTERVAL, SaveRule, Watcher
 from slurm_dispatch.integrations.saves import sync_save
-from slurm_dispatch.saverules import files_of, open_for_writing, snapshot
-from slurm_dispatch.watch import DEFAULT_INTERVAL, SaveRule, Watcher
 
 SCAN_TARGET = 1.5  # scan / bare scandir
 IDLE_TARGET = 1.0  # percent of one core
@@ -132,7 +133,7 @@ def start_watch(root: str, folder: str, interval: float | None, seconds: float
                 ) -> subprocess.Popen[str]:
     env = {**os.environ, "DISPATCH_CHECKPOINT": root, "DISPATCH_EXEC_DIR": folder,
            "DISPATCH_EPOCH": str(EPOCH)}
-    argv = [sys.executable, "-m", "slurm_dispatch.cli", "watch"]
+    argv = [sys.executable, "-m", "slurm_dispatch.cli.dispatch", "watch"]
     if interval is not None:
         argv += ["--interval", str(interval)]
     return subprocess.Popen([*argv, "--", "sleep", str(seconds)], env=env, text=True,

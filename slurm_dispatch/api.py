@@ -34,11 +34,11 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
 
-from . import store
+from .checkpoint import publish as store
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from .slurm import Slurm
+    from .slurm.adapter import Slurm
 
 __all__ = ["Execution", "Publication", "Submission", "execution", "latest",
            "list_publications", "publish", "resume_from", "submit"]
@@ -185,7 +185,7 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     process's environment (``None`` removes one): sbatch sees that environment, and every
     resubmission gets it again.  ``cwd`` is the folder it is submitted from (the script is
     found there, and sbatch runs there), default this process's.  ``slurm`` is the Slurm
-    adapter to use (:class:`slurm_dispatch.slurm.Slurm`); without it, one made at the first
+    adapter to use (:class:`slurm_dispatch.slurm.adapter.Slurm`); without it, one made at the first
     call is used by every call of the process (give one for another cluster).
 
     The same checks, record, injected identity and sbatch line as ``dispatch-sbatch`` (one
@@ -198,9 +198,9 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     """
     import warnings
 
-    from . import model
-    from . import submit as submitting
-    from .slurm import Slurm
+    from .checkpoint import model
+    from .control import submit as submitting
+    from .slurm.adapter import Slurm
 
     words = _dispatch_words(checkpoint, resubmit, shared_checkpoint, warn_before, supersede)
     sbatch_words = _sbatch_words(sbatch_args, array)
@@ -268,7 +268,7 @@ def _dispatch_words(checkpoint: Optional[PathLike], resubmit: Optional[int],
 def _sbatch_words(given: Sequence[str], array: Union[str, Iterable[int], None]) -> list[str]:
     """sbatch's options as given, refusing dispatch's own among them and anything that is
     not an option (the script and its arguments have their own parameters)."""
-    from . import sbatch_args as grammar
+    from .control import sbatch_args as grammar
 
     words = [os.fspath(w) for w in given]
     if "--" in words:

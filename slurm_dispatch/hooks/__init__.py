@@ -114,8 +114,8 @@ def run(hint: str = "", config_path: str | None = None) -> None:
             for problem in cfg.problems:
                 log(f"{kind} job {job}: dispatch.conf: {problem}")
             _start_child_watchdog(started + cfg.hook_timeout, kind, job)
-            from . import work
-            work.HANDLERS[kind](cfg)
+            from . import evidence
+            evidence.HANDLERS[kind](cfg)
         except BaseException as exc:
             log(f"{label} job {job}: {type(exc).__name__}: {exc}")
         finally:

@@ -25,7 +25,7 @@ import threading
 from types import FrameType
 from typing import Any, Callable, Optional, Union
 
-from .. import record
+from ..control import record
 from ..errors import DispatchError
 from .saves import Execution
 

@@ -1,10 +1,10 @@
 """The framework integrations on an ``s3://`` root: saves and resume through S3.  Imports no
-training library; boto3 only through :mod:`slurm_dispatch.stores`.
+training library; boto3 only through :mod:`slurm_dispatch.checkpoint.stores`.
 
 * Hugging Face ``Trainer`` writes only to local disk: its saves go to the execution's staging
   folder (``$DISPATCH_STAGE_DIR``), and :func:`publish_local_save` writes the manifest, uploads
   the save under the execution's prefix with boto3's transfer manager, then publishes it (the
-  same :class:`~slurm_dispatch.watch_s3.Uploader` as ``dispatch watch``, which also removes
+  same :class:`~..execution.watch_s3.Uploader` as ``dispatch watch``, which also removes
   the older local copies and keeps the newest); the manifest records each file's size and
   sha256.  It resumes from a local copy (:func:`choose_resume` with ``fetch=True``): the save
   fetched from S3, or a copy of the one an earlier execution left on this node, taken only
@@ -30,10 +30,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from .. import store
+from ..checkpoint import publish as store
+from ..checkpoint.stores import transfer
 from ..errors import AlreadyPublished, StoreError
-from ..stores import transfer
-from ..watch_s3 import Uploader, copy_own, file_hashes, stage_copy
+from ..execution.watch_s3 import Uploader, copy_own, file_hashes, stage_copy
 from .saves import (
     LAUNCH_RECORD,
     MANIFEST_FORMAT,
@@ -60,7 +60,7 @@ def _timeout() -> float:
 
 
 def _client() -> Any:
-    from ..stores.s3 import _client as client
+    from ..checkpoint.stores.s3 import _client as client
 
     return client(_timeout())
 
@@ -77,7 +77,7 @@ def put_once(url: str, data: dict[str, Any]) -> bool:
     except ClientError as exc:
         if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
             return False
-        from ..stores.s3 import _describe
+        from ..checkpoint.stores.s3 import _describe
 
         raise _describe(exc, "writing", url) from None
     return True
@@ -94,7 +94,7 @@ def read_json(url: str) -> Optional[Any]:
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
-        from ..stores.s3 import _describe
+        from ..checkpoint.stores.s3 import _describe
 
         raise _describe(exc, "reading", url) from None
     except ValueError:

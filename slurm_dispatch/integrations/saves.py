@@ -16,7 +16,7 @@ Invariants kept here:
   taken for the lineage's.  Each pass-over is said on stderr once and recorded, create-once, in
   the execution's folder (``.dispatch-resume.json``).
 * A save other than the launcher's choice is recorded as chosen (``.dispatch-choice-*.json``,
-  :mod:`slurm_dispatch.execdir`) *before* it is loaded, and then a publication of it must still
+  :mod:`..checkpoint.execdir`) *before* it is loaded, and then a publication of it must still
   be there, else it is passed over (cleanup unpublished it meanwhile): cleanup, which removes
   publications first and then reads every live execution's choices again, spares every save so
   chosen.  The ranks of one execution load the same save: the first to record the resume
@@ -40,7 +40,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import execdir, store
+from ..checkpoint import execdir
+from ..checkpoint import publish as store
 from ..errors import DispatchError, UsageError
 
 MANIFEST_SUFFIX = execdir.MANIFEST_SUFFIX  # a folder save holds MANIFEST_SUFFIX[1:]
@@ -220,7 +221,7 @@ def apply_limit(execution: Execution) -> None:
     keep = _LIMITS[execution.exec_dir]
     if keep is None:
         return
-    from .. import gc
+    from ..checkpoint import gc
 
     # The listing lag's wait runs beside the training (and at once without a lag).
     gc.collect_in_background(execution.root, keep, gc.say_on_stderr)

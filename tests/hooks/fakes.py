@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any, Union
 
-from slurm_dispatch import config, facts
-from slurm_dispatch.slurm import Job, Node, parse_squeue, slurm_time, squeue_format
+from slurm_dispatch import config
+from slurm_dispatch.node import facts
+from slurm_dispatch.slurm.adapter import Job, Node, parse_squeue, slurm_time, squeue_format
 
 from .. import squeue_fake
 

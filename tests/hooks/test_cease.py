@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import cease
 from slurm_dispatch.errors import UsageError
+from slurm_dispatch.node import cease
 
 from .fakes import FakeController, job, node, record, state_dir
 

@@ -28,7 +28,7 @@ def cease(tmp_path: Path, *args: str, state: str = "COMPLETED",
     config.write_text(conf if conf is not None else f"StateDir={tmp_path / 'state'}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "SLURM_DISPATCH_CONF": str(config), "DISPATCH_SLURM_ATTEMPTS": "1"}
-    return subprocess.run([sys.executable, "-m", "slurm_dispatch.cli_cease", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "slurm_dispatch.cli.cease", *args], env=env,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import facts
+from slurm_dispatch.node import facts
 
 from .fakes import record, state_dir
 
@@ -142,7 +142,7 @@ def test_scan_ignores_slurm_hooks_running_as_root_and_itself() -> None:
     finally:
         proc.kill()
         proc.wait()
-    code = ("import os, json; from slurm_dispatch import facts; "
+    code = ("import os, json; from slurm_dispatch.node import facts; "
             f"print(json.dumps(facts.scan_survivors({{'{job_id}': None}})))")
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                          env={"SLURM_JOB_ID": job_id}, check=True).stdout
@@ -197,6 +197,7 @@ def test_facts_carry_a_format_version_and_older_facts_read_as_version_1(tmp_path
 
 
 def test_fact_error_is_in_the_one_error_tree() -> None:
-    from slurm_dispatch import errors, factstore
+    from slurm_dispatch import errors
+    from slurm_dispatch.node import factstore
     assert facts.FactError is errors.FactError is factstore.FactError
     assert issubclass(facts.FactError, errors.DispatchError)

@@ -289,7 +289,7 @@ def test_planted_fifo_in_the_job_folder_does_not_hang_the_epilog(world: World) -
     assert any(f.split("/")[-1].startswith("end.n1.") for f in fact_files(world))
     # Readers open facts with O_NONBLOCK and name what is not a regular file.
     sys.path.insert(0, str(world.code))
-    from slurm_dispatch import facts
+    from slurm_dispatch.node import facts
     _, problems = facts.read_job_facts(str(world.state), UID, "500")
     assert any("not a regular file" in p for p in problems)
 

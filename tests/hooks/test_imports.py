@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 
-ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch.hooks", "slurm_dispatch.hooks.work",
-               "slurm_dispatch.facts", "slurm_dispatch.config", "slurm_dispatch.errors",
-               "slurm_dispatch.factstore", "slurm_dispatch.procscan", "slurm_dispatch.hostlist",
-               "slurm_dispatch.executions"}
+ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch.hooks", "slurm_dispatch.hooks.evidence",
+               "slurm_dispatch.node.facts", "slurm_dispatch.config", "slurm_dispatch.errors",
+               "slurm_dispatch.node.factstore", "slurm_dispatch.node.procscan",
+               "slurm_dispatch.slurm.hostlist",
+               "slurm_dispatch.node.executions"}
 
 PROGRAM = """
 import json, sys

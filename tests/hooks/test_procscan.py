@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import procscan
+from slurm_dispatch.node import procscan
 
 PATH = {"PATH": "/usr/bin:/bin"}
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import facts
 from slurm_dispatch.config import Config
-from slurm_dispatch.hooks import work
+from slurm_dispatch.hooks import evidence as work
+from slurm_dispatch.node import facts
 
 from .fakes import state_dir
 

@@ -1,9 +1,9 @@
 """Real tier: the session's sandbox Slurm cluster and the helpers that drive it.
 
 The ``sandbox`` fixture brings the cluster up once per session through
-:func:`slurm_dispatch.sandbox.up` (3 nodes, this checkout installed in its venv) and leaves it
-running at the end, so the next run starts in a second.  It never skips: a sandbox that cannot
-start fails every real test with the reason.
+:func:`slurm_dispatch.sandbox.cluster.up` (3 nodes, this checkout installed in its venv) and
+leaves it running at the end, so the next run starts in a second.  It never skips: a sandbox
+that cannot start fails every real test with the reason.
 
 Invariant: every test that used the sandbox hands it back settled: no node partitioned, no job
 pending or running, every node idle.  Tests clean up after themselves (a partition test heals
@@ -17,7 +17,7 @@ session beside it, give it its own sandbox: ``DISPATCH_SANDBOX_DIR=/var/tmp/sand
 
 The Slurm release: ``DISPATCH_SANDBOX_SLURM=24.11 pytest tests/real`` runs the same tests
 against a sandbox whose daemons, clients, venv, jobs and hooks run from a Debian 13 root
-(slurm_dispatch.sandbox_root; its default folder is ``/var/tmp/slurm-dispatch-sandbox-24.11``);
+(slurm_dispatch.sandbox.root; its default folder is ``/var/tmp/slurm-dispatch-sandbox-24.11``);
 unset or ``host``, this machine's own Slurm.  :meth:`Sandbox.run` runs every command on the
 sandbox's side, so a test that runs its commands through it runs unchanged on both.
 """
@@ -36,8 +36,8 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 import pytest
 
-from slurm_dispatch import sandbox as sandbox_lib
 from slurm_dispatch.errors import SandboxError
+from slurm_dispatch.sandbox import cluster as sandbox_lib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_COUNT = 3
@@ -157,7 +157,7 @@ class Sandbox:
 
 
 def sandbox_of(report: Any) -> Sandbox:
-    """The running sandbox :func:`slurm_dispatch.sandbox.up` reported, as the tests see it."""
+    """The running sandbox :func:`~slurm_dispatch.sandbox.cluster.up` reported, as tests see it."""
     state = report.status
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
     env.update(sandbox_lib.environment(state.dir, user=state.user))

@@ -178,7 +178,8 @@ def in_root(release: str) -> Path:
     """Build (or find) the wheel for the sandbox's Debian root of Slurm ``release`` (24.11):
     inside that root (built first when missing, as ``dispatch-sandbox build-root`` does), on
     its Python, from a venv made there in a scratch folder the root sees (/var/tmp is bound)."""
-    from slurm_dispatch import sandbox, sandbox_root
+    from slurm_dispatch.sandbox import cluster as sandbox
+    from slurm_dispatch.sandbox import root as sandbox_root
 
     root, _done = sandbox.build_root(release)
     staging = Path(tempfile.mkdtemp(prefix="pyslurm-build-", dir="/var/tmp"))

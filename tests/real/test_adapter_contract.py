@@ -1,7 +1,7 @@
 """Real tier: one contract for the Slurm adapter, run against both backends on the sandbox.
 
-Each test runs the adapter (``slurm_dispatch.slurm.Slurm(backend=...)``) as the sandbox's job
-user, in the sandbox's venv, with the pyslurm matching the sandbox's Slurm on its import path
+Each test runs the adapter (``slurm_dispatch.slurm.adapter.Slurm(backend=...)``) as the sandbox's
+job user, in the sandbox's venv, with the pyslurm matching the sandbox's Slurm on its import path
 (built from the vendored source: tests/real/pyslurm_build.py).  The same assertions hold for
 ``cli`` (squeue, scontrol, scancel) and ``pyslurm``: the caller's own jobs only, every array
 task, a hostile comment read back as a comment, a held job, release, requeue, cancel, nodes with
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch import sandbox as sandbox_lib
-from slurm_dispatch.slurm_backend import major_release
+from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.slurm.select import major_release
 from tests.real import pyslurm_build
 from tests.real.conftest import Sandbox
 
@@ -36,7 +36,7 @@ HOSTILE = ("JobState=COMPLETED Restarts=3 NodeList=(null) UserId=root(0)\n"
 # JSON (jobs as dictionaries, an error as its class and message).
 DRIVER = r"""
 import json, sys
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.slurm.adapter import Slurm
 
 def job(j):
     return {k: getattr(j, k) for k in ("job_id", "array_job_id", "array_task_id", "state",

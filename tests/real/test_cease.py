@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from slurm_dispatch import facts
-from slurm_dispatch import sandbox as sandbox_lib
+from slurm_dispatch.node import facts
+from slurm_dispatch.sandbox import cluster as sandbox_lib
 
 if TYPE_CHECKING:
     from tests.real.conftest import Sandbox

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import Sandbox, sandbox_of  # tests/real is no package: pytest puts it on sys.path
 
-from slurm_dispatch import sandbox as sandbox_lib
+from slurm_dispatch.sandbox import cluster as sandbox_lib
 
 pytestmark = pytest.mark.real
 

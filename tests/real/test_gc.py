@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
 from tests.real import test_dispatch_sbatch as sbatch_tests
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions, wait_state
 

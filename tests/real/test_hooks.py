@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_dispatch import facts
+from slurm_dispatch.node import facts
 
 if TYPE_CHECKING:
     from tests.real.conftest import Sandbox
@@ -53,12 +53,12 @@ def test_every_node_records_and_only_the_user_reads(sandbox: Sandbox) -> None:
         assert node["ceased"] is True and node["survivors"] == []
     assert execution["end"]["exit_code"] == "0:0"
     # The job's user reads its own facts (through facts/, mode 0711, and its group's folders).
-    program = ("import json, sys; from slurm_dispatch import facts; "
+    program = ("import json, sys; from slurm_dispatch.node import facts; "
                f"print(json.dumps(facts.execution_facts({jobid!r}, {state!r})))")
     mine = sandbox.run([str(sandbox.venv_bin / "python"), "-c", program], user=sandbox.user)
     assert json.loads(mine.stdout)[0]["restart"] == 0
     # Another user reads nothing of it, and cannot write there.
-    theirs = ("import json, sys; from slurm_dispatch import facts; print(json.dumps("
+    theirs = ("import json, sys; from slurm_dispatch.node import facts; print(json.dumps("
               f"facts.execution_facts({jobid!r}, {state!r}, uid={sandbox.uid})))")
     other = sandbox.run([str(sandbox.venv_bin / "python"), "-c", theirs], user="nobody",
                         cwd=Path("/"), check=False)

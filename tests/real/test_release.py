@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_dispatch import sandbox as sandbox_lib
-from slurm_dispatch import sandbox_root
+from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import root as sandbox_root
 
 if TYPE_CHECKING:
     from tests.real.conftest import Sandbox

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch import store
-from slurm_dispatch.stores import transfer
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores import transfer
 from tests.real import test_dispatch_sbatch as sbatch_tests
 from tests.real import test_frameworks as frameworks_tests
 from tests.real.test_dispatch_sbatch import Workdir, printed, wait_executions, wait_state

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_dispatch import sandbox as sandbox_lib
 from slurm_dispatch.errors import SandboxError
+from slurm_dispatch.sandbox import cluster as sandbox_lib
 
 if TYPE_CHECKING:
     from conftest import Sandbox

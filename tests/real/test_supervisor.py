@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch import sandbox as sandbox_lib
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.sandbox import cluster as sandbox_lib
 
 pytestmark = pytest.mark.real
 

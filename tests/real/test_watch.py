@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import sandbox as sandbox_lib
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.sandbox import cluster as sandbox_lib
 from tests.real import test_dispatch_sbatch as sbatch_tests
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions, wait_state
 

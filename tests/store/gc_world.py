@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from slurm_dispatch import launch, model, store
-from slurm_dispatch.stores import open_store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores.open import open_store
+from slurm_dispatch.execution import launch
 
 BUCKET = "dispatch-tests"
 

@@ -14,14 +14,15 @@ from typing import Callable
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores.open import open_store
 from slurm_dispatch.errors import (
     AlreadyPublished,
     BadPublicationName,
     OutOfBounds,
     OutsideRoot,
 )
-from slurm_dispatch.stores import open_store
 from tests.s3server import SeaweedServer
 
 from .conftest import BUCKET

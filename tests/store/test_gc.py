@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import gc, launch, model, record, store
+from slurm_dispatch.checkpoint import gc, model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.control import record
 from slurm_dispatch.errors import StoreError, UsageError
+from slurm_dispatch.execution import launch
 
 from .gc_world import World, epoch
 

@@ -8,7 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from slurm_dispatch import execdir, gc, store
+from slurm_dispatch.checkpoint import execdir, gc
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.integrations import saves
 
 from .gc_world import World, epoch, posix_world

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from slurm_dispatch.cli import main
-from slurm_dispatch.saverules import SaveRule
-from slurm_dispatch.watch import Watcher
+from slurm_dispatch.cli.dispatch import main
+from slurm_dispatch.execution.saverules import SaveRule
+from slurm_dispatch.execution.watch import Watcher
 
 from .gc_world import World, epoch, posix_world
+
+DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 
 E1, E2 = epoch(1), epoch(1, 1)
 
@@ -137,7 +139,7 @@ def test_watch_keep_bounds_the_disk_while_it_publishes(tmp_path: Path) -> None:
 
 
 def test_watch_refuses_keep_zero() -> None:
-    out = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", "watch", "--keep", "0"],
+    out = subprocess.run([*DISPATCH, "watch", "--keep", "0"],
                          capture_output=True, text=True,
                          env={"DISPATCH_CHECKPOINT": "/tmp", "DISPATCH_EXEC_DIR": "/tmp",
                               "DISPATCH_EPOCH": "1000000", "PATH": "/usr/bin:/bin"})

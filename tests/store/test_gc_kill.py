@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_dispatch import gc, model
+from slurm_dispatch.checkpoint import gc, model
 
 from .gc_world import World, epoch, posix_world
+
+DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 
 KILLS = 300
 
@@ -101,7 +103,7 @@ def test_sigkill_of_dispatch_gc_on_s3(s3_env: object, s3_root: str, tmp_path: Pa
         older = world.execution(epoch(1, 2))
         for step in range(3):
             world.saved(older, epoch(1, 2), 100 * i + step, 500)
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_dispatch.cli", "gc", "--keep",
+        proc = subprocess.Popen([*DISPATCH, "gc", "--keep",
                                  "2", "--root", s3_root], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.3, 1.5))  # the interpreter and boto3 take ~0.4 s to start

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch import execdir, gc
+from slurm_dispatch.checkpoint import execdir, gc
 from slurm_dispatch.errors import UsageError
 
 from .gc_world import World, epoch
@@ -127,8 +127,8 @@ def test_watch_keep_waits_out_the_lag_beside_its_scans(tmp_path: Path,
     once (it is not held for twice the lag), and the cleanup removes what it should after."""
     import threading
 
-    from slurm_dispatch.saverules import SaveRule
-    from slurm_dispatch.watch import Watcher
+    from slurm_dispatch.execution.saverules import SaveRule
+    from slurm_dispatch.execution.watch import Watcher
 
     from .gc_world import posix_world
 

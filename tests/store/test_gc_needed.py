@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import execdir, gc, model
+from slurm_dispatch.checkpoint import execdir, gc, model
 
 from .gc_world import World, epoch, posix_world
 

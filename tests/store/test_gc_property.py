@@ -25,7 +25,7 @@ from typing import Optional
 
 import pytest
 
-from slurm_dispatch import execdir, gc, model
+from slurm_dispatch.checkpoint import execdir, gc, model
 from tests.s3server import SeaweedServer
 
 from .gc_world import World, epoch, posix_world

@@ -20,8 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_dispatch import gc, launch, model, record, store
-from slurm_dispatch.stores import open_store
+from slurm_dispatch.checkpoint import gc, model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores.open import open_store
+from slurm_dispatch.control import record
+from slurm_dispatch.execution import launch
 
 from .gc_world import World, epoch
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores import transfer
+from slurm_dispatch.checkpoint.stores.s3 import parse_root
 from slurm_dispatch.integrations import s3saves, saves
-from slurm_dispatch.stores import transfer
-from slurm_dispatch.stores.s3 import parse_root
 from tests.s3server import SeaweedServer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

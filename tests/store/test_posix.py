@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import (
     AlreadyPublished,
     BadPublicationName,

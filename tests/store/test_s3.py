@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores.s3 import parse_root
 from slurm_dispatch.errors import (
     AlreadyPublished,
     BadPublicationName,
@@ -25,7 +27,6 @@ from slurm_dispatch.errors import (
     StoreTimeout,
     UsageError,
 )
-from slurm_dispatch.stores.s3 import parse_root
 from tests.s3server import SeaweedServer
 
 from .conftest import BUCKET
@@ -34,7 +35,7 @@ from .faulty_proxy import FaultyProxy
 E1 = model.Epoch(0, 1, 0).value
 E2 = model.Epoch(0, 2, 0).value
 REPO = str(Path(__file__).resolve().parents[2])
-CLI = [sys.executable, "-c", "from slurm_dispatch.cli import main; main()"]
+CLI = [sys.executable, "-c", "from slurm_dispatch.cli.dispatch import main; main()"]
 
 
 def prefix_of(root: str) -> str:

@@ -15,7 +15,8 @@ from typing import Iterator
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import AlreadyPublished
 from tests.s3server import SeaweedServer
 
@@ -23,7 +24,7 @@ from .faulty_proxy import FaultyProxy
 
 E1 = model.Epoch(0, 1, 0).value
 REPO = str(Path(__file__).resolve().parents[2])
-CLI = [sys.executable, "-c", "from slurm_dispatch.cli import main; main()"]
+CLI = [sys.executable, "-c", "from slurm_dispatch.cli.dispatch import main; main()"]
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning"),

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import launch, model, record, sbatch_args, store, submit
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.control import record, sbatch_args, submit
 from slurm_dispatch.errors import UsageError
+from slurm_dispatch.execution import launch
 
 from .test_s3 import REPO
 
@@ -34,7 +37,7 @@ def test_submission_keeps_an_s3_root_as_a_url_and_makes_nothing(tmp_path: Path) 
 
 
 def test_submission_never_imports_boto3() -> None:
-    code = ("import sys\nfrom slurm_dispatch import submit, sbatch_args\n"
+    code = ("import sys\nfrom slurm_dispatch.control import submit, sbatch_args\n"
             "o = sbatch_args.DispatchOptions(); o.checkpoint = 's3://b/p'\n"
             "submit.prepare_root(submit.checkpoint_root(o, '/'))\n"
             "print(sorted(m for m in sys.modules if m.startswith(('boto', 'botocore'))))")

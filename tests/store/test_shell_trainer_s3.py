@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import launch, record, store
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.control import record
+from slurm_dispatch.execution import launch
 from tests.s3server import SeaweedServer
 
 TRAINER = Path(__file__).resolve().parents[2] / "examples" / "watch-trainer.sh"

@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from slurm_dispatch import record
+from slurm_dispatch.control import record
 from tests.s3server import SeaweedServer
 from tests.store.test_shell_trainer_s3 import execution, train
 

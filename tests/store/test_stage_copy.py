@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores import transfer
 from slurm_dispatch.integrations import s3saves
-from slurm_dispatch.stores import transfer
 from tests.s3server import SeaweedServer
 
 from .faulty_proxy import FaultyProxy

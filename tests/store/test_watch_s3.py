@@ -15,14 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores import transfer
+from slurm_dispatch.checkpoint.stores.s3 import parse_root
 from slurm_dispatch.errors import UsageError
-from slurm_dispatch.saverules import SaveRule
-from slurm_dispatch.stores import transfer
-from slurm_dispatch.stores.s3 import parse_root
-from slurm_dispatch.watch import Published, Runner, Watcher
+from slurm_dispatch.execution.saverules import SaveRule
+from slurm_dispatch.execution.watch import Published, Runner, Watcher
 from tests.s3server import SeaweedServer
 from tests.unit.test_watch import poll
+
+DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 
 EPOCH = model.Epoch(0, 1, 0).value
 ATTEMPT = "0" * 26
@@ -172,7 +175,7 @@ def watch_env(root: str, stage: Path) -> dict[str, str]:
 
 def start_watch(root: str, stage: Path, *args: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "slurm_dispatch.cli", "watch", *args],
+        return subprocess.Popen([*DISPATCH, "watch", *args],
                                 env=watch_env(root, stage), stderr=err, cwd=REPO,
                                 stdin=subprocess.DEVNULL)
 
@@ -182,7 +185,7 @@ def test_the_cli_stages_from_the_stage_dir_to_the_exec_prefix(
     script = tmp_path / "train.sh"
     script.write_text('set -e\nfor s in 3 6; do d="$DISPATCH_STAGE_DIR/checkpoint-$s"; '
                       'mkdir "$d"; echo $s > "$d/w"; echo {} > "$d/trainer_state.json"; done\n')
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", "watch",
+    proc = subprocess.run([*DISPATCH, "watch",
                            "--interval", "0.1", "--", "bash", str(script)],
                           env=watch_env(s3_root, stage), capture_output=True, text=True,
                           timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
@@ -198,7 +201,7 @@ def test_the_cli_stages_from_the_stage_dir_to_the_exec_prefix(
 
 def test_a_stage_dir_outside_this_executions_is_refused(
         s3_env: SeaweedServer, s3_root: str, stage: Path, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", "watch", "--dir",
+    proc = subprocess.run([*DISPATCH, "watch", "--dir",
                            str(tmp_path)], env=watch_env(s3_root, stage), capture_output=True,
                           text=True, timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2

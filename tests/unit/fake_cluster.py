@@ -12,7 +12,7 @@ import itertools
 import os
 from typing import Mapping, Optional, Sequence
 
-from slurm_dispatch.slurm import Result
+from slurm_dispatch.slurm.adapter import Result
 
 from .. import squeue_fake
 
@@ -55,7 +55,7 @@ class FakeCluster:
                 jobid = self.add(state, comment, Reason=reason)
                 return Result(argv, 0, f"Submitted batch job {jobid}\n", "")
             # An array: every task a job of its own; the first task's id is the array's.
-            from slurm_dispatch.submit import parse_array
+            from slurm_dispatch.control.submit import parse_array
             jobid = ""
             for task in parse_array(array[-1]):
                 taskid = self.add(state, comment, Reason=reason, ArrayTaskId=str(task))

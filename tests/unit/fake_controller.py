@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from slurm_dispatch.slurm import Result
+from slurm_dispatch.slurm.adapter import Result
 
 from .fake_cluster import FakeCluster
 
@@ -70,7 +70,7 @@ class Controller:
 
     def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
                  cwd: Optional[str], timeout: float) -> Result:
-        """A runner for :class:`slurm_dispatch.slurm.Slurm` in the test's own process."""
+        """A runner for :class:`slurm_dispatch.slurm.adapter.Slurm` in the test's own process."""
         return _answer(str(self.state), list(argv))
 
     def env(self, **extra: str) -> dict[str, str]:

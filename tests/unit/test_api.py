@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import api, model
+from slurm_dispatch import api
+from slurm_dispatch.checkpoint import model
 from slurm_dispatch.errors import AlreadyPublished, OutsideRoot, UsageError
 
 

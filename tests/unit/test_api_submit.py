@@ -13,9 +13,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from slurm_dispatch import api, model, record, submit
+from slurm_dispatch import api
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.control import record, submit
 from slurm_dispatch.errors import SlurmError, UsageError
-from slurm_dispatch.slurm import Result, Slurm
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .fake_cluster import FakeCluster
 
@@ -198,7 +200,8 @@ def test_submission_is_a_readable_value(home: Path) -> None:
 
 
 def test_submitting_imports_no_click() -> None:
-    code = ("import sys, slurm_dispatch.api, slurm_dispatch.submit, slurm_dispatch.slurm; "
+    code = ("import sys, slurm_dispatch.api, slurm_dispatch.control.submit, "
+            "slurm_dispatch.slurm.adapter; "
             "print(','.join(m for m in ('click', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

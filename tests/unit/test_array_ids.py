@@ -8,9 +8,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, status
-from slurm_dispatch.launch import header_line
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import status
+from slurm_dispatch.execution.launch import header_line
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 from .test_jobs_cancel import cluster, publish_save, submit_one  # noqa: F401,F811 - the fixture
@@ -60,7 +61,7 @@ def test_status_lines_about_one_task_name_it_as_slurm_does(
 
 def test_release_of_a_job_task_id_lifts_that_tasks_hold_only(
         cluster: FakeCluster) -> None:  # noqa: F811
-    from slurm_dispatch.supervisor import Settings, Supervisor
+    from slurm_dispatch.control.supervisor import Settings, Supervisor
     done = submit_one("ck-t%a", "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
     for jobid in list(cluster.jobs):
         cluster.set(jobid, JobState="NODE_FAIL")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import record, submit
+from slurm_dispatch.control import record, submit
+from slurm_dispatch.control.supervisor import Settings, Supervisor, release
 from slurm_dispatch.errors import UsageError
-from slurm_dispatch.slurm import Slurm
-from slurm_dispatch.supervisor import Settings, Supervisor, release
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 from .test_supervisor import Clock, Signal, new_job
@@ -220,7 +220,7 @@ class Accounting(FakeCluster):
             lines = [f"{own}|{shown}|{state}|{os.getuid()}"
                      for own, (shown, state) in self.accounted.items()
                      if wanted in (own, shown.split("_")[0])]
-            from slurm_dispatch.slurm import Result
+            from slurm_dispatch.slurm.adapter import Result
             return Result(list(argv), 0, "".join(line + "\n" for line in lines), "")
         return super().__call__(argv, env, cwd, timeout)
 

@@ -11,10 +11,11 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, record, submit
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import record, submit
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import SlurmError
-from slurm_dispatch.slurm import Result, Slurm
-from slurm_dispatch.supervisor import Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .fake_cluster import FakeCluster
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from slurm_dispatch import interpreter
+from slurm_dispatch.control import interpreter
 
 
 @pytest.fixture(scope="module")

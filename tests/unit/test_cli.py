@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch.cli import main
+from slurm_dispatch.cli.dispatch import main
 
 E = 1_000_001  # G=0, N=1, R=1
 
@@ -92,7 +92,7 @@ def test_real_process_exit_codes_and_broken_pipe(tmp_path: Path) -> None:
     for step in range(3000):
         (tmp_path / "pub").mkdir(exist_ok=True)
         (tmp_path / "pub" / f"{E:020d}-{step:020d}-MVSXQZLDF5QS6YY").touch()
-    cmd = [sys.executable, "-m", "slurm_dispatch.cli"]
+    cmd = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
     proc = subprocess.run(cmd + ["list"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 3001
     pipe = subprocess.run(f"{' '.join(cmd)} list | head -1", shell=True, env=env,

@@ -17,9 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {
-    "dispatch": [sys.executable, "-m", "slurm_dispatch.cli"],
-    "dispatch-sbatch": [sys.executable, "-m", "slurm_dispatch.cli_sbatch"],
-    "dispatch-cease": [sys.executable, "-m", "slurm_dispatch.cli_cease"],
+    "dispatch": [sys.executable, "-m", "slurm_dispatch.cli.dispatch"],
+    "dispatch-sbatch": [sys.executable, "-m", "slurm_dispatch.cli.sbatch"],
+    "dispatch-cease": [sys.executable, "-m", "slurm_dispatch.cli.cease"],
     "dispatch-sandbox": [sys.executable, str(REPO / "bin" / "dispatch-sandbox")],
 }
 
@@ -90,7 +90,7 @@ def test_the_shell_maps_each_ending(fast_exit: bool) -> None:
     and lose no output, a megabyte still buffered at the end included."""
     program = """
 import os, signal, sys
-from slurm_dispatch.cli_exit import run
+from slurm_dispatch.cli.shell import run
 from slurm_dispatch.errors import RefusedError
 case, fast = sys.argv[1], sys.argv[2] == "True"
 def body():
@@ -172,7 +172,7 @@ def test_dispatch_sbatch_imports_nothing_it_can_do_without() -> None:
     """Its start-up is most of its cost over sbatch (bench/bench_sbatch.py): no click, no
     typing nor dataclasses (about 15 ms when the events were dataclasses), no shutil.  (Only
     what its import adds counts: a site's .pth files may load some at interpreter start.)"""
-    program = ("import sys\nat_start = set(sys.modules)\nimport slurm_dispatch.cli_sbatch\n"
+    program = ("import sys\nat_start = set(sys.modules)\nimport slurm_dispatch.cli.sbatch\n"
                "print(sorted({'click', 'typing', 'dataclasses', 'shutil', 'tenacity'}"
                " & (set(sys.modules) - at_start)))\n")
     out = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True,

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, record, submit
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import record, submit
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import SlurmError, UsageError
-from slurm_dispatch.slurm import Slurm, local_cluster_name
-from slurm_dispatch.supervisor import Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Slurm, local_cluster_name
 
 from .fake_cluster import FakeCluster
 

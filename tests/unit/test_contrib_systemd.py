@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import heartbeat
+from slurm_dispatch.control import heartbeat
 
 from .fake_controller import CLUSTER, Controller
 
@@ -38,7 +38,7 @@ def installed(home: Path) -> Path:
         shutil.copy(UNITS / name, folder / name)
     dispatch = home / "slurm-dispatch" / ".venv" / "bin" / "dispatch"
     dispatch.parent.mkdir(parents=True)
-    dispatch.write_text(f"#!/bin/sh\nexec {sys.executable} -m slurm_dispatch.cli \"$@\"\n")
+    dispatch.write_text(f"#!/bin/sh\nexec {sys.executable} -m slurm_dispatch.cli.dispatch \"$@\"\n")
     dispatch.chmod(0o755)
     return folder
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import record
+from slurm_dispatch.control import record
 
 HANGS = "#!/bin/sh\nexec sleep 120\n"
 TIMES_OUT = ("#!/bin/sh\nsleep 1\necho 'squeue: error: slurm_load_jobs error: Socket timed out "
@@ -46,7 +46,7 @@ def run(world: dict[str, str], squeue: str, *argv: str) -> tuple[subprocess.Comp
     fake.chmod(0o755)
     env = {k[4:]: v for k, v in world.items() if k.startswith("env:")}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", *argv], env=env,
+    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli.dispatch", *argv], env=env,
                           capture_output=True, text=True, timeout=30)
     return proc, time.monotonic() - started
 

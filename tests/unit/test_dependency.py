@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import dependency, submit
+from slurm_dispatch.control import dependency, submit
 from slurm_dispatch.errors import UsageError
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 
@@ -89,7 +89,7 @@ def test_a_dispatch_id_in_an_sbatch_line_is_refused(cluster: FakeCluster) -> Non
 
 
 def test_the_supervisors_resubmission_moves_the_dependents(cluster: FakeCluster) -> None:
-    from slurm_dispatch.supervisor import Settings, Supervisor
+    from slurm_dispatch.control.supervisor import Settings, Supervisor
     up = submit_one(cluster, "ck-up", "--resubmit", "1")
     down = submit_one(cluster, "ck-down", f"--dependency=afterok:{up.job.id}")
     cluster.set(down.slurm_job_id, JobState="PENDING", Reason="DependencyNeverSatisfied")

@@ -24,10 +24,11 @@ from typing import Iterator, Optional
 import click
 import pytest
 
-from slurm_dispatch import manpages, sbatch_args
-from slurm_dispatch.cli import main as dispatch_cli
-from slurm_dispatch.cli_cease import main as cease_cli
-from slurm_dispatch.cli_sandbox import cli as sandbox_cli
+from slurm_dispatch.cli import manpages
+from slurm_dispatch.cli.cease import main as cease_cli
+from slurm_dispatch.cli.dispatch import main as dispatch_cli
+from slurm_dispatch.cli.sandbox import cli as sandbox_cli
+from slurm_dispatch.control import sbatch_args
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = ["docs/user-guide.md", "docs/admin-guide.md", "docs/development.md"]
@@ -346,7 +347,7 @@ def test_the_readme_ten_line_job_publishes_and_resumes(tmp_path: Path) -> None:
     bindir.mkdir()
     shim = bindir / "dispatch"
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c "
-                    "'from slurm_dispatch.cli import main; main()' \"$@\"\n")
+                    "'from slurm_dispatch.cli.dispatch import main; main()' \"$@\"\n")
     shim.chmod(0o755)
     job = tmp_path / "train.sh"
     job.write_text(script + "\n")
@@ -360,8 +361,8 @@ def test_the_readme_ten_line_job_publishes_and_resumes(tmp_path: Path) -> None:
         subprocess.run(["bash", str(job)], env=env, check=True, capture_output=True,
                        timeout=300)
 
-    latest = [sys.executable, "-c", "from slurm_dispatch.cli import main; main()", "latest",
-              "--root", str(root)]
+    latest = [sys.executable, "-c", "from slurm_dispatch.cli.dispatch import main; main()",
+              "latest", "--root", str(root)]
     execution("a1", 1000000, "")
     assert len(list((root / "pub").iterdir())) == 10
     execution("a2", 2000000, str(root / "exec/a1/checkpoint-4"))
@@ -382,15 +383,15 @@ def test_the_generated_pages_are_what_the_commands_help_says() -> None:
     diff = "".join(line for path in stale[:1] for line in difflib.unified_diff(
         (REPO / path).read_text().splitlines(True), manpages.outputs()[path].splitlines(True),
         path, "from the help now", n=1))
-    assert not stale, f"run `make docs` (python3 -m slurm_dispatch.manpages): {stale}\n{diff}"
+    assert not stale, f"run `make docs` (python3 -m slurm_dispatch.cli.manpages): {stale}\n{diff}"
 
 
 def test_the_pages_do_not_depend_on_who_asked_click_first() -> None:
     """click keeps the help option of the first context that asks a command for it: one made
     without the group's settings (`--help` only, no `-h`; a test, a tool) must not change the
     pages.  Fresh interpreters, since a command asked once keeps its answer."""
-    generate = ("import json, click; from slurm_dispatch import manpages; "
-                "from slurm_dispatch.cli import main; s = main.commands['status']; "
+    generate = ("import json, click; from slurm_dispatch.cli import manpages; "
+                "from slurm_dispatch.cli.dispatch import main; s = main.commands['status']; "
                 "{} print(json.dumps(manpages.outputs()))")
     texts = [subprocess.run([sys.executable, "-c", generate.format(first)], check=True,
                             capture_output=True, text=True, timeout=120).stdout
@@ -436,8 +437,8 @@ def complete(tmp_path: Path, command: str, words: list[str]) -> list[str]:
     """What bash offers for ``words`` (the last being completed), with the shipped script."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    for name, module in [("dispatch", "slurm_dispatch.cli"),
-                         ("dispatch-sandbox", "slurm_dispatch.cli_sandbox")]:
+    for name, module in [("dispatch", "slurm_dispatch.cli.dispatch"),
+                         ("dispatch-sandbox", "slurm_dispatch.cli.sandbox")]:
         shim = bindir / name
         shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c "
                         f"'from {module} import main; main()' \"$@\"\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import events, record
+from slurm_dispatch.control import events, record
 from slurm_dispatch.errors import RecordError
 
 

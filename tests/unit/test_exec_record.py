@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import launch, model, record, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.control import record
 from slurm_dispatch.errors import RecordError
+from slurm_dispatch.execution import launch
 
 SEES_RECORD = """#!/usr/bin/env python3
 import json, os

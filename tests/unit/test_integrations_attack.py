@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from slurm_dispatch import gc
+from slurm_dispatch.checkpoint import gc
 from slurm_dispatch.integrations import lightning as dl
 
 from .test_integrations_cleanup import launcher_record

@@ -16,7 +16,9 @@ import torch
 import transformers
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from slurm_dispatch import execdir, gc, launch, model, store
+from slurm_dispatch.checkpoint import execdir, gc, model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.execution import launch
 from slurm_dispatch.integrations import lightning as dl
 from slurm_dispatch.integrations import saves
 from slurm_dispatch.integrations import transformers as dt

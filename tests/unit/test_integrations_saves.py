@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.integrations import saves
 
 E1, E2, E3 = 1_000_000, 1_000_001, 1_000_002
@@ -145,9 +145,9 @@ def test_execution_from_the_environment(tmp_path: Path) -> None:
 def test_the_core_never_imports_a_training_library(tmp_path: Path) -> None:
     probe = (
         "import sys\n"
-        "import slurm_dispatch, slurm_dispatch.cli, slurm_dispatch.integrations\n"
+        "import slurm_dispatch, slurm_dispatch.cli.dispatch, slurm_dispatch.integrations\n"
         "import slurm_dispatch.integrations.saves\n"
-        "from slurm_dispatch import cli\n"
+        "from slurm_dispatch.cli import dispatch as cli\n"
         "sys.argv = ['dispatch', 'list', '--root', sys.argv[1]]\n"
         "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -19,7 +19,7 @@ import pytest
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from slurm_dispatch import store  # noqa: E402
+from slurm_dispatch.checkpoint import publish as store  # noqa: E402
 from slurm_dispatch.integrations import saves  # noqa: E402
 from slurm_dispatch.integrations.transformers import (  # noqa: E402
     DispatchCallback,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import transformers
 
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import NotRequeued
 from slurm_dispatch.integrations import saves
 from slurm_dispatch.integrations.transformers import DispatchCallback, resume_from_checkpoint

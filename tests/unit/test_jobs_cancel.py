@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, record, status, submit
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import record, status, submit
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 
@@ -87,7 +88,8 @@ def test_cancel_cancels_whichever_slurm_job_is_current(cluster: FakeCluster) -> 
 
 
 def test_latest_of_a_job_needs_no_root(cluster: FakeCluster, tmp_path: Path) -> None:
-    from slurm_dispatch import model, store
+    from slurm_dispatch.checkpoint import model
+    from slurm_dispatch.checkpoint import publish as store
     done = submit_one("ck-a")
     save = tmp_path / "ck-a" / "exec" / model.new_attempt() / "checkpoint-3"
     save.mkdir(parents=True)
@@ -101,7 +103,8 @@ def test_latest_of_a_job_needs_no_root(cluster: FakeCluster, tmp_path: Path) -> 
 
 def publish_save(root: Path, step: int) -> Path:
     """A save at ``step`` in a new execution folder of ``root``, published at epoch 10^6."""
-    from slurm_dispatch import model, store
+    from slurm_dispatch.checkpoint import model
+    from slurm_dispatch.checkpoint import publish as store
     save = root / "exec" / model.new_attempt() / f"checkpoint-{step}"
     save.mkdir(parents=True)
     store.publish(str(root), 1_000_000, step, str(save))

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, record
-from slurm_dispatch.cli import parse_since
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.cli.dispatch import parse_since
+from slurm_dispatch.control import record
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import UsageError
-from slurm_dispatch.slurm import Slurm
-from slurm_dispatch.supervisor import Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401,F811 - the fixture
@@ -49,7 +50,7 @@ def test_jobs_filters_by_state_name_and_since(cluster: FakeCluster,  # noqa: F81
                                               tmp_path: Path) -> None:
     (tmp_path / "other.sh").write_text("#!/bin/bash\necho hi\n")
     running, failed = submit_one("ck-a"), submit_one("ck-b")
-    from slurm_dispatch import submit
+    from slurm_dispatch.control import submit
     named = submit.submit_new(submit.read_request(["--checkpoint", "ck-c", "other.sh"]),
                               Slurm())
     cluster.set(failed.slurm_job_id, JobState="FAILED")

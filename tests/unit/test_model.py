@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_dispatch import model
+from slurm_dispatch.checkpoint import model
 from slurm_dispatch.errors import BadPublicationName, OutOfBounds, OutsideRoot
 
 generations = st.integers(0, 10**8 - 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import sbatch_args, submit
+from slurm_dispatch.control import sbatch_args, submit
 from slurm_dispatch.errors import UsageError
 
 
@@ -81,7 +81,7 @@ def test_dispatch_options_after_the_script_go_to_it_with_a_warning() -> None:
 
 def test_dispatch_sbatch_prints_the_warning(script: Path, capsys: pytest.CaptureFixture[str]
                                             ) -> None:
-    from slurm_dispatch import cli_sbatch
+    from slurm_dispatch.cli import sbatch as cli_sbatch
     with pytest.raises(SystemExit) as info:
         cli_sbatch.main(["--checkpoint", "ck", "--plan", "job.sh", "--resubmit", "3"])
     assert info.value.code in (0, None)
@@ -97,7 +97,7 @@ class OneAnswer:
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
-        from slurm_dispatch.slurm import Result
+        from slurm_dispatch.slurm.adapter import Result
         self.calls.append(list(argv))
         assert argv[0] == "sbatch", argv
         return Result(list(argv), *self.answer)
@@ -105,9 +105,9 @@ class OneAnswer:
 
 def test_a_refused_submission_leaves_no_folder_behind(script: Path) -> None:
     """Item 10: `--partition=nope` left the newly made (empty) checkpoint folders behind."""
-    from slurm_dispatch import record
+    from slurm_dispatch.control import record
     from slurm_dispatch.errors import SlurmError
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.slurm.adapter import Slurm
     (script.parent / "runs").mkdir()
     fake = OneAnswer(1, stderr="sbatch: error: invalid partition specified: nope\n")
     with pytest.raises(SlurmError):
@@ -119,8 +119,8 @@ def test_a_refused_submission_leaves_no_folder_behind(script: Path) -> None:
 
 def test_test_only_is_passed_through_and_records_nothing(script: Path) -> None:
     """Item 10: `--test-only` failed with "sbatch printed no job id" and left folders."""
-    from slurm_dispatch import record
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.control import record
+    from slurm_dispatch.slurm.adapter import Slurm
     estimate = ("sbatch: Job 77 to start at 2026-11-30T15:00:00 using 1 processors on nodes "
                 "n1 in partition debug\n")
     fake = OneAnswer(0, stderr=estimate)
@@ -135,8 +135,8 @@ def test_test_only_is_passed_through_and_records_nothing(script: Path) -> None:
 def test_a_root_another_live_job_of_yours_uses_is_refused(script: Path) -> None:
     """Item 4: two `dispatch-sbatch --checkpoint ck-dup` went in side by side, both at epoch
     1000000, and their publications interleaved."""
-    from slurm_dispatch import record
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.control import record
+    from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
     cluster = FakeCluster(first_id=20)
@@ -161,7 +161,7 @@ def test_every_submission_runs_with_the_first_submissions_environment(
     20; the supervisor, run from scrontab or a timer, has none of the user's environment."""
     import stat
 
-    from slurm_dispatch.slurm import Result, Slurm
+    from slurm_dispatch.slurm.adapter import Result, Slurm
     seen: list[dict[str, str]] = []
 
     def sbatch(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
@@ -187,8 +187,8 @@ def test_resubmit_while_a_submission_runs_is_refused_without_force(script: Path)
     (status then read "resubmits 1 of 0")."""
     from click.testing import CliRunner
 
-    from slurm_dispatch import cli
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.cli import dispatch as cli
+    from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
     cluster = FakeCluster(first_id=40)
@@ -222,7 +222,7 @@ def test_warn_before_signals_the_job_script_before_its_time_limit(script: Path) 
     """Issue 9: save before the time limit.  sbatch's plain --signal reaches srun steps only,
     never a trainer the job script runs itself, so the warning goes to the batch shell."""
     fake = OneAnswer(0, "Submitted batch job 60\n")
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.slurm.adapter import Slurm
     script.write_text("#!/bin/bash\n#DISPATCH --warn-before 2:00\necho hi\n")
     submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
                       Slurm(fake, wait=0))

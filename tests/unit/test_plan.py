@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import plan, submit
+from slurm_dispatch.control import plan, submit
 from slurm_dispatch.errors import ConfigError, UsageError
 
 

@@ -8,9 +8,10 @@ import json
 
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, status
-from slurm_dispatch.slurm import Slurm
-from slurm_dispatch.supervisor import Settings, Supervisor
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import status
+from slurm_dispatch.control.supervisor import Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401,F811 - the fixture

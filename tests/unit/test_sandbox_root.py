@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import sandbox, sandbox_root
 from slurm_dispatch.errors import SandboxError
+from slurm_dispatch.sandbox import cluster as sandbox
+from slurm_dispatch.sandbox import root as sandbox_root
 
 ROOT = Path("/var/cache/slurm-dispatch/debian-trixie-slurm-24.11")
 

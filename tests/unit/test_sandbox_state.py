@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import sandbox
 from slurm_dispatch.errors import SandboxError
+from slurm_dispatch.sandbox import cluster as sandbox
 
 NOBODY = 65534
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_dispatch import sbatch_args
+from slurm_dispatch.control import sbatch_args
 from slurm_dispatch.errors import UsageError
 
 GOLDEN = Path(__file__).parent / "golden" / "batch-script.sh"

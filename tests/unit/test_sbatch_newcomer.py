@@ -28,7 +28,7 @@ def test_version_reads_like_dispatchs_own(prog: str) -> None:
 # -- item 9: --help teaches every option, and says which sbatch options are refused ---------
 
 def test_sbatch_help_lists_every_dispatch_option_and_the_refused_sbatch_ones() -> None:
-    from slurm_dispatch import sbatch_args
+    from slurm_dispatch.control import sbatch_args
 
     shown = command("dispatch-sbatch", "--help")
     assert shown.returncode == 0
@@ -84,7 +84,7 @@ def test_warn_before_not_shorter_than_the_time_limit_is_refused(
 
 
 def test_warn_before_within_the_time_limit_is_taken(tmp_path: Path) -> None:
-    from slurm_dispatch import submit
+    from slurm_dispatch.control import submit
 
     (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --time=1-00:00\ntrue\n")
     for given in (["--time=UNLIMITED"], ["--time=11"], []):
@@ -101,7 +101,7 @@ def test_a_per_task_root_without_an_array_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_literal_percent_a_needs_no_array(tmp_path: Path) -> None:
-    from slurm_dispatch import submit
+    from slurm_dispatch.control import submit
 
     (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
     request = submit.read_request(["--checkpoint", "ck/100%%a", "job.sh"], cwd=str(tmp_path))
@@ -149,8 +149,8 @@ def test_without_the_s3_extra_each_command_says_so_in_one_line(tmp_path: Path) -
 def test_without_the_s3_extra_the_job_and_its_status_say_so(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    from slurm_dispatch import submit
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.control import submit
+    from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
 
@@ -260,7 +260,7 @@ def interrupt_sbatch(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedPro
 
 
 def test_ctrl_c_after_sbatch_landed_records_the_job_and_says_so(tmp_path: Path) -> None:
-    from slurm_dispatch import record
+    from slurm_dispatch.control import record
 
     said, left = interrupt_sbatch(tmp_path, "landed")
     one_error_line(said, "dispatch-sbatch", 130, "sbatch had submitted it: Slurm job 4242")
@@ -275,7 +275,7 @@ def test_ctrl_c_when_nothing_landed_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_when_slurm_cannot_be_asked_says_it_may_have_landed(tmp_path: Path) -> None:
-    from slurm_dispatch import record
+    from slurm_dispatch.control import record
 
     said, left = interrupt_sbatch(tmp_path, "down")
     one_error_line(said, "dispatch-sbatch", 130, "the job may have reached Slurm")
@@ -316,8 +316,8 @@ def fill(folder: Path) -> None:
 
 def test_a_full_disk_in_the_launcher_names_the_path_and_leaves_no_half_record(
         tmp_path: Path, tiny_disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_dispatch import submit
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.control import submit
+    from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
 
@@ -341,8 +341,9 @@ def test_status_counts_resubmissions_by_hand_apart_from_the_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the full disk, the job was resubmitted by hand (`dispatch resubmit`) and status
     read "resubmits 1 of 0", as if the supervisor had gone past the budget."""
-    from slurm_dispatch import cli, status, submit
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.cli import dispatch as cli
+    from slurm_dispatch.control import status, submit
+    from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
 
@@ -378,8 +379,8 @@ def run_launcher(tmp_path: Path, job_path: str, slurm_id: str) -> list[str]:
 
 def test_a_held_submission_says_its_hold_is_over_once_it_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_dispatch import submit
-    from slurm_dispatch.slurm import Slurm
+    from slurm_dispatch.control import submit
+    from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
 

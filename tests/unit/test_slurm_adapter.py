@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_dispatch import slurm
 from slurm_dispatch.errors import ConfigError, SlurmError
-from slurm_dispatch.slurm import Result, Slurm
+from slurm_dispatch.slurm import adapter as slurm
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .. import squeue_fake
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import config, slurm_backend
+from slurm_dispatch import config
 from slurm_dispatch.errors import ConfigError
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.slurm import select as slurm_backend
+from slurm_dispatch.slurm.adapter import Slurm
 
 
 @pytest.mark.parametrize(("version", "release"), [

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_dispatch import cli, record, status, store, submit
-from slurm_dispatch.slurm import Job, Slurm
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import record, status, submit
+from slurm_dispatch.slurm.adapter import Job, Slurm
 
 from .fake_cluster import FakeCluster
 
@@ -68,7 +70,7 @@ def test_decisions_render_as_readable_lines(job: record.JobRecord) -> None:
 def test_status_command_json_and_unknown_job(job: record.JobRecord,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
-    monkeypatch.setattr("slurm_dispatch.slurm.Slurm.own_jobs", lambda self: {})
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
     runner = CliRunner()
     result = runner.invoke(cli.main, ["status", "--json", job.id])
     assert result.exit_code == 0, result.output
@@ -97,7 +99,7 @@ def array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[record.JobRe
                         attempt=f"a{task}" * 13, epoch=1_000_000, exec_dir="/x",
                         resume_from="", node="n1", nodes="n1", host="h", pid=1)
     cluster.set("98", JobState="FAILED")
-    from slurm_dispatch.supervisor import Settings, Supervisor
+    from slurm_dispatch.control.supervisor import Settings, Supervisor
     Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     for task, epoch in ((0, 1_000_000), (1, 2_000_000)):
         exec_dir = tmp_path / "ck" / str(task) / "exec" / f"e{task}"
@@ -135,7 +137,7 @@ def test_status_of_a_tasks_own_job_id_finds_the_dispatch_job(
     job, cluster = array
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
     fake, own_jobs = Slurm(cluster, wait=0), Slurm.own_jobs
-    monkeypatch.setattr("slurm_dispatch.slurm.Slurm.own_jobs",
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs",
                         lambda self, *args, **kwargs: own_jobs(fake))
     runner = CliRunner()
     for ident in ("98", "97_1", "100", "100_1"):
@@ -152,8 +154,8 @@ def test_status_of_a_tasks_own_job_id_finds_the_dispatch_job(
 def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
     """Issue 9 item 13: --resubmit acts only when `dispatch supervise` runs; status says when
     one last passed.  Item 15: Slurm's reason and ours for a submission are two columns."""
-    from slurm_dispatch.slurm import Job
-    from slurm_dispatch.supervisor import PassReport, mark_pass
+    from slurm_dispatch.control.supervisor import PassReport, mark_pass
+    from slurm_dispatch.slurm.adapter import Job
     slurm_jobs = {"7": Job("7", "PENDING", reason="Resources")}
     text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
     assert "Supervisor  none has passed yet: --resubmit and holds act only while" in text
@@ -169,7 +171,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
 
 def test_plan_says_the_supervisor_makes_resubmissions(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_dispatch.plan import describe
+    from slurm_dispatch.control.plan import describe
     monkeypatch.chdir(tmp_path)
     (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
     text = describe(submit.read_request(["--checkpoint", "ck", "--resubmit", "2", "job.sh"]))

@@ -15,9 +15,9 @@ from typing import Mapping, Optional, Sequence
 
 import pytest
 
-from slurm_dispatch import record, submit
+from slurm_dispatch.control import record, submit
 from slurm_dispatch.errors import RecordError, SlurmError, SlurmUnavailable, UsageError
-from slurm_dispatch.slurm import Result, Slurm
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .. import squeue_fake
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import record, submit
-from slurm_dispatch.slurm import Result, Slurm
-from slurm_dispatch.supervisor import Answer, Settings, Supervisor, release
+from slurm_dispatch.control import record, submit
+from slurm_dispatch.control.supervisor import Answer, Settings, Supervisor, release
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .fake_cluster import FakeCluster
 

@@ -27,9 +27,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from slurm_dispatch import events, record, submit, supervisor
-from slurm_dispatch.slurm import Result, Slurm
-from slurm_dispatch.supervisor import Answer, Settings, Supervisor
+from slurm_dispatch.control import events, record, submit, supervisor
+from slurm_dispatch.control.supervisor import Answer, Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .fake_cluster import FakeCluster
 from .test_supervisor import Clock, new_job

@@ -1,6 +1,6 @@
 """dispatch-sbatch warns when --resubmit or --shared-checkpoint is given and no supervisor of
 the user's has passed lately (issue 18, item 7): one stderr line naming the ways to run one,
-the job submitted all the same.  The supervisor's heartbeat (slurm_dispatch.heartbeat) is
+the job submitted all the same.  The supervisor's heartbeat (slurm_dispatch.control.heartbeat) is
 what both this and `dispatch status` read."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch import heartbeat
+from slurm_dispatch.control import heartbeat
 
 from .fake_controller import CLUSTER, Controller
 

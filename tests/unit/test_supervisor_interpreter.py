@@ -13,15 +13,18 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch import cli, interpreter, status, submit
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import interpreter, status, submit
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import RefusedError
-from slurm_dispatch.slurm import Slurm
-from slurm_dispatch.supervisor import Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Slurm
 
 from . import test_supervisor
 from .fake_cluster import FakeCluster
 from .fake_controller import Controller
 from .test_supervisor import new_job
+
+DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 
 home = test_supervisor.home  # the fixture: DISPATCH_HOME and a job script in a fresh folder
 REPO = str(Path(__file__).resolve().parents[2])
@@ -85,7 +88,7 @@ def test_dispatch_resubmit_takes_python(home: Path, monkeypatch: pytest.MonkeyPa
     env = controller.env(PYTHONPATH=REPO, DISPATCH_SLURM_BACKEND="cli")
 
     def resubmit(*words: str) -> Any:
-        return subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", "resubmit", *words,
+        return subprocess.run([*DISPATCH, "resubmit", *words,
                                done.job.id], env=env, capture_output=True, text=True,
                               timeout=60)
     refused = resubmit()

@@ -14,9 +14,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from slurm_dispatch import record
-from slurm_dispatch.slurm import Result, Slurm
-from slurm_dispatch.supervisor import Answer, Settings, Supervisor
+from slurm_dispatch.control import record
+from slurm_dispatch.control.supervisor import Answer, Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from . import test_supervisor
 from .fake_cluster import FakeCluster
@@ -128,9 +128,9 @@ def test_pyslurms_failed_release_is_that_jobs_error(home: Path, monkeypatch: pyt
     cluster = FakeCluster()
     stand_in = StandIn(cluster)
     monkeypatch.setitem(sys.modules, "pyslurm", stand_in.module)
-    monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm_pyslurm", raising=False)
-    backend_module = importlib.import_module("slurm_dispatch.slurm_pyslurm")
-    from slurm_dispatch.slurm_backend import Probe
+    monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm.pyslurm_backend", raising=False)
+    backend_module = importlib.import_module("slurm_dispatch.slurm.pyslurm_backend")
+    from slurm_dispatch.slurm.select import Probe
     backend = backend_module.PyslurmBackend(Probe(True, "", "22.5.3", "22.05.8"))
     slurm = Slurm(cluster, wait=0)
     slurm._chosen = Hybrid(cluster, backend)
@@ -146,7 +146,7 @@ def test_pyslurms_failed_release_is_that_jobs_error(home: Path, monkeypatch: pyt
     assert any(a.startswith(f"{second.id}: hold on Slurm job {held2} lifted") for a in
                report.actions), report.actions
     assert cluster.jobs[held2]["JobState"] == "RUNNING"
-    monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm_pyslurm")
+    monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm.pyslurm_backend")
 
 
 def test_an_unexpected_error_in_one_job_is_that_jobs(home: Path,

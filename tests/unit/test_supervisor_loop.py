@@ -15,12 +15,12 @@ from typing import Any, Callable
 
 import pytest
 
-from slurm_dispatch import heartbeat, record, submit, supervisor
-from slurm_dispatch.slurm import Slurm
+from slurm_dispatch.control import heartbeat, record, submit, supervisor
+from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_controller import CLUSTER, Controller
 
-DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli"]
+DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 REPO = str(Path(__file__).resolve().parents[2])
 
 

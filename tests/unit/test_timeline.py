@@ -3,7 +3,7 @@ columns of plain ASCII."""
 
 from __future__ import annotations
 
-from slurm_dispatch.timeline import Mark, render
+from slurm_dispatch.control.timeline import Mark, render
 
 T0 = 1_800_000_000.0
 
@@ -60,8 +60,8 @@ def test_narrow_terminals_and_no_execution() -> None:
 def test_marks_read_the_publications_and_their_times(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import os
 
-    from slurm_dispatch import store
-    from slurm_dispatch.timeline import marks
+    from slurm_dispatch.checkpoint import publish as store
+    from slurm_dispatch.control.timeline import marks
     save = tmp_path / "exec" / "A" / "checkpoint-5"
     save.mkdir(parents=True)
     name = store.publish(str(tmp_path), 1_000_000, 5, str(save))

@@ -25,10 +25,13 @@ from typing import Callable
 
 import pytest
 
-from slurm_dispatch import model, store
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import OutOfBounds, UsageError
-from slurm_dispatch.saverules import SaveRule, compile_pattern, file_complete
-from slurm_dispatch.watch import Published, Runner, Watcher
+from slurm_dispatch.execution.saverules import SaveRule, compile_pattern, file_complete
+from slurm_dispatch.execution.watch import Published, Runner, Watcher
+
+DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 
 EPOCH = model.Epoch(0, 1, 0).value
 
@@ -262,7 +265,7 @@ def watch_env(root: Path, folder: Path) -> dict[str, str]:
 
 def start_watch(root: Path, folder: Path, *args: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "slurm_dispatch.cli", "watch", *args],
+        return subprocess.Popen([*DISPATCH, "watch", *args],
                                 env=watch_env(root, folder), stderr=err,
                                 stdin=subprocess.DEVNULL)
 
@@ -451,7 +454,7 @@ def test_without_a_command_a_store_error_exits_2_at_once(root: Path, folder: Pat
 ])
 def test_bad_input_is_named(root: Path, folder: Path, args: list[str], env: dict[str, str],
                             word: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", "watch", *args],
+    proc = subprocess.run([*DISPATCH, "watch", *args],
                           env={**watch_env(root, folder), **env}, capture_output=True,
                           text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and word in proc.stderr, proc.stderr

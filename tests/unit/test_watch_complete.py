@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch import gc, launch, model, store
-from slurm_dispatch.saverules import SaveRule, open_for_writing
-from slurm_dispatch.watch import Runner, Watcher
+from slurm_dispatch.checkpoint import gc, model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.execution import launch
+from slurm_dispatch.execution.saverules import SaveRule, open_for_writing
+from slurm_dispatch.execution.watch import Runner, Watcher
 
 EPOCH = model.Epoch(0, 1, 0).value
 MB4 = 4 * 1024 * 1024

@@ -1,0 +1,801 @@
+"""Cleanup (``dispatch gc``, ``dispatch watch --keep``, and the framework integrations' own
+limit): remove the saves no execution can need any more, on any store.
+
+What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
+
+1. it is the save of one of the K latest publications (by epoch, then step; K >= 1, so the
+   latest's);
+2. an execution that may be the live lineage (its epoch is at least the latest publication's)
+   has chosen it: the launcher's record (``exec/<attempt>/.dispatch``) names it, or an
+   integration recorded it as a choice before loading it (``.dispatch-choice-*.json``, the
+   fallback along the lineage when the latest save cannot be loaded; :mod:`.execdir`);
+3. it is pinned (``dispatch pin``: ``<root>/pins/``);
+4. the framework of a live execution keeps it as one of its best: the manifests of that
+   execution's latest saves (of its source, before it has saved) list them (Lightning's top k
+   by each ``ModelCheckpoint``'s monitor, the Trainer's ``best_model_checkpoint``), so an old
+   execution's late save never displaces the live lineage's best.
+
+What a needed save holds is read through symlinks: a published symlink under the root keeps
+every link of its chain and what it leads to, and a symlink inside a needed folder save keeps
+its target too (:meth:`Store.resolve`), so ``latest`` never names a dangling link.
+
+What goes, when it is not needed:
+
+* a publication below the K latest whose save lies in an execution's folder, with every
+  other publication of the same save (one save published twice goes with both names, never
+  leaving one that names nothing), each before the save;
+* in the folder of a live execution (epoch at least the latest's), only such published saves
+  (the disk stays bounded during a long execution); what it has not published stays;
+* the folder of an older execution, whole (its record last), once nothing in it is needed and
+  it holds nothing but saves and dispatch's records; one that holds other files (TensorBoard
+  event files, logs: the Trainer writes them into its output folder) loses its saves only,
+  and the other files stay unless ``all_files`` asks for them too;
+* a folder with no record (or an unreadable one) stays whole; of the older publications into
+  it, only those whose save is already gone go.
+
+Invariants kept whatever runs at the same time:
+
+* ``latest`` never names a save that no longer exists: every publication of a save is
+  removed before the save, and the greatest name is never removed.
+* A starting execution never loses the save it chose: cleanup removes the publications, then
+  reads again every record and choice of the folders that may be live, and spares any save
+  they name; the launcher and the integrations, after recording their choice, check that a
+  publication of it is still there (and choose again when not).  One of the two always sees
+  the other.
+* A killed cleanup leaves a valid store and a rerun finishes it, whatever K the rerun is
+  given: a save removed on its own is recorded first as an intent in ``<root>/gc/`` (the
+  publication's name); an intent whose publication is already gone is a removal decided,
+  finished by the next run (unless the save has become needed since), and forgotten only
+  once done.  A whole folder loses its record last, so until then it is still known.
+* Nothing is removed when a removal is known beforehand to fail (permission): the checks run
+  over every path first.
+* The handshake holds when a node's view of ``exec/`` and ``pub/`` lags by up to ``ListingLag``
+  seconds (dispatch.conf, default 60: NFS's acdirmax; ``$DISPATCH_LISTING_LAG``): between
+  removing the publications and reading the choices again, cleanup waits twice that, so a
+  choice recorded before a starting execution's (stale) check saw the publication is always
+  visible to the re-read.  In a job (``watch --keep``, the integrations' limits) that wait
+  runs beside the training, never in its way (:func:`collect_in_background`).
+
+Library code: it never prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from ..errors import BadPublicationName, OutsideRoot, StoreError, UsageError
+from . import execdir, model
+from .stores.base import GC, StillWritten, check_names
+from .stores.open import EXEC, Store, open_store
+
+RECORD = execdir.RECORD  # the launcher's create-once record
+KEEP_RECORD = execdir.KEEP  # the integrations' record of the framework's rotation
+FOLDER = "folder"
+SAVE = "save"
+PUBLICATION = "publication"  # one whose save is already gone: only the name goes
+
+# exec/ + a 26-character attempt + / is 32 bytes: 7 base32 blocks (35 bytes, 56 characters)
+# always hold it, so a publication's folder is found by decoding that much only, once per
+# distinct head (many saves share it).
+_HEAD_CHARS = 56
+# Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
+# while it writes, Lightning's .ckpt files and its checkpoints/ folder inside an execution's).
+_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/")
+CHECKPOINTS = "checkpoints/"  # the Lightning integration's folder in an execution's
+
+
+@dataclass
+class Removal:
+    """One thing cleanup removes (or would): a whole execution folder or one save, with the
+    publications that name what it holds."""
+
+    kind: str
+    path: str  # relative to the root
+    publications: list[str]
+    bytes: Optional[int] = None
+    skipped: str = ""  # why it was left in the end (a starting execution named it)
+    entries: list[str] = field(default_factory=list)  # a folder's: everything that goes
+    others: list[str] = field(default_factory=list)  # of those, what is not named like a save
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "publications": len(self.publications),
+                "bytes": self.bytes, "skipped": self.skipped or None,
+                "entries": self.entries}
+
+
+@dataclass
+class Folder:
+    """An execution folder as cleanup sees it."""
+
+    attempt: str
+    epoch: Optional[int]  # None: no record, or one that cannot be read
+    resume: Optional[str]  # the save the launcher chose, relative to the root
+    problem: str = ""
+    verdict: str = ""  # why it stays, or "removed"
+    bytes: Optional[int] = None
+    entries: list[str] = field(default_factory=list)  # names in it ("x/" for a folder)
+    chosen: list[str] = field(default_factory=list)  # every save it chose (resume included)
+    inner: list[str] = field(default_factory=list)  # the names in its checkpoints/
+
+    def as_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
+                "chosen": self.chosen, "verdict": self.verdict, "bytes": self.bytes,
+                "problem": self.problem or None}
+
+
+@dataclass
+class Report:
+    root: str
+    keep: int
+    dry_run: bool
+    latest: Optional[str] = None
+    removals: list[Removal] = field(default_factory=list)
+    folders: list[Folder] = field(default_factory=list)
+    finished_intents: int = 0
+    kept: dict[str, str] = field(default_factory=dict)  # needed save -> why it stays
+    left: list[str] = field(default_factory=list)  # files that are not saves, left in place
+
+    @property
+    def freed(self) -> Optional[int]:
+        done = [r for r in self.removals if not r.skipped]
+        if any(r.bytes is None for r in done):
+            return None
+        return sum(r.bytes or 0 for r in done)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"root": self.root, "keep": self.keep, "dry_run": self.dry_run,
+                "latest": self.latest, "freed": self.freed,
+                "removals": [r.as_json() for r in self.removals],
+                "folders": [f.as_json() for f in self.folders],
+                "kept": [{"path": p, "why": w} for p, w in sorted(self.kept.items())],
+                "left": self.left,
+                "finished_intents": self.finished_intents}
+
+
+def check_keep(keep: int) -> int:
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageError(f"--keep {keep!r} must be at least 1: the latest publication's save "
+                         "always stays")
+    return keep
+
+
+class _Names:
+    """Decoding of publication names, each part once."""
+
+    def __init__(self) -> None:
+        self._heads: dict[str, Optional[str]] = {}
+        self._paths: dict[str, str] = {}
+
+    def folder(self, name: str) -> Optional[str]:
+        """The execution folder (attempt) the publication's save lies in, or None."""
+        tail = name[42:]
+        if len(tail) > _HEAD_CHARS:
+            head = tail[:_HEAD_CHARS]
+            if head in self._heads:
+                return self._heads[head]
+            parts = base64.b32decode(head).decode("utf-8", "replace").split("/")
+            if len(parts) >= 3:  # the folder's name ended inside the head
+                found = parts[1] if parts[0] == EXEC and parts[1] else None
+                self._heads[head] = found
+                return found
+        parts = self.path(name).split("/")
+        return parts[1] if len(parts) >= 2 and parts[0] == EXEC else None
+
+    def path(self, name: str) -> str:
+        path = self._paths.get(name)
+        if path is None:
+            # Every name was checked with the listing (check_names): only the path to decode.
+            path = self._paths[name] = model.decode_path(name[42:], name=name)
+        return path
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def _overlap(a: str, b: str) -> bool:
+    return _under(a, b) or _under(b, a)
+
+
+def _needed_by(path: str, needed: dict[str, str]) -> Optional[str]:
+    for kept, why in needed.items():
+        if _overlap(path, kept):
+            return why
+    return None
+
+
+def read_folder(st: Store, attempt: str, entries: Optional[list[str]] = None) -> Folder:
+    """An execution folder's epoch and the launcher's resume source from its record (None
+    when absent); ``entries``, when listed already, are kept with it."""
+    found = _read_record(st, attempt)
+    found.entries = list(entries or [])
+    return found
+
+
+def _read_record(st: Store, attempt: str) -> Folder:
+    try:
+        raw = st.read_exec_file(attempt, RECORD)
+    except StoreError as exc:
+        return Folder(attempt, None, None, problem=str(exc))
+    if raw is None:
+        return Folder(attempt, None, None, problem="no record")
+    try:
+        data = json.loads(raw)
+        epoch = model.check_epoch_value(int(data["epoch"]))
+    except (ValueError, KeyError, TypeError, BadPublicationName) as exc:
+        return Folder(attempt, None, None, problem=f"record unreadable: {exc}")
+    except Exception as exc:  # noqa: BLE001 - OutOfBounds and the like: keep the folder
+        return Folder(attempt, None, None, problem=f"record unreadable: {exc}")
+    resume = _resume_of(st, data)
+    return Folder(attempt, epoch, resume, chosen=[resume] if resume else [])
+
+
+def _relative(st: Store, source: Any) -> Optional[str]:
+    """A save's path or URL as recorded, relative to the root; None when it is not one."""
+    base = st.locate("")
+    if isinstance(source, str) and source.startswith(base):
+        try:
+            return model.normalize_relative(source[len(base):].rstrip("/"))
+        except OutsideRoot:
+            return None
+    return None
+
+
+def _resume_of(st: Store, data: dict[str, Any]) -> Optional[str]:
+    name = data.get("resume_publication")
+    if isinstance(name, str) and name:
+        try:
+            check_names([name], RECORD)  # the fast check; parse_name's pattern is slower
+            return model.decode_path(name[42:], name=name)
+        except BadPublicationName:
+            pass
+    return _relative(st, data.get("resume_from"))
+
+
+def read_choices(st: Store, folder: Folder, entries: Optional[list[str]] = None) -> None:
+    """Add to ``folder.chosen`` every save its execution recorded as chosen: its choice files
+    and its resume record (:mod:`.execdir`).  ``entries``: the folder's names, listed now."""
+    names = st.list_exec_entries(folder.attempt) if entries is None else entries
+    found = set(folder.chosen)
+    for name in names:
+        if execdir.is_choice(name):
+            save = execdir.chosen_in_choice(st.read_exec_file(folder.attempt, name))
+            if save:
+                try:
+                    found.add(model.normalize_relative(save))
+                except OutsideRoot:
+                    pass
+        elif name == execdir.RESUME:
+            data = execdir.load(st.read_exec_file(folder.attempt, name))
+            source = _relative(st, data.get("resume_from")) if data else None
+            if source:
+                found.add(source)
+    folder.chosen = sorted(found)
+
+
+@dataclass
+class Plan:
+    latest: Optional[str]
+    removals: list[Removal]
+    epoch: Optional[int]
+    # Older publications below the K latest whose folder has no record: only one whose save
+    # is gone goes (nothing can load it), without touching the folder.
+    unsure: list[str] = field(default_factory=list)
+    needed: dict[str, str] = field(default_factory=dict)
+    left: list[str] = field(default_factory=list)
+
+
+def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder] = None
+                   ) -> bool:
+    """Whether a name in an execution folder is a save (or dispatch's): published, a
+    manifest, one a framework's rotation names so, or dispatch's own record.  Lightning's
+    ``checkpoints/`` is one only while it holds nothing but checkpoints."""
+    if entry.endswith(".ckpt"):  # most entries of most folders: Lightning's files
+        return True
+    bare = entry.rstrip("/")
+    if entry == CHECKPOINTS and folder is not None:
+        return all(_SAVE_NAME.fullmatch(e) is not None and not e.endswith("/")
+                   or e.endswith(execdir.MANIFEST_SUFFIX) for e in folder.inner)
+    return (execdir.is_own(bare) or bare in published_tops
+            or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)
+
+
+def plan(names: list[str], folders: dict[str, Folder], keep: int,
+         decode: Optional[_Names] = None, presorted: bool = False,
+         needed: Optional[dict[str, str]] = None, all_files: bool = False,
+         resolve: Callable[[str], list[str]] = lambda path: []) -> Plan:
+    """What the rule removes, from the publication names (checked; ``presorted`` when they
+    are in order already), the execution folders, and the saves ``needed`` otherwise (pins,
+    the framework's bests: path -> why) (pure but for ``resolve``, which reads symlinks)."""
+    check_keep(keep)
+    decode = decode or _Names()
+    ordered = names if presorted else sorted(names)
+    needed = dict(needed or {})
+    if not ordered:
+        for each in folders.values():
+            each.verdict = "kept: nothing is published"
+        _resolve_all(needed, resolve)
+        return Plan(None, [], None, needed=needed)
+    latest = ordered[-1]
+    top = ordered[-keep:]
+    epoch = int(latest[:20])
+    for n in reversed(top):
+        needed.setdefault(decode.path(n), "one of the K latest publications names it")
+    for each in folders.values():
+        if each.epoch is None:
+            each.verdict = f"kept: {each.problem}"
+        elif each.epoch >= epoch:
+            each.verdict = "kept: its epoch is at least the latest publication's"
+            for chosen in each.chosen:
+                needed.setdefault(chosen, f"execution {each.attempt} chose it")
+    _resolve_all(needed, resolve)
+    protected = {a for a, each in folders.items() if each.epoch is None or each.epoch >= epoch}
+    recordless = {a for a in protected if folders[a].epoch is None}
+    latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
+    # One pass over the names: each one's folder (mostly one dictionary look-up); the paths
+    # are decoded only where a save is handled on its own (decoding is the costly part).
+    older: dict[str, list[str]] = {}  # older folder -> its publications below the K latest
+    live_names: list[str] = []  # publications below the K latest in a live folder
+    unsure: list[str] = []
+    folder_of, heads = decode.folder, decode._heads
+    cut = 42 + _HEAD_CHARS
+    for n in ordered[:-keep]:
+        folder = heads.get(n[42:cut]) if len(n) > cut else None
+        if folder is None:
+            folder = folder_of(n)
+        if folder is None:
+            continue  # a save outside exec/: never removed
+        if folder in recordless:
+            if n[:20] < latest_epoch:
+                unsure.append(n)
+        elif folder in protected:
+            live_names.append(n)
+        else:
+            same = older.get(folder)
+            if same is None:
+                older[folder] = [n]
+            else:
+                same.append(n)
+
+    def by_save(group: list[str]) -> dict[str, list[str]]:
+        """Every publication of one save together: names by their path's text."""
+        tails: dict[str, list[str]] = {}
+        for n in group:
+            tails.setdefault(n[42:], []).append(n)
+        return {decode.path(pubs[-1]): pubs for pubs in tails.values()}
+
+    live = {path: pubs for path, pubs in by_save(live_names).items()
+            if path.count("/") >= 2 and _needed_by(path, needed) is None}
+    removals: list[Removal] = []
+    left: list[str] = []
+    for attempt in sorted(set(older) | (set(folders) - protected)):
+        group = older.get(attempt, [])
+        where = f"{EXEC}/{attempt}"
+        f: Optional[Folder] = folders.get(attempt)
+        stays = _needed_by(where, needed)
+        # (".ckpt" first: most entries of most folders, without a call each)
+        unsure_entries = [] if f is None else [
+            e for e in f.entries if not e.endswith(".ckpt") and not _is_save_entry(e, set(), f)]
+        saves: dict[str, list[str]] = {}
+        tops: set[str] = set()
+        if unsure_entries or stays is not None or f is None:
+            saves = by_save(group)
+            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+        # (checkpoints/ was looked into: a published save in it does not make it all saves)
+        others = [e for e in unsure_entries if e == CHECKPOINTS or e.rstrip("/") not in tops]
+        if f is not None and stays is None and (all_files or not others):
+            removals.append(Removal(FOLDER, where, sorted(group), entries=sorted(f.entries),
+                                    others=sorted(unsure_entries)))
+            f.verdict = "removed"
+            continue
+        if not saves:
+            saves = by_save(group)
+            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+        if f is not None:
+            if stays is not None:
+                f.verdict = "kept: it holds a save that stays"
+            else:
+                f.verdict = ("kept: it holds files that are not saves (" + ", ".join(others[:3])
+                             + (", ..." if len(others) > 3 else "")
+                             + "); `dispatch gc --all-files` removes them too")
+                left.extend(f"{where}/{e}" for e in sorted(others))
+        for path, pubs in sorted(saves.items()):
+            if path == where and others and not all_files:
+                continue  # the folder itself published as a save: its other files stay
+            if _needed_by(path, needed) is None:
+                removals.append(Removal(SAVE, path, pubs))
+        if f is not None and stays is None:
+            # Saves it never published (a save cut off while being written) go too.
+            for entry in sorted(f.entries):
+                bare = entry.rstrip("/")
+                path = f"{where}/{bare}"
+                if (bare not in tops and not execdir.is_own(bare)
+                        and _SAVE_NAME.fullmatch(entry) and entry != "checkpoints/"):
+                    removals.append(Removal(SAVE, path, []))
+    # The live lineage's folder stays, and so does all it has not published (a save being
+    # written); what it published below the K latest goes, one save at a time, so that the
+    # disk stays bounded during a long execution too.
+    for path, pubs in sorted(live.items()):
+        removals.append(Removal(SAVE, path, pubs))
+    return Plan(latest, removals, epoch, unsure, needed, left)
+
+
+def _resolve_all(needed: dict[str, str], resolve: Callable[[str], list[str]]) -> None:
+    """A needed save reached through symlinks keeps every link on the way and what they lead
+    to, and so does a symlink inside it (what it leads to is followed again)."""
+    todo = list(needed.items())
+    while todo:
+        path, why = todo.pop()
+        for target in resolve(path):
+            if target not in needed:
+                needed[target] = f"{why} (through the symlink {path})"
+                todo.append((target, needed[target]))
+
+
+def _folders(st: Store, attempts: Optional[list[str]] = None,
+             listed: Optional[dict[str, list[str]]] = None) -> dict[str, Folder]:
+    """The execution folders (all, or those of ``attempts``) with their records and names
+    (``listed``: :meth:`Store.exec_entries`, read now when not given).  A folder that holds
+    nothing (an S3 listing may still name one whose objects are all gone) is not there."""
+    listed = st.exec_entries() if listed is None else listed
+    out: dict[str, Folder] = {}
+    for attempt in sorted(listed) if attempts is None else attempts:
+        entries = listed.get(attempt)
+        if not entries:
+            continue
+        out[attempt] = (read_folder(st, attempt, entries) if RECORD in entries
+                        else Folder(attempt, None, None, problem="no record", entries=entries))
+    return out
+
+
+def default_keep(st: Store, attempts: Iterable[str],
+                 folders: Optional[dict[str, Folder]] = None) -> int:
+    """The greatest rotation limit the integrations recorded in any execution's folder."""
+    found = []
+    for attempt in attempts:
+        if folders is not None and attempt in folders and \
+                KEEP_RECORD not in folders[attempt].entries:
+            continue
+        raw = st.read_exec_file(attempt, KEEP_RECORD)
+        if execdir.keeps_every(raw):
+            return EVERY  # a checkpoint callback keeps every save: no limit applies
+        value = execdir.keep_of(raw)
+        if value is not None:
+            found.append(value)
+    if not found:
+        raise UsageError("--keep K is required: no execution recorded its framework's "
+                         f"rotation limit ({KEEP_RECORD})")
+    return max(found)
+
+
+EVERY = 10**9  # the K of a framework that keeps every save
+
+
+def pin_entry(relative: str) -> str:
+    """The entry in ``pins/`` of the save at ``relative``: its path in base32."""
+    return model.encode_path(relative)
+
+
+def pinned(st: Store) -> dict[str, str]:
+    """Every pinned save (relative to the root) -> why it stays."""
+    out = {}
+    for entry in st.list_pins():
+        try:
+            out[model.decode_path(entry, name=entry)] = "pinned (dispatch pin)"
+        except BadPublicationName as exc:
+            raise StoreError(f"{entry!r} in pins/ is not a pinned save's name: {exc}") from None
+    return out
+
+
+def bests(st: Store, names: list[str], folders: dict[str, Folder],
+          decode: _Names) -> dict[str, str]:
+    """The saves the framework of each live execution (its epoch at least the latest
+    publication's) keeps as its best: what the manifest of its latest save lists, or, before
+    it has published, the manifest of the save it chose to resume from."""
+    if not names:
+        return {}
+    latest_epoch = int(names[-1][:20])
+    live = {a for a, f in folders.items() if f.epoch is not None and f.epoch >= latest_epoch}
+    # live attempt -> (epoch and step of its latest publications, their saves): several
+    # saves of one step (two checkpoint callbacks) are made in an order no name tells.
+    newest: dict[str, tuple[str, list[str]]] = {}
+    first = len(names)
+    floor = names[-1][:20]  # a live execution's publications are at the latest epoch or above
+    while first > 0 and names[first - 1][:20] >= floor:
+        first -= 1
+    for n in names[first:]:  # in order: the last ones seen are the latest
+        folder = decode.folder(n)
+        if folder in live:
+            at = newest.get(folder)
+            if at is not None and at[0] == n[:41]:
+                at[1].append(decode.path(n))
+            else:
+                newest[folder] = (n[:41], [decode.path(n)])
+    out: dict[str, str] = {}
+    for attempt in sorted(live):
+        sources = newest[attempt][1] if attempt in newest else folders[attempt].chosen
+        for source in sources:
+            for best in execdir.bests_of(_manifest_at(st, source)):
+                try:
+                    out.setdefault(model.normalize_relative(best),
+                                   f"the framework of execution {attempt} keeps it as best")
+                except OutsideRoot:
+                    continue
+    return out
+
+
+def _manifest_at(st: Store, relative: str) -> Optional[bytes]:
+    parts = relative.split("/", 2)
+    if len(parts) < 3 or parts[0] != EXEC:
+        return None
+    return _manifest(st, parts[1], parts[2])
+
+
+def _manifest(st: Store, attempt: str, inside: str) -> Optional[bytes]:
+    """The manifest of the save ``exec/<attempt>/<inside>`` (beside a file save, inside a
+    folder save), or None."""
+    raw = st.read_exec_file(attempt, inside + execdir.MANIFEST_SUFFIX)
+    if raw is not None:
+        return raw
+    try:
+        return st.read_exec_file(attempt, f"{inside}/{execdir.MANIFEST_NAME}")
+    except StoreError:  # a file save: nothing inside it
+        return None
+
+
+LAG_ENV = "DISPATCH_LISTING_LAG"
+
+
+def listing_lag(value: Optional[float] = None,
+                environ: Optional[dict[str, str]] = None) -> float:
+    """Seconds a node's view of the root's listings may lag: ``value``, else
+    ``$DISPATCH_LISTING_LAG``, else ``ListingLag`` in dispatch.conf (default 60)."""
+    if value is not None:
+        if not 0 <= value <= 3600:
+            raise UsageError(f"--listing-lag {value!r} must be 0 to 3600 seconds")
+        return float(value)
+    env = dict(os.environ if environ is None else environ)
+    raw = env.get(LAG_ENV, "").strip()
+    if raw:
+        try:
+            return listing_lag(float(raw))
+        except ValueError:
+            raise UsageError(f"${LAG_ENV} {raw!r} is not a number of seconds") from None
+    from .. import config
+
+    return float(config.load(environ=env).listing_lag)
+
+
+def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: bool = False,
+            timeout: Optional[float] = None, store: Optional[Store] = None,
+            all_files: bool = False, lag: Optional[float] = None,
+            say: Callable[[str], None] = lambda line: None,
+            wait: Callable[[float], None] = time.sleep,
+            pause: Callable[[str], None] = lambda where: None) -> Report:
+    """Apply the rule to ``root`` (or only say what it would remove, with ``dry_run``).
+
+    ``lag``: how stale another node's view of the listings may be (:func:`listing_lag`);
+    ``say`` hears of the wait it costs.  ``pause(where)`` is called between the stages
+    (tests stop the process there).
+    """
+    if keep is not None:
+        check_keep(keep)
+    st = store or open_store(root, timeout)
+    st.check_store()
+    intents = st.list_intents()
+    check_names(intents, st.locate(GC))  # they are decoded as publication names
+    folders = _folders(st)
+    if keep is None:
+        keep = default_keep(st, folders, folders)
+    names = st.publication_names()
+    names.sort()
+    decode = _Names()
+    latest_epoch = int(names[-1][:20]) if names else None
+    for f in folders.values():
+        if f.epoch is not None and (latest_epoch is None or f.epoch >= latest_epoch):
+            read_choices(st, f, f.entries)
+    for f in folders.values():
+        if CHECKPOINTS in f.entries and (f.epoch is not None and latest_epoch is not None
+                                         and f.epoch < latest_epoch):
+            f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
+    needed = pinned(st)
+    for path, why in bests(st, names, folders, decode).items():
+        needed.setdefault(path, why)
+    found = plan(names, folders, keep, decode, presorted=True, needed=needed,
+                 all_files=all_files, resolve=st.resolve)
+    present = set(names)
+    # A removal a killed cleanup decided (its publication is gone already) is finished,
+    # whatever K this run was given, unless the save has become needed since.
+    held: list[str] = []
+    planned = {r.path for r in found.removals}
+    for n in sorted(set(intents) - present):
+        path = decode.path(n)
+        if _needed_by(path, found.needed) is not None:
+            held.append(n)
+        elif path not in planned:
+            found.removals.append(Removal(SAVE, path, [n]))
+            planned.add(path)
+    for n in found.unsure:
+        path = decode.path(n)
+        if _needed_by(path, found.needed) is None and not st.exists(path):
+            found.removals.append(Removal(PUBLICATION, path, [n], 0))
+    report = Report(root, keep, dry_run, found.latest, found.removals,
+                    sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)),
+                    kept=found.needed, left=found.left)
+    if sizes:
+        for f in report.folders:
+            f.bytes = st.size(f"{EXEC}/{f.attempt}")
+        for r in report.removals:
+            r.bytes = st.size(r.path)
+    if dry_run:
+        return report
+    for r in found.removals:
+        st.check_removable(r.path)
+    pause("checked")
+    singles = sorted({n for r in found.removals if r.kind == SAVE for n in r.publications})
+    if singles:
+        st.create_intents([n for n in singles if n not in intents])
+    pause("intents")
+    st.delete_publications(sorted({n for r in found.removals for n in r.publications
+                                   if n in present}))
+    pause("unpublished")
+    seconds = 2 * listing_lag(lag)
+    if seconds > 0 and any(not r.skipped for r in found.removals):
+        say(f"waiting {seconds:g} s (twice ListingLag) for every node's view of pub/ to show "
+            "the removed publications before reading the executions' choices again")
+        wait(seconds)
+    _spare_new_sources(st, folders, found, report)
+    for r in found.removals:
+        if r.skipped:
+            continue
+        if r.kind == FOLDER:
+            try:
+                r.bytes = st.remove_exec(r.path.split("/")[1], RECORD)
+            except StillWritten as exc:
+                # An old execution still running writes into its folder: nothing of it is
+                # published any more (its publications went first); the rest goes next time.
+                r.skipped = str(exc)
+        elif r.kind == SAVE:
+            r.bytes = st.remove_save(r.path)
+        pause("removed")
+    # An intent is forgotten once its save is gone; one whose save was spared (a starting
+    # execution chose it) stays, and the next run decides again.
+    spared = {n for r in found.removals if r.skipped for n in r.publications}
+    done = sorted((set(intents) | set(singles)) - set(held) - spared)
+    if done:
+        st.delete_intents(done)
+    report.finished_intents = len(set(intents) - set(held))
+    return report
+
+
+def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
+                       report: Report) -> None:
+    """After the publications are gone, read again what every execution that may be live
+    has chosen (and the records cleanup had not seen): an execution that started, or chose
+    a fallback, meanwhile keeps the save it chose."""
+    if found.epoch is None:
+        return
+    spared: dict[str, str] = {}
+    now = st.exec_entries()
+    fresh = [a for a in now if a not in folders or folders[a].epoch is None]
+    for attempt, f in _folders(st, fresh, now).items():
+        if attempt not in folders:
+            report.folders.append(f)
+            f.verdict = "kept: it started while cleanup ran"
+        folders[attempt] = f
+    for attempt, f in folders.items():
+        if attempt in now and (f.epoch is None or f.epoch >= found.epoch):
+            if f.epoch is not None:
+                read_choices(st, f, now[attempt])
+            for chosen in f.chosen:
+                spared[chosen] = f"execution {attempt} chose it"
+    for path, why in pinned(st).items():  # a pin made while cleanup ran
+        spared.setdefault(path, why)
+    _resolve_all(spared, st.resolve)
+    for r in found.removals:
+        because = _needed_by(r.path, spared)
+        if because is not None:
+            r.skipped = (f"a starting execution resumes from it ({because} while cleanup ran)"
+                         if "chose it" in because else f"{because} while cleanup ran")
+
+
+def _save_under(st: Store, path: str) -> str:
+    """The save at ``path`` (a path or an ``s3://`` URL) relative to the store's root."""
+    relative = getattr(st, "relative", None)
+    if relative is not None:
+        return str(relative(path))
+    try:
+        return model.relative_inside(os.path.abspath(st.root), os.path.abspath(path))
+    except OutsideRoot:
+        raise UsageError(f"{path!r} is not inside the checkpoint root {st.root!r}") from None
+
+
+def pin(root: str, path: str, timeout: Optional[float] = None) -> bool:
+    """Pin the published save at ``path``: no cleanup removes it until it is unpinned.
+    Returns False when it was pinned already."""
+    st = open_store(root, timeout)
+    relative = _save_under(st, path)
+    names = st.publication_names()
+    decode = _Names()
+    mine = [n for n in names if decode.path(n) == relative]
+    if not mine:
+        raise UsageError(f"{path!r} is not a published save of {root!r}: only a save some "
+                         "publication names can be pinned, spelled as `dispatch list` "
+                         "shows it")
+    made = st.create_pin(pin_entry(relative))
+    # The handshake with a cleanup running now: it re-reads pins/ after removing
+    # publications, so a pin made while one is still there is seen; one made after is not.
+    if not any(st.has_publication(n) for n in mine):
+        if made:
+            st.delete_pin(pin_entry(relative))
+        raise StoreError(f"{path!r} was being removed by a cleanup (dispatch gc) while it "
+                         "was pinned; it is not pinned")
+    return made
+
+
+def unpin(root: str, path: str, timeout: Optional[float] = None) -> bool:
+    """Unpin the save at ``path``; False when it was not pinned."""
+    st = open_store(root, timeout)
+    return st.delete_pin(pin_entry(_save_under(st, path)))
+
+
+_RUNNING: dict[str, threading.Thread] = {}
+_AGAIN: set[str] = set()
+
+
+def collect_in_background(root: str, keep: int,
+                          say: Callable[[str], None] = lambda line: None) -> None:
+    """Run :func:`collect` for ``root`` beside the caller (a job's training or watch loop), one
+    run at a time per root; a request while one runs makes one more run after it.  With no
+    listing lag there is nothing to wait for, and it runs at once in the caller.  A failure is
+    said and ends this process's cleanups of the root (a later run finishes what it began)."""
+    if listing_lag() == 0:
+        _collect_reporting(root, keep, say)
+        return
+    thread = _RUNNING.get(root)
+    if thread is not None and thread.is_alive():
+        _AGAIN.add(root)
+        return
+
+    def work() -> None:
+        while _collect_reporting(root, keep, say) and root in _AGAIN:
+            _AGAIN.discard(root)
+
+    thread = threading.Thread(target=work, name="dispatch-cleanup", daemon=True)
+    _RUNNING[root] = thread
+    thread.start()
+
+
+_FAILED: set[str] = set()
+
+
+def _collect_reporting(root: str, keep: int, say: Callable[[str], None]) -> bool:
+    if root in _FAILED:
+        return False
+    try:
+        done = collect(root, keep, say=say)
+    except (StoreError, UsageError, OSError) as exc:
+        _FAILED.add(root)
+        say(f"cleanup stopped (saves are still published; run `dispatch gc` later): {exc}")
+        return False
+    except Exception as exc:  # noqa: BLE001 - a cleanup never ends a training run
+        _FAILED.add(root)
+        say(f"cleanup stopped by an unexpected error (saves are still published): {exc!r}")
+        return False
+    for removal in done.removals:
+        if not removal.skipped:
+            say(f"removed {removal.kind} {removal.path} ({removal.bytes} bytes)")
+    return True
+
+
+def say_on_stderr(line: str) -> None:
+    sys.stderr.write(f"dispatch: {line}\n")
+    sys.stderr.flush()

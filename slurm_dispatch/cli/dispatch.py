@@ -1,0 +1,1145 @@
+"""The ``dispatch`` command line: parses arguments, calls the library, prints, exits.
+
+This is the only module of the package (with the other ``cli_*`` modules) that prints or
+exits.  Exit codes: 0 success; 1 a refused operation; 2 usage errors, unreadable stores and
+other failures.  The group's ``main`` ends every command through :mod:`slurm_dispatch.cli.shell`:
+errors print as ``dispatch: <message>``; a broken pipe is quiet; Ctrl-C is 130.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+import click
+
+from ..checkpoint import model
+from ..checkpoint import publish as store
+from ..control import events, record, status
+from ..errors import UsageError
+from .shell import ClickShell
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Shell(ClickShell, click.Group):
+    prog = "dispatch"
+
+
+def required(value: Optional[str], option: str, env: str) -> str:
+    if value is None or value == "":
+        raise UsageError(f"{option} is required (or set ${env})")
+    return value
+
+
+def parse_int(value: str, option: str) -> int:
+    try:
+        return int(value.strip(), 10)
+    except (ValueError, AttributeError):
+        raise UsageError(f"{option} {value!r} is not an integer") from None
+
+
+def echo_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=None, sort_keys=True))
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+                 noheader: bool = False) -> str:
+    """Columns aligned the way squeue aligns them, with the last column left free."""
+    cells = [[str(c) for c in row] for row in rows]
+    all_rows = cells if noheader else [list(headers)] + cells
+    if not all_rows:
+        return ""
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
+    lines = []
+    for row in all_rows:
+        parts = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
+        lines.append(" ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+@click.group(cls=_Shell, context_settings=CONTEXT)
+@click.version_option(package_name="slurm-dispatch", prog_name="dispatch")
+def main() -> None:
+    """Isolated checkpoints and append-only publication for Slurm jobs.
+
+    Inside a job, write saves under $DISPATCH_EXEC_DIR, then make each one visible with
+    `dispatch publish --step S PATH`; resume from `dispatch latest`.  The latest save is the
+    publication with the greatest epoch ($DISPATCH_EPOCH), then step, so an old execution's
+    late saves never outrank its replacement's.
+    """
+
+
+@main.command()
+@click.option("--generation", "-g", envvar="DISPATCH_GENERATION", metavar="G",
+              help="Generation: 0 for a new job, +1 per supersession.  [env: DISPATCH_GENERATION]")
+@click.option("--submission", "-n", envvar="DISPATCH_SUBMISSION", metavar="N",
+              help="Submission number, 1..999999.  [env: DISPATCH_SUBMISSION]")
+@click.option("--restart", "-r", envvar="SLURM_RESTART_COUNT", metavar="R",
+              help="Slurm's restart count, 0..999999; unset means 0.  [env: SLURM_RESTART_COUNT]")
+def epoch(generation: Optional[str], submission: Optional[str], restart: Optional[str]) -> None:
+    """Print the epoch G*10^12 + N*10^6 + R as an integer.
+
+    Example: `dispatch epoch -g 0 -n 2 -r 1` prints 2000001.
+    """
+    def body() -> None:
+        g = parse_int(required(generation, "--generation", "DISPATCH_GENERATION"), "--generation")
+        n = parse_int(required(submission, "--submission", "DISPATCH_SUBMISSION"), "--submission")
+        r = parse_int(restart, "--restart") if restart not in (None, "") else 0
+        click.echo(model.Epoch(g, n, r).value)
+    body()
+
+
+ROOT_HELP = "Checkpoint root: a folder or s3://bucket/prefix.  [env: DISPATCH_CHECKPOINT]"
+TIMEOUT_HELP = ("Seconds an S3 call or scan may take before it is an error (exit 2); default "
+                "StoreTimeout in dispatch.conf, else 60.  [env: DISPATCH_STORE_TIMEOUT]")
+
+
+def timeout_option(func: Any) -> Any:
+    return click.option("--timeout", envvar="DISPATCH_STORE_TIMEOUT", metavar="SECONDS",
+                        help=TIMEOUT_HELP)(func)
+
+
+def parse_timeout(value: Optional[str]) -> Optional[float]:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--timeout {value!r} is not a number of seconds") from None
+
+
+def keep_callback(ctx: click.Context, _param: click.Parameter, value: Optional[int]) -> None:
+    """watch --keep: checked at once, kept aside for the watcher."""
+    from ..checkpoint.gc import check_keep
+
+    ctx.meta["gc_keep"] = None if value is None else check_keep(value)
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--epoch", "epoch_", envvar="DISPATCH_EPOCH", metavar="E",
+              help="This execution's epoch.  [env: DISPATCH_EPOCH]")
+@click.option("--step", required=True, metavar="S", help="The training step of the save.")
+@timeout_option
+@click.argument("path", type=click.Path())
+def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Optional[str],
+            path: str) -> None:
+    """Make the save at PATH visible; print the publication's file name.
+
+    PATH must exist and lie inside ROOT (usually under $DISPATCH_EXEC_DIR).  The publication
+    is an empty file created once (O_EXCL) in ROOT/pub/ and synced before this returns.
+    Publishing the same (epoch, step, path) again finds it there: that publication can only
+    be this save's (its name is the epoch, step and path), so this says "already published,
+    nothing to do" on stderr, prints the name and exits 0, as after a timeout and a retry.
+    On an s3://bucket/prefix root, PATH is an s3:// URL under it and the publication is an
+    empty object created with If-None-Match: * (not checked for existence first); a create
+    whose answer was lost and retried is recognised as this call's own and reported as made.
+
+    Example: `dispatch publish --step 500 "$DISPATCH_EXEC_DIR/checkpoint-500"`
+    """
+    def body() -> None:
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
+        step_v = parse_int(step, "--step")
+        click.echo(store.publish_done(
+            root_v, epoch_v, step_v, path, timeout=parse_timeout(timeout),
+            said=lambda text: click.echo(f"dispatch publish: already published, nothing to "
+                                         f"do: {text}; it is this save's publication",
+                                         err=True)))
+    body()
+
+
+@main.command()
+@click.argument("job", required=False)
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--task", type=click.IntRange(min=0), default=None, metavar="T",
+              help="With JOB: the array task whose root (%a) to look in (JOB given as A_T, "
+                   "as Slurm writes a task, names it too).")
+@click.option("--json", "as_json", is_flag=True, help="Print an object (or null).")
+@timeout_option
+def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json: bool,
+           timeout: Optional[str]) -> None:
+    """Print the absolute path of the latest published save, or nothing.
+
+    The latest save has the greatest epoch, then the greatest step; exact ties go to the
+    greatest publication name.  Exit 0 whether or not there is one.  With --json, print
+    {"epoch", "step", "path", "name"} or null.  JOB (a dispatch job id or one of its Slurm
+    job ids) looks in that job's root, no --root needed.
+
+    Example: `RESUME=$(dispatch latest)`, or from a login node `dispatch latest dab2cd3e`
+    """
+    def body() -> None:
+        where = _job_root(job, _task_named(job, task)) if job else required(
+            root, "--root", "DISPATCH_CHECKPOINT")
+        import os
+        if job and "://" not in where and not os.path.lexists(where):
+            found = None  # the job's (task's) root is made by its first execution: none yet
+        else:
+            found = store.latest(where, timeout=parse_timeout(timeout))
+        if as_json:
+            echo_json(found.as_json() if found else None)
+        elif found:
+            click.echo(found.path)
+    body()
+
+
+def _say(line: str) -> None:
+    """A word to the person waiting (what a slow call waits for): stderr."""
+    click.echo(f"dispatch: {line}", err=True)
+
+
+def _open(job: str, slurm: Any = None) -> record.JobRecord:
+    """Dispatch job ``job`` (its id, or a Slurm job id of it) of this cluster: records of
+    several clusters may share one home, and a job of another is an error naming it."""
+    from ..slurm.adapter import Slurm
+    return record.open_job(job, cluster=(slurm if slurm is not None else Slurm()).cluster())
+
+
+def _task_named(job: str, task: Optional[int], record_: Optional[record.JobRecord] = None
+                ) -> Optional[int]:
+    """The array task a job id names (``14_2``, as Slurm writes it, or a task's own Slurm job
+    id once its execution recorded it), checked against --task; else --task."""
+    named: Optional[int] = None
+    head, sep, tail = job.partition("_")
+    if sep and head.isdigit() and tail.isdigit():
+        named = int(tail)
+    elif job.isdigit():
+        try:
+            found = record_ if record_ is not None else _open(job)
+            named = next((s.task for s in found.history().of(events.Started)
+                          if s.slurm_job_id == job and s.array_job_id), None)
+        except UsageError:
+            named = None  # opening it again says why
+    if named is not None and task is not None and task != named:
+        raise UsageError(f"--task {task}: job id {job} names task {named}")
+    return named if named is not None else task
+
+
+def _job_root(job: str, task: Optional[int]) -> str:
+    """The checkpoint root of dispatch job ``job`` (of array task ``task`` for a %a root)."""
+    spec = _open(job).spec
+    root = str(spec["checkpoint"])
+    if "%a" not in root.replace("%%", ""):
+        if task is not None:
+            raise UsageError(f"--task {task}: dispatch job {job}'s root {root!r} is one for "
+                             "all tasks")
+        return root.replace("%%", "%")
+    if task is None:
+        raise UsageError(f"dispatch job {job}'s root {root!r} is one per array task: give "
+                         "--task T")
+    from ..execution.launch import expand_root
+    return expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)})
+
+
+@main.command(name="list")
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
+@timeout_option
+def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[str]) -> None:
+    """Print every publication under ROOT, oldest first (the latest is last)."""
+    def body() -> None:
+        found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"),
+                                        timeout=parse_timeout(timeout))
+        if as_json:
+            echo_json([f.as_json() for f in found])
+            return
+        table = render_table(["EPOCH", "STEP", "PATH"],
+                             [[f.epoch, f.step, f.path] for f in found], noheader)
+        if table:
+            click.echo(table)
+    body()
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--dir", "folder", envvar="DISPATCH_EXEC_DIR", metavar="DIR",
+              help="The folder whose saves to publish.  [env: DISPATCH_EXEC_DIR; on an s3:// "
+                   "root: DISPATCH_STAGE_DIR]")
+@click.option("--to", "upload_to", metavar="URL",
+              help="On an s3:// root: the prefix to upload each save to before publishing "
+                   "it.  [env: DISPATCH_EXEC_DIR]")
+@click.option("--pattern", metavar="GLOB",
+              help="Names of saves, with {step} where the step's digits are "
+                   "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.ckpt.")
+@click.option("--ready", metavar="NAME", default=None,
+              help="The file a save folder's writer writes last; the folder must also be "
+                   "unchanged and unwritten (see above).  [default: trainer_state.json]")
+@click.option("--interval", type=float, default=None, metavar="S",
+              help="Seconds between scans.  [default: 2]")
+@click.option("--timeout", type=float, default=None, metavar="S",
+              help="A scan taking longer is an error.  [default: 300]")
+@click.option("--keep", type=int, default=None, metavar="K", expose_value=False,
+              callback=keep_callback,
+              help="After each publication, remove what `dispatch gc --keep K` would "
+                   "(publishing goes on if cleanup fails).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
+          pattern: Optional[str], ready: Optional[str], interval: Optional[float],
+          timeout: Optional[float], command: tuple[str, ...]) -> int:
+    """Publish each complete save in DIR as it appears, in step order, each once.
+
+    A save is a folder checkpoint-<N>, or a .ckpt file whose name holds step=<N>
+    (Lightning's epoch=0-step=50.ckpt); with --pattern, every matching name.  Complete means,
+    for every kind: it looks whole (a folder: its ready file, --ready, is a non-empty file,
+    parsing if .json; a file: non-empty and, if a zip as torch.save writes, ended by its end
+    record), nothing in it (every file and folder under a folder) changed between two
+    consecutive scans, and no process of yours on this node has one of its files open for
+    writing or mapped writable.  So a save is published one to two intervals after it is
+    finished.  On a folder root each is fsynced (files and folders) before it is published,
+    so --keep never removes an older save because of one not on disk.  Saves at or
+    below the greatest step already published from DIR are never published, so a restarted
+    watch carries on.
+
+    With a COMMAND (after --), run it, forward TERM, INT, USR1, USR2, HUP and CONT to it,
+    scan again when it exits (at most a second apart, until every save that looks whole is
+    confirmed, for at most --timeout) and exit with its status.  Without one, run until
+    TERM, INT or HUP, then do the same last scans and exit 0.  The first error (a store
+    error, a scan longer than --timeout) stops publishing: exit 2, or the command's status if
+    it failed.  One writer only: saves several ranks write are published by the integrations.
+
+    On an s3:// root, DIR is the local staging folder ($DISPATCH_STAGE_DIR): each complete
+    save is uploaded under the execution's prefix ($DISPATCH_EXEC_DIR, or --to) with boto3's
+    transfer manager, then published; a local copy is removed once published, the newest kept.
+    When COMMAND exits 0, the staging folder is removed, all but what is not on S3 (a file
+    never uploaded keeps it, named on stderr); a run stopped early keeps it for a replacement
+    on this node.  --timeout bounds the scan and each upload.
+
+    Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
+    """
+    import os
+
+    from ..execution import watch as watch_lib
+
+    def report(line: str) -> None:
+        click.echo(f"dispatch watch: {line}", err=True)
+
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    on_s3 = store.is_s3_root(root_v)
+    if on_s3:
+        # $DISPATCH_EXEC_DIR is the execution's S3 prefix there; the saves are staged locally.
+        if click.get_current_context().get_parameter_source("folder") \
+                is not click.core.ParameterSource.COMMANDLINE:
+            folder = os.environ.get("DISPATCH_STAGE_DIR")
+        upload_to = upload_to or os.environ.get("DISPATCH_EXEC_DIR")
+    folder_v = required(folder, "--dir", "DISPATCH_STAGE_DIR" if on_s3 else "DISPATCH_EXEC_DIR")
+    own = os.environ.get("DISPATCH_STAGE_DIR" if on_s3 else "DISPATCH_EXEC_DIR", "")
+    if own and not (os.path.abspath(folder_v) + "/").startswith(os.path.abspath(own) + "/"):
+        raise UsageError(f"--dir {folder_v!r} is outside this execution's folder {own!r}: "
+                         "watch publishes only its own execution's saves")
+    epoch_v = parse_int(required(os.environ.get("DISPATCH_EPOCH"), "$DISPATCH_EPOCH",
+                                 "DISPATCH_EPOCH"), "$DISPATCH_EPOCH")
+    timeout_v = watch_lib.DEFAULT_TIMEOUT if timeout is None else timeout
+    watcher = watch_lib.Watcher(root_v, folder_v, epoch_v,
+                                watch_lib.SaveRule.make(pattern, ready), report,
+                                upload_to=upload_to, timeout=timeout_v)
+    watcher.keep = click.get_current_context().meta.get("gc_keep")
+    runner = watch_lib.Runner(
+        watcher, list(command) or None,
+        watch_lib.DEFAULT_INTERVAL if interval is None else interval, timeout_v, report)
+    code = runner.run()
+    if on_s3 and command and code == 0 and runner.error is None and own \
+            and os.path.abspath(folder_v) == os.path.abspath(own):
+        # The execution's work is done and its saves are on S3: its node-local staging
+        # folder goes, all but what is not on S3 (said).
+        from ..execution import stage
+
+        stage.clear(root_v, own, str(upload_to), timeout_v, report)
+    if runner.error is not None and watcher.uploader is not None:
+        # Stopped at an error, perhaps an upload stuck on a hung server: the transfer manager's
+        # worker threads would hold the interpreter's exit until their sockets give up.
+        # Nothing more is published; the command, if any, has been waited for.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _resubmits_text(data: dict[str, Any]) -> str:
+    """``resubmits 1 of 3``, or, where a person resubmitted, what was whose: the supervisor
+    counts every resubmission against the budget."""
+    used, budget = data["resubmits_used"], data["resubmit_budget"]
+    by_hand = data.get("resubmits_by_hand", 0)
+    if not by_hand:
+        return f"resubmits {used} of {budget}"
+    times = "time" if by_hand == 1 else "times"
+    rest = f" and {used - by_hand} by dispatch supervise" if used > by_hand else ""
+    return (f"resubmitted {by_hand} {times} by hand (dispatch resubmit){rest}; resubmit "
+            f"budget {budget}, {max(0, budget - used)} left for dispatch supervise")
+
+
+def _render_status(data: dict[str, Any]) -> str:
+    mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
+    tasks = data.get("tasks")
+    used = (_resubmits_text(data) if tasks is None
+            else f"an array of {len(tasks)} task(s), each with a resubmit budget of "
+            f"{data['resubmit_budget']}")
+    out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "
+           f"{mode}, {used}",
+           f"Checkpoint  {data['checkpoint']}"]
+    if data.get("supersedes"):
+        out.append(f"Supersedes  {data['supersedes']}")
+    out.append("")
+    out.append(_supervisor_text(data))
+    if data.get("launcher_problem"):
+        out.append(f"Launcher    {data['launcher_problem']}")
+    out.append("")
+    # Slurm's reason for the job's state, and ours for making the submission, apart.
+    out.append(render_table(
+        ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "SLURM_REASON", "SUBMITTED_FOR"],
+        [[s["submission"], s.get("display_id") or s["slurm_job_id"], _state_text(s),
+          "-" if s["restarts"] is None else s["restarts"], status.clock(s["submitted"]),
+          s["slurm_reason"] or "-", s["reason"] or "-"]
+         for s in data["submissions"]]))
+    if tasks:
+        out.append("")
+        out.append(render_table(
+            ["TASK", "SUBMISSION", "JOBID", "STATE", "RESUBMITS", "LATEST PUBLICATION"],
+            [[t["task"], t["submission"], t["display_id"],
+              "FINISHED" if t["settled"] and t["state"].startswith("UNKNOWN") else t["state"],
+              f"{t['resubmits_used']} of {data['resubmit_budget']}", _latest_text(t["latest"])]
+             for t in tasks]))
+    out.append("")
+    rows = []
+    for e in data["executions"]:
+        jobid = e.get("display_id") or e["slurm_job_id"]
+        evidence = "; ".join(_fact_text(f) for f in e.get("facts", [])) or "-"
+        rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
+                     status.clock(e["started"]), e["state"], evidence])
+    out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
+                             "END/CESSATION"], rows) if rows else "No execution has started yet.")
+    if data["events"]:
+        out.append("")
+        out.extend(f"{status.clock(ev['time'])} {_event_text(ev)}" for ev in data["events"])
+    if tasks and "%a" in data["checkpoint"].replace("%%", ""):
+        return "\n".join(out)  # each task's root, its latest: in the task table
+    out.append("")
+    out.append(f"Latest publication: {_latest_text(data['latest'])}")
+    return "\n".join(out)
+
+
+def _state_text(sub: dict[str, Any]) -> str:
+    """A submission's state; a recorded end with the hook's exit code, as sacct's ExitCode."""
+    state = str(sub["state"])
+    if sub.get("exit_code") and state.endswith(" (recorded)"):
+        return f"{state[:-1]}, exit {sub['exit_code']})"
+    return state
+
+
+def _supervisor_text(data: dict[str, Any]) -> str:
+    """When a supervisor last passed: resubmissions and holds happen only while one runs."""
+    seen = data.get("supervisor")
+    rules_wait = data["resubmit_budget"] > 0 or data["shared_checkpoint"]
+    if not seen:
+        return ("Supervisor  none has passed yet" + (
+            ": --resubmit and holds act only while `dispatch supervise` runs (a systemd user "
+            "timer: contrib/systemd; scrontab; or --loop)" if rules_wait else ""))
+    good = (f"last good pass {status.clock(seen['time'])} ({_ago(seen['time'])} ago, on "
+            f"{seen.get('host', '?')})" if seen.get("time") else "no good pass yet")
+    if not seen.get("failing_since"):
+        return f"Supervisor  {good}"
+    return (f"Supervisor  {good}; passes failing since {status.clock(seen['failing_since'])} "
+            f"({seen.get('failures', '?')} failed, the latest {_ago(seen.get('failed_at'))} "
+            f"ago): {seen.get('error', '?')}")
+
+
+def _ago(seconds: Any) -> str:
+    import time as _time
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    ago = max(0, int(_time.time() - float(seconds)))
+    return f"{ago} s" if ago < 120 else f"{ago // 60} min" if ago < 7200 else \
+        f"{ago // 3600} h"
+
+
+def _latest_text(latest_: Optional[dict[str, Any]]) -> str:
+    if latest_ is None:
+        return "none"
+    if "error" in latest_:
+        return f"unreadable: {latest_['error']}"
+    return f"epoch {latest_['epoch']} step {latest_['step']} {latest_['path']}"
+
+
+def _event_text(ev: dict[str, Any]) -> str:
+    """One line for a recorded decision: holds, cessation facts, releases, ends.  One array
+    task's: named, and its Slurm jobs as Slurm shows them (``80_1``)."""
+    task = ev.get("task")
+    if task is None:
+        return _decision_text(ev)
+    ev = {**ev, **{k: f"{ev[k]}_{task}" for k in ("slurm_job_id", "held_slurm_job_id")
+                   if ev.get(k) and "_" not in str(ev[k])}}
+    text = _decision_text(ev)
+    head, _, rest = text.partition(" ")
+    return f"{head} task {task} {rest}" if ev["event"] in ("hold", "finished", "cessation") \
+        else text
+
+
+def _decision_text(ev: dict[str, Any]) -> str:
+    kind = ev["event"]
+    if kind == "hold":
+        return (f"HOLD submission {ev['submission']} (Slurm job {ev['slurm_job_id']}) after "
+                f"{ev['end_state']} of job {ev['ended_slurm_job_id']}, until "
+                f"{status.clock(ev['deadline'])}")
+    if kind == "cessation":
+        evidence = ev.get("evidence")
+        reason = evidence.get("reason", "") if isinstance(evidence, dict) else str(evidence)
+        return (f"CESSATION of job {ev['ended_slurm_job_id']}: {ev['verdict']}"
+                + (f" ({reason})" if reason else ""))
+    if kind == "released":
+        return f"RELEASED Slurm job {ev['slurm_job_id']} by {ev['by']}"
+    if kind == "expired":
+        return f"EXPIRED hold on Slurm job {ev['slurm_job_id']}: nothing more starts"
+    if kind == "finished":
+        return f"FINISHED after {ev['end_state']}: {ev['rule']}"
+    if kind == "superseded":
+        return f"SUPERSEDED by {ev['by']}"
+    extra = {k: v for k, v in ev.items() if k not in ("event", "time", "ns")}
+    return f"{kind.upper()} " + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
+
+
+def _fact_text(fact: dict[str, Any]) -> str:
+    """One execution's hook facts in a few words: its end, then each node's cessation."""
+    if "error" in fact:
+        return f"facts unreadable: {fact['error']}"
+    parts: list[str] = []
+    nodes = fact.get("nodes") or {}
+    end = fact.get("end")
+    if not end and all(seen.get("ceased") is None for seen in nodes.values()):
+        return "-"  # still running: nothing has ended yet
+    if end:
+        state = end.get("state") or ("requeued" if end.get("requeued") else "ended")
+        parts.append(f"{state} exit {end.get('exit_code', '?')}")
+    for node, seen in sorted(nodes.items()):
+        ceased = seen.get("ceased")
+        if ceased is True:
+            parts.append(f"{node} ceased")
+        elif ceased is False:
+            pids = [str(p.get("pid")) for p in seen.get("survivors", []) if isinstance(p, dict)]
+            parts.append(f"{node} SURVIVORS {','.join(pids) or '?'}")
+        else:
+            parts.append(f"{node} no end record")
+    if fact.get("problems"):
+        parts.append(f"{len(fact['problems'])} problem(s)")
+    return ", ".join(parts) or "-"
+
+
+@main.command(name="status")
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--timeline", is_flag=True,
+              help="Draw the executions as bars over time: running, ended but not proven "
+                   "gone (the overlap), ceased, publications, holds; the lineage that won.")
+def status_(job: str, as_json: bool, timeline: bool) -> None:
+    """Show a dispatch job: submissions, executions, end states, latest publication.
+
+    JOB is a dispatch job id (printed by dispatch-sbatch) or a Slurm job id of one of its
+    submissions.  Costs one squeue call.
+    """
+    def body() -> None:
+        from ..slurm.adapter import Slurm
+        slurm = Slurm.for_people(_say)
+        slurm_jobs = slurm.own_jobs()
+        here = slurm.cluster()
+        record_ = status.open_job(job, slurm_jobs, here)
+        data = status.collect(record_, slurm_jobs)
+        data["cluster"] = data["cluster"] or here
+        if as_json:
+            echo_json(data)
+        elif timeline:
+            import shutil
+
+            from ..control import timeline as drawing
+            root = str(data["checkpoint"])
+            found = drawing.marks(root) if "%" not in root else []
+            width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
+            click.echo(drawing.render(data, found, width=max(width, 60)))
+        else:
+            text = _render_status(data)
+            if len(record.clusters(record.all_jobs(), here)) > 1:  # whose job it is
+                head, _, rest = text.partition("\n")
+                text = f"{head}\nCluster     {data['cluster']}\n{rest}"
+            click.echo(text)
+    body()
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
+@click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
+@click.option("--clusters", "-M", metavar="NAME[,NAME...]|all",
+              help="List these clusters' jobs (records of several clusters may share one "
+                   "home); default: this cluster's.  Other clusters' states are as recorded.")
+@click.option("--state", "--states", "-t", "states", metavar="STATE[,STATE...]",
+              help="Only jobs in these states, as squeue -t takes them (FAILED,RUNNING or "
+                   "F,R; a recorded end counts), or HELD, SUPERSEDED, FINISHED, UNKNOWN; all.")
+@click.option("--name", "-n", "names", metavar="SCRIPT[,SCRIPT...]",
+              help="Only jobs of these scripts (the SCRIPT column, exactly).")
+@click.option("--since", "-S", metavar="TIME",
+              help="Only jobs whose latest submission was made at TIME or later, as sacct -S "
+                   "reads it: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], today, midnight, "
+                   "now[-N[seconds|minutes|hours|days|weeks]].")
+def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optional[str],
+         names: Optional[str], since: Optional[str]) -> None:
+    """List your dispatch jobs, one line each, oldest first.
+
+    STATE is Slurm's for the latest submission (every task's for an array), HELD for a
+    standing shared-checkpoint hold.  Once slurmctld has forgotten the job (MinJobAge), the
+    end the record holds, as sacct names it and marked so: FAILED (recorded) is what the
+    supervisor saw and acted on, or what the controller hook's end record proves; FINISHED
+    when it settled the job without one; UNKNOWN when nothing is recorded yet.  Costs one
+    squeue call; a controller that does not answer is given two tries of about its
+    MessageTimeout (slurm.conf) each, said on stderr while waiting, then one line (exit 2).
+    A CLUSTER column shows each job's cluster where your records name more than one.
+    """
+    def body() -> None:
+        from ..slurm.adapter import Slurm
+        keep = _job_filter(states, names, since)  # bad input: refused before any call
+        slurm = Slurm.for_people(_say)
+        here = slurm.cluster()
+        every = record.all_jobs()
+        wanted = _cluster_choice(clusters, here)
+        own = [j for j in every if j.of_cluster(here)] if not wanted or here in wanted else []
+        # Another cluster's jobs: Slurm here cannot be asked about them, the record says.
+        others = [] if wanted is None else [
+            j for j in every if not j.of_cluster(here) and (not wanted or j.cluster in wanted)]
+        lines = status.job_lines(own, slurm.own_jobs() if own else {})
+        lines += status.job_lines(others, {})
+        for line, job in zip(lines, own + others):
+            line["cluster"] = _cluster_of(job) or here
+        lines = [line for line in lines if keep(line)]
+        lines.sort(key=lambda line: line.get("created") or 0)
+        if as_json:
+            echo_json(lines)
+            return
+        several = len(record.clusters(every, here)) > 1
+        rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
+                else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
+                      line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
+                for line in lines]
+        headers = ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
+        if several:
+            headers.insert(1, "CLUSTER")
+            for row, line in zip(rows, lines):
+                row.insert(1, line.get("cluster") or "-")
+        text = render_table(headers, rows, noheader)
+        if text:
+            click.echo(text)
+    body()
+
+
+# squeue's compact state codes (squeue(1), JOB STATE CODES), and the states dispatch jobs adds.
+STATE_CODES = {
+    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
+    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED", "R": "RUNNING",
+    "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
+    "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
+    "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+OUR_STATES = ("HELD", "SUPERSEDED", "FINISHED", "UNKNOWN")
+
+
+def _job_filter(states: Optional[str], names: Optional[str], since: Optional[str]) -> Any:
+    """dispatch jobs' --state, --name and --since as one test of a line; a bad value is a
+    UsageError naming it."""
+    wanted: Optional[set[str]] = None
+    if states and states.strip().lower() != "all":
+        wanted = set()
+        known = set(STATE_CODES.values()) | set(OUR_STATES)
+        for word in (w.strip().upper() for w in states.split(",") if w.strip()):
+            state = STATE_CODES.get(word, word)
+            if state not in known:
+                raise UsageError(f"--state {word!r} is not a job state (squeue's, as "
+                                 f"FAILED or F, or {', '.join(OUR_STATES)})")
+            wanted.add(state)
+    scripts = {n.strip() for n in names.split(",") if n.strip()} if names else None
+    after = parse_since(since) if since else None
+
+    def keep(line: dict[str, Any]) -> bool:
+        if wanted is not None:
+            shown = {part.split()[0] for part in str(line.get("state") or "").split("+")
+                     if part.split()}
+            if not shown & wanted:
+                return False
+        if scripts is not None and line.get("script") not in scripts:
+            return False
+        return after is None or float(line.get("submitted") or 0) >= after
+    return keep
+
+
+_UNITS = {"": 1, "second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+
+
+def _now() -> float:
+    import time as _time
+    return _time.time()
+
+
+def parse_since(text: str, now: Optional[float] = None, option: str = "--since") -> float:
+    """A time as sacct -S reads it, in seconds: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], today
+    or midnight, now[{+|-}N[seconds|minutes|hours|days|weeks]]; local time."""
+    import re
+    import time as _time
+    now = _time.time() if now is None else now
+    value = text.strip()
+    bad = UsageError(f"{option} {text!r} is not a time sacct -S reads (YYYY-MM-DD[THH:MM[:SS]],"
+                     " MM/DD[/YY], today, now-2days)")
+    relative = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", value.lower())
+    if relative:
+        sign, count, unit = relative.groups()
+        if count is None:
+            return now
+        unit = unit[:-1] if unit.endswith("s") else unit
+        if unit not in _UNITS:
+            raise bad
+        return now + (1 if sign == "+" else -1) * int(count) * _UNITS[unit]
+    if value.lower() in ("today", "midnight"):
+        day = _time.localtime(now)
+        return _time.mktime((day.tm_year, day.tm_mon, day.tm_mday, 0, 0, 0, 0, 0, -1))
+    for form in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y"):
+        try:
+            return _time.mktime(_time.strptime(value, form))
+        except ValueError:
+            continue
+    try:
+        day = _time.strptime(f"{value}/{_time.localtime(now).tm_year}", "%m/%d/%Y")
+    except ValueError:
+        raise bad from None
+    return _time.mktime(day)
+
+
+def _cluster_choice(value: Optional[str], here: Optional[str]) -> Optional[set[str]]:
+    """--clusters: None for this cluster's only, an empty set for all, else the names."""
+    if value is None or value.strip() == "":
+        return None
+    names = {n.strip().lower() for n in value.split(",") if n.strip()}
+    return set() if "all" in names else names
+
+
+def _cluster_of(job: record.JobRecord) -> Optional[str]:
+    from ..errors import DispatchError
+    try:
+        return job.cluster
+    except DispatchError:
+        return None  # an unreadable record: its line says so
+
+
+@main.command()
+@click.argument("job", nargs=-1, required=True)
+def cancel(job: tuple[str, ...]) -> None:
+    """Cancel dispatch jobs: whichever of each one's Slurm jobs is current (running, pending
+    or held).  The supervisor then stops them: a user's cancel is never undone.
+
+    Each JOB is a dispatch job id or a Slurm job id of it; A_T (as Slurm writes an array
+    task) cancels that task only.  Every JOB is looked up first: one that is not found is an
+    error naming it, and nothing is cancelled.  One squeue and one scancel for them all.
+
+    Example: `dispatch cancel 12 13 14_2`
+    """
+    def body() -> None:
+        from ..control.submit import live_slurm_jobs
+        from ..slurm.adapter import Slurm
+        slurm = Slurm.for_people(_say)
+        chosen = []
+        for ident in job:
+            record_ = _open(ident, slurm)
+            chosen.append((record_, _task_named(ident, None, record_)))
+        views = slurm.own_jobs()
+        plan = [(r, live_slurm_jobs(slurm, r, views, task=t)) for r, t in chosen]
+        slurm.cancel(sorted({j for _, live in plan for j in live}))
+        for record_, live in plan:
+            if live:
+                click.echo(f"cancelled Slurm job(s) {' '.join(live)} of dispatch job "
+                           f"{record_.id}")
+            else:
+                click.echo(f"dispatch job {record_.id} has no active Slurm job")
+    body()
+
+
+@main.command()
+@click.argument("job", nargs=-1)
+@click.option("--before", metavar="TIME",
+              help="Forget every job of yours last active before TIME (sacct -S's forms, "
+                   "as dispatch jobs --since: 2026-11-01, now-30days).")
+@click.option("--dry-run", is_flag=True, help="Remove nothing; say what would go and why "
+                                              "the others stay.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: bool) -> None:
+    """Remove old dispatch job records (JOB..., or all last active before --before).
+
+    Never forgotten: a job a Slurm job of which the controller still knows, one with a
+    standing hold, one with a submission being made, one whose end the supervisor has not
+    decided yet (not settled: it may be resubmitted), one another unsettled job waits for
+    (--dependency).  Named JOBs are all forgotten or none (exit 1 saying why each stays);
+    with --before the ones that stay are listed.  A record is removed whole (renamed out of
+    sight first).  Checkpoints are never touched (that is `dispatch gc`).
+
+    Example: `dispatch forget --before now-30days --dry-run`
+    """
+    def body() -> None:
+        from ..control import dependency
+        from ..control import forget as forgetting
+        from ..errors import RefusedError
+        from ..slurm.adapter import Slurm
+        if bool(job) == bool(before):
+            raise UsageError("give JOB... or --before TIME (one of the two)")
+        after = parse_since(before, option="--before") if before else None
+        if after is not None and after > _now():
+            # now+30days for now-30days would forget every settled job, however new.
+            raise UsageError(f"--before {before!r} is in the future ({status.clock(after)}): "
+                             "every settled job would be forgotten; give a past time "
+                             "(now-30days)")
+        slurm = Slurm.for_people(_say)
+        mine = record.cluster_jobs(slurm.cluster())
+        chosen = [_open(ident, slurm) for ident in job] if job else mine
+        going, kept = forgetting.plan(chosen, slurm.own_jobs(),
+                                      dependency.dependents(mine), after)
+        if job and kept:
+            raise RefusedError("not forgetting anything: " + "; ".join(
+                f"{k['id']} stays: {k['why']}" for k in kept))
+        if not dry_run:
+            forgetting.finish_earlier()
+            by_id = {j.id: j for j in chosen}
+            for entry in going:
+                forgetting.forget(by_id[entry["id"]])
+        if as_json:
+            echo_json({"dry_run": dry_run, "forgotten": going, "kept": kept})
+            return
+        verb = "would forget" if dry_run else "forgot"
+        for entry in going:
+            click.echo(f"{verb} {entry['id']} (last active {status.clock(entry['last'])}, "
+                       f"{entry['bytes']} bytes on disk)")
+        for entry in kept:
+            click.echo(f"kept {entry['id']}: {entry['why']}")
+        click.echo(f"{verb} {len(going)} job(s), {sum(e['bytes'] for e in going)} bytes on "
+                   f"disk; kept {len(kept)}")
+    body()
+
+
+@main.command()
+@click.argument("job")
+@click.option("--task", type=click.IntRange(min=0), default=None, metavar="T",
+              help="Resubmit one task of an array job on its own (--array=T), in its lineage "
+                   "(JOB given as A_T, as Slurm writes a task, names it too).")
+@click.option("--force", is_flag=True,
+              help="Submit even while one of the job's Slurm jobs is still active.")
+@click.option("--python", "python", metavar="PATH",
+              help="Run the launcher with this interpreter (one with slurm-dispatch "
+                   "installed), from this submission on, the supervisor's included: for a "
+                   "job whose venv was moved or removed.  [default: the one it was submitted "
+                   "with]")
+def resubmit(job: str, task: Optional[int], force: bool, python: Optional[str]) -> None:
+    """Submit a dispatch job's script snapshot again, as submission N+1.
+
+    The new submission runs what was first submitted, with the same sbatch options and the
+    environment of the first submission, from the same directory; its executions resume from
+    the latest publication.  Refused while a submission is still active (it would run beside
+    it), unless --force; refused too when the interpreter the job's launcher runs with is gone
+    (see --python).  Prints sbatch's line.
+    """
+    def body() -> None:
+        from ..control.submit import array_tasks, refuse_while_live
+        from ..control.submit import resubmit as resubmit_job
+        from ..slurm.adapter import Slurm
+        slurm = Slurm()
+        record_ = _open(job, slurm)
+        nonlocal task
+        task = _task_named(job, task, record_)
+        if task is not None and task not in (array_tasks(record_) or []):
+            raise UsageError(f"--task {task}: dispatch job {record_.id} has no such array task "
+                             f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
+        if not force:
+            refuse_while_live(slurm, record_, task=task)
+        if python is not None:
+            from ..control.interpreter import choose
+            choose(record_, python)
+        done = resubmit_job(slurm, record_, task=task)
+        click.echo(done.result.stdout.rstrip("\n"))
+        click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
+    body()
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def plan(args: tuple[str, ...]) -> None:
+    """Print what dispatch will do with a job, submitting nothing.
+
+    Takes what dispatch-sbatch takes: [dispatch options] [sbatch options] script [args...].
+    Shows the recovery rule for every end state and, for --shared-checkpoint, each hold that
+    stands in for a restart.
+    """
+    def body() -> None:
+        from ..control.plan import describe
+        from ..control.submit import read_request
+        click.echo(describe(read_request(list(args))), nl=False)
+    body()
+
+
+@main.command()
+@click.option("--loop", is_flag=True, help="Run a pass every --interval seconds, for ever.")
+@click.option("--interval", type=float, default=None, metavar="S",
+              help="Seconds between passes with --loop (default: CessationInterval).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors.")
+def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
+    """Apply your dispatch jobs' recovery rules: one idempotent pass, or --loop.
+
+    For each of your dispatch jobs whose latest submission ended: resubmit it while its
+    --resubmit budget lasts; for --shared-checkpoint jobs, submit the next submission held
+    and ask the site's CessationSignal (dispatch.conf; default dispatch-cease) every
+    CessationInterval whether the ended execution's processes are gone; a ceased answer
+    releases the hold; after SharedHoldFor the hold expires and the job ends.
+
+    A pass costs one squeue call (your own jobs) plus one per action.  Several supervisors
+    may run at once: no submission is ever made twice.  Run it from a login node (`dispatch
+    supervise --loop`), from a systemd user timer (contrib/systemd), from scrontab
+    (`* * * * * dispatch supervise -q`), or from cron.
+
+    A pass the controller does not answer (slurmctld restarting, failing over) fails as a
+    whole: one line on stderr with the cause, the failure is recorded (`dispatch status`
+    shows the last good pass and since when passes fail), and --loop goes on passing, sooner
+    at first, never less often than every --interval, for as long as it takes.  Without
+    --loop a failed pass exits 2.
+    """
+    def body() -> None:
+        import time as _time
+
+        from ..control.supervisor import Supervisor, mark_failure, retry_pause, site_settings
+        from ..errors import DispatchError
+        from ..slurm.adapter import Slurm
+        settings = site_settings()
+        supervisor = Supervisor(Slurm(), settings)
+        pause = interval if interval is not None else settings.interval
+        supervisor.every = pause if loop else None
+        failed: Optional[dict[str, Any]] = None
+        while True:
+            try:
+                report = supervisor.run_pass()
+            except (DispatchError, OSError) as exc:
+                cause = " ".join(str(exc).split())
+                failed = mark_failure(None, cause, supervisor.slurm.cluster(),
+                                      supervisor.every)
+                wait = retry_pause(int(failed["failures"]), pause)
+                click.echo(f"dispatch: {_time.strftime('%Y-%m-%dT%H:%M:%S')} pass failed: "
+                           f"{cause}" + (f" (next pass in {wait:g} s)" if loop else ""),
+                           err=True)
+                if not loop:
+                    sys.exit(2)
+                _time.sleep(wait)
+                continue
+            stamp = _time.strftime("%Y-%m-%dT%H:%M:%S")
+            if failed is not None and not quiet:
+                click.echo(f"{stamp} the controller answers again, after "
+                           f"{failed['failures']} failed pass(es) since "
+                           f"{status.clock(failed['failing_since'])}")
+            failed = None
+            if not quiet:
+                for action in report.actions:
+                    click.echo(f"{stamp} {action}")
+            for error in report.errors:
+                click.echo(f"dispatch: {stamp} {error}", err=True)
+            if not loop:
+                if report.errors:
+                    sys.exit(2)
+                return
+            _time.sleep(pause)
+    body()
+
+
+@main.command()
+@click.argument("job")
+@click.option("--force", is_flag=True,
+              help="Release even when the ended execution is not proven gone.")
+def release(job: str, force: bool) -> None:
+    """Lift the hold on a shared-checkpoint job's next submission, as a person.
+
+    The site's CessationSignal (dispatch.conf; default dispatch-cease) is asked first about
+    the ended execution the hold waits for: when its processes are not proven gone (survivors,
+    a node cut off, no record), the release is refused with the evidence (exit 1), because
+    they may still write the shared checkpoint; --force releases anyway, as your decision.
+    Same as `scontrol release` on the held Slurm job, and recorded.  Of an array job, every
+    task's standing hold; JOB given as A_T (as Slurm writes a task), that task's only.
+    """
+    def body() -> None:
+        from ..control.supervisor import release as release_hold
+        from ..control.supervisor import site_settings
+        from ..slurm.adapter import Slurm
+        record_ = _open(job)
+        held = release_hold(Slurm(), record_, site_settings(), force=force,
+                            task=_task_named(job, None, record_))
+        click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
+    body()
+
+
+def _size_text(value: Optional[int]) -> str:
+    return "-" if value is None else str(value)
+
+
+@main.command(name="gc")
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.option("--keep", metavar="K",
+              help="Keep the saves of the K latest publications (at least 1).  [default: the "
+                   "largest rotation limit an execution recorded, .dispatch-keep.json]")
+@click.option("--dry-run", is_flag=True, help="Remove nothing; say what would go.")
+@click.option("--sizes", is_flag=True,
+              help="Also measure each execution folder and what would be freed (stats every "
+                   "file).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--all-files", is_flag=True,
+              help="Also remove the files of old execution folders that are not saves "
+                   "(TensorBoard events, logs); by default they stay.")
+@timeout_option
+def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as_json: bool,
+        all_files: bool, timeout: Optional[str]) -> None:
+    """Remove the saves and execution folders no execution can need any more.
+
+    Stays, whatever K: the saves of the K latest publications (by epoch, then step); every
+    save an execution that may be live has chosen to resume from (the launcher's choice, or
+    an integration's fallback when that one could not be loaded); pinned saves (`dispatch
+    pin`); the framework's best saves (Lightning's save_top_k by its monitor, the Trainer's
+    best model); every folder with no record; what the live executions have not published.
+    Goes: publications below the K latest, every name of a save before the save, and old
+    execution folders once nothing in them stays.  Files that are not saves (TensorBoard
+    events, logs) stay unless --all-files.  Safe while jobs run and publish; a run killed
+    midway is finished by the next, whatever K.  --dry-run lists what would go, every file
+    of a whole folder included, and why each kept save stays.  Before removing saves it waits
+    twice ListingLag (dispatch.conf, default 60 s; $DISPATCH_LISTING_LAG) so that a choice
+    made on a node whose view of the root lags (NFS) is seen; it says so on stderr.
+
+    Example: `dispatch gc --root /scratch/me/run1 --keep 3 --dry-run --sizes`
+    """
+    def body() -> None:
+        from ..checkpoint import gc as cleanup
+        from ..checkpoint.stores.open import open_store
+
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
+        report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
+                                 timeout=parse_timeout(timeout), all_files=all_files,
+                                 say=lambda line: click.echo(f"dispatch gc: {line}", err=True))
+        if as_json:
+            echo_json(report.as_json())
+            return
+        where = open_store(root_v, parse_timeout(timeout))
+        action = "would remove" if dry_run else "removed"
+        rows = [[f"kept ({r.skipped})" if r.skipped else action, r.kind,
+                 _size_text(r.bytes), len(r.publications), where.locate(r.path)]
+                for r in report.removals]
+        if rows:
+            click.echo(render_table(["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"], rows))
+        if dry_run:
+            # A whole folder: how much goes, and by name what is not named like a save
+            # (--json lists every entry).
+            for r in report.removals:
+                if r.kind == "folder":
+                    click.echo(f"  would remove {where.locate(r.path)}: {len(r.entries)} "
+                               f"entries, {len(r.others)} not named like saves")
+                for entry in r.others:
+                    click.echo(f"  would remove {where.locate(r.path)}/{entry}")
+        if sizes:
+            click.echo("")
+            click.echo(render_table(["ATTEMPT", "EPOCH", "BYTES", "VERDICT"], [
+                [f.attempt, "-" if f.epoch is None else f.epoch, _size_text(f.bytes), f.verdict]
+                for f in report.folders]))
+        if dry_run and report.kept:
+            click.echo("")
+            click.echo(render_table(["KEPT", "WHY"], [
+                [where.locate(path), why] for path, why in sorted(report.kept.items())]))
+        for path in report.left:
+            click.echo(f"{'would leave' if dry_run else 'left'} (not a save; --all-files "
+                       f"removes it): {where.locate(path)}")
+        if dry_run and not sizes:
+            kept = [f for f in report.folders if f.verdict != "removed"]
+            if kept:
+                click.echo("")
+                click.echo(render_table(["ATTEMPT", "EPOCH", "VERDICT"], [
+                    [f.attempt, "-" if f.epoch is None else f.epoch, f.verdict]
+                    for f in kept]))
+        gone = [r for r in report.removals if not r.skipped]
+        freed = report.freed
+        click.echo(f"{'would remove' if dry_run else 'removed'} {len(gone)} save(s) or "
+                   f"folder(s), {sum(len(r.publications) for r in gone)} publication(s)"
+                   + ("" if freed is None else f", {freed} bytes")
+                   + f"; keeping the {report.keep} latest publication(s)")
+    body()
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.argument("save", required=False)
+@timeout_option
+def pin(root: Optional[str], save: Optional[str], timeout: Optional[str]) -> None:
+    """Keep the published SAVE through every cleanup (gc, watch --keep, the integrations'
+    limits) until `dispatch unpin`; without SAVE, list the pinned saves.  SAVE is spelled as
+    `dispatch list` shows it: a path under the root, or an s3://bucket/prefix/... URL.
+    `dispatch gc --dry-run` lists pins among what it keeps, and why.
+
+    Example: `dispatch pin --root /scratch/me/run1 /scratch/me/run1/exec/<attempt>/checkpoint-500`
+    """
+    def body() -> None:
+        from ..checkpoint import gc as cleanup
+        from ..checkpoint.stores.open import open_store
+
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        if save is None:
+            st = open_store(root_v, parse_timeout(timeout))
+            for path in sorted(cleanup.pinned(st)):
+                click.echo(st.locate(path))
+            return
+        made = cleanup.pin(root_v, save, parse_timeout(timeout))
+        click.echo(f"pinned {save}" if made else f"{save} was pinned already")
+    body()
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.argument("save")
+@timeout_option
+def unpin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
+    """Let cleanup treat SAVE by its rules again (it may then be removed)."""
+    def body() -> None:
+        from ..checkpoint import gc as cleanup
+
+        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+        gone = cleanup.unpin(root_v, save, parse_timeout(timeout))
+        click.echo(f"unpinned {save}" if gone else f"{save} was not pinned")
+    body()
+
+
+
+@main.command()
+@click.argument("save", required=False)
+@click.argument("dest", required=False, type=click.Path())
+@timeout_option
+def fetch(save: Optional[str], dest: Optional[str], timeout: Optional[str]) -> None:
+    """Bring a save to local disk, checked; print its local path (nothing: a fresh start).
+
+    SAVE defaults to this execution's resume source, chosen as the framework integrations
+    choose it: $DISPATCH_RESUME_FROM, or the previous save of its lineage when that one
+    cannot be loaded (said on stderr).  On an s3:// root it is fetched with boto3's transfer
+    manager into the staging folder ($DISPATCH_STAGE_DIR/resume-<n>/), or to DEST; asked
+    again, the copy already made is printed.  A save on a folder root is already local: its
+    path is printed as it is (read it, never write into it), or copied when DEST is given.
+    Every copy is checked before it is printed: each file at the size S3 lists and its
+    manifest records, and at the sha256 the manifest records (a local copy: its source's
+    bytes); one that does not check out is removed (exit 2).  DEST must not exist.
+
+    \b
+    Example, in a shell trainer on either kind of root:
+      resume=$(dispatch fetch)
+      [ -n "$resume" ] && step=$(cat "$resume/step")
+      # ... write saves under $DISPATCH_LOCAL_DIR, published by `dispatch watch`
+    """
+    def body() -> None:
+        import os
+
+        from ..execution import fetch as fetch_lib
+
+        if timeout is not None:
+            os.environ["DISPATCH_STORE_TIMEOUT"] = str(parse_timeout(timeout))
+        path = fetch_lib.fetch(save or None, dest)
+        if path:
+            click.echo(path)
+    body()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,151 @@
+"""``dispatch forget``: remove the records of dispatch jobs nothing will act on again.
+
+A record is kept while anything may still act on it or read it: a Slurm job of it that the
+controller still knows (running, pending, requeued, or ended but not yet aged out), a
+standing hold, a submission being made (a claim with no submission recorded), an end the
+supervisor has not decided yet (the job is not settled: it may still be resubmitted), and
+another unsettled dispatch job that waits for it (``--dependency`` on its id).  Only this
+cluster's records are considered (the caller passes them).
+
+A record goes whole: its folder is first renamed to a dot name (which no reader lists), then
+removed; one a killed run left half removed is removed by the next run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Optional
+
+from ..errors import DispatchError, RecordError
+from ..slurm.adapter import Job
+from . import events, record, submit
+
+_CLAIM = re.compile(r"submission-(\d+)(?:-t(\d+))?(?:\.|$)")
+GOING = ".forgetting-"
+
+
+def settled(job: record.JobRecord) -> bool:
+    """Nothing more is decided for it: finished, superseded, or every array task so."""
+    history = job.history()
+    tasks = submit.array_tasks(job)
+    return history.settled or (tasks is not None and history.settled_tasks(tasks))
+
+
+def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
+             waiting: dict[str, list[record.JobRecord]]) -> Optional[str]:
+    """Why ``job``'s record must stay, or None when it may be forgotten.  ``slurm_jobs`` is
+    this cluster's view of the caller's jobs, ``waiting`` :func:`dependency.dependents`."""
+    try:
+        history = job.history()
+        tasks = submit.array_tasks(job)
+    except DispatchError as exc:
+        return f"unreadable ({exc}): remove it by hand if it is garbage"
+    ids = {s.slurm_job_id for s in history.submissions}
+    ids |= {s.slurm_job_id for s in history.of(events.Started) if s.slurm_job_id}
+    for view in {id(j): j for j in slurm_jobs.values()}.values():
+        if view.job_id in ids or (view.array_job_id or "") in ids:
+            return f"still known to Slurm (Slurm job {view.display_id}, {view.state})"
+    for line in [history.lineage()] + [history.lineage(t) for t in tasks or []]:
+        if line.hold is not None:
+            return (f"a standing hold (Slurm job {line.hold.slurm_job_id}): release it "
+                    "(dispatch release) or let it expire first")
+    made = {(s.submission, s.task) for s in history.submissions}
+    for name in _claim_names(job):
+        found = _CLAIM.match(name)
+        if found:
+            key = (int(found.group(1)), int(found.group(2)) if found.group(2) else None)
+            if key not in made and (key[0], None) not in made:
+                return f"submission {key[0]} is being made (claim {name})"
+    if not settled(job):
+        return ("not settled: dispatch supervise has not decided its end yet (it may be "
+                "resubmitted); run a pass first")
+    others = []
+    for other in waiting.get(job.id, []):
+        try:
+            if other.id != job.id and not settled(other):
+                others.append(other.id)
+        except DispatchError:
+            others.append(other.id)
+    if others:
+        return f"dispatch job(s) {', '.join(sorted(others))} wait for it (--dependency)"
+    return None
+
+
+def _claim_names(job: record.JobRecord) -> list[str]:
+    try:
+        return sorted(os.listdir(os.path.join(job.path, "claims")))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise RecordError(f"cannot read {job.path}/claims: {exc.strerror}") from None
+
+
+def last_activity(job: record.JobRecord) -> float:
+    """When anything was last recorded of ``job`` (its newest event, else its creation)."""
+    try:
+        found = [e.time for e in job.history().events]
+        created = float(job.spec.get("created") or 0)
+    except DispatchError:
+        return os.stat(job.path).st_mtime
+    return max([created, *found])
+
+
+def size(job: record.JobRecord) -> int:
+    """Bytes the record takes on disk (blocks, as du counts them, its folders included):
+    what forgetting it frees.  Mostly blocks: a record is four folders and a file or more
+    per event, each at least a block, around a few KiB of text (measured: 16 KiB of it in
+    a 4 KiB-block file system is its folders; 40 KiB for a job of two events)."""
+    total = 0
+    for folder, dirs, names in os.walk(job.path):
+        for name in [*dirs, *names, ""] if folder == job.path else [*dirs, *names]:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def forget(job: record.JobRecord) -> None:
+    """Remove the record whole: renamed out of every reader's sight, then removed."""
+    import shutil
+    parent = os.path.dirname(job.path)
+    going = os.path.join(parent, f"{GOING}{job.id}-{os.urandom(4).hex()}")
+    try:
+        os.rename(job.path, going)
+    except OSError as exc:
+        raise RecordError(f"cannot remove the record {job.path!r}: {exc.strerror}") from None
+    shutil.rmtree(going, ignore_errors=True)
+
+
+def finish_earlier(home: Optional[str] = None) -> list[str]:
+    """Remove what a killed run left renamed but not removed; returns those names."""
+    import shutil
+    base = record.jobs_dir(home)
+    try:
+        left = [n for n in os.listdir(base) if n.startswith(GOING)]
+    except OSError:
+        return []
+    for name in left:
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return left
+
+
+def plan(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job],
+         waiting: dict[str, list[record.JobRecord]], before: Optional[float]
+         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the records to forget, those kept with why), for ``jobs`` last active before
+    ``before`` (every one given, with None)."""
+    going: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    for job in jobs:
+        last = last_activity(job)
+        if before is not None and last >= before:
+            continue
+        why = why_kept(job, slurm_jobs, waiting)
+        entry = {"id": job.id, "last": round(last, 3), "bytes": size(job)}
+        if why is None:
+            going.append(entry)
+        else:
+            kept.append({**entry, "why": why})
+    return going, kept

@@ -1,0 +1,308 @@
+"""Reading a dispatch-sbatch command line and a job script's directives, and rendering the
+batch script that sbatch receives.  Pure: no I/O.
+
+``dispatch-sbatch [dispatch options] [sbatch options] script [args...]`` keeps sbatch's own
+grammar: short options may be clustered (``-N2``, ``-HN 2``), long options take ``=value`` or
+the next word, and unambiguous prefixes of long options work as they do with getopt.  The
+first word that is not an option is the script; everything after it belongs to the script.
+
+Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SBATCH``):
+``--checkpoint DIR``, ``--resubmit N``, ``--shared-checkpoint``, ``--supersede JOB``, ``--plan``.
+The command line wins over directives.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Optional
+
+# sbatch 22.05 options that take a required argument (``sbatch --help``, sbatch(1)).
+SHORT_WITH_ARG = set("aAbBcCdDeFGiJLmMnNopqStwx")
+LONG_WITH_ARG = {
+    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir",
+    "cluster-constraint", "clusters", "comment", "constraint", "container", "core-spec",
+    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot",
+    "dependency", "distribution", "error", "export", "export-file", "extra-node-info", "gid",
+    "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task",
+    "gres", "gres-flags", "hint", "input", "job-name", "kill-on-invalid-dep", "licenses",
+    "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu",
+    "mincpus", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "open-mode", "output",
+    "partition", "power", "prefer", "priority", "profile", "qos", "reservation", "signal",
+    "sockets-per-node", "switches", "thread-spec", "threads-per-core", "time", "time-min",
+    "tmp", "tres-per-task", "uid", "wckey", "wrap", "exclude",
+}
+LONG_FLAGS = {
+    "contiguous", "exclusive", "get-user-env", "help", "hold", "ignore-pbs", "no-kill",
+    "no-requeue", "nice", "overcommit", "oversubscribe", "parsable", "propagate", "quiet",
+    "reboot", "requeue", "spread-job", "test-only", "usage", "use-min-nodes", "verbose",
+    "version", "wait", "wait-all-nodes", "kill-command", "x11", "gpus-per-task",
+}
+LONG_FLAGS -= LONG_WITH_ARG
+SHORT_ALIASES = {"J": "job-name", "D": "chdir", "o": "output", "e": "error", "a": "array",
+                 "H": "hold", "W": "wait"}
+
+DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before"}
+DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
+
+
+class DispatchOptions:
+    """The dispatch options given, and which of them were given (``given``)."""
+
+    __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
+                 "warn_before", "given")
+
+    def __init__(self, given: Optional[set[str]] = None) -> None:
+        self.checkpoint: Optional[str] = None
+        self.warn_before: Optional[tuple[str, int]] = None  # (signal, seconds before the end)
+        self.resubmit = 0
+        self.shared_checkpoint = False
+        self.supersede: Optional[str] = None
+        self.plan = False
+        self.given: set[str] = set(given or ())
+
+    def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
+        """These options (the command line) over ``directives`` (the script's)."""
+        out = DispatchOptions(given=self.given | directives.given)
+        for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
+                     "warn_before"):
+            source = self if name in self.given else directives
+            setattr(out, name, getattr(source, name))
+        return out
+
+
+class CommandLine:
+    """A dispatch-sbatch command line, split into its parts."""
+
+    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names", "warnings")
+
+    def __init__(self, dispatch: DispatchOptions, sbatch: list[str], script: Optional[str],
+                 script_args: list[str], long_names: set[str],
+                 warnings: Optional[list[str]] = None) -> None:
+        self.dispatch = dispatch
+        self.sbatch = sbatch  # sbatch's own options, in order, as given
+        self.script = script
+        self.script_args = script_args
+        self.long_names = long_names  # long names of the sbatch options given, aliases resolved
+        self.warnings = list(warnings or [])  # for people: likely mistakes that are not errors
+
+
+def _resolve_long(name: str, where: str) -> str:
+    known = LONG_WITH_ARG | LONG_FLAGS | DISPATCH_WITH_ARG | DISPATCH_FLAGS
+    if name in known:
+        return name
+    candidates = sorted(k for k in known if k.startswith(name))
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise UsageError(f"option '--{name}'{where} is ambiguous: "
+                         + ", ".join("--" + c for c in candidates))
+    import difflib  # only on this path: dispatch-sbatch's start-up stays small
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    if close:
+        # A typo: left alone, its value would be taken for the script (`--checkpont X`).
+        raise UsageError(f"unrecognized option '--{name}'{where} (did you mean "
+                         f"--{close[0]}?)")
+    return name  # unknown and like nothing we know: a newer sbatch's option, sbatch judges it
+
+
+def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where: str) -> None:
+    opts.given.add(name.replace("-", "_"))
+    if name == "checkpoint":
+        if not value:
+            raise UsageError(f"--checkpoint{where} needs a directory")
+        opts.checkpoint = value
+    elif name == "resubmit":
+        try:
+            opts.resubmit = int(value or "")
+        except ValueError:
+            raise UsageError(f"--resubmit {value!r}{where} is not a number of resubmissions"
+                             ) from None
+        if not 0 <= opts.resubmit <= 999_998:
+            raise UsageError(f"--resubmit {opts.resubmit}{where} is outside 0..999998")
+    elif name == "supersede":
+        if not value:
+            raise UsageError(f"--supersede{where} needs a dispatch job id")
+        opts.supersede = value
+    elif name == "warn-before":
+        opts.warn_before = parse_warning(value or "", where)
+    elif name == "shared-checkpoint":
+        opts.shared_checkpoint = True
+    elif name == "plan":
+        opts.plan = True
+
+
+SIGNALS = {"USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "CONT", "URG"}
+
+
+def parse_warning(value: str, where: str = "") -> tuple[str, int]:
+    """``--warn-before TIME[:SIGNAL]``: seconds (or MM:SS) before the time limit, and the
+    signal (default USR1).  Slurm takes 0..65535 seconds."""
+    parts = value.split(":")
+    signal = "USR1"
+    if len(parts) > 1 and not parts[-1].isdigit():
+        signal = parts.pop().upper().removeprefix("SIG")
+    if signal not in SIGNALS:
+        raise UsageError(f"--warn-before {value!r}{where}: unknown signal {signal!r} "
+                         f"(one of {', '.join(sorted(SIGNALS))})")
+    try:
+        if len(parts) > 2:
+            raise ValueError(value)
+        total = int(parts[-1]) + (60 * int(parts[0]) if len(parts) == 2 else 0)
+    except ValueError:
+        raise UsageError(f"--warn-before {value!r}{where}: give the time before the limit as "
+                         "seconds or MM:SS, then :SIGNAL if not USR1 (e.g. 300, 5:00, "
+                         "120:TERM)") from None
+    if not 1 <= total <= 65535:
+        raise UsageError(f"--warn-before {value!r}{where}: {total} s is outside 1..65535 "
+                         "(what sbatch --signal accepts)")
+    return signal, total
+
+
+def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
+                  ) -> tuple[DispatchOptions, list[str], int, set[str]]:
+    """Walk ``words``; return (dispatch options, sbatch words, index of the script, long names)."""
+    opts = DispatchOptions()
+    sbatch: list[str] = []
+    names: set[str] = set()
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            sbatch.append(word)
+            i += 1
+            break
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            long = _resolve_long(name, where)
+            if long in DISPATCH_WITH_ARG or long in DISPATCH_FLAGS:
+                if long in DISPATCH_WITH_ARG and not eq:
+                    if i + 1 >= len(words):
+                        raise UsageError(f"--{long}{where} needs a value")
+                    value = words[i + 1]
+                    i += 1
+                elif long in DISPATCH_FLAGS and eq:
+                    raise UsageError(f"--{long}{where} takes no value (got {value!r})")
+                _set_dispatch(opts, long, value, where)
+                i += 1
+                continue
+            names.add(long)
+            sbatch.append(word)
+            if long in LONG_WITH_ARG and not eq:
+                if i + 1 >= len(words):
+                    raise UsageError(f"sbatch option --{long}{where} needs a value")
+                sbatch.append(words[i + 1])
+                i += 1
+            i += 1
+            continue
+        if word.startswith("-") and len(word) > 1:
+            sbatch.append(word)
+            for j, letter in enumerate(word[1:], start=1):
+                if letter in SHORT_ALIASES:
+                    names.add(SHORT_ALIASES[letter])
+                if letter in SHORT_WITH_ARG:
+                    if j == len(word) - 1:
+                        if i + 1 >= len(words):
+                            raise UsageError(f"sbatch option -{letter}{where} needs a value")
+                        sbatch.append(words[i + 1])
+                        i += 1
+                    break
+            i += 1
+            continue
+        if stop_at_script:
+            break
+        raise UsageError(f"unexpected word {word!r}{where}: directives hold options only")
+    return opts, sbatch, i, names
+
+
+def parse_command_line(argv: list[str]) -> CommandLine:
+    opts, sbatch, index, names = parse_options(argv, stop_at_script=True)
+    script = argv[index] if index < len(argv) else None
+    script_args = list(argv[index + 1:])
+    ours = DISPATCH_WITH_ARG | DISPATCH_FLAGS
+    late = [w.split("=", 1)[0] for w in script_args
+            if w.startswith("--") and w[2:].split("=", 1)[0] in ours]
+    warnings = []
+    if late:
+        warnings.append(f"{', '.join(late)} after the script {script} go to the script, as "
+                        "with sbatch; dispatch options go before the script name")
+    return CommandLine(opts, sbatch, script, script_args, names, warnings)
+
+
+class ScriptHeader:
+    """What the top of a job script says: its shebang and directive lines."""
+
+    __slots__ = ("shebang", "sbatch_lines", "sbatch_words", "dispatch", "long_names")
+
+    def __init__(self, shebang: str, sbatch_lines: list[str], sbatch_words: list[str],
+                 dispatch: DispatchOptions, long_names: set[str]) -> None:
+        self.shebang = shebang
+        self.sbatch_lines = sbatch_lines  # the directive block after the shebang, verbatim
+        self.sbatch_words = sbatch_words  # the words of the #SBATCH directives
+        self.dispatch = dispatch
+        self.long_names = long_names
+
+
+def read_header(text: str, script_name: str) -> ScriptHeader:
+    """Read the shebang and directive block the way sbatch does.
+
+    sbatch stops reading directives at the first line that is neither blank nor a comment.
+    """
+    if "\r\n" in text:
+        raise UsageError(f"script {script_name!r} has DOS line breaks (\\r\\n); sbatch refuses "
+                         "such scripts: convert it with `dos2unix` or `sed -i 's/\\r$//'`")
+    lines = text.split("\n")
+    if not lines or not lines[0].startswith("#!"):
+        raise UsageError(f"script {script_name!r} does not start with '#!': a batch script's "
+                         "first line must name its interpreter (e.g. #!/bin/bash)")
+    block: list[str] = []
+    sbatch_words: list[str] = []
+    dispatch_words: list[str] = []
+    for number, line in enumerate(lines[1:], start=2):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        block.append(line)
+        for tag, sink in (("#SBATCH", sbatch_words), ("#DISPATCH", dispatch_words)):
+            if stripped.startswith(tag) and (len(stripped) == len(tag)
+                                             or stripped[len(tag)].isspace()):
+                words = _directive_words(stripped[len(tag):], script_name, number)
+                sink.extend(words)
+    where = f" (in {script_name}'s #DISPATCH lines)"
+    dispatch, stray, _, _ = parse_options(dispatch_words, stop_at_script=False, where=where)
+    if stray:
+        raise UsageError(f"{script_name}: #DISPATCH lines hold dispatch options only; "
+                         f"{' '.join(stray)!r} belongs on an #SBATCH line")
+    _, _, _, names = parse_options(sbatch_words, stop_at_script=False,
+                                   where=f" (in {script_name}'s #SBATCH lines)")
+    return ScriptHeader(lines[0], block, sbatch_words, dispatch, names)
+
+
+def _directive_words(rest: str, script_name: str, number: int) -> list[str]:
+    # sbatch ignores what follows a '#' that starts a word in a directive line.
+    try:
+        words = shlex.split(rest, comments=True)
+    except ValueError as exc:
+        raise UsageError(f"{script_name}, line {number}: cannot read directive: {exc}") from None
+    return words
+
+
+def render_batch_script(*, header: ScriptHeader, python: str, job_path: str,
+                        submission: int) -> str:
+    """The batch script sbatch receives: the user's directives, then the launcher.
+
+    The user's shebang is replaced by bash (the launcher is exec'd from bash); the user's own
+    script runs under its own interpreter, exec'd by the launcher with its arguments.
+    """
+    lines = ["#!/bin/bash"]
+    lines.extend(header.sbatch_lines)
+    lines.append("# slurm-dispatch: give this execution its identity, then run the script.")
+    lines.append(" ".join([
+        "exec", shlex.quote(python), "-m", "slurm_dispatch.launch",
+        "--job", shlex.quote(job_path), "--submission", str(submission), "--", '"$@"']))
+    return "\n".join(lines) + "\n"

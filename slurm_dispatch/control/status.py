@@ -1,0 +1,336 @@
+"""A dispatch job's status: its record joined with one view of Slurm and the site's facts.
+
+Costs one ``squeue`` call (the caller's own jobs) whatever the number of submissions.  Pure
+over its inputs apart from reading the record, the store and the site facts.  An array job is
+shown task by task as well: each task's latest submission (``97_1``, as Slurm shows it) and,
+where each task has its own root (``%a``), that root's latest publication.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+from ..checkpoint import publish as store
+from ..errors import DispatchError
+from ..execution.launch import expand_root
+from ..slurm.adapter import Job
+from . import events, record, submit
+
+FactsReader = Callable[[str], list[dict[str, Any]]]
+
+
+def _state(info: Optional[Job]) -> str:
+    if info is None:
+        return "UNKNOWN (no longer known to slurmctld)"
+    return info.state or "?"
+
+
+# The supervisor's names for ends (rules.END_STATES), back to Slurm's (as sacct prints them).
+SLURM_END = {"completed": "COMPLETED", "failed": "FAILED", "timeout": "TIMEOUT",
+             "node failure": "NODE_FAIL", "preempted": "PREEMPTED",
+             "out of memory": "OUT_OF_MEMORY", "cancelled": "CANCELLED"}
+
+
+def _rule_end(text: str) -> Optional[str]:
+    """Slurm's state for a recorded end (``failed``) or a reason that starts with one
+    (``failed (budget 2)``, ``node failure: held (shared checkpoint)``)."""
+    for name, state in SLURM_END.items():
+        if text == name or text.startswith((name + " ", name + ":")):
+            return state
+    return None
+
+
+def recorded_end(history: events.History, sub: events.Submitted,
+                 facts: Optional[list[dict[str, Any]]] = None) -> Optional[str]:
+    """How submission ``sub`` ended as the record says, in Slurm's words (FAILED, TIMEOUT,
+    ...), for a submission slurmctld has forgotten; None when the record does not say.
+
+    In order: the supervisor's end of the lineage at it (finished), the hold or resubmission
+    the supervisor made after it (what it saw then), Slurm ending it while held (released),
+    the controller hook's end record of its last execution (``facts``: a non-zero exit of
+    its own is FAILED; ``0:0`` or a signal says nothing by itself)."""
+    line = history.lineage(sub.task)
+    done = line.finished
+    if done is not None and done.submission == sub.submission:
+        if done.end_state == "hold expired":
+            return "CANCELLED"  # the supervisor cancelled the expired hold
+        found = done.slurm_state or _rule_end(done.end_state)
+        if found:
+            return str(found)
+    later = [s for s in line.submissions if s.submission > sub.submission]
+    if later:
+        after = min(later, key=lambda s: s.submission)
+        hold = line.hold_for(after.submission)
+        found = _rule_end(hold.end_state) if hold is not None else None
+        found = found or _rule_end(after.reason)
+        if found:
+            return found
+    lifted = line.lifted(sub.slurm_job_id)
+    if isinstance(lifted, events.Released) and lifted.slurm_state:
+        return lifted.slurm_state
+    for fact in reversed(facts or []):
+        end = fact.get("end") if isinstance(fact, dict) else None
+        if isinstance(end, dict):
+            if end.get("state"):
+                return str(end["state"]).split()[0].upper()
+            from .supervisor import exit_end
+            return exit_end(end.get("exit_code"))
+    return None
+
+
+def _recorded(state: Optional[str]) -> str:
+    return f"{state} (recorded)" if state else _state(None)
+
+
+def _facts_reader() -> Optional[FactsReader]:
+    """The site's facts, read where the hooks wrote them (a broken import is an error, not
+    "no facts")."""
+    from ..node.facts import execution_facts
+
+    return execution_facts
+
+
+def _task_views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
+                ) -> list[Job]:
+    """The tasks of array submission ``slurm_id`` Slurm knows (or the one ``task``)."""
+    found = {id(j): j for j in slurm_jobs.values() if j.array_job_id == slurm_id
+             and j.array_task_id is not None and (task is None or j.array_task_id == task)}
+    return sorted(found.values(), key=lambda j: j.array_task_id or 0)
+
+
+def _submission_view(slurm_id: str, task: Optional[int], array: bool,
+                     slurm_jobs: dict[str, Job]) -> tuple[str, Optional[Job], str]:
+    """(the id as squeue shows it, Slurm's view of it, its state) for one submission."""
+    if task is not None:
+        views = _task_views(slurm_id, slurm_jobs, task)
+        return f"{slurm_id}_{task}", (views[0] if views else None), \
+            _state(views[0] if views else None)
+    if array:
+        views = _task_views(slurm_id, slurm_jobs)
+        if views:
+            return slurm_id, None, "+".join(sorted({v.state for v in views}))
+        return slurm_id, None, _state(None)
+    info = slurm_jobs.get(slurm_id)
+    return slurm_id, info, _state(info)
+
+
+def _latest(root: str, missing_is_none: bool = False) -> Any:
+    """The root's latest publication (as JSON), None, or {"error": why}.  With
+    ``missing_is_none``, a local root not made yet (a task that has not run) has none."""
+    if missing_is_none and not store.is_s3_root(root) and not os.path.lexists(root):
+        return None
+    try:
+        found = store.latest(root)
+        return found.as_json() if found else None
+    except DispatchError as exc:
+        return {"error": str(exc)}
+
+
+def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
+            facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
+    # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster).
+    slurm_jobs = {k: v for k, v in slurm_jobs.items() if not v.marks_another(job.id)}
+    spec = job.spec
+    history = job.history()
+    records = [e.raw for e in history.events]
+    reader = facts_reader if facts_reader is not None else _facts_reader()
+    tasks = submit.array_tasks(job)
+    facts_cache: dict[str, list[dict[str, Any]]] = {}
+
+    def facts_of(slurm_id: str) -> list[dict[str, Any]]:
+        if reader is None or not slurm_id:
+            return []
+        if slurm_id not in facts_cache:
+            try:
+                facts_cache[slurm_id] = reader(slurm_id)
+            except Exception as exc:  # noqa: BLE001 - status still shows the rest
+                facts_cache[slurm_id] = [{"error": str(exc)}]
+        return facts_cache[slurm_id]
+
+    def forgotten(sub: events.Submitted, task: Optional[int]) -> tuple[str, Optional[str]]:
+        starts = history.lineage(task).started_for(sub.submission)
+        own = starts[-1].slurm_job_id if starts else (sub.slurm_job_id if tasks is None
+                                                       else "")
+        facts = [f for f in facts_of(own) if "error" not in f]
+        last = facts[-1].get("end") if facts else None
+        code = last.get("exit_code") if isinstance(last, dict) else None
+        return _recorded(recorded_end(history, sub, facts)), code
+
+    submissions = []
+    ends: dict[tuple[int, Optional[int]], tuple[str, Optional[str]]] = {}
+    for sub in history.submissions:
+        shown, info, state = _submission_view(sub.slurm_job_id, sub.task, tasks is not None,
+                                              slurm_jobs)
+        code = None
+        if info is None and state == _state(None):
+            # Forgotten by slurmctld: the end the record holds, and the hook's exit code.
+            state, code = forgotten(sub, sub.task)
+            ends[(sub.submission, sub.task)] = (state, code)
+        submissions.append({
+            "submission": sub.submission, "slurm_job_id": sub.slurm_job_id,
+            "task": sub.task, "display_id": shown,
+            "reason": sub.reason, "submitted": sub.time, "state": state,
+            "exit_code": code,
+            "restarts": info.restarts if info else None,
+            "slurm_reason": info.reason if info else "",
+        })
+    executions = []
+    for ev in records:
+        if ev["event"] != "started":
+            continue
+        slurm_id = str(ev.get("slurm_job_id", ""))
+        array = ev.get("array_task_id") or ""
+        key = f"{ev.get('array_job_id')}_{array}" if array else slurm_id
+        info = slurm_jobs.get(key) or slurm_jobs.get(slurm_id)
+        restart = int(ev.get("restart", 0))
+        if info is not None and info.restarts > restart:
+            state = "REQUEUED"
+        elif info is None:
+            task = int(array) if array.isdigit() else None
+            later = [e for e in records if e["event"] == "started"
+                     and e.get("submission") == ev.get("submission")
+                     and str(e.get("array_task_id") or "") == array
+                     and int(e.get("restart", 0)) > restart]
+            state = "REQUEUED (recorded)" if later else \
+                ends.get((int(ev.get("submission", 0)), task), (_state(None), None))[0]
+        else:
+            state = _state(info)
+        execution = {k: ev.get(k) for k in ("submission", "restart", "attempt", "epoch", "node",
+                                            "nodes", "exec_dir", "resume_from")}
+        execution.update({"slurm_job_id": slurm_id, "array_task_id": array, "started": ev["time"],
+                          "state": state, "display_id": key})
+        if info is not None and info.restarts == restart and info.end_time is not None \
+                and info.execution_ended:
+            execution["ended"] = clock(info.end_time)
+        if reader is not None and slurm_id:
+            execution["facts"] = [f for f in facts_of(slurm_id)
+                                  if f.get("restart") in (None, restart)]
+        executions.append(execution)
+    root = spec["checkpoint"]
+    per_task = tasks is not None and "%a" in root.replace("%%", "")
+    latest: Any = None if per_task else _latest(expand_root(root, {}))
+    others = [ev for ev in records if ev["event"] not in ("submitted", "started")]
+    lines = []
+    for task in tasks or []:
+        # Each task's lineage: its latest submission and, where each task has a root of its
+        # own (%a), that root's latest publication.
+        line = history.lineage(task)
+        current = line.current
+        shown, info, state = (_submission_view(current.slurm_job_id, task, True, slurm_jobs)
+                              if current is not None else ("-", None, "-"))
+        if current is not None and info is None and state == _state(None):
+            state = forgotten(current, task)[0]
+        lines.append({
+            "task": task, "submission": current.submission if current else 0,
+            "display_id": shown, "state": state,
+            "resubmits_used": max(0, len(line.submissions) - 1),
+            "settled": line.settled,
+            "checkpoint": expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)}),
+            "latest": _latest(expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)}), True)
+            if per_task else latest})
+    used = max(0, len(submissions) - 1) if tasks is None else \
+        max((t["resubmits_used"] for t in lines), default=0)
+    return {
+        "id": job.id, "cluster": job.cluster, "generation": spec["generation"],
+        "checkpoint": root,
+        "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
+        "resubmits_used": used, "supersedes": spec.get("supersedes"),
+        # A person's `dispatch resubmit`s (reason "manual"): counted in resubmits_used, as the
+        # supervisor counts them against the budget, and shown apart so "1 of 0" is not read
+        # as the supervisor going past the budget.
+        "resubmits_by_hand": sum(1 for s in submissions[1:] if s["reason"] == "manual"
+                                 and s["task"] is None),
+        "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
+        "submissions": submissions, "executions": executions, "events": others,
+        "latest": latest, "tasks": lines if tasks is not None else None,
+        "supervisor": _last_pass(job),
+        # Why the next submission would fail at once (its interpreter is gone), with the fix.
+        "launcher_problem": None if history.lineage().settled else _launcher_problem(job),
+    }
+
+
+def _launcher_problem(job: record.JobRecord) -> Optional[str]:
+    from .interpreter import problem
+    try:
+        return problem(job)
+    except DispatchError as exc:
+        return str(exc)
+
+
+def _last_pass(job: record.JobRecord) -> Optional[dict[str, Any]]:
+    from .heartbeat import read
+    cluster = job.spec.get("cluster")
+    return read(os.path.dirname(os.path.dirname(job.path)),
+                cluster if isinstance(cluster, str) else None)
+
+
+def open_job(ident: str, slurm_jobs: dict[str, Job],
+             cluster: Optional[str] = None) -> record.JobRecord:
+    """The dispatch job ``ident`` names: its id, or a Slurm job id of it (an array task's own
+    id too, ``98`` for ``97_1``: from the record, else from Slurm's view of the task).  With
+    ``cluster``, that cluster's jobs only (:func:`record.open_job`)."""
+    try:
+        return record.open_job(ident, cluster=cluster)
+    except DispatchError:
+        info = slurm_jobs.get(ident)
+        if info is None or not info.array_job_id or info.array_job_id == ident:
+            raise
+        return record.open_job(info.array_job_id, cluster=cluster)
+
+
+def clock(seconds: Optional[float]) -> str:
+    if not seconds:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
+
+
+def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[dict[str, Any]]:
+    """One summary per dispatch job, for ``dispatch jobs``: the latest submission and what
+    Slurm says of it (or what the record says once Slurm has forgotten it).  A record that
+    cannot be read is a line saying so, never a silent gap."""
+    lines: list[dict[str, Any]] = []
+    for job in jobs:
+        try:
+            spec = job.spec
+            history = job.history()
+        except DispatchError as exc:
+            lines.append({"id": job.id, "error": str(exc)})
+            continue
+        current = history.lineage().current
+        info = slurm_jobs.get(current.slurm_job_id) if current is not None else None
+        if info is not None and info.marks_another(job.id):
+            info = None  # its id, here another dispatch job's
+        array = submit.array_tasks(job)
+        tasks: list[Job] = []
+        for task in array or []:  # each task's latest submission, as Slurm sees it
+            now = history.lineage(task).current
+            tasks.extend(v for v in (_task_views(now.slurm_job_id, slurm_jobs, task)
+                                     if now else []) if not v.marks_another(job.id))
+        if history.lineage().superseded is not None:
+            state = "SUPERSEDED"
+        elif history.hold is not None and (info is None or info.is_held):
+            state = "HELD"
+        elif tasks:
+            state = "+".join(sorted({"HELD" if t.is_held else t.state for t in tasks}))
+        elif info is not None and array is None:
+            state = info.state
+        else:
+            # Forgotten by slurmctld: the end the record holds (each task's, for an array).
+            subs = [history.lineage(t).current for t in array] if array else [current]
+            ends = {recorded_end(history, sub) for sub in subs if sub is not None}
+            if ends and None not in ends:
+                state = "+".join(sorted(str(e) for e in ends)) + " (recorded)"
+            elif history.settled or (array is not None and history.settled_tasks(array)):
+                state = "FINISHED"
+            else:
+                state = "UNKNOWN"  # ended and forgotten by slurmctld, not yet settled
+        lines.append({
+            "id": job.id, "script": spec.get("script_name"), "generation": spec["generation"],
+            "submission": current.submission if current is not None else 0,
+            "slurm_job_id": current.slurm_job_id if current is not None else None,
+            "state": state, "checkpoint": spec["checkpoint"], "created": spec.get("created"),
+            "submitted": current.time if current is not None else None,
+        })
+    return lines

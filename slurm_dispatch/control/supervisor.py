@@ -1,0 +1,799 @@
+"""The supervisor: one idempotent pass applies every dispatch job's recovery rules.
+
+A pass reads the user's dispatch jobs and the user's own Slurm jobs (one ``squeue --me``
+call), and for each dispatch job whose latest submission has ended applies the rule for its end
+state (:mod:`.rules`).  An array job is as many lineages as it has tasks: rules,
+budgets, submission numbers and holds are per task, and a failed task is resubmitted on its
+own (``--array=<task>``, ``batch-<N>-t<task>.sh``), the other tasks untouched.  A submission
+slurmctld has forgotten (MinJobAge) ended as Slurm's accounting says (``sacct``, where the site
+keeps it) or as the controller hook's end record proves (a non-zero exit); one whose end
+cannot be known is an error in every pass's report, never dropped.
+
+* isolated jobs: Slurm's own requeue covers node failure and preemption (raises R); failures
+  with budget left are resubmitted (raises N);
+* shared-checkpoint jobs: the next submission is made *held* (a real Slurm hold: ``squeue``
+  shows it with its deadline, ``scontrol release`` or ``dispatch release`` lifts it).  While the
+  hold stands the site's CessationSignal is asked about the ended execution (that task's, for
+  an array task's hold) every CessationInterval; each answer is recorded as a cessation fact;
+  ceased answers for every one release the hold.  A hold that outlives SharedHoldFor is
+  cancelled and recorded as expired: nothing more starts.  The owner is told when a hold is
+  made and HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
+
+Invariants:
+
+* A submission is made at most once.  Its claim (created once, holding what the pass means to
+  do: the reason, and for a hold its deadline) comes before ``sbatch``.  A claim with no
+  recorded submission is completed from evidence that the submission landed (a job of the
+  user's own carrying its marker, or an execution that recorded a start), with the claim's
+  hold; it is retried only when no ``sbatch`` can have landed unseen: the newest attempt is
+  older than any ``sbatch`` in flight (SBATCH_SETTLE) and the oldest younger than MinJobAge
+  (a landed job would still be known to slurmctld).  Otherwise the job is *stuck*: an error in
+  every pass's report until a person settles it, never a silent skip.
+* Only the user's own Slurm jobs are theirs: a job of another uid carrying our marker is
+  ignored (comments are public).
+* A pass killed anywhere leaves a state the next pass completes.  An unreadable record is an
+  error for that job only.  A pass costs one controller call plus one per action it takes
+  (and, at a site with accounting, one ``sacct`` per submission slurmctld forgot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..errors import DispatchError, RecordError, RefusedError, SlurmError
+from ..slurm.adapter import Job, Slurm
+from . import dependency, events, heartbeat, record, rules, submit
+
+# An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
+SBATCH_SETTLE = 150.0
+NOTIFY_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    hold_for: float = 24 * 3600.0
+    signal: Optional[str] = "dispatch-cease"
+    interval: float = 60.0
+    signal_timeout: float = 120.0
+    # slurm.conf's MinJobAge: an ended job stays known to slurmctld at least this long.
+    # None: ask the controller (once a pass, only when a claim needs it).
+    min_job_age: Optional[float] = 300.0
+    mail: bool = False  # tell a hold's owner through Slurm's MailProg
+    notify: Optional[str] = None  # the site's HoldNotify command
+    warn_before: float = 7200.0  # HoldWarning
+
+
+def site_settings() -> Settings:
+    """The supervisor's settings from the site's dispatch.conf; a bad file is an error."""
+    from .. import config
+    from ..errors import ConfigError
+    conf = config.load()
+    if conf.problems:
+        raise ConfigError("site configuration: " + "; ".join(conf.problems))
+    return Settings(hold_for=float(conf.shared_hold_for),
+                    signal=conf.cessation_signal or None,
+                    interval=float(conf.cessation_interval),
+                    min_job_age=None, mail=True, notify=conf.hold_notify or None,
+                    warn_before=float(conf.hold_warning))
+
+
+@dataclass
+class Answer:
+    verdict: str  # "ceased" | "not ceased" | "error"
+    code: Optional[int]
+    evidence: Any
+
+
+SignalRunner = Callable[[list[str], float], Answer]
+# (argv, text on stdin, timeout) -> (it worked, what it said)
+Notifier = Callable[[list[str], str, float], tuple[bool, str]]
+
+
+def ask_signal(argv: list[str], timeout: float) -> Answer:
+    """Run the site's CessationSignal: exit 0 ceased, 1 not ceased, anything else an error."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return Answer("error", None, f"{argv[0]!r} not found")
+    except subprocess.TimeoutExpired:
+        return Answer("error", None, f"no answer within {timeout:g} s")
+    evidence: Any = proc.stdout.strip()
+    try:
+        evidence = json.loads(proc.stdout)
+    except ValueError:
+        pass
+    verdict = {0: "ceased", 1: "not ceased"}.get(proc.returncode, "error")
+    if verdict == "error" and proc.stderr.strip():
+        evidence = {"output": evidence, "stderr": proc.stderr.strip()[-2000:]}
+    return Answer(verdict, proc.returncode, evidence)
+
+
+def run_notifier(argv: list[str], text: str, timeout: float) -> tuple[bool, str]:
+    """Run a mailer or the site's HoldNotify; any failure is an answer, never an exception."""
+    try:
+        proc = subprocess.run(argv, input=text, capture_output=True, text=True,
+                              timeout=timeout, stdin=None)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"{argv[0]}: {exc}"
+    said = (proc.stderr + proc.stdout).strip()[-500:]
+    if proc.returncode != 0:
+        return False, f"{argv[0]} exited {proc.returncode}" + (f": {said}" if said else "")
+    return True, said
+
+
+def when(seconds: float) -> str:
+    """A deadline as people read it: the date, the time and the zone."""
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(seconds))
+
+
+@dataclass
+class PassReport:
+    actions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    controller_calls: int = 0
+
+
+def _unique(slurm_jobs: dict[str, Job]) -> list[Job]:
+    # own_jobs keys a job by its id and by its display id: one Job, two keys.
+    return list({id(j): j for j in slurm_jobs.values()}.values())
+
+
+_ARRAYS: list[tuple[dict[str, Job], dict[str, list[Job]]]] = []
+
+
+def _array_index(slurm_jobs: dict[str, Job]) -> dict[str, list[Job]]:
+    """Array tasks by their array's id, built once per view of Slurm (a pass looks up every
+    job in it: a scan per job would make the pass quadratic in the user's jobs)."""
+    if _ARRAYS and _ARRAYS[0][0] is slurm_jobs:
+        return _ARRAYS[0][1]
+    index: dict[str, list[Job]] = {}
+    for job in _unique(slurm_jobs):
+        if job.array_job_id and job.array_task_id is not None:
+            index.setdefault(job.array_job_id, []).append(job)
+    _ARRAYS[:] = [(slurm_jobs, index)]
+    return index
+
+
+def _views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
+           ) -> list[Job]:
+    """Slurm's view of a submission: the job, every task of an array submission, or with
+    ``task`` that one task of it."""
+    tasks = [j for j in _array_index(slurm_jobs).get(slurm_id, [])
+             if task is None or j.array_task_id == task]
+    if tasks or task is not None:
+        return sorted(tasks, key=lambda j: j.array_task_id or 0)
+    found = slurm_jobs.get(slurm_id)
+    return [found] if found is not None else []
+
+
+def _end_state(views: list[Job]) -> str:
+    """The end a rule is chosen by: for an array, the first of its tasks' ends in rule order
+    (a failed task outranks completed ones)."""
+    ends = [rules.END_STATES.get(v.state, "failed") for v in views]
+    return min(ends, key=lambda e: rules.ORDER.index(e) if e in rules.ORDER else -1)
+
+
+def exit_end(exit_code: Any) -> Optional[str]:
+    """The Slurm state an end record's ``exit:signal`` code proves, if any.  Slurm 22.05
+    gives the controller's EpilogSlurmctld no state name: a script that exited non-zero
+    on its own (signal 0) is FAILED; ``0:0`` is a completion, a node failure or a cancel
+    alike, and a signal is a cancel, a time limit or a preemption alike: not known."""
+    status, _, signal = str(exit_code or "").partition(":")
+    if status.isdigit() and int(status) != 0 and signal in ("", "0"):
+        return "FAILED"
+    return None
+
+
+FactsReader = Callable[[str], list[dict[str, Any]]]
+
+
+def site_facts(slurm_job_id: str) -> list[dict[str, Any]]:
+    """What the site's hooks recorded about a Slurm job's executions (its StateDir)."""
+    from ..node.executions import execution_facts
+    return execution_facts(slurm_job_id)
+
+
+class Supervisor:
+    def __init__(self, slurm: Slurm, settings: Settings, home: Optional[str] = None,
+                 signal_runner: SignalRunner = ask_signal,
+                 clock: Callable[[], float] = time.time,
+                 notifier: Notifier = run_notifier,
+                 facts_reader: FactsReader = site_facts) -> None:
+        self.slurm = slurm
+        self.settings = settings
+        self.home = home
+        self.ask = signal_runner
+        self.clock = clock
+        self.notifier = notifier
+        self.facts = facts_reader
+        self._mail_prog: Optional[str] = None
+        self._min_age: Optional[float] = None
+        self._accounting = True  # False once sacct said the site keeps no accounting
+        self.every: Optional[float] = None  # a loop's interval, for the heartbeat
+
+    def run_pass(self) -> PassReport:
+        report = PassReport()
+        self._mail_prog = self._min_age = None  # read again, once a pass, when first needed
+        self._accounting = True
+        # This cluster's jobs only: another cluster's, over the same home, are its own
+        # supervisor's (their ids repeat here, and this controller knows none of them).
+        jobs = record.cluster_jobs(self.slurm.cluster(), self.home)
+        if self.slurm.cluster() is None:
+            named = record.clusters(jobs, None)
+            if named:
+                # A configless site whose controller did not answer scontrol show config:
+                # every cluster's records would look like this one's.
+                raise SlurmError("cannot tell which cluster this is (no ClusterName in a "
+                                 "slurm.conf here, and scontrol show config did not answer), "
+                                 f"and this home holds jobs of cluster(s) {', '.join(named)}: "
+                                 "no pass until the controller says")
+        if not jobs:
+            # A supervisor runs: dispatch-sbatch reads it.
+            mark_pass(self.home, report, 0, self.slurm.cluster(), self.every)
+            return report
+        seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about
+        me = os.getuid()
+        # Comments are public: a job of another uid carrying our marker is not ours.
+        slurm_jobs = {k: j for k, j in self.slurm.own_jobs().items() if j.uid == me}
+        report.controller_calls += 1
+        self._records, self._slurm_jobs = jobs, slurm_jobs
+        self._waiting: Optional[dict[str, list[record.JobRecord]]] = None
+        for job in jobs:
+            try:
+                self._job(job, slurm_jobs, seen_at, report)
+            except DispatchError as exc:
+                report.errors.append(f"{job.id}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one job's failure is that job's
+                report.errors.append(f"{job.id}: unexpected {type(exc).__name__}: {exc}")
+        # One line each: Slurm's own words follow ours on the same line.
+        report.errors[:] = [" ".join(error.split()) for error in report.errors]
+        mark_pass(self.home, report, len(jobs), self.slurm.cluster(), self.every)
+        return report
+
+    # -- one job ---------------------------------------------------------------------------
+    def _job(self, job: record.JobRecord, slurm_jobs: dict[str, Job], seen_at: int,
+             report: PassReport) -> None:
+        history = job.history()
+        whole = history.lineage()
+        if whole.settled:
+            return
+        tasks = submit.array_tasks(job)
+        if tasks is not None and history.settled_tasks(tasks):
+            return
+        # The whole job first: its claims (a person's resubmission) and its hold (a
+        # superseding generation).  An array's tasks act only once it has neither, each
+        # on its own: rules, budgets, submission numbers and holds are per task.
+        if not self._lineage(job, history, None, tasks, slurm_jobs, seen_at, report):
+            return
+        for task in tasks or []:
+            self._lineage(job, history, task, tasks, slurm_jobs, seen_at, report)
+
+    def _lineage(self, job: record.JobRecord, history: events.History, task: Optional[int],
+                 tasks: Optional[list[int]], slurm_jobs: dict[str, Job], seen_at: int,
+                 report: PassReport) -> bool:
+        """Apply the rules to one lineage: the whole job (``task`` None) or one array task.
+        For an array's whole job: True when its tasks may act."""
+        line = history.lineage(task)
+        if line.settled:
+            return False
+        current = line.current
+        nxt = history.next_submission if task is None else line.next_submission
+        busy, claim = self._recover_claim(job, line, nxt, task, slurm_jobs, report)
+        if busy == "recovered":  # go on with the submission found
+            return self._lineage(job, job.history(), task, tasks, slurm_jobs, seen_at, report)
+        if busy or current is None:
+            return False
+        n = current.submission
+        hold = line.hold_for(n)
+        if hold is not None and hold.recovered:
+            # A pass was killed between the held submission and its hold event.
+            job.append(events.Hold, once=submit.once_key(n, hold.task), **_hold_fields(hold))
+            report.actions.append(f"{job.id}: recorded the hold on {_what(n, hold.task)} "
+                                  f"(Slurm job {hold.slurm_job_id}) from its submission")
+        if hold is not None and line.lifted(hold.slurm_job_id) is None:
+            self._hold(job, line, hold, slurm_jobs, report)
+            return False
+        if task is None and tasks is not None:
+            return True  # an array's ends are its tasks'
+        views = _views(current.slurm_job_id, slurm_jobs, task)
+        if any(v.marks_another(job.id) for v in views):
+            views = []  # its id, now another dispatch job's (ids repeat across clusters)
+        how = ""
+        if not views:
+            if current.ns >= seen_at:
+                return False  # recorded after Slurm was read: seen by the next pass
+            views, how = self._recorded_end(job, line, current, task, report)
+            if not views:
+                report.errors.append(
+                    f"{job.id}: {_what(n, task)} (Slurm job "
+                    f"{_shown(current.slurm_job_id, task)}) is no longer known to slurmctld "
+                    f"and {how}: nothing is decided for it until its end is known (look it "
+                    f"up with `sacct -j {current.slurm_job_id}`; `dispatch resubmit {job.id}` "
+                    "submits it again)")
+                return False
+        if any(not v.is_final for v in views):
+            return False  # running, pending, requeued: Slurm is not done with it
+        self._ended(job, n, current.slurm_job_id, task, views, claim, report, how)
+        return False
+
+    def _recorded_end(self, job: record.JobRecord, line: events.Lineage,
+                      current: events.Submitted, task: Optional[int], report: PassReport
+                      ) -> tuple[list[Job], str]:
+        """How a submission slurmctld has forgotten (MinJobAge) ended, from what is
+        recorded: Slurm's accounting where the site keeps it, else the controller hook's end
+        record.  Returns (its views, where the end was read), or ([], why it is not known)."""
+        slurm_id = current.slurm_job_id
+        started = line.started_for(current.submission)
+        restart = max((s.restart for s in started), default=0)
+        if self._accounting:
+            try:
+                found = self.slurm.accounting(slurm_id)
+            except SlurmError as exc:
+                found = None
+                report.errors.append(f"{job.id}: cannot read Slurm's accounting: {exc}")
+            report.controller_calls += 1
+            if found is None:
+                self._accounting = False  # no accounting at this site: not asked again
+            else:
+                views = [j for j in found if j.uid in (-1, os.getuid())
+                         and (j.job_id == slurm_id if task is None
+                              else j.array_job_id == slurm_id and j.array_task_id == task)]
+                if views and all(v.is_final for v in views):
+                    for view in views:
+                        view.restarts = restart
+                    return views, "Slurm's accounting (sacct)"
+        own = started[-1].slurm_job_id if started else (slurm_id if task is None else "")
+        if not own:
+            return [], "none of its executions recorded a start, so no end record is found"
+        try:
+            executions = self.facts(own)
+        except Exception as exc:  # noqa: BLE001 - a site without readable facts says so
+            return [], f"the controller's end record cannot be read ({exc})"
+        end = executions[-1].get("end") if executions else None
+        if not end:
+            return [], (f"no end of Slurm job {own} is recorded by the site's hooks, nor by "
+                        "Slurm's accounting")
+        code = end.get("exit_code")
+        state = exit_end(code)
+        if state is None:
+            return [], (f"the end record of Slurm job {own} (exit {code}) does not say how it "
+                        "ended (0:0 is a completion, a node failure or a cancel alike)")
+        view = Job(own, state, array_job_id=slurm_id if task is not None else None,
+                   array_task_id=task, restarts=int(executions[-1].get("restart") or 0))
+        return [view], f"the controller's end record (exit {code})"
+
+    def _recover_claim(self, job: record.JobRecord, line: events.Lineage, nxt: int,
+                       task: Optional[int], slurm_jobs: dict[str, Job], report: PassReport
+                       ) -> tuple[str, Optional[str]]:
+        """Claims for submission ``nxt`` with no submission recorded: complete, retry or
+        report them.  Returns ("recovered" | "busy" | "", the claim a retry must make)."""
+        name = submit.claim_name(nxt, task)
+        claims = job.claims(name)
+        if not claims:
+            return "", None
+        meant = claims[-1][1]
+        wanted = submit.marker(job, nxt, task)
+        landed = [j for j in _unique(slurm_jobs) if wanted in j.markers]
+        if landed:
+            first = landed[0]
+            self._recovered(job, nxt, task, first.array_job_id or first.job_id, meant,
+                            "found in Slurm", report)
+            return "recovered", None
+        started = line.started_for(nxt)
+        if started:
+            self._recovered(job, nxt, task,
+                            started[0].array_job_id or started[0].slurm_job_id, meant,
+                            "its execution recorded a start", report)
+            return "recovered", None
+        now = self.clock()
+        newest, oldest = meant["time"], claims[0][1]["time"]
+        if now - newest < SBATCH_SETTLE:
+            return "busy", None  # an sbatch may be in flight (another supervisor, or ours)
+        min_age = self._min_job_age(report)
+        if now - oldest >= min_age:
+            folder = os.path.join(job.path, "claims")
+            report.errors.append(
+                f"{job.id}: STUCK: {_what(nxt, task)} was claimed {now - oldest:.0f} s ago "
+                f"({len(claims)} attempt(s)); no job of yours carries {wanted} and none "
+                "recorded a start, but one may have run and aged out of slurmctld "
+                f"(MinJobAge {min_age:g} s), so it is not submitted again. "
+                f"Check `sacct -X -o JobID,State,Comment%60 | grep {wanted}`; if none ran, "
+                f"remove {folder}/{name}* and the next pass submits it")
+            return "busy", None
+        # No attempt can have landed unseen: it would still be known to slurmctld.
+        return "", f"{name}.retry-{len(claims)}"
+
+    def _recovered(self, job: record.JobRecord, nxt: int, task: Optional[int], slurm_id: str,
+                   meant: dict[str, Any], how: str, report: PassReport) -> None:
+        hold = meant.get("hold")
+        if job.append(events.Submitted, once=submit.once_key(nxt, task), submission=nxt,
+                      slurm_job_id=slurm_id, reason=str(meant.get("reason", "recovered")),
+                      recovered=True, hold=hold, task=task):
+            report.actions.append(f"{job.id}: recorded {_what(nxt, task)} (Slurm job "
+                                  f"{_shown(slurm_id, task)}): {how}")
+
+    def _ended(self, job: record.JobRecord, n: int, slurm_id: str, task: Optional[int],
+               views: list[Job], claim: Optional[str], report: PassReport, how: str = ""
+               ) -> None:
+        end = _end_state(views)
+        spec = job.spec
+        budget_left = int(spec["resubmit"]) - (n - 1)
+        rule = rules.rule_for(end, bool(spec["shared_checkpoint"]), budget_left)
+        action = rule.action
+        if action == "slurm-requeue":
+            action = "resubmit" if budget_left > 0 else "stop"  # Slurm did not requeue it
+        who = f"{job.id}" + ("" if task is None else f" task {task}")
+        seen = f" (known from {how})" if how else ""
+        if action == "stop":
+            said = [v.state for v in views if rules.END_STATES.get(v.state, "failed") == end]
+            job.append(events.Finished, submission=n, slurm_job_id=slurm_id, end_state=end,
+                       rule=rule.text, task=task, slurm_state=said[0] if said else "")
+            report.actions.append(f"{who}: {end}{seen}: {rule.text}")
+            return
+        if action == "resubmit":
+            done = self._submit(job, n, f"{end} (budget {budget_left}){seen}", [], None,
+                                claim, report, task)
+            if done:
+                report.actions.append(f"{who}: {end}{seen}: resubmitted as submission {n + 1} "
+                                      f"(Slurm job {_shown(done.slurm_job_id, task)})")
+            return
+        # action == "hold": the next submission is made, held, for a person or the signal.
+        deadline = round(self.clock() + self.settings.hold_for, 3)
+        array = task is None and (len(views) > 1 or views[0].array_task_id is not None)
+        ended = views[0].display_id if task is not None else slurm_id
+        intent = events.HoldIntent(
+            deadline=deadline, ended_slurm_job_id=ended,
+            ended_restart=0 if array else views[0].restarts, end_state=end,
+            instead_of=rule.instead_of,
+            ended_tasks=[[v.display_id, v.restarts] for v in views] if array else [])
+        comment = (f"--comment={submit.marker(job, n + 1, task)} held: shared checkpoint; "
+                   f"{end} of job {ended}; waits until its processes are proven gone or a "
+                   f"person releases it; expires {when(deadline)}")
+        done = self._submit(job, n, f"{end}: held (shared checkpoint){seen}",
+                            ["--hold", comment], intent.as_dict(), claim, report, task)
+        if done:
+            hold = job.append(events.Hold, once=submit.once_key(n + 1, task),
+                              submission=n + 1, slurm_job_id=done.slurm_job_id, task=task,
+                              **intent.as_dict())
+            report.actions.append(f"{who}: {end}{seen}: submission {n + 1} held as Slurm job "
+                                  f"{_shown(done.slurm_job_id, task)} until {when(deadline)}")
+            if isinstance(hold, events.Hold):
+                self._tell(job, hold, "made", report)
+
+    def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
+                hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport,
+                task: Optional[int] = None) -> Optional[submit.Submitted]:
+        from .interpreter import problem
+        why = problem(job)
+        if why is not None:
+            # It would fail at once, in the batch shell: no submission, no budget spent.
+            report.errors.append(f"{job.id}: submission {n + 1} not made, nothing of its "
+                                 f"budget spent ({reason}): {why}")
+            return None
+        name = claim or submit.claim_name(n + 1, task)
+        # The claim holds what this pass means to do, before sbatch: a pass killed after
+        # sbatch leaves the next one everything it needs (the hold and its deadline).
+        if not job.claim(name, {"submission": n + 1, "reason": reason, "hold": hold,
+                                "task": task}, now=self.clock()):
+            return None  # another supervisor made this claim first: it submits
+        try:
+            done = submit.resubmit(self.slurm, job, reason=reason, extra=extra,
+                                   expected=n + 1, claim=name, hold=hold, task=task)
+        except RecordError as exc:
+            report.errors.append(f"{job.id}: {exc}")
+            return None
+        except SlurmError as exc:
+            report.errors.append(f"{job.id}: submission {n + 1} failed: {exc}")
+            report.controller_calls += 1
+            return None
+        report.controller_calls += 1
+        self._follow(job, done, report)
+        return done
+
+    def _follow(self, job: record.JobRecord, done: submit.Submitted,
+                report: PassReport) -> None:
+        """Jobs that wait for ``job`` (``--dependency=afterok:<its id>``) now wait for its new
+        submission; a failure to tell one is reported, never stops the pass."""
+        try:
+            if getattr(self, "_waiting", None) is None:
+                self._waiting = dependency.dependents(getattr(self, "_records", None)
+                                                      or record.all_jobs(self.home))
+            waiting = (self._waiting or {}).get(job.id, [])
+            if not waiting:
+                return
+            updated = dependency.follow(self.slurm, job, done.slurm_job_id, self.home,
+                                        jobs=getattr(self, "_slurm_jobs", None),
+                                        waiting=waiting)
+        except (DispatchError, OSError) as exc:
+            report.errors.append(f"{job.id}: could not move its dependents to Slurm job "
+                                 f"{done.slurm_job_id}: {exc}")
+            return
+        report.controller_calls += len(updated)
+        for slurm_id in updated:
+            report.actions.append(f"{job.id}: Slurm job {slurm_id} now waits for its "
+                                  f"submission {done.submission} (Slurm job "
+                                  f"{done.slurm_job_id})")
+
+    # -- holds ---------------------------------------------------------------------------
+    def _hold(self, job: record.JobRecord, line: events.Lineage, hold: events.Hold,
+              slurm_jobs: dict[str, Job], report: PassReport) -> None:
+        held_id, task = hold.slurm_job_id, line.task
+        held = _views(held_id, slurm_jobs, task)
+        moved = [v for v in held if not v.is_held]
+        if moved:
+            state = moved[0].state
+            by = (f"Slurm: {state} while held" if moved[0].is_final
+                  else "a person (scontrol release)")
+            job.append(events.Released, slurm_job_id=held_id, by=by, slurm_state=state,
+                       task=task)
+            report.actions.append(f"{job.id}: hold on Slurm job {_shown(held_id, task)} "
+                                  f"lifted by {by}")
+            return
+        if not held:
+            report.errors.append(f"{job.id}: the held Slurm job {held_id} is no longer known "
+                                 "to slurmctld; the hold stands until it expires "
+                                 f"{when(hold.deadline)}")
+        now = self.clock()
+        if now >= hold.deadline:
+            self._expire(job, hold, task, bool(held), report)
+            return
+        if now >= hold.deadline - self.settings.warn_before:
+            self._tell(job, hold, "expiring", report)
+        if not self.settings.signal or not held:
+            # No CessationSignal at this site: the hold waits for a person.  A held job the
+            # controller forgot cannot be released: asking about it would only fail again.
+            return
+        answers = line.answers_for(held_id)
+        if answers and now - answers[-1].asked < self.settings.interval:
+            return
+        targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
+        verdicts = []
+        for target, restart in targets:
+            argv = [*shlex.split(self.settings.signal), str(target), "--restart",
+                    str(restart), "--json"]
+            answer = self.ask(argv, self.settings.signal_timeout)
+            job.append(events.Cessation, asked_at=round(now, 3), held_slurm_job_id=held_id,
+                       ended_slurm_job_id=str(target), verdict=answer.verdict,
+                       code=answer.code, evidence=answer.evidence, command=argv, task=task)
+            report.actions.append(f"{job.id}: {self.settings.signal} {target}: "
+                                  f"{answer.verdict}")
+            verdicts.append(answer.verdict)
+        if all(v == "ceased" for v in verdicts):
+            try:
+                self.slurm.release([held_id])
+                report.controller_calls += 1
+            except SlurmError as exc:
+                report.errors.append(f"{job.id}: cannot release Slurm job {held_id} (the "
+                                     f"hold stands): {exc}")
+                return
+            job.append(events.Released, slurm_job_id=held_id, by="cessation signal",
+                       task=task)
+            mark_released(self.slurm, job, hold, "(ceased)")
+            report.actions.append(f"{job.id}: hold on Slurm job {_shown(held_id, task)} "
+                                  "lifted: ceased")
+
+    def _expire(self, job: record.JobRecord, hold: events.Hold, task: Optional[int],
+                known: bool, report: PassReport) -> None:
+        if known:
+            try:
+                self.slurm.cancel([hold.slurm_job_id])
+                report.controller_calls += 1
+            except SlurmError as exc:
+                report.errors.append(f"{job.id}: cannot cancel expired hold "
+                                     f"{hold.slurm_job_id}: {exc}")
+                return
+        job.append(events.Expired, slurm_job_id=hold.slurm_job_id, deadline=hold.deadline,
+                   task=task)
+        job.append(events.Finished, submission=hold.submission, slurm_job_id=hold.slurm_job_id,
+                   end_state="hold expired", rule="nothing more starts", task=task)
+        report.actions.append(f"{job.id}: hold on Slurm job {hold.slurm_job_id} expired; "
+                              "job ended")
+
+    # -- telling people ------------------------------------------------------------------
+    def _tell(self, job: record.JobRecord, hold: events.Hold, about: str,
+              report: PassReport) -> None:
+        """Tell the job's owner about a hold, once per channel; best effort: a failure is
+        recorded and reported, never retried in a loop, never blocks the pass."""
+        told = {e.channel for e in job.history().of(events.Notified)
+                if e.slurm_job_id == hold.slurm_job_id and e.about == about}
+        spec = job.spec
+        user = str(spec.get("user") or os.getuid())
+        to = _mail_user(spec) or user
+        subject = (f"slurm-dispatch {job.id}: submission {hold.submission} held (Slurm job "
+                   f"{hold.slurm_job_id}) until {when(hold.deadline)}")
+        if about == "expiring":
+            subject = (f"slurm-dispatch {job.id}: the hold on Slurm job {hold.slurm_job_id} "
+                       f"expires {when(hold.deadline)}")
+        body = (f"{subject}\n\nAfter {hold.end_state} of Slurm job {hold.ended_slurm_job_id} "
+                f"the next submission of dispatch job {job.id} ({spec.get('script_name')}) "
+                "waits until the ended execution's processes are proven gone, or a person "
+                f"releases it (`dispatch release {job.id}`).  Unreleased, it is cancelled at "
+                f"{when(hold.deadline)} and the job ends.\n`dispatch status {job.id}` shows "
+                "the evidence.\n")
+        channels: list[tuple[str, list[str]]] = []
+        if self.settings.mail and "mail" not in told:
+            mail_prog = self._mailer(report)
+            if mail_prog:
+                channels.append(("mail", [mail_prog, "-s", subject, to]))
+        if self.settings.notify and "site" not in told:
+            channels.append(("site", [*shlex.split(self.settings.notify), about, job.id,
+                                      hold.slurm_job_id,
+                                      time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                                    time.localtime(hold.deadline)), user, to]))
+        for channel, argv in channels:
+            ok, said = self.notifier(argv, body, NOTIFY_TIMEOUT)
+            job.append(events.Notified, slurm_job_id=hold.slurm_job_id, about=about,
+                       channel=channel, ok=ok, detail=said, task=hold.task)
+            if not ok:
+                report.errors.append(f"{job.id}: could not tell {to} about the hold on Slurm "
+                                     f"job {hold.slurm_job_id} ({channel}): {said}")
+
+    def _min_job_age(self, report: PassReport) -> float:
+        """MinJobAge: the settings', else the controller's (read once a pass), else 300 s,
+        Slurm's default; an unreadable value counts as 0 (no retry is ever proven safe)."""
+        if self.settings.min_job_age is not None:
+            return self.settings.min_job_age
+        if self._min_age is None:
+            try:
+                value = self.slurm.config_value("MinJobAge") or "300 sec"
+                self._min_age = float(value.split()[0])
+            except (SlurmError, ValueError) as exc:
+                report.errors.append(f"cannot read Slurm's MinJobAge: {exc}")
+                self._min_age = 0.0
+            report.controller_calls += 1
+        return self._min_age
+
+    def _mailer(self, report: PassReport) -> Optional[str]:
+        """Slurm's MailProg (``scontrol show config``), read once a pass, when first needed."""
+        if self._mail_prog is None:
+            try:
+                self._mail_prog = self.slurm.config_value("MailProg") or ""
+            except SlurmError as exc:
+                report.errors.append(f"cannot read Slurm's MailProg: {exc}")
+                self._mail_prog = ""
+            report.controller_calls += 1
+        return self._mail_prog or None
+
+
+def _what(submission: int, task: Optional[int]) -> str:
+    return f"submission {submission}" + ("" if task is None else f" of task {task}")
+
+
+def _shown(slurm_id: str, task: Optional[int]) -> str:
+    """A Slurm job id as squeue shows it: ``97_1`` for one task of array 97."""
+    return slurm_id if task is None or "_" in slurm_id else f"{slurm_id}_{task}"
+
+
+def _hold_fields(hold: events.Hold) -> dict[str, Any]:
+    return {k: v for k, v in hold.fields().items() if k not in ("event", "time", "ns", "v")}
+
+
+def _mail_user(spec: dict[str, Any]) -> Optional[str]:
+    """The job's --mail-user, from its command line or its #SBATCH lines, if given."""
+    words = list(spec.get("sbatch", []))
+    for line in spec.get("header", []):
+        words.extend(shlex.split(line.partition("#SBATCH")[2], comments=True)
+                     if line.lstrip().startswith("#SBATCH") else [])
+    found = None
+    for i, word in enumerate(words):
+        if word.startswith("--mail-user="):
+            found = word.split("=", 1)[1]
+        elif word == "--mail-user" and i + 1 < len(words):
+            found = words[i + 1]
+    return found or None
+
+
+PASS_FILE = heartbeat.PASS_FILE
+
+
+def mark_pass(home: Optional[str], report: PassReport, jobs: int,
+              cluster: Optional[str] = None, every: Optional[float] = None) -> None:
+    """Say when a supervisor last passed over the user's jobs (:mod:`heartbeat`:
+    ``dispatch status`` shows it, and ``dispatch-sbatch`` warns when none has passed lately:
+    resubmissions and holds happen only while one runs)."""
+    heartbeat.good(home, cluster, jobs, len(report.actions), len(report.errors), every)
+
+
+def mark_failure(home: Optional[str], cause: str, cluster: Optional[str] = None,
+                 every: Optional[float] = None) -> dict[str, Any]:
+    """Say that a pass failed as a whole (:func:`heartbeat.failed`)."""
+    return heartbeat.failed(home, cluster, cause, every)
+
+
+def last_pass(home: Optional[str] = None, cluster: Optional[str] = None
+              ) -> Optional[dict[str, Any]]:
+    """What the last pass left (:func:`heartbeat.read`), or None."""
+    return heartbeat.read(home, cluster)
+
+
+def retry_pause(failures: int, interval: float) -> float:
+    """Seconds before the next pass after ``failures`` failed ones in a row: an eighth of the
+    interval (at least 1 s), doubling, never more than the interval."""
+    first = max(1.0, interval / 8)
+    return min(interval, first * 2 ** min(max(failures - 1, 0), 30))
+
+
+def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
+            force: bool = False, signal_runner: SignalRunner = ask_signal,
+            clock: Callable[[], float] = time.time, task: Optional[int] = None) -> str:
+    """A person lifts the standing hold of ``job`` (of an array: every task's standing
+    hold, or with ``task`` that task's only); returns the released Slurm job id(s),
+    comma-separated.
+
+    With a CessationSignal in ``settings``, it is asked first about every ended execution the
+    hold waits for (each answer recorded): when one is not proven ceased, the release is
+    refused with the evidence (:class:`RefusedError`), unless ``force`` (the person's call).
+    """
+    history = job.history()
+    tasks = submit.array_tasks(job) or []
+    lines = [history.lineage()] + [history.lineage(t) for t in tasks] if task is None \
+        else [history.lineage(task)]
+    standing: list[tuple[events.Lineage, events.Hold]] = []
+    for line in lines:
+        hold = line.hold
+        if hold is not None and (line.task is None or hold.task is not None) \
+                and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
+            standing.append((line, hold))
+    if not standing:
+        line = lines[0]
+        last = line.holds[-1] if line.holds else None
+        lifted = line.lifted(last.slurm_job_id) if last is not None else None
+        if last is not None and lifted is not None:
+            raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
+                              f"already {lifted.kind}")
+        raise RecordError(f"dispatch job {job.id} has no hold to release")
+    if settings is not None and settings.signal and not force:
+        unproven = []
+        for _, hold in standing:
+            targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
+            for target, restart in targets:
+                argv = [*shlex.split(settings.signal), str(target), "--restart", str(restart),
+                        "--json"]
+                answer = signal_runner(argv, settings.signal_timeout)
+                job.append(events.Cessation, asked_at=round(clock(), 3),
+                           held_slurm_job_id=hold.slurm_job_id,
+                           ended_slurm_job_id=str(target), verdict=answer.verdict,
+                           code=answer.code, evidence=answer.evidence, command=argv,
+                           task=hold.task)
+                if answer.verdict != "ceased":
+                    unproven.append(f"{target}: {answer.verdict}: {_evidence_text(answer)}")
+        if unproven:
+            raise RefusedError(
+                f"the ended execution the hold of {job.id} waits for is not proven gone, so "
+                "its processes may still write the shared checkpoint: " + "; ".join(unproven)
+                + f".  Release anyway with `dispatch release --force {job.id}`")
+    held_ids = [hold.slurm_job_id for _, hold in standing]
+    slurm.release(held_ids)
+    for _, hold in standing:
+        job.append(events.Released, slurm_job_id=hold.slurm_job_id,
+                   by="a person (dispatch release" + (" --force)" if force else ")"),
+                   task=hold.task)
+        mark_released(slurm, job, hold, "by a person")
+    return ",".join(held_ids)
+
+
+def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
+    """Say in the released job's comment that the hold is over (its marker stays first, so
+    the job is still found by it); best effort: the release itself is what matters."""
+    text = (f"{submit.marker(job, hold.submission, hold.task)} released {by} "
+            f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
+    try:
+        slurm.set_comment(hold.slurm_job_id, text)
+    except SlurmError:
+        pass
+
+
+def _evidence_text(answer: Answer) -> str:
+    evidence = answer.evidence
+    if isinstance(evidence, dict):
+        reason = evidence.get("reason") or evidence.get("stderr") or ""
+        nodes = [f"{n.get('node')}: {n.get('evidence')}" for n in evidence.get("nodes") or []
+                 if isinstance(n, dict) and not n.get("proven")]
+        return "; ".join([str(reason), *nodes[:4]]).strip("; ")
+    return str(evidence)[:300]

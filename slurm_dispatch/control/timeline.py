@@ -1,0 +1,151 @@
+"""``dispatch status --timeline``: a dispatch job's executions as bars over time.
+
+One row per execution (submission, restart, node), drawn over the same time axis::
+
+    =====   running (start to the end Slurm or the hooks recorded)
+    ~~~~~   ended, processes not yet proven gone (the overlap a replacement must survive)
+    |       proven ceased (the node's post-kill record, a re-check or a reboot)
+    *       a publication of this execution's (its pub/ entry's time)
+    ....    a hold, from the moment it was made to its release or expiry
+
+The execution whose publication is the latest gets ``<- latest``: the lineage that won.
+:func:`render` is pure over its inputs (the status data and the publications with their times):
+ASCII only, so it reads the same on a terminal, in a log or in a mail; it fits ``width``
+columns.  :func:`marks` reads the publications (names and pub/ entry times, never a save).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+LABEL = 16
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A publication on the time axis: when its pub/ entry was made, and what it names."""
+
+    time: float
+    path: str
+    step: int
+    latest: bool = False
+
+
+def marks(root: str) -> list[Mark]:
+    """The publications under ``root`` with the time each pub/ entry was made."""
+    from ..checkpoint import publish as store
+    found = store.list_publications(root)
+    best = max(found, key=lambda f: (f.epoch, f.step, f.name), default=None)
+    out = []
+    for f in found:
+        try:
+            when = os.stat(os.path.join(root, "pub", f.name), follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        out.append(Mark(when, f.path, f.step, latest=f is best))
+    return out
+
+
+def _end_of(execution: dict[str, Any]) -> Optional[float]:
+    for fact in execution.get("facts") or []:
+        end = fact.get("end") if isinstance(fact, dict) else None
+        if isinstance(end, dict) and isinstance(end.get("time"), (int, float)):
+            return float(end["time"])
+    return None
+
+
+def _ceased_at(execution: dict[str, Any]) -> Optional[float]:
+    """When every node of the execution was proven free of it, if that is recorded."""
+    moments = []
+    for fact in execution.get("facts") or []:
+        nodes = fact.get("nodes") if isinstance(fact, dict) else None
+        if not isinstance(nodes, dict) or not nodes:
+            continue
+        for seen in nodes.values():
+            if not isinstance(seen, dict) or seen.get("ceased") is not True:
+                return None
+            source = seen.get("recheck") or seen.get("end") or {}
+            when = source.get("time") if isinstance(source, dict) else None
+            if isinstance(when, (int, float)):
+                moments.append(float(when))
+    return max(moments) if moments else None
+
+
+def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
+           now: Optional[float] = None) -> str:
+    """The timeline of the status ``data`` (:func:`slurm_dispatch.control.status.collect`)."""
+    now = time.time() if now is None else now
+    executions = sorted(data.get("executions") or [], key=lambda e: e.get("started") or 0)
+    holds = [e for e in data.get("events") or [] if e.get("event") == "hold"]
+    if not executions and not holds:
+        return f"Dispatch job {data.get('id')}: no execution has started yet"
+    moments = [float(e["started"]) for e in executions if e.get("started")]
+    moments += [m.time for m in marks] + [float(h["time"]) for h in holds if h.get("time")]
+    for e in executions:
+        moments += [t for t in (_end_of(e), _ceased_at(e)) if t is not None]
+    first = min(moments)
+    last = max([*moments, now if any(_open(e) for e in executions) else first])
+    span = max(last - first, 1.0)
+    bar = max(width - LABEL - 11, 20)
+
+    def column(moment: float) -> int:
+        return min(bar - 1, max(0, int((moment - first) / span * (bar - 1) + 0.5)))
+
+    lines = [f"Dispatch job {data.get('id')}: {len(executions)} execution(s), "
+             f"{_clock(first)} to {_clock(last)[11:]} ({_duration(span)})"]
+    for e in executions:
+        cells = [" "] * bar
+        start = column(float(e.get("started") or first))
+        end_t = _end_of(e)
+        ceased = _ceased_at(e)
+        stop = column(now) if _open(e) or end_t is None else column(end_t)
+        for i in range(start, stop + 1):
+            cells[i] = "="
+        if end_t is not None and not _open(e):
+            proven = column(ceased) if ceased is not None else column(last)
+            for i in range(stop + 1, proven + 1):
+                cells[i] = "~"
+            if ceased is not None:
+                cells[proven] = "|"
+        mine = [m for m in marks if e.get("exec_dir") and
+                m.path.startswith(str(e["exec_dir"]).rstrip("/") + "/")]
+        for m in mine:
+            cells[column(m.time)] = "*"
+        task = e.get("array_task_id")
+        label = (f"S{e.get('submission')}{'/t' + str(task) if task not in (None, '') else ''}"
+                 f" R{e.get('restart')} {e.get('node') or '?'}")[:LABEL - 1]
+        state = str(e.get("state") or "").split(" ")[0]
+        note = "<- latest" if any(m.latest for m in mine) else state[:10]
+        lines.append(f"{label:<{LABEL}}{''.join(cells)} {note}".rstrip())
+    for hold in holds:
+        cells = [" "] * bar
+        made = column(float(hold.get("time") or first))
+        lifted = [e for e in data.get("events") or []
+                  if e.get("event") in ("released", "expired")
+                  and str(e.get("slurm_job_id")) == str(hold.get("slurm_job_id"))]
+        until = column(float(lifted[0]["time"])) if lifted else column(now)
+        for i in range(made, until + 1):
+            cells[i] = "."
+        how = lifted[0]["event"] if lifted else "holding"
+        label = f"hold S{hold.get('submission')}"[:LABEL - 1]
+        lines.append(f"{label:<{LABEL}}{''.join(cells)} {how}".rstrip())
+    lines.append("= running  ~ ended, not proven gone  | ceased  * published  . held")
+    return "\n".join(line[:width] for line in lines)
+
+
+def _open(execution: dict[str, Any]) -> bool:
+    return str(execution.get("state") or "") in ("RUNNING", "COMPLETING", "CONFIGURING",
+                                                  "SUSPENDED")
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -1,0 +1,337 @@
+"""Which names in an execution's folder are saves, their steps, and when a save is complete.
+
+The rules ``dispatch watch`` publishes by (:class:`SaveRule`): a folder ``checkpoint-<N>``
+once its ready file is whole; a ``.ckpt`` file whose name holds ``step=<N>`` once it is in
+place and whole; or, with a pattern, every name matching a glob with one ``{step}``.
+
+Looking whole is not enough to be complete: a file written in place (safetensors, a pickle,
+a preallocated file) looks whole while it grows, and a folder's ready file may not be its
+last file (transformers before 4.36 writes ``trainer_state.json`` before ``rng_state.pth``).
+So a save is complete only when it looks whole (:func:`looks_whole`), its :func:`snapshot`
+(every entry's type, size, mtime and ctime in ns, inode and device, recursively) is the same
+at two consecutive scans, and :func:`open_for_writing` finds no process of this user on this
+node holding one of its files open for writing or mapped shared and writable.  The watcher
+applies that rule; this module gives its parts.
+
+Invariants: a name's meaning depends on the name alone (so a name decided once never needs
+deciding again); nothing here follows a symlink, blocks on a FIFO, or writes; reading
+``/proc`` touches no other file system (links are read, never followed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..errors import UsageError
+
+DEFAULT_READY = "trainer_state.json"  # Hugging Face Trainer writes it last into checkpoint-N/
+FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's name must be
+
+_FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
+# Lightning's default file name is epoch=<E>-step=<S>.ckpt (-v<k> when a name repeats);
+# "last.ckpt" and "hpc_ckpt_<n>.ckpt" carry no step and are not saves here.  "step=" must start
+# the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
+# it), and the name must end in ".ckpt" (so a manifest beside a save is not one).
+_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
+# O_NONBLOCK: a FIFO planted as a save or ready file must not block a scan in open().
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_ZIP_LOCAL = b"PK\x03\x04"
+_ZIP_END = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_END = b"PK\x06\x06"
+
+
+@dataclass(frozen=True)
+class SaveRule:
+    """Which names in the folder are saves, their steps, and when each looks whole.
+
+    Without a pattern: a folder ``checkpoint-<N>`` (whole once its ready file is), or a
+    ``.ckpt`` file whose name holds ``step=<N>`` (whole once in place, non-empty and, for a
+    zip, ended by its end record).  With a pattern (a glob over names in the folder with one
+    ``{step}`` standing for the digits), every matching name is a save: a folder needs its
+    ready file, a file is whole on the same terms.  Names starting with "." are never saves.
+    Complete also needs the save unchanged and unwritten (the module's docstring).
+    """
+
+    pattern: Optional[str] = None
+    ready: str = DEFAULT_READY
+    regex: Optional[re.Pattern[str]] = field(default=None, compare=False)
+
+    @classmethod
+    def make(cls, pattern: Optional[str] = None, ready: Optional[str] = None) -> SaveRule:
+        ready = DEFAULT_READY if ready is None else ready
+        if ready in ("", ".", "..") or "/" in ready or "\0" in ready:
+            raise UsageError(f"--ready {ready!r} is not a file name (one name, no '/')")
+        if pattern is None:
+            return cls(None, ready, None)
+        return cls(pattern, ready, compile_pattern(pattern))
+
+    def step_of(self, name: str) -> Optional[tuple[int, str]]:
+        """(step, kind) of a save's name, kind being FOLDER, FILE or EITHER; None when the
+        name is no save."""
+        if name.startswith("."):
+            return None
+        if self.regex is not None:
+            match = self.regex.fullmatch(name)
+            return (int(match.group(1)), EITHER) if match else None
+        match = _FOLDER_NAME.fullmatch(name)
+        if match:
+            return int(match.group(1)), FOLDER
+        match = _FILE_STEP.search(name)
+        return (int(match.group(1)), FILE) if match else None
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A glob over one name (``*``, ``?``, ``[...]``) with exactly one ``{step}``."""
+    if pattern.count("{step}") != 1:
+        raise UsageError(f"--pattern {pattern!r} must hold {{step}} exactly once, where the "
+                         "step's digits are (e.g. 'model_{step}.pt')")
+    if "/" in pattern or pattern.startswith("."):
+        raise UsageError(f"--pattern {pattern!r} must match names directly in the folder "
+                         "(no '/', not starting with '.')")
+    head, tail = pattern.split("{step}")
+    return re.compile(_glob(head, pattern) + "([0-9]+)" + _glob(tail, pattern))
+
+
+def _glob(text: str, pattern: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        char = text[i]
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char == "[":
+            end = text.find("]", i + 2 if text[i + 1:i + 2] in ("!", "]") else i + 1)
+            if end < 0:
+                raise UsageError(f"--pattern {pattern!r} has a '[' without its ']'")
+            body = text[i + 1:end]
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return "".join(out)
+
+
+def looks_whole(path: str, is_folder: bool, ready: str) -> bool:
+    """The save at ``path`` looks whole: :func:`folder_complete` or :func:`file_complete`."""
+    return folder_complete(path, ready) if is_folder else file_complete(path)
+
+
+def folder_complete(path: str, ready: str) -> bool:
+    """A save folder looks whole once its ready file is a non-empty regular file (and, for a
+    ``.json`` one, parses: Hugging Face creates trainer_state.json, then writes it)."""
+    return _regular_and(os.path.join(path, ready),
+                        _json_whole if ready.endswith(".json") else lambda fd, size: True)
+
+
+def file_complete(path: str) -> bool:
+    """A save file looks whole once it is a non-empty regular file and, when it is a zip
+    (torch.save's format, so Lightning's ``.ckpt``), its end record is in place.
+
+    Lightning moves the file into place, but fsspec's move across file systems (``$TMPDIR``
+    on a local disk, the checkpoint on a shared one) is a copy into the final name, which is
+    visible while it grows; the zip's end record is written last.
+    """
+    return _regular_and(path, lambda fd, size: os.pread(fd, 4, 0) != _ZIP_LOCAL
+                        or _zip_whole(fd, size))
+
+
+def _regular_and(path: str, whole: Callable[[int, int], bool]) -> bool:
+    """``path`` is a non-empty regular file (no symlink followed) and ``whole(fd, size)``."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and st.st_size > 0 and whole(fd, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _json_whole(fd: int, size: int) -> bool:
+    try:
+        json.loads(_read_all(fd, size))
+    except ValueError:
+        return False
+    return True
+
+
+def _zip_whole(fd: int, size: int) -> bool:
+    """The zip's end record ends the file and says the central directory ends where the end
+    records begin (zip64 too): true of a whole zip, not of one cut anywhere."""
+    tail_len = min(size, 22 + 65535)
+    tail = os.pread(fd, tail_len, size - tail_len)
+    at = tail.rfind(_ZIP_END)
+    while at >= 0:  # the end record whose comment ends the file (the comment may hold "PK")
+        if at + 22 <= len(tail) and at + 22 + struct.unpack_from("<H", tail, at + 20)[0] \
+                == len(tail):
+            break
+        at = tail.rfind(_ZIP_END, 0, at)
+    if at < 0:
+        return False
+    end_pos = size - tail_len + at
+    # A zip64 archive (more than 65,535 members, or past 4 GiB) puts its own end record and
+    # a locator between the central directory and the classic end record.
+    locator = os.pread(fd, 20, end_pos - 20) if end_pos >= 20 else b""
+    if locator.startswith(_ZIP64_LOCATOR) and len(locator) == 20:
+        end64_pos = struct.unpack_from("<Q", locator, 8)[0]
+        end64 = os.pread(fd, 56, end64_pos)
+        if len(end64) == 56 and end64.startswith(_ZIP64_END):
+            record_size = struct.unpack_from("<Q", end64, 4)[0] + 12
+            cd_size64, cd_offset64 = struct.unpack_from("<QQ", end64, 40)
+            if cd_offset64 + cd_size64 == end64_pos and end64_pos + record_size == end_pos - 20:
+                return True
+    cd_size, cd_offset = struct.unpack_from("<II", tail, at + 12)
+    return bool(cd_offset + cd_size == end_pos)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+# --- still being written? -------------------------------------------------------------------
+
+Entry = tuple[str, int, int, int, int, int, int]  # name under the save, mode, size, mtime_ns,
+# ctime_ns, inode, device
+_KINDS = (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK)
+
+
+class NotASave(Exception):
+    """The save holds something that is not a regular file, folder or symlink (a FIFO, a
+    socket, a device): syncing it could block, and no framework writes one."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def snapshot(path: str) -> Optional[tuple[Entry, ...]]:
+    """Every entry of the save at ``path`` (itself, and for a folder everything under it; no
+    symlink followed), or None when it is gone.  Equal snapshots at two moments mean nothing
+    was created, removed, renamed, written or truncated in between (to the file system's
+    timestamp resolution, and size and inode besides).  Raises :class:`NotASave` for an
+    entry of another kind; OSError other than a vanished entry goes to the caller."""
+    entries: list[Entry] = []
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        full = os.path.join(path, rel) if rel else path
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            if not rel:
+                return None
+            continue  # removed meanwhile: the snapshot differs from the last one anyway
+        kind = stat.S_IFMT(st.st_mode)
+        if kind not in _KINDS:
+            raise NotASave(full)
+        entries.append((rel, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                        st.st_ino, st.st_dev))
+        if kind == stat.S_IFDIR:
+            try:
+                names = os.listdir(full)
+            except FileNotFoundError:
+                continue
+            pending.extend(os.path.join(rel, name) for name in names)
+    entries.sort()
+    return tuple(entries)
+
+
+def files_of(path: str, entries: tuple[Entry, ...]) -> set[str]:
+    """The real paths of the regular files a :func:`snapshot` of ``path`` lists."""
+    real = os.path.realpath(path)
+    return {os.path.join(real, rel) if rel else real
+            for rel, mode, *_ in entries if stat.S_ISREG(mode)}
+
+
+_ACCMODE = os.O_WRONLY | os.O_RDWR  # O_ACCMODE: 0 read, 1 write, 2 read and write
+
+
+def open_for_writing(paths: set[str], proc: str = "/proc") -> list[tuple[int, str]]:
+    """(pid, path) for each file of ``paths`` (real paths) that a process of this user on this
+    node holds open for writing (a descriptor whose flags, in ``fdinfo``, allow writing) or
+    maps shared and writable (``maps``); sorted.  Each process's descriptors are read as
+    links, so a hung file system elsewhere is never touched; a process that ends, or whose
+    ``/proc`` entries cannot be read, is passed over.  Without ``/proc``: [] (only the
+    snapshot rule applies).
+
+    The cost is one listing of ``/proc``, one ``stat`` per process and, for this user's
+    processes, one ``readlink`` per descriptor and one read of ``maps``: it is paid only for
+    a save about to be published."""
+    if not paths:
+        return []
+    uid = os.geteuid()
+    common = os.fsencode(os.path.commonpath(list(paths)))
+    found: set[tuple[int, str]] = set()
+    try:
+        pids = [int(name) for name in os.listdir(proc) if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        base = f"{proc}/{pid}"
+        try:
+            if os.stat(base).st_uid != uid:
+                continue
+            fds = os.listdir(f"{base}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{base}/fd/{fd}")
+            except OSError:
+                continue
+            if target in paths and _writable_fd(f"{base}/fdinfo/{fd}"):
+                found.add((pid, target))
+        found.update((pid, target)
+                     for target in _mapped_writable(f"{base}/maps", paths, common))
+    return sorted(found)
+
+
+def _writable_fd(fdinfo: str) -> bool:
+    try:
+        with open(fdinfo, "rb") as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith(b"flags:"):
+            return bool(int(line.split()[1], 8) & _ACCMODE)
+    return False
+
+
+def _mapped_writable(maps: str, paths: set[str], common: bytes) -> set[str]:
+    """The files of ``paths`` (all under ``common``) mapped shared and writable ("rw?s") in a
+    ``maps`` file."""
+    try:
+        with open(maps, "rb") as fh:
+            text = fh.read()
+    except OSError:
+        return set()
+    out: set[str] = set()
+    if common not in text:
+        return out  # most processes map nothing of the save: no line is split
+    for line in text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[1][1:2] == b"w" and fields[1][3:4] == b"s":
+            target = os.fsdecode(fields[5])
+            if target in paths:
+                out.add(target)
+    return out

@@ -1,0 +1,508 @@
+"""``dispatch watch``: publish each complete save of one execution's folder as it appears.
+
+The seed's in-job helper, for saves one process writes (it cannot see ranks: a save that
+several ranks write publishes through the integrations, after a barrier).  A
+:class:`Watcher` scans the folder; :class:`Runner` repeats the scan every interval, runs the
+user's command as its child, forwards Slurm's signals to it and scans a last time when it
+exits.
+
+Invariants:
+
+* Each save is published at most once, in step order, and never one at or below the
+  greatest step already published from the folder (read from ``pub/`` by the first scan,
+  then kept), so a restarted watch neither fails nor republishes.
+* Only complete saves are published.  A save is complete when it looks whole
+  (:class:`SaveRule`: a folder's ready file is whole; a file is in place, non-empty and, for
+  a zip, ended by its end record), its snapshot (every entry under it, recursively: type,
+  size, mtime and ctime in ns, inode) is the same at two consecutive scans and again after it
+  is synced, and no process of this user on this node holds one of its files open for
+  writing or maps one shared and writable (saverules).  So a save is published one interval
+  after it is finished at the earliest, about two at the latest; after the command exits the
+  last scans come at most a second apart until no save that looks whole is left unconfirmed
+  (at most ``timeout``).  A writer that is on another node, closes every file and changes
+  nothing for a whole interval is the case this cannot see: ``--ready`` names a file the
+  writer writes last.
+* A save is durable before it is published: every file and folder of it, and the folder
+  holding it, is fsynced first (the integrations' ``sync_save``), so neither a publication
+  nor ``--keep``'s cleanup, which runs only after publications, ever relies on data that has
+  not reached the disk.  A save that cannot be synced is a store error.  (On S3 the upload is
+  the durable copy.)
+* The first error stops publishing for good: nothing is published after it, and the run
+  ends non-zero.
+* A name's meaning never changes, so a name decided once (not a save, or at or below the
+  mark) is never looked at again: a scan of a folder of old saves costs one listing.
+
+Library code: it never prints; progress and errors go through the ``report`` callback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import stat
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..checkpoint import model
+from ..checkpoint import publish as store
+from ..checkpoint.stores.open import check_root_scheme
+from ..errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
+from ..integrations.saves import sync_save
+from .saverules import (
+    FILE,
+    FOLDER,
+    Entry,
+    NotASave,
+    SaveRule,
+    files_of,
+    looks_whole,
+    open_for_writing,
+    snapshot,
+)
+from .watch_s3 import Uploader
+
+DEFAULT_INTERVAL = 2.0
+LAST_GAP = 1.0  # after the command exits: the most seconds between the last scans
+DEFAULT_TIMEOUT = 300.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
+             signal.SIGCONT)
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # without a command: scan, then stop
+STOPPED_CODE = 2  # watch stopped at an error (and the command, if any, succeeded)
+
+@dataclass(frozen=True)
+class Published:
+    step: int
+    path: str
+    name: str
+
+
+class Watcher:
+    """Scans one folder and publishes its complete saves; one scan at a time."""
+
+    # --keep K: after a scan that published, cleanup applies the rule of `dispatch gc --keep K`
+    # to the root (gc.py); None: no cleanup.  Cleanup's errors are said and end cleanup only.
+    keep: Optional[int] = None
+
+    def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
+                 report: Callable[[str], None] = lambda line: None,
+                 upload_to: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        # On an s3:// root, ``folder`` is the local staging folder and each complete save is
+        # uploaded under ``upload_to`` (the execution's prefix), then published (watch_s3).
+        self.uploader: Optional[Uploader] = None
+        self.phase: Optional[tuple[float, str]] = None  # (since, what) of a long step in a scan
+        if store.is_s3_root(root):
+            self.uploader = Uploader(root, folder, upload_to, timeout, report)
+        check_root_scheme(root)  # gs://, file://...: refused, never taken for a folder's name
+        self.root = root if self.uploader else os.path.abspath(root)
+        self.folder = os.path.abspath(folder)
+        if self.uploader is None and not os.path.isdir(self.root):
+            raise UsageError(f"checkpoint root {root!r} is not a directory")
+        try:
+            if self.uploader is None:
+                model.relative_inside(self.root, self.folder)
+        except OutsideRoot:
+            raise UsageError(f"folder {folder!r} is not inside the checkpoint root {root!r}; "
+                             "publications name saves under the root") from None
+        self.epoch = model.check_epoch_value(epoch)
+        self.rule = rule
+        self.report = report
+        self.mark: Optional[int] = None  # the greatest step published from the folder
+        self.cancelled = False  # set by the runner when a scan overran: publish nothing more
+        self._settled: set[str] = set()  # names decided for good
+        # name -> (is a folder, snapshot) of a save above the mark that looked whole at the
+        # last scan; published once the next scan finds it unchanged and unwritten.
+        self._seen: dict[str, tuple[bool, tuple[Entry, ...]]] = {}
+        self._held: set[str] = set()  # names whose writer has been said once
+
+    def _own_mark(self) -> int:
+        if self.uploader is not None:
+            return self.uploader.own_mark()
+        prefix = self.folder + "/"
+        steps = [f.step for f in store.list_publications(self.root) if f.path.startswith(prefix)]
+        return max(steps, default=-1)
+
+    def _listing(self) -> list[str]:
+        try:
+            return os.listdir(self.folder)
+        except OSError as exc:
+            raise StoreError(f"cannot list the watched folder {self.folder!r}: "
+                             f"{exc.strerror}") from None
+
+    def scan(self) -> list[Published]:
+        """Publish the complete saves above the mark, in step order; return them."""
+        first = self.mark is None
+        mark = self._own_mark() if self.mark is None else self.mark
+        self.mark = mark
+        stable: list[tuple[int, str]] = []
+        settled = self._settled
+        listed = self._listing()
+        for name in listed:
+            if name in settled:
+                continue
+            found = self.rule.step_of(name)
+            if found is None:
+                settled.add(name)
+                continue
+            step, kind = found
+            if step <= mark:
+                self._settle(name)
+                if not first:
+                    self.report(f"not publishing step {step}: {os.path.join(self.folder, name)} "
+                                f"(step {mark} is already published)")
+                continue
+            if self._unchanged(name, step, kind):
+                stable.append((step, name))
+        for name in set(self._seen) - set(listed):
+            del self._seen[name]  # removed before it was published
+        published = []
+        if stable:
+            writers = self._writers([name for _, name in stable])
+            for step, name in sorted(stable):
+                if name in writers:
+                    if name not in self._held:
+                        self._held.add(name)
+                        pid, path = writers[name]
+                        self.report(f"not publishing step {step} yet: process {pid} has "
+                                    f"{path} open for writing")
+                    continue
+                done = self._publish(step, name)
+                if done is not None:
+                    published.append(done)
+        if published and self.keep is not None and not self.cancelled:
+            self._clean(self.keep)
+        return published
+
+    def waiting(self) -> list[str]:
+        """The saves above the mark that look whole but are not confirmed yet (seen at one
+        scan only, changed since, or still open for writing), by name."""
+        return sorted(self._seen)
+
+    def _settle(self, name: str) -> None:
+        self._settled.add(name)
+        self._seen.pop(name, None)
+        self._held.discard(name)
+
+    def _unchanged(self, name: str, step: int, kind: str) -> bool:
+        """The save looks whole and its snapshot is the one the last scan took (which it
+        keeps otherwise, for the next scan)."""
+        path = os.path.join(self.folder, name)
+        is_folder = self._kind(name, kind)
+        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready):
+            self._seen.pop(name, None)
+            return False
+        now = self._snapshot(name, step)
+        if now is None:
+            self._seen.pop(name, None)
+            return False
+        before = self._seen.get(name)
+        self._seen[name] = (is_folder, now)
+        return before == (is_folder, now)
+
+    def _snapshot(self, name: str, step: int) -> Optional[tuple[Entry, ...]]:
+        path = os.path.join(self.folder, name)
+        try:
+            return snapshot(path)
+        except NotASave as exc:
+            self._settle(name)
+            self.report(f"not publishing step {step}: {path} holds {exc.path}, which is not a "
+                        "regular file, folder or symlink")
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
+
+    def _writers(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        """name -> (pid, file) for the saves among ``names`` that a process of this user on
+        this node still writes (one pass over /proc for them all)."""
+        owner: dict[str, str] = {}
+        for name in names:
+            path = os.path.join(self.folder, name)
+            for file in files_of(path, self._seen[name][1]):
+                owner[file] = name
+        out: dict[str, tuple[int, str]] = {}
+        for pid, file in open_for_writing(set(owner)):
+            out.setdefault(owner[file], (pid, file))
+        return out
+
+    def _clean(self, keep: int) -> None:
+        from ..checkpoint import gc
+
+        if gc.listing_lag() > 0:
+            # Cleanup waits out the listing lag (ListingLag) before it removes: beside the
+            # scans, never in their way (one run at a time; its lines come through report).
+            gc.collect_in_background(self.root, keep, self.report)
+            return
+        try:
+            done = gc.collect(self.root, keep)
+        except DispatchError as exc:
+            self.keep = None  # publishing goes on; a cleanup that failed once is not retried
+            self.report(f"cleanup stopped (saves are still published): {exc}")
+            return
+        for removal in done.removals:
+            if not removal.skipped:
+                self.report(f"removed {removal.kind} {removal.path} ({removal.bytes} bytes)")
+
+    def _kind(self, name: str, kind: str) -> Optional[bool]:
+        """True for a folder save, False for a file save, None while it is absent; an entry
+        of the wrong kind is settled (never a save)."""
+        path = os.path.join(self.folder, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
+        if stat.S_ISDIR(st.st_mode) and kind != FILE:
+            return True
+        if stat.S_ISREG(st.st_mode) and kind != FOLDER:
+            return False
+        # A checkpoint-N file, a step=N folder (a sharded save: ranks publish those), a
+        # symlink (never followed): not a save, now or later.
+        self._settle(name)
+        return None
+
+    def _durable(self, step: int, name: str) -> bool:
+        """Sync the save (POSIX), then check it is still what the scans saw: True when it may
+        be published now."""
+        path = os.path.join(self.folder, name)
+        if self.uploader is None:
+            try:
+                sync_save(path)
+            except FileNotFoundError:
+                self._seen.pop(name, None)  # a part went meanwhile: it is not what was seen
+                return False
+            except OSError as exc:
+                raise StoreError(f"cannot sync {path!r} before publishing it: "
+                                 f"{exc.strerror}") from None
+        seen = self._seen.get(name)
+        now = self._snapshot(name, step)
+        if seen is None or now is None or seen[1] != now:
+            if now is not None and seen is not None:
+                self._seen[name] = (seen[0], now)
+            return False
+        return True
+
+    def _publish(self, step: int, name: str) -> Optional[Published]:
+        path = os.path.join(self.folder, name)
+        assert self.mark is not None
+        if step <= self.mark:  # a second save of a step just published
+            self._settle(name)
+            self.report(f"not publishing step {step}: {path} (step {self.mark} is already "
+                        "published)")
+            return None
+        if self.cancelled or not self._durable(step, name):
+            return None
+        try:
+            pub = self._put(step, path)
+        except AlreadyPublished:
+            self.report(f"step {step} was already published: {path}")
+            pub = ""
+        except OutsideRoot:
+            if os.path.lexists(path):
+                raise
+            self._settle(name)
+            self.report(f"not publishing step {step}: {path} was deleted before it could be")
+            return None
+        if self.uploader is not None and self.cancelled:
+            return None  # the scan overran while the save was uploading: not published
+        self.mark = step
+        self._settle(name)
+        if pub:
+            self.report(f"published step {step}: "
+                        f"{self.uploader.url_of(path) if self.uploader else path}")
+        if self.uploader is not None:
+            self.uploader.published(path)
+        return Published(step, path, pub)
+
+    def _put(self, step: int, path: str) -> str:
+        """Publish the save (on S3: upload it first, then publish its URL)."""
+        if self.uploader is None:
+            return store.publish(self.root, self.epoch, step, path)
+        self.phase = (time.monotonic(), f"uploading {path} to {self.uploader.url_of(path)}")
+        try:
+            return self.uploader.put(self.epoch, step, path, lambda: self.cancelled)
+        finally:
+            self.phase = (time.monotonic(), f"a scan of {self.folder!r}")
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128+N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Runner:
+    """Scans every ``interval`` seconds; with a command, runs it as a child, forwards the
+    signals Slurm sends (:data:`FORWARDED`) and makes the last scans once it exits: one, and
+    while a save that looks whole is not confirmed, another at most :data:`LAST_GAP` seconds
+    later, for at most ``timeout`` (what is still being written then is said, not published).
+
+    Without a command, TERM, INT and HUP end the run after the last scans (exit 0); USR1, USR2
+    and CONT are ignored.  A scan that does not finish within ``timeout`` seconds is an error.
+    The first error stops publishing; it is reported at once.  The exit status is the
+    command's; after an error it is the command's when that failed, else 2 (also 2 without a
+    command).
+    """
+
+    def __init__(self, watcher: Watcher, command: Optional[list[str]], interval: float,
+                 timeout: float, report: Callable[[str], None]) -> None:
+        for label, value in (("--interval", interval), ("--timeout", timeout)):
+            if not (math.isfinite(value) and value > 0):
+                raise UsageError(f"{label} {value!r} must be a positive number of seconds")
+        self.watcher = watcher
+        self.command = list(command) if command else None
+        self.interval = interval
+        self.timeout = timeout
+        self.report = report
+        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.error: Optional[DispatchError] = None
+        self._pending: list[int] = []
+        self._ending = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGCHLD:
+            return  # only to wake the loop (through the wakeup fd): the child may have ended
+        if self.command is None:
+            self._ending = self._ending or signum in _ENDING
+        elif self.child is None:
+            self._pending.append(signum)
+        else:
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        assert self.child is not None
+        if self.child.returncode is None:
+            try:
+                os.kill(self.child.pid, signum)
+            except ProcessLookupError:
+                pass  # it has just exited; the loop sees that next
+
+    def _wait(self, seconds: Optional[float]) -> None:
+        """Sleep until a signal, the child's exit, a scan's end, or ``seconds`` pass."""
+        try:
+            ready, _, _ = select.select([self._wake_r], [], [], seconds)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries select
+            return
+        if ready:
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def _scan(self) -> None:
+        """One scan in a worker thread, so signals are forwarded meanwhile and a scan stuck
+        on a hung file system is noticed after ``timeout``."""
+        outcome: dict[str, BaseException] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                self.watcher.scan()
+            except BaseException as exc:  # handed to the main thread
+                outcome["error"] = exc
+            finally:
+                done.set()
+                try:
+                    os.write(self._wake_w, b"\0")
+                except OSError:  # pragma: no cover - the runner already closed the pipe
+                    pass
+
+        started = time.monotonic()
+        self.watcher.phase = None
+        threading.Thread(target=work, name="dispatch-watch-scan", daemon=True).start()
+        while not done.is_set():
+            # Each upload (S3) and the scan around them has --timeout of its own.
+            since, what = self.watcher.phase or (started, f"a scan of {self.watcher.folder!r}")
+            left = max(since, started) + self.timeout - time.monotonic()
+            if left <= 0:
+                self.watcher.cancelled = True
+                self._fail(StoreError(f"{what} did not finish within {self.timeout:g} s "
+                                      "(--timeout)"))
+                return
+            self._wait(left)
+        error = outcome.get("error")
+        if isinstance(error, DispatchError):
+            self._fail(error)
+        elif error is not None:
+            raise error
+
+    def _fail(self, error: DispatchError) -> None:
+        self.error = error
+        self.report(f"stopped publishing: {error}")
+
+    def _start_child(self) -> None:
+        assert self.command is not None
+        try:
+            self.child = subprocess.Popen(self.command)
+        except FileNotFoundError:
+            raise UsageError(f"command {self.command[0]!r} not found") from None
+        except PermissionError:
+            raise UsageError(f"command {self.command[0]!r} is not executable") from None
+        except OSError as exc:
+            raise UsageError(f"cannot run command {self.command[0]!r}: {exc.strerror}") from None
+        for signum in self._pending:
+            self._forward(signum)
+        self._pending.clear()
+
+    def run(self) -> int:
+        handled = (*FORWARDED, signal.SIGCHLD)
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        try:
+            if self.command is not None:
+                self._start_child()
+            self._loop()
+            self._last_scans()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        return self._status()
+
+    def _last_scans(self) -> None:
+        """Saves written just before the end: scan, and while a save that looks whole is not
+        confirmed yet, scan again at most LAST_GAP seconds later, for at most ``timeout``."""
+        gap = min(self.interval, LAST_GAP)
+        deadline = time.monotonic() + self.timeout
+        while self.error is None:
+            self._scan()
+            if self.error is not None or not self.watcher.waiting():
+                return
+            if time.monotonic() + gap > deadline:
+                for name in self.watcher.waiting():
+                    self.report(f"not publishing {os.path.join(self.watcher.folder, name)}: "
+                                f"still being written {self.timeout:g} s (--timeout) after "
+                                "the end")
+                return
+            end = time.monotonic() + gap
+            while time.monotonic() < end:  # a signal may wake the wait early
+                self._wait(end - time.monotonic())
+
+    def _loop(self) -> None:
+        next_scan = time.monotonic()
+        while True:
+            if self.child is not None and self.child.poll() is not None:
+                return
+            if self.command is None and (self._ending or self.error is not None):
+                return
+            now = time.monotonic()
+            if self.error is None and now >= next_scan:
+                self._scan()
+                next_scan = max(next_scan + self.interval, time.monotonic())
+                continue
+            self._wait(None if self.error is not None else next_scan - now)
+
+    def _status(self) -> int:
+        code = 0
+        if self.child is not None:
+            code = exit_status(self.child.wait())
+        if self.error is not None and code == 0:
+            return STOPPED_CODE
+        return code

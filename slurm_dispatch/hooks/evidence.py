@@ -1,0 +1,365 @@
+"""What each hook records (runs in the child that :func:`slurm_dispatch.hooks.run` forked).
+
+* ``prolog`` (node, root): "execution R of job J started on node X" with the machine's boot id
+  and boot time.
+* ``epilog`` (node, root; Slurm runs it after slurmd killed the job's tracked processes): scans
+  /proc for processes still carrying the job's ``SLURM_JOB_ID`` and restart count (which is how a
+  process that escaped tracking with setsid or a double fork is caught), and records the end tied
+  to the start this same node recorded, with the survivors found.  The same /proc pass re-checks
+  survivors of earlier jobs that this machine still watches.
+* ``recheck`` (health check or timer, root): re-checks watched survivors; records when they are
+  gone (or the machine rebooted), so ``dispatch-cease`` can prove cessation later.
+* ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation and the
+  end state as the controller saw it.
+
+Every handler raises on a fault; the caller logs it and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..config import Config
+from ..errors import FactError
+from ..node import factstore as store
+from ..node import procscan
+
+# Variables of the job's end that EpilogSlurmctld and Epilog may carry (22.05 and later).
+_END_VARIABLES = ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERIVED_EC",
+                  "SLURM_JOB_STATE", "SLURM_JOB_REASON", "SLURM_JOB_PARTITION",
+                  "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME", "SLURM_JOB_NODELIST",
+                  "SLURM_JOB_ACCOUNT", "SLURM_JOB_NAME", "SLURM_JOB_USER", "SLURM_SCRIPT_CONTEXT")
+
+
+def _require(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise FactError(f"${name} is not set; recording nothing")
+    return value
+
+
+def _int_var(name: str) -> int:
+    value = _require(name)
+    if not value.isdigit():
+        raise FactError(f"${name}={value!r} is not a number; recording nothing")
+    return int(value)
+
+
+def _restart_env() -> tuple[int, str | None]:
+    raw = os.environ.get("SLURM_JOB_RESTART_COUNT")
+    if raw is None or raw == "":
+        return 0, raw
+    if not raw.isdigit():
+        raise FactError(f"$SLURM_JOB_RESTART_COUNT={raw!r} is not a number")
+    return int(raw), raw
+
+
+def _job() -> tuple[str, int, int]:
+    job_id = store.check_name(_require("SLURM_JOB_ID"), "$SLURM_JOB_ID")
+    return job_id, _int_var("SLURM_JOB_UID"), _int_var("SLURM_JOB_GID")
+
+
+def _node() -> str:
+    return store.check_name(_require("SLURMD_NODENAME"), "$SLURMD_NODENAME")
+
+
+def _end_variables() -> dict[str, str]:
+    return {name: os.environ[name] for name in _END_VARIABLES if name in os.environ}
+
+
+def prolog(cfg: Config) -> None:
+    job_id, uid, gid = _job()
+    node = _node()
+    restart, raw = _restart_env()
+    store.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "boot_id": store.boot_id(), "boot_time": store.boot_time(),
+        "hostname": os.uname().nodename,
+    })
+
+
+def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
+                   restart: int, kinds: tuple[str, str] = ("start", "end"),
+                   oldest: bool = False) -> tuple[str, int] | None:
+    """(token, restart) of the start ``node`` recorded for the job with no end tied to it yet.
+
+    Read from the file names alone: an end carries the token of its start.  A node prefers the
+    start with the restart count Slurm gives now, else its latest; the controller (``oldest``)
+    ends its executions in the order they started, whatever count its EpilogSlurmctld is given
+    (after ``scontrol requeue`` it is the next execution's).
+    """
+    starts: list[tuple[str, str]] = []
+    ended = set()
+    for name in store.list_job(cfg.state_dir, uid, job_id):
+        parsed = store.parse_name(name)
+        if parsed is None or parsed[1] != node:
+            continue
+        kind, _, restart_text, token = parsed
+        if kind == kinds[0] and restart_text.isdigit():
+            starts.append((token, restart_text))
+        elif kind == kinds[1]:
+            ended.add(token)
+    open_starts = sorted(s for s in starts if s[0] not in ended)
+    if not open_starts:
+        return None
+    if oldest:
+        token, restart_text = open_starts[0]
+        return token, int(restart_text)
+    same = [s for s in open_starts if int(s[1]) == restart]
+    token, restart_text = (same or open_starts)[-1]
+    return token, int(restart_text)
+
+
+def _belongs(process: dict, node: str, restart: object) -> bool:
+    """Whether a process found for a job belongs to the execution this node ran: its
+    environment names this node (or no node) and this restart count.  Where nodes share a
+    machine (the sandbox), another node's processes of the same job are its own business."""
+    if process.get("source") == "cgroup" or process.get("unresolved"):
+        return True
+    return process.get("env_node") in (None, node) and process.get("restart") == restart
+
+
+def _unresolved(scan: procscan.Scan, restart: object) -> list[dict]:
+    """PIDs the scan could not read, as survivors: not knowing is not proof."""
+    return [{"pid": pid, "ppid": None, "state": "?", "starttime": None, "uid": None,
+             "restart": restart, "env_node": None, "unresolved": True,
+             "cmdline": f"(not readable within {scan.seconds:.1f} s: vanished and replaced "
+                        "faster than the scan, or stuck; not known to be gone)"}
+            for pid in scan.unresolved]
+
+
+def _execution_survivors(cfg: Config, scan: procscan.Scan, job_id: str, uid: int, node: str,
+                         restart: object) -> list[dict]:
+    survivors = [p for p in scan.found.get(job_id, []) if _belongs(p, node, restart)]
+    if not scan.complete:
+        survivors += _unresolved(scan, restart)
+    # proctrack/cgroup: the job's cgroup holds its processes whatever their environment says.
+    in_cgroup = procscan.cgroup_processes(cfg.cgroup_root, job_id, uid, node) or []
+    known = {p["pid"] for p in survivors}
+    return survivors + [p for p in in_cgroup if p["pid"] not in known]
+
+
+def _scan_budget(cfg: Config) -> float:
+    # Half the hook's time: the rest writes the record, whatever the scan met.
+    return max(0.05, cfg.hook_timeout * 0.5)
+
+
+def epilog(cfg: Config) -> None:
+    job_id, uid, gid = _job()
+    node = _node()
+    restart_now, raw = _restart_env()
+    start = _unended_start(cfg, uid, job_id, node, restart_now)
+    restart = start[1] if start is not None else restart_now
+    watched = _watched(cfg)
+    jobs: dict[str, int | None] = {job_id: uid}
+    for entry in watched:
+        jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
+    scan_error = None
+    try:
+        scan = procscan.scan_within(jobs, _scan_budget(cfg))
+        survivors = _execution_survivors(cfg, scan, job_id, uid, node, restart)
+    except OSError as exc:
+        scan, survivors = None, []
+        scan_error = f"cannot scan /proc: {exc.strerror}"
+    body: dict[str, object] = {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "start_token": start[0] if start is not None else None,
+        "boot_id": store.boot_id(), "boot_time": store.boot_time(),
+        "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
+        "scan": None if scan is None else {"rounds": scan.rounds, "complete": scan.complete,
+                                           "seconds": round(scan.seconds, 4)},
+        "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(),
+    }
+    name = store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body,
+                            token=start[0] if start is not None else None)
+    if survivors and not scan_error:
+        _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
+                         "restart": restart, "end_token": name.rpartition(".")[2],
+                         "boot_id": body["boot_id"], "time": body["time"],
+                         "survivors": survivors})
+    if scan is not None:
+        _settle(cfg, watched, scan)
+
+
+def recheck(cfg: Config) -> None:
+    watched = _watched(cfg)
+    if not watched:
+        return
+    jobs: dict[str, int | None] = {}
+    for entry in watched:
+        jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
+    _settle(cfg, watched, procscan.scan_within(jobs, _scan_budget(cfg)))
+
+
+def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
+    """What the controller saw of one execution: its nodes, and for an end, Slurm's words.
+
+    An end is tied to the controller's start it closes, the way a node's end is (it takes the
+    start's token and restart count): the count EpilogSlurmctld is given is not reliable.
+    """
+    job_id, uid, gid = _job()
+    restart, raw = _restart_env()
+    token = None
+    if kind == "ctld-end":
+        start = _unended_start(cfg, uid, job_id, CONTROLLER, restart,
+                               ("ctld-start", "ctld-end"), oldest=True)
+        if start is not None:
+            token, restart = start
+            extra = {**extra, "start_token": token}
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    from ..slurm import hostlist
+    store.write_fact(cfg.state_dir, uid, gid, job_id, kind, CONTROLLER, {
+        "time": time.time(), "restart": restart, "restart_env": raw,
+        "nodelist": nodelist, "nodes": hostlist.expand_hostlist(nodelist), **extra,
+    }, token=token)
+
+
+CONTROLLER = "slurmctld"  # the node name the controller's facts are recorded under
+
+
+def prolog_slurmctld(cfg: Config) -> None:
+    _controller_fact(cfg, "ctld-start", {})
+
+
+def epilog_slurmctld(cfg: Config) -> None:
+    _controller_fact(cfg, "ctld-end", {"slurm": _end_variables()})
+
+
+HANDLERS = {
+    "prolog": prolog,
+    "epilog": epilog,
+    "recheck": recheck,
+    "prolog-slurmctld": prolog_slurmctld,
+    "epilog-slurmctld": epilog_slurmctld,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Survivors this machine watches: StateDir/watch/<hostname>/<uid>.<jobid>.<token>
+
+
+def _watch_dir(cfg: Config, create: bool) -> int | None:
+    host = store.check_name(os.uname().nodename, "hostname")
+    base = store.open_state_dir(cfg.state_dir)
+    try:
+        if not create:
+            try:
+                os.stat(store.WATCH, dir_fd=base, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+        top = store.open_subdir(base, store.WATCH, f"{cfg.state_dir}/{store.WATCH}", 0o700)
+        try:
+            if not create:
+                try:
+                    os.stat(host, dir_fd=top, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None
+            return store.open_subdir(top, host, f"{cfg.state_dir}/{store.WATCH}/{host}", 0o700)
+        finally:
+            os.close(top)
+    finally:
+        os.close(base)
+
+
+def _watched(cfg: Config) -> list[dict]:
+    fd = _watch_dir(cfg, create=False)
+    if fd is None:
+        return []
+    entries = []
+    try:
+        names = sorted(os.listdir(fd))
+        if names:
+            import json
+        for name in names:
+            try:
+                data = store.read_regular(fd, name, {os.geteuid()})
+                entry = json.loads(data)
+                problem = store.format_problem(entry)
+                if problem:
+                    raise FactError(problem)  # a newer hook's entry: it settles it itself
+                entry["_name"] = name
+                store.check_name(str(entry["job_id"]), "job id")
+                int(entry["uid"]), int(entry["gid"])
+                entries.append(entry)
+            except (FactError, ValueError, KeyError, TypeError) as exc:
+                from . import log
+                log(f"watch entry {name}: {exc}; ignored")
+    finally:
+        os.close(fd)
+    return entries
+
+
+def _add_watch(cfg: Config, entry: dict) -> None:
+    fd = _watch_dir(cfg, create=True)
+    assert fd is not None
+    try:
+        name = f"{entry['uid']}.{entry['job_id']}.{store.new_token()}"
+        data = store.dumps({**entry, "v": store.FORMAT_VERSION}).encode()
+        store.create_file(fd, name, data, f"{cfg.state_dir}/{store.WATCH}", 0o600)
+    finally:
+        os.close(fd)
+
+
+def _drop_watch(cfg: Config, name: str) -> None:
+    fd = _watch_dir(cfg, create=False)
+    if fd is None:
+        return
+    try:
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _entry_time(entry: dict) -> float | None:
+    """When a watch entry was made: its ``time``, else its name's token (nanoseconds, hex)."""
+    value = entry.get("time")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    token = str(entry.get("_name", "")).rpartition(".")[2][:16]
+    try:
+        return int(token, 16) / 1e9
+    except ValueError:
+        return None
+
+
+def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan) -> None:
+    """Record what became of watched survivors; stop watching those that are all gone.
+
+    Each entry is one execution on one node (its end's token): its survivors are the processes
+    of that job, node and restart count, never all of the job's.  An entry of another boot is
+    settled as "rebooted" only if this machine booted after the entry was made; otherwise it is
+    another machine with this host name (a shared StateDir) and is left for that machine.
+    """
+    current_boot = store.boot_id()
+    booted = store.boot_time()
+    for entry in watched:
+        job_id = str(entry["job_id"])
+        if entry.get("boot_id") and entry.get("boot_id") != current_boot:
+            made = _entry_time(entry)
+            if booted is None or made is None or booted <= made:
+                continue
+            now: list[dict] = []
+            reason = "the machine rebooted"
+        elif not scan.complete and scan.unresolved:
+            continue  # not knowing is no news: keep watching
+        else:
+            now = _execution_survivors(cfg, scan, job_id, int(entry["uid"]),
+                                       str(entry["node"]), entry.get("restart"))
+            reason = "re-scanned /proc"
+        before = {(s.get("pid"), s.get("starttime")) for s in entry.get("survivors", [])}
+        after = {(s.get("pid"), s.get("starttime")) for s in now}
+        if now and after == before:
+            continue
+        store.write_fact(cfg.state_dir, int(entry["uid"]), int(entry["gid"]), job_id,
+                         "recheck", str(entry["node"]), {
+                             "time": time.time(), "restart": entry.get("restart"),
+                             "end_token": entry.get("end_token"), "boot_id": current_boot,
+                             "survivors": now, "reason": reason})
+        _drop_watch(cfg, entry["_name"])
+        if now:
+            fresh = {k: v for k, v in entry.items() if k != "_name"}
+            fresh["survivors"] = now
+            _add_watch(cfg, fresh)

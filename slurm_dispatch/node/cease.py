@@ -1,0 +1,329 @@
+"""Cessation: are an ended execution's processes gone on every node it ran on?
+
+This is the Slurm adapter's CessationSignal (``dispatch-cease``).  It proves, or fails to prove;
+it never guesses.  For each node of the execution, evidence that proves:
+
+* the node's post-kill record (its Epilog, which runs after slurmd killed the job's tracked
+  processes) found no process of the execution left, or a later re-check found them all gone;
+* the node booted after the execution's last known moment on it (``BootTime`` later than the
+  start, end and controller end recorded, plus ``BootTimeTolerance``).
+
+Evidence that does not prove: the node being down or not responding, survivors found, a drain
+with "Kill task failed" (unless the node rebooted since), no record.  An execution that is still
+running, completing or not yet started is not ceased.  An array has ceased only when every task
+the controller knows has: each task is judged on its own, by its own records.
+
+Invariants: the controller is asked a fixed number of questions whatever the node count: one
+read of the job (every task of an array, through the Slurm adapter, which never lets the job's
+comment move a field) and one ``scontrol -o show node`` for all the nodes (an array's tasks
+share it).  The questions go
+through :class:`Controller`, so tests and the bench use a fake one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Protocol
+
+from .. import config as config_module
+from ..errors import ConfigError, RecordError, UsageError
+from ..slurm.adapter import Job, Node
+from . import facts
+
+
+class Controller(Protocol):
+    """The two questions cessation asks Slurm's controller (the Slurm adapter answers them)."""
+
+    def jobs(self, job_id: str) -> list[Job]:
+        """The job, or every task of an array asked by its id; [] when unknown."""
+
+    def nodes(self, names: list[str]) -> dict[str, Node]:
+        """Each named node, in one call."""
+
+
+class SlurmController:
+    """The real controller, through the Slurm adapter (with its retries); counts questions."""
+
+    def __init__(self, env: Optional[dict[str, str]] = None) -> None:
+        from ..slurm.adapter import Slurm
+        self.slurm = Slurm()
+        self.env = env
+        self.calls = 0
+
+    def jobs(self, job_id: str) -> list[Job]:
+        self.calls += 1
+        return self.slurm.jobs(job_id, self.env)
+
+    def nodes(self, names: list[str]) -> dict[str, Node]:
+        self.calls += 1
+        return self.slurm.nodes(names, self.env)
+
+
+@dataclass
+class NodeEvidence:
+    """What one node's records and state say about the execution."""
+
+    node: str
+    state: str  # the controller's State= for the node ("" when unknown)
+    proven: bool
+    evidence: str  # one line, for people
+    survivors: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    """The answer: ``ceased`` is True only when every node of the execution is proven."""
+
+    job_id: str  # as asked
+    slurm_job_id: str  # Slurm's JobId
+    restart: int
+    job_state: str
+    ceased: bool
+    reason: str
+    nodes: list[NodeEvidence] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    tasks: list[Verdict] = field(default_factory=list)  # an array's tasks, each judged
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ceased else 1
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_config(path: Optional[str] = None) -> config_module.Config:
+    """The site configuration; a bad file is an error naming key, value, file and line."""
+    cfg = config_module.load(path)
+    if cfg.problems:  # no verdict is given on a configuration other than the one meant
+        raise ConfigError(config_module.refusal(cfg, "--config"))
+    return cfg
+
+
+def _clock(value: object) -> str:
+    if not isinstance(value, (int, float)):
+        return "?"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(value))
+
+
+def _describe(survivors: list[dict[str, Any]], limit: int = 3) -> str:
+    shown = [f"pid {s.get('pid')} ({str(s.get('cmdline', ''))[:60]})" for s in survivors[:limit]]
+    more = len(survivors) - limit
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def cessation(job_id: str, restart: Optional[int] = None, *,
+              controller: Optional[Controller] = None,
+              cfg: Optional[config_module.Config] = None,
+              uid: Optional[int] = None) -> Verdict:
+    """Whether execution ``restart`` (default: the latest) of Slurm job ``job_id`` has ceased.
+
+    ``job_id`` may be an array's id: then every task the controller knows is judged, and the
+    array has ceased only when every task's latest execution has (``--restart`` then needs a
+    task id, ``97_1``).  Raises :class:`UsageError` for a job unknown to both the controller
+    and the records or a restart count the job never reached, :class:`ConfigError` for a bad
+    dispatch.conf and :class:`SlurmError` when the controller cannot answer.
+    """
+    cfg = cfg if cfg is not None else load_config()
+    ctl: Controller = controller if controller is not None else SlurmController()
+    if restart is not None and restart < 0:
+        raise UsageError(f"--restart {restart} is negative")
+    found = ctl.jobs(job_id)
+    if len(found) > 1 or (found and found[0].array_task_id is not None
+                          and "_" not in job_id and found[0].job_id != job_id):
+        if restart is not None:
+            raise UsageError(f"job {job_id} is an array of {len(found)} task(s); give one "
+                             f"task with --restart (for example {found[0].display_id})")
+        return _array_verdict(job_id, found, ctl, cfg, uid)
+    return _one(job_id, found[0] if found else None, restart, ctl, cfg, uid)
+
+
+class _NodeCache:
+    """Asks the controller about nodes once for a whole array: the tasks' nodes first, in one
+    call; a node only a task's records name is asked about when that task is judged."""
+
+    def __init__(self, ctl: Controller, names: list[str]) -> None:
+        self.ctl = ctl
+        self.known: dict[str, Node] = ctl.nodes(names) if names else {}
+        self.asked = set(names)
+
+    def jobs(self, job_id: str) -> list[Job]:  # pragma: no cover - not asked for arrays
+        return self.ctl.jobs(job_id)
+
+    def nodes(self, names: list[str]) -> dict[str, Node]:
+        missing = [n for n in names if n not in self.asked]
+        if missing:
+            self.known.update(self.ctl.nodes(missing))
+            self.asked.update(missing)
+        return {n: self.known[n] for n in names if n in self.known}
+
+
+def _array_verdict(job_id: str, tasks: list[Job], ctl: Controller,
+                   cfg: config_module.Config, uid: Optional[int]) -> Verdict:
+    cache = _NodeCache(ctl, sorted({n for task in tasks for n in task.nodes}))
+    verdicts = [_one(task.display_id, task, None, cache, cfg, uid) for task in tasks]
+    unproven = [v.job_id for v in verdicts if not v.ceased]
+    states = sorted({v.job_state for v in verdicts})
+    reason = (f"all {len(verdicts)} task(s) ceased" if not unproven else
+              f"not proven for {len(unproven)} of {len(verdicts)} task(s): "
+              + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
+    return Verdict(job_id=job_id, slurm_job_id=tasks[0].array_job_id or job_id, restart=-1,
+                   job_state="+".join(states), ceased=not unproven, reason=reason,
+                   nodes=[n for v in verdicts for n in v.nodes],
+                   problems=[p for v in verdicts for p in v.problems], tasks=verdicts)
+
+
+def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controller,
+         cfg: config_module.Config, uid: Optional[int]) -> Verdict:
+    if info is not None:
+        slurm_job_id = info.job_id
+        uid = uid if uid is not None else (info.uid if info.uid >= 0 else None)
+        restarts, state = info.restarts, info.state
+    else:
+        slurm_job_id, restarts, state = job_id, -1, "unknown to the controller"
+    if info is not None and info.array_task_id is not None and info.state == "PENDING" \
+            and info.job_id == info.array_job_id:
+        # A pending task shares its array's id: it has no execution of its own yet.
+        return Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=0, job_state=state,
+                       ceased=False, reason="the task has not started (PENDING)")
+    try:
+        facts.check_name(slurm_job_id, "job id")
+    except facts.FactError as exc:
+        raise UsageError(str(exc)) from None
+    if uid is None:
+        uid = os.getuid()
+        if uid == 0:
+            owners = facts.job_uids(cfg.state_dir, slurm_job_id)
+            uid = owners[0] if owners else 0
+    executions, problems = facts.collect(slurm_job_id, cfg.state_dir, uid)
+    if problems and not executions:
+        raise RecordError(f"cannot read the records of job {job_id}: " + "; ".join(problems))
+    by_restart = {e["restart"]: e for e in executions}
+    if restart is None:
+        restart = max([restarts, *by_restart]) if (restarts >= 0 or by_restart) else None
+        if restart is None:
+            raise UsageError(f"job {job_id} is unknown to the controller and has no records "
+                             f"under {cfg.state_dir}")
+    if info is not None and restart > restarts:
+        raise UsageError(f"job {job_id} has restart count {restarts}; --restart {restart} "
+                         f"never ran (valid: 0 to {restarts})")
+    if info is None and restart not in by_restart:
+        raise UsageError(f"job {job_id} is unknown to the controller and has no records of "
+                         f"restart {restart} under {cfg.state_dir}")
+    execution = by_restart.get(restart) or {"allocated": [], "nodes": {}, "problems": [],
+                                            "controller": {"start": None, "end": None}}
+    verdict = Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=restart,
+                      job_state=state, ceased=False, reason="",
+                      problems=list(execution.get("problems", [])))
+    current = info is not None and restart == restarts
+    if current and info is not None and not info.execution_ended:
+        verdict.reason = f"execution {restart} has not ended (JobState={state})"
+        return verdict
+
+    nodes: list[str] = list(info.nodes) if current and info is not None else []
+    allocated = list(execution.get("allocated") or [])
+    recorded = list(execution["nodes"])
+    for name in [*allocated, *recorded]:
+        if name not in nodes:
+            nodes.append(name)
+    if not nodes:
+        if current and info is not None and info.start_time is None:
+            verdict.ceased = True
+            verdict.reason = f"execution {restart} never started on any node"
+        else:
+            verdict.reason = (f"no record of the nodes execution {restart} ran on (no "
+                              "controller or node facts)")
+        return verdict
+    if not current and not allocated:
+        verdict.problems.append(f"no controller record of execution {restart}'s allocation: "
+                                "the nodes are those that recorded a start")
+
+    node_info = ctl.nodes(nodes)
+    ctld_end = execution["controller"].get("end") or {}
+    ends = [ctld_end.get("time")]
+    if current and info is not None:
+        ends.append(info.end_time)
+    for name in nodes:
+        verdict.nodes.append(_node_evidence(name, execution["nodes"].get(name), node_info.get(name),
+                                            [t for t in ends if isinstance(t, (int, float))],
+                                            cfg.boot_time_tolerance))
+    unproven = [n.node for n in verdict.nodes if not n.proven]
+    if not current and not allocated:
+        unproven.append("(allocation unknown)")
+    verdict.ceased = not unproven
+    verdict.reason = (f"all {len(nodes)} node(s) proven" if verdict.ceased else
+                      f"not proven on {len(unproven)} of {len(nodes)} node(s): "
+                      + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
+    return verdict
+
+
+def _node_evidence(name: str, recorded: Optional[dict[str, Any]], node: Optional[Node],
+                   ends: list[float], tolerance: float) -> NodeEvidence:
+    state = node.state if node is not None else "(unknown node)"
+    reason = node.reason if node is not None else ""
+    recorded = recorded or {}
+    start, end = recorded.get("start") or {}, recorded.get("end")
+    moments = [*ends, *(f.get("time") for f in (start, end or {}, recorded.get("recheck") or {}))]
+    last_moment = max((t for t in moments if isinstance(t, (int, float))), default=None)
+    booted = node.boot_time if node is not None else None
+    if booted is not None and last_moment is not None and booted > last_moment + tolerance:
+        return NodeEvidence(name, state, True, f"rebooted at {_clock(booted)}, after the "
+                            f"execution's last record there ({_clock(last_moment)})")
+    if "kill task failed" in reason.lower():
+        return NodeEvidence(name, state, False, f"drained: {reason}; not rebooted since",
+                            list(recorded.get("survivors") or []))
+    if end is None:
+        flags = [f for f in ("DOWN", "NOT_RESPONDING", "FAIL") if f in state.upper()]
+        why = f"; node {'+'.join(flags)}" if flags else ""
+        return NodeEvidence(name, state, False,
+                            f"no post-kill record (its Epilog has not recorded an end){why}")
+    if end.get("scan_error"):
+        return NodeEvidence(name, state, False, f"Epilog at {_clock(end.get('time'))} could not "
+                            f"look for survivors: {end.get('scan_error')}")
+    survivors = list(recorded.get("survivors") or [])
+    recheck = recorded.get("recheck")
+    if survivors:
+        when = _clock((recheck or end).get("time"))
+        return NodeEvidence(name, state, False,
+                            f"{len(survivors)} survivor(s) at {when}: {_describe(survivors)}",
+                            survivors)
+    if recheck is not None:
+        return NodeEvidence(name, state, True, f"Epilog at {_clock(end.get('time'))} found "
+                            f"{len(end.get('survivors') or [])} survivor(s); all gone at "
+                            f"{_clock(recheck.get('time'))} ({recheck.get('reason', 're-check')})")
+    return NodeEvidence(name, state, True,
+                        f"Epilog at {_clock(end.get('time'))}: no process left after the kill")
+
+
+def render(verdict: Verdict) -> str:
+    """The table ``dispatch-cease`` prints, aligned as squeue aligns, and a last verdict line
+    (for an array: a TASK column, a line per task, then the array's line)."""
+    judged = verdict.tasks or [verdict]
+    head = ["TASK"] if verdict.tasks else []
+    rows = [[*head, "NODE", "STATE", "CEASED", "EVIDENCE"]]
+    for one in judged:
+        rows += [[*([one.job_id] if verdict.tasks else []), n.node, n.state or "-",
+                  "yes" if n.proven else "no", n.evidence] for n in one.nodes]
+    fixed = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(fixed)]
+    lines = [" ".join([*(r[i].ljust(widths[i]) for i in range(fixed)), r[fixed]]).rstrip()
+             for r in rows] if len(rows) > 1 else []
+    for problem in dict.fromkeys(verdict.problems):
+        lines.append(f"problem: {problem}")
+    for one in verdict.tasks:
+        lines.append(_verdict_line(one))
+    if verdict.tasks:
+        answer = "ceased" if verdict.ceased else "not proven"
+        lines.append(f"array job {verdict.job_id} ({len(verdict.tasks)} task(s)): "
+                     f"{answer}: {verdict.reason}")
+    else:
+        lines.append(_verdict_line(verdict))
+    return "\n".join(lines)
+
+
+def _verdict_line(verdict: Verdict) -> str:
+    answer = "ceased" if verdict.ceased else "not proven"
+    return (f"job {verdict.job_id} restart {verdict.restart} ({verdict.job_state}): "
+            f"{answer}: {verdict.reason}")

@@ -1,0 +1,160 @@
+"""Facts grouped into executions: what the hooks recorded about each run of one Slurm job.
+
+An execution is one run of a job id (Slurm's restart count R).  A node's ``end`` is tied to the
+``start`` the same node recorded (by token), never to the restart count the Epilog saw, which is
+not reliable (FIELD-NOTES); a ``recheck`` is tied to the ``end`` it re-checks (by token).
+
+Invariant: pure grouping over facts read through :mod:`slurm_dispatch.node.factstore`; a problem met
+while reading is carried in every execution's ``problems``, never dropped.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import FactError
+from .factstore import job_uids, read_job_facts
+
+__all__ = ["collect", "execution_facts", "group_executions"]
+
+
+def _restart_of(fact: dict) -> int | None:
+    value = fact.get("restart")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def execution_facts(slurm_job_id: str, state_dir: str | None = None,
+                    uid: int | None = None) -> list[dict]:
+    """What the hooks recorded about each execution of a Slurm job, oldest execution first.
+
+    ``slurm_job_id`` is Slurm's own id (for an array element, its JobId, not ``A_T``).
+    ``state_dir`` defaults to the site's ``StateDir``; ``uid`` to the caller's uid (root, which
+    may list every user's folder, finds the owner itself).  Each item::
+
+        {"job_id": "123", "restart": 0,
+         "allocated": ["n1", "n2"],          # nodes the controller allocated (ctld facts), or []
+         "controller": {"start": fact | None, "end": fact | None},
+         "nodes": {"n1": {"start": fact | None, "end": fact | None, "recheck": fact | None,
+                          "survivors": [...], "ceased": True | False | None}},
+         "end": {"time", "source": "controller" | "node", "exit_code": "3:0",
+                 "derived_exit_code", "requeued": bool} | None,
+         "problems": ["..."]}
+
+    ``ceased`` is the node's own word: True when its post-kill scan (or a later re-check) found
+    nothing left, False when something was left, None when the node recorded no end.  A fact is a
+    dict as written (``time`` in seconds since the epoch, ``boot_id``, ``boot_time``, ...).
+    Unreadable or untrusted facts are named in ``problems`` of every execution; when nothing
+    could be read at all, :class:`FactError` says why.  No facts at all is an empty list.
+    """
+    if state_dir is None:
+        from .. import config
+        state_dir = config.load().state_dir
+    if uid is None:
+        uid = os.getuid()
+        if uid == 0:
+            owners = job_uids(state_dir, slurm_job_id)
+            if owners:
+                uid = owners[0]
+    found, problems = collect(slurm_job_id, state_dir, uid)
+    if problems and not found:
+        raise FactError("; ".join(problems))
+    return found
+
+
+def collect(slurm_job_id: str, state_dir: str, uid: int) -> tuple[list[dict], list[str]]:
+    """:func:`execution_facts` and the problems met, without raising."""
+    found, problems = read_job_facts(state_dir, uid, slurm_job_id)
+    return group_executions(slurm_job_id, found, problems), problems
+
+
+def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> list[dict]:
+    """Group facts by execution; an end is tied to the start its own node recorded."""
+    starts = {f.get("token"): f for f in facts if f.get("kind") == "start"}
+    ctld_starts = {f.get("token"): f for f in facts if f.get("kind") == "ctld-start"}
+    executions: dict[int, dict] = {}
+
+    def execution(restart: int) -> dict:
+        if restart not in executions:
+            executions[restart] = {"job_id": job_id, "restart": restart, "allocated": [],
+                                   "controller": {"start": None, "end": None}, "nodes": {},
+                                   "problems": list(problems)}
+        return executions[restart]
+
+    def node_entry(restart: int, node: str) -> dict:
+        return execution(restart)["nodes"].setdefault(
+            node, {"start": None, "end": None, "recheck": None, "survivors": [], "ceased": None})
+
+    ends_by_token: dict[str, tuple[int, str]] = {}
+    for fact in facts:
+        kind = fact.get("kind")
+        node = str(fact.get("node", ""))
+        if kind == "start":
+            restart = _restart_of(fact)
+            if restart is None:
+                continue
+            entry = node_entry(restart, node)
+            if entry["start"] is None or entry["start"].get("time", 0) < fact.get("time", 0):
+                entry["start"] = fact
+        elif kind == "end":
+            start = starts.get(fact.get("start_token"))
+            restart = _restart_of(start) if start is not None else _restart_of(fact)
+            if restart is None:
+                continue
+            entry = node_entry(restart, node)
+            entry["end"] = fact
+            if start is not None:
+                entry["start"] = start
+            survivors = fact.get("survivors") or []
+            entry["survivors"] = survivors
+            entry["ceased"] = not survivors and not fact.get("scan_error")
+            ends_by_token[str(fact.get("token"))] = (restart, node)
+        elif kind in ("ctld-start", "ctld-end"):
+            # A controller's end is tied to the start it closes (its restart count may be the
+            # next execution's: Slurm gives EpilogSlurmctld the count after a requeue).
+            closes = ctld_starts.get(fact.get("start_token")) if kind == "ctld-end" else None
+            restart = _restart_of(closes if closes is not None else fact)
+            if restart is None:
+                continue
+            item = execution(restart)
+            item["controller"]["start" if kind == "ctld-start" else "end"] = fact
+            allocated = fact.get("nodes")
+            if isinstance(allocated, list) and allocated and (
+                    not item["allocated"] or kind == "ctld-start"):
+                item["allocated"] = [str(n) for n in allocated]
+    for fact in facts:
+        if fact.get("kind") != "recheck":
+            continue
+        tied = ends_by_token.get(str(fact.get("end_token")))
+        if tied is None:
+            continue
+        entry = node_entry(*tied)
+        if entry["recheck"] is None or entry["recheck"].get("time", 0) <= fact.get("time", 0):
+            entry["recheck"] = fact
+            if not fact.get("scan_error"):
+                entry["survivors"] = fact.get("survivors") or []
+                entry["ceased"] = not entry["survivors"]
+    ordered = [executions[r] for r in sorted(executions)]
+    for item in ordered:
+        item["end"] = _end_summary(item, later=item is not ordered[-1])
+    return ordered
+
+
+def _end_summary(execution: dict, later: bool) -> dict | None:
+    """The end as the hooks saw it.  Slurm 22.05 gives hooks no job state (no SLURM_JOB_STATE;
+    the exit code is 0:0 for a cancelled or node-failed job too), so this is the exit code, and
+    ``requeued`` when a later execution of the same job id was recorded."""
+    source = execution["controller"].get("end")
+    origin = "controller"
+    if source is None:
+        ends = [n["end"] for n in execution["nodes"].values() if n.get("end")]
+        source = ends[-1] if ends else None
+        origin = "node"
+    if source is None and not later:
+        return None
+    slurm = (source or {}).get("slurm") or {}
+    return {"time": (source or {}).get("time"), "source": origin if source else None,
+            "exit_code": slurm.get("SLURM_JOB_EXIT_CODE2"),
+            "derived_exit_code": slurm.get("SLURM_JOB_DERIVED_EC"), "requeued": later}
+

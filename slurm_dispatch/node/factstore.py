@@ -1,0 +1,431 @@
+"""The fact store: facts the hooks write once under ``StateDir``, never through a user's link.
+
+Layout under the site's ``StateDir`` (root-owned, not writable by users)::
+
+    StateDir/                               owner root (or SlurmUser on a controller), 0755
+      facts/                                0711: users may pass, not list
+        <uid>/                              root:<job gid> 0750
+          <jobid>/                          root:<job gid> 0750
+            <kind>.<node>.<restart>.<token> root:<job gid> 0640, one JSON object, written once
+      watch/<hostname>/                     0700: survivors this machine still has to re-check
+        <uid>.<jobid>.<token>
+
+Kinds: ``start`` (node Prolog), ``end`` (node Epilog, with the post-kill survivor scan),
+``recheck`` (a later scan of the same survivors), ``ctld-start`` (PrologSlurmctld) and
+``ctld-end`` (EpilogSlurmctld).  ``token`` is the time in nanoseconds (hex) and 32 random bits, so
+names sort by time and never collide; an ``end`` takes the token of the start it is tied to, so
+an Epilog finds its node's open start from names alone.  ``restart`` is the execution's restart
+count (``x`` when unknown).  Names are parsed from the right: node names may contain dots.
+
+Every fact carries its format version, ``"v": 1`` (:data:`FORMAT_VERSION`); a fact without one
+was written before versions existed and is read as version 1.  A fact of a version this reader
+does not know is reported as a problem, never used as evidence.
+
+Hooks write JSON with the small encoder here (:func:`dumps`): importing ``json`` (and with it
+``re`` and ``enum``) would double a hook's start-up time.
+
+Invariants:
+
+* Writers open a chain of directories with ``O_NOFOLLOW`` relative to the previous one, starting
+  from ``StateDir``, which must be owned by the writer and writable by nobody else; every
+  directory of the chain must be owned by the writer and not group- or other-writable.  Files are
+  created with ``O_CREAT|O_EXCL|O_NOFOLLOW``.  So a symlink, a FIFO or a file planted anywhere in
+  the chain is refused, never followed, and nothing is ever written through a path a user controls.
+* Readers trust only facts owned by root or by the owner of ``StateDir``, in directories that
+  only such an owner can write, and open every file with ``O_NOFOLLOW|O_NONBLOCK`` and check it is
+  a regular file.  A fact that does not parse is reported as a problem, never skipped silently.
+* Only the standard library is imported (hooks import this module).
+
+A user can read their own jobs' facts if they are in the group of their job (their primary group
+on most sites); on sites where many users share one primary group, members of that group can read
+each other's facts (never change them).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..errors import FactError
+
+FACTS = "facts"
+WATCH = "watch"
+KINDS = ("start", "end", "recheck", "ctld-start", "ctld-end")
+FORMAT_VERSION = 1
+MAX_FACT_BYTES = 1 << 20
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+__all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
+           "boot_id", "boot_time", "check_name", "create_file", "dumps", "format_problem",
+           "job_uids", "list_job", "new_token", "open_state_dir", "open_subdir", "parse_name",
+           "read_job_facts", "read_regular", "write_fact"]
+
+
+# --------------------------------------------------------------------------------------------
+# Names and small readers
+
+
+def check_name(value: str, what: str) -> str:
+    """A node name or job id usable as one path component: ``[A-Za-z0-9._-]``, not ``.``-first."""
+    if not value or value[0] == "." or len(value) > 200 or not set(value) <= _NAME_CHARS:
+        raise FactError(f"{what} {value!r} is not a plain name ([A-Za-z0-9._-], not starting "
+                        "with '.')")
+    return value
+
+
+def parse_name(name: str) -> tuple[str, str, str, str] | None:
+    """``(kind, node, restart, token)`` of a fact's file name, or None."""
+    kind, _, rest = name.partition(".")
+    rest, _, token = rest.rpartition(".")
+    node, _, restart = rest.rpartition(".")
+    if kind not in KINDS or not node or not restart or len(token) != 24:
+        return None
+    return kind, node, restart, token
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _escape(text: str) -> str:
+    out = []
+    for char in text:
+        code = ord(char)
+        if char == '"' or char == "\\":
+            out.append("\\" + char)
+        elif char in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[char])
+        elif code < 0x20 or 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def dumps(value: object) -> str:
+    """JSON text of ``value`` (dict with str keys, list, tuple, str, int, float, bool, None),
+    keys sorted.  Equal to ``json.dumps(value, sort_keys=True, separators=(",", ":"))`` but
+    for escaping non-ASCII as itself (UTF-8); raises ValueError on anything else."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{value!r} is not JSON")
+        return repr(value)
+    if isinstance(value, str):
+        return _escape(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps(item) for item in value) + "]"
+    if isinstance(value, dict):
+        items = []
+        for key in sorted(value):
+            if not isinstance(key, str):
+                raise ValueError(f"key {key!r} is not a string")
+            items.append(_escape(key) + ":" + dumps(value[key]))
+        return "{" + ",".join(items) + "}"
+    raise ValueError(f"{type(value).__name__} is not JSON")
+
+
+def new_token() -> str:
+    import time
+    return f"{time.time_ns():016x}{os.urandom(4).hex()}"
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as handle:
+            return handle.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def boot_time() -> float | None:
+    """The machine's boot time (``btime`` of /proc/stat), seconds since the epoch."""
+    try:
+        with open("/proc/stat", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Writing: an O_NOFOLLOW chain from a StateDir owned by us
+
+
+def _check_private_dir(fd: int, where: str, owner: int) -> os.stat_result:
+    info = os.fstat(fd)
+    if info.st_uid != owner:
+        raise FactError(f"{where} is owned by uid {info.st_uid}, not {owner}; refusing to use it")
+    if info.st_mode & 0o022:
+        raise FactError(f"{where} is writable by group or others "
+                        f"(mode {stat.S_IMODE(info.st_mode):04o}); refusing to use it")
+    return info
+
+
+def open_state_dir(state_dir: str) -> int:
+    """Open ``StateDir`` for writing facts; it must exist, be ours and writable only by us."""
+    try:
+        fd = os.open(state_dir, _DIR_FLAGS)
+    except OSError as exc:
+        raise FactError(f"cannot open StateDir {state_dir!r}: {exc.strerror}") from None
+    try:
+        _check_private_dir(fd, f"StateDir {state_dir!r}", os.geteuid())
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) -> int:
+    """Open (creating if needed) directory ``name`` under ``parent``; never through a symlink."""
+    owner = os.geteuid()
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        try:
+            # Created private first; group and mode are set only once it is open as ours.
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise FactError(f"cannot create {where}: {exc.strerror}") from None
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise FactError(f"cannot open {where}: {exc.strerror}") from None
+        try:
+            info = _check_private_dir(fd, where, owner)
+            if gid >= 0 and info.st_gid != gid and owner == 0:
+                os.fchown(fd, -1, gid)
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    except OSError as exc:
+        raise FactError(f"cannot open {where}: {exc.strerror} (a symlink or a non-directory "
+                        "is refused)") from None
+    try:
+        _check_private_dir(fd, where, owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
+                 gid: int = -1) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise FactError(f"cannot create {where}/{name}: {exc.strerror}") from None
+    try:
+        if gid >= 0 and os.geteuid() == 0:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        os.close(fd)
+        # A half-written fact is worse than none: a reader would report it garbled.
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise FactError(f"cannot write {where}/{name}: {exc.strerror}") from None
+    os.close(fd)
+
+
+def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node: str,
+               body: dict[str, object], token: str | None = None) -> str:
+    """Write one fact of ``kind`` about ``job_id``; return its file name."""
+    check_name(job_id, "job id")
+    check_name(node, "node name")
+    if kind not in KINDS:
+        raise FactError(f"unknown fact kind {kind!r}")
+    token = token or new_token()
+    restart = body.get("restart")
+    name = f"{kind}.{node}.{restart if isinstance(restart, int) else 'x'}.{token}"
+    record = dict(body)
+    record.update({"v": FORMAT_VERSION, "kind": kind, "job_id": job_id, "node": node,
+                   "uid": uid, "gid": gid, "token": token})
+    data = dumps(record).encode() + b"\n"
+    base = open_state_dir(state_dir)
+    fds = [base]
+    try:
+        facts = open_subdir(base, FACTS, f"{state_dir}/{FACTS}", 0o711)
+        fds.append(facts)
+        user = open_subdir(facts, str(uid), f"{state_dir}/{FACTS}/{uid}", 0o750, gid)
+        fds.append(user)
+        where = f"{state_dir}/{FACTS}/{uid}/{job_id}"
+        job = open_subdir(user, job_id, where, 0o750, gid)
+        fds.append(job)
+        create_file(job, name, data, where, 0o640, gid)
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    return name
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def format_problem(record: dict) -> str | None:
+    """Why a fact or watch entry of another format version cannot be read, or None.
+
+    No ``v`` means version 1 (written before versions existed)."""
+    version = record.get("v", 1)
+    if version == FORMAT_VERSION and not isinstance(version, bool):
+        return None
+    return (f"format version {version!r}: written by a newer slurm-dispatch (this reader knows "
+            f"{FORMAT_VERSION}); upgrade slurm-dispatch where the facts are read")
+
+
+def list_job(state_dir: str, uid: int, job_id: str) -> list[str]:
+    """The fact names in a job's folder (no content read); [] when there is none."""
+    check_name(job_id, "job id")
+    trusted = {0, os.geteuid()}
+    fds: list[int] = []
+    try:
+        fds.append(open_state_dir(state_dir))
+        where = f"{state_dir}/{FACTS}"
+        fds.append(_open_trusted_dir(fds[-1], FACTS, where, trusted))
+        fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted))
+        fds.append(_open_trusted_dir(fds[-1], job_id, f"{where}/{uid}/{job_id}", trusted,
+                                     listable=True))
+        return os.listdir(fds[-1])
+    except FileNotFoundError:
+        return []
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        raise FactError(f"{name}: cannot open: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FactError(f"{name}: not a regular file")
+        if info.st_uid not in trusted or info.st_mode & 0o022:
+            raise FactError(f"{name}: owned by uid {info.st_uid} with mode "
+                            f"{stat.S_IMODE(info.st_mode):04o}; not trusted")
+        chunks = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_FACT_BYTES:
+                raise FactError(f"{name}: larger than {MAX_FACT_BYTES} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[int],
+                      listable: bool = False) -> int:
+    # O_PATH: a user may pass through facts/ (mode 0711) without the right to open it.
+    mode = os.O_RDONLY if listable else os.O_PATH
+    try:
+        if parent is None:
+            fd = os.open(name, mode | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            fd = os.open(name, mode | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise FactError(f"cannot open {where}: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if info.st_uid not in trusted or info.st_mode & 0o022:
+        os.close(fd)
+        raise FactError(f"{where} is owned by uid {info.st_uid} with mode "
+                        f"{stat.S_IMODE(info.st_mode):04o}; its facts are not trusted")
+    return fd
+
+
+def read_job_facts(state_dir: str, uid: int, job_id: str,
+                   prefixes: tuple[str, ...] = ()) -> tuple[list[dict], list[str]]:
+    """Every trusted fact recorded about ``job_id`` of user ``uid``, oldest first, and problems.
+
+    ``prefixes`` limits the files read to names starting with one of them (``"start.n1."``).
+    No folder for the job means no facts (not a problem).
+    """
+    import json
+    check_name(job_id, "job id")
+    facts: list[dict] = []
+    problems: list[str] = []
+    fds: list[int] = []
+    try:
+        try:
+            base = _open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}", {0})
+        except FactError:
+            # A controller whose SlurmUser is not root owns its StateDir; trust that owner too.
+            info = os.stat(state_dir)
+            base = _open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}", {0, info.st_uid})
+        fds.append(base)
+        trusted = {0, os.fstat(base).st_uid}
+        where = f"{state_dir}/{FACTS}"
+        fds.append(_open_trusted_dir(base, FACTS, where, trusted))
+        fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted))
+        where = f"{where}/{uid}/{job_id}"
+        job = _open_trusted_dir(fds[-1], job_id, where, trusted, listable=True)
+        fds.append(job)
+        for name in sorted(os.listdir(job), key=lambda n: n.rpartition(".")[2]):
+            if prefixes and not name.startswith(prefixes):
+                continue
+            try:
+                data = read_regular(job, name, trusted)
+                record = json.loads(data)
+                if not isinstance(record, dict) or record.get("kind") not in KINDS:
+                    raise FactError(f"{name}: not a fact")
+                problem = format_problem(record)
+                if problem:
+                    raise FactError(f"{name}: {problem}")
+            except (FactError, ValueError) as exc:
+                problems.append(f"{where}/{exc}" if isinstance(exc, FactError)
+                                else f"{where}/{name}: garbled ({exc})")
+                continue
+            facts.append(record)
+    except FileNotFoundError:
+        pass
+    except PermissionError as exc:
+        problems.append(f"cannot read the facts of job {job_id} under {state_dir}: "
+                        f"{exc.strerror}")
+    except (FactError, OSError) as exc:
+        problems.append(str(exc))
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    return facts, problems
+
+
+def job_uids(state_dir: str, job_id: str) -> list[int]:
+    """The users whose facts folder has ``job_id`` (needs the right to list ``facts/``)."""
+    found = []
+    try:
+        for name in os.listdir(os.path.join(state_dir, FACTS)):
+            if name.isdigit() and os.path.isdir(os.path.join(state_dir, FACTS, name, job_id)):
+                found.append(int(name))
+    except OSError:
+        pass
+    return sorted(found)

@@ -1,0 +1,236 @@
+"""Another Slurm release for the sandbox: a Debian root made with debootstrap, entered per command.
+
+Debian 12 ships Slurm 22.05 only, and a 24.11 controller speaks only to 23.02 and later
+clients, so a 24.11 sandbox runs everything that talks to it inside a Debian 13 root made from
+Debian's own packages (``debootstrap --variant=minbase``): its daemons, its Slurm tools, the
+project's venv on that root's Python, the jobs and the hooks.
+
+Invariant: the host's mount table is never changed.  Each command enters the root through
+:func:`enter_argv`: ``unshare --mount`` gives it a private mount namespace, in which ``/proc``,
+``/sys``, ``/dev``, ``/tmp``, ``/var/tmp``, ``/home``, the sandbox folder and the account files
+are bound into the root before ``chroot``; the binds vanish with the last process of that
+namespace (a daemon, or jobs that outlive it).  Paths are therefore the same inside and out, and
+so are users and their ids (``/etc/passwd`` is the host's).  Removing the cache folder can never
+reach through a bind into the host's ``/dev`` or ``/home``.
+
+The root is built once per cache folder (``/var/cache/slurm-dispatch``, or
+``$DISPATCH_SANDBOX_ROOTFS``) under a temporary name and renamed into place complete, with a
+marker naming what it holds; later ``up`` calls reuse it.  The library never prints.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import SandboxError
+
+HOST = "host"
+CACHE_ENV = "DISPATCH_SANDBOX_ROOTFS"
+DEFAULT_CACHE = Path("/var/cache/slurm-dispatch")
+MARKER = ".slurm-dispatch-root"
+# Bound whole (with what is mounted below them): the kernel's views, and the folders where
+# jobs, tests and the sandbox keep files, so a path means the same inside and out; and the
+# machine's trust store (pip inside reaches the package index through what this machine trusts).
+BOUND_FOLDERS = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", "/home", "/etc/ssl/certs")
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The host's accounts (uids of the job user, the munge user, test users made on the fly) and
+# name resolution (pip reaches the package index from inside).
+BOUND_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/hosts",
+               "/etc/resolv.conf")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Slurm release the sandbox can run from a Debian root."""
+
+    name: str
+    suite: str
+    debian: str
+    packages: tuple[str, ...]
+
+    @property
+    def folder(self) -> str:
+        return f"debian-{self.suite}-slurm-{self.name}"
+
+
+RELEASES = {
+    # libslurm-dev (slurm.h; libslurmfull.so comes with slurmd's plugins), gcc, libc6-dev (a
+    # recommendation of gcc that debootstrap does not follow) and libpython3-dev (Python.h,
+    # without python3-dev's documentation): what building pyslurm 24.11 in the root needs
+    # (tests/real/pyslurm_build.py), about 240 MB more.
+    "24.11": Release(name="24.11", suite="trixie", debian="Debian 13",
+                     packages=("slurmctld", "slurmd", "slurm-client", "munge", "python3",
+                               "python3-venv", "libslurm-dev", "gcc", "libc6-dev",
+                               "libpython3-dev")),
+}
+
+
+def cache_folder() -> Path:
+    """Where roots are kept: ``$DISPATCH_SANDBOX_ROOTFS``, else /var/cache/slurm-dispatch."""
+    return Path(os.path.abspath(os.environ.get(CACHE_ENV) or DEFAULT_CACHE))
+
+
+def host_release() -> str:
+    """The host's Slurm major release (``22.05``), or '' when no slurmctld is installed."""
+    for folder in ("/usr/sbin", "/usr/bin"):
+        program = os.path.join(folder, "slurmctld")
+        if os.access(program, os.X_OK):
+            proc = subprocess.run([program, "-V"], capture_output=True, text=True, timeout=30)
+            return _major(proc.stdout)
+    return ""
+
+
+def _major(version_line: str) -> str:
+    """``slurm 24.11.5`` or ``slurm-wlm 22.05.8`` -> ``24.11`` / ``22.05``."""
+    words = version_line.split()
+    numbers = words[-1].split(".") if words else []
+    return ".".join(numbers[:2]) if len(numbers) >= 2 else ""
+
+
+def normalize(value: Optional[str]) -> str:
+    """``host``, a release of :data:`RELEASES`, or the host's own release (meaning ``host``)."""
+    if value is None or value.strip() in ("", HOST):
+        return HOST
+    value = value.strip()
+    if value in RELEASES:
+        return value
+    if value == host_release():
+        return HOST
+    choices = ", ".join([HOST, *RELEASES])
+    raise SandboxError(f"unknown Slurm release {value!r} for the sandbox: choose one of "
+                       f"{choices} (host is this machine's own Slurm)")
+
+
+def root_complete(path: Path, release: Release) -> bool:
+    """Whether ``path`` holds a finished root for ``release`` (its marker names it)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(marker, dict) and marker.get("release") == release.name
+            and marker.get("packages") == list(release.packages))
+
+
+def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
+                install: Callable[[list[str]], object]) -> tuple[Path, list[str]]:
+    """The finished root of ``release`` under ``cache``, built now when missing.
+
+    ``claim`` makes a folder root's and closed to others (the sandbox's rule), ``install``
+    apt-installs host packages (debootstrap).  Concurrent callers wait on a lock in ``cache``;
+    an interrupted build is thrown away and redone.  Returns the root and what was done.
+    """
+    claim(cache)
+    target = cache / release.folder
+    if root_complete(target, release):
+        return target, []
+    fd = os.open(cache / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if root_complete(target, release):
+            return target, []
+        return target, _build(release, cache, target, install)
+    finally:
+        os.close(fd)
+
+
+def _build(release: Release, cache: Path, target: Path,
+           install: Callable[[list[str]], object]) -> list[str]:
+    actions = []
+    if shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+        install(["debootstrap"])
+        actions.append("installed debootstrap")
+    started = time.monotonic()
+    build = cache / f".{release.folder}.build"
+    # Only ever a folder of ours: the cache is root's and closed (claimed above).
+    shutil.rmtree(build, ignore_errors=True)
+    log = cache / f"{release.folder}.log"
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(release.packages)}",
+            release.suite, str(build)]
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, 0o644), "ab") as out:
+        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=subprocess.STDOUT, umask=0o022)
+    if proc.returncode != 0:
+        raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}); see {log}:\n"
+                           + _tail(log))
+    version = subprocess.run(["chroot", str(build), "/usr/sbin/slurmctld", "-V"],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    if _major(version) != release.name:
+        raise SandboxError(f"the {release.debian} root built in {build} has {version!r}, not "
+                           f"Slurm {release.name}")
+    seconds = round(time.monotonic() - started, 1)
+    marker = {"release": release.name, "packages": list(release.packages),
+              "slurm": version, "suite": release.suite, "seconds": seconds}
+    (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    os.chmod(build, 0o755)
+    if target.exists() or target.is_symlink():
+        shutil.rmtree(target)  # an older or unfinished root: ours, like the cache
+    os.rename(build, target)
+    actions.append(f"built the {release.debian} root with {version} in {target} "
+                   f"({seconds:.0f} s)")
+    return actions
+
+
+def mount_point(root: Path, state: Path) -> Optional[Path]:
+    """Where ``state`` is bound inside ``root``, or None when a bound folder already shows it."""
+    if any(state == Path(f) or Path(f) in state.parents for f in BOUND_FOLDERS):
+        return None
+    return root / state.relative_to("/")
+
+
+def enter_argv(root: Path, state: Path, argv: Sequence[str], user: Optional[str] = None,
+               cwd: Optional[str] = None) -> list[str]:
+    """A command line that runs ``argv`` inside ``root`` (as ``user`` when given, in ``cwd``).
+
+    Must itself run as root (it mounts); the environment passes through unchanged.  The mount
+    point of ``state`` (:func:`mount_point`) must exist already: it is made once by ``up``
+    through the state-folder checks, never here.
+    """
+    quoted = shlex.quote(str(root))
+    lines = ["set -e"]
+    for folder in BOUND_FOLDERS:
+        lines.append(f"if [ -d {folder} ]; then mkdir -p {quoted}{folder}; "
+                     f"mount --rbind {folder} {quoted}{folder}; fi")
+    for name in BOUND_FILES:
+        lines.append(f"if [ -f {name} ] && [ -f {quoted}{name} ]; then "
+                     f"mount --bind {name} {quoted}{name}; fi")
+    point = mount_point(root, state)
+    if point is not None:
+        lines.append(f"mount --bind {shlex.quote(str(state))} {shlex.quote(str(point))}")
+    inner: list[str] = []
+    if user is not None:
+        inner += ["runuser", "-u", user, "--"]
+    if cwd is not None:
+        inner += ["env", "-C", cwd]
+    lines.append(f"exec chroot {quoted} {shlex.join(inner)} \"$@\"" if inner
+                 else f"exec chroot {quoted} \"$@\"")
+    return [_host_program("unshare"), "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", "\n".join(lines), "in-root", *argv]
+
+
+def _host_program(name: str) -> str:
+    found = shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if found is None:
+        raise SandboxError(f"{name} is not installed on this machine (util-linux): the "
+                           "sandbox's Debian root is entered with it")
+    return found
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+    except OSError:
+        return ""

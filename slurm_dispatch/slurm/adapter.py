@@ -1,0 +1,747 @@
+"""The one adapter between slurm-dispatch and Slurm: typed views of jobs and nodes, one
+job-state vocabulary, and the few actions dispatch takes (submit, hold, release, cancel).
+
+Nobody else parses Slurm's output.  Every call is a list argv with a timeout.  Transient
+controller errors (the controller not answering, a socket timeout, "try again") are retried with
+tenacity; ``sbatch`` is not idempotent, so after a timed-out or transient ``sbatch`` the adapter
+first looks for the job by its marker among the caller's own jobs before it submits again.
+
+Invariants:
+
+* **User-controlled text never moves a controller field.**  Jobs are read with ``squeue -O``,
+  every Slurm-controlled field first, then the reason, then the comment (which its owner may set
+  to anything, newlines included).  The reason and the comment end with two random nonces drawn
+  for each call, so a record ends only where the controller ended it and a comment shaped like
+  other fields (``JobState=COMPLETED Restarts=3``) is only ever a comment.
+* **The controller's cost follows the caller's jobs.**  :meth:`Slurm.own_jobs` asks for the
+  caller's jobs only (``squeue --me``, filtered by slurmctld; 22.05's ``squeue --json`` would
+  return the whole queue, whatever the filter), and :meth:`Slurm.jobs` for one job id; an array
+  is read task by task (``-r``), so an array's tasks are jobs of their own.
+* **One vocabulary for states**: :func:`is_final`, :func:`is_active`,
+  :func:`execution_ended`; :class:`Job` answers the same questions.
+
+The backend is a detail behind this one interface.  By default (``SlurmBackend=auto``, see
+:mod:`slurm_backend`) the reads (the caller's jobs, one job or array, nodes) and the actions
+(hold, release, requeue, cancel, set comment) go through pyslurm where it is installed, matches
+the running Slurm's major release and loads its configuration; otherwise through the
+command-line tools, which work on every Slurm.  The choice is made at the first read or
+action, never when the adapter is made (``dispatch-sbatch`` submits without it).  Submission is
+always ``sbatch`` itself: the site's ``cli_filter`` plugins, ``SBATCH_*`` variables and grammar
+apply.  pyslurm serves only calls made with this process's own Slurm configuration (pyslurm
+loads it once per process); a call given another ``SLURM_CONF`` goes through the tools.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+from ..errors import ConfigError, SlurmError, SlurmUnavailable
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+# Slurm's job states, by what they mean for dispatch (the first word of squeue's State).
+# Final: the job is over; nothing of it will run again without a new submission.
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE",
+})
+# Not final, but the current execution was ended by Slurm: requeued (and perhaps held, as
+# SPECIAL_EXIT is), the next execution has not started.
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
+HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+MARKER_PREFIX = "dispatch:"
+
+
+def is_final(state: str) -> bool:
+    """The job is over: Slurm will not run it again."""
+    return state in FINAL_STATES
+
+
+def is_active(state: str) -> bool:
+    """Not final: pending, running, requeued, held, suspended, special exit, ..."""
+    return bool(state) and state not in FINAL_STATES
+
+
+def execution_ended(state: str) -> bool:
+    """The job's current execution was ended by Slurm (its processes told to stop)."""
+    return state in FINAL_STATES or state in REQUEUE_STATES
+
+
+def _env_number(name: str, default: str, kind: type) -> Any:
+    raw = os.environ.get(name, default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"${name}={raw!r} is not a {kind.__name__}") from None
+    if value <= 0:
+        raise ConfigError(f"${name}={raw!r} must be positive")
+    return value
+
+
+def default_timeout() -> float:
+    """Seconds one Slurm command may take (``$DISPATCH_SLURM_TIMEOUT``, default 30)."""
+    return float(_env_number("DISPATCH_SLURM_TIMEOUT", "30", float))
+
+
+def default_attempts() -> int:
+    """Tries for a transient controller error (``$DISPATCH_SLURM_ATTEMPTS``, default 4)."""
+    return int(_env_number("DISPATCH_SLURM_ATTEMPTS", "4", int))
+
+
+_TRANSIENT = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+    r"Resource temporarily unavailable|Slurm temporarily unavailable|try again|"
+    r"Communication connection failure|Zero Bytes were transmitted", re.IGNORECASE)
+
+
+def is_transient(text: str) -> bool:
+    """The controller's words for "not now": worth another try."""
+    return bool(_TRANSIENT.search(text))
+
+
+_SUBMITTED = re.compile(r"^(?:Submitted batch job (\d+)|(\d+)(?:;\S+)?)\s*$", re.MULTILINE)
+
+
+class Result:
+    """What one Slurm command did."""
+
+    __slots__ = ("argv", "returncode", "stdout", "stderr")
+
+    def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+if TYPE_CHECKING:
+    Runner = Callable[[Sequence[str], Optional[Mapping[str, str]], Optional[str], float],
+                      Result]
+
+
+def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+                cwd: Optional[str] = None, timeout: Optional[float] = None) -> Result:
+    """Run one Slurm command in ``cwd`` (sbatch takes the job's default directory from it)."""
+    timeout = default_timeout() if timeout is None else timeout
+    try:
+        proc = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd,
+                              stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]!r} not found on PATH; is Slurm's client installed?",
+                         argv=list(argv)) from None
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmUnavailable(f"{' '.join(argv[:2])} did not answer within {timeout:g} s",
+                               argv=list(argv), output=_text(exc.stderr)) from None
+    # A job's comment may hold any bytes: decode without failing, keep them visible.
+    return Result(list(argv), proc.returncode, _text(proc.stdout), _text(proc.stderr))
+
+
+def _text(data: object) -> str:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data if isinstance(data, str) else ""
+
+
+# Where a node or login node keeps its copy of slurm.conf when the site runs configless:
+# slurmd's and sackd's cache (23.11 and later), and 22.05's slurmd spool.
+CONF_CACHES = ("/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf")
+
+
+def _conf_value(path: str, name: str) -> Optional[str]:
+    """The first ``name`` setting of the slurm.conf at ``path`` (keys case-insensitive, as
+    Slurm reads them), or None when the file cannot be read or does not set it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, sep, value = line.partition("#")[0].partition("=")
+                if sep and key.strip().lower() == name.lower() and value.strip():
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def _conf_paths(env: Mapping[str, str]) -> list[str]:
+    return [env["SLURM_CONF"]] if env.get("SLURM_CONF") else \
+        ["/etc/slurm/slurm.conf", *CONF_CACHES]
+
+
+def conf_value(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """A setting of this machine's slurm.conf (``$SLURM_CONF``, else /etc/slurm/slurm.conf or
+    a configless cache), read from the file: no controller call.  None if none says."""
+    env = os.environ if env is None else env
+    return next((v for v in (_conf_value(p, name) for p in _conf_paths(env)) if v), None)
+
+
+def controller_name(env: Optional[Mapping[str, str]] = None) -> str:
+    """``slurmctld on HOST`` (slurm.conf's first SlurmctldHost), or ``slurmctld``."""
+    host = (conf_value("SlurmctldHost", env) or conf_value("ControlMachine", env) or "")
+    host = host.split("(")[0].split(",")[0].strip()
+    return f"slurmctld on {host}" if host else "slurmctld"
+
+
+def message_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """slurm.conf's MessageTimeout (seconds a client waits for the controller), default 10."""
+    raw = conf_value("MessageTimeout", env) or ""
+    try:
+        return max(1.0, float(raw.split()[0]))
+    except (ValueError, IndexError):
+        return 10.0
+
+
+def local_cluster_name(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This cluster's ``ClusterName``, in lower case (Slurm maps it to lower case), from what
+    is on this machine: ``$SLURM_CLUSTER_NAME`` (set in every job), else the slurm.conf
+    ``$SLURM_CONF`` names, else /etc/slurm/slurm.conf or a configless cache; None if none says.
+    """
+    env = os.environ if env is None else env
+    name = env.get("SLURM_CLUSTER_NAME", "").strip()
+    if not name:
+        name = conf_value("ClusterName", env) or ""
+    return name.lower() or None
+
+
+def slurm_time(value: Optional[str]) -> Optional[float]:
+    """``2026-11-30T06:22:31`` (local time, as Slurm prints it) to seconds; else None."""
+    if not value or value in ("Unknown", "None", "N/A", "(null)"):
+        return None
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Typed views
+
+
+class Job:
+    """One Slurm job as the controller sees it; one array task is one Job.
+
+    ``job_id`` is Slurm's own id (a task that has started has its own; a pending task still
+    shares its array's), ``display_id`` what squeue shows (``97_1`` for a task).  ``comment`` is
+    the owner's free text: read it only as a comment (:attr:`markers`).  ``start_time`` and
+    ``end_time`` are the current execution's, None while pending or running respectively (the
+    scheduler's estimates are not kept).
+    """
+
+    __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
+                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time")
+
+    def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
+                 array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
+                 nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
+                 submit_time: Optional[float] = None, start_time: Optional[float] = None,
+                 end_time: Optional[float] = None) -> None:
+        self.job_id = job_id
+        self.array_job_id = array_job_id
+        self.array_task_id = array_task_id
+        self.state = state
+        self.reason = reason
+        self.restarts = restarts
+        self.nodes = tuple(nodes)
+        self.uid = uid
+        self.comment = comment
+        self.submit_time = submit_time
+        self.start_time = start_time
+        self.end_time = end_time
+
+    @property
+    def display_id(self) -> str:
+        if self.array_task_id is not None and self.array_job_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+    @property
+    def is_final(self) -> bool:
+        return is_final(self.state)
+
+    @property
+    def is_active(self) -> bool:
+        return is_active(self.state)
+
+    @property
+    def execution_ended(self) -> bool:
+        return execution_ended(self.state)
+
+    @property
+    def is_held(self) -> bool:
+        return self.state == "PENDING" and self.reason in HOLD_REASONS
+
+    @property
+    def started(self) -> bool:
+        """The current execution has started on some node."""
+        return self.start_time is not None and bool(self.nodes) and self.state != "PENDING"
+
+    @property
+    def markers(self) -> list[str]:
+        """The ``dispatch:<id>/<N>`` words of the comment (words, so no prefix matches)."""
+        return [w for w in self.comment.split() if w.startswith(MARKER_PREFIX)]
+
+    def marks_another(self, dispatch_id: str) -> bool:
+        """Its comment carries dispatch markers, none of them ``dispatch_id``'s: the job is
+        another dispatch job's (a record older than records' cluster, read on a cluster where
+        its Slurm job id is another's).  A comment without one (a person's) proves nothing."""
+        marks = self.markers
+        return bool(marks) and not any(m.startswith(f"{MARKER_PREFIX}{dispatch_id}/")
+                                       for m in marks)
+
+    def __repr__(self) -> str:
+        return (f"Job({self.display_id} {self.state} restarts={self.restarts} "
+                f"nodes={','.join(self.nodes) or '-'})")
+
+
+class Node:
+    """One node as the controller sees it."""
+
+    __slots__ = ("name", "state", "reason", "boot_time")
+
+    def __init__(self, name: str, state: str, reason: str = "",
+                 boot_time: Optional[float] = None) -> None:
+        self.name = name
+        self.state = state
+        self.reason = reason
+        self.boot_time = boot_time
+
+    def __repr__(self) -> str:
+        return f"Node({self.name} {self.state})"
+
+
+# squeue -O fields, Slurm-controlled ones first; then Reason and Comment, each ending with a
+# nonce (see the module docstring).  Width 0: printed whole, never cut at 20 characters.
+SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "State", "RestartCnt", "UserID",
+                 "NodeList", "SubmitTime", "StartTime", "EndTime")
+_SEP = "|"
+
+
+def squeue_format(nonces: tuple[str, str]) -> str:
+    """The ``squeue -O`` argument for :func:`parse_squeue` (nonces: hex, one per call)."""
+    fixed = ",".join(f"{name}:0{_SEP}" for name in SQUEUE_FIELDS)
+    return f"{fixed},Reason:0{nonces[0]},Comment:0{nonces[1]}"
+
+
+def _new_nonces() -> tuple[str, str]:
+    return "#" + os.urandom(12).hex() + "#", "#" + os.urandom(12).hex() + "#"
+
+
+def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = ()) -> list[Job]:
+    """Jobs from squeue output made with :func:`squeue_format` and the same ``nonces``."""
+    reason_end, record_end = nonces
+    chunks = text.split(record_end)
+    tail = chunks.pop().strip()
+    if tail:
+        raise SlurmError("squeue printed an unterminated record", argv=list(argv),
+                         output=tail[:500])
+    jobs = []
+    for chunk in chunks:
+        chunk = chunk.lstrip("\n")
+        head, found, comment = chunk.partition(reason_end)
+        parts = head.split(_SEP, len(SQUEUE_FIELDS))
+        if not found or len(parts) != len(SQUEUE_FIELDS) + 1:
+            raise SlurmError("squeue printed a record that does not parse", argv=list(argv),
+                             output=chunk[:500])
+        values = dict(zip(SQUEUE_FIELDS, parts))
+        jobs.append(_job_from_squeue(values, parts[-1], comment, argv))
+    return jobs
+
+
+def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
+                     argv: Sequence[str]) -> Job:
+    from .hostlist import expand_hostlist
+    try:
+        restarts = int(values["RestartCnt"])
+        uid = int(values["UserID"])
+        nodes = expand_hostlist(values["NodeList"])
+    except ValueError as exc:
+        raise SlurmError(f"squeue printed a field that does not parse: {exc}",
+                         argv=list(argv), output=str(values)[:500]) from None
+    task = values["ArrayTaskID"]
+    array = task.isdigit()
+    state = values["State"].split()[0] if values["State"] else ""
+    return Job(values["JobID"], state,
+               array_job_id=values["ArrayJobID"] if array else None,
+               array_task_id=int(task) if array else None,
+               reason=reason, restarts=restarts, nodes=nodes, uid=uid,
+               comment="" if comment == "(null)" else comment,
+               submit_time=slurm_time(values["SubmitTime"]),
+               # A pending job's StartTime is the scheduler's estimate: not a start.
+               start_time=None if state == "PENDING" else slurm_time(values["StartTime"]),
+               # Before the execution ends, EndTime is an estimate (start + time limit).
+               end_time=slurm_time(values["EndTime"]) if execution_ended(state) else None)
+
+
+def _parse_node_line(line: str) -> dict[str, str]:
+    # `scontrol -o show node`: Key=Value pairs; values may hold spaces (Reason=); node fields
+    # are set by Slurm and the site's admins, never by a job's owner.
+    fields: dict[str, str] = {}
+    keys = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9:/_]*)=", line))
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+        fields.setdefault(m.group(1), line[m.end():end].strip())
+    return fields
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+
+
+_UNCHOSEN = object()
+NOTICE_AFTER = 2.0  # seconds a person waits before being told what for
+_NOT_FOUND = re.compile(r"Node \S+ not found")
+
+
+class Slurm:
+    """Slurm through one backend (pyslurm or the command-line tools), with retries for
+    transient controller errors.
+
+    ``backend``: ``auto``, ``cli`` or ``pyslurm``; None reads the setting
+    (``$DISPATCH_SLURM_BACKEND``, else dispatch.conf's ``SlurmBackend``).  A ``runner`` other
+    than :func:`run_command` (a test's fake controller) means the command-line tools.
+    """
+
+    def __init__(self, runner: Runner = run_command, attempts: Optional[int] = None,
+                 wait: float = 1.0, backend: Optional[str] = None,
+                 timeout: Optional[float] = None,
+                 notice: Optional[Callable[[str], None]] = None) -> None:
+        self.runner = runner
+        self.attempts = default_attempts() if attempts is None else attempts
+        self.wait = wait
+        self.timeout = timeout  # seconds one command may take; None: default_timeout()
+        # For a person waiting at a terminal: told what the call waits for after NOTICE_AFTER
+        # seconds, and a controller that does not answer is one line naming it.
+        self.notice = notice
+        self._told = False
+        self.bytes_read = 0  # what the controller's answers weighed, for the bench
+        self._setting = backend
+        self._chosen: Any = _UNCHOSEN
+        self._cluster: Any = _UNCHOSEN
+
+    def _pyslurm(self, env: Optional[Mapping[str, str]] = None) -> Any:
+        """The pyslurm backend for a call made with ``env``, or None for the tools."""
+        if self._chosen is _UNCHOSEN:
+            if self.runner is not run_command and self._setting is None:
+                self._chosen = None
+            else:
+                from .select import select
+                self._chosen = select(self._setting, default_timeout())
+        if self._chosen is not None and env is not None \
+                and env.get("SLURM_CONF") != os.environ.get("SLURM_CONF"):
+            return None  # pyslurm loaded this process's configuration, not that one
+        return self._chosen
+
+    def cluster(self, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+        """The cluster this adapter talks to, lower case: :func:`local_cluster_name`, else the
+        controller's ``ClusterName`` (one ``scontrol show config``, configless sites); None
+        when neither says.  Read once per adapter, except that a controller which did not
+        answer is asked again next time (a supervisor started in an outage must not stay
+        without a cluster for life)."""
+        if self._cluster is _UNCHOSEN:
+            found = local_cluster_name(env)
+            if found is None:
+                try:
+                    found = (self.config_value("ClusterName", env) or "").lower() or None
+                except SlurmError:
+                    return None
+            self._cluster = found
+        return self._cluster  # type: ignore[return-value]
+
+    @classmethod
+    def for_people(cls, say: Callable[[str], None],
+                   env: Optional[Mapping[str, str]] = None) -> Slurm:
+        """An adapter for a person at a terminal (``dispatch jobs``, ``status``, ``cancel``):
+        bounded near Slurm's own MessageTimeout, one try and at most one retry (a client
+        itself waits MessageTimeout for the controller), a word on stderr (``say``) after
+        NOTICE_AFTER seconds, and a controller that does not answer is one line naming it."""
+        return cls(attempts=2, timeout=round(1.2 * message_timeout(env) + 2, 1), notice=say)
+
+    @property
+    def backend(self) -> str:
+        """``pyslurm`` or ``cli``: the backend the reads and actions go through (chosen now
+        if not yet)."""
+        return "cli" if self._pyslurm() is None else "pyslurm"
+
+    def _retrying(self, attempts: Optional[int] = None) -> Any:
+        import tenacity  # only the retried calls need it: keeps dispatch-sbatch's start fast
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(SlurmUnavailable),
+            stop=tenacity.stop_after_attempt(attempts or self.attempts),
+            wait=tenacity.wait_exponential(multiplier=self.wait, max=8 * self.wait),
+            reraise=True)
+
+    def call(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> Result:
+        """Run a read-only or idempotent command, retrying transient errors."""
+        return self._with_retries(lambda: self._once(argv, env), self.attempts)
+
+    def _with_retries(self, once: Callable[[], Any], attempts: int) -> Any:
+        # The first try needs no tenacity (dispatch-sbatch's start-up stays small).
+        started = time.monotonic()
+        try:
+            try:
+                return once()
+            except SlurmUnavailable:
+                if attempts <= 1:
+                    raise
+            time.sleep(self.wait)
+            for attempt in self._retrying(attempts - 1):
+                with attempt:
+                    return once()
+        except SlurmUnavailable as exc:
+            if self.notice is None:
+                raise
+            said = [line.strip() for line in exc.output.splitlines() if line.strip()]
+            raise SlurmUnavailable(
+                f"{controller_name()} did not answer {exc.argv[0] if exc.argv else 'Slurm'} "
+                f"({attempts} tries in {time.monotonic() - started:.0f} s): "
+                f"{said[-1] if said else str(exc).splitlines()[0]}",
+                argv=exc.argv, returncode=exc.returncode) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+              cwd: Optional[str] = None) -> Result:
+        timeout = default_timeout() if self.timeout is None else self.timeout
+        if self.notice is None or self._told:
+            result = self.runner(argv, env, cwd, timeout)
+        else:
+            import threading
+            notice = self.notice
+
+            def tell() -> None:
+                self._told = True  # once: the person knows what the wait is for
+                notice(f"waiting for {controller_name(env)} to answer {argv[0]} (at most "
+                       f"{timeout:g} s a try, {self.attempts} tries)")
+            told = threading.Timer(NOTICE_AFTER, tell)
+            told.daemon = True
+            told.start()
+            try:
+                result = self.runner(argv, env, cwd, timeout)
+            finally:
+                told.cancel()
+        self.bytes_read += len(result.stdout) + len(result.stderr)
+        if result.returncode != 0:
+            output = (result.stderr + result.stdout).strip()
+            cls = SlurmUnavailable if is_transient(output) else SlurmError
+            raise cls(f"{argv[0]} failed (exit {result.returncode})", argv=list(argv),
+                      output=output, returncode=result.returncode)
+        return result
+
+    # -- reads -----------------------------------------------------------------------------
+    def _squeue(self, selection: list[str], env: Optional[Mapping[str, str]],
+                retry: bool = True) -> list[Job]:
+        nonces = _new_nonces()
+        argv = ["squeue", *selection, "--noheader", "--array", "--states=all",
+                "--Format", squeue_format(nonces)]
+        result = self.call(argv, env) if retry else self._once(argv, env)
+        return parse_squeue(result.stdout, nonces, argv)
+
+    def own_jobs(self, env: Optional[Mapping[str, str]] = None,
+                 retry: bool = True) -> dict[str, Job]:
+        """The caller's own jobs (every array task), in one call the controller filters.
+
+        Keyed by ``display_id`` (``97_1``) and, where one job has it alone, by ``job_id``.
+        A job of another uid is dropped (``--me`` already asks for the caller's only).
+        """
+        me = os.getuid()
+        backend = self._pyslurm(env)
+        if backend is not None:
+            listed = self._with_retries(lambda: backend.user_jobs(me),
+                                        self.attempts if retry else 1)
+        else:
+            listed = self._squeue(["--me"], env, retry)
+        return index_jobs(j for j in listed if j.uid == me)
+
+    def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
+        """Job ``job_id`` (``123``, ``97_1``, or an array's id for all its tasks, in task
+        order); [] when the controller does not know it."""
+        if not re.fullmatch(r"\d+(_\d+)?", job_id):
+            raise SlurmError(f"{job_id!r} is not a Slurm job id (123 or 123_4)")
+        backend = self._pyslurm(env)
+        if backend is not None:
+            found: list[Job] = self._with_retries(lambda: backend.jobs(job_id), self.attempts)
+        else:
+            try:
+                found = self._squeue(["--jobs", job_id], env)
+            except SlurmError as exc:
+                if "invalid job id" in exc.output.lower():
+                    return []
+                raise
+        # Task order on every backend: squeue prints an array pending remainder first, by
+        # priority; pyslurm 24.11 reads the owner's jobs in the controller's order.
+        return sorted(found, key=lambda j: (-1 if j.array_task_id is None else j.array_task_id,
+                                            int(j.job_id)))
+
+    def nodes(self, names: Sequence[str], env: Optional[Mapping[str, str]] = None
+              ) -> dict[str, Node]:
+        """Each named node, in one call; a node the controller does not know is absent."""
+        if not names:
+            return {}
+        backend = self._pyslurm(env)
+        if backend is not None:
+            loaded: dict[str, Node] = self._with_retries(lambda: backend.nodes(list(names)),
+                                                         self.attempts)
+            return loaded
+        argv = ["scontrol", "-o", "show", "node", ",".join(names)]
+        try:
+            text = self.call(argv, env).stdout
+        except SlurmError as exc:
+            # One unknown name fails the whole command (exit 1, "Node nx not found") after
+            # the known ones are printed: those stand, the unknown are absent.
+            said = [line for line in exc.output.splitlines() if line.strip()]
+            if not any(_NOT_FOUND.fullmatch(line) for line in said):
+                raise
+            text = "\n".join(line for line in said if line.startswith("NodeName="))
+        found = {}
+        for line in text.splitlines():
+            if not line.strip() or not line.startswith("NodeName="):
+                continue
+            fields = _parse_node_line(line)
+            name = fields.get("NodeName", "")
+            found[name] = Node(name, fields.get("State", ""), fields.get("Reason", ""),
+                               slurm_time(fields.get("BootTime")))
+        return found
+
+    def config_value(self, key: str, env: Optional[Mapping[str, str]] = None
+                     ) -> Optional[str]:
+        """One setting of the controller's ``scontrol show config`` (``MailProg``), or None
+        when it is unset (``(null)``) or absent."""
+        result = self.call(["scontrol", "show", "config"], env)
+        for line in result.stdout.splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name.strip() == key:
+                value = value.strip()
+                return None if value in ("", "(null)") else value
+        return None
+
+    def accounting(self, job_id: str, env: Optional[Mapping[str, str]] = None
+                   ) -> Optional[list[Job]]:
+        """Job ``job_id`` (an array's id: every task) as Slurm's accounting keeps it
+        (``sacct``), for jobs slurmctld has forgotten (MinJobAge); None where the site keeps
+        no accounting.  Only Slurm-controlled fields are asked for, ``|``-separated."""
+        argv = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobIDRaw,JobID,State,UID"]
+        try:
+            result = self.call(argv, env)
+        except SlurmError as exc:
+            said = exc.output.lower()
+            if "accounting storage is disabled" in said or "not found on path" in str(exc):
+                return None
+            raise
+        jobs = []
+        for line in result.stdout.splitlines():
+            if not line.strip():
+                continue
+            parts = line.split("|")
+            if len(parts) != 4 or not parts[0].isdigit():
+                raise SlurmError("sacct printed a line that does not parse", argv=argv,
+                                 output=line[:500])
+            raw, shown, state, uid = parts
+            array, _, task = shown.partition("_")
+            jobs.append(Job(raw, state.split()[0] if state else "",
+                            array_job_id=array if task.isdigit() else None,
+                            array_task_id=int(task) if task.isdigit() else None,
+                            uid=int(uid) if uid.isdigit() else -1))
+        return jobs
+
+    def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
+                       ) -> Optional[str]:
+        """The id of the caller's own job whose comment carries ``marker``, if any."""
+        try:
+            jobs = self.own_jobs(env, retry=False)  # the caller's loop is the retry
+        except SlurmError:
+            return None
+        for job in jobs.values():
+            if marker in job.markers and job.array_task_id is None:
+                return job.job_id
+        for job in jobs.values():
+            if marker in job.markers:
+                return job.array_job_id or job.job_id
+        return None
+
+    # -- actions ---------------------------------------------------------------------------
+    def sbatch(self, argv: Sequence[str], marker: str,
+               env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str] = None) -> tuple[str, Result]:
+        """Submit once; return (job id, result).  ``marker`` must be in the job's comment.
+
+        On a transient failure the job may have landed anyway, so look for ``marker`` among
+        the caller's jobs before trying again: never two jobs for one submission.  Without a
+        marker there is one attempt only.
+        """
+        def once() -> tuple[str, Result]:
+            try:
+                result = self._once(argv, env, cwd)
+            except SlurmUnavailable:
+                found = self.find_by_marker(marker, env) if marker else None
+                if found:
+                    line = f"{found}\n" if "--parsable" in argv else \
+                        f"Submitted batch job {found}\n"
+                    return found, Result(list(argv), 0, line, "")
+                raise
+            match = _SUBMITTED.search(result.stdout)
+            if not match:
+                raise SlurmError("sbatch printed no job id", argv=list(argv),
+                                 output=result.stdout + result.stderr)
+            return (match.group(1) or match.group(2)), result
+
+        result: tuple[str, Result] = self._with_retries(once, self.attempts if marker else 1)
+        return result
+
+    def _act(self, action: str, jobids: Sequence[str], argv: list[str],
+             env: Optional[Mapping[str, str]]) -> None:
+        """One action on whole jobs through pyslurm, else ``argv`` through the tools.  An array
+        task given as ``A_T`` goes through scontrol (pyslurm acts on whole job ids; scontrol
+        splits a pending task off its array)."""
+        backend = self._pyslurm(env)
+        if backend is not None and all(j.isdigit() for j in jobids):
+            self._with_retries(lambda: getattr(backend, action)(list(jobids)), self.attempts)
+        else:
+            self.call(argv, env)
+
+    def cancel(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        if jobids:
+            backend = self._pyslurm(env)
+            if backend is not None:  # slurm_kill_job2 takes A_T as scancel does
+                self._with_retries(lambda: backend.cancel(list(jobids)), self.attempts)
+            else:
+                self.call(["scancel", *jobids], env)
+
+    def release(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        if jobids:
+            self._act("release", jobids, ["scontrol", "release", ",".join(jobids)], env)
+
+    def requeue(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        """Requeue running jobs: their executions end, each comes back pending."""
+        if jobids:
+            self._act("requeue", jobids, ["scontrol", "requeue", ",".join(jobids)], env)
+
+    def set_comment(self, jobid: str, text: str,
+                    env: Optional[Mapping[str, str]] = None) -> None:
+        """Replace a job's comment (the owner's own free text; ours starts with its marker)."""
+        backend = self._pyslurm(env)
+        if backend is not None and jobid.isdigit():
+            self._with_retries(lambda: backend.set_comment(jobid, text), self.attempts)
+        else:
+            self.call(["scontrol", "update", f"jobid={jobid}", f"comment={text}"], env)
+
+    def hold(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        if jobids:
+            self._act("hold", jobids, ["scontrol", "hold", ",".join(jobids)], env)
+
+
+def index_jobs(jobs: Iterable[Job]) -> dict[str, Job]:
+    """Jobs keyed by ``display_id`` and, where one job has it alone, by ``job_id``."""
+    found: dict[str, Job] = {}
+    counts: dict[str, int] = {}
+    listed = list(jobs)
+    for job in listed:
+        counts[job.job_id] = counts.get(job.job_id, 0) + 1
+    for job in listed:
+        found[job.display_id] = job
+    for job in listed:
+        if counts[job.job_id] == 1:
+            found.setdefault(job.job_id, job)
+    return found
