@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import click
 
 from ..checkpoint import model
 from ..checkpoint import publish as store
-from ..control import events, record, status
 from ..errors import UsageError
 from .shell import ClickShell
+
+if TYPE_CHECKING:
+    from ..control import record
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -185,6 +187,12 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
     body()
 
 
+def _clock(seconds: Optional[float]) -> str:
+    from ..control.status import clock
+
+    return clock(seconds)
+
+
 def _say(line: str) -> None:
     """A word to the person waiting (what a slow call waits for): stderr."""
     click.echo(f"dispatch: {line}", err=True)
@@ -193,6 +201,7 @@ def _say(line: str) -> None:
 def _open(job: str, slurm: Any = None) -> record.JobRecord:
     """Dispatch job ``job`` (its id, or a Slurm job id of it) of this cluster: records of
     several clusters may share one home, and a job of another is an error naming it."""
+    from ..control import record
     from ..slurm.adapter import Slurm
     return record.open_job(job, cluster=(slurm if slurm is not None else Slurm()).cluster())
 
@@ -201,6 +210,8 @@ def _task_named(job: str, task: Optional[int], record_: Optional[record.JobRecor
                 ) -> Optional[int]:
     """The array task a job id names (``14_2``, as Slurm writes it, or a task's own Slurm job
     id once its execution recorded it), checked against --task; else --task."""
+    from ..control import events
+
     named: Optional[int] = None
     head, sep, tail = job.partition("_")
     if sep and head.isdigit() and tail.isdigit():
@@ -390,7 +401,7 @@ def _render_status(data: dict[str, Any]) -> str:
     out.append(render_table(
         ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "SLURM_REASON", "SUBMITTED_FOR"],
         [[s["submission"], s.get("display_id") or s["slurm_job_id"], _state_text(s),
-          "-" if s["restarts"] is None else s["restarts"], status.clock(s["submitted"]),
+          "-" if s["restarts"] is None else s["restarts"], _clock(s["submitted"]),
           s["slurm_reason"] or "-", s["reason"] or "-"]
          for s in data["submissions"]]))
     if tasks:
@@ -407,12 +418,12 @@ def _render_status(data: dict[str, Any]) -> str:
         jobid = e.get("display_id") or e["slurm_job_id"]
         evidence = "; ".join(_fact_text(f) for f in e.get("facts", [])) or "-"
         rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
-                     status.clock(e["started"]), e["state"], evidence])
+                     _clock(e["started"]), e["state"], evidence])
     out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
                              "END/CESSATION"], rows) if rows else "No execution has started yet.")
     if data["events"]:
         out.append("")
-        out.extend(f"{status.clock(ev['time'])} {_event_text(ev)}" for ev in data["events"])
+        out.extend(f"{_clock(ev['time'])} {_event_text(ev)}" for ev in data["events"])
     if tasks and "%a" in data["checkpoint"].replace("%%", ""):
         return "\n".join(out)  # each task's root, its latest: in the task table
     out.append("")
@@ -436,11 +447,11 @@ def _supervisor_text(data: dict[str, Any]) -> str:
         return ("Supervisor  none has passed yet" + (
             ": --resubmit and holds act only while `dispatch supervise` runs (a systemd user "
             "timer: contrib/systemd; scrontab; or --loop)" if rules_wait else ""))
-    good = (f"last good pass {status.clock(seen['time'])} ({_ago(seen['time'])} ago, on "
+    good = (f"last good pass {_clock(seen['time'])} ({_ago(seen['time'])} ago, on "
             f"{seen.get('host', '?')})" if seen.get("time") else "no good pass yet")
     if not seen.get("failing_since"):
         return f"Supervisor  {good}"
-    return (f"Supervisor  {good}; passes failing since {status.clock(seen['failing_since'])} "
+    return (f"Supervisor  {good}; passes failing since {_clock(seen['failing_since'])} "
             f"({seen.get('failures', '?')} failed, the latest {_ago(seen.get('failed_at'))} "
             f"ago): {seen.get('error', '?')}")
 
@@ -481,7 +492,7 @@ def _decision_text(ev: dict[str, Any]) -> str:
     if kind == "hold":
         return (f"HOLD submission {ev['submission']} (Slurm job {ev['slurm_job_id']}) after "
                 f"{ev['end_state']} of job {ev['ended_slurm_job_id']}, until "
-                f"{status.clock(ev['deadline'])}")
+                f"{_clock(ev['deadline'])}")
     if kind == "cessation":
         evidence = ev.get("evidence")
         reason = evidence.get("reason", "") if isinstance(evidence, dict) else str(evidence)
@@ -538,6 +549,7 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     submissions.  Costs one squeue call.
     """
     def body() -> None:
+        from ..control import record, status
         from ..slurm.adapter import Slurm
         slurm = Slurm.for_people(_say)
         slurm_jobs = slurm.own_jobs()
@@ -593,6 +605,7 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
     A CLUSTER column shows each job's cluster where your records name more than one.
     """
     def body() -> None:
+        from ..control import record, status
         from ..slurm.adapter import Slurm
         keep = _job_filter(states, names, since)  # bad input: refused before any call
         slurm = Slurm.for_people(_say)
@@ -777,7 +790,7 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
     Example: `dispatch forget --before now-30days --dry-run`
     """
     def body() -> None:
-        from ..control import dependency
+        from ..control import dependency, record
         from ..control import forget as forgetting
         from ..errors import RefusedError
         from ..slurm.adapter import Slurm
@@ -786,7 +799,7 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
         after = parse_since(before, option="--before") if before else None
         if after is not None and after > _now():
             # now+30days for now-30days would forget every settled job, however new.
-            raise UsageError(f"--before {before!r} is in the future ({status.clock(after)}): "
+            raise UsageError(f"--before {before!r} is in the future ({_clock(after)}): "
                              "every settled job would be forgotten; give a past time "
                              "(now-30days)")
         slurm = Slurm.for_people(_say)
@@ -807,7 +820,7 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
             return
         verb = "would forget" if dry_run else "forgot"
         for entry in going:
-            click.echo(f"{verb} {entry['id']} (last active {status.clock(entry['last'])}, "
+            click.echo(f"{verb} {entry['id']} (last active {_clock(entry['last'])}, "
                        f"{entry['bytes']} bytes on disk)")
         for entry in kept:
             click.echo(f"kept {entry['id']}: {entry['why']}")
@@ -930,7 +943,7 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
             if failed is not None and not quiet:
                 click.echo(f"{stamp} the controller answers again, after "
                            f"{failed['failures']} failed pass(es) since "
-                           f"{status.clock(failed['failing_since'])}")
+                           f"{_clock(failed['failing_since'])}")
             failed = None
             if not quiet:
                 for action in report.actions:
