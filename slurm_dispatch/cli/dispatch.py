@@ -1,9 +1,16 @@
 """The ``dispatch`` command line: parses arguments, calls the library, prints, exits.
 
-This is the only module of the package (with the other ``cli_*`` modules) that prints or
-exits.  Exit codes: 0 success; 1 a refused operation; 2 usage errors, unreadable stores and
-other failures.  The group's ``main`` ends every command through :mod:`slurm_dispatch.cli.shell`:
-errors print as ``dispatch: <message>``; a broken pipe is quiet; Ctrl-C is 130.
+This is the only module of the package (with the other modules of :mod:`slurm_dispatch.cli`)
+that prints or exits.  Exit codes: 0 success; 1 a refused operation; 2 usage errors,
+unreadable stores and other failures.  The group's ``main`` (a :class:`~.shell.ClickShell`)
+parses and invokes every command inside :func:`slurm_dispatch.cli.shell.run`, the one place
+errors become exits: errors print as ``dispatch: <message>``; a broken pipe is quiet; Ctrl-C
+is 130.  So a command's function is its body: it raises the library's errors, never catches
+them to exit, and returns its exit code or None (tests/unit/test_cli_shell.py checks it).
+
+The in-job commands (``publish``, ``latest``, ``list``, ``epoch``) load the checkpoint side
+only: everything of the control side or the Slurm adapter is imported inside the command
+that needs it (tests/unit/test_cli_imports.py holds the budget).
 """
 
 from __future__ import annotations
@@ -85,12 +92,10 @@ def epoch(generation: Optional[str], submission: Optional[str], restart: Optiona
 
     Example: `dispatch epoch -g 0 -n 2 -r 1` prints 2000001.
     """
-    def body() -> None:
-        g = parse_int(required(generation, "--generation", "DISPATCH_GENERATION"), "--generation")
-        n = parse_int(required(submission, "--submission", "DISPATCH_SUBMISSION"), "--submission")
-        r = parse_int(restart, "--restart") if restart not in (None, "") else 0
-        click.echo(model.Epoch(g, n, r).value)
-    body()
+    g = parse_int(required(generation, "--generation", "DISPATCH_GENERATION"), "--generation")
+    n = parse_int(required(submission, "--submission", "DISPATCH_SUBMISSION"), "--submission")
+    r = parse_int(restart, "--restart") if restart not in (None, "") else 0
+    click.echo(model.Epoch(g, n, r).value)
 
 
 ROOT_HELP = "Checkpoint root: a folder or s3://bucket/prefix.  [env: DISPATCH_CHECKPOINT]"
@@ -141,16 +146,14 @@ def publish(root: Optional[str], epoch_: Optional[str], step: str, timeout: Opti
 
     Example: `dispatch publish --step 500 "$DISPATCH_EXEC_DIR/checkpoint-500"`
     """
-    def body() -> None:
-        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-        epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
-        step_v = parse_int(step, "--step")
-        click.echo(store.publish_done(
-            root_v, epoch_v, step_v, path, timeout=parse_timeout(timeout),
-            said=lambda text: click.echo(f"dispatch publish: already published, nothing to "
-                                         f"do: {text}; it is this save's publication",
-                                         err=True)))
-    body()
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    epoch_v = parse_int(required(epoch_, "--epoch", "DISPATCH_EPOCH"), "--epoch")
+    step_v = parse_int(step, "--step")
+    click.echo(store.publish_done(
+        root_v, epoch_v, step_v, path, timeout=parse_timeout(timeout),
+        said=lambda text: click.echo(f"dispatch publish: already published, nothing to "
+                                     f"do: {text}; it is this save's publication",
+                                     err=True)))
 
 
 @main.command()
@@ -172,19 +175,17 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
 
     Example: `RESUME=$(dispatch latest)`, or from a login node `dispatch latest dab2cd3e`
     """
-    def body() -> None:
-        where = _job_root(job, _task_named(job, task)) if job else required(
-            root, "--root", "DISPATCH_CHECKPOINT")
-        import os
-        if job and "://" not in where and not os.path.lexists(where):
-            found = None  # the job's (task's) root is made by its first execution: none yet
-        else:
-            found = store.latest(where, timeout=parse_timeout(timeout))
-        if as_json:
-            echo_json(found.as_json() if found else None)
-        elif found:
-            click.echo(found.path)
-    body()
+    where = _job_root(job, _task_named(job, task)) if job else required(
+        root, "--root", "DISPATCH_CHECKPOINT")
+    import os
+    if job and "://" not in where and not os.path.lexists(where):
+        found = None  # the job's (task's) root is made by its first execution: none yet
+    else:
+        found = store.latest(where, timeout=parse_timeout(timeout))
+    if as_json:
+        echo_json(found.as_json() if found else None)
+    elif found:
+        click.echo(found.path)
 
 
 def _clock(seconds: Optional[float]) -> str:
@@ -251,17 +252,15 @@ def _job_root(job: str, task: Optional[int]) -> str:
 @timeout_option
 def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[str]) -> None:
     """Print every publication under ROOT, oldest first (the latest is last)."""
-    def body() -> None:
-        found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"),
-                                        timeout=parse_timeout(timeout))
-        if as_json:
-            echo_json([f.as_json() for f in found])
-            return
-        table = render_table(["EPOCH", "STEP", "PATH"],
-                             [[f.epoch, f.step, f.path] for f in found], noheader)
-        if table:
-            click.echo(table)
-    body()
+    found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"),
+                                    timeout=parse_timeout(timeout))
+    if as_json:
+        echo_json([f.as_json() for f in found])
+        return
+    table = render_table(["EPOCH", "STEP", "PATH"],
+                         [[f.epoch, f.step, f.path] for f in found], noheader)
+    if table:
+        click.echo(table)
 
 
 @main.command(context_settings={"allow_interspersed_args": False})
@@ -548,32 +547,30 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     JOB is a dispatch job id (printed by dispatch-sbatch) or a Slurm job id of one of its
     submissions.  Costs one squeue call.
     """
-    def body() -> None:
-        from ..control import record, status
-        from ..slurm.adapter import Slurm
-        slurm = Slurm.for_people(_say)
-        slurm_jobs = slurm.own_jobs()
-        here = slurm.cluster()
-        record_ = status.open_job(job, slurm_jobs, here)
-        data = status.collect(record_, slurm_jobs)
-        data["cluster"] = data["cluster"] or here
-        if as_json:
-            echo_json(data)
-        elif timeline:
-            import shutil
+    from ..control import record, status
+    from ..slurm.adapter import Slurm
+    slurm = Slurm.for_people(_say)
+    slurm_jobs = slurm.own_jobs()
+    here = slurm.cluster()
+    record_ = status.open_job(job, slurm_jobs, here)
+    data = status.collect(record_, slurm_jobs)
+    data["cluster"] = data["cluster"] or here
+    if as_json:
+        echo_json(data)
+    elif timeline:
+        import shutil
 
-            from ..control import timeline as drawing
-            root = str(data["checkpoint"])
-            found = drawing.marks(root) if "%" not in root else []
-            width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
-            click.echo(drawing.render(data, found, width=max(width, 60)))
-        else:
-            text = _render_status(data)
-            if len(record.clusters(record.all_jobs(), here)) > 1:  # whose job it is
-                head, _, rest = text.partition("\n")
-                text = f"{head}\nCluster     {data['cluster']}\n{rest}"
-            click.echo(text)
-    body()
+        from ..control import timeline as drawing
+        root = str(data["checkpoint"])
+        found = drawing.marks(root) if "%" not in root else []
+        width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
+        click.echo(drawing.render(data, found, width=max(width, 60)))
+    else:
+        text = _render_status(data)
+        if len(record.clusters(record.all_jobs(), here)) > 1:  # whose job it is
+            head, _, rest = text.partition("\n")
+            text = f"{head}\nCluster     {data['cluster']}\n{rest}"
+        click.echo(text)
 
 
 @main.command()
@@ -604,41 +601,39 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
     MessageTimeout (slurm.conf) each, said on stderr while waiting, then one line (exit 2).
     A CLUSTER column shows each job's cluster where your records name more than one.
     """
-    def body() -> None:
-        from ..control import record, status
-        from ..slurm.adapter import Slurm
-        keep = _job_filter(states, names, since)  # bad input: refused before any call
-        slurm = Slurm.for_people(_say)
-        here = slurm.cluster()
-        every = record.all_jobs()
-        wanted = _cluster_choice(clusters, here)
-        own = [j for j in every if j.of_cluster(here)] if not wanted or here in wanted else []
-        # Another cluster's jobs: Slurm here cannot be asked about them, the record says.
-        others = [] if wanted is None else [
-            j for j in every if not j.of_cluster(here) and (not wanted or j.cluster in wanted)]
-        lines = status.job_lines(own, slurm.own_jobs() if own else {})
-        lines += status.job_lines(others, {})
-        for line, job in zip(lines, own + others):
-            line["cluster"] = _cluster_of(job) or here
-        lines = [line for line in lines if keep(line)]
-        lines.sort(key=lambda line: line.get("created") or 0)
-        if as_json:
-            echo_json(lines)
-            return
-        several = len(record.clusters(every, here)) > 1
-        rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
-                else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
-                      line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
-                for line in lines]
-        headers = ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
-        if several:
-            headers.insert(1, "CLUSTER")
-            for row, line in zip(rows, lines):
-                row.insert(1, line.get("cluster") or "-")
-        text = render_table(headers, rows, noheader)
-        if text:
-            click.echo(text)
-    body()
+    from ..control import record, status
+    from ..slurm.adapter import Slurm
+    keep = _job_filter(states, names, since)  # bad input: refused before any call
+    slurm = Slurm.for_people(_say)
+    here = slurm.cluster()
+    every = record.all_jobs()
+    wanted = _cluster_choice(clusters, here)
+    own = [j for j in every if j.of_cluster(here)] if not wanted or here in wanted else []
+    # Another cluster's jobs: Slurm here cannot be asked about them, the record says.
+    others = [] if wanted is None else [
+        j for j in every if not j.of_cluster(here) and (not wanted or j.cluster in wanted)]
+    lines = status.job_lines(own, slurm.own_jobs() if own else {})
+    lines += status.job_lines(others, {})
+    for line, job in zip(lines, own + others):
+        line["cluster"] = _cluster_of(job) or here
+    lines = [line for line in lines if keep(line)]
+    lines.sort(key=lambda line: line.get("created") or 0)
+    if as_json:
+        echo_json(lines)
+        return
+    several = len(record.clusters(every, here)) > 1
+    rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
+            else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
+                  line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
+            for line in lines]
+    headers = ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
+    if several:
+        headers.insert(1, "CLUSTER")
+        for row, line in zip(rows, lines):
+            row.insert(1, line.get("cluster") or "-")
+    text = render_table(headers, rows, noheader)
+    if text:
+        click.echo(text)
 
 
 # squeue's compact state codes (squeue(1), JOB STATE CODES), and the states dispatch jobs adds.
@@ -749,24 +744,22 @@ def cancel(job: tuple[str, ...]) -> None:
 
     Example: `dispatch cancel 12 13 14_2`
     """
-    def body() -> None:
-        from ..control.submit import live_slurm_jobs
-        from ..slurm.adapter import Slurm
-        slurm = Slurm.for_people(_say)
-        chosen = []
-        for ident in job:
-            record_ = _open(ident, slurm)
-            chosen.append((record_, _task_named(ident, None, record_)))
-        views = slurm.own_jobs()
-        plan = [(r, live_slurm_jobs(slurm, r, views, task=t)) for r, t in chosen]
-        slurm.cancel(sorted({j for _, live in plan for j in live}))
-        for record_, live in plan:
-            if live:
-                click.echo(f"cancelled Slurm job(s) {' '.join(live)} of dispatch job "
-                           f"{record_.id}")
-            else:
-                click.echo(f"dispatch job {record_.id} has no active Slurm job")
-    body()
+    from ..control.submit import live_slurm_jobs
+    from ..slurm.adapter import Slurm
+    slurm = Slurm.for_people(_say)
+    chosen = []
+    for ident in job:
+        record_ = _open(ident, slurm)
+        chosen.append((record_, _task_named(ident, None, record_)))
+    views = slurm.own_jobs()
+    plan = [(r, live_slurm_jobs(slurm, r, views, task=t)) for r, t in chosen]
+    slurm.cancel(sorted({j for _, live in plan for j in live}))
+    for record_, live in plan:
+        if live:
+            click.echo(f"cancelled Slurm job(s) {' '.join(live)} of dispatch job "
+                       f"{record_.id}")
+        else:
+            click.echo(f"dispatch job {record_.id} has no active Slurm job")
 
 
 @main.command()
@@ -789,44 +782,42 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
 
     Example: `dispatch forget --before now-30days --dry-run`
     """
-    def body() -> None:
-        from ..control import dependency, record
-        from ..control import forget as forgetting
-        from ..errors import RefusedError
-        from ..slurm.adapter import Slurm
-        if bool(job) == bool(before):
-            raise UsageError("give JOB... or --before TIME (one of the two)")
-        after = parse_since(before, option="--before") if before else None
-        if after is not None and after > _now():
-            # now+30days for now-30days would forget every settled job, however new.
-            raise UsageError(f"--before {before!r} is in the future ({_clock(after)}): "
-                             "every settled job would be forgotten; give a past time "
-                             "(now-30days)")
-        slurm = Slurm.for_people(_say)
-        mine = record.cluster_jobs(slurm.cluster())
-        chosen = [_open(ident, slurm) for ident in job] if job else mine
-        going, kept = forgetting.plan(chosen, slurm.own_jobs(),
-                                      dependency.dependents(mine), after)
-        if job and kept:
-            raise RefusedError("not forgetting anything: " + "; ".join(
-                f"{k['id']} stays: {k['why']}" for k in kept))
-        if not dry_run:
-            forgetting.finish_earlier()
-            by_id = {j.id: j for j in chosen}
-            for entry in going:
-                forgetting.forget(by_id[entry["id"]])
-        if as_json:
-            echo_json({"dry_run": dry_run, "forgotten": going, "kept": kept})
-            return
-        verb = "would forget" if dry_run else "forgot"
+    from ..control import dependency, record
+    from ..control import forget as forgetting
+    from ..errors import RefusedError
+    from ..slurm.adapter import Slurm
+    if bool(job) == bool(before):
+        raise UsageError("give JOB... or --before TIME (one of the two)")
+    after = parse_since(before, option="--before") if before else None
+    if after is not None and after > _now():
+        # now+30days for now-30days would forget every settled job, however new.
+        raise UsageError(f"--before {before!r} is in the future ({_clock(after)}): "
+                         "every settled job would be forgotten; give a past time "
+                         "(now-30days)")
+    slurm = Slurm.for_people(_say)
+    mine = record.cluster_jobs(slurm.cluster())
+    chosen = [_open(ident, slurm) for ident in job] if job else mine
+    going, kept = forgetting.plan(chosen, slurm.own_jobs(),
+                                  dependency.dependents(mine), after)
+    if job and kept:
+        raise RefusedError("not forgetting anything: " + "; ".join(
+            f"{k['id']} stays: {k['why']}" for k in kept))
+    if not dry_run:
+        forgetting.finish_earlier()
+        by_id = {j.id: j for j in chosen}
         for entry in going:
-            click.echo(f"{verb} {entry['id']} (last active {_clock(entry['last'])}, "
-                       f"{entry['bytes']} bytes on disk)")
-        for entry in kept:
-            click.echo(f"kept {entry['id']}: {entry['why']}")
-        click.echo(f"{verb} {len(going)} job(s), {sum(e['bytes'] for e in going)} bytes on "
-                   f"disk; kept {len(kept)}")
-    body()
+            forgetting.forget(by_id[entry["id"]])
+    if as_json:
+        echo_json({"dry_run": dry_run, "forgotten": going, "kept": kept})
+        return
+    verb = "would forget" if dry_run else "forgot"
+    for entry in going:
+        click.echo(f"{verb} {entry['id']} (last active {_clock(entry['last'])}, "
+                   f"{entry['bytes']} bytes on disk)")
+    for entry in kept:
+        click.echo(f"kept {entry['id']}: {entry['why']}")
+    click.echo(f"{verb} {len(going)} job(s), {sum(e['bytes'] for e in going)} bytes on "
+               f"disk; kept {len(kept)}")
 
 
 @main.command()
@@ -850,26 +841,23 @@ def resubmit(job: str, task: Optional[int], force: bool, python: Optional[str]) 
     it), unless --force; refused too when the interpreter the job's launcher runs with is gone
     (see --python).  Prints sbatch's line.
     """
-    def body() -> None:
-        from ..control.submit import array_tasks, refuse_while_live
-        from ..control.submit import resubmit as resubmit_job
-        from ..slurm.adapter import Slurm
-        slurm = Slurm()
-        record_ = _open(job, slurm)
-        nonlocal task
-        task = _task_named(job, task, record_)
-        if task is not None and task not in (array_tasks(record_) or []):
-            raise UsageError(f"--task {task}: dispatch job {record_.id} has no such array task "
-                             f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
-        if not force:
-            refuse_while_live(slurm, record_, task=task)
-        if python is not None:
-            from ..control.interpreter import choose
-            choose(record_, python)
-        done = resubmit_job(slurm, record_, task=task)
-        click.echo(done.result.stdout.rstrip("\n"))
-        click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
-    body()
+    from ..control.submit import array_tasks, refuse_while_live
+    from ..control.submit import resubmit as resubmit_job
+    from ..slurm.adapter import Slurm
+    slurm = Slurm()
+    record_ = _open(job, slurm)
+    task = _task_named(job, task, record_)
+    if task is not None and task not in (array_tasks(record_) or []):
+        raise UsageError(f"--task {task}: dispatch job {record_.id} has no such array task "
+                         f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
+    if not force:
+        refuse_while_live(slurm, record_, task=task)
+    if python is not None:
+        from ..control.interpreter import choose
+        choose(record_, python)
+    done = resubmit_job(slurm, record_, task=task)
+    click.echo(done.result.stdout.rstrip("\n"))
+    click.echo(f"Dispatch job {done.job.id} submission {done.submission}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -881,11 +869,9 @@ def plan(args: tuple[str, ...]) -> None:
     Shows the recovery rule for every end state and, for --shared-checkpoint, each hold that
     stands in for a restart.
     """
-    def body() -> None:
-        from ..control.plan import describe
-        from ..control.submit import read_request
-        click.echo(describe(read_request(list(args))), nl=False)
-    body()
+    from ..control.plan import describe
+    from ..control.submit import read_request
+    click.echo(describe(read_request(list(args))), nl=False)
 
 
 @main.command()
@@ -913,49 +899,47 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
     at first, never less often than every --interval, for as long as it takes.  Without
     --loop a failed pass exits 2.
     """
-    def body() -> None:
-        import time as _time
+    import time as _time
 
-        from ..control.supervisor import Supervisor, mark_failure, retry_pause, site_settings
-        from ..errors import DispatchError
-        from ..slurm.adapter import Slurm
-        settings = site_settings()
-        supervisor = Supervisor(Slurm(), settings)
-        pause = interval if interval is not None else settings.interval
-        supervisor.every = pause if loop else None
-        failed: Optional[dict[str, Any]] = None
-        while True:
-            try:
-                report = supervisor.run_pass()
-            except (DispatchError, OSError) as exc:
-                cause = " ".join(str(exc).split())
-                failed = mark_failure(None, cause, supervisor.slurm.cluster(),
-                                      supervisor.every)
-                wait = retry_pause(int(failed["failures"]), pause)
-                click.echo(f"dispatch: {_time.strftime('%Y-%m-%dT%H:%M:%S')} pass failed: "
-                           f"{cause}" + (f" (next pass in {wait:g} s)" if loop else ""),
-                           err=True)
-                if not loop:
-                    sys.exit(2)
-                _time.sleep(wait)
-                continue
-            stamp = _time.strftime("%Y-%m-%dT%H:%M:%S")
-            if failed is not None and not quiet:
-                click.echo(f"{stamp} the controller answers again, after "
-                           f"{failed['failures']} failed pass(es) since "
-                           f"{_clock(failed['failing_since'])}")
-            failed = None
-            if not quiet:
-                for action in report.actions:
-                    click.echo(f"{stamp} {action}")
-            for error in report.errors:
-                click.echo(f"dispatch: {stamp} {error}", err=True)
+    from ..control.supervisor import Supervisor, mark_failure, retry_pause, site_settings
+    from ..errors import DispatchError
+    from ..slurm.adapter import Slurm
+    settings = site_settings()
+    supervisor = Supervisor(Slurm(), settings)
+    pause = interval if interval is not None else settings.interval
+    supervisor.every = pause if loop else None
+    failed: Optional[dict[str, Any]] = None
+    while True:
+        try:
+            report = supervisor.run_pass()
+        except (DispatchError, OSError) as exc:
+            cause = " ".join(str(exc).split())
+            failed = mark_failure(None, cause, supervisor.slurm.cluster(),
+                                  supervisor.every)
+            wait = retry_pause(int(failed["failures"]), pause)
+            click.echo(f"dispatch: {_time.strftime('%Y-%m-%dT%H:%M:%S')} pass failed: "
+                       f"{cause}" + (f" (next pass in {wait:g} s)" if loop else ""),
+                       err=True)
             if not loop:
-                if report.errors:
-                    sys.exit(2)
-                return
-            _time.sleep(pause)
-    body()
+                sys.exit(2)
+            _time.sleep(wait)
+            continue
+        stamp = _time.strftime("%Y-%m-%dT%H:%M:%S")
+        if failed is not None and not quiet:
+            click.echo(f"{stamp} the controller answers again, after "
+                       f"{failed['failures']} failed pass(es) since "
+                       f"{_clock(failed['failing_since'])}")
+        failed = None
+        if not quiet:
+            for action in report.actions:
+                click.echo(f"{stamp} {action}")
+        for error in report.errors:
+            click.echo(f"dispatch: {stamp} {error}", err=True)
+        if not loop:
+            if report.errors:
+                sys.exit(2)
+            return
+        _time.sleep(pause)
 
 
 @main.command()
@@ -972,15 +956,13 @@ def release(job: str, force: bool) -> None:
     Same as `scontrol release` on the held Slurm job, and recorded.  Of an array job, every
     task's standing hold; JOB given as A_T (as Slurm writes a task), that task's only.
     """
-    def body() -> None:
-        from ..control.supervisor import release as release_hold
-        from ..control.supervisor import site_settings
-        from ..slurm.adapter import Slurm
-        record_ = _open(job)
-        held = release_hold(Slurm(), record_, site_settings(), force=force,
-                            task=_task_named(job, None, record_))
-        click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
-    body()
+    from ..control.supervisor import release as release_hold
+    from ..control.supervisor import site_settings
+    from ..slurm.adapter import Slurm
+    record_ = _open(job)
+    held = release_hold(Slurm(), record_, site_settings(), force=force,
+                        task=_task_named(job, None, record_))
+    click.echo(f"released Slurm job {held} of dispatch job {record_.id}")
 
 
 def _size_text(value: Optional[int]) -> str:
@@ -1020,60 +1002,58 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
 
     Example: `dispatch gc --root /scratch/me/run1 --keep 3 --dry-run --sizes`
     """
-    def body() -> None:
-        from ..checkpoint import gc as cleanup
-        from ..checkpoint.stores.open import open_store
+    from ..checkpoint import gc as cleanup
+    from ..checkpoint.stores.open import open_store
 
-        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-        keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
-        report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
-                                 timeout=parse_timeout(timeout), all_files=all_files,
-                                 say=lambda line: click.echo(f"dispatch gc: {line}", err=True))
-        if as_json:
-            echo_json(report.as_json())
-            return
-        where = open_store(root_v, parse_timeout(timeout))
-        action = "would remove" if dry_run else "removed"
-        rows = [[f"kept ({r.skipped})" if r.skipped else action, r.kind,
-                 _size_text(r.bytes), len(r.publications), where.locate(r.path)]
-                for r in report.removals]
-        if rows:
-            click.echo(render_table(["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"], rows))
-        if dry_run:
-            # A whole folder: how much goes, and by name what is not named like a save
-            # (--json lists every entry).
-            for r in report.removals:
-                if r.kind == "folder":
-                    click.echo(f"  would remove {where.locate(r.path)}: {len(r.entries)} "
-                               f"entries, {len(r.others)} not named like saves")
-                for entry in r.others:
-                    click.echo(f"  would remove {where.locate(r.path)}/{entry}")
-        if sizes:
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
+    report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
+                             timeout=parse_timeout(timeout), all_files=all_files,
+                             say=lambda line: click.echo(f"dispatch gc: {line}", err=True))
+    if as_json:
+        echo_json(report.as_json())
+        return
+    where = open_store(root_v, parse_timeout(timeout))
+    action = "would remove" if dry_run else "removed"
+    rows = [[f"kept ({r.skipped})" if r.skipped else action, r.kind,
+             _size_text(r.bytes), len(r.publications), where.locate(r.path)]
+            for r in report.removals]
+    if rows:
+        click.echo(render_table(["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"], rows))
+    if dry_run:
+        # A whole folder: how much goes, and by name what is not named like a save
+        # (--json lists every entry).
+        for r in report.removals:
+            if r.kind == "folder":
+                click.echo(f"  would remove {where.locate(r.path)}: {len(r.entries)} "
+                           f"entries, {len(r.others)} not named like saves")
+            for entry in r.others:
+                click.echo(f"  would remove {where.locate(r.path)}/{entry}")
+    if sizes:
+        click.echo("")
+        click.echo(render_table(["ATTEMPT", "EPOCH", "BYTES", "VERDICT"], [
+            [f.attempt, "-" if f.epoch is None else f.epoch, _size_text(f.bytes), f.verdict]
+            for f in report.folders]))
+    if dry_run and report.kept:
+        click.echo("")
+        click.echo(render_table(["KEPT", "WHY"], [
+            [where.locate(path), why] for path, why in sorted(report.kept.items())]))
+    for path in report.left:
+        click.echo(f"{'would leave' if dry_run else 'left'} (not a save; --all-files "
+                   f"removes it): {where.locate(path)}")
+    if dry_run and not sizes:
+        kept = [f for f in report.folders if f.verdict != "removed"]
+        if kept:
             click.echo("")
-            click.echo(render_table(["ATTEMPT", "EPOCH", "BYTES", "VERDICT"], [
-                [f.attempt, "-" if f.epoch is None else f.epoch, _size_text(f.bytes), f.verdict]
-                for f in report.folders]))
-        if dry_run and report.kept:
-            click.echo("")
-            click.echo(render_table(["KEPT", "WHY"], [
-                [where.locate(path), why] for path, why in sorted(report.kept.items())]))
-        for path in report.left:
-            click.echo(f"{'would leave' if dry_run else 'left'} (not a save; --all-files "
-                       f"removes it): {where.locate(path)}")
-        if dry_run and not sizes:
-            kept = [f for f in report.folders if f.verdict != "removed"]
-            if kept:
-                click.echo("")
-                click.echo(render_table(["ATTEMPT", "EPOCH", "VERDICT"], [
-                    [f.attempt, "-" if f.epoch is None else f.epoch, f.verdict]
-                    for f in kept]))
-        gone = [r for r in report.removals if not r.skipped]
-        freed = report.freed
-        click.echo(f"{'would remove' if dry_run else 'removed'} {len(gone)} save(s) or "
-                   f"folder(s), {sum(len(r.publications) for r in gone)} publication(s)"
-                   + ("" if freed is None else f", {freed} bytes")
-                   + f"; keeping the {report.keep} latest publication(s)")
-    body()
+            click.echo(render_table(["ATTEMPT", "EPOCH", "VERDICT"], [
+                [f.attempt, "-" if f.epoch is None else f.epoch, f.verdict]
+                for f in kept]))
+    gone = [r for r in report.removals if not r.skipped]
+    freed = report.freed
+    click.echo(f"{'would remove' if dry_run else 'removed'} {len(gone)} save(s) or "
+               f"folder(s), {sum(len(r.publications) for r in gone)} publication(s)"
+               + ("" if freed is None else f", {freed} bytes")
+               + f"; keeping the {report.keep} latest publication(s)")
 
 
 @main.command()
@@ -1088,19 +1068,17 @@ def pin(root: Optional[str], save: Optional[str], timeout: Optional[str]) -> Non
 
     Example: `dispatch pin --root /scratch/me/run1 /scratch/me/run1/exec/<attempt>/checkpoint-500`
     """
-    def body() -> None:
-        from ..checkpoint import gc as cleanup
-        from ..checkpoint.stores.open import open_store
+    from ..checkpoint import gc as cleanup
+    from ..checkpoint.stores.open import open_store
 
-        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-        if save is None:
-            st = open_store(root_v, parse_timeout(timeout))
-            for path in sorted(cleanup.pinned(st)):
-                click.echo(st.locate(path))
-            return
-        made = cleanup.pin(root_v, save, parse_timeout(timeout))
-        click.echo(f"pinned {save}" if made else f"{save} was pinned already")
-    body()
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    if save is None:
+        st = open_store(root_v, parse_timeout(timeout))
+        for path in sorted(cleanup.pinned(st)):
+            click.echo(st.locate(path))
+        return
+    made = cleanup.pin(root_v, save, parse_timeout(timeout))
+    click.echo(f"pinned {save}" if made else f"{save} was pinned already")
 
 
 @main.command()
@@ -1109,13 +1087,11 @@ def pin(root: Optional[str], save: Optional[str], timeout: Optional[str]) -> Non
 @timeout_option
 def unpin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
     """Let cleanup treat SAVE by its rules again (it may then be removed)."""
-    def body() -> None:
-        from ..checkpoint import gc as cleanup
+    from ..checkpoint import gc as cleanup
 
-        root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-        gone = cleanup.unpin(root_v, save, parse_timeout(timeout))
-        click.echo(f"unpinned {save}" if gone else f"{save} was not pinned")
-    body()
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    gone = cleanup.unpin(root_v, save, parse_timeout(timeout))
+    click.echo(f"unpinned {save}" if gone else f"{save} was not pinned")
 
 
 
@@ -1142,17 +1118,15 @@ def fetch(save: Optional[str], dest: Optional[str], timeout: Optional[str]) -> N
       [ -n "$resume" ] && step=$(cat "$resume/step")
       # ... write saves under $DISPATCH_LOCAL_DIR, published by `dispatch watch`
     """
-    def body() -> None:
-        import os
+    import os
 
-        from ..execution import fetch as fetch_lib
+    from ..execution import fetch as fetch_lib
 
-        if timeout is not None:
-            os.environ["DISPATCH_STORE_TIMEOUT"] = str(parse_timeout(timeout))
-        path = fetch_lib.fetch(save or None, dest)
-        if path:
-            click.echo(path)
-    body()
+    if timeout is not None:
+        os.environ["DISPATCH_STORE_TIMEOUT"] = str(parse_timeout(timeout))
+    path = fetch_lib.fetch(save or None, dest)
+    if path:
+        click.echo(path)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -178,3 +178,23 @@ def test_dispatch_sbatch_imports_nothing_it_can_do_without() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True,
                          text=True, check=True).stdout
     assert out == "[]\n"
+
+
+def test_every_dispatch_command_is_its_own_body() -> None:
+    """The shell (ClickShell.main, then run) is the one place a command's errors become exits,
+    so a command needs no inner ``def body(): ...; body()`` of its own (16 of them were left
+    from before the shell, when each command called the guard itself)."""
+    import ast
+
+    tree = ast.parse((REPO / "slurm_dispatch" / "cli" / "dispatch.py").read_text())
+    commands = [f for f in tree.body if isinstance(f, ast.FunctionDef)
+                and any("command" in ast.unparse(d) for d in f.decorator_list)]
+    assert len(commands) >= 16
+    wrapped = []
+    for func in commands:
+        inner = {n.name for n in ast.walk(func)
+                 if isinstance(n, ast.FunctionDef) and n is not func}
+        called = {n.value.func.id for n in ast.walk(func) if isinstance(n, ast.Expr)
+                  and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)}
+        wrapped += [f"{func.name}: {name}()" for name in inner & called]
+    assert not wrapped, f"commands wrapping their body in a closure: {wrapped}"
