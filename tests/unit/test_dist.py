@@ -1,7 +1,10 @@
 """`make dist`: what a site installs from (issue 9, for admins: the package is on no index).
 
 The wheel installs into a fresh venv and gives the four commands and the hooks' entry point;
-the site tarball holds the hook parts, the config templates and the admin guide."""
+the site tarball holds the hook parts, the config templates and the admin guide.  The wheel holds
+every subpackage of the layout (issue 19) and the permanent ``slurm_dispatch/launch.py`` shim that
+every batch script runs, and ``python -m slurm_dispatch.launch`` from the installed wheel reaches
+the launcher."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +30,16 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
     wheels = sorted((REPO / "dist").glob("slurm_dispatch-*.whl"))
     (site,) = sorted((REPO / "dist").glob("slurm-dispatch-site-*.tar.gz"))
     assert len(wheels) == 1
+    # Issue 19: every module of the checkout's package is in the wheel (a subpackage left out
+    # of packages.find would install a tool that fails at its first lazy import), the shim too.
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        shipped = {n for n in wheel.namelist() if n.startswith("slurm_dispatch/")}
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "slurm_dispatch").rglob("*.py")}
+    assert "slurm_dispatch/launch.py" in modules
+    assert modules - shipped == set(), sorted(modules - shipped)
+    assert {f"{p.relative_to(REPO).as_posix()}/__init__.py"
+            for p in (REPO / "slurm_dispatch").rglob("*") if p.is_dir()
+            and p.name != "__pycache__"} <= shipped
     with tarfile.open(site) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"contrib/prolog.d/05-dispatch", "contrib/epilog.d/05-dispatch",
@@ -51,6 +65,18 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
                             "print(slurm_dispatch.__file__)"],
                            capture_output=True, text=True, timeout=60, check=True)
     assert str(venv) in hooks.stdout
+    # The permanent launcher name, run as every batch script runs it, from the installed wheel
+    # (-I and a folder outside the checkout: the checkout is not on sys.path): its usage error.
+    launched = subprocess.run([str(venv / "bin/python"), "-I", "-m", "slurm_dispatch.launch"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert launched.returncode == 2, launched
+    assert launched.stderr.startswith("dispatch-launch: usage: python -m slurm_dispatch.launch"), \
+        launched
+    found = subprocess.run([str(venv / "bin/python"), "-I", "-c",
+                            "import slurm_dispatch.launch as shim; print(shim.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    assert found.stdout.strip() == str(next(venv.glob(
+        "lib/python*/site-packages/slurm_dispatch/execution/launch.py"))), found
     # and in the venv's share/, where man and bash-completion look beside a bin/ on PATH
     for command in commands:
         assert (venv / f"share/bash-completion/completions/{command}").is_file()
