@@ -636,20 +636,14 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
         click.echo(text)
 
 
-# squeue's compact state codes (squeue(1), JOB STATE CODES), and the states dispatch jobs adds.
-STATE_CODES = {
-    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
-    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
-    "OOM": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED", "R": "RUNNING",
-    "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
-    "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
-    "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+# The states dispatch jobs adds to squeue's (slurm.jobs.STATE_CODES).
 OUR_STATES = ("HELD", "SUPERSEDED", "FINISHED", "UNKNOWN")
 
 
 def _job_filter(states: Optional[str], names: Optional[str], since: Optional[str]) -> Any:
     """dispatch jobs' --state, --name and --since as one test of a line; a bad value is a
     UsageError naming it."""
+    from ..slurm.jobs import STATE_CODES
     wanted: Optional[set[str]] = None
     if states and states.strip().lower() != "all":
         wanted = set()

@@ -33,7 +33,8 @@ import re
 import time
 
 from ..errors import DispatchError, UsageError
-from ..slurm.adapter import Job, Slurm
+from ..slurm.adapter import Slurm
+from ..slurm.jobs import Job
 from . import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed (dispatch-sbatch)
@@ -271,7 +272,7 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
         if where is None or current is None:
             continue
         info = jobs.get(current.slurm_job_id)
-        if info is None or info.state != "PENDING":
+        if info is None or not info.is_pending:
             continue
         value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
                         if ident == upstream.id else _current(ident, home))

@@ -254,7 +254,7 @@ class Finished(Event):
     required: ClassVar[tuple[str, ...]] = ("submission",)
     submission: int = 0
     slurm_job_id: str = ""
-    end_state: str = ""  # the rule's name for the end (rules.END_STATES)
+    end_state: str = ""  # the rule's name for the end (slurm.jobs.END_STATES)
     rule: str = ""
     slurm_state: str = ""  # Slurm's own word for what the supervisor saw (DEADLINE), if any
 

@@ -18,7 +18,7 @@ import re
 from typing import Any, Optional
 
 from ..errors import DispatchError, RecordError
-from ..slurm.adapter import Job
+from ..slurm.jobs import Job
 from . import events, record, submit
 
 _CLAIM = re.compile(r"submission-(\d+)(?:-t(\d+))?(?:\.|$)")

@@ -16,19 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# Slurm job states (first word of JobState) -> the end state names rules speak of.
-END_STATES = {
-    "COMPLETED": "completed",
-    "FAILED": "failed",
-    "TIMEOUT": "timeout",
-    "NODE_FAIL": "node failure",
-    "PREEMPTED": "preempted",
-    "OUT_OF_MEMORY": "out of memory",
-    "BOOT_FAIL": "node failure",
-    "DEADLINE": "timeout",
-    "CANCELLED": "cancelled",
-}
-
+# The end state names rules speak of (slurm.jobs.END_STATES maps Slurm's states to them).
 ORDER = ["node failure", "preempted", "failed", "timeout", "out of memory", "cancelled",
          "completed"]
 SLURM_REQUEUES = {"node failure", "preempted"}

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..execution.launch import expand_root
-from ..slurm.adapter import Job
+from ..slurm.jobs import SLURM_END, Job
 from . import events, record, submit
 
 FactsReader = Callable[[str], list[dict[str, Any]]]
@@ -25,12 +25,6 @@ def _state(info: Optional[Job]) -> str:
     if info is None:
         return "UNKNOWN (no longer known to slurmctld)"
     return info.state or "?"
-
-
-# The supervisor's names for ends (rules.END_STATES), back to Slurm's (as sacct prints them).
-SLURM_END = {"completed": "COMPLETED", "failed": "FAILED", "timeout": "TIMEOUT",
-             "node failure": "NODE_FAIL", "preempted": "PREEMPTED",
-             "out of memory": "OUT_OF_MEMORY", "cancelled": "CANCELLED"}
 
 
 def _rule_end(text: str) -> Optional[str]:

@@ -19,7 +19,8 @@ import sys
 import time
 
 from ..errors import DispatchError, RecordError, SlurmError, UsageError
-from ..slurm.adapter import Job, Result, Slurm, default_timeout
+from ..slurm.adapter import Result, Slurm, default_timeout
+from ..slurm.jobs import MARKER_PREFIX, Job
 from . import dependency, record, sbatch_args
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
@@ -230,7 +231,7 @@ class Submitted:
 def marker(job: record.JobRecord, submission: int, task: Optional[int] = None) -> str:
     """The word in a submission's comment that finds it again: ``dispatch:<id>/<N>``, and
     ``dispatch:<id>/<N>-t<task>`` for one array task's own submission."""
-    return f"dispatch:{job.id}/{submission}" + ("" if task is None else f"-t{task}")
+    return f"{MARKER_PREFIX}{job.id}/{submission}" + ("" if task is None else f"-t{task}")
 
 
 def claim_name(submission: int, task: Optional[int] = None) -> str:

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import DispatchError, RecordError, RefusedError, SlurmError
-from ..slurm.adapter import Job, Slurm
+from ..slurm.adapter import Slurm
+from ..slurm.jobs import Job, end_name
 from . import dependency, events, heartbeat, record, rules, submit
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
@@ -175,7 +176,7 @@ def _views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
 def _end_state(views: list[Job]) -> str:
     """The end a rule is chosen by: for an array, the first of its tasks' ends in rule order
     (a failed task outranks completed ones)."""
-    ends = [rules.END_STATES.get(v.state, "failed") for v in views]
+    ends = [end_name(v.state) for v in views]
     return min(ends, key=lambda e: rules.ORDER.index(e) if e in rules.ORDER else -1)
 
 
@@ -431,7 +432,7 @@ class Supervisor:
         who = f"{job.id}" + ("" if task is None else f" task {task}")
         seen = f" (known from {how})" if how else ""
         if action == "stop":
-            said = [v.state for v in views if rules.END_STATES.get(v.state, "failed") == end]
+            said = [v.state for v in views if end_name(v.state) == end]
             job.append(events.Finished, submission=n, slurm_job_id=slurm_id, end_state=end,
                        rule=rule.text, task=task, slurm_state=said[0] if said else "")
             report.actions.append(f"{who}: {end}{seen}: {rule.text}")

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..slurm.jobs import is_running
+
 LABEL = 16
 
 
@@ -137,8 +139,7 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
 
 
 def _open(execution: dict[str, Any]) -> bool:
-    return str(execution.get("state") or "") in ("RUNNING", "COMPLETING", "CONFIGURING",
-                                                  "SUSPENDED")
+    return is_running(str(execution.get("state") or ""))
 
 
 def _clock(seconds: float) -> str:

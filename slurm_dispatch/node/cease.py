@@ -29,7 +29,7 @@ from typing import Any, Optional, Protocol
 
 from .. import config as config_module
 from ..errors import ConfigError, RecordError, UsageError
-from ..slurm.adapter import Job, Node
+from ..slurm.jobs import Job, Node
 from . import facts
 
 
@@ -183,7 +183,7 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         restarts, state = info.restarts, info.state
     else:
         slurm_job_id, restarts, state = job_id, -1, "unknown to the controller"
-    if info is not None and info.array_task_id is not None and info.state == "PENDING" \
+    if info is not None and info.array_task_id is not None and info.is_pending \
             and info.job_id == info.array_job_id:
         # A pending task shares its array's id: it has no execution of its own yet.
         return Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=0, job_state=state,

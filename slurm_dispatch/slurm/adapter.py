@@ -1,5 +1,6 @@
-"""The one adapter between slurm-dispatch and Slurm: typed views of jobs and nodes, one
-job-state vocabulary, and the few actions dispatch takes (submit, hold, release, cancel).
+"""The one adapter between slurm-dispatch and Slurm: the reads that give the typed views of
+jobs and nodes (:mod:`.jobs`, with the one job-state vocabulary), and the few actions dispatch
+takes (submit, hold, release, cancel).
 
 Nobody else parses Slurm's output.  Every call is a list argv with a timeout.  Transient
 controller errors (the controller not answering, a socket timeout, "try again") are retried with
@@ -17,8 +18,9 @@ Invariants:
   caller's jobs only (``squeue --me``, filtered by slurmctld; 22.05's ``squeue --json`` would
   return the whole queue, whatever the filter), and :meth:`Slurm.jobs` for one job id; an array
   is read task by task (``-r``), so an array's tasks are jobs of their own.
-* **One vocabulary for states**: :func:`is_final`, :func:`is_active`,
-  :func:`execution_ended`; :class:`Job` answers the same questions.
+* **One vocabulary for states**, kept in :mod:`.jobs` (:func:`~.jobs.is_final`,
+  :func:`~.jobs.is_active`, :func:`~.jobs.execution_ended`; :class:`~.jobs.Job` answers the
+  same questions).
 
 The backend is a detail behind this one interface.  By default (``SlurmBackend=auto``, see
 :mod:`slurm_backend`) the reads (the caller's jobs, one job or array, nodes) and the actions
@@ -39,38 +41,11 @@ import subprocess
 import time
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
+from .jobs import Job, Node, execution_ended
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
-
-# Slurm's job states, by what they mean for dispatch (the first word of squeue's State).
-# Final: the job is over; nothing of it will run again without a new submission.
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE",
-})
-# Not final, but the current execution was ended by Slurm: requeued (and perhaps held, as
-# SPECIAL_EXIT is), the next execution has not started.
-REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
-HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
-MARKER_PREFIX = "dispatch:"
-
-
-def is_final(state: str) -> bool:
-    """The job is over: Slurm will not run it again."""
-    return state in FINAL_STATES
-
-
-def is_active(state: str) -> bool:
-    """Not final: pending, running, requeued, held, suspended, special exit, ..."""
-    return bool(state) and state not in FINAL_STATES
-
-
-def execution_ended(state: str) -> bool:
-    """The job's current execution was ended by Slurm (its processes told to stop)."""
-    return state in FINAL_STATES or state in REQUEUE_STATES
-
 
 def _env_number(name: str, default: str, kind: type) -> Any:
     raw = os.environ.get(name, default)
@@ -215,102 +190,6 @@ def slurm_time(value: Optional[str]) -> Optional[float]:
         return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# Typed views
-
-
-class Job:
-    """One Slurm job as the controller sees it; one array task is one Job.
-
-    ``job_id`` is Slurm's own id (a task that has started has its own; a pending task still
-    shares its array's), ``display_id`` what squeue shows (``97_1`` for a task).  ``comment`` is
-    the owner's free text: read it only as a comment (:attr:`markers`).  ``start_time`` and
-    ``end_time`` are the current execution's, None while pending or running respectively (the
-    scheduler's estimates are not kept).
-    """
-
-    __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
-                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time")
-
-    def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
-                 array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
-                 nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
-                 submit_time: Optional[float] = None, start_time: Optional[float] = None,
-                 end_time: Optional[float] = None) -> None:
-        self.job_id = job_id
-        self.array_job_id = array_job_id
-        self.array_task_id = array_task_id
-        self.state = state
-        self.reason = reason
-        self.restarts = restarts
-        self.nodes = tuple(nodes)
-        self.uid = uid
-        self.comment = comment
-        self.submit_time = submit_time
-        self.start_time = start_time
-        self.end_time = end_time
-
-    @property
-    def display_id(self) -> str:
-        if self.array_task_id is not None and self.array_job_id:
-            return f"{self.array_job_id}_{self.array_task_id}"
-        return self.job_id
-
-    @property
-    def is_final(self) -> bool:
-        return is_final(self.state)
-
-    @property
-    def is_active(self) -> bool:
-        return is_active(self.state)
-
-    @property
-    def execution_ended(self) -> bool:
-        return execution_ended(self.state)
-
-    @property
-    def is_held(self) -> bool:
-        return self.state == "PENDING" and self.reason in HOLD_REASONS
-
-    @property
-    def started(self) -> bool:
-        """The current execution has started on some node."""
-        return self.start_time is not None and bool(self.nodes) and self.state != "PENDING"
-
-    @property
-    def markers(self) -> list[str]:
-        """The ``dispatch:<id>/<N>`` words of the comment (words, so no prefix matches)."""
-        return [w for w in self.comment.split() if w.startswith(MARKER_PREFIX)]
-
-    def marks_another(self, dispatch_id: str) -> bool:
-        """Its comment carries dispatch markers, none of them ``dispatch_id``'s: the job is
-        another dispatch job's (a record older than records' cluster, read on a cluster where
-        its Slurm job id is another's).  A comment without one (a person's) proves nothing."""
-        marks = self.markers
-        return bool(marks) and not any(m.startswith(f"{MARKER_PREFIX}{dispatch_id}/")
-                                       for m in marks)
-
-    def __repr__(self) -> str:
-        return (f"Job({self.display_id} {self.state} restarts={self.restarts} "
-                f"nodes={','.join(self.nodes) or '-'})")
-
-
-class Node:
-    """One node as the controller sees it."""
-
-    __slots__ = ("name", "state", "reason", "boot_time")
-
-    def __init__(self, name: str, state: str, reason: str = "",
-                 boot_time: Optional[float] = None) -> None:
-        self.name = name
-        self.state = state
-        self.reason = reason
-        self.boot_time = boot_time
-
-    def __repr__(self) -> str:
-        return f"Node({self.name} {self.state})"
 
 
 # squeue -O fields, Slurm-controlled ones first; then Reason and Comment, each ending with a

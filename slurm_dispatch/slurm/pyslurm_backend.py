@@ -24,8 +24,9 @@ from __future__ import annotations
 import pyslurm  # the probe imported it in a child first: see slurm_backend
 
 from ..errors import SlurmError, SlurmUnavailable
-from .adapter import Job, Node, execution_ended, is_transient
+from .adapter import is_transient
 from .hostlist import expand_hostlist
+from .jobs import Job, Node, execution_ended
 from .select import major_release
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed

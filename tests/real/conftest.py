@@ -38,11 +38,11 @@ import pytest
 
 from slurm_dispatch.errors import SandboxError
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.slurm.jobs import FINAL_STATES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_COUNT = 3
-ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                          "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+ENDED_STATES = FINAL_STATES  # the adapter's own vocabulary (slurm_dispatch.slurm.jobs)
 T = TypeVar("T")
 # `scontrol -o` prints Key=Value pairs separated by spaces; a value may itself contain spaces
 # (Reason, Command) or '=' (TRES), so split only before a space that starts the next key.

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from slurm_dispatch.errors import ConfigError, SlurmError
 from slurm_dispatch.slurm import adapter as slurm
+from slurm_dispatch.slurm import jobs as slurm_jobs
 from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .. import squeue_fake
@@ -106,14 +107,14 @@ def test_array_tasks_are_jobs_of_their_own() -> None:
 def test_one_state_vocabulary() -> None:
     for state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                   "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
-        assert slurm.is_final(state) and not slurm.is_active(state)
-        assert slurm.execution_ended(state)
+        assert slurm_jobs.is_final(state) and not slurm_jobs.is_active(state)
+        assert slurm_jobs.execution_ended(state)
     for state in ("SPECIAL_EXIT", "REQUEUED", "REQUEUE_HOLD"):
         # Slurm runs it again (after a release): not final, but the execution has ended.
-        assert slurm.is_active(state) and slurm.execution_ended(state)
+        assert slurm_jobs.is_active(state) and slurm_jobs.execution_ended(state)
     for state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
-        assert slurm.is_active(state) and not slurm.execution_ended(state)
-    assert not slurm.is_active("")
+        assert slurm_jobs.is_active(state) and not slurm_jobs.execution_ended(state)
+    assert not slurm_jobs.is_active("")
 
 
 def test_unterminated_or_garbled_output_is_an_error() -> None:

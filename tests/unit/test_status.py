@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.cli import dispatch as cli
 from slurm_dispatch.control import record, status, submit
-from slurm_dispatch.slurm.adapter import Job, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.jobs import Job
 
 from .fake_cluster import FakeCluster
 
@@ -155,7 +156,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
     """Issue 9 item 13: --resubmit acts only when `dispatch supervise` runs; status says when
     one last passed.  Item 15: Slurm's reason and ours for a submission are two columns."""
     from slurm_dispatch.control.supervisor import PassReport, mark_pass
-    from slurm_dispatch.slurm.adapter import Job
+    from slurm_dispatch.slurm.jobs import Job
     slurm_jobs = {"7": Job("7", "PENDING", reason="Resources")}
     text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
     assert "Supervisor  none has passed yet: --resubmit and holds act only while" in text

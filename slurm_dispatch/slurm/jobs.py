@@ -1,0 +1,186 @@
+"""Slurm's job states and the typed views of jobs and nodes: the one vocabulary every side of
+slurm-dispatch reads Slurm's answers in.
+
+Pure and standard-library only (no Slurm call, no import of the adapter's backends): the
+control side, the node side's ``dispatch-cease`` and the commands import it for the words alone.
+
+Invariants:
+
+* **One home for Slurm's state names.**  Every set or map of Slurm job states (what is final,
+  what ended an execution, squeue's short codes, the rules' names for ends) is here;
+  ``tests/unit/test_slurm_jobs.py`` scans the package and fails on a state-name collection
+  literal anywhere else.
+* A state is the first word of Slurm's ``JobState`` (``CANCELLED``, never ``CANCELLED by 0``);
+  :func:`is_final`, :func:`is_active` and :func:`execution_ended` answer for one, and
+  :class:`Job` answers the same questions for a job.
+* A job's comment is its owner's free text: read only as a comment (:attr:`Job.markers`).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
+if TYPE_CHECKING:
+    from typing import Iterable, Optional
+
+PENDING = "PENDING"
+# Final: the job is over; nothing of it will run again without a new submission.
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE",
+})
+# Not final, but the current execution was ended by Slurm: requeued (and perhaps held, as
+# SPECIAL_EXIT is), the next execution has not started.
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
+# An execution is under way on its nodes (a timeline draws it up to now).
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"})
+HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+MARKER_PREFIX = "dispatch:"
+
+# squeue's compact state codes (squeue(1), JOB STATE CODES): every state squeue -t takes.
+STATE_CODES = {
+    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
+    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED", "R": "RUNNING",
+    "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
+    "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
+    "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+
+# A final state -> the name the recovery rules (control/rules.py) give that end.
+END_STATES = {
+    "COMPLETED": "completed",
+    "FAILED": "failed",
+    "TIMEOUT": "timeout",
+    "NODE_FAIL": "node failure",
+    "PREEMPTED": "preempted",
+    "OUT_OF_MEMORY": "out of memory",
+    "BOOT_FAIL": "node failure",
+    "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+}
+# The rules' names for ends, back to Slurm's (as sacct prints them): the first of each above.
+SLURM_END = {"completed": "COMPLETED", "failed": "FAILED", "timeout": "TIMEOUT",
+             "node failure": "NODE_FAIL", "preempted": "PREEMPTED",
+             "out of memory": "OUT_OF_MEMORY", "cancelled": "CANCELLED"}
+
+
+def is_final(state: str) -> bool:
+    """The job is over: Slurm will not run it again."""
+    return state in FINAL_STATES
+
+
+def is_active(state: str) -> bool:
+    """Not final: pending, running, requeued, held, suspended, special exit, ..."""
+    return bool(state) and state not in FINAL_STATES
+
+
+def execution_ended(state: str) -> bool:
+    """The job's current execution was ended by Slurm (its processes told to stop)."""
+    return state in FINAL_STATES or state in REQUEUE_STATES
+
+
+def is_running(state: str) -> bool:
+    """An execution is under way on its nodes (running, completing, configuring, suspended)."""
+    return state in RUNNING_STATES
+
+
+def end_name(state: str) -> str:
+    """The rules' name for how a job in ``state`` ended; ``failed`` for a state the rules do
+    not name."""
+    return END_STATES.get(state, "failed")
+
+
+class Job:
+    """One Slurm job as the controller sees it; one array task is one Job.
+
+    ``job_id`` is Slurm's own id (a task that has started has its own; a pending task still
+    shares its array's), ``display_id`` what squeue shows (``97_1`` for a task).  ``comment`` is
+    the owner's free text: read it only as a comment (:attr:`markers`).  ``start_time`` and
+    ``end_time`` are the current execution's, None while pending or running respectively (the
+    scheduler's estimates are not kept).
+    """
+
+    __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
+                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time")
+
+    def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
+                 array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
+                 nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
+                 submit_time: Optional[float] = None, start_time: Optional[float] = None,
+                 end_time: Optional[float] = None) -> None:
+        self.job_id = job_id
+        self.array_job_id = array_job_id
+        self.array_task_id = array_task_id
+        self.state = state
+        self.reason = reason
+        self.restarts = restarts
+        self.nodes = tuple(nodes)
+        self.uid = uid
+        self.comment = comment
+        self.submit_time = submit_time
+        self.start_time = start_time
+        self.end_time = end_time
+
+    @property
+    def display_id(self) -> str:
+        if self.array_task_id is not None and self.array_job_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+    @property
+    def is_final(self) -> bool:
+        return is_final(self.state)
+
+    @property
+    def is_active(self) -> bool:
+        return is_active(self.state)
+
+    @property
+    def execution_ended(self) -> bool:
+        return execution_ended(self.state)
+
+    @property
+    def is_pending(self) -> bool:
+        """Waiting to start (held or not): no execution of it runs now."""
+        return self.state == PENDING
+
+    @property
+    def is_held(self) -> bool:
+        return self.state == PENDING and self.reason in HOLD_REASONS
+
+    @property
+    def started(self) -> bool:
+        """The current execution has started on some node."""
+        return self.start_time is not None and bool(self.nodes) and self.state != PENDING
+
+    @property
+    def markers(self) -> list[str]:
+        """The ``dispatch:<id>/<N>`` words of the comment (words, so no prefix matches)."""
+        return [w for w in self.comment.split() if w.startswith(MARKER_PREFIX)]
+
+    def marks_another(self, dispatch_id: str) -> bool:
+        """Its comment carries dispatch markers, none of them ``dispatch_id``'s: the job is
+        another dispatch job's (a record older than records' cluster, read on a cluster where
+        its Slurm job id is another's).  A comment without one (a person's) proves nothing."""
+        marks = self.markers
+        return bool(marks) and not any(m.startswith(f"{MARKER_PREFIX}{dispatch_id}/")
+                                       for m in marks)
+
+    def __repr__(self) -> str:
+        return (f"Job({self.display_id} {self.state} restarts={self.restarts} "
+                f"nodes={','.join(self.nodes) or '-'})")
+
+
+class Node:
+    """One node as the controller sees it."""
+
+    __slots__ = ("name", "state", "reason", "boot_time")
+
+    def __init__(self, name: str, state: str, reason: str = "",
+                 boot_time: Optional[float] = None) -> None:
+        self.name = name
+        self.state = state
+        self.reason = reason
+        self.boot_time = boot_time
+
+    def __repr__(self) -> str:
+        return f"Node({self.name} {self.state})"
