@@ -28,6 +28,7 @@ import json
 import os
 import time
 
+from .. import _fsio
 from ..errors import DispatchError, RecordError, UsageError
 from . import events as schema
 
@@ -58,23 +59,6 @@ def _random_suffix() -> str:
 def new_job_id() -> str:
     # 7 letters from 32 (os.urandom bytes, each reduced mod 32 without bias since 256 % 32 == 0)
     return "d" + "".join(_ID_ALPHABET[b % 32] for b in os.urandom(7))
-
-
-def _write_new(path: str, data: bytes, mode: int = 0o644) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(data)
-        while view:  # a write may be short (a signal, a full pipe of a network file system)
-            written = os.write(fd, view)
-            if written <= 0:  # pragma: no cover - a regular file never answers 0 for >0 bytes
-                raise OSError(5, f"short write to {path!r}")
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:  # a full disk or Ctrl-C: no partial file left under its name
-        os.close(fd)
-        os.unlink(path)
-        raise
-    os.close(fd)
 
 
 class JobRecord:
@@ -232,7 +216,7 @@ def _names(folder: str, keep: Callable[[str], bool]) -> list[str]:
 def _link_new(folder: str, name: str, data: bytes) -> bool:
     """Write ``data`` as ``folder/name`` if no such file exists: False if one does."""
     tmp = os.path.join(folder, f".{time.time_ns()}-{_random_suffix()}.tmp")
-    _write_new(tmp, data)
+    _fsio.write_new(tmp, data)
     try:
         os.link(tmp, os.path.join(folder, name))
     except FileExistsError:
@@ -276,8 +260,8 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
     try:
         os.mkdir(os.path.join(path, "events"), 0o700)
         os.mkdir(os.path.join(path, "claims"), 0o700)
-        _write_new(os.path.join(path, "script"), script_bytes, 0o555)
-        _write_new(os.path.join(path, "job.json"),
+        _fsio.write_new(os.path.join(path, "script"), script_bytes, 0o555)
+        _fsio.write_new(os.path.join(path, "job.json"),
                    (json.dumps({**spec, "id": job_id}, indent=2, sort_keys=True) + "\n").encode(),
                    0o444)
     except OSError as exc:

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from .. import _fsio
 from ..errors import DispatchError, RecordError, SlurmError, UsageError
 from ..slurm.adapter import Result, Slurm, default_timeout
 from ..slurm.jobs import MARKER_PREFIX, Job
@@ -525,21 +526,12 @@ def save_environment(job: record.JobRecord, env: Mapping[str, str]) -> None:
                     if "=" not in k and "\0" not in k and "\0" not in v)
     path = os.path.join(job.path, ENVIRONMENT)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        # On a failure the whole new record is removed by its caller (submit_new) anyway.
+        _fsio.write_new(path, data, 0o600)
     except FileExistsError:
         return
     except OSError as exc:
         raise RecordError(f"cannot write {path!r}: {exc.strerror}") from None
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except OSError as exc:
-        raise RecordError(f"cannot write {path!r}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
 
 
 def submission_environment(job: record.JobRecord) -> dict[str, str]:

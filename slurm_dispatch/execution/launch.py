@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from .. import config
+from .. import _fsio, config
 from ..checkpoint import execdir, model
 from ..checkpoint import publish as store
 from ..control import record
@@ -154,12 +154,8 @@ def write_exec_record(exec_dir: str, fields: dict[str, Any]) -> str:
             "ns": now_ns}
     path = os.path.join(exec_dir, EXEC_RECORD)
     try:
-        record._write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444)
-        fd = os.open(exec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)  # the record's name is durable too, not only its bytes
-        finally:
-            os.close(fd)
+        _fsio.write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444)
+        _fsio.fsync_dir(exec_dir)  # the record's name is durable too, not only its bytes
     except FileExistsError:
         raise
     except OSError as exc:  # a full disk, most often: say where, and what was written

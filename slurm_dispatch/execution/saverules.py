@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .. import _fsio
 from ..errors import UsageError
 
 DEFAULT_READY = "trainer_state.json"  # Hugging Face Trainer writes it last into checkpoint-N/
@@ -39,8 +40,6 @@ _FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
 # the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
 # it), and the name must end in ".ckpt" (so a manifest beside a save is not one).
 _FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
-# O_NONBLOCK: a FIFO planted as a save or ready file must not block a scan in open().
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _ZIP_LOCAL = b"PK\x03\x04"
 _ZIP_END = b"PK\x05\x06"
 _ZIP64_LOCATOR = b"PK\x06\x07"
@@ -149,7 +148,8 @@ def file_complete(path: str) -> bool:
 def _regular_and(path: str, whole: Callable[[int, int], bool]) -> bool:
     """``path`` is a non-empty regular file (no symlink followed) and ``whole(fd, size)``."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        # nonblock: a FIFO planted as a save or ready file must not block a scan in open().
+        fd = _fsio.open_file(path, nonblock=True)
     except OSError:
         return False
     try:

@@ -35,6 +35,7 @@ import shutil
 import stat
 from typing import Callable, Optional
 
+from .. import _fsio
 from ..checkpoint import model
 from ..checkpoint import publish as store
 from ..checkpoint.stores import transfer
@@ -126,10 +127,6 @@ def stage_copy(url: str, stage_dir: str) -> Optional[str]:
     return candidate if os.path.lexists(candidate) else None
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
-
-
 class NotOwn(Exception):
     """A local copy that is not this user's own or not what was uploaded; says why."""
 
@@ -138,7 +135,8 @@ def _open_checked(name: str, dir_fd: Optional[int], shown: str, folder: bool) ->
     """Open ``name`` (relative to ``dir_fd``) without following a link; check its owner and
     mode on the open descriptor."""
     try:
-        fd = os.open(name, _DIR_FLAGS if folder else _FILE_FLAGS, dir_fd=dir_fd)
+        fd = (_fsio.open_dir(name, dir_fd) if folder
+              else _fsio.open_file(name, dir_fd, nonblock=True))  # a FIFO never blocks
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise NotOwn(f"{shown} is a symlink (or not a {'folder' if folder else 'file'})"
@@ -172,7 +170,7 @@ def copy_own(candidate: str, target: str, expected: dict[str, tuple[int, str]],
     fds: list[int] = []
     try:
         try:
-            fds.append(os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            fds.append(_fsio.open_dir(base, follow=True))
         except OSError as exc:
             return f"cannot open {base}: {exc.strerror}"
         try:

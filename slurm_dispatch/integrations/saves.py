@@ -40,6 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .. import _fsio
 from ..checkpoint import execdir
 from ..checkpoint import publish as store
 from ..errors import DispatchError, UsageError
@@ -93,15 +94,6 @@ class Execution:
 
 # --- durability ---------------------------------------------------------------------------
 
-def _fsync_path(path: str, directory: bool) -> None:
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_DIRECTORY if directory else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def sync_save(path: str) -> None:
     """fsync every regular file of the save at ``path`` (a file or a folder), then its folders
     bottom-up, then the folder holding it; symlinks are not followed."""
@@ -110,11 +102,11 @@ def sync_save(path: str) -> None:
             for name in files:
                 full = os.path.join(folder, name)
                 if not os.path.islink(full):
-                    _fsync_path(full, directory=False)
-            _fsync_path(folder, directory=True)
+                    _fsio.fsync_path(full, directory=False)
+            _fsio.fsync_path(folder, directory=True)
     else:
-        _fsync_path(path, directory=False)
-    _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+        _fsio.fsync_path(path, directory=False)
+    _fsio.fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
 
 
 def manifest_path(save: str) -> str:
@@ -140,20 +132,14 @@ def write_create_once(path: str, data: dict[str, Any], sync: bool = True) -> boo
     """Write ``data`` as JSON to a new file at ``path`` (synced with its folder unless the
     caller syncs them itself); False when it exists."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o444)
+        # A failed write leaves what it wrote (discard_partial=False), as it always has: the
+        # name is the claim, and a later writer must not take it over.
+        _fsio.write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444,
+                        sync=sync, discard_partial=False)
     except FileExistsError:
         return False
-    try:
-        view = memoryview((json.dumps(data, sort_keys=True) + "\n").encode())
-        while view:  # a write may be short
-            view = view[os.write(fd, view):]
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
     if sync:
-        _fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
+        _fsio.fsync_path(os.path.dirname(os.path.abspath(path)), directory=True)
     return True
 
 

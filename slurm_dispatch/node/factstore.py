@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 import stat
 
+from .. import _fsio
 from ..errors import FactError
 
 FACTS = "facts"
@@ -54,7 +55,6 @@ KINDS = ("start", "end", "recheck", "ctld-start", "ctld-end")
 FORMAT_VERSION = 1
 MAX_FACT_BYTES = 1 << 20
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
            "boot_id", "boot_time", "check_name", "create_file", "dumps", "format_problem",
@@ -174,7 +174,7 @@ def _check_private_dir(fd: int, where: str, owner: int) -> os.stat_result:
 def open_state_dir(state_dir: str) -> int:
     """Open ``StateDir`` for writing facts; it must exist, be ours and writable only by us."""
     try:
-        fd = os.open(state_dir, _DIR_FLAGS)
+        fd = _fsio.open_dir(state_dir)
     except OSError as exc:
         raise FactError(f"cannot open StateDir {state_dir!r}: {exc.strerror}") from None
     try:
@@ -189,7 +189,7 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
     """Open (creating if needed) directory ``name`` under ``parent``; never through a symlink."""
     owner = os.geteuid()
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        fd = _fsio.open_dir(name, parent)
     except FileNotFoundError:
         try:
             # Created private first; group and mode are set only once it is open as ours.
@@ -199,7 +199,7 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
         except OSError as exc:
             raise FactError(f"cannot create {where}: {exc.strerror}") from None
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            fd = _fsio.open_dir(name, parent)
         except OSError as exc:
             raise FactError(f"cannot open {where}: {exc.strerror}") from None
         try:
@@ -224,18 +224,15 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
 
 def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
                  gid: int = -1) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+        fd = _fsio.create_new(name, 0o600, dir_fd)
     except OSError as exc:
         raise FactError(f"cannot create {where}/{name}: {exc.strerror}") from None
     try:
         if gid >= 0 and os.geteuid() == 0:
             os.fchown(fd, -1, gid)
         os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _fsio.write_all(fd, data, name)
     except OSError as exc:
         os.close(fd)
         # A half-written fact is worse than none: a reader would report it garbled.
@@ -315,8 +312,7 @@ def list_job(state_dir: str, uid: int, job_id: str) -> list[str]:
 
 def read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
+        fd = _fsio.open_file(name, dir_fd, nonblock=True)
     except OSError as exc:
         raise FactError(f"{name}: cannot open: {exc.strerror}") from None
     try:
@@ -344,13 +340,9 @@ def read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
 def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[int],
                       listable: bool = False) -> int:
     # O_PATH: a user may pass through facts/ (mode 0711) without the right to open it.
-    mode = os.O_RDONLY if listable else os.O_PATH
     try:
-        if parent is None:
-            fd = os.open(name, mode | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            fd = os.open(name, mode | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=parent)
+        # The first folder (the StateDir as configured) may be a symlink; none below it may.
+        fd = _fsio.open_dir(name, parent, follow=parent is None, path_only=not listable)
     except FileNotFoundError:
         raise
     except OSError as exc:

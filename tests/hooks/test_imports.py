@@ -6,17 +6,21 @@ import json
 import subprocess
 import sys
 
-ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch.hooks", "slurm_dispatch.hooks.evidence",
+ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch._fsio", "slurm_dispatch.hooks",
+               "slurm_dispatch.hooks.evidence",
                "slurm_dispatch.node.facts", "slurm_dispatch.config", "slurm_dispatch.errors",
                "slurm_dispatch.node.factstore", "slurm_dispatch.node.procscan",
                "slurm_dispatch.slurm.hostlist",
-               "slurm_dispatch.node.executions"}
+               "slurm_dispatch.node.executions",
+               # subpackages, whose __init__ files import nothing
+               "slurm_dispatch.node", "slurm_dispatch.slurm"}
 
 PROGRAM = """
 import json, sys
 before = set(sys.modules)
-from slurm_dispatch.hooks import run, hook_kind, work
-from slurm_dispatch import facts, config
+from slurm_dispatch.hooks import run, hook_kind, evidence
+from slurm_dispatch.node import facts
+from slurm_dispatch import config
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 

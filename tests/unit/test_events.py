@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_dispatch import _fsio
 from slurm_dispatch.control import events, record
 from slurm_dispatch.errors import RecordError
 
@@ -158,7 +159,7 @@ def test_write_loops_on_a_short_write(tmp_path: Path, monkeypatch: pytest.Monkey
         calls.append(len(data))
         return real_write(fd, bytes(data[:3]))  # at most 3 bytes per call
     monkeypatch.setattr(os, "write", short)
-    record._write_new(str(tmp_path / "f"), b"0123456789")
+    _fsio.write_new(str(tmp_path / "f"), b"0123456789")
     assert (tmp_path / "f").read_bytes() == b"0123456789" and len(calls) == 4
 
 
@@ -191,14 +192,14 @@ def test_events_are_frozen_records_compared_by_value() -> None:
 
 def test_a_record_that_cannot_be_written_whole_is_not_left_half_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_write = record._write_new
+    real_write = _fsio.write_new
 
     def write(path: str, data: bytes, mode: int) -> None:
         if path.endswith("job.json"):
             raise OSError(28, "No space left on device")
         real_write(path, data, mode)
 
-    monkeypatch.setattr(record, "_write_new", write)
+    monkeypatch.setattr(_fsio, "write_new", write)
     home = tmp_path / "home"
     with pytest.raises(RecordError, match="cannot write the record .*No space left"):
         record.create_job({"resubmit": 1}, b"#!/bin/bash\n", str(home))

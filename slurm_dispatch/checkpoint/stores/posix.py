@@ -33,6 +33,7 @@ import stat
 import time
 from typing import Optional
 
+from ... import _fsio
 from ...errors import AlreadyPublished, OutsideRoot, StoreError, StoreFull
 from .. import model
 from .base import EXEC, GC, MANIFEST_SUFFIX, PINS, PUB, Found, StillWritten, Store, check_names
@@ -47,8 +48,7 @@ def _open_pub_dir(pub_path: str, dir_fd: int | None = None) -> int:
     """
     target = PUB if dir_fd is not None else pub_path
     try:
-        return os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       dir_fd=dir_fd)
+        return _fsio.open_dir(target, dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -83,8 +83,7 @@ def publish(root: str, epoch: int, step: int, path: str) -> str:
         pub_fd = _open_pub(root_fd, pub_path)
         try:
             try:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o444, dir_fd=pub_fd)
+                fd = _fsio.create_new(name, 0o444, pub_fd)
             except FileExistsError:
                 raise AlreadyPublished(
                     f"publication {name!r} already exists in {pub_path!r} "
@@ -103,7 +102,7 @@ def publish(root: str, epoch: int, step: int, path: str) -> str:
 
 def _open_root(root_abs: str, given: str) -> int:
     try:
-        return os.open(root_abs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return _fsio.open_dir(root_abs, follow=True)  # the root may be a symlink
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise StoreError(f"checkpoint root {given!r} is not a directory") from None
@@ -248,7 +247,6 @@ def _check_found(root: str, found: list[Found]) -> None:
 # --------------------------------------------------------------------------- cleanup's part
 
 _ROUNDS = 5  # removals of a folder something still writes into, before it is an error
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_below(root_fd: int, parts: list[str], shown: str) -> Optional[int]:
@@ -258,7 +256,7 @@ def _open_below(root_fd: int, parts: list[str], shown: str) -> Optional[int]:
     try:
         for i, part in enumerate(parts):
             try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                nxt = _fsio.open_dir(part, fd)
             except FileNotFoundError:
                 os.close(fd)
                 return None
@@ -287,7 +285,7 @@ def _tree(parent_fd: int, name: str, shown: str, visit_dir: bool) -> tuple[int, 
         return st.st_size, []
     total, stuck = 0, []
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = _fsio.open_dir(name, parent_fd)
     except FileNotFoundError:
         return 0, []
     except OSError as exc:
@@ -316,7 +314,7 @@ def _remove(parent_fd: int, name: str, shown: str, last: str = "") -> int:
         if not stat.S_ISDIR(st.st_mode):
             os.unlink(name, dir_fd=parent_fd)
             return st.st_size
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = _fsio.open_dir(name, parent_fd)
         total = 0
         try:
             # A superseded execution may still be writing into its folder: what it adds
@@ -420,7 +418,7 @@ class _Cleanup:
         if parent is None:
             return None
         try:
-            fd = os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            fd = _fsio.open_file(last, parent)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -433,16 +431,14 @@ class _Cleanup:
     def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
         """Created whole or not at all: written to a temporary name, synced, then linked into
         place (``link`` fails when the name exists), so a reader never sees it empty."""
-        from ...control.record import _write_new
-
         path = os.path.join(os.path.abspath(self.root), EXEC, attempt, name)
         temporary = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        _write_new(temporary, data, 0o444)
+        _fsio.write_new(temporary, data, 0o444)
         try:
             os.link(temporary, path, follow_symlinks=False)
         finally:
             os.unlink(temporary)
-        fd = os.open(os.path.dirname(path), _DIR_FLAGS)
+        fd = _fsio.open_dir(os.path.dirname(path))
         try:
             _fsync_dir(fd, os.path.dirname(path))
         finally:
@@ -542,12 +538,10 @@ class _Cleanup:
                 _raise_write_error(exc, path)
             fd = _open_below(root_fd, [part], self.root)
             assert fd is not None
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 for name in names:
                     try:
-                        os.close(os.open(name, flags | (os.O_EXCL if exclusive else 0), 0o444,
-                                         dir_fd=fd))
+                        os.close(_fsio.create_new(name, 0o444, fd, exclusive=exclusive))
                         made.append(name)
                     except FileExistsError:
                         continue
