@@ -55,7 +55,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from slurm_dispatch.sandbox import clients as sandbox_clients
 from slurm_dispatch.sandbox import cluster as sandbox
+from slurm_dispatch.sandbox import layout as sandbox_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = "/var/tmp/sb-bench"
@@ -250,10 +252,10 @@ class Cluster:
         self.user = user
         self.scratch = scratch
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
-        env.update(sandbox.environment(directory, user=user))
+        env.update(sandbox_clients.environment(directory, user=user))
         env["DISPATCH_HOME"] = os.path.join(scratch, "dispatch-home")
         self.env = env
-        self.venv_bin = str(sandbox.Layout(Path(directory)).venv_bin)
+        self.venv_bin = str(sandbox_layout.Layout(Path(directory)).venv_bin)
 
     def run(self, argv: list[str], as_user: bool = True, check: bool = True
             ) -> tuple[int, subprocess.CompletedProcess[str]]:
@@ -623,7 +625,7 @@ def print_verdicts(rows: list[dict[str, Any]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def bench_folder(layout: sandbox.Layout, user: str, prefix: str,
+def bench_folder(layout: sandbox_layout.Layout, user: str, prefix: str,
                  files: list[tuple[str, str, int]]) -> str:
     """A scratch folder ``user`` owns under the sandbox's ``bench/``, holding ``files`` (name,
     text, mode), with submitit in the sandbox venv (also bench_submit_api)."""
@@ -653,8 +655,8 @@ def sandbox_options(p: argparse.ArgumentParser, default_dir: str) -> None:
                    help=f"the bench's own sandbox state folder (default {default_dir})")
     p.add_argument("--nodes", type=int, default=1,
                    help="nodes of the bench sandbox (default 1: held jobs never run)")
-    p.add_argument("--user", default=sandbox.DEFAULT_USER,
-                   help=f"the sandbox user (default {sandbox.DEFAULT_USER})")
+    p.add_argument("--user", default=sandbox_layout.DEFAULT_USER,
+                   help=f"the sandbox user (default {sandbox_layout.DEFAULT_USER})")
     p.add_argument("--keep", action="store_true",
                    help="leave the sandbox running and keep the scratch folder")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -696,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
               "venv if it changed)")
     report = sandbox.up(args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT)
     state = report.status
-    layout = sandbox.Layout(Path(state.dir))
+    layout = sandbox_layout.Layout(Path(state.dir))
     results: dict[str, Any] = {
         "sandbox": {"up_seconds": report.seconds, "up_actions": report.actions},
     }

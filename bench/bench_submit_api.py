@@ -59,6 +59,7 @@ from bench_sbatch import (
 )
 
 from slurm_dispatch.sandbox import cluster as sandbox
+from slurm_dispatch.sandbox import layout as sandbox_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = "/var/tmp/sb-bench-api"
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     say(args, f"sandbox {args.dir}: up (installing {REPO_ROOT} into its venv if it changed)")
     report = sandbox.up(args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT)
     state = report.status
-    layout = sandbox.Layout(Path(state.dir))
+    layout = sandbox_layout.Layout(Path(state.dir))
     scratch = bench_folder(layout, state.user, "api-",
                            [("job.sh", JOB_SCRIPT, 0o755), ("api_driver.py", API_DRIVER, 0o644),
                             ("submitit_driver.py", SUBMITIT_DRIVER, 0o644)])

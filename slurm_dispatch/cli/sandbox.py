@@ -1,7 +1,8 @@
 """``dispatch-sandbox``: the command line of the sandbox Slurm cluster.
 
-Role: parse arguments, call :mod:`slurm_dispatch.sandbox.cluster`, print.  Invariant: this is
-the only place of the sandbox that prints or exits; every library error reaches the user once, as
+Role: parse arguments, call the sandbox package (its verbs are
+:mod:`slurm_dispatch.sandbox.cluster`'s), print.  Invariant: this is the only place of the
+sandbox that prints or exits; every library error reaches the user once, as
 ``dispatch-sandbox: <message>`` with the error class's exit code (2 for sandbox errors), through
 the shell of :mod:`slurm_dispatch.cli.shell`.
 """
@@ -19,7 +20,10 @@ from typing import Any, Callable, Optional, TypeVar
 
 import click
 
+from ..sandbox import clients as sandbox_clients
 from ..sandbox import cluster as sandbox
+from ..sandbox import layout as sandbox_layout
+from ..sandbox import machine as sandbox_machine
 from .shell import ClickShell
 
 PROG = "dispatch-sandbox"
@@ -35,12 +39,13 @@ def _dir_option(func: F) -> F:
     func = click.option(
         "--slurm", "release", metavar="RELEASE", default=None,
         help=f"Slurm release: host (this machine's) or 24.11 (from a Debian 13 root); "
-             f"chooses the default folder (default: ${sandbox.RELEASE_ENV}, else host).")(func)
+             f"chooses the default folder (default: ${sandbox_layout.RELEASE_ENV}, else "
+             "host).")(func)
     return click.option(
         "--dir", "directory", metavar="DIR", default=None,
-        help=f"State folder of the sandbox (default: ${sandbox.DIR_ENV}, else "
-             f"{sandbox.DEFAULT_DIR} for the host's Slurm, {sandbox.DEFAULT_DIR}-RELEASE "
-             "for another).")(func)
+        help=f"State folder of the sandbox (default: ${sandbox_layout.DIR_ENV}, else "
+             f"{sandbox_layout.DEFAULT_DIR} for the host's Slurm, "
+             f"{sandbox_layout.DEFAULT_DIR}-RELEASE for another).")(func)
 
 
 def _folder(directory: Optional[str], release: Optional[str]) -> Optional[str]:
@@ -48,7 +53,7 @@ def _folder(directory: Optional[str], release: Optional[str]) -> Optional[str]:
     (None leaves it to the library: $DISPATCH_SANDBOX_SLURM's default)."""
     if directory is not None or release is None:
         return directory
-    return os.environ.get(sandbox.DIR_ENV) or str(sandbox.default_dir(release))
+    return os.environ.get(sandbox_layout.DIR_ENV) or str(sandbox_layout.default_dir(release))
 
 
 @click.group(cls=_Shell,
@@ -73,7 +78,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--nodes", type=click.IntRange(1, sandbox.MAX_NODE_COUNT), default=None,
+@click.option("--nodes", type=click.IntRange(1, sandbox_layout.MAX_NODE_COUNT), default=None,
               metavar="N", help="Number of nodes n1..nN (default: as running, else 3).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
@@ -108,7 +113,7 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str],
         click.echo(f"{node} is partitioned: left so (undo with: {PROG} heal {node})")
     names = " ".join(n.name for n in report.status.nodes)
     verb = "up" if report.actions else "already up"
-    slurm = "" if report.status.slurm == sandbox.HOST_RELEASE else \
+    slurm = "" if report.status.slurm == sandbox_layout.HOST_RELEASE else \
         f" on Slurm {report.status.slurm}"
     click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
                f"({names}){slurm} in {report.status.dir}")
@@ -197,7 +202,7 @@ def env(directory: Optional[str], release: Optional[str]) -> None:
     Example:
       eval "$(dispatch-sandbox env)"; sinfo -N
     """
-    for line in sandbox.env_lines(_folder(directory, release)):
+    for line in sandbox_clients.env_lines(_folder(directory, release)):
         click.echo(line)
 
 
@@ -287,10 +292,10 @@ def exec_(user: Optional[str], cwd: Optional[str], directory: Optional[str],
     """
     folder = _folder(directory, release)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(sandbox.environment(folder))
+    env.update(sandbox_clients.environment(folder))
     if user is not None and cwd is None:
-        cwd = sandbox.home_of(user)
-    argv = sandbox.command(list(command), folder, user=user, cwd=cwd)
+        cwd = sandbox_machine.home_of(user)
+    argv = sandbox_clients.command(list(command), folder, user=user, cwd=cwd)
     sys.exit(subprocess.run(argv, env=env).returncode)
 
 

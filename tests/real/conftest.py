@@ -37,7 +37,10 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import pytest
 
 from slurm_dispatch.errors import SandboxError
+from slurm_dispatch.sandbox import clients as sandbox_clients
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import layout as sandbox_layout
+from slurm_dispatch.sandbox import nodes as sandbox_nodes
 from slurm_dispatch.slurm.jobs import FINAL_STATES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,8 +61,8 @@ class Sandbox:
     env: dict[str, str]
     venv_bin: Path
     nodes: list[str]
-    # "host", or the release run from a Debian root (sandbox_lib.RELEASE_ENV).
-    slurm: str = sandbox_lib.HOST_RELEASE
+    # "host", or the release run from a Debian root (sandbox_layout.RELEASE_ENV).
+    slurm: str = sandbox_layout.HOST_RELEASE
     uid: int = field(init=False)
     home: Path = field(init=False)
 
@@ -80,7 +83,7 @@ class Sandbox:
         args = [os.fspath(a) for a in argv]
         if user is not None and cwd is None:
             cwd = Path(pwd.getpwnam(user).pw_dir)
-        args = sandbox_lib.command(args, self.dir, user=user, cwd=cwd)
+        args = sandbox_clients.command(args, self.dir, user=user, cwd=cwd)
         proc = subprocess.run(args, env=self.env, input=input, text=True,
                               capture_output=True, timeout=timeout,
                               stdin=None if input is not None else subprocess.DEVNULL)
@@ -116,7 +119,7 @@ class Sandbox:
 
     def node_states(self) -> dict[str, str]:
         """Each node's sinfo state (``idle``, ``mixed``, ``down*``, …)."""
-        return {name: node.state for name, node in sandbox_lib.node_states(self.dir).items()}
+        return {name: node.state for name, node in sandbox_nodes.node_states(self.dir).items()}
 
     def submit(self, script: str, *sbatch_args: str, user: Optional[str] = None) -> str:
         """Submit ``script`` (given on stdin) with ``sbatch --parsable``; return the job id."""
@@ -160,7 +163,7 @@ def sandbox_of(report: Any) -> Sandbox:
     """The running sandbox :func:`~slurm_dispatch.sandbox.cluster.up` reported, as tests see it."""
     state = report.status
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
-    env.update(sandbox_lib.environment(state.dir, user=state.user))
+    env.update(sandbox_clients.environment(state.dir, user=state.user))
     return Sandbox(dir=Path(state.dir), user=state.user, env=env,
                    venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
                    slurm=state.slurm)
@@ -174,9 +177,9 @@ def sandbox() -> Iterator[Sandbox]:
     try:
         # DISPATCH_SANDBOX_USER: the job user, so that two sessions at once (make test runs
         # 24.11 beside 22.05's fast tier) do not share one home and its dispatch records.
-        report = sandbox_lib.up(os.environ.get(sandbox_lib.DIR_ENV), nodes=NODE_COUNT,
-                                user=os.environ.get(sandbox_lib.USER_ENV)
-                                or sandbox_lib.DEFAULT_USER, source=REPO_ROOT)
+        report = sandbox_lib.up(os.environ.get(sandbox_layout.DIR_ENV), nodes=NODE_COUNT,
+                                user=os.environ.get(sandbox_layout.USER_ENV)
+                                or sandbox_layout.DEFAULT_USER, source=REPO_ROOT)
     except SandboxError as exc:
         pytest.fail(f"the sandbox cluster did not start: {exc}")
     cluster = sandbox_of(report)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.slurm.select import major_release
 from tests.real import pyslurm_build
 from tests.real.conftest import Sandbox
@@ -74,7 +74,7 @@ def overlay(sandbox: Sandbox) -> Path:
     release = major_release(said)
     assert release is not None, f"scontrol --version said {said!r}"
     python = str(sandbox.venv_bin / "python")
-    host = sandbox.slurm == sandbox_lib.HOST_RELEASE
+    host = sandbox.slurm == sandbox_layout.HOST_RELEASE
     # The wheel cache is the machine's (.ci/run fills it up front, for both releases); a Debian
     # root does not see it, but it sees the sandbox's state folder: the wheel passes through it.
     staging = None if host else sandbox.dir / "wheels"

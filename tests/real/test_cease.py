@@ -19,6 +19,8 @@ import pytest
 
 from slurm_dispatch.node import facts
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import daemons as sandbox_daemons
+from slurm_dispatch.sandbox import layout as sandbox_layout
 
 if TYPE_CHECKING:
     from tests.real.conftest import Sandbox
@@ -178,13 +180,13 @@ def test_rebooted_node_proves_cessation(sandbox: Sandbox) -> None:
     pids = [s["pid"] for n in verdict["nodes"] for s in n["survivors"] if marker in s["cmdline"]]
     assert pids, verdict
     # "Reboot" the node the way Slurm's own tests do: slurmd -b reports a new BootTime.
-    layout = sandbox_lib.Layout(sandbox.dir)
-    daemon = sandbox_lib._slurmd(layout, node)
+    layout = sandbox_layout.Layout(sandbox.dir)
+    daemon = sandbox_daemons.slurmd(layout, node)
     try:
         # BootTime must be later than the node's last record by BootTimeTolerance (2 s).
         _wait_seconds_past_records(sandbox, jobid, 3)
-        sandbox_lib._stop(daemon)
-        sandbox_lib._start(dataclasses.replace(daemon, argv=daemon.argv + ("-b",)), layout)
+        sandbox_daemons.stop(daemon)
+        sandbox_daemons.start(dataclasses.replace(daemon, argv=daemon.argv + ("-b",)), layout)
         verdict = wait_cease(sandbox, jobid, 0, timeout=60)
         assert "rebooted at" in verdict["nodes"][0]["evidence"], verdict
     finally:

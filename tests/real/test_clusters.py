@@ -25,6 +25,7 @@ import pytest
 from conftest import Sandbox, sandbox_of  # tests/real is no package: pytest puts it on sys.path
 
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import slurm_conf as sandbox_slurm_conf
 
 pytestmark = pytest.mark.real
 
@@ -37,10 +38,10 @@ FAILING = "#!/bin/bash\n#SBATCH --time=5\necho failing on purpose; exit 3\n"
 @pytest.fixture(scope="module")
 def other(sandbox: Sandbox) -> Iterator[Sandbox]:
     """The second cluster: its own sandbox, the same job user (so the same home)."""
-    saved = {k: os.environ.get(k) for k in (sandbox_lib.CLUSTER_ENV,
-                                           sandbox_lib.MIN_JOB_AGE_ENV)}
-    os.environ[sandbox_lib.CLUSTER_ENV] = OTHER
-    os.environ[sandbox_lib.MIN_JOB_AGE_ENV] = "2"
+    saved = {k: os.environ.get(k) for k in (sandbox_slurm_conf.CLUSTER_ENV,
+                                           sandbox_slurm_conf.MIN_JOB_AGE_ENV)}
+    os.environ[sandbox_slurm_conf.CLUSTER_ENV] = OTHER
+    os.environ[sandbox_slurm_conf.MIN_JOB_AGE_ENV] = "2"
     try:
         report = sandbox_lib.up(os.environ.get("DISPATCH_OTHER_SANDBOX_DIR")
                                 or f"{sandbox.dir}2", nodes=1, source=REPO_ROOT,
@@ -95,7 +96,7 @@ def test_each_clusters_commands_act_on_its_own_jobs_over_one_home(
     ours, our_slurm = here.submit("--checkpoint", "ck-a", "long.sh")
     theirs, their_slurm = there.submit("--checkpoint", "ck-b", "failing.sh")
     assert json.loads(here.run("dispatch", "status", "--json", ours).stdout)["cluster"] \
-        == sandbox_lib.CLUSTER_NAME
+        == sandbox_slurm_conf.CLUSTER_NAME
 
     def failed() -> bool:
         found = there.cluster.job_state(their_slurm)
@@ -110,7 +111,7 @@ def test_each_clusters_commands_act_on_its_own_jobs_over_one_home(
     # jobs: this cluster's, with a CLUSTER column; -M all: both.
     lines = here.run("dispatch", "jobs").stdout.splitlines()
     assert lines[0].split()[:2] == ["DISPATCH_JOB", "CLUSTER"]
-    assert [line.split()[:2] for line in lines[1:]] == [[ours, sandbox_lib.CLUSTER_NAME]]
+    assert [line.split()[:2] for line in lines[1:]] == [[ours, sandbox_slurm_conf.CLUSTER_NAME]]
     every = here.run("dispatch", "jobs", "-M", "all").stdout
     assert theirs in every and OTHER in every
     # The other cluster's job, by either id: one line naming its cluster.

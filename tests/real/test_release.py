@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import install as sandbox_install
+from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.sandbox import root as sandbox_root
 
 if TYPE_CHECKING:
@@ -27,9 +29,9 @@ pytestmark = pytest.mark.real
 def _expected(sandbox: Sandbox) -> tuple[str, str]:
     """(Slurm major release, Python major.minor) the selected release must show."""
     status = sandbox_lib.status(sandbox.dir)
-    if status.slurm != sandbox_lib.HOST_RELEASE:
+    if status.slurm != sandbox_layout.HOST_RELEASE:
         return status.slurm, "3.13"
-    python = subprocess.run([sandbox_lib.SYSTEM_PYTHON, "-c",
+    python = subprocess.run([sandbox_install.SYSTEM_PYTHON, "-c",
                              "import sys; print('%d.%d' % sys.version_info[:2])"],
                             capture_output=True, text=True, check=True).stdout.strip()
     return sandbox_root.host_release(), python

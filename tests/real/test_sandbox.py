@@ -21,6 +21,9 @@ import pytest
 
 from slurm_dispatch.errors import SandboxError
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import layout as sandbox_layout
+from slurm_dispatch.sandbox import slurm_conf as sandbox_slurm_conf
+from slurm_dispatch.sandbox import state_folder as sandbox_state_folder
 
 if TYPE_CHECKING:
     from conftest import Sandbox
@@ -76,7 +79,7 @@ def test_no_other_user_can_place_a_name_where_root_writes(sandbox: Sandbox) -> N
     # What `up` claimed and made (issue 8, finding 8): root's folders closed to others (munge/
     # is the munge user's), and the files slurmd reads or runs as root are plain files.
     root = sandbox.dir
-    munge = pwd.getpwnam(sandbox_lib.MUNGE_USER).pw_uid
+    munge = pwd.getpwnam(sandbox_layout.MUNGE_USER).pw_uid
     folders = {root: 0, root / "etc": 0, root / "etc" / "prolog.d": 0,
                root / "etc" / "epilog.d": 0, root / "log": 0, root / "run": 0,
                root / "spool": 0, root / "state": 0, root / "dispatch-state": 0,
@@ -86,11 +89,11 @@ def test_no_other_user_can_place_a_name_where_root_writes(sandbox: Sandbox) -> N
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == owner, folder
         assert not st.st_mode & 0o022, f"{folder} mode {stat.S_IMODE(st.st_mode):o}"
     for name in ("slurm.conf", "site.conf", "plugstack.conf", "dispatch.conf",
-                 "dispatch-recheck", f"prolog.d/{sandbox_lib.DISPATCH_PART}",
-                 f"epilog.d/{sandbox_lib.DISPATCH_PART}"):
+                 "dispatch-recheck", f"prolog.d/{sandbox_slurm_conf.DISPATCH_PART}",
+                 f"epilog.d/{sandbox_slurm_conf.DISPATCH_PART}"):
         st = os.lstat(root / "etc" / name)
         assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022, name
-    assert sandbox_lib.claim_state_folder(root) == root
+    assert sandbox_state_folder.claim_state_folder(root) == root
 
 
 def test_status_json_lists_three_idle_nodes(sandbox: Sandbox) -> None:
@@ -112,7 +115,7 @@ def test_slurm_authenticates_through_the_sandbox_munged(sandbox: Sandbox) -> Non
     settings = dict(line.split("=", 1) for line in config.splitlines() if " = " in line)
     settings = {k.strip(): v.strip() for k, v in settings.items()}
     assert settings["AuthInfo"] == \
-        f"socket={sandbox.dir}/munge/munge.socket,cred_expire={sandbox_lib.CRED_EXPIRE}"
+        f"socket={sandbox.dir}/munge/munge.socket,cred_expire={sandbox_slurm_conf.CRED_EXPIRE}"
     assert settings["AuthType"] == "auth/munge"
     assert settings["CredType"] == "cred/munge"
     # A job (next tests) then proves that sbatch, slurmctld, slurmd and slurmstepd all signed

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.sandbox import clients as sandbox_clients
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import layout as sandbox_layout
 
 pytestmark = pytest.mark.real
 
@@ -263,7 +265,7 @@ def test_the_loop_rides_out_a_controller_outage_and_resubmits_after(user: User) 
         return found
     sandbox_lib.stop_controller(sandbox.dir)
     loop = subprocess.Popen(
-        sandbox_lib.command(["env", f"SLURM_DISPATCH_CONF={user.conf}",
+        sandbox_clients.command(["env", f"SLURM_DISPATCH_CONF={user.conf}",
                              *(f"{k}={v}" for k, v in env.items()),
                              str(Path(sandbox.venv_bin) / "dispatch"), "supervise", "--loop",
                              "--interval", "2"], sandbox.dir, user=sandbox.user, cwd=user.path),
@@ -325,7 +327,8 @@ def test_dispatch_jobs_gives_up_near_slurms_timeout_when_the_controller_hangs(
     near MessageTimeout (the sandbox's 10 s: 1.2 x 10 + 2 s), with one line naming the
     controller; once the controller answers again, so does `dispatch jobs`."""
     job, slurm_id = user.submit("--checkpoint", "ck-hang", "--hold", "failing.sh")
-    pid = int(sandbox_lib.Layout(Path(user.sandbox.dir)).slurmctld_pid_file.read_text().split()[0])
+    pid_file = sandbox_layout.Layout(Path(user.sandbox.dir)).slurmctld_pid_file
+    pid = int(pid_file.read_text().split()[0])
     os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()

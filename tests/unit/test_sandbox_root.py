@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch.errors import SandboxError
-from slurm_dispatch.sandbox import cluster as sandbox
+from slurm_dispatch.sandbox import clients as sandbox_clients
+from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.sandbox import root as sandbox_root
 
 ROOT = Path("/var/cache/slurm-dispatch/debian-trixie-slurm-24.11")
@@ -28,14 +29,14 @@ def test_release_names() -> None:
 
 
 def test_default_folder_follows_the_release(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(sandbox.DIR_ENV, raising=False)
-    monkeypatch.delenv(sandbox.RELEASE_ENV, raising=False)
-    assert sandbox.state_dir() == sandbox.DEFAULT_DIR
-    monkeypatch.setenv(sandbox.RELEASE_ENV, "24.11")
-    assert sandbox.state_dir() == Path(f"{sandbox.DEFAULT_DIR}-24.11")
+    monkeypatch.delenv(sandbox_layout.DIR_ENV, raising=False)
+    monkeypatch.delenv(sandbox_layout.RELEASE_ENV, raising=False)
+    assert sandbox_layout.state_dir() == sandbox_layout.DEFAULT_DIR
+    monkeypatch.setenv(sandbox_layout.RELEASE_ENV, "24.11")
+    assert sandbox_layout.state_dir() == Path(f"{sandbox_layout.DEFAULT_DIR}-24.11")
     # An empty DISPATCH_SANDBOX_DIR (as a Makefile passes it) is the default, never ".".
-    monkeypatch.setenv(sandbox.DIR_ENV, "")
-    assert sandbox.state_dir("") == Path(f"{sandbox.DEFAULT_DIR}-24.11")
+    monkeypatch.setenv(sandbox_layout.DIR_ENV, "")
+    assert sandbox_layout.state_dir("") == Path(f"{sandbox_layout.DEFAULT_DIR}-24.11")
 
 
 def test_a_root_is_complete_only_with_its_own_marker(tmp_path: Path) -> None:
@@ -78,6 +79,6 @@ def test_enter_argv_mounts_in_a_namespace_of_its_own_then_chroots() -> None:
 def test_command_on_the_hosts_slurm_is_runuser_and_env(tmp_path: Path) -> None:
     folder = tmp_path / "sb"
     folder.mkdir()
-    assert sandbox.command(["sinfo"], folder) == ["sinfo"]
-    assert sandbox.command(["sinfo"], folder, user="u", cwd="/w") == \
+    assert sandbox_clients.command(["sinfo"], folder) == ["sinfo"]
+    assert sandbox_clients.command(["sinfo"], folder, user="u", cwd="/w") == \
         ["runuser", "-u", "u", "--", "env", "-C", "/w", "sinfo"]

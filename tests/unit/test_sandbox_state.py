@@ -19,6 +19,7 @@ import pytest
 
 from slurm_dispatch.errors import SandboxError
 from slurm_dispatch.sandbox import cluster as sandbox
+from slurm_dispatch.sandbox import state_folder as sandbox_state_folder
 
 NOBODY = 65534
 
@@ -136,11 +137,11 @@ def test_up_refuses_a_subfolder_of_another_user(shared: Path, victim: Path,
 
 def test_a_fresh_folder_is_made_by_root_and_accepted_again(shared: Path) -> None:
     folder = shared / "a" / "sandbox"
-    assert sandbox.claim_state_folder(folder) == folder
+    assert sandbox_state_folder.claim_state_folder(folder) == folder
     for made in (folder, folder.parent):
         st = made.stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
-    assert sandbox.claim_state_folder(folder) == folder
+    assert sandbox_state_folder.claim_state_folder(folder) == folder
 
 
 def test_a_folder_others_may_write_to_is_refused(shared: Path) -> None:
@@ -148,7 +149,7 @@ def test_a_folder_others_may_write_to_is_refused(shared: Path) -> None:
     folder.mkdir()
     folder.chmod(0o1777)  # root's, but anyone may add a name (sticky or not)
     with pytest.raises(SandboxError, match="writable by others"):
-        sandbox.claim_state_folder(folder)
+        sandbox_state_folder.claim_state_folder(folder)
 
 
 def test_a_missing_folder_is_not_made_by_down(shared: Path) -> None:
@@ -164,7 +165,7 @@ def test_writes_never_follow_a_link(tmp_path: Path, victim: Path) -> None:
     (etc / "slurm.conf.tmp").symlink_to(victim / "secret")
     (etc / "site.conf").symlink_to(victim / "secret")
     for name in ("slurm.conf", "site.conf"):
-        sandbox._write_text(etc / name, "ClusterName=x\n", 0o644)
+        sandbox_state_folder.write_text(etc / name, "ClusterName=x\n", 0o644)
         assert (etc / name).read_text() == "ClusterName=x\n"
         assert not (etc / name).is_symlink()
         assert stat.S_IMODE((etc / name).stat().st_mode) == 0o644
@@ -176,11 +177,12 @@ def test_a_link_on_the_way_is_followed_only_when_roots_and_its_target_checked(
     real = shared / "real"
     real.mkdir(mode=0o755)
     (shared / "link").symlink_to("real")  # root's, relative
-    assert sandbox.claim_state_folder(shared / "link" / "sandbox") == shared / "link" / "sandbox"
+    linked = shared / "link" / "sandbox"
+    assert sandbox_state_folder.claim_state_folder(linked) == linked
     assert (real / "sandbox").stat().st_uid == 0
     theirs = shared / "theirs"
     as_nobody(lambda: theirs.mkdir(mode=0o755))
     (shared / "to-theirs").symlink_to(theirs)  # root's link, but into nobody's folder
     with pytest.raises(SandboxError, match=f"{theirs}.*nobody"):
-        sandbox.claim_state_folder(shared / "to-theirs" / "sandbox")
+        sandbox_state_folder.claim_state_folder(shared / "to-theirs" / "sandbox")
     assert not (theirs / "sandbox").exists()

@@ -1,0 +1,229 @@
+"""The sandbox's configuration: slurm.conf, site.conf, and the project's hooks installed into it.
+
+Role: :func:`render_slurm_conf` (pure: loopback nodes, fast timers, no accounting, no hooks)
+and :func:`render_site_conf`, whose :func:`site_config_lines` install the hooks' parts, the
+re-check script and dispatch.conf from the checkout's ``contrib/`` and ``site-config/`` as the
+admin guide tells a site admin to; :func:`write_config` writes what differs.
+
+Invariant: the same configuration for every release but for what a release needs
+(``cgroup.conf`` and a first job id of FIRST_ROOT_JOB_ID in a Debian root); a file is
+rewritten only when its text changes, so an unchanged ``up`` restarts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import SandboxError
+from .install import source_root
+from .layout import HOST_RELEASE, Layout
+from .state_folder import own_folder, write_if_changed
+
+CLUSTER_NAME = "dispatch-sandbox"
+# Another ClusterName, for a second sandbox standing for another cluster over the same home.
+# Fixed for a folder's life: slurmctld refuses to start on state saved under another name.
+CLUSTER_ENV = "DISPATCH_SANDBOX_CLUSTER"
+# How long slurmctld keeps an ended job (slurm.conf MinJobAge); a short one lets a test see
+# a job forgotten (slurmctld purges about once a minute).
+MIN_JOB_AGE = 600
+MIN_JOB_AGE_ENV = "DISPATCH_SANDBOX_MIN_JOB_AGE"
+PARTITION_NAME = "debug"
+# Job credential lifetime: a requeued job may not start again before it has passed (measured
+# here: requeue-to-running 6 s with 5, 11 s with 10).  Slurm 22.05 rejects values below 5 and
+# falls back to 120 (with an error in the log).
+CRED_EXPIRE = 5
+FIRST_ROOT_JOB_ID = 1_000_000
+
+
+def site_config_lines(state_dir: Path) -> list[str]:
+    """Lines of ``<state>/etc/site.conf``, included at the end of the sandbox's slurm.conf.
+
+    This is where the project's hooks get installed the way a site admin would (Prolog, Epilog,
+    PrologSlurmctld, EpilogSlurmctld, TaskProlog, PrologFlags): the base slurm.conf sets none of
+    those keys, so this file may set any of them.  The hooks' parts and dispatch.conf are copied
+    from the checkout's ``contrib/`` and ``site-config/`` (docs/admin-guide.md, "Install") with
+    the knobs pointing at the sandbox: its venv's interpreter and ``<state>/etc/dispatch.conf``,
+    whose StateDir is ``<state>/dispatch-state``.
+    """
+    layout = Layout(state_dir)
+    if not _install_dispatch_site(layout):
+        return []
+    hooks = layout.etc
+    return [
+        "# slurm-dispatch hooks (site-config/slurm.conf.dispatch, with sandbox paths)",
+        f"Prolog={hooks}/prolog.d/*",
+        f"Epilog={hooks}/epilog.d/*",
+        f"PrologSlurmctld={hooks}/prolog.d/{DISPATCH_PART}",
+        f"EpilogSlurmctld={hooks}/epilog.d/{DISPATCH_PART}",
+        "PrologFlags=Alloc",
+        f"HealthCheckProgram={hooks}/dispatch-recheck",
+        "HealthCheckInterval=5",
+    ]
+
+
+DISPATCH_PART = "05-dispatch"
+
+
+def _dispatch_knobs(text: str, python: Path, conf: Path) -> str:
+    """Set a contrib part's knobs the way the admin guide tells an admin to."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("DISPATCH_PYTHON="):
+            line = f"DISPATCH_PYTHON={python}"
+        elif line.startswith("DISPATCH_CONF="):
+            line = f"DISPATCH_CONF={conf}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _install_dispatch_site(layout: Layout) -> bool:
+    """Install the hook parts, the re-check script and dispatch.conf; False when the checkout
+    with ``contrib/`` is not at hand and nothing was installed before."""
+    repo = source_root()
+    conf = layout.etc / "dispatch.conf"
+    facts_dir = layout.root / "dispatch-state"
+    if repo is None or not (repo / "contrib" / "prolog.d" / DISPATCH_PART).is_file():
+        return conf.is_file()
+    python = layout.venv_bin / "python"
+    parts = {
+        repo / "contrib" / "prolog.d" / DISPATCH_PART: layout.etc / "prolog.d" / DISPATCH_PART,
+        repo / "contrib" / "epilog.d" / DISPATCH_PART: layout.etc / "epilog.d" / DISPATCH_PART,
+        repo / "site-config" / "dispatch-recheck": layout.etc / "dispatch-recheck",
+    }
+    for source, target in parts.items():
+        own_folder(target.parent)
+        write_if_changed(target, _dispatch_knobs(source.read_text(), python, conf), 0o755)
+    settings = []
+    for line in (repo / "site-config" / "dispatch.conf").read_text().splitlines():
+        if line.startswith("StateDir="):
+            line = f"StateDir={facts_dir}"
+        elif line.startswith("BootTimeTolerance="):
+            line = "BootTimeTolerance=2"
+        elif line.startswith("ListingLag="):
+            line = "ListingLag=0"  # one machine, one local file system: no node sees late
+        settings.append(line)
+    write_if_changed(conf, "\n".join(settings) + "\n", 0o644)
+    own_folder(facts_dir)
+    return True
+
+
+def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
+                      release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
+                      min_job_age: int = MIN_JOB_AGE) -> str:
+    """The sandbox's slurm.conf (pure): loopback nodes, fast timers, no accounting, no hooks.
+
+    The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
+    that a sandbox in a Debian root numbers its jobs from FIRST_ROOT_JOB_ID: the job user is
+    shared with the host's sandboxes, and the hooks' survivor scan must not take a process a
+    host sandbox left behind under the same job id for one of this sandbox's jobs."""
+    spool = layout.spool / "%n"
+    lines = [
+        "# slurm.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`: do not",
+        "# edit; site settings come from the sandbox's site_config_lines (site.conf).",
+        f"ClusterName={cluster}",
+        f"SlurmctldHost={hostname}(127.0.0.1)",
+        f"SlurmctldPort={layout.controller_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "",
+        "# Authentication: our own munged, never the system one.  CredType signs job",
+        "# credentials through the same socket; a requeued job waits cred_expire to run again.",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={CRED_EXPIRE}",
+        "",
+        "# Plain processes: no cgroups on these machines.",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        f"PlugStackConfig={layout.plugstack_conf}",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "MailProg=/bin/true",
+        "",
+        "# Scheduling: start work within about a second of it becoming eligible.",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=0,"
+        "batch_sched_delay=0",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "",
+        "# Timers: fail fast, requeue fast, keep ended jobs visible for ten minutes.",
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=10",
+        "MessageTimeout=10",
+        "KillWait=5",
+        "InactiveLimit=0",
+        "WaitTime=0",
+        f"MinJobAge={min_job_age}",
+        *([f"FirstJobId={FIRST_ROOT_JOB_ID}"] if release != HOST_RELEASE else []),
+        "PrologEpilogTimeout=30",
+        "UnkillableStepTimeout=60",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "",
+        "# Files: all under the sandbox folder.",
+        f"StateSaveLocation={layout.state_save}",
+        f"SlurmdSpoolDir={spool}",
+        f"SlurmctldPidFile={layout.slurmctld_pid_file}",
+        f"SlurmdPidFile={layout.run_dir / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={layout.slurmctld_log}",
+        f"SlurmdLogFile={layout.log_dir / 'slurmd-%n.log'}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "",
+        "# Nodes: one slurmd per node on this machine (`slurmd -N nX`), each on its own port.",
+        "SlurmdParameters=config_overrides",
+    ]
+    for index, node in enumerate(nodes):
+        lines.append(f"NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 "
+                     f"Port={layout.node_port(index)} CPUs=2 RealMemory=1000 State=UNKNOWN")
+    lines += [
+        f"PartitionName={PARTITION_NAME} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "
+        "State=UP",
+        "",
+        f"Include {layout.site_conf}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_site_conf(layout: Layout) -> str:
+    """The content of ``site.conf``: a header and :func:`site_config_lines`."""
+    lines = ["# Site settings of the sandbox (slurm_dispatch.sandbox.cluster.site_config_lines)."]
+    lines += site_config_lines(layout.root)
+    return "\n".join(lines) + "\n"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise SandboxError(f"${name}={raw!r} is not a whole number of seconds")
+    return int(raw)
+
+
+def write_config(layout: Layout, nodes: Sequence[str],
+                  release: str = HOST_RELEASE) -> list[str]:
+    """Write the config files that differ; return the names of those written."""
+    hostname = socket.gethostname().split(".")[0]
+    wanted = {
+        layout.slurm_conf: render_slurm_conf(
+            layout, nodes, hostname, release,
+            cluster=os.environ.get(CLUSTER_ENV) or CLUSTER_NAME,
+            min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE)),
+        layout.site_conf: render_site_conf(layout),
+        layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
+    }
+    if release != HOST_RELEASE:
+        # 24.11's slurmd refuses to start without a cgroup plugin unless told there is none.
+        wanted[layout.etc / "cgroup.conf"] = (
+            "# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
+            "CgroupPlugin=disabled\n")
+    return [path.name for path, text in wanted.items() if write_if_changed(path, text)]
+

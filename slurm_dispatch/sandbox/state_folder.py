@@ -1,0 +1,245 @@
+"""Root's writes under a state folder that another local user may have made first.
+
+The state folder's path is predictable (``/var/tmp/slurm-dispatch-sandbox``), so another local
+user may have made it, or a folder above it, first.  Before root writes there
+(:func:`claim_state_folder`, run by every root verb) the path is walked from ``/`` one opened
+folder at a time, never following a link it has not checked: every folder on the way must be
+root's and closed to others (or sticky, like ``/var/tmp``), the state folder is made with an
+exclusive ``mkdir`` or accepted only when root's and writable by nobody else, and so is each
+folder the sandbox makes in it (``munge/`` is the munge user's).  No other user can then place a
+name there; on top of that, files are written to a fresh ``O_EXCL|O_NOFOLLOW`` temporary name
+and renamed into place, and opened with ``O_NOFOLLOW``, so a link is replaced, never written
+through.  The folder's lock (``.lock``, ``flock``) keeps two root verbs from changing it at once.
+
+This walk is its own idea, not the package's no-follow open of one name in a trusted folder:
+it decides whether a whole path, from ``/``, is one that no other user could have changed,
+links included, and makes the missing part of it; it runs as root and says whose folder broke
+the rule.
+
+Invariant: nothing is written under a folder before it is claimed; a symlink in the state
+folder is never written through or read as a file of the sandbox's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import SandboxError
+from .layout import DIR_ENV, MUNGE_USER, Layout, PathLike, state_dir
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40  # as the kernel's own limit on links followed in one path
+
+
+def claim_state_folder(directory: Optional[PathLike] = None) -> Path:
+    """Make sure root may write into the sandbox's state folder; return the folder.
+
+    Every folder from ``/`` down is opened relative to the one before (``O_NOFOLLOW``) and
+    checked on the open descriptor: it must be root's and not writable by group or others,
+    except that a folder above the state folder may be sticky (``/var/tmp``: others may add
+    names there but not move root's).  A symlink on the way must be root's; its target is
+    walked the same way.  A missing folder is made by root with ``mkdir`` (exclusive: one
+    that appears meanwhile is checked like any other).  Raises :class:`SandboxError` naming
+    the folder and its owner otherwise, before anything is written.
+    """
+    path = state_dir(directory)
+    claim(path, create=True)
+    return path
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _refuse(folder: Path, problem: str) -> SandboxError:
+    return SandboxError(
+        f"{problem}: another user could plant links or programs there that root would write "
+        f"through or run; refusing to use {folder} as the sandbox folder (remove it, or choose "
+        f"another with --dir or ${DIR_ENV})")
+
+
+def _check_folder(fd: int, where: str, folder: Path, last: bool) -> None:
+    st = os.fstat(fd)
+    what = f"sandbox folder {where}" if last else f"folder {where} above the sandbox folder"
+    if st.st_uid != 0:
+        raise _refuse(folder, f"{what} is owned by {_owner(st.st_uid)}, not root")
+    if st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX):
+        raise _refuse(folder, f"{what} is writable by others (mode "
+                              f"{stat.S_IMODE(st.st_mode):o})")
+
+
+def claim(folder: Path, create: bool) -> bool:
+    """Walk ``folder`` (absolute) as :func:`claim_state_folder` says; False when it is missing
+    and ``create`` is false."""
+    todo = list(folder.parts[1:])
+    fd = os.open("/", _DIR_FLAGS)
+    where = "/"
+    links = 0
+    try:
+        _check_folder(fd, where, folder, last=not todo)
+        while todo:
+            name = todo.pop(0)
+            if name in ("", "."):
+                continue
+            made = False
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not create:
+                    return False
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    made = True
+                except FileExistsError:
+                    pass
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            here = os.path.join(where, name)
+            if stat.S_ISLNK(st.st_mode):
+                if st.st_uid != 0:
+                    raise _refuse(folder, f"{here} is a symlink owned by {_owner(st.st_uid)}")
+                links += 1
+                if links > _MAX_LINKS:
+                    raise _refuse(folder, f"{here}: too many symlinks on the way")
+                target = os.readlink(name, dir_fd=fd)
+                todo = list(Path(target).parts) + todo
+                if target.startswith("/"):
+                    todo.pop(0)
+                    os.close(fd)
+                    fd, where = os.open("/", _DIR_FLAGS), "/"
+                continue
+            try:
+                opened = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _refuse(folder, f"{here} is not a folder ({exc.strerror})") from None
+            os.close(fd)
+            fd, where = opened, os.path.normpath(here)
+            if not stat.S_ISDIR(st.st_mode):  # replaced between stat and open
+                raise _refuse(folder, f"{here} changed while it was checked")
+            if made:
+                os.fchmod(fd, 0o755)  # whatever root's umask: jobs read the config below
+            _check_folder(fd, where, folder, last=not todo)
+    finally:
+        os.close(fd)
+    return True
+
+
+def own_folder(path: Path, uid: int = 0, gid: int = 0, mode: int = 0o755) -> None:
+    """Make ``path`` (whose parent is ours) a folder of ``uid``, mode ``mode``, or refuse one
+    that someone else made.  World-traversable: jobs run as another user and read the config
+    and the venv; munged refuses a socket folder that others can write to."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        raise SandboxError(f"{path} is a symlink or not a folder ({exc.strerror}); refusing to "
+                           "write into it as root: remove it and run `dispatch-sandbox up` "
+                           "again") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (0, uid) or st.st_mode & 0o022:
+            raise SandboxError(
+                f"{path} is owned by {_owner(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):o}, not root's and closed to others: another user "
+                "could have planted links there; refusing to write into it as root (remove it "
+                "and run `dispatch-sandbox up` again)")
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def append(path: Path) -> Any:
+    """``path`` opened for appending bytes, never through a symlink."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644), "ab")
+
+
+def read_own(path: Path) -> Optional[str]:
+    """The text of the regular file ``path``, or None when it is missing or a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read().decode(errors="replace")
+
+
+@contextmanager
+def locked(layout: Layout) -> Iterator[None]:
+    fd = os.open(layout.lock_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def create_once(path: Path, data: bytes, mode: int, uid: int = 0, gid: int = 0) -> None:
+    """Make ``path`` holding ``data``, owned by ``uid``:``gid`` with ``mode``; an existing name
+    (a symlink included) is FileExistsError, never opened."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
+
+
+def write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` by a file holding ``text``: written under a fresh name (mkstemp:
+    O_EXCL|O_NOFOLLOW) in the same folder, then renamed over it; a symlink in place of either
+    is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode())
+            os.fchmod(handle.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    """Write ``text`` to ``path`` unless it holds it already (a symlink never does)."""
+    if read_own(path) == text:
+        return False
+    write_text(path, text, mode)
+    return True
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log, headed by its path, for an error message ("" when
+    it is missing or empty)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    if not text:
+        return ""
+    return f"--- {path} (last {len(text)} lines)\n" + "\n".join(text) + "\n"
+
+
+def make_folders(layout: Layout) -> None:
+    """The folders of a claimed state folder, each root's (munge/ the munge user's)."""
+    for folder in (layout.root, layout.etc, layout.state_save, layout.spool, layout.log_dir,
+                   layout.run_dir):
+        own_folder(folder)
+    munge = pwd.getpwnam(MUNGE_USER)
+    own_folder(layout.munge_dir, munge.pw_uid, munge.pw_gid)
