@@ -18,7 +18,7 @@ import re
 from typing import Any, Optional
 
 from ..errors import DispatchError, RecordError
-from ..slurm.jobs import Job
+from ..slurm.jobs import Job, unique_jobs
 from . import events, record, submit
 
 _CLAIM = re.compile(r"submission-(\d+)(?:-t(\d+))?(?:\.|$)")
@@ -43,7 +43,7 @@ def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
         return f"unreadable ({exc}): remove it by hand if it is garbage"
     ids = {s.slurm_job_id for s in history.submissions}
     ids |= {s.slurm_job_id for s in history.of(events.Started) if s.slurm_job_id}
-    for view in {id(j): j for j in slurm_jobs.values()}.values():
+    for view in unique_jobs(slurm_jobs):
         if view.job_id in ids or (view.array_job_id or "") in ids:
             return f"still known to Slurm (Slurm job {view.display_id}, {view.state})"
     for line in [history.lineage()] + [history.lineage(t) for t in tasks or []]:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..execution.launch import expand_root
-from ..slurm.jobs import SLURM_END, Job
+from ..slurm.jobs import SLURM_END, Job, Snapshot
 from . import events, record, submit
 
 FactsReader = Callable[[str], list[dict[str, Any]]]
@@ -86,23 +86,15 @@ def _facts_reader() -> Optional[FactsReader]:
     return execution_facts
 
 
-def _task_views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
-                ) -> list[Job]:
-    """The tasks of array submission ``slurm_id`` Slurm knows (or the one ``task``)."""
-    found = {id(j): j for j in slurm_jobs.values() if j.array_job_id == slurm_id
-             and j.array_task_id is not None and (task is None or j.array_task_id == task)}
-    return sorted(found.values(), key=lambda j: j.array_task_id or 0)
-
-
 def _submission_view(slurm_id: str, task: Optional[int], array: bool,
-                     slurm_jobs: dict[str, Job]) -> tuple[str, Optional[Job], str]:
+                     slurm_jobs: Snapshot) -> tuple[str, Optional[Job], str]:
     """(the id as squeue shows it, Slurm's view of it, its state) for one submission."""
     if task is not None:
-        views = _task_views(slurm_id, slurm_jobs, task)
+        views = slurm_jobs.tasks(slurm_id, task)
         return f"{slurm_id}_{task}", (views[0] if views else None), \
             _state(views[0] if views else None)
     if array:
-        views = _task_views(slurm_id, slurm_jobs)
+        views = slurm_jobs.tasks(slurm_id)
         if views:
             return slurm_id, None, "+".join(sorted({v.state for v in views}))
         return slurm_id, None, _state(None)
@@ -126,6 +118,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
     # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster).
     slurm_jobs = {k: v for k, v in slurm_jobs.items() if not v.marks_another(job.id)}
+    seen = Snapshot(slurm_jobs)
     spec = job.spec
     history = job.history()
     records = [e.raw for e in history.events]
@@ -156,7 +149,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
     ends: dict[tuple[int, Optional[int]], tuple[str, Optional[str]]] = {}
     for sub in history.submissions:
         shown, info, state = _submission_view(sub.slurm_job_id, sub.task, tasks is not None,
-                                              slurm_jobs)
+                                              seen)
         code = None
         if info is None and state == _state(None):
             # Forgotten by slurmctld: the end the record holds, and the hook's exit code.
@@ -212,7 +205,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         # own (%a), that root's latest publication.
         line = history.lineage(task)
         current = line.current
-        shown, info, state = (_submission_view(current.slurm_job_id, task, True, slurm_jobs)
+        shown, info, state = (_submission_view(current.slurm_job_id, task, True, seen)
                               if current is not None else ("-", None, "-"))
         if current is not None and info is None and state == _state(None):
             state = forgotten(current, task)[0]
@@ -285,6 +278,7 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
     Slurm says of it (or what the record says once Slurm has forgotten it).  A record that
     cannot be read is a line saying so, never a silent gap."""
     lines: list[dict[str, Any]] = []
+    seen = Snapshot(slurm_jobs)
     for job in jobs:
         try:
             spec = job.spec
@@ -300,7 +294,7 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
         tasks: list[Job] = []
         for task in array or []:  # each task's latest submission, as Slurm sees it
             now = history.lineage(task).current
-            tasks.extend(v for v in (_task_views(now.slurm_job_id, slurm_jobs, task)
+            tasks.extend(v for v in (seen.tasks(now.slurm_job_id, task)
                                      if now else []) if not v.marks_another(job.id))
         if history.lineage().superseded is not None:
             state = "SUPERSEDED"

@@ -21,7 +21,7 @@ import time
 from .. import _fsio
 from ..errors import DispatchError, RecordError, SlurmError, UsageError
 from ..slurm.adapter import Result, Slurm, default_timeout
-from ..slurm.jobs import MARKER_PREFIX, Job
+from ..slurm.jobs import MARKER_PREFIX, Job, unique_jobs
 from . import dependency, record, sbatch_args
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
@@ -807,7 +807,7 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
     jobs = jobs if jobs is not None else slurm.own_jobs(env)
     submitted = {str(sub["slurm_job_id"]) for sub in job.submissions()}
     live: list[str] = []
-    for view in {id(j): j for j in jobs.values()}.values():
+    for view in unique_jobs(jobs):
         if not view.is_active or view.marks_another(job.id):
             continue  # another's: ids repeat across clusters, an old record has none
         if view.array_task_id is not None and view.array_job_id in submitted:

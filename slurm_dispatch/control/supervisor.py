@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import DispatchError, RecordError, RefusedError, SlurmError
 from ..slurm.adapter import Slurm
-from ..slurm.jobs import Job, end_name
+from ..slurm.jobs import Job, Snapshot, end_name
 from . import dependency, events, heartbeat, record, rules, submit
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
@@ -140,39 +140,6 @@ class PassReport:
     controller_calls: int = 0
 
 
-def _unique(slurm_jobs: dict[str, Job]) -> list[Job]:
-    # own_jobs keys a job by its id and by its display id: one Job, two keys.
-    return list({id(j): j for j in slurm_jobs.values()}.values())
-
-
-_ARRAYS: list[tuple[dict[str, Job], dict[str, list[Job]]]] = []
-
-
-def _array_index(slurm_jobs: dict[str, Job]) -> dict[str, list[Job]]:
-    """Array tasks by their array's id, built once per view of Slurm (a pass looks up every
-    job in it: a scan per job would make the pass quadratic in the user's jobs)."""
-    if _ARRAYS and _ARRAYS[0][0] is slurm_jobs:
-        return _ARRAYS[0][1]
-    index: dict[str, list[Job]] = {}
-    for job in _unique(slurm_jobs):
-        if job.array_job_id and job.array_task_id is not None:
-            index.setdefault(job.array_job_id, []).append(job)
-    _ARRAYS[:] = [(slurm_jobs, index)]
-    return index
-
-
-def _views(slurm_id: str, slurm_jobs: dict[str, Job], task: Optional[int] = None
-           ) -> list[Job]:
-    """Slurm's view of a submission: the job, every task of an array submission, or with
-    ``task`` that one task of it."""
-    tasks = [j for j in _array_index(slurm_jobs).get(slurm_id, [])
-             if task is None or j.array_task_id == task]
-    if tasks or task is not None:
-        return sorted(tasks, key=lambda j: j.array_task_id or 0)
-    found = slurm_jobs.get(slurm_id)
-    return [found] if found is not None else []
-
-
 def _end_state(views: list[Job]) -> str:
     """The end a rule is chosen by: for an array, the first of its tasks' ends in rule order
     (a failed task outranks completed ones)."""
@@ -241,7 +208,7 @@ class Supervisor:
         seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about
         me = os.getuid()
         # Comments are public: a job of another uid carrying our marker is not ours.
-        slurm_jobs = {k: j for k, j in self.slurm.own_jobs().items() if j.uid == me}
+        slurm_jobs = Snapshot({k: j for k, j in self.slurm.own_jobs().items() if j.uid == me})
         report.controller_calls += 1
         self._records, self._slurm_jobs = jobs, slurm_jobs
         self._waiting: Optional[dict[str, list[record.JobRecord]]] = None
@@ -258,7 +225,7 @@ class Supervisor:
         return report
 
     # -- one job ---------------------------------------------------------------------------
-    def _job(self, job: record.JobRecord, slurm_jobs: dict[str, Job], seen_at: int,
+    def _job(self, job: record.JobRecord, slurm_jobs: Snapshot, seen_at: int,
              report: PassReport) -> None:
         history = job.history()
         whole = history.lineage()
@@ -276,7 +243,7 @@ class Supervisor:
             self._lineage(job, history, task, tasks, slurm_jobs, seen_at, report)
 
     def _lineage(self, job: record.JobRecord, history: events.History, task: Optional[int],
-                 tasks: Optional[list[int]], slurm_jobs: dict[str, Job], seen_at: int,
+                 tasks: Optional[list[int]], slurm_jobs: Snapshot, seen_at: int,
                  report: PassReport) -> bool:
         """Apply the rules to one lineage: the whole job (``task`` None) or one array task.
         For an array's whole job: True when its tasks may act."""
@@ -302,7 +269,7 @@ class Supervisor:
             return False
         if task is None and tasks is not None:
             return True  # an array's ends are its tasks'
-        views = _views(current.slurm_job_id, slurm_jobs, task)
+        views = slurm_jobs.views(current.slurm_job_id, task)
         if any(v.marks_another(job.id) for v in views):
             views = []  # its id, now another dispatch job's (ids repeat across clusters)
         how = ""
@@ -370,7 +337,7 @@ class Supervisor:
         return [view], f"the controller's end record (exit {code})"
 
     def _recover_claim(self, job: record.JobRecord, line: events.Lineage, nxt: int,
-                       task: Optional[int], slurm_jobs: dict[str, Job], report: PassReport
+                       task: Optional[int], slurm_jobs: Snapshot, report: PassReport
                        ) -> tuple[str, Optional[str]]:
         """Claims for submission ``nxt`` with no submission recorded: complete, retry or
         report them.  Returns ("recovered" | "busy" | "", the claim a retry must make)."""
@@ -380,7 +347,7 @@ class Supervisor:
             return "", None
         meant = claims[-1][1]
         wanted = submit.marker(job, nxt, task)
-        landed = [j for j in _unique(slurm_jobs) if wanted in j.markers]
+        landed = slurm_jobs.marked(wanted)
         if landed:
             first = landed[0]
             self._recovered(job, nxt, task, first.array_job_id or first.job_id, meant,
@@ -508,8 +475,9 @@ class Supervisor:
             waiting = (self._waiting or {}).get(job.id, [])
             if not waiting:
                 return
+            seen: Optional[Snapshot] = getattr(self, "_slurm_jobs", None)
             updated = dependency.follow(self.slurm, job, done.slurm_job_id, self.home,
-                                        jobs=getattr(self, "_slurm_jobs", None),
+                                        jobs=seen.keyed if seen is not None else None,
                                         waiting=waiting)
         except (DispatchError, OSError) as exc:
             report.errors.append(f"{job.id}: could not move its dependents to Slurm job "
@@ -523,9 +491,9 @@ class Supervisor:
 
     # -- holds ---------------------------------------------------------------------------
     def _hold(self, job: record.JobRecord, line: events.Lineage, hold: events.Hold,
-              slurm_jobs: dict[str, Job], report: PassReport) -> None:
+              slurm_jobs: Snapshot, report: PassReport) -> None:
         held_id, task = hold.slurm_job_id, line.task
-        held = _views(held_id, slurm_jobs, task)
+        held = slurm_jobs.views(held_id, task)
         moved = [v for v in held if not v.is_held]
         if moved:
             state = moved[0].state

@@ -41,11 +41,12 @@ import subprocess
 import time
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
-from .jobs import Job, Node, execution_ended
+from .jobs import Job, Node, execution_ended, index_jobs
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
-    from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+    from typing import Any, Callable, Mapping, Optional, Sequence
+
 
 def _env_number(name: str, default: str, kind: type) -> Any:
     raw = os.environ.get(name, default)
@@ -610,17 +611,3 @@ class Slurm:
         if jobids:
             self._act("hold", jobids, ["scontrol", "hold", ",".join(jobids)], env)
 
-
-def index_jobs(jobs: Iterable[Job]) -> dict[str, Job]:
-    """Jobs keyed by ``display_id`` and, where one job has it alone, by ``job_id``."""
-    found: dict[str, Job] = {}
-    counts: dict[str, int] = {}
-    listed = list(jobs)
-    for job in listed:
-        counts[job.job_id] = counts.get(job.job_id, 0) + 1
-    for job in listed:
-        found[job.display_id] = job
-    for job in listed:
-        if counts[job.job_id] == 1:
-            found.setdefault(job.job_id, job)
-    return found

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
-    from typing import Iterable, Optional
+    from typing import Iterable, Mapping, Optional
 
 PENDING = "PENDING"
 # Final: the job is over; nothing of it will run again without a new submission.
@@ -184,3 +184,75 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.name} {self.state})"
+
+
+def index_jobs(jobs: Iterable[Job]) -> dict[str, Job]:
+    """Jobs keyed by ``display_id`` and, where one job has it alone, by ``job_id``."""
+    found: dict[str, Job] = {}
+    counts: dict[str, int] = {}
+    listed = list(jobs)
+    for job in listed:
+        counts[job.job_id] = counts.get(job.job_id, 0) + 1
+    for job in listed:
+        found[job.display_id] = job
+    for job in listed:
+        if counts[job.job_id] == 1:
+            found.setdefault(job.job_id, job)
+    return found
+
+
+def unique_jobs(keyed: Mapping[str, Job]) -> list[Job]:
+    """Each Job of ``keyed`` once, in the order first seen (:func:`index_jobs` keys one Job
+    by its display id and by its job id)."""
+    return list({id(job): job for job in keyed.values()}.values())
+
+
+class Snapshot:
+    """The caller's jobs as one read of Slurm gave them, and Slurm's view of one submission in
+    it: the one place a submission's Slurm job(s) are found in an answer.
+
+    ``keyed`` is what :meth:`Slurm.own_jobs` returns (:func:`index_jobs`).  The index of array
+    tasks by their array's id is built at the first lookup and lives as long as this object:
+    one supervisor pass or one status view, never longer (a new read is a new Snapshot), so a
+    pass that looks up every job in it stays linear in the user's jobs.
+    """
+
+    __slots__ = ("keyed", "_arrays")
+
+    def __init__(self, keyed: dict[str, Job]) -> None:
+        self.keyed = keyed
+        self._arrays: Optional[dict[str, list[Job]]] = None
+
+    def get(self, key: str) -> Optional[Job]:
+        """The Job under ``key`` (``123`` or ``97_1``), if the read had it."""
+        return self.keyed.get(key)
+
+    def jobs(self) -> list[Job]:
+        """Every Job of the read, once."""
+        return unique_jobs(self.keyed)
+
+    def tasks(self, array_id: str, task: Optional[int] = None) -> list[Job]:
+        """The tasks of array ``array_id`` the read had (with ``task``, that one), in task
+        order."""
+        if self._arrays is None:
+            index: dict[str, list[Job]] = {}
+            for job in self.jobs():
+                if job.array_job_id and job.array_task_id is not None:
+                    index.setdefault(job.array_job_id, []).append(job)
+            self._arrays = index
+        found = [j for j in self._arrays.get(array_id, [])
+                 if task is None or j.array_task_id == task]
+        return sorted(found, key=lambda j: j.array_task_id or 0)
+
+    def views(self, slurm_id: str, task: Optional[int] = None) -> list[Job]:
+        """Slurm's view of one submission: every task of an array submission (with ``task``,
+        that one task of it), else the job itself; [] when the read does not have it."""
+        tasks = self.tasks(slurm_id, task)
+        if tasks or task is not None:
+            return tasks
+        found = self.keyed.get(slurm_id)
+        return [found] if found is not None else []
+
+    def marked(self, marker: str) -> list[Job]:
+        """The jobs whose comment carries the dispatch marker ``marker``, in read order."""
+        return [job for job in self.jobs() if marker in job.markers]

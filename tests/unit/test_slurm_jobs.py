@@ -71,3 +71,42 @@ def test_the_vocabulary_agrees_with_itself() -> None:
     assert jobs.end_name("SOMETHING_NEW") == "failed"
     assert jobs.is_running("SUSPENDED") and not jobs.is_running("PENDING")
     assert jobs.Job("1", "PENDING").is_pending and not jobs.Job("1", "RUNNING").is_pending
+
+
+def _task(job_id: str, array: str, task: int, state: str = "RUNNING",
+          comment: str = "") -> jobs.Job:
+    return jobs.Job(job_id, state, array_job_id=array, array_task_id=task, comment=comment)
+
+
+def test_one_submissions_view_in_one_read() -> None:
+    read = jobs.index_jobs([_task("98", "97", 1, "FAILED"), _task("97", "97", 2, "PENDING"),
+                            _task("97", "97", 0), jobs.Job("50", "RUNNING",
+                                                           comment="dispatch:dabc/1")])
+    seen = jobs.Snapshot(read)
+    assert [j.display_id for j in seen.views("97")] == ["97_0", "97_1", "97_2"]
+    assert [j.display_id for j in seen.views("97", 1)] == ["97_1"]
+    assert seen.views("97", 5) == [] and seen.views("51") == []
+    assert [j.job_id for j in seen.views("50")] == ["50"]
+    assert seen.tasks("50") == []  # a plain job has no tasks
+    assert [j.job_id for j in seen.marked("dispatch:dabc/1")] == ["50"]
+    assert len(seen.jobs()) == 4  # one Job under two keys counts once
+    assert seen.get("98") is seen.get("97_1")
+
+
+def test_the_array_index_lives_with_its_read() -> None:
+    first = jobs.Snapshot(jobs.index_jobs([_task("97", "97", 0)]))
+    second = jobs.Snapshot(jobs.index_jobs([_task("97", "97", 0, "COMPLETED"),
+                                            _task("97", "97", 1, "COMPLETED")]))
+    assert [j.state for j in first.views("97")] == ["RUNNING"]
+    assert [j.state for j in second.views("97")] == ["COMPLETED", "COMPLETED"]
+    assert [j.state for j in first.views("97")] == ["RUNNING"]  # not the later read's
+
+
+def test_no_module_level_cache_of_slurm_reads() -> None:
+    """A submission's Slurm jobs are found through slurm.jobs.Snapshot, whose index is the
+    read's own: no module of the control side keeps one keyed by object identity."""
+    for path in sorted((PACKAGE / "control").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        calls = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Name) and node.func.id == "id"]
+        assert calls == [], f"{path}: id() at lines {calls}: use slurm.jobs.Snapshot"
