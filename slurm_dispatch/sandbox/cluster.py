@@ -144,7 +144,7 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     actions: list[str] = []
     root = _prepare_machine(layout, release, actions)
     state_folder.make_folders(layout)
-    with state_folder.locked(layout):
+    with state_folder.locked(layout.lock_file):
         old_nodes, wanted, changed = _prepare_folder(layout, release, root, nodes, user,
                                                      source, actions)
         partitioned = _start_daemons(layout, old_nodes, wanted, changed,
@@ -272,7 +272,7 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
     if not state_folder.claim(layout.root, create=False):
         return []
     actions: list[str] = []
-    with state_folder.locked(layout):
+    with state_folder.locked(layout.lock_file):
         slurmd_nodes = sorted(p.name[len("slurmd-"):-len(".pid")]
                               for p in layout.run_dir.glob("slurmd-*.pid"))
         for node in slurmd_nodes:
@@ -362,7 +362,7 @@ def stop_controller(directory: Optional[PathLike] = None) -> list[str]:
     require_root("stop the controller")
     layout = Layout(state_dir(directory))
     state_folder.claim(layout.root, create=False)
-    with state_folder.locked(layout):
+    with state_folder.locked(layout.lock_file):
         return daemons.stop(daemons.slurmctld(layout))
 
 
@@ -373,7 +373,7 @@ def start_controller(directory: Optional[PathLike] = None, timeout: float = 60.0
     require_root("start the controller")
     layout = Layout(state_dir(directory))
     state_folder.claim(layout.root, create=False)
-    with state_folder.locked(layout):
+    with state_folder.locked(layout.lock_file):
         daemon = daemons.slurmctld(layout)
         actions = [] if daemons.alive(daemon) else daemons.start(daemon, layout)
         daemons.wait_until(lambda: daemons.controller_answers(layout),

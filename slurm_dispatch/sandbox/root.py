@@ -20,7 +20,6 @@ marker naming what it holds; later ``up`` calls reuse it.  The library never pri
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shlex
@@ -129,23 +128,23 @@ def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
     apt-installs host packages (debootstrap).  Concurrent callers wait on a lock in ``cache``;
     an interrupted build is thrown away and redone.  Returns the root and what was done.
     """
+    # Here, not at the top: state_folder imports this module (through layout).
+    from . import state_folder
+
     claim(cache)
     target = cache / release.folder
     if root_complete(target, release):
         return target, []
-    fd = os.open(cache / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with state_folder.locked(cache / ".lock"):
         if root_complete(target, release):
             return target, []
         return target, _build(release, cache, target, install)
-    finally:
-        os.close(fd)
 
 
 def _build(release: Release, cache: Path, target: Path,
            install: Callable[[list[str]], object]) -> list[str]:
+    from . import state_folder  # as in ensure_root
+
     actions = []
     if shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
         install(["debootstrap"])
@@ -157,8 +156,7 @@ def _build(release: Release, cache: Path, target: Path,
     log = cache / f"{release.folder}.log"
     argv = ["debootstrap", "--variant=minbase", f"--include={','.join(release.packages)}",
             release.suite, str(build)]
-    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                           | os.O_CLOEXEC, 0o644), "ab") as out:
+    with state_folder.append(log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,

@@ -11,10 +11,11 @@ name there; on top of that, files are written to a fresh ``O_EXCL|O_NOFOLLOW`` t
 and renamed into place, and opened with ``O_NOFOLLOW``, so a link is replaced, never written
 through.  The folder's lock (``.lock``, ``flock``) keeps two root verbs from changing it at once.
 
-This walk is its own idea, not the package's no-follow open of one name in a trusted folder:
-it decides whether a whole path, from ``/``, is one that no other user could have changed,
-links included, and makes the missing part of it; it runs as root and says whose folder broke
-the rule.
+Each open goes through :mod:`slurm_dispatch._fsio` (its flags are the package's one spelling of
+"never through a symlink", "create once", "a folder").  The walk from ``/`` stays here: it is
+not ``_fsio``'s no-follow open of one name but a decision about a whole path (could any other
+user have changed a folder on it, or a link it follows?), made as root, that makes the missing
+part of the path and says whose folder broke the rule.
 
 Invariant: nothing is written under a folder before it is claimed; a symlink in the state
 folder is never written through or read as a file of the sandbox's.
@@ -32,10 +33,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import _fsio
 from ..errors import SandboxError
 from .layout import DIR_ENV, MUNGE_USER, Layout, PathLike, state_dir
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_LINKS = 40  # as the kernel's own limit on links followed in one path
 
 
@@ -83,7 +84,7 @@ def claim(folder: Path, create: bool) -> bool:
     """Walk ``folder`` (absolute) as :func:`claim_state_folder` says; False when it is missing
     and ``create`` is false."""
     todo = list(folder.parts[1:])
-    fd = os.open("/", _DIR_FLAGS)
+    fd = _fsio.open_dir("/")
     where = "/"
     links = 0
     try:
@@ -116,10 +117,10 @@ def claim(folder: Path, create: bool) -> bool:
                 if target.startswith("/"):
                     todo.pop(0)
                     os.close(fd)
-                    fd, where = os.open("/", _DIR_FLAGS), "/"
+                    fd, where = _fsio.open_dir("/"), "/"
                 continue
             try:
-                opened = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                opened = _fsio.open_dir(name, fd)
             except OSError as exc:
                 raise _refuse(folder, f"{here} is not a folder ({exc.strerror})") from None
             os.close(fd)
@@ -143,7 +144,7 @@ def own_folder(path: Path, uid: int = 0, gid: int = 0, mode: int = 0o755) -> Non
     except FileExistsError:
         pass
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = _fsio.open_dir(os.fspath(path))
     except OSError as exc:
         raise SandboxError(f"{path} is a symlink or not a folder ({exc.strerror}); refusing to "
                            "write into it as root: remove it and run `dispatch-sandbox up` "
@@ -164,14 +165,16 @@ def own_folder(path: Path, uid: int = 0, gid: int = 0, mode: int = 0o755) -> Non
 
 def append(path: Path) -> Any:
     """``path`` opened for appending bytes, never through a symlink."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o644), "ab")
+    fd = _fsio.create_new(os.fspath(path), 0o644, exclusive=False)
+    # _fsio opens no file for appending: O_APPEND is set on the open descriptor, before any write.
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+    return os.fdopen(fd, "ab")
 
 
 def read_own(path: Path) -> Optional[str]:
     """The text of the regular file ``path``, or None when it is missing or a symlink."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _fsio.open_file(os.fspath(path))
     except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
@@ -179,9 +182,10 @@ def read_own(path: Path) -> Optional[str]:
 
 
 @contextmanager
-def locked(layout: Layout) -> Iterator[None]:
-    fd = os.open(layout.lock_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
+def locked(lock_file: Path) -> Iterator[None]:
+    """Hold ``lock_file`` (made when missing, never through a symlink) exclusively: one root
+    verb at a time changes a state folder (``layout.lock_file``) or builds a Debian root."""
+    fd = _fsio.create_new(os.fspath(lock_file), 0o644, exclusive=False)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -192,9 +196,9 @@ def locked(layout: Layout) -> Iterator[None]:
 def create_once(path: Path, data: bytes, mode: int, uid: int = 0, gid: int = 0) -> None:
     """Make ``path`` holding ``data``, owned by ``uid``:``gid`` with ``mode``; an existing name
     (a symlink included) is FileExistsError, never opened."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    fd = _fsio.create_new(os.fspath(path), mode)
     try:
-        os.write(fd, data)
+        _fsio.write_all(fd, data, os.fspath(path))
         os.fchown(fd, uid, gid)
     finally:
         os.close(fd)

@@ -13,11 +13,10 @@ from slurm_dispatch import _fsio
 
 PACKAGE = Path(slurm_dispatch.__file__).parent
 # The flags that carry a safety rule (create once, never through a symlink, a folder): spelled
-# only in _fsio.py.  sandbox/ is excepted: it sets up a cluster as root, is its own program, and
-# moves to _fsio on its own schedule.
+# only in _fsio.py (the sandbox's state folder included: sandbox/state_folder.py opens through it).
 FLAGS = {"O_EXCL", "O_NOFOLLOW", "O_DIRECTORY"}
 EXCEPT = {"_fsio.py"}
-EXCEPT_FOLDERS = {"sandbox"}
+EXCEPT_FOLDERS: set[str] = set()
 
 
 def _sources() -> list[Path]:
