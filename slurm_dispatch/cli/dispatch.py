@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
+from .._table import render_table
 from ..checkpoint import model
 from ..checkpoint import publish as store
 from ..errors import UsageError
@@ -51,21 +52,6 @@ def parse_int(value: str, option: str) -> int:
 
 def echo_json(data: object) -> None:
     click.echo(json.dumps(data, indent=None, sort_keys=True))
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
-                 noheader: bool = False) -> str:
-    """Columns aligned the way squeue aligns them, with the last column left free."""
-    cells = [[str(c) for c in row] for row in rows]
-    all_rows = cells if noheader else [list(headers)] + cells
-    if not all_rows:
-        return ""
-    widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
-    lines = []
-    for row in all_rows:
-        parts = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
-        lines.append(" ".join(parts).rstrip())
-    return "\n".join(lines)
 
 
 @click.group(cls=_Shell, context_settings=CONTEXT)
@@ -367,174 +353,6 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     return code
 
 
-def _resubmits_text(data: dict[str, Any]) -> str:
-    """``resubmits 1 of 3``, or, where a person resubmitted, what was whose: the supervisor
-    counts every resubmission against the budget."""
-    used, budget = data["resubmits_used"], data["resubmit_budget"]
-    by_hand = data.get("resubmits_by_hand", 0)
-    if not by_hand:
-        return f"resubmits {used} of {budget}"
-    times = "time" if by_hand == 1 else "times"
-    rest = f" and {used - by_hand} by dispatch supervise" if used > by_hand else ""
-    return (f"resubmitted {by_hand} {times} by hand (dispatch resubmit){rest}; resubmit "
-            f"budget {budget}, {max(0, budget - used)} left for dispatch supervise")
-
-
-def _render_status(data: dict[str, Any]) -> str:
-    mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
-    tasks = data.get("tasks")
-    used = (_resubmits_text(data) if tasks is None
-            else f"an array of {len(tasks)} task(s), each with a resubmit budget of "
-            f"{data['resubmit_budget']}")
-    out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "
-           f"{mode}, {used}",
-           f"Checkpoint  {data['checkpoint']}"]
-    if data.get("supersedes"):
-        out.append(f"Supersedes  {data['supersedes']}")
-    out.append("")
-    out.append(_supervisor_text(data))
-    if data.get("launcher_problem"):
-        out.append(f"Launcher    {data['launcher_problem']}")
-    out.append("")
-    # Slurm's reason for the job's state, and ours for making the submission, apart.
-    out.append(render_table(
-        ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "SLURM_REASON", "SUBMITTED_FOR"],
-        [[s["submission"], s.get("display_id") or s["slurm_job_id"], _state_text(s),
-          "-" if s["restarts"] is None else s["restarts"], _clock(s["submitted"]),
-          s["slurm_reason"] or "-", s["reason"] or "-"]
-         for s in data["submissions"]]))
-    if tasks:
-        out.append("")
-        out.append(render_table(
-            ["TASK", "SUBMISSION", "JOBID", "STATE", "RESUBMITS", "LATEST PUBLICATION"],
-            [[t["task"], t["submission"], t["display_id"],
-              "FINISHED" if t["settled"] and t["state"].startswith("UNKNOWN") else t["state"],
-              f"{t['resubmits_used']} of {data['resubmit_budget']}", _latest_text(t["latest"])]
-             for t in tasks]))
-    out.append("")
-    rows = []
-    for e in data["executions"]:
-        jobid = e.get("display_id") or e["slurm_job_id"]
-        evidence = "; ".join(_fact_text(f) for f in e.get("facts", [])) or "-"
-        rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
-                     _clock(e["started"]), e["state"], evidence])
-    out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
-                             "END/CESSATION"], rows) if rows else "No execution has started yet.")
-    if data["events"]:
-        out.append("")
-        out.extend(f"{_clock(ev['time'])} {_event_text(ev)}" for ev in data["events"])
-    if tasks and "%a" in data["checkpoint"].replace("%%", ""):
-        return "\n".join(out)  # each task's root, its latest: in the task table
-    out.append("")
-    out.append(f"Latest publication: {_latest_text(data['latest'])}")
-    return "\n".join(out)
-
-
-def _state_text(sub: dict[str, Any]) -> str:
-    """A submission's state; a recorded end with the hook's exit code, as sacct's ExitCode."""
-    state = str(sub["state"])
-    if sub.get("exit_code") and state.endswith(" (recorded)"):
-        return f"{state[:-1]}, exit {sub['exit_code']})"
-    return state
-
-
-def _supervisor_text(data: dict[str, Any]) -> str:
-    """When a supervisor last passed: resubmissions and holds happen only while one runs."""
-    seen = data.get("supervisor")
-    rules_wait = data["resubmit_budget"] > 0 or data["shared_checkpoint"]
-    if not seen:
-        return ("Supervisor  none has passed yet" + (
-            ": --resubmit and holds act only while `dispatch supervise` runs (a systemd user "
-            "timer: contrib/systemd; scrontab; or --loop)" if rules_wait else ""))
-    good = (f"last good pass {_clock(seen['time'])} ({_ago(seen['time'])} ago, on "
-            f"{seen.get('host', '?')})" if seen.get("time") else "no good pass yet")
-    if not seen.get("failing_since"):
-        return f"Supervisor  {good}"
-    return (f"Supervisor  {good}; passes failing since {_clock(seen['failing_since'])} "
-            f"({seen.get('failures', '?')} failed, the latest {_ago(seen.get('failed_at'))} "
-            f"ago): {seen.get('error', '?')}")
-
-
-def _ago(seconds: Any) -> str:
-    import time as _time
-    if not isinstance(seconds, (int, float)):
-        return "?"
-    ago = max(0, int(_time.time() - float(seconds)))
-    return f"{ago} s" if ago < 120 else f"{ago // 60} min" if ago < 7200 else \
-        f"{ago // 3600} h"
-
-
-def _latest_text(latest_: Optional[dict[str, Any]]) -> str:
-    if latest_ is None:
-        return "none"
-    if "error" in latest_:
-        return f"unreadable: {latest_['error']}"
-    return f"epoch {latest_['epoch']} step {latest_['step']} {latest_['path']}"
-
-
-def _event_text(ev: dict[str, Any]) -> str:
-    """One line for a recorded decision: holds, cessation facts, releases, ends.  One array
-    task's: named, and its Slurm jobs as Slurm shows them (``80_1``)."""
-    task = ev.get("task")
-    if task is None:
-        return _decision_text(ev)
-    ev = {**ev, **{k: f"{ev[k]}_{task}" for k in ("slurm_job_id", "held_slurm_job_id")
-                   if ev.get(k) and "_" not in str(ev[k])}}
-    text = _decision_text(ev)
-    head, _, rest = text.partition(" ")
-    return f"{head} task {task} {rest}" if ev["event"] in ("hold", "finished", "cessation") \
-        else text
-
-
-def _decision_text(ev: dict[str, Any]) -> str:
-    kind = ev["event"]
-    if kind == "hold":
-        return (f"HOLD submission {ev['submission']} (Slurm job {ev['slurm_job_id']}) after "
-                f"{ev['end_state']} of job {ev['ended_slurm_job_id']}, until "
-                f"{_clock(ev['deadline'])}")
-    if kind == "cessation":
-        evidence = ev.get("evidence")
-        reason = evidence.get("reason", "") if isinstance(evidence, dict) else str(evidence)
-        return (f"CESSATION of job {ev['ended_slurm_job_id']}: {ev['verdict']}"
-                + (f" ({reason})" if reason else ""))
-    if kind == "released":
-        return f"RELEASED Slurm job {ev['slurm_job_id']} by {ev['by']}"
-    if kind == "expired":
-        return f"EXPIRED hold on Slurm job {ev['slurm_job_id']}: nothing more starts"
-    if kind == "finished":
-        return f"FINISHED after {ev['end_state']}: {ev['rule']}"
-    if kind == "superseded":
-        return f"SUPERSEDED by {ev['by']}"
-    extra = {k: v for k, v in ev.items() if k not in ("event", "time", "ns")}
-    return f"{kind.upper()} " + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
-
-
-def _fact_text(fact: dict[str, Any]) -> str:
-    """One execution's hook facts in a few words: its end, then each node's cessation."""
-    if "error" in fact:
-        return f"facts unreadable: {fact['error']}"
-    parts: list[str] = []
-    nodes = fact.get("nodes") or {}
-    end = fact.get("end")
-    if not end and all(seen.get("ceased") is None for seen in nodes.values()):
-        return "-"  # still running: nothing has ended yet
-    if end:
-        state = end.get("state") or ("requeued" if end.get("requeued") else "ended")
-        parts.append(f"{state} exit {end.get('exit_code', '?')}")
-    for node, seen in sorted(nodes.items()):
-        ceased = seen.get("ceased")
-        if ceased is True:
-            parts.append(f"{node} ceased")
-        elif ceased is False:
-            pids = [str(p.get("pid")) for p in seen.get("survivors", []) if isinstance(p, dict)]
-            parts.append(f"{node} SURVIVORS {','.join(pids) or '?'}")
-        else:
-            parts.append(f"{node} no end record")
-    if fact.get("problems"):
-        parts.append(f"{len(fact['problems'])} problem(s)")
-    return ", ".join(parts) or "-"
-
-
 @main.command(name="status")
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -566,11 +384,9 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
         width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
         click.echo(drawing.render(data, found, width=max(width, 60)))
     else:
-        text = _render_status(data)
-        if len(record.clusters(record.all_jobs(), here)) > 1:  # whose job it is
-            head, _, rest = text.partition("\n")
-            text = f"{head}\nCluster     {data['cluster']}\n{rest}"
-        click.echo(text)
+        from ..control.status_text import render
+        click.echo(render(data, several_clusters=len(record.clusters(record.all_jobs(),
+                                                                      here)) > 1))
 
 
 @main.command()

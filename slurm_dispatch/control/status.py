@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..checkpoint import publish as store
 from ..errors import DispatchError
@@ -18,7 +18,7 @@ from ..execution.launch import expand_root
 from ..slurm.jobs import SLURM_END, Job, Snapshot
 from . import events, record, submit
 
-FactsReader = Callable[[str], list[dict[str, Any]]]
+FactsReader = Callable[[str], Sequence[Mapping[str, Any]]]
 
 
 def _state(info: Optional[Job]) -> str:
@@ -37,7 +37,7 @@ def _rule_end(text: str) -> Optional[str]:
 
 
 def recorded_end(history: events.History, sub: events.Submitted,
-                 facts: Optional[list[dict[str, Any]]] = None) -> Optional[str]:
+                 facts: Optional[Sequence[Mapping[str, Any]]] = None) -> Optional[str]:
     """How submission ``sub`` ended as the record says, in Slurm's words (FAILED, TIMEOUT,
     ...), for a submission slurmctld has forgotten; None when the record does not say.
 
@@ -124,9 +124,9 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
     records = [e.raw for e in history.events]
     reader = facts_reader if facts_reader is not None else _facts_reader()
     tasks = submit.array_tasks(job)
-    facts_cache: dict[str, list[dict[str, Any]]] = {}
+    facts_cache: dict[str, Sequence[Mapping[str, Any]]] = {}
 
-    def facts_of(slurm_id: str) -> list[dict[str, Any]]:
+    def facts_of(slurm_id: str) -> Sequence[Mapping[str, Any]]:
         if reader is None or not slurm_id:
             return []
         if slurm_id not in facts_cache:

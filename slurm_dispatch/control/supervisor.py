@@ -44,7 +44,7 @@ import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..errors import DispatchError, RecordError, RefusedError, SlurmError
 from ..slurm.adapter import Slurm
@@ -158,10 +158,10 @@ def exit_end(exit_code: Any) -> Optional[str]:
     return None
 
 
-FactsReader = Callable[[str], list[dict[str, Any]]]
+FactsReader = Callable[[str], Sequence[Mapping[str, Any]]]
 
 
-def site_facts(slurm_job_id: str) -> list[dict[str, Any]]:
+def site_facts(slurm_job_id: str) -> Sequence[Mapping[str, Any]]:
     """What the site's hooks recorded about a Slurm job's executions (its StateDir)."""
     from ..node.executions import execution_facts
     return execution_facts(slurm_job_id)

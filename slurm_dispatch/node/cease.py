@@ -25,12 +25,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
 from .. import config as config_module
 from ..errors import ConfigError, RecordError, UsageError
 from ..slurm.jobs import Job, Node
 from . import facts
+
+if TYPE_CHECKING:
+    from .executions import ExecutionFacts
 
 
 class Controller(Protocol):
@@ -212,8 +215,9 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
     if info is None and restart not in by_restart:
         raise UsageError(f"job {job_id} is unknown to the controller and has no records of "
                          f"restart {restart} under {cfg.state_dir}")
-    execution = by_restart.get(restart) or {"allocated": [], "nodes": {}, "problems": [],
-                                            "controller": {"start": None, "end": None}}
+    execution: ExecutionFacts = by_restart.get(restart) or {
+        "job_id": slurm_job_id, "restart": restart, "allocated": [], "nodes": {},
+        "problems": [], "controller": {"start": None, "end": None}}
     verdict = Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=restart,
                       job_state=state, ceased=False, reason="",
                       problems=list(execution.get("problems", [])))
@@ -259,7 +263,7 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
     return verdict
 
 
-def _node_evidence(name: str, recorded: Optional[dict[str, Any]], node: Optional[Node],
+def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optional[Node],
                    ends: list[float], tolerance: float) -> NodeEvidence:
     state = node.state if node is not None else "(unknown node)"
     reason = node.reason if node is not None else ""

@@ -17,6 +17,54 @@ from .factstore import job_uids, read_job_facts
 
 __all__ = ["collect", "execution_facts", "group_executions"]
 
+TYPE_CHECKING = False  # typing is not imported at run time: the hooks import this module
+if TYPE_CHECKING:
+    from typing import Any, Optional, TypedDict
+
+    # The typed views of what this module returns, for its readers (status text, cessation):
+    # defined for the type checker only, so they cost the hooks nothing.  A fact itself is a
+    # dict as the hooks wrote it (node/factstore.py).
+
+    class _EndState(TypedDict, total=False):
+        # Not written by this version's hooks (Slurm 22.05 gives them no job state); the
+        # readers (status) prefer it where an end carries it.
+        state: str
+
+    class EndSummary(_EndState):
+        """How an execution ended, as the hooks saw it (:func:`_end_summary`)."""
+
+        time: Optional[float]
+        source: Optional[str]  # "controller" | "node"; None when only a later run shows it
+        exit_code: Optional[str]  # Slurm's "3:0"
+        derived_exit_code: Optional[str]
+        requeued: bool
+
+    class NodeFacts(TypedDict):
+        """One node's word on one execution; ``ceased`` None: the node recorded no end."""
+
+        start: Optional[dict[str, Any]]
+        end: Optional[dict[str, Any]]
+        recheck: Optional[dict[str, Any]]
+        survivors: list[dict[str, Any]]
+        ceased: Optional[bool]
+
+    class ControllerFacts(TypedDict):
+        start: Optional[dict[str, Any]]
+        end: Optional[dict[str, Any]]
+
+    class _Ended(TypedDict, total=False):
+        end: Optional[EndSummary]  # set once every execution of the job is grouped
+
+    class ExecutionFacts(_Ended):
+        """One execution of a Slurm job: :func:`execution_facts`' items."""
+
+        job_id: str
+        restart: int
+        allocated: list[str]
+        controller: ControllerFacts
+        nodes: dict[str, NodeFacts]
+        problems: list[str]
+
 
 def _restart_of(fact: dict) -> int | None:
     value = fact.get("restart")
@@ -26,7 +74,7 @@ def _restart_of(fact: dict) -> int | None:
 
 
 def execution_facts(slurm_job_id: str, state_dir: str | None = None,
-                    uid: int | None = None) -> list[dict]:
+                    uid: int | None = None) -> list[ExecutionFacts]:
     """What the hooks recorded about each execution of a Slurm job, oldest execution first.
 
     ``slurm_job_id`` is Slurm's own id (for an array element, its JobId, not ``A_T``).
@@ -63,26 +111,28 @@ def execution_facts(slurm_job_id: str, state_dir: str | None = None,
     return found
 
 
-def collect(slurm_job_id: str, state_dir: str, uid: int) -> tuple[list[dict], list[str]]:
+def collect(slurm_job_id: str, state_dir: str, uid: int
+            ) -> tuple[list[ExecutionFacts], list[str]]:
     """:func:`execution_facts` and the problems met, without raising."""
     found, problems = read_job_facts(state_dir, uid, slurm_job_id)
     return group_executions(slurm_job_id, found, problems), problems
 
 
-def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> list[dict]:
+def group_executions(job_id: str, facts: list[dict], problems: list[str]
+                     ) -> list[ExecutionFacts]:
     """Group facts by execution; an end is tied to the start its own node recorded."""
     starts = {f.get("token"): f for f in facts if f.get("kind") == "start"}
     ctld_starts = {f.get("token"): f for f in facts if f.get("kind") == "ctld-start"}
-    executions: dict[int, dict] = {}
+    executions: dict[int, ExecutionFacts] = {}
 
-    def execution(restart: int) -> dict:
+    def execution(restart: int) -> ExecutionFacts:
         if restart not in executions:
             executions[restart] = {"job_id": job_id, "restart": restart, "allocated": [],
                                    "controller": {"start": None, "end": None}, "nodes": {},
                                    "problems": list(problems)}
         return executions[restart]
 
-    def node_entry(restart: int, node: str) -> dict:
+    def node_entry(restart: int, node: str) -> NodeFacts:
         return execution(restart)["nodes"].setdefault(
             node, {"start": None, "end": None, "recheck": None, "survivors": [], "ceased": None})
 
@@ -141,7 +191,7 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]) -> lis
     return ordered
 
 
-def _end_summary(execution: dict, later: bool) -> dict | None:
+def _end_summary(execution: ExecutionFacts, later: bool) -> EndSummary | None:
     """The end as the hooks saw it.  Slurm 22.05 gives hooks no job state (no SLURM_JOB_STATE;
     the exit code is 0:0 for a cancelled or node-failed job too), so this is the exit code, and
     ``requeued`` when a later execution of the same job id was recorded."""

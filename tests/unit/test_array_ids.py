@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from slurm_dispatch.cli import dispatch as cli
-from slurm_dispatch.control import status
+from slurm_dispatch.control import status, status_text
 from slurm_dispatch.execution.launch import header_line
 from slurm_dispatch.slurm.adapter import Slurm
 
@@ -54,7 +54,7 @@ def test_status_lines_about_one_task_name_it_as_slurm_does(
     job.append("finished", submission=2, slurm_job_id="80", end_state="completed",
                rule="stop (done)", task=1)
     data = status.collect(job, Slurm().own_jobs(), facts_reader=lambda jobid: [])
-    text = cli._render_status(data)
+    text = status_text.render(data)
     assert "HOLD task 1 submission 2 (Slurm job 80_1)" in text, text
     assert "RELEASED Slurm job 80_1 " in text and "FINISHED task 1 after completed" in text
 

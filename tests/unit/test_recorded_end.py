@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 
 from slurm_dispatch.cli import dispatch as cli
-from slurm_dispatch.control import status
+from slurm_dispatch.control import status, status_text
 from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.slurm.adapter import Slurm
 
@@ -51,7 +51,7 @@ def test_the_controller_hooks_end_record_gives_the_exit_code(cluster: FakeCluste
     sub = data["submissions"][0]
     assert (sub["state"], sub["exit_code"]) == ("FAILED (recorded)", "3:0")
     assert data["executions"][0]["state"] == "FAILED (recorded)"
-    assert "FAILED (recorded, exit 3:0)" in cli._render_status(data)
+    assert "FAILED (recorded, exit 3:0)" in status_text.render(data)
     # 0:0 proves nothing by itself (a completion, a node failure or a cancel alike).
     facts[0]["end"]["exit_code"] = "0:0"
     data = status.collect(job.job, {}, facts_reader=lambda jobid: facts)

@@ -341,8 +341,7 @@ def test_status_counts_resubmissions_by_hand_apart_from_the_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the full disk, the job was resubmitted by hand (`dispatch resubmit`) and status
     read "resubmits 1 of 0", as if the supervisor had gone past the budget."""
-    from slurm_dispatch.cli import dispatch as cli
-    from slurm_dispatch.control import status, submit
+    from slurm_dispatch.control import status, status_text, submit
     from slurm_dispatch.slurm.adapter import Slurm
 
     from .fake_cluster import FakeCluster
@@ -354,7 +353,7 @@ def test_status_counts_resubmissions_by_hand_apart_from_the_budget(
                                                   cwd=str(tmp_path)), Slurm(cluster, wait=0))
     cluster.set("40", JobState="FAILED")
     submit.resubmit(Slurm(cluster, wait=0), first.job)
-    head = cli._render_status(status.collect(first.job, {})).splitlines()[0]
+    head = status_text.render(status.collect(first.job, {})).splitlines()[0]
     assert "resubmits 1 of 0" not in head
     assert "resubmitted 1 time by hand (dispatch resubmit); resubmit budget 0" in head, head
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.cli import dispatch as cli
-from slurm_dispatch.control import record, status, submit
+from slurm_dispatch.control import record, status, status_text, submit
 from slurm_dispatch.slurm.adapter import Slurm
 from slurm_dispatch.slurm.jobs import Job
 
@@ -47,7 +47,7 @@ def test_collect_marks_the_requeued_execution_and_joins_facts(job: record.JobRec
     assert [len(e["facts"]) for e in data["executions"]] == [1, 1]
     assert data["submissions"][0]["restarts"] == 1
     assert (data["resubmit_budget"], data["resubmits_used"]) == (2, 0)
-    text = cli._render_status(data)
+    text = status_text.render(data)
     assert "requeued exit 0:0, n1 SURVIVORS 4242" in text
     lines = text.splitlines()
     running = next(line for line in lines if line.startswith("7 ") and "RUNNING" in line)
@@ -61,7 +61,7 @@ def test_decisions_render_as_readable_lines(job: record.JobRecord) -> None:
                verdict="not ceased", code=1, evidence={"reason": "not proven on 1 of 1: n1"})
     job.append("released", slurm_job_id="8", by="cessation signal")
     data = status.collect(job, {}, facts_reader=lambda jobid: [])
-    text = cli._render_status(data)
+    text = status_text.render(data)
     assert "HOLD submission 2 (Slurm job 8) after node failure of job 7, until " in text
     assert "CESSATION of job 7: not ceased (not proven on 1 of 1: n1)" in text
     assert "RELEASED Slurm job 8 by cessation signal" in text
@@ -124,7 +124,7 @@ def test_an_array_shows_each_tasks_latest_and_ids_as_slurm_shows_them(
     assert [e["display_id"] for e in data["executions"]] == ["97_0", "97_1", "97_2"]
     assert [(s["display_id"], s["task"]) for s in data["submissions"]] == [("97", None),
                                                                            ("100_1", 1)]
-    text = cli._render_status(data)
+    text = status_text.render(data)
     assert "unreadable" not in text and "Latest publication:" not in text
     row = next(line for line in text.splitlines() if line.startswith("1 ") and "100_1" in line)
     assert "1 of 2" in row and "epoch 2000000 step 11" in row
@@ -158,7 +158,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
     from slurm_dispatch.control.supervisor import PassReport, mark_pass
     from slurm_dispatch.slurm.jobs import Job
     slurm_jobs = {"7": Job("7", "PENDING", reason="Resources")}
-    text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
+    text = status_text.render(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
     assert "Supervisor  none has passed yet: --resubmit and holds act only while" in text
     header = next(line for line in text.splitlines() if line.startswith("SUBMISSION"))
     assert header.split() == ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED",
@@ -166,7 +166,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
     row = next(line for line in text.splitlines() if line.startswith("1 "))
     assert row.split()[-2:] == ["Resources", "first"]
     mark_pass(None, PassReport(), 1, job.spec.get("cluster"))  # the job's cluster's
-    text = cli._render_status(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
+    text = status_text.render(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
     assert "Supervisor  last good pass " in text and " s ago, on " in text
 
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch.cli import dispatch as cli
-from slurm_dispatch.control import interpreter, status, submit
+from slurm_dispatch.control import interpreter, status, status_text, submit
 from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import RefusedError
 from slurm_dispatch.slurm.adapter import Slurm
@@ -58,7 +57,7 @@ def test_a_gone_interpreter_is_never_resubmitted_and_spends_no_budget(
         assert not (Path(job.path) / "claims" / "submission-2").exists()
     data = status.collect(job, Slurm(cluster, wait=0).own_jobs())
     assert f"the interpreter {python} is gone" in data["launcher_problem"]
-    text = cli._render_status(data)
+    text = status_text.render(data)
     assert f"Launcher    the interpreter {python} is gone" in text
     assert "1 of 2" in text or "0 of 2" in text  # nothing of the budget went
     with pytest.raises(RefusedError, match="not resubmitted: the interpreter"):

@@ -1,0 +1,27 @@
+"""Tables for people: columns aligned the way squeue aligns them, the last column left free.
+
+Role: the one table renderer of the commands' text (``dispatch list``, ``jobs``, ``gc`` and
+:mod:`slurm_dispatch.control.status_text`).  Invariant: pure, standard library only and
+importing nothing, so an in-job command (``dispatch list``) pays nothing for it.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing is not imported at run time: the in-job commands' start-up
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+                 noheader: bool = False) -> str:
+    """Columns aligned the way squeue aligns them, with the last column left free."""
+    cells = [[str(c) for c in row] for row in rows]
+    all_rows = cells if noheader else [list(headers)] + cells
+    if not all_rows:
+        return ""
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
+    lines = []
+    for row in all_rows:
+        parts = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
+        lines.append(" ".join(parts).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""dispatch status's text: a job's status (:func:`slurm_dispatch.control.status.collect`) as the
+lines people read.  The CLI only prints what :func:`render` returns.
+
+Role: the one place the status is put into words.  Recorded decisions are read as typed events
+(:func:`slurm_dispatch.control.events.parse`, dispatched on their classes, never on kind
+strings); the hooks' facts of an execution through their typed views
+(:class:`slurm_dispatch.node.executions.ExecutionFacts`, for the type checker only).
+
+Invariant: pure over the status data (apart from the clock for "N ago"), no I/O; the text is
+pinned byte for byte by tests/unit/test_status_text.py, whose golden file says what each case
+looks like.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from .._table import render_table
+from . import events
+from .status import clock
+
+if TYPE_CHECKING:
+    from ..node.executions import ExecutionFacts
+
+    # An execution's facts in the status: what the hooks recorded, or why it is unreadable.
+    FactsView = Union[ExecutionFacts, dict[str, str]]
+
+
+def render(data: dict[str, Any], several_clusters: bool = False) -> str:
+    """The status text; with ``several_clusters`` (the home holds records of more than one
+    cluster), a line naming the job's cluster under the first."""
+    text = _render(data)
+    if several_clusters:  # whose job it is
+        head, _, rest = text.partition("\n")
+        text = f"{head}\nCluster     {data['cluster']}\n{rest}"
+    return text
+
+
+def _render(data: dict[str, Any]) -> str:
+    mode = "shared checkpoint" if data["shared_checkpoint"] else "isolated"
+    tasks = data.get("tasks")
+    used = (resubmits_text(data) if tasks is None
+            else f"an array of {len(tasks)} task(s), each with a resubmit budget of "
+            f"{data['resubmit_budget']}")
+    out = [f"Dispatch job {data['id']}: {data['script']}, generation {data['generation']}, "
+           f"{mode}, {used}",
+           f"Checkpoint  {data['checkpoint']}"]
+    if data.get("supersedes"):
+        out.append(f"Supersedes  {data['supersedes']}")
+    out.append("")
+    out.append(supervisor_text(data))
+    if data.get("launcher_problem"):
+        out.append(f"Launcher    {data['launcher_problem']}")
+    out.append("")
+    # Slurm's reason for the job's state, and ours for making the submission, apart.
+    out.append(render_table(
+        ["SUBMISSION", "JOBID", "STATE", "RESTARTS", "SUBMITTED", "SLURM_REASON", "SUBMITTED_FOR"],
+        [[s["submission"], s.get("display_id") or s["slurm_job_id"], state_text(s),
+          "-" if s["restarts"] is None else s["restarts"], clock(s["submitted"]),
+          s["slurm_reason"] or "-", s["reason"] or "-"]
+         for s in data["submissions"]]))
+    if tasks:
+        out.append("")
+        out.append(render_table(
+            ["TASK", "SUBMISSION", "JOBID", "STATE", "RESUBMITS", "LATEST PUBLICATION"],
+            [[t["task"], t["submission"], t["display_id"],
+              "FINISHED" if t["settled"] and t["state"].startswith("UNKNOWN") else t["state"],
+              f"{t['resubmits_used']} of {data['resubmit_budget']}", latest_text(t["latest"])]
+             for t in tasks]))
+    out.append("")
+    rows = []
+    for e in data["executions"]:
+        jobid = e.get("display_id") or e["slurm_job_id"]
+        evidence = "; ".join(fact_text(f) for f in e.get("facts", [])) or "-"
+        rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
+                     clock(e["started"]), e["state"], evidence])
+    out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
+                             "END/CESSATION"], rows) if rows else "No execution has started yet.")
+    if data["events"]:
+        out.append("")
+        out.extend(f"{clock(raw['time'])} {event_text(events.parse(raw))}"
+                   for raw in data["events"])
+    if tasks and "%a" in data["checkpoint"].replace("%%", ""):
+        return "\n".join(out)  # each task's root, its latest: in the task table
+    out.append("")
+    out.append(f"Latest publication: {latest_text(data['latest'])}")
+    return "\n".join(out)
+
+
+def resubmits_text(data: dict[str, Any]) -> str:
+    """``resubmits 1 of 3``, or, where a person resubmitted, what was whose: the supervisor
+    counts every resubmission against the budget."""
+    used, budget = data["resubmits_used"], data["resubmit_budget"]
+    by_hand = data.get("resubmits_by_hand", 0)
+    if not by_hand:
+        return f"resubmits {used} of {budget}"
+    times = "time" if by_hand == 1 else "times"
+    rest = f" and {used - by_hand} by dispatch supervise" if used > by_hand else ""
+    return (f"resubmitted {by_hand} {times} by hand (dispatch resubmit){rest}; resubmit "
+            f"budget {budget}, {max(0, budget - used)} left for dispatch supervise")
+
+
+def state_text(sub: dict[str, Any]) -> str:
+    """A submission's state; a recorded end with the hook's exit code, as sacct's ExitCode."""
+    state = str(sub["state"])
+    if sub.get("exit_code") and state.endswith(" (recorded)"):
+        return f"{state[:-1]}, exit {sub['exit_code']})"
+    return state
+
+
+def supervisor_text(data: dict[str, Any]) -> str:
+    """When a supervisor last passed: resubmissions and holds happen only while one runs."""
+    seen = data.get("supervisor")
+    rules_wait = data["resubmit_budget"] > 0 or data["shared_checkpoint"]
+    if not seen:
+        return ("Supervisor  none has passed yet" + (
+            ": --resubmit and holds act only while `dispatch supervise` runs (a systemd user "
+            "timer: contrib/systemd; scrontab; or --loop)" if rules_wait else ""))
+    good = (f"last good pass {clock(seen['time'])} ({ago(seen['time'])} ago, on "
+            f"{seen.get('host', '?')})" if seen.get("time") else "no good pass yet")
+    if not seen.get("failing_since"):
+        return f"Supervisor  {good}"
+    return (f"Supervisor  {good}; passes failing since {clock(seen['failing_since'])} "
+            f"({seen.get('failures', '?')} failed, the latest {ago(seen.get('failed_at'))} "
+            f"ago): {seen.get('error', '?')}")
+
+
+def ago(seconds: Any) -> str:
+    """How long ago ``seconds`` (since the epoch) was: ``90 s``, ``5 min``, ``2 h``."""
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    passed = max(0, int(time.time() - float(seconds)))
+    return f"{passed} s" if passed < 120 else f"{passed // 60} min" if passed < 7200 else \
+        f"{passed // 3600} h"
+
+
+def latest_text(latest: Optional[dict[str, Any]]) -> str:
+    if latest is None:
+        return "none"
+    if "error" in latest:
+        return f"unreadable: {latest['error']}"
+    return f"epoch {latest['epoch']} step {latest['step']} {latest['path']}"
+
+
+def event_text(event: events.Event) -> str:
+    """One line for a recorded decision: holds, cessation facts, releases, ends.  One array
+    task's: named, and its Slurm jobs as Slurm shows them (``80_1``)."""
+    task = event.task
+
+    def shown(slurm_id: str) -> str:
+        """A task's Slurm job as Slurm writes it (``80_1``), unless it is written so."""
+        return f"{slurm_id}_{task}" if task is not None and slurm_id and "_" not in slurm_id \
+            else slurm_id
+
+    named = "" if task is None else f"task {task} "
+    if isinstance(event, events.Hold):
+        return (f"HOLD {named}submission {event.submission} (Slurm job "
+                f"{shown(event.slurm_job_id)}) after {event.end_state} of job "
+                f"{event.ended_slurm_job_id}, until {clock(event.deadline)}")
+    if isinstance(event, events.Cessation):
+        evidence = event.evidence
+        reason = evidence.get("reason", "") if isinstance(evidence, dict) else str(evidence)
+        return (f"CESSATION {named}of job {event.ended_slurm_job_id}: {event.verdict}"
+                + (f" ({reason})" if reason else ""))
+    if isinstance(event, events.Released):
+        return f"RELEASED Slurm job {shown(event.slurm_job_id)} by {event.by}"
+    if isinstance(event, events.Expired):
+        return f"EXPIRED hold on Slurm job {shown(event.slurm_job_id)}: nothing more starts"
+    if isinstance(event, events.Finished):
+        return f"FINISHED {named}after {event.end_state}: {event.rule}"
+    if isinstance(event, events.Superseded):
+        return f"SUPERSEDED by {event.by}"
+    # Any other kind (a notification, a failed submission): its stored fields, by name.
+    extra = {k: v for k, v in event.raw.items() if k not in ("event", "time", "ns")}
+    for key in ("slurm_job_id", "held_slurm_job_id"):
+        if extra.get(key):
+            extra[key] = shown(str(extra[key]))
+    return f"{event.kind.upper()} " + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
+
+
+def fact_text(fact: FactsView) -> str:
+    """One execution's hook facts in a few words: its end, then each node's cessation."""
+    if "error" in fact:
+        return f"facts unreadable: {fact['error']}"  # type: ignore[typeddict-item]
+    seen: ExecutionFacts = fact  # type: ignore[assignment]
+    parts: list[str] = []
+    nodes = seen.get("nodes") or {}
+    end = seen.get("end")
+    if not end and all(node.get("ceased") is None for node in nodes.values()):
+        return "-"  # still running: nothing has ended yet
+    if end:
+        state = end.get("state") or ("requeued" if end.get("requeued") else "ended")
+        parts.append(f"{state} exit {end.get('exit_code', '?')}")
+    for name, node in sorted(nodes.items()):
+        ceased = node.get("ceased")
+        if ceased is True:
+            parts.append(f"{name} ceased")
+        elif ceased is False:
+            pids = [str(p.get("pid")) for p in node.get("survivors", []) if isinstance(p, dict)]
+            parts.append(f"{name} SURVIVORS {','.join(pids) or '?'}")
+        else:
+            parts.append(f"{name} no end record")
+    if seen.get("problems"):
+        parts.append(f"{len(seen['problems'])} problem(s)")
+    return ", ".join(parts) or "-"
