@@ -7,7 +7,7 @@ import os
 from . import rules
 from .submit import (
     Request,
-    _array_of,
+    array_of,
     checkpoint_root,
     refuse_array_on_one_root,
     refuse_warning_past_limit,
@@ -25,8 +25,8 @@ def _human(seconds: int) -> str:
 
 def _array_line(request: Request) -> list[str]:
     """For an array: the rules below apply to each task on its own."""
-    tasks = _array_of(request.sbatch, os.environ, request.header.sbatch_lines,
-                      os.path.basename(request.script_path))
+    tasks = array_of(request.sbatch, os.environ, request.header.sbatch_lines,
+                     os.path.basename(request.script_path))
     if tasks is None:
         return []
     return [f"  array       {len(tasks)} task(s), each on its own: a task's end, budget, "

@@ -20,6 +20,7 @@ import time
 
 from .. import _fsio
 from ..errors import DispatchError, RecordError, SlurmError, UsageError
+from ..slurm import arrays
 from ..slurm.adapter import Result, Slurm, default_timeout
 from ..slurm.jobs import MARKER_PREFIX, Job, unique_jobs
 from . import dependency, record, sbatch_args
@@ -187,9 +188,9 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "resubmit": request.options.resubmit,
         "shared_checkpoint": shared,
         # The environment sbatch is given (SBATCH_ARRAY_INX) is the submission's, not ours.
-        "array_tasks": _array_of(request.sbatch, os.environ if env is None else env,
-                                 request.header.sbatch_lines,
-                                 os.path.basename(request.script_path)),
+        "array_tasks": array_of(request.sbatch, os.environ if env is None else env,
+                                request.header.sbatch_lines,
+                                os.path.basename(request.script_path)),
         "warn_before": list(request.options.warn_before) if request.options.warn_before
         else None,
         "supersedes": supersedes,
@@ -281,22 +282,13 @@ def _option_words(words: list[str], long: str, short: str
 
 
 def parse_array(spec: str) -> list[int]:
-    """Task ids of an ``--array`` value (``0-15:4%2``, ``1,3,5-7``); raises UsageError."""
-    body = spec.split("%", 1)[0]
-    tasks: set[int] = set()
+    """Task ids of a user's ``--array`` value (``0-15:4%2``, ``1,3,5-7``; the grammar is
+    :mod:`slurm.arrays`'), ascending; raises UsageError naming the value."""
     try:
-        for part in body.split(","):
-            span, _, step = part.partition(":")
-            first, dash, last = span.partition("-")
-            low, high = int(first), int(last) if dash else int(first)
-            stride = int(step) if step else 1
-            if low < 0 or high < low or stride < 1:
-                raise ValueError(part)
-            tasks.update(range(low, high + 1, stride))
-    except ValueError:
+        return arrays.task_ids(spec)
+    except arrays.ArrayRangeError:
         raise UsageError(f"--array {spec!r} is not a list of task ids (like 0-15:4%2 or "
                          "1,3,5-7)") from None
-    return sorted(tasks)
 
 
 def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
@@ -308,12 +300,14 @@ def array_tasks(job: record.JobRecord) -> Optional[list[int]]:
     if "array_tasks" in spec:
         found = spec["array_tasks"]
         return [int(t) for t in found] if isinstance(found, list) else None
-    return _array_of(list(spec["sbatch"]), submission_environment(job),
-                     list(spec.get("header", [])), spec["script_name"])
+    return array_of(list(spec["sbatch"]), submission_environment(job),
+                    list(spec.get("header", [])), spec["script_name"])
 
 
-def _array_of(words: list[str], env: Mapping[str, str], header_lines: list[str],
-              script_name: str) -> Optional[list[int]]:
+def array_of(words: list[str], env: Mapping[str, str], header_lines: list[str],
+             script_name: str) -> Optional[list[int]]:
+    """The task ids a submission asks for (sbatch ``words`` over ``SBATCH_ARRAY_INX`` in
+    ``env`` over the script's ``#SBATCH`` lines), or None when it is not an array."""
     found = _array_given(words, env, header_lines, script_name)
     return parse_array(found[0]) if found is not None else None
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import pyslurm  # the probe imported it in a child first: see slurm_backend
 
 from ..errors import SlurmError, SlurmUnavailable
+from . import arrays
 from .adapter import is_transient
 from .hostlist import expand_hostlist
 from .jobs import Job, Node, execution_ended
@@ -40,27 +41,13 @@ _NO_VAL = 0xFFFFFFFE  # Slurm's "no value" for a 32-bit field (an array task id 
 
 
 def task_ids(text: str) -> list[int]:
-    """The task ids of an array's task string (``0-3``, ``1,4-10:3``, ``2-9%2``)."""
-    body = text.partition("%")[0]
-    found: list[int] = []
-    for part in body.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        span, _, step_text = part.partition(":")
-        first, _, last = span.partition("-")
-        try:
-            low = int(first)
-            high = int(last) if last else low
-            step = int(step_text) if step_text else 1
-        except ValueError:
-            raise SlurmError(f"pyslurm gave the array task string {text!r}, which does not "
-                             "parse") from None
-        if step <= 0 or high < low:
-            raise SlurmError(f"pyslurm gave the array task string {text!r}, which does not "
-                             "parse")
-        found.extend(range(low, high + 1, step))
-    return found
+    """The task ids of the controller's array task string (``0-3``, ``1,4-10:3``, ``2-9%2``),
+    in the order written (the grammar is :mod:`.arrays`)."""
+    try:
+        return [task for span in arrays.spans(text) for task in span]
+    except arrays.ArrayRangeError:
+        raise SlurmError(f"pyslurm gave the array task string {text!r}, which does not "
+                         "parse") from None
 
 
 def _time(value: Any) -> Optional[float]:
