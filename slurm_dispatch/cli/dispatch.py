@@ -766,7 +766,7 @@ def release(job: str, force: bool) -> None:
     Same as `scontrol release` on the held Slurm job, and recorded.  Of an array job, every
     task's standing hold; JOB given as A_T (as Slurm writes a task), that task's only.
     """
-    from ..control.supervisor import release as release_hold
+    from ..control.holds import release as release_hold
     from ..control.supervisor import site_settings
     from ..slurm.adapter import Slurm
     record_ = _open(job)

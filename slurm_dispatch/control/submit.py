@@ -615,7 +615,8 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
                                 ended_slurm_job_id=held_after,
                                 ended_restart=ended.restarts if ended is not None else 0,
                                 end_state="superseded", instead_of="start").as_dict()
-            extra = ["--hold", hold_comment(job, 1, f"supersedes {old.id if old else '?'} "
+            from .holds import hold_comment
+            extra = ["--hold", hold_comment(job, 1, None, f"supersedes {old.id if old else '?'} "
                                             f"(Slurm job {held_after})", intent["deadline"])]
         if not job.claim("submission-1", {"reason": "first", "hold": intent}):
             raise RecordError(f"{job.id}: submission 1 already claimed")  # pragma: no cover
@@ -771,14 +772,6 @@ def _spec_root(job: record.JobRecord) -> Optional[str]:
         root = None  # an unreadable record is reported where it is used, not here
     _ROOTS[job.path] = (key, root)
     return root
-
-
-def hold_comment(job: record.JobRecord, submission: int, why: str, deadline: float) -> str:
-    """The ``--comment`` of a held submission: its marker first, then why and until when
-    (a date, so squeue shows when the hold expires)."""
-    until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(deadline))
-    return (f"--comment={marker(job, submission)} held: shared checkpoint; {why}; waits "
-            f"until its processes are proven gone or a person releases it; expires {until}")
 
 
 def _latest_slurm_id(job: record.JobRecord) -> Optional[str]:

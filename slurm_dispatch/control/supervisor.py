@@ -18,6 +18,8 @@ cannot be known is an error in every pass's report, never dropped.
   ceased answers for every one release the hold.  A hold that outlives SharedHoldFor is
   cancelled and recorded as expired: nothing more starts.  The owner is told when a hold is
   made and HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
+  The question itself (asking the signal, recording its answers, the held job's comments) is
+  :mod:`.holds`'s, which ``dispatch release`` asks through too.
 
 Invariants:
 
@@ -38,7 +40,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -46,10 +47,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..errors import DispatchError, RecordError, RefusedError, SlurmError
+from ..errors import DispatchError, RecordError, SlurmError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import Job, Snapshot, end_name
-from . import dependency, events, heartbeat, record, rules, submit
+from . import dependency, events, heartbeat, holds, record, rules, submit
+from .holds import SignalRunner, ask_signal
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
 SBATCH_SETTLE = 150.0
@@ -84,35 +86,8 @@ def site_settings() -> Settings:
                     warn_before=float(conf.hold_warning))
 
 
-@dataclass
-class Answer:
-    verdict: str  # "ceased" | "not ceased" | "error"
-    code: Optional[int]
-    evidence: Any
-
-
-SignalRunner = Callable[[list[str], float], Answer]
 # (argv, text on stdin, timeout) -> (it worked, what it said)
 Notifier = Callable[[list[str], str, float], tuple[bool, str]]
-
-
-def ask_signal(argv: list[str], timeout: float) -> Answer:
-    """Run the site's CessationSignal: exit 0 ceased, 1 not ceased, anything else an error."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        return Answer("error", None, f"{argv[0]!r} not found")
-    except subprocess.TimeoutExpired:
-        return Answer("error", None, f"no answer within {timeout:g} s")
-    evidence: Any = proc.stdout.strip()
-    try:
-        evidence = json.loads(proc.stdout)
-    except ValueError:
-        pass
-    verdict = {0: "ceased", 1: "not ceased"}.get(proc.returncode, "error")
-    if verdict == "error" and proc.stderr.strip():
-        evidence = {"output": evidence, "stderr": proc.stderr.strip()[-2000:]}
-    return Answer(verdict, proc.returncode, evidence)
 
 
 def run_notifier(argv: list[str], text: str, timeout: float) -> tuple[bool, str]:
@@ -420,9 +395,7 @@ class Supervisor:
             ended_restart=0 if array else views[0].restarts, end_state=end,
             instead_of=rule.instead_of,
             ended_tasks=[[v.display_id, v.restarts] for v in views] if array else [])
-        comment = (f"--comment={submit.marker(job, n + 1, task)} held: shared checkpoint; "
-                   f"{end} of job {ended}; waits until its processes are proven gone or a "
-                   f"person releases it; expires {when(deadline)}")
+        comment = holds.hold_comment(job, n + 1, task, f"{end} of job {ended}", deadline)
         done = self._submit(job, n, f"{end}: held (shared checkpoint){seen}",
                             ["--hold", comment], intent.as_dict(), claim, report, task)
         if done:
@@ -521,19 +494,12 @@ class Supervisor:
         answers = line.answers_for(held_id)
         if answers and now - answers[-1].asked < self.settings.interval:
             return
-        targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
-        verdicts = []
-        for target, restart in targets:
-            argv = [*shlex.split(self.settings.signal), str(target), "--restart",
-                    str(restart), "--json"]
-            answer = self.ask(argv, self.settings.signal_timeout)
-            job.append(events.Cessation, asked_at=round(now, 3), held_slurm_job_id=held_id,
-                       ended_slurm_job_id=str(target), verdict=answer.verdict,
-                       code=answer.code, evidence=answer.evidence, command=argv, task=task)
-            report.actions.append(f"{job.id}: {self.settings.signal} {target}: "
-                                  f"{answer.verdict}")
-            verdicts.append(answer.verdict)
-        if all(v == "ceased" for v in verdicts):
+        signal = self.settings.signal
+
+        def heard(one: holds.Asked) -> None:
+            report.actions.append(f"{job.id}: {signal} {one.target}: {one.answer.verdict}")
+        if holds.ceased(holds.ask(job, hold, signal, self.settings.signal_timeout, self.ask,
+                                  lambda: now, task, heard)):
             try:
                 self.slurm.release([held_id])
                 report.controller_calls += 1
@@ -543,7 +509,7 @@ class Supervisor:
                 return
             job.append(events.Released, slurm_job_id=held_id, by="cessation signal",
                        task=task)
-            mark_released(self.slurm, job, hold, "(ceased)")
+            holds.mark_released(self.slurm, job, hold, "(ceased)")
             report.actions.append(f"{job.id}: hold on Slurm job {_shown(held_id, task)} "
                                   "lifted: ceased")
 
@@ -686,83 +652,3 @@ def retry_pause(failures: int, interval: float) -> float:
     interval (at least 1 s), doubling, never more than the interval."""
     first = max(1.0, interval / 8)
     return min(interval, first * 2 ** min(max(failures - 1, 0), 30))
-
-
-def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
-            force: bool = False, signal_runner: SignalRunner = ask_signal,
-            clock: Callable[[], float] = time.time, task: Optional[int] = None) -> str:
-    """A person lifts the standing hold of ``job`` (of an array: every task's standing
-    hold, or with ``task`` that task's only); returns the released Slurm job id(s),
-    comma-separated.
-
-    With a CessationSignal in ``settings``, it is asked first about every ended execution the
-    hold waits for (each answer recorded): when one is not proven ceased, the release is
-    refused with the evidence (:class:`RefusedError`), unless ``force`` (the person's call).
-    """
-    history = job.history()
-    tasks = submit.array_tasks(job) or []
-    lines = [history.lineage()] + [history.lineage(t) for t in tasks] if task is None \
-        else [history.lineage(task)]
-    standing: list[tuple[events.Lineage, events.Hold]] = []
-    for line in lines:
-        hold = line.hold
-        if hold is not None and (line.task is None or hold.task is not None) \
-                and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
-            standing.append((line, hold))
-    if not standing:
-        line = lines[0]
-        last = line.holds[-1] if line.holds else None
-        lifted = line.lifted(last.slurm_job_id) if last is not None else None
-        if last is not None and lifted is not None:
-            raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
-                              f"already {lifted.kind}")
-        raise RecordError(f"dispatch job {job.id} has no hold to release")
-    if settings is not None and settings.signal and not force:
-        unproven = []
-        for _, hold in standing:
-            targets = hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]
-            for target, restart in targets:
-                argv = [*shlex.split(settings.signal), str(target), "--restart", str(restart),
-                        "--json"]
-                answer = signal_runner(argv, settings.signal_timeout)
-                job.append(events.Cessation, asked_at=round(clock(), 3),
-                           held_slurm_job_id=hold.slurm_job_id,
-                           ended_slurm_job_id=str(target), verdict=answer.verdict,
-                           code=answer.code, evidence=answer.evidence, command=argv,
-                           task=hold.task)
-                if answer.verdict != "ceased":
-                    unproven.append(f"{target}: {answer.verdict}: {_evidence_text(answer)}")
-        if unproven:
-            raise RefusedError(
-                f"the ended execution the hold of {job.id} waits for is not proven gone, so "
-                "its processes may still write the shared checkpoint: " + "; ".join(unproven)
-                + f".  Release anyway with `dispatch release --force {job.id}`")
-    held_ids = [hold.slurm_job_id for _, hold in standing]
-    slurm.release(held_ids)
-    for _, hold in standing:
-        job.append(events.Released, slurm_job_id=hold.slurm_job_id,
-                   by="a person (dispatch release" + (" --force)" if force else ")"),
-                   task=hold.task)
-        mark_released(slurm, job, hold, "by a person")
-    return ",".join(held_ids)
-
-
-def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
-    """Say in the released job's comment that the hold is over (its marker stays first, so
-    the job is still found by it); best effort: the release itself is what matters."""
-    text = (f"{submit.marker(job, hold.submission, hold.task)} released {by} "
-            f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
-    try:
-        slurm.set_comment(hold.slurm_job_id, text)
-    except SlurmError:
-        pass
-
-
-def _evidence_text(answer: Answer) -> str:
-    evidence = answer.evidence
-    if isinstance(evidence, dict):
-        reason = evidence.get("reason") or evidence.get("stderr") or ""
-        nodes = [f"{n.get('node')}: {n.get('evidence')}" for n in evidence.get("nodes") or []
-                 if isinstance(n, dict) and not n.get("proven")]
-        return "; ".join([str(reason), *nodes[:4]]).strip("; ")
-    return str(evidence)[:300]

@@ -240,8 +240,8 @@ def end_hold_comment(job: record.JobRecord, submission: int, env: dict[str, str]
             break
     if not claims or not claims[-1][1].get("hold"):
         return
-    text = (f"{submit.marker(job, submission, own)} hold over: started "
-            f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
+    from ..control.holds import started_comment
+    text = started_comment(job, submission, own)
     try:
         from ..slurm.adapter import Slurm
         Slurm(attempts=1, timeout=10).set_comment(slurm_id, text)  # a hung controller: 10 s

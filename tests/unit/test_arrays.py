@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch.control import record, submit
-from slurm_dispatch.control.supervisor import Settings, Supervisor, release
+from slurm_dispatch.control.holds import release
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import UsageError
 from slurm_dispatch.slurm.adapter import Slurm
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch.control import record, submit
-from slurm_dispatch.control.supervisor import Answer, Settings, Supervisor, release
+from slurm_dispatch.control.holds import Answer, release
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .fake_cluster import FakeCluster

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional, Sequence
 import pytest
 
 from slurm_dispatch.control import record
-from slurm_dispatch.control.supervisor import Answer, Settings, Supervisor
+from slurm_dispatch.control.holds import Answer
+from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from . import test_supervisor

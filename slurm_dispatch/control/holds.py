@@ -1,0 +1,193 @@
+"""The cessation question on the control side: have an ended execution's processes ceased?
+
+A shared-checkpoint job's next submission is made held (:mod:`.supervisor`, and
+:func:`.submit.submit_new` for a superseding job); the hold waits for the site's
+CessationSignal (``dispatch-cease`` by default) to prove every ended execution it waits for
+gone, or for a person (``dispatch release``).  Both ask here, the same way: the signal run once
+per ended execution (an array hold's every task), each answer recorded as a cessation fact.
+The texts a held Slurm job's comment carries through its hold (held, released, hold over) are
+written here too.
+
+Invariants:
+
+* Each answer is recorded (a cessation fact) before anything is decided on it.
+* A hold is lifted on the signal's word only when every answer is "ceased" (an error is not);
+  a person's release is refused while one is not, unless the person forces it.
+* The signal means 0 ceased, 1 not ceased, anything else an error; asking never raises.
+* Every comment starts with the submission's marker, so the job is still found by it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ..errors import RecordError, RefusedError, SlurmError
+from . import events, record, submit
+
+if TYPE_CHECKING:
+    from ..slurm.adapter import Slurm
+    from .supervisor import Settings
+
+
+@dataclass
+class Answer:
+    verdict: str  # "ceased" | "not ceased" | "error"
+    code: Optional[int]
+    evidence: Any
+
+
+# (argv, timeout) -> the answer; the site's signal, or a test's stand-in.
+SignalRunner = Callable[[list[str], float], Answer]
+
+
+def ask_signal(argv: list[str], timeout: float) -> Answer:
+    """Run the site's CessationSignal: exit 0 ceased, 1 not ceased, anything else an error."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return Answer("error", None, f"{argv[0]!r} not found")
+    except subprocess.TimeoutExpired:
+        return Answer("error", None, f"no answer within {timeout:g} s")
+    evidence: Any = proc.stdout.strip()
+    try:
+        evidence = json.loads(proc.stdout)
+    except ValueError:
+        pass
+    verdict = {0: "ceased", 1: "not ceased"}.get(proc.returncode, "error")
+    if verdict == "error" and proc.stderr.strip():
+        evidence = {"output": evidence, "stderr": proc.stderr.strip()[-2000:]}
+    return Answer(verdict, proc.returncode, evidence)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One ended execution the hold waits for, and what the signal said about it."""
+    target: str
+    answer: Answer
+
+
+def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
+        runner: SignalRunner, clock: Callable[[], float], task: Optional[int],
+        heard: Optional[Callable[[Asked], None]] = None) -> list[Asked]:
+    """Ask ``signal`` about every ended execution ``hold`` waits for (an array hold: each
+    task's), recording each answer as a cessation fact of ``task``'s lineage as it comes,
+    then telling ``heard`` (so a caller's report has every answer recorded before a later
+    one fails)."""
+    asked = []
+    for target, restart in hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]:
+        argv = [*shlex.split(signal), str(target), "--restart", str(restart), "--json"]
+        answer = runner(argv, timeout)
+        job.append(events.Cessation, asked_at=round(clock(), 3),
+                   held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
+                   verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
+                   command=argv, task=task)
+        asked.append(Asked(str(target), answer))
+        if heard is not None:
+            heard(asked[-1])
+    return asked
+
+
+def ceased(asked: list[Asked]) -> bool:
+    """Every ended execution proven gone: the hold may be lifted on the signal's word."""
+    return all(a.answer.verdict == "ceased" for a in asked)
+
+
+def unproven(asked: list[Asked]) -> list[str]:
+    """One line of evidence per ended execution not proven gone."""
+    return [f"{a.target}: {a.answer.verdict}: {_evidence_text(a.answer)}"
+            for a in asked if a.answer.verdict != "ceased"]
+
+
+def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
+            force: bool = False, signal_runner: SignalRunner = ask_signal,
+            clock: Callable[[], float] = time.time, task: Optional[int] = None) -> str:
+    """A person lifts the standing hold of ``job`` (of an array: every task's standing
+    hold, or with ``task`` that task's only); returns the released Slurm job id(s),
+    comma-separated.
+
+    With a CessationSignal in ``settings``, it is asked first about every ended execution the
+    hold waits for (each answer recorded): when one is not proven ceased, the release is
+    refused with the evidence (:class:`RefusedError`), unless ``force`` (the person's call).
+    """
+    history = job.history()
+    tasks = submit.array_tasks(job) or []
+    lines = [history.lineage()] + [history.lineage(t) for t in tasks] if task is None \
+        else [history.lineage(task)]
+    standing: list[tuple[events.Lineage, events.Hold]] = []
+    for line in lines:
+        hold = line.hold
+        if hold is not None and (line.task is None or hold.task is not None) \
+                and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
+            standing.append((line, hold))
+    if not standing:
+        line = lines[0]
+        last = line.holds[-1] if line.holds else None
+        lifted = line.lifted(last.slurm_job_id) if last is not None else None
+        if last is not None and lifted is not None:
+            raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
+                              f"already {lifted.kind}")
+        raise RecordError(f"dispatch job {job.id} has no hold to release")
+    if settings is not None and settings.signal and not force:
+        refused = []
+        for _, hold in standing:
+            refused += unproven(ask(job, hold, settings.signal, settings.signal_timeout,
+                                    signal_runner, clock, hold.task))
+        if refused:
+            raise RefusedError(
+                f"the ended execution the hold of {job.id} waits for is not proven gone, so "
+                "its processes may still write the shared checkpoint: " + "; ".join(refused)
+                + f".  Release anyway with `dispatch release --force {job.id}`")
+    held_ids = [hold.slurm_job_id for _, hold in standing]
+    slurm.release(held_ids)
+    for _, hold in standing:
+        job.append(events.Released, slurm_job_id=hold.slurm_job_id,
+                   by="a person (dispatch release" + (" --force)" if force else ")"),
+                   task=hold.task)
+        mark_released(slurm, job, hold, "by a person")
+    return ",".join(held_ids)
+
+
+# -- the held job's comment, through its hold ---------------------------------------------
+
+def hold_comment(job: record.JobRecord, submission: int, task: Optional[int], why: str,
+                 deadline: float) -> str:
+    """The ``--comment=`` option of a held submission: its marker first, then why and until
+    when (a date, so squeue shows when the hold expires)."""
+    return (f"--comment={submit.marker(job, submission, task)} held: shared checkpoint; "
+            f"{why}; waits until its processes are proven gone or a person releases it; "
+            f"expires {_stamp(deadline)}")
+
+
+def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
+    """Say in the released job's comment that the hold is over (its marker stays first, so
+    the job is still found by it); best effort: the release itself is what matters."""
+    text = f"{submit.marker(job, hold.submission, hold.task)} released {by} {_stamp()}"
+    try:
+        slurm.set_comment(hold.slurm_job_id, text)
+    except SlurmError:
+        pass
+
+
+def started_comment(job: record.JobRecord, submission: int, task: Optional[int]) -> str:
+    """The comment of a once-held submission whose execution started: the hold is over."""
+    return f"{submit.marker(job, submission, task)} hold over: started {_stamp()}"
+
+
+def _stamp(seconds: Optional[float] = None) -> str:
+    """A time in a comment, as squeue shows it to people: the date, the time and the zone."""
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(seconds))
+
+
+def _evidence_text(answer: Answer) -> str:
+    evidence = answer.evidence
+    if isinstance(evidence, dict):
+        reason = evidence.get("reason") or evidence.get("stderr") or ""
+        nodes = [f"{n.get('node')}: {n.get('evidence')}" for n in evidence.get("nodes") or []
+                 if isinstance(n, dict) and not n.get("proven")]
+        return "; ".join([str(reason), *nodes[:4]]).strip("; ")
+    return str(evidence)[:300]
