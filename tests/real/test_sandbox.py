@@ -66,7 +66,7 @@ def _cluster_actions(report: sandbox_lib.UpReport) -> list[str]:
 
 def test_up_again_changes_nothing(sandbox: Sandbox) -> None:
     before = sandbox_lib.status(sandbox.dir)
-    report = sandbox_lib.up(sandbox.dir, source=REPO_ROOT)
+    report = sandbox_lib.up(sandbox.dir, user=sandbox.user, source=REPO_ROOT)
     assert _cluster_actions(report) == []
     # Changing nothing is quick (a loaded 2-core machine, or the 24.11 root, may take some
     # seconds; a restart of the daemons would take far more).
@@ -194,7 +194,7 @@ def test_partitioned_node_requeues_its_job_while_the_old_execution_runs_on(
             f"job {jobid} to be requeued away from {node}")
         record_property("partition_to_requeue_s", round(time.monotonic() - cut_at, 1))
         # `up` leaves a deliberate partition alone.
-        report = sandbox_lib.up(sandbox.dir, source=REPO_ROOT)
+        report = sandbox_lib.up(sandbox.dir, user=sandbox.user, source=REPO_ROOT)
         assert (_cluster_actions(report), report.partitioned) == ([], [node])
         state = sandbox.wait_for(
             lambda: (s := sandbox.job_state(jobid))["JobState"] == "RUNNING" and s, 60,
