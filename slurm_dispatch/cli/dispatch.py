@@ -332,18 +332,18 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
                                 watch_lib.SaveRule.make(pattern, ready), report,
                                 upload_to=upload_to, timeout=timeout_v)
     watcher.keep = click.get_current_context().meta.get("gc_keep")
-    runner = watch_lib.Runner(
+    loop = watch_lib.WatchLoop(
         watcher, list(command) or None,
         watch_lib.DEFAULT_INTERVAL if interval is None else interval, timeout_v, report)
-    code = runner.run()
-    if on_s3 and command and code == 0 and runner.error is None and own \
+    code = loop.run()
+    if on_s3 and command and code == 0 and loop.error is None and own \
             and os.path.abspath(folder_v) == os.path.abspath(own):
         # The execution's work is done and its saves are on S3: its node-local staging
         # folder goes, all but what is not on S3 (said).
         from ..execution import stage
 
         stage.clear(root_v, own, str(upload_to), timeout_v, report)
-    if runner.error is not None and watcher.uploader is not None:
+    if loop.error is not None and watcher.uploader is not None:
         # Stopped at an error, perhaps an upload stuck on a hung server: the transfer manager's
         # worker threads would hold the interpreter's exit until their sockets give up.
         # Nothing more is published; the command, if any, has been waited for.

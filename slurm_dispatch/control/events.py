@@ -165,6 +165,9 @@ class HoldIntent(_Frozen):
 
 
 class Submitted(Event):
+    """A submission as the record holds it (written just before or after its sbatch).  What
+    the submitting call returns is :class:`slurm_dispatch.control.submit.SubmissionMade`."""
+
     kind: ClassVar[str] = "submitted"
     required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id")
     submission: int = 0

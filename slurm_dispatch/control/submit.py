@@ -217,8 +217,10 @@ def _user() -> str:
         return str(os.getuid())
 
 
-class Submitted:
-    """One submission made: its dispatch job, number, Slurm job id and sbatch's output."""
+class SubmissionMade:
+    """One submission made just now, as its maker gets it back: its dispatch job, number,
+    Slurm job id and sbatch's output.  (The record's own account of a submission, read back
+    later, is the event :class:`slurm_dispatch.control.events.Submitted`.)"""
 
     __slots__ = ("job", "submission", "slurm_job_id", "result")
 
@@ -484,7 +486,7 @@ def _write_batch(job: record.JobRecord, submission: int, task: Optional[int] = N
 
 def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
             extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
-            hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> Submitted:
+            hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> SubmissionMade:
     _write_batch(job, submission, task)
     run_env = dict(env) if env is not None else submission_environment(job)
     words = list(job.spec["sbatch"])
@@ -503,7 +505,7 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
         jobid, result = slurm.sbatch(argv, "", run_env, cwd)
     job.append("submitted", once=once_key(submission, task), submission=submission,
                slurm_job_id=jobid, reason=reason, argv=argv, hold=hold, task=task)
-    return Submitted(job, submission, jobid, result)
+    return SubmissionMade(job, submission, jobid, result)
 
 
 ENVIRONMENT = "environment"
@@ -548,7 +550,7 @@ def submission_environment(job: record.JobRecord) -> dict[str, str]:
 
 
 def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
-               env: Optional[Mapping[str, str]] = None) -> Submitted:
+               env: Optional[Mapping[str, str]] = None) -> SubmissionMade:
     """The first submission of a new dispatch job (or of a superseding one).
 
     A job superseding a shared-checkpoint job shares that checkpoint too, so it is submitted
@@ -836,7 +838,7 @@ def refuse_while_live(slurm: Slurm, job: record.JobRecord,
 def resubmit(slurm: Slurm, job: record.JobRecord, reason: str = "manual",
              extra: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = None,
              expected: Optional[int] = None, claim: Optional[str] = None,
-             hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> Submitted:
+             hold: Optional[dict[str, Any]] = None, task: Optional[int] = None) -> SubmissionMade:
     """Submit the snapshot again as submission N+1 (claimed once, never doubled).
 
     ``expected`` refuses to submit unless N+1 is that number (a supervisor acting on what it

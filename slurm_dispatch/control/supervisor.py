@@ -409,7 +409,7 @@ class Supervisor:
 
     def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
                 hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport,
-                task: Optional[int] = None) -> Optional[submit.Submitted]:
+                task: Optional[int] = None) -> Optional[submit.SubmissionMade]:
         from .interpreter import problem
         why = problem(job)
         if why is not None:
@@ -437,7 +437,7 @@ class Supervisor:
         self._follow(job, done, report)
         return done
 
-    def _follow(self, job: record.JobRecord, done: submit.Submitted,
+    def _follow(self, job: record.JobRecord, done: submit.SubmissionMade,
                 report: PassReport) -> None:
         """Jobs that wait for ``job`` (``--dependency=afterok:<its id>``) now wait for its new
         submission; a failure to tell one is reported, never stops the pass."""

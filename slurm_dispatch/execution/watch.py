@@ -2,9 +2,9 @@
 
 The seed's in-job helper, for saves one process writes (it cannot see ranks: a save that
 several ranks write publishes through the integrations, after a barrier).  A
-:class:`Watcher` scans the folder; :class:`Runner` repeats the scan every interval, runs the
-user's command as its child, forwards Slurm's signals to it and scans a last time when it
-exits.
+:class:`Watcher` scans the folder; :class:`WatchLoop` repeats the scan every interval, runs
+the user's command as its child, forwards Slurm's signals to it and scans a last time when
+it exits.
 
 Invariants:
 
@@ -334,7 +334,7 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class Runner:
+class WatchLoop:
     """Scans every ``interval`` seconds; with a command, runs it as a child, forwards the
     signals Slurm sends (:data:`FORWARDED`) and makes the last scans once it exits: one, and
     while a save that looks whole is not confirmed, another at most :data:`LAST_GAP` seconds

@@ -1,7 +1,10 @@
 """Node and controller facts, for readers: one import for everything the hooks record.
 
-The ideas live in their own modules; this one re-exports them so that readers (``cease``,
-``status``) keep one name to import:
+Which is which: this module is the readers' one import and holds no code of its own; the
+store itself (how a fact is named, written once and read back trusted) is
+:mod:`slurm_dispatch.node.factstore`, which the hooks import directly.  The ideas live in
+their own modules; this one re-exports them so that readers (``cease``, ``status``) keep one
+name to import:
 
 * :mod:`slurm_dispatch.node.factstore`: the no-follow fact store (names, the JSON encoder, writing
   and trusted reading, format versions);

@@ -1,5 +1,9 @@
 """The fact store: facts the hooks write once under ``StateDir``, never through a user's link.
 
+Which is which: this module is the store (names, writing, trusted reading), imported by the
+hooks; readers import :mod:`slurm_dispatch.node.facts`, which re-exports it beside the
+survivor scan and the grouping into executions.
+
 Layout under the site's ``StateDir`` (root-owned, not writable by users)::
 
     StateDir/                               owner root (or SlurmUser on a controller), 0755

@@ -21,7 +21,7 @@ from slurm_dispatch.checkpoint.stores import transfer
 from slurm_dispatch.checkpoint.stores.s3 import parse_root
 from slurm_dispatch.errors import UsageError
 from slurm_dispatch.execution.saverules import SaveRule
-from slurm_dispatch.execution.watch import Published, Runner, Watcher
+from slurm_dispatch.execution.watch import Published, Watcher, WatchLoop
 from tests.s3server import SeaweedServer
 from tests.unit.test_watch import poll
 
@@ -238,7 +238,7 @@ def test_an_upload_that_overruns_is_an_error_naming_it(
     hf_save(stage, 4, weights=os.urandom(2 * transfer.PART_SIZE))
     with s3_env.frozen():
         started = time.monotonic()
-        assert Runner(w, None, 0.05, 1.5, lines.append).run() == 2
+        assert WatchLoop(w, None, 0.05, 1.5, lines.append).run() == 2
         assert time.monotonic() - started < 1.5 + 1
     assert lines[-1] == (f"stopped publishing: uploading {stage / 'checkpoint-4'} to "
                          f"{exec_prefix(s3_root)}/checkpoint-4 did not finish within 1.5 s "

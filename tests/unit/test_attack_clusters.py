@@ -32,7 +32,7 @@ def _without_cluster(job: record.JobRecord) -> None:
     os.chmod(path, 0o444)
 
 
-def _old_and_mine(cluster: FakeCluster) -> tuple[submit.Submitted, submit.Submitted]:  # noqa: F811
+def _old_and_mine(cluster: FakeCluster) -> tuple[submit.SubmissionMade, submit.SubmissionMade]:  # noqa: F811
     """An old record (no cluster) whose Slurm job id is, here, a job of another record."""
     old = submit_one("ck-old", "--resubmit", "2")
     _without_cluster(old.job)

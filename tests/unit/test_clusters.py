@@ -42,7 +42,7 @@ def on(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setenv("SLURM_CLUSTER_NAME", name)
 
 
-def submit_one(root: str) -> submit.Submitted:
+def submit_one(root: str) -> submit.SubmissionMade:
     return submit.submit_new(submit.read_request(["--checkpoint", root, "--resubmit", "1",
                                                   "job.sh"]), Slurm())
 

@@ -44,7 +44,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     return FakeCluster(first_id=70)
 
 
-def submit_one(cluster: FakeCluster, root: str, *extra: str) -> submit.Submitted:
+def submit_one(cluster: FakeCluster, root: str, *extra: str) -> submit.SubmissionMade:
     return submit.submit_new(submit.read_request(["--checkpoint", root, *extra, "job.sh"]),
                              Slurm(cluster, wait=0))
 
@@ -102,7 +102,7 @@ def test_the_supervisors_resubmission_moves_the_dependents(cluster: FakeCluster)
 
 
 def forgotten(cluster: FakeCluster, end_state: str | None, started: bool = False
-              ) -> submit.Submitted:
+              ) -> submit.SubmissionMade:
     """An upstream dispatch job whose Slurm job ended and aged out of slurmctld; its record's
     final outcome is ``end_state`` (None: no pass judged it yet)."""
     up = submit_one(cluster, f"ck-up-{len(cluster.jobs)}")

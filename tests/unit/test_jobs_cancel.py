@@ -31,7 +31,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     return fake
 
 
-def submit_one(root: str, *extra: str) -> submit.Submitted:
+def submit_one(root: str, *extra: str) -> submit.SubmissionMade:
     return submit.submit_new(submit.read_request(["--checkpoint", root, *extra, "job.sh"]),
                              Slurm())
 

@@ -61,7 +61,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def make(argv: list[str], fake: FakeController) -> submit.Submitted:
+def make(argv: list[str], fake: FakeController) -> submit.SubmissionMade:
     return submit.submit_new(submit.read_request(argv), Slurm(fake, wait=0))
 
 

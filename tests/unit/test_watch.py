@@ -29,7 +29,7 @@ from slurm_dispatch.checkpoint import model
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import OutOfBounds, UsageError
 from slurm_dispatch.execution.saverules import SaveRule, compile_pattern, file_complete
-from slurm_dispatch.execution.watch import Published, Runner, Watcher
+from slurm_dispatch.execution.watch import Published, Watcher, WatchLoop
 
 DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 
@@ -191,7 +191,7 @@ def test_bad_values_are_named(root: Path, folder: Path, tmp_path: Path) -> None:
     w = watcher(root, folder)
     for interval, timeout in ((0.0, 1.0), (1.0, -2.0), (float("nan"), 1.0)):
         with pytest.raises(UsageError, match="must be a positive number"):
-            Runner(w, None, interval, timeout, print)
+            WatchLoop(w, None, interval, timeout, print)
 
 
 # ---- order, once, restarts --------------------------------------------------------------
@@ -486,7 +486,7 @@ def test_a_scan_longer_than_the_timeout_stops_watch(root: Path, folder: Path) ->
     hung = HungWatcher(str(root), str(folder), EPOCH, SaveRule.make(), lines.append)
     hf_save(folder, 1)
     started = time.monotonic()
-    assert Runner(hung, None, 0.05, 0.3, lines.append).run() == 2
+    assert WatchLoop(hung, None, 0.05, 0.3, lines.append).run() == 2
     assert time.monotonic() - started < 10
     assert lines == [f"stopped publishing: a scan of {str(folder)!r} did not finish within "
                      "0.3 s (--timeout)"]

@@ -23,7 +23,7 @@ from slurm_dispatch.checkpoint import gc, model
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.execution import launch
 from slurm_dispatch.execution.saverules import SaveRule, open_for_writing
-from slurm_dispatch.execution.watch import Runner, Watcher
+from slurm_dispatch.execution.watch import Watcher, WatchLoop
 
 EPOCH = model.Epoch(0, 1, 0).value
 MB4 = 4 * 1024 * 1024
@@ -181,7 +181,7 @@ def test_the_last_scans_give_up_on_a_save_still_written_after_the_timeout(
     with open(target, "wb") as writer:
         writer.write(b"x")
         writer.flush()
-        assert Runner(w, ["true"], 0.05, 1.0, lines.append).run() == 0
+        assert WatchLoop(w, ["true"], 0.05, 1.0, lines.append).run() == 0
     assert published(root) == []
     assert lines[-1] == (f"not publishing {target}: still being written 1 s (--timeout) "
                          "after the end")
