@@ -115,15 +115,15 @@ def loaded():
 
 def submit(profile_lines, args):
     t0 = time.perf_counter_ns()
-    from slurm_dispatch import cli_sbatch
+    from slurm_dispatch.cli import sbatch as cli_sbatch
     import_ns = time.perf_counter_ns() - t0
     modules = len(sys.modules)
     import io
     import json
     import subprocess
-    from slurm_dispatch import record
-    from slurm_dispatch import slurm as slurm_mod
-    from slurm_dispatch import submit as submit_mod
+    from slurm_dispatch.control import record
+    from slurm_dispatch.control import submit as submit_mod
+    from slurm_dispatch.slurm import adapter as slurm_mod
 
     spans = {}
 
@@ -152,7 +152,7 @@ def submit(profile_lines, args):
     # command line and the dependency lookups.
     wrap(submit_mod, "refuse_shared_root", "root_in_use")
     wrap(submit_mod, "save_environment", "env_snapshot")
-    from slurm_dispatch import dependency, sbatch_args
+    from slurm_dispatch.control import dependency, sbatch_args
     wrap(sbatch_args, "parse_command_line", "typo_checks")
     wrap(dependency, "dependency_value", "dependency")
 

@@ -13,7 +13,7 @@ export DISPATCH_CHECKPOINT=$root DISPATCH_GENERATION=0 DISPATCH_SUBMISSION=1
 run_execution() {
     local r=$1 steps=$2; shift 2
     local attempt epoch resume start=0
-    attempt=$(python3 -c 'from slurm_dispatch.model import new_attempt; print(new_attempt())')
+    attempt=$(python3 -c 'from slurm_dispatch.checkpoint.model import new_attempt; print(new_attempt())')
     epoch=$(SLURM_RESTART_COUNT=$r dispatch epoch)
     resume=$(dispatch latest)
     [ -z "$resume" ] || start=$(cat "$resume/step")

@@ -220,7 +220,7 @@ def test_concurrent_publishers_lose_nothing_and_never_collide(tmp_path: Path) ->
 
 KILL_SCRIPT = r"""
 import os, sys
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
 root, start = sys.argv[1], int(sys.argv[2])
 path = os.path.join(root, "exec/a/c")
 step = start

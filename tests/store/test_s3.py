@@ -53,7 +53,7 @@ def run_cli(*args: str, timeout: float = 60) -> tuple[int, str, str, float]:
 
 RACER = r"""
 import sys
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import AlreadyPublished
 root, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store.latest(root)  # a warm client, so the start line is a real starting gun
@@ -249,7 +249,7 @@ def test_latest_pages_through_thousands_of_publications(s3_env: SeaweedServer,
 NO_BOTO3 = r"""
 import sys
 sys.modules["boto3"] = None  # as if the s3 extra were not installed
-from slurm_dispatch import store
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import StoreError
 try:
     store.latest("s3://bucket/prefix")
@@ -259,7 +259,10 @@ except StoreError as exc:
 
 CORE_IMPORTS = r"""
 import sys
-from slurm_dispatch import cli, cli_sbatch, launch, status, store, submit
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.cli import dispatch, sbatch
+from slurm_dispatch.control import status, submit
+from slurm_dispatch.execution import launch
 store.latest(sys.argv[1])
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("boto3", "botocore", "s3transfer")))
 """

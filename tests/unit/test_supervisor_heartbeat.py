@@ -54,7 +54,7 @@ def warnings(proc: subprocess.CompletedProcess[str]) -> list[str]:
 ])
 def test_no_supervisor_yet_is_one_warning_and_the_job_is_submitted(
         world: dict[str, Any], options: list[str], named: str) -> None:
-    proc = run(world, "cli_sbatch", "--checkpoint", "ck", *options, "job.sh")
+    proc = run(world, "cli.sbatch", "--checkpoint", "ck", *options, "job.sh")
     assert proc.returncode == 0, proc.stderr
     assert "Submitted batch job" in proc.stdout and submitted(world) == 1
     (line,) = warnings(proc)
@@ -66,21 +66,21 @@ def test_no_supervisor_yet_is_one_warning_and_the_job_is_submitted(
 
 
 def test_without_those_options_nothing_is_said(world: dict[str, Any]) -> None:
-    proc = run(world, "cli_sbatch", "--checkpoint", "ck", "job.sh")
+    proc = run(world, "cli.sbatch", "--checkpoint", "ck", "job.sh")
     assert proc.returncode == 0 and warnings(proc) == [], proc.stderr
 
 
 def test_a_recent_pass_silences_it_and_an_old_one_does_not(world: dict[str, Any]) -> None:
-    passed = run(world, "cli", "supervise")  # a pass over no jobs leaves the heartbeat too
+    passed = run(world, "cli.dispatch", "supervise")  # a pass over no jobs leaves the heartbeat too
     assert passed.returncode == 0, passed.stderr
     assert heartbeat.read(world["home"], CLUSTER) is not None
-    proc = run(world, "cli_sbatch", "--checkpoint", "ck", "--resubmit", "2", "job.sh")
+    proc = run(world, "cli.sbatch", "--checkpoint", "ck", "--resubmit", "2", "job.sh")
     assert proc.returncode == 0 and warnings(proc) == [], proc.stderr
     beat = Path(heartbeat.path(world["home"], CLUSTER))
     body = json.loads(beat.read_text())
     body["time"] -= 3600
     beat.write_text(json.dumps(body))
-    proc = run(world, "cli_sbatch", "--checkpoint", "ck2", "--resubmit", "2", "job.sh")
+    proc = run(world, "cli.sbatch", "--checkpoint", "ck2", "--resubmit", "2", "job.sh")
     (line,) = warnings(proc)
     assert "in the last 10 min (the last one passed " in line, line
     assert submitted(world) == 2
