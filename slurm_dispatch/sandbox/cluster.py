@@ -174,7 +174,8 @@ def _claim_folder(directory: Optional[PathLike], slurm: Optional[str]) -> tuple[
 
 def _prepare_machine(layout: Layout, release: str, actions: list[str]) -> Optional[Path]:
     """What the release needs on this machine: Debian's Slurm and munge for the host's, the
-    munge user and the Debian root (built when missing) for another; that root, or None."""
+    munge user and the Debian root (built when missing) for another; that root, or None.
+    What it did is appended to ``actions`` (so are the other steps' of ``up``)."""
     if release == HOST_RELEASE:
         actions += ensure_packages(layout)
         return None
