@@ -121,7 +121,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
     seen = Snapshot(slurm_jobs)
     spec = job.spec
     history = job.history()
-    records = [e.raw for e in history.events]
+    # The starts as stored (every field the launcher wrote, unknown ones too), picked by type.
+    starts = [e.raw for e in history.of(events.Started)]
     reader = facts_reader if facts_reader is not None else _facts_reader()
     tasks = submit.array_tasks(job)
     facts_cache: dict[str, Sequence[Mapping[str, Any]]] = {}
@@ -164,9 +165,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             "slurm_reason": info.reason if info else "",
         })
     executions = []
-    for ev in records:
-        if ev["event"] != "started":
-            continue
+    for ev in starts:
         slurm_id = str(ev.get("slurm_job_id", ""))
         array = ev.get("array_task_id") or ""
         key = f"{ev.get('array_job_id')}_{array}" if array else slurm_id
@@ -176,8 +175,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             state = "REQUEUED"
         elif info is None:
             task = int(array) if array.isdigit() else None
-            later = [e for e in records if e["event"] == "started"
-                     and e.get("submission") == ev.get("submission")
+            later = [e for e in starts if e.get("submission") == ev.get("submission")
                      and str(e.get("array_task_id") or "") == array
                      and int(e.get("restart", 0)) > restart]
             state = "REQUEUED (recorded)" if later else \
@@ -198,7 +196,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
     root = spec["checkpoint"]
     per_task = tasks is not None and "%a" in root.replace("%%", "")
     latest: Any = None if per_task else _latest(expand_root(root, {}))
-    others = [ev for ev in records if ev["event"] not in ("submitted", "started")]
+    others = [e.raw for e in history.decisions()]
     lines = []
     for task in tasks or []:
         # Each task's lineage: its latest submission and, where each task has a root of its

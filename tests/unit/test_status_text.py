@@ -172,8 +172,9 @@ def test_status_text_is_pinned() -> None:
 
 
 def test_status_is_put_into_words_in_one_place() -> None:
-    """The CLI only prints: no module but status_text writes status lines, and none in cli/
-    reads an event by its kind string (``ev["event"] == "hold"``)."""
+    """The CLI only prints: no module but status_text writes status lines, and neither cli/
+    nor the status (control/status.py, status_text.py) reads an event by its kind string
+    (``ev["event"] == "hold"``): they take typed events."""
     import ast
 
     package = Path(status_text.__file__).resolve().parents[1]
@@ -189,9 +190,9 @@ def test_status_is_put_into_words_in_one_place() -> None:
                 for mark in marks:
                     if node.value.startswith(mark):
                         homes[mark].add(name)
-            if name.startswith("cli/") and isinstance(node, ast.Subscript) \
+            if name.startswith(("cli/", "control/status")) and isinstance(node, ast.Subscript) \
                     and isinstance(node.slice, ast.Constant) and node.slice.value == "event":
                 kind_reads.append(f"{name}:{node.lineno}")
     assert {mark: sorted(found) for mark, found in homes.items()} == {
         mark: ["control/status_text.py"] for mark in marks}
-    assert not kind_reads, f"the CLI reads events by their kind strings: {kind_reads}"
+    assert not kind_reads, f"events read by their kind strings: {kind_reads}"
