@@ -175,7 +175,7 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
 
 
 def _clock(seconds: Optional[float]) -> str:
-    from ..control.status import clock
+    from ..control.status import clock  # "-" for a moment not recorded
 
     return clock(seconds)
 
@@ -711,6 +711,7 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
     """
     import time as _time
 
+    from .._clock import instant
     from ..control.supervisor import Supervisor, mark_failure, retry_pause, site_settings
     from ..errors import DispatchError
     from ..slurm.adapter import Slurm
@@ -727,14 +728,14 @@ def supervise(loop: bool, interval: Optional[float], quiet: bool) -> None:
             failed = mark_failure(None, cause, supervisor.slurm.cluster(),
                                   supervisor.every)
             wait = retry_pause(int(failed["failures"]), pause)
-            click.echo(f"dispatch: {_time.strftime('%Y-%m-%dT%H:%M:%S')} pass failed: "
+            click.echo(f"dispatch: {instant()} pass failed: "
                        f"{cause}" + (f" (next pass in {wait:g} s)" if loop else ""),
                        err=True)
             if not loop:
                 sys.exit(2)
             _time.sleep(wait)
             continue
-        stamp = _time.strftime("%Y-%m-%dT%H:%M:%S")
+        stamp = instant()
         if failed is not None and not quiet:
             click.echo(f"{stamp} the controller answers again, after "
                        f"{failed['failures']} failed pass(es) since "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import time
 
+from .. import _clock
 from ..errors import DispatchError, UsageError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import Job
@@ -157,8 +158,8 @@ def judge(kind: str, ident: str, outcome: str, started: float, delay: str,
                              "number of minutes")
         due = started + 60 * int(minutes or 0)
         if now < due:
-            when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(due))
-            began = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started))
+            when = _clock.instant(due)
+            began = _clock.instant(started)
             raise UsageError(
                 f"--dependency {kind}:{ident}{delay}: dispatch job {ident} started (or was "
                 f"cancelled) at {began} and Slurm has forgotten its job, so the wait cannot "

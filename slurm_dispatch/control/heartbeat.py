@@ -17,6 +17,7 @@ import json
 import os
 import time
 
+from .. import _clock
 from . import record
 
 TYPE_CHECKING = False
@@ -112,7 +113,7 @@ def missing_warning(home: Optional[str], cluster: Optional[str], options: list[s
             window = max(RECENT, 3 * float(every))
         if now - last <= window:
             return None
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last))
+        when = _clock.instant(last)
         said = f"the last one passed {when}"
     else:
         said = "none has passed yet"

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .. import _clock
 from ..errors import RecordError, RefusedError, SlurmError
 from . import events, record, submit
 
@@ -160,13 +161,13 @@ def hold_comment(job: record.JobRecord, submission: int, task: Optional[int], wh
     when (a date, so squeue shows when the hold expires)."""
     return (f"--comment={submit.marker(job, submission, task)} held: shared checkpoint; "
             f"{why}; waits until its processes are proven gone or a person releases it; "
-            f"expires {_stamp(deadline)}")
+            f"expires {_clock.with_zone(deadline)}")
 
 
 def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
     """Say in the released job's comment that the hold is over (its marker stays first, so
     the job is still found by it); best effort: the release itself is what matters."""
-    text = f"{submit.marker(job, hold.submission, hold.task)} released {by} {_stamp()}"
+    text = f"{submit.marker(job, hold.submission, hold.task)} released {by} {_clock.with_zone()}"
     try:
         slurm.set_comment(hold.slurm_job_id, text)
     except SlurmError:
@@ -175,12 +176,7 @@ def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: st
 
 def started_comment(job: record.JobRecord, submission: int, task: Optional[int]) -> str:
     """The comment of a once-held submission whose execution started: the hold is over."""
-    return f"{submit.marker(job, submission, task)} hold over: started {_stamp()}"
-
-
-def _stamp(seconds: Optional[float] = None) -> str:
-    """A time in a comment, as squeue shows it to people: the date, the time and the zone."""
-    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(seconds))
+    return f"{submit.marker(job, submission, task)} hold over: started {_clock.with_zone()}"
 
 
 def _evidence_text(answer: Answer) -> str:

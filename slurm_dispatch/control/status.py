@@ -9,9 +9,9 @@ where each task has its own root (``%a``), that root's latest publication.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from .. import _clock
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..execution.launch import expand_root
@@ -268,7 +268,7 @@ def open_job(ident: str, slurm_jobs: dict[str, Job],
 def clock(seconds: Optional[float]) -> str:
     if not seconds:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
+    return _clock.instant(seconds)
 
 
 def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[dict[str, Any]]:

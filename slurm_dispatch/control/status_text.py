@@ -13,9 +13,9 @@ looks like.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from .._clock import ago
 from .._table import render_table
 from . import events
 from .status import clock
@@ -124,15 +124,6 @@ def supervisor_text(data: dict[str, Any]) -> str:
     return (f"Supervisor  {good}; passes failing since {clock(seen['failing_since'])} "
             f"({seen.get('failures', '?')} failed, the latest {ago(seen.get('failed_at'))} "
             f"ago): {seen.get('error', '?')}")
-
-
-def ago(seconds: Any) -> str:
-    """How long ago ``seconds`` (since the epoch) was: ``90 s``, ``5 min``, ``2 h``."""
-    if not isinstance(seconds, (int, float)):
-        return "?"
-    passed = max(0, int(time.time() - float(seconds)))
-    return f"{passed} s" if passed < 120 else f"{passed // 60} min" if passed < 7200 else \
-        f"{passed // 3600} h"
 
 
 def latest_text(latest: Optional[dict[str, Any]]) -> str:

@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from .. import _clock
 from ..errors import DispatchError, RecordError, SlurmError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import Job, Snapshot, end_name
@@ -101,11 +102,6 @@ def run_notifier(argv: list[str], text: str, timeout: float) -> tuple[bool, str]
     if proc.returncode != 0:
         return False, f"{argv[0]} exited {proc.returncode}" + (f": {said}" if said else "")
     return True, said
-
-
-def when(seconds: float) -> str:
-    """A deadline as people read it: the date, the time and the zone."""
-    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(seconds))
 
 
 @dataclass
@@ -403,7 +399,8 @@ class Supervisor:
                               submission=n + 1, slurm_job_id=done.slurm_job_id, task=task,
                               **intent.as_dict())
             report.actions.append(f"{who}: {end}{seen}: submission {n + 1} held as Slurm job "
-                                  f"{_shown(done.slurm_job_id, task)} until {when(deadline)}")
+                                  f"{_shown(done.slurm_job_id, task)} until "
+                                  f"{_clock.with_zone(deadline)}")
             if isinstance(hold, events.Hold):
                 self._tell(job, hold, "made", report)
 
@@ -480,7 +477,7 @@ class Supervisor:
         if not held:
             report.errors.append(f"{job.id}: the held Slurm job {held_id} is no longer known "
                                  "to slurmctld; the hold stands until it expires "
-                                 f"{when(hold.deadline)}")
+                                 f"{_clock.with_zone(hold.deadline)}")
         now = self.clock()
         if now >= hold.deadline:
             self._expire(job, hold, task, bool(held), report)
@@ -541,16 +538,16 @@ class Supervisor:
         user = str(spec.get("user") or os.getuid())
         to = _mail_user(spec) or user
         subject = (f"slurm-dispatch {job.id}: submission {hold.submission} held (Slurm job "
-                   f"{hold.slurm_job_id}) until {when(hold.deadline)}")
+                   f"{hold.slurm_job_id}) until {_clock.with_zone(hold.deadline)}")
         if about == "expiring":
             subject = (f"slurm-dispatch {job.id}: the hold on Slurm job {hold.slurm_job_id} "
-                       f"expires {when(hold.deadline)}")
+                       f"expires {_clock.with_zone(hold.deadline)}")
         body = (f"{subject}\n\nAfter {hold.end_state} of Slurm job {hold.ended_slurm_job_id} "
                 f"the next submission of dispatch job {job.id} ({spec.get('script_name')}) "
                 "waits until the ended execution's processes are proven gone, or a person "
                 f"releases it (`dispatch release {job.id}`).  Unreleased, it is cancelled at "
-                f"{when(hold.deadline)} and the job ends.\n`dispatch status {job.id}` shows "
-                "the evidence.\n")
+                f"{_clock.with_zone(hold.deadline)} and the job ends.\n"
+                f"`dispatch status {job.id}` shows the evidence.\n")
         channels: list[tuple[str, list[str]]] = []
         if self.settings.mail and "mail" not in told:
             mail_prog = self._mailer(report)
@@ -559,8 +556,7 @@ class Supervisor:
         if self.settings.notify and "site" not in told:
             channels.append(("site", [*shlex.split(self.settings.notify), about, job.id,
                                       hold.slurm_job_id,
-                                      time.strftime("%Y-%m-%dT%H:%M:%S%z",
-                                                    time.localtime(hold.deadline)), user, to]))
+                                      _clock.for_program(hold.deadline), user, to]))
         for channel, argv in channels:
             ok, said = self.notifier(argv, body, NOTIFY_TIMEOUT)
             job.append(events.Notified, slurm_job_id=hold.slurm_job_id, about=about,

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .. import _clock
 from ..slurm.jobs import is_running
 
 LABEL = 16
@@ -97,7 +98,8 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
         return min(bar - 1, max(0, int((moment - first) / span * (bar - 1) + 0.5)))
 
     lines = [f"Dispatch job {data.get('id')}: {len(executions)} execution(s), "
-             f"{_clock(first)} to {_clock(last)[11:]} ({_duration(span)})"]
+             f"{_clock.instant(first)} to {_clock.instant(last)[11:]} "
+             f"({_clock.duration(span)})"]
     for e in executions:
         cells = [" "] * bar
         start = column(float(e.get("started") or first))
@@ -142,11 +144,4 @@ def _open(execution: dict[str, Any]) -> bool:
     return is_running(str(execution.get("state") or ""))
 
 
-def _clock(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
 
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from .. import _fsio, config
+from .. import _clock, _fsio, config
 from ..checkpoint import execdir, model
 from ..checkpoint import publish as store
 from ..control import record
@@ -254,7 +254,7 @@ def header_line(job_id: str, submission: int, env: dict[str, str],
                 values: dict[str, str]) -> str:
     """The line that starts each execution's output: with ``--open-mode=append`` (the
     default dispatch-sbatch gives), one output file holds every execution, each headed so."""
-    when = time.strftime("%Y-%m-%dT%H:%M:%S")
+    when = _clock.instant()
     resume = values["DISPATCH_RESUME_FROM"] or "nothing (a fresh start)"
     # An array task as Slurm shows it (squeue, sacct, dispatch status): 18_0, not its own 19.
     array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")

@@ -23,10 +23,10 @@ through :class:`Controller`, so tests and the bench use a fake one.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
+from .. import _clock
 from .. import config as config_module
 from ..errors import ConfigError, RecordError, UsageError
 from ..slurm.jobs import Job, Node
@@ -105,10 +105,10 @@ def load_config(path: Optional[str] = None) -> config_module.Config:
     return cfg
 
 
-def _clock(value: object) -> str:
+def _moment(value: object) -> str:
     if not isinstance(value, (int, float)):
         return "?"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(value))
+    return _clock.instant(value)
 
 
 def _describe(survivors: list[dict[str, Any]], limit: int = 3) -> str:
@@ -273,8 +273,8 @@ def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optio
     last_moment = max((t for t in moments if isinstance(t, (int, float))), default=None)
     booted = node.boot_time if node is not None else None
     if booted is not None and last_moment is not None and booted > last_moment + tolerance:
-        return NodeEvidence(name, state, True, f"rebooted at {_clock(booted)}, after the "
-                            f"execution's last record there ({_clock(last_moment)})")
+        return NodeEvidence(name, state, True, f"rebooted at {_moment(booted)}, after the "
+                            f"execution's last record there ({_moment(last_moment)})")
     if "kill task failed" in reason.lower():
         return NodeEvidence(name, state, False, f"drained: {reason}; not rebooted since",
                             list(recorded.get("survivors") or []))
@@ -284,21 +284,21 @@ def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optio
         return NodeEvidence(name, state, False,
                             f"no post-kill record (its Epilog has not recorded an end){why}")
     if end.get("scan_error"):
-        return NodeEvidence(name, state, False, f"Epilog at {_clock(end.get('time'))} could not "
+        return NodeEvidence(name, state, False, f"Epilog at {_moment(end.get('time'))} could not "
                             f"look for survivors: {end.get('scan_error')}")
     survivors = list(recorded.get("survivors") or [])
     recheck = recorded.get("recheck")
     if survivors:
-        when = _clock((recheck or end).get("time"))
+        when = _moment((recheck or end).get("time"))
         return NodeEvidence(name, state, False,
                             f"{len(survivors)} survivor(s) at {when}: {_describe(survivors)}",
                             survivors)
     if recheck is not None:
-        return NodeEvidence(name, state, True, f"Epilog at {_clock(end.get('time'))} found "
+        return NodeEvidence(name, state, True, f"Epilog at {_moment(end.get('time'))} found "
                             f"{len(end.get('survivors') or [])} survivor(s); all gone at "
-                            f"{_clock(recheck.get('time'))} ({recheck.get('reason', 're-check')})")
+                            f"{_moment(recheck.get('time'))} ({recheck.get('reason', 're-check')})")
     return NodeEvidence(name, state, True,
-                        f"Epilog at {_clock(end.get('time'))}: no process left after the kill")
+                        f"Epilog at {_moment(end.get('time'))}: no process left after the kill")
 
 
 def render(verdict: Verdict) -> str:
