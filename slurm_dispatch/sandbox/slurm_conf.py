@@ -194,6 +194,8 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
 
 def render_site_conf(layout: Layout) -> str:
     """The content of ``site.conf``: a header and :func:`site_config_lines`."""
+    # The header keeps the function's old path: site.conf's text is compared to decide whether
+    # to restart the daemons, so a new header would restart every existing sandbox once.
     lines = ["# Site settings of the sandbox (slurm_dispatch.sandbox.cluster.site_config_lines)."]
     lines += site_config_lines(layout.root)
     return "\n".join(lines) + "\n"
