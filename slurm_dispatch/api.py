@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
 
 from .checkpoint import publish as store
 from .errors import UsageError
+from .execution import contract
+from .execution.contract import Execution  # the public path of the identity is this one
 
 if TYPE_CHECKING:
     from .slurm.adapter import Slurm
@@ -46,57 +48,31 @@ __all__ = ["Execution", "Publication", "Submission", "execution", "latest",
 Publication = store.Found  # epoch, step, path (absolute), name; .as_json()
 
 
-@dataclass(frozen=True)
-class Execution:
-    """This execution's identity, as the launcher set it in the environment."""
-
-    job: str  # DISPATCH_JOB: the dispatch job id, the same across submissions
-    generation: int  # G
-    submission: int  # N
-    epoch: int  # G*10^12 + N*10^6 + R
-    attempt: str  # DISPATCH_ATTEMPT: new for every execution
-    checkpoint: str  # the root
-    exec_dir: str  # <root>/exec/<attempt>/: write saves here, nowhere else
-    resume_from: Optional[str]  # the latest save when the execution started, or None
-
-    @property
-    def restart(self) -> int:
-        """R, Slurm's restart count of this execution."""
-        return self.epoch % 1_000_000
-
-
-_VARIABLES = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
-              "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR")
-
-
 def execution(environ: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
     """This execution's identity, or None outside a dispatch execution (no DISPATCH_JOB).
 
     A partial or garbled contract (some variables missing, a number that is not one) is a
     :class:`UsageError` naming the variable: a script must not guess its epoch.
     """
-    env = os.environ if environ is None else environ
-    if not env.get("DISPATCH_JOB"):
+    found = contract.Contract.read(environ)
+    if not found.job:
         return None
-    missing = [name for name in _VARIABLES if not env.get(name)]
+    missing = found.missing(contract.IDENTITY)
     if missing:
         raise UsageError(f"a dispatch execution's environment lacks {', '.join(missing)} "
                          "(was the script started by the dispatch launcher?)")
-
-    def number(name: str) -> int:
-        try:
-            return int(env[name])
-        except ValueError:
-            raise UsageError(f"${name}={env[name]!r} is not an integer") from None
-    return Execution(job=env["DISPATCH_JOB"], generation=number("DISPATCH_GENERATION"),
-                     submission=number("DISPATCH_SUBMISSION"),
-                     epoch=number("DISPATCH_EPOCH"), attempt=env["DISPATCH_ATTEMPT"],
-                     checkpoint=env["DISPATCH_CHECKPOINT"], exec_dir=env["DISPATCH_EXEC_DIR"],
-                     resume_from=env.get("DISPATCH_RESUME_FROM") or None)
+    try:
+        return Execution(job=found.job, generation=found.number("generation"),
+                         submission=found.number("submission"), epoch=found.number("epoch"),
+                         attempt=found.text("attempt"), checkpoint=found.text("checkpoint"),
+                         exec_dir=found.text("exec_dir"),
+                         resume_from=found.resume_from or None)
+    except contract.NotANumber as exc:
+        raise UsageError(f"${exc}") from None
 
 
 def _root(root: Optional[str]) -> str:
-    value = root or os.environ.get("DISPATCH_CHECKPOINT")
+    value = root or contract.Contract.read().checkpoint
     if not value:
         raise UsageError("no checkpoint root: pass root=... or run inside a dispatch execution "
                          "($DISPATCH_CHECKPOINT)")
@@ -112,14 +88,14 @@ def publish(path: str, step: int, *, root: Optional[str] = None,
     folders are synced; the save's own files are as durable as the script made them).
     """
     if epoch is None:
-        raw = os.environ.get("DISPATCH_EPOCH")
-        if not raw:
+        found = contract.Contract.read()
+        if not found.epoch:
             raise UsageError("no epoch: pass epoch=... or run inside a dispatch execution "
                              "($DISPATCH_EPOCH)")
         try:
-            epoch = int(raw)
-        except ValueError:
-            raise UsageError(f"$DISPATCH_EPOCH={raw!r} is not an integer") from None
+            epoch = found.number("epoch")
+        except contract.NotANumber as exc:
+            raise UsageError(f"${exc}") from None
     return store.publish(_root(root), epoch, step, path)
 
 
@@ -136,10 +112,10 @@ def list_publications(root: Optional[str] = None) -> list[Publication]:
 def resume_from(root: Optional[str] = None) -> Optional[str]:
     """The save to resume from: ``DISPATCH_RESUME_FROM`` (fixed when the execution started),
     else the latest publication's path, else None (a fresh start)."""
-    fixed = os.environ.get("DISPATCH_RESUME_FROM")
-    if fixed:
-        return fixed
-    if root is None and not os.environ.get("DISPATCH_CHECKPOINT"):
+    given = contract.Contract.read()
+    if given.resume_from:
+        return given.resume_from
+    if root is None and not given.checkpoint:
         return None
     found = latest(root)
     return found.path if found is not None else None

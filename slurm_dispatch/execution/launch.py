@@ -35,10 +35,9 @@ from ..checkpoint import execdir, model
 from ..checkpoint import publish as store
 from ..control import record
 from ..errors import DispatchError, RecordError, StoreError, UsageError
+from . import contract
 
-CONTRACT = ("DISPATCH_JOB", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_EPOCH",
-            "DISPATCH_ATTEMPT", "DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR",
-            "DISPATCH_RESUME_FROM", "DISPATCH_STAGE_DIR", "DISPATCH_LOCAL_DIR")
+CONTRACT = contract.VARIABLES
 EXEC_RECORD = execdir.RECORD  # in exec/<attempt>/; a leading dot keeps it out of save patterns
 EXEC_RECORD_FORMAT = execdir.RECORD_FORMAT
 START_TRIES = 5  # fresh folders tried when cleanup removes the resume source meanwhile

@@ -44,6 +44,7 @@ from .. import _fsio
 from ..checkpoint import execdir
 from ..checkpoint import publish as store
 from ..errors import DispatchError, UsageError
+from ..execution import contract
 
 MANIFEST_SUFFIX = execdir.MANIFEST_SUFFIX  # a folder save holds MANIFEST_SUFFIX[1:]
 RESUME_RECORD = execdir.RESUME
@@ -54,7 +55,8 @@ MANIFEST_FORMAT = execdir.MANIFEST_FORMAT
 
 @dataclass(frozen=True)
 class Execution:
-    """The dispatch execution this process runs in, from the launcher's environment."""
+    """The dispatch execution this process runs in, from the launcher's environment (read
+    by :class:`..execution.contract.Contract`, as ``api.execution()`` reads it)."""
 
     root: str
     exec_dir: str
@@ -73,23 +75,20 @@ class Execution:
     @classmethod
     def current(cls, env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
         """The execution named by ``env`` (default: ``os.environ``), or ``None`` outside one."""
-        env = os.environ if env is None else env
-        exec_dir = env.get("DISPATCH_EXEC_DIR", "")
-        root = env.get("DISPATCH_CHECKPOINT", "")
+        found = contract.Contract.read(env)
+        exec_dir, root = found.text("exec_dir"), found.text("checkpoint")
         if not exec_dir or not root:
             return None
         if "://" in root and not store.is_s3_root(root):
             raise UsageError(f"checkpoint root {root!r}: the framework integrations publish "
                              "under a folder or an s3:// root only")
-        raw_epoch = env.get("DISPATCH_EPOCH", "")
         try:
-            epoch = int(raw_epoch)
-        except ValueError:
-            raise UsageError(f"DISPATCH_EPOCH {raw_epoch!r} is not an integer") from None
-        return cls(root=root, exec_dir=exec_dir, epoch=epoch,
-                   attempt=env.get("DISPATCH_ATTEMPT", ""), job=env.get("DISPATCH_JOB", ""),
-                   resume_from=env.get("DISPATCH_RESUME_FROM"),
-                   stage_dir=env.get("DISPATCH_STAGE_DIR") or None)
+            epoch = found.number("epoch")
+        except contract.NotANumber as exc:
+            raise UsageError(f"{exc.name} {exc.raw!r} is not an integer") from None
+        return cls(root=root, exec_dir=exec_dir, epoch=epoch, attempt=found.text("attempt"),
+                   job=found.text("job"), resume_from=found.resume_from,
+                   stage_dir=found.stage_dir or None)
 
 
 # --- durability ---------------------------------------------------------------------------
