@@ -437,17 +437,8 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
     if as_json:
         echo_json(lines)
         return
-    several = len(record.clusters(every, here)) > 1
-    rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
-            else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
-                  line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
-            for line in lines]
-    headers = ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
-    if several:
-        headers.insert(1, "CLUSTER")
-        for row, line in zip(rows, lines):
-            row.insert(1, line.get("cluster") or "-")
-    text = render_table(headers, rows, noheader)
+    from ..control.status_text import jobs_table
+    text = jobs_table(lines, len(record.clusters(every, here)) > 1, noheader)
     if text:
         click.echo(text)
 

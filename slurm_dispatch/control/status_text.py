@@ -1,5 +1,6 @@
-"""dispatch status's text: a job's status (:func:`slurm_dispatch.control.status.collect`) as the
-lines people read.  The CLI only prints what :func:`render` returns.
+"""dispatch status's and dispatch jobs' text: a job's status
+(:func:`slurm_dispatch.control.status.collect`) or the jobs' lines (``status.job_lines``) as
+the lines people read.  The CLI only prints what :func:`render` and :func:`jobs_table` return.
 
 Role: the one place the status is put into words.  Recorded decisions are read as typed events
 (:func:`slurm_dispatch.control.events.parse`, dispatched on their classes, never on kind
@@ -35,6 +36,22 @@ def render(data: dict[str, Any], several_clusters: bool = False) -> str:
         head, _, rest = text.partition("\n")
         text = f"{head}\nCluster     {data['cluster']}\n{rest}"
     return text
+
+
+def jobs_table(lines: list[dict[str, Any]], several_clusters: bool = False,
+               noheader: bool = False) -> str:
+    """``dispatch jobs``' table of :func:`slurm_dispatch.control.status.job_lines` (each with
+    its ``cluster``); a CLUSTER column where the home holds more than one cluster's jobs."""
+    rows = [[line["id"], "-", "-", "-", f"unreadable: {line['error']}"] if "error" in line
+            else [line["id"], line["script"], f"{line['generation']}/{line['submission']}",
+                  line["slurm_job_id"] or "-", line["state"], line["checkpoint"]]
+            for line in lines]
+    headers = ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
+    if several_clusters:
+        headers.insert(1, "CLUSTER")
+        for row, line in zip(rows, lines):
+            row.insert(1, line.get("cluster") or "-")
+    return render_table(headers, rows, noheader)
 
 
 def _render(data: dict[str, Any]) -> str:

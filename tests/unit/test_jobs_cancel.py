@@ -73,6 +73,11 @@ def test_an_unreadable_record_is_a_line_not_a_crash(cluster: FakeCluster) -> Non
     (events / "00000000000000000001-submitted-ffff.json").write_text('["not", "an event"]')
     lines = status.job_lines(record.all_jobs(), Slurm().own_jobs())
     assert "error" in lines[0] and "ffff" in lines[0]["error"]
+    # dispatch jobs' table too: its short row for the record crashed the table (IndexError).
+    shown = CliRunner().invoke(cli.main, ["jobs"])
+    assert shown.exit_code == 0, shown.output
+    row = shown.output.splitlines()[1].split()
+    assert row[:5] == [job.id, "-", "-", "-", "unreadable:"], shown.output
 
 
 def test_cancel_cancels_whichever_slurm_job_is_current(cluster: FakeCluster) -> None:

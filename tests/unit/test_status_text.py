@@ -1,6 +1,7 @@
 """dispatch status's text, pinned byte for byte: every line kind the renderer has (submissions,
 array tasks, executions with each sort of hook facts, every recorded decision, the supervisor's
-passes, the launcher's problem, the latest publication) over hand-made status data.
+passes, the launcher's problem, the latest publication) over hand-made status data; and
+dispatch jobs' table.
 
 Re-bless after an intended change of the text with
 ``BLESS_GOLDEN=1 python -m pytest tests/unit/test_status_text.py`` and read the diff.
@@ -159,6 +160,20 @@ def rendered() -> str:
              "launcher_problem": None, "supersedes": None, "resubmits_by_hand": 2,
              "resubmits_used": 2}),
     }
+    jobs = [
+        {"id": "dab2cd3e", "script": "train.sh", "generation": 1, "submission": 3,
+         "slurm_job_id": "9", "state": "TIMEOUT (recorded)", "checkpoint": "/ck/run1",
+         "cluster": "alpha"},
+        {"id": "0a0a0a0a", "error": "cannot read spec.json: truncated", "cluster": None},
+        {"id": "feedf00d", "script": "a long script name.sh", "generation": 0,
+         "submission": 1, "slurm_job_id": None, "state": "UNKNOWN", "checkpoint": "s3://b/p",
+         "cluster": "beta"}]
+    cases.update({
+        "dispatch jobs": status_text.jobs_table(jobs),
+        "dispatch jobs, several clusters": status_text.jobs_table(jobs, several_clusters=True),
+        "dispatch jobs --noheader": status_text.jobs_table(jobs, noheader=True),
+        "dispatch jobs, none": status_text.jobs_table([]),
+    })
     return "".join(f"==== {name}\n{text}\n" for name, text in cases.items())
 
 
