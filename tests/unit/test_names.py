@@ -16,8 +16,9 @@ SHARED = {
     "_Shell": {"cli/cease.py", "cli/dispatch.py", "cli/sandbox.py"},
     # One callback per framework, each in its framework's integration module.
     "DispatchCallback": {"integrations/lightning.py", "integrations/transformers.py"},
-    # The launcher's environment read twice; being made one (issue 19, the holds item).
-    "Execution": {"api.py", "integrations/saves.py"},
+    # Two views of the launcher's environment, both read by one execution.contract.Contract:
+    # the public identity (api.Execution) and the integrations' save-time view.
+    "Execution": {"execution/contract.py", "integrations/saves.py"},
 }
 
 
