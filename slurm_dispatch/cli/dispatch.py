@@ -219,16 +219,16 @@ def _job_root(job: str, task: Optional[int]) -> str:
     """The checkpoint root of dispatch job ``job`` (of array task ``task`` for a %a root)."""
     spec = _open(job).spec
     root = str(spec["checkpoint"])
-    if "%a" not in root.replace("%%", ""):
+    from ..checkpoint import roots
+    if not roots.per_task(root):
         if task is not None:
             raise UsageError(f"--task {task}: dispatch job {job}'s root {root!r} is one for "
                              "all tasks")
-        return root.replace("%%", "%")
+        return roots.one_root(root)
     if task is None:
         raise UsageError(f"dispatch job {job}'s root {root!r} is one per array task: give "
                          "--task T")
-    from ..execution.launch import expand_root
-    return expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)})
+    return roots.for_task(root, task)
 
 
 @main.command(name="list")
@@ -378,9 +378,10 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     elif timeline:
         import shutil
 
+        from ..checkpoint import roots
         from ..control import timeline as drawing
         root = str(data["checkpoint"])
-        found = drawing.marks(root) if "%" not in root else []
+        found = drawing.marks(root) if not roots.has_patterns(root) else []
         width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
         click.echo(drawing.render(data, found, width=max(width, 60)))
     else:

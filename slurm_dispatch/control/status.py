@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import _clock
 from ..checkpoint import publish as store
+from ..checkpoint import roots
 from ..errors import DispatchError
-from ..execution.launch import expand_root
 from ..slurm.jobs import SLURM_END, Job, Snapshot
 from . import events, record, submit
 
@@ -194,8 +194,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
                                   if f.get("restart") in (None, restart)]
         executions.append(execution)
     root = spec["checkpoint"]
-    per_task = tasks is not None and "%a" in root.replace("%%", "")
-    latest: Any = None if per_task else _latest(expand_root(root, {}))
+    per_task = tasks is not None and roots.per_task(root)
+    latest: Any = None if per_task else _latest(roots.one_root(root))
     others = [e.raw for e in history.decisions()]
     lines = []
     for task in tasks or []:
@@ -212,8 +212,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             "display_id": shown, "state": state,
             "resubmits_used": max(0, len(line.submissions) - 1),
             "settled": line.settled,
-            "checkpoint": expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)}),
-            "latest": _latest(expand_root(root, {"SLURM_ARRAY_TASK_ID": str(task)}), True)
+            "checkpoint": roots.for_task(root, task),
+            "latest": _latest(roots.for_task(root, task), True)
             if per_task else latest})
     used = max(0, len(submissions) - 1) if tasks is None else \
         max((t["resubmits_used"] for t in lines), default=0)

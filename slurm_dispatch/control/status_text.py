@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .._clock import ago
 from .._table import render_table
+from ..checkpoint import roots
 from . import events
 from .status import clock
 
@@ -98,7 +99,7 @@ def _render(data: dict[str, Any]) -> str:
         out.append("")
         out.extend(f"{clock(raw['time'])} {event_text(events.parse(raw))}"
                    for raw in data["events"])
-    if tasks and "%a" in data["checkpoint"].replace("%%", ""):
+    if tasks and roots.per_task(data["checkpoint"]):
         return "\n".join(out)  # each task's root, its latest: in the task table
     out.append("")
     out.append(f"Latest publication: {latest_text(data['latest'])}")

@@ -19,6 +19,7 @@ import sys
 import time
 
 from .. import _fsio
+from ..checkpoint import roots
 from ..errors import DispatchError, RecordError, SlurmError, UsageError
 from ..slurm import arrays
 from ..slurm.adapter import Result, Slurm, default_timeout
@@ -111,14 +112,7 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
         raise UsageError("no checkpoint root: give --checkpoint DIR (or a '#DISPATCH "
                          "--checkpoint DIR' line in the script); every execution writes under "
                          "DIR/exec/<attempt>/ and publishes into DIR/pub/")
-    changing = [p for p in ("%j", "%A") if p in options.checkpoint.replace("%%", "")]
-    if changing:
-        raise UsageError(
-            f"--checkpoint {options.checkpoint!r}: {' and '.join(changing)} would give every "
-            "submission a new root, but a root must be the same for every submission of a "
-            "dispatch job (a resubmission resumes from the root's latest publication); each "
-            "execution already gets its own exec/<attempt>/ folder under it.  Write a fixed "
-            "path, with %a for one root per task of an array (for example ck/task%a)")
+    roots.refuse_changing(options.checkpoint)
     if ":" in options.checkpoint:  # imported only then: start-up speed
         from ..checkpoint.stores.open import check_root_scheme
 
@@ -141,8 +135,7 @@ def prepare_root(root: str) -> list[str]:
     """
     if root[:5].lower() == "s3://":
         return []
-    static = root.split("%", 1)[0]
-    folder = static if "%" not in root else os.path.dirname(static.rstrip("/")) or "/"
+    folder = roots.fixed_folder(root)
     missing: list[str] = []
     probe = folder
     while probe and not os.path.lexists(probe):
@@ -383,20 +376,6 @@ def refuse_warning_past_limit(request: Request,
         "--warn-before less than the limit (the time a save takes, plus a margin)")
 
 
-def per_task(root: str) -> bool:
-    """Whether ``root`` names one root per array task: a ``%a`` that
-    :func:`launch.expand_root` expands (``%%`` is a literal '%', read left to right)."""
-    i = 0
-    while i < len(root) - 1:
-        if root[i] == "%":
-            if root[i + 1] == "a":
-                return True
-            i += 2 if root[i + 1] == "%" else 1
-        else:
-            i += 1
-    return False
-
-
 def refuse_array_on_one_root(request: Request, root: str,
                              env: Optional[Mapping[str, str]] = None) -> None:
     """Refuse an array of several tasks whose checkpoint root is the same for every task.
@@ -410,13 +389,13 @@ def refuse_array_on_one_root(request: Request, root: str,
     """
     found = _array_given(request.sbatch, os.environ if env is None else env,
                          request.header.sbatch_lines, os.path.basename(request.script_path))
-    if found is None and per_task(root):
+    if found is None and roots.per_task(root):
         given = request.options.checkpoint or root
         raise UsageError(
             f"--checkpoint {given!r} has %a (the array task id) but the job is submitted "
             "without --array: a job that is not an array has no task id.  Give --array, or "
             "remove %a from the root (write %%a for a literal '%a')")
-    if found is None or per_task(root):
+    if found is None or roots.per_task(root):
         return
     tasks = parse_array(found[0])
     if len(tasks) < 2:

@@ -31,7 +31,7 @@ import time
 from typing import Any, Optional
 
 from .. import _clock, _fsio, config
-from ..checkpoint import execdir, model
+from ..checkpoint import execdir, model, roots
 from ..checkpoint import publish as store
 from ..control import record
 from ..errors import DispatchError, RecordError, StoreError, UsageError
@@ -41,22 +41,6 @@ CONTRACT = contract.VARIABLES
 EXEC_RECORD = execdir.RECORD  # in exec/<attempt>/; a leading dot keeps it out of save patterns
 EXEC_RECORD_FORMAT = execdir.RECORD_FORMAT
 START_TRIES = 5  # fresh folders tried when cleanup removes the resume source meanwhile
-
-
-def expand_root(pattern: str, env: dict[str, str]) -> str:
-    """Expand %a (array task id), %A (array job id), %j (job id) and %% in a root."""
-    values = {"a": env.get("SLURM_ARRAY_TASK_ID", "0"),
-              "A": env.get("SLURM_ARRAY_JOB_ID", env.get("SLURM_JOB_ID", "0")),
-              "j": env.get("SLURM_JOB_ID", "0"), "%": "%"}
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
-            out.append(values[pattern[i + 1]])
-            i += 2
-        else:
-            out.append(pattern[i])
-            i += 1
-    return "".join(out)
 
 
 def restart_count(env: dict[str, str]) -> int:
@@ -73,7 +57,7 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
     """Compute and create this execution's identity; returns the variables to set."""
     spec = job.spec
     epoch = model.Epoch(int(spec["generation"]), submission, restart_count(env))
-    root = expand_root(spec["checkpoint"], env)
+    root = roots.expand(spec["checkpoint"], env)
     timeout = store.store_timeout(None, env)
     st = store.open_store(root, timeout)
     for _ in range(START_TRIES):
