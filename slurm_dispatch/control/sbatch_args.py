@@ -92,7 +92,10 @@ class CommandLine:
         self.warnings = list(warnings or [])  # for people: likely mistakes that are not errors
 
 
-def _resolve_long(name: str, where: str) -> str:
+def resolve_long(name: str, where: str) -> str:
+    """An sbatch or dispatch long option as given (``name``, without ``--``; an unambiguous
+    prefix, as sbatch takes it) by its full name; ``where`` says where it was given, for the
+    error that names an unknown or ambiguous one."""
     known = LONG_WITH_ARG | LONG_FLAGS | DISPATCH_WITH_ARG | DISPATCH_FLAGS
     if name in known:
         return name
@@ -179,7 +182,7 @@ def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
             break
         if word.startswith("--"):
             name, eq, value = word[2:].partition("=")
-            long = _resolve_long(name, where)
+            long = resolve_long(name, where)
             if long in DISPATCH_WITH_ARG or long in DISPATCH_FLAGS:
                 if long in DISPATCH_WITH_ARG and not eq:
                     if i + 1 >= len(words):
@@ -271,7 +274,7 @@ def read_header(text: str, script_name: str) -> ScriptHeader:
         for tag, sink in (("#SBATCH", sbatch_words), ("#DISPATCH", dispatch_words)):
             if stripped.startswith(tag) and (len(stripped) == len(tag)
                                              or stripped[len(tag)].isspace()):
-                words = _directive_words(stripped[len(tag):], script_name, number)
+                words = directive_words(stripped[len(tag):], script_name, number)
                 sink.extend(words)
     where = f" (in {script_name}'s #DISPATCH lines)"
     dispatch, stray, _, _ = parse_options(dispatch_words, stop_at_script=False, where=where)
@@ -283,7 +286,9 @@ def read_header(text: str, script_name: str) -> ScriptHeader:
     return ScriptHeader(lines[0], block, sbatch_words, dispatch, names)
 
 
-def _directive_words(rest: str, script_name: str, number: int) -> list[str]:
+def directive_words(rest: str, script_name: str, number: int) -> list[str]:
+    """The words of one ``#SBATCH`` line (``rest``: what follows the tag), as sbatch reads
+    them; an unreadable line is a UsageError naming the script and line ``number``."""
     # sbatch ignores what follows a '#' that starts a word in a directive line.
     try:
         words = shlex.split(rest, comments=True)

@@ -258,7 +258,7 @@ def _option_words(words: list[str], long: str, short: str
         if word.startswith("--") and len(word) > 2:
             name, sep, given = word[2:].partition("=")
             try:
-                resolved = sbatch_args._resolve_long(name, "")
+                resolved = sbatch_args.resolve_long(name, "")
             except UsageError:
                 resolved = name
             if resolved == long:
@@ -330,7 +330,7 @@ def _given(words: list[str], env: Mapping[str, str], header_lines: list[str],
     for line in header_lines:
         text = line.lstrip()
         if text.startswith("#SBATCH"):
-            header.extend(sbatch_args._directive_words(text[len("#SBATCH"):],
+            header.extend(sbatch_args.directive_words(text[len("#SBATCH"):],
                                                        script_name, 0))
     value = _option_words(header, long, short)[0]
     return (value, f"#SBATCH --{long}={value} in {script_name}") if value is not None \

@@ -41,9 +41,9 @@ from .saves import (
     RESUME_RECORD,
     Execution,
     Resume,
-    _lineage_before,
-    _sizes,
     apply_limit,
+    file_sizes,
+    lineage_before,
     manifest_path,
     record_choice,
     say_published,
@@ -60,9 +60,9 @@ def _timeout() -> float:
 
 
 def _client() -> Any:
-    from ..checkpoint.stores.s3 import _client as client
+    from ..checkpoint.stores.s3 import client_for
 
-    return client(_timeout())
+    return client_for(_timeout())
 
 
 def put_once(url: str, data: dict[str, Any]) -> bool:
@@ -77,9 +77,9 @@ def put_once(url: str, data: dict[str, Any]) -> bool:
     except ClientError as exc:
         if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
             return False
-        from ..checkpoint.stores.s3 import _describe
+        from ..checkpoint.stores.s3 import store_error
 
-        raise _describe(exc, "writing", url) from None
+        raise store_error(exc, "writing", url) from None
     return True
 
 
@@ -94,9 +94,9 @@ def read_json(url: str) -> Optional[Any]:
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
-        from ..checkpoint.stores.s3 import _describe
+        from ..checkpoint.stores.s3 import store_error
 
-        raise _describe(exc, "reading", url) from None
+        raise store_error(exc, "reading", url) from None
     except ValueError:
         return None
 
@@ -130,7 +130,7 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str,
     """Write the manifest of the local ``save``, upload the save, then publish it; remove the
     older local copies (the newest stays).  Returns the publication's name."""
     # No fsync: the local copy is not what the publication promises; the uploaded one is.
-    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save),
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": file_sizes(save),
                                 SHA256_KEY: file_hashes(save, MANIFEST_SUFFIX[1:])}
     if bests:
         manifest["bests"] = bests  # relative to the root (saves.relative_saves)
@@ -259,7 +259,7 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (), framewor
             if found is not None or not start:
                 break
             found = store.list_publications(execution.root)
-            candidates = _lineage_before(execution.root, start, found,
+            candidates = lineage_before(execution.root, start, found,
                                          folder_of=_exec_prefix, recorded=_recorded_source)
             continue
         number += 1

@@ -115,7 +115,9 @@ def manifest_path(save: str) -> str:
     return save + MANIFEST_SUFFIX
 
 
-def _sizes(save: str) -> dict[str, int]:
+def file_sizes(save: str) -> dict[str, int]:
+    """Each file of ``save`` (a file, or a folder walked) by its path inside it, with its size:
+    what a manifest lists (the manifest itself and links left out)."""
     if not os.path.isdir(save):
         return {os.path.basename(save): os.lstat(save).st_size}
     sizes: dict[str, int] = {}
@@ -165,7 +167,7 @@ def seal_save(save: str, single_writer: bool, bests: Optional[list[str]] = None)
     framework keeps as its best now (relative to the root, :func:`relative_saves`), which
     cleanup keeps while this execution is live.
     """
-    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": _sizes(save)}
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": file_sizes(save)}
     if bests:
         manifest["bests"] = bests
     if single_writer:
@@ -303,7 +305,7 @@ def _recorded_source(exec_folder: str) -> Optional[str]:
     return None
 
 
-def _lineage_before(root: str, bad: str, found: list[store.Found],
+def lineage_before(root: str, bad: str, found: list[store.Found],
                     folder_of: Callable[[str, str], Optional[str]] = _exec_folder,
                     recorded: Callable[[str], Optional[str]] = _recorded_source
                     ) -> Iterator[str]:
@@ -370,7 +372,7 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
                 resume.passed_over.append({"path": start, "why": why})
             resume.path = None
             found = store.list_publications(execution.root) if found is None else found
-            for candidate in _lineage_before(execution.root, start, found):
+            for candidate in lineage_before(execution.root, start, found):
                 why = why_unloadable(candidate, required)
                 if why is None and not record_choice(execution, candidate, found,
                                                      f"fallback from {start}"):

@@ -146,9 +146,11 @@ _clients: dict[tuple[object, ...], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def _client(timeout: float) -> Any:
+def client_for(timeout: float) -> Any:
     """A boto3 S3 client whose sockets give up within ``timeout``; one per process for a given
-    timeout and ``AWS_*`` environment (making one costs tens of milliseconds)."""
+    timeout and ``AWS_*`` environment (making one costs tens of milliseconds).  Every S3 call
+    of the package goes through one of these (the store, :mod:`.transfer`, the integrations),
+    so the timeouts, retries and connection pool are set here only."""
     key = (timeout, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
     with _clients_lock:
         client = _clients.get(key)
@@ -165,8 +167,10 @@ def _client(timeout: float) -> Any:
         return client
 
 
-def _describe(exc: BaseException, action: str, where: str) -> StoreError:
-    """A StoreError naming the bucket and key (``where``), the server's code and a hint."""
+def store_error(exc: BaseException, action: str, where: str) -> StoreError:
+    """A StoreError naming the bucket and key (``where``), the server's code and a hint: how
+    every S3 failure of the package is told (``action`` is what was being done: "listing",
+    "reading", ...)."""
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         error = response.get("Error", {})
@@ -281,7 +285,7 @@ class S3Store(Store):
         import tenacity
         from botocore.exceptions import BotoCoreError, ClientError
 
-        client = _client(self.timeout)
+        client = client_for(self.timeout)
         token = secrets.token_hex(16)  # this call's own: a 412 on it is our lost answer
 
         def conflict(exc: BaseException) -> bool:
@@ -314,9 +318,9 @@ class S3Store(Store):
                     + ("published before this call" if whose is not None else
                        "published before this call, or by it with the answer lost (its "
                        "owner could not be read)")) from None
-            raise _describe(exc, "publishing", url) from None
+            raise store_error(exc, "publishing", url) from None
         except BotoCoreError as exc:
-            raise _describe(exc, "publishing", url) from None
+            raise store_error(exc, "publishing", url) from None
 
     def _token_of(self, client: Any, key: str) -> Optional[str]:
         """The call token of the publication at ``key`` ("" when it has none: made by hand or
@@ -347,7 +351,7 @@ class S3Store(Store):
     def _scan(self, abandoned: threading.Event) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        client = _client(self.timeout)
+        client = client_for(self.timeout)
         prefix = self.pub_prefix
         cut = len(prefix)
         names: list[str] = []
@@ -356,9 +360,9 @@ class S3Store(Store):
             for page in self._pages(client, request, self._pub_url(), abandoned):
                 names.extend(item["Key"][cut:] for item in page.get("Contents", ()))
         except ClientError as exc:
-            raise _describe(exc, "listing", self._pub_url()) from None
+            raise store_error(exc, "listing", self._pub_url()) from None
         except BotoCoreError as exc:
-            raise _describe(exc, "listing", self._pub_url()) from None
+            raise store_error(exc, "listing", self._pub_url()) from None
         # The folder marker "pub/" itself (an S3 console's "create folder") is not an entry.
         return [name for name in names if name != ""]
 
@@ -373,9 +377,9 @@ class S3Store(Store):
 
         def run(_abandoned: threading.Event) -> T:
             try:
-                return call(_client(self.timeout))
+                return call(client_for(self.timeout))
             except (ClientError, BotoCoreError) as exc:
-                raise _describe(exc, what, self._url(key)) from None
+                raise store_error(exc, what, self._url(key)) from None
 
         return within(self.timeout, f"{what} {self._url(key)}", run)
 
@@ -397,13 +401,13 @@ class S3Store(Store):
         def scan(abandoned: threading.Event) -> list[tuple[str, int]]:
             found: list[tuple[str, int]] = []
             try:
-                for page in self._pages(_client(self.timeout), request, url, abandoned):
+                for page in self._pages(client_for(self.timeout), request, url, abandoned):
                     found.extend((item["Key"], int(item.get("Size", 0)))
                                  for item in page.get("Contents", ()))
                     found.extend((common["Prefix"], -1)
                                  for common in page.get("CommonPrefixes", ()))
             except (ClientError, BotoCoreError) as exc:
-                raise _describe(exc, "listing", url) from None
+                raise store_error(exc, "listing", url) from None
             return found
 
         return within(self.timeout, f"listing {url}", scan)

@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 from ...errors import StoreError, StoreTimeout
 from .base import S3_SCHEME
-from .s3 import _client, _describe, parse_root
+from .s3 import client_for, parse_root, store_error
 
-# Parts of 8 MiB, four at once: the client keeps four connections (s3._client).
+# Parts of 8 MiB, four at once: the client keeps four connections (s3.client_for).
 CONCURRENCY = 4
 PART_SIZE = 8 * 1024 * 1024
 
@@ -96,7 +96,7 @@ def _manager(timeout: float) -> Any:
 
     config = TransferConfig(multipart_threshold=PART_SIZE, multipart_chunksize=PART_SIZE,
                             max_concurrency=CONCURRENCY, use_threads=True)
-    return create_transfer_manager(_client(timeout), config)
+    return create_transfer_manager(client_for(timeout), config)
 
 
 def _run(what: str, timeout: float, submit: list[tuple[str, Any]]) -> None:
@@ -119,7 +119,7 @@ def _run(what: str, timeout: float, submit: list[tuple[str, Any]]) -> None:
             try:
                 future.result()
             except ClientError as exc:
-                raise _describe(exc, what + ":", label) from None
+                raise store_error(exc, what + ":", label) from None
             except (BotoCoreError, OSError) as exc:
                 raise StoreError(f"{what} failed at {label}: {exc}") from None
             except Exception as exc:  # s3transfer wraps some failures in its own types
@@ -165,7 +165,7 @@ def save_objects(url: str, timeout: float) -> tuple[bool, dict[str, int]]:
     base = place.key.rsplit("/", 1)[-1]
 
     def scan(abandoned: threading.Event) -> tuple[bool, dict[str, int]]:
-        client = _client(timeout)
+        client = client_for(timeout)
         inside: dict[str, int] = {}
         whole: dict[str, int] = {}
         # One listing of the bare key's prefix sees both shapes (and siblings such as
@@ -184,7 +184,7 @@ def save_objects(url: str, timeout: float) -> tuple[bool, dict[str, int]]:
                     break
                 request["ContinuationToken"] = page["NextContinuationToken"]
         except (ClientError, BotoCoreError) as exc:
-            raise _describe(exc, "listing", url) from None
+            raise store_error(exc, "listing", url) from None
         return (True, inside) if inside else (False, whole)
 
     return within(timeout, f"listing the save {url}", scan)
