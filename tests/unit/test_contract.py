@@ -1,7 +1,7 @@
 """An execution's contract (execution/contract.py): the DISPATCH_* variables have one reader,
 which api.execution() and the integrations' saves.Execution.current() both use; they agree on
 every variable they both read, each keeps its own strictness and words, and no other module
-spells a contract variable to read it."""
+reads a contract variable by name."""
 
 from __future__ import annotations
 
@@ -104,19 +104,39 @@ def test_the_contract_imports_only_the_standard_library() -> None:
         "'slurm_dispatch.execution.contract']"
 
 
-# Modules that may spell a contract variable, and why: the launcher writes them all (as a
-# dict keyed by name, beside contract.VARIABLES, which it exports); the dispatch commands name
-# them as click options' envvar= and in their usage errors (click reads them, not us).
-SPELLERS = {"execution/contract.py", "execution/launch.py", "cli/dispatch.py"}
+# Modules that may read a contract variable by name, and why: the launcher writes them all (a
+# dict keyed by name, which it reads back for its header and record); the dispatch commands
+# name them as click options' envvar= and read the publish command's folder from them.
+READERS = {"execution/contract.py", "execution/launch.py", "cli/dispatch.py"}
+GETTERS = {"get", "getenv", "pop", "setdefault"}
+
+
+def _reads(tree: ast.AST) -> list[ast.Constant]:
+    """The contract variables ``tree`` reads: ``x.get(NAME)``, ``os.getenv(NAME)``,
+    ``x[NAME]`` (a column header or a message that names one is not a read)."""
+    found = []
+    for node in ast.walk(tree):
+        keys: list[ast.expr] = []
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)) \
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in GETTERS:
+            keys = node.args[:1]
+        elif isinstance(node, ast.Subscript):
+            keys = [node.slice]
+        found += [k for k in keys if isinstance(k, ast.Constant) and k.value in contract.VARIABLES]
+    return found
 
 
 def test_no_other_module_reads_a_contract_variable_by_name() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         name = str(path.relative_to(PACKAGE))
-        if name in SPELLERS:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and node.value in contract.VARIABLES:
-                found.append(f"{name}:{node.lineno}: {node.value}")
+        if name not in READERS:
+            found += [f"{name}:{n.lineno}: {n.value}" for n in _reads(ast.parse(path.read_text()))]
     assert found == []
+
+
+def test_the_scan_sees_a_read() -> None:
+    tree = ast.parse("import os\nos.environ.get('DISPATCH_EPOCH'), env['DISPATCH_JOB'], "
+                     "os.getenv('DISPATCH_ATTEMPT'), print('DISPATCH_JOB')\n")
+    assert [n.value for n in _reads(tree)] == ["DISPATCH_EPOCH", "DISPATCH_JOB",
+                                              "DISPATCH_ATTEMPT"]
