@@ -8,11 +8,16 @@ Run ``python bench/bench_hooks.py`` (as root: the hooks write a root-owned State
    interleaved so that drift hits all alike; the median is reported.  Target: hook / bare <= 1.5.
    The shell part ``contrib/prolog.d/05-dispatch`` (sh + the interpreter) is shown for reference.
    The Epilog's time includes its /proc scan over every process of this machine (printed).
+   With ``--baseline-src PATH`` (another commit's source tree, e.g. ``git archive b39dcc8 | tar
+   -x -C PATH``) each hook of that tree runs too, interleaved with this checkout's, into a
+   StateDir of its own: the ``vs baseline`` column is this checkout's median over its (no
+   slower than before: <= 1.0x, within the noise of a loaded machine).
 2. ``dispatch-cease`` on a job of 512 nodes, each with a start and a clean post-kill record:
    * in process, against a fake controller (the library's cost: reading 1,024 facts, judging);
    * end to end, the installed CLI in a fresh process with a fake ``scontrol`` on PATH that
      answers ``show job`` and ``show node`` for the 512 nodes (two calls, counted).
-   Target: under one second.
+   Target: under one second.  With ``--baseline-src`` the baseline's CLI, by the entry point
+   its pyproject.toml names, runs interleaved with this checkout's.
 
 Exit status is 0 unless ``--fail-on-miss`` is given and a target is missed.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -33,6 +39,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+
+import baseline as baseline_src  # noqa: E402 - bench/ beside this script
 
 HOOK_TARGET = 1.5
 CEASE_TARGET = 1.0
@@ -46,60 +55,102 @@ def run_once(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def hook_argv(python: str, hook: str) -> list[str]:
-    return [python, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+def hook_argv(python: str, hook: str, src: Path = REPO) -> list[str]:
+    return [python, "-I", "-c", f"import sys; sys.path.insert(0, {str(src)!r}); "
             f"from slurm_dispatch.hooks import run; run({hook!r})"]
 
 
-def bench_hooks(python: str, repeat: int, scratch: Path) -> dict[str, Any]:
-    state = scratch / "state"
+HOOK_CASES = ("prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld",
+              "recheck (nothing watched)")
+
+
+def hook_cases(python: str, src: Path, conf: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Each hook as Slurm runs it, importing slurm_dispatch from ``src``, writing per ``conf``."""
+    job = {"SLURM_DISPATCH_CONF": str(conf), "SLURM_JOB_ID": "1", "SLURM_JOB_UID": "1000",
+           "SLURM_JOB_GID": "1000", "SLURM_JOB_RESTART_COUNT": "0",
+           "SLURM_JOB_NODELIST": "n[1-4]"}
+    node = {**job, "SLURMD_NODENAME": "n1"}
+    return {
+        "prolog": (hook_argv(python, "prolog", src),
+                   {**node, "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}),
+        "epilog": (hook_argv(python, "epilog", src),
+                   {**node, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}),
+        "prolog-slurmctld": (hook_argv(python, "prolog", src),
+                             {**job, "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld"}),
+        "epilog-slurmctld": (hook_argv(python, "epilog", src),
+                             {**job, "SLURM_SCRIPT_CONTEXT": "epilog_slurmctld"}),
+        "recheck (nothing watched)": (hook_argv(python, "recheck", src),
+                                      {"SLURM_DISPATCH_CONF": str(conf)}),
+    }
+
+
+def state_conf(scratch: Path, name: str) -> tuple[Path, Path]:
+    """A StateDir and the dispatch.conf naming it: (state, conf)."""
+    state = scratch / name
     state.mkdir(mode=0o755)
-    conf = scratch / "dispatch.conf"
+    conf = scratch / f"{name}.conf"
     conf.write_text(f"StateDir={state}\n")
+    return state, conf
+
+
+def bench_hooks(python: str, repeat: int, scratch: Path,
+                baseline: Path | None = None) -> dict[str, Any]:
+    state, conf = state_conf(scratch, "state")
     part = scratch / "05-dispatch"
     text = (REPO / "contrib/prolog.d/05-dispatch").read_text()
-    text = text.replace("DISPATCH_PYTHON=/usr/bin/python3", f"DISPATCH_PYTHON={python}")
+    text = re.sub(r"(?m)^DISPATCH_PYTHON=\S+", f"DISPATCH_PYTHON={python}", text)
+    text = re.sub(r"(?m)^DISPATCH_CONF=\S*", f"DISPATCH_CONF={conf}", text)
     # The bench runs the checkout, not an installed copy: put it on the part's sys.path.
     part.write_text(text.replace("    from slurm_dispatch.hooks import run",
                                  f'    import sys; sys.path.insert(0, "{REPO}")\n'
                                  "    from slurm_dispatch.hooks import run"))
     part.chmod(0o755)
-    job = {"SLURM_DISPATCH_CONF": str(conf), "SLURM_JOB_ID": "1", "SLURM_JOB_UID": "1000",
-           "SLURM_JOB_GID": "1000", "SLURM_JOB_RESTART_COUNT": "0",
-           "SLURM_JOB_NODELIST": "n[1-4]"}
-    node = {**job, "SLURMD_NODENAME": "n1"}
+    ours = hook_cases(python, REPO, conf)
     cases: dict[str, tuple[list[str], dict[str, str]]] = {
         "bare python -I -c pass": ([python, "-I", "-c", "pass"], {}),
-        "prolog": (hook_argv(python, "prolog"), {**node, "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}),
-        "epilog": (hook_argv(python, "epilog"), {**node, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}),
-        "prolog-slurmctld": (hook_argv(python, "prolog"),
-                             {**job, "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld"}),
-        "epilog-slurmctld": (hook_argv(python, "epilog"),
-                             {**job, "SLURM_SCRIPT_CONTEXT": "epilog_slurmctld"}),
-        "recheck (nothing watched)": (hook_argv(python, "recheck"),
-                                      {"SLURM_DISPATCH_CONF": str(conf)}),
+        **ours,
         "contrib prolog.d part (sh + prolog)": (["/bin/sh", str(part)],
-                                                {**node, "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}),
+                                                {**ours["prolog"][1]}),
     }
+    for tree in (REPO, baseline) if baseline is not None else (REPO,):
+        baseline_src.compile_tree(python, tree)
+    states = {"this checkout": state}
+    if baseline is not None:
+        states["baseline"], base_conf = state_conf(scratch, "baseline-state")
+        cases.update({f"{name} (baseline)": case
+                      for name, case in hook_cases(python, baseline, base_conf).items()})
     for argv, env in cases.values():
         run_once(argv, env)  # warm the page cache and the bytecode cache
-    # Every hook really recorded (a hook that fails early would look fast).
-    recorded = sorted(p.name.split(".")[0] for p in (state / "facts/1000/1").iterdir())
-    if recorded != ["ctld-end", "ctld-start", "end", "start", "start"]:
-        sys.exit(f"the hooks did not record as expected: {recorded}")
+    # Every hook really recorded (a hook that fails early would look fast); the contrib part
+    # records a second node start.
+    for side, folder in states.items():
+        recorded = sorted(p.name.split(".")[0] for p in (folder / "facts/1000/1").iterdir())
+        wanted = ["ctld-end", "ctld-start", "end", "start"] + ["start"] * (side != "baseline")
+        if recorded != wanted:
+            sys.exit(f"the hooks of {side} did not record as expected: {recorded}")
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, (argv, env) in cases.items():
+    names = list(cases)
+    for rnd in range(repeat):
+        shift = rnd % len(names)
+        for name in names[shift:] + names[:shift]:
+            argv, env = cases[name]
             times[name].append(run_once(argv, env))
     medians = {name: statistics.median(values) for name, values in times.items()}
     bare = medians["bare python -I -c pass"]
     processes = sum(1 for p in os.listdir("/proc") if p.isdigit())
-    return {"python": python, "repeat": repeat, "processes_scanned_by_epilog": processes,
-            "median_ms": {k: round(v * 1000, 2) for k, v in medians.items()},
-            "ratio_to_bare": {k: round(v / bare, 2) for k, v in medians.items()}}
+    result: dict[str, Any] = {
+        "python": python, "repeat": repeat, "processes_scanned_by_epilog": processes,
+        "median_ms": {k: round(v * 1000, 2) for k, v in medians.items()},
+        "ratio_to_bare": {k: round(v / bare, 2) for k, v in medians.items()}}
+    if baseline is not None:
+        result["baseline_src"] = str(baseline)
+        result["ratio_to_baseline"] = {
+            name: round(medians[name] / medians[f"{name} (baseline)"], 3) for name in HOOK_CASES}
+    return result
 
 
-def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
+def bench_cease(repeat: int, scratch: Path, baseline: Path | None = None
+                ) -> dict[str, Any]:
     from slurm_dispatch import config
     from slurm_dispatch.node import cease
     from tests import squeue_fake
@@ -138,18 +189,32 @@ def bench_cease(repeat: int, scratch: Path) -> dict[str, Any]:
     (scratch / "dispatch.conf").write_text(f"StateDir={state}\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
            "SLURM_DISPATCH_CONF": str(scratch / "dispatch.conf")}
-    cli = [sys.executable, "-c", "from slurm_dispatch.cli.cease import main; main()", "100"]
-    end_to_end = []
+    clis = {"this checkout": [sys.executable, "-c",
+                              "from slurm_dispatch.cli.cease import main; main()", "100"]}
+    if baseline is not None:
+        module, function = baseline_src.entry_point(baseline, "dispatch-cease")
+        clis["baseline"] = [sys.executable, "-c",
+                            f"import sys; sys.path.insert(0, {str(baseline)!r}); "
+                            f"from {module} import {function}; {function}()", "100"]
+    end_to_end: dict[str, list[float]] = {side: [] for side in clis}
+    per_run_calls = 0
     for _ in range(repeat):
-        calls.write_text("")
-        started = time.perf_counter()
-        proc = subprocess.run(cli, env=env, capture_output=True, text=True)
-        end_to_end.append(time.perf_counter() - started)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    per_run_calls = len(calls.read_text().splitlines())
-    return {"nodes": NODES, "repeat": repeat, "library_median_s": round(library, 4),
-            "cli_end_to_end_median_s": round(statistics.median(end_to_end), 4),
-            "scontrol_calls_per_run": per_run_calls}
+        for side, cli in clis.items():
+            calls.write_text("")
+            started = time.perf_counter()
+            proc = subprocess.run(cli, env=env, capture_output=True, text=True)
+            end_to_end[side].append(time.perf_counter() - started)
+            assert proc.returncode == 0, (side, proc.stdout + proc.stderr)
+            if side == "this checkout":
+                per_run_calls = len(calls.read_text().splitlines())
+    result: dict[str, Any] = {
+        "nodes": NODES, "repeat": repeat, "library_median_s": round(library, 4),
+        "cli_end_to_end_median_s": round(statistics.median(end_to_end["this checkout"]), 4),
+        "scontrol_calls_per_run": per_run_calls}
+    if baseline is not None:
+        result["baseline_cli_end_to_end_median_s"] = round(
+            statistics.median(end_to_end["baseline"]), 4)
+    return result
 
 
 def main() -> int:
@@ -157,20 +222,24 @@ def main() -> int:
     parser.add_argument("--python", default="/usr/bin/python3",
                         help="interpreter the hooks run with (default /usr/bin/python3)")
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--baseline-src", metavar="PATH",
+                        help="another commit's source tree, timed side by side (e.g. "
+                             "git archive COMMIT | tar -x -C PATH)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--fail-on-miss", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_hooks.py must run as root (the hooks write a root-owned StateDir)")
+    baseline = baseline_src.checked(args.baseline_src) if args.baseline_src else None
     scratch = Path(tempfile.mkdtemp(prefix="bench-hooks-", dir="/var/tmp"))
     os.chmod(scratch, 0o755)
     try:
-        hooks = bench_hooks(args.python, args.repeat, scratch)
-        ceased = bench_cease(max(3, args.repeat // 5), scratch)
+        hooks = bench_hooks(args.python, args.repeat, scratch, baseline)
+        ceased = bench_cease(max(3, args.repeat // 5), scratch, baseline)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     ratios = {k: v for k, v in hooks["ratio_to_bare"].items()
-              if not k.startswith(("bare", "contrib"))}
+              if k in HOOK_CASES}
     missed = [k for k, v in ratios.items() if v > HOOK_TARGET]
     if float(ceased["cli_end_to_end_median_s"]) > CEASE_TARGET:
         missed.append("dispatch-cease 512 nodes")
@@ -179,14 +248,22 @@ def main() -> int:
     else:
         print(f"hooks ({hooks['python']}, median of {hooks['repeat']}; the Epilog scanned "
               f"{hooks['processes_scanned_by_epilog']} processes):")
+        against = hooks.get("ratio_to_baseline", {})
         for name, ms in hooks["median_ms"].items():
             ratio = hooks["ratio_to_bare"][name]
-            print(f"  {name:38s} {ms:8.2f} ms  {ratio:5.2f}x bare")
+            vs = f"  {against[name]:5.2f}x vs baseline" if name in against else ""
+            print(f"  {name:38s} {ms:8.2f} ms  {ratio:5.2f}x bare{vs}")
+        if baseline is not None:
+            print(f"  (baseline: {hooks['baseline_src']})")
         print(f"dispatch-cease, {ceased['nodes']} nodes, clean records:")
         print(f"  library, fake controller            {ceased['library_median_s'] * 1000:8.1f} ms")
         print(f"  CLI end to end, fake scontrol       "
               f"{ceased['cli_end_to_end_median_s'] * 1000:8.1f} ms  "
               f"({ceased['scontrol_calls_per_run']} scontrol calls)")
+        if "baseline_cli_end_to_end_median_s" in ceased:
+            old = ceased["baseline_cli_end_to_end_median_s"]
+            print(f"  CLI end to end, baseline            {old * 1000:8.1f} ms  "
+                  f"({ceased['cli_end_to_end_median_s'] / old:.2f}x vs baseline)")
         print(f"targets: hook <= {HOOK_TARGET}x bare; dispatch-cease < {CEASE_TARGET} s: "
               + ("all met" if not missed else "MISSED " + ", ".join(missed)))
     return 1 if missed and args.fail_on_miss else 0

@@ -29,6 +29,12 @@ One run measures:
    writes JSON records and runs sbatch pays.  ``python -X importtime`` shows the import tree;
    ``--profile`` adds a cProfile of one in-process ``main``.
 
+With ``--baseline-src PATH`` (another commit's source tree, e.g. ``git archive b39dcc8 | tar -x
+-C PATH``) part 1 also submits with that tree's ``dispatch-sbatch``: its own entry point (from
+its pyproject.toml) in a console script as pip writes it, on the same venv interpreter, the tree
+copied into the scratch folder first on ``sys.path``; interleaved with the others, and judged
+against this checkout's: no slower than before (<= 1.0x, within the noise of a loaded machine).
+
 The sandbox lives in its own state folder (``--dir``, default ``/var/tmp/sb-bench``; its ports
 derive from the folder, so it runs beside the test sandboxes), started with
 ``slurm_dispatch.sandbox.cluster.up`` (idempotent; this checkout is installed into its venv when it
@@ -60,6 +66,11 @@ from slurm_dispatch.sandbox import cluster as sandbox
 from slurm_dispatch.sandbox import layout as sandbox_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(1, str(REPO_ROOT / "bench"))
+
+import baseline as baseline_src  # noqa: E402 - bench/ beside this script
+
+BASELINE = "dispatch-sbatch (baseline)"
 DEFAULT_DIR = "/var/tmp/sb-bench"
 # (dispatch-sbatch median - sbatch median) must be <= this many times the bare start of the
 # interpreter dispatch-sbatch's entry point runs on (`<that python> -I -c pass`), measured
@@ -303,6 +314,20 @@ def bench_submit(args: argparse.Namespace, cl: Cluster, jobs: list[str],
         "python -I -c pass": [entry_python, "-I", "-c", "pass"],
         "submitit": [os.path.join(cl.venv_bin, "python"), "submitit_submit.py", "submitit-{n}"],
     }
+    if args.baseline_src:
+        src = baseline_src.copy_package(baseline_src.checked(args.baseline_src),
+                                        Path(cl.scratch) / "baseline-src")
+        baseline_src.compile_tree(entry_python, src)
+        script = Path(cl.scratch) / "dispatch-sbatch-baseline"
+        script.write_text(baseline_src.console_script(entry_python, src, "dispatch-sbatch"))
+        script.chmod(0o755)
+        owner = pwd.getpwnam(cl.user)
+        for path in [src, *src.rglob("*"), script]:  # the user's own, as a venv is root's
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+        commands[BASELINE] = [str(script), *commands["dispatch-sbatch"][1:]]
+        results["baseline_src"] = {"src": os.path.realpath(args.baseline_src),
+                                   "entry_point": ":".join(baseline_src.entry_point(
+                                       src, "dispatch-sbatch"))}
     samples: dict[str, list[int]] = {key: [] for key in commands}
     counter = iter(range(1_000_000))
 
@@ -476,7 +501,7 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
     over = mine["median_ns"] - base["median_ns"]
     over_min = mine["min_ns"] - base["min_ns"]
     ratio = over / bare["median_ns"]
-    return [{"operation": "dispatch-sbatch - sbatch", "median_ns": over, "min_ns": over_min,
+    rows = [{"operation": "dispatch-sbatch - sbatch", "median_ns": over, "min_ns": over_min,
              "baseline": f"{results['submit']['entry_python']} -I -c pass",
              "baseline_median_ns": bare["median_ns"], "baseline_min_ns": bare["min_ns"],
              "ratio": ratio, "min_ratio": over_min / bare["min_ns"],
@@ -492,6 +517,17 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
              "baseline_median_ns": base["median_ns"], "baseline_min_ns": base["min_ns"],
              "ratio": mine["median_ns"] / base["median_ns"],
              "min_ratio": mine["min_ns"] / base["min_ns"], "target": "-", "result": "-"}]
+    if BASELINE in ops:
+        before = ops[BASELINE]
+        ratio = mine["median_ns"] / before["median_ns"]
+        rows.append({"operation": "dispatch-sbatch --hold", "median_ns": mine["median_ns"],
+                     "min_ns": mine["min_ns"],
+                     "baseline": f"--baseline-src {results['baseline_src']['src']}",
+                     "baseline_median_ns": before["median_ns"],
+                     "baseline_min_ns": before["min_ns"], "ratio": ratio,
+                     "min_ratio": mine["min_ns"] / before["min_ns"], "target": "<= 1",
+                     "result": "PASS" if ratio <= 1 else "MISS"})
+    return rows
 
 
 def split_rows(results: dict[str, Any]) -> list[tuple[str, float]]:
@@ -530,7 +566,7 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
     print(f"submissions: {sub['count']} rounds of {sub['order']}")
     for key, cmd in sub["commands"].items():
         s = sub["ops"][key]
-        print(f"  {key:16s} median {ms(s['median_ns']):>9s}  mean {ms(s['mean_ns']):>9s}  "
+        print(f"  {key:26s} median {ms(s['median_ns']):>9s}  mean {ms(s['mean_ns']):>9s}  "
               f"min {ms(s['min_ns']):>9s}  max {ms(s['max_ns']):>9s}   {cmd}")
 
     print()
@@ -681,6 +717,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default 1.5)")
     p.add_argument("--fail-on-miss", action="store_true",
                    help="exit 1 when the target is missed")
+    p.add_argument("--baseline-src", metavar="PATH",
+                   help="another commit's source tree whose dispatch-sbatch is timed side by "
+                        "side (e.g. git archive COMMIT | tar -x -C PATH)")
     args = p.parse_args(argv)
     if args.count < 1 or args.split_count < 1:
         p.error("--count and --split-count must be >= 1")
