@@ -75,7 +75,7 @@ def test_no_module_uses_another_modules_private_name() -> None:
 
 
 def test_the_scan_finds_each_kind_of_leak(tmp_path: Path) -> None:
-    package = tmp_path / "slurm_dispatch"
+    package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
     for name in ("__init__.py", "sub/__init__.py", "_helper.py", "sub/own.py"):
         (package / name).write_text("")
@@ -84,14 +84,14 @@ def test_the_scan_finds_each_kind_of_leak(tmp_path: Path) -> None:
         "from .. import home, _helper\n"
         "from ..home import _secret, __version__\n"
         "from . import own\n"
-        "import slurm_dispatch.home as h\n"
+        "import pkg.home as h\n"
         "def f():\n"
-        "    from slurm_dispatch.home import _secret as s\n"
+        "    from pkg.home import _secret as s\n"
         "    return home._secret, h._secret, _helper.anything, own.public, s\n")
     (package / "sub" / "own.py").write_text("_mine = 1\nimport os\nx = os._exit\n")
     assert leaks(package) == [
-        "sub/user.py:2: from slurm_dispatch.home import _secret",
-        "sub/user.py:6: from slurm_dispatch.home import _secret",
-        "sub/user.py:7: slurm_dispatch.home._secret",
-        "sub/user.py:7: slurm_dispatch.home._secret",
+        "sub/user.py:2: from pkg.home import _secret",
+        "sub/user.py:6: from pkg.home import _secret",
+        "sub/user.py:7: pkg.home._secret",
+        "sub/user.py:7: pkg.home._secret",
     ]
