@@ -1,0 +1,8 @@
+"""Kept for one release: ``dispatch-cease``'s entry point before the layout move was
+``slurm_dispatch.cli_cease:main``, and console scripts written by an editable install before it
+still import this path.  The command is :mod:`slurm_dispatch.cli.cease`.
+"""
+
+from .cli.cease import main
+
+__all__ = ["main"]
