@@ -277,7 +277,7 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
             continue
         value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
                         if ident == upstream.id else _current(ident, home))
-        slurm.call(["scontrol", "update", f"jobid={info.job_id}", f"dependency={value}"])
+        slurm.set_dependency(info.job_id, value)
         updated.append(info.job_id)
     return updated
 

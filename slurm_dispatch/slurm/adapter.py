@@ -2,35 +2,34 @@
 jobs and nodes (:mod:`.jobs`, with the one job-state vocabulary), and the few actions dispatch
 takes (submit, hold, release, cancel).
 
-Nobody else parses Slurm's output.  Every call is a list argv with a timeout.  Transient
-controller errors (the controller not answering, a socket timeout, "try again") are retried with
-tenacity; ``sbatch`` is not idempotent, so after a timed-out or transient ``sbatch`` the adapter
-first looks for the job by its marker among the caller's own jobs before it submits again.
+:class:`Slurm` holds the retries, the timeouts and the choice of backend, nothing else: each
+read or action is one try of a backend (:class:`.backend.Backend`: :class:`.cli_backend.
+CliBackend`, which owns every argv and the parsing of what the tools print, or
+:class:`.pyslurm_backend.PyslurmBackend`) inside one retry loop.  Every command is a list argv
+with a timeout.  Transient controller errors (the controller not answering, a socket timeout,
+"try again") are retried with tenacity; ``sbatch`` is not idempotent, so after a timed-out or
+transient ``sbatch`` the adapter first looks for the job by its marker among the caller's own
+jobs before it submits again.
 
 Invariants:
 
-* **User-controlled text never moves a controller field.**  Jobs are read with ``squeue -O``,
-  every Slurm-controlled field first, then the reason, then the comment (which its owner may set
-  to anything, newlines included).  The reason and the comment end with two random nonces drawn
-  for each call, so a record ends only where the controller ended it and a comment shaped like
-  other fields (``JobState=COMPLETED Restarts=3``) is only ever a comment.
+* **Nobody else parses Slurm's output**, and no module outside this package runs Slurm's
+  tools or imports pyslurm (``tests/unit/test_slurm_boundary.py``).
 * **The controller's cost follows the caller's jobs.**  :meth:`Slurm.own_jobs` asks for the
-  caller's jobs only (``squeue --me``, filtered by slurmctld; 22.05's ``squeue --json`` would
-  return the whole queue, whatever the filter), and :meth:`Slurm.jobs` for one job id; an array
-  is read task by task (``-r``), so an array's tasks are jobs of their own.
-* **One vocabulary for states**, kept in :mod:`.jobs` (:func:`~.jobs.is_final`,
-  :func:`~.jobs.is_active`, :func:`~.jobs.execution_ended`; :class:`~.jobs.Job` answers the
-  same questions).
+  caller's jobs only, and :meth:`Slurm.jobs` for one job id.
+* **One vocabulary for states**, kept in :mod:`.jobs`.
 
-The backend is a detail behind this one interface.  By default (``SlurmBackend=auto``, see
-:mod:`slurm_backend`) the reads (the caller's jobs, one job or array, nodes) and the actions
-(hold, release, requeue, cancel, set comment) go through pyslurm where it is installed, matches
-the running Slurm's major release and loads its configuration; otherwise through the
-command-line tools, which work on every Slurm.  The choice is made at the first read or
-action, never when the adapter is made (``dispatch-sbatch`` submits without it).  Submission is
-always ``sbatch`` itself: the site's ``cli_filter`` plugins, ``SBATCH_*`` variables and grammar
-apply.  pyslurm serves only calls made with this process's own Slurm configuration (pyslurm
-loads it once per process); a call given another ``SLURM_CONF`` goes through the tools.
+By default (``SlurmBackend=auto``, see :mod:`.select`) the reads (the caller's jobs, one job or
+array, nodes) and the actions (hold, release, requeue, cancel, set comment) go through pyslurm
+where it is installed, matches the running Slurm's major release and loads its configuration;
+otherwise through the command-line tools, which work on every Slurm.  The choice is made at the
+first read or action, never when the adapter is made (``dispatch-sbatch`` submits without it).
+Submission is always ``sbatch`` itself: the site's ``cli_filter`` plugins, ``SBATCH_*``
+variables and grammar apply; ``sacct``, ``scontrol show config`` and dependency updates are
+the tools' too.  pyslurm serves only calls made with this process's own Slurm configuration
+(pyslurm loads it once per process) and whole job ids (an array task ``A_T`` to hold, release,
+requeue or comment goes through scontrol, which splits a pending task off its array); any other
+call goes through the tools.
 """
 
 from __future__ import annotations
@@ -41,11 +40,15 @@ import subprocess
 import time
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
-from .jobs import Job, Node, execution_ended, index_jobs
+from .backend import is_transient
+from .cli_backend import CliBackend, submitted_id
+from .jobs import Job, Node, index_jobs
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
     from typing import Any, Callable, Mapping, Optional, Sequence
+
+    from .backend import Backend
 
 
 def _env_number(name: str, default: str, kind: type) -> Any:
@@ -67,20 +70,6 @@ def default_timeout() -> float:
 def default_attempts() -> int:
     """Tries for a transient controller error (``$DISPATCH_SLURM_ATTEMPTS``, default 4)."""
     return int(_env_number("DISPATCH_SLURM_ATTEMPTS", "4", int))
-
-
-_TRANSIENT = re.compile(
-    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
-    r"Resource temporarily unavailable|Slurm temporarily unavailable|try again|"
-    r"Communication connection failure|Zero Bytes were transmitted", re.IGNORECASE)
-
-
-def is_transient(text: str) -> bool:
-    """The controller's words for "not now": worth another try."""
-    return bool(_TRANSIENT.search(text))
-
-
-_SUBMITTED = re.compile(r"^(?:Submitted batch job (\d+)|(\d+)(?:;\S+)?)\s*$", re.MULTILINE)
 
 
 class Result:
@@ -183,97 +172,12 @@ def local_cluster_name(env: Optional[Mapping[str, str]] = None) -> Optional[str]
     return name.lower() or None
 
 
-def slurm_time(value: Optional[str]) -> Optional[float]:
-    """``2026-11-30T06:22:31`` (local time, as Slurm prints it) to seconds; else None."""
-    if not value or value in ("Unknown", "None", "N/A", "(null)"):
-        return None
-    try:
-        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-# squeue -O fields, Slurm-controlled ones first; then Reason and Comment, each ending with a
-# nonce (see the module docstring).  Width 0: printed whole, never cut at 20 characters.
-SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "State", "RestartCnt", "UserID",
-                 "NodeList", "SubmitTime", "StartTime", "EndTime")
-_SEP = "|"
-
-
-def squeue_format(nonces: tuple[str, str]) -> str:
-    """The ``squeue -O`` argument for :func:`parse_squeue` (nonces: hex, one per call)."""
-    fixed = ",".join(f"{name}:0{_SEP}" for name in SQUEUE_FIELDS)
-    return f"{fixed},Reason:0{nonces[0]},Comment:0{nonces[1]}"
-
-
-def _new_nonces() -> tuple[str, str]:
-    return "#" + os.urandom(12).hex() + "#", "#" + os.urandom(12).hex() + "#"
-
-
-def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = ()) -> list[Job]:
-    """Jobs from squeue output made with :func:`squeue_format` and the same ``nonces``."""
-    reason_end, record_end = nonces
-    chunks = text.split(record_end)
-    tail = chunks.pop().strip()
-    if tail:
-        raise SlurmError("squeue printed an unterminated record", argv=list(argv),
-                         output=tail[:500])
-    jobs = []
-    for chunk in chunks:
-        chunk = chunk.lstrip("\n")
-        head, found, comment = chunk.partition(reason_end)
-        parts = head.split(_SEP, len(SQUEUE_FIELDS))
-        if not found or len(parts) != len(SQUEUE_FIELDS) + 1:
-            raise SlurmError("squeue printed a record that does not parse", argv=list(argv),
-                             output=chunk[:500])
-        values = dict(zip(SQUEUE_FIELDS, parts))
-        jobs.append(_job_from_squeue(values, parts[-1], comment, argv))
-    return jobs
-
-
-def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
-                     argv: Sequence[str]) -> Job:
-    from .hostlist import expand_hostlist
-    try:
-        restarts = int(values["RestartCnt"])
-        uid = int(values["UserID"])
-        nodes = expand_hostlist(values["NodeList"])
-    except ValueError as exc:
-        raise SlurmError(f"squeue printed a field that does not parse: {exc}",
-                         argv=list(argv), output=str(values)[:500]) from None
-    task = values["ArrayTaskID"]
-    array = task.isdigit()
-    state = values["State"].split()[0] if values["State"] else ""
-    return Job(values["JobID"], state,
-               array_job_id=values["ArrayJobID"] if array else None,
-               array_task_id=int(task) if array else None,
-               reason=reason, restarts=restarts, nodes=nodes, uid=uid,
-               comment="" if comment == "(null)" else comment,
-               submit_time=slurm_time(values["SubmitTime"]),
-               # A pending job's StartTime is the scheduler's estimate: not a start.
-               start_time=None if state == "PENDING" else slurm_time(values["StartTime"]),
-               # Before the execution ends, EndTime is an estimate (start + time limit).
-               end_time=slurm_time(values["EndTime"]) if execution_ended(state) else None)
-
-
-def _parse_node_line(line: str) -> dict[str, str]:
-    # `scontrol -o show node`: Key=Value pairs; values may hold spaces (Reason=); node fields
-    # are set by Slurm and the site's admins, never by a job's owner.
-    fields: dict[str, str] = {}
-    keys = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9:/_]*)=", line))
-    for i, m in enumerate(keys):
-        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
-        fields.setdefault(m.group(1), line[m.end():end].strip())
-    return fields
-
-
 # --------------------------------------------------------------------------------------------
 # The adapter
 
 
 _UNCHOSEN = object()
 NOTICE_AFTER = 2.0  # seconds a person waits before being told what for
-_NOT_FOUND = re.compile(r"Node \S+ not found")
 
 
 class Slurm:
@@ -410,15 +314,23 @@ class Slurm:
                       output=output, returncode=result.returncode)
         return result
 
-    # -- reads -----------------------------------------------------------------------------
-    def _squeue(self, selection: list[str], env: Optional[Mapping[str, str]],
-                retry: bool = True) -> list[Job]:
-        nonces = _new_nonces()
-        argv = ["squeue", *selection, "--noheader", "--array", "--states=all",
-                "--Format", squeue_format(nonces)]
-        result = self.call(argv, env) if retry else self._once(argv, env)
-        return parse_squeue(result.stdout, nonces, argv)
+    # -- the backend of each call ----------------------------------------------------------
+    def _tools(self, env: Optional[Mapping[str, str]] = None) -> CliBackend:
+        """The command-line backend, one try per command through :meth:`_once` with ``env``."""
+        return CliBackend(lambda argv: self._once(argv, env))
 
+    def _backend(self, env: Optional[Mapping[str, str]] = None,
+                 job_ids: Sequence[str] = ()) -> Backend:
+        """The backend for a call made with ``env`` on ``job_ids``: pyslurm where it was chosen
+        and serves them (whole job ids: pyslurm acts on those; scontrol splits a pending task
+        ``A_T`` off its array), else the tools."""
+        backend = self._pyslurm(env)
+        if backend is None or not all(j.isdigit() for j in job_ids):
+            return self._tools(env)
+        chosen: Backend = backend
+        return chosen
+
+    # -- reads -----------------------------------------------------------------------------
     def own_jobs(self, env: Optional[Mapping[str, str]] = None,
                  retry: bool = True) -> dict[str, Job]:
         """The caller's own jobs (every array task), in one call the controller filters.
@@ -427,12 +339,9 @@ class Slurm:
         A job of another uid is dropped (``--me`` already asks for the caller's only).
         """
         me = os.getuid()
-        backend = self._pyslurm(env)
-        if backend is not None:
-            listed = self._with_retries(lambda: backend.user_jobs(me),
-                                        self.attempts if retry else 1)
-        else:
-            listed = self._squeue(["--me"], env, retry)
+        backend = self._backend(env)
+        listed: list[Job] = self._with_retries(lambda: backend.user_jobs(me),
+                                               self.attempts if retry else 1)
         return index_jobs(j for j in listed if j.uid == me)
 
     def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
@@ -440,16 +349,8 @@ class Slurm:
         order); [] when the controller does not know it."""
         if not re.fullmatch(r"\d+(_\d+)?", job_id):
             raise SlurmError(f"{job_id!r} is not a Slurm job id (123 or 123_4)")
-        backend = self._pyslurm(env)
-        if backend is not None:
-            found: list[Job] = self._with_retries(lambda: backend.jobs(job_id), self.attempts)
-        else:
-            try:
-                found = self._squeue(["--jobs", job_id], env)
-            except SlurmError as exc:
-                if "invalid job id" in exc.output.lower():
-                    return []
-                raise
+        backend = self._backend(env)
+        found: list[Job] = self._with_retries(lambda: backend.jobs(job_id), self.attempts)
         # Task order on every backend: squeue prints an array pending remainder first, by
         # priority; pyslurm 24.11 reads the owner's jobs in the controller's order.
         return sorted(found, key=lambda j: (-1 if j.array_task_id is None else j.array_task_id,
@@ -460,71 +361,29 @@ class Slurm:
         """Each named node, in one call; a node the controller does not know is absent."""
         if not names:
             return {}
-        backend = self._pyslurm(env)
-        if backend is not None:
-            loaded: dict[str, Node] = self._with_retries(lambda: backend.nodes(list(names)),
-                                                         self.attempts)
-            return loaded
-        argv = ["scontrol", "-o", "show", "node", ",".join(names)]
-        try:
-            text = self.call(argv, env).stdout
-        except SlurmError as exc:
-            # One unknown name fails the whole command (exit 1, "Node nx not found") after
-            # the known ones are printed: those stand, the unknown are absent.
-            said = [line for line in exc.output.splitlines() if line.strip()]
-            if not any(_NOT_FOUND.fullmatch(line) for line in said):
-                raise
-            text = "\n".join(line for line in said if line.startswith("NodeName="))
-        found = {}
-        for line in text.splitlines():
-            if not line.strip() or not line.startswith("NodeName="):
-                continue
-            fields = _parse_node_line(line)
-            name = fields.get("NodeName", "")
-            found[name] = Node(name, fields.get("State", ""), fields.get("Reason", ""),
-                               slurm_time(fields.get("BootTime")))
-        return found
+        backend = self._backend(env)
+        loaded: dict[str, Node] = self._with_retries(lambda: backend.nodes(list(names)),
+                                                     self.attempts)
+        return loaded
 
     def config_value(self, key: str, env: Optional[Mapping[str, str]] = None
                      ) -> Optional[str]:
         """One setting of the controller's ``scontrol show config`` (``MailProg``), or None
         when it is unset (``(null)``) or absent."""
-        result = self.call(["scontrol", "show", "config"], env)
-        for line in result.stdout.splitlines():
-            name, sep, value = line.partition("=")
-            if sep and name.strip() == key:
-                value = value.strip()
-                return None if value in ("", "(null)") else value
-        return None
+        tools = self._tools(env)
+        found: Optional[str] = self._with_retries(lambda: tools.config_value(key),
+                                                  self.attempts)
+        return found
 
     def accounting(self, job_id: str, env: Optional[Mapping[str, str]] = None
                    ) -> Optional[list[Job]]:
         """Job ``job_id`` (an array's id: every task) as Slurm's accounting keeps it
         (``sacct``), for jobs slurmctld has forgotten (MinJobAge); None where the site keeps
-        no accounting.  Only Slurm-controlled fields are asked for, ``|``-separated."""
-        argv = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobIDRaw,JobID,State,UID"]
-        try:
-            result = self.call(argv, env)
-        except SlurmError as exc:
-            said = exc.output.lower()
-            if "accounting storage is disabled" in said or "not found on path" in str(exc):
-                return None
-            raise
-        jobs = []
-        for line in result.stdout.splitlines():
-            if not line.strip():
-                continue
-            parts = line.split("|")
-            if len(parts) != 4 or not parts[0].isdigit():
-                raise SlurmError("sacct printed a line that does not parse", argv=argv,
-                                 output=line[:500])
-            raw, shown, state, uid = parts
-            array, _, task = shown.partition("_")
-            jobs.append(Job(raw, state.split()[0] if state else "",
-                            array_job_id=array if task.isdigit() else None,
-                            array_task_id=int(task) if task.isdigit() else None,
-                            uid=int(uid) if uid.isdigit() else -1))
-        return jobs
+        no accounting."""
+        tools = self._tools(env)
+        found: Optional[list[Job]] = self._with_retries(lambda: tools.accounting(job_id),
+                                                        self.attempts)
+        return found
 
     def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
                        ) -> Optional[str]:
@@ -561,53 +420,40 @@ class Slurm:
                         f"Submitted batch job {found}\n"
                     return found, Result(list(argv), 0, line, "")
                 raise
-            match = _SUBMITTED.search(result.stdout)
-            if not match:
-                raise SlurmError("sbatch printed no job id", argv=list(argv),
-                                 output=result.stdout + result.stderr)
-            return (match.group(1) or match.group(2)), result
+            return submitted_id(result), result
 
         result: tuple[str, Result] = self._with_retries(once, self.attempts if marker else 1)
         return result
 
-    def _act(self, action: str, jobids: Sequence[str], argv: list[str],
-             env: Optional[Mapping[str, str]]) -> None:
-        """One action on whole jobs through pyslurm, else ``argv`` through the tools.  An array
-        task given as ``A_T`` goes through scontrol (pyslurm acts on whole job ids; scontrol
-        splits a pending task off its array)."""
-        backend = self._pyslurm(env)
-        if backend is not None and all(j.isdigit() for j in jobids):
-            self._with_retries(lambda: getattr(backend, action)(list(jobids)), self.attempts)
-        else:
-            self.call(argv, env)
-
     def cancel(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
-            backend = self._pyslurm(env)
-            if backend is not None:  # slurm_kill_job2 takes A_T as scancel does
-                self._with_retries(lambda: backend.cancel(list(jobids)), self.attempts)
-            else:
-                self.call(["scancel", *jobids], env)
+            backend = self._backend(env)  # slurm_kill_job2 takes A_T as scancel does
+            self._with_retries(lambda: backend.cancel(list(jobids)), self.attempts)
 
     def release(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
-            self._act("release", jobids, ["scontrol", "release", ",".join(jobids)], env)
+            backend = self._backend(env, jobids)
+            self._with_retries(lambda: backend.release(list(jobids)), self.attempts)
 
     def requeue(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         """Requeue running jobs: their executions end, each comes back pending."""
         if jobids:
-            self._act("requeue", jobids, ["scontrol", "requeue", ",".join(jobids)], env)
+            backend = self._backend(env, jobids)
+            self._with_retries(lambda: backend.requeue(list(jobids)), self.attempts)
 
     def set_comment(self, jobid: str, text: str,
                     env: Optional[Mapping[str, str]] = None) -> None:
         """Replace a job's comment (the owner's own free text; ours starts with its marker)."""
-        backend = self._pyslurm(env)
-        if backend is not None and jobid.isdigit():
-            self._with_retries(lambda: backend.set_comment(jobid, text), self.attempts)
-        else:
-            self.call(["scontrol", "update", f"jobid={jobid}", f"comment={text}"], env)
+        backend = self._backend(env, [jobid])
+        self._with_retries(lambda: backend.set_comment(jobid, text), self.attempts)
+
+    def set_dependency(self, jobid: str, value: str,
+                       env: Optional[Mapping[str, str]] = None) -> None:
+        """Replace a pending job's dependency (``afterany:123``); through the tools."""
+        tools = self._tools(env)
+        self._with_retries(lambda: tools.set_dependency(jobid, value), self.attempts)
 
     def hold(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:
-            self._act("hold", jobids, ["scontrol", "hold", ",".join(jobids)], env)
-
+            backend = self._backend(env, jobids)
+            self._with_retries(lambda: backend.hold(list(jobids)), self.attempts)

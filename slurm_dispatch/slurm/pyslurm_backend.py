@@ -25,7 +25,7 @@ import pyslurm  # the probe imported it in a child first: see slurm_backend
 
 from ..errors import SlurmError, SlurmUnavailable
 from . import arrays
-from .adapter import is_transient
+from .backend import is_transient
 from .hostlist import expand_hostlist
 from .jobs import Job, Node, execution_ended
 from .select import major_release

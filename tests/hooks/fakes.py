@@ -10,7 +10,7 @@ from typing import Any, Union
 
 from slurm_dispatch import config
 from slurm_dispatch.node import facts
-from slurm_dispatch.slurm.adapter import parse_squeue, slurm_time, squeue_format
+from slurm_dispatch.slurm.cli_backend import parse_squeue, slurm_time, squeue_format
 from slurm_dispatch.slurm.jobs import Job, Node
 
 from .. import squeue_fake

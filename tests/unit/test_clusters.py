@@ -8,7 +8,6 @@ Their job ids repeat, as two clusters' do."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -153,15 +152,16 @@ def test_a_controller_down_at_the_first_ask_is_asked_again_for_the_cluster(
     # without a cluster for life (it would then take every cluster's records for its own).
     env = {"SLURM_CONF": str(tmp_path / "no-slurm.conf")}
     answers: list[object] = [SlurmError("scontrol show config failed: Socket timed out"),
-                             subprocess.CompletedProcess([], 0, "ClusterName     = Alpha\n", "")]
+                             "Alpha"]
 
-    def call(self: Slurm, argv: list[str], env: object = None) -> object:
+    def config_value(self: Slurm, key: str, env: object = None) -> object:
+        assert key == "ClusterName"
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    monkeypatch.setattr(Slurm, "call", call)
+    monkeypatch.setattr(Slurm, "config_value", config_value)
     slurm = Slurm()
     assert slurm.cluster(env) is None
     assert slurm.cluster(env) == "alpha"

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_dispatch.errors import ConfigError, SlurmError
-from slurm_dispatch.slurm import adapter as slurm
+from slurm_dispatch.slurm import cli_backend
 from slurm_dispatch.slurm import jobs as slurm_jobs
 from slurm_dispatch.slurm.adapter import Result, Slurm
 
@@ -63,9 +63,9 @@ def test_any_comment_round_trips(comment: str) -> None:
         return  # the real nonces are random per call: a comment cannot hold them
     if comment == "(null)":
         return  # squeue's word for no comment: a comment of these six letters reads as none
-    argv = ["squeue", "--Format", slurm.squeue_format(nonces)]
+    argv = ["squeue", "--Format", cli_backend.squeue_format(nonces)]
     text = squeue_fake.render(argv, [running(comment), running("x", JobId="8")])
-    jobs = slurm.parse_squeue(text, nonces, argv)
+    jobs = cli_backend.parse_squeue(text, nonces, argv)
     assert [j.job_id for j in jobs] == ["7", "8"]
     assert jobs[0].comment == comment and jobs[0].state == "RUNNING"
 
@@ -120,11 +120,11 @@ def test_one_state_vocabulary() -> None:
 def test_unterminated_or_garbled_output_is_an_error() -> None:
     nonces = ("#a#", "#b#")
     with pytest.raises(SlurmError, match="unterminated"):
-        slurm.parse_squeue("7|7|N/A|RUNNING", nonces)
+        cli_backend.parse_squeue("7|7|N/A|RUNNING", nonces)
     with pytest.raises(SlurmError, match="does not parse"):
-        slurm.parse_squeue("7|RUNNING#a##b#\n", nonces)
+        cli_backend.parse_squeue("7|RUNNING#a##b#\n", nonces)
     with pytest.raises(SlurmError, match="does not parse"):
-        slurm.parse_squeue("7|7|N/A|RUNNING|x|0||N/A|N/A|N/A|None#a##b#\n", nonces)
+        cli_backend.parse_squeue("7|7|N/A|RUNNING|x|0||N/A|N/A|N/A|None#a##b#\n", nonces)
 
 
 def test_unknown_job_is_empty_and_bad_ids_are_refused() -> None:
@@ -148,7 +148,7 @@ def test_an_unknown_node_is_absent_not_an_error() -> None:
         return Result(list(argv), 1, "NodeName=n1 State=IDLE BootTime=2026-11-30T10:00:00\n",
                       "Node nx9 not found\n")
     nodes = Slurm(answer, wait=0).nodes(["n1", "nx9"])
-    assert list(nodes) == ["n1"] and nodes["n1"].boot_time == slurm.slurm_time(
+    assert list(nodes) == ["n1"] and nodes["n1"].boot_time == cli_backend.slurm_time(
         "2026-11-30T10:00:00")
 
     def broken(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
