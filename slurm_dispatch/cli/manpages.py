@@ -275,7 +275,8 @@ def outputs() -> dict[str, str]:
     files: dict[str, str] = {}
     for page in all_pages:
         others = [name for name in names if name != page.name]
-        see_also = others + (["sbatch"] if page.name == "dispatch-sbatch" else [])
+        # sbatch(1) is a page to see, not a command run: after ours.
+        see_also = [*others, "sbatch"] if page.name == "dispatch-sbatch" else others
         files[f"docs/man/man1/{page.name}.1"] = roff(page, see_also)
         files[f"docs/reference/{page.name}.md"] = markdown(page, others)
     files["docs/reference/README.md"] = md_index(all_pages)

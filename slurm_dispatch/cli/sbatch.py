@@ -114,7 +114,7 @@ def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
         try:
             done = submit.submit_new(request, Slurm())
         except SlurmError as exc:
-            if exc.argv[:1] == ["sbatch"] and exc.returncode:
+            if exc.argv and exc.argv[0] == "sbatch" and exc.returncode:
                 # sbatch's own refusal: its words and its exit code, as plain sbatch gives.
                 sys.stderr.write(exc.output.rstrip("\n") + "\n")
                 sys.exit(exc.returncode)

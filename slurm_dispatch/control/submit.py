@@ -23,6 +23,7 @@ from ..checkpoint import roots
 from ..errors import DispatchError, RecordError, SlurmError, UsageError
 from ..slurm import arrays
 from ..slurm.adapter import Result, Slurm, default_timeout
+from ..slurm.cli_backend import sbatch_argv
 from ..slurm.jobs import MARKER_PREFIX, Job, unique_jobs
 from . import dependency, record, sbatch_args
 
@@ -169,7 +170,7 @@ def remove_new_folders(created: list[str]) -> None:
 def test_only(request: Request, slurm: Slurm) -> Result:
     """``--test-only``: sbatch only checks the job and says when it would start.  Passed
     through as given (the user's own script), nothing recorded and no folder made."""
-    argv = ["sbatch", *request.sbatch, request.script_path, *request.script_args]
+    argv = sbatch_argv([*request.sbatch, request.script_path, *request.script_args])
     return slurm.runner(argv, dict(os.environ), request.cwd, default_timeout())
 
 
@@ -416,11 +417,11 @@ def _sbatch_argv(job: record.JobRecord, submission: int, extra: list[str],
     names = set(spec["long_names"])
     words = list(spec["sbatch"]) if words is None else words
     if task is None:
-        argv = ["sbatch", *words, *extra]
+        argv = sbatch_argv([*words, *extra])
     else:
         # One task of the array on its own: the same snapshot and options, --array=<task>
         # (the command line wins over the script's #SBATCH --array and SBATCH_ARRAY_INX).
-        argv = ["sbatch", *_array_words(words)[1], f"--array={task}", *extra]
+        argv = sbatch_argv([*_array_words(words)[1], f"--array={task}", *extra])
     if "job-name" not in names and not env.get("SBATCH_JOB_NAME"):
         argv.append(f"--job-name={spec['script_name']}")
     warn = spec.get("warn_before")

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..control import record
 from ..errors import DispatchError
+from ..slurm.cli_backend import requeue_argv
 from .saves import Execution
 
 DEFAULT_SIGNAL = signal.SIGUSR1
@@ -105,7 +106,7 @@ def requeue(save: str, shared: Optional[bool],
                 f"{why}, {after}: while its --resubmit budget lasts, a hold until the "
                 "old execution is proven gone or a person releases it (`dispatch "
                 "status` shows it)")
-    command = command or ["scontrol", "requeue", slurm_job_id()]
+    command = command or requeue_argv([slurm_job_id()])
     try:
         result = subprocess.run(command, capture_output=True, text=True)
     except OSError as exc:
