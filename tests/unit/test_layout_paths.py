@@ -217,12 +217,12 @@ def test_the_checker_sees_what_the_move_left_behind(tmp_path: Path) -> None:
     script.write_text('P = """\nfrom slurm_dispatch.hooks import run, work\n"""\n')
     shell = tmp_path / "demo.sh"
     shell.write_text("python3 -c 'from slurm_dispatch.model import new_attempt'\n"
-                     "python3 -m slurm_dispatch.cli jobs\n")
+                     "python3 -m slurm_dispatch.control jobs\n")
     assert problems(bench) == [
         "slurm_dispatch.checkpoint.publish.publish_all (s.publish_all used)",
         "slurm_dispatch.cli_exit (no such module)"]
     assert problems(script) == ["slurm_dispatch.hooks.work (no such module)"]
-    assert problems(shell) == ["-m slurm_dispatch.cli (not a module that runs as a program)",
+    assert problems(shell) == ["-m slurm_dispatch.control (not a module that runs as a program)",
                                "slurm_dispatch.model (no such module)"]
 
 

@@ -6,6 +6,7 @@ An editable install (``pip install -e .``, what ``make install`` does in a clone
 (``slurm_dispatch.cli:main``, ``slurm_dispatch.cli_sbatch:entry``, ...).  After a ``git pull`` over
 the move every one of them failed to import until pip ran again.  Those four paths stay for one
 release and run the same functions as the new ones; ``dispatch-sbatch``'s still imports no click.
+``python -m slurm_dispatch.cli`` (the module ``cli.py`` then) runs ``dispatch`` too.
 """
 
 from __future__ import annotations
@@ -62,3 +63,10 @@ def test_the_old_dispatch_sbatch_path_imports_no_click() -> None:
                           "print('click' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_python_m_slurm_dispatch_cli_is_dispatch() -> None:
+    module = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli", "--help"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    script = run_script("dispatch", MOVED["dispatch"][1], "--help")
+    assert module.returncode == 0 and module.stdout == script.stdout
