@@ -55,7 +55,7 @@ def run(saves_count: int, scratch: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    from slurm_dispatch.integrations import saves
+    from slurm_dispatch.execution import saves
     from slurm_dispatch.integrations import transformers as integration
 
     save_t: list[float] = []

@@ -44,8 +44,8 @@ from typing import Any
 from slurm_dispatch.checkpoint import model
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.execution.saverules import files_of, open_for_writing, snapshot
+from slurm_dispatch.execution.saves import sync_save
 from slurm_dispatch.execution.watch import DEFAULT_INTERVAL, SaveRule, Watcher
-from slurm_dispatch.integrations.saves import sync_save
 
 SCAN_TARGET = 1.5  # scan / bare scandir
 IDLE_TARGET = 1.0  # percent of one core

@@ -23,7 +23,7 @@ from typing import Optional
 
 from ..checkpoint import publish as store
 from ..errors import StoreError, UsageError
-from ..integrations import saves
+from . import saves
 from .watch_s3 import file_hashes
 
 FETCHED = "fetched"  # in the staging folder: saves fetched by name (never a save of its own)
@@ -65,7 +65,7 @@ def fetch(save: Optional[str] = None, dest: Optional[str] = None) -> Optional[st
 def _resume_source(execution: saves.Execution, copy_here: bool) -> Optional[str]:
     if not execution.on_s3:
         return saves.choose_resume(execution, framework=FRAMEWORK).path
-    from ..integrations import s3saves  # boto3: only on an s3:// root
+    from . import s3saves  # boto3: only on an s3:// root
     if copy_here:
         # Asked again in this execution: the copy it made (checked again), not a second one.
         made = s3saves.read_json(f"{execution.exec_dir}/{saves.RESUME_RECORD}")
@@ -90,7 +90,7 @@ def _local_base(execution: Optional[saves.Execution]) -> str:
 
 def _fetch_checked(url: str, dest: str) -> str:
     from ..checkpoint.stores import transfer
-    from ..integrations import s3saves
+    from . import s3saves
     why = s3saves.why_unloadable_remote(url)
     if why is not None:
         raise StoreError(f"cannot fetch {url}: {why}")

@@ -32,7 +32,7 @@ from ..checkpoint import publish as store
 from ..checkpoint.stores import transfer
 from ..checkpoint.stores.base import Store
 
-DOWNLOADS = re.compile(r"resume-[0-9]+|fetched")  # integrations.s3saves, fetch
+DOWNLOADS = re.compile(r"resume-[0-9]+|fetched")  # execution.s3saves, fetch
 
 
 def clear(root: str, stage_dir: str, prefix: str, timeout: float,

@@ -52,7 +52,6 @@ from ..checkpoint import model
 from ..checkpoint import publish as store
 from ..checkpoint.stores.open import check_root_scheme
 from ..errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
-from ..integrations.saves import sync_save
 from .saverules import (
     FILE,
     FOLDER,
@@ -64,6 +63,7 @@ from .saverules import (
     open_for_writing,
     snapshot,
 )
+from .saves import sync_save
 from .watch_s3 import Uploader
 
 DEFAULT_INTERVAL = 2.0

@@ -47,8 +47,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from ..errors import NotRequeued
-from .requeue import SignalFlag, is_shared_checkpoint, requeue
-from .saves import (
+from ..execution.saves import (
     Execution,
     choose_resume,
     publish_save,
@@ -57,6 +56,7 @@ from .saves import (
     seal_save,
     sync_save,
 )
+from .requeue import SignalFlag, is_shared_checkpoint, requeue
 
 FRAMEWORK = "lightning"
 REQUEUE_SAVE = "requeue-step={step}.ckpt"
@@ -74,7 +74,7 @@ def resume_from_checkpoint(default: Optional[str] = None,
     if execution is None:
         return default
     if execution.on_s3:  # Lightning loads s3:// itself (fsspec): the URL, checked on S3
-        from . import s3saves
+        from ..execution import s3saves
 
         return s3saves.choose_resume(execution, framework=FRAMEWORK).path
     return choose_resume(execution, framework=FRAMEWORK).path
@@ -118,7 +118,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         ckpt_dir = os.path.join(self.execution.exec_dir, CHECKPOINTS)  # s3://... on S3
         keep = record_keep
         if self.execution.on_s3:
-            from . import s3saves
+            from ..execution import s3saves
 
             keep = s3saves.record_keep
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
@@ -192,7 +192,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
                 trainer.strategy.barrier("dispatch.publish")
             self._published_paths.add(absolute)
             if trainer.is_global_zero:
-                from . import s3saves
+                from ..execution import s3saves
 
                 s3saves.seal_remote_save(absolute, relative_saves(self.execution,
                                                                   self._bests(trainer)))

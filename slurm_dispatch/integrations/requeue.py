@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional, Union
 
 from ..control import record
 from ..errors import DispatchError
+from ..execution.saves import Execution
 from ..slurm.cli_backend import requeue_argv
-from .saves import Execution
 
 DEFAULT_SIGNAL = signal.SIGUSR1
 

@@ -43,8 +43,7 @@ from typing import Any, Optional, Union
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ..errors import NotRequeued, UsageError
-from .requeue import SignalFlag, is_shared_checkpoint, requeue, warning_signal
-from .saves import (
+from ..execution.saves import (
     Execution,
     choose_resume,
     publish_save,
@@ -53,6 +52,7 @@ from .saves import (
     seal_save,
     sync_save,
 )
+from .requeue import SignalFlag, is_shared_checkpoint, requeue, warning_signal
 
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint folder
 CHECKPOINT_PREFIX = "checkpoint"
@@ -70,7 +70,7 @@ def resume_from_checkpoint(default: Union[str, bool, None] = None,
     if execution is None:
         return default
     if execution.on_s3:  # the Trainer loads from local disk: a local copy of the S3 save
-        from . import s3saves
+        from ..execution import s3saves
 
         return s3saves.choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK,
                                      fetch=True).path
@@ -122,7 +122,7 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
             # The Trainer writes local disk only: its saves go to the staging folder, each is
             # uploaded under the execution's prefix, then published.  That folder is the
             # node's own, so every rank must be on one node.
-            from . import s3saves
+            from ..execution import s3saves
 
             ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
             if args.world_size > ranks_here:
@@ -161,7 +161,7 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
             _barrier(args)
         if state.is_world_process_zero:
             if self._uploader is not None:
-                from . import s3saves
+                from ..execution import s3saves
 
                 best = state.best_model_checkpoint
                 bests = relative_saves(self.execution, [self._uploader.url_of(best)]) \

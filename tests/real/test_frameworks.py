@@ -25,7 +25,7 @@ import pytest
 import tomllib
 
 from slurm_dispatch.checkpoint import publish as store
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 from slurm_dispatch.sandbox import cluster as sandbox_lib
 from tests.real.conftest import ENDED_STATES
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions

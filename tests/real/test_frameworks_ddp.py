@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from slurm_dispatch.checkpoint import publish as store
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 from slurm_dispatch.sandbox import cluster as sandbox_lib
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions
 from tests.real.test_frameworks import (  # noqa: F401  (frameworks: a fixture)

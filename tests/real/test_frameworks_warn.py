@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 from tests.real.test_dispatch_sbatch import wait_executions
 from tests.real.test_frameworks import (  # noqa: F401  (frameworks: the fixture)
     _load_example,

@@ -16,8 +16,8 @@ import pytest
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores.s3 import parse_root
+from slurm_dispatch.execution import s3saves, saves
 from slurm_dispatch.execution.watch_s3 import Uploader
-from slurm_dispatch.integrations import s3saves, saves
 from tests.s3server import SeaweedServer
 from tests.store.test_integrations_s3 import E1, E2, A, B, dispatch_env
 

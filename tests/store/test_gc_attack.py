@@ -10,7 +10,7 @@ from pathlib import Path
 
 from slurm_dispatch.checkpoint import execdir, gc
 from slurm_dispatch.checkpoint import publish as store
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 
 from .gc_world import World, epoch, posix_world
 

@@ -14,7 +14,7 @@ import pytest
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores import transfer
 from slurm_dispatch.checkpoint.stores.s3 import parse_root
-from slurm_dispatch.integrations import s3saves, saves
+from slurm_dispatch.execution import s3saves, saves
 from tests.s3server import SeaweedServer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -21,7 +21,7 @@ import pytest
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores import transfer
-from slurm_dispatch.integrations import s3saves
+from slurm_dispatch.execution import s3saves
 from tests.s3server import SeaweedServer
 
 from .faulty_proxy import FaultyProxy

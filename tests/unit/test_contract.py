@@ -14,8 +14,7 @@ import pytest
 
 from slurm_dispatch import api
 from slurm_dispatch.errors import UsageError
-from slurm_dispatch.execution import contract, launch
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import contract, launch, saves
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slurm_dispatch"
 FULL = {"DISPATCH_JOB": "dabcdefg", "DISPATCH_GENERATION": "1", "DISPATCH_SUBMISSION": "2",

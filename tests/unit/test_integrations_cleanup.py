@@ -18,9 +18,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from slurm_dispatch.checkpoint import execdir, gc, model
 from slurm_dispatch.checkpoint import publish as store
-from slurm_dispatch.execution import launch
+from slurm_dispatch.execution import launch, saves
 from slurm_dispatch.integrations import lightning as dl
-from slurm_dispatch.integrations import saves
 from slurm_dispatch.integrations import transformers as dt
 
 from .test_integrations_saves import _execution, _save, _truncate

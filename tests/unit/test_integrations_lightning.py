@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import NotRequeued
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 from slurm_dispatch.integrations.lightning import DispatchCallback, resume_from_checkpoint
 
 pytestmark = [

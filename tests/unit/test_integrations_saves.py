@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch.checkpoint import publish as store
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 
 E1, E2, E3 = 1_000_000, 1_000_001, 1_000_002
 
@@ -146,7 +146,7 @@ def test_the_core_never_imports_a_training_library(tmp_path: Path) -> None:
     probe = (
         "import sys\n"
         "import slurm_dispatch, slurm_dispatch.cli.dispatch, slurm_dispatch.integrations\n"
-        "import slurm_dispatch.integrations.saves\n"
+        "import slurm_dispatch.execution.saves\n"
         "from slurm_dispatch.cli import dispatch as cli\n"
         "sys.argv = ['dispatch', 'list', '--root', sys.argv[1]]\n"
         "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"

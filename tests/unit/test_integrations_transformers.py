@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from slurm_dispatch.checkpoint import publish as store  # noqa: E402
-from slurm_dispatch.integrations import saves  # noqa: E402
+from slurm_dispatch.execution import saves  # noqa: E402
 from slurm_dispatch.integrations.transformers import (  # noqa: E402
     DispatchCallback,
     resume_from_checkpoint,

@@ -16,7 +16,7 @@ import transformers
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import NotRequeued
-from slurm_dispatch.integrations import saves
+from slurm_dispatch.execution import saves
 from slurm_dispatch.integrations.transformers import DispatchCallback, resume_from_checkpoint
 from tests.unit.test_integrations_transformers import (
     E1,

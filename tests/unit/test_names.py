@@ -18,7 +18,7 @@ SHARED = {
     "DispatchCallback": {"integrations/lightning.py", "integrations/transformers.py"},
     # Two views of the launcher's environment, both read by one execution.contract.Contract:
     # the public identity (api.Execution) and the integrations' save-time view.
-    "Execution": {"execution/contract.py", "integrations/saves.py"},
+    "Execution": {"execution/contract.py", "execution/saves.py"},
 }
 
 
