@@ -180,7 +180,7 @@ _KEYS = {
     "storetimeout": ("StoreTimeout", "store_timeout", _positive_duration),
     # StageDir=/local/scratch: where the launcher makes an S3 root's local staging folder.
     "stagedir": ("StageDir", "stage_dir", _state_dir),
-    # SlurmBackend=auto|cli|pyslurm ($DISPATCH_SLURM_BACKEND overrides it): see slurm_backend.py.
+    # SlurmBackend=auto|cli|pyslurm ($DISPATCH_SLURM_BACKEND overrides it): see slurm/select.py.
     "slurmbackend": ("SlurmBackend", "slurm_backend", slurm_backend),
     # ListingLag=60: how stale a node's view of pub/ and exec/ may be; cleanup waits twice
     # that between removing publications and reading the executions' choices again.
