@@ -49,9 +49,13 @@ SignalRunner = Callable[[list[str], float], Answer]
 def ask_signal(argv: list[str], timeout: float) -> Answer:
     """Run the site's CessationSignal: exit 0 ceased, 1 not ceased, anything else an error."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        # errors="replace": bytes that are not UTF-8 are still an answer, read as far as text.
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                              timeout=timeout)
     except FileNotFoundError:
         return Answer("error", None, f"{argv[0]!r} not found")
+    except OSError as exc:  # not executable, a folder: the site's signal cannot be run
+        return Answer("error", None, f"{argv[0]!r} cannot be run: {exc.strerror}")
     except subprocess.TimeoutExpired:
         return Answer("error", None, f"no answer within {timeout:g} s")
     evidence: Any = proc.stdout.strip()

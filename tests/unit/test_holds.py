@@ -81,6 +81,18 @@ def test_the_supervisors_hold_and_its_lifting_say_what_they_said(
                         cluster.jobs[held]["Comment"]), cluster.jobs[held]["Comment"]
 
 
+def site_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str,
+                mode: int = 0o755) -> Path:
+    """A CessationSignal ``script`` (made ``mode``) named by this test's dispatch.conf."""
+    signal = tmp_path / "cease"
+    signal.write_text(script)
+    signal.chmod(mode)
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text(f"CessationSignal={signal}\n")
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    return signal
+
+
 def test_a_persons_release_is_refused_then_forced_with_the_same_words(
         cluster: FakeCluster) -> None:  # noqa: F811
     clock = Clock()
@@ -113,13 +125,9 @@ def test_a_persons_release_is_refused_then_forced_with_the_same_words(
 def test_dispatch_release_prints_and_exits_as_it_did(cluster: FakeCluster,  # noqa: F811
                                                      tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    signal = tmp_path / "cease"
-    signal.write_text("#!/bin/sh\necho '{\"reason\": \"survivors\", \"nodes\": [{\"node\": "
-                      "\"n2\", \"proven\": false, \"evidence\": \"pid 7\"}]}'\nexit 1\n")
-    signal.chmod(0o755)
-    conf = tmp_path / "dispatch.conf"
-    conf.write_text(f"CessationSignal={signal}\n")
-    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    signal = site_signal(tmp_path, monkeypatch,
+                         "#!/bin/sh\necho '{\"reason\": \"survivors\", \"nodes\": [{\"node\": "
+                         "\"n2\", \"proven\": false, \"evidence\": \"pid 7\"}]}'\nexit 1\n")
     job, ended, held, _ = held_job(cluster, Clock(), Signal(), Settings(signal=None))
     refused = CliRunner().invoke(cli.main, ["release", job.id])
     assert refused.exit_code == 1
@@ -223,3 +231,38 @@ def test_the_scans_see_what_they_look_for() -> None:
     assert any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and n.func.attr == "append" and n.args and _is_cessation(n.args[0])
                for n in ast.walk(tree))
+
+
+def test_asking_a_signal_that_cannot_run_or_prints_bytes_never_raises(tmp_path: Path) -> None:
+    # The invariant "asking never raises": a CessationSignal that is not executable (a site's
+    # chmod slip) or prints bytes that are not UTF-8 is an "error" answer, recorded and shown
+    # like any other, not a PermissionError/UnicodeDecodeError out of the supervisor's pass
+    # or a traceback from `dispatch release`.
+    from slurm_dispatch.control.holds import ask_signal
+    plain = tmp_path / "plain"
+    plain.write_text("#!/bin/sh\nexit 0\n")
+    plain.chmod(0o644)
+    assert ask_signal([str(plain)], 10) == Answer(
+        "error", None, f"{str(plain)!r} cannot be run: Permission denied")
+    garbled = tmp_path / "garbled"
+    garbled.write_text("#!/bin/sh\nprintf 'ok \\377'\nprintf '\\376' >&2\nexit $1\n")
+    garbled.chmod(0o755)
+    assert ask_signal([str(garbled), "1"], 10) == Answer("not ceased", 1, "ok \ufffd")
+    assert ask_signal([str(garbled), "3"], 10) == Answer(
+        "error", 3, {"output": "ok \ufffd", "stderr": "\ufffd"})
+
+
+def test_dispatch_release_with_a_signal_that_cannot_run_is_refused(
+        cluster: FakeCluster, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    signal = site_signal(tmp_path, monkeypatch, "#!/bin/sh\nexit 0\n", mode=0o644)
+    job, ended, held, _ = held_job(cluster, Clock(), Signal(), Settings(signal=None))
+    refused = CliRunner().invoke(cli.main, ["release", job.id])
+    assert (refused.exit_code, refused.stdout) == (1, "")
+    assert refused.stderr == (
+        f"dispatch: the ended execution the hold of {job.id} waits for is not proven gone, so "
+        f"its processes may still write the shared checkpoint: {ended}: error: "
+        f"{str(signal)!r} cannot be run: Permission denied.  Release anyway with "
+        f"`dispatch release --force {job.id}`\n")
+    assert [(c["verdict"], c.get("code")) for c in cessations(job)] == [("error", None)]
+    assert cluster.jobs[held]["Reason"] == "JobHeldUser"
