@@ -282,7 +282,11 @@ def parse_array(spec: str) -> list[int]:
     :mod:`slurm.arrays`'), ascending; raises UsageError naming the value."""
     try:
         return arrays.task_ids(spec)
-    except arrays.ArrayRangeError:
+    except arrays.ArrayRangeError as exc:
+        if exc.too_large:
+            raise UsageError(f"--array {spec!r}: a task id above {arrays.MAX_TASK_ID} is beyond "
+                             "every Slurm's MaxArraySize (at most 4000001), so sbatch would "
+                             "refuse it") from None
         raise UsageError(f"--array {spec!r} is not a list of task ids (like 0-15:4%2 or "
                          "1,3,5-7)") from None
 

@@ -8,19 +8,27 @@ controller's (a SlurmError naming it); here a value that does not parse is
 :class:`ArrayRangeError`, a ValueError naming the part.
 
 Invariant: a part is parsed strictly, the same for every caller: ids are whole numbers not
-below 0, a range does not run backwards, a step is at least 1; an empty part is an error.
+below 0 nor above :data:`MAX_TASK_ID`, a range does not run backwards, a step is at least 1; an
+empty part is an error.
 """
 
 from __future__ import annotations
 
+#: The largest task id any Slurm takes: ids are below MaxArraySize, which slurm.conf(5) caps at
+#: 4000001.  A larger one is refused here before a range of billions of ids is made.
+MAX_TASK_ID = 4_000_000
+
 
 class ArrayRangeError(ValueError):
-    """An array range value that does not parse; ``part`` is the part that did not."""
+    """An array range value that does not parse; ``part`` is the part that did not;
+    ``too_large`` when it parsed but names an id above :data:`MAX_TASK_ID`."""
 
-    def __init__(self, value: str, part: str) -> None:
-        super().__init__(f"{value!r}: {part!r} is not N, N-M or N-M:S")
+    def __init__(self, value: str, part: str, too_large: bool = False) -> None:
+        super().__init__(f"{value!r}: {part!r} is not N, N-M or N-M:S" if not too_large
+                         else f"{value!r}: {part!r} names a task id above {MAX_TASK_ID}")
         self.value = value
         self.part = part
+        self.too_large = too_large
 
 
 def spans(value: str) -> list[range]:
@@ -39,7 +47,10 @@ def spans(value: str) -> list[range]:
             raise ArrayRangeError(value, part) from None
         if low < 0 or high < low or stride < 1:
             raise ArrayRangeError(value, part)
-        found.append(range(low, high + 1, stride))
+        span_ids = range(low, high + 1, stride)
+        if span_ids[-1] > MAX_TASK_ID:
+            raise ArrayRangeError(value, part, too_large=True)
+        found.append(span_ids)
     return found
 
 

@@ -77,3 +77,22 @@ def test_no_other_range_parser() -> None:
                     and {",", "-", ":"} <= _splits(func):
                 found.append(f"{path.relative_to(package)}:{func.lineno} {func.name}")
     assert found == [], "array ranges are parsed by slurm_dispatch/slurm/arrays.py only"
+
+
+def test_an_id_beyond_any_slurms_max_array_size_is_refused_at_once() -> None:
+    # sbatch(1) takes task ids below MaxArraySize, which slurm.conf(5) caps at 4000001: a
+    # larger id (a typo, 0-10000000000) is refused by every Slurm.  Read as it was, it made a
+    # set of ten billion ids and dispatch-sbatch ate memory until killed; now it is a
+    # UsageError naming the value and the limit, before anything is made.
+    assert arrays.MAX_TASK_ID == 4_000_000
+    assert arrays.task_ids("3999999-4000000") == [3_999_999, 4_000_000]
+    assert arrays.task_ids("0-4000005:2000000") == [0, 2_000_000, 4_000_000]  # ids, not ends
+    for value in ("0-10000000000", "4000001", "0-10000000000:1000000000", "1,99999999999%2"):
+        with pytest.raises(arrays.ArrayRangeError) as caught:
+            arrays.spans(value)
+        assert caught.value.value == value
+        with pytest.raises(UsageError) as user:
+            submit.parse_array(value)
+        assert str(user.value) == (
+            f"--array {value!r}: a task id above 4000000 is beyond every Slurm's "
+            "MaxArraySize (at most 4000001), so sbatch would refuse it")
