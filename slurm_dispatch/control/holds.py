@@ -85,8 +85,15 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
     one fails)."""
     asked = []
     for target, restart in hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]:
-        argv = [*shlex.split(signal), str(target), "--restart", str(restart), "--json"]
-        answer = runner(argv, timeout)
+        tail = [str(target), "--restart", str(restart), "--json"]
+        try:
+            argv = [*shlex.split(signal), *tail]
+        except ValueError as exc:  # an unbalanced quote: nothing can be run, which is an answer
+            argv = [signal, *tail]
+            answer = Answer("error", None, f"CessationSignal {signal!r} does not split into "
+                                           f"words: {exc}")
+        else:
+            answer = runner(argv, timeout)
         job.append(events.Cessation, asked_at=round(clock(), 3),
                    held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
                    verdict=answer.verdict, code=answer.code, evidence=answer.evidence,

@@ -93,13 +93,21 @@ def site_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str,
     return signal
 
 
+def refused_release(fake: FakeCluster, clock: Clock, signal: str, answer: str
+                    ) -> tuple[record.JobRecord, str, str, Any]:
+    """A held job whose release, asking ``signal`` (answering ``answer``), is refused."""
+    job, ended, held, _ = held_job(fake, clock, Signal(), Settings(signal=None))
+    with pytest.raises(RefusedError) as info:
+        release(Slurm(), job, Settings(signal=signal), signal_runner=Signal(answer),
+                clock=clock)
+    return job, ended, held, info
+
+
 def test_a_persons_release_is_refused_then_forced_with_the_same_words(
         cluster: FakeCluster) -> None:  # noqa: F811
     clock = Clock()
-    job, ended, held, _ = held_job(cluster, clock, Signal(), Settings(signal=None))
+    job, ended, held, info = refused_release(cluster, clock, "site-cease --quiet", "not ceased")
     settings = Settings(signal="site-cease --quiet")
-    with pytest.raises(RefusedError) as info:
-        release(Slurm(), job, settings, signal_runner=Signal("not ceased"), clock=clock)
     assert str(info.value) == (
         f"the ended execution the hold of {job.id} waits for is not proven gone, so its "
         f"processes may still write the shared checkpoint: {ended}: not ceased: n1: not "
@@ -265,4 +273,17 @@ def test_dispatch_release_with_a_signal_that_cannot_run_is_refused(
         f"{str(signal)!r} cannot be run: Permission denied.  Release anyway with "
         f"`dispatch release --force {job.id}`\n")
     assert [(c["verdict"], c.get("code")) for c in cessations(job)] == [("error", None)]
+    assert cluster.jobs[held]["Reason"] == "JobHeldUser"
+
+
+def test_a_signal_setting_that_does_not_split_is_an_error_answer(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    # dispatch.conf's CessationSignal is split as a shell would; an unbalanced quote (an
+    # admin's slip) raised ValueError out of the question: asking never raises, so it is an
+    # "error" answer, recorded, and the release is refused with the words.
+    job, ended, held, info = refused_release(cluster, Clock(), 'site-cease "--quiet', "ceased")
+    assert (f"{ended}: error: CessationSignal 'site-cease \"--quiet' does not split into "
+            "words: No closing quotation") in str(info.value)
+    assert [(c["verdict"], c["command"]) for c in cessations(job)] == [
+        ("error", ['site-cease "--quiet', ended, "--restart", "0", "--json"])]
     assert cluster.jobs[held]["Reason"] == "JobHeldUser"
