@@ -94,7 +94,7 @@ Notifier = Callable[[list[str], str, float], tuple[bool, str]]
 def run_notifier(argv: list[str], text: str, timeout: float) -> tuple[bool, str]:
     """Run a mailer or the site's HoldNotify; any failure is an answer, never an exception."""
     try:
-        proc = subprocess.run(argv, input=text, capture_output=True, text=True,
+        proc = subprocess.run(argv, input=text, capture_output=True, text=True, errors="replace",
                               timeout=timeout, stdin=None)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"{argv[0]}: {exc}"

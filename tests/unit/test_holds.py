@@ -287,3 +287,14 @@ def test_a_signal_setting_that_does_not_split_is_an_error_answer(
     assert [(c["verdict"], c["command"]) for c in cessations(job)] == [
         ("error", ['site-cease "--quiet', ended, "--restart", "0", "--json"])]
     assert cluster.jobs[held]["Reason"] == "JobHeldUser"
+
+
+def test_a_notifier_printing_bytes_is_an_answer_too() -> None:
+    # run_notifier's rule is the signal's: any failure is an answer, never an exception; a
+    # mailer that prints bytes that are not UTF-8 (a Latin-1 locale) raised UnicodeDecodeError
+    # out of the supervisor's telling.
+    from slurm_dispatch.control.supervisor import run_notifier
+    assert run_notifier(["sh", "-c", "cat >/dev/null; printf 'sent \\351'"], "hi", 10) == (
+        True, "sent \ufffd")
+    assert run_notifier(["sh", "-c", "printf '\\377' >&2; exit 4"], "", 10) == (
+        False, "sh exited 4: \ufffd")
