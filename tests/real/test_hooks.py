@@ -78,7 +78,17 @@ def test_timed_out_job_end_is_recorded(sandbox: Sandbox) -> None:
             n["end"] for n in f[0]["nodes"].values()) else None)(
             facts.execution_facts(jobid, state, sandbox.uid)), 30, "the end recorded")
     assert found[0]["end"]["source"] == "controller"
-    assert all(n["ceased"] for n in found[0]["nodes"].values())
+    for name, node in found[0]["nodes"].items():
+        # The Epilog's scan found nothing of the job; on a loaded machine (CI runs the fast
+        # tier beside this) it may not have finished in its budget, and then it names only
+        # what it could not read, never a process of the job, and is not counted as proof.
+        survivors = node["end"]["survivors"]
+        assert all(s.get("unresolved") for s in survivors), (name, survivors)
+        assert node["ceased"] is (not survivors), (name, node)
+    # Such a node is settled by the next re-check (HealthCheckProgram, every 5 s here).
+    found = sandbox.wait_for(
+        lambda: (lambda f: f if all(n["ceased"] for n in f[0]["nodes"].values()) else None)(
+            facts.execution_facts(jobid, state, sandbox.uid)), 60, "every node ceased")
     proc = sandbox.run([str(sandbox.venv_bin / "dispatch-cease"), jobid, "--json"],
                        user=sandbox.user, check=False)
     verdict = json.loads(proc.stdout)
