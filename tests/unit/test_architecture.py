@@ -25,8 +25,8 @@ def named() -> set[str]:
     found = set()
     every = modules()
     for text in NAMED.findall(PAGE.read_text()):
-        if text.startswith(("tests/", "bench/", "tools/")):
-            continue  # not a module of the package
+        if text.startswith(("tests/", "bench/", "tools/", "soak/")):
+            continue  # not a module of the package (soak/'s are checked below)
         if text in every:
             found.add(text)
             continue
@@ -43,3 +43,10 @@ def test_the_page_names_every_module() -> None:
 def test_every_module_the_page_names_exists() -> None:
     stale = sorted(n for n in named() if not (PACKAGE / n).is_file())
     assert not stale, f"docs/architecture.md names modules that do not exist: {stale}"
+
+
+def test_every_soak_module_the_page_names_exists() -> None:
+    """soak/ is a top-level folder beside the package; what the page names there exists."""
+    stale = sorted(t for t in NAMED.findall(PAGE.read_text())
+                   if t.startswith("soak/") and not (REPO / t).is_file())
+    assert not stale, f"docs/architecture.md names soak modules that do not exist: {stale}"

@@ -1,0 +1,175 @@
+"""The soak's checker against synthetic runs: a correct build's history passes, and each
+deliberately broken build (a launcher that hands out the greatest step whatever the epoch, the
+shared-folder baseline, a supervisor that forgets its claims, a hold lifted too soon) is caught
+by the invariant it breaks, and by no other."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from slurm_dispatch.checkpoint import model
+from soak import checker
+
+ROOT = "/home/u/ck"
+G0 = 1_000_000  # epoch of submission 1, restart 0
+
+
+class Sim:
+    """A tiny world: executions writing saves and publications at given times."""
+
+    def __init__(self) -> None:
+        self.facts: list[dict[str, Any]] = []
+        self.pubs: list[str] = []
+        self.present: dict[str, bool] = {}
+
+    def start(self, attempt: str, t: float, epoch: int, resumed: str = "", job: str = "j1",
+              shared: bool = False, task: Optional[int] = None) -> None:
+        self.facts.append({"ev": "start", "t": t, "attempt": attempt, "node": "n1", "job": job,
+                           "task": task, "submission": 1, "epoch": epoch, "root": ROOT,
+                           "shared": shared, "chose_at": t - 0.1,
+                           "resumed": f"{ROOT}/{resumed}" if resumed else ""})
+
+    def publish(self, attempt: str, t: float, epoch: int, step: int) -> str:
+        path = f"exec/{attempt}/checkpoint-{step}"
+        name = model.format_name(epoch, step, path)
+        for ev, when in (("save", t - 0.02), ("publishing", t - 0.01), ("published", t)):
+            self.facts.append({"ev": ev, "t": when, "attempt": attempt, "node": "n1",
+                               "step": step, "path": path, "name": name})
+        self.pubs.append(name)
+        self.present[path] = True
+        return path
+
+    def beat(self, attempt: str, t: float) -> None:
+        self.facts.append({"ev": "beat", "t": t, "attempt": attempt, "node": "n1"})
+
+    def run(self, **extra: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {"seed": 7, "roots": {ROOT: {"pubs": self.pubs,
+                                                            "present": self.present,
+                                                            "keep": 2}},
+                                "jobs": [{"job": "j1", "shared": False, "ended": True}],
+                                "submissions": [{"job": "j1", "submission": 1, "task": None,
+                                                 "slurm_job_id": "10"}],
+                                "faults": [{"kind": "partition", "t": 1.0, "target": "n1"}]}
+        base.update(extra)
+        return base
+
+
+def partitioned_world(pick_greatest_step: bool) -> Sim:
+    """A runs on a cut-off node and keeps publishing after B replaced it; C replaces B.  The
+    correct launcher gives C B's latest (the greater epoch); the broken one A's greater step."""
+    sim = Sim()
+    sim.start("A", 1.0, G0)
+    sim.publish("A", 2.0, G0, 5)
+    a10 = sim.publish("A", 3.0, G0, 10)
+    sim.start("B", 4.0, G0 + 1, resumed=a10)
+    b15 = sim.publish("B", 5.0, G0 + 1, 15)
+    a40 = sim.publish("A", 6.0, G0, 40)  # the old lineage, far ahead in steps, still writing
+    sim.start("C", 7.0, G0 + 2, resumed=a40 if pick_greatest_step else b15)
+    sim.publish("C", 8.0, G0 + 2, 20)
+    return sim
+
+
+def counts(result: checker.Result) -> dict[str, int]:
+    return {k: len(found) for k, found in result.violations.items() if found}
+
+
+def test_a_correct_build_passes_and_counts_its_overlap() -> None:
+    sim = partitioned_world(pick_greatest_step=False)
+    result = checker.check(sim.run(), sim.facts)
+    assert counts(result) == {}, checker.table(result)
+    assert result.ok and result.executions == 3 and result.overlaps >= 1
+    text = checker.table(result)
+    assert "soak seed 7" in text and "partition 1" in text
+    for name in checker.INVARIANTS:
+        assert f"{name} " in text
+
+
+def test_a_launcher_handing_out_the_greatest_step_whatever_the_epoch_is_caught() -> None:
+    sim = partitioned_world(pick_greatest_step=True)
+    result = checker.check(sim.run(), sim.facts)
+    assert counts(result) == {"resume": 1}
+    assert "C (epoch 1000002)" in result.violations["resume"][0]
+    assert "1000001" in result.violations["resume"][0]  # names the publication it skipped
+
+
+def test_the_shared_folder_baseline_is_caught() -> None:
+    """Both executions write one folder, resume from its highest checkpoint-N (never a
+    publication), and the old run's rotation deletes the replacement's saves."""
+    sim = Sim()
+    sim.start("A", 1.0, G0)
+    shared = "shared/checkpoint-10"
+    sim.start("B", 4.0, G0 + 1, resumed=shared)
+    name = model.format_name(G0 + 1, 15, "shared/checkpoint-15")
+    sim.pubs.append(name)
+    sim.present.update({"shared/checkpoint-10": True, "shared/checkpoint-15": False})
+    result = checker.check(sim.run(), sim.facts)
+    assert counts(result) == {"resume": 1, "pub-missing-save": 1, "needed-missing": 1}
+    assert "which no publication names" in result.violations["resume"][0]
+
+
+def test_a_save_gc_should_have_kept_is_caught() -> None:
+    sim = partitioned_world(pick_greatest_step=False)
+    removed = "exec/B/checkpoint-15"  # C's resume source, and of the 2 latest
+    sim.present[removed] = False
+    result = checker.check(sim.run(), sim.facts)
+    assert counts(result) == {"pub-missing-save": 1, "needed-missing": 2}
+
+
+def test_a_resume_from_a_publication_made_after_the_start_is_caught() -> None:
+    sim = Sim()
+    sim.start("A", 1.0, G0)
+    later = sim.publish("A", 9.0, G0, 10)
+    sim.start("B", 4.0, G0 + 1, resumed=later)
+    assert counts(checker.check(sim.run(), sim.facts)) == {"resume": 1}
+
+
+def test_starting_afresh_past_a_publication_is_caught() -> None:
+    sim = Sim()
+    sim.start("A", 1.0, G0)
+    sim.publish("A", 2.0, G0, 10)
+    sim.start("B", 4.0, G0 + 1)
+    assert counts(checker.check(sim.run(), sim.facts)) == {"resume": 1}
+
+
+def test_a_supervisor_forgetting_its_claims_is_caught() -> None:
+    """Two passes both resubmit submission 2: the claim that makes it one is forgotten."""
+    sim = partitioned_world(pick_greatest_step=False)
+    subs = [{"job": "j1", "submission": 1, "task": None, "slurm_job_id": "10"},
+            {"job": "j1", "submission": 2, "task": None, "slurm_job_id": "11"},
+            {"job": "j1", "submission": 2, "task": None, "slurm_job_id": "12"},
+            {"job": "j2", "submission": 1, "task": 0, "slurm_job_id": "13_0"},
+            {"job": "j2", "submission": 1, "task": 1, "slurm_job_id": "13_1"}]
+    result = checker.check(sim.run(submissions=subs), sim.facts)
+    assert counts(result) == {"double-submit": 1}
+    assert "submitted again as 12" in result.violations["double-submit"][0]
+
+
+def test_a_shared_job_lifted_while_its_old_execution_wrote_is_caught() -> None:
+    sim = Sim()
+    sim.start("A", 1.0, G0, shared=True)
+    for t in (2.0, 3.0, 9.0):  # a heartbeat at 9 s: still writing
+        sim.beat("A", t)
+    sim.start("B", 6.0, 2 * G0, shared=True)
+    sim.beat("B", 10.0)
+    run = sim.run(jobs=[{"job": "j1", "shared": True, "ended": True}],
+                  lifts=[{"job": "j1", "t": 5.5, "ended_slurm_job_id": "10"}])
+    assert counts(checker.check(run, sim.facts)) == {"lifted-while-writing": 1,
+                                                      "shared-overlap": 1}
+    # The same lift after the old execution's last beat is fine.
+    ok = Sim()
+    ok.start("A", 1.0, G0, shared=True)
+    ok.beat("A", 3.0)
+    ok.start("B", 6.0, 2 * G0, shared=True)
+    run = ok.run(jobs=[{"job": "j1", "shared": True, "ended": True}],
+                 lifts=[{"job": "j1", "t": 5.5, "ended_slurm_job_id": "10"}])
+    assert checker.check(run, ok.facts).ok
+
+
+def test_a_job_left_running_unexplained_and_a_node_drained_by_our_hooks_are_caught() -> None:
+    sim = partitioned_world(pick_greatest_step=False)
+    run = sim.run(jobs=[{"job": "j1", "ended": False, "stuck": None},
+                        {"job": "j2", "ended": False, "stuck": "held: shared checkpoint"}],
+                  drains=[{"node": "n2", "reason": "Prolog error", "ours": True},
+                          {"node": "n3", "reason": "Not responding", "ours": False}])
+    result = checker.check(run, sim.facts)
+    assert counts(result) == {"not-ended": 1, "drained-by-us": 1}
