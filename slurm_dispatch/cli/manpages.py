@@ -105,11 +105,12 @@ def sbatch_page() -> Page:
 
 def pages() -> list[Page]:
     """Every command's page, in the order the reference lists them."""
+    from .admin import main as admin
     from .cease import main as cease
     from .dispatch import main as dispatch
     from .sandbox import cli as sandbox
     return [click_page(dispatch, "dispatch"), sbatch_page(), click_page(cease, "dispatch-cease"),
-            click_page(sandbox, "dispatch-sandbox")]
+            click_page(admin, "dispatch-admin"), click_page(sandbox, "dispatch-sandbox")]
 
 
 # --- roff -----------------------------------------------------------------------------------
@@ -209,8 +210,8 @@ def md_index(all_pages: list[Page]) -> str:
     out = ["# slurm-dispatch command reference", "", f"<!-- {GENERATED} -->", "",
            "Every command and option as its `--help` gives it (also as man pages: "
            "`man dispatch`, `man dispatch-sbatch`, `man dispatch-cease`, "
-           "`man dispatch-sandbox`).  The guides: [user guide](../user-guide.md), "
-           "[admin guide](../admin-guide.md).", ""]
+           "`man dispatch-admin`, `man dispatch-sandbox`).  The guides: "
+           "[user guide](../user-guide.md), [admin guide](../admin-guide.md).", ""]
     for page in all_pages:
         out.append(f"- [`{page.name}`]({page.name}.md): {page.summary}")
         out += [f"  - [`{sub.name}`]({page.name}.md#{anchor(sub.name)}): {sub.summary}"
@@ -267,6 +268,7 @@ def click_completion(command: click.Command, prog: str) -> str:
 
 def outputs() -> dict[str, str]:
     """Each generated file's path under the repository, and its text."""
+    from .admin import main as admin
     from .cease import main as cease
     from .dispatch import main as dispatch
     from .sandbox import cli as sandbox
@@ -284,6 +286,7 @@ def outputs() -> dict[str, str]:
         ("dispatch", lambda: click_completion(dispatch, "dispatch")),
         ("dispatch-sbatch", sbatch_completion),
         ("dispatch-cease", lambda: click_completion(cease, "dispatch-cease")),
+        ("dispatch-admin", lambda: click_completion(admin, "dispatch-admin")),
         ("dispatch-sandbox", lambda: click_completion(sandbox, "dispatch-sandbox"))]
     for name, make in commands:
         files[f"contrib/completion/{name}"] = make()

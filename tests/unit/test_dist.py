@@ -45,7 +45,8 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
     assert {"contrib/prolog.d/05-dispatch", "contrib/epilog.d/05-dispatch",
             "site-config/dispatch.conf", "site-config/slurm.conf.dispatch",
             "site-config/dispatch-recheck", "docs/admin-guide.md"} <= names
-    commands = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-sandbox")
+    commands = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-admin",
+                "dispatch-sandbox")
     # issue 18 item 15: the man pages and completions, for a site's system-wide install
     assert {f"docs/man/man1/{c}.1" for c in commands} <= names
     assert {f"contrib/completion/{c}" for c in commands} <= names
@@ -56,7 +57,7 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
     subprocess.run([str(venv / "bin/pip"), "install", "-q", "-c",
                     str(REPO / "tests/constraints.txt"), str(wheels[0])],
                    check=True, timeout=300)
-    for command in ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-sandbox"):
+    for command in commands:
         out = subprocess.run([str(venv / "bin" / command), "--help"], capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0 and "Usage" in out.stdout + out.stderr, (command, out)

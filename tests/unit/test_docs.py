@@ -25,6 +25,7 @@ import click
 import pytest
 
 from slurm_dispatch.cli import manpages
+from slurm_dispatch.cli.admin import main as admin_cli
 from slurm_dispatch.cli.cease import main as cease_cli
 from slurm_dispatch.cli.dispatch import main as dispatch_cli
 from slurm_dispatch.cli.sandbox import cli as sandbox_cli
@@ -88,7 +89,7 @@ def anchors(text: str) -> set[str]:
 
 # --- which commands a page shows ----------------------------------------------------------------
 
-COMMANDS = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-sandbox")
+COMMANDS = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-admin", "dispatch-sandbox")
 ENDS = {"|", "||", "&&", ";", "&", ")", "\\"}
 
 
@@ -198,7 +199,7 @@ def check_line(line: str, where: str, first_only: bool = False) -> None:
             check_sbatch(words, where)
         else:
             command = {"dispatch": dispatch_cli, "dispatch-cease": cease_cli,
-                       "dispatch-sandbox": sandbox_cli}[words[0]]
+                       "dispatch-admin": admin_cli, "dispatch-sandbox": sandbox_cli}[words[0]]
             check_click(words, command, where)
     if line.lstrip().startswith("#DISPATCH"):
         sbatch_args.read_header("#!/bin/bash\n" + line.strip() + "\n", where)
@@ -402,6 +403,7 @@ def test_the_pages_do_not_depend_on_who_asked_click_first() -> None:
 
 def test_every_command_and_option_is_in_its_man_page_and_reference() -> None:
     for command, name in [(dispatch_cli, "dispatch"), (cease_cli, "dispatch-cease"),
+                          (admin_cli, "dispatch-admin"),
                           (sandbox_cli, "dispatch-sandbox")]:
         man = (REPO / f"docs/man/man1/{name}.1").read_text()
         ref = (REPO / f"docs/reference/{name}.md").read_text()

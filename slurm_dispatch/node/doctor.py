@@ -1,0 +1,459 @@
+"""``dispatch-admin doctor``: run each installed hook part the way Slurm would, say what is broken.
+
+A broken hook is silent by design (it exits 0 and logs to syslog), so a node whose Epilog cannot
+run records starts and never an end, and nothing else says so.  The doctor finds the parts the
+way Slurm does (``slurm.conf``'s ``Prolog``, ``Epilog``, ``PrologSlurmctld``,
+``EpilogSlurmctld``, ``HealthCheckProgram``, ``Include`` files followed, globs expanded), and
+for each slurm-dispatch part checks that it is there and executable, that its ``DISPATCH_PYTHON``
+has the package and of which version, and then runs it as slurmd (or slurmctld) runs it: its
+absolute path, Slurm's environment for that hook and no ``PATH``, the working folder ``/``, no
+stdin, for a job id no Slurm gives (``doctor-<token>``, uid and gid 0), and looks for the fact
+it must write under ``StateDir``.  What it finds is a list of :class:`Check`, each with the fix
+when it failed.
+
+Invariants:
+
+* Standard library only (it runs as root on every node); it imports no other side.
+* A part is run, never imported; a part that hangs is stopped at its deadline.
+* The only files it removes are the facts of its own ``doctor-<token>`` job, and its probe file.
+* A broken site is a list of failed checks, never an exception.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+from .. import __version__
+from .. import config as config_module
+from . import factstore as store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+OK, FAIL, WARN = "ok", "FAIL", "warn"
+MARK = "slurm_dispatch.hooks"  # what makes a part one of ours
+CONTROLLER = "slurmctld"  # the node name controller facts are recorded under (hooks/evidence)
+
+# slurm.conf key -> (the hint the part passes, slurmd's SLURM_SCRIPT_CONTEXT, the fact it writes)
+HOOK_KEYS = {
+    "Prolog": ("prolog", "prolog_slurmd", "start"),
+    "Epilog": ("epilog", "epilog_slurmd", "end"),
+    "PrologSlurmctld": ("prolog", "prolog_slurmctld", "ctld-start"),
+    "EpilogSlurmctld": ("epilog", "epilog_slurmctld", "ctld-end"),
+    "HealthCheckProgram": ("recheck", "", ""),
+}
+NODE_KEYS = ("Prolog", "Epilog", "HealthCheckProgram")
+CONTROLLER_KEYS = ("PrologSlurmctld", "EpilogSlurmctld")
+SHIPPED = {"Prolog": "contrib/prolog.d/05-dispatch", "Epilog": "contrib/epilog.d/05-dispatch",
+           "PrologSlurmctld": "contrib/prolog.d/05-dispatch",
+           "EpilogSlurmctld": "contrib/epilog.d/05-dispatch",
+           "HealthCheckProgram": "site-config/dispatch-recheck"}
+
+
+class Check:
+    """One thing the doctor looked at: ``state`` ok, FAIL or warn, what it saw, and the fix."""
+
+    __slots__ = ("name", "state", "detail", "fix")
+
+    def __init__(self, name: str, state: str, detail: str, fix: str = "") -> None:
+        self.name, self.state, self.detail, self.fix = name, state, detail, fix
+
+    def as_json(self) -> dict[str, str]:
+        return {"check": self.name, "state": self.state, "detail": self.detail, "fix": self.fix}
+
+    def __repr__(self) -> str:
+        return f"Check({self.name!r}, {self.state!r}, {self.detail!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# slurm.conf, as far as the hooks go
+
+
+def read_slurm_conf(path: str) -> tuple[dict[str, str], list[str]]:
+    """``{Key: value}`` of slurm.conf (keys in Slurm's spelling for those the doctor knows,
+    ``Include`` files followed relative to the file's folder) and the problems met."""
+    known = {k.lower(): k for k in (*HOOK_KEYS, "SlurmUser", "PrologEpilogTimeout")}
+    values: dict[str, str] = {}
+    problems: list[str] = []
+
+    def read(file: str, depth: int) -> None:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except OSError as exc:
+            problems.append(f"{file}: cannot read: {exc.strerror}")
+            return
+        for line in lines:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            word = line.split(None, 1)
+            if word[0].lower() == "include" and len(word) == 2:
+                if depth > 8:
+                    problems.append(f"{file}: Include nested too deep")
+                    continue
+                target = word[1].strip()
+                if not os.path.isabs(target):
+                    target = os.path.join(os.path.dirname(file), target)
+                for name in sorted(glob.glob(target)) or [target]:
+                    read(name, depth + 1)
+                continue
+            for pair in line.split():
+                key, sep, value = pair.partition("=")
+                if sep and key.lower() in known:
+                    values.setdefault(known[key.lower()], value)
+
+    read(path, 0)
+    return values, problems
+
+
+def expand_parts(value: str) -> list[str]:
+    """The programs a hook setting names: comma-separated (Slurm 23.02 and later), globbed."""
+    found: list[str] = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if glob.has_magic(item):
+            found += sorted(glob.glob(item))
+        else:
+            found.append(item)
+    return found
+
+
+def is_ours(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return MARK.encode() in handle.read(1 << 16)
+    except OSError:
+        return False
+
+
+def knob(path: str, name: str) -> str | None:
+    """A part's ``NAME=value`` knob line (the value up to a space or a comment), or None."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1 << 16)
+    except OSError:
+        return None
+    match = re.search(rf"^{name}=(\S*)", text, re.M)
+    return None if match is None else match.group(1)
+
+
+# --------------------------------------------------------------------------------------------
+# The checks
+
+
+class Doctor:
+    """One run of the doctor; :meth:`run` returns the checks in the order they were made."""
+
+    def __init__(self, slurm_conf: str | None = None, config_path: str | None = None,
+                 node: str | None = None, controller: bool = False,
+                 node_parts: bool = True, timeout: float = 60.0) -> None:
+        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
+        self.config_path = config_path
+        self.node = node or os.uname().nodename.split(".")[0]
+        self.controller = controller
+        self.node_parts = node_parts
+        self.timeout = timeout
+        self.job_id = f"doctor-{store.new_token()}"
+        self.checks: list[Check] = []
+        self.versions: dict[str, str] = {}  # part -> version of its Python's package
+
+    def add(self, name: str, state: str, detail: str, fix: str = "") -> Check:
+        check = Check(name, state, detail, fix)
+        self.checks.append(check)
+        return check
+
+    def run(self) -> list[Check]:
+        settings, problems = read_slurm_conf(self.slurm_conf)
+        if problems:
+            self.add("slurm.conf", FAIL, "; ".join(problems),
+                     "point --slurm-conf (or $SLURM_CONF) at the slurm.conf slurmd reads")
+            return self.checks
+        self.add("slurm.conf", OK, self.slurm_conf)
+        cfg = self.check_config()
+        self.check_state_dir(cfg)
+        keys = (NODE_KEYS if self.node_parts else ()) + (CONTROLLER_KEYS if self.controller
+                                                         else ())
+        parts: list[tuple[str, str]] = []
+        for key in keys:
+            parts += self.find_parts(key, settings)
+        started: dict[str, str] = {}
+        for key, part in parts:
+            if not self.check_python(key, part):
+                continue
+            if key != "HealthCheckProgram":
+                self.run_part(key, part, settings, started)
+            else:
+                self.run_recheck(part)
+        self.check_versions()
+        self.clean_up(cfg)
+        return self.checks
+
+    def check_config(self) -> config_module.Config:
+        environ = {"SLURM_CONF": self.slurm_conf}
+        if os.environ.get(config_module.ENV_VAR):
+            environ[config_module.ENV_VAR] = os.environ[config_module.ENV_VAR]
+        cfg = config_module.load(self.config_path, environ=environ)
+        where = cfg.path or config_module.config_path(environ)
+        if cfg.problems:
+            self.add("dispatch.conf", FAIL, "; ".join(cfg.problems),
+                     "correct those lines (the hooks log each and use the default)")
+        else:
+            self.add("dispatch.conf", OK, f"{where}: StateDir={cfg.state_dir} "
+                                          f"HookTimeout={cfg.hook_timeout:g}")
+        return cfg
+
+    def check_state_dir(self, cfg: config_module.Config, name: str = "StateDir") -> bool:
+        """Whether the hooks can write facts under ``StateDir``: what they require of it (it
+        exists, is ours, is writable by nobody else) and a probe file created and removed."""
+        where = cfg.state_dir
+        fix = (f"as root: mkdir -p {where} && chown root: {where} && chmod 0755 {where} "
+               "(on a controller whose SlurmUser is not root, owned by SlurmUser); the same "
+               "folder on every node, the controller and where dispatch-cease runs")
+        try:
+            fd = store.open_state_dir(where)
+        except store.FactError as exc:
+            self.add(name, FAIL, f"{exc}: the hooks record nothing", fix)
+            return False
+        probe = f".doctor-probe-{store.new_token()}"
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o600, dir_fd=fd))
+            os.unlink(probe, dir_fd=fd)
+        except OSError as exc:
+            self.add(name, FAIL, f"{where}: cannot create a file there: {exc.strerror}: the "
+                                 "hooks record nothing", fix + " on a writable file system")
+            return False
+        finally:
+            os.close(fd)
+        self.add(name, OK, f"{where}: writable, owned by uid {os.geteuid()}, not writable by "
+                           "others")
+        return True
+
+    def find_parts(self, key: str, settings: dict[str, str]) -> list[tuple[str, str]]:
+        value = settings.get(key, "")
+        shipped = SHIPPED[key]
+        # HealthCheckProgram is optional, and a site's NHC may call dispatch-recheck itself.
+        severity = WARN if key == "HealthCheckProgram" else FAIL
+        if not value:
+            self.add(key, severity, f"{self.slurm_conf} sets no {key}: no slurm-dispatch part runs",
+                     f"add the {key}= line of site-config/slurm.conf.dispatch to slurm.conf "
+                     f"and install {shipped} where it points (root, 0755)")
+            return []
+        named = expand_parts(value)
+        ours = [p for p in named if is_ours(p)]
+        missing = [p for p in named if not glob.has_magic(p) and not os.path.exists(p)]
+        if not ours:
+            target = (missing[0] if missing else
+                      os.path.join(os.path.dirname(value.split(",")[0]), "05-dispatch"))
+            what = (f"{key}={value}: {', '.join(missing)} is missing" if missing else
+                    f"{key}={value} runs no slurm-dispatch part"
+                    + (f" ({', '.join(named)})" if named else " (the glob matches nothing)"))
+            self.add(key, severity, what + (": survivors are re-checked only by the next "
+                                            "Epilog" if severity == WARN else
+                                            ": this node records nothing for that hook"),
+                     f"install {shipped} as {target} (root, 0755) with DISPATCH_PYTHON set to "
+                     f"the Python that has slurm-dispatch (this doctor's: {sys.executable})")
+            return []
+        found = []
+        for part in ours:
+            if not os.access(part, os.X_OK):
+                self.add(key, FAIL, f"{part}: not executable: slurmd cannot run it (a failed "
+                                    f"{key} drains the node)", f"chmod 0755 {part}")
+                continue
+            self.add(key, OK, part)
+            found.append((key, part))
+        return found
+
+    def check_python(self, key: str, part: str) -> bool:
+        python = knob(part, "DISPATCH_PYTHON")
+        label = f"{key} python"
+        fix = (f"set DISPATCH_PYTHON= in {part} to the Python that has slurm-dispatch "
+               f"(this doctor's: {sys.executable})")
+        if not python:
+            self.add(label, FAIL, f"{part}: no DISPATCH_PYTHON= line", fix)
+            return False
+        if not (os.path.isabs(python) and os.path.isfile(python)
+                and os.access(python, os.X_OK)):
+            self.add(label, FAIL, f"{part}: DISPATCH_PYTHON={python} is not an executable: the "
+                                  "part records nothing (and says so only to syslog)", fix)
+            return False
+        try:
+            proc = subprocess.run(
+                [python, "-I", "-c", "import slurm_dispatch; print(slurm_dispatch.__version__)"],
+                env={}, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                errors="replace", timeout=self.timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.add(label, FAIL, f"{part}: DISPATCH_PYTHON={python} cannot be run: {exc}", fix)
+            return False
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            self.add(label, FAIL, f"{part}: DISPATCH_PYTHON={python} cannot import "
+                                  f"slurm_dispatch ({reason}): the part records nothing (and "
+                                  "says so only to syslog)", fix)
+            return False
+        version = proc.stdout.strip()
+        self.versions[part] = version
+        self.add(label, OK, f"{python}: slurm-dispatch {version}")
+        return True
+
+    def environment(self, key: str, settings: dict[str, str]) -> dict[str, str]:
+        """The environment slurmd (slurmctld) gives that hook, for the doctor's job."""
+        _, context, _ = HOOK_KEYS[key]
+        env = {"SLURM_SCRIPT_CONTEXT": context, "SLURM_JOB_ID": self.job_id,
+               "SLURM_JOBID": self.job_id, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0",
+               "SLURM_JOB_USER": "root", "SLURM_JOB_RESTART_COUNT": "0",
+               "SLURM_CONF": self.slurm_conf, "SLURM_JOB_NODELIST": self.node,
+               "SLURM_JOB_PARTITION": "doctor", "SLURM_JOB_NAME": "dispatch-admin-doctor"}
+        if key in ("Prolog", "Epilog"):
+            env["SLURMD_NODENAME"] = self.node
+        if key.startswith("Epilog"):
+            env.update({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_STATE": "COMPLETED"})
+        if os.environ.get(config_module.ENV_VAR):
+            env[config_module.ENV_VAR] = os.environ[config_module.ENV_VAR]
+        return env
+
+    def part_config(self, part: str) -> config_module.Config:
+        """dispatch.conf as that part reads it: its DISPATCH_CONF knob, else the search."""
+        named = knob(part, "DISPATCH_CONF")
+        environ = {"SLURM_CONF": self.slurm_conf}
+        if os.environ.get(config_module.ENV_VAR):
+            environ[config_module.ENV_VAR] = os.environ[config_module.ENV_VAR]
+        return config_module.load(named or self.config_path, environ=environ)
+
+    def run_part(self, key: str, part: str, settings: dict[str, str],
+                 started: dict[str, str]) -> None:
+        hint, _, kind = HOOK_KEYS[key]
+        label = f"{key} runs"
+        env = self.environment(key, settings)
+        cfg = self.part_config(part)
+        node = self.node if key in ("Prolog", "Epilog") else CONTROLLER
+        deadline = cfg.hook_timeout + 10
+        began = time.monotonic()
+        try:
+            proc = subprocess.run([part], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, errors="replace",
+                                  timeout=deadline)
+        except subprocess.TimeoutExpired:
+            self.add(label, FAIL, f"{part}: still running after {deadline:g} s (HookTimeout "
+                                  f"{cfg.hook_timeout:g} s)", "look for a hung StateDir mount")
+            return
+        except OSError as exc:
+            self.add(label, FAIL, f"{part}: slurmd could not run it: {exc.strerror}",
+                     f"check its first line (#!) and mode: chmod 0755 {part}")
+            return
+        seconds = time.monotonic() - began
+        if proc.returncode != 0:
+            self.add(label, FAIL, f"{part}: exit {proc.returncode} (Slurm drains the node or "
+                                  "fails the job)",
+                     f"restore {SHIPPED[key]}: a slurm-dispatch part always exits 0")
+            return
+        facts = self.facts_of(cfg, kind, node)
+        if facts:
+            self.add(label, OK, f"{part}: exit 0 in {seconds:.1f} s, recorded "
+                                f"{cfg.state_dir}/{store.FACTS}/0/{self.job_id}/{facts[-1]}")
+            started[node] = facts[-1]
+            return
+        why = self.hook_complaint(part, hint, env)
+        self.add(label, FAIL, f"{part}: exit 0 in {seconds:.1f} s but no {kind} fact under "
+                              f"{cfg.state_dir}" + (f": {why}" if why else ""),
+                 "fix what the hook says above (its complaints go to syslog, ident "
+                 "slurm-dispatch, and stderr, which slurmd discards)")
+
+    def hook_complaint(self, part: str, hint: str, env: dict[str, str]) -> str:
+        """What the hook says on stderr when run as the part runs it (the part discards it)."""
+        python = knob(part, "DISPATCH_PYTHON") or ""
+        named = knob(part, "DISPATCH_CONF")
+        if named:
+            env = {**env, config_module.ENV_VAR: named}
+        try:
+            proc = subprocess.run([python, "-I", "-c",
+                                   f"from slurm_dispatch.hooks import run; run({hint!r})"],
+                                  env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, errors="replace",
+                                  timeout=self.timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        lines = [line.removeprefix("slurm-dispatch: ")
+                 for line in proc.stderr.splitlines() if line.strip()]
+        return "; ".join(lines[-3:])
+
+    def run_recheck(self, part: str) -> None:
+        try:
+            proc = subprocess.run([part], env={"SLURM_CONF": self.slurm_conf}, cwd="/",
+                                  stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=self.timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.add("HealthCheckProgram runs", FAIL, f"{part}: {exc}",
+                     f"restore {SHIPPED['HealthCheckProgram']} (root, 0755)")
+            return
+        if proc.returncode != 0:
+            self.add("HealthCheckProgram runs", FAIL, f"{part}: exit {proc.returncode}",
+                     f"restore {SHIPPED['HealthCheckProgram']}: it always exits 0")
+            return
+        self.add("HealthCheckProgram runs", OK, f"{part}: exit 0")
+
+    def facts_of(self, cfg: config_module.Config, kind: str, node: str) -> list[str]:
+        try:
+            names = store.list_job(cfg.state_dir, 0, self.job_id)
+        except (OSError, store.FactError):
+            return []
+        return sorted(n for n in names if (store.parse_name(n) or ("",))[0] == kind
+                      and store.parse_name(n)[1] == node)  # type: ignore[index]
+
+    def check_versions(self) -> None:
+        found = sorted(set(self.versions.values()))
+        if not found:
+            return
+        if found == [__version__]:
+            self.add("versions", OK, f"every part and this doctor: slurm-dispatch {__version__}")
+            return
+        each = ", ".join(f"{part} {version}" for part, version in sorted(self.versions.items()))
+        self.add("versions", FAIL, f"mixed slurm-dispatch versions: {each}; this doctor "
+                                   f"{__version__}",
+                 "install one release everywhere (nodes, controller, login nodes): the same "
+                 "wheel into each DISPATCH_PYTHON's venv, then run the doctor again")
+
+    def clean_up(self, cfg: config_module.Config) -> None:
+        """Remove the doctor's own job's facts (facts/0/doctor-<token>/), nothing else."""
+        for state_dir in {cfg.state_dir, *(self.part_config(p).state_dir
+                                           for p in self.versions)}:
+            folder = os.path.join(state_dir, store.FACTS, "0", self.job_id)
+            if os.path.isdir(folder) and not os.path.islink(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def diagnose(**options: object) -> list[Check]:
+    return Doctor(**options).run()  # type: ignore[arg-type]
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.state == FAIL]
+
+
+def render(checks: list[Check], node: str) -> str:
+    """Lines a person reads: a table in squeue's style, then each fix."""
+    from .._table import render_table
+    lines = [render_table(("STATE", "CHECK", "DETAIL"),
+                          [(c.state, c.name, c.detail) for c in checks])]
+    bad = failed(checks)
+    for check in [c for c in checks if c.state != OK]:
+        lines.append(f"fix {check.name}: {check.fix}")
+    lines.append(f"{node}: {len(bad)} problem{'s' if len(bad) != 1 else ''} found"
+                 if bad else f"{node}: every check passed")
+    return "\n".join(lines)
+
+
+def iter_json(checks: list[Check]) -> Iterator[dict[str, str]]:
+    for check in checks:
+        yield check.as_json()

@@ -1,0 +1,229 @@
+"""dispatch-admin doctor against a site on this machine: the shipped parts installed the way the
+admin guide says (knobs set), run for real, then broken in each way a site breaks them: a wrong
+Python (the shipped default, and one without the package), a missing part, an unwritable
+StateDir, mixed versions.  Nothing is faked: the parts, their Pythons and StateDir are real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PARTS = {"prolog.d/05-dispatch": "contrib/prolog.d/05-dispatch",
+         "epilog.d/05-dispatch": "contrib/epilog.d/05-dispatch",
+         "dispatch-recheck": "site-config/dispatch-recheck"}
+
+
+def install(etc: Path, python: str, conf: Path, only: tuple[str, ...] = tuple(PARTS)) -> None:
+    for target, source in PARTS.items():
+        if target not in only:
+            continue
+        text = (REPO / source).read_text()
+        lines = [f"DISPATCH_PYTHON={python}" if line.startswith("DISPATCH_PYTHON=") else
+                 f"DISPATCH_CONF={conf}" if line.startswith("DISPATCH_CONF=") else line
+                 for line in text.splitlines()]
+        path = etc / target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o755)
+
+
+@pytest.fixture()
+def site(tmp_path: Path) -> Path:
+    """A site as the admin guide installs it: parts, slurm.conf lines, dispatch.conf, StateDir."""
+    etc = tmp_path / "etc"
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    etc.mkdir()
+    (etc / "dispatch.conf").write_text(f"StateDir={state}\n")
+    install(etc, sys.executable, etc / "dispatch.conf")
+    (etc / "slurm.conf").write_text("ClusterName=doctor\nInclude site.conf\n")
+    (etc / "site.conf").write_text(
+        f"Prolog={etc}/prolog.d/*\nEpilog={etc}/epilog.d/*\n"
+        f"PrologSlurmctld={etc}/prolog.d/05-dispatch\n"
+        f"EpilogSlurmctld={etc}/epilog.d/05-dispatch\n"
+        f"HealthCheckProgram={etc}/dispatch-recheck\n")
+    return tmp_path
+
+
+def doctor(site: Path, *args: str) -> tuple[int, dict]:
+    """The doctor as an admin runs it (its --json), or in this process with ``inprocess``."""
+    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli.admin", "doctor",
+                           "--slurm-conf", str(site / "etc/slurm.conf"), "--node", "n1",
+                           "--json", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stderr == ""
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def diagnose(site: Path, controller: bool = False) -> tuple[int, dict]:
+    """The doctor's checks without the command's start-up (the parts are still run)."""
+    from slurm_dispatch.node import doctor as doctor_module
+    checks = doctor_module.Doctor(slurm_conf=str(site / "etc/slurm.conf"), node="n1",
+                                  controller=controller).run()
+    bad = doctor_module.failed(checks)
+    return (1 if bad else 0), {"ok": not bad, "checks": list(doctor_module.iter_json(checks))}
+
+
+def states(report: dict) -> dict[str, str]:
+    return {c["check"]: c["state"] for c in report["checks"]}
+
+
+def check(report: dict, name: str) -> dict:
+    return next(c for c in report["checks"] if c["check"] == name)
+
+
+def leftovers(site: Path) -> list[str]:
+    return sorted(str(p.relative_to(site / "state")) for p in (site / "state").rglob("*")
+                  if p.is_file())
+
+
+def test_a_working_site_passes_and_the_doctor_leaves_nothing(site: Path) -> None:
+    code, report = doctor(site, "--controller")
+    assert code == 0, report
+    assert report["ok"] is True and report["node"] == "n1"
+    assert set(states(report).values()) == {"ok"}
+    for hook, kind in [("Prolog", "start.n1."), ("Epilog", "end.n1."),
+                       ("PrologSlurmctld", "ctld-start.slurmctld."),
+                       ("EpilogSlurmctld", "ctld-end.slurmctld.")]:
+        assert kind in check(report, f"{hook} runs")["detail"]
+    assert leftovers(site) == []  # its own job's facts are gone, its probe too
+
+
+def test_the_text_fits_a_table_and_ends_with_a_verdict(site: Path) -> None:
+    os.unlink(site / "etc/epilog.d/05-dispatch")
+    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli.admin", "doctor",
+                           "--slurm-conf", str(site / "etc/slurm.conf"), "--node", "n1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["STATE", "CHECK", "DETAIL"]
+    assert any(line.split()[:2] == ["FAIL", "Epilog"] for line in lines)
+    assert any(line.startswith("fix Epilog: install contrib/epilog.d/05-dispatch as ")
+               for line in lines)
+    assert lines[-1] == "n1: 1 problem found"
+
+
+def test_the_shipped_default_python_is_named_with_the_fix(site: Path) -> None:
+    # The shipped part's default: the admin guide's venv, absent on this node.
+    install(site / "etc", "/opt/slurm-dispatch/bin/python", site / "etc/dispatch.conf",
+            only=("epilog.d/05-dispatch",))
+    code, report = doctor(site)
+    assert code == 1 and report["ok"] is False
+    python = check(report, "Epilog python")
+    assert python["state"] == "FAIL"
+    assert "DISPATCH_PYTHON=/opt/slurm-dispatch/bin/python is not an executable" in \
+        python["detail"]
+    assert f"(this doctor's: {sys.executable})" in python["fix"]
+    assert states(report)["Prolog runs"] == "ok"  # the other parts are still run and pass
+
+
+def test_a_python_without_the_package_is_named(site: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
+                   timeout=120)
+    install(site / "etc", str(bare / "bin/python"), site / "etc/dispatch.conf",
+            only=("epilog.d/05-dispatch",))
+    code, report = diagnose(site)
+    assert code == 1
+    python = check(report, "Epilog python")
+    assert python["state"] == "FAIL"
+    assert f"DISPATCH_PYTHON={bare}/bin/python cannot import slurm_dispatch" in python["detail"]
+    assert "No module named 'slurm_dispatch'" in python["detail"]
+    assert "Epilog runs" not in states(report)
+
+
+@pytest.mark.parametrize("how", ["deleted", "not-executable", "glob-matches-nothing",
+                                 "controller-part-deleted", "no-epilog-line"])
+def test_a_missing_part_is_named(site: Path, how: str) -> None:
+    epilog = site / "etc/epilog.d/05-dispatch"
+    if how == "deleted":
+        epilog.unlink()
+    elif how == "not-executable":
+        epilog.chmod(0o644)
+    elif how == "glob-matches-nothing":
+        shutil.rmtree(site / "etc/epilog.d")
+    elif how == "controller-part-deleted":
+        conf = site / "etc/site.conf"
+        conf.write_text(conf.read_text().replace(
+            f"EpilogSlurmctld={site}/etc/epilog.d/05-dispatch",
+            f"EpilogSlurmctld={site}/etc/gone/05-dispatch"))
+    else:
+        conf = site / "etc/site.conf"
+        conf.write_text("".join(line for line in conf.read_text().splitlines(True)
+                                if not line.startswith("Epilog=")))
+    code, report = diagnose(site, controller=how == "controller-part-deleted")
+    assert code == 1
+    name = "EpilogSlurmctld" if how == "controller-part-deleted" else "Epilog"
+    failed = check(report, name)
+    assert failed["state"] == "FAIL", report
+    words = {"deleted": "runs no slurm-dispatch part",
+             "not-executable": "not executable: slurmd cannot run it",
+             "glob-matches-nothing": "(the glob matches nothing)",
+             "controller-part-deleted": f"{site}/etc/gone/05-dispatch is missing",
+             "no-epilog-line": "sets no Epilog"}[how]
+    assert words in failed["detail"]
+    assert failed["fix"]
+    assert [c["check"] for c in report["checks"] if c["state"] == "FAIL"] == [name]
+    assert leftovers(site) == []
+
+
+@pytest.mark.parametrize("how", ["absent", "others-may-write", "owned-by-another"])
+def test_an_unwritable_state_dir_is_named(site: Path, how: str) -> None:
+    state = site / "state"
+    if how == "absent":
+        state.rmdir()
+    elif how == "others-may-write":
+        state.chmod(0o1777)
+    else:
+        os.chown(state, 65534, -1) if os.geteuid() == 0 else pytest.skip("needs root")
+    code, report = diagnose(site)
+    assert code == 1
+    found = check(report, "StateDir")
+    assert found["state"] == "FAIL"
+    assert {"absent": "No such file or directory", "others-may-write": "writable by group or "
+            "others", "owned-by-another": "is owned by uid 65534"}[how] in found["detail"]
+    assert "chmod 0755" in found["fix"]
+    # Each part is run the way slurmd runs it and is seen to record nothing, with the hook's
+    # own words (which slurmd discards).
+    runs = check(report, "Prolog runs")
+    assert runs["state"] == "FAIL"
+    assert "exit 0" in runs["detail"] and "but no start fact" in runs["detail"]
+    assert "cannot open StateDir" in runs["detail"] or "refusing" in runs["detail"]
+
+
+def test_mixed_versions_are_named(site: Path, tmp_path: Path) -> None:
+    # Another release on the controller: a real venv whose slurm_dispatch says 0.0.9.
+    old = tmp_path / "old"
+    shutil.copytree(REPO / "slurm_dispatch", old / "src/slurm_dispatch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = old / "src/slurm_dispatch/__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "0.1.0"', '__version__ = "0.0.9"'))
+    venv = old / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    (next((venv / "lib").glob("python3*")) / "site-packages/old.pth").write_text(
+        f"{old / 'src'}\n")
+    etc = site / "etc"
+    controller = site / "ctl"
+    install(controller, str(venv / "bin/python"), etc / "dispatch.conf",
+            only=("prolog.d/05-dispatch", "epilog.d/05-dispatch"))
+    conf = etc / "site.conf"
+    conf.write_text(conf.read_text().replace(f"Slurmctld={etc}/", f"Slurmctld={controller}/"))
+    code, report = diagnose(site, controller=True)
+    assert code == 1
+    assert check(report, "PrologSlurmctld python")["detail"].endswith("slurm-dispatch 0.0.9")
+    assert states(report)["PrologSlurmctld runs"] == "ok"  # it works, but not with the rest
+    versions = check(report, "versions")
+    assert versions["state"] == "FAIL"
+    assert f"{controller}/prolog.d/05-dispatch 0.0.9" in versions["detail"]
+    assert f"{etc}/prolog.d/05-dispatch 0.1.0" in versions["detail"]
+    assert "install one release everywhere" in versions["fix"]
+    assert leftovers(site) == []
