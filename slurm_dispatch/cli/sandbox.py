@@ -152,7 +152,7 @@ def status(as_json: bool, directory: Optional[str], release: Optional[str]) -> N
     """Show the daemons, the nodes and the state folder.  Exit 0 when all is up, else 1.
 
     Needs no root.  Node states come from `sinfo -N` against the sandbox's slurm.conf; a
-    "stopped" slurmd is a partitioned node.
+    slurmd "cut off the network" (or "stopped") is a partitioned node.
 
     \b
     Examples:
@@ -176,6 +176,9 @@ def status(as_json: bool, directory: Optional[str], release: Optional[str]) -> N
                 what = "not running"
             elif daemon.stopped:
                 what = f"pid {daemon.pid}, stopped (partitioned)"
+            elif daemon.name.startswith("slurmd ") and \
+                    daemon.name.split()[1] in report.partitioned:
+                what = f"pid {daemon.pid}, running, cut off the network (partitioned)"
             else:
                 what = f"pid {daemon.pid}, running"
             click.echo(f"  {daemon.name:<12} {what}")
@@ -210,18 +213,21 @@ def env(directory: Optional[str], release: Optional[str]) -> None:
 @click.argument("node")
 @_dir_option
 def partition(node: str, directory: Optional[str], release: Optional[str]) -> None:
-    """Cut NODE off the network: its slurmd stops answering, its jobs keep running.
+    """Cut NODE off the network: nothing it sends or receives gets through; its jobs run on.
 
-    Sends SIGSTOP to the slurmd of NODE.  About 25 s later Slurm marks the node DOWN and
-    requeues its batch jobs onto other nodes, while the old processes on NODE go on writing,
-    until `heal`.
+    Each node runs in its own network namespace on the sandbox's bridge; this takes the
+    bridge's end of NODE's link down, so slurmd, slurmstepd and the job's own processes on
+    NODE reach neither the controller nor another node, while its files stay reachable.
+    About 25 s later Slurm marks the node DOWN (not responding) and requeues its batch jobs
+    onto other nodes, while the old processes on NODE go on writing, until `heal`.
 
     \b
     Example:
       dispatch-sandbox partition n1; sleep 40; squeue; dispatch-sandbox heal n1
     """
     pid = sandbox.partition(node, _folder(directory, release))
-    click.echo(f"partitioned {node} (slurmd pid {pid} stopped); undo with: {PROG} heal {node}")
+    click.echo(f"partitioned {node} (its network is cut; slurmd pid {pid} runs on); undo "
+               f"with: {PROG} heal {node}")
 
 
 @cli.command()
@@ -235,8 +241,9 @@ def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str],
          release: Optional[str]) -> None:
     """Reconnect NODE after `partition`, and wait until it is idle again.
 
-    Sends SIGCONT to the slurmd of NODE (it then kills what is left of the jobs that were
-    requeued away from it and runs their Epilog) and SIGHUP so that it re-registers at once.
+    Brings NODE's link up again (its slurmd then kills what is left of the jobs that were
+    requeued away from it and runs their Epilog) and sends slurmd SIGHUP so that it
+    re-registers at once.
 
     \b
     Example:

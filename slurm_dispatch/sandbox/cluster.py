@@ -1,7 +1,8 @@
 """The sandbox: a real multi-node Slurm cluster on one machine, for the demo and the real tests.
 
-It runs Debian's own daemons on loopback: one ``munged`` (as the munge user, with its own key and
-socket), one ``slurmctld`` and one ``slurmd -N nX`` per node, all as root, configured for speed
+It runs Debian's own daemons on this machine: one ``munged`` (as the munge user, with its own key
+and socket), one ``slurmctld`` and one ``slurmd -N nX`` per node, each node in its own network
+namespace on a bridge of the sandbox's (:mod:`.network`), all as root, configured for speed
 (short credential lifetime, short timeouts, a scheduler that starts jobs within a second).  Jobs
 run as an unprivileged user (``dispatchuser``) from a virtualenv under the state folder that this
 repository is installed into, because the developer's own interpreter is usually unreachable for
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import SandboxError
-from . import daemons, state_folder
+from . import daemons, network, state_folder
 from . import root as sandbox_root
 from .clients import run_slurm
 from .install import ensure_venv, source_root
@@ -90,6 +91,8 @@ class SandboxStatus:
     rootfs: str = ""
     nodes: list[NodeStatus] = field(default_factory=list)
     controller_error: str = ""
+    # Nodes cut off by `partition` (their network down, or their slurmd stopped).
+    partitioned: list[str] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
@@ -112,7 +115,7 @@ class UpReport:
     status: SandboxStatus
     actions: list[str]
     seconds: float
-    # Nodes left partitioned (their slurmd stopped by `partition`), not waited for.
+    # Nodes left partitioned (cut off by `partition`), not waited for.
     partitioned: list[str] = field(default_factory=list)
 
 
@@ -203,6 +206,7 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     wanted = node_names(count)
     for node in wanted:
         state_folder.own_folder(layout.spool / node)
+    actions += network.ensure(layout, wanted)
     actions += ensure_user(user)
     repo = Path(source) if source is not None else source_root()
     if repo is not None:
@@ -244,6 +248,12 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str], chan
             actions += daemons.stop(daemon)
     for node in set(old_nodes) - set(wanted):
         actions += daemons.stop(slurmds[node])
+    for node in wanted:
+        pid = daemons.live_pid(slurmds[node])
+        if pid is not None and not network.in_netns(pid, layout, node):
+            # Started before its node had a namespace (an older sandbox), or in one that a
+            # crash left behind: restart it in its own.
+            actions += daemons.stop(slurmds[node])
     if not daemons.alive(slurmctld):
         actions += daemons.start(slurmctld, layout)
         daemons.wait_until(lambda: daemons.controller_answers(layout), deadline,
@@ -253,7 +263,7 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str], chan
         daemon = slurmds[node]
         if not daemons.alive(daemon):
             actions += daemons.start(daemon, layout)
-        elif daemons.is_stopped(daemons.live_pid(daemon)):
+        if network.is_cut(layout, node) or daemons.is_stopped(daemons.live_pid(daemon)):
             # Someone's deliberate partition (perhaps a test still running): not ours to
             # undo; `heal` does that.
             partitioned.append(node)
@@ -262,7 +272,8 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str], chan
 
 
 def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[str]:
-    """Stop the daemons this sandbox started (slurmds, slurmctld, munged); keep every file.
+    """Stop the daemons this sandbox started (slurmds, slurmctld, munged), remove its network
+    (namespaces, veths, bridge); keep every file.
 
     Only pids from the sandbox's pid files whose command line names the sandbox are signalled.
     Job processes (slurmstepd and its children) are left alone, as a dead node would leave them.
@@ -280,6 +291,9 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
             actions += daemons.stop(daemons.slurmd(layout, node), timeout)
         actions += daemons.stop(daemons.slurmctld(layout), timeout)
         actions += daemons.stop(daemons.munged(layout), timeout)
+        manifest = read_manifest(layout) if layout.manifest.exists() else {}
+        actions += network.remove(layout, sorted(set(slurmd_nodes)
+                                                 | set(manifest.get("nodes", []))))
     return actions
 
 
@@ -303,6 +317,9 @@ def status(directory: Optional[PathLike] = None) -> SandboxStatus:
             name=daemon.name, pid=pid, alive=pid is not None,
             stopped=pid is not None and daemons.is_stopped(pid),
             pid_file=str(daemon.pid_file), log=str(daemon.log)))
+        if daemon.node is not None and (network.is_cut(layout, daemon.node)
+                                        or report.daemons[-1].stopped):
+            report.partitioned.append(daemon.node)
     try:
         states = node_states(layout.root)
     except SandboxError as exc:
@@ -313,30 +330,37 @@ def status(directory: Optional[PathLike] = None) -> SandboxStatus:
 
 
 def partition(node: str, directory: Optional[PathLike] = None) -> int:
-    """Cut ``node`` off: SIGSTOP its slurmd so it stops answering while its jobs keep running.
+    """Cut ``node`` off the network: everything it sends or receives is lost (its veth down).
 
-    Slurm marks the node DOWN after ``SlurmdTimeout`` and requeues its batch jobs elsewhere;
-    the job's processes on the node are children of slurmstepd and go on.  Returns the pid.
+    slurmd, slurmstepd and the job's own processes keep running and keep their file system,
+    but none of them reaches the controller or another node.  Slurm marks the node DOWN
+    (not responding) after ``SlurmdTimeout`` and requeues its batch jobs elsewhere; the job on
+    the cut node cannot report its end.  Returns the pid of the node's slurmd.
     """
     require_root("partition")
     layout = Layout(state_dir(directory))
     state_folder.claim(layout.root, create=False)
-    daemon = daemons.slurmd(layout, known_node(layout, node))
-    pid = daemons.checked_pid(daemon)
-    os.kill(pid, signal.SIGSTOP)
+    name = known_node(layout, node)
+    pid = daemons.checked_pid(daemons.slurmd(layout, name))
+    if not network.in_netns(pid, layout, name):
+        raise SandboxError(f"slurmd {name} (pid {pid}) does not run in its network namespace "
+                           f"{network.net_of(layout).netns(name)}: run `dispatch-sandbox up`")
+    network.cut(layout, name)
     return pid
 
 
 def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
          wait: bool = True, register: bool = True) -> list[str]:
-    """Undo :func:`partition`: SIGCONT the node's slurmd and (with ``wait``) wait until usable.
+    """Undo :func:`partition`: reconnect the node and (with ``wait``) wait until it is usable.
 
-    The rejoining slurmd handles what queued up while it was silent: the controller's order to
-    kill the job that was requeued away from it (then the Epilog runs for it).  With
-    ``register`` it also gets SIGHUP, which makes it re-register at once; without, the node
-    waits for the controller's next look at DOWN nodes (about 40 s here).  ``ReturnToService=2``
-    then brings the node back; if it answers but stays DOWN or drained (say, a failed Epilog of
-    the killed job), heal resumes it and says why it was down.  Returns what it did.
+    A slurmd found stopped (SIGSTOP, as an older sandbox's ``partition`` left it) is
+    continued too.  The rejoining slurmd handles what queued up while it was silent: the
+    controller's order to kill the job that was requeued away from it (then the Epilog runs
+    for it).  With ``register`` it also gets SIGHUP, which makes it re-register at once;
+    without, the node waits for the controller's next look at DOWN nodes (about 40 s here).
+    ``ReturnToService=2`` then brings the node back; if it answers but stays DOWN or drained
+    (say, a failed Epilog of the killed job), heal resumes it and says why it was down.
+    Returns what it did.
     """
     require_root("heal")
     layout = Layout(state_dir(directory))
@@ -345,13 +369,16 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     daemon = daemons.slurmd(layout, name)
     actions: list[str] = []
     pid = daemons.live_pid(daemon)
+    reconnected = network.restore(layout, name)
+    if reconnected:
+        actions.append(f"reconnected {name}")
     if pid is None:
         actions += daemons.start(daemon, layout)
     elif daemons.is_stopped(pid):
         os.kill(pid, signal.SIGCONT)
         actions.append(f"continued slurmd {name}")
-        if register:
-            os.kill(pid, signal.SIGHUP)
+    if register and pid is not None and actions:
+        os.kill(pid, signal.SIGHUP)
     if wait:
         actions += wait_until_usable(layout, [name], time.monotonic() + timeout)
     return actions

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import SandboxError
+from . import network
 from .clients import program, root_of, run_slurm, wrap
 from .layout import MUNGE_USER, Layout
 from .state_folder import append, create_once, tail
@@ -42,6 +43,8 @@ class Daemon:
     pid_file: Path
     log: Path
     run_as: Optional[str] = None
+    # A slurmd starts inside its node's network namespace (network.enter_argv).
+    node: Optional[str] = None
 
 
 def munged(layout: Layout) -> Daemon:
@@ -68,7 +71,8 @@ def slurmd(layout: Layout, node: str) -> Daemon:
     return Daemon(name=f"slurmd {node}", program="slurmd",
                    argv=(program("slurmd", root_of(layout)), "-f", conf, "-N", node),
                    marks=("-f", conf, "-N", node),
-                   pid_file=layout.slurmd_pid_file(node), log=layout.slurmd_log(node))
+                   pid_file=layout.slurmd_pid_file(node), log=layout.slurmd_log(node),
+                   node=node)
 
 
 def _read_pid(pid_file: Path) -> Optional[int]:
@@ -140,6 +144,8 @@ def start(daemon: Daemon, layout: Layout) -> list[str]:
         argv = wrap(layout, argv, user=daemon.run_as)
     elif daemon.run_as is not None:
         extra = {"user": daemon.run_as, "group": daemon.run_as, "extra_groups": []}
+    if daemon.node is not None:
+        argv = network.enter_argv(layout, daemon.node, argv)
     with append(start_log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n"
                   .encode())

@@ -1,7 +1,7 @@
 """The sandbox's configuration: slurm.conf, site.conf, and the project's hooks installed into it.
 
-Role: :func:`render_slurm_conf` (pure: loopback nodes, fast timers, no accounting, no hooks)
-and :func:`render_site_conf`, whose :func:`site_config_lines` install the hooks' parts, the
+Role: :func:`render_slurm_conf` (nodes on the sandbox's bridge, fast timers, no accounting, no
+hooks) and :func:`render_site_conf`, whose :func:`site_config_lines` install the hooks' parts, the
 re-check script and dispatch.conf from the checkout's ``contrib/`` and ``site-config/`` as the
 admin guide tells a site admin to; :func:`write_config` writes what differs.
 
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SandboxError
+from . import network
 from .install import source_root
 from .layout import HOST_RELEASE, Layout
 from .state_folder import own_folder, write_if_changed
@@ -113,18 +114,20 @@ def _install_dispatch_site(layout: Layout) -> bool:
 def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
                       release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
                       min_job_age: int = MIN_JOB_AGE) -> str:
-    """The sandbox's slurm.conf (pure): loopback nodes, fast timers, no accounting, no hooks.
+    """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers, no
+    accounting, no hooks.
 
     The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
     that a sandbox in a Debian root numbers its jobs from FIRST_ROOT_JOB_ID: the job user is
     shared with the host's sandboxes, and the hooks' survivor scan must not take a process a
     host sandbox left behind under the same job id for one of this sandbox's jobs."""
     spool = layout.spool / "%n"
+    net = network.net_of(layout)
     lines = [
         "# slurm.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`: do not",
         "# edit; site settings come from the sandbox's site_config_lines (site.conf).",
         f"ClusterName={cluster}",
-        f"SlurmctldHost={hostname}(127.0.0.1)",
+        f"SlurmctldHost={hostname}({net.host_address})",
         f"SlurmctldPort={layout.controller_port}",
         "SlurmUser=root",
         "SlurmdUser=root",
@@ -177,11 +180,13 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         "",
-        "# Nodes: one slurmd per node on this machine (`slurmd -N nX`), each on its own port.",
+        "# Nodes: one slurmd per node on this machine (`slurmd -N nX`), each in its own network",
+        f"# namespace on the bridge {net.bridge} ({net.subnet}); the controller is "
+        f"# {net.host_address}.",
         "SlurmdParameters=config_overrides",
     ]
     for index, node in enumerate(nodes):
-        lines.append(f"NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 "
+        lines.append(f"NodeName={node} NodeHostname={hostname} NodeAddr={net.node_address(index)} "
                      f"Port={layout.node_port(index)} CPUs=2 RealMemory=1000 State=UNKNOWN")
     lines += [
         f"PartitionName={PARTITION_NAME} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "

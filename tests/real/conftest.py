@@ -137,9 +137,8 @@ class Sandbox:
 
     def settle(self, timeout: float = 120) -> None:
         """Heal partitioned nodes, cancel every active job, wait until every node is idle."""
-        for daemon in sandbox_lib.status(self.dir).daemons:
-            if daemon.name.startswith("slurmd ") and daemon.stopped:
-                sandbox_lib.heal(daemon.name.split()[1], self.dir, wait=False)
+        for node in sandbox_lib.status(self.dir).partitioned:
+            sandbox_lib.heal(node, self.dir, wait=False)
         jobs = self.active_jobs()
         if jobs:
             self.run(["scancel", *jobs], check=False)
