@@ -1,0 +1,281 @@
+"""``torch.distributed.checkpoint`` (DCP) inside a dispatch execution: ``save``, ``async_save``
+and ``load`` as DCP spells them, each save published once every rank's part is durable.
+
+A torchtitan-style loop changes the import, the load and the folder a save names::
+
+    from slurm_dispatch.integrations import dcp  # was: import torch.distributed.checkpoint as dcp
+    resumed = dcp.load(state_dict)  # was: if exists(f): dcp.load(state_dict, checkpoint_id=f)
+    ...
+    dcp.save(state_dict, step=step)  # was: dcp.save(state_dict, checkpoint_id=f"{f}/step-{step}")
+    future = dcp.async_save(state_dict, step=step, process_group=gloo_group)
+
+The stable API (what ``dispatch watch``'s DCP support and other callers may rely on):
+
+* ``save(state_dict, *, step, checkpoint_id=None, storage_writer=None, planner=None,
+  process_group=None, no_dist=False)`` returns DCP's ``Metadata``; ``async_save`` (same
+  arguments and ``async_checkpointer_type``, ``async_stager``) returns what DCP's returns (a
+  ``Future``, or an ``AsyncSaveResponse`` with a stager that stages asynchronously).
+* ``load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
+  process_group=None, no_dist=False)`` loads into ``state_dict`` in place and returns the
+  folder it loaded, or ``None`` for a fresh start (nothing loaded).
+* ``save_folder(step, checkpoint_id=None)``: the folder a save of ``step`` goes to.
+* ``METADATA`` (``.metadata``): the file whose presence makes a DCP folder complete.
+* ``FRAMEWORK`` (``"dcp"``): the name recorded in the execution's resume record.
+
+Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set, a folder root):
+
+* A save goes to a folder of the execution's own (``step-<step>``, or ``checkpoint_id`` taken
+  relative to the execution's folder; an absolute one must be inside it).
+* Each save gives exactly one publication, made by DCP's coordinator inside the storage
+  writer's ``finish``, after DCP wrote and renamed ``.metadata``: DCP calls ``finish`` only once
+  every rank's ``write_data`` has returned, and here each rank's ``write_data`` returns only
+  after every file it wrote and its folder are fsynced; the coordinator then fsyncs ``.metadata``
+  and the folder, writes the manifest (each file's size), and publishes.  With ``async_save``
+  all of that runs in DCP's background persistence, so training goes on and the publication is
+  made when persistence has finished on every rank, never before: a job killed while a save
+  persists has no publication of it and resumes from the previous one.
+* ``load`` resumes from ``$DISPATCH_RESUME_FROM`` (or the latest publication), passing over a
+  save whose files are missing or shorter than its manifest says, and, when DCP cannot load
+  one (an exception on any rank, which DCP raises on every rank), the previous save of its
+  lineage, as the other integrations do.  Every rank must call it (DCP's load is collective).
+
+Outside a dispatch execution these are DCP's own functions: ``checkpoint_id`` is then
+required by ``save``, and ``load`` without one loads nothing and returns ``None``.
+
+What DCP can reshard: a save made at one world size loads at another when the state dict's
+tensors are plain tensors or DTensors (FSDP2, tensor parallel) whose global shapes match; the
+ranks then read the slices their new placement needs.  It cannot reshard what it saved as an
+opaque object (a non-tensor value, a ``torch.save``-able blob: ``BytesIO``): such an entry
+is read whole, and a per-rank object (a dataloader's position keyed by rank) must be keyed so
+that the new ranks find theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as torch_dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+
+from .. import _fsio
+from ..checkpoint import publish as store
+from ..errors import UsageError
+from ..execution.saves import (
+    Execution,
+    choose_resume,
+    lineage_before,
+    publish_save,
+    record_choice,
+    seal_save,
+    why_unloadable,
+)
+
+FRAMEWORK = "dcp"
+METADATA = ".metadata"  # DCP's coordinator writes it last (a temporary name, then a rename)
+STEP_FOLDER = "step-{step}"
+
+__all__ = ["save", "async_save", "load", "save_folder", "METADATA", "FRAMEWORK",
+           "DurableWriter"]
+
+
+def _execution(env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
+    execution = Execution.current(env)
+    if execution is not None and execution.on_s3:
+        raise UsageError(f"checkpoint root {execution.root!r}: the DCP integration publishes "
+                         "under a folder root only (not s3:// yet)")
+    return execution
+
+
+def save_folder(step: int, checkpoint_id: Any = None,
+                env: Optional[Mapping[str, str]] = None) -> str:
+    """The folder a save of ``step`` goes to inside the current execution: ``checkpoint_id``
+    (relative to the execution's folder, or an absolute path inside it), else ``step-<step>``."""
+    execution = _execution(env)
+    if execution is None:
+        raise UsageError("not inside a dispatch execution ($DISPATCH_EXEC_DIR is not set)")
+    exec_dir = os.path.abspath(execution.exec_dir)
+    if checkpoint_id is None:
+        return os.path.join(exec_dir, STEP_FOLDER.format(step=step))
+    given = os.fspath(checkpoint_id)
+    full = os.path.abspath(os.path.join(exec_dir, given))
+    if not full.startswith(exec_dir.rstrip("/") + "/"):
+        raise UsageError(f"checkpoint_id {given!r} is outside the execution's folder "
+                         f"{exec_dir!r}: give a name inside it (e.g. 'step-{step}'), or none")
+    return full
+
+
+class DurableWriter(StorageWriter):
+    """A storage writer around DCP's own (``FileSystemWriter`` unless one is given) that makes
+    each rank's files durable before DCP gathers the ranks' results, and, on the coordinator,
+    after DCP's ``finish``, makes ``.metadata`` durable and publishes the save."""
+
+    def __init__(self, inner: StorageWriter, execution: Execution, step: int,
+                 folder: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.execution = execution
+        self.step = step
+        self.folder = folder
+        self.publication: Optional[str] = None
+
+    # DCP's logger reads it.
+    @property
+    def checkpoint_id(self) -> Any:
+        return getattr(self.inner, "checkpoint_id", self.folder)
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.inner.reset(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.inner.set_up_storage_writer(is_coordinator, *args, **kwargs)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return self.inner.prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return self.inner.prepare_global_plan(plans)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Any:
+        written = self.inner.write_data(plan, planner)
+        written.wait()
+        results: list[WriteResult] = written.value()
+        names = {getattr(r.storage_data, "relative_path", None) for r in results}
+        for name in sorted(n for n in names if isinstance(n, str)):
+            _fsio.fsync_path(os.path.join(self.folder, name), directory=False)
+        _fsio.fsync_path(self.folder, directory=True)
+        done: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        self.inner.finish(metadata, results)
+        # DCP's writer fsyncs .metadata's bytes before the rename; the rename lives in the folder.
+        _fsio.fsync_path(os.path.join(self.folder, METADATA), directory=False)
+        _fsio.fsync_path(self.folder, directory=True)
+        seal_save(self.folder, single_writer=False)
+        self.publication = publish_save(self.execution, self.step, self.folder)
+
+    def storage_meta(self) -> Any:
+        return self.inner.storage_meta()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return torch_dcp.FileSystemWriter.validate_checkpoint_id(checkpoint_id)
+
+
+def _writer(execution: Execution, step: int, checkpoint_id: Any,
+            storage_writer: Optional[StorageWriter]) -> tuple[str, DurableWriter]:
+    folder = save_folder(step, checkpoint_id)
+    os.makedirs(folder, exist_ok=True)
+    inner = storage_writer if storage_writer is not None else torch_dcp.FileSystemWriter(folder)
+    return folder, DurableWriter(inner, execution, step, folder)
+
+
+def save(state_dict: dict[str, Any], *, step: Optional[int] = None, checkpoint_id: Any = None,
+         storage_writer: Optional[StorageWriter] = None, planner: Optional[SavePlanner] = None,
+         process_group: Optional[dist.ProcessGroup] = None, no_dist: bool = False,
+         env: Optional[Mapping[str, str]] = None) -> Metadata:
+    """DCP's ``save`` into the execution's folder, published once durable on every rank
+    (collective: every rank calls it).  ``step`` is required inside an execution."""
+    execution = _execution(env)
+    if execution is None:
+        return torch_dcp.save(state_dict, checkpoint_id=checkpoint_id,
+                              storage_writer=storage_writer, planner=planner,
+                              process_group=process_group, no_dist=no_dist)
+    folder, writer = _writer(execution, _step(step), checkpoint_id, storage_writer)
+    return torch_dcp.save(state_dict, checkpoint_id=folder, storage_writer=writer,
+                          planner=planner, process_group=process_group, no_dist=no_dist)
+
+
+def async_save(state_dict: dict[str, Any], *, step: Optional[int] = None,
+               checkpoint_id: Any = None, storage_writer: Optional[StorageWriter] = None,
+               planner: Optional[SavePlanner] = None,
+               process_group: Optional[dist.ProcessGroup] = None,
+               no_dist: bool = False, env: Optional[Mapping[str, str]] = None,
+               **options: Any) -> Any:
+    """DCP's ``async_save`` into the execution's folder: staged now, persisted in the background,
+    published there once every rank's part is durable.  Give it a process group of its own
+    (gloo) if training runs collectives meanwhile, as DCP asks; ``options``:
+    ``async_checkpointer_type``, ``async_stager``."""
+    execution = _execution(env)
+    if execution is None:
+        return torch_dcp.async_save(state_dict, checkpoint_id=checkpoint_id,
+                                    storage_writer=storage_writer, planner=planner,
+                                    process_group=process_group, no_dist=no_dist, **options)
+    folder, writer = _writer(execution, _step(step), checkpoint_id, storage_writer)
+    return torch_dcp.async_save(state_dict, checkpoint_id=folder, storage_writer=writer,
+                                planner=planner, process_group=process_group, no_dist=no_dist,
+                                **options)
+
+
+def _step(step: Optional[int]) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UsageError(f"step {step!r}: inside a dispatch execution a save needs its "
+                         "training step (an integer, 0 or more), which names its publication")
+    return step
+
+
+def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reader: Any = None,
+         planner: Any = None, process_group: Optional[dist.ProcessGroup] = None,
+         no_dist: bool = False, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Load the save to resume from into ``state_dict`` (in place); returns its folder, or
+    ``None`` for a fresh start.  With ``checkpoint_id``, DCP's own load of that one."""
+    execution = _execution(env)
+
+    def attempt(path: Any) -> None:
+        torch_dcp.load(state_dict, checkpoint_id=path, storage_reader=storage_reader,
+                       planner=planner, process_group=process_group, no_dist=no_dist)
+
+    if checkpoint_id is not None:
+        attempt(checkpoint_id)
+        return os.fspath(checkpoint_id)
+    if execution is None:
+        return None
+    start = choose_resume(execution, required=(METADATA,), framework=FRAMEWORK).path
+    if start is None:
+        return None
+    try:
+        attempt(start)
+        return start
+    # DCP raises the same CheckpointException (a BaseException) on every rank.
+    except (Exception, CheckpointException) as exc:
+        first_why = f"DCP could not load it: {_short(exc)}"
+    found = store.list_publications(execution.root)
+    why = first_why
+    bad = start
+    for candidate in lineage_before(execution.root, start, found):
+        _say(bad, why, candidate)
+        reason = why_unloadable(candidate, (METADATA,))
+        if reason is None and not record_choice(execution, candidate, found,
+                                                f"fallback from {start}"):
+            reason = "its publication was removed by cleanup while this execution chose it"
+        if reason is None:
+            try:
+                attempt(candidate)
+                return candidate
+            except (Exception, CheckpointException) as exc:
+                reason = f"DCP could not load it: {_short(exc)}"
+        bad, why = candidate, reason
+    _say(bad, why, None)
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _say(bad: str, why: str, instead: Optional[str]) -> None:
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if rank == 0:
+        sys.stderr.write(f"dispatch: not resuming from {bad}: {why}; trying the previous save "
+                         f"of its lineage ({instead or 'none left: a fresh start'})\n")
+        sys.stderr.flush()

@@ -1,0 +1,104 @@
+"""torch.distributed.checkpoint inside a dispatch execution (slurm_dispatch.integrations.dcp):
+one process, no process group (DCP's no_dist path), in this test's own process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.errors import UsageError
+from slurm_dispatch.integrations import dcp
+
+E1, E2 = 1_000_000, 1_000_001
+
+# DCP warns on every save and load without a process group that it assumes one process.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def dispatch_env(root: Path, attempt: str, epoch: int, resume: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Path:
+    exec_dir = root / "exec" / attempt
+    exec_dir.mkdir(parents=True)
+    for name, value in (("DISPATCH_CHECKPOINT", str(root)), ("DISPATCH_EXEC_DIR", str(exec_dir)),
+                        ("DISPATCH_EPOCH", str(epoch)), ("DISPATCH_ATTEMPT", attempt),
+                        ("DISPATCH_RESUME_FROM", resume)):
+        monkeypatch.setenv(name, value)
+    return exec_dir
+
+
+def state(step: int) -> dict[str, object]:
+    g = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn(6, 3, generator=g), "b": torch.randn(4, generator=g)},
+            "step": step}
+
+
+def empty() -> dict[str, object]:
+    return {"model": {"w": torch.zeros(6, 3), "b": torch.zeros(4)}, "step": -1}
+
+
+def hashes(sd: dict[str, object]) -> dict[str, str]:
+    model = sd["model"]
+    assert isinstance(model, dict)
+    return {k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in model.items()} | {
+        "step": str(sd["step"])}
+
+
+def steps(root: Path) -> list[int]:
+    return [f.step for f in store.list_publications(str(root))]
+
+
+def test_sync_and_async_saves_are_published_once_each_and_load_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    fresh = empty()
+    assert dcp.load(fresh) is None and fresh["step"] == -1  # a fresh start loads nothing
+    dcp.save(state(1), step=1)
+    future = dcp.async_save(state(2), step=2)
+    future.result()
+    assert steps(root) == [1, 2]
+    folder = exec_dir / "step-2"
+    assert sorted(os.listdir(folder)) == [".metadata", "__0_0.distcp", "dispatch-manifest.json"]
+    manifest = json.loads((folder / "dispatch-manifest.json").read_text())
+    assert set(manifest["files"]) == {".metadata", "__0_0.distcp"}
+    monkeypatch.undo()
+    latest = store.latest(str(root))
+    assert latest is not None
+    dispatch_env(root, "b", E2, latest.path, monkeypatch)
+    loaded = empty()
+    assert dcp.load(loaded) == str(folder)
+    assert hashes(loaded) == hashes(state(2))
+
+
+def test_a_save_dcp_cannot_load_is_passed_over_for_the_previous_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    dcp.save(state(1), step=1)
+    dcp.save(state(2), step=2)
+    shard = exec_dir / "step-2" / "__0_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: the manifest cannot tell
+    monkeypatch.undo()
+    dispatch_env(root, "b", E2, str(exec_dir / "step-2"), monkeypatch)
+    loaded = empty()
+    assert dcp.load(loaded) == str(exec_dir / "step-1")
+    assert hashes(loaded) == hashes(state(1))
+    err = capfd.readouterr().err
+    assert f"not resuming from {exec_dir / 'step-2'}: DCP could not load it" in err
+
+
+def test_a_checkpoint_id_outside_the_execution_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    with pytest.raises(UsageError, match="checkpoint_id '/elsewhere/step-1' is outside"):
+        dcp.save(state(1), step=1, checkpoint_id="/elsewhere/step-1")
+    with pytest.raises(UsageError, match="step None"):
+        dcp.save(state(1))
+    assert not (tmp_path / "ck" / "pub").exists() or steps(tmp_path / "ck") == []
