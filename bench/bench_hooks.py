@@ -11,7 +11,8 @@ Run ``python bench/bench_hooks.py`` (as root: the hooks write a root-owned State
    With ``--baseline-src PATH`` (another commit's source tree, e.g. ``git archive b39dcc8 | tar
    -x -C PATH``) each hook of that tree runs too, interleaved with this checkout's, into a
    StateDir of its own: the ``vs baseline`` column is this checkout's median over its (no
-   slower than before: <= 1.0x, within the noise of a loaded machine).
+   slower than before: <= 1.0x, within the noise of a loaded machine).  Each hook runs again
+   with ``MetricsDir`` set (``(metrics)``, its ``vs no metrics`` column): the same target.
 2. ``dispatch-cease`` on a job of 512 nodes, each with a start and a clean post-kill record:
    * in process, against a fake controller (the library's cost: reading 1,024 facts, judging);
    * end to end, the installed CLI in a fresh process with a fake ``scontrol`` on PATH that
@@ -112,9 +113,17 @@ def bench_hooks(python: str, repeat: int, scratch: Path,
         "contrib prolog.d part (sh + prolog)": (["/bin/sh", str(part)],
                                                 {**ours["prolog"][1]}),
     }
+    # The same hooks with MetricsDir set (issue 22): each run also adds its counts to the
+    # node's slurm-dispatch.prom, under its lock.
+    metrics_state, metrics_conf = state_conf(scratch, "metrics-state")
+    textfile = scratch / "textfile"
+    textfile.mkdir(mode=0o755)
+    metrics_conf.write_text(f"StateDir={metrics_state}\nMetricsDir={textfile}\n")
+    cases.update({f"{name} (metrics)": case
+                  for name, case in hook_cases(python, REPO, metrics_conf).items()})
     for tree in (REPO, baseline) if baseline is not None else (REPO,):
         baseline_src.compile_tree(python, tree)
-    states = {"this checkout": state}
+    states = {"this checkout": state, "metrics": metrics_state}
     if baseline is not None:
         states["baseline"], base_conf = state_conf(scratch, "baseline-state")
         cases.update({f"{name} (baseline)": case
@@ -125,7 +134,8 @@ def bench_hooks(python: str, repeat: int, scratch: Path,
     # records a second node start.
     for side, folder in states.items():
         recorded = sorted(p.name.split(".")[0] for p in (folder / "facts/1000/1").iterdir())
-        wanted = ["ctld-end", "ctld-start", "end", "start"] + ["start"] * (side != "baseline")
+        wanted = ["ctld-end", "ctld-start", "end", "start"] + ["start"] * (side == "this "
+                                                                           "checkout")
         if recorded != wanted:
             sys.exit(f"the hooks of {side} did not record as expected: {recorded}")
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -142,6 +152,10 @@ def bench_hooks(python: str, repeat: int, scratch: Path,
         "python": python, "repeat": repeat, "processes_scanned_by_epilog": processes,
         "median_ms": {k: round(v * 1000, 2) for k, v in medians.items()},
         "ratio_to_bare": {k: round(v / bare, 2) for k, v in medians.items()}}
+    result["ratio_metrics_to_none"] = {
+        name: round(medians[f"{name} (metrics)"] / medians[name], 3) for name in HOOK_CASES}
+    if not (textfile / "slurm-dispatch.prom").exists():
+        sys.exit("the hooks with MetricsDir wrote no slurm-dispatch.prom")
     if baseline is not None:
         result["baseline_src"] = str(baseline)
         result["ratio_to_baseline"] = {
@@ -239,7 +253,7 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     ratios = {k: v for k, v in hooks["ratio_to_bare"].items()
-              if k in HOOK_CASES}
+              if k in HOOK_CASES or k.removesuffix(" (metrics)") in HOOK_CASES}
     missed = [k for k, v in ratios.items() if v > HOOK_TARGET]
     if float(ceased["cli_end_to_end_median_s"]) > CEASE_TARGET:
         missed.append("dispatch-cease 512 nodes")
@@ -249,9 +263,12 @@ def main() -> int:
         print(f"hooks ({hooks['python']}, median of {hooks['repeat']}; the Epilog scanned "
               f"{hooks['processes_scanned_by_epilog']} processes):")
         against = hooks.get("ratio_to_baseline", {})
+        metered = {f"{name} (metrics)": ratio
+                   for name, ratio in hooks["ratio_metrics_to_none"].items()}
         for name, ms in hooks["median_ms"].items():
             ratio = hooks["ratio_to_bare"][name]
             vs = f"  {against[name]:5.2f}x vs baseline" if name in against else ""
+            vs += f"  {metered[name]:5.2f}x vs no metrics" if name in metered else ""
             print(f"  {name:38s} {ms:8.2f} ms  {ratio:5.2f}x bare{vs}")
         if baseline is not None:
             print(f"  (baseline: {hooks['baseline_src']})")

@@ -46,6 +46,8 @@ DEFAULT_LISTING_LAG = 60.0
 # How the commands reach Slurm: pyslurm where it matches the running Slurm, else its tools.
 DEFAULT_SLURM_BACKEND = "auto"
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
+# node_exporter's textfile collector folder the hooks keep their counters in: empty is off.
+DEFAULT_METRICS_DIR = ""
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -57,7 +59,7 @@ class Config:
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
                  "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "listing_lag",
-                 "problems")
+                 "metrics_dir", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -74,6 +76,7 @@ class Config:
         self.stage_dir = DEFAULT_STAGE_DIR
         self.slurm_backend = DEFAULT_SLURM_BACKEND
         self.listing_lag = DEFAULT_LISTING_LAG
+        self.metrics_dir = DEFAULT_METRICS_DIR
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -132,6 +135,10 @@ def _state_dir(value: str) -> str:
     return os.path.normpath(value)
 
 
+def _optional_dir(value: str) -> str:
+    return _state_dir(value) if value else ""
+
+
 def _hook_timeout(value: str) -> float:
     seconds = parse_duration(value)
     if not 0.1 <= seconds <= MAX_HOOK_TIMEOUT:
@@ -185,6 +192,8 @@ _KEYS = {
     # ListingLag=60: how stale a node's view of pub/ and exec/ may be; cleanup waits twice
     # that between removing publications and reading the executions' choices again.
     "listinglag": ("ListingLag", "listing_lag", _lag),
+    # MetricsDir=/var/lib/node_exporter/textfile: the hooks' counters (node/metrics.py).
+    "metricsdir": ("MetricsDir", "metrics_dir", _optional_dir),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

@@ -22,7 +22,8 @@ never prints.  Messages name the offending value and, where it helps, what would
     ├── NotRequeued                    exit 1  a job that stopped to be requeued and was not
     ├── SandboxError                   exit 2  the sandbox cluster could not be set up
     ├── ConfigError                    exit 2  dispatch.conf has an unknown key or a bad value
-    └── FactError                      exit 2  a hook fact that cannot be written or read safely
+    ├── FactError                      exit 2  a hook fact that cannot be written or read safely
+    └── MetricsError                   exit 2  the node's metrics file could not be updated
 
 The node hooks import this module (through the fact store): it imports nothing.
 """
@@ -119,5 +120,12 @@ class ConfigError(DispatchError):
 
 class FactError(DispatchError):
     """A fact could not be written or read safely (the message says why and where)."""
+
+    exit_code = 2
+
+
+class MetricsError(DispatchError):
+    """The node's metrics file (``MetricsDir``) could not be updated; the hook logs it and goes
+    on (its facts are written before)."""
 
     exit_code = 2

@@ -107,6 +107,8 @@ def run(hint: str = "", config_path: str | None = None) -> None:
     if pid == 0:
         os.close(read_end)
         label = hint or "hook"
+        cfg = None
+        fault = None
         try:
             cfg = config_module.load(config_path)
             os.write(write_end, f"{cfg.hook_timeout}\n".encode())
@@ -117,12 +119,40 @@ def run(hint: str = "", config_path: str | None = None) -> None:
             from . import evidence
             evidence.HANDLERS[kind](cfg)
         except BaseException as exc:
-            log(f"{label} job {job}: {type(exc).__name__}: {exc}")
+            fault = type(exc).__name__
+            log(f"{label} job {job}: {fault}: {exc}")
         finally:
+            if cfg is not None and cfg.metrics_dir:
+                _count(cfg.metrics_dir, label, fault, job)
             _exit()
     os.close(write_end)
     _wait_child(pid, read_end, started, hint, job)
     _exit()
+
+
+def _count(metrics_dir: str, hook: str, fault: str | None, job: str) -> None:
+    """Add this run to the node's metrics (MetricsDir); a fault here is logged, never raised."""
+    try:
+        from ..node import metrics
+        tally = metrics.TALLY
+        tally.add("slurm_dispatch_hook_runs_total",
+                  {"hook": hook, "outcome": "ok" if fault is None else "fault"})
+        if fault is not None:
+            tally.add("slurm_dispatch_hook_faults_total", {"hook": hook, "kind": fault})
+        tally.set("slurm_dispatch_hook_last_run_timestamp_seconds", {"hook": hook}, time.time())
+        written = sys.modules.get("slurm_dispatch.node.factstore")
+        for kind, count in sorted(getattr(written, "WRITTEN", {}).items()):
+            tally.add("slurm_dispatch_facts_written_total", {"kind": kind}, count)
+        evidence = sys.modules.get("slurm_dispatch.hooks.evidence")
+        for scanned, seconds, complete, survivors in getattr(evidence, "SCANS", ()):
+            labels = {"hook": scanned}
+            tally.add("slurm_dispatch_proc_scan_seconds_sum", labels, seconds)
+            tally.add("slurm_dispatch_proc_scan_seconds_count", labels)
+            tally.add("slurm_dispatch_proc_scans_incomplete_total", labels, 0 if complete else 1)
+            tally.add("slurm_dispatch_survivors_found_total", labels, survivors)
+        metrics.update(metrics_dir, tally)
+    except BaseException as exc:
+        log(f"{hook} job {job}: metrics not updated: {type(exc).__name__}: {exc}")
 
 
 def _exit() -> None:

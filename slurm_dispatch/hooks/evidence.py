@@ -25,6 +25,9 @@ from ..errors import FactError
 from ..node import factstore as store
 from ..node import procscan
 
+# This run's survivor scans, for the node's metrics: (hook, seconds, complete, survivors).
+SCANS: list[tuple[str, float, bool, int]] = []
+
 # Variables of the job's end that EpilogSlurmctld and Epilog may carry (22.05 and later).
 _END_VARIABLES = ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERIVED_EC",
                   "SLURM_JOB_STATE", "SLURM_JOB_REASON", "SLURM_JOB_PARTITION",
@@ -179,6 +182,7 @@ def epilog(cfg: Config) -> None:
                          "boot_id": body["boot_id"], "time": body["time"],
                          "survivors": survivors})
     if scan is not None:
+        SCANS.append(("epilog", scan.seconds, scan.complete, len(survivors)))
         _settle(cfg, watched, scan)
 
 
@@ -189,7 +193,10 @@ def recheck(cfg: Config) -> None:
     jobs: dict[str, int | None] = {}
     for entry in watched:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
-    _settle(cfg, watched, procscan.scan_within(jobs, _scan_budget(cfg)))
+    scan = procscan.scan_within(jobs, _scan_budget(cfg))
+    SCANS.append(("recheck", scan.seconds, scan.complete,
+                  sum(len(found) for found in scan.found.values())))
+    _settle(cfg, watched, scan)
 
 
 def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:

@@ -58,6 +58,8 @@ WATCH = "watch"
 KINDS = ("start", "end", "recheck", "ctld-start", "ctld-end")
 FORMAT_VERSION = 1
 MAX_FACT_BYTES = 1 << 20
+#: Facts this process wrote, by kind (a hook's run adds them to the node's metrics).
+WRITTEN: dict[str, int] = {}
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
@@ -276,6 +278,7 @@ def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node:
     finally:
         for fd in reversed(fds):
             os.close(fd)
+    WRITTEN[kind] = WRITTEN.get(kind, 0) + 1
     return name
 
 

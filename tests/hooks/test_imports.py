@@ -12,6 +12,8 @@ ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch._fsio", "slurm_dispatch.hooks",
                "slurm_dispatch.node.factstore", "slurm_dispatch.node.procscan",
                "slurm_dispatch.slurm.hostlist",
                "slurm_dispatch.node.executions",
+               # only where dispatch.conf sets MetricsDir (test_metrics checks it is not else)
+               "slurm_dispatch.node.metrics",
                # subpackages, whose __init__ files import nothing
                "slurm_dispatch.node", "slurm_dispatch.slurm"}
 
@@ -19,6 +21,7 @@ PROGRAM = """
 import json, sys
 before = set(sys.modules)
 from slurm_dispatch.hooks import run, hook_kind, evidence
+from slurm_dispatch.node import metrics
 from slurm_dispatch.node import facts
 from slurm_dispatch import config
 print(json.dumps(sorted(set(sys.modules) - before)))
