@@ -253,6 +253,8 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         verdict.nodes.append(_node_evidence(name, execution["nodes"].get(name), node_info.get(name),
                                             [t for t in ends if isinstance(t, (int, float))],
                                             cfg.boot_time_tolerance))
+    _hint_silent_epilogs(verdict.nodes, execution, cfg,
+                         max((t for t in ends if isinstance(t, (int, float))), default=None))
     unproven = [n.node for n in verdict.nodes if not n.proven]
     if not current and not allocated:
         unproven.append("(allocation unknown)")
@@ -261,6 +263,52 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
                       f"not proven on {len(unproven)} of {len(nodes)} node(s): "
                       + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
     return verdict
+
+
+# How long after an execution's end its Epilog may still be running: before that, a node with no
+# end yet is not suspected of having an Epilog that does not run.
+EPILOG_GRACE = 60.0
+NO_END = "no post-kill record (its Epilog has not recorded an end)"
+
+
+def _hint_silent_epilogs(judged: list[NodeEvidence], execution: ExecutionFacts,
+                         cfg: config_module.Config, ended: Optional[float]) -> None:
+    """Say so on each node without an end that has recorded no end for any job since this
+    execution started there: its Epilog is likely not installed or not working.  Asked only
+    when some node has no end, of the file names alone (root can list them; others get no
+    hint)."""
+    silent = [n for n in judged if n.evidence.startswith(NO_END)]
+    if not silent:
+        return
+    started = {}
+    for evidence in silent:
+        recorded: Mapping[str, Any] = execution["nodes"].get(evidence.node) or {}
+        moment = (recorded.get("start") or {}).get("time")
+        if not isinstance(moment, (int, float)):
+            moment = (execution["controller"].get("start") or {}).get("time")
+        if isinstance(moment, (int, float)):
+            started[evidence.node] = float(moment)
+    if not started:
+        return
+    activity = facts.node_activity(cfg.state_dir, set(started), min(started.values()))
+    if activity is None:
+        return
+    import time
+    late = ended is not None and time.time() - ended > EPILOG_GRACE
+    for evidence in silent:
+        since = started.get(evidence.node)
+        if since is None:
+            continue
+        starts = [t for t in activity[evidence.node]["start"] if t >= since - 1]
+        ends = [t for t in activity[evidence.node]["end"] if t >= since - 1]
+        # Right after the end its Epilog may still be running: suspect it only once it is
+        # late, or once the node has started another job since.
+        if ends or not (late or len(starts) > 1):
+            continue
+        evidence.evidence += (f"; {evidence.node} has recorded no end for any job since "
+                              f"{_moment(since)} ({len(starts)} start(s) since): its Epilog "
+                              "is likely not installed or not working (run "
+                              f"`dispatch-admin doctor` on {evidence.node})")
 
 
 def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optional[Node],
@@ -281,8 +329,7 @@ def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optio
     if end is None:
         flags = [f for f in ("DOWN", "NOT_RESPONDING", "FAIL") if f in state.upper()]
         why = f"; node {'+'.join(flags)}" if flags else ""
-        return NodeEvidence(name, state, False,
-                            f"no post-kill record (its Epilog has not recorded an end){why}")
+        return NodeEvidence(name, state, False, f"{NO_END}{why}")
     if end.get("scan_error"):
         return NodeEvidence(name, state, False, f"Epilog at {_moment(end.get('time'))} could not "
                             f"look for survivors: {end.get('scan_error')}")

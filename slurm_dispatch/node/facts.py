@@ -34,6 +34,7 @@ from .factstore import (
     job_uids,
     list_job,
     new_token,
+    node_activity,
     open_state_dir,
     parse_name,
     read_job_facts,
@@ -44,5 +45,5 @@ from .procscan import ancestors, scan_survivors
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
            "ancestors", "boot_id", "boot_time", "check_name", "collect", "dumps",
            "execution_facts", "expand_hostlist", "group_executions", "job_uids", "list_job",
-           "new_token", "open_state_dir", "parse_name", "read_job_facts", "scan_survivors",
-           "write_fact"]
+           "new_token", "node_activity", "open_state_dir", "parse_name", "read_job_facts",
+           "scan_survivors", "write_fact"]

@@ -64,8 +64,8 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
            "boot_id", "boot_time", "check_name", "create_file", "dumps", "format_problem",
-           "job_uids", "list_job", "new_token", "open_state_dir", "open_subdir", "parse_name",
-           "read_job_facts", "read_regular", "write_fact"]
+           "job_uids", "list_job", "new_token", "node_activity", "open_state_dir", "open_subdir",
+           "parse_name", "read_job_facts", "read_regular", "token_time", "write_fact"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,6 +416,54 @@ def read_job_facts(state_dir: str, uid: int, job_id: str,
         for fd in reversed(fds):
             os.close(fd)
     return facts, problems
+
+
+def token_time(token: str) -> float | None:
+    """When a fact's token was made (its first 16 hex digits are nanoseconds), or None."""
+    try:
+        return int(token[:16], 16) / 1e9
+    except ValueError:
+        return None
+
+
+def node_activity(state_dir: str, nodes: set[str], since: float) -> dict[str, dict] | None:
+    """For each of ``nodes``: when it recorded ``start`` and ``end`` facts, for any job, since
+    ``since`` (``{"start": [times], "end": [times]}``), read from the file names of the job
+    folders changed since then; None when ``facts/`` cannot be listed (not root).
+
+    What it is for: a node that records starts and never an end has an Epilog that does not
+    run (``dispatch-cease`` says so)."""
+    found: dict[str, dict] = {node: {"start": [], "end": []} for node in nodes}
+    top = os.path.join(state_dir, FACTS)
+    try:
+        users = os.listdir(top)
+    except OSError:
+        return None
+    for user in users:
+        if not user.isdigit():
+            continue
+        try:
+            jobs = os.scandir(os.path.join(top, user))
+        except OSError:
+            continue
+        with jobs:
+            for job in jobs:
+                try:
+                    if not job.is_dir(follow_symlinks=False) \
+                            or job.stat(follow_symlinks=False).st_mtime < since - 1:
+                        continue
+                    names = os.listdir(job.path)
+                except OSError:
+                    continue
+                for name in names:
+                    parsed = parse_name(name)
+                    if parsed is None or parsed[0] not in ("start", "end") \
+                            or parsed[1] not in found:
+                        continue
+                    made = token_time(parsed[3])
+                    if made is not None and made >= since:
+                        found[parsed[1]][parsed[0]].append(made)
+    return found
 
 
 def job_uids(state_dir: str, job_id: str) -> list[int]:

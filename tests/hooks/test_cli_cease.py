@@ -70,3 +70,30 @@ def test_errors_exit_2(recorded: Path, args: list[str], conf: str | None, words:
     proc = cease(recorded, *args, conf=conf)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.startswith("dispatch-cease: ") and words in proc.stderr
+
+
+@pytest.mark.parametrize("since", ["other-starts-no-end", "an-end-since", "just-ended"])
+def test_a_node_that_records_no_end_for_any_job_is_named(tmp_path: Path, since: str) -> None:
+    # Issue 22: with a broken Epilog a node records starts and never an end; dispatch-cease
+    # says so, with the time since when, beside the evidence that does not prove.
+    state, _ = state_dir(tmp_path)
+    start = record(state, "start", "n1", time=time.time() - 60, restart=0)
+    record(state, "end", "n1", time=time.time() - 40, restart=0, survivors=[],
+           scan_error=None, start_token=start.split(".")[-1])
+    record(state, "start", "n2", time=time.time() - 60, restart=0)
+    if since != "just-ended":
+        other = record(state, "start", "n2", job_id="101", time=time.time() - 30, restart=0)
+    if since == "an-end-since":
+        record(state, "end", "n2", job_id="101", time=time.time() - 20, restart=0,
+               survivors=[], scan_error=None, start_token=other.split(".")[-1])
+    proc = cease(tmp_path, "100", "--json")
+    assert proc.returncode == 1, proc.stderr
+    nodes = {n["node"]: n for n in json.loads(proc.stdout)["nodes"]}
+    assert nodes["n1"]["proven"] is True and "no end" not in nodes["n1"]["evidence"]
+    evidence = nodes["n2"]["evidence"]
+    assert evidence.startswith("no post-kill record (its Epilog has not recorded an end)")
+    hinted = "n2 has recorded no end for any job since " in evidence
+    assert hinted == (since == "other-starts-no-end"), evidence
+    if hinted:
+        assert "(2 start(s) since): its Epilog is likely not installed or not working (run " \
+               "`dispatch-admin doctor` on n2)" in evidence
