@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport VIRTUAL_ENV
 
-.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv docs
+.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv docs soak
 
 # make-venv runs every time: it keeps a venv that works (and was made from PYTHON, when PYTHON is
 # given), and makes it anew otherwise; a new venv has a new pyvenv.cfg, so the installs below,
@@ -74,6 +74,15 @@ test: install-test
 # The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
 test-fast: install-test
 	$(PY) -m pytest -q -m "not real" --ignore=tests/real
+
+# The soak (soak/, issue 20; needs root): SOAK_MINUTES (default 30) of dispatch jobs of every kind on
+# an 8-node sandbox of its own (/var/tmp/slurm-dispatch-soak, job user dispatchsoak) under a
+# nemesis seeded by SOAK_SEED (default: drawn and printed), then the checker's table; it fails
+# on any violation.  The run folder (histories, final.json, table.txt) stays in the user's home.
+SOAK_MINUTES ?= 30
+SOAK_SEED ?=
+soak: install
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m soak.run
 
 check: install-test
 	$(PY) -m ruff check slurm_dispatch tests bench

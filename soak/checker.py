@@ -36,9 +36,12 @@ from slurm_dispatch.checkpoint import model
 
 from . import history
 
-# A publication that began after the launcher chose (plus this much clock slack between nodes
-# of one machine) cannot have been chosen.
+# The launcher's record (its ``time``, the history's ``chose_at``) is written just after it
+# listed pub/: a publication that began more than SLACK after that cannot have been chosen, and
+# one must have been seen only if it returned more than LISTED before it (the record's write,
+# on a loaded machine, comes a moment after the listing).
 SLACK = 0.5
+LISTED = 2.0
 
 INVARIANTS = {
     "resume": "resumed from its lineage's latest publication when it started",
@@ -132,7 +135,8 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     # chose, and no greater one had returned by then; nothing chosen only if none had.
     for ex in sorted(execs.values(), key=lambda e: e.chose_at):
         known = pubs.get(ex.root, {})
-        done = [n for n, e in known.items() if e.get("returned", float("inf")) < ex.chose_at]
+        done = [n for n, e in known.items()
+                if e.get("returned", float("inf")) < ex.chose_at - LISTED]
         best = max(done, key=_key) if done else None
         if not ex.resumed:
             if best is not None:

@@ -58,14 +58,14 @@ def partitioned_world(pick_greatest_step: bool) -> Sim:
     """A runs on a cut-off node and keeps publishing after B replaced it; C replaces B.  The
     correct launcher gives C B's latest (the greater epoch); the broken one A's greater step."""
     sim = Sim()
-    sim.start("A", 1.0, G0)
-    sim.publish("A", 2.0, G0, 5)
-    a10 = sim.publish("A", 3.0, G0, 10)
-    sim.start("B", 4.0, G0 + 1, resumed=a10)
-    b15 = sim.publish("B", 5.0, G0 + 1, 15)
-    a40 = sim.publish("A", 6.0, G0, 40)  # the old lineage, far ahead in steps, still writing
-    sim.start("C", 7.0, G0 + 2, resumed=a40 if pick_greatest_step else b15)
-    sim.publish("C", 8.0, G0 + 2, 20)
+    sim.start("A", 10.0, G0)
+    sim.publish("A", 20.0, G0, 5)
+    a10 = sim.publish("A", 30.0, G0, 10)
+    sim.start("B", 40.0, G0 + 1, resumed=a10)
+    b15 = sim.publish("B", 50.0, G0 + 1, 15)
+    a40 = sim.publish("A", 60.0, G0, 40)  # the old lineage, far ahead in steps, still writing
+    sim.start("C", 70.0, G0 + 2, resumed=a40 if pick_greatest_step else b15)
+    sim.publish("C", 80.0, G0 + 2, 20)
     return sim
 
 
@@ -96,9 +96,9 @@ def test_the_shared_folder_baseline_is_caught() -> None:
     """Both executions write one folder, resume from its highest checkpoint-N (never a
     publication), and the old run's rotation deletes the replacement's saves."""
     sim = Sim()
-    sim.start("A", 1.0, G0)
+    sim.start("A", 10.0, G0)
     shared = "shared/checkpoint-10"
-    sim.start("B", 4.0, G0 + 1, resumed=shared)
+    sim.start("B", 40.0, G0 + 1, resumed=shared)
     name = model.format_name(G0 + 1, 15, "shared/checkpoint-15")
     sim.pubs.append(name)
     sim.present.update({"shared/checkpoint-10": True, "shared/checkpoint-15": False})
@@ -117,17 +117,17 @@ def test_a_save_gc_should_have_kept_is_caught() -> None:
 
 def test_a_resume_from_a_publication_made_after_the_start_is_caught() -> None:
     sim = Sim()
-    sim.start("A", 1.0, G0)
-    later = sim.publish("A", 9.0, G0, 10)
-    sim.start("B", 4.0, G0 + 1, resumed=later)
+    sim.start("A", 10.0, G0)
+    later = sim.publish("A", 90.0, G0, 10)
+    sim.start("B", 40.0, G0 + 1, resumed=later)
     assert counts(checker.check(sim.run(), sim.facts)) == {"resume": 1}
 
 
 def test_starting_afresh_past_a_publication_is_caught() -> None:
     sim = Sim()
-    sim.start("A", 1.0, G0)
-    sim.publish("A", 2.0, G0, 10)
-    sim.start("B", 4.0, G0 + 1)
+    sim.start("A", 10.0, G0)
+    sim.publish("A", 20.0, G0, 10)
+    sim.start("B", 40.0, G0 + 1)
     assert counts(checker.check(sim.run(), sim.facts)) == {"resume": 1}
 
 
@@ -146,22 +146,22 @@ def test_a_supervisor_forgetting_its_claims_is_caught() -> None:
 
 def test_a_shared_job_lifted_while_its_old_execution_wrote_is_caught() -> None:
     sim = Sim()
-    sim.start("A", 1.0, G0, shared=True)
-    for t in (2.0, 3.0, 9.0):  # a heartbeat at 9 s: still writing
+    sim.start("A", 10.0, G0, shared=True)
+    for t in (20.0, 30.0, 90.0):  # a heartbeat at 9 s: still writing
         sim.beat("A", t)
-    sim.start("B", 6.0, 2 * G0, shared=True)
-    sim.beat("B", 10.0)
+    sim.start("B", 60.0, 2 * G0, shared=True)
+    sim.beat("B", 100.0)
     run = sim.run(jobs=[{"job": "j1", "shared": True, "ended": True}],
-                  lifts=[{"job": "j1", "t": 5.5, "ended_slurm_job_id": "10"}])
+                  lifts=[{"job": "j1", "t": 55.0, "ended_slurm_job_id": "10"}])
     assert counts(checker.check(run, sim.facts)) == {"lifted-while-writing": 1,
                                                       "shared-overlap": 1}
     # The same lift after the old execution's last beat is fine.
     ok = Sim()
-    ok.start("A", 1.0, G0, shared=True)
-    ok.beat("A", 3.0)
-    ok.start("B", 6.0, 2 * G0, shared=True)
+    ok.start("A", 10.0, G0, shared=True)
+    ok.beat("A", 30.0)
+    ok.start("B", 60.0, 2 * G0, shared=True)
     run = ok.run(jobs=[{"job": "j1", "shared": True, "ended": True}],
-                 lifts=[{"job": "j1", "t": 5.5, "ended_slurm_job_id": "10"}])
+                 lifts=[{"job": "j1", "t": 55.0, "ended_slurm_job_id": "10"}])
     assert checker.check(run, ok.facts).ok
 
 
@@ -173,3 +173,21 @@ def test_a_job_left_running_unexplained_and_a_node_drained_by_our_hooks_are_caug
                           {"node": "n3", "reason": "Not responding", "ours": False}])
     result = checker.check(run, sim.facts)
     assert counts(result) == {"not-ended": 1, "drained-by-us": 1}
+
+
+def test_a_publication_returning_while_the_launcher_wrote_its_record_is_no_violation() -> None:
+    """The record's time comes just after the listing: a save published in that moment may
+    or may not have been seen, so resuming from the one before is not a violation; one
+    published well before (LISTED) must have been."""
+    sim = Sim()
+    sim.start("A", 10.0, G0)
+    a10 = sim.publish("A", 20.0, G0, 10)
+    sim.publish("A", 39.9 - checker.LISTED / 2, G0, 15)
+    sim.start("B", 40.0, G0 + 1, resumed=a10)
+    assert checker.check(sim.run(), sim.facts).ok
+    late = Sim()
+    late.start("A", 10.0, G0)
+    a10 = late.publish("A", 20.0, G0, 10)
+    late.publish("A", 39.9 - checker.LISTED * 2, G0, 15)
+    late.start("B", 40.0, G0 + 1, resumed=a10)
+    assert counts(checker.check(late.run(), late.facts)) == {"resume": 1}

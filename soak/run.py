@@ -1,0 +1,453 @@
+"""The soak: a workload of dispatch jobs on the real sandbox, a seeded nemesis, then the checker.
+
+``python -m soak.run --minutes M --seed S [--nodes 8]`` (as root; ``make soak``).  It brings a
+sandbox of its own up (``$DISPATCH_SANDBOX_DIR``, default /var/tmp/slurm-dispatch-soak, with the
+job user ``$DISPATCH_SANDBOX_USER``, default dispatchsoak), makes a run folder in the
+job user's home, and for M minutes keeps a workload of dispatch jobs of every kind going, all
+through the product's own commands run as the user: isolated trainers publishing with
+``dispatch publish`` (some with a resubmit budget that fail on purpose now and then),
+``dispatch watch --keep`` trainers, an array with a root per task, a ``--shared-checkpoint``
+job, a job depending on another, a job superseded mid-run; ``dispatch supervise --loop``
+beside them, ``dispatch gc`` now and then.  Meanwhile the nemesis, at moments drawn from the
+seed (printed first, so a run can be replayed), partitions a node and heals it, kills a slurmd
+and starts it again, SIGKILLs slurmctld and starts it again, requeues and cancels running
+executions, SIGKILLs the supervisor mid-pass and gc mid-run.  Then every fault is healed, the
+jobs are given time to end, and :mod:`soak.checker` prints its table; exit 1 on a violation.
+The targets of a fault (which job, which node) are drawn from the seed among what is running
+then, so a replay repeats the schedule, not every pick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from slurm_dispatch.sandbox import clients, cluster, daemons
+from slurm_dispatch.sandbox.layout import Layout, state_dir
+
+from . import checker, history
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SANDBOX_DIR = "/var/tmp/slurm-dispatch-soak"
+SANDBOX_USER = "dispatchsoak"
+FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel",
+          "supervisor-kill", "gc-kill")
+
+
+def log(text: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        # A sandbox and a job user of the soak's own by default: 8 nodes, and records that
+        # the real tier's sessions never see.
+        self.directory = os.environ.get("DISPATCH_SANDBOX_DIR") or SANDBOX_DIR
+        self.user = os.environ.get("DISPATCH_SANDBOX_USER") or SANDBOX_USER
+        self.faults: list[dict[str, Any]] = []
+        self.jobs: dict[str, dict[str, Any]] = {}  # dispatch job id -> kind, root, shared
+        self.drains: dict[tuple[str, str], bool] = {}
+        self.supervisor: Optional[subprocess.Popen[bytes]] = None
+        self.pending_heals: list[tuple[float, str, str]] = []  # (when, kind, target)
+        self.counter = 0
+
+    # -- the sandbox and the user ------------------------------------------------------------
+
+    def up(self) -> None:
+        report = cluster.up(self.directory, nodes=self.args.nodes, user=self.user, source=REPO)
+        self.layout = Layout(state_dir(self.directory))
+        self.nodes = [n.name for n in report.status.nodes]
+        entry = pwd.getpwnam(self.user)
+        self.uid, self.gid, self.home = entry.pw_uid, entry.pw_gid, entry.pw_dir
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("SLURM_", "DISPATCH_"))}
+        self.env.update(clients.environment(self.directory, user=self.user))
+        self.user_env = dict(self.env, HOME=self.home, USER=self.user, LOGNAME=self.user,
+                             DISPATCH_LISTING_LAG="0.5")
+        self.python = str(self.layout.venv_bin / "python3")
+
+    def as_user(self, argv: list[str], timeout: float = 60, **kw: Any
+                ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, user=self.uid, group=self.gid, extra_groups=[],
+                              cwd=self.run_dir, env=self.user_env, text=True,
+                              capture_output=True, timeout=timeout, **kw)
+
+    def spawn_user(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, user=self.uid, group=self.gid, extra_groups=[],
+                                cwd=self.run_dir, env=self.user_env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    def slurm(self, argv: list[str], timeout: float = 20) -> str:
+        try:
+            proc = subprocess.run(argv, env=self.env, text=True, capture_output=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return ""
+        return proc.stdout if proc.returncode == 0 else ""
+
+    def make_run_dir(self) -> None:
+        self.run_dir = os.path.join(self.home, f"soak-{self.args.seed}-{int(time.time())}")
+        os.mkdir(self.run_dir, 0o755)
+        for sub in ("history", "out"):
+            os.mkdir(os.path.join(self.run_dir, sub), 0o755)
+        for name in ("trainer.py", "history.py"):
+            shutil.copy(HERE / name, os.path.join(self.run_dir, name))
+        for path in [self.run_dir, *glob.glob(os.path.join(self.run_dir, "*"))]:
+            os.chown(path, self.uid, self.gid)
+        self.history = os.path.join(self.run_dir, "history")
+        self.user_env["SOAK_HISTORY"] = self.history
+
+    # -- the workload --------------------------------------------------------------------------
+
+    def script(self, mode: str) -> str:
+        trainer = f"{self.python} {self.run_dir}/trainer.py"
+        body = {"publish": f"exec {trainer} publish",
+                "shared": f"exec {trainer} shared",
+                "watch": (f"dispatch watch --interval 0.5 --keep 2 -- {trainer} watch 2>&1 "
+                          f"| {trainer} stamp")}[mode]
+        return f"#!/bin/bash\nset -o pipefail\n{body}\n"
+
+    def submit(self, kind: str, *extra: str, root: Optional[str] = None,
+               env: Optional[dict[str, str]] = None) -> Optional[str]:
+        self.counter += 1
+        mode = {"watch": "watch", "shared": "shared"}.get(kind, "publish")
+        name = f"{kind}-{self.counter}"
+        path = os.path.join(self.run_dir, f"{name}.sh")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.script(mode))
+        os.chown(path, self.uid, self.gid)
+        root = root or os.path.join(self.run_dir, f"ck-{name}")
+        argv = ["dispatch-sbatch", "--checkpoint", root, *extra, "-J", name,
+                "-o", os.path.join(self.run_dir, "out", "%x-%j.out"), path]
+        saved = dict(self.user_env)
+        self.user_env.update({"SOAK_STEPS": str(self.rng.randint(30, 70)), **(env or {})})
+        try:
+            proc = self.as_user(argv)
+        except subprocess.TimeoutExpired:
+            log(f"submit {name}: dispatch-sbatch timed out")
+            return None
+        finally:
+            self.user_env = saved
+        if proc.returncode != 0:
+            log(f"submit {name}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+            return None
+        found = re.search(r"^Dispatch job (\S+) ", proc.stdout, re.M)
+        if found is None:
+            log(f"submit {name}: no dispatch job id in {proc.stdout!r}")
+            return None
+        job = found.group(1)
+        self.jobs[job] = {"kind": kind, "root": root, "shared": kind == "shared", "name": name}
+        log(f"submitted {name} as {job}{' ' + ' '.join(extra) if extra else ''}")
+        return job
+
+    def submit_some(self) -> None:
+        kind = self.rng.choice(["publish", "publish", "publish", "failing", "watch"])
+        if kind == "failing":
+            self.submit(kind, "--resubmit", "3", env={"SOAK_FAIL": "0.08"})
+        elif kind == "watch":
+            self.submit(kind, "--resubmit", "1")
+        else:
+            self.submit(kind, "--resubmit", "2")
+
+    def first_wave(self) -> None:
+        for _ in range(5):
+            self.submit("publish", "--resubmit", "2")
+        self.submit("failing", "--resubmit", "3", env={"SOAK_FAIL": "0.08"})
+        self.submit("failing", "--resubmit", "3", env={"SOAK_FAIL": "0.08"})
+        self.submit("watch", "--resubmit", "1")
+        self.submit("watch", "--resubmit", "1")
+        self.submit("array", "--array", "0-2", "--resubmit", "2",
+                    root=os.path.join(self.run_dir, "ck-array-%a"))
+        self.submit("shared", "--shared-checkpoint", "--resubmit", "1")
+        first = self.submit("before", "--resubmit", "1", env={"SOAK_STEPS": "20"})
+        if first:
+            self.submit("dependent", f"--dependency=afterany:{first}", "--resubmit", "1")
+        self.superseded = self.submit("superseded", "--resubmit", "1",
+                                      env={"SOAK_STEPS": "400"})
+
+    def supersede(self) -> None:
+        old = getattr(self, "superseded", None)
+        if old:
+            self.submit("superseding", "--supersede", old, "--resubmit", "1",
+                        root=self.jobs[old]["root"])
+            self.superseded = None
+
+    def ensure_supervisor(self) -> None:
+        if self.supervisor is None or self.supervisor.poll() is not None:
+            self.supervisor = self.spawn_user(["dispatch", "supervise", "--loop",
+                                               "--interval", "5"])
+
+    def gc(self, kill_after: Optional[float] = None) -> None:
+        roots = sorted({ex["root"] for ex in self.jobs.values()
+                        if not ex["shared"] and "%a" not in ex["root"]})
+        if not roots:
+            return
+        root = self.rng.choice(roots)
+        if not os.path.isdir(os.path.join(root, "pub")):
+            return
+        proc = self.spawn_user(["dispatch", "gc", "--root", root, "--keep", "2"])
+        if kill_after is None:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return
+        time.sleep(kill_after)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def active(self) -> list[str]:
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%i %t"])
+        return out.split("\n") if out else []
+
+    def running(self) -> list[str]:
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%i"])
+        return out.split()
+
+    def watch_drains(self) -> None:
+        out = self.slurm(["sinfo", "-R", "-h", "-o", "%N|%E"])
+        for line in out.splitlines():
+            node, _, reason = line.partition("|")
+            ours = any(w in reason.lower() for w in ("prolog", "epilog", "dispatch"))
+            self.drains[(node, reason)] = ours
+
+    # -- the nemesis ----------------------------------------------------------------------------
+
+    def fault(self, kind: str) -> None:
+        target = ""
+        busy = {t for _, k, t in self.pending_heals}
+        if kind in ("partition", "slurmd-kill"):
+            free = [n for n in self.nodes if n not in busy]
+            if not free or len(busy) >= 2:
+                return
+            target = self.rng.choice(free)
+            if kind == "partition":
+                cluster.partition(target, self.directory)
+                heal_in = self.rng.uniform(30, 75)
+            else:
+                pid = daemons.live_pid(daemons.slurmd(self.layout, target))
+                if pid is None:
+                    return
+                os.kill(pid, signal.SIGKILL)
+                heal_in = self.rng.uniform(5, 25)
+            self.pending_heals.append((time.monotonic() + heal_in, kind, target))
+        elif kind == "slurmctld-kill":
+            if "slurmctld" in busy:
+                return
+            pid = daemons.live_pid(daemons.slurmctld(self.layout))
+            if pid is None:
+                return
+            os.kill(pid, signal.SIGKILL)
+            target = "slurmctld"
+            self.pending_heals.append((time.monotonic() + self.rng.uniform(3, 12), kind,
+                                       target))
+        elif kind in ("requeue", "scancel"):
+            running = self.running()
+            if not running:
+                return
+            target = self.rng.choice(sorted(running))
+            argv = (["scontrol", "requeue", target] if kind == "requeue"
+                    else ["scancel", target])
+            self.slurm(argv)
+        elif kind == "supervisor-kill":
+            if self.supervisor is None or self.supervisor.poll() is not None:
+                return
+            time.sleep(self.rng.uniform(0, 5))  # somewhere in a pass or between two
+            os.killpg(self.supervisor.pid, signal.SIGKILL)
+            self.supervisor.wait()
+            target = "dispatch supervise"
+        elif kind == "gc-kill":
+            self.gc(kill_after=self.rng.uniform(0.2, 3.0))
+            target = "dispatch gc"
+        self.faults.append({"kind": kind, "t": time.time(), "target": target})
+        log(f"nemesis: {kind} {target}")
+
+    def heal_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for item in list(self.pending_heals):
+            when, kind, target = item
+            if not everything and when > now:
+                continue
+            try:
+                if kind == "slurmctld-kill":
+                    cluster.start_controller(self.directory)
+                else:
+                    cluster.heal(target, self.directory, wait=False)
+                log(f"healed {kind} {target}")
+                self.pending_heals.remove(item)
+            except Exception as exc:  # healing again next tick
+                log(f"heal {kind} {target} failed, again later: {exc}")
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        log(f"seed {self.args.seed}, {self.args.minutes} minutes, {self.args.nodes} nodes "
+            f"(replay: SOAK_SEED={self.args.seed})")
+        self.up()
+        self.make_run_dir()
+        log(f"run folder {self.run_dir}")
+        self.ensure_supervisor()
+        self.first_wave()
+        start = time.monotonic()
+        end = start + self.args.minutes * 60
+        next_fault = start + self.rng.uniform(10, 25)
+        next_gc = start + self.rng.uniform(30, 60)
+        supersede_at = start + (end - start) / 3
+        while time.monotonic() < end:
+            now = time.monotonic()
+            self.heal_due()
+            self.ensure_supervisor()
+            self.watch_drains()
+            if now >= next_fault:
+                try:
+                    self.fault(self.rng.choice(FAULTS))
+                except Exception as exc:
+                    log(f"nemesis fault failed: {exc}")
+                next_fault = now + self.rng.uniform(8, 25)
+            if now >= next_gc:
+                self.gc()
+                next_gc = now + self.rng.uniform(30, 60)
+            if supersede_at and now >= supersede_at:
+                self.supersede()
+                supersede_at = 0
+            # No new job in the last minute: what runs then can end within the drain.
+            if now < end - 60 and len(self.active()) < self.args.jobs:
+                self.submit_some()
+            time.sleep(2)
+        log("nemesis done: healing every fault")
+        while self.pending_heals:
+            self.heal_due(everything=True)
+            time.sleep(1)
+        self.drain()
+        return self.finish()
+
+    def drain(self) -> None:
+        deadline = time.monotonic() + self.args.drain
+        log(f"waiting up to {self.args.drain:.0f} s for every job to end")
+        while time.monotonic() < deadline:
+            self.ensure_supervisor()
+            self.watch_drains()
+            if not self.unheld():
+                break
+            time.sleep(5)
+
+    def unheld(self) -> list[str]:
+        """Our jobs pending or running, but for those held (a shared job's hold waits for a
+        person or the site's proof: the checker asks dispatch status why)."""
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%i %r"])
+        return [line for line in out.splitlines()
+                if line.strip() and "JobHeld" not in line]
+
+    def finish(self) -> int:
+        final = self.gather()
+        if self.supervisor is not None and self.supervisor.poll() is None:
+            os.killpg(self.supervisor.pid, signal.SIGKILL)
+        with open(os.path.join(self.run_dir, "final.json"), "w", encoding="utf-8") as f:
+            json.dump(final, f, indent=1, sort_keys=True)
+        result = checker.check(final, history.read(self.history))
+        text = checker.table(result)
+        with open(os.path.join(self.run_dir, "table.txt"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        print(text, flush=True)
+        # Hand the sandbox back settled: what is left (a shared job's hold) is cancelled.
+        left = [line.split()[0] for line in self.active() if line.strip()]
+        if left:
+            self.slurm(["scancel", *left])
+        return 0 if result.ok else 1
+
+    def gather(self) -> dict[str, Any]:
+        facts = history.read(self.history)
+        jobs_dir = os.path.join(self.home, ".local", "state", "slurm-dispatch", "jobs")
+        submissions, lifts, jobs = [], [], []
+        active_ids = {line.split()[0].split("_")[0] for line in self.active() if line.strip()}
+        for job, info in self.jobs.items():
+            events = []
+            for path in glob.glob(os.path.join(jobs_dir, job, "events", "*.json")):
+                with open(path, encoding="utf-8") as f:
+                    events.append(json.load(f))
+            events.sort(key=lambda e: e.get("ns", 0))
+            ids = set()
+            for event in events:
+                kind = event.get("kind") or ""
+                if kind == "submitted":
+                    submissions.append({"job": job, "submission": event["submission"],
+                                        "task": event.get("task"),
+                                        "slurm_job_id": event["slurm_job_id"]})
+                    ids.add(str(event["slurm_job_id"]).split("_")[0])
+                    if info["shared"] and event["submission"] > 1:
+                        lifts.append({"job": job, "t": event["time"],
+                                      "ended_slurm_job_id": ""})
+                elif kind in ("released", "expired") and info["shared"]:
+                    lifts.append({"job": job, "t": event["time"], "ended_slurm_job_id": ""})
+            ended = not (ids & active_ids)
+            stuck = None
+            if not ended:
+                proc = self.as_user(["dispatch", "status", job])
+                words = proc.stdout.lower()
+                if any(w in words for w in ("held", "hold", "stuck", "waiting")):
+                    stuck = proc.stdout.strip().splitlines()[-1] if proc.stdout else None
+            jobs.append({"job": job, "shared": info["shared"], "ended": ended,
+                         "stuck": stuck, "kind": info["kind"]})
+        roots: dict[str, Any] = {}
+        paths: dict[str, set[str]] = {}
+        for fact in facts:
+            if fact["ev"] == "start" and not fact.get("shared"):
+                paths.setdefault(fact["root"], set())
+                if fact.get("resumed"):
+                    paths[fact["root"]].add(checker._relative(fact["root"], fact["resumed"]))
+        for root, wanted in paths.items():
+            pub = os.path.join(root, "pub")
+            names = sorted(os.listdir(pub)) if os.path.isdir(pub) else []
+            for name in names:
+                wanted.add(checker.model.parse_name(name).path)
+            roots[root] = {"pubs": names, "keep": 2,
+                           "present": {p: os.path.exists(os.path.join(root, p)) for p in wanted}}
+        return {"seed": self.args.seed, "minutes": self.args.minutes, "faults": self.faults,
+                "roots": roots, "submissions": submissions, "jobs": jobs, "lifts": lifts,
+                "drains": [{"node": n, "reason": r, "ours": o}
+                           for (n, r), o in sorted(self.drains.items())],
+                "run_dir": self.run_dir}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m soak.run",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--minutes", type=float,
+                        default=float(os.environ.get("SOAK_MINUTES", "30")))
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("SOAK_SEED") or
+                                                        random.SystemRandom().randrange(10**6)))
+    parser.add_argument("--nodes", type=int, default=int(os.environ.get("SOAK_NODES", "8")))
+    parser.add_argument("--jobs", type=int, default=14,
+                        help="keep at least this many Slurm jobs pending or running")
+    parser.add_argument("--drain", type=float,
+                        default=float(os.environ.get("SOAK_DRAIN", "240")),
+                        help="seconds to wait at the end for every job to end")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("the soak needs root: it runs the sandbox and its faults", file=sys.stderr)
+        return 2
+    if args.nodes < 8:
+        print(f"--nodes {args.nodes}: the soak runs on at least 8 nodes", file=sys.stderr)
+        return 2
+    return Soak(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
