@@ -1,17 +1,26 @@
 """``dispatch-admin``: the site admin's commands (run as root), one subcommand each.
 
 ``dispatch-admin doctor`` runs each installed hook part the way Slurm would and says what is
-broken, with the fix.  A new subcommand is one more ``@main.command()`` function here (its work
-in the side it belongs to), with its man page regenerated (``make docs``).
+broken, with the fix.  ``holds`` is a read-only view across every user's records;
+``release-service`` lifts the holds the site's CessationSignal proves ceased, on the users'
+behalf (what a site that made ``facts/`` 0700 runs instead of the users' own supervisors
+asking).  Both read and write users' records only as the user who owns them
+(:mod:`slurm_dispatch.control.siteview`).  A new subcommand is one more ``@main.command()``
+function here (its work in the side it belongs to), with its man page regenerated
+(``make docs``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Optional
+import os
+import time
+from typing import Any, Optional
 
 import click
 
+from .._table import render_table
+from ..errors import UsageError
 from .shell import ClickShell
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -82,3 +91,119 @@ def _version() -> str:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+RECORDS_HELP = ("Where each user's records are: %u the user's name, %h their home "
+                "(default %h/.local/state/slurm-dispatch, the users' default DISPATCH_HOME).")
+
+
+def _root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("run as root: users' records are in their homes, and are read (and "
+                         "written) as each user, which only root can do")
+
+
+def _chosen(user: tuple[str, ...], records: str) -> Any:
+    from ..control import siteview
+    return siteview.users(list(user), records)
+
+
+def _when(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
+
+
+def _left(now: float, deadline: float) -> str:
+    if deadline <= now:
+        return "EXPIRED"
+    left = int(deadline - now)  # squeue's TIME_LEFT: [D-]HH:MM:SS
+    days, rest = divmod(left, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+@main.command()
+@click.option("--user", "-u", multiple=True, metavar="NAME",
+              help="Only this user's holds (repeatable; default: every user with records).")
+@click.option("--records", default="%h/.local/state/slurm-dispatch", show_default=False,
+              metavar="PATTERN", help=RECORDS_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--noheader", "noheader", is_flag=True, help="No header line (as squeue -h).")
+def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) -> Optional[int]:
+    """Every standing shared-checkpoint hold across users: read-only.
+
+    One line per hold, soonest deadline first: the user, the dispatch job, the held Slurm job
+    (what squeue shows as held), its deadline and the time left, and each ended execution it
+    waits for (Slurm job id and restart) with the site's last answer about it (ceased, not
+    ceased, error, not asked) and when it was asked.  --json gives the evidence too.  Exit 0;
+    1 when a user's records could not be read (named on stderr, the rest still shown).
+
+    Example: `dispatch-admin holds --user alice`
+    """
+    from ..control import siteview
+    _root()
+    seen = siteview.view(_chosen(user, records))
+    now = time.time()
+    if as_json:
+        click.echo(json.dumps(seen, sort_keys=True))
+    else:
+        rows = []
+        for hold in seen["holds"]:
+            waits = ",".join(f"{e['slurm_job_id']}+{e['restart']}" for e in hold["ended"])
+            verdicts = ",".join(e["verdict"].replace(" ", "_") for e in hold["ended"])
+            asked = max((e["asked_at"] for e in hold["ended"] if e["asked_at"] is not None),
+                        default=None)
+            held = hold["held_slurm_job_id"] + (f"_{hold['task']}" if hold["task"] is not None
+                                                else "")
+            rows.append([hold["user"], hold["dispatch_job"], held, _when(hold["deadline"]),
+                         _left(now, hold["deadline"]), waits, verdicts, _when(asked)])
+        text = render_table(["USER", "DISPATCH_JOB", "HELD", "DEADLINE", "LEFT", "WAITS_FOR",
+                             "LAST_ANSWER", "ASKED"], rows, noheader)
+        if text:
+            click.echo(text)
+    for error in seen["errors"]:
+        click.echo(f"dispatch-admin: {error}", err=True)
+    return 1 if seen["errors"] else None
+
+
+@main.command("release-service")
+@click.option("--user", "-u", multiple=True, metavar="NAME",
+              help="Only this user's holds (repeatable; default: every user with records).")
+@click.option("--records", default="%h/.local/state/slurm-dispatch", metavar="PATTERN",
+              help=RECORDS_HELP)
+@click.option("--loop", is_flag=True, help="A pass every CessationInterval, for ever.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors.")
+def release_service(user: tuple[str, ...], records: str, loop: bool,
+                    quiet: bool) -> Optional[int]:
+    """Lift, on the users' behalf, the holds proven ceased: one pass, or --loop.
+
+    For every standing hold of every user (or --user), asks the site's CessationSignal
+    (dispatch.conf; default dispatch-cease) as root about each ended execution the hold waits
+    for, at most every CessationInterval; records each answer in the user's record and, when
+    every one is ceased, releases the held Slurm job, as that user.  Root never opens a user's
+    files: each user's records are read and written by a process running as that user.
+
+    Run it where a site made facts/ 0700 (so users' supervisors cannot ask dispatch-cease):
+    from a systemd timer (contrib/systemd/dispatch-release.*) or root's cron
+    (`* * * * * dispatch-admin release-service -q`).  Exit 0; 1 when something failed (each
+    failure on stderr, the other users still served).
+    """
+    from ..control import siteview
+    from ..control.supervisor import site_settings
+    _root()
+    settings = site_settings()
+    if not settings.signal:
+        raise UsageError("dispatch.conf sets no CessationSignal: holds wait for a person "
+                         "(dispatch release), there is nothing to ask")
+    while True:
+        done = siteview.release_pass(_chosen(user, records), settings.signal,
+                                     settings.signal_timeout, settings.interval)
+        if not quiet:
+            for action in done["actions"]:
+                click.echo(action)
+        for error in done["errors"]:
+            click.echo(f"dispatch-admin: {error}", err=True)
+        if not loop:
+            return 1 if done["errors"] else None
+        time.sleep(settings.interval)

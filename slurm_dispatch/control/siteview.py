@@ -1,0 +1,282 @@
+"""The site's view across users' records, and the site's release of proven holds.
+
+Records live in each user's home (:mod:`.record`), written by that user.  Root reads them for
+``dispatch-admin holds`` (every standing hold, its deadline, what the site's CessationSignal last
+said about each ended execution it waits for) and lifts the holds proven ceased for
+``dispatch-admin release-service``: the one way holds lift by themselves where the site made
+``facts/`` 0700, which stops every user's own supervisor from asking ``dispatch-cease``.
+
+Invariants:
+
+* Root never opens a user's record: every read and write of a user's records is done by a
+  child process running as that user (uid, gid, the user's groups; a scrubbed environment),
+  so a symlink the user planted leads only where the user could go anyway, and whatever is
+  written is the user's own, owned by the user.
+* Only the question is root's: the CessationSignal runs as root (it reads facts/ 0700), about
+  the Slurm job ids and restart counts the user's record names, as separate words (never a
+  shell); a target that is not a Slurm job id is refused, never asked.
+* The view changes nothing; the service lifts a hold only when every ended execution it waits
+  for is proven ceased, records each answer first (as the supervisor does), and releases the
+  held job as its owner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import signal
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import DispatchError, UsageError
+
+DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
+CHILD_TIMEOUT = 300.0  # seconds a user's child may take
+_TARGET = re.compile(r"^[0-9]+(_[0-9]+)?$")  # a Slurm job id, or an array task's A_T
+
+
+def records_of(pattern: str, user: pwd.struct_passwd) -> str:
+    """A user's record home: ``pattern`` with ``%u`` the user's name, ``%h`` their home."""
+    if "%" not in pattern.replace("%u", "").replace("%h", "").replace("%%", "") \
+            and os.path.isabs(pattern.replace("%h", "/")):
+        out = pattern.replace("%%", "\0").replace("%u", user.pw_name)
+        return out.replace("%h", user.pw_dir).replace("\0", "%")
+    raise UsageError(f"--records {pattern!r}: give an absolute path in which %u stands for the "
+                     f"user's name and %h for their home (default {DEFAULT_RECORDS})")
+
+
+def users(names: Sequence[str], pattern: str) -> list[tuple[pwd.struct_passwd, str]]:
+    """The users to look at with their record homes: ``names``, else every account whose
+    record home exists (a folder that is not there has no records)."""
+    if names:
+        chosen = []
+        for name in names:
+            try:
+                chosen.append(pwd.getpwnam(name))
+            except KeyError:
+                raise UsageError(f"--user {name!r}: no such user") from None
+    else:
+        chosen = sorted(pwd.getpwall(), key=lambda u: u.pw_name)
+    out = []
+    for user in chosen:
+        home = records_of(pattern, user)
+        if names or os.path.isdir(os.path.join(home, "jobs")):
+            out.append((user, home))
+    return out
+
+
+# -- what a user's child does, as that user ----------------------------------------------
+
+def _targets(hold: Any) -> list[list[Any]]:
+    return [[str(t), int(r)] for t, r in
+            (hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]])]
+
+
+def standing(home: str) -> dict[str, Any]:
+    """Every standing hold of the records in ``home`` (run as their user)."""
+    from . import record
+    holds: list[dict[str, Any]] = []
+    errors: list[str] = []
+    try:
+        jobs = record.all_jobs(home)
+    except DispatchError as exc:
+        return {"holds": [], "errors": [str(exc)]}
+    for job in jobs:
+        try:
+            history = job.history()
+            tasks = history.tasks
+            seen: set[str] = set()
+            for line in [history.lineage()] + [history.lineage(t) for t in tasks]:
+                hold = line.hold
+                if hold is None or hold.slurm_job_id + f"/{hold.task}" in seen \
+                        or (line.task is not None and hold.task is None):
+                    continue
+                seen.add(hold.slurm_job_id + f"/{hold.task}")
+                answers = line.answers_for(hold.slurm_job_id)
+                ended = []
+                for target, restart in _targets(hold):
+                    mine = [a for a in answers if a.ended_slurm_job_id == target]
+                    last = mine[-1] if mine else None
+                    ended.append({"slurm_job_id": target, "restart": restart,
+                                  "verdict": last.verdict if last else "not asked",
+                                  "asked_at": last.asked if last else None,
+                                  "evidence": last.evidence if last else None})
+                holds.append({"dispatch_job": job.id, "held_slurm_job_id": hold.slurm_job_id,
+                              "task": hold.task, "submission": hold.submission,
+                              "end_state": hold.end_state, "held_since": hold.time,
+                              "deadline": hold.deadline, "ended": ended})
+        except (DispatchError, OSError) as exc:
+            errors.append(f"{job.id}: {exc}")
+    return {"holds": holds, "errors": errors}
+
+
+def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: float,
+         interval: float, now: float) -> dict[str, Any]:
+    """Record root's ``answers`` (keyed ``target:restart``) on every standing hold of the
+    records in ``home`` and lift those proven ceased (run as their user, who owns the held
+    jobs)."""
+    from ..errors import SlurmError
+    from ..slurm.adapter import Slurm
+    from . import holds as asking
+    from . import record
+    from .events import Released
+
+    def runner(argv: list[str], _timeout: float) -> asking.Answer:
+        got = answers.get(f"{argv[-4]}:{argv[-2]}")
+        if got is None:
+            return asking.Answer("error", None, "not asked by the site's release service")
+        return asking.Answer(got["verdict"], got["code"], got["evidence"])
+
+    actions: list[str] = []
+    errors: list[str] = []
+    slurm = Slurm()
+    for job in record.all_jobs(home):
+        try:
+            history = job.history()
+            for line in [history.lineage()] + [history.lineage(t) for t in history.tasks]:
+                hold = line.hold
+                if hold is None or (line.task is not None and hold.task is None) \
+                        or now >= hold.deadline:
+                    continue  # an expired hold is the owner's supervisor's to end
+                done = line.answers_for(hold.slurm_job_id)
+                if done and now - done[-1].asked < interval:
+                    continue
+                if not asking.ceased(asking.ask(job, hold, signal, timeout, runner,
+                                                lambda: now, hold.task)):
+                    continue
+                try:
+                    slurm.release([hold.slurm_job_id])
+                except SlurmError as exc:
+                    errors.append(f"{job.id}: cannot release Slurm job {hold.slurm_job_id} "
+                                  f"(the hold stands): {exc}")
+                    continue
+                job.append(Released, slurm_job_id=hold.slurm_job_id,
+                           by="the site's release service (ceased)", task=hold.task)
+                asking.mark_released(slurm, job, hold, "(ceased, site)")
+                actions.append(f"{job.id}: hold on Slurm job {hold.slurm_job_id} lifted: "
+                               "ceased")
+                history = job.history()
+        except (DispatchError, OSError) as exc:
+            errors.append(f"{job.id}: {exc}")
+    return {"actions": actions, "errors": errors}
+
+
+# -- root's side -------------------------------------------------------------------------
+
+def _as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, Any]],
+             *args: Any) -> dict[str, Any]:
+    """``work(home, *args)`` in a forked child running as ``user`` (their uid, gid and groups,
+    a scrubbed environment, cwd /): its JSON answer, or one error naming what failed."""
+    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name,
+           "PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
+           "DISPATCH_HOME": home}
+    for name in ("SLURM_CONF", "SLURM_DISPATCH_CONF", "DISPATCH_SLURM_BACKEND"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    groups = os.getgrouplist(user.pw_name, user.pw_gid)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        data = b""
+        try:
+            os.close(readable)
+            signal.alarm(int(CHILD_TIMEOUT))  # a hung file system ends the child, not us
+            os.setgroups(groups)
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)  # last: from here on nothing of root's is left
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir("/")
+            data = json.dumps(work(home, *args), sort_keys=True).encode()
+        except BaseException as exc:  # noqa: B036 - the child reports everything, then ends
+            data = json.dumps({"errors": [f"{type(exc).__name__}: {exc}"]}).encode()
+        finally:
+            try:
+                view_ = memoryview(data)
+                while view_:
+                    view_ = view_[os.write(writable, view_):]
+            finally:
+                os._exit(0)
+    os.close(writable)
+    chunks = []
+    with os.fdopen(readable, "rb") as pipe:
+        while True:
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    try:
+        answer = json.loads(b"".join(chunks).decode("utf-8", "replace"))
+        if not isinstance(answer, dict):
+            raise ValueError("not an object")
+        return answer
+    except ValueError:
+        return {"errors": [f"reading {home} as {user.pw_name} gave no answer (wait status "
+                           f"{status})"]}
+
+
+def view(chosen: list[tuple[pwd.struct_passwd, str]]) -> dict[str, Any]:
+    """Every standing hold of every chosen user, read as that user; nothing is changed."""
+    holds: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for user, home in chosen:
+        got = _as_user(user, home, standing)
+        for hold in got.get("holds", []):
+            holds.append({"user": user.pw_name, **hold})
+        errors += [f"{user.pw_name}: {e}" for e in got.get("errors", [])]
+    holds.sort(key=lambda h: (h["deadline"], h["user"], h["dispatch_job"]))
+    return {"holds": holds, "errors": errors}
+
+
+def ask_as_root(signal: str, timeout: float, target: str, restart: int,
+                runner: Optional[Callable[[list[str], float], Any]] = None) -> dict[str, Any]:
+    """The CessationSignal's answer about one ended execution a user's record names."""
+    from . import holds as asking
+    if not _TARGET.match(target):
+        return {"verdict": "error", "code": None,
+                "evidence": f"{target!r} is not a Slurm job id; not asked"}
+    import shlex
+    try:
+        argv = [*shlex.split(signal), target, "--restart", str(restart), "--json"]
+    except ValueError as exc:
+        return {"verdict": "error", "code": None,
+                "evidence": f"CessationSignal {signal!r} does not split into words: {exc}"}
+    answer = (runner or asking.ask_signal)(argv, timeout)
+    return {"verdict": answer.verdict, "code": answer.code, "evidence": answer.evidence}
+
+
+def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeout: float,
+                 interval: float, now: Optional[float] = None) -> dict[str, Any]:
+    """One pass of the site's release service over the chosen users."""
+    now = time.time() if now is None else now
+    actions: list[str] = []
+    errors: list[str] = []
+    for user, home in chosen:
+        got = _as_user(user, home, standing)
+        errors += [f"{user.pw_name}: {e}" for e in got.get("errors", [])]
+        answers: dict[str, dict[str, Any]] = {}
+        for hold in got.get("holds", []):
+            if not isinstance(hold, dict) or now >= float(hold.get("deadline", 0)):
+                continue
+            ended_all = [e for e in hold.get("ended", []) if isinstance(e, dict)]
+            asked = [e["asked_at"] for e in ended_all
+                     if isinstance(e.get("asked_at"), (int, float))]
+            if asked and now - max(asked) < interval:
+                continue  # asked within CessationInterval: the next pass asks again
+            for ended in ended_all:
+                key = f"{ended.get('slurm_job_id')}:{ended.get('restart')}"
+                if key not in answers:
+                    answers[key] = ask_as_root(signal, timeout, str(ended.get("slurm_job_id")),
+                                               int(ended.get("restart", 0)))
+        if not answers:
+            continue
+        done = _as_user(user, home, lift, answers, signal, timeout, interval, now)
+        actions += [f"{user.pw_name}: {a}" for a in done.get("actions", [])]
+        errors += [f"{user.pw_name}: {e}" for e in done.get("errors", [])]
+    return {"actions": actions, "errors": errors}

@@ -1,0 +1,168 @@
+"""The site's view across users' records and its release service (dispatch-admin holds,
+release-service; control/siteview.py): run as root, they read and write a user's records only
+as that user.  The records belong to a real account (nobody); the CessationSignal is a root-run
+script that needs a root-only (0700) folder, as dispatch-cease does where facts/ is 0700; Slurm's
+scontrol is a fake at the process boundary that logs who called it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_dispatch.cli import admin
+from slurm_dispatch.control import record
+from slurm_dispatch.control.supervisor import Settings, Supervisor
+from slurm_dispatch.slurm.adapter import Slurm
+
+from .fake_cluster import FakeCluster
+from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs children as another user")
+USER = pwd.getpwnam("nobody")
+REAL_SLURM_INIT = Slurm.__init__  # before the fixture puts the in-process fake there
+
+
+@pytest.fixture
+def site(cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+         ) -> Iterator[tuple[FakeCluster, Path]]:
+    """A folder every account can pass through (pytest's own is root's 0700) holding
+    nobody's record home at <base>/nobody."""
+    base = Path(tempfile.mkdtemp(prefix="siteview-", dir="/var/tmp"))
+    base.chmod(0o711)
+    monkeypatch.setenv("DISPATCH_HOME", str(base / "nobody"))
+    yield cluster, base
+    shutil.rmtree(base)
+
+
+def held(fake: FakeCluster, base: Path) -> tuple[record.JobRecord, str, str]:
+    """A shared-checkpoint job of nobody's whose node failed: its next submission is held."""
+    done = submit_one(str(base / "ck"), "--shared-checkpoint", "--resubmit", "3")
+    fake.set(done.slurm_job_id, JobState="NODE_FAIL", Restarts="0")
+    Supervisor(Slurm(), Settings(signal=None), clock=time.time).run_pass()
+    held_id = str(done.job.submissions()[-1]["slurm_job_id"])
+    for folder, _, files in os.walk(base / "nobody"):
+        for name in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.lchown(name, USER.pw_uid, USER.pw_gid)
+    return done.job, done.slurm_job_id, held_id
+
+
+def admin_cmd(base: Path, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(admin.main, [*args, "--user", "nobody",
+                                             "--records", f"{base}/%u"])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_holds_shows_every_standing_hold_read_as_its_user(site: tuple[FakeCluster, Path]
+                                                          ) -> None:
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    code, out, err = admin_cmd(base, "holds")
+    assert code == 0, err
+    head, line = out.splitlines()
+    assert head.split() == ["USER", "DISPATCH_JOB", "HELD", "DEADLINE", "LEFT", "WAITS_FOR",
+                            "LAST_ANSWER", "ASKED"]
+    cells = line.split()
+    assert cells[:3] == ["nobody", job.id, held_id]
+    assert cells[4].startswith("1-00:00:0") or cells[4].startswith("23:59:")
+    assert cells[5:] == [f"{ended}+0", "not_asked", "-"]
+    code, out, err = admin_cmd(base, "holds", "--json")
+    shown = json.loads(out)
+    assert shown["errors"] == []
+    assert [(h["user"], h["dispatch_job"], h["held_slurm_job_id"]) for h in shown["holds"]] \
+        == [("nobody", job.id, held_id)]
+    assert shown["holds"][0]["ended"] == [{"slurm_job_id": ended, "restart": 0,
+                                           "verdict": "not asked", "asked_at": None,
+                                           "evidence": None}]
+
+
+def test_a_users_symlink_leads_the_view_only_where_the_user_may_go(
+        site: tuple[FakeCluster, Path]) -> None:
+    fake, base = site
+    job, _, _ = held(fake, base)
+    secret = base / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "events").mkdir()
+    (secret / "job.json").write_text('{"secret": "root only"}')
+    events = Path(job.path) / "events"
+    shutil.rmtree(events)
+    events.symlink_to(secret / "events")
+    os.lchown(events, USER.pw_uid, USER.pw_gid)
+    code, out, err = admin_cmd(base, "holds", "--json")
+    assert code == 1
+    shown = json.loads(out)
+    assert shown["holds"] == []
+    assert len(shown["errors"]) == 1 and "Permission denied" in shown["errors"][0], shown
+    assert "root only" not in out + err
+
+
+def site_conf(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A dispatch.conf whose CessationSignal (root's) answers ceased only if it can read a
+    root-only 0700 folder; a fake scontrol logging its argv and caller's uid."""
+    facts = base / "facts"
+    facts.mkdir(mode=0o700)
+    (facts / "proof").write_text("ceased\n")
+    signal = base / "cease"
+    signal.write_text(f'#!/bin/sh\ncat {facts}/proof >/dev/null || exit 1\n'
+                      f'echo "{{\\"asked\\": \\"$*\\", \\"uid\\": $(id -u)}}"\n')
+    signal.chmod(0o755)
+    tools = base / "bin"
+    tools.mkdir(mode=0o755)
+    log = base / "scontrol.log"
+    log.touch(mode=0o666)
+    log.chmod(0o666)
+    (tools / "scontrol").write_text(f'#!/bin/sh\necho "$(id -u) $*" >>{log}\n')
+    (tools / "scontrol").chmod(0o755)
+    conf = base / "dispatch.conf"
+    conf.write_text(f"CessationSignal={signal}\nSlurmBackend=cli\n")
+    conf.chmod(0o644)
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setattr(Slurm, "__init__", REAL_SLURM_INIT)  # scontrol itself, as a site's
+    return log
+
+
+def test_the_release_service_lifts_a_proven_hold_as_its_user(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    log = site_conf(base, monkeypatch)
+    code, out, err = admin_cmd(base, "release-service")
+    assert (code, err) == (0, "")
+    assert out == f"nobody: {job.id}: hold on Slurm job {held_id} lifted: ceased\n"
+    calls = log.read_text().splitlines()
+    assert calls[0] == f"{USER.pw_uid} release {held_id}"
+    assert calls[1].startswith(f"{USER.pw_uid} update jobid={held_id} "
+                               f"comment=dispatch:{job.id}/2 released (ceased, site) ")
+    events = {e["event"]: e for e in job.events()}
+    assert events["cessation"]["verdict"] == "ceased"
+    assert events["cessation"]["evidence"] == {"asked": f"{ended} --restart 0 --json",
+                                               "uid": 0}
+    assert events["released"]["by"] == "the site's release service (ceased)"
+    for folder, _, files in os.walk(Path(job.path) / "events"):
+        for name in files:
+            assert os.lstat(os.path.join(folder, name)).st_uid == USER.pw_uid, name
+    code, out, _ = admin_cmd(base, "holds", "--noheader")
+    assert (code, out) == (0, "")
+    code, out, _ = admin_cmd(base, "release-service")  # nothing stands: nothing asked
+    assert (code, out, len(log.read_text().splitlines())) == (0, "", 2)
+
+
+def test_the_release_service_refuses_a_target_that_is_not_a_job_id(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user who rewrites their record cannot make root's signal run with other words."""
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    log = site_conf(base, monkeypatch)
+    from slurm_dispatch.control import siteview
+    answer = siteview.ask_as_root("/bin/echo", 5.0, "--restart=0; rm -rf /", 0)
+    assert answer["verdict"] == "error" and "not a Slurm job id" in answer["evidence"]
+    assert log.read_text() == ""
