@@ -87,8 +87,11 @@ PUBLICATION = "publication"  # one whose save is already gone: only the name goe
 # distinct head (many saves share it).
 _HEAD_CHARS = 56
 # Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
-# while it writes, Lightning's .ckpt files and its checkpoints/ folder inside an execution's).
-_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/")
+# while it writes, Lightning's .ckpt files (a .ckpt folder: its sharded save, a DCP one) and
+# its checkpoints/ folder inside an execution's, torchtitan's step-N DCP folders).  A DCP
+# save is its folder, whole: its shards and .metadata are never saves of their own, and
+# cleanup removes the folder or nothing of it.
+_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/|step-[0-9]+/")
 CHECKPOINTS = "checkpoints/"  # the Lightning integration's folder in an execution's
 
 
@@ -302,7 +305,8 @@ def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder
         return True
     bare = entry.rstrip("/")
     if entry == CHECKPOINTS and folder is not None:
-        return all(_SAVE_NAME.fullmatch(e) is not None and not e.endswith("/")
+        return all(_SAVE_NAME.fullmatch(e) is not None and (not e.endswith("/")
+                                                            or e.endswith(".ckpt/"))
                    or e.endswith(execdir.MANIFEST_SUFFIX) for e in folder.inner)
     return (execdir.is_own(bare) or bare in published_tops
             or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)

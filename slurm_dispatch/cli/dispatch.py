@@ -277,7 +277,7 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
           timeout: Optional[float], command: tuple[str, ...]) -> int:
     """Publish each complete save in DIR as it appears, in step order, each once.
 
-    A save is a folder checkpoint-<N>, or a .ckpt file whose name holds step=<N>
+    A save is a folder checkpoint-<N> or step-<N>, or a .ckpt file whose name holds step=<N>
     (Lightning's epoch=0-step=50.ckpt); with --pattern, every matching name.  Complete means,
     for every kind: it looks whole (a folder: its ready file, --ready, is a non-empty file,
     parsing if .json; a file: non-empty and, if a zip as torch.save writes, ended by its end
@@ -294,7 +294,14 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     confirmed, for at most --timeout) and exit with its status.  Without one, run until
     TERM, INT or HUP, then do the same last scans and exit 0.  The first error (a store
     error, a scan longer than --timeout) stops publishing: exit 2, or the command's status if
-    it failed.  One writer only: saves several ranks write are published by the integrations.
+    it failed.
+
+    A folder holding .metadata is a torch.distributed.checkpoint (DCP) save, which several
+    ranks write (torchtitan's step-<N>, Lightning's sharded .ckpt folder): complete once
+    .metadata is in place, names only files that are there and whole, and (Lightning's)
+    meta.pt is whole; DCP's coordinator renames .metadata into place only after every rank
+    has written its shards.  Other saves several ranks write are published by the
+    integrations.
 
     On an s3:// root, DIR is the local staging folder ($DISPATCH_STAGE_DIR): each complete
     save is uploaded under the execution's prefix ($DISPATCH_EXEC_DIR, or --to) with boto3's

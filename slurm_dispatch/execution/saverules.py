@@ -2,7 +2,29 @@
 
 The rules ``dispatch watch`` publishes by (:class:`SaveRule`): a folder ``checkpoint-<N>``
 once its ready file is whole; a ``.ckpt`` file whose name holds ``step=<N>`` once it is in
-place and whole; or, with a pattern, every name matching a glob with one ``{step}``.
+place and whole; or, with a pattern, every name matching a glob with one ``{step}``.  A
+folder holding ``.metadata`` is a ``torch.distributed.checkpoint`` (DCP) save, whatever its
+name (``step-<N>``, torchtitan's, is a save's name too; a ``.ckpt`` folder is Lightning's
+sharded save): it looks whole once :func:`dcp_problem` finds nothing missing.
+
+Why a DCP save, which several ranks write (on several nodes), is safe to judge from one
+node: ``torch.distributed.checkpoint.save`` (and ``async_save``, in its background thread) is
+one collective.  Every rank writes its own shard files (fsynced by ``FileSystemWriter``'s
+default ``sync_files``), the write results are gathered to the coordinator, and only then does
+the coordinator write the metadata, to ``.metadata.tmp``, and rename it to ``.metadata``
+(``FileSystemWriter.finish``).  So ``.metadata`` in place means every rank has finished
+writing: a writer on another node, which the ``/proc`` check cannot see, has already closed
+its files.  What is still checked, because the rename proves nothing about them: that the
+``.metadata`` in place is whole and is DCP's (it is read, never trusted: a pickle read with
+stand-ins, so nothing in it runs and torch is not needed); that every file its
+``storage_data`` names is a regular file in the folder, long enough for every item's offset
+and length (a shard lost or cut short, or a listing that lags on a shared file system); that
+no ``.metadata.tmp`` is beside it (a second save into the same folder, whose old
+``.metadata`` stays until the rename); and, for Lightning's sharded ``.ckpt`` folder, that
+``meta.pt``, which rank 0 writes after the collective save, is whole.  The snapshot rule
+below still applies (a shard rewritten in place by a second save of the same folder).  A
+save made without collectives (each rank's own ``__<rank>.metadata``, no ``.metadata``)
+never looks whole: no file says how many ranks there were.
 
 Looking whole is not enough to be complete: a file written in place (safetensors, a pickle,
 a preallocated file) looks whole while it grows, and a folder's ready file may not be its
@@ -22,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import stat
 import struct
@@ -35,6 +58,11 @@ DEFAULT_READY = "trainer_state.json"  # Hugging Face Trainer writes it last into
 FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's name must be
 
 _FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
+_STEP_FOLDER = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager: step-<N>/
+DCP_METADATA = ".metadata"  # the DCP coordinator renames it into place last
+DCP_METADATA_TMP = ".metadata.tmp"  # what it writes first
+LIGHTNING_SHARDED_META = "meta.pt"  # Lightning's FSDP sharded .ckpt folder: rank 0, after
+DCP_METADATA_LIMIT = 1 << 30  # a .metadata larger than this is not read (bytes)
 # Lightning's default file name is epoch=<E>-step=<S>.ckpt (-v<k> when a name repeats);
 # "last.ckpt" and "hpc_ckpt_<n>.ckpt" carry no step and are not saves here.  "step=" must start
 # the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
@@ -50,9 +78,11 @@ _ZIP64_END = b"PK\x06\x06"
 class SaveRule:
     """Which names in the folder are saves, their steps, and when each looks whole.
 
-    Without a pattern: a folder ``checkpoint-<N>`` (whole once its ready file is), or a
-    ``.ckpt`` file whose name holds ``step=<N>`` (whole once in place, non-empty and, for a
-    zip, ended by its end record).  With a pattern (a glob over names in the folder with one
+    Without a pattern: a folder ``checkpoint-<N>`` (whole once its ready file is) or
+    ``step-<N>`` (a DCP save), or a ``.ckpt`` file whose name holds ``step=<N>`` (whole once
+    in place, non-empty and, for a zip, ended by its end record; a ``.ckpt`` folder is
+    Lightning's sharded save, a DCP one).  Any folder save holding ``.metadata`` is whole
+    once :func:`dcp_problem` says nothing.  With a pattern (a glob over names in the folder with one
     ``{step}`` standing for the digits), every matching name is a save: a folder needs its
     ready file, a file is whole on the same terms.  Names starting with "." are never saves.
     Complete also needs the save unchanged and unwritten (the module's docstring).
@@ -79,7 +109,7 @@ class SaveRule:
         if self.regex is not None:
             match = self.regex.fullmatch(name)
             return (int(match.group(1)), EITHER) if match else None
-        match = _FOLDER_NAME.fullmatch(name)
+        match = _FOLDER_NAME.fullmatch(name) or _STEP_FOLDER.fullmatch(name)
         if match:
             return int(match.group(1)), FOLDER
         match = _FILE_STEP.search(name)
@@ -121,14 +151,26 @@ def _glob(text: str, pattern: str) -> str:
     return "".join(out)
 
 
-def looks_whole(path: str, is_folder: bool, ready: str) -> bool:
-    """The save at ``path`` looks whole: :func:`folder_complete` or :func:`file_complete`."""
+def looks_whole(path: str, is_folder: bool, ready: str, dcp_only: bool = False) -> bool:
+    """The save at ``path`` looks whole: :func:`folder_complete` or :func:`file_complete`;
+    with ``dcp_only`` (:func:`dcp_only`), a folder only as a complete DCP save."""
+    if is_folder and dcp_only:
+        return is_dcp_save(path) and dcp_problem(path) is None
     return folder_complete(path, ready) if is_folder else file_complete(path)
+
+
+def dcp_only(name: str, kind: str) -> bool:
+    """A folder of this name is a save only as a DCP one: ``step-<N>`` (torchtitan's), or a
+    name that is a file's (a ``.ckpt`` folder is Lightning's sharded save)."""
+    return kind == FILE or _STEP_FOLDER.fullmatch(name) is not None
 
 
 def folder_complete(path: str, ready: str) -> bool:
     """A save folder looks whole once its ready file is a non-empty regular file (and, for a
-    ``.json`` one, parses: Hugging Face creates trainer_state.json, then writes it)."""
+    ``.json`` one, parses: Hugging Face creates trainer_state.json, then writes it); a DCP
+    folder (:func:`is_dcp_save`) once :func:`dcp_problem` finds nothing missing."""
+    if is_dcp_save(path):
+        return dcp_problem(path) is None
     return _regular_and(os.path.join(path, ready),
                         _json_whole if ready.endswith(".json") else lambda fd, size: True)
 
@@ -157,6 +199,122 @@ def _regular_and(path: str, whole: Callable[[int, int], bool]) -> bool:
         return stat.S_ISREG(st.st_mode) and st.st_size > 0 and whole(fd, st.st_size)
     finally:
         os.close(fd)
+
+
+def is_dcp_save(path: str) -> bool:
+    """The folder at ``path`` is a ``torch.distributed.checkpoint`` save: it holds (or is
+    about to hold) ``.metadata`` (no symlink followed)."""
+    return (os.path.lexists(os.path.join(path, DCP_METADATA))
+            or os.path.lexists(os.path.join(path, DCP_METADATA_TMP)))
+
+
+def dcp_problem(path: str) -> Optional[str]:
+    """Why the DCP save in the folder ``path`` is not complete, or None when it is: its
+    ``.metadata`` is a whole DCP metadata file, no ``.metadata.tmp`` is beside it, every file
+    the metadata's ``storage_data`` names is a regular file in the folder reaching each of its
+    items' offset plus length, and (a ``.ckpt`` folder, Lightning's) ``meta.pt`` is whole.
+
+    ``.metadata`` is a pickle of torch's ``Metadata``; it is read with stand-ins for every
+    class it names (nothing in it is run, torch is not imported), and only ``storage_data``'s
+    file names, offsets and lengths are used.  Nothing is followed, written or blocked on."""
+    if os.path.lexists(os.path.join(path, DCP_METADATA_TMP)):
+        return f"{DCP_METADATA_TMP} is there: the coordinator has not renamed it into place"
+    meta = os.path.join(path, DCP_METADATA)
+    try:
+        fd = _fsio.open_file(meta, nonblock=True)
+    except OSError as exc:
+        return f"{DCP_METADATA} cannot be opened: {exc.strerror}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return f"{DCP_METADATA} is not a non-empty regular file"
+        if st.st_size > DCP_METADATA_LIMIT:
+            return f"{DCP_METADATA} is larger than {DCP_METADATA_LIMIT} bytes"
+        data = _read_all(fd, st.st_size)
+    finally:
+        os.close(fd)
+    files = dcp_files(data)
+    if isinstance(files, str):
+        return f"{DCP_METADATA} {files}"
+    for name, end in sorted(files.items()):
+        try:
+            shard = os.lstat(os.path.join(path, name))
+        except OSError:
+            return f"{DCP_METADATA} names {name}, which is not there"
+        if not stat.S_ISREG(shard.st_mode):
+            return f"{DCP_METADATA} names {name}, which is not a regular file"
+        if shard.st_size < end:
+            return (f"{DCP_METADATA} names {end} bytes of {name}, which holds "
+                    f"{shard.st_size}")
+    if path.rstrip("/").endswith(".ckpt") and not file_complete(
+            os.path.join(path, LIGHTNING_SHARDED_META)):
+        return f"{LIGHTNING_SHARDED_META} (Lightning writes it after the shards) is not whole"
+    return None
+
+
+class _Stand:
+    """What every class a DCP metadata pickle names becomes: it keeps its arguments and its
+    state, and runs nothing."""
+
+    where: tuple[str, str] = ("", "")
+    args: tuple[object, ...] = ()
+    state: object = None
+
+    def __new__(cls, *args: object, **kwargs: object) -> _Stand:
+        self = object.__new__(cls)
+        self.args = args
+        return self
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        self.state = state
+
+
+class _StandInUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        super().__init__(io.BytesIO(data))
+        self._made: dict[tuple[str, str], type] = {}
+
+    def find_class(self, module: str, name: str) -> type:
+        made = self._made.get((module, name))
+        if made is None:
+            made = type(name, (_Stand,), {"where": (module, name)})
+            self._made[(module, name)] = made
+        return made
+
+
+def dcp_files(data: bytes) -> dict[str, int] | str:
+    """From a DCP ``.metadata``'s bytes: each file its ``storage_data`` names (one name in
+    the save's folder) -> the least size that holds every item stored in it; or what is
+    wrong with the bytes, as words."""
+    try:
+        top = _StandInUnpickler(data).load()
+    except Exception as exc:  # any malformed pickle: truncated, garbage, a stand-in misused
+        return f"does not read as a pickle ({type(exc).__name__}: {exc})"
+    state = top.state if isinstance(top, _Stand) else None
+    if not (isinstance(top, _Stand) and top.where[1] == "Metadata" and isinstance(state, dict)
+            and isinstance(state.get("storage_data"), dict)):
+        return "is not torch.distributed.checkpoint's Metadata with its storage_data"
+    files: dict[str, int] = {}
+    for info in state["storage_data"].values():
+        fields = info.state if isinstance(info, _Stand) else None
+        if isinstance(fields, tuple) and len(fields) == 2 and isinstance(fields[0], dict):
+            fields = fields[0]  # (dict, slots) where a class has both
+        if not isinstance(fields, dict):
+            return "has a storage_data entry that is not a file, offset and length"
+        name, offset, length = (fields.get("relative_path"), fields.get("offset"),
+                                fields.get("length"))
+        if not (isinstance(name, str) and type(offset) is int and type(length) is int
+                and offset >= 0 and length >= 0):
+            return "has a storage_data entry that is not a file, offset and length"
+        if name in ("", ".", "..") or "/" in name or "\0" in name or name.startswith("."):
+            return f"names {name!r}, which is not a file of the save's own folder"
+        files[name] = max(files.get(name, 0), offset + length)
+    return files
 
 
 def _json_whole(fd: int, size: int) -> bool:

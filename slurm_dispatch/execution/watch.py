@@ -1,7 +1,10 @@
 """``dispatch watch``: publish each complete save of one execution's folder as it appears.
 
-The seed's in-job helper, for saves one process writes (it cannot see ranks: a save that
-several ranks write publishes through the integrations, after a barrier).  A
+The seed's in-job helper, for saves one process writes, and for the one kind of save that
+several ranks write that it can judge: a ``torch.distributed.checkpoint`` (DCP) folder, whose
+coordinator renames ``.metadata`` into place only after every rank has written its shards
+(saverules says why that is safe and what is still checked).  Other saves several ranks write
+publish through the integrations, after a barrier.  A
 :class:`Watcher` scans the folder; :class:`WatchLoop` repeats the scan every interval, runs
 the user's command as its child, forwards Slurm's signals to it and scans a last time when
 it exits.
@@ -53,11 +56,14 @@ from ..checkpoint import publish as store
 from ..checkpoint.stores.open import check_root_scheme
 from ..errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
 from .saverules import (
-    FILE,
+    DCP_METADATA,
+    DCP_METADATA_TMP,
     FOLDER,
     Entry,
     NotASave,
     SaveRule,
+    dcp_only,
+    dcp_problem,
     files_of,
     looks_whole,
     open_for_writing,
@@ -118,6 +124,7 @@ class Watcher:
         # last scan; published once the next scan finds it unchanged and unwritten.
         self._seen: dict[str, tuple[bool, tuple[Entry, ...]]] = {}
         self._held: set[str] = set()  # names whose writer has been said once
+        self._told: set[str] = set()  # DCP saves whose missing part has been said once
 
     def _own_mark(self) -> int:
         if self.uploader is not None:
@@ -192,8 +199,11 @@ class Watcher:
         keeps otherwise, for the next scan)."""
         path = os.path.join(self.folder, name)
         is_folder = self._kind(name, kind)
-        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready):
+        only_dcp = dcp_only(name, kind)
+        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready, only_dcp):
             self._seen.pop(name, None)
+            if is_folder:
+                self._say_dcp_problem(name, step, path)
             return False
         now = self._snapshot(name, step)
         if now is None:
@@ -202,6 +212,16 @@ class Watcher:
         before = self._seen.get(name)
         self._seen[name] = (is_folder, now)
         return before == (is_folder, now)
+
+    def _say_dcp_problem(self, name: str, step: int, path: str) -> None:
+        """Say once what a DCP save whose ``.metadata`` is in place still lacks (a shard not
+        there yet on a lagging shared file system, or lost)."""
+        if name in self._told or not os.path.lexists(os.path.join(path, DCP_METADATA)):
+            return
+        problem = dcp_problem(path)
+        if problem is not None and not problem.startswith(DCP_METADATA_TMP):
+            self._told.add(name)
+            self.report(f"not publishing step {step} yet: {path}: {problem}")
 
     def _snapshot(self, name: str, step: int) -> Optional[tuple[Entry, ...]]:
         path = os.path.join(self.folder, name)
@@ -256,12 +276,12 @@ class Watcher:
             return None
         except OSError as exc:
             raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
-        if stat.S_ISDIR(st.st_mode) and kind != FILE:
+        if stat.S_ISDIR(st.st_mode):
+            # A .ckpt folder is Lightning's sharded save: a save once it is a whole DCP one.
             return True
         if stat.S_ISREG(st.st_mode) and kind != FOLDER:
             return False
-        # A checkpoint-N file, a step=N folder (a sharded save: ranks publish those), a
-        # symlink (never followed): not a save, now or later.
+        # A checkpoint-N file, a symlink (never followed): not a save, now or later.
         self._settle(name)
         return None
 
