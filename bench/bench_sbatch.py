@@ -685,12 +685,13 @@ def bench_folder(layout: sandbox_layout.Layout, user: str, prefix: str,
     return scratch
 
 
-def sandbox_options(p: argparse.ArgumentParser, default_dir: str) -> None:
-    """The options of a bench on its own sandbox (also bench_submit_api)."""
+def sandbox_options(p: argparse.ArgumentParser, default_dir: str, nodes: int = 1) -> None:
+    """The options of a bench on its own sandbox (also bench_submit_api, bench_controller)."""
     p.add_argument("--dir", default=default_dir,
                    help=f"the bench's own sandbox state folder (default {default_dir})")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="nodes of the bench sandbox (default 1: held jobs never run)")
+    p.add_argument("--nodes", type=int, default=nodes,
+                   help=f"nodes of the bench sandbox (default {nodes}"
+                        + (": held jobs never run)" if nodes == 1 else ")"))
     p.add_argument("--user", default=sandbox_layout.DEFAULT_USER,
                    help=f"the sandbox user (default {sandbox_layout.DEFAULT_USER})")
     p.add_argument("--keep", action="store_true",

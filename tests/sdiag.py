@@ -1,0 +1,93 @@
+"""What one command costs slurmctld, read from the controller's own counters (``sdiag``).
+
+``sdiag --reset`` (SlurmUser or root) zeroes the RPC statistics; the command runs; ``sdiag``
+then prints, per message type and per user, how many RPCs the controller served and their total
+time in microseconds.  Only the RPCs of ``user`` (the command's own) are counted: the reading
+``sdiag`` itself is root's ``REQUEST_STATS_INFO``, and slurmd's messages are root's too.  Used by
+the real tier (tests/real/test_controller_bill.py) and bench/bench_controller.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+# "	REQUEST_JOB_USER_INFO   ( 2039) count:1      ave_time:168    total_time:168"
+# "	dsu-bill        (    1002) count:3      ave_time:229    total_time:689"
+_LINE = re.compile(r"^\s*(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+"
+                   r"total_time:(\d+)")
+BY_TYPE = "Remote Procedure Call statistics by message type"
+BY_USER = "Remote Procedure Call statistics by user"
+# Run as the job user with the sandbox venv's python, in a folder holding job.sh: submits COUNT
+# held dispatch jobs (roots ck-START ...) from one process, 8 at a time; prints their job ids.
+HELD_SWEEP = """\
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from slurm_dispatch import api
+start, count = int(sys.argv[1]), int(sys.argv[2])
+def one(i):
+    return api.submit("job.sh", "--hold", checkpoint=f"ck-{i}").slurm_job_id
+with ThreadPoolExecutor(8) as pool:
+    print("\\n".join(pool.map(one, range(start, start + count))))
+"""
+
+
+@dataclass
+class Counters:
+    """One ``sdiag`` reading: {name: (count, total µs)} by message type and by user."""
+
+    by_type: dict[str, tuple[int, int]] = field(default_factory=dict)
+    by_user: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def parse(text: str) -> Counters:
+    """The two RPC tables of ``sdiag``'s output (22.05 and 24.11 print them alike)."""
+    found = Counters()
+    table: dict[str, tuple[int, int]] | None = None
+    for line in text.splitlines():
+        if line.startswith(BY_TYPE):
+            table = found.by_type
+        elif line.startswith(BY_USER):
+            table = found.by_user
+        elif table is not None:
+            match = _LINE.match(line)
+            if match:
+                table[match.group(1)] = (int(match.group(3)), int(match.group(5)))
+            elif line.strip():
+                table = None  # the next section (Pending RPC statistics)
+    return found
+
+
+@dataclass
+class Cost:
+    """What one command cost the controller: ``user``'s RPCs, by type, and their total time."""
+
+    rpcs: int
+    total_us: int
+    by_type: dict[str, int]
+
+    def types(self) -> str:
+        return ", ".join(f"{name.removeprefix('REQUEST_')} {count}"
+                         for name, count in sorted(self.by_type.items())) or "none"
+
+
+def measure(as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
+            user: str, command: Callable[[], object]) -> Cost:
+    """Reset the counters, run ``command``, read them: ``user``'s RPCs.  ``as_root`` runs a
+    Slurm client as root (SlurmUser) in the cluster's environment.  The types are the ones
+    the reading shows beside the user's RPCs (root's own ``REQUEST_STATS_INFO`` left out), so
+    they are the user's only while nothing else talks to the controller meanwhile."""
+    reset = as_root(["sdiag", "--reset"])
+    if reset.returncode != 0:
+        raise RuntimeError(f"sdiag --reset exited {reset.returncode}: {reset.stderr.strip()}")
+    command()
+    read = as_root(["sdiag"])
+    if read.returncode != 0:
+        raise RuntimeError(f"sdiag exited {read.returncode}: {read.stderr.strip()}")
+    counters = parse(read.stdout)
+    count, total = counters.by_user.get(user, (0, 0))
+    by_type = {name: n for name, (n, _) in counters.by_type.items()
+               if name != "REQUEST_STATS_INFO"}
+    return Cost(rpcs=count, total_us=total, by_type=by_type)
