@@ -41,13 +41,14 @@ def weed_binary() -> str:
     return found
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports free right now (held open together while chosen)."""
+def _free_ports(count: int, address: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``address`` right now (held open together while
+    chosen)."""
     socks = []
     try:
         for _ in range(count):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind((address, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -58,7 +59,10 @@ def _free_ports(count: int) -> list[int]:
 class SeaweedServer:
     """One ``weed mini`` process serving S3 on ``endpoint`` with fixed test credentials."""
 
-    def __init__(self, base_dir: str | None = None) -> None:
+    def __init__(self, base_dir: str | None = None, address: str = "127.0.0.1") -> None:
+        # Where it listens: loopback, or the sandbox's bridge address for jobs on its nodes
+        # (each node has its own network namespace, whose loopback is its own).
+        self.address = address
         self.dir = tempfile.mkdtemp(prefix="seaweedfs-", dir=base_dir)
         self.proc: subprocess.Popen[bytes] | None = None
         self.s3_port = 0
@@ -66,7 +70,7 @@ class SeaweedServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return f"http://{self.address}:{self.s3_port}"
 
     @property
     def pid(self) -> int:
@@ -81,11 +85,12 @@ class SeaweedServer:
 
     def start(self) -> SeaweedServer:
         (master, master_g, volume, volume_g, filer, filer_g, s3, s3_g, admin, admin_g,
-         metrics) = _free_ports(11)
+         metrics) = _free_ports(11, self.address)
         self.s3_port = s3
         data = os.path.join(self.dir, "data")
         os.mkdir(data)
-        argv = [weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        argv = [weed_binary(), "mini", f"-dir={data}", f"-ip={self.address}",
+                f"-ip.bind={self.address}",
                 "-webdav=false", "-master.telemetry=false", "-admin.ui=false",
                 "-s3.autoCreateBucket=false",
                 f"-master.port={master}", f"-master.port.grpc={master_g}",

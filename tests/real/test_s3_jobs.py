@@ -25,6 +25,8 @@ import pytest
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores import transfer
+from slurm_dispatch.sandbox import network as sandbox_network
+from slurm_dispatch.sandbox.layout import Layout
 from tests.real import test_dispatch_sbatch as sbatch_tests
 from tests.real import test_frameworks as frameworks_tests
 from tests.real.test_dispatch_sbatch import Workdir, printed, wait_executions, wait_state
@@ -70,13 +72,15 @@ done
 
 @pytest.fixture(scope="module")
 def s3_server(sandbox: Any) -> Iterator[SeaweedServer]:
-    """SeaweedFS on loopback for the module, and boto3 in the sandbox's venv (once)."""
+    """SeaweedFS for the module on the sandbox's bridge address, where jobs on every node reach
+    it (a node's loopback is its own), and boto3 in the sandbox's venv (once)."""
     python = Path(sandbox.venv_bin) / "python"
     if subprocess.run([str(python), "-c", "import boto3"], capture_output=True).returncode:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-c",
                         str(frameworks_tests.CONSTRAINTS), "boto3>=1.35"], check=True,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    server = SeaweedServer(os.environ.get("DISPATCH_S3_TEST_DIR") or None).start()
+    address = sandbox_network.net_of(Layout(Path(sandbox.dir))).host_address
+    server = SeaweedServer(os.environ.get("DISPATCH_S3_TEST_DIR") or None, address).start()
     try:
         server.make_bucket(BUCKET)
         yield server

@@ -21,7 +21,9 @@ import pytest
 
 from slurm_dispatch.errors import SandboxError
 from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import daemons as sandbox_daemons
 from slurm_dispatch.sandbox import layout as sandbox_layout
+from slurm_dispatch.sandbox import network as sandbox_network
 from slurm_dispatch.sandbox import slurm_conf as sandbox_slurm_conf
 from slurm_dispatch.sandbox import state_folder as sandbox_state_folder
 
@@ -220,6 +222,112 @@ def test_partitioned_node_requeues_its_job_while_the_old_execution_runs_on(
     sandbox.wait_for(lambda: sandbox.node_states()[node] == "idle", 30, f"{node} idle")
     assert sandbox.job_state(jobid)["JobState"] == "RUNNING"
     sandbox.run(["scancel", jobid])
+
+
+def _prober(log: Path, address: str, port: int) -> str:
+    """A batch script whose own process tries the controller's port every half second and
+    logs whether it got through; its first execution ends (exit 0) after three failures, a
+    later one just waits."""
+    probe = (f"import socket; socket.create_connection(({address!r}, {port}), timeout=1)"
+             ".close()")
+    return f"""#!/bin/bash
+if [ "${{SLURM_RESTART_COUNT:-0}}" != 0 ]; then exec sleep 600; fi
+cuts=0
+while [ $cuts -lt 3 ]; do
+    if python3 -c "{probe}" 2>/dev/null; then
+        echo "reach node=$SLURMD_NODENAME" >> '{log}'
+    else
+        cuts=$((cuts + 1)); echo "cut node=$SLURMD_NODENAME" >> '{log}'
+    fi
+    sleep 0.5
+done
+echo "ended node=$SLURMD_NODENAME" >> '{log}'
+"""
+
+
+def test_a_cut_node_reaches_nothing_and_its_ended_job_is_not_completed(
+        sandbox: Sandbox, record_property: pytest.RecordProperty) -> None:
+    # Issue 20: with slurmd merely stopped, slurmstepd told the controller that the job had
+    # ended and Slurm recorded COMPLETED; a real cut lets nothing of the node through.
+    layout = sandbox_layout.Layout(sandbox.dir)
+    net = sandbox_network.net_of(layout)
+    work = sandbox.workdir("cut")
+    log = work / "probes.log"
+    jobid = sandbox.submit(_prober(log, net.host_address, layout.controller_port),
+                           f"--chdir={work}", "--output=/dev/null")
+
+    def lines() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+
+    node = ""
+    try:
+        first = sandbox.wait_for(lambda: lines(), 30, f"job {jobid} to probe")
+        assert first[0].startswith("reach "), first  # the probe gets through before the cut
+        node = first[0].split("node=")[1]
+        cut_at = time.monotonic()
+        sandbox_lib.partition(node, sandbox.dir)
+        assert sandbox_lib.status(sandbox.dir).partitioned == [node]
+        sandbox.wait_for(lambda: any(line.startswith("ended ") for line in lines()), 30,
+                         f"the job's own process on {node} to fail three probes and end")
+        after = lines()[[line.startswith("cut ") for line in lines()].index(True):]
+        assert all(not line.startswith("reach ") for line in after), after
+
+        seen: list[str] = []
+
+        def requeued() -> bool:
+            state = sandbox.job_state(jobid)
+            seen.append(state["JobState"])
+            return "*" in sandbox.node_states()[node] and state["Restarts"] == "1"
+
+        sandbox.wait_for(requeued, 90, f"{node} not responding and job {jobid} requeued")
+        record_property("cut_to_requeue_s", round(time.monotonic() - cut_at, 1))
+        # Healed only once the job runs elsewhere: a requeued job sent back to the node that
+        # still holds its old, unreported batch step fails to launch (Slurm holds it).
+        state = sandbox.wait_for(
+            lambda: (s := sandbox.job_state(jobid))["JobState"] == "RUNNING" and s, 60,
+            f"job {jobid} to run again")
+        # Ended on the cut node, yet never recorded so: nothing of the node got through.
+        assert "COMPLETED" not in seen, seen
+        assert state["Restarts"] == "1" and state["NodeList"] != node
+    finally:
+        if node:
+            sandbox_lib.heal(node, sandbox.dir)
+    assert sandbox_lib.status(sandbox.dir).partitioned == []
+    # Back in touch, the old execution's end is not taken for this one's.
+    sandbox.wait_for(lambda: sandbox.node_states()[node] == "idle", 30, f"{node} idle")
+    state = sandbox.job_state(jobid)
+    assert (state["JobState"], state["Restarts"]) == ("RUNNING", "1"), state
+    sandbox.run(["scancel", jobid])
+
+
+def test_down_leaves_no_network_behind_and_up_repairs_a_crash(sandbox: Sandbox) -> None:
+    net = sandbox_network.net_of(sandbox_layout.Layout(sandbox.dir))
+    node = sandbox.nodes[1]
+    slurmd = sandbox_daemons.slurmd(sandbox_layout.Layout(sandbox.dir), node)
+    old_pid = sandbox_daemons.checked_pid(slurmd)
+    # A crash's leftover: the node's namespace gone from /run/netns while its slurmd lives on
+    # in it (unreachable), and its veth still on the bridge.
+    subprocess.run(["ip", "netns", "delete", net.netns(node)], check=True)
+    report = sandbox_lib.up(sandbox.dir, user=sandbox.user, source=REPO_ROOT)
+    assert f"created network namespace {net.netns(node)}" in report.actions
+    new_pid = sandbox_daemons.checked_pid(slurmd)
+    assert new_pid != old_pid and report.status.running
+    assert sandbox_network.in_netns(new_pid, sandbox_layout.Layout(sandbox.dir), node)
+
+    def ours() -> list[str]:
+        prefix = f"dsb{net.slot}"
+        return sorted([*(p.name for p in Path("/sys/class/net").iterdir()
+                         if p.name.startswith(prefix)),
+                       *(p.name for p in Path("/run/netns").glob(f"{prefix}-*"))])
+
+    assert ours() == sorted([net.bridge, *(net.veth(n) for n in sandbox.nodes),
+                             *(net.netns(n) for n in sandbox.nodes)])
+    try:
+        sandbox_lib.down(sandbox.dir)
+        assert ours() == []
+    finally:
+        report = sandbox_lib.up(sandbox.dir, user=sandbox.user, source=REPO_ROOT)
+    assert report.status.running and ours() != []
 
 
 def test_partition_of_an_unknown_node_names_the_valid_ones(sandbox: Sandbox) -> None:
