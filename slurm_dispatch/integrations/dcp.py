@@ -68,6 +68,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from .. import _fsio
 from ..checkpoint import publish as store
 from ..errors import UsageError
+from ..execution import saverules
 from ..execution.saves import (
     Execution,
     choose_resume,
@@ -242,18 +243,20 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     start = choose_resume(execution, required=(METADATA,), framework=FRAMEWORK).path
     if start is None:
         return None
-    try:
-        attempt(start)
-        return start
-    # DCP raises the same CheckpointException (a BaseException) on every rank.
-    except (Exception, CheckpointException) as exc:
-        first_why = f"DCP could not load it: {_short(exc)}"
+    first_why = saverules.dcp_problem(start)  # torn without a manifest to say so (watch's)
+    if first_why is None:
+        try:
+            attempt(start)
+            return start
+        # DCP raises the same CheckpointException (a BaseException) on every rank.
+        except (Exception, CheckpointException) as exc:
+            first_why = f"DCP could not load it: {_short(exc)}"
     found = store.list_publications(execution.root)
     why = first_why
     bad = start
     for candidate in lineage_before(execution.root, start, found):
         _say(bad, why, candidate)
-        reason = why_unloadable(candidate, (METADATA,))
+        reason = why_unloadable(candidate, (METADATA,)) or saverules.dcp_problem(candidate)
         if reason is None and not record_choice(execution, candidate, found,
                                                 f"fallback from {start}"):
             reason = "its publication was removed by cleanup while this execution chose it"

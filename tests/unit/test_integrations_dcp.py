@@ -102,3 +102,23 @@ def test_a_checkpoint_id_outside_the_execution_is_refused_by_name(
     with pytest.raises(UsageError, match="step None"):
         dcp.save(state(1))
     assert not (tmp_path / "ck" / "pub").exists() or steps(tmp_path / "ck") == []
+
+
+def test_a_torn_save_without_a_manifest_is_passed_over_before_dcp_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    dcp.save(state(1), step=1)
+    dcp.save(state(2), step=2)
+    second = exec_dir / "step-2"
+    (second / "dispatch-manifest.json").unlink()  # as dispatch watch publishes a DCP folder
+    with open(second / "__0_0.distcp", "r+b") as handle:
+        handle.truncate(8)
+    monkeypatch.undo()
+    dispatch_env(root, "b", E2, str(second), monkeypatch)
+    loaded = empty()
+    assert dcp.load(loaded) == str(exec_dir / "step-1")
+    assert hashes(loaded) == hashes(state(1))
+    err = capfd.readouterr().err
+    assert f"not resuming from {second}: " in err and "DCP could not load it" not in err
