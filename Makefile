@@ -103,11 +103,14 @@ docs: install
 
 # What a site installs from: the wheel (nodes, controller, login nodes: pip install it into a
 # venv) and the admin's parts (hook scripts, config templates, the admin guide) in one tarball.
+# Neither carries the sandbox (dispatch-sandbox apt-installs Slurm and starts daemons as root):
+# tools/site_wheel.py rewrites the wheel pip built without it; a clone keeps it (make install).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # pip builds the wheel in an isolated environment of its own with what pyproject.toml's
 # build-system asks for (setuptools; a fresh venv has no `wheel` for --no-build-isolation).
 dist: $(VENV_MADE)
 	rm -rf dist
 	$(PY) -m pip wheel -q --no-deps -w dist .
-	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md docs/man
+	$(PY) tools/site_wheel.py dist/slurm_dispatch-*.whl
+	tar -czf dist/slurm-dispatch-site-$(VERSION).tar.gz --exclude='*dispatch-sandbox*' --transform 's,^,slurm-dispatch-site-$(VERSION)/,' contrib site-config docs/admin-guide.md docs/man
 	@ls -l dist

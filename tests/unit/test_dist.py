@@ -1,6 +1,7 @@
 """`make dist`: what a site installs from (issue 9, for admins: the package is on no index).
 
-The wheel installs into a fresh venv and gives the four commands and the hooks' entry point;
+The wheel installs into a fresh venv and gives the site's commands and the hooks' entry point,
+without the sandbox (issue 22 item 6);
 the site tarball holds the hook parts, the config templates and the admin guide.  The wheel holds
 every subpackage of the layout (issue 19) and the permanent ``slurm_dispatch/launch.py`` shim that
 every batch script runs, and ``python -m slurm_dispatch.launch`` from the installed wheel reaches
@@ -34,19 +35,35 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
     # of packages.find would install a tool that fails at its first lazy import), the shim too.
     with zipfile.ZipFile(wheels[0]) as wheel:
         shipped = {n for n in wheel.namelist() if n.startswith("slurm_dispatch/")}
+    # Issue 22 item 6: but not the sandbox, which apt-installs Slurm and starts daemons as
+    # root: the developer's tool stays in the clone.
+    sandbox = {"slurm_dispatch/cli/sandbox.py", "slurm_dispatch/cli_sandbox.py"} | {
+        p.relative_to(REPO).as_posix() for p in (REPO / "slurm_dispatch/sandbox").rglob("*.py")}
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "slurm_dispatch").rglob("*.py")}
-    assert "slurm_dispatch/launch.py" in modules
-    assert modules - shipped == set(), sorted(modules - shipped)
+    assert "slurm_dispatch/launch.py" in modules and "slurm_dispatch/sandbox/cluster.py" in sandbox
+    assert modules - sandbox - shipped == set(), sorted(modules - sandbox - shipped)
+    assert shipped & sandbox == set(), sorted(shipped & sandbox)
+    assert not any(n.startswith("slurm_dispatch/sandbox/") for n in shipped)
     assert {f"{p.relative_to(REPO).as_posix()}/__init__.py"
             for p in (REPO / "slurm_dispatch").rglob("*") if p.is_dir()
-            and p.name != "__pycache__"} <= shipped
+            and p.name != "__pycache__" and "sandbox" not in p.parts} <= shipped
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        every = wheel.namelist()
+        (entry_points,) = [n for n in every if n.endswith(".dist-info/entry_points.txt")]
+        scripts = wheel.read(entry_points).decode()
+        (record_name,) = [n for n in every if n.endswith(".dist-info/RECORD")]
+        record_lines = wheel.read(record_name).decode().splitlines()
+    assert "dispatch-sandbox" not in scripts and "dispatch-admin =" in scripts, scripts
+    assert not [n for n in every if "dispatch-sandbox" in n]
+    # RECORD lists exactly what the wheel holds (pip checks each hash on install)
+    assert sorted(line.split(",")[0] for line in record_lines) == sorted(every)
     with tarfile.open(site) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"contrib/prolog.d/05-dispatch", "contrib/epilog.d/05-dispatch",
             "site-config/dispatch.conf", "site-config/slurm.conf.dispatch",
             "site-config/dispatch-recheck", "docs/admin-guide.md"} <= names
-    commands = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-admin",
-                "dispatch-sandbox")
+    commands = ("dispatch", "dispatch-sbatch", "dispatch-cease", "dispatch-admin")
+    assert not [n for n in names if "dispatch-sandbox" in n]
     # issue 18 item 15: the man pages and completions, for a site's system-wide install
     assert {f"docs/man/man1/{c}.1" for c in commands} <= names
     assert {f"contrib/completion/{c}" for c in commands} <= names
@@ -61,6 +78,8 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
         out = subprocess.run([str(venv / "bin" / command), "--help"], capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0 and "Usage" in out.stdout + out.stderr, (command, out)
+    assert not (venv / "bin/dispatch-sandbox").exists()
+    assert not list(venv.glob("lib/python*/site-packages/slurm_dispatch/sandbox"))
     hooks = subprocess.run([str(venv / "bin/python"), "-I", "-c",
                             "import slurm_dispatch.hooks, slurm_dispatch; "
                             "print(slurm_dispatch.__file__)"],
