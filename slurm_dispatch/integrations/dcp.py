@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import torch
@@ -243,31 +243,37 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     start = choose_resume(execution, required=(METADATA,), framework=FRAMEWORK).path
     if start is None:
         return None
-    first_why = saverules.dcp_problem(start)  # torn without a manifest to say so (watch's)
-    if first_why is None:
-        try:
-            attempt(start)
-            return start
-        # DCP raises the same CheckpointException (a BaseException) on every rank.
-        except (Exception, CheckpointException) as exc:
-            first_why = f"DCP could not load it: {_short(exc)}"
+    why = _loaded(attempt, start)
+    if why is None:
+        return start
     found = store.list_publications(execution.root)
-    why = first_why
-    bad = start
+    tried = start
     for candidate in lineage_before(execution.root, start, found):
-        _say(bad, why, candidate)
-        reason = why_unloadable(candidate, (METADATA,)) or saverules.dcp_problem(candidate)
-        if reason is None and not record_choice(execution, candidate, found,
-                                                f"fallback from {start}"):
-            reason = "its publication was removed by cleanup while this execution chose it"
-        if reason is None:
-            try:
-                attempt(candidate)
-                return candidate
-            except (Exception, CheckpointException) as exc:
-                reason = f"DCP could not load it: {_short(exc)}"
-        bad, why = candidate, reason
-    _say(bad, why, None)
+        _say(tried, why, candidate)
+        why = why_unloadable(candidate, (METADATA,))
+        if why is None and not record_choice(execution, candidate, found,
+                                             f"fallback from {start}"):
+            why = "its publication was removed by cleanup while this execution chose it"
+        if why is None:
+            why = _loaded(attempt, candidate)
+        if why is None:
+            return candidate
+        tried = candidate
+    _say(tried, why, None)
+    return None
+
+
+def _loaded(attempt: Callable[[str], None], path: str) -> Optional[str]:
+    """Load ``path`` (``attempt``); None when loaded, else why not.  A torn save without a
+    manifest to say so (published by ``dispatch watch``) is found before DCP reads it."""
+    problem = saverules.dcp_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        attempt(path)
+    # DCP raises the same CheckpointException (a BaseException) on every rank.
+    except (Exception, CheckpointException) as exc:
+        return f"DCP could not load it: {_short(exc)}"
     return None
 
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -76,19 +77,29 @@ def test_sync_and_async_saves_are_published_once_each_and_load_back(
     assert hashes(loaded) == hashes(state(2))
 
 
-def test_a_save_dcp_cannot_load_is_passed_over_for_the_previous_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "ck"
+def two_saves_then_resume(root: Path, monkeypatch: pytest.MonkeyPatch,
+                          spoil: Callable[[Path], None]) -> tuple[Path, dict[str, object]]:
+    """Execution a saves steps 1 and 2, ``spoil`` harms step 2, and execution b, told to
+    resume from step 2, loads: its folder and the state it loaded."""
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
     dcp.save(state(1), step=1)
     dcp.save(state(2), step=2)
-    shard = exec_dir / "step-2" / "__0_0.distcp"
-    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: the manifest cannot tell
+    spoil(exec_dir / "step-2")
     monkeypatch.undo()
     dispatch_env(root, "b", E2, str(exec_dir / "step-2"), monkeypatch)
     loaded = empty()
     assert dcp.load(loaded) == str(exec_dir / "step-1")
+    return exec_dir, loaded
+
+
+def test_a_save_dcp_cannot_load_is_passed_over_for_the_previous_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    def zero_the_shard(save: Path) -> None:
+        shard = save / "__0_0.distcp"
+        shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: the manifest cannot tell
+
+    exec_dir, loaded = two_saves_then_resume(tmp_path / "ck", monkeypatch, zero_the_shard)
     assert hashes(loaded) == hashes(state(1))
     err = capfd.readouterr().err
     assert f"not resuming from {exec_dir / 'step-2'}: DCP could not load it" in err
@@ -107,18 +118,14 @@ def test_a_checkpoint_id_outside_the_execution_is_refused_by_name(
 def test_a_torn_save_without_a_manifest_is_passed_over_before_dcp_reads_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "ck"
-    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
-    dcp.save(state(1), step=1)
-    dcp.save(state(2), step=2)
-    second = exec_dir / "step-2"
-    (second / "dispatch-manifest.json").unlink()  # as dispatch watch publishes a DCP folder
-    with open(second / "__0_0.distcp", "r+b") as handle:
-        handle.truncate(8)
-    monkeypatch.undo()
-    dispatch_env(root, "b", E2, str(second), monkeypatch)
-    loaded = empty()
-    assert dcp.load(loaded) == str(exec_dir / "step-1")
+    def tear_as_watch_published(save: Path) -> None:
+        (save / "dispatch-manifest.json").unlink()  # as dispatch watch publishes a DCP folder
+        with open(save / "__0_0.distcp", "r+b") as handle:
+            handle.truncate(8)
+
+    exec_dir, loaded = two_saves_then_resume(tmp_path / "ck", monkeypatch,
+                                             tear_as_watch_published)
     assert hashes(loaded) == hashes(state(1))
     err = capfd.readouterr().err
-    assert f"not resuming from {second}: " in err and "DCP could not load it" not in err
+    assert f"not resuming from {exec_dir / 'step-2'}: " in err
+    assert "DCP could not load it" not in err
