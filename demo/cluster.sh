@@ -44,7 +44,7 @@ node=$(status_json | json_field 'd["executions"][0]["node"]')
 wait_until 60 "the first saves" has_saves "$old_dir" 2
 echo "execution 1 runs on $node and writes only into $old_dir"
 
-say "cutting $node off the network (its slurmd stops answering; the job keeps running there)"
+say "cutting $node off the network (nothing it sends gets through; the job keeps running there)"
 "$here/bin/dispatch-sandbox" partition "$node"
 trap '"$here/bin/dispatch-sandbox" heal "$node" >/dev/null 2>&1 || true; scancel "$slurm_id" 2>/dev/null || true' EXIT
 echo "waiting for Slurm to declare $node down and requeue the job (about 25 s)..."

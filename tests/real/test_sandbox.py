@@ -330,6 +330,25 @@ def test_down_leaves_no_network_behind_and_up_repairs_a_crash(sandbox: Sandbox) 
     assert report.status.running and ours() != []
 
 
+def test_a_subnet_this_machine_has_is_refused_naming_what_holds_it(
+        sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = sandbox_network.net_of(sandbox_layout.Layout(sandbox.dir))
+    folder, other = next((f, n) for f in (Path(f"/var/tmp/netns-refusal-{os.getpid()}-{i}")
+                                          for i in range(10))
+                         if (n := sandbox_network.net_of(sandbox_layout.Layout(f))).slot
+                         != taken.slot)
+    monkeypatch.setenv(sandbox_network.SUBNET_ENV, str(taken.subnet))
+    try:
+        with pytest.raises(SandboxError, match=(
+                rf"network {taken.subnet} is taken on this machine \(address "
+                rf"{taken.host_address}/24 on {taken.bridge}\): set \$DISPATCH_SANDBOX_SUBNET")):
+            sandbox_lib.up(folder, user=sandbox.user, source=REPO_ROOT)
+        assert not Path("/sys/class/net", other.bridge).exists()
+        assert not list(Path("/run/netns").glob(f"dsb{other.slot}-*"))
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], check=True)
+
+
 def test_partition_of_an_unknown_node_names_the_valid_ones(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxError, match=r"unknown node 'n9'.*n1, n2, n3"):
         sandbox_lib.partition("n9", sandbox.dir)
