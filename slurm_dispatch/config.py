@@ -48,6 +48,9 @@ DEFAULT_SLURM_BACKEND = "auto"
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 # node_exporter's textfile collector folder the hooks keep their counters in: empty is off.
 DEFAULT_METRICS_DIR = ""
+# How long facts/ keeps a job's facts once nothing needs them (dispatch-admin prune): None is
+# unset, and the command then asks for --older-than.
+DEFAULT_FACT_RETENTION = None
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -59,7 +62,7 @@ class Config:
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
                  "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "listing_lag",
-                 "metrics_dir", "problems")
+                 "metrics_dir", "fact_retention", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -77,6 +80,7 @@ class Config:
         self.slurm_backend = DEFAULT_SLURM_BACKEND
         self.listing_lag = DEFAULT_LISTING_LAG
         self.metrics_dir = DEFAULT_METRICS_DIR
+        self.fact_retention: float | None = DEFAULT_FACT_RETENTION
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -194,6 +198,8 @@ _KEYS = {
     "listinglag": ("ListingLag", "listing_lag", _lag),
     # MetricsDir=/var/lib/node_exporter/textfile: the hooks' counters (node/metrics.py).
     "metricsdir": ("MetricsDir", "metrics_dir", _optional_dir),
+    # FactRetention=30-00:00:00: dispatch-admin prune removes facts nothing needs after that.
+    "factretention": ("FactRetention", "fact_retention", _positive_duration),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

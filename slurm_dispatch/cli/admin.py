@@ -89,10 +89,6 @@ def _version() -> str:
     return __version__
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
-
 RECORDS_HELP = ("Where each user's records are: %u the user's name, %h their home "
                 "(default %h/.local/state/slurm-dispatch, the users' default DISPATCH_HOME).")
 
@@ -207,3 +203,81 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
         if not loop:
             return 1 if done["errors"] else None
         time.sleep(settings.interval)
+@main.command()
+@click.option("--older-than", metavar="DURATION", default=None,
+              help="Remove facts older than this (seconds, HH:MM:SS or D-HH:MM:SS; default: "
+                   "dispatch.conf's FactRetention).")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--verbose", "-v", is_flag=True, help="Also name each job folder kept, and why.")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
+                   "beside slurm.conf).")
+def prune(older_than: Optional[str], dry_run: bool, verbose: bool,
+          config_path: Optional[str]) -> int:
+    """Remove the facts under StateDir/facts that nothing needs any more (run from cron).
+
+    A job's folder facts/UID/JOBID goes whole, and only when its newest fact is older than
+    the retention, every fact in it reads whole, its facts prove every execution ceased (each
+    node's start has an end with no survivor, or a later re-check found them gone; the
+    controller's start has its end), no node still watches its survivors, and its user's
+    records (~/.local/state/slurm-dispatch) neither hold it nor are unsettled about it.  A
+    user whose records cannot be read keeps everything; nothing that is not a fact file of
+    ours (a symlink, another owner's file) is removed or followed.
+
+    Prints each folder removed (with --verbose each kept, and why), progress on stderr, then a
+    summary.  Run it as the owner of StateDir (root) where StateDir is mounted, for example
+    daily: `dispatch-admin prune --older-than 30-00:00:00`.  Exit 0, 2 on an error.
+    """
+    import sys
+
+    from .. import config as config_module
+    from ..control import retention
+    from ..errors import ConfigError
+    from ..node import prune as prune_module
+    cfg = config_module.load(config_path)
+    if cfg.problems:
+        raise ConfigError(config_module.refusal(cfg, "--config" if config_path else ""))
+    if older_than is not None:
+        try:
+            keep_for = config_module.parse_duration(older_than)
+        except ValueError as exc:
+            raise UsageError(f"--older-than {exc}") from None
+    elif cfg.fact_retention is not None:
+        keep_for = cfg.fact_retention
+    else:
+        raise UsageError("no retention: give --older-than DURATION or set FactRetention in "
+                         f"{cfg.path or config_module.config_path()}")
+    needs: dict[int, Optional[set[str]]] = {}
+
+    def needed(uid: int) -> Optional[set[str]]:
+        if uid not in needs:
+            needs[uid] = retention.user_needs(uid)
+        return needs[uid]
+
+    verb = "would remove" if dry_run else "removed"
+    removed = facts = size = judged_count = 0
+    kept: dict[str, int] = {}
+    for judged in prune_module.plan(cfg.state_dir, keep_for, needed):
+        judged_count += 1
+        if judged_count % 1000 == 0:
+            click.echo(f"dispatch-admin prune: {judged_count} job folders judged", err=True)
+        if judged.reason is not None:
+            kept[judged.reason] = kept.get(judged.reason, 0) + 1
+            if verbose:
+                click.echo(f"kept {judged.path}: {judged.reason} ({judged.detail})")
+            continue
+        count = len(judged.names) if dry_run else prune_module.remove(cfg.state_dir, judged)
+        removed += 1
+        facts += count
+        size += judged.size
+        click.echo(f"{verb} {judged.path} ({count} facts, {judged.size} bytes)")
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(kept.items()))
+    click.echo(f"{verb} {removed} job folders ({facts} facts, {size} bytes) older than "
+               f"{keep_for:g} s under {cfg.state_dir}/facts; kept {sum(kept.values())}"
+               + (f": {why}" if why else ""))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

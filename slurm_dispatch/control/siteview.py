@@ -166,7 +166,7 @@ def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: fl
 
 # -- root's side -------------------------------------------------------------------------
 
-def _as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, Any]],
+def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, Any]],
              *args: Any) -> dict[str, Any]:
     """``work(home, *args)`` in a forked child running as ``user`` (their uid, gid and groups,
     a scrubbed environment, cwd /): its JSON answer, or one error naming what failed."""
@@ -226,7 +226,7 @@ def view(chosen: list[tuple[pwd.struct_passwd, str]]) -> dict[str, Any]:
     holds: list[dict[str, Any]] = []
     errors: list[str] = []
     for user, home in chosen:
-        got = _as_user(user, home, standing)
+        got = as_user(user, home, standing)
         for hold in got.get("holds", []):
             holds.append({"user": user.pw_name, **hold})
         errors += [f"{user.pw_name}: {e}" for e in got.get("errors", [])]
@@ -258,7 +258,7 @@ def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeo
     actions: list[str] = []
     errors: list[str] = []
     for user, home in chosen:
-        got = _as_user(user, home, standing)
+        got = as_user(user, home, standing)
         errors += [f"{user.pw_name}: {e}" for e in got.get("errors", [])]
         answers: dict[str, dict[str, Any]] = {}
         for hold in got.get("holds", []):
@@ -276,7 +276,7 @@ def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeo
                                                int(ended.get("restart", 0)))
         if not answers:
             continue
-        done = _as_user(user, home, lift, answers, signal, timeout, interval, now)
+        done = as_user(user, home, lift, answers, signal, timeout, interval, now)
         actions += [f"{user.pw_name}: {a}" for a in done.get("actions", [])]
         errors += [f"{user.pw_name}: {e}" for e in done.get("errors", [])]
     return {"actions": actions, "errors": errors}

@@ -1,0 +1,66 @@
+"""What the users' records still need of ``facts/``: ``dispatch-admin prune`` asks before it
+removes a job's facts.
+
+A record needs the facts of every Slurm job it names (each submission, each execution the
+launcher recorded) while it is not settled (the supervisor may still ask whether an ended job
+ceased, and resubmit), and of a standing hold's held and ended jobs whatever else it says.
+Records are read where the commands write them by default, ``~/.local/state/slurm-dispatch``
+in each user's home (a home moved with ``$DISPATCH_HOME`` is not seen), by a child process
+running as that user, as the site's view reads them (:mod:`.siteview`).  A user whose records
+cannot be read (a root-squashed home, a garbled record) needs everything: :func:`user_needs`
+says ``None`` and nothing of theirs is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Optional
+
+from . import events, forget, record, submit
+
+
+def needed_slurm_jobs(home: str) -> set[str]:
+    """The Slurm job ids whose facts the records under ``home`` still need; raises
+    DispatchError (RecordError) on a record that cannot be read."""
+    needed: set[str] = set()
+    for job in record.all_jobs(home):
+        history = job.history()
+        tasks = submit.array_tasks(job)
+        lines = [history.lineage()] + [history.lineage(t) for t in tasks or []]
+        standing = [line.hold for line in lines if line.hold is not None]
+        if standing or not forget.settled(job):
+            needed |= {s.slurm_job_id for s in history.submissions if s.slurm_job_id}
+            needed |= {s.slurm_job_id for s in history.of(events.Started) if s.slurm_job_id}
+        for hold in standing:
+            needed |= {i for i in (hold.slurm_job_id, hold.ended_slurm_job_id) if i}
+    return needed
+
+
+def _answer(home: str) -> dict[str, list[str]]:
+    """What :func:`user_needs`'s child, running as the user, answers."""
+    return {"needed": sorted(needed_slurm_jobs(home))}
+
+
+def user_needs(uid: int) -> Optional[set[str]]:
+    """The Slurm job ids user ``uid``'s records still need, read by a child running as that
+    user (root never opens a user's record: :func:`siteview.as_user`); ``None`` when they
+    cannot be read (so that every fact of theirs is kept); an empty set for a user with no
+    records."""
+    from . import siteview
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return set()  # no such account: no records anywhere we could read
+    home = siteview.records_of(siteview.DEFAULT_RECORDS, user)
+    try:
+        os.stat(user.pw_dir)  # a home not there (not mounted?) could hold records: keep all
+    except OSError:
+        return None
+    if not os.path.isdir(os.path.join(home, "jobs")):
+        return set()
+    got = siteview.as_user(user, home, _answer)
+    needed = got.get("needed")
+    if got.get("errors") or not isinstance(needed, list):
+        return None
+    return {str(i) for i in needed}

@@ -1,0 +1,260 @@
+"""Retention of ``facts/``: which jobs' facts nothing needs any more, and removing them.
+
+``dispatch-admin prune`` (run from cron as the owner of ``StateDir``) asks :func:`plan` for
+every job folder ``facts/<uid>/<jobid>/`` and removes those it may.  A folder is removed only
+when every one of these holds, and kept (with the reason counted) otherwise:
+
+1. its newest fact is older than the retention (the time in each fact's name, which is when
+   it was written; a name that does not read as a fact keeps the folder);
+2. every fact in it reads as a whole fact of a format this reader knows (a fact being written
+   is not whole yet; a garbled one is for a person to look at);
+3. its facts prove that every execution they record ceased, the way ``dispatch-cease`` would
+   need them: every node's ``start`` has that node's ``end``, and that end found no survivor
+   and no scan error, or the latest re-check of it found none; every ``ctld-start`` has its
+   ``ctld-end`` (the controller saw it end);
+4. no machine still watches survivors of the job (``watch/<host>/<uid>.<jobid>.*``);
+5. the users' records do not need it: the caller says, per uid, the Slurm job ids that a
+   record not yet settled or a standing hold still names (``None``: that user's records could
+   not be read, so every folder of that user is kept).
+
+Nothing is followed or removed that the fact store did not write: every folder is opened
+``O_NOFOLLOW`` relative to its parent from ``StateDir`` and must be owned by us and writable by
+nobody else; an entry that is not a regular file of ours (a symlink, a FIFO, another owner's
+file) keeps its folder.  Only the names judged are unlinked, so a fact written after the
+judgement stays (with its folder).  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+
+from .. import _fsio
+from ..errors import FactError
+from . import factstore
+
+#: Why a folder is kept, as the summary counts them.
+REASONS = ("recent", "not readable", "not proven ceased", "watched", "needed by a record",
+           "records unreadable", "not ours")
+
+
+class Judged:
+    """One job folder and the verdict: ``reason`` None means it may go."""
+
+    __slots__ = ("uid", "job_id", "names", "size", "reason", "detail")
+
+    def __init__(self, uid: str, job_id: str) -> None:
+        self.uid = uid
+        self.job_id = job_id
+        self.names: list[str] = []
+        self.size = 0
+        self.reason: str | None = None
+        self.detail = ""
+
+    @property
+    def path(self) -> str:
+        return f"{factstore.FACTS}/{self.uid}/{self.job_id}"
+
+
+def _token_time(token: str) -> float | None:
+    try:
+        return int(token[:16], 16) / 1e9
+    except ValueError:
+        return None
+
+
+def _open_ours(parent: int, name: str, where: str) -> int:
+    """Open folder ``name`` under ``parent``, never through a symlink; FactError unless it is
+    ours and writable by nobody else."""
+    try:
+        fd = _fsio.open_dir(name, parent)
+    except OSError as exc:
+        raise FactError(f"{where}: {exc.strerror} (a symlink or a non-folder is left alone)") \
+            from None
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise FactError(f"{where}: owned by uid {info.st_uid} with mode "
+                        f"{stat.S_IMODE(info.st_mode):04o}; left alone")
+    return fd
+
+
+def watched_jobs(state_dir: str) -> set[tuple[str, str]]:
+    """(uid, job id) of every job whose survivors some machine still watches."""
+    found: set[tuple[str, str]] = set()
+    top = os.path.join(state_dir, factstore.WATCH)
+    try:
+        hosts = os.listdir(top)
+    except FileNotFoundError:
+        return found
+    for host in hosts:
+        try:
+            names = os.listdir(os.path.join(top, host))
+        except OSError:
+            continue
+        for name in names:
+            uid, _, rest = name.partition(".")
+            job_id = rest.rpartition(".")[0]
+            found.add((uid, job_id))
+    return found
+
+
+def _proof_problem(facts: list[dict]) -> str:
+    """Why these facts do not prove every execution ceased, or ''."""
+    ends: dict[tuple[str, str], dict] = {}
+    rechecks: dict[tuple[str, str], dict] = {}
+    ctld_ended = set()
+    for fact in facts:
+        kind, node, token = fact.get("kind"), str(fact.get("node")), str(fact.get("token"))
+        if kind == "end":
+            ends[(node, token)] = fact
+        elif kind == "recheck":
+            key = (node, str(fact.get("end_token")))
+            if key not in rechecks or rechecks[key].get("time", 0) <= fact.get("time", 0):
+                rechecks[key] = fact
+        elif kind == "ctld-end" and fact.get("start_token"):
+            ctld_ended.add(str(fact["start_token"]))
+    for fact in facts:
+        kind, node, token = fact.get("kind"), str(fact.get("node")), str(fact.get("token"))
+        if kind == "start":
+            end = ends.get((node, token))
+            if end is None:
+                return f"node {node} recorded a start and no end"
+            if end.get("survivors") or end.get("scan_error"):
+                later = rechecks.get((node, token))
+                if later is None or later.get("survivors"):
+                    return f"node {node} recorded survivors not since found gone"
+        elif kind == "ctld-start" and token not in ctld_ended:
+            return "the controller recorded a start and no end"
+    return ""
+
+
+def _judge(job_fd: int, judged: Judged, cutoff: float) -> None:
+    trusted = {os.geteuid()}
+    facts = []
+    for name in sorted(os.listdir(job_fd)):
+        info = os.stat(name, dir_fd=job_fd, follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid not in trusted:
+            judged.reason, judged.detail = "not ours", f"{name} is not a fact file of ours"
+            return
+        judged.names.append(name)
+        judged.size += info.st_size
+        parsed = factstore.parse_name(name)
+        written = _token_time(parsed[3]) if parsed else None
+        if written is None:
+            judged.reason, judged.detail = "not readable", f"{name} is not a fact's name"
+            return
+        if written > cutoff or info.st_mtime > cutoff:
+            judged.reason, judged.detail = "recent", f"{name} is newer than the retention"
+            return
+        try:
+            record = json.loads(factstore.read_regular(job_fd, name, trusted))
+            if not isinstance(record, dict) or record.get("kind") not in factstore.KINDS:
+                raise ValueError("not a fact")
+            problem = factstore.format_problem(record)
+            if problem:
+                raise ValueError(problem)
+        except (FactError, ValueError) as exc:
+            judged.reason, judged.detail = "not readable", f"{name}: {exc}"
+            return
+        facts.append(record)
+    problem = _proof_problem(facts)
+    if problem:
+        judged.reason, judged.detail = "not proven ceased", problem
+
+
+def plan(state_dir: str, retention: float, needed: Callable[[int], set[str] | None],
+         now: float | None = None) -> Iterator[Judged]:
+    """Judge every job folder under ``StateDir/facts`` (see the module's rules), in uid then
+    job order; FactError when ``StateDir`` or ``facts/`` cannot be used."""
+    cutoff = (time.time() if now is None else now) - retention
+    watched = watched_jobs(state_dir)
+    base = factstore.open_state_dir(state_dir)
+    try:
+        try:
+            facts = _open_ours(base, factstore.FACTS, f"{state_dir}/{factstore.FACTS}")
+        except FactError:
+            if not os.path.lexists(os.path.join(state_dir, factstore.FACTS)):
+                return
+            raise
+        try:
+            for uid in sorted(os.listdir(facts), key=lambda n: (len(n), n)):
+                yield from _plan_user(facts, uid, state_dir, cutoff, watched, needed)
+        finally:
+            os.close(facts)
+    finally:
+        os.close(base)
+
+
+def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
+               watched: set[tuple[str, str]],
+               needed: Callable[[int], set[str] | None]) -> Iterator[Judged]:
+    where = f"{state_dir}/{factstore.FACTS}/{uid}"
+    try:
+        user = _open_ours(facts, uid, where)
+    except FactError as exc:
+        judged = Judged(uid, "*")
+        judged.reason, judged.detail = "not ours", str(exc)
+        yield judged
+        return
+    try:
+        wanted = needed(int(uid)) if uid.isdigit() else None
+        for job_id in sorted(os.listdir(user), key=lambda n: (len(n), n)):
+            judged = Judged(uid, job_id)
+            if job_id.startswith("."):
+                judged.reason, judged.detail = "not ours", "a dot name"
+                yield judged
+                continue
+            try:
+                job = _open_ours(user, job_id, f"{where}/{job_id}")
+            except FactError as exc:
+                judged.reason, judged.detail = "not ours", str(exc)
+                yield judged
+                continue
+            try:
+                _judge(job, judged, cutoff)
+            finally:
+                os.close(job)
+            if judged.reason is None and (uid, job_id) in watched:
+                judged.reason, judged.detail = "watched", "a machine still re-checks survivors"
+            if judged.reason is None and wanted is None:
+                judged.reason, judged.detail = "records unreadable", \
+                    f"the records of uid {uid} could not be read"
+            elif judged.reason is None and wanted is not None and job_id in wanted:
+                judged.reason, judged.detail = "needed by a record", \
+                    "a standing hold or an unsettled record names it"
+            yield judged
+    finally:
+        os.close(user)
+
+
+def remove(state_dir: str, judged: Judged) -> int:
+    """Remove a folder :func:`plan` let go: only the names it judged, then the folder if it is
+    empty (a fact written since stays, and so does its folder).  Returns the facts removed."""
+    base = factstore.open_state_dir(state_dir)
+    fds = [base]
+    removed = 0
+    try:
+        fds.append(_open_ours(fds[-1], factstore.FACTS, f"{state_dir}/{factstore.FACTS}"))
+        fds.append(_open_ours(fds[-1], judged.uid,
+                              f"{state_dir}/{factstore.FACTS}/{judged.uid}"))
+        user = fds[-1]
+        job = _open_ours(user, judged.job_id, f"{state_dir}/{judged.path}")
+        fds.append(job)
+        for name in judged.names:
+            try:
+                os.unlink(name, dir_fd=job)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        try:
+            os.rmdir(judged.job_id, dir_fd=user)
+        except OSError:
+            pass  # something new was written there: it stays
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    return removed

@@ -1,0 +1,167 @@
+"""Retention of facts/ (issue 22, item 3): ``dispatch-admin prune`` removes what nothing needs
+and is made to try to remove what something does: a job not proven gone, a fact being written,
+a symlink a user planted, a hold standing in a user's record, records it cannot read, survivors
+still watched, and facts newer than the retention.  Needs root (a root-owned StateDir)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_dispatch.cli import admin
+from slurm_dispatch.control import retention
+from slurm_dispatch.node import factstore
+
+from .fakes import record
+
+UID = 1000
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the prune tests need root (a root-owned StateDir)")
+
+
+def clean_job(state: str, job_id: str, uid: int = UID) -> None:
+    for node in ("n1", "n2"):
+        start = record(state, "start", node, job_id, uid, time=1.0, restart=0)
+        factstore.write_fact(state, uid, uid, job_id, "end", node,
+                             {"time": 2.0, "restart": 0, "survivors": [], "scan_error": None},
+                             token=start.rpartition(".")[2])
+    ctld = record(state, "ctld-start", "slurmctld", job_id, uid, time=1.0, restart=0)
+    record(state, "ctld-end", "slurmctld", job_id, uid, time=2.0, restart=0,
+           start_token=ctld.rpartition(".")[2])
+
+
+def prune(tmp_path: Path, *args: str, needs: Optional[dict[int, Optional[set[str]]]] = None,
+          monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    monkeypatch.setattr(retention, "user_needs",
+                        lambda uid: (needs or {}).get(uid, set()))
+    conf = tmp_path / "dispatch.conf"
+    if not conf.exists():
+        conf.write_text(f"StateDir={tmp_path / 'state'}\n")
+    done = CliRunner().invoke(admin.main, ["prune", "--config", str(conf), *args])
+    return done.exit_code, done.output
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> str:
+    path = tmp_path / "state"
+    path.mkdir(mode=0o755)
+    return str(path)
+
+
+def folder(state: str, job_id: str, uid: int = UID) -> Path:
+    return Path(state) / "facts" / str(uid) / job_id
+
+
+def test_a_proven_job_goes_after_a_dry_run_that_removes_nothing(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_job(state, "100")
+    code, out = prune(tmp_path, "--older-than", "0", "--dry-run", monkeypatch=monkeypatch)
+    assert code == 0, out
+    assert "would remove facts/1000/100 (6 facts" in out
+    assert out.splitlines()[-1].startswith("would remove 1 job folders (6 facts")
+    assert len(list(folder(state, "100").iterdir())) == 6
+    code, out = prune(tmp_path, "--older-than", "0", monkeypatch=monkeypatch)
+    assert code == 0 and "removed facts/1000/100 (6 facts" in out, out
+    assert not folder(state, "100").exists()
+
+
+def test_what_is_still_needed_is_kept_and_says_why(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A node's start with no end: its execution is not proven gone.
+    record(state, "start", "n1", "201", time=1.0, restart=0)
+    # Survivors found and never since found gone.
+    start = record(state, "start", "n1", "202", time=1.0, restart=0)
+    factstore.write_fact(state, UID, UID, "202", "end", "n1",
+                         {"time": 2.0, "restart": 0, "scan_error": None,
+                          "survivors": [{"pid": 7, "cmdline": "sleep 600"}]},
+                         token=start.rpartition(".")[2])
+    # The same, then a re-check found them gone: proven, so it goes.
+    start = record(state, "start", "n1", "203", time=1.0, restart=0)
+    end = factstore.write_fact(state, UID, UID, "203", "end", "n1",
+                               {"time": 2.0, "restart": 0, "scan_error": None,
+                                "survivors": [{"pid": 7}]}, token=start.rpartition(".")[2])
+    record(state, "recheck", "n1", "203", time=3.0, restart=0, survivors=[],
+           end_token=end.rpartition(".")[2])
+    # The controller saw it start and never end (still running, or its end was lost).
+    record(state, "ctld-start", "slurmctld", "204", time=1.0, restart=0)
+    # A fact being written: created under its name, not whole yet.
+    clean_job(state, "205")
+    name = factstore.write_fact(state, UID, UID, "205", "recheck", "n1", {"time": 3.0})
+    (folder(state, "205") / name).write_bytes(b'{"kind": "rech')
+    # A hold standing in the user's record, and a job of an unsettled record.
+    clean_job(state, "206")
+    clean_job(state, "207")
+    # Survivors a machine still watches.
+    clean_job(state, "208")
+    watch = Path(state) / "watch" / "host1"
+    watch.mkdir(parents=True, mode=0o700)
+    (watch / f"{UID}.208.{factstore.new_token()}").write_text("{}")
+    # A user whose records cannot be read keeps everything.
+    clean_job(state, "300", uid=2000)
+    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch,
+                      needs={UID: {"206", "207"}, 2000: None})
+    assert code == 0, out
+    said = {line.split()[1]: line for line in out.splitlines() if line.startswith("kept ")}
+    assert "not proven ceased (node n1 recorded a start and no end)" in said["facts/1000/201:"]
+    assert "recorded survivors not since found gone" in said["facts/1000/202:"]
+    assert "not proven ceased (the controller recorded a start and no end)" \
+        in said["facts/1000/204:"]
+    assert "not readable" in said["facts/1000/205:"]
+    assert "needed by a record" in said["facts/1000/206:"]
+    assert "needed by a record" in said["facts/1000/207:"]
+    assert "watched" in said["facts/1000/208:"]
+    assert "records unreadable" in said["facts/2000/300:"]
+    assert "removed facts/1000/203 (3 facts" in out
+    for job_id in ("201", "202", "204", "205", "206", "207", "208"):
+        assert folder(state, job_id).is_dir(), job_id
+    assert folder(state, "300", uid=2000).is_dir()
+    assert not folder(state, "203").exists()
+    assert out.splitlines()[-1].endswith(
+        "kept 8: 2 needed by a record, 3 not proven ceased, 1 not readable, "
+        "1 records unreadable, 1 watched")
+
+
+def test_a_planted_symlink_is_neither_followed_nor_removed(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me\n")
+    clean_job(state, "400")
+    (folder(state, "400") / "start.n9.0.0000000000000001deadbeef").symlink_to(
+        victim / "precious")
+    clean_job(state, "401")
+    # A whole job folder replaced by a link to the user's own folder.
+    os.rename(folder(state, "401"), tmp_path / "moved")
+    folder(state, "401").symlink_to(victim)
+    # A folder others may write (a site's chmod slip): not trusted, left alone.
+    clean_job(state, "402")
+    os.chmod(folder(state, "402"), 0o777)
+    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch)
+    assert code == 0, out
+    assert (victim / "precious").read_text() == "keep me\n"
+    assert folder(state, "400").is_dir() and len(list(folder(state, "400").iterdir())) == 7
+    assert "kept facts/1000/400: not ours" in out
+    assert folder(state, "401").is_symlink() and "kept facts/1000/401: not ours" in out
+    assert folder(state, "402").is_dir() and "kept facts/1000/402: not ours" in out
+    assert "removed 0 job folders" in out.splitlines()[-1]
+
+
+def test_recent_facts_stay_and_a_retention_is_required(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_job(state, "500")
+    code, out = prune(tmp_path, monkeypatch=monkeypatch)
+    assert code == 2 and "give --older-than DURATION or set FactRetention in" in out, out
+    code, out = prune(tmp_path, "--older-than", "soon", monkeypatch=monkeypatch)
+    assert code == 2 and "--older-than 'soon' is not a duration" in out, out
+    (tmp_path / "dispatch.conf").write_text(f"StateDir={state}\nFactRetention=1-00:00:00\n")
+    code, out = prune(tmp_path, "-v", monkeypatch=monkeypatch)
+    assert code == 0 and "kept facts/1000/500: recent" in out, out
+    assert folder(state, "500").is_dir()

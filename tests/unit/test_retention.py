@@ -1,0 +1,50 @@
+"""What the users' records still need of facts/ (control/retention.py), which
+``dispatch-admin prune`` keeps: a standing hold's held and ended jobs, every job of a record
+not settled, nothing of a settled one; a user whose records cannot be read needs everything."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch.control import record, retention, siteview
+from slurm_dispatch.control.supervisor import Settings
+
+from .fake_cluster import FakeCluster
+from .test_holds import held_job
+from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
+from .test_supervisor import Clock, Signal
+
+
+def test_a_standing_hold_and_an_unsettled_record_are_needed_a_settled_one_is_not(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    clock, signal = Clock(), Signal("not ceased")
+    job, ended, held, sup = held_job(cluster, clock, signal, Settings(interval=60))
+    done = submit_one("ck-done")
+    cluster.set(done.slurm_job_id, JobState="COMPLETED", Restarts="0")
+    running = submit_one("ck-running")
+    sup.run_pass()
+    assert done.job.history().settled  # a plain job that completed: nothing more to decide
+    needed = retention.needed_slurm_jobs(record.home_dir())
+    assert {ended, held, running.slurm_job_id} <= needed
+    assert done.slurm_job_id not in needed
+
+
+def test_records_are_read_as_their_user_and_unreadable_ones_need_everything(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    if os.geteuid() != 0:
+        pytest.skip("reads records in a child that takes the user's uid: needs root")
+    home = tmp_path / "user"
+    monkeypatch.setattr(siteview, "records_of", lambda pattern, user: str(home))
+    assert retention.user_needs(os.geteuid()) == set()  # no records at all
+    made = submit_one("ck-x")
+    shutil.copytree(record.home_dir(), home)
+    assert retention.user_needs(os.geteuid()) == {made.slurm_job_id}
+    for path in (home / "jobs" / made.job.id).rglob("*"):
+        if path.is_file():
+            os.chmod(path, 0o644)
+            path.write_text("{garbled")
+    assert retention.user_needs(os.geteuid()) is None
