@@ -75,6 +75,14 @@ def _targets(hold: Any) -> list[list[Any]]:
             (hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]])]
 
 
+def _answered(answers: Sequence[Any]) -> Optional[float]:
+    """When the hold's last answer that was not an error came: CessationInterval counts from
+    it.  An error (the user's own supervisor cannot read facts/ 0700, so all its answers are
+    errors, every interval) never postpones the site's question."""
+    real = [a.asked for a in answers if a.verdict != "error"]
+    return max(real) if real else None
+
+
 def standing(home: str) -> dict[str, Any]:
     """Every standing hold of the records in ``home`` (run as their user)."""
     from . import record
@@ -104,7 +112,9 @@ def standing(home: str) -> dict[str, Any]:
                                   "verdict": last.verdict if last else "not asked",
                                   "asked_at": last.asked if last else None,
                                   "evidence": last.evidence if last else None})
-                holds.append({"dispatch_job": job.id, "held_slurm_job_id": hold.slurm_job_id,
+                answered = _answered(answers)
+                holds.append({"answered_at": answered, "dispatch_job": job.id,
+                              "held_slurm_job_id": hold.slurm_job_id,
                               "task": hold.task, "submission": hold.submission,
                               "end_state": hold.end_state, "held_since": hold.time,
                               "deadline": hold.deadline, "ended": ended})
@@ -141,8 +151,8 @@ def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: fl
                 if hold is None or (line.task is not None and hold.task is None) \
                         or now >= hold.deadline:
                     continue  # an expired hold is the owner's supervisor's to end
-                done = line.answers_for(hold.slurm_job_id)
-                if done and now - done[-1].asked < interval:
+                answered = _answered(line.answers_for(hold.slurm_job_id))
+                if answered is not None and now - answered < interval:
                     continue
                 if not asking.ceased(asking.ask(job, hold, signal, timeout, runner,
                                                 lambda: now, hold.task)):
@@ -265,10 +275,9 @@ def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeo
             if not isinstance(hold, dict) or now >= float(hold.get("deadline", 0)):
                 continue
             ended_all = [e for e in hold.get("ended", []) if isinstance(e, dict)]
-            asked = [e["asked_at"] for e in ended_all
-                     if isinstance(e.get("asked_at"), (int, float))]
-            if asked and now - max(asked) < interval:
-                continue  # asked within CessationInterval: the next pass asks again
+            answered = hold.get("answered_at")
+            if isinstance(answered, (int, float)) and now - answered < interval:
+                continue  # answered within CessationInterval: the next pass asks again
             for ended in ended_all:
                 key = f"{ended.get('slurm_job_id')}:{ended.get('restart')}"
                 if key not in answers:

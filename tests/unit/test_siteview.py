@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch.cli import admin
-from slurm_dispatch.control import record
+from slurm_dispatch.control import events, record
 from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.slurm.adapter import Slurm
 
@@ -166,3 +166,23 @@ def test_the_release_service_refuses_a_target_that_is_not_a_job_id(
     answer = siteview.ask_as_root("/bin/echo", 5.0, "--restart=0; rm -rf /", 0)
     assert answer["verdict"] == "error" and "not a Slurm job id" in answer["evidence"]
     assert log.read_text() == ""
+
+
+def test_the_users_own_error_answers_never_postpone_the_service(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With facts/ 0700 the user's supervisor answers itself 'error' every CessationInterval;
+    were the service to count from those, it would never ask."""
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    job.append(events.Cessation, asked_at=round(time.time(), 3), held_slurm_job_id=held_id,
+               ended_slurm_job_id=ended, verdict="error", code=2,
+               evidence="facts/: Permission denied", command=["dispatch-cease", ended])
+    for folder, _, files in os.walk(base / "nobody"):
+        for name in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.lchown(name, USER.pw_uid, USER.pw_gid)
+    code, out, _ = admin_cmd(base, "holds", "--noheader")
+    assert out.split()[5:7] == [f"{ended}+0", "error"]
+    site_conf(base, monkeypatch)
+    code, out, err = admin_cmd(base, "release-service")
+    assert (code, err) == (0, "")
+    assert out == f"nobody: {job.id}: hold on Slurm job {held_id} lifted: ceased\n"
