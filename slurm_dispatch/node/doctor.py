@@ -197,6 +197,7 @@ class Doctor:
                 self.run_recheck(part)
         self.check_versions()
         self.clean_up(cfg)
+        self.check_releases(cfg)
         return self.checks
 
     def check_config(self) -> config_module.Config:
@@ -423,6 +424,52 @@ class Doctor:
                                    f"{__version__}",
                  "install one release everywhere (nodes, controller, login nodes): the same "
                  "wheel into each DISPATCH_PYTHON's venv, then run the doctor again")
+
+    def check_releases(self, cfg: config_module.Config, within: float = 86400.0) -> None:
+        """The release each node's and the controller's latest fact (of the jobs recorded in
+        the last day) was written by: a site where they differ is upgraded in part.  Skipped
+        when ``facts/`` cannot be listed or nothing recent has a release recorded."""
+        since = time.time() - within
+        latest: dict[str, tuple[float, int, str, str]] = {}  # node -> (when, uid, job, name)
+        top = os.path.join(cfg.state_dir, store.FACTS)
+        try:
+            users = [u for u in os.listdir(top) if u.isdigit()]
+        except OSError:
+            return
+        for user in users:
+            try:
+                jobs = [j for j in os.scandir(os.path.join(top, user))
+                        if j.is_dir(follow_symlinks=False)
+                        and j.stat(follow_symlinks=False).st_mtime >= since]
+                for job in jobs:
+                    for name in os.listdir(job.path):
+                        parsed = store.parse_name(name)
+                        made = store.token_time(parsed[3]) if parsed else None
+                        if parsed is None or made is None or job.name == self.job_id:
+                            continue
+                        if made > latest.get(parsed[1], (0.0,))[0]:
+                            latest[parsed[1]] = (made, int(user), job.name, name)
+            except OSError:
+                continue
+        releases: dict[str, str] = {}
+        for node, (_, uid, job_id, name) in sorted(latest.items()):
+            found, _ = store.read_job_facts(cfg.state_dir, uid, job_id, prefixes=(name,))
+            release = found[0].get("release") if found else None
+            if isinstance(release, str):
+                releases[node] = f"{release} (job {job_id})"
+        if not releases:
+            return
+        distinct = sorted({r.split(" ", 1)[0] for r in releases.values()})
+        each = ", ".join(f"{node} {release}" for node, release in releases.items())
+        if distinct == [__version__]:
+            self.add("releases recorded", OK, f"the latest fact of each of {len(releases)} "
+                                              f"node(s) was written by {__version__}")
+            return
+        self.add("releases recorded", FAIL, f"the latest facts under {cfg.state_dir} were "
+                                            f"written by different releases: {each}; this "
+                                            f"doctor {__version__}",
+                 "install one release on every node and the controller (the same wheel into "
+                 "each DISPATCH_PYTHON's venv); run the doctor on each")
 
     def clean_up(self, cfg: config_module.Config) -> None:
         """Remove the doctor's own job's facts (facts/0/doctor-<token>/), nothing else."""

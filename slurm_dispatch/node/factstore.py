@@ -50,7 +50,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .. import _fsio
+from .. import __version__, _fsio
 from ..errors import FactError
 
 FACTS = "facts"
@@ -261,6 +261,8 @@ def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node:
     restart = body.get("restart")
     name = f"{kind}.{node}.{restart if isinstance(restart, int) else 'x'}.{token}"
     record = dict(body)
+    # The release that wrote it: dispatch-admin doctor compares the nodes' and the controller's.
+    record.setdefault("release", __version__)
     record.update({"v": FORMAT_VERSION, "kind": kind, "job_id": job_id, "node": node,
                    "uid": uid, "gid": gid, "token": token})
     data = dumps(record).encode() + b"\n"

@@ -227,3 +227,23 @@ def test_mixed_versions_are_named(site: Path, tmp_path: Path) -> None:
     assert f"{etc}/prolog.d/05-dispatch 0.1.0" in versions["detail"]
     assert "install one release everywhere" in versions["fix"]
     assert leftovers(site) == []
+
+
+def test_facts_written_by_another_release_on_the_controller_are_named(site: Path) -> None:
+    # The nodes' hooks and the controller's on different machines: their facts say which
+    # release wrote them, and the doctor compares the latest of each.
+    from slurm_dispatch.node import factstore
+    state = str(site / "state")
+    factstore.write_fact(state, 1000, 1000, "100", "start", "n7", {"time": 1.0, "restart": 0})
+    factstore.write_fact(state, 1000, 1000, "100", "ctld-start", "slurmctld",
+                         {"time": 1.0, "restart": 0, "release": "0.0.9"})
+    code, report = diagnose(site)
+    assert code == 1
+    found = check(report, "releases recorded")
+    assert found["state"] == "FAIL"
+    assert "n7 0.1.0 (job 100), slurmctld 0.0.9 (job 100)" in found["detail"]
+    assert "install one release" in found["fix"]
+    factstore.write_fact(state, 1000, 1000, "101", "ctld-start", "slurmctld",
+                         {"time": 2.0, "restart": 0})
+    code, report = diagnose(site)
+    assert code == 0 and check(report, "releases recorded")["state"] == "ok"
