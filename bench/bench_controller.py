@@ -48,7 +48,10 @@ from bench_sbatch import job_id, sandbox_options, source_identity  # noqa: E402
 from slurm_dispatch.sandbox import clients as sandbox_clients  # noqa: E402
 from slurm_dispatch.sandbox import cluster as sandbox  # noqa: E402
 from slurm_dispatch.sandbox import layout as sandbox_layout  # noqa: E402
+from slurm_dispatch.slurm.select import ENV_VAR as BACKEND_ENV  # noqa: E402
+from slurm_dispatch.slurm.select import major_release  # noqa: E402
 from tests import sdiag  # noqa: E402
+from tests.real import pyslurm_build  # noqa: E402
 
 DEFAULT_DIR = "/var/tmp/sb-bench-controller"
 JOB_SCRIPT = "#!/bin/bash\necho hi\n"
@@ -122,6 +125,25 @@ def scratch_folder(layout: sandbox_layout.Layout, user: str,
         os.chown(path, entry.pw_uid, entry.pw_gid)
     os.chown(scratch, entry.pw_uid, entry.pw_gid)
     return scratch
+
+
+def pyslurm_overlay(cl: Cluster) -> Path:
+    """A folder holding the pyslurm that matches the sandbox's Slurm (as the adapter's
+    contract test installs it), for PYTHONPATH."""
+    said = cl.run(["scontrol", "--version"], as_user=False).stdout.split()[-1]
+    release = major_release(said)
+    if release is None:
+        raise RuntimeError(f"scontrol --version said {said!r}")
+    python = cl.tool("python")
+    layout = sandbox_layout.Layout(Path(cl.dir))
+    staging = None if sandbox_clients.root_of(layout) is None else layout.root / "wheels"
+
+    def run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return cl.run(argv, as_user=False, check=False, timeout=1800)
+
+    wheel = pyslurm_build.wheel_for(release, python, run, staging=staging)
+    return pyslurm_build.install_into(Path(cl.dir) / "pyslurm" / f"{release[0]}.{release[1]}",
+                                      wheel, python, run, staging=staging)
 
 
 def row(label: str, cost: sdiag.Cost, **extra: Any) -> dict[str, Any]:
@@ -239,6 +261,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="held dispatch jobs known at the small pass (default 10)")
     p.add_argument("--act", type=int, default=5,
                    help="failing jobs the acting pass resubmits (default 5)")
+    p.add_argument("--backend", choices=["auto", "cli", "pyslurm"], default="auto",
+                   help="the Slurm adapter's backend (DISPATCH_SLURM_BACKEND; default auto); "
+                        "pyslurm installs the wheel matching the sandbox's Slurm (built by "
+                        "tests/real/pyslurm_build.py) on PYTHONPATH")
     p.add_argument("--fail-on-miss", action="store_true", help="exit 1 on a missed target")
     args = p.parse_args(argv)
     if not 2 <= args.small < args.jobs:
@@ -261,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         ("job.sh", JOB_SCRIPT, 0o755), ("fail.sh", FAILING, 0o755), ("wide.sh", WIDE, 0o755),
         ("sweep.py", sdiag.HELD_SWEEP, 0o644)])
     cl = Cluster(state.dir, state.user, scratch)
+    cl.env[BACKEND_ENV] = args.backend
+    if args.backend == "pyslurm":
+        cl.env["PYTHONPATH"] = str(pyslurm_overlay(cl))
     backend = cl.run([cl.tool("python"), "-c", "from slurm_dispatch.slurm.adapter import "
                       "Slurm; print(type(Slurm()._backend(None)).__name__)"], check=False)
     results: dict[str, Any] = {"rows": [], "environment": {

@@ -33,11 +33,19 @@ if TYPE_CHECKING:
 ENV_VAR = "DISPATCH_SLURM_BACKEND"
 
 # Run in a child interpreter: import pyslurm, load the controller's configuration, print both
-# versions as one JSON line.  A fatal exit inside libslurm ends only this child.
+# versions as one JSON line.  A fatal exit inside libslurm ends only this child.  config()
+# loads the configuration (one RPC, REQUEST_BUILD_INFO) and key_pairs() reads what it loaded;
+# get() would load it a second time (pyslurm 22.5.3 and 24.11.0 alike), so it is only the
+# fallback for a pyslurm whose key pairs lack the version.
 PROBE = """\
 import json, sys
 import pyslurm
-version = pyslurm.config().get().get("version") or ""
+loaded = pyslurm.config()
+pairs = loaded.key_pairs()
+version = pairs.get(b"SLURM_VERSION") or pairs.get("SLURM_VERSION") or ""
+if isinstance(version, bytes):
+    version = version.decode()
+version = version or loaded.get().get("version") or ""
 sys.stdout.write(json.dumps({"pyslurm": pyslurm.__version__, "slurm": version}) + "\\n")
 """
 

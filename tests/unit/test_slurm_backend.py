@@ -49,3 +49,38 @@ def test_pyslurm_missing_is_seen_without_a_child(monkeypatch: pytest.MonkeyPatch
         Slurm().own_jobs()
     monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "auto")
     assert Slurm().backend == "cli"
+
+
+# A stand-in pyslurm for the probe's child, shaped as 22.5.3 and 24.11.0 are: ``config()``
+# loads the controller's configuration (one REQUEST_BUILD_INFO) in its constructor, ``get()``
+# loads it again, ``key_pairs()`` reads what was loaded (bytes keys in 22.5).  Each load is a
+# line in LOADS, so the test counts what the probe costs the controller.
+FAKE_PYSLURM = """\
+import os
+__version__ = "22.5.3"
+def _load():
+    with open(os.environ["LOADS"], "a") as f:
+        f.write("BUILD_INFO\\n")
+class config:
+    def __init__(self):
+        _load()
+    def key_pairs(self):
+        return {b"SLURM_VERSION": b"22.05.8", b"ClusterName": b"c"}
+    def get(self):
+        _load()
+        return {"version": "22.05.8"}
+"""
+
+
+def test_the_probe_asks_the_controller_once(tmp_path: Path) -> None:
+    """Issue 20, the controller's bill: pyslurm.config().get() read the configuration twice
+    (constructor and get), so every process of the pyslurm backend cost slurmctld two
+    REQUEST_BUILD_INFO before its first question (sdiag: a pass 4 RPCs, squeue --me 3)."""
+    (tmp_path / "pyslurm.py").write_text(FAKE_PYSLURM)
+    loads = tmp_path / "loads"
+    import sys
+    found = slurm_backend._probe({"PYTHONPATH": str(tmp_path), "LOADS": str(loads)}, 30,
+                                 sys.executable)
+    assert found.usable, found
+    assert (found.pyslurm_version, found.slurm_version) == ("22.5.3", "22.05.8")
+    assert loads.read_text().split() == ["BUILD_INFO"]
