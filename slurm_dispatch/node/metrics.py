@@ -62,7 +62,24 @@ FAMILIES = {
         "of cessation), by hook."),
     "slurm_dispatch_survivors_found_total": (
         "counter", "Processes of ended jobs found alive by the scans, by hook."),
+    # dispatch-admin metrics, from the users' records (RECORDS_FILE):
+    "slurm_dispatch_holds_standing": (
+        "gauge", "Standing shared-checkpoint holds, by user."),
+    "slurm_dispatch_holds_expiring": (
+        "gauge", "Standing holds that expire within HoldWarning, by user."),
+    "slurm_dispatch_cessation_answers_total": (
+        "counter", "The CessationSignal's answers the records hold, by user and verdict (not "
+        "ceased: not proven)."),
+    "slurm_dispatch_supervisor_last_pass_timestamp_seconds": (
+        "gauge", "The supervisor's last good pass (Unix time), by user and cluster."),
+    "slurm_dispatch_supervisor_failed_passes": (
+        "gauge", "Supervisor passes failed since its last good one, by user and cluster."),
+    "slurm_dispatch_records_unreadable": (
+        "gauge", "1 for a user whose records could not be read."),
+    "slurm_dispatch_records_read_timestamp_seconds": (
+        "gauge", "When dispatch-admin metrics last read the users' records (Unix time)."),
 }
+RECORDS_FILE = "slurm-dispatch-records.prom"
 
 
 class Tally:
@@ -216,22 +233,36 @@ def update(metrics_dir: str, tally: Tally, wait: float = LOCK_WAIT) -> None:
             for key, value in tally.added.items():
                 values[key] = values.get(key, 0) + value
             values.update(tally.gauges)
-            temp = f".{FILE}.{os.getpid()}"
-            try:
-                os.unlink(temp, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            try:
-                _fsio.write_new(temp, render(values).encode(), 0o644, dir_fd=dir_fd, sync=False)
-                os.rename(temp, FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError as exc:
-                try:
-                    os.unlink(temp, dir_fd=dir_fd)
-                except OSError:
-                    pass
-                raise MetricsError(f"cannot write {metrics_dir}/{FILE}: {exc.strerror}") \
-                    from None
+            _write(dir_fd, metrics_dir, FILE, values)
         finally:
             os.close(lock)
+    finally:
+        os.close(dir_fd)
+
+
+def _write(dir_fd: int, metrics_dir: str, name: str, values: dict[str, float]) -> None:
+    """``values`` as ``name`` in the folder, whole: a temporary name renamed over it."""
+    temp = f".{name}.{os.getpid()}"
+    try:
+        os.unlink(temp, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    try:
+        _fsio.write_new(temp, render(values).encode(), 0o644, dir_fd=dir_fd, sync=False)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        try:
+            os.unlink(temp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise MetricsError(f"cannot write {metrics_dir}/{name}: {exc.strerror}") from None
+
+
+def replace(metrics_dir: str, values: dict[str, float], name: str = RECORDS_FILE) -> None:
+    """Write ``values`` as ``<metrics_dir>/<name>`` whole: for numbers computed afresh each
+    time, which nothing else adds to (``dispatch-admin metrics``)."""
+    dir_fd = _open_dir(metrics_dir)
+    try:
+        _write(dir_fd, metrics_dir, name, values)
     finally:
         os.close(dir_fd)

@@ -1,0 +1,78 @@
+"""The users' records' numbers for a dashboard (issue 22, item 2): ``dispatch-admin metrics``
+reads each user's records as that user and writes holds standing and expiring, the
+CessationSignal's answers by verdict ("not ceased": not proven) and the supervisor's passes
+and failures into MetricsDir, whole, in node_exporter's textfile format (read back with
+prometheus_client's parser)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurm_dispatch.cli import admin
+from slurm_dispatch.control import dashboard, heartbeat, record, siteview
+from slurm_dispatch.control.supervisor import Settings
+from slurm_dispatch.node import metrics
+
+from .fake_cluster import FakeCluster
+from .test_holds import held_job
+from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
+from .test_supervisor import Clock, Signal
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs children as another user")
+
+
+def test_holds_answers_and_passes_are_counted_and_written(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    clock, signal = Clock(), Signal("not ceased", "error")
+    job, ended, held, sup = held_job(cluster, clock, signal, Settings(interval=60))
+    sup.run_pass()
+    clock.now += 61
+    sup.run_pass()
+    home = record.home_dir()
+    heartbeat.good(home, "alpha", 1, 0, 0)
+    heartbeat.failed(home, "alpha", "the controller did not answer")
+    heartbeat.failed(home, "alpha", "the controller did not answer")
+    hold = job.history().lineage().hold
+    assert hold is not None
+    got = dashboard.numbers(home, warning=7200, now=clock.now)
+    assert got["holds"] == 1 and got["expiring"] == 0
+    assert got["answers"] == {"not ceased": 1, "error": 1}
+    assert got["passes"]["alpha"]["failures"] == 2 and got["passes"]["alpha"]["time"] > 0
+    assert dashboard.numbers(home, warning=7200, now=hold.deadline - 60)["expiring"] == 1
+
+    out = tmp_path / "textfile"
+    out.mkdir(mode=0o755)
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text(f"MetricsDir={out}\n")
+    monkeypatch.setattr(siteview, "records_of", lambda pattern, user: home)
+    done = CliRunner().invoke(admin.main, ["metrics", "--user", "root", "--config", str(conf)])
+    assert done.exit_code == 0, done.output
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(
+                   (out / metrics.RECORDS_FILE).read_text()) for s in family.samples}
+    assert samples[("slurm_dispatch_holds_standing", (("user", "root"),))] == 1
+    assert samples[("slurm_dispatch_cessation_answers_total",
+                    (("user", "root"), ("verdict", "not ceased")))] == 1
+    assert samples[("slurm_dispatch_supervisor_failed_passes",
+                    (("cluster", "alpha"), ("user", "root")))] == 2
+    assert samples[("slurm_dispatch_records_unreadable", (("user", "root"),))] == 0
+    # A user whose records cannot be read is named and marked, and the file still written.
+    for path in Path(home, "jobs").rglob("*.json"):
+        os.chmod(path, 0o644)
+        path.write_text("{garbled")
+    done = CliRunner().invoke(admin.main, ["metrics", "--user", "root", "--config", str(conf)])
+    assert done.exit_code == 1 and "dispatch-admin: root: " in done.output, done.output
+    assert "slurm_dispatch_records_unreadable{user=\"root\"} 1" in (
+        out / metrics.RECORDS_FILE).read_text()
+
+
+def test_without_metrics_dir_it_says_so(tmp_path: Path) -> None:
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text("")
+    done = CliRunner().invoke(admin.main, ["metrics", "--config", str(conf)])
+    assert done.exit_code == 2 and "MetricsDir is not set in" in done.output, done.output
