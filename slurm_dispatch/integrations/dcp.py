@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -126,6 +127,9 @@ class DurableWriter(StorageWriter):
         self.step = step
         self.folder = folder
         self.publication: Optional[str] = None
+        # time.monotonic() on the coordinator: every rank's results gathered (finish called),
+        # .metadata in place (DCP's finish returned), published (bench/bench_dcp.py reads them).
+        self.timings: dict[str, float] = {}
 
     # DCP's logger reads it.
     @property
@@ -157,12 +161,15 @@ class DurableWriter(StorageWriter):
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        self.timings["gathered"] = time.monotonic()
         self.inner.finish(metadata, results)
+        self.timings["metadata"] = time.monotonic()
         # DCP's writer fsyncs .metadata's bytes before the rename; the rename lives in the folder.
         _fsio.fsync_path(os.path.join(self.folder, METADATA), directory=False)
         _fsio.fsync_path(self.folder, directory=True)
         seal_save(self.folder, single_writer=False)
         self.publication = publish_save(self.execution, self.step, self.folder)
+        self.timings["published"] = time.monotonic()
 
     def storage_meta(self) -> Any:
         return self.inner.storage_meta()
