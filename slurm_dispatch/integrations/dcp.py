@@ -25,7 +25,8 @@ The stable API (what ``dispatch watch``'s DCP support and other callers may rely
 Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set, a folder root):
 
 * A save goes to a folder of the execution's own (``step-<step>``, or ``checkpoint_id`` taken
-  relative to the execution's folder; an absolute one must be inside it).
+  relative to the execution's folder; an absolute one must be inside it), and never into one
+  that holds a save already (its ``.metadata`` there): DCP would rewrite its files in place.
 * Each save gives exactly one publication, made by DCP's coordinator inside the storage
   writer's ``finish``, after DCP wrote and renamed ``.metadata``: DCP calls ``finish`` only once
   every rank's ``write_data`` has returned, and here each rank's ``write_data`` returns only
@@ -182,6 +183,13 @@ class DurableWriter(StorageWriter):
 def _writer(execution: Execution, step: int, checkpoint_id: Any,
             storage_writer: Optional[StorageWriter]) -> tuple[str, DurableWriter]:
     folder = save_folder(step, checkpoint_id)
+    # DCP's writer overwrites a folder's files in place: a save made (and maybe published and
+    # being loaded) is never rewritten.  A folder without .metadata is a save that never
+    # finished: writing it again is fine (nothing published it).
+    if os.path.lexists(os.path.join(folder, METADATA)):
+        raise UsageError(f"{folder!r} holds a save already (its {METADATA} is there): a "
+                         "save is never rewritten; give each save its own step or "
+                         "checkpoint_id")
     os.makedirs(folder, exist_ok=True)
     inner = storage_writer if storage_writer is not None else torch_dcp.FileSystemWriter(folder)
     return folder, DurableWriter(inner, execution, step, folder)

@@ -129,3 +129,17 @@ def test_a_torn_save_without_a_manifest_is_passed_over_before_dcp_reads_it(
     err = capfd.readouterr().err
     assert f"not resuming from {exec_dir / 'step-2'}: " in err
     assert "DCP could not load it" not in err
+
+
+def test_a_second_save_into_a_published_folder_is_refused_and_the_first_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    dcp.save(state(1), step=1)
+    before = {p.name: p.read_bytes() for p in (exec_dir / "step-1").iterdir()}
+    for again in (lambda: dcp.save(state(2), step=1),
+                  lambda: dcp.async_save(state(2), step=2, checkpoint_id="step-1")):
+        with pytest.raises(UsageError, match="step-1' holds a save already"):
+            again()
+    assert {p.name: p.read_bytes() for p in (exec_dir / "step-1").iterdir()} == before
+    assert steps(root) == [1]
