@@ -43,7 +43,7 @@ class Daemon:
     pid_file: Path
     log: Path
     run_as: Optional[str] = None
-    # A slurmd starts inside its node's network namespace (network.enter_argv).
+    # A slurmd starts inside its node's network namespace (network.netns_argv).
     node: Optional[str] = None
 
 
@@ -145,7 +145,7 @@ def start(daemon: Daemon, layout: Layout) -> list[str]:
     elif daemon.run_as is not None:
         extra = {"user": daemon.run_as, "group": daemon.run_as, "extra_groups": []}
     if daemon.node is not None:
-        argv = network.enter_argv(layout, daemon.node, argv)
+        argv = network.netns_argv(layout, daemon.node, argv)
     with append(start_log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n"
                   .encode())

@@ -160,7 +160,7 @@ def in_netns(pid: int, layout: Layout, node: str) -> bool:
     return want is not None and _netns_inode(Path(f"/proc/{pid}/ns/net")) == want
 
 
-def enter_argv(layout: Layout, node: str, argv: Sequence[str]) -> list[str]:
+def netns_argv(layout: Layout, node: str, argv: Sequence[str]) -> list[str]:
     """``argv`` run inside ``node``'s network namespace (the mount namespace stays ours)."""
     return ["nsenter", f"--net={net_of(layout).netns_path(node)}", "--", *argv]
 

@@ -39,15 +39,27 @@ CRED_EXPIRE = 5
 FIRST_ROOT_JOB_ID = 1_000_000
 
 
+# Run for every task, inside its node's network namespace.  The nodes share this machine's
+# name, which resolves to 127.0.0.1: a node's own loopback, where on a cluster a node's name is
+# its own address.  gloo (torch.distributed) binds to what the name resolves to, so the ranks of
+# a multi-node job could not meet; this points it at the node's link instead.
+TASK_PROLOG = f"""#!/bin/sh
+# The sandbox's TaskProlog (slurm_dispatch.sandbox.slurm_conf.TASK_PROLOG): each node's name
+# resolves to its own loopback here, so gloo is told the node's link.
+echo "export GLOO_SOCKET_IFNAME={network.NODE_LINK}"
+"""
+
+
 def site_config_lines(state_dir: Path) -> list[str]:
     """Lines of ``<state>/etc/site.conf``, included at the end of the sandbox's slurm.conf.
 
     This is where the project's hooks get installed the way a site admin would (Prolog, Epilog,
-    PrologSlurmctld, EpilogSlurmctld, TaskProlog, PrologFlags): the base slurm.conf sets none of
-    those keys, so this file may set any of them.  The hooks' parts and dispatch.conf are copied
-    from the checkout's ``contrib/`` and ``site-config/`` (docs/admin-guide.md, "Install") with
-    the knobs pointing at the sandbox: its venv's interpreter and ``<state>/etc/dispatch.conf``,
-    whose StateDir is ``<state>/dispatch-state``.
+    PrologSlurmctld, EpilogSlurmctld, PrologFlags): the base slurm.conf sets none of those keys
+    (only TaskProlog, the sandbox's own: :data:`TASK_PROLOG`), so this file may set any of
+    them.  The hooks' parts and dispatch.conf are copied from the checkout's ``contrib/`` and
+    ``site-config/`` (docs/admin-guide.md, "Install") with the knobs pointing at the sandbox:
+    its venv's interpreter and ``<state>/etc/dispatch.conf``, whose StateDir is
+    ``<state>/dispatch-state``.
     """
     layout = Layout(state_dir)
     if not _install_dispatch_site(layout):
@@ -148,6 +160,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
         "MailProg=/bin/true",
+        f"TaskProlog={layout.etc / 'task-prolog'}",
         "",
         "# Scheduling: start work within about a second of it becoming eligible.",
         "SchedulerType=sched/backfill",
@@ -232,5 +245,8 @@ def write_config(layout: Layout, nodes: Sequence[str],
         wanted[layout.etc / "cgroup.conf"] = (
             "# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
             "CgroupPlugin=disabled\n")
-    return [path.name for path, text in wanted.items() if write_if_changed(path, text)]
+    written = [path.name for path, text in wanted.items() if write_if_changed(path, text)]
+    if write_if_changed(layout.etc / "task-prolog", TASK_PROLOG, 0o755):
+        written.append("task-prolog")
+    return written
 

@@ -15,8 +15,11 @@ What each test asserts, for the Hugging Face ``Trainer`` and for Lightning:
   complete and of its own lineage: its start step and weights hash are that save's;
 * the replacement trains to the intended step and publishes each of its saves once.
 
-The sandbox's three nodes are three slurmds on one machine, so the ranks of a job meet on
-127.0.0.1 (the first node's NodeAddr) and each execution picks a port free there.
+The sandbox's three nodes are three slurmds on one machine, each in a network namespace of its
+own, so the ranks of a job meet on the first node's NodeAddr (its address on the sandbox's
+bridge) and each execution picks a port free there; the sandbox's TaskProlog points gloo at the
+node's link, since the machine's name, which every node shares, resolves to a node's own
+loopback.
 """
 
 from __future__ import annotations
