@@ -83,7 +83,7 @@ test-fast: install-test
 # on any violation.  The run folder (histories, final.json, table.txt) stays in the user's home.
 SOAK_MINUTES ?= 30
 SOAK_SEED ?=
-soak: install
+soak: install-test
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m soak.run
 
 check: install-test

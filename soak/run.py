@@ -7,11 +7,13 @@ job user's home, and for M minutes keeps a workload of dispatch jobs of every ki
 through the product's own commands run as the user: isolated trainers publishing with
 ``dispatch publish`` (some with a resubmit budget that fail on purpose now and then),
 ``dispatch watch --keep`` trainers, an array with a root per task, a ``--shared-checkpoint``
-job, a job depending on another, a job superseded mid-run; ``dispatch supervise --loop``
+job, a ``dispatch watch`` trainer on an ``s3://`` root (SeaweedFS, tests/s3server.py), a job
+depending on another, a job superseded mid-run; ``dispatch supervise --loop``
 beside them, ``dispatch gc`` now and then.  Meanwhile the nemesis, at moments drawn from the
 seed (printed first, so a run can be replayed), partitions a node and heals it, kills a slurmd
 and starts it again, SIGKILLs slurmctld and starts it again, requeues and cancels running
-executions, SIGKILLs the supervisor mid-pass and gc mid-run.  Then every fault is healed, the
+executions, SIGKILLs the supervisor mid-pass and gc mid-run, SIGSTOPs the S3 server for longer
+than the S3 watch's timeout.  Then every fault is healed, the
 jobs are given time to end, and :mod:`soak.checker` prints its table; exit 1 on a violation.
 The targets of a fault (which job, which node) are drawn from the seed among what is running
 then, so a replay repeats the schedule, not every pick.
@@ -30,11 +32,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from slurm_dispatch.sandbox import clients, cluster, daemons
+from slurm_dispatch.sandbox import clients, cluster, daemons, network
 from slurm_dispatch.sandbox.layout import Layout, state_dir
 
 from . import checker, history
@@ -44,7 +47,9 @@ REPO = HERE.parent
 SANDBOX_DIR = "/var/tmp/slurm-dispatch-soak"
 SANDBOX_USER = "dispatchsoak"
 FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel",
-          "supervisor-kill", "gc-kill")
+          "supervisor-kill", "gc-kill", "s3-stop")
+BUCKET = "soak"
+S3_TIMEOUT = 10  # the S3 watch's --timeout; the nemesis stops the server longer than that
 
 
 def log(text: str) -> None:
@@ -65,6 +70,10 @@ class Soak:
         self.supervisor: Optional[subprocess.Popen[bytes]] = None
         self.pending_heals: list[tuple[float, str, str]] = []  # (when, kind, target)
         self.counter = 0
+        # Heals run on their own thread: a dispatch-sbatch retrying while slurmctld is down
+        # must not keep the controller down longer than the nemesis chose.
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
 
     # -- the sandbox and the user ------------------------------------------------------------
 
@@ -80,6 +89,20 @@ class Soak:
         self.user_env = dict(self.env, HOME=self.home, USER=self.user, LOGNAME=self.user,
                              DISPATCH_LISTING_LAG="0.5")
         self.python = str(self.layout.venv_bin / "python3")
+        # The S3 root: SeaweedFS on loopback (tests/s3server.py), boto3 in the sandbox's venv.
+        if subprocess.run([self.python, "-c", "import boto3"], capture_output=True).returncode:
+            subprocess.run([self.python, "-m", "pip", "install", "-q", "-c",
+                            str(REPO / "tests" / "constraints.txt"), "boto3>=1.35"],
+                           check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        # On the sandbox's bridge address: each node has its own network namespace, whose
+        # loopback is its own (slurm_dispatch/sandbox/network.py).
+        from tests.s3server import SeaweedServer
+        self.s3 = SeaweedServer(address=network.net_of(self.layout).host_address).start()
+        self.s3.make_bucket(BUCKET)
+        aws = dict(self.s3.env(), AWS_CONFIG_FILE="/nonexistent/aws-config",
+                   AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials")
+        self.user_env.update(aws)
+        os.environ.update(aws)  # the runner's own reads of the root at the end
 
     def as_user(self, argv: list[str], timeout: float = 60, **kw: Any
                 ) -> subprocess.CompletedProcess[str]:
@@ -120,13 +143,15 @@ class Soak:
         body = {"publish": f"exec {trainer} publish",
                 "shared": f"exec {trainer} shared",
                 "watch": (f"dispatch watch --interval 0.5 --keep 2 -- {trainer} watch 2>&1 "
-                          f"| {trainer} stamp")}[mode]
+                          f"| {trainer} stamp"),
+                "s3watch": (f"dispatch watch --interval 0.5 --timeout {S3_TIMEOUT} --keep 2 -- "
+                            f"{trainer} watch 2>&1 | {trainer} stamp")}[mode]
         return f"#!/bin/bash\nset -o pipefail\n{body}\n"
 
     def submit(self, kind: str, *extra: str, root: Optional[str] = None,
                env: Optional[dict[str, str]] = None) -> Optional[str]:
         self.counter += 1
-        mode = {"watch": "watch", "shared": "shared"}.get(kind, "publish")
+        mode = {"watch": "watch", "shared": "shared", "s3": "s3watch"}.get(kind, "publish")
         name = f"{kind}-{self.counter}"
         path = os.path.join(self.run_dir, f"{name}.sh")
         with open(path, "w", encoding="utf-8") as f:
@@ -174,7 +199,13 @@ class Soak:
         self.submit("watch", "--resubmit", "1")
         self.submit("array", "--array", "0-2", "--resubmit", "2",
                     root=os.path.join(self.run_dir, "ck-array-%a"))
-        self.submit("shared", "--shared-checkpoint", "--resubmit", "1")
+        # Long enough for the nemesis to hit it (its restarts become holds), short enough to
+        # end within the run when nothing does.
+        steps = int(min(300, max(30, self.args.minutes * 30)))
+        self.submit("shared", "--shared-checkpoint", "--resubmit", "1",
+                    env={"SOAK_STEPS": str(steps)})
+        self.submit("s3", "--resubmit", "3",
+                    root=f"s3://{BUCKET}/{os.path.basename(self.run_dir)}/s3-1")
         first = self.submit("before", "--resubmit", "1", env={"SOAK_STEPS": "20"})
         if first:
             self.submit("dependent", f"--dependency=afterany:{first}", "--resubmit", "1")
@@ -195,7 +226,8 @@ class Soak:
 
     def gc(self, kill_after: Optional[float] = None) -> None:
         roots = sorted({ex["root"] for ex in self.jobs.values()
-                        if not ex["shared"] and "%a" not in ex["root"]})
+                        if not ex["shared"] and "%a" not in ex["root"]
+                        and not ex["root"].startswith("s3://")})
         if not roots:
             return
         root = self.rng.choice(roots)
@@ -273,13 +305,28 @@ class Soak:
             os.killpg(self.supervisor.pid, signal.SIGKILL)
             self.supervisor.wait()
             target = "dispatch supervise"
+        elif kind == "s3-stop":
+            if "s3" in busy:
+                return
+            os.kill(self.s3.pid, signal.SIGSTOP)
+            target = "s3"
+            self.pending_heals.append((time.monotonic() + S3_TIMEOUT + self.rng.uniform(3, 10),
+                                       kind, target))
         elif kind == "gc-kill":
             self.gc(kill_after=self.rng.uniform(0.2, 3.0))
             target = "dispatch gc"
         self.faults.append({"kind": kind, "t": time.time(), "target": target})
         log(f"nemesis: {kind} {target}")
 
+    def healer(self) -> None:
+        while not self.stopping.wait(0.5):
+            self.heal_due()
+
     def heal_due(self, everything: bool = False) -> None:
+        with self.lock:
+            self._heal_due(everything)
+
+    def _heal_due(self, everything: bool) -> None:
         now = time.monotonic()
         for item in list(self.pending_heals):
             when, kind, target = item
@@ -288,6 +335,8 @@ class Soak:
             try:
                 if kind == "slurmctld-kill":
                     cluster.start_controller(self.directory)
+                elif kind == "s3-stop":
+                    os.kill(self.s3.pid, signal.SIGCONT)
                 else:
                     cluster.heal(target, self.directory, wait=False)
                 log(f"healed {kind} {target}")
@@ -305,6 +354,7 @@ class Soak:
         log(f"run folder {self.run_dir}")
         self.ensure_supervisor()
         self.first_wave()
+        threading.Thread(target=self.healer, daemon=True).start()
         start = time.monotonic()
         end = start + self.args.minutes * 60
         next_fault = start + self.rng.uniform(10, 25)
@@ -312,12 +362,12 @@ class Soak:
         supersede_at = start + (end - start) / 3
         while time.monotonic() < end:
             now = time.monotonic()
-            self.heal_due()
             self.ensure_supervisor()
             self.watch_drains()
             if now >= next_fault:
                 try:
-                    self.fault(self.rng.choice(FAULTS))
+                    with self.lock:
+                        self.fault(self.rng.choice(FAULTS))
                 except Exception as exc:
                     log(f"nemesis fault failed: {exc}")
                 next_fault = now + self.rng.uniform(8, 25)
@@ -332,6 +382,7 @@ class Soak:
                 self.submit_some()
             time.sleep(2)
         log("nemesis done: healing every fault")
+        self.stopping.set()
         while self.pending_heals:
             self.heal_due(everything=True)
             time.sleep(1)
@@ -363,6 +414,7 @@ class Soak:
             json.dump(final, f, indent=1, sort_keys=True)
         result = checker.check(final, history.read(self.history))
         text = checker.table(result)
+        self.s3.stop()
         with open(os.path.join(self.run_dir, "table.txt"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
         print(text, flush=True)
@@ -371,6 +423,24 @@ class Soak:
         if left:
             self.slurm(["scancel", *left])
         return 0 if result.ok else 1
+
+    def pub_names(self, root: str) -> list[str]:
+        if not root.startswith("s3://"):
+            pub = os.path.join(root, "pub")
+            return sorted(os.listdir(pub)) if os.path.isdir(pub) else []
+        bucket, _, prefix = root[len("s3://"):].partition("/")
+        pages = self.s3.client().get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{prefix}/pub/")
+        return sorted(o["Key"].rsplit("/", 1)[1] for page in pages
+                      for o in page.get("Contents", []))
+
+    def present(self, root: str, path: str) -> bool:
+        if not root.startswith("s3://"):
+            return os.path.exists(os.path.join(root, path))
+        bucket, _, prefix = root[len("s3://"):].partition("/")
+        found = self.s3.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{path}/",
+                                                 MaxKeys=1)
+        return bool(found.get("Contents"))
 
     def gather(self) -> dict[str, Any]:
         facts = history.read(self.history)
@@ -413,12 +483,11 @@ class Soak:
                 if fact.get("resumed"):
                     paths[fact["root"]].add(checker._relative(fact["root"], fact["resumed"]))
         for root, wanted in paths.items():
-            pub = os.path.join(root, "pub")
-            names = sorted(os.listdir(pub)) if os.path.isdir(pub) else []
+            names = self.pub_names(root)
             for name in names:
                 wanted.add(checker.model.parse_name(name).path)
             roots[root] = {"pubs": names, "keep": 2,
-                           "present": {p: os.path.exists(os.path.join(root, p)) for p in wanted}}
+                           "present": {p: self.present(root, p) for p in wanted}}
         return {"seed": self.args.seed, "minutes": self.args.minutes, "faults": self.faults,
                 "roots": roots, "submissions": submissions, "jobs": jobs, "lifts": lifts,
                 "drains": [{"node": n, "reason": r, "ours": o}

@@ -79,11 +79,16 @@ def main(mode: str) -> int:
         with open(state, encoding="utf-8") as f:
             step = int(f.read().strip() or 0)
     elif resumed:
-        with open(os.path.join(resumed, "weights"), encoding="utf-8") as f:
+        local = resumed
+        if resumed.startswith("s3://"):  # a local copy, checked (dispatch fetch)
+            local = subprocess.run(["dispatch", "fetch"], check=True, text=True,
+                                   capture_output=True).stdout.strip()
+        with open(os.path.join(local, "weights"), encoding="utf-8") as f:
             step = int(f.read().strip())
     hist.write("start", job=env("DISPATCH_JOB"), task=int(task) if task else None,
                submission=int(env("DISPATCH_SUBMISSION", "0")), epoch=epoch, root=root,
-               shared=shared, resumed=resumed, chose_at=chose_at(exec_dir),
+               shared=shared, resumed=resumed,
+               chose_at=chose_at(env("DISPATCH_STAGE_DIR") or exec_dir),
                slurm_job_id=env("SLURM_JOB_ID"), step=step)
     beating(hist)
     steps, every = int(env("SOAK_STEPS", "60")), int(env("SOAK_SAVE_EVERY", "5"))
@@ -100,7 +105,7 @@ def main(mode: str) -> int:
             os.replace(state + ".tmp", state)
             hist.write("save", step=step, path="state")
         else:
-            save = os.path.join(exec_dir, f"checkpoint-{step}")
+            save = os.path.join(env("DISPATCH_LOCAL_DIR") or exec_dir, f"checkpoint-{step}")
             os.mkdir(save)
             with open(os.path.join(save, "weights"), "w", encoding="utf-8") as f:
                 f.write(str(step))

@@ -1,0 +1,44 @@
+"""The soak trainer's own record keeping, run as a job runs it (a subprocess with the
+DISPATCH_* contract set): ``stamp`` turns each publication ``dispatch watch`` reports into a
+history fact with the name the checker reads, and passes the output through unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from slurm_dispatch.checkpoint import model
+from soak import history
+
+TRAINER = Path(__file__).resolve().parents[2] / "soak" / "trainer.py"
+
+
+def test_stamp_records_each_publication_watch_reports(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    attempt = model.new_attempt()
+    save = f"{root}/exec/{attempt}/checkpoint-10"
+    lines = ("dispatch watch: scanning\n"
+             f"dispatch watch: published step 10: {save}\n"
+             "dispatch watch: removed save exec/x/checkpoint-5 (21 bytes)\n")
+    env = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": "1000002",
+           "DISPATCH_ATTEMPT": attempt, "SOAK_HISTORY": str(tmp_path / "history"),
+           "SLURMD_NODENAME": "n3", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, str(TRAINER), "stamp"], input=lines, text=True,
+                          capture_output=True, env=env, check=True, timeout=60)
+    assert proc.stdout == lines
+    facts = history.read(str(tmp_path / "history"))
+    assert [(f["ev"], f["step"], f["path"], f["node"]) for f in facts] == \
+        [("published", 10, f"exec/{attempt}/checkpoint-10", "n3")]
+    assert model.parse_name(facts[0]["name"]).epoch == 1000002
+    assert model.parse_name(facts[0]["name"]).path == f"exec/{attempt}/checkpoint-10"
+
+
+def test_a_torn_last_line_is_dropped_and_nothing_else(tmp_path: Path) -> None:
+    folder = tmp_path / "h"
+    h = history.History(str(folder), "a1")
+    h.write("beat")
+    h.write("beat")
+    with open(next(folder.iterdir()), "a", encoding="utf-8") as f:
+        f.write('{"ev": "be')  # killed mid-write
+    assert [f["ev"] for f in history.read(str(folder))] == ["beat", "beat"]
