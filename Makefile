@@ -55,7 +55,7 @@ demo-protocol: install
 # both backends, and a supervisor pass's RPCs by sdiag; 58 tests, about 10 minutes more on 2
 # cores.  On 22.05 only: test_sandbox, whose subject is the host-side verbs (`env`, the venv's
 # own dispatch-sandbox; a 24.11 sandbox
-# refuses `env` by design); test_frameworks, test_frameworks_ddp and test_s3_jobs, which install
+# refuses `env` by design); test_frameworks, test_frameworks_ddp, test_dcp_watch and test_s3_jobs, which install
 # torch's CPU build from this machine's local wheels into the sandbox's venv (the root's pip does
 # not see them, and a bare torch there would pull a CUDA build of several GB); and test_gc, whose
 # subject (the store's cleanup) does not depend on the Slurm release.  The adapter's contract
