@@ -183,6 +183,13 @@ class DurableWriter(StorageWriter):
 def _writer(execution: Execution, step: int, checkpoint_id: Any,
             storage_writer: Optional[StorageWriter]) -> tuple[str, DurableWriter]:
     folder = save_folder(step, checkpoint_id)
+    # A symlink planted as the folder (or above it) would take every rank's shards outside the
+    # execution's folder; DCP then failed on our folder fsync with its own traceback.
+    real_exec = os.path.realpath(execution.exec_dir).rstrip("/") + "/"
+    if os.path.islink(folder) or not os.path.realpath(folder).startswith(real_exec):
+        raise UsageError(f"save folder {folder!r} is a symlink or under one "
+                         f"(to {os.path.realpath(folder)!r}): a save is written only in the "
+                         "execution's own folder; remove the link or give another step")
     # DCP's writer overwrites a folder's files in place: a save made (and maybe published and
     # being loaded) is never rewritten.  A folder without .metadata is a save that never
     # finished: writing it again is fine (nothing published it).

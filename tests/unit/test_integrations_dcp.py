@@ -143,3 +143,15 @@ def test_a_second_save_into_a_published_folder_is_refused_and_the_first_stays(
             again()
     assert {p.name: p.read_bytes() for p in (exec_dir / "step-1").iterdir()} == before
     assert steps(root) == [1]
+
+
+def test_a_step_folder_that_is_a_symlink_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (exec_dir / "step-7").symlink_to(outside)  # planted where the save of step 7 goes
+    with pytest.raises(UsageError, match="step-7' is a symlink"):
+        dcp.save(state(7), step=7)
+    assert list(outside.iterdir()) == []  # nothing written outside the execution's folder
+    assert steps(tmp_path / "ck") == []
