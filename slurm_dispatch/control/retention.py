@@ -7,8 +7,9 @@ ceased, and resubmit), and of a standing hold's held and ended jobs whatever els
 Records are read where the commands write them by default, ``~/.local/state/slurm-dispatch``
 in each user's home (a home moved with ``$DISPATCH_HOME`` is not seen), by a child process
 running as that user, as the site's view reads them (:mod:`.siteview`).  A user whose records
-cannot be read (a root-squashed home, a garbled record) needs everything: :func:`user_needs`
-says ``None`` and nothing of theirs is removed.
+cannot be read (a home not mounted, a garbled record) or whose uid the account database does
+not answer for (a gone account and a directory service down look the same) needs everything:
+:func:`user_needs` says ``None`` and nothing of theirs is removed.
 """
 
 from __future__ import annotations
@@ -51,14 +52,17 @@ def user_needs(uid: int) -> Optional[set[str]]:
     try:
         user = pwd.getpwuid(uid)
     except KeyError:
-        return set()  # no such account: no records anywhere we could read
+        # An account that is gone and a directory service that did not answer (sssd down)
+        # both raise KeyError: keep everything (an admin removes a gone user's facts by hand).
+        return None
     home = siteview.records_of(siteview.DEFAULT_RECORDS, user)
     try:
         os.stat(user.pw_dir)  # a home not there (not mounted?) could hold records: keep all
     except OSError:
         return None
-    if not os.path.isdir(os.path.join(home, "jobs")):
-        return set()
+    # Whether there are records at all is asked as the user too: root may not see into a
+    # root-squashed home, and 'cannot look' is not 'nothing there' (record.all_jobs says []
+    # only for a jobs/ folder that is absent).
     got = siteview.as_user(user, home, _answer)
     needed = got.get("needed")
     if got.get("errors") or not isinstance(needed, list):

@@ -5,6 +5,7 @@ not settled, nothing of a settled one; a user whose records cannot be read needs
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 from pathlib import Path
 
@@ -48,3 +49,12 @@ def test_records_are_read_as_their_user_and_unreadable_ones_need_everything(
             os.chmod(path, 0o644)
             path.write_text("{garbled")
     assert retention.user_needs(os.geteuid()) is None
+
+
+def test_a_uid_the_directory_does_not_answer_for_keeps_everything() -> None:
+    # getpwuid says KeyError for an account that is gone and for a directory service that did
+    # not answer (sssd down) alike: prune cannot tell them apart, so it keeps the facts.
+    uid = 2_000_000_000
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    assert retention.user_needs(uid) is None
