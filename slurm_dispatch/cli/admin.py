@@ -107,7 +107,8 @@ def _chosen(user: tuple[str, ...], records: str) -> Any:
 def _when(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
+    from .. import _clock
+    return _clock.instant(seconds)
 
 
 def _left(now: float, deadline: float) -> str:

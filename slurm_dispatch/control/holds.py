@@ -76,6 +76,19 @@ class Asked:
     answer: Answer
 
 
+def ask_one(signal: str, target: str, restart: object, timeout: float,
+            runner: SignalRunner) -> tuple[list[str], Answer]:
+    """Ask ``signal`` about one ended execution: the argv run (or, when the setting does not
+    split into words, the setting as written before the usual target) and the answer."""
+    tail = [target, "--restart", str(restart), "--json"]
+    try:
+        argv = [*shlex.split(signal), *tail]
+    except ValueError as exc:  # an unbalanced quote: nothing can be run, which is an answer
+        return [signal, *tail], Answer("error", None, f"CessationSignal {signal!r} does not "
+                                                      f"split into words: {exc}")
+    return argv, runner(argv, timeout)
+
+
 def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
         runner: SignalRunner, clock: Callable[[], float], task: Optional[int],
         heard: Optional[Callable[[Asked], None]] = None) -> list[Asked]:
@@ -85,15 +98,7 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
     one fails)."""
     asked = []
     for target, restart in hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]:
-        tail = [str(target), "--restart", str(restart), "--json"]
-        try:
-            argv = [*shlex.split(signal), *tail]
-        except ValueError as exc:  # an unbalanced quote: nothing can be run, which is an answer
-            argv = [signal, *tail]
-            answer = Answer("error", None, f"CessationSignal {signal!r} does not split into "
-                                           f"words: {exc}")
-        else:
-            answer = runner(argv, timeout)
+        argv, answer = ask_one(signal, str(target), restart, timeout, runner)
         job.append(events.Cessation, asked_at=round(clock(), 3),
                    held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
                    verdict=answer.verdict, code=answer.code, evidence=answer.evidence,

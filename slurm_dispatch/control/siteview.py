@@ -251,13 +251,7 @@ def ask_as_root(signal: str, timeout: float, target: str, restart: int,
     if not _TARGET.match(target):
         return {"verdict": "error", "code": None,
                 "evidence": f"{target!r} is not a Slurm job id; not asked"}
-    import shlex
-    try:
-        argv = [*shlex.split(signal), target, "--restart", str(restart), "--json"]
-    except ValueError as exc:
-        return {"verdict": "error", "code": None,
-                "evidence": f"CessationSignal {signal!r} does not split into words: {exc}"}
-    answer = (runner or asking.ask_signal)(argv, timeout)
+    _, answer = asking.ask_one(signal, target, restart, timeout, runner or asking.ask_signal)
     return {"verdict": answer.verdict, "code": answer.code, "evidence": answer.evidence}
 
 

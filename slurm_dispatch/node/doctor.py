@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from .. import __version__
+from .. import __version__, _fsio
 from .. import config as config_module
 from . import factstore as store
 
@@ -228,8 +228,7 @@ class Doctor:
             return False
         probe = f".doctor-probe-{store.new_token()}"
         try:
-            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o600, dir_fd=fd))
+            os.close(_fsio.create_new(probe, 0o600, dir_fd=fd))
             os.unlink(probe, dir_fd=fd)
         except OSError as exc:
             self.add(name, FAIL, f"{where}: cannot create a file there: {exc.strerror}: the "

@@ -183,8 +183,8 @@ def _open_dir(metrics_dir: str) -> int:
 def _lock(dir_fd: int, metrics_dir: str, wait: float) -> int:
     import fcntl
     try:
-        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                     | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
+        # Made once, then opened again (never through a symlink); flock needs no read access.
+        fd = _fsio.create_new(LOCK, 0o600, dir_fd=dir_fd, exclusive=False)
     except OSError as exc:
         raise MetricsError(f"cannot open {metrics_dir}/{LOCK}: {exc.strerror}") from None
     deadline = time.monotonic() + wait

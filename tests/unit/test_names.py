@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "slurm_dispatch"
 # Class name: the modules that may each define it, and why the name is shared.
 SHARED = {
     # Each command's private click group or command with the shell mixed in.
-    "_Shell": {"cli/cease.py", "cli/dispatch.py", "cli/sandbox.py"},
+    "_Shell": {"cli/admin.py", "cli/cease.py", "cli/dispatch.py", "cli/sandbox.py"},
     # One callback per framework, each in its framework's integration module.
     "DispatchCallback": {"integrations/lightning.py", "integrations/transformers.py"},
     # Two views of the launcher's environment, both read by one execution.contract.Contract:

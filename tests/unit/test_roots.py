@@ -18,6 +18,8 @@ PATTERN_PIECES = {"%", "%a", "%A", "%j", "%%"}
 EXCEPT = {
     "checkpoint/roots.py",
     "slurm/arrays.py",  # its '%' is sbatch --array's throttle (0-15%4), not a root's pattern
+    # Its %u and %h are dispatch-admin's --records pattern (a user's record home), not a root's.
+    "control/siteview.py",
 }
 
 
