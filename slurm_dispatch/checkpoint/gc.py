@@ -92,6 +92,12 @@ _HEAD_CHARS = 56
 # save is its folder, whole: its shards and .metadata are never saves of their own, and
 # cleanup removes the folder or nothing of it.
 _SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/|step-[0-9]+/")
+_STEP_FOLDER = re.compile(r"step-[0-9]+/")
+# What torch.distributed.checkpoint's FileSystemWriter writes into a save's folder (the
+# coordinator's .metadata, first as .metadata.tmp; each rank's __<rank>_<n>.distcp; a save
+# without collectives' __<rank>.metadata): a step-N folder holding anything else is a user's
+# own (execution/saverules.py decides the same folder whole for watch, reading it).
+_DCP_FILE = re.compile(r"\.metadata(?:\.tmp)?|__[0-9]+(?:_[0-9]+\.distcp|\.metadata)")
 CHECKPOINTS = "checkpoints/"  # the Lightning integration's folder in an execution's
 
 
@@ -127,6 +133,8 @@ class Folder:
     entries: list[str] = field(default_factory=list)  # names in it ("x/" for a folder)
     chosen: list[str] = field(default_factory=list)  # every save it chose (resume included)
     inner: list[str] = field(default_factory=list)  # the names in its checkpoints/
+    # its step-N/ folders holding something DCP never writes (read for older folders only)
+    not_dcp: set[str] = field(default_factory=set)
 
     def as_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
@@ -308,6 +316,8 @@ def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder
         return all(_SAVE_NAME.fullmatch(e) is not None and (not e.endswith("/")
                                                             or e.endswith(".ckpt/"))
                    or e.endswith(execdir.MANIFEST_SUFFIX) for e in folder.inner)
+    if folder is not None and entry in folder.not_dcp:
+        return bare in published_tops
     return (execdir.is_own(bare) or bare in published_tops
             or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)
 
@@ -422,7 +432,8 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
                 bare = entry.rstrip("/")
                 path = f"{where}/{bare}"
                 if (bare not in tops and not execdir.is_own(bare)
-                        and _SAVE_NAME.fullmatch(entry) and entry != "checkpoints/"):
+                        and _SAVE_NAME.fullmatch(entry) and entry != "checkpoints/"
+                        and entry not in f.not_dcp):
                     removals.append(Removal(SAVE, path, []))
     # The live lineage's folder stays, and so does all it has not published (a save being
     # written); what it published below the K latest goes, one save at a time, so that the
@@ -610,6 +621,12 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         if CHECKPOINTS in f.entries and (f.epoch is not None and latest_epoch is not None
                                          and f.epoch < latest_epoch):
             f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
+    for f in folders.values():
+        if f.epoch is not None and latest_epoch is not None and f.epoch < latest_epoch:
+            # A step-N/ is a save (torchtitan's DCP folder) only while it holds nothing but
+            # DCP's files: a user's own step-N/ stays, and so does the folder around it.
+            f.not_dcp = {e for e in f.entries if _STEP_FOLDER.fullmatch(e) and not all(
+                _DCP_FILE.fullmatch(n) for n in st.list_exec_entries(f.attempt, e.rstrip("/")))}
     needed = pinned(st)
     for path, why in bests(st, names, folders, decode).items():
         needed.setdefault(path, why)

@@ -249,3 +249,28 @@ def test_gc_removes_an_older_executions_folder_with_its_torn_dcp_save(
     done = gc.collect(str(root), 1)
     assert [(r.kind, r.path) for r in done.removals] == [(gc.FOLDER, "exec/a")], done.removals
     assert not old.exists() and saverules.dcp_problem(str(newer / "step-3")) is None
+
+
+def test_gc_never_takes_a_step_folder_that_is_not_dcp_for_a_save(tmp_path: Path) -> None:
+    """A user's own step-N folder (evaluation output, not DCP's) in an older execution is not
+    a save: gc neither removes it as an unpublished save nor the folder whole around it; a
+    torn DCP step-N beside it (shards, no .metadata) still goes."""
+    root = tmp_path / "ck"
+    old = root / "exec" / "a"
+    (old / "step-5").mkdir(parents=True)
+    (old / "step-5" / "samples.txt").write_text("the user's own\n")
+    (old / "step-8").mkdir()
+    (old / "step-8" / "__0_0.distcp").write_bytes(b"shard")
+    _record(old, EPOCH, "a")
+    newer = root / "exec" / "n"
+    newer.mkdir()
+    epoch = model.Epoch(0, 2, 0).value
+    _record(newer, epoch, "n")
+    (newer / "epoch=0-step=3.ckpt").write_bytes(b"whole")
+    store.publish(str(root), epoch, 3, str(newer / "epoch=0-step=3.ckpt"))
+    done = gc.collect(str(root), 1)
+    assert [(r.kind, r.path) for r in done.removals] == [(gc.SAVE, "exec/a/step-8")], \
+        done.removals
+    assert (old / "step-5" / "samples.txt").read_text() == "the user's own\n"
+    assert not (old / "step-8").exists()
+    assert "exec/a/step-5/" in done.left
