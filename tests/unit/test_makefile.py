@@ -87,7 +87,7 @@ case "$*" in
                printf '#!%s/bin/python\n# -*- coding: utf-8 -*-\n' "$3" >"$3/bin/pip"
                echo "$name venv $3" >>"$log";;
   *"-m pip --version"*) [ -n "${home:-}" ] && [ ! -e "$home/no-pip" ];;
-  *"-m pip "*) echo "$name pip $*" >>"$log"; [ ! -e "${home:-/}/pip-blocks" ] || sleep 600;;
+  *"-m pip "*) echo "$name pip $*" >>"$log"; [ ! -e "${home:-/}/pip-blocks" ] || exec sleep 600;;
   *base_prefix*) echo "3.11.0 (/fake/$name)";;
   *version_info*) echo 3.11;;
   *) exit 0;;
