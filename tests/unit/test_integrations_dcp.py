@@ -15,6 +15,7 @@ import torch
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import UsageError
 from slurm_dispatch.integrations import dcp
+from tests.execution_env import dispatch_env
 
 E1, E2 = 1_000_000, 1_000_001
 
@@ -22,15 +23,6 @@ E1, E2 = 1_000_000, 1_000_001
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def dispatch_env(root: Path, attempt: str, epoch: int, resume: str,
-                 monkeypatch: pytest.MonkeyPatch) -> Path:
-    exec_dir = root / "exec" / attempt
-    exec_dir.mkdir(parents=True)
-    for name, value in (("DISPATCH_CHECKPOINT", str(root)), ("DISPATCH_EXEC_DIR", str(exec_dir)),
-                        ("DISPATCH_EPOCH", str(epoch)), ("DISPATCH_ATTEMPT", attempt),
-                        ("DISPATCH_RESUME_FROM", resume)):
-        monkeypatch.setenv(name, value)
-    return exec_dir
 
 
 def state(step: int) -> dict[str, object]:

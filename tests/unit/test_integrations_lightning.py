@@ -21,6 +21,7 @@ from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import NotRequeued
 from slurm_dispatch.execution import saves
 from slurm_dispatch.integrations.lightning import DispatchCallback, resume_from_checkpoint
+from tests.execution_env import dispatch_env
 
 pytestmark = [
     # Lightning's own notices about this tiny set-up, not about the integration.
@@ -78,15 +79,6 @@ def fit(tmp_path: Path, max_steps: int, callbacks: list[Any], model: Optional[Ti
     return trainer, model
 
 
-def dispatch_env(root: Path, attempt: str, epoch: int, resume: str,
-                 monkeypatch: pytest.MonkeyPatch) -> Path:
-    exec_dir = root / "exec" / attempt
-    exec_dir.mkdir(parents=True)
-    for name, value in (("DISPATCH_CHECKPOINT", str(root)), ("DISPATCH_EXEC_DIR", str(exec_dir)),
-                        ("DISPATCH_EPOCH", str(epoch)), ("DISPATCH_ATTEMPT", attempt),
-                        ("DISPATCH_RESUME_FROM", resume)):
-        monkeypatch.setenv(name, value)
-    return exec_dir
 
 
 def test_each_save_is_published_once_and_top_k_deletes_nothing(

@@ -25,6 +25,7 @@ from slurm_dispatch.integrations.transformers import (  # noqa: E402
     DispatchCallback,
     resume_from_checkpoint,
 )
+from tests.execution_env import dispatch_env
 
 E1, E2 = 1_000_000, 1_000_001
 
@@ -77,19 +78,6 @@ def make_trainer(output_dir: Path, max_steps: int, callbacks: list[Any],
     return transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
 
 
-def dispatch_env(root: Path, attempt: str, epoch: int, resume: Optional[str],
-                 monkeypatch: pytest.MonkeyPatch) -> Path:
-    exec_dir = root / "exec" / attempt
-    exec_dir.mkdir(parents=True)
-    monkeypatch.setenv("DISPATCH_CHECKPOINT", str(root))
-    monkeypatch.setenv("DISPATCH_EXEC_DIR", str(exec_dir))
-    monkeypatch.setenv("DISPATCH_EPOCH", str(epoch))
-    monkeypatch.setenv("DISPATCH_ATTEMPT", attempt)
-    if resume is None:
-        monkeypatch.delenv("DISPATCH_RESUME_FROM", raising=False)
-    else:
-        monkeypatch.setenv("DISPATCH_RESUME_FROM", resume)
-    return exec_dir
 
 
 def published(root: Path) -> list[tuple[int, int, str]]:
