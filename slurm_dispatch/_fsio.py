@@ -11,6 +11,8 @@ One home for the open flags that carry this project's safety rules, so each rule
   ``O_NOFOLLOW`` (:func:`open_file`), and ``O_NONBLOCK`` where a FIFO must not hang the reader.
 * :func:`write_new` writes all of its bytes (a write may be short), fsyncs them, and by default
   leaves no partial file under its name when anything fails, Ctrl-C included.
+* :func:`replace` puts a whole new file under a name in one step (a create-once temporary
+  name renamed over it): a reader sees the old file or the new one, never part of either.
 
 Only OSError is raised here, as the system gave it: each caller turns it into its own error with
 its own words.  Only the standard library is imported (the hooks import this module).
@@ -28,7 +30,7 @@ CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEX
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 __all__ = ["CREATE_FLAGS", "DIR_FLAGS", "READ_FLAGS", "create_new", "fsync_dir", "fsync_path",
-           "open_dir", "open_file", "write_all", "write_new"]
+           "open_dir", "open_file", "replace", "write_all", "write_new"]
 
 
 def open_dir(path: str, dir_fd: int | None = None, *, follow: bool = False,
@@ -91,6 +93,45 @@ def write_new(path: str, data: bytes, mode: int = 0o644, *, dir_fd: int | None =
             os.unlink(path, dir_fd=dir_fd)
         raise
     os.close(fd)
+
+
+def replace(name: str, data: bytes, mode: int, *, dir_fd: int, gid: int | None = None,
+            sync: bool = True) -> None:
+    """Put ``data`` under ``name`` in the folder ``dir_fd``, whole, replacing what was there.
+
+    The bytes go into a create-once temporary name beside it (``.<name>.<pid>``, a leftover of
+    a crashed writer with the same pid removed first) whose mode (exactly ``mode``, whatever
+    the umask) and group (``gid``, when given) are set before a byte is written, then it is
+    renamed over ``name``: readers see the old file or the new, never part, and never the new
+    one with looser rights.  ``sync`` fsyncs the file before the rename and the folder after.
+    Any failure removes the temporary name and leaves ``name`` as it was.  Only for folders
+    nobody but the caller writes (the rename replaces whatever ``name`` is).
+    """
+    temp = f".{name}.{os.getpid()}"
+    try:
+        os.unlink(temp, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = create_new(temp, 0o600, dir_fd)
+    try:
+        try:
+            if gid is not None:
+                os.fchown(fd, -1, gid)
+            os.fchmod(fd, mode)
+            write_all(fd, data, name)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    if sync:
+        os.fsync(dir_fd)
 
 
 def fsync_dir(path: str, dir_fd: int | None = None, *, follow: bool = True) -> None:

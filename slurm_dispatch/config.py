@@ -51,6 +51,9 @@ DEFAULT_METRICS_DIR = ""
 # How long facts/ keeps a job's facts once nothing needs them (dispatch-admin prune): None is
 # unset, and the command then asks for --older-than.
 DEFAULT_FACT_RETENTION = None
+# The group whose members read the site's view of every user's holds (dispatch-admin holds)
+# from the snapshot root's release service writes: empty is root only.
+DEFAULT_SITE_VIEW_GROUP = ""
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -62,7 +65,7 @@ class Config:
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
                  "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "listing_lag",
-                 "metrics_dir", "fact_retention", "problems")
+                 "metrics_dir", "fact_retention", "site_view_group", "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -81,6 +84,7 @@ class Config:
         self.listing_lag = DEFAULT_LISTING_LAG
         self.metrics_dir = DEFAULT_METRICS_DIR
         self.fact_retention: float | None = DEFAULT_FACT_RETENTION
+        self.site_view_group = DEFAULT_SITE_VIEW_GROUP
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -164,6 +168,13 @@ def _lag(value: str) -> float:
     return seconds
 
 
+def _group(value: str) -> str:
+    name = value.strip()
+    if any(c.isspace() or c in ":/," for c in name) or name.startswith("-"):
+        raise ValueError(f"{value!r} is not a group name")
+    return name
+
+
 def _command(value: str) -> str:
     return value.strip()
 
@@ -200,6 +211,9 @@ _KEYS = {
     "metricsdir": ("MetricsDir", "metrics_dir", _optional_dir),
     # FactRetention=30-00:00:00: dispatch-admin prune removes facts nothing needs after that.
     "factretention": ("FactRetention", "fact_retention", _positive_duration),
+    # SiteViewGroup=slurm-admins: its members read dispatch-admin holds (the release service's
+    # snapshot under StateDir/siteview); control/siteview.py.
+    "siteviewgroup": ("SiteViewGroup", "site_view_group", _group),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

@@ -89,6 +89,7 @@ def _version() -> str:
     return __version__
 
 
+DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
 RECORDS_HELP = ("Where each user's records are: %u the user's name, %h their home "
                 "(default %h/.local/state/slurm-dispatch, the users' default DISPATCH_HOME).")
 
@@ -123,8 +124,8 @@ def _left(now: float, deadline: float) -> str:
 @main.command()
 @click.option("--user", "-u", multiple=True, metavar="NAME",
               help="Only this user's holds (repeatable; default: every user with records).")
-@click.option("--records", default="%h/.local/state/slurm-dispatch", show_default=False,
-              metavar="PATTERN", help=RECORDS_HELP)
+@click.option("--records", default=DEFAULT_RECORDS, show_default=False,
+              metavar="PATTERN", help=RECORDS_HELP + " Root only.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--noheader", "noheader", is_flag=True, help="No header line (as squeue -h).")
 def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) -> Optional[int]:
@@ -133,15 +134,44 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
     One line per hold, soonest deadline first: the user, the dispatch job, the held Slurm job
     (what squeue shows as held), its deadline and the time left, and each ended execution it
     waits for (Slurm job id and restart) with the site's last answer about it (ceased, not
-    ceased, error, not asked) and when it was asked.  --json gives the evidence too.  Exit 0;
-    1 when a user's records could not be read (named on stderr, the rest still shown).
+    ceased, error, not asked) and when it was asked.  --json gives the evidence too.
+
+    Root reads every user's records (as that user).  A member of dispatch.conf's
+    SiteViewGroup, not root, reads the copy root's release-service writes on each pass
+    (StateDir/siteview/holds.json), told on stderr how old it is; anyone else is refused.
+    Exit 0; 1 when a user's records could not be read (named on stderr, the rest still
+    shown) or the copy is older than three CessationIntervals (the service is not running).
 
     Example: `dispatch-admin holds --user alice`
     """
     from ..control import siteview
-    _root()
-    seen = siteview.view(_chosen(user, records))
     now = time.time()
+    stale = False
+    if os.geteuid() == 0:
+        seen = siteview.view(_chosen(user, records))
+    else:
+        if records != DEFAULT_RECORDS:
+            raise UsageError(f"--records {records!r}: only root reads users' records; a "
+                             "SiteViewGroup member reads the release service's copy")
+        cfg, where = _site_config()
+        if not cfg.site_view_group:
+            raise UsageError("run as root, or as a member of the group dispatch.conf names "
+                             f"as SiteViewGroup ({where} sets none): users' records are in "
+                             "their homes, which only root reads")
+        group = siteview.site_group(cfg.site_view_group, where)
+        seen = siteview.read_snapshot(cfg.state_dir, group, where)
+        if user:
+            seen["holds"] = [h for h in seen.get("holds", []) if h.get("user") in user]
+        written = float(seen["written_at"])
+        limit = 3 * cfg.cessation_interval
+        stale = now - written > limit
+        from .. import _clock
+        click.echo(f"dispatch-admin: the site view as of {_clock.instant(written)} "
+                   f"({_clock.ago(written, now)} old), from "
+                   f"{siteview.snapshot_path(cfg.state_dir)}"
+                   + (f": stale, older than 3 CessationIntervals ({limit:g} s); is root's "
+                      "release-service (dispatch-release.timer) running?" if stale else ""),
+                   err=True)
     if as_json:
         click.echo(json.dumps(seen, sort_keys=True))
     else:
@@ -161,13 +191,23 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
             click.echo(text)
     for error in seen["errors"]:
         click.echo(f"dispatch-admin: {error}", err=True)
-    return 1 if seen["errors"] else None
+    return 1 if seen["errors"] or stale else None
+
+
+def _site_config() -> Any:
+    """dispatch.conf, and where it is for messages; a bad file is an error."""
+    from .. import config as config_module
+    from ..errors import ConfigError
+    cfg = config_module.load()
+    if cfg.problems:
+        raise ConfigError(config_module.refusal(cfg))
+    return cfg, cfg.path or config_module.config_path()
 
 
 @main.command("release-service")
 @click.option("--user", "-u", multiple=True, metavar="NAME",
               help="Only this user's holds (repeatable; default: every user with records).")
-@click.option("--records", default="%h/.local/state/slurm-dispatch", metavar="PATTERN",
+@click.option("--records", default=DEFAULT_RECORDS, metavar="PATTERN",
               help=RECORDS_HELP)
 @click.option("--loop", is_flag=True, help="A pass every CessationInterval, for ever.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors.")
@@ -183,19 +223,33 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
 
     Run it where a site made facts/ 0700 (so users' supervisors cannot ask dispatch-cease):
     from a systemd timer (contrib/systemd/dispatch-release.*) or root's cron
-    (`* * * * * dispatch-admin release-service -q`).  Exit 0; 1 when something failed (each
-    failure on stderr, the other users still served).
+    (`* * * * * dispatch-admin release-service -q`).  With SiteViewGroup set in dispatch.conf,
+    each pass then writes the view `dispatch-admin holds` shows root, whole, to
+    StateDir/siteview/holds.json (0640 root:that group), for that group's members (without a
+    CessationSignal it writes only that).  Exit 0; 1 when something failed (each failure on
+    stderr, the other users still served).
     """
     from ..control import siteview
     from ..control.supervisor import site_settings
     _root()
     settings = site_settings()
-    if not settings.signal:
+    cfg, where = _site_config()
+    group = siteview.site_group(cfg.site_view_group, where) if cfg.site_view_group else None
+    if not settings.signal and group is None:
         raise UsageError("dispatch.conf sets no CessationSignal: holds wait for a person "
                          "(dispatch release), there is nothing to ask")
     while True:
-        done = siteview.release_pass(_chosen(user, records), settings.signal,
-                                     settings.signal_timeout, settings.interval)
+        chosen = _chosen(user, records)
+        done: dict[str, list[str]] = {"actions": [], "errors": []}
+        if settings.signal:
+            done = siteview.release_pass(chosen, settings.signal, settings.signal_timeout,
+                                         settings.interval)
+        if group is not None:
+            now = time.time()
+            seen = siteview.view(chosen)
+            path = siteview.write_snapshot(cfg.state_dir, group, seen, now)
+            done["actions"].append(f"site view: {len(seen['holds'])} standing hold(s) written "
+                                   f"to {path} for group {group.gr_name}")
         if not quiet:
             for action in done["actions"]:
                 click.echo(action)
@@ -204,6 +258,8 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
         if not loop:
             return 1 if done["errors"] else None
         time.sleep(settings.interval)
+
+
 @main.command()
 @click.option("--older-than", metavar="DURATION", default=None,
               help="Remove facts older than this (seconds, HH:MM:SS or D-HH:MM:SS; default: "
@@ -283,7 +339,7 @@ def prune(older_than: Optional[str], dry_run: bool, verbose: bool,
 @main.command()
 @click.option("--user", "-u", multiple=True, metavar="NAME",
               help="Only this user's records (repeatable; default: every user with records).")
-@click.option("--records", default="%h/.local/state/slurm-dispatch", show_default=False,
+@click.option("--records", default=DEFAULT_RECORDS, show_default=False,
               metavar="PATTERN", help=RECORDS_HELP)
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "

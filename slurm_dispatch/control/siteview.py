@@ -18,20 +18,29 @@ Invariants:
 * The view changes nothing; the service lifts a hold only when every ended execution it waits
   for is proven ceased, records each answer first (as the supervisor does), and releases the
   held job as its owner.
+* A configured group (dispatch.conf's ``SiteViewGroup``) sees the view without root's reach
+  into homes: each pass of the service writes it, whole, as
+  ``StateDir/siteview/holds.json`` (folder 0750, file 0640, both root and the group's; a
+  new file renamed over the old, so a reader finds the last whole view or none), and a
+  member reads that and is told how old it is.  Nothing of a user's is in it that
+  ``dispatch-admin holds`` would not show root.
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
 import re
 import signal
+import stat
 import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import DispatchError, UsageError
+from .. import _fsio
+from ..errors import DispatchError, RefusedError, UsageError
 
 DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
 CHILD_TIMEOUT = 300.0  # seconds a user's child may take
@@ -283,3 +292,110 @@ def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeo
         actions += [f"{user.pw_name}: {a}" for a in done.get("actions", [])]
         errors += [f"{user.pw_name}: {e}" for e in done.get("errors", [])]
     return {"actions": actions, "errors": errors}
+
+
+# -- the group's copy: a snapshot root writes and members read ----------------------------
+
+SNAPSHOT_DIR = "siteview"
+SNAPSHOT = "holds.json"
+SNAPSHOT_VERSION = 1
+
+
+def snapshot_path(state_dir: str) -> str:
+    """Where the release service keeps the group's copy of the view."""
+    return os.path.join(state_dir, SNAPSHOT_DIR, SNAPSHOT)
+
+
+def site_group(name: str, where: str) -> grp.struct_group:
+    """The SiteViewGroup ``name`` (dispatch.conf ``where``), which must exist."""
+    try:
+        return grp.getgrnam(name)
+    except KeyError:
+        raise UsageError(f"SiteViewGroup={name} ({where}): no such group") from None
+
+
+def write_snapshot(state_dir: str, group: grp.struct_group, seen: dict[str, Any],
+                   now: float) -> str:
+    """Replace the group's copy of the view with ``seen`` (root only): StateDir/siteview/ is
+    made 0750 root:group (or set so, never through a symlink), holds.json in it 0640
+    root:group, whole; the path written."""
+    folder = os.path.join(state_dir, SNAPSHOT_DIR)
+    try:
+        state_fd = _fsio.open_dir(state_dir)
+    except OSError as exc:
+        raise UsageError(f"StateDir {state_dir!r}: cannot open it ({exc.strerror}): the "
+                         "site view's snapshot lives there") from None
+    try:
+        try:
+            os.mkdir(SNAPSHOT_DIR, 0o700, dir_fd=state_fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = _fsio.open_dir(SNAPSHOT_DIR, state_fd)
+        except OSError as exc:
+            raise RefusedError(f"{folder}: {exc.strerror} (a symlink is refused): not "
+                               "written") from None
+    finally:
+        os.close(state_fd)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != 0:
+            raise RefusedError(f"{folder} is owned by uid {info.st_uid}, not root: the site "
+                               "view is not written there; remove it")
+        os.fchown(fd, 0, group.gr_gid)
+        os.fchmod(fd, 0o750)
+        data = json.dumps({"version": SNAPSHOT_VERSION, "written_at": now, **seen},
+                          sort_keys=True).encode()
+        try:
+            _fsio.replace(SNAPSHOT, data, 0o640, dir_fd=fd, gid=group.gr_gid)
+        except OSError as exc:
+            raise RefusedError(f"cannot write {folder}/{SNAPSHOT}: {exc.strerror}; the last "
+                               "snapshot stands") from None
+    finally:
+        os.close(fd)
+    return os.path.join(folder, SNAPSHOT)
+
+
+def read_snapshot(state_dir: str, group: grp.struct_group, where: str) -> dict[str, Any]:
+    """The group's copy of the view, for a member of ``group``: refused, naming the group, for
+    anyone else; an error naming the file when there is none or it is not root's and whole."""
+    member = group.gr_gid == os.getegid() or group.gr_gid in os.getgroups()
+    if not member:
+        try:
+            who = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            who = f"uid {os.geteuid()}"
+        raise RefusedError(f"{who} is not root and not in SiteViewGroup {group.gr_name} "
+                           f"({where}): only root and members of {group.gr_name} see other "
+                           "users' holds")
+    path = snapshot_path(state_dir)
+    try:
+        fd = _fsio.open_file(path, nonblock=True)
+    except FileNotFoundError:
+        raise RefusedError(f"no site view at {path}: root's dispatch-admin release-service "
+                           "writes it on each pass (its timer, contrib/systemd/"
+                           "dispatch-release.timer); is it running?") from None
+    except OSError as exc:
+        raise RefusedError(f"cannot read the site view {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != 0 or not stat.S_ISREG(info.st_mode) or info.st_mode & 0o002:
+            raise RefusedError(f"{path} is not root's file (uid {info.st_uid}, mode "
+                               f"{stat.S_IMODE(info.st_mode):04o}): not trusted")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    try:
+        seen = json.loads(b"".join(chunks))
+        if not isinstance(seen, dict) or seen.get("version") != SNAPSHOT_VERSION \
+                or not isinstance(seen.get("written_at"), (int, float)):
+            raise ValueError("not a site view")
+    except ValueError as exc:
+        raise RefusedError(f"{path}: {exc}") from None
+    return seen
+

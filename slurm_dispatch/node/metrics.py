@@ -242,19 +242,9 @@ def update(metrics_dir: str, tally: Tally, wait: float = LOCK_WAIT) -> None:
 
 def _write(dir_fd: int, metrics_dir: str, name: str, values: dict[str, float]) -> None:
     """``values`` as ``name`` in the folder, whole: a temporary name renamed over it."""
-    temp = f".{name}.{os.getpid()}"
     try:
-        os.unlink(temp, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    try:
-        _fsio.write_new(temp, render(values).encode(), 0o644, dir_fd=dir_fd, sync=False)
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        _fsio.replace(name, render(values).encode(), 0o644, dir_fd=dir_fd, sync=False)
     except OSError as exc:
-        try:
-            os.unlink(temp, dir_fd=dir_fd)
-        except OSError:
-            pass
         raise MetricsError(f"cannot write {metrics_dir}/{name}: {exc.strerror}") from None
 
 

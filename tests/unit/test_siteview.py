@@ -6,10 +6,12 @@ scontrol is a fake at the process boundary that logs who called it."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -19,8 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch.cli import admin
-from slurm_dispatch.control import events, record
+from slurm_dispatch.control import events, record, siteview
 from slurm_dispatch.control.supervisor import Settings, Supervisor
+from slurm_dispatch.errors import RefusedError
 from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
@@ -162,7 +165,6 @@ def test_the_release_service_refuses_a_target_that_is_not_a_job_id(
     fake, base = site
     job, ended, held_id = held(fake, base)
     log = site_conf(base, monkeypatch)
-    from slurm_dispatch.control import siteview
     answer = siteview.ask_as_root("/bin/echo", 5.0, "--restart=0; rm -rf /", 0)
     assert answer["verdict"] == "error" and "not a Slurm job id" in answer["evidence"]
     assert log.read_text() == ""
@@ -186,3 +188,131 @@ def test_the_users_own_error_answers_never_postpone_the_service(
     code, out, err = admin_cmd(base, "release-service")
     assert (code, err) == (0, "")
     assert out == f"nobody: {job.id}: hold on Slurm job {held_id} lifted: ceased\n"
+
+
+# -- the SiteViewGroup's copy (issue 22 item 4: "root, or a configured group") -------------
+
+GROUP = grp.getgrgid(USER.pw_gid)  # nobody's own group: nobody is a member
+OTHER = grp.getgrgid(0)  # root's: nobody is not
+
+
+def group_conf(base: Path, monkeypatch: pytest.MonkeyPatch, group: str) -> Path:
+    """A dispatch.conf naming ``group`` as SiteViewGroup, no CessationSignal (the service
+    then only writes the view), and a root-owned StateDir; the snapshot's path."""
+    state = base / "state"
+    state.mkdir(mode=0o755, exist_ok=True)
+    conf = base / "dispatch.conf"
+    conf.write_text(f"StateDir={state}\nSiteViewGroup={group}\nCessationSignal=\n")
+    conf.chmod(0o644)
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    return state / "siteview" / "holds.json"
+
+
+def as_nobody(*args: str) -> tuple[int, str, str]:
+    """dispatch-admin run by nobody (uid, gid and groups, in a child): not root."""
+    def work(_home: str) -> dict[str, object]:
+        result = CliRunner().invoke(admin.main, list(args))
+        return {"code": result.exit_code, "out": result.stdout, "err": result.stderr}
+    got = siteview.as_user(USER, "/", work)
+    assert "code" in got, got
+    return int(got["code"]), str(got["out"]), str(got["err"])  # type: ignore[call-overload]
+
+
+def test_a_site_view_group_member_sees_every_hold_from_roots_snapshot(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
+    code, out, err = as_nobody("holds")  # before root's service wrote one
+    assert code == 1 and f"no site view at {snapshot}" in err, err
+    code, out, err = admin_cmd(base, "release-service")
+    assert (code, err) == (0, ""), err
+    assert out == (f"site view: 1 standing hold(s) written to {snapshot} for group "
+                   f"{GROUP.gr_name}\n")
+    for path, mode in ((snapshot, 0o640), (snapshot.parent, 0o750)):
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) \
+            == (0, GROUP.gr_gid, mode), path
+    assert os.listdir(snapshot.parent) == ["holds.json"]
+    code, out, err = as_nobody("holds")
+    assert code == 0, err
+    head, line = out.splitlines()
+    assert line.split()[:3] == ["nobody", job.id, held_id]
+    assert line.split()[5:] == [f"{ended}+0", "not_asked", "-"]
+    assert err.startswith("dispatch-admin: the site view as of ") and " s old)" in err, err
+    assert "stale" not in err
+    code, out, err = as_nobody("holds", "--json", "--user", "someone-else")
+    shown = json.loads(out)
+    assert (code, shown["holds"], shown["errors"]) == (0, [], [])
+    assert abs(shown["written_at"] - time.time()) < 60
+    code, out, err = as_nobody("holds", "--records", "/elsewhere/%u")
+    assert code == 2 and "--records '/elsewhere/%u': only root" in err, err
+
+
+def test_anyone_outside_the_site_view_group_is_refused_naming_it(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    held(fake, base)
+    conf_path = base / "dispatch.conf"
+    group_conf(base, monkeypatch, OTHER.gr_name)
+    code, _, _ = admin_cmd(base, "release-service")
+    assert code == 0
+    code, out, err = as_nobody("holds")
+    assert (code, out) == (1, "")
+    assert (f"nobody is not root and not in SiteViewGroup {OTHER.gr_name} ({conf_path}): "
+            f"only root and members of {OTHER.gr_name} see other users' holds") in err, err
+    conf_path.write_text("CessationSignal=\n")  # no group at all: root only, and it says so
+    code, out, err = as_nobody("holds")
+    assert code == 2 and "SiteViewGroup" in err and "sets none" in err, err
+
+
+def test_the_snapshot_is_whole_or_absent_never_half_written(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write the file system refuses part way (RLIMIT_FSIZE, for real) leaves the last
+    whole snapshot, or none, and no temporary file."""
+    import resource
+    import signal as signals
+    fake, base = site
+    held(fake, base)
+    snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
+    big = {"holds": [], "errors": ["x" * 100_000]}
+
+    def refused_write() -> str:
+        pid = os.fork()
+        if pid == 0:
+            said = "wrote"
+            try:
+                signals.signal(signals.SIGXFSZ, signals.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+                siteview.write_snapshot(str(snapshot.parents[1]), GROUP, big, time.time())
+            except RefusedError as exc:
+                said = str(exc)
+            finally:
+                (base / "said").write_text(said)
+                os._exit(0)
+        os.waitpid(pid, 0)
+        return (base / "said").read_text()
+
+    said = refused_write()  # the first write fails: no snapshot at all
+    assert "File too large" in said and "the last snapshot stands" in said, said
+    assert not snapshot.parent.exists() or os.listdir(snapshot.parent) == []
+    code, _, _ = admin_cmd(base, "release-service")
+    assert code == 0
+    whole = snapshot.read_bytes()
+    said = refused_write()
+    assert "File too large" in said, said
+    assert snapshot.read_bytes() == whole and os.listdir(snapshot.parent) == ["holds.json"]
+    assert json.loads(whole)["holds"][0]["user"] == "nobody"
+
+
+def test_a_stale_snapshot_says_its_age(site: tuple[FakeCluster, Path],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    job, _, held_id = held(fake, base)
+    snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
+    seen = siteview.view(siteview.users(["nobody"], f"{base}/%u"))
+    siteview.write_snapshot(str(snapshot.parents[1]), GROUP, seen, time.time() - 1000)
+    code, out, err = as_nobody("holds", "--noheader")
+    assert code == 1, err
+    assert out.split()[:3] == ["nobody", job.id, held_id]  # still shown, and said to be old
+    assert "(16 min old)" in err and "stale, older than 3 CessationIntervals (180 s)" in err, err
