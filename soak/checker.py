@@ -13,8 +13,9 @@ what the runner gathered after every fault was healed and every job ended or gav
   event of every record;
 - ``jobs``: ``[{"job", "shared", "ended", "stuck"}]``: ended (Slurm has nothing of it active),
   else stuck is ``dispatch status``'s reason, or null when it gave none;
-- ``lifts``: ``[{"job", "t", "ended_slurm_job_id"}]``: every hold of a shared job lifted (a
-  release, an expiry, a ceased answer), when;
+- ``holds``: ``[{"job", "t", "slurm_job_id", "ended_slurm_job_id"}]``: every hold made;
+- ``lifts``: ``[{"job", "t", "kind", "by", "slurm_job_id"}]``: every hold lifted (``kind``
+  released, by the cessation signal, a person or Slurm, or expired), when;
 - ``drains``: ``[{"node", "reason", "ours"}]``: nodes drained or down with a reason, and
   whether the reason is one of our hooks'.
 
@@ -78,6 +79,8 @@ class Result:
     faults: Counter[str]
     overlaps: int
     violations: dict[str, list[str]]
+    holds: int = 0
+    lifts: Counter[str] = field(default_factory=Counter)  # by whom (or "expired")
 
     @property
     def ok(self) -> bool:
@@ -229,8 +232,10 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
 
     faults = Counter(f["kind"] for f in run.get("faults", []))
     jobs = len(run.get("jobs", [])) or len(by_job)
+    lifted = Counter(lift.get("by") or lift.get("kind") or "?" for lift in run.get("lifts", []))
     return Result(seed=run.get("seed"), jobs=jobs, executions=len(execs), faults=faults,
-                  overlaps=overlaps, violations=v)
+                  overlaps=overlaps, violations=v, holds=len(run.get("holds", [])),
+                  lifts=lifted)
 
 
 def table(result: Result) -> str:
@@ -239,6 +244,9 @@ def table(result: Result) -> str:
              f"overlaps seen {result.overlaps}",
              "  faults: " + (", ".join(f"{k} {n}" for k, n in sorted(result.faults.items()))
                              or "none"),
+             f"  holds made {result.holds}   lifted {sum(result.lifts.values())}"
+             + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(result.lifts.items())) + ")"
+                if result.lifts else ""),
              f"  {'INVARIANT':<22} {'VIOLATIONS':>10}  MEANING"]
     for name, meaning in INVARIANTS.items():
         lines.append(f"  {name:<22} {len(result.violations[name]):>10}  {meaning}")

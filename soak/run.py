@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from slurm_dispatch.control import record
 from slurm_dispatch.sandbox import clients, cluster, daemons, network
 from slurm_dispatch.sandbox.layout import Layout, state_dir
 
@@ -50,6 +51,7 @@ FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel",
           "supervisor-kill", "gc-kill", "s3-stop")
 BUCKET = "soak"
 S3_TIMEOUT = 10  # the S3 watch's --timeout; the nemesis stops the server longer than that
+CESSATION_INTERVAL = 5  # the soak's dispatch.conf: how often a standing hold's signal is asked
 
 
 def log(text: str) -> None:
@@ -135,6 +137,32 @@ class Soak:
             os.chown(path, self.uid, self.gid)
         self.history = os.path.join(self.run_dir, "history")
         self.user_env["SOAK_HISTORY"] = self.history
+        # This run's records of its own (DISPATCH_HOME in the run folder): the supervisor acts
+        # on them only, never on an earlier run's, and they stay with the run's histories.
+        self.records = os.path.join(self.run_dir, "records")
+        os.mkdir(self.records, 0o700)
+        os.chown(self.records, self.uid, self.gid)
+        self.user_env["DISPATCH_HOME"] = self.records
+        # The site's settings as the sandbox installs them, the supervisor asking its
+        # CessationSignal (dispatch-cease) every CESSATION_INTERVAL while a hold stands, so
+        # that holds are lifted by a ceased answer within the run.
+        conf = os.path.join(self.run_dir, "dispatch.conf")
+        with open(os.path.join(self.layout.etc, "dispatch.conf"), encoding="utf-8") as f:
+            site = [line for line in f.read().splitlines()
+                    if not line.lower().startswith(("cessationsignal=", "cessationinterval="))]
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write("\n".join([*site, "CessationSignal=dispatch-cease",
+                               f"CessationInterval={CESSATION_INTERVAL}"]) + "\n")
+        self.user_env["SLURM_DISPATCH_CONF"] = conf
+
+    def cancel_leftovers(self) -> None:
+        """Cancel the user's Slurm jobs an earlier run left in this sandbox (a run killed before
+        its end): they would hold nodes and count as this run's.  Their records stay in that
+        run's folder."""
+        left = [line.split()[0] for line in self.active() if line.strip()]
+        if left:
+            log(f"cancelling {len(left)} Slurm job(s) an earlier run left: {' '.join(left)}")
+            self.slurm(["scancel", *left])
 
     # -- the workload --------------------------------------------------------------------------
 
@@ -151,7 +179,8 @@ class Soak:
     def submit(self, kind: str, *extra: str, root: Optional[str] = None,
                env: Optional[dict[str, str]] = None) -> Optional[str]:
         self.counter += 1
-        mode = {"watch": "watch", "shared": "shared", "s3": "s3watch"}.get(kind, "publish")
+        mode = {"watch": "watch", "shared": "shared", "shared-failing": "shared",
+                "s3": "s3watch"}.get(kind, "publish")
         name = f"{kind}-{self.counter}"
         path = os.path.join(self.run_dir, f"{name}.sh")
         with open(path, "w", encoding="utf-8") as f:
@@ -177,7 +206,8 @@ class Soak:
             log(f"submit {name}: no dispatch job id in {proc.stdout!r}")
             return None
         job = found.group(1)
-        self.jobs[job] = {"kind": kind, "root": root, "shared": kind == "shared", "name": name}
+        self.jobs[job] = {"kind": kind, "root": root, "shared": mode == "shared",
+                          "name": name}
         log(f"submitted {name} as {job}{' ' + ' '.join(extra) if extra else ''}")
         return job
 
@@ -204,6 +234,10 @@ class Soak:
         steps = int(min(300, max(30, self.args.minutes * 30)))
         self.submit("shared", "--shared-checkpoint", "--resubmit", "1",
                     env={"SOAK_STEPS": str(steps)})
+        # Fails on purpose now and then: each failure is a hold (a shared checkpoint), which
+        # dispatch-cease proves ceased a moment later, so holds are made and lifted in the run.
+        self.submit("shared-failing", "--shared-checkpoint", "--resubmit", "3",
+                    env={"SOAK_STEPS": "60", "SOAK_FAIL": "0.15"})
         self.submit("s3", "--resubmit", "3",
                     root=f"s3://{BUCKET}/{os.path.basename(self.run_dir)}/s3-1")
         first = self.submit("before", "--resubmit", "1", env={"SOAK_STEPS": "20"})
@@ -249,6 +283,12 @@ class Soak:
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%i %t"])
         return out.split("\n") if out else []
 
+    def shared_nodes(self) -> list[str]:
+        names = {info["name"] for info in self.jobs.values() if info["shared"]}
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%j %N"])
+        return sorted({line.split()[1] for line in out.splitlines()
+                       if len(line.split()) == 2 and line.split()[0] in names})
+
     def running(self) -> list[str]:
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%i"])
         return out.split()
@@ -271,6 +311,11 @@ class Soak:
                 return
             target = self.rng.choice(free)
             if kind == "partition":
+                # Half the time the node of a running shared job: its hold must wait until
+                # the cut-off execution is proven gone, though that one still writes.
+                shared = [n for n in self.shared_nodes() if n in free]
+                if shared and self.rng.random() < 0.5:
+                    target = self.rng.choice(shared)
                 cluster.partition(target, self.directory)
                 heal_in = self.rng.uniform(30, 75)
             else:
@@ -352,6 +397,7 @@ class Soak:
         self.up()
         self.make_run_dir()
         log(f"run folder {self.run_dir}")
+        self.cancel_leftovers()
         self.ensure_supervisor()
         self.first_wave()
         threading.Thread(target=self.healer, daemon=True).start()
@@ -444,28 +490,20 @@ class Soak:
 
     def gather(self) -> dict[str, Any]:
         facts = history.read(self.history)
-        jobs_dir = os.path.join(self.home, ".local", "state", "slurm-dispatch", "jobs")
-        submissions, lifts, jobs = [], [], []
+        jobs_dir = os.path.join(self.records, "jobs")
+        submissions: list[dict[str, Any]] = []
+        holds: list[dict[str, Any]] = []
+        lifts: list[dict[str, Any]] = []
+        jobs = []
         active_ids = {line.split()[0].split("_")[0] for line in self.active() if line.strip()}
         for job, info in self.jobs.items():
-            events = []
-            for path in glob.glob(os.path.join(jobs_dir, job, "events", "*.json")):
-                with open(path, encoding="utf-8") as f:
-                    events.append(json.load(f))
-            events.sort(key=lambda e: e.get("ns", 0))
-            ids = set()
-            for event in events:
-                kind = event.get("kind") or ""
-                if kind == "submitted":
-                    submissions.append({"job": job, "submission": event["submission"],
-                                        "task": event.get("task"),
-                                        "slurm_job_id": event["slurm_job_id"]})
-                    ids.add(str(event["slurm_job_id"]).split("_")[0])
-                    if info["shared"] and event["submission"] > 1:
-                        lifts.append({"job": job, "t": event["time"],
-                                      "ended_slurm_job_id": ""})
-                elif kind in ("released", "expired") and info["shared"]:
-                    lifts.append({"job": job, "t": event["time"], "ended_slurm_job_id": ""})
+            path = os.path.join(jobs_dir, job)
+            found = record_facts(job, record.JobRecord(path).events()
+                                 if os.path.isdir(path) else [])
+            submissions += found["submissions"]
+            holds += found["holds"]
+            lifts += found["lifts"]
+            ids = {str(s["slurm_job_id"]).split("_")[0] for s in found["submissions"]}
             ended = not (ids & active_ids)
             stuck = None
             if not ended:
@@ -489,10 +527,33 @@ class Soak:
             roots[root] = {"pubs": names, "keep": 2,
                            "present": {p: self.present(root, p) for p in wanted}}
         return {"seed": self.args.seed, "minutes": self.args.minutes, "faults": self.faults,
-                "roots": roots, "submissions": submissions, "jobs": jobs, "lifts": lifts,
+                "roots": roots, "submissions": submissions, "jobs": jobs, "holds": holds,
+                "lifts": lifts,
                 "drains": [{"node": n, "reason": r, "ours": o}
                            for (n, r), o in sorted(self.drains.items())],
                 "run_dir": self.run_dir}
+
+
+def record_facts(job: str, events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """What the checker reads of one dispatch job's record (its events as stored, oldest
+    first): every submission, every hold made, every hold lifted (released by the cessation
+    signal, a person or Slurm, or expired), with when."""
+    found: dict[str, list[dict[str, Any]]] = {"submissions": [], "holds": [], "lifts": []}
+    for event in events:
+        kind = event.get("event") or ""  # the kind, as record.JobRecord.append stores it
+        if kind == "submitted":
+            found["submissions"].append({"job": job, "submission": event["submission"],
+                                         "task": event.get("task"),
+                                         "slurm_job_id": str(event["slurm_job_id"])})
+        elif kind == "hold":
+            found["holds"].append({"job": job, "t": event["time"],
+                                   "slurm_job_id": str(event["slurm_job_id"]),
+                                   "ended_slurm_job_id": str(event["ended_slurm_job_id"])})
+        elif kind in ("released", "expired"):
+            found["lifts"].append({"job": job, "t": event["time"], "kind": kind,
+                                   "by": event.get("by", ""),
+                                   "slurm_job_id": str(event["slurm_job_id"])})
+    return found
 
 
 def main(argv: Optional[list[str]] = None) -> int:

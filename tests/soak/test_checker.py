@@ -191,3 +191,20 @@ def test_a_publication_returning_while_the_launcher_wrote_its_record_is_no_viola
     late.publish("A", 39.9 - checker.LISTED * 2, G0, 15)
     late.start("B", 40.0, G0 + 1, resumed=a10)
     assert counts(checker.check(late.run(), late.facts)) == {"resume": 1}
+
+
+def test_holds_made_and_lifted_are_counted_in_the_table() -> None:
+    """A shared job held after its first execution, the hold lifted by a ceased answer once
+    that execution's last heartbeat was written: no violation, and the table says so."""
+    sim = Sim()
+    sim.start("A", 10.0, G0, shared=True)
+    sim.beat("A", 30.0)
+    sim.start("B", 60.0, 2 * G0, shared=True)
+    run = sim.run(jobs=[{"job": "j1", "shared": True, "ended": True}],
+                  holds=[{"job": "j1", "t": 35.0, "slurm_job_id": "11",
+                          "ended_slurm_job_id": "10"}],
+                  lifts=[{"job": "j1", "t": 55.0, "kind": "released",
+                          "by": "cessation signal", "slurm_job_id": "11"}])
+    result = checker.check(run, sim.facts)
+    assert result.ok and result.holds == 1
+    assert "holds made 1   lifted 1 (cessation signal 1)" in checker.table(result)
