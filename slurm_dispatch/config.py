@@ -54,6 +54,9 @@ DEFAULT_FACT_RETENTION = None
 # The group whose members read the site's view of every user's holds (dispatch-admin holds)
 # from the snapshot root's release service writes: empty is root only.
 DEFAULT_SITE_VIEW_GROUP = ""
+# How long a settled record stays in its user's home once nothing acts on it (dispatch-admin
+# prune forgets it after that, by dispatch forget's rules): None is off.
+DEFAULT_RECORD_RETENTION = None
 
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
@@ -65,7 +68,8 @@ class Config:
     __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
                  "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
                  "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "listing_lag",
-                 "metrics_dir", "fact_retention", "site_view_group", "problems")
+                 "metrics_dir", "fact_retention", "site_view_group", "record_retention",
+                 "problems")
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -85,6 +89,7 @@ class Config:
         self.metrics_dir = DEFAULT_METRICS_DIR
         self.fact_retention: float | None = DEFAULT_FACT_RETENTION
         self.site_view_group = DEFAULT_SITE_VIEW_GROUP
+        self.record_retention: float | None = DEFAULT_RECORD_RETENTION
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -214,6 +219,8 @@ _KEYS = {
     # SiteViewGroup=slurm-admins: its members read dispatch-admin holds (the release service's
     # snapshot under StateDir/siteview); control/siteview.py.
     "siteviewgroup": ("SiteViewGroup", "site_view_group", _group),
+    # RecordRetention=90-00:00:00: dispatch-admin prune forgets users' settled records after it.
+    "recordretention": ("RecordRetention", "record_retention", _positive_duration),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 

@@ -264,26 +264,40 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
 @click.option("--older-than", metavar="DURATION", default=None,
               help="Remove facts older than this (seconds, HH:MM:SS or D-HH:MM:SS; default: "
                    "dispatch.conf's FactRetention).")
+@click.option("--records-older-than", metavar="DURATION", default=None,
+              help="Also forget users' settled records last active before this long ago "
+                   "(default: dispatch.conf's RecordRetention; unset, records are left alone).")
+@click.option("--records", default="%h/.local/state/slurm-dispatch", show_default=False,
+              metavar="PATTERN", help=RECORDS_HELP)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
-@click.option("--verbose", "-v", is_flag=True, help="Also name each job folder kept, and why.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Also name each job folder and record kept, and why.")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
                    "beside slurm.conf).")
-def prune(older_than: Optional[str], dry_run: bool, verbose: bool,
-          config_path: Optional[str]) -> int:
-    """Remove the facts under StateDir/facts that nothing needs any more (run from cron).
+def prune(older_than: Optional[str], records_older_than: Optional[str], records: str,
+          dry_run: bool, verbose: bool, config_path: Optional[str]) -> int:
+    """Remove the facts under StateDir/facts, and the users' records, nothing needs (cron).
 
-    A job's folder facts/UID/JOBID goes whole, and only when its newest fact is older than
-    the retention, every fact in it reads whole, its facts prove every execution ceased (each
-    node's start has an end with no survivor, or a later re-check found them gone; the
+    Facts: a job's folder facts/UID/JOBID goes whole, and only when its newest fact is older
+    than the retention, every fact in it reads whole, its facts prove every execution ceased
+    (each node's start has an end with no survivor, or a later re-check found them gone; the
     controller's start has its end), no node still watches its survivors, and its user's
-    records (~/.local/state/slurm-dispatch) neither hold it nor are unsettled about it.  A
-    user whose records cannot be read keeps everything; nothing that is not a fact file of
-    ours (a symlink, another owner's file) is removed or followed.
+    records neither hold it nor are unsettled about it.  A user whose records cannot be read
+    keeps everything; nothing that is not a fact file of ours (a symlink, another owner's
+    file) is removed or followed.
 
-    Prints each folder removed (with --verbose each kept, and why), progress on stderr, then a
-    summary.  Run it as the owner of StateDir (root) where StateDir is mounted, for example
-    daily: `dispatch-admin prune --older-than 30-00:00:00`.  Exit 0, 2 on an error.
+    Records (with RecordRetention or --records-older-than): for every user with records, the
+    records of this cluster last active before that are forgotten by dispatch forget's own
+    rules: never one a Slurm job of which the controller still knows, one with a standing
+    hold, one being submitted, one not settled, one an unsettled job waits for.  Each user's
+    records are read and removed by a process running as that user, never by root; one that
+    cannot be read keeps all of them (named on stderr).  A record goes whole.
+
+    Prints each record forgotten and each folder removed (with --verbose each kept, and why),
+    progress on stderr, then a summary of each.  Run it as root (the owner of StateDir) where
+    StateDir is mounted, for example daily: `dispatch-admin prune --older-than 30-00:00:00`.
+    Exit 0; 1 when a user's records could not be read or forgotten; 2 on an error.
     """
     import sys
 
@@ -294,21 +308,24 @@ def prune(older_than: Optional[str], dry_run: bool, verbose: bool,
     cfg = config_module.load(config_path)
     if cfg.problems:
         raise ConfigError(config_module.refusal(cfg, "--config" if config_path else ""))
-    if older_than is not None:
-        try:
-            keep_for = config_module.parse_duration(older_than)
-        except ValueError as exc:
-            raise UsageError(f"--older-than {exc}") from None
-    elif cfg.fact_retention is not None:
-        keep_for = cfg.fact_retention
-    else:
+    keep_for = _duration("--older-than", older_than, cfg.fact_retention)
+    records_for = _duration("--records-older-than", records_older_than, cfg.record_retention)
+    if keep_for is None and records_for is None:
+        where = cfg.path or config_module.config_path()
         raise UsageError("no retention: give --older-than DURATION or set FactRetention in "
-                         f"{cfg.path or config_module.config_path()}")
+                         f"{where} (facts), --records-older-than DURATION or RecordRetention "
+                         "(users' records)")
+    failed = False
+    if records_for is not None:
+        _root()
+        failed = _prune_records(records, records_for, dry_run, verbose)
+    if keep_for is None:
+        return 1 if failed else 0
     needs: dict[int, Optional[set[str]]] = {}
 
     def needed(uid: int) -> Optional[set[str]]:
         if uid not in needs:
-            needs[uid] = retention.user_needs(uid)
+            needs[uid] = retention.user_needs(uid, records)
         return needs[uid]
 
     verb = "would remove" if dry_run else "removed"
@@ -333,7 +350,52 @@ def prune(older_than: Optional[str], dry_run: bool, verbose: bool,
                f"{keep_for:g} s under {cfg.state_dir}/facts; kept {sum(kept.values())}"
                + (f": {why}" if why else ""))
     sys.stdout.flush()
-    return 0
+    return 1 if failed else 0
+
+
+def _duration(option: str, given: Optional[str], configured: Optional[float]
+              ) -> Optional[float]:
+    if given is None:
+        return configured
+    from .. import config as config_module
+    try:
+        return config_module.parse_duration(given)
+    except ValueError as exc:
+        raise UsageError(f"{option} {exc}") from None
+
+
+def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool) -> bool:
+    """Forget every user's records last active before ``older_than`` ago (as each user);
+    True when a user's records could not be read or forgotten."""
+    from ..control import retention
+    from ..slurm.adapter import Slurm
+    cluster = Slurm().cluster()
+    if cluster is None:
+        raise UsageError("records not pruned: this host's slurm.conf names no ClusterName and "
+                         "the controller did not say it; records of several clusters may "
+                         "share a home, and only this cluster's are judged")
+    before = time.time() - older_than
+    verb = "would forget" if dry_run else "forgot"
+    failed = False
+    going = kept = size = 0
+    for name, got in retention.forget_old(_chosen((), records), cluster, before, dry_run):
+        for left in got.get("finished", []):
+            click.echo(f"finished forgetting {name}/{left} (left half removed by a killed run)")
+        for entry in got.get("forgotten", []):
+            going += 1
+            size += entry["bytes"]
+            click.echo(f"{verb} {name}/{entry['id']} (last active {_when(entry['last'])}, "
+                       f"{entry['bytes']} bytes on disk)")
+        for entry in got.get("kept", []):
+            kept += 1
+            if verbose:
+                click.echo(f"kept {name}/{entry['id']}: {entry['why']}")
+        for error in got.get("errors", []):
+            failed = True
+            click.echo(f"dispatch-admin: {name}: {error}", err=True)
+    click.echo(f"{verb} {going} records ({size} bytes on disk) of cluster {cluster} last "
+               f"active before {_when(before)}; kept {kept}")
+    return failed
 
 
 @main.command()

@@ -612,10 +612,7 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
         raise RefusedError("not forgetting anything: " + "; ".join(
             f"{k['id']} stays: {k['why']}" for k in kept))
     if not dry_run:
-        forgetting.finish_earlier()
-        by_id = {j.id: j for j in chosen}
-        for entry in going:
-            forgetting.forget(by_id[entry["id"]])
+        forgetting.forget_planned(chosen, going)
     if as_json:
         echo_json({"dry_run": dry_run, "forgotten": going, "kept": kept})
         return

@@ -131,6 +131,18 @@ def finish_earlier(home: Optional[str] = None) -> list[str]:
     return left
 
 
+def forget_planned(jobs: list[record.JobRecord], going: list[dict[str, Any]],
+                   home: Optional[str] = None) -> list[str]:
+    """Forget the records :func:`plan` let go (``going``, from ``jobs``), after finishing what
+    a killed run left half removed under ``home``; returns those names.  What both
+    ``dispatch forget`` and ``dispatch-admin prune`` (as the user) do."""
+    left = finish_earlier(home)
+    by_id = {job.id: job for job in jobs}
+    for entry in going:
+        forget(by_id[entry["id"]])
+    return left
+
+
 def plan(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job],
          waiting: dict[str, list[record.JobRecord]], before: Optional[float]
          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -41,7 +41,7 @@ def clean_job(state: str, job_id: str, uid: int = UID) -> None:
 def prune(tmp_path: Path, *args: str, needs: Optional[dict[int, Optional[set[str]]]] = None,
           monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
     monkeypatch.setattr(retention, "user_needs",
-                        lambda uid: (needs or {}).get(uid, set()))
+                        lambda uid, pattern: (needs or {}).get(uid, set()))
     conf = tmp_path / "dispatch.conf"
     if not conf.exists():
         conf.write_text(f"StateDir={tmp_path / 'state'}\n")
