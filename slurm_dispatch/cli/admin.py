@@ -62,9 +62,11 @@ def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: 
     PrologSlurmctld, EpilogSlurmctld) as slurmd does, finds the slurm-dispatch parts among
     them, checks each is there and executable and that its DISPATCH_PYTHON has the package (and
     the same version as every other part and this command), then runs it as slurmd runs it
-    (Slurm's environment for that hook, no PATH, as root) for a job id no Slurm gives
-    (doctor-<token>) and checks that the fact it must write arrives under dispatch.conf's
-    StateDir.  The doctor's own facts are removed afterwards; nothing else is.
+    (Slurm's environment for that hook, no PATH; the node's as root, PrologSlurmctld and
+    EpilogSlurmctld as slurm.conf's SlurmUser, as slurmctld runs them) for a job id no Slurm
+    gives (doctor-<token>) and checks that the fact it must write arrives under dispatch.conf's
+    StateDir, which must be writable by the user the part runs as (with --controller, checked
+    as SlurmUser).  The doctor's own facts are removed afterwards; nothing else is.
 
     Each check is one line (STATE ok or FAIL), then the fix of each failure.  Exit 0 when
     every check passed, 1 when one failed, 2 on an error.  Run it on every node (with pdsh or

@@ -7,8 +7,10 @@ way Slurm does (``slurm.conf``'s ``Prolog``, ``Epilog``, ``PrologSlurmctld``,
 for each slurm-dispatch part checks that it is there and executable, that its ``DISPATCH_PYTHON``
 has the package and of which version, and then runs it as slurmd (or slurmctld) runs it: its
 absolute path, Slurm's environment for that hook and no ``PATH``, the working folder ``/``, no
-stdin, for a job id no Slurm gives (``doctor-<token>``, uid and gid 0), and looks for the fact
-it must write under ``StateDir``.  What it finds is a list of :class:`Check`, each with the fix
+stdin, for a job id no Slurm gives (``doctor-<token>``, uid and gid 0), as root (node parts)
+or as slurm.conf's ``SlurmUser`` (the controller's: slurmctld runs PrologSlurmctld and
+EpilogSlurmctld as SlurmUser), and looks for the fact it must write under ``StateDir``,
+which must then be SlurmUser's own.  What it finds is a list of :class:`Check`, each with the fix
 when it failed.
 
 Invariants:
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -35,12 +38,13 @@ from . import factstore as store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 OK, FAIL, WARN = "ok", "FAIL", "warn"
 MARK = "slurm_dispatch.hooks"  # what makes a part one of ours
 CONTROLLER = "slurmctld"  # the node name controller facts are recorded under (hooks/evidence)
+SLURM_USER_DEFAULT = "root"  # slurm.conf(5): SlurmUser's default
 
 # slurm.conf key -> (the hint the part passes, slurmd's SLURM_SCRIPT_CONTEXT, the fact it writes)
 HOOK_KEYS = {
@@ -167,6 +171,7 @@ class Doctor:
         self.job_id = f"doctor-{store.new_token()}"
         self.checks: list[Check] = []
         self.versions: dict[str, str] = {}  # part -> version of its Python's package
+        self.slurm_user: pwd.struct_passwd | None = None  # the controller parts' user
 
     def add(self, name: str, state: str, detail: str, fix: str = "") -> Check:
         check = Check(name, state, detail, fix)
@@ -181,14 +186,25 @@ class Doctor:
             return self.checks
         self.add("slurm.conf", OK, self.slurm_conf)
         cfg = self.check_config()
-        self.check_state_dir(cfg)
+        ctld_ok = True
+        if self.controller:
+            ctld_ok = self.check_slurm_user(settings)
+        if self.node_parts or not self.controller or self.as_root():
+            self.check_state_dir(cfg)
         keys = (NODE_KEYS if self.node_parts else ()) + (CONTROLLER_KEYS if self.controller
                                                          else ())
         parts: list[tuple[str, str]] = []
         for key in keys:
             parts += self.find_parts(key, settings)
+        if self.controller and not self.as_root() and self.slurm_user is not None:
+            for state_dir in sorted({self.part_config(p).state_dir for k, p in parts
+                                     if k in CONTROLLER_KEYS} or {cfg.state_dir}):
+                self.check_state_dir(cfg, f"StateDir (SlurmUser {self.slurm_user.pw_name})",
+                                     state_dir, self.slurm_user)
         started: dict[str, str] = {}
         for key, part in parts:
+            if key in CONTROLLER_KEYS and not ctld_ok:
+                continue
             if not self.check_python(key, part):
                 continue
             if key != "HealthCheckProgram":
@@ -214,29 +230,71 @@ class Doctor:
                                           f"HookTimeout={cfg.hook_timeout:g}")
         return cfg
 
-    def check_state_dir(self, cfg: config_module.Config, name: str = "StateDir") -> bool:
+    def as_root(self) -> bool:
+        return self.slurm_user is None or self.slurm_user.pw_uid == 0
+
+    def check_slurm_user(self, settings: dict[str, str]) -> bool:
+        """The user slurmctld runs PrologSlurmctld and EpilogSlurmctld as: it must exist here."""
+        name = settings.get("SlurmUser") or SLURM_USER_DEFAULT
+        try:
+            self.slurm_user = pwd.getpwnam(name)
+        except KeyError:
+            try:
+                self.slurm_user = pwd.getpwuid(int(name))  # slurm.conf may give a uid
+            except (KeyError, ValueError):
+                self.add("SlurmUser", FAIL, f"{self.slurm_conf}: SlurmUser={name} is no user "
+                                            "on this host: slurmctld runs its hooks as that "
+                                            "user", "run the doctor with --controller on the "
+                                            "slurmctld host, where SlurmUser exists")
+                return False
+        self.add("SlurmUser", OK, f"{self.slurm_user.pw_name} (uid {self.slurm_user.pw_uid}):"
+                                  " PrologSlurmctld and EpilogSlurmctld run as this user")
+        return True
+
+    def check_state_dir(self, cfg: config_module.Config, name: str = "StateDir",
+                        where: str | None = None,
+                        account: pwd.struct_passwd | None = None) -> bool:
         """Whether the hooks can write facts under ``StateDir``: what they require of it (it
-        exists, is ours, is writable by nobody else) and a probe file created and removed."""
-        where = cfg.state_dir
-        fix = (f"as root: mkdir -p {where} && chown root: {where} && chmod 0755 {where} "
-               "(on a controller whose SlurmUser is not root, owned by SlurmUser); the same "
-               "folder on every node, the controller and where dispatch-cease runs")
-        try:
-            fd = store.open_state_dir(where)
-        except store.FactError as exc:
-            self.add(name, FAIL, f"{exc}: the hooks record nothing", fix)
+        exists, is owned by the user they run as, is writable by nobody else) and a probe file
+        created and removed, as ``account`` (root unless given)."""
+        where = where or cfg.state_dir
+        owner = account.pw_name if account is not None else "root"
+
+        def probe() -> str:
+            try:
+                fd = store.open_state_dir(where)
+            except store.FactError as exc:
+                return f"{exc}: the hooks record nothing"
+            probe = f".doctor-probe-{store.new_token()}"
+            try:
+                os.close(_fsio.create_new(probe, 0o600, dir_fd=fd))
+                os.unlink(probe, dir_fd=fd)
+            except OSError as exc:
+                return f"{where}: cannot create a file there: {exc.strerror}: the hooks " \
+                       "record nothing"
+            finally:
+                os.close(fd)
+            return ""
+
+        if account is None:
+            fix = (f"as root: mkdir -p {where} && chown root: {where} && chmod 0755 {where} "
+                   "(on a controller whose SlurmUser is not root, owned by SlurmUser); the "
+                   "same folder on every node, the controller and where dispatch-cease runs")
+            why = probe()
+        else:
+            fix = (f"as root: mkdir -p {where} && chown {owner}: {where} && chmod 0755 {where}: "
+                   f"a StateDir of the controller's own (its parts' DISPATCH_CONF), owned by "
+                   f"SlurmUser {owner} and collected where dispatch-cease runs (admin guide: "
+                   "Controllers whose SlurmUser is not root)")
+            why = as_account(account, probe)
+            if why:
+                why = f"as SlurmUser {owner} (uid {account.pw_uid}): {why}"
+        if why:
+            self.add(name, FAIL, why, fix + (" on a writable file system"
+                                             if "cannot create" in why else ""))
             return False
-        probe = f".doctor-probe-{store.new_token()}"
-        try:
-            os.close(_fsio.create_new(probe, 0o600, dir_fd=fd))
-            os.unlink(probe, dir_fd=fd)
-        except OSError as exc:
-            self.add(name, FAIL, f"{where}: cannot create a file there: {exc.strerror}: the "
-                                 "hooks record nothing", fix + " on a writable file system")
-            return False
-        finally:
-            os.close(fd)
-        self.add(name, OK, f"{where}: writable, owned by uid {os.geteuid()}, not writable by "
+        uid = account.pw_uid if account is not None else os.geteuid()
+        self.add(name, OK, f"{where}: writable, owned by uid {uid} ({owner}), not writable by "
                            "others")
         return True
 
@@ -275,6 +333,19 @@ class Doctor:
             found.append((key, part))
         return found
 
+    def runs_as(self, key: str) -> dict[str, object]:
+        """subprocess's user/group/extra_groups for that hook: SlurmUser's for the
+        controller's, nothing (root) for the node's."""
+        account = self.slurm_user
+        if key not in CONTROLLER_KEYS or account is None or account.pw_uid == 0:
+            return {}
+        return {"user": account.pw_uid, "group": account.pw_gid,
+                "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+
+    def who(self, key: str) -> str:
+        return f" as SlurmUser {self.slurm_user.pw_name}" if self.runs_as(key) and \
+            self.slurm_user is not None else ""
+
     def check_python(self, key: str, part: str) -> bool:
         python = knob(part, "DISPATCH_PYTHON")
         label = f"{key} python"
@@ -292,15 +363,18 @@ class Doctor:
             proc = subprocess.run(
                 [python, "-I", "-c", "import slurm_dispatch; print(slurm_dispatch.__version__)"],
                 env={}, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                errors="replace", timeout=self.timeout)
+                errors="replace", timeout=self.timeout, **self.runs_as(key))  # type: ignore
         except (OSError, subprocess.TimeoutExpired) as exc:
-            self.add(label, FAIL, f"{part}: DISPATCH_PYTHON={python} cannot be run: {exc}", fix)
+            self.add(label, FAIL, f"{part}: DISPATCH_PYTHON={python} cannot be run"
+                                  f"{self.who(key)}: {exc}", fix + (
+                                      f", one SlurmUser {self.slurm_user.pw_name} may run"
+                                      if self.who(key) and self.slurm_user else ""))
             return False
         if proc.returncode != 0:
             reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
             self.add(label, FAIL, f"{part}: DISPATCH_PYTHON={python} cannot import "
-                                  f"slurm_dispatch ({reason}): the part records nothing (and "
-                                  "says so only to syslog)", fix)
+                                  f"slurm_dispatch{self.who(key)} ({reason}): the part records "
+                                  "nothing (and says so only to syslog)", fix)
             return False
         version = proc.stdout.strip()
         self.versions[part] = version
@@ -343,13 +417,14 @@ class Doctor:
         try:
             proc = subprocess.run([part], env=env, cwd="/", stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, errors="replace",
-                                  timeout=deadline)
+                                  timeout=deadline, **self.runs_as(key))  # type: ignore
         except subprocess.TimeoutExpired:
             self.add(label, FAIL, f"{part}: still running after {deadline:g} s (HookTimeout "
                                   f"{cfg.hook_timeout:g} s)", "look for a hung StateDir mount")
             return
         except OSError as exc:
-            self.add(label, FAIL, f"{part}: slurmd could not run it: {exc.strerror}",
+            self.add(label, FAIL, f"{part}: Slurm could not run it{self.who(key)}: "
+                                  f"{exc.strerror}",
                      f"check its first line (#!) and mode: chmod 0755 {part}")
             return
         seconds = time.monotonic() - began
@@ -358,19 +433,19 @@ class Doctor:
                                   "fails the job)",
                      f"restore {SHIPPED[key]}: a slurm-dispatch part always exits 0")
             return
-        facts = self.facts_of(cfg, kind, node)
+        facts = self.facts_of(cfg, kind, node, key)
         if facts:
-            self.add(label, OK, f"{part}: exit 0 in {seconds:.1f} s, recorded "
+            self.add(label, OK, f"{part}: exit 0 in {seconds:.1f} s{self.who(key)}, recorded "
                                 f"{cfg.state_dir}/{store.FACTS}/0/{self.job_id}/{facts[-1]}")
             started[node] = facts[-1]
             return
-        why = self.hook_complaint(part, hint, env)
+        why = self.hook_complaint(part, hint, env, key)
         self.add(label, FAIL, f"{part}: exit 0 in {seconds:.1f} s but no {kind} fact under "
                               f"{cfg.state_dir}" + (f": {why}" if why else ""),
                  "fix what the hook says above (its complaints go to syslog, ident "
                  "slurm-dispatch, and stderr, which slurmd discards)")
 
-    def hook_complaint(self, part: str, hint: str, env: dict[str, str]) -> str:
+    def hook_complaint(self, part: str, hint: str, env: dict[str, str], key: str) -> str:
         """What the hook says on stderr when run as the part runs it (the part discards it)."""
         python = knob(part, "DISPATCH_PYTHON") or ""
         named = knob(part, "DISPATCH_CONF")
@@ -381,7 +456,7 @@ class Doctor:
                                    f"from slurm_dispatch.hooks import run; run({hint!r})"],
                                   env=env, cwd="/", stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, errors="replace",
-                                  timeout=self.timeout)
+                                  timeout=self.timeout, **self.runs_as(key))  # type: ignore
         except (OSError, subprocess.TimeoutExpired) as exc:
             return str(exc)
         lines = [line.removeprefix("slurm-dispatch: ")
@@ -403,11 +478,17 @@ class Doctor:
             return
         self.add("HealthCheckProgram runs", OK, f"{part}: exit 0")
 
-    def facts_of(self, cfg: config_module.Config, kind: str, node: str) -> list[str]:
-        try:
-            names = store.list_job(cfg.state_dir, 0, self.job_id)
-        except (OSError, store.FactError):
-            return []
+    def facts_of(self, cfg: config_module.Config, kind: str, node: str,
+                 key: str = "") -> list[str]:
+        """The facts of ``kind`` the doctor's job has from ``node``, listed as the hook's user
+        (the hooks' StateDir is that user's own)."""
+        def names_of() -> str:
+            try:
+                return "\n".join(store.list_job(cfg.state_dir, 0, self.job_id))
+            except (OSError, store.FactError):
+                return ""
+        account = self.slurm_user if self.runs_as(key) else None
+        names = (as_account(account, names_of) if account is not None else names_of()).split()
         return sorted(n for n in names if (store.parse_name(n) or ("",))[0] == kind
                       and store.parse_name(n)[1] == node)  # type: ignore[index]
 
@@ -477,6 +558,33 @@ class Doctor:
             folder = os.path.join(state_dir, store.FACTS, "0", self.job_id)
             if os.path.isdir(folder) and not os.path.islink(folder):
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def as_account(account: pwd.struct_passwd, work: Callable[[], str]) -> str:
+    """``work()`` in a forked child running as ``account`` (its uid, gid and groups): what it
+    returned, or the exception it raised, in words."""
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        said = ""
+        try:
+            os.close(readable)
+            os.setgroups(os.getgrouplist(account.pw_name, account.pw_gid))
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)
+            said = work()
+        except BaseException as exc:  # noqa: B036 - the child reports everything, then ends
+            said = f"{type(exc).__name__}: {exc}"
+        finally:
+            try:
+                _fsio.write_all(writable, said.encode("utf-8", "replace"))
+            finally:
+                os._exit(0)
+    os.close(writable)
+    with os.fdopen(readable, "rb") as pipe:
+        said = pipe.read().decode("utf-8", "replace")
+    os.waitpid(pid, 0)
+    return said
 
 
 def diagnose(**options: object) -> list[Check]:

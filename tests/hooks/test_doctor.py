@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -247,3 +250,116 @@ def test_facts_written_by_another_release_on_the_controller_are_named(site: Path
                          {"time": 2.0, "restart": 0})
     code, report = diagnose(site)
     assert code == 0 and check(report, "releases recorded")["state"] == "ok"
+
+
+# -- a controller whose SlurmUser is not root (issue 22: the doctor assumed root) -----------
+
+@pytest.fixture()
+def slurm_user() -> Iterator[pwd.struct_passwd]:
+    """A system account made for the test, named as SlurmUser (removed afterwards)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: makes an account and runs the controller parts as it")
+    name = f"ddoc{os.getpid()}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                    "--shell", "/usr/sbin/nologin", name], check=True, timeout=60)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False, timeout=60)
+
+
+@pytest.fixture()
+def controller(slurm_user: pwd.struct_passwd) -> Iterator[Path]:
+    """A controller host as the admin guide sets one up for SlurmUser=<not root>: the parts
+    with DISPATCH_CONF naming a dispatch.conf whose StateDir is SlurmUser's own, a Python that
+    account may run (a venv of the system's Python with this checkout on its path), all in a
+    folder every account may pass through (pytest's own is root's 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="doctor-ctld-", dir="/var/tmp"))
+    base.chmod(0o755)
+    venv = base / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    (next((venv / "lib").glob("python3*")) / "site-packages/checkout.pth").write_text(
+        f"{REPO}\n")
+    state = base / "ctld-state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    os.chown(state, slurm_user.pw_uid, slurm_user.pw_gid)
+    etc = base / "etc"
+    etc.mkdir(mode=0o755)
+    (etc / "dispatch.conf").write_text(f"StateDir={state}\n")
+    install(etc, str(venv / "bin/python"), etc / "dispatch.conf",
+            only=("prolog.d/05-dispatch", "epilog.d/05-dispatch"))
+    (etc / "slurm.conf").write_text(
+        f"ClusterName=doctor\nSlurmUser={slurm_user.pw_name}\n"
+        f"PrologSlurmctld={etc}/prolog.d/05-dispatch\n"
+        f"EpilogSlurmctld={etc}/epilog.d/05-dispatch\n")
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base)
+
+
+def diagnose_controller(base: Path) -> tuple[int, dict]:
+    from slurm_dispatch.node import doctor as doctor_module
+    checks = doctor_module.Doctor(slurm_conf=str(base / "etc/slurm.conf"), node="c1",
+                                  controller=True, node_parts=False).run()
+    bad = doctor_module.failed(checks)
+    return (1 if bad else 0), {"ok": not bad, "checks": list(doctor_module.iter_json(checks))}
+
+
+def test_the_controller_parts_run_as_slurm_user_into_its_state_dir(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    name = slurm_user.pw_name
+    code, report = diagnose_controller(controller)
+    assert code == 0, report
+    assert check(report, "SlurmUser")["detail"].startswith(f"{name} (uid {slurm_user.pw_uid})")
+    state = check(report, f"StateDir (SlurmUser {name})")
+    assert state["state"] == "ok" and f"owned by uid {slurm_user.pw_uid} ({name})" in \
+        state["detail"]
+    for hook, kind in [("PrologSlurmctld", "ctld-start"), ("EpilogSlurmctld", "ctld-end")]:
+        ran = check(report, f"{hook} runs")
+        assert ran["state"] == "ok" and f"as SlurmUser {name}, recorded " in ran["detail"]
+        assert f"/{kind}.slurmctld." in ran["detail"]
+    assert "StateDir" not in states(report)  # root's own check is the nodes', not asked here
+    left = [p for p in (controller / "ctld-state").rglob("*") if p.is_file()]
+    assert left == []
+
+
+def test_a_controller_state_dir_slurm_user_cannot_write_is_named(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    """The mistake the doctor hid while it ran everything as root: StateDir left root's, so
+    slurmctld's hooks (SlurmUser) record nothing."""
+    name = slurm_user.pw_name
+    state = controller / "ctld-state"
+    os.chown(state, 0, 0)
+    code, report = diagnose_controller(controller)
+    assert code == 1
+    found = check(report, f"StateDir (SlurmUser {name})")
+    assert found["state"] == "FAIL"
+    assert (f"as SlurmUser {name} (uid {slurm_user.pw_uid}): StateDir '{state}' is owned by "
+            f"uid 0, not {slurm_user.pw_uid}") in found["detail"]
+    assert f"chown {name}: {state}" in found["fix"]
+    runs = check(report, "PrologSlurmctld runs")
+    assert runs["state"] == "FAIL" and "but no ctld-start fact" in runs["detail"]
+    assert "refusing to use it" in runs["detail"]
+
+
+def test_a_python_slurm_user_cannot_run_is_named(controller: Path,
+                                                 slurm_user: pwd.struct_passwd) -> None:
+    # This doctor's own Python lives under /root (0700 here): fine for root's node parts,
+    # not for slurmctld's.
+    try:
+        subprocess.run([sys.executable, "-c", "0"], user=slurm_user.pw_uid, timeout=60)
+        pytest.skip("this test's Python is one every account may run")
+    except PermissionError:
+        pass
+    install(controller / "etc", sys.executable, controller / "etc/dispatch.conf",
+            only=("prolog.d/05-dispatch",))
+    code, report = diagnose_controller(controller)
+    assert code == 1
+    python = check(report, "PrologSlurmctld python")
+    assert python["state"] == "FAIL"
+    assert f"cannot be run as SlurmUser {slurm_user.pw_name}" in python["detail"] or \
+        f"cannot import slurm_dispatch as SlurmUser {slurm_user.pw_name}" in python["detail"]
+    assert states(report)["EpilogSlurmctld runs"] == "ok"
