@@ -64,9 +64,11 @@ def user_needs(uid: int, pattern: Optional[str] = None) -> Optional[set[str]]:
         # An account that is gone and a directory service that did not answer (sssd down)
         # both raise KeyError: keep everything (an admin removes a gone user's facts by hand).
         return None
-    home = siteview.records_of(pattern or siteview.DEFAULT_RECORDS, user)
+    pattern = pattern or siteview.DEFAULT_RECORDS
+    home = siteview.records_of(pattern, user)
     try:
-        os.stat(user.pw_dir)  # a home not there (not mounted?) could hold records: keep all
+        if "%h" in pattern:  # a home not there (not mounted?) could hold records: keep all
+            os.stat(user.pw_dir)
     except OSError:
         return None
     # Whether there are records at all is asked as the user too: root may not see into a
