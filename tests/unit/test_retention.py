@@ -103,3 +103,64 @@ def test_a_home_root_cannot_look_into_is_read_by_the_user_and_its_needs_kept(
     said = json.loads(done.stdout)
     assert said["looked"] == "root cannot look in"  # the premise: root is squashed here
     assert said["needed"] == [made.slurm_job_id]
+
+
+def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Facts are filed under each task's own Slurm job id (SLURM_JOB_ID in the hooks: task 1
+    of array 97 is job 98), while the record names the array (97) and the held task as 97_1;
+    the launcher's start of each task names its own id, which is what keeps them."""
+    from slurm_dispatch.control.holds import release
+    from slurm_dispatch.control.supervisor import Supervisor
+    from slurm_dispatch.node import prune
+    from slurm_dispatch.slurm.adapter import Slurm
+
+    from ..hooks.test_prune import clean_job
+    from .test_arrays import task_ids
+    from .test_supervisor import new_job
+
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    fake = FakeCluster(first_id=97)
+    job, array = new_job(fake, "--shared-checkpoint", "--resubmit", "2", "--array=0-1")
+    tasks = task_ids(fake, array)
+    assert (array, tasks) == ("97", {0: "97", 1: "98"})
+
+    def started(submission: int, task: int, own: str) -> None:  # as the launcher records it
+        job.append("started", submission=submission, slurm_job_id=own, array_job_id=array,
+                   array_task_id=str(task), restart=0, attempt="a" * 26, epoch=1_000_000,
+                   exec_dir="/x", resume_from="", node="n1", nodes="n1", host="h", pid=1)
+
+    started(1, 0, tasks[0])
+    started(1, 1, tasks[1])
+    fake.set(tasks[0], JobState="COMPLETED")
+    fake.set(tasks[1], JobState="NODE_FAIL")
+    sup = Supervisor(Slurm(fake, wait=0), Settings(signal=None))
+    sup.run_pass()
+    (hold,) = job.history().lineage(1).holds
+    assert (hold.ended_slurm_job_id, hold.slurm_job_id) == ("97_1", "99")
+    state = str(tmp_path / "state")
+    os.mkdir(state, 0o755)
+    for own in ("97", "98"):
+        clean_job(state, own)
+
+    def judge() -> dict[str, str | None]:
+        needed = retention.needed_slurm_jobs(record.home_dir())
+        return {j.job_id: j.reason for j in prune.plan(state, 0, lambda uid: needed)}
+
+    # While the hold on task 1 stands, the facts dispatch-cease reads for 97_1 (job 98's)
+    # stay, and so do the rest of the record's.
+    assert judge() == {"97": "needed by a record", "98": "needed by a record"}
+    assert release(Slurm(fake, wait=0), job) == "99"
+    started(2, 1, "99")
+    fake.set("99", JobState="COMPLETED")
+    sup.run_pass()
+    assert job.history().settled_tasks([0, 1])
+    clean_job(state, "99")
+    going = [j for j in prune.plan(state, 0, lambda uid: retention.needed_slurm_jobs(
+        record.home_dir()))]
+    assert {j.job_id: j.reason for j in going} == {"97": None, "98": None, "99": None}
+    for judged in going:
+        prune.remove(state, judged)
+    assert os.listdir(os.path.join(state, "facts", "1000")) == []
