@@ -59,7 +59,8 @@ def records_of(pattern: str, user: pwd.struct_passwd) -> str:
 
 def users(names: Sequence[str], pattern: str) -> list[tuple[pwd.struct_passwd, str]]:
     """The users to look at with their record homes: ``names``, else every account whose
-    record home exists (a folder that is not there has no records)."""
+    record home exists or that root cannot look into (a folder that is not there has no
+    records)."""
     if names:
         chosen = []
         for name in names:
@@ -72,9 +73,21 @@ def users(names: Sequence[str], pattern: str) -> list[tuple[pwd.struct_passwd, s
     out = []
     for user in chosen:
         home = records_of(pattern, user)
-        if names or os.path.isdir(os.path.join(home, "jobs")):
+        if names or _may_hold_records(home):
             out.append((user, home))
     return out
+
+
+def _may_hold_records(home: str) -> bool:
+    """Whether ``home`` may hold records, as root sees it: False only for a ``jobs/`` folder
+    that is not there.  Root cannot look into a root-squashed 0700 home (Permission denied):
+    only the user's own process can say, so that user is read."""
+    try:
+        return stat.S_ISDIR(os.stat(os.path.join(home, "jobs")).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
 
 
 # -- what a user's child does, as that user ----------------------------------------------

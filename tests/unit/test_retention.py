@@ -20,7 +20,7 @@ from slurm_dispatch.control.supervisor import Settings
 from .fake_cluster import FakeCluster
 from .test_holds import held_job
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
-from .test_siteview import USER, site  # noqa: F401 - the fixture
+from .test_siteview import SQUASHED, USER, site  # noqa: F401 - the fixture
 from .test_supervisor import Clock, Signal
 
 
@@ -64,9 +64,6 @@ def test_a_uid_the_directory_does_not_answer_for_keeps_everything() -> None:
     assert retention.user_needs(uid) is None
 
 
-# Root as a root-squashing NFS server sees it: without the capabilities that let root pass
-# by a folder's mode (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), for itself and what it runs.
-SQUASHED = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
 NEEDS_AS_SQUASHED_ROOT = """
 import json, os, sys
 from slurm_dispatch.control import retention

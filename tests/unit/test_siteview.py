@@ -32,6 +32,9 @@ from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs children as another user")
 USER = pwd.getpwnam("nobody")
 REAL_SLURM_INIT = Slurm.__init__  # before the fixture puts the in-process fake there
+# Root as a root-squashing NFS server sees it: without the capabilities that let root pass
+# by a folder's mode (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), for itself and what it runs.
+SQUASHED = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 @pytest.fixture
@@ -316,3 +319,28 @@ def test_a_stale_snapshot_says_its_age(site: tuple[FakeCluster, Path],
     assert code == 1, err
     assert out.split()[:3] == ["nobody", job.id, held_id]  # still shown, and said to be old
     assert "(16 min old)" in err and "stale, older than 3 CessationIntervals (180 s)" in err, err
+
+
+USERS_AS_SQUASHED_ROOT = """
+import json, sys
+from slurm_dispatch.control import siteview
+print(json.dumps([user.pw_name for user, _ in siteview.users([], sys.argv[1])]))
+"""
+
+
+def test_a_home_root_cannot_look_into_is_still_a_user_with_records(
+        site: tuple[FakeCluster, Path]) -> None:
+    """On a root-squashed home (0700, root without the capabilities to pass by its mode) root
+    cannot see whether jobs/ is there: that user's holds must still be shown and lifted, and
+    their old records pruned, by the process running as them."""
+    import subprocess
+    import sys
+    fake, base = site
+    held(fake, base)
+    (base / "nobody").chmod(0o700)
+    repo = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([*SQUASHED, sys.executable, "-c", USERS_AS_SQUASHED_ROOT,
+                           f"{base}/%u"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": repo})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["nobody"]
