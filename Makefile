@@ -51,9 +51,9 @@ demo-protocol: install
 # Every test on the host's Slurm (22.05 on Debian 12), then the real tests again on 24.11, from
 # the sandbox's Debian 13 root (built once, kept in /var/cache/slurm-dispatch): the release
 # itself, hooks, cease, the supervisor, dispatch-sbatch with the launcher (the demo's partition
-# scenario among them), arrays, survivors, trust, watch and the Slurm adapter's contract on
-# both backends, and a supervisor pass's RPCs by sdiag; 58 tests, about 10 minutes more on 2
-# cores.  On 22.05 only: test_sandbox, whose subject is the host-side verbs (`env`, the venv's
+# scenario among them), arrays, survivors, trust, watch, preemption and the Slurm adapter's
+# contract on both backends, and a supervisor pass's RPCs by sdiag; 64 tests, about 10 minutes
+# more on 2 cores.  On 22.05 only: test_sandbox, whose subject is the host-side verbs (`env`, the venv's
 # own dispatch-sandbox; a 24.11 sandbox
 # refuses `env` by design); test_frameworks, test_frameworks_ddp, test_dcp_watch and test_s3_jobs, which install
 # torch's CPU build from this machine's local wheels into the sandbox's venv (the root's pip does
@@ -67,7 +67,7 @@ REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/t
 	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py tests/real/test_arrays.py \
 	tests/real/test_survivors.py tests/real/test_trust.py tests/real/test_watch.py \
 	tests/real/test_adapter_contract.py tests/real/test_upgrade_in_place.py \
-	tests/real/test_controller_bill.py
+	tests/real/test_controller_bill.py tests/real/test_preemption.py
 # tools/run-tests runs the 24.11 tests beside the fast tier (one waits on Slurm, the other on
 # the CPU), each sandbox with a job user of its own; TEST_SERIAL=1 runs them one at a time.
 test: install-test

@@ -1,9 +1,10 @@
 """The sandbox's configuration: slurm.conf, site.conf, and the project's hooks installed into it.
 
 Role: :func:`render_slurm_conf` (nodes on the sandbox's bridge, fast timers, no accounting, no
-hooks) and :func:`render_site_conf`, whose :func:`site_config_lines` install the hooks' parts, the
-re-check script and dispatch.conf from the checkout's ``contrib/`` and ``site-config/`` as the
-admin guide tells a site admin to; :func:`write_config` writes what differs.
+hooks, a default partition whose jobs an ``urgent`` one preempts) and :func:`render_site_conf`,
+whose :func:`site_config_lines` install the hooks' parts, the re-check script and dispatch.conf
+from the checkout's ``contrib/`` and ``site-config/`` as the admin guide tells a site admin to;
+:func:`write_config` writes what differs.
 
 Invariant: the same configuration for every release but for what a release needs
 (``cgroup.conf`` and a first job id of FIRST_ROOT_JOB_ID in a Debian root); a file is
@@ -32,6 +33,16 @@ CLUSTER_ENV = "DISPATCH_SANDBOX_CLUSTER"
 MIN_JOB_AGE = 600
 MIN_JOB_AGE_ENV = "DISPATCH_SANDBOX_MIN_JOB_AGE"
 PARTITION_NAME = "debug"
+# A second partition over the same nodes whose jobs preempt the default one's (Slurm's
+# preempt/partition_prio): the default partition's jobs are requeued when an urgent job needs
+# their node, as on a site where a reservation-like queue displaces the everyday one.  Only a
+# job that asks for it (`sbatch -p urgent`) preempts; nothing else changes.
+URGENT_PARTITION = "urgent"
+# slurmd's wait between SIGTERM and SIGKILL (slurm.conf KillWait) on a cancel, a requeue and a
+# preemption alike.  A preempted job's window to save is this: under PreemptMode=REQUEUE Slurm
+# requeues it the moment it is chosen and applies no GraceTime (measured on 22.05 and 24.11:
+# with GraceTime=8 on the partition, SIGKILL came 4.5 to 4.7 s after SIGTERM).
+KILL_WAIT = 5
 # Job credential lifetime: a requeued job may not start again before it has passed (measured
 # here: requeue-to-running 6 s with 5, 11 s with 10).  Slurm 22.05 rejects values below 5 and
 # falls back to 120 (with an error in the log).
@@ -127,7 +138,8 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
                       release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
                       min_job_age: int = MIN_JOB_AGE) -> str:
     """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers, no
-    accounting, no hooks.
+    accounting, no hooks, and two partitions over the nodes: the default one, whose jobs an
+    urgent partition's job preempts (requeued, KILL_WAIT after SIGTERM), and that urgent one.
 
     The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
     that a sandbox in a Debian root numbers its jobs from FIRST_ROOT_JOB_ID: the job user is
@@ -169,11 +181,18 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "",
+        f"# Preemption: a job of the {URGENT_PARTITION} partition (a higher PriorityTier over the",
+        f"# same nodes) requeues the {PARTITION_NAME} jobs holding the node it needs at once; they",
+        "# get SIGTERM, SIGKILL KillWait later (no GraceTime under REQUEUE), and start again later",
+        "# with their restart count one higher.",
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        "",
         "# Timers: fail fast, requeue fast, keep ended jobs visible for ten minutes.",
         "SlurmdTimeout=10",
         "SlurmctldTimeout=10",
         "MessageTimeout=10",
-        "KillWait=5",
+        f"KillWait={KILL_WAIT}",
         "InactiveLimit=0",
         "WaitTime=0",
         f"MinJobAge={min_job_age}",
@@ -203,7 +222,9 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
                      f"Port={layout.node_port(index)} CPUs=2 RealMemory=1000 State=UNKNOWN")
     lines += [
         f"PartitionName={PARTITION_NAME} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "
-        "State=UP",
+        "State=UP PriorityTier=1",
+        f"PartitionName={URGENT_PARTITION} Nodes={','.join(nodes)} MaxTime=INFINITE State=UP "
+        "PriorityTier=10",
         "",
         f"Include {layout.site_conf}",
     ]
