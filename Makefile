@@ -67,7 +67,8 @@ REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/t
 	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py tests/real/test_arrays.py \
 	tests/real/test_survivors.py tests/real/test_trust.py tests/real/test_watch.py \
 	tests/real/test_adapter_contract.py tests/real/test_upgrade_in_place.py \
-	tests/real/test_controller_bill.py tests/real/test_preemption.py
+	tests/real/test_controller_bill.py tests/real/test_preemption.py \
+	tests/real/test_doctor.py
 # tools/run-tests runs the 24.11 tests beside the fast tier (one waits on Slurm, the other on
 # the CPU), each sandbox with a job user of its own; TEST_SERIAL=1 runs them one at a time.
 test: install-test

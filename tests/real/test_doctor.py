@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from slurm_dispatch.node import facts
+from slurm_dispatch.sandbox import install as sandbox_install
 
 if TYPE_CHECKING:
     from tests.real.conftest import Sandbox
@@ -32,6 +31,13 @@ def doctor(sandbox: Sandbox, node: str, *args: str) -> tuple[int, dict]:
                        check=False, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
+
+
+def venv(sandbox: Sandbox, path: Path) -> None:
+    """A bare venv of the Python the sandbox's jobs and hooks have (the Debian root's on
+    24.11: a venv of this test's own Python would not run there)."""
+    sandbox.run([sandbox_install.SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(path)],
+                timeout=120)
 
 
 def check(report: dict, name: str) -> dict:
@@ -66,8 +72,7 @@ def test_a_python_without_the_package_records_no_end_and_is_named(sandbox: Sandb
                                                                    tmp_path: Path) -> None:
     bare = Path("/var/tmp") / f"doctor-bare-{sandbox.dir.name}"
     if not (bare / "bin/python").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
-                       timeout=120)
+        venv(sandbox, bare)
     part = sandbox.dir / "etc/epilog.d/05-dispatch"
     python = f"DISPATCH_PYTHON={sandbox.venv_bin / 'python'}"
     node = sandbox.nodes[0]
@@ -141,8 +146,7 @@ def test_mixed_versions_are_named(sandbox: Sandbox) -> None:
     init = old / "src/slurm_dispatch/__init__.py"
     text = init.read_text()
     init.write_text(text.replace('__version__ = "', '__version__ = "0.0.9-', 1))
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(old / "venv")],
-                   check=True, timeout=120)
+    venv(sandbox, old / "venv")
     (next((old / "venv/lib").glob("python3*")) / "site-packages/old.pth").write_text(
         f"{old / 'src'}\n")
     part = sandbox.dir / "etc/prolog.d/05-dispatch"

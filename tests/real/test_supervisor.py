@@ -207,6 +207,68 @@ def test_shared_job_on_partitioned_node_is_held_until_dispatch_cease_proves_it_g
     sandbox.run(["scancel", held], check=False)
 
 
+AGAIN = ("#!/bin/bash\n#SBATCH --time=5\n"
+         "if [ -e first.done ]; then touch ran.$SLURM_JOB_ID; exit 0; fi\n"
+         "touch first.done; exit 3\n")
+
+
+def test_where_facts_are_private_the_site_release_service_lifts_the_hold(user: User) -> None:
+    """Issue 22 item 5 on the real cluster: with facts/ 0700 (the admin guide's privacy
+    option) the user's own supervisor asks dispatch-cease and gets only errors; root's
+    dispatch-admin release-service asks it on the user's behalf, records ceased, releases
+    the held job as its owner, and the job runs again."""
+    sandbox = user.sandbox
+    (user.path / "again.sh").write_text(AGAIN)
+    (user.path / "again.sh").chmod(0o755)
+    shutil.chown(user.path / "again.sh", sandbox.user)
+    cease = f"{sandbox.venv_bin}/dispatch-cease"
+    user.conf = site_conf(sandbox, user.path, CessationSignal=cease, CessationInterval="1")
+    facts = sandbox.dir / "dispatch-state" / "facts"
+    mode = facts.stat().st_mode & 0o7777
+    facts.chmod(0o700)
+    try:
+        job, first = user.submit("--checkpoint", "ck", "--shared-checkpoint", "--resubmit",
+                                 "1", "again.sh")
+        sandbox.wait_for(lambda: state_of(sandbox, first)[0] == "FAILED", 60,
+                         "the first execution to fail")
+        assert "held" in user.supervise()
+        (hold,) = user.events(job, "hold")
+        held = str(hold["slurm_job_id"])
+        assert state_of(sandbox, held) == ("PENDING", "JobHeldUser")
+
+        def users_answer() -> list[dict[str, Any]]:
+            user.supervise()
+            return user.events(job, "cessation")
+        answers = sandbox.wait_for(users_answer, 60, "the user's supervisor to ask",
+                                   interval=1)
+        assert {a["verdict"] for a in answers} == {"error"}, answers
+        assert "Permission denied" in json.dumps(answers), answers
+        assert state_of(sandbox, held) == ("PENDING", "JobHeldUser"), "released unproven"
+
+        admin = [str(Path(sandbox.venv_bin) / "dispatch-admin"), "release-service",
+                 "--user", sandbox.user]
+        said: list[str] = []
+
+        def lifted() -> bool:
+            proc = sandbox.run(["env", f"SLURM_DISPATCH_CONF={user.conf}", *admin])
+            said.append(proc.stdout + proc.stderr)
+            return "lifted: ceased" in proc.stdout
+        sandbox.wait_for(lifted, 90, "root's release service to lift the hold", interval=1)
+        assert said[-1] == f"{sandbox.user}: {job}: hold on Slurm job {held} lifted: ceased\n"
+        ceased = user.events(job, "cessation")[-1]
+        assert (ceased["verdict"], ceased["ended_slurm_job_id"]) == ("ceased", first), ceased
+        assert user.events(job, "released")[-1]["by"] == "the site's release service (ceased)"
+        sandbox.wait_for(lambda: (user.path / f"ran.{held}").exists(), 60,
+                         f"the released job {held} to run again")
+        owner = (user.path / f"ran.{held}").stat().st_uid
+        assert owner == sandbox.uid
+        records = Path(sandbox.home) / ".local" / "state" / "slurm-dispatch"
+        assert all(p.lstat().st_uid == sandbox.uid for p in records.rglob("*")), \
+            "root wrote into the user's records"
+    finally:
+        facts.chmod(mode)
+
+
 def test_where_slurm_does_not_requeue_a_node_failure_is_resubmitted(user: User) -> None:
     """Issue 9: sites with JobRequeue=0 (or --no-requeue, PreemptMode=CANCEL): a node failure
     ends an isolated job; the supervisor resubmits it while budget lasts, resuming from its
