@@ -10,9 +10,9 @@ Invariants (a hook must never fail a node or a job because of us):
 * The process always exits 0.  The work runs in a forked child; the parent waits at most
   ``HookTimeout`` (5 s unless the site says otherwise) and then exits 0 whatever the child does,
   so even a child stuck in uninterruptible sleep on a hung file system cannot hold Slurm.  The
-  child also gives up at the same deadline if it can.  The parent never calls syslog itself
-  (a forked process does, not waited for), and a timer ends it with status 0 shortly after its
-  deadline whatever it is blocked in.
+  child also gives up at the same deadline if it can (a timer of its own: it logs and ends).
+  The parent never calls syslog itself (a forked process does, not waited for), and a timer
+  ends it with status 0 shortly after its deadline whatever it is blocked in.
 * Every fault of ours is logged to syslog (facility daemon, ident ``slurm-dispatch``) and to
   stderr, with the hook and the job id.
 * Only the standard library is imported, no Slurm command is run, PATH is never used.
@@ -111,7 +111,9 @@ def run(hint: str = "", config_path: str | None = None) -> None:
         fault = None
         try:
             cfg = config_module.load(config_path)
-            os.write(write_end, f"{cfg.hook_timeout}\n".encode())
+            if cfg.hook_timeout != config_module.DEFAULT_HOOK_TIMEOUT:
+                # The parent waits the default until told otherwise: no word, no wake-up.
+                os.write(write_end, f"{cfg.hook_timeout}\n".encode())
             kind = label = hook_kind(hint)
             for problem in cfg.problems:
                 log(f"{kind} job {job}: dispatch.conf: {problem}")
@@ -209,11 +211,14 @@ def _wait_child(pid: int, read_end: int, started: float, hint: str, job: str) ->
 
 
 def _start_child_watchdog(deadline: float, kind: str, job: str) -> None:
-    import _thread
+    """Log and end the child at ``deadline``: a timer, not a thread (a thread costs every run
+    its start and a handover of the interpreter's lock).  A child stuck where no signal reaches
+    it (uninterruptible sleep) is the parent's to end at the same deadline."""
+    import _signal  # type: ignore[import-not-found]  # not signal: it imports enum
 
-    def watchdog() -> None:
-        time.sleep(max(0.0, deadline - time.monotonic()))
+    def watchdog(*_: object) -> None:
         log(f"{kind} job {job}: still running at HookTimeout; stopped")
         _exit()
 
-    _thread.start_new_thread(watchdog, ())
+    _signal.signal(_signal.SIGALRM, watchdog)
+    _signal.setitimer(_signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()))

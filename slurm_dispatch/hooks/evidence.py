@@ -23,7 +23,10 @@ import time
 from ..config import Config
 from ..errors import FactError
 from ..node import factstore as store
-from ..node import procscan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the scan is imported where a hook scans (the Epilog, a re-check with work)
+    from ..node import procscan
 
 # This run's survivor scans, for the node's metrics: (hook, seconds, complete, survivors).
 SCANS: list[tuple[str, float, bool, int]] = []
@@ -134,6 +137,7 @@ def _unresolved(scan: procscan.Scan, restart: object) -> list[dict]:
 
 def _execution_survivors(cfg: Config, scan: procscan.Scan, job_id: str, uid: int, node: str,
                          restart: object) -> list[dict]:
+    from ..node import procscan
     survivors = [p for p in scan.found.get(job_id, []) if _belongs(p, node, restart)]
     if not scan.complete:
         survivors += _unresolved(scan, restart)
@@ -159,16 +163,18 @@ def epilog(cfg: Config) -> None:
     for entry in watched:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
     scan_error = None
+    from ..node import procscan
     try:
         scan = procscan.scan_within(jobs, _scan_budget(cfg))
         survivors = _execution_survivors(cfg, scan, job_id, uid, node, restart)
     except OSError as exc:
         scan, survivors = None, []
         scan_error = f"cannot scan /proc: {exc.strerror}"
+    boot = (store.boot_id(), store.boot_time())  # read once: /proc/stat is long on big nodes
     body: dict[str, object] = {
         "time": time.time(), "restart": restart, "restart_env": raw,
         "start_token": start[0] if start is not None else None,
-        "boot_id": store.boot_id(), "boot_time": store.boot_time(),
+        "boot_id": boot[0], "boot_time": boot[1],
         "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
         "scan": None if scan is None else {"rounds": scan.rounds, "complete": scan.complete,
                                            "seconds": round(scan.seconds, 4)},
@@ -183,7 +189,7 @@ def epilog(cfg: Config) -> None:
                          "survivors": survivors})
     if scan is not None:
         SCANS.append(("epilog", scan.seconds, scan.complete, len(survivors)))
-        _settle(cfg, watched, scan)
+        _settle(cfg, watched, scan, boot)
 
 
 def recheck(cfg: Config) -> None:
@@ -193,6 +199,7 @@ def recheck(cfg: Config) -> None:
     jobs: dict[str, int | None] = {}
     for entry in watched:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
+    from ..node import procscan
     scan = procscan.scan_within(jobs, _scan_budget(cfg))
     SCANS.append(("recheck", scan.seconds, scan.complete,
                   sum(len(found) for found in scan.found.values())))
@@ -332,16 +339,19 @@ def _entry_time(entry: dict) -> float | None:
         return None
 
 
-def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan) -> None:
+def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
+            boot: tuple[str, float | None] | None = None) -> None:
     """Record what became of watched survivors; stop watching those that are all gone.
 
     Each entry is one execution on one node (its end's token): its survivors are the processes
     of that job, node and restart count, never all of the job's.  An entry of another boot is
     settled as "rebooted" only if this machine booted after the entry was made; otherwise it is
     another machine with this host name (a shared StateDir) and is left for that machine.
+    ``boot``: this machine's boot id and boot time as the caller read them already.
     """
-    current_boot = store.boot_id()
-    booted = store.boot_time()
+    if not watched:
+        return
+    current_boot, booted = boot if boot is not None else (store.boot_id(), store.boot_time())
     for entry in watched:
         job_id = str(entry["job_id"])
         if entry.get("boot_id") and entry.get("boot_id") != current_boot:
