@@ -417,12 +417,15 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
     """List your dispatch jobs, one line each, oldest first.
 
     STATE is Slurm's for the latest submission (every task's for an array), HELD for a
-    standing shared-checkpoint hold.  Once slurmctld has forgotten the job (MinJobAge), the
-    end the record holds, as sacct names it and marked so: FAILED (recorded) is what the
-    supervisor saw and acted on, or what the controller hook's end record proves; FINISHED
-    when it settled the job without one; UNKNOWN when nothing is recorded yet.  Costs one
-    squeue call; a controller that does not answer is given two tries of about its
-    MessageTimeout (slurm.conf) each, said on stderr while waiting, then one line (exit 2).
+    standing shared-checkpoint hold, HELD (Slurm: launch failed) for a job Slurm itself
+    requeued held after its launch failed (it runs only once released: `dispatch supervise`
+    releases an isolated job's, or `scontrol release JOBID`). Once slurmctld has forgotten
+    the job (MinJobAge), the end the record holds, as sacct names it and marked so: FAILED
+    (recorded) is what the supervisor saw and acted on, or what the controller hook's end
+    record proves; FINISHED when it settled the job without one; UNKNOWN when nothing is
+    recorded yet. Costs one squeue call; a controller that does not answer is given two
+    tries of about its MessageTimeout (slurm.conf) each, said on stderr while waiting, then
+    one line (exit 2).
     A CLUSTER column shows each job's cluster where your records name more than one.
     """
     from ..control import record, status

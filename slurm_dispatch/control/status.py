@@ -15,10 +15,12 @@ from .. import _clock
 from ..checkpoint import publish as store
 from ..checkpoint import roots
 from ..errors import DispatchError
-from ..slurm.jobs import SLURM_END, Job, Snapshot
+from ..slurm.jobs import LAUNCH_FAILED_HOLD, SLURM_END, Job, Snapshot
 from . import events, record, submit
 
 FactsReader = Callable[[str], Sequence[Mapping[str, Any]]]
+# dispatch jobs' state for a job Slurm held after its launch failed (Job.held_after_failed_launch).
+LAUNCH_HELD = "HELD (Slurm: launch failed)"
 
 
 def _state(info: Optional[Job]) -> str:
@@ -164,6 +166,17 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             "restarts": info.restarts if info else None,
             "slurm_reason": info.reason if info else "",
         })
+    # Slurm's own holds after a failed launch, of each lineage's latest submission: they run
+    # only once released (the supervisor does it for an isolated job).
+    slurm_holds = []
+    lanes: list[Optional[int]] = list(tasks) if tasks else [None]
+    for lane in lanes:
+        latest_sub = history.lineage(lane).current
+        if latest_sub is not None:
+            slurm_holds += [{"display_id": v.display_id, "reason": LAUNCH_FAILED_HOLD,
+                             "restarts": v.restarts}
+                            for v in seen.views(latest_sub.slurm_job_id, lane)
+                            if v.held_after_failed_launch]
     executions = []
     for ev in starts:
         slurm_id = str(ev.get("slurm_job_id", ""))
@@ -229,6 +242,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
                                  and s["task"] is None),
         "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
         "submissions": submissions, "executions": executions, "events": others,
+        "slurm_holds": slurm_holds,
         "latest": latest, "tasks": lines if tasks is not None else None,
         "supervisor": _last_pass(job),
         # Why the next submission would fail at once (its interpreter is gone), with the fix.
@@ -299,9 +313,11 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
         elif history.hold is not None and (info is None or info.is_held):
             state = "HELD"
         elif tasks:
-            state = "+".join(sorted({"HELD" if t.is_held else t.state for t in tasks}))
+            state = "+".join(sorted({"HELD" if t.is_held else LAUNCH_HELD
+                                     if t.held_after_failed_launch else t.state
+                                     for t in tasks}))
         elif info is not None and array is None:
-            state = info.state
+            state = LAUNCH_HELD if info.held_after_failed_launch else info.state
         else:
             # Forgotten by slurmctld: the end the record holds (each task's, for an array).
             subs = [history.lineage(t).current for t in array] if array else [current]

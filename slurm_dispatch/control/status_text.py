@@ -70,6 +70,8 @@ def _render(data: dict[str, Any]) -> str:
     out.append(supervisor_text(data))
     if data.get("launcher_problem"):
         out.append(f"Launcher    {data['launcher_problem']}")
+    out.extend(slurm_hold_text(hold, data["shared_checkpoint"])
+               for hold in data.get("slurm_holds") or [])
     out.append("")
     # Slurm's reason for the job's state, and ours for making the submission, apart.
     out.append(render_table(
@@ -142,6 +144,17 @@ def supervisor_text(data: dict[str, Any]) -> str:
     return (f"Supervisor  {good}; passes failing since {clock(seen['failing_since'])} "
             f"({seen.get('failures', '?')} failed, the latest {ago(seen.get('failed_at'))} "
             f"ago): {seen.get('error', '?')}")
+
+
+def slurm_hold_text(hold: dict[str, Any], shared: bool) -> str:
+    """Slurm's own hold after a failed launch, and what to do about it."""
+    shown = hold["display_id"]
+    then = (" It is a shared-checkpoint job: the supervisor leaves it to you; release it once "
+            "its last execution has stopped" if shared else
+            " `dispatch supervise` releases it at its next pass; or release it yourself")
+    return (f"Held        Slurm holds job {shown} after a failed launch ({hold['reason']}): "
+            f"it runs only once someone releases it.{then}: scontrol release {shown} (if it fails "
+            "again, look at its nodes: sinfo -R)")
 
 
 def latest_text(latest: Optional[dict[str, Any]]) -> str:

@@ -20,6 +20,12 @@ cannot be known is an error in every pass's report, never dropped.
   made and HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
   The question itself (asking the signal, recording its answers, the held job's comments) is
   :mod:`.holds`'s, which ``dispatch release`` asks through too.
+* a job Slurm itself requeued held after its launch failed (``launch failed requeued held``:
+  a failed Prolog, a rejoining node that refused a second launch of a job it still ran) runs
+  only once released; that hold is Slurm's, not ours, and Slurm's advice is the owner's
+  ``scontrol release``: the pass releases an isolated job's, at most LAUNCH_RELEASES times a
+  submission (then it is an error naming the nodes to look at).  A shared-checkpoint job's
+  is left to a person (every restart of such a job is a person's), said in the report.
 
 Invariants:
 
@@ -50,13 +56,16 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from .. import _clock
 from ..errors import DispatchError, RecordError, SlurmError
 from ..slurm.adapter import Slurm
-from ..slurm.jobs import Job, Snapshot, end_name
+from ..slurm.jobs import LAUNCH_FAILED_HOLD, Job, Snapshot, end_name
 from . import dependency, events, heartbeat, holds, record, rules, submit
 from .holds import SignalRunner, ask_signal
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
 SBATCH_SETTLE = 150.0
 NOTIFY_TIMEOUT = 20.0
+# Releases of Slurm's hold after a failed launch, per submission, before a person must look.
+LAUNCH_RELEASES = 3
+LAUNCH_RELEASED_BY = "dispatch supervise (Slurm held it after a failed launch)"
 
 
 @dataclass(frozen=True)
@@ -257,9 +266,42 @@ class Supervisor:
                     "submits it again)")
                 return False
         if any(not v.is_final for v in views):
+            self._failed_launches(job, line, current, views, report)
             return False  # running, pending, requeued: Slurm is not done with it
         self._ended(job, n, current.slurm_job_id, task, views, claim, report, how)
         return False
+
+    def _failed_launches(self, job: record.JobRecord, line: events.Lineage,
+                         current: events.Submitted, views: list[Job],
+                         report: PassReport) -> None:
+        """Release what Slurm held after a failed launch (see the module docstring)."""
+        for view in views:
+            if not view.held_after_failed_launch:
+                continue
+            shown = view.display_id
+            said = f"Slurm holds job {shown} after a failed launch ({LAUNCH_FAILED_HOLD})"
+            if job.spec["shared_checkpoint"]:
+                report.errors.append(
+                    f"{job.id}: {said}; it is a shared-checkpoint job, so dispatch leaves it "
+                    f"to a person: once its last execution has stopped, `scontrol release "
+                    f"{shown}`")
+                continue
+            done = [e for e in line.ends if isinstance(e, events.Released)
+                    and e.slurm_job_id == current.slurm_job_id and e.by == LAUNCH_RELEASED_BY]
+            if len(done) >= LAUNCH_RELEASES:
+                report.errors.append(
+                    f"{job.id}: {said} again, after {len(done)} releases by dispatch, "
+                    "so dispatch leaves it to you now; look at the nodes it was sent to "
+                    f"(`sinfo -R`), then `scontrol release {shown}`")
+                continue
+            self.slurm.release([shown])
+            report.controller_calls += 1
+            job.append(events.Released, once=f"launch-{shown}-{view.restarts}",
+                       slurm_job_id=current.slurm_job_id, by=LAUNCH_RELEASED_BY,
+                       task=line.task)
+            report.actions.append(f"{job.id}: lifted Slurm's hold on job {shown}, made after "
+                                  f"a failed launch ({LAUNCH_FAILED_HOLD}, restart "
+                                  f"{view.restarts})")
 
     def _recorded_end(self, job: record.JobRecord, line: events.Lineage,
                       current: events.Submitted, task: Optional[int], report: PassReport

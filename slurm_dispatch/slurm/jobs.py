@@ -34,6 +34,11 @@ REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_
 # An execution is under way on its nodes (a timeline draws it up to now).
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"})
 HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+# Slurm's own hold after a batch launch failed (a Prolog that failed; a rejoining node that
+# refused a second launch of a job id it still ran, "Duplicate jobid"): the job is requeued
+# with priority 0 and runs only once released, by its owner too (``scontrol release``).
+# squeue prints the reason so; libslurm's reason string and pyslurm write "_" for the spaces.
+LAUNCH_FAILED_HOLD = "launch failed requeued held"
 MARKER_PREFIX = "dispatch:"
 
 # squeue's compact state codes (squeue(1), JOB STATE CODES): every state squeue -t takes.
@@ -76,6 +81,11 @@ def is_active(state: str) -> bool:
 def execution_ended(state: str) -> bool:
     """The job's current execution was ended by Slurm (its processes told to stop)."""
     return state in FINAL_STATES or state in REQUEUE_STATES
+
+
+def held_after_failed_launch(state: str, reason: str) -> bool:
+    """Slurm requeued the job held because its launch failed (:data:`LAUNCH_FAILED_HOLD`)."""
+    return state == PENDING and reason.replace("_", " ").lower() == LAUNCH_FAILED_HOLD
 
 
 def is_running(state: str) -> bool:
@@ -146,6 +156,11 @@ class Job:
     @property
     def is_held(self) -> bool:
         return self.state == PENDING and self.reason in HOLD_REASONS
+
+    @property
+    def held_after_failed_launch(self) -> bool:
+        """Slurm's own hold after a failed launch, not a person's nor ours (:attr:`is_held`)."""
+        return held_after_failed_launch(self.state, self.reason)
 
     @property
     def started(self) -> bool:

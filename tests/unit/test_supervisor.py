@@ -12,7 +12,12 @@ import pytest
 
 from slurm_dispatch.control import record, submit
 from slurm_dispatch.control.holds import Answer, release
-from slurm_dispatch.control.supervisor import Settings, Supervisor
+from slurm_dispatch.control.supervisor import (
+    LAUNCH_RELEASED_BY,
+    LAUNCH_RELEASES,
+    Settings,
+    Supervisor,
+)
 from slurm_dispatch.slurm.adapter import Result, Slurm
 
 from .fake_cluster import FakeCluster
@@ -444,3 +449,40 @@ def test_a_held_job_cancelled_is_not_a_release_and_the_job_finishes(home: Path) 
     finished = [e for e in job.events() if e["event"] == "finished"]
     assert len(finished) == 1 and finished[0]["end_state"] == "cancelled"
     assert len(cluster.sbatch_calls()) == 2  # a user's cancel is never undone
+
+
+LAUNCH_HELD = {"JobState": "PENDING", "Reason": "launch failed requeued held"}
+
+
+def test_slurms_hold_after_a_failed_launch_is_released_a_few_times(home: Path) -> None:
+    """Slurm's own hold (priority 0 after a failed launch) is released for an isolated job,
+    once per requeue, at most LAUNCH_RELEASES times a submission; then a person looks."""
+    cluster = FakeCluster()
+    job, slurm_id = new_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings())
+    for restart in range(1, LAUNCH_RELEASES + 1):
+        cluster.set(slurm_id, **LAUNCH_HELD, Restarts=str(restart))
+        report = sup.run_pass()
+        assert report.actions == [
+            f"{job.id}: lifted Slurm's hold on job {slurm_id}, made after a failed launch "
+            f"(launch failed requeued held, restart {restart})"], report
+        assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
+    cluster.set(slurm_id, **LAUNCH_HELD, Restarts=str(LAUNCH_RELEASES + 1))
+    report = sup.run_pass()
+    assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
+    assert f"after {LAUNCH_RELEASES} releases by dispatch, so dispatch leaves it to you" in \
+        report.errors[0] and f"scontrol release {slurm_id}" in report.errors[0], report
+    assert [e["by"] for e in job.events() if e["event"] == "released"] == \
+        [LAUNCH_RELEASED_BY] * LAUNCH_RELEASES
+    assert len(cluster.sbatch_calls()) == 1  # Slurm's requeue, never a resubmission
+
+
+def test_a_shared_jobs_hold_after_a_failed_launch_is_left_to_a_person(home: Path) -> None:
+    cluster = FakeCluster()
+    job, slurm_id = new_job(cluster, "--shared-checkpoint", "--resubmit", "1")
+    cluster.set(slurm_id, **LAUNCH_HELD, Restarts="1")
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
+    assert "shared-checkpoint job, so dispatch leaves it to a person" in report.errors[0] \
+        and f"scontrol release {slurm_id}" in report.errors[0], report
+    assert "released" not in kinds(job)
