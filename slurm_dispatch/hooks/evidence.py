@@ -97,7 +97,13 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     """
     starts: list[tuple[str, str]] = []
     ended = set()
+    # The folder holds every node's facts of the job (a 512-node job's, 1,000 and more): only
+    # this node's of the two kinds are parsed (a node "n1.x" passes the prefix of "n1", not the
+    # parse's check).
+    prefixes = (f"{kinds[0]}.{node}.", f"{kinds[1]}.{node}.")
     for name in store.list_job(cfg.state_dir, uid, job_id):
+        if not name.startswith(prefixes):
+            continue
         parsed = store.parse_name(name)
         if parsed is None or parsed[1] != node:
             continue

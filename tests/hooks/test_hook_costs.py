@@ -150,3 +150,24 @@ def test_the_epilog_reads_the_boot_once(tmp_path: Path, monkeypatch: pytest.Monk
     end = next((tmp_path / "state/facts/4321/500").iterdir())
     assert end.name.startswith("end.n1.0.")
     assert f'"boot_id":"{factstore.boot_id()}"' in end.read_text()
+
+
+def test_the_epilog_parses_only_its_own_nodes_names(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job's folder holds every node's facts: the Epilog parsed all of them to find its own
+    # node's open start (2,000 parses for a 1,000-node job), where a prefix tells.
+    from slurm_dispatch import config
+    from slurm_dispatch.hooks import evidence
+    from slurm_dispatch.node import factstore
+
+    cfg = config.load(str(conf_file(tmp_path)))
+    for node in ["n1", "n1.x"] + [f"n{i}" for i in range(2, 200)]:
+        factstore.write_fact(cfg.state_dir, UID, GID, "500", "start", node, {"restart": 0})
+    parsed: list[str] = []
+    real = factstore.parse_name
+    monkeypatch.setattr(factstore, "parse_name", lambda name: parsed.append(name) or real(name))
+    start = evidence._unended_start(cfg, UID, "500", "n1", 0)
+    # n1's own and n1.x's (which the prefix of n1 lets through and the parse tells apart)
+    assert start is not None and sorted(n.split(".")[1] for n in parsed) == ["n1", "n1"], parsed
+    assert len(parsed) == 2, parsed
+    assert evidence._unended_start(cfg, UID, "500", "n1.x", 0) is not None
