@@ -7,8 +7,11 @@ what the runner gathered after every fault was healed and every job ended or gav
 - ``faults``: ``[{"kind", "t", "target"}]``, the nemesis's log;
 - ``roots``: ``{root: {"pubs": [name, ...], "present": {path: bool}, "keep": K}}``: each
   checkpoint root's ``pub/`` at the end and whether each save a publication or an execution
-  names is there (relative to the root); ``keep`` is the K of the gc runs on it (0: none);
-- ``pins``: ``{root: [path, ...]}``;
+  names is there (relative to the root); ``keep`` is the least K of the cleanups run on it
+  (``dispatch gc --keep``, ``watch --keep``; 0: none);
+- ``pins``: ``{root: [path, ...]}``: the saves ``dispatch pin`` named (cleanup keeps them);
+- ``torn``: ``[{"root", "path", "t"}]``: saves the nemesis removed under their standing
+  publication (a lost or torn save: the next execution must fall back along its lineage);
 - ``submissions``: ``[{"job", "submission", "task", "slurm_job_id"}]``: every ``submitted``
   event of every record;
 - ``jobs``: ``[{"job", "shared", "ended", "stuck"}]``: ended (Slurm has nothing of it active),
@@ -46,6 +49,7 @@ LISTED = 2.0
 
 INVARIANTS = {
     "resume": "resumed from its lineage's latest publication when it started",
+    "fallback": "a save that cannot be loaded passed over for the next one of its lineage",
     "pub-missing-save": "no publication names a missing save",
     "needed-missing": "no save chosen by a live execution, of the K latest, or pinned is missing",
     "double-submit": "no (job, submission, task) submitted twice",
@@ -65,7 +69,9 @@ class Execution:
     root: str = ""
     shared: bool = False
     resumed: str = ""
+    loaded: Optional[str] = None  # what it loaded (dispatch fetch's fallback); None: not said
     chose_at: float = 0.0
+    started: float = 0.0
     first: float = 0.0
     last: float = 0.0
     nodes: set[str] = field(default_factory=set)
@@ -98,6 +104,7 @@ def executions(facts: list[dict[str, Any]]) -> dict[str, Execution]:
             ex.job, ex.task, ex.epoch = fact["job"], fact.get("task"), int(fact["epoch"])
             ex.root, ex.shared = fact["root"], bool(fact.get("shared"))
             ex.resumed, ex.chose_at = fact.get("resumed") or "", float(fact["chose_at"])
+            ex.loaded, ex.started = fact.get("loaded"), float(fact["t"])
     return {a: ex for a, ex in found.items() if ex.job}
 
 
@@ -162,30 +169,45 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
             v["resume"].append(f"{ex.job} {ex.attempt} (epoch {ex.epoch}): resumed from {rel} "
                                f"though {best} was the latest")
 
-    # pub-missing-save and needed-missing, from each root's state at the end.
+    # pub-missing-save and needed-missing, from each root's state at the end.  The K latest
+    # are those of every publication known (the histories' returned ones and pub/ at the end):
+    # a cleanup that took one of them with its publication is caught too.  A save the nemesis
+    # tore is no fault of ours.
+    torn = _torn(run)
     live_epoch: dict[str, int] = {}
     for root, state in roots.items():
         present: dict[str, bool] = state.get("present", {})
         names = sorted(state.get("pubs", []), key=_key)
         for name in names:
-            if not present.get(model.parse_name(name).path, False):
+            path = model.parse_name(name).path
+            if not present.get(path, False) and (root, path) not in torn:
                 v["pub-missing-save"].append(f"{root}: {name} names a missing save")
         keep = int(state.get("keep", 0))
-        if names:
-            live_epoch[root] = _key(names[-1])[0]
-        for name in names[-keep:] if keep else []:
+        made = {n for n, e in pubs.get(root, {}).items() if "returned" in e} | set(names)
+        ever = sorted(made, key=_key)
+        if ever:
+            live_epoch[root] = _key(ever[-1])[0]
+        for name in ever[-keep:] if keep else []:
             path = model.parse_name(name).path
-            if not present.get(path, False):
+            if (root, path) in torn:
+                continue
+            if name not in names:
+                v["needed-missing"].append(f"{root}: {name}, of the {keep} latest, was "
+                                           "unpublished")
+            elif not present.get(path, False):
                 v["needed-missing"].append(f"{root}: {path}, of the {keep} latest, is missing")
         for pin in run.get("pins", {}).get(root, []):
-            if not present.get(pin, False):
+            if not present.get(pin, False) and (root, pin) not in torn:
                 v["needed-missing"].append(f"{root}: pinned {pin} is missing")
     for ex in execs.values():
         if ex.resumed and ex.root in roots and ex.epoch >= live_epoch.get(ex.root, 0):
-            rel = _relative(ex.root, ex.resumed)
-            if not roots[ex.root].get("present", {}).get(rel, False):
+            rel = _relative(ex.root, ex.loaded if ex.loaded is not None else ex.resumed)
+            if rel and not roots[ex.root].get("present", {}).get(rel, False) \
+                    and (ex.root, rel) not in torn:
                 v["needed-missing"].append(f"{ex.job} {ex.attempt}: its resume source {rel} "
                                            "is missing")
+
+    _check_fallbacks(execs, pubs, roots, run, v["fallback"])
 
     # double-submit.
     seen: dict[tuple[Any, ...], set[str]] = defaultdict(set)
@@ -236,6 +258,95 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     return Result(seed=run.get("seed"), jobs=jobs, executions=len(execs), faults=faults,
                   overlaps=overlaps, violations=v, holds=len(run.get("holds", [])),
                   lifts=lifted)
+
+
+def _torn(run: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(t["root"], t["path"]) for t in run.get("torn", [])}
+
+
+def _owner(path: str) -> Optional[str]:
+    """The attempt whose folder holds the save at ``path`` (relative: exec/<attempt>/...)."""
+    parts = path.split("/")
+    return parts[1] if len(parts) >= 3 and parts[0] == "exec" else None
+
+
+def lineage_after(bad: str, root: str, names: set[str], execs: dict[str, Execution]
+                  ) -> list[str]:
+    """The saves to try after ``bad``, nearest first, as the launcher's lineage goes (the
+    seed's fallback): the owning execution's own earlier publications, newest first, then
+    what that execution loaded, and on along its lineage; it ends where an execution started
+    fresh or is not known."""
+    by_attempt = {ex.attempt: ex for ex in execs.values() if ex.root == root}
+    out: list[str] = []
+    seen = {bad}
+    current = bad
+    while True:
+        owner = _owner(current)
+        mine = [n for n in names if model.parse_name(n).path == current]
+        if owner is not None and mine:
+            top = max(_key(n) for n in mine)
+            own = sorted((n for n in names if _owner(model.parse_name(n).path) == owner
+                          and _key(n) < top), key=_key, reverse=True)
+            for name in own:
+                path = model.parse_name(name).path
+                if path not in seen:
+                    seen.add(path)
+                    out.append(path)
+        ex = by_attempt.get(owner or "")
+        if ex is None:
+            return out
+        source = _relative(root, ex.loaded if ex.loaded is not None else ex.resumed)
+        if not source or source in seen:
+            return out
+        seen.add(source)
+        out.append(source)
+        current = source
+
+
+def _check_fallbacks(execs: dict[str, Execution], pubs: dict[str, dict[str, dict[str, float]]],
+                     roots: dict[str, Any], run: dict[str, Any], found: list[str]) -> None:
+    """Each execution that said what it loaded: the launcher's choice, unless that one could
+    not be loaded then; else the first save of its lineage that could.  A save could not be
+    loaded when the nemesis tore it before, or it is gone at the end (cleanup may have taken
+    it meanwhile); one present at the end and never torn before could."""
+    torn_at: dict[tuple[str, str], float] = {}
+    for t in run.get("torn", []):
+        key = (t["root"], t["path"])
+        torn_at[key] = min(torn_at.get(key, t["t"]), t["t"])
+
+    def whole(root: str, path: str, when: float) -> bool:
+        return bool(roots.get(root, {}).get("present", {}).get(path)) and \
+            torn_at.get((root, path), float("inf")) > when
+
+    def bad(root: str, path: str, when: float) -> bool:
+        return torn_at.get((root, path), float("inf")) < when
+
+    for ex in sorted(execs.values(), key=lambda e: e.started):
+        if ex.loaded is None or not ex.resumed or ex.root not in roots:
+            continue
+        chosen = _relative(ex.root, ex.resumed)
+        loaded = _relative(ex.root, ex.loaded) if ex.loaded else ""
+        who = f"{ex.job} {ex.attempt}"
+        if loaded == chosen:
+            if bad(ex.root, chosen, ex.started):
+                found.append(f"{who}: loaded {chosen}, torn before it started")
+            continue
+        if whole(ex.root, chosen, ex.started):
+            found.append(f"{who}: passed over {chosen}, which could be loaded, for "
+                         f"{loaded or 'a fresh start'}")
+            continue
+        names = set(pubs.get(ex.root, {})) | set(roots[ex.root].get("pubs", []))
+        for candidate in lineage_after(chosen, ex.root, names, execs):
+            if candidate == loaded:
+                break
+            if whole(ex.root, candidate, ex.started):
+                found.append(f"{who}: fell back from {chosen} to {loaded or 'a fresh start'} "
+                             f"past {candidate}, which could be loaded")
+                break
+        else:
+            if loaded:
+                found.append(f"{who}: fell back from {chosen} to {loaded}, which is not of "
+                             "its lineage")
 
 
 def table(result: Result) -> str:

@@ -4,8 +4,10 @@ per node (``<run>/history/<attempt>-<node>.jsonl``), appended and flushed as it 
 Facts (every one has ``ev``, ``t`` (time.time()), ``attempt``, ``node``):
 
 - ``start``: ``job``, ``task`` (or null), ``submission``, ``epoch``, ``root``, ``shared``,
-  ``resumed`` (the save it resumed from, or ""), ``chose_at`` (when the launcher chose it: the
-  execution record's start time);
+  ``resumed`` (the launcher's choice, or ""), ``loaded`` (what ``dispatch fetch`` gave it,
+  the lineage's fallback when the choice cannot be loaded; "" a fresh start; null on S3, where
+  it is a local copy), ``chose_at`` (when the launcher chose it: the execution record's start
+  time);
 - ``save``: ``step``, ``path`` (a complete save, written before it is published);
 - ``publishing`` / ``published``: ``step``, ``path``, ``name`` (before the call, after it returned);
 - ``beat``: a heartbeat while the trainer runs (also while it is stopped from outside, it

@@ -48,7 +48,7 @@ REPO = HERE.parent
 SANDBOX_DIR = "/var/tmp/slurm-dispatch-soak"
 SANDBOX_USER = "dispatchsoak"
 FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel",
-          "supervisor-kill", "gc-kill", "s3-stop")
+          "supervisor-kill", "gc-kill", "s3-stop", "tear")
 BUCKET = "soak"
 S3_TIMEOUT = 10  # the S3 watch's --timeout; the nemesis stops the server longer than that
 CESSATION_INTERVAL = 5  # the soak's dispatch.conf: how often a standing hold's signal is asked
@@ -72,6 +72,9 @@ class Soak:
         self.supervisor: Optional[subprocess.Popen[bytes]] = None
         self.pending_heals: list[tuple[float, str, str]] = []  # (when, kind, target)
         self.counter = 0
+        self.keeps: dict[str, int] = {}  # root -> the least K of the cleanups run on it
+        self.pins: dict[str, list[str]] = {}  # root -> saves pinned (relative to it)
+        self.torn: list[dict[str, Any]] = []  # saves the nemesis removed: root, path, t
         # Heals run on their own thread: a dispatch-sbatch retrying while slurmctld is down
         # must not keep the controller down longer than the nemesis chose.
         self.lock = threading.Lock()
@@ -166,14 +169,14 @@ class Soak:
 
     # -- the workload --------------------------------------------------------------------------
 
-    def script(self, mode: str) -> str:
+    def script(self, mode: str, keep: int = 2) -> str:
         trainer = f"{self.python} {self.run_dir}/trainer.py"
         body = {"publish": f"exec {trainer} publish",
                 "shared": f"exec {trainer} shared",
-                "watch": (f"dispatch watch --interval 0.5 --keep 2 -- {trainer} watch 2>&1 "
-                          f"| {trainer} stamp"),
-                "s3watch": (f"dispatch watch --interval 0.5 --timeout {S3_TIMEOUT} --keep 2 -- "
-                            f"{trainer} watch 2>&1 | {trainer} stamp")}[mode]
+                "watch": (f"dispatch watch --interval 0.5 --keep {keep} -- {trainer} watch "
+                          f"2>&1 | {trainer} stamp"),
+                "s3watch": (f"dispatch watch --interval 0.5 --timeout {S3_TIMEOUT} --keep "
+                            f"{keep} -- {trainer} watch 2>&1 | {trainer} stamp")}[mode]
         return f"#!/bin/bash\nset -o pipefail\n{body}\n"
 
     def submit(self, kind: str, *extra: str, root: Optional[str] = None,
@@ -183,10 +186,13 @@ class Soak:
                 "s3": "s3watch"}.get(kind, "publish")
         name = f"{kind}-{self.counter}"
         path = os.path.join(self.run_dir, f"{name}.sh")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.script(mode))
-        os.chown(path, self.uid, self.gid)
         root = root or os.path.join(self.run_dir, f"ck-{name}")
+        keep = self.rng.randint(1, 3)  # each watch job's own --keep
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.script(mode, keep))
+        os.chown(path, self.uid, self.gid)
+        if mode in ("watch", "s3watch"):
+            self.cleaned(root, keep)
         argv = ["dispatch-sbatch", "--checkpoint", root, *extra, "-J", name,
                 "-o", os.path.join(self.run_dir, "out", "%x-%j.out"), path]
         saved = dict(self.user_env)
@@ -267,7 +273,17 @@ class Soak:
         root = self.rng.choice(roots)
         if not os.path.isdir(os.path.join(root, "pub")):
             return
-        proc = self.spawn_user(["dispatch", "gc", "--root", root, "--keep", "2"])
+        keep = self.rng.randint(1, 3)
+        names = self.pub_names(root)
+        if len(names) > keep and self.rng.random() < 0.3:
+            # Pin a save cleanup would take otherwise: gc and watch --keep must keep it.
+            save = checker.model.parse_name(names[0]).path
+            if self.as_user(["dispatch", "pin", "--root", root,
+                             os.path.join(root, save)]).returncode == 0:
+                self.pins.setdefault(root, []).append(save)
+                log(f"pinned {save} of {root}")
+        self.cleaned(root, keep)
+        proc = self.spawn_user(["dispatch", "gc", "--root", root, "--keep", str(keep)])
         if kill_after is None:
             try:
                 proc.wait(timeout=60)
@@ -278,6 +294,28 @@ class Soak:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+    def cleaned(self, root: str, keep: int) -> None:
+        self.keeps[root] = min(self.keeps.get(root, keep), keep)
+
+    def tear(self) -> str:
+        """Remove the save of a running publishing job's latest publication (a lost disk, a
+        person's rm) and requeue the job: its next execution is handed that save and must fall
+        back along its lineage.  The target, or "" when no job fits."""
+        by_name = {info["name"]: info["root"] for info in self.jobs.values()
+                   if info["kind"] in ("publish", "failing")}
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%j %i"])
+        running = dict(line.split()[:2] for line in out.splitlines() if len(line.split()) == 2)
+        fit = sorted(n for n in by_name if n in running and self.pub_names(by_name[n]))
+        if not fit:
+            return ""
+        name = self.rng.choice(fit)
+        root = by_name[name]
+        save = checker.model.parse_name(self.pub_names(root)[-1]).path
+        shutil.rmtree(os.path.join(root, save), ignore_errors=True)
+        self.torn.append({"root": root, "path": save, "t": time.time()})
+        self.slurm(["scontrol", "requeue", running[name]])
+        return f"{root}/{save} ({running[name]} requeued)"
 
     def active(self) -> list[str]:
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%i %t"])
@@ -357,6 +395,10 @@ class Soak:
             target = "s3"
             self.pending_heals.append((time.monotonic() + S3_TIMEOUT + self.rng.uniform(3, 10),
                                        kind, target))
+        elif kind == "tear":
+            target = self.tear()
+            if not target:
+                return
         elif kind == "gc-kill":
             self.gc(kill_after=self.rng.uniform(0.2, 3.0))
             target = "dispatch gc"
@@ -515,19 +557,27 @@ class Soak:
                          "stuck": stuck, "kind": info["kind"]})
         roots: dict[str, Any] = {}
         paths: dict[str, set[str]] = {}
+        root_of: dict[str, str] = {}
         for fact in facts:
             if fact["ev"] == "start" and not fact.get("shared"):
+                root_of[fact["attempt"]] = fact["root"]
                 paths.setdefault(fact["root"], set())
-                if fact.get("resumed"):
-                    paths[fact["root"]].add(checker._relative(fact["root"], fact["resumed"]))
+                for source in (fact.get("resumed"), fact.get("loaded")):
+                    if source:
+                        paths[fact["root"]].add(checker._relative(fact["root"], source))
+        for fact in facts:  # every save published: the fallbacks of a lineage
+            if fact["ev"] == "published" and fact["attempt"] in root_of:
+                paths[root_of[fact["attempt"]]].add(fact["path"])
         for root, wanted in paths.items():
             names = self.pub_names(root)
             for name in names:
                 wanted.add(checker.model.parse_name(name).path)
-            roots[root] = {"pubs": names, "keep": 2,
+            wanted |= set(self.pins.get(root, []))
+            roots[root] = {"pubs": names, "keep": self.keeps.get(root, 0),
                            "present": {p: self.present(root, p) for p in wanted}}
         return {"seed": self.args.seed, "minutes": self.args.minutes, "faults": self.faults,
-                "roots": roots, "submissions": submissions, "jobs": jobs, "holds": holds,
+                "roots": roots, "pins": self.pins, "torn": self.torn,
+                "submissions": submissions, "jobs": jobs, "holds": holds,
                 "lifts": lifts,
                 "drains": [{"node": n, "reason": r, "ours": o}
                            for (n, r), o in sorted(self.drains.items())],

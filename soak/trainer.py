@@ -78,16 +78,20 @@ def main(mode: str) -> int:
     if shared and os.path.exists(state):
         with open(state, encoding="utf-8") as f:
             step = int(f.read().strip() or 0)
-    elif resumed:
-        local = resumed
-        if resumed.startswith("s3://"):  # a local copy, checked (dispatch fetch)
-            local = subprocess.run(["dispatch", "fetch"], check=True, text=True,
-                                   capture_output=True).stdout.strip()
-        with open(os.path.join(local, "weights"), encoding="utf-8") as f:
-            step = int(f.read().strip())
+    loaded = None
+    if not shared and resumed:
+        # dispatch fetch chooses as the integrations do: the launcher's choice, or the previous
+        # save of its lineage when that one cannot be loaded (on S3, a local copy, checked).
+        local = subprocess.run(["dispatch", "fetch"], check=True, text=True,
+                               capture_output=True).stdout.strip()
+        if not resumed.startswith("s3://"):
+            loaded = local  # the save itself: a folder root's saves are local
+        if local:
+            with open(os.path.join(local, "weights"), encoding="utf-8") as f:
+                step = int(f.read().strip())
     hist.write("start", job=env("DISPATCH_JOB"), task=int(task) if task else None,
                submission=int(env("DISPATCH_SUBMISSION", "0")), epoch=epoch, root=root,
-               shared=shared, resumed=resumed,
+               shared=shared, resumed=resumed, loaded=loaded,
                chose_at=chose_at(env("DISPATCH_STAGE_DIR") or exec_dir),
                slurm_job_id=env("SLURM_JOB_ID"), step=step)
     beating(hist)

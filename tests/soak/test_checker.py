@@ -23,11 +23,14 @@ class Sim:
         self.present: dict[str, bool] = {}
 
     def start(self, attempt: str, t: float, epoch: int, resumed: str = "", job: str = "j1",
-              shared: bool = False, task: Optional[int] = None) -> None:
-        self.facts.append({"ev": "start", "t": t, "attempt": attempt, "node": "n1", "job": job,
-                           "task": task, "submission": 1, "epoch": epoch, "root": ROOT,
-                           "shared": shared, "chose_at": t - 0.1,
-                           "resumed": f"{ROOT}/{resumed}" if resumed else ""})
+              shared: bool = False, task: Optional[int] = None,
+              loaded: Optional[str] = None) -> None:
+        fact = {"ev": "start", "t": t, "attempt": attempt, "node": "n1", "job": job,
+                "task": task, "submission": 1, "epoch": epoch, "root": ROOT, "shared": shared,
+                "chose_at": t - 0.1, "resumed": f"{ROOT}/{resumed}" if resumed else ""}
+        if loaded is not None:  # what dispatch fetch gave ("": a fresh start)
+            fact["loaded"] = f"{ROOT}/{loaded}" if loaded else ""
+        self.facts.append(fact)
 
     def publish(self, attempt: str, t: float, epoch: int, step: int) -> str:
         path = f"exec/{attempt}/checkpoint-{step}"
@@ -208,3 +211,77 @@ def test_holds_made_and_lifted_are_counted_in_the_table() -> None:
     result = checker.check(run, sim.facts)
     assert result.ok and result.holds == 1
     assert "holds made 1   lifted 1 (cessation signal 1)" in checker.table(result)
+
+
+def four_saves(keep: int, removed: str) -> dict[str, int]:
+    """One execution publishing steps 5 to 20; a cleanup took the save ``removed`` with its
+    publication; the root's cleanups ran with ``keep``."""
+    sim = Sim()
+    sim.start("A", 10.0, G0)
+    for step in (5, 10, 15, 20):
+        sim.publish("A", 10.0 + step, G0, step)
+    gone = f"exec/A/{removed}"
+    sim.pubs[:] = [n for n in sim.pubs if model.parse_name(n).path != gone]
+    sim.present[gone] = False
+    run = sim.run()
+    run["roots"][ROOT]["keep"] = keep
+    return counts(checker.check(run, sim.facts))
+
+
+def test_each_roots_own_keep_is_read_and_a_cleanup_taking_one_of_its_k_latest_is_caught() -> None:
+    """The third latest unpublished and removed: right for a root cleaned with --keep 2, a
+    violation for one cleaned with --keep 3 (the checker read K=2 for every root before, and
+    only the publications left at the end, so it saw neither)."""
+    assert four_saves(keep=2, removed="checkpoint-10") == {}
+    assert four_saves(keep=3, removed="checkpoint-5") == {}
+    assert four_saves(keep=3, removed="checkpoint-10") == {"needed-missing": 1}
+    assert four_saves(keep=1, removed="checkpoint-20") == {"needed-missing": 1}
+
+
+def test_a_pinned_save_taken_by_cleanup_is_caught() -> None:
+    sim = Sim()
+    sim.start("A", 10.0, G0)
+    old = sim.publish("A", 15.0, G0, 5)
+    for step in (10, 15):
+        sim.publish("A", 10.0 + step, G0, step)
+    sim.pubs[:] = sim.pubs[1:]  # gc --keep 2 unpublished step 5 ...
+    run = sim.run(pins={ROOT: [old]})
+    assert counts(checker.check(run, sim.facts)) == {}  # ... and kept its pinned save
+    sim.present[old] = False  # ... and removed it
+    result = checker.check(run, sim.facts)
+    assert counts(result) == {"needed-missing": 1}
+    assert f"pinned {old} is missing" in result.violations["needed-missing"][0]
+
+
+def torn_world(loaded: str, tear: bool = True) -> dict[str, int]:
+    """As the partitioned world, but B's save of step 15, the latest publication when C
+    starts, was torn before (the nemesis removed it): C's launcher chose it, and C loaded
+    ``loaded``.  Its lineage's fallback is B's source, A's step 10; A's step 40 is the
+    previous publication in (epoch, step) order, of the old lineage."""
+    sim = Sim()
+    sim.start("A", 10.0, G0)
+    sim.publish("A", 20.0, G0, 5)
+    a10 = sim.publish("A", 30.0, G0, 10)
+    sim.start("B", 40.0, G0 + 1, resumed=a10, loaded=a10)
+    b15 = sim.publish("B", 50.0, G0 + 1, 15)
+    sim.publish("A", 60.0, G0, 40)
+    sim.start("C", 70.0, G0 + 2, resumed=b15, loaded=loaded)
+    sim.publish("C", 80.0, G0 + 2, 20)
+    torn = []
+    if tear:
+        sim.present[b15] = False
+        torn = [{"root": ROOT, "path": b15, "t": 65.0}]
+    return counts(checker.check(sim.run(torn=torn), sim.facts))
+
+
+def test_the_fallback_from_a_torn_save_is_its_lineages_previous_save() -> None:
+    assert torn_world(loaded="exec/A/checkpoint-10") == {}
+    # The previous publication in (epoch, step) order: the old lineage's late save.
+    assert torn_world(loaded="exec/A/checkpoint-40") == {"fallback": 1}
+    # Past the lineage's previous save, which could be loaded.
+    assert torn_world(loaded="exec/A/checkpoint-5") == {"fallback": 1}
+    # A fresh start though the lineage had a whole save.
+    assert torn_world(loaded="") == {"fallback": 1}
+    # The torn save itself loaded; a whole one passed over.
+    assert torn_world(loaded="exec/B/checkpoint-15") == {"fallback": 1}
+    assert torn_world(loaded="exec/A/checkpoint-10", tear=False) == {"fallback": 1}

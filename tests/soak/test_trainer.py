@@ -4,12 +4,18 @@ history fact with the name the checker reads, and passes the output through unch
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
 from soak import history
+from tests.execution_env import dispatch_env
 
 TRAINER = Path(__file__).resolve().parents[2] / "soak" / "trainer.py"
 
@@ -42,3 +48,31 @@ def test_a_torn_last_line_is_dropped_and_nothing_else(tmp_path: Path) -> None:
     with open(next(folder.iterdir()), "a", encoding="utf-8") as f:
         f.write('{"ev": "be')  # killed mid-write
     assert [f["ev"] for f in history.read(str(folder))] == ["beat", "beat"]
+
+
+def test_a_torn_launcher_choice_is_loaded_from_its_lineage_and_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher handed out A's step 10, whose save is gone: the trainer resumes through
+    dispatch fetch, which falls back to A's step 5, and its start fact says both."""
+    root = tmp_path / "ck"
+    a = model.new_attempt()
+    for step in (5, 10):
+        save = root / "exec" / a / f"checkpoint-{step}"
+        save.mkdir(parents=True)
+        (save / "weights").write_text(str(step))
+        store.publish(str(root), 1_000_000, step, str(save))
+    (root / "exec" / a / ".dispatch").write_text('{"resume_from": null, "time": 1.0}')
+    torn = root / "exec" / a / "checkpoint-10"
+    shutil.rmtree(torn)
+    b = model.new_attempt()
+    dispatch_env(root, b, 1_000_001, str(torn), monkeypatch)
+    monkeypatch.setenv("SOAK_HISTORY", str(tmp_path / "history"))
+    monkeypatch.setenv("SOAK_STEPS", "0")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    subprocess.run([sys.executable, str(TRAINER), "publish"], check=True, timeout=120,
+                   capture_output=True)
+    facts = [f for f in history.read(str(tmp_path / "history")) if f["ev"] != "beat"]
+    (start, end) = facts
+    assert (start["resumed"], start["loaded"], start["step"]) == \
+        (str(torn), str(root / "exec" / a / "checkpoint-5"), 5)
+    assert end["ev"] == "end"
