@@ -82,6 +82,19 @@ def jobs_from_record(record: dict[str, Any]) -> list[Job]:
                 **common) for task in tasks]  # type: ignore[arg-type]
 
 
+def record_of(job: Any) -> dict[str, Any]:
+    """A ``pyslurm.Job`` of the object API (24.11's ``Job.load``) as a record of the
+    dictionary API, the fields :func:`jobs_from_record` reads; a job that is no array only
+    (an array's records come from ``find_user``)."""
+    # The dictionary API writes a state description's spaces as "_" (a reason has none).
+    reason = (job.state_reason or "").replace(" ", "_")
+    return {"job_id": job.id, "job_state": job.state, "state_reason": reason,
+            "restart_cnt": job.requeue_count, "nodes": job.allocated_nodes,
+            "user_id": job.user_id, "comment": job.comment,
+            "submit_time": job.submit_time, "start_time": job.start_time,
+            "end_time": job.end_time}
+
+
 def _bound(act: Callable[[str], Any], job_id: str) -> Callable[[], Any]:
     return lambda: act(job_id)
 
@@ -150,16 +163,19 @@ class PyslurmBackend:
 
     def _find_via_owner(self, array: str) -> list[dict[str, Any]]:
         """The records of job ``array`` (what ``find_id`` returns: the job's own record, or
-        every record of the array whose id it is), read from its owner's jobs: ``Job.load``
-        answers whose job it is (its first record only), then the owner's jobs are loaded
-        (``slurm_load_job_user``) and the job's records kept.  Two calls bounded by one
-        user's jobs, never the whole queue a big site holds."""
+        every record of the array whose id it is).  ``Job.load`` answers with the first
+        record only; a job that is no array has no other, so that one answer is all.  For
+        an array, the owner's jobs are then loaded (``slurm_load_job_user``) and the
+        array's records kept: two calls bounded by one user's jobs, never the whole queue a
+        big site holds."""
         if not array.isdigit():
             return []  # what the controller answers for an id that is not one: no such job
         wanted = int(array)
         first = self._rpc_known("Job.load", array, lambda: pyslurm.Job.load(wanted))
         if first is None:
             return []
+        if not first.array_id:  # 0 (no array) reads as None
+            return [record_of(first)]
         uid = int(first.user_id)
         loaded = self._rpc("find_user", str(uid), lambda: pyslurm.job().find_user(uid))
         return [record for record in (loaded or {}).values()

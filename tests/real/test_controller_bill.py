@@ -1,9 +1,11 @@
-"""What a supervisor pass costs slurmctld, by the controller's own counters (``sdiag``).
+"""What a supervisor pass and ``dispatch-cease`` cost slurmctld, by the controller's own
+counters (``sdiag``).
 
 A pass reads the user's jobs in one ``squeue --me`` and asks nothing per job, so its RPCs do not
 grow with the number of dispatch jobs the controller knows: 5 held jobs and 50 cost the same,
-and that is what one ``squeue --me`` costs.  The scale run (1,000 jobs, 32 nodes) is
-bench/bench_controller.py.
+and that is what one ``squeue --me`` costs.  ``dispatch-cease`` of an ended job asks for that
+job once and for its nodes once, through either backend.  The scale run (1,000 jobs, 32 nodes)
+is bench/bench_controller.py.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests import sdiag
+from tests.real.test_adapter_contract import overlay  # noqa: F401 - the fixture
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tests.real.conftest import Sandbox
 
 pytestmark = pytest.mark.real
-
 
 
 def test_a_pass_costs_one_squeue_whatever_the_number_of_jobs(sandbox: Sandbox) -> None:
@@ -50,3 +54,37 @@ def test_a_pass_costs_one_squeue_whatever_the_number_of_jobs(sandbox: Sandbox) -
         f"squeue --me: {squeue.rpcs} ({squeue.types()}); a pass over 5 held jobs: "
         f"{passes[5].rpcs} ({passes[5].types()}), over 50: {passes[50].rpcs} "
         f"({passes[50].types()})")
+
+
+@pytest.mark.parametrize("backend", ["cli", "pyslurm"])
+def test_cease_asks_for_the_job_once_and_its_nodes_once(sandbox: Sandbox, overlay: Path,  # noqa: F811
+                                                         backend: str) -> None:
+    """One job read (``JOB_INFO_SINGLE``, and the federation look-up libslurm makes before
+    it) and one read of the nodes (``NODE_INFO`` with the partitions it names them in), not a
+    read of every job of the owner: pyslurm 24.11's one-job read answers with the first
+    record only, which for a job that is no array is all of it.  What else pyslurm asks is
+    named: its release probe (``BUILD_INFO``, once a process) and, for a job that has run,
+    the steps ``Job.load`` loads itself (``JOB_STEP_INFO``)."""
+    work = sandbox.workdir("bill-cease")
+    sandbox.run(["tee", str(work / "job.sh")], user=sandbox.user, input="#!/bin/bash\ntrue\n")
+    env = ["env", f"DISPATCH_HOME={work / 'dispatch-home'}", f"DISPATCH_SLURM_BACKEND={backend}"]
+    if backend == "pyslurm":
+        env.append(f"PYTHONPATH={overlay}")
+    out = sandbox.run([*env, str(sandbox.venv_bin / "dispatch-sbatch"), "--parsable", "-N", "2",
+                       "--checkpoint", "ck", "job.sh"], user=sandbox.user, cwd=work).stdout
+    job = out.strip().split(";")[0]
+    sandbox.wait_for(lambda: sandbox.job_state(job).get("JobState") == "COMPLETED", 120,
+                     f"job {job} to complete")
+    cease = [*env, str(sandbox.venv_bin / "dispatch-cease"), job, "--json"]
+    sandbox.wait_for(lambda: sandbox.run(cease, user=sandbox.user, cwd=work,
+                                         check=False).returncode == 0, 60,
+                     f"dispatch-cease {job} to prove both nodes ceased")
+    cost = sdiag.measure(lambda tool: sandbox.run(tool, check=False), sandbox.user,
+                         lambda: sandbox.run(cease, user=sandbox.user, cwd=work))
+    asked = {name.removeprefix("REQUEST_"): n for name, n in cost.by_type.items()
+             if not name.startswith(("MESSAGE_", "COMPLETE_"))}  # slurmds', not ours
+    pyslurm_own = {"BUILD_INFO", "JOB_STEP_INFO"} if backend == "pyslurm" else set()
+    wanted = {"JOB_INFO_SINGLE", "NODE_INFO", "FED_INFO", "PARTITION_INFO"} | pyslurm_own
+    assert asked.get("JOB_INFO_SINGLE") == 1 and asked.get("NODE_INFO") == 1 \
+        and set(asked) <= wanted, f"dispatch-cease ({backend}) asked {cost.types()}"
+    assert cost.rpcs <= 5 + len(pyslurm_own), f"dispatch-cease ({backend}): {cost.types()}"
