@@ -12,11 +12,12 @@ depending on another, a job superseded mid-run; ``dispatch supervise --loop``
 beside them, ``dispatch gc`` now and then.  Meanwhile the nemesis, at moments drawn from the
 seed (printed first, so a run can be replayed), partitions a node and heals it, kills a slurmd
 and starts it again, SIGKILLs slurmctld and starts it again, requeues and cancels running
-executions, SIGKILLs the supervisor mid-pass and gc mid-run, SIGSTOPs the S3 server for longer
-than the S3 watch's timeout.  Then every fault is healed, the
-jobs are given time to end, and :mod:`soak.checker` prints its table; exit 1 on a violation.
-The targets of a fault (which job, which node) are drawn from the seed among what is running
-then, so a replay repeats the schedule, not every pick.
+executions, preempts one (a short job of the sandbox's urgent partition on its node),
+SIGKILLs the supervisor mid-pass and gc mid-run, SIGSTOPs the S3 server for longer than the
+S3 watch's timeout.  Then every fault is healed, the jobs are given time to end, and
+:mod:`soak.checker` prints its table; exit 1 on a violation.  The targets of a fault (which
+job, which node) are drawn from the seed among what is running then, so a replay repeats the
+schedule, not every pick.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurm_dispatch.control import record
-from slurm_dispatch.sandbox import clients, cluster, daemons, network
+from slurm_dispatch.sandbox import clients, cluster, daemons, network, slurm_conf
 from slurm_dispatch.sandbox.layout import Layout, state_dir
 
 from . import checker, history
@@ -47,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SANDBOX_DIR = "/var/tmp/slurm-dispatch-soak"
 SANDBOX_USER = "dispatchsoak"
-FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel",
+FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel", "preempt",
           "supervisor-kill", "gc-kill", "s3-stop", "tear")
 BUCKET = "soak"
 S3_TIMEOUT = 10  # the S3 watch's --timeout; the nemesis stops the server longer than that
@@ -71,6 +72,7 @@ class Soak:
         self.drains: dict[tuple[str, str], bool] = {}
         self.supervisor: Optional[subprocess.Popen[bytes]] = None
         self.pending_heals: list[tuple[float, str, str]] = []  # (when, kind, target)
+        self.urgent: dict[str, str] = {}  # node -> the urgent job preempting there
         self.counter = 0
         self.keeps: dict[str, int] = {}  # root -> the least K of the cleanups run on it
         self.pins: dict[str, list[str]] = {}  # root -> saves pinned (relative to it)
@@ -331,6 +333,11 @@ class Soak:
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%i"])
         return out.split()
 
+    def batch_hosts(self) -> list[str]:
+        """The nodes where one of our executions' batch scripts runs now."""
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%B"])
+        return sorted(set(out.split()) & set(self.nodes))
+
     def watch_drains(self) -> None:
         out = self.slurm(["sinfo", "-R", "-h", "-o", "%N|%E"])
         for line in out.splitlines():
@@ -381,6 +388,27 @@ class Soak:
             argv = (["scontrol", "requeue", target] if kind == "requeue"
                     else ["scancel", target])
             self.slurm(argv)
+        elif kind == "preempt":
+            # A short job of the urgent partition (a higher PriorityTier over the same nodes)
+            # wanting the whole of a node where one of our executions runs: Slurm preempts
+            # what holds the node (SIGTERM, SIGKILL KillWait later, requeued; a --no-requeue
+            # job, as every shared one is, is killed and ends PREEMPTED).  Root's job, so the
+            # workload's own counts never see it; scancelled when healed, if it did not end
+            # first.
+            hosts = [n for n in self.batch_hosts() if n not in busy]
+            if not hosts:
+                return
+            target = self.rng.choice(hosts)
+            hold = self.rng.uniform(10, 40)
+            out = self.slurm(["sbatch", "--parsable", "-p", slurm_conf.URGENT_PARTITION,
+                              "--exclusive", "-w", target, "-t", "2", "-J", "soak-urgent",
+                              "-o", "/dev/null", "-D", "/tmp", "--wrap", f"sleep {hold:.0f}"])
+            urgent = out.strip().split(";")[0]
+            if not urgent:
+                return
+            self.urgent[target] = urgent
+            self.pending_heals.append((time.monotonic() + hold + 15, kind, target))
+            target = f"{target} (urgent job {urgent})"
         elif kind == "supervisor-kill":
             if self.supervisor is None or self.supervisor.poll() is not None:
                 return
@@ -424,6 +452,19 @@ class Soak:
                     cluster.start_controller(self.directory)
                 elif kind == "s3-stop":
                     os.kill(self.s3.pid, signal.SIGCONT)
+                elif kind == "preempt":
+                    urgent = self.urgent[target]
+                    self.slurm(["scancel", urgent])
+                    # Healed once the controller says it is over (or forgot it), not when
+                    # the controller did not answer.
+                    left = subprocess.run(["squeue", "-h", "-j", urgent, "-t", "PD,R,CG,S",
+                                           "-o", "%i"], env=self.env, text=True,
+                                          capture_output=True, timeout=20)
+                    if left.returncode or left.stdout.strip():
+                        if "invalid job id" not in left.stderr.lower():
+                            raise RuntimeError(f"urgent job {urgent} not over yet: "
+                                               f"{(left.stdout + left.stderr).strip()}")
+                    del self.urgent[target]
                 else:
                     cluster.heal(target, self.directory, wait=False)
                 log(f"healed {kind} {target}")
