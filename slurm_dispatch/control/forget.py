@@ -85,7 +85,7 @@ def last_activity(job: record.JobRecord) -> float:
     """When anything was last recorded of ``job`` (its newest event, else its creation)."""
     try:
         found = [e.time for e in job.history().events]
-        created = float(job.spec.get("created") or 0)
+        created = job.created
     except DispatchError:
         return os.stat(job.path).st_mtime
     return max([created, *found])

@@ -83,6 +83,15 @@ class JobRecord:
         return cached
 
     @property
+    def created(self) -> float:
+        """When the record was made (job.json's ``created``); 0.0 where it is absent or not a
+        number (a hand-edited job.json), so that readers judge such a record by its events."""
+        value = self.spec.get("created")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return 0.0
+        return float(value)
+
+    @property
     def cluster(self) -> Optional[str]:
         """The Slurm cluster (``ClusterName``, lower case) the job was submitted to; None for
         a record made before records carried it."""
@@ -298,7 +307,7 @@ def open_job(ident: str, home: Optional[str] = None,
         matches = [job for job in all_jobs(home) if _made(job, ident)]
         mine = [job for job in matches if job.of_cluster(cluster)]
         if mine:
-            return max(mine, key=lambda j: j.spec.get("created", 0))
+            return max(mine, key=lambda j: j.created)
         if matches:
             named = ", ".join(sorted(f"dispatch job {j.id} of cluster {j.cluster!r}"
                                      for j in matches))

@@ -710,7 +710,7 @@ def refuse_shared_root(root: str, slurm: Slurm, home: Optional[str] = None,
     for other in same:
         try:
             made[other.id] = other.submissions()
-            created = float(other.spec.get("created") or 0)
+            created = other.created
         except DispatchError:
             continue  # being removed (a refused submission), or unreadable: not a live job
         if made[other.id]:

@@ -36,3 +36,30 @@ def test_a_before_in_the_future_forgets_nothing(cluster: FakeCluster) -> None:  
 def test_now_alone_is_a_time_as_sacct_reads_it() -> None:
     assert cli.parse_since("now", 1000.0) == 1000.0
     assert cli.parse_since("NOW", 1000.0) == 1000.0
+
+
+def test_a_record_whose_created_is_not_a_number_does_not_stop_forget(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    # Issue 22 attack: job.json's "created" as text (a hand edit, a tool of the user's) made
+    # last_activity raise ValueError, so `dispatch forget --before` ended in a traceback and
+    # dispatch-admin prune's child for that user failed on every run, pruning none of them.
+    import json
+
+    odd, plain = submit_one("ck-odd"), submit_one("ck-plain")
+    for done in (odd, plain):
+        cluster.set(done.slurm_job_id, JobState="COMPLETED")
+    Supervisor(Slurm(), Settings()).run_pass()
+    for done in (odd, plain):
+        del cluster.jobs[done.slurm_job_id]
+    spec_path = os.path.join(odd.job.path, "job.json")
+    with open(spec_path) as handle:
+        spec = json.load(handle)
+    spec["created"] = "abc"
+    with open(spec_path, "w") as handle:
+        json.dump(spec, handle)
+    done = CliRunner().invoke(cli.main, ["forget", "--before", "now"])
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
+    assert done.exit_code == 0, (done.output, done.stderr)
+    assert not os.path.exists(plain.job.path)
+    # Its events still say when it was last active: it is judged by them, and forgotten too.
+    assert not os.path.exists(odd.job.path)
