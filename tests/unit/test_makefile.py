@@ -103,6 +103,23 @@ def fake_python(tmp_path: Path, name: str) -> Path:
     return path
 
 
+def group_commands(pgid: int) -> list[str]:
+    """The command names of the processes in process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        if int(rest.split()[2]) == pgid:
+            found.append(name)
+    return found
+
+
 def make(tmp_path: Path, target: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["make", target, f"VENV={tmp_path / 'venv'}", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -186,7 +203,11 @@ def test_an_interrupted_install_is_not_claimed_done(tmp_path: Path) -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     log = tmp_path / "log"
-    while not (log.exists() and " install " in log.read_text()):
+    # Ctrl-C while pip works: wait until the stand-in pip is its sleep, not only until it has
+    # logged the install (a SIGINT landing between the log line and the exec was a race of the
+    # test's own: make then did not exit within the minute on a loaded machine).
+    while not (log.exists() and " install " in log.read_text()
+               and "sleep" in group_commands(proc.pid)):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
