@@ -347,19 +347,22 @@ def test_a_controller_state_dir_slurm_user_cannot_write_is_named(
 
 def test_a_python_slurm_user_cannot_run_is_named(controller: Path,
                                                  slurm_user: pwd.struct_passwd) -> None:
-    # This doctor's own Python lives under /root (0700 here): fine for root's node parts,
-    # not for slurmctld's.
-    try:
-        subprocess.run([sys.executable, "-c", "0"], user=slurm_user.pw_uid, timeout=60)
-        pytest.skip("this test's Python is one every account may run")
-    except PermissionError:
-        pass
-    install(controller / "etc", sys.executable, controller / "etc/dispatch.conf",
+    # A Python under a folder only root may enter (a venv under /root, as a site may have made
+    # it): fine for root's node parts, not for slurmctld's.  Made here, so that the test does
+    # not depend on where its own Python lives (CI's venv is one every account may run).
+    hidden = controller / "root-only"
+    hidden.mkdir(mode=0o700)
+    python = hidden / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    with pytest.raises(PermissionError):
+        subprocess.run([str(python), "-c", "0"], user=slurm_user.pw_uid, timeout=60)
+    install(controller / "etc", str(python), controller / "etc/dispatch.conf",
             only=("prolog.d/05-dispatch",))
     code, report = diagnose_controller(controller)
     assert code == 1
-    python = check(report, "PrologSlurmctld python")
-    assert python["state"] == "FAIL"
-    assert f"cannot be run as SlurmUser {slurm_user.pw_name}" in python["detail"] or \
-        f"cannot import slurm_dispatch as SlurmUser {slurm_user.pw_name}" in python["detail"]
+    found = check(report, "PrologSlurmctld python")
+    assert found["state"] == "FAIL"
+    assert f"cannot be run as SlurmUser {slurm_user.pw_name}" in found["detail"] or \
+        f"cannot import slurm_dispatch as SlurmUser {slurm_user.pw_name}" in found["detail"]
     assert states(report)["EpilogSlurmctld runs"] == "ok"
