@@ -47,6 +47,19 @@ from . import history
 SLACK = 0.5
 LISTED = 2.0
 
+# What each invariant counts as a case it examined (the table's CHECKED column).
+CHECKED = {
+    "resume": "executions with a choice or a publication before them",
+    "fallback": "executions that said what they loaded of a choice",
+    "pub-missing-save": "publications at the end",
+    "needed-missing": "saves needed: of the K latest, pinned, resume sources",
+    "double-submit": "submissions",
+    "not-ended": "jobs",
+    "lifted-while-writing": "holds lifted of a job with executions",
+    "shared-overlap": "successive executions of a shared job",
+    "drained-by-us": "nodes drained or down with a reason",
+}
+
 INVARIANTS = {
     "resume": "resumed from its lineage's latest publication when it started",
     "fallback": "a save that cannot be loaded passed over for the next one of its lineage",
@@ -87,6 +100,9 @@ class Result:
     violations: dict[str, list[str]]
     holds: int = 0
     lifts: Counter[str] = field(default_factory=Counter)  # by whom (or "expired")
+    # How many cases each invariant examined (see CHECKED): 0 violations of an invariant that
+    # examined nothing proves nothing, and the table says so.
+    checked: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -140,6 +156,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     pubs = _publications(facts, execs)
     roots: dict[str, Any] = run.get("roots", {})
     v: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+    n: Counter[str] = Counter({name: 0 for name in INVARIANTS})
 
     # resume: the chosen save is a publication of its root that had begun when the launcher
     # chose, and no greater one had returned by then; nothing chosen only if none had.
@@ -148,6 +165,8 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
         done = [n for n, e in known.items()
                 if e.get("returned", float("inf")) < ex.chose_at - LISTED]
         best = max(done, key=_key) if done else None
+        if ex.resumed or best is not None:
+            n["resume"] += 1
         if not ex.resumed:
             if best is not None:
                 v["resume"].append(f"{ex.job} {ex.attempt}: started afresh though {best} "
@@ -178,6 +197,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     for root, state in roots.items():
         present: dict[str, bool] = state.get("present", {})
         names = sorted(state.get("pubs", []), key=_key)
+        n["pub-missing-save"] += len(names)
         for name in names:
             path = model.parse_name(name).path
             if not present.get(path, False) and (root, path) not in torn:
@@ -191,27 +211,31 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
             path = model.parse_name(name).path
             if (root, path) in torn:
                 continue
+            n["needed-missing"] += 1
             if name not in names:
                 v["needed-missing"].append(f"{root}: {name}, of the {keep} latest, was "
                                            "unpublished")
             elif not present.get(path, False):
                 v["needed-missing"].append(f"{root}: {path}, of the {keep} latest, is missing")
         for pin in run.get("pins", {}).get(root, []):
+            n["needed-missing"] += 1
             if not present.get(pin, False) and (root, pin) not in torn:
                 v["needed-missing"].append(f"{root}: pinned {pin} is missing")
     for ex in execs.values():
         if ex.resumed and ex.root in roots and ex.epoch >= live_epoch.get(ex.root, 0):
             rel = _relative(ex.root, ex.loaded if ex.loaded is not None else ex.resumed)
+            n["needed-missing"] += bool(rel)
             if rel and not roots[ex.root].get("present", {}).get(rel, False) \
                     and (ex.root, rel) not in torn:
                 v["needed-missing"].append(f"{ex.job} {ex.attempt}: its resume source {rel} "
                                            "is missing")
 
-    _check_fallbacks(execs, pubs, roots, run, v["fallback"])
+    n["fallback"] = _check_fallbacks(execs, pubs, roots, run, v["fallback"])
 
     # double-submit.
     seen: dict[tuple[Any, ...], set[str]] = defaultdict(set)
     for sub in run.get("submissions", []):
+        n["double-submit"] += 1
         key = (sub["job"], sub["submission"], sub.get("task"))
         if sub["slurm_job_id"] in seen[key] or seen[key]:
             v["double-submit"].append(f"{sub['job']} submission {sub['submission']} task "
@@ -221,6 +245,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
 
     # not-ended.
     for job in run.get("jobs", []):
+        n["not-ended"] += 1
         if not job.get("ended") and not job.get("stuck"):
             v["not-ended"].append(f"{job['job']} still active and dispatch status gives no "
                                   "reason")
@@ -232,6 +257,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     shared_jobs = {j["job"] for j in run.get("jobs", []) if j.get("shared")}
     shared_jobs |= {ex.job for ex in execs.values() if ex.shared}
     for lift in run.get("lifts", []):
+        n["lifted-while-writing"] += bool(by_job.get(lift["job"]))
         for ex in by_job.get(lift["job"], []):
             if ex.first < lift["t"] < ex.last:
                 v["lifted-while-writing"].append(
@@ -241,6 +267,8 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     for job, group in by_job.items():
         group.sort(key=lambda e: e.first)
         for a, b in zip(group, group[1:]):
+            if a.task == b.task and job in shared_jobs:
+                n["shared-overlap"] += 1
             if b.first < a.last and (a.task == b.task):
                 if job in shared_jobs:
                     v["shared-overlap"].append(f"{job}: {a.attempt} wrote until {a.last:.1f}, "
@@ -248,6 +276,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
                 else:
                     overlaps += 1
 
+    n["drained-by-us"] = len({d["node"] for d in run.get("drains", [])})
     for drain in run.get("drains", []):
         if drain.get("ours"):
             v["drained-by-us"].append(f"{drain['node']}: {drain['reason']}")
@@ -257,7 +286,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     lifted = Counter(lift.get("by") or lift.get("kind") or "?" for lift in run.get("lifts", []))
     return Result(seed=run.get("seed"), jobs=jobs, executions=len(execs), faults=faults,
                   overlaps=overlaps, violations=v, holds=len(run.get("holds", [])),
-                  lifts=lifted)
+                  lifts=lifted, checked=dict(n))
 
 
 def _torn(run: dict[str, Any]) -> set[tuple[str, str]]:
@@ -304,11 +333,12 @@ def lineage_after(bad: str, root: str, names: set[str], execs: dict[str, Executi
 
 
 def _check_fallbacks(execs: dict[str, Execution], pubs: dict[str, dict[str, dict[str, float]]],
-                     roots: dict[str, Any], run: dict[str, Any], found: list[str]) -> None:
+                     roots: dict[str, Any], run: dict[str, Any], found: list[str]) -> int:
     """Each execution that said what it loaded: the launcher's choice, unless that one could
     not be loaded then; else the first save of its lineage that could.  A save could not be
     loaded when the nemesis tore it before, or it is gone at the end (cleanup may have taken
-    it meanwhile); one present at the end and never torn before could."""
+    it meanwhile); one present at the end and never torn before could.  The number of
+    executions examined."""
     torn_at: dict[tuple[str, str], float] = {}
     for t in run.get("torn", []):
         key = (t["root"], t["path"])
@@ -321,9 +351,11 @@ def _check_fallbacks(execs: dict[str, Execution], pubs: dict[str, dict[str, dict
     def bad(root: str, path: str, when: float) -> bool:
         return torn_at.get((root, path), float("inf")) < when
 
+    examined = 0
     for ex in sorted(execs.values(), key=lambda e: e.started):
         if ex.loaded is None or not ex.resumed or ex.root not in roots:
             continue
+        examined += 1
         chosen = _relative(ex.root, ex.resumed)
         loaded = _relative(ex.root, ex.loaded) if ex.loaded else ""
         who = f"{ex.job} {ex.attempt}"
@@ -347,6 +379,7 @@ def _check_fallbacks(execs: dict[str, Execution], pubs: dict[str, dict[str, dict
             if loaded:
                 found.append(f"{who}: fell back from {chosen} to {loaded}, which is not of "
                              "its lineage")
+    return examined
 
 
 def table(result: Result) -> str:
@@ -358,9 +391,11 @@ def table(result: Result) -> str:
              f"  holds made {result.holds}   lifted {sum(result.lifts.values())}"
              + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(result.lifts.items())) + ")"
                 if result.lifts else ""),
-             f"  {'INVARIANT':<22} {'VIOLATIONS':>10}  MEANING"]
+             f"  {'INVARIANT':<22} {'VIOLATIONS':>10} {'CHECKED':>7}  MEANING"]
     for name, meaning in INVARIANTS.items():
-        lines.append(f"  {name:<22} {len(result.violations[name]):>10}  {meaning}")
+        seen = result.checked.get(name, 0)
+        lines.append(f"  {name:<22} {len(result.violations[name]):>10} {seen:>7}  {meaning}"
+                     + ("" if seen else "  (NOTHING EXAMINED: proves nothing)"))
     for name, found in result.violations.items():
         for text in found[:20]:
             lines.append(f"  ! {name}: {text}")

@@ -285,3 +285,47 @@ def test_the_fallback_from_a_torn_save_is_its_lineages_previous_save() -> None:
     # The torn save itself loaded; a whole one passed over.
     assert torn_world(loaded="exec/B/checkpoint-15") == {"fallback": 1}
     assert torn_world(loaded="exec/A/checkpoint-10", tear=False) == {"fallback": 1}
+
+
+def test_the_table_says_how_many_cases_each_invariant_examined() -> None:
+    """A correct build's run: each invariant's CHECKED is the cases it examined (B's and C's
+    choices; the five publications; the K=2 latest and C's source; one submission, job and
+    node), and one that examined nothing (no shared job, no hold lifted) is named so in the
+    table."""
+    sim = partitioned_world(pick_greatest_step=False)
+    run = sim.run(drains=[{"node": "n1", "reason": "Not responding", "ours": False}])
+    result = checker.check(run, sim.facts)
+    assert result.ok
+    assert result.checked == {"resume": 2, "fallback": 0, "pub-missing-save": 5,
+                              "needed-missing": 3, "double-submit": 1, "not-ended": 1,
+                              "lifted-while-writing": 0, "shared-overlap": 0,
+                              "drained-by-us": 1}, result.checked
+    lines = {line.split()[0]: line for line in checker.table(result).splitlines()[5:]}
+    assert lines["double-submit"].split()[1:3] == ["0", "1"]
+    for name in ("fallback", "lifted-while-writing", "shared-overlap"):
+        assert lines[name].split()[1:3] == ["0", "0"]
+        assert lines[name].endswith("(NOTHING EXAMINED: proves nothing)")
+    assert "NOTHING EXAMINED" not in lines["resume"]
+
+
+def test_a_runner_blind_to_the_records_shows_its_invariants_examined_nothing() -> None:
+    """The runner that read record events under 'kind' (they store 'event') gathered no
+    submission, hold or lift: double-submit and lifted-while-writing then had 0 violations of
+    nothing, and the table printed them like any 0.  Now their CHECKED is 0 and said; a shared
+    job whose hold was lifted is checked once, its two executions once."""
+    sim = Sim()
+    sim.start("A", 10.0, G0, shared=True)
+    sim.beat("A", 30.0)
+    sim.start("B", 60.0, 2 * G0, shared=True)
+    blind = sim.run(jobs=[{"job": "j1", "shared": True, "ended": True}], submissions=[])
+    result = checker.check(blind, sim.facts)
+    assert result.ok
+    assert result.checked["double-submit"] == 0 and result.checked["lifted-while-writing"] == 0
+    text = checker.table(result)
+    assert text.count("(NOTHING EXAMINED: proves nothing)") >= 2
+    seen = sim.run(jobs=[{"job": "j1", "shared": True, "ended": True}],
+                   lifts=[{"job": "j1", "t": 55.0, "kind": "released",
+                           "by": "cessation signal", "slurm_job_id": "11"}])
+    result = checker.check(seen, sim.facts)
+    assert result.checked["double-submit"] == 1
+    assert result.checked["lifted-while-writing"] == 1 and result.checked["shared-overlap"] == 1
