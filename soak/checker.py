@@ -146,6 +146,20 @@ def _publications(facts: list[dict[str, Any]], execs: dict[str, Execution]
     return pubs
 
 
+def _saves(facts: list[dict[str, Any]], execs: dict[str, Execution]
+           ) -> dict[tuple[str, str], float]:
+    """{(root, path): when the trainer said the save was written}: a lower bound of when its
+    publication began, where no "publishing" fact says it (dispatch watch's, whose stamp
+    reports a publication only once watch returned)."""
+    saved: dict[tuple[str, str], float] = {}
+    for fact in facts:
+        ex = execs.get(fact["attempt"])
+        if fact["ev"] == "save" and ex is not None:
+            key = (ex.root, fact["path"])
+            saved[key] = min(saved.get(key, fact["t"]), fact["t"])
+    return saved
+
+
 def _key(name: str) -> tuple[int, int]:
     pub = model.parse_name(name)
     return (pub.epoch, pub.step)
@@ -154,6 +168,7 @@ def _key(name: str) -> tuple[int, int]:
 def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     execs = executions(facts)
     pubs = _publications(facts, execs)
+    saved = _saves(facts, execs)
     roots: dict[str, Any] = run.get("roots", {})
     v: dict[str, list[str]] = {name: [] for name in INVARIANTS}
     n: Counter[str] = Counter({name: 0 for name in INVARIANTS})
@@ -179,7 +194,8 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
             v["resume"].append(f"{ex.job} {ex.attempt}: resumed from {rel}, which no "
                                "publication names")
             continue
-        began = [known.get(n, {}).get("began", float("-inf")) for n in named]
+        began = [known.get(n, {}).get("began", saved.get((ex.root, rel), float("-inf")))
+                 for n in named]
         if min(began) > ex.chose_at + SLACK:
             v["resume"].append(f"{ex.job} {ex.attempt}: resumed from {rel}, published only "
                                "after its start")
