@@ -220,6 +220,13 @@ class Soak:
         return job
 
     def submit_some(self) -> None:
+        # A shared job all the run long, not only the first wave's (over 5 minutes into seed
+        # 239998's 30-minute run, which then checked 1 hold lifted and 1 pair of shared
+        # executions): its holds, and the partitions of its node, come all the run.
+        if not self.shared_active():
+            self.submit("shared-failing", "--shared-checkpoint", "--resubmit", "3",
+                        env={"SOAK_STEPS": "60", "SOAK_FAIL": "0.15"})
+            return
         kind = self.rng.choice(["publish", "publish", "publish", "failing", "watch"])
         if kind == "failing":
             self.submit(kind, "--resubmit", "3", env={"SOAK_FAIL": "0.08"})
@@ -322,6 +329,12 @@ class Soak:
     def active(self) -> list[str]:
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%i %t"])
         return out.split("\n") if out else []
+
+    def shared_active(self) -> bool:
+        """Whether one of our shared jobs is pending (held too) or running."""
+        names = {info["name"] for info in self.jobs.values() if info["shared"]}
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%j"])
+        return bool(names & set(out.split()))
 
     def shared_nodes(self) -> list[str]:
         names = {info["name"] for info in self.jobs.values() if info["shared"]}
