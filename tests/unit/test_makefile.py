@@ -198,9 +198,13 @@ def test_an_interrupted_install_is_not_claimed_done(tmp_path: Path) -> None:
     assert make(tmp_path, "venv", f"PYTHON={python}").returncode == 0
     (tmp_path / "venv/pip-blocks").touch()
     logged(tmp_path)
+    # make as a terminal starts it, SIGINT at its default: a test suite started in the
+    # background of a non-interactive shell (nohup ... &) inherits SIGINT ignored, and so did
+    # make and every recipe, so the Ctrl-C below reached nothing that would act on it.
     proc = subprocess.Popen(["make", "install-test", f"PYTHON={python}",
                              f"VENV={tmp_path / 'venv'}"], cwd=REPO, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     log = tmp_path / "log"
     # Ctrl-C while pip works: wait until the stand-in pip is its sleep, not only until it has
