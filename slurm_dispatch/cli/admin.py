@@ -91,6 +91,8 @@ def _version() -> str:
     return __version__
 
 
+# control/siteview.DEFAULT_RECORDS, spelled here so that dispatch-admin loads no control side
+# before a command needs it (test_admin_records_default keeps the two equal).
 DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
 RECORDS_HELP = ("Where each user's records are: %u the user's name, %h their home "
                 "(default %h/.local/state/slurm-dispatch, the users' default DISPATCH_HOME).")
@@ -269,7 +271,7 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
 @click.option("--records-older-than", metavar="DURATION", default=None,
               help="Also forget users' settled records last active before this long ago "
                    "(default: dispatch.conf's RecordRetention; unset, records are left alone).")
-@click.option("--records", default="%h/.local/state/slurm-dispatch", show_default=False,
+@click.option("--records", default=DEFAULT_RECORDS, show_default=False,
               metavar="PATTERN", help=RECORDS_HELP)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--verbose", "-v", is_flag=True,

@@ -165,3 +165,10 @@ def test_recent_facts_stay_and_a_retention_is_required(
     code, out = prune(tmp_path, "-v", monkeypatch=monkeypatch)
     assert code == 0 and "kept facts/1000/500: recent" in out, out
     assert folder(state, "500").is_dir()
+
+
+def test_admin_records_default() -> None:
+    # dispatch-admin spells the users' record home itself (it loads no control side before a
+    # command needs it): the same default the site view reads.
+    from slurm_dispatch.control import siteview
+    assert admin.DEFAULT_RECORDS == siteview.DEFAULT_RECORDS
