@@ -7,7 +7,9 @@ Run ``python bench/bench_hooks.py`` (as root: the hooks write a root-owned State
    variables, no PATH), side by side with a bare ``PYTHON -I -c pass``; ``--repeat`` runs each,
    interleaved so that drift hits all alike; the median is reported.  Target: hook / bare <= 1.5.
    The shell part ``contrib/prolog.d/05-dispatch`` (sh + the interpreter) is shown for reference.
-   The Epilog's time includes its /proc scan over every process of this machine (printed).
+   The Epilog's time includes its /proc scan over every process of this machine (printed):
+   ``--processes N`` starts idle processes (``sleep``) until the machine has N, so that runs on
+   machines of different loads scan alike (a compute node after a job has some hundreds).
    With ``--baseline-src PATH`` (another commit's source tree, e.g. ``git archive b39dcc8 | tar
    -x -C PATH``) each hook of that tree runs too, interleaved with this checkout's, into a
    StateDir of its own: the ``vs baseline`` column is this checkout's median over its (no
@@ -231,6 +233,13 @@ def bench_cease(repeat: int, scratch: Path, baseline: Path | None = None
     return result
 
 
+def pad_processes(wanted: int) -> list[subprocess.Popen]:
+    """Idle processes until this machine has ``wanted`` (none if it has as many already)."""
+    have = sum(1 for p in os.listdir("/proc") if p.isdigit())
+    return [subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL)
+            for _ in range(max(0, wanted - have))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--python", default="/usr/bin/python3",
@@ -239,6 +248,9 @@ def main() -> int:
     parser.add_argument("--baseline-src", metavar="PATH",
                         help="another commit's source tree, timed side by side (e.g. "
                              "git archive COMMIT | tar -x -C PATH)")
+    parser.add_argument("--processes", type=int, default=0, metavar="N",
+                        help="start idle processes until this machine has N, for the Epilog's "
+                             "scan (default: as many as there are)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--fail-on-miss", action="store_true")
     args = parser.parse_args()
@@ -247,10 +259,14 @@ def main() -> int:
     baseline = baseline_src.checked(args.baseline_src) if args.baseline_src else None
     scratch = Path(tempfile.mkdtemp(prefix="bench-hooks-", dir="/var/tmp"))
     os.chmod(scratch, 0o755)
+    padding = pad_processes(args.processes)
     try:
         hooks = bench_hooks(args.python, args.repeat, scratch, baseline)
         ceased = bench_cease(max(3, args.repeat // 5), scratch, baseline)
     finally:
+        for proc in padding:
+            proc.kill()
+            proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
     ratios = {k: v for k, v in hooks["ratio_to_bare"].items()
               if k in HOOK_CASES or k.removesuffix(" (metrics)") in HOOK_CASES}
