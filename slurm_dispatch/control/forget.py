@@ -8,7 +8,9 @@ another unsettled dispatch job that waits for it (``--dependency`` on its id).  
 cluster's records are considered (the caller passes them).
 
 A record goes whole: its folder is first renamed to a dot name (which no reader lists), then
-removed; one a killed run left half removed is removed by the next run.
+removed; one a killed run left half removed is removed by the next run.  An entry of ``jobs/``
+that is a symlink is no record folder, whatever it leads to: it is kept, named, and never
+followed (neither judged, measured nor removed through), so nothing of it is left to finish.
 """
 
 from __future__ import annotations
@@ -32,10 +34,25 @@ def settled(job: record.JobRecord) -> bool:
     return history.settled or (tasks is not None and history.settled_tasks(tasks))
 
 
+def symlinked(job: record.JobRecord) -> Optional[str]:
+    """Why ``job``'s path is refused without being followed (a symlink, say to where), or
+    None for a record folder of its own."""
+    try:
+        target = os.readlink(job.path)
+    except OSError:
+        return None  # not a symlink (or gone: the readers say so)
+    return (f"a symlink to {target!r}, not a record folder: dispatch forget never follows "
+            f"one; remove the link {job.path!r} by hand (or move the record back in its "
+            "place)")
+
+
 def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
              waiting: dict[str, list[record.JobRecord]]) -> Optional[str]:
     """Why ``job``'s record must stay, or None when it may be forgotten.  ``slurm_jobs`` is
     this cluster's view of the caller's jobs, ``waiting`` :func:`dependency.dependents`."""
+    link = symlinked(job)
+    if link is not None:
+        return link
     try:
         history = job.history()
         tasks = submit.array_tasks(job)
@@ -82,7 +99,10 @@ def _claim_names(job: record.JobRecord) -> list[str]:
 
 
 def last_activity(job: record.JobRecord) -> float:
-    """When anything was last recorded of ``job`` (its newest event, else its creation)."""
+    """When anything was last recorded of ``job`` (its newest event, else its creation);
+    for a symlink (:func:`symlinked`), the link's own time: it is not followed."""
+    if symlinked(job) is not None:
+        return os.lstat(job.path).st_mtime
     try:
         found = [e.time for e in job.history().events]
         created = job.created
@@ -96,6 +116,8 @@ def size(job: record.JobRecord) -> int:
     what forgetting it frees.  Mostly blocks: a record is four folders and a file or more
     per event, each at least a block, around a few KiB of text (measured: 16 KiB of it in
     a 4 KiB-block file system is its folders; 40 KiB for a job of two events)."""
+    if symlinked(job) is not None:
+        return os.lstat(job.path).st_blocks * 512  # the link's own: never followed
     total = 0
     for folder, dirs, names in os.walk(job.path):
         for name in [*dirs, *names, ""] if folder == job.path else [*dirs, *names]:
@@ -107,14 +129,22 @@ def size(job: record.JobRecord) -> int:
 
 
 def forget(job: record.JobRecord) -> None:
-    """Remove the record whole: renamed out of every reader's sight, then removed."""
+    """Remove the record whole: renamed out of every reader's sight, then removed.  A
+    symlink is refused (:func:`symlinked`), never followed."""
     import shutil
+    link = symlinked(job)
+    if link is not None:
+        raise RecordError(f"not removing the record {job.path!r}: {link}")
     parent = os.path.dirname(job.path)
     going = os.path.join(parent, f"{GOING}{job.id}-{os.urandom(4).hex()}")
     try:
         os.rename(job.path, going)
     except OSError as exc:
         raise RecordError(f"cannot remove the record {job.path!r}: {exc.strerror}") from None
+    if os.path.islink(going):  # made a symlink after the check: only the link goes
+        os.unlink(going)
+        raise RecordError(f"not removing the record {job.path!r}: it became a symlink while "
+                          "it was being forgotten; the link is removed, nothing it led to")
     shutil.rmtree(going, ignore_errors=True)
 
 
@@ -127,7 +157,11 @@ def finish_earlier(home: Optional[str] = None) -> list[str]:
     except OSError:
         return []
     for name in left:
-        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        path = os.path.join(base, name)
+        if os.path.islink(path):  # an earlier release renamed a symlinked record: the link
+            os.unlink(path)       # alone goes, never what it leads to
+            continue
+        shutil.rmtree(path, ignore_errors=True)
     return left
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch.cli import dispatch as cli
 from slurm_dispatch.control.supervisor import Settings, Supervisor
+from slurm_dispatch.errors import RecordError
 from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
@@ -63,3 +66,34 @@ def test_a_record_whose_created_is_not_a_number_does_not_stop_forget(
     assert not os.path.exists(plain.job.path)
     # Its events still say when it was last active: it is judged by them, and forgotten too.
     assert not os.path.exists(odd.job.path)
+
+
+def test_dispatch_forget_refuses_a_symlinked_record_and_an_old_leftover_link_goes(
+        cluster: FakeCluster, tmp_path: Path) -> None:  # noqa: F811
+    # Issue 22 attack: jobs/<id> a symlink to a settled record elsewhere was 'forgotten' by
+    # renaming the link to .forgetting-<id>-..., which rmtree then could not remove (it does
+    # not remove a symlink), so every later run said it finished it, and it stayed.
+    from slurm_dispatch.control import forget, record
+
+    done = submit_one("ck-link")
+    cluster.set(done.slurm_job_id, JobState="COMPLETED")
+    Supervisor(Slurm(), Settings()).run_pass()
+    del cluster.jobs[done.slurm_job_id]
+    target = tmp_path / "moved" / done.job.id
+    target.parent.mkdir()
+    os.rename(done.job.path, target)
+    os.symlink(target, done.job.path)
+    refused = CliRunner().invoke(cli.main, ["forget", done.job.id])
+    assert refused.exit_code == 1, (refused.output, refused.stderr)
+    assert f"{done.job.id} stays: a symlink to {str(target)!r}" in refused.stderr, \
+        refused.stderr
+    assert os.path.islink(done.job.path) and (target / "job.json").is_file()
+    with pytest.raises(RecordError, match="a symlink to"):
+        forget.forget(record.JobRecord(done.job.path))
+    assert os.path.islink(done.job.path)
+    # What an earlier release left: the link renamed out of sight.  The link alone goes.
+    left = os.path.join(record.jobs_dir(), f"{forget.GOING}{done.job.id}-0badcafe")
+    os.rename(done.job.path, left)
+    assert forget.finish_earlier() == [os.path.basename(left)]
+    assert not os.path.lexists(left) and (target / "job.json").is_file()
+    assert forget.finish_earlier() == []

@@ -202,3 +202,36 @@ def test_a_prune_killed_at_a_random_point_leaves_each_record_whole_or_gone(
     asked = [line.split() for line in log.read_text().splitlines()]
     assert asked and all(a[0] == str(USER.pw_uid) and "--me" in a for a in asked), asked
     assert done.stdout.splitlines()[-1].startswith("forgot "), done.stdout
+
+
+def test_a_symlinked_record_is_refused_once_never_followed_and_leaves_nothing_behind(
+        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    """nobody's jobs/<id> is a symlink to a settled, old record kept elsewhere (a hostile
+    user plants one, an unlucky one moved a record and linked it back).  It is no record
+    folder of jobs/: prune refuses it, naming it, and neither judges nor removes through it;
+    a run after that finds nothing of it half removed to finish."""
+    fake, base = site
+    job = settled(fake, base, "ck")
+    plain = settled(fake, base, "ck-plain")
+    elsewhere = base / "nobody" / "moved"
+    elsewhere.mkdir()
+    target = elsewhere / job.id
+    shutil.move(job.path, target)
+    os.symlink(target, job.path)
+    owned_by_nobody(base)
+    os.lchown(job.path, USER.pw_uid, USER.pw_gid)
+    inside = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+    code, out, err = prune(base, "--records-older-than", "0", "-v")
+    assert code == 0, out + err
+    kept = [line for line in out.splitlines() if line.startswith(f"kept nobody/{job.id}:")]
+    assert len(kept) == 1, out
+    assert "a symlink" in kept[0] and str(target) in kept[0], kept
+    assert [line for line in out.splitlines() if job.id in line] == kept, out  # only there
+    assert not os.path.lexists(plain.path)
+    assert os.path.islink(job.path) and os.readlink(job.path) == str(target)
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == inside
+    assert not list((base / "nobody" / "jobs").glob(".*"))  # nothing left half removed
+    code, out, err = prune(base, "--records-older-than", "0", "-v")
+    assert code == 0, out + err
+    assert "finished forgetting" not in out, out
+    assert not list((base / "nobody" / "jobs").glob(".*"))
