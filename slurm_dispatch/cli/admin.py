@@ -104,9 +104,11 @@ def _root() -> None:
                          "written) as each user, which only root can do")
 
 
-def _chosen(user: tuple[str, ...], records: str) -> Any:
+def _chosen(user: tuple[str, ...], records: str, state_dir: str) -> Any:
+    """(the users to look at with their record homes, the errors naming those that could
+    not be): ``user``, else every account listed and every user StateDir names."""
     from ..control import siteview
-    return siteview.users(list(user), records)
+    return siteview.users(list(user), records, state_dir)
 
 
 def _when(seconds: Optional[float]) -> str:
@@ -152,7 +154,10 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
     now = time.time()
     stale = False
     if os.geteuid() == 0:
-        seen = siteview.view(_chosen(user, records))
+        cfg, _ = _site_config()
+        chosen, unfound = _chosen(user, records, cfg.state_dir)
+        seen = siteview.view(chosen)
+        seen["errors"] = unfound + seen["errors"]
     else:
         if records != DEFAULT_RECORDS:
             raise UsageError(f"--records {records!r}: only root reads users' records; a "
@@ -243,14 +248,16 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
         raise UsageError("dispatch.conf sets no CessationSignal: holds wait for a person "
                          "(dispatch release), there is nothing to ask")
     while True:
-        chosen = _chosen(user, records)
+        chosen, unfound = _chosen(user, records, cfg.state_dir)
         done: dict[str, list[str]] = {"actions": [], "errors": []}
         if settings.signal:
             done = siteview.release_pass(chosen, settings.signal, settings.signal_timeout,
                                          settings.interval)
+        done["errors"] = unfound + done["errors"]
         if group is not None:
             now = time.time()
             seen = siteview.view(chosen)
+            seen["errors"] = unfound + seen["errors"]
             path = siteview.write_snapshot(cfg.state_dir, group, seen, now)
             done["actions"].append(f"site view: {len(seen['holds'])} standing hold(s) written "
                                    f"to {path} for group {group.gr_name}")
@@ -322,7 +329,7 @@ def prune(older_than: Optional[str], records_older_than: Optional[str], records:
     failed = False
     if records_for is not None:
         _root()
-        failed = _prune_records(records, records_for, dry_run, verbose)
+        failed = _prune_records(records, records_for, dry_run, verbose, cfg.state_dir)
     if keep_for is None:
         return 1 if failed else 0
     needs: dict[int, Optional[set[str]]] = {}
@@ -368,9 +375,11 @@ def _duration(option: str, given: Optional[str], configured: Optional[float]
         raise UsageError(f"{option} {exc}") from None
 
 
-def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool) -> bool:
+def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool,
+                   state_dir: str) -> bool:
     """Forget every user's records last active before ``older_than`` ago (as each user);
-    True when a user's records could not be read or forgotten."""
+    True when a user's records could not be read or forgotten, or a user named in
+    ``state_dir`` could not be looked up."""
     from ..control import retention
     from ..slurm.adapter import Slurm
     cluster = Slurm().cluster()
@@ -380,9 +389,10 @@ def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool
                          "share a home, and only this cluster's are judged")
     before = time.time() - older_than
     verb = "would forget" if dry_run else "forgot"
-    failed = False
+    chosen, unfound = _chosen((), records, state_dir)
+    failed = bool(unfound)
     going = kept = size = 0
-    for name, got in retention.forget_old(_chosen((), records), cluster, before, dry_run):
+    for name, got in retention.forget_old(chosen, cluster, before, dry_run):
         for left in got.get("finished", []):
             click.echo(f"finished forgetting {name}/{left} (left half removed by a killed run)")
         for entry in got.get("forgotten", []):
@@ -399,6 +409,8 @@ def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool
             click.echo(f"dispatch-admin: {name}: {error}", err=True)
     click.echo(f"{verb} {going} records ({size} bytes on disk) of cluster {cluster} last "
                f"active before {_when(before)}; kept {kept}")
+    for error in unfound:
+        click.echo(f"dispatch-admin: {error}", err=True)
     return failed
 
 
@@ -438,8 +450,11 @@ def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> 
                          "node_exporter's textfile collector reads")
     now = time.time()
     values: dict[str, float] = {}
-    failed = False
-    for account, home in _chosen(user, records):
+    chosen, unfound = _chosen(user, records, cfg.state_dir)
+    failed = bool(unfound)
+    for error in unfound:
+        click.echo(f"dispatch-admin: {error}", err=True)
+    for account, home in chosen:
         name = account.pw_name
         got = siteview.as_user(account, home, dashboard.numbers, cfg.hold_warning, now)
         errors = got.get("errors") or []

@@ -45,6 +45,8 @@ from ..errors import DispatchError, RefusedError, UsageError
 DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
 CHILD_TIMEOUT = 300.0  # seconds a user's child may take
 _TARGET = re.compile(r"^[0-9]+(_[0-9]+)?$")  # a Slurm job id, or an array task's A_T
+_UNANSWERED = ("the account database does not answer for it (an account gone, or a directory "
+               "service down): its records are not read")
 
 
 def records_of(pattern: str, user: pwd.struct_passwd) -> str:
@@ -57,10 +59,18 @@ def records_of(pattern: str, user: pwd.struct_passwd) -> str:
                      f"user's name and %h for their home (default {DEFAULT_RECORDS})")
 
 
-def users(names: Sequence[str], pattern: str) -> list[tuple[pwd.struct_passwd, str]]:
-    """The users to look at with their record homes: ``names``, else every account whose
-    record home exists or that root cannot look into (a folder that is not there has no
-    records)."""
+def users(names: Sequence[str], pattern: str, state_dir: Optional[str] = None
+          ) -> tuple[list[tuple[pwd.struct_passwd, str]], list[str]]:
+    """The users to look at with their record homes, and what stopped one being looked at.
+
+    ``names``, else every account whose record home exists or that root cannot look into (a
+    folder that is not there has no records), among: every account the account database
+    lists, and every user something of the site's names, looked up one by one (a directory
+    service with ``enumerate = false``, sssd's default, lists only the local accounts,
+    while it answers ``getpwuid`` and ``getpwnam`` for every user): the uids with facts under
+    ``state_dir`` (each job that ran under the hooks leaves its user's ``facts/<uid>/``) and
+    the users the release service's last view (the group's copy) saw a standing hold of.  One
+    of those the account database does not answer for is an error naming it."""
     if names:
         chosen = []
         for name in names:
@@ -68,14 +78,63 @@ def users(names: Sequence[str], pattern: str) -> list[tuple[pwd.struct_passwd, s
                 chosen.append(pwd.getpwnam(name))
             except KeyError:
                 raise UsageError(f"--user {name!r}: no such user") from None
-    else:
-        chosen = sorted(pwd.getpwall(), key=lambda u: u.pw_name)
+        return [(user, records_of(pattern, user)) for user in chosen], []
+    accounts = list(pwd.getpwall())
+    listed = {user.pw_uid: user for user in accounts}
+    errors: list[str] = []
+    if state_dir is not None:
+        for uid, where in _named_uids(state_dir, errors):
+            if uid in listed:
+                continue
+            try:
+                listed[uid] = pwd.getpwuid(uid)
+                accounts.append(listed[uid])
+            except KeyError:
+                errors.append(f"uid {uid} ({where}): {_UNANSWERED}")
+        known = {user.pw_name for user in accounts}
+        for name, where in _named_users(state_dir, errors):
+            if name in known:
+                continue
+            try:
+                accounts.append(pwd.getpwnam(name))
+                known.add(name)
+            except KeyError:
+                errors.append(f"{name} ({where}): {_UNANSWERED}")
     out = []
-    for user in chosen:
+    for user in sorted(accounts, key=lambda u: u.pw_name):
         home = records_of(pattern, user)
-        if names or _may_hold_records(home):
+        if _may_hold_records(home):
             out.append((user, home))
-    return out
+    return out, errors
+
+
+def _named_uids(state_dir: str, errors: list[str]) -> list[tuple[int, str]]:
+    """(uid, where it was found) for every uid with facts under ``state_dir``."""
+    from ..node import factstore
+    try:
+        uids = factstore.fact_uids(state_dir)
+    except DispatchError as exc:
+        errors.append(f"{exc}: the users whose jobs left facts there are not all looked at")
+        return []
+    return [(uid, f"facts in {state_dir}/{factstore.FACTS}/{uid}") for uid in uids]
+
+
+def _named_users(state_dir: str, errors: list[str]) -> list[tuple[str, str]]:
+    """(user name, where) for every user with a standing hold in the release service's last
+    copy of the view under ``state_dir``, when there is one."""
+    path = snapshot_path(state_dir)
+    if not os.path.lexists(path):
+        return []
+    try:
+        seen = load_snapshot(path)
+    except DispatchError as exc:
+        errors.append(f"{exc}: the users it names are not all looked at")
+        return []
+    holds = seen.get("holds")
+    named = {h.get("user") for h in holds if isinstance(h, dict)} \
+        if isinstance(holds, list) else set()
+    names = sorted(n for n in named if isinstance(n, str))
+    return [(name, f"a standing hold in {path}") for name in names]
 
 
 def _may_hold_records(home: str) -> bool:
@@ -381,7 +440,11 @@ def read_snapshot(state_dir: str, group: grp.struct_group, where: str) -> dict[s
         raise RefusedError(f"{who} is not root and not in SiteViewGroup {group.gr_name} "
                            f"({where}): only root and members of {group.gr_name} see other "
                            "users' holds")
-    path = snapshot_path(state_dir)
+    return load_snapshot(snapshot_path(state_dir))
+
+
+def load_snapshot(path: str) -> dict[str, Any]:
+    """The view in the file ``path``, root's and whole: an error naming it otherwise."""
     try:
         fd = _fsio.open_file(path, nonblock=True)
     except FileNotFoundError:

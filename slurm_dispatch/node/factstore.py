@@ -63,9 +63,10 @@ WRITTEN: dict[str, int] = {}
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
-           "boot_id", "boot_time", "check_name", "create_file", "dumps", "format_problem",
-           "job_uids", "list_job", "new_token", "node_activity", "open_state_dir", "open_subdir",
-           "parse_name", "read_job_facts", "read_regular", "token_time", "write_fact"]
+           "boot_id", "boot_time", "check_name", "create_file", "dumps", "fact_uids",
+           "format_problem", "job_uids", "list_job", "new_token", "node_activity",
+           "open_state_dir", "open_subdir", "parse_name", "read_job_facts", "read_regular",
+           "token_time", "write_fact"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,6 +467,30 @@ def node_activity(state_dir: str, nodes: set[str], since: float) -> dict[str, di
                     if made is not None and made >= since:
                         found[parsed[1]][parsed[0]].append(made)
     return found
+
+
+def fact_uids(state_dir: str) -> list[int]:
+    """Every uid with a folder under ``facts/`` (each job that ran under the hooks leaves its
+    user's), in order: what names a user to the site's view where the account database does
+    not list every account.  None there (no StateDir or ``facts/``: no hooks ran) is ``[]``;
+    FactError when ``facts/`` cannot be listed or is not trusted (as readers trust it)."""
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(_open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}",
+                                         {0, os.stat(state_dir).st_uid}))
+            trusted = {0, os.fstat(fds[0]).st_uid}
+            fds.append(_open_trusted_dir(fds[0], FACTS, f"{state_dir}/{FACTS}", trusted,
+                                         listable=True))
+            names = os.listdir(fds[-1])
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise FactError(f"cannot list {state_dir}/{FACTS}: {exc.strerror}") from None
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    return sorted(int(n) for n in names if n.isascii() and n.isdigit())
 
 
 def job_uids(state_dir: str, job_id: str) -> list[int]:

@@ -26,7 +26,14 @@ from slurm_dispatch.slurm.adapter import Slurm
 
 from .fake_cluster import FakeCluster
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
-from .test_siteview import USER, held, site  # noqa: F401 - the fixture
+from .test_siteview import (  # noqa: F401 - the fixture
+    UNKNOWN_UID,
+    USER,
+    held,
+    not_enumerated,
+    site,
+    with_facts,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs children as another user")
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +119,25 @@ def test_recent_records_stay_and_without_a_retention_records_are_left_alone(
     assert os.path.isdir(job.path)
     code, out, err = prune(base, "--records-older-than", "soon")
     assert code == 2 and "--records-older-than 'soon' is not a duration" in err, err
+
+
+def test_a_user_the_account_list_does_not_enumerate_has_old_records_forgotten(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Where sssd does not enumerate (getpwall lists only local accounts), a user whose jobs
+    ran under the hooks is found through facts/<uid>/, and a uid there that the account
+    database does not answer for is named, its records left alone."""
+    fake, base = site
+    old = settled(fake, base, "ck-old")
+    owned_by_nobody(base)
+    not_enumerated(monkeypatch, "nobody")
+    state = with_facts(base, monkeypatch, USER.pw_uid, UNKNOWN_UID)
+    code, out, err = prune(base, "--records-older-than", "0")
+    assert code == 1, out + err
+    assert out.splitlines()[0].startswith(f"forgot nobody/{old.id} (last active "), out
+    assert not os.path.exists(old.path)
+    assert err == (f"dispatch-admin: uid {UNKNOWN_UID} (facts in {state}/facts/{UNKNOWN_UID}): "
+                   "the account database does not answer for it (an account gone, or a "
+                   "directory service down): its records are not read\n"), err
 
 
 def test_a_symlinked_jobs_folder_leads_the_child_only_where_the_user_may_go(

@@ -313,7 +313,7 @@ def test_a_stale_snapshot_says_its_age(site: tuple[FakeCluster, Path],
     fake, base = site
     job, _, held_id = held(fake, base)
     snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
-    seen = siteview.view(siteview.users(["nobody"], f"{base}/%u"))
+    seen = siteview.view(siteview.users(["nobody"], f"{base}/%u")[0])
     siteview.write_snapshot(str(snapshot.parents[1]), GROUP, seen, time.time() - 1000)
     code, out, err = as_nobody("holds", "--noheader")
     assert code == 1, err
@@ -324,7 +324,7 @@ def test_a_stale_snapshot_says_its_age(site: tuple[FakeCluster, Path],
 USERS_AS_SQUASHED_ROOT = """
 import json, sys
 from slurm_dispatch.control import siteview
-print(json.dumps([user.pw_name for user, _ in siteview.users([], sys.argv[1])]))
+print(json.dumps([user.pw_name for user, _ in siteview.users([], sys.argv[1])[0]]))
 """
 
 
@@ -344,3 +344,94 @@ def test_a_home_root_cannot_look_into_is_still_a_user_with_records(
                           env={**os.environ, "PYTHONPATH": repo})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["nobody"]
+
+
+# -- users a directory service does not enumerate (issue 22: sssd's enumerate = false) ------
+# getpwall() lists only local accounts where LDAP/sssd do not enumerate, while getpwuid() and
+# getpwnam() still answer for every user.  A test cannot make a directory service skip a real
+# account, so getpwall is faked at that boundary to leave nobody out; everything else is real
+# (nobody's records, a fact the hooks' own store writes, getpwuid).
+
+UNKNOWN_UID = next(u for u in range(4_000_000, 4_001_000)
+                   if u not in {p.pw_uid for p in pwd.getpwall()})
+
+
+def not_enumerated(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The account list, as a directory service with enumerate = false gives it: without
+    ``name``, which getpwnam and getpwuid still find."""
+    listed = pwd.getpwall
+    monkeypatch.setattr(pwd, "getpwall", lambda: [u for u in listed() if u.pw_name != name])
+    assert name not in {u.pw_name for u in pwd.getpwall()}
+    assert pwd.getpwuid(pwd.getpwnam(name).pw_uid).pw_name == name
+
+
+def with_facts(base: Path, monkeypatch: pytest.MonkeyPatch, *uids: int) -> Path:
+    """A root-owned StateDir where a job of each of ``uids`` ran under the hooks (one start
+    fact each, written by the hooks' own store), named by dispatch.conf (kept if there is
+    one); the StateDir."""
+    from slurm_dispatch.node import factstore
+    state = base / "state"
+    state.mkdir(mode=0o755, exist_ok=True)
+    for uid in uids:
+        factstore.write_fact(str(state), uid, 0, "4242", "start", "n1", {"restart": 0})
+    conf = base / "dispatch.conf"
+    text = conf.read_text() if conf.exists() else ""
+    conf.write_text(text + f"StateDir={state}\n")
+    conf.chmod(0o644)
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    return state
+
+
+def admin_all(base: Path, *args: str) -> tuple[int, str, str]:
+    """dispatch-admin with no --user: every user it finds."""
+    result = CliRunner().invoke(admin.main, [*args, "--records", f"{base}/%u"])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_user_the_account_list_does_not_enumerate_is_found_through_facts(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    not_enumerated(monkeypatch, "nobody")
+    with_facts(base, monkeypatch, USER.pw_uid)
+    code, out, err = admin_all(base, "holds", "--noheader")
+    assert (code, err) == (0, ""), out + err
+    assert [line.split()[:3] for line in out.splitlines()] == [["nobody", job.id, held_id]]
+    log = site_conf(base, monkeypatch)  # the release service finds and serves them too
+    with_facts(base, monkeypatch)
+    code, out, err = admin_all(base, "release-service")
+    assert (code, err) == (0, ""), out + err
+    assert out == f"nobody: {job.id}: hold on Slurm job {held_id} lifted: ceased\n"
+    assert log.read_text().splitlines()[0] == f"{USER.pw_uid} release {held_id}"
+
+
+def test_a_uid_with_facts_the_account_database_does_not_answer_for_is_reported(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    job, _, held_id = held(fake, base)
+    state = with_facts(base, monkeypatch, USER.pw_uid, UNKNOWN_UID)
+    code, out, err = admin_all(base, "holds", "--noheader")
+    assert code == 1, out + err
+    assert [line.split()[:3] for line in out.splitlines()] == [["nobody", job.id, held_id]]
+    assert err.splitlines() == [
+        f"dispatch-admin: uid {UNKNOWN_UID} (facts in {state}/facts/{UNKNOWN_UID}): the account "
+        "database does not answer for it (an account gone, or a directory service down): its "
+        "records are not read"], err
+    code, out, err = admin_all(base, "holds", "--json")
+    assert code == 1 and json.loads(out)["errors"] == [err.splitlines()[0][16:]], err
+
+
+def test_a_user_the_last_site_view_names_is_still_looked_at(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release service's own state names users too: a user whose standing hold its last
+    pass wrote to the group's copy is looked at again, facts or not (facts/ moved aside after
+    a loss of slurmctld's state, as the admin guide says to)."""
+    fake, base = site
+    job, _, held_id = held(fake, base)
+    group_conf(base, monkeypatch, GROUP.gr_name)
+    code, _, err = admin_cmd(base, "release-service")  # its last pass saw nobody's hold
+    assert (code, err) == (0, ""), err
+    not_enumerated(monkeypatch, "nobody")
+    code, out, err = admin_all(base, "holds", "--noheader")
+    assert (code, err) == (0, ""), out + err
+    assert [line.split()[:3] for line in out.splitlines()] == [["nobody", job.id, held_id]]
