@@ -203,14 +203,17 @@ def test_a_prune_killed_at_a_random_point_leaves_each_record_whole_or_gone(
         run = subprocess.Popen([sys.executable, "-c", script], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-        # Kill it once it has begun forgetting: at a random moment after the first goes.
+        # Kill it once it has begun forgetting: once 1 to 5 records (a random number) have
+        # gone, a random moment into the next.  Counted in records, not in time: under load
+        # a fixed window let the first run forget all 40 before its kill (kills == 0).
+        gone = rng.randint(1, max(1, min(5, len(left) // 4)))
         deadline = time.monotonic() + 120
         while run.poll() is None and time.monotonic() < deadline:
             now_left = [n for n in os.listdir(folder) if not n.startswith(".")]
-            if len(now_left) < len(left):
+            if len(now_left) <= len(left) - gone:
                 break
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.05))
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.005))
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)  # the parent and its child running as nobody
             kills += 1
