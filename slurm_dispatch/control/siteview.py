@@ -33,13 +33,11 @@ import json
 import os
 import pwd
 import re
-import signal
 import stat
-import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from .. import _fsio
+from .. import _account, _fsio
 from ..errors import DispatchError, RefusedError, UsageError
 
 DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
@@ -267,46 +265,20 @@ def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, An
     for name in ("SLURM_CONF", "SLURM_DISPATCH_CONF", "DISPATCH_SLURM_BACKEND"):
         if name in os.environ:
             env[name] = os.environ[name]
-    groups = os.getgrouplist(user.pw_name, user.pw_gid)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    readable, writable = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        data = b""
-        try:
-            os.close(readable)
-            signal.alarm(int(CHILD_TIMEOUT))  # a hung file system ends the child, not us
-            os.setgroups(groups)
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)  # last: from here on nothing of root's is left
-            os.environ.clear()
-            os.environ.update(env)
-            os.chdir("/")
-            data = json.dumps(work(home, *args), sort_keys=True).encode()
-        except BaseException as exc:  # noqa: B036 - the child reports everything, then ends
-            data = json.dumps({"errors": [f"{type(exc).__name__}: {exc}"]}).encode()
-        finally:
-            try:
-                view_ = memoryview(data)
-                while view_:
-                    view_ = view_[os.write(writable, view_):]
-            finally:
-                os._exit(0)
-    os.close(writable)
-    chunks = []
-    with os.fdopen(readable, "rb") as pipe:
-        while True:
-            chunk = pipe.read(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    _, status = os.waitpid(pid, 0)
+
+    def answer() -> bytes:
+        return json.dumps(work(home, *args), sort_keys=True).encode()
+
+    def failed(exc: BaseException) -> bytes:
+        return json.dumps({"errors": [f"{type(exc).__name__}: {exc}"]}).encode()
+
+    data, status = _account.run_as(user, answer, failed, alarm=int(CHILD_TIMEOUT), env=env,
+                                   cwd="/")  # the alarm: a hung file system ends the child
     try:
-        answer = json.loads(b"".join(chunks).decode("utf-8", "replace"))
-        if not isinstance(answer, dict):
+        got = json.loads(data.decode("utf-8", "replace"))
+        if not isinstance(got, dict):
             raise ValueError("not an object")
-        return answer
+        return got
     except ValueError:
         return {"errors": [f"reading {home} as {user.pw_name} gave no answer (wait status "
                            f"{status})"]}

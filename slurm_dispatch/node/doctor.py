@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from .. import __version__, _fsio
+from .. import __version__, _account, _fsio
 from .. import config as config_module
 from . import factstore as store
 
@@ -563,28 +563,11 @@ class Doctor:
 def as_account(account: pwd.struct_passwd, work: Callable[[], str]) -> str:
     """``work()`` in a forked child running as ``account`` (its uid, gid and groups): what it
     returned, or the exception it raised, in words."""
-    readable, writable = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        said = ""
-        try:
-            os.close(readable)
-            os.setgroups(os.getgrouplist(account.pw_name, account.pw_gid))
-            os.setgid(account.pw_gid)
-            os.setuid(account.pw_uid)
-            said = work()
-        except BaseException as exc:  # noqa: B036 - the child reports everything, then ends
-            said = f"{type(exc).__name__}: {exc}"
-        finally:
-            try:
-                _fsio.write_all(writable, said.encode("utf-8", "replace"))
-            finally:
-                os._exit(0)
-    os.close(writable)
-    with os.fdopen(readable, "rb") as pipe:
-        said = pipe.read().decode("utf-8", "replace")
-    os.waitpid(pid, 0)
-    return said
+    def failed(exc: BaseException) -> bytes:
+        return f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
+
+    said, _ = _account.run_as(account, lambda: work().encode("utf-8", "replace"), failed)
+    return said.decode("utf-8", "replace")
 
 
 def diagnose(**options: object) -> list[Check]:

@@ -5,7 +5,7 @@ count, as they run when that path runs) is an edge from the importer's side to t
 one's.  ``ALLOWED`` is the whole drawing; an edge outside it fails, naming the import, so a
 layer leak is a test failure, not a review comment.  The sides are the subpackages, and the
 top-level modules each stand for themselves (``errors``, ``config``, ``_fsio``, ``_clock``,
-``_table``, ``api``, ``launch``)."""
+``_table``, ``_account``, ``api``, ``launch``)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ ALLOWED: dict[str, set[str]] = {
     "checkpoint": BASE,
     # The one adapter: nothing of ours above it.
     "slurm": BASE,
-    # Root-run evidence: the adapter (dispatch-cease asks Slurm what ran where), nothing else.
-    "node": BASE | {"slurm"},
+    # Root-run evidence: the adapter (dispatch-cease asks Slurm what ran where), and work as
+    # another account (the doctor probes as SlurmUser), nothing else.
+    "node": BASE | {"slurm", "_account"},
     # What Slurm's hooks run: the node side's stores and the host-list reader only (their
     # standard-library budget is tests/hooks/test_imports.py's).
     "hooks": BASE | {"node", "slurm"},
-    # The login node, as the job's user: it reads facts (node) and publications (checkpoint).
-    "control": BASE | {"checkpoint", "slurm", "node"},
+    # The login node, as the job's user: it reads facts (node) and publications (checkpoint);
+    # root's site view reads each user's records as that user (_account).
+    "control": BASE | {"checkpoint", "slurm", "node", "_account"},
     # Inside the job: the launcher reads its job's record and resubmits (control), and asks
     # Slurm; never the framework integrations, which build on it.
     "execution": BASE | {"checkpoint", "control", "slurm"},
@@ -37,10 +39,10 @@ ALLOWED: dict[str, set[str]] = {
     # Entry points of before the move, kept for one release (console scripts an editable install
     # wrote then still import them): each is the command it was.
     "cli_sbatch": {"cli"}, "cli_cease": {"cli"}, "cli_sandbox": {"cli"},
-    "cli": BASE | {"checkpoint", "control", "execution", "node", "slurm", "sandbox"},
+    "cli": BASE | {"checkpoint", "control", "execution", "node", "slurm", "sandbox", "_account"},
     "sandbox": BASE,
 }
-for _side in ("errors", "config", "_fsio", "_clock", "_table", "package"):
+for _side in ("errors", "config", "_fsio", "_clock", "_table", "_account", "package"):
     ALLOWED[_side] = {"errors"} if _side != "errors" else set()
 
 

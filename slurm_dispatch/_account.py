@@ -1,0 +1,70 @@
+"""Work done as another account: root forks a child that becomes the account and runs it.
+
+The one home of "run this as that account" for the sides that run as root: the site's view
+reads each user's records as that user (``control/siteview.py``), the doctor runs a probe as
+the controller's SlurmUser (``node/doctor.py``).  :func:`run_as` forks; the child takes the
+account's groups, gid and uid (the uid last: from then on nothing of root's is left), then,
+where the caller asks, a whole new environment and working folder, runs the work and writes
+what it returned (or the caller's words for what it raised) into a pipe; the parent reads the
+pipe to its end and reaps the child.  Each caller keeps its own answer's form: the bytes are
+theirs to decode.
+
+Invariants: the child never returns into the caller's code (``os._exit`` whatever happens), so
+nothing of the parent runs twice; buffered output is flushed before the fork, so none is
+written twice; a child an alarm ends (a hung file system) gives what it wrote, often nothing,
+and its wait status says why.  Only the standard library is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import sys
+from collections.abc import Callable, Mapping
+
+__all__ = ["run_as"]
+
+
+def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
+           failed: Callable[[BaseException], bytes], *, alarm: int = 0,
+           env: Mapping[str, str] | None = None, cwd: str | None = None) -> tuple[bytes, int]:
+    """``work()`` in a forked child running as ``account`` (its uid, gid and groups): the bytes
+    it returned, or ``failed(exc)`` of what it raised, and the child's wait status.
+
+    ``alarm`` (seconds, 0 for none) ends the child by SIGALRM; ``env`` replaces the child's
+    whole environment and ``cwd`` its working folder, after it became the account."""
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        data = b""
+        try:
+            os.close(readable)
+            if alarm:
+                signal.alarm(alarm)
+            os.setgroups(groups)
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)  # last: from here on nothing of root's is left
+            if env is not None:
+                os.environ.clear()
+                os.environ.update(env)
+            if cwd is not None:
+                os.chdir(cwd)
+            data = work()
+        except BaseException as exc:  # noqa: B036 - the child reports everything, then ends
+            data = failed(exc)
+        finally:
+            try:
+                left = memoryview(data)
+                while left:
+                    left = left[os.write(writable, left):]
+            finally:
+                os._exit(0)
+    os.close(writable)
+    with os.fdopen(readable, "rb") as pipe:
+        data = pipe.read()  # to its end: the child's exit closes it
+    _, status = os.waitpid(pid, 0)
+    return data, status

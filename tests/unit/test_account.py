@@ -1,0 +1,81 @@
+"""The one home of "run work in a forked child as an account" (slurm_dispatch/_account.py),
+which the site's view (as each user) and the doctor (as SlurmUser) both use: the child really
+is the account (nobody, a real one), says what it returned or raised, gets only the
+environment and folder it is given, and an alarm ends a child that hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import time
+
+import pytest
+
+from slurm_dispatch import _account
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="becomes another account")
+NOBODY = pwd.getpwnam("nobody")
+
+
+def said(exc: BaseException) -> bytes:
+    return f"{type(exc).__name__}: {exc}".encode()
+
+
+def test_the_child_is_the_account_and_says_what_it_returned() -> None:
+    def ids() -> bytes:
+        return json.dumps([os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
+                           sorted(os.getgroups()), os.getcwd(), os.environ.get("MARK")]
+                          ).encode()
+    os.environ["MARK"] = "root's"
+    try:
+        data, status = _account.run_as(NOBODY, ids, said)
+    finally:
+        del os.environ["MARK"]
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    groups = sorted(set(os.getgrouplist(NOBODY.pw_name, NOBODY.pw_gid)))
+    got = json.loads(data)
+    assert got[:4] == [NOBODY.pw_uid] * 2 + [NOBODY.pw_gid] * 2
+    assert sorted(set(got[4])) == groups
+    assert got[5:] == [os.getcwd(), "root's"]  # nothing asked: the caller's folder and env
+    assert os.geteuid() == 0  # the caller is still root
+
+
+def test_an_environment_and_folder_asked_for_are_all_the_child_has() -> None:
+    def where() -> bytes:
+        return json.dumps([dict(os.environ), os.getcwd()]).encode()
+    data, _ = _account.run_as(NOBODY, where, said, env={"HOME": "/nonexistent", "A": "b"},
+                              cwd="/")
+    assert json.loads(data) == [{"HOME": "/nonexistent", "A": "b"}, "/"]
+
+
+def test_what_the_child_raised_comes_back_in_the_callers_words() -> None:
+    def refused() -> bytes:
+        os.setuid(0)  # nobody cannot become root again
+        return b"root again"
+    data, status = _account.run_as(NOBODY, refused, said)
+    assert data == b"PermissionError: [Errno 1] Operation not permitted"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+    def leaves() -> bytes:
+        raise SystemExit(3)  # never runs the caller's code on: reported like the rest
+    data, status = _account.run_as(NOBODY, leaves, said)
+    assert (data, os.WEXITSTATUS(status)) == (b"SystemExit: 3", 0)
+
+
+def test_an_alarm_ends_a_child_that_hangs() -> None:
+    def hangs() -> bytes:
+        time.sleep(60)
+        return b"woke"
+    began = time.monotonic()
+    data, status = _account.run_as(NOBODY, hangs, said, alarm=1)
+    assert time.monotonic() - began < 30
+    assert data == b""
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
+
+
+def test_a_long_answer_comes_back_whole() -> None:
+    big = os.urandom(1 << 20)
+    data, _ = _account.run_as(NOBODY, lambda: big, said)
+    assert data == big
