@@ -71,6 +71,34 @@ def test_holds_answers_and_passes_are_counted_and_written(
         out / metrics.RECORDS_FILE).read_text()
 
 
+def test_a_user_the_account_list_does_not_enumerate_is_counted_through_facts(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Where sssd does not enumerate, getpwall lists only local accounts (faked here to leave
+    root out); root's jobs ran under the hooks (a real fact in StateDir), so root is counted."""
+    import pwd
+
+    from slurm_dispatch.node import factstore
+    clock, signal = Clock(), Signal("not ceased")
+    job, ended, held, sup = held_job(cluster, clock, signal, Settings(interval=60))
+    sup.run_pass()
+    home = record.home_dir()
+    listed = pwd.getpwall
+    monkeypatch.setattr(pwd, "getpwall", lambda: [u for u in listed() if u.pw_uid != 0])
+    monkeypatch.setattr(siteview, "records_of", lambda pattern, user: home if user.pw_uid == 0
+                        else "/nonexistent")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    factstore.write_fact(str(state), 0, 0, ended, "start", "n1", {"restart": 0})
+    out = tmp_path / "textfile"
+    out.mkdir(mode=0o755)
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text(f"MetricsDir={out}\nStateDir={state}\n")
+    done = CliRunner().invoke(admin.main, ["metrics", "--config", str(conf)])
+    assert done.exit_code == 0, done.output
+    assert "slurm_dispatch_holds_standing{user=\"root\"} 1" in (
+        out / metrics.RECORDS_FILE).read_text()
+
+
 def test_without_metrics_dir_it_says_so(tmp_path: Path) -> None:
     conf = tmp_path / "dispatch.conf"
     conf.write_text("")

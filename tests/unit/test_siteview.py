@@ -435,3 +435,19 @@ def test_a_user_the_last_site_view_names_is_still_looked_at(
     code, out, err = admin_all(base, "holds", "--noheader")
     assert (code, err) == (0, ""), out + err
     assert [line.split()[:3] for line in out.splitlines()] == [["nobody", job.id, held_id]]
+
+
+def test_a_facts_folder_not_trusted_is_named_and_the_listed_users_still_read(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """facts/ made writable by others (or owned by another user) is not trusted as readers
+    trust it: the users it names are not taken from it, and that is said, not skipped."""
+    fake, base = site
+    job, _, held_id = held(fake, base)
+    state = with_facts(base, monkeypatch, UNKNOWN_UID)
+    (state / "facts").chmod(0o777)
+    code, out, err = admin_all(base, "holds", "--noheader")
+    assert code == 1, out + err
+    assert [line.split()[:3] for line in out.splitlines()] == [["nobody", job.id, held_id]]
+    assert err == (f"dispatch-admin: {state}/facts is owned by uid 0 with mode 0777; its facts "
+                   "are not trusted: the users whose jobs left facts there are not all looked "
+                   "at\n"), err
