@@ -4,6 +4,8 @@ removes a job's facts.
 A record needs the facts of every Slurm job it names (each submission, each execution the
 launcher recorded) while it is not settled (the supervisor may still ask whether an ended job
 ceased, and resubmit), and of a standing hold's held and ended jobs whatever else it says.
+An array's task is named as the array (``97``) or as ``97_1`` (a hold): prune ties a task's
+folder, filed under its own job id, to those names by what its facts say (node/prune.py).
 Records are read where the commands write them by default, ``~/.local/state/slurm-dispatch``
 in each user's home (a home moved with ``$DISPATCH_HOME`` is not seen), by a child process
 running as that user, as the site's view reads them (:mod:`.siteview`).  A user whose records

@@ -1,7 +1,7 @@
 """What each hook records (runs in the child that :func:`slurm_dispatch.hooks.run` forked).
 
 * ``prolog`` (node, root): "execution R of job J started on node X" with the machine's boot id
-  and boot time.
+  and boot time, and for an array's task the array and task id it is (J is the task's own id).
 * ``epilog`` (node, root; Slurm runs it after slurmd killed the job's tracked processes): scans
   /proc for processes still carrying the job's ``SLURM_JOB_ID`` and restart count (which is how a
   process that escaped tracking with setsid or a double fork is caught), and records the end tied
@@ -9,8 +9,8 @@
   survivors of earlier jobs that this machine still watches.
 * ``recheck`` (health check or timer, root): re-checks watched survivors; records when they are
   gone (or the machine rebooted), so ``dispatch-cease`` can prove cessation later.
-* ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation and the
-  end state as the controller saw it.
+* ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation (and an
+  array task's array and task id) and the end state as the controller saw it.
 
 Every handler raises on a fault; the caller logs it and exits 0.
 """
@@ -70,6 +70,21 @@ def _node() -> str:
     return store.check_name(_require("SLURMD_NODENAME"), "$SLURMD_NODENAME")
 
 
+def _array_task() -> dict[str, str]:
+    """For an array's task, the array and task id Slurm gives the Prolog and PrologSlurmctld
+    (``SLURM_ARRAY_JOB_ID``, ``SLURM_ARRAY_TASK_ID``): what ties the task's facts, filed under
+    its own job id, to the records that name ``A`` and ``A_T``.  Each is recorded only when it
+    is ASCII digits (a job id's at most 10): anything else is recorded as absent, and the
+    hook records the rest as ever (a bad value only loses the tie, never the fact)."""
+    found = {}
+    for key, name in (("array_job_id", "SLURM_ARRAY_JOB_ID"),
+                      ("array_task_id", "SLURM_ARRAY_TASK_ID")):
+        value = os.environ.get(name, "")
+        if 0 < len(value) <= 10 and value.isascii() and value.isdigit():
+            found[key] = value
+    return found
+
+
 def _end_variables() -> dict[str, str]:
     return {name: os.environ[name] for name in _END_VARIABLES if name in os.environ}
 
@@ -81,7 +96,7 @@ def prolog(cfg: Config) -> None:
     store.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
         "time": time.time(), "restart": restart, "restart_env": raw,
         "boot_id": store.boot_id(), "boot_time": store.boot_time(),
-        "hostname": os.uname().nodename,
+        "hostname": os.uname().nodename, **_array_task(),
     })
 
 
@@ -239,7 +254,7 @@ CONTROLLER = "slurmctld"  # the node name the controller's facts are recorded un
 
 
 def prolog_slurmctld(cfg: Config) -> None:
-    _controller_fact(cfg, "ctld-start", {})
+    _controller_fact(cfg, "ctld-start", _array_task())
 
 
 def epilog_slurmctld(cfg: Config) -> None:

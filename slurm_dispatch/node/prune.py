@@ -15,7 +15,11 @@ when every one of these holds, and kept (with the reason counted) otherwise:
 4. no machine still watches survivors of the job (``watch/<host>/<uid>.<jobid>.*``);
 5. the users' records do not need it: the caller says, per uid, the Slurm job ids that a
    record not yet settled or a standing hold still names (``None``: that user's records could
-   not be read, so every folder of that user is kept).
+   not be read, so every folder of that user is kept).  An array's task is filed under its own
+   job id (task 1 of array 97 may be job 98) while records name the array (``97``) and a held
+   task (``97_1``): a folder whose ``start`` or ``ctld-start`` names array A and task T
+   (``array_job_id``, ``array_task_id``, written by hooks since they record them) is needed
+   when its own id, ``A_T`` or ``A`` is; facts without them are tied by their own id alone.
 
 Nothing is followed or removed that the fact store did not write: every folder is opened
 ``O_NOFOLLOW`` relative to its parent from ``StateDir`` and must be owned by us and writable by
@@ -44,7 +48,7 @@ REASONS = ("recent", "not readable", "not proven ceased", "watched", "needed by 
 class Judged:
     """One job folder and the verdict: ``reason`` None means it may go."""
 
-    __slots__ = ("uid", "job_id", "names", "size", "reason", "detail")
+    __slots__ = ("uid", "job_id", "names", "size", "reason", "detail", "array_ids")
 
     def __init__(self, uid: str, job_id: str) -> None:
         self.uid = uid
@@ -53,6 +57,8 @@ class Judged:
         self.size = 0
         self.reason: str | None = None
         self.detail = ""
+        #: The ids a record names this folder's array task by (``A_T``, ``A``), from its facts.
+        self.array_ids: list[str] = []
 
     @property
     def path(self) -> str:
@@ -132,6 +138,21 @@ def _proof_problem(facts: list[dict]) -> str:
     return ""
 
 
+def _array_ids(facts: list[dict]) -> list[str]:
+    """``A_T`` and ``A`` of the array task these facts' starts say they are, or []."""
+    found: list[str] = []
+    for fact in facts:
+        if fact.get("kind") not in ("start", "ctld-start"):
+            continue
+        array, task = fact.get("array_job_id"), fact.get("array_task_id")
+        if not (isinstance(array, str) and array.isascii() and array.isdigit()):
+            continue
+        if isinstance(task, str) and task.isascii() and task.isdigit():
+            found.append(f"{array}_{task}")
+        found.append(array)
+    return list(dict.fromkeys(found))
+
+
 def _judge(job_fd: int, judged: Judged, cutoff: float) -> None:
     trusted = {os.geteuid()}
     facts = []
@@ -161,6 +182,7 @@ def _judge(job_fd: int, judged: Judged, cutoff: float) -> None:
             judged.reason, judged.detail = "not readable", f"{name}: {exc}"
             return
         facts.append(record)
+    judged.array_ids = _array_ids(facts)
     problem = _proof_problem(facts)
     if problem:
         judged.reason, judged.detail = "not proven ceased", problem
@@ -226,6 +248,12 @@ def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
             elif judged.reason is None and wanted is not None and job_id in wanted:
                 judged.reason, judged.detail = "needed by a record", \
                     "a standing hold or an unsettled record names it"
+            elif judged.reason is None and wanted is not None and \
+                    set(judged.array_ids) & wanted:
+                named = next(i for i in judged.array_ids if i in wanted)
+                what = "array task" if "_" in named else "array"
+                judged.reason, judged.detail = "needed by a record", \
+                    f"a standing hold or an unsettled record names its {what}, {named}"
             yield judged
     finally:
         os.close(user)

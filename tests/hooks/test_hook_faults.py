@@ -244,6 +244,34 @@ def test_missing_node_name(world: World, hook: str) -> None:
     assert "$SLURMD_NODENAME is not set" in outcome.log
 
 
+def start_fact(w: World) -> dict:
+    import json
+    (name,) = [f for f in fact_files(w) if f.split("/")[-1].split(".")[0].endswith("start")]
+    return json.loads((w.state / "facts" / name).read_text())
+
+
+@pytest.mark.parametrize("hook", ["prolog", "prolog-slurmctld"])
+@pytest.mark.parametrize("array,task,recorded", [
+    ("97", "1", {"array_job_id": "97", "array_task_id": "1"}),
+    ("<unset>", "<unset>", {}),  # not an array's task: nothing said
+    ("9 7", "1", {"array_task_id": "1"}),
+    ("97", "-1", {"array_job_id": "97"}),
+    ("\u0669\u0667", "1/..", {}),  # Arabic-Indic digits are digits to str.isdigit
+    ("12345678901", "", {}),  # longer than any uint32 job id; an empty task id
+])
+def test_an_array_tasks_start_names_its_array_and_a_bad_value_is_absent(
+        world: World, hook: str, array: str, task: str, recorded: dict[str, str]) -> None:
+    # Facts are filed under the task's own SLURM_JOB_ID (500 here); the records name the
+    # array and A_T, which these two fields tie the folder to (node/prune.py).
+    outcome = world.run(hook, world.env(hook, SLURM_ARRAY_JOB_ID=array,
+                                        SLURM_ARRAY_TASK_ID=task))
+    settled(outcome)
+    fact = start_fact(world)
+    assert fact["job_id"] == "500"
+    assert {k: v for k, v in fact.items() if k.startswith("array_")} == recorded
+    assert "Traceback" not in outcome.log
+
+
 def test_an_unexpected_exception_is_logged(world: World) -> None:
     outcome = world.run("recheck", {"SLURM_DISPATCH_CONF": str(world.conf)}, hint="bogus")
     settled(outcome)

@@ -27,15 +27,19 @@ def _root() -> None:
         pytest.fail("the prune tests need root (a root-owned StateDir)")
 
 
-def clean_job(state: str, job_id: str, uid: int = UID) -> None:
+def clean_job(state: str, job_id: str, uid: int = UID, ctld: Optional[dict[str, str]] = None,
+              **start: str) -> None:
+    """A job whose every execution is proven gone; ``start`` adds to the nodes' starts and
+    ``ctld`` (default: the same) to the controller's."""
     for node in ("n1", "n2"):
-        start = record(state, "start", node, job_id, uid, time=1.0, restart=0)
+        start_name = record(state, "start", node, job_id, uid, time=1.0, restart=0, **start)
         factstore.write_fact(state, uid, uid, job_id, "end", node,
                              {"time": 2.0, "restart": 0, "survivors": [], "scan_error": None},
-                             token=start.rpartition(".")[2])
-    ctld = record(state, "ctld-start", "slurmctld", job_id, uid, time=1.0, restart=0)
+                             token=start_name.rpartition(".")[2])
+    ctld_name = record(state, "ctld-start", "slurmctld", job_id, uid, time=1.0, restart=0,
+                       **(start if ctld is None else ctld))
     record(state, "ctld-end", "slurmctld", job_id, uid, time=2.0, restart=0,
-           start_token=ctld.rpartition(".")[2])
+           start_token=ctld_name.rpartition(".")[2])
 
 
 def prune(tmp_path: Path, *args: str, needs: Optional[dict[int, Optional[set[str]]]] = None,
@@ -127,6 +131,37 @@ def test_what_is_still_needed_is_kept_and_says_why(
     assert out.splitlines()[-1].endswith(
         "kept 8: 2 needed by a record, 3 not proven ceased, 1 not readable, "
         "1 records unreadable, 1 watched")
+
+
+def test_an_array_tasks_folder_is_needed_by_its_task_and_its_array(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task's facts are filed under its own job id; records name the array (A, a record
+    not settled) and a held task (A_T).  The start facts' array fields tie them."""
+    def task(job_id: str, array: str, task: str, **where: dict[str, str]) -> None:
+        clean_job(state, job_id, array_job_id=array, array_task_id=task, **where)
+
+    task("601", "90", "1")  # held as 90_1
+    task("602", "91", "2")  # array 91's record is not settled
+    task("603", "92", "3")  # another task of array 92, another array, a longer id held
+    clean_job(state, "604")  # facts of a hook that did not record arrays: its own id only
+    # Only the controller's start says it (a node on an older release).
+    clean_job(state, "605", ctld={"array_job_id": "93", "array_task_id": "0"})
+    # Values no hook of ours writes are not read as ids.
+    task("606", "94x", "1")
+    task("607", "95", "1 ")
+    needs = {UID: {"90_1", "91", "92_4", "93_3", "923", "94x", "94x_1", "93_0", "95_1 "}}
+    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch,
+                      needs=needs)
+    assert code == 0, out
+    said = {line.split()[1]: line for line in out.splitlines() if line.startswith("kept ")}
+    assert set(said) == {"facts/1000/601:", "facts/1000/602:", "facts/1000/605:"}, out
+    assert "needed by a record (a standing hold or an unsettled record names its array " \
+        "task, 90_1)" in said["facts/1000/601:"]
+    assert "names its array, 91)" in said["facts/1000/602:"]
+    assert "names its array task, 93_0)" in said["facts/1000/605:"]
+    for gone in ("603", "604", "606", "607"):
+        assert f"removed facts/1000/{gone} (6 facts" in out, gone
+        assert not folder(state, gone).exists()
 
 
 def test_a_planted_symlink_is_neither_followed_nor_removed(

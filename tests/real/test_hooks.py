@@ -1,7 +1,7 @@
 """The hooks on the real sandbox, installed as an admin would install them: every node of a
 multi-node job records its start and its post-kill end, the controller records the allocation
-and the end, the job's user can read them and another user cannot, and a timed-out job's end is
-recorded too.
+and the end, the job's user can read them and another user cannot, a timed-out job's end is
+recorded too, and an array task's starts name its array and task.
 """
 
 from __future__ import annotations
@@ -125,3 +125,36 @@ def test_a_requeued_executions_ends_are_its_own(sandbox: Sandbox) -> None:
         lambda: (lambda f: f[1] if len(f) == 2 and f[1]["controller"]["end"] else None)(
             facts.execution_facts(jobid, state, sandbox.uid)), 30, "its end recorded")
     assert second["end"]["exit_code"] == "0:0" and not second["end"]["requeued"]
+
+
+def test_an_array_tasks_starts_name_its_array_and_task(sandbox: Sandbox) -> None:
+    """Issue 22 item 3: a task's facts are filed under its own job id (SLURM_JOB_ID) while the
+    records name the array and A_T.  PrologSlurmctld is given SLURM_ARRAY_JOB_ID and
+    SLURM_ARRAY_TASK_ID, and the controller's start carries them, which ties the folder.  The
+    node's Prolog (PrologFlags=Alloc) is given neither on 22.05 or 24.11 (its environment,
+    dumped on the sandbox by a prolog.d part: SLURM_JOB_ID and no SLURM_ARRAY_*); where a
+    release gives them it records them, and never records another task's."""
+    array = sandbox.submit("#!/bin/sh\nexit 0\n", "--array=0-2", "-o", "/dev/null")
+    state = str(sandbox.dir / "dispatch-state")
+
+    def own_ids() -> dict[int, str] | None:
+        shown = {t: sandbox.job_state(f"{array}_{t}") for t in range(3)}
+        if any(f.get("JobState") != "COMPLETED" for f in shown.values()):
+            return None
+        return {t: f["JobId"] for t, f in shown.items()}
+    own = sandbox.wait_for(own_ids, 90, "every task to complete", interval=1)
+    assert len(set(own.values())) == 3 and array in own.values(), own
+
+    def started(job_id: str) -> dict | None:
+        found = facts.execution_facts(job_id, state, sandbox.uid)
+        if found and found[0]["controller"]["start"] and found[0]["nodes"] and all(
+                n["start"] for n in found[0]["nodes"].values()):
+            return found[0]
+        return None
+    for task, job_id in own.items():
+        execution = sandbox.wait_for(lambda j=job_id: started(j), 30, f"task {task}'s starts")
+        named = {"array_job_id": array, "array_task_id": str(task)}
+        ctld = execution["controller"]["start"]
+        assert {k: ctld.get(k) for k in named} == named, ctld
+        for node in execution["nodes"].values():
+            assert all(node["start"].get(k) in (None, v) for k, v in named.items()), node

@@ -102,11 +102,22 @@ def test_a_home_root_cannot_look_into_is_read_by_the_user_and_its_needs_kept(
     assert said["needed"] == [made.slurm_job_id]
 
 
+@pytest.mark.parametrize("launcher,hooks,kept", [
+    ("recorded", "without array fields", "needed by a record"),
+    # Task 1's launcher recorded nothing (the interpreter the batch script execs was gone,
+    # say): no record names job 98; the controller's start names array 97 and task 1.
+    ("lost", "with array fields", "needed by a record"),
+    # The same, with facts of hooks that did not record arrays: nothing ties job 98 to 97_1,
+    # so its facts can go while the hold stands (the admin guide says so).
+    ("lost", "without array fields", None),
+])
 def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, hooks: str,
+        kept: str | None) -> None:
     """Facts are filed under each task's own Slurm job id (SLURM_JOB_ID in the hooks: task 1
-    of array 97 is job 98), while the record names the array (97) and the held task as 97_1;
-    the launcher's start of each task names its own id, which is what keeps them."""
+    of array 97 is job 98), while the record names the array (97) and the held task as 97_1.
+    The launcher's start of each task names its own id; the hooks' starts name the task's
+    array and task id (SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID): either keeps them."""
     from slurm_dispatch.control.holds import release
     from slurm_dispatch.control.supervisor import Supervisor
     from slurm_dispatch.node import prune
@@ -124,23 +135,33 @@ def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
     tasks = task_ids(fake, array)
     assert (array, tasks) == ("97", {0: "97", 1: "98"})
 
-    def started(submission: int, task: int, own: str) -> None:  # as the launcher records it
-        job.append("started", submission=submission, slurm_job_id=own, array_job_id=array,
+    def started(submission: int, task: int, own: str, of: str = array) -> None:
+        # As the launcher records it.
+        job.append("started", submission=submission, slurm_job_id=own, array_job_id=of,
                    array_task_id=str(task), restart=0, attempt="a" * 26, epoch=1_000_000,
                    exec_dir="/x", resume_from="", node="n1", nodes="n1", host="h", pid=1)
 
+    def facts_of(own: str, of: str, task: int) -> None:
+        if hooks == "with array fields":
+            task_facts(state, own, of, task, monkeypatch)
+        else:
+            clean_job(state, own, uid=TASK_UID)
+
     started(1, 0, tasks[0])
-    started(1, 1, tasks[1])
+    if launcher == "recorded":
+        started(1, 1, tasks[1])
     fake.set(tasks[0], JobState="COMPLETED")
     fake.set(tasks[1], JobState="NODE_FAIL")
     sup = Supervisor(Slurm(fake, wait=0), Settings(signal=None))
     sup.run_pass()
     (hold,) = job.history().lineage(1).holds
     assert (hold.ended_slurm_job_id, hold.slurm_job_id) == ("97_1", "99")
+    needed = retention.needed_slurm_jobs(record.home_dir())
+    assert ("98" in needed) == (launcher == "recorded")  # the premise
     state = str(tmp_path / "state")
     os.mkdir(state, 0o755)
-    for own in ("97", "98"):
-        clean_job(state, own)
+    facts_of("97", array, 0)
+    facts_of("98", array, 1)
 
     def judge() -> dict[str, str | None]:
         needed = retention.needed_slurm_jobs(record.home_dir())
@@ -148,16 +169,57 @@ def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
 
     # While the hold on task 1 stands, the facts dispatch-cease reads for 97_1 (job 98's)
     # stay, and so do the rest of the record's.
-    assert judge() == {"97": "needed by a record", "98": "needed by a record"}
+    assert judge() == {"97": "needed by a record", "98": kept}
     assert release(Slurm(fake, wait=0), job) == "99"
-    started(2, 1, "99")
+    started(2, 1, "99", of="99")
     fake.set("99", JobState="COMPLETED")
     sup.run_pass()
     assert job.history().settled_tasks([0, 1])
-    clean_job(state, "99")
-    going = [j for j in prune.plan(state, 0, lambda uid: retention.needed_slurm_jobs(
-        record.home_dir()))]
+    facts_of("99", "99", 1)
+    going = list(prune.plan(state, 0, lambda uid: retention.needed_slurm_jobs(
+        record.home_dir())))
     assert {j.job_id: j.reason for j in going} == {"97": None, "98": None, "99": None}
     for judged in going:
         prune.remove(state, judged)
-    assert os.listdir(os.path.join(state, "facts", "1000")) == []
+    assert os.listdir(os.path.join(state, "facts", str(TASK_UID))) == []
+
+
+TASK_UID = 4321  # nobody's here: the test's facts are its own
+
+
+def task_facts(state: str, own: str, array: str, task: int,
+               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One array task's facts, each execution proven ceased: the node's and the controller's
+    starts are written by the Prolog and PrologSlurmctld themselves, given the variables Slurm
+    gives them (the task's own SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID); each is
+    closed by an end that found nothing left."""
+    from slurm_dispatch.config import Config
+    from slurm_dispatch.hooks import evidence
+    from slurm_dispatch.node import factstore
+
+    from ..hooks.fakes import record as fact
+
+    cfg = Config()
+    cfg.state_dir = state
+    with monkeypatch.context() as env:
+        for name in [n for n in os.environ if n.startswith("SLURM")]:
+            env.delenv(name)
+        for name, value in {"SLURM_JOB_ID": own, "SLURM_JOB_UID": str(TASK_UID),
+                            "SLURM_JOB_GID": str(TASK_UID), "SLURM_JOB_RESTART_COUNT": "0",
+                            "SLURM_JOB_NODELIST": "n1", "SLURMD_NODENAME": "n1",
+                            "SLURM_ARRAY_JOB_ID": array,
+                            "SLURM_ARRAY_TASK_ID": str(task)}.items():
+            env.setenv(name, value)
+        evidence.prolog(cfg)
+        evidence.prolog_slurmctld(cfg)
+    for name in factstore.list_job(state, TASK_UID, own):
+        parsed = factstore.parse_name(name)
+        assert parsed is not None
+        kind, node, _, token = parsed
+        if kind == "start":
+            factstore.write_fact(state, TASK_UID, TASK_UID, own, "end", node,
+                                 {"time": 2.0, "restart": 0, "survivors": [],
+                                  "scan_error": None}, token=token)
+        elif kind == "ctld-start":
+            fact(state, "ctld-end", node, own, TASK_UID, time=2.0, restart=0,
+                 start_token=token)
