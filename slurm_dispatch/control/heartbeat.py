@@ -46,8 +46,7 @@ def read(home: Optional[str] = None, cluster: Optional[str] = None
     ``time``: the last good pass (None if none was); ``failing_since``, ``failures``,
     ``failed_at``, ``error``: present while passes fail; ``every``: a loop's interval."""
     try:
-        with open(path(home, cluster), encoding="utf-8") as handle:
-            found = json.load(handle)
+        found = json.loads(record.read_regular(path(home, cluster)))
     except (OSError, ValueError):
         return None
     if not isinstance(found, dict):

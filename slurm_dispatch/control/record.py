@@ -24,8 +24,10 @@ state directory, written by root); this module only holds what the user's side k
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import time
 
 from .. import _fsio
@@ -197,8 +199,7 @@ class JobRecord:
         for name in names:
             path = os.path.join(folder, name)
             try:
-                with open(path, "rb") as handle:
-                    raw = handle.read()
+                raw = read_regular(path)
                 mtime = os.stat(path).st_mtime
             except OSError as exc:
                 raise RecordError(f"cannot read claim {path!r}: {exc.strerror}") from None
@@ -235,10 +236,29 @@ def _link_new(folder: str, name: str, data: bytes) -> bool:
     return True
 
 
+def read_regular(path: str) -> bytes:
+    """The bytes of the regular file ``path``; OSError for anything else.  Opened
+    ``O_NONBLOCK``: a FIFO put where a record's file belongs answers at once instead of hanging
+    its reader, and the readers include root's child for each user (the site's view, its
+    release service, metrics, prune), which would stall every other user's pass behind it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({stat.filemode(mode)})")
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def read_json(path: str) -> Any:
     try:
-        with open(path, "rb") as handle:
-            return json.loads(handle.read())
+        return json.loads(read_regular(path))
     except FileNotFoundError:
         raise RecordError(f"{path!r} is missing") from None
     except (OSError, ValueError) as exc:

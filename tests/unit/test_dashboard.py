@@ -104,3 +104,24 @@ def test_without_metrics_dir_it_says_so(tmp_path: Path) -> None:
     conf.write_text("")
     done = CliRunner().invoke(admin.main, ["metrics", "--config", str(conf)])
     assert done.exit_code == 2 and "MetricsDir is not set in" in done.output, done.output
+
+
+
+READ_PASSES = """
+import sys
+from slurm_dispatch.control import dashboard, heartbeat
+print(heartbeat.read(sys.argv[1]), dashboard.numbers(sys.argv[1], 60, 0)["passes"])
+"""
+
+
+def test_a_fifo_as_the_supervisors_pass_file_reads_as_no_pass(tmp_path: Path) -> None:
+    # Issue 22 attack: heartbeat.read opened it and waited for a writer, so dispatch-admin
+    # metrics' child for that user hung (and every user after it waited) until its alarm.
+    import subprocess
+    import sys
+
+    os.mkfifo(tmp_path / heartbeat.PASS_FILE)
+    os.mkfifo(tmp_path / "supervisor-pass@alpha.json")
+    done = subprocess.run([sys.executable, "-c", READ_PASSES, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "None {}\n"), done.stderr

@@ -451,3 +451,23 @@ def test_a_facts_folder_not_trusted_is_named_and_the_listed_users_still_read(
     assert err == (f"dispatch-admin: {state}/facts is owned by uid 0 with mode 0777; its facts "
                    "are not trusted: the users whose jobs left facts there are not all looked "
                    "at\n"), err
+
+
+def test_a_fifo_among_a_users_events_is_named_at_once_not_waited_on(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile user puts a FIFO where an event file goes: root's child reading as that user
+    opened it and waited for a writer until its alarm (CHILD_TIMEOUT, 300 s), twice a pass of
+    the release service (the question, then the view), and every other user's pass waited
+    behind it.  The alarm is made short here, so the wait shows as the child's missing answer."""
+    fake, base = site
+    job, _, held_id = held(fake, base)
+    fifo = Path(job.path) / "events" / "0000000000000000001-fifo-deadbeef.json"
+    os.mkfifo(fifo)
+    os.lchown(fifo, USER.pw_uid, USER.pw_gid)
+    monkeypatch.setattr(siteview, "CHILD_TIMEOUT", 5.0)
+    code, out, err = admin_cmd(base, "holds", "--json")
+    assert code == 1
+    shown = json.loads(out)
+    assert len(shown["errors"]) == 1, shown
+    assert f"{job.id}: cannot read {str(fifo)!r}" in shown["errors"][0], shown
+    assert "not a regular file (prw" in shown["errors"][0], shown
