@@ -20,7 +20,7 @@ from typing import Any, Optional
 import click
 
 from .._table import render_table
-from ..errors import UsageError
+from ..errors import DispatchError, UsageError
 from .shell import ClickShell
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -174,12 +174,15 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
         written = float(seen["written_at"])
         limit = 3 * cfg.cessation_interval
         stale = now - written > limit
+        only = seen.get("only_users")
         from .. import _clock
         click.echo(f"dispatch-admin: the site view as of {_clock.instant(written)} "
                    f"({_clock.ago(written, now)} old), from "
                    f"{siteview.snapshot_path(cfg.state_dir)}"
                    + (f": stale, older than 3 CessationIntervals ({limit:g} s); is root's "
-                      "release-service (dispatch-release.timer) running?" if stale else ""),
+                      "release-service (dispatch-release.timer) running?" if stale else "")
+                   + (f"; only the holds of {', '.join(map(str, only))}: root's "
+                      "release-service ran with --user" if isinstance(only, list) else ""),
                    err=True)
     if as_json:
         click.echo(json.dumps(seen, sort_keys=True))
@@ -244,6 +247,11 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
     settings = site_settings()
     cfg, where = _site_config()
     group = siteview.site_group(cfg.site_view_group, where) if cfg.site_view_group else None
+    if group is None:  # a copy the group read stays readable by it until it is removed
+        gone = siteview.remove_snapshot(cfg.state_dir)
+        if gone and not quiet:
+            click.echo(f"site view: {where} sets no SiteViewGroup: removed {gone}, which "
+                       "its group could still read")
     if not settings.signal and group is None:
         raise UsageError("dispatch.conf sets no CessationSignal: holds wait for a person "
                          "(dispatch release), there is nothing to ask")
@@ -258,9 +266,14 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
             now = time.time()
             seen = siteview.view(chosen)
             seen["errors"] = unfound + seen["errors"]
-            path = siteview.write_snapshot(cfg.state_dir, group, seen, now)
-            done["actions"].append(f"site view: {len(seen['holds'])} standing hold(s) written "
-                                   f"to {path} for group {group.gr_name}")
+            if user:  # the group reads it as the site's: it says whose it is
+                seen["only_users"] = sorted(set(user))
+            try:
+                path = siteview.write_snapshot(cfg.state_dir, group, seen, now)
+                done["actions"].append(f"site view: {len(seen['holds'])} standing hold(s) "
+                                       f"written to {path} for group {group.gr_name}")
+            except DispatchError as exc:  # the pass's own work is still said, and --loop goes on
+                done["errors"].append(f"site view not written: {exc}")
         if not quiet:
             for action in done["actions"]:
                 click.echo(action)

@@ -400,6 +400,34 @@ def write_snapshot(state_dir: str, group: grp.struct_group, seen: dict[str, Any]
     return os.path.join(folder, SNAPSHOT)
 
 
+def remove_snapshot(state_dir: str) -> Optional[str]:
+    """Remove the group's copy (root only; SiteViewGroup no longer set), never through a
+    symlink, only a file in a root-owned StateDir/siteview/: the path removed, or None."""
+    try:
+        state_fd = _fsio.open_dir(state_dir)
+    except OSError:
+        return None
+    try:
+        fd = _fsio.open_dir(SNAPSHOT_DIR, state_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(state_fd)
+    try:
+        if os.fstat(fd).st_uid != 0:
+            return None
+        try:
+            info = os.stat(SNAPSHOT, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            os.unlink(SNAPSHOT, dir_fd=fd)
+        except OSError:
+            return None
+    finally:
+        os.close(fd)
+    return snapshot_path(state_dir)
+
+
 def read_snapshot(state_dir: str, group: grp.struct_group, where: str) -> dict[str, Any]:
     """The group's copy of the view, for a member of ``group``: refused, naming the group, for
     anyone else; an error naming the file when there is none or it is not root's and whole."""

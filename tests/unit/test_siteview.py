@@ -471,3 +471,82 @@ def test_a_fifo_among_a_users_events_is_named_at_once_not_waited_on(
     assert len(shown["errors"]) == 1, shown
     assert f"{job.id}: cannot read {str(fifo)!r}" in shown["errors"][0], shown
     assert "not a regular file (prw" in shown["errors"][0], shown
+
+
+def test_a_copy_written_for_some_users_says_so_to_the_group(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer admin tries the service on one user (release-service --user alice): the
+    group's copy then held that user's holds only and read as the site's whole view."""
+    fake, base = site
+    held(fake, base)
+    group_conf(base, monkeypatch, GROUP.gr_name)
+    code, _, err = admin_cmd(base, "release-service")  # --user nobody
+    assert (code, err) == (0, ""), err
+    code, out, err = as_nobody("holds")
+    assert code == 0, err
+    assert err.rstrip().endswith("; only the holds of nobody: root's release-service ran "
+                                 "with --user"), err
+    code, out, err = as_nobody("holds", "--json")
+    assert json.loads(out)["only_users"] == ["nobody"]
+
+
+def test_a_copy_left_when_the_group_is_unset_is_removed_by_the_next_pass(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SiteViewGroup taken out of dispatch.conf (to end the group's view): the last copy,
+    0640 root:group, stayed readable by the group for ever, though holds refused them."""
+    fake, base = site
+    held(fake, base)
+    snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
+    assert admin_cmd(base, "release-service")[0] == 0 and snapshot.is_file()
+    conf = base / "dispatch.conf"
+    conf.write_text(f"StateDir={base / 'state'}\nCessationSignal=/bin/false\n")
+    code, out, err = admin_cmd(base, "release-service")
+    assert f"site view: {conf} sets no SiteViewGroup: removed {snapshot}" in out, out + err
+    assert not snapshot.exists() and snapshot.parent.is_dir()
+    code, out, err = admin_cmd(base, "release-service")
+    assert "site view" not in out, out
+
+
+LOOP = """
+import sys
+sys.argv = ["dispatch-admin", "release-service", "--loop", "--user", "nobody",
+            "--records", {pattern!r}]
+from slurm_dispatch.cli import admin
+admin.main()
+"""
+
+
+def test_a_copy_that_cannot_be_written_is_an_error_of_the_pass_and_the_loop_goes_on(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """StateDir/siteview/ not root's (refused, rightly): the RefusedError ended the command,
+    so a --loop service stopped lifting holds at its first such pass, and one pass's own
+    actions went unsaid."""
+    import subprocess
+    import sys
+    fake, base = site
+    held(fake, base)
+    snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
+    snapshot.parent.mkdir(mode=0o750)
+    os.chown(snapshot.parent, USER.pw_uid, USER.pw_gid)
+    code, out, err = admin_cmd(base, "release-service")
+    assert code == 1, out + err
+    assert err == (f"dispatch-admin: site view not written: {snapshot.parent} is owned by "
+                   f"uid {USER.pw_uid}, not root: the site view is not written there; "
+                   "remove it\n"), err
+    conf = base / "dispatch.conf"
+    conf.write_text(conf.read_text() + "CessationInterval=1\n")
+    log = base / "loop.err"
+    with open(log, "wb") as errors:
+        loop = subprocess.Popen([sys.executable, "-c", LOOP.format(pattern=f"{base}/%u")],
+                                stdout=subprocess.DEVNULL, stderr=errors,
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("site view not written") < 2 and loop.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert loop.poll() is None, log.read_text()  # still serving
+        assert log.read_text().count("site view not written") >= 2, log.read_text()
+    finally:
+        loop.kill()
+        loop.wait()
