@@ -211,6 +211,8 @@ class Doctor:
                 self.run_part(key, part, settings, started)
             else:
                 self.run_recheck(part)
+        self.check_metrics([(key, part) for key, part in parts
+                            if key not in CONTROLLER_KEYS or ctld_ok])
         self.check_versions()
         self.clean_up(cfg)
         self.check_releases(cfg)
@@ -491,6 +493,45 @@ class Doctor:
         names = (as_account(account, names_of) if account is not None else names_of()).split()
         return sorted(n for n in names if (store.parse_name(n) or ("",))[0] == kind
                       and store.parse_name(n)[1] == node)  # type: ignore[index]
+
+    def check_metrics(self, parts: list[tuple[str, str]]) -> None:
+        """Where a part's dispatch.conf sets MetricsDir, that the hook can count there as the
+        user it runs as (root, or SlurmUser for the controller's parts): a hook that cannot
+        says so only to syslog, on every run, and records its facts all the same."""
+        from . import metrics
+        seen: set[tuple[str, int]] = set()
+        for key, part in parts:
+            where = self.part_config(part).metrics_dir
+            account = self.slurm_user if self.runs_as(key) else None
+            if not where or (where, account.pw_uid if account else 0) in seen:
+                continue
+            seen.add((where, account.pw_uid if account else 0))
+
+            def probe(folder: str = where) -> str:
+                try:
+                    metrics.check_dir(folder)
+                except metrics.MetricsError as exc:
+                    return str(exc)
+                return ""
+
+            name = "MetricsDir" + (f" (SlurmUser {account.pw_name})" if account else "")
+            why = as_account(account, probe) if account is not None else probe()
+            if not why:
+                self.add(name, OK, f"{where}: the hooks{self.who(key)} count there")
+                continue
+            if account is not None:
+                fix = (f"the controller's parts run as SlurmUser {account.pw_name}: give them a "
+                       "dispatch.conf of their own (their DISPATCH_CONF) without MetricsDir, or "
+                       f"with a folder of SlurmUser's: as root: mkdir -p DIR && chown "
+                       f"{account.pw_name}: DIR && chmod 0755 DIR, a second textfile folder "
+                       "for node_exporter")
+                why = f"as SlurmUser {account.pw_name} (uid {account.pw_uid}): {why}"
+            else:
+                fix = (f"as root: mkdir -p {where} && chown root: {where} && chmod 0755 "
+                       f"{where} (a local folder: node_exporter's --collector.textfile."
+                       "directory)")
+            self.add(name, FAIL, f"{why}: the hooks' counts are not added (each run says so "
+                                 "only to syslog)", fix)
 
     def check_versions(self) -> None:
         found = sorted(set(self.versions.values()))

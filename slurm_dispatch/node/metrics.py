@@ -180,6 +180,20 @@ def _open_dir(metrics_dir: str) -> int:
     return fd
 
 
+def check_dir(metrics_dir: str) -> None:
+    """Whether a hook running as this process's user can count in ``metrics_dir``: MetricsError
+    saying why not (a symlink, another owner, writable by others, no lock file can be made).
+    For ``dispatch-admin doctor``, which asks it as the user each hook runs as."""
+    dir_fd = _open_dir(metrics_dir)
+    try:
+        try:
+            os.close(_fsio.create_new(LOCK, 0o600, dir_fd=dir_fd, exclusive=False))
+        except OSError as exc:
+            raise MetricsError(f"cannot open {metrics_dir}/{LOCK}: {exc.strerror}") from None
+    finally:
+        os.close(dir_fd)
+
+
 def _lock(dir_fd: int, metrics_dir: str, wait: float) -> int:
     import fcntl
     try:

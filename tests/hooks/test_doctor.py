@@ -366,3 +366,47 @@ def test_a_python_slurm_user_cannot_run_is_named(controller: Path,
     assert f"cannot be run as SlurmUser {slurm_user.pw_name}" in found["detail"] or \
         f"cannot import slurm_dispatch as SlurmUser {slurm_user.pw_name}" in found["detail"]
     assert states(report)["EpilogSlurmctld runs"] == "ok"
+
+
+def test_a_metrics_dir_slurm_user_cannot_count_in_is_named(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    """Issue 22 attack: MetricsDir (node_exporter's folder, root's) set in the controller's
+    dispatch.conf: every PrologSlurmctld and EpilogSlurmctld, as SlurmUser, logged 'metrics
+    not updated' to syslog and counted nothing, while the doctor said every check passed."""
+    name = slurm_user.pw_name
+    metrics_dir = controller / "textfile"
+    metrics_dir.mkdir(mode=0o755)
+    conf = controller / "etc/dispatch.conf"
+    conf.write_text(conf.read_text() + f"MetricsDir={metrics_dir}\n")
+    code, report = diagnose_controller(controller)
+    assert code == 1, report
+    found = check(report, f"MetricsDir (SlurmUser {name})")
+    assert found["state"] == "FAIL"
+    assert (f"as SlurmUser {name} (uid {slurm_user.pw_uid}): MetricsDir '{metrics_dir}' is "
+            f"owned by uid 0 with mode 0755; it must be owned by uid {slurm_user.pw_uid}") \
+        in found["detail"], found
+    assert f"chown {name}: DIR" in found["fix"]
+    assert states(report)["PrologSlurmctld runs"] == "ok"  # facts recorded all the same
+    os.chown(metrics_dir, slurm_user.pw_uid, slurm_user.pw_gid)
+    code, report = diagnose_controller(controller)
+    assert code == 0, report
+    assert check(report, f"MetricsDir (SlurmUser {name})")["detail"] == \
+        f"{metrics_dir}: the hooks as SlurmUser {name} count there"
+    assert (metrics_dir / "slurm-dispatch.prom").is_file()  # and they did
+
+
+def test_a_metrics_dir_others_may_write_is_named(site: Path) -> None:
+    metrics_dir = site / "textfile"
+    metrics_dir.mkdir()
+    metrics_dir.chmod(0o777)
+    conf = site / "etc/dispatch.conf"
+    conf.write_text(conf.read_text() + f"MetricsDir={metrics_dir}\n")
+    code, report = diagnose(site)
+    assert code == 1, report
+    found = check(report, "MetricsDir")
+    assert found["state"] == "FAIL" and "with mode 0777" in found["detail"], found
+    assert found["fix"].startswith(f"as root: mkdir -p {metrics_dir} && chown root: ")
+    assert not (metrics_dir / "slurm-dispatch.prom").exists()  # the hooks counted nothing
+    metrics_dir.chmod(0o755)
+    code, report = diagnose(site)
+    assert code == 0 and check(report, "MetricsDir")["state"] == "ok", report
