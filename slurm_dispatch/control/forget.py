@@ -19,6 +19,7 @@ import os
 import re
 from typing import Any, Optional
 
+from .. import _fsio
 from ..errors import DispatchError, RecordError
 from ..slurm.jobs import Job, unique_jobs
 from . import events, record, submit
@@ -130,8 +131,8 @@ def size(job: record.JobRecord) -> int:
 
 def forget(job: record.JobRecord) -> None:
     """Remove the record whole: renamed out of every reader's sight, then removed.  A
-    symlink is refused (:func:`symlinked`), never followed."""
-    import shutil
+    symlink is refused (:func:`symlinked`), never followed; what cannot be removed is an
+    error naming it (the renamed folder stays for the next run to finish)."""
     link = symlinked(job)
     if link is not None:
         raise RecordError(f"not removing the record {job.path!r}: {link}")
@@ -145,35 +146,86 @@ def forget(job: record.JobRecord) -> None:
         os.unlink(going)
         raise RecordError(f"not removing the record {job.path!r}: it became a symlink while "
                           "it was being forgotten; the link is removed, nothing it led to")
-    shutil.rmtree(going, ignore_errors=True)
+    why = _remove_tree(going)
+    if why:
+        raise RecordError(f"cannot remove the record {job.path!r} whole (renamed out of sight "
+                          f"as {os.path.basename(going)}; the next run tries again): {why}")
 
 
-def finish_earlier(home: Optional[str] = None) -> list[str]:
-    """Remove what a killed run left renamed but not removed; returns those names."""
-    import shutil
+def _remove_tree(path: str) -> str:
+    """Remove the folder ``path`` (a record renamed out of sight, the caller's own): '' when
+    it is gone, else what could not be removed and why.  A folder of the caller's that its
+    user made read-only is made writable first (it is theirs, and it is going); nothing is
+    followed (each folder is opened O_NOFOLLOW, the walk enters no symlink, a symlink is
+    unlinked)."""
+
+    def writable(folder: str) -> None:
+        try:
+            fd = _fsio.open_dir(folder)
+        except OSError:
+            return  # rmtree names what it cannot remove
+        try:
+            info = os.fstat(fd)
+            if info.st_uid == os.geteuid() and info.st_mode & 0o700 != 0o700:
+                os.fchmod(fd, info.st_mode | 0o700)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    writable(path)
+    for folder, dirs, _ in os.walk(path):
+        for name in dirs:
+            writable(os.path.join(folder, name))
+    try:
+        for folder, dirs, names in os.walk(path, topdown=False):
+            for name in names:
+                os.unlink(os.path.join(folder, name))
+            for name in dirs:  # a symlink among them is unlinked, never entered
+                inner = os.path.join(folder, name)
+                os.unlink(inner) if os.path.islink(inner) else os.rmdir(inner)
+        os.rmdir(path)
+    except OSError as exc:
+        return f"{exc.filename}: {exc.strerror}"
+    return ""
+
+
+def finish_earlier(home: Optional[str] = None) -> tuple[list[str], list[str]]:
+    """Remove what a killed run left renamed but not removed: (the names removed, what could
+    not be and why, each naming its path)."""
     base = record.jobs_dir(home)
     try:
         left = [n for n in os.listdir(base) if n.startswith(GOING)]
     except OSError:
-        return []
+        return [], []
+    finished, stuck = [], []
     for name in left:
         path = os.path.join(base, name)
         if os.path.islink(path):  # an earlier release renamed a symlinked record: the link
             os.unlink(path)       # alone goes, never what it leads to
+            finished.append(name)
             continue
-        shutil.rmtree(path, ignore_errors=True)
-    return left
+        why = _remove_tree(path)
+        if why:
+            stuck.append(f"cannot finish removing {path!r}, a record an earlier run renamed out "
+                         f"of sight: {why}")
+        else:
+            finished.append(name)
+    return finished, stuck
 
 
 def forget_planned(jobs: list[record.JobRecord], going: list[dict[str, Any]],
                    home: Optional[str] = None) -> list[str]:
     """Forget the records :func:`plan` let go (``going``, from ``jobs``), after finishing what
     a killed run left half removed under ``home``; returns those names.  What both
-    ``dispatch forget`` and ``dispatch-admin prune`` (as the user) do."""
-    left = finish_earlier(home)
+    ``dispatch forget`` and ``dispatch-admin prune`` (as the user) do.  A leftover that
+    cannot be removed is a RecordError naming it, once the others are forgotten."""
+    left, stuck = finish_earlier(home)
     by_id = {job.id: job for job in jobs}
     for entry in going:
         forget(by_id[entry["id"]])
+    if stuck:
+        raise RecordError("; ".join(stuck))
     return left
 
 

@@ -94,6 +94,6 @@ def test_dispatch_forget_refuses_a_symlinked_record_and_an_old_leftover_link_goe
     # What an earlier release left: the link renamed out of sight.  The link alone goes.
     left = os.path.join(record.jobs_dir(), f"{forget.GOING}{done.job.id}-0badcafe")
     os.rename(done.job.path, left)
-    assert forget.finish_earlier() == [os.path.basename(left)]
+    assert forget.finish_earlier() == ([os.path.basename(left)], [])
     assert not os.path.lexists(left) and (target / "job.json").is_file()
-    assert forget.finish_earlier() == []
+    assert forget.finish_earlier() == ([], [])

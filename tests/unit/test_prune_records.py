@@ -264,3 +264,40 @@ def test_a_symlinked_record_is_refused_once_never_followed_and_leaves_nothing_be
     assert code == 0, out + err
     assert "finished forgetting" not in out, out
     assert not list((base / "nobody" / "jobs").glob(".*"))
+
+
+def test_a_record_with_a_folder_its_user_made_read_only_goes_whole(
+        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    """An unlucky user made a record's events/ read-only (chmod -R a-w, to 'protect' it): the
+    record was renamed out of sight, rmtree could not empty events/ and said nothing
+    (ignore_errors), and every later run said it finished forgetting it while it stayed."""
+    fake, base = site
+    job = settled(fake, base, "ck")
+    owned_by_nobody(base)
+    (Path(job.path) / "events").chmod(0o555)
+    code, out, err = prune(base, "--records-older-than", "0")
+    assert (code, err) == (0, ""), out + err
+    assert out.startswith(f"forgot nobody/{job.id} "), out
+    assert os.listdir(base / "nobody" / "jobs") == []  # nothing left renamed out of sight
+    code, out, err = prune(base, "--records-older-than", "0")
+    assert (code, err) == (0, "") and "finished forgetting" not in out, out + err
+
+
+def test_a_leftover_that_cannot_be_removed_is_named_not_said_finished(
+        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    """What nobody cannot remove in a record renamed out of sight (a file of root's in it):
+    an error naming it, on each run, never 'finished forgetting'; the other records go."""
+    fake, base = site
+    job, other = settled(fake, base, "ck"), settled(fake, base, "ck-other")
+    owned_by_nobody(base)
+    stuck = base / "nobody" / "jobs" / ".forgetting-dstuck00-0badcafe"
+    (stuck / "events").mkdir(parents=True)
+    (stuck / "events" / "root.json").write_text("{}")
+    os.lchown(stuck, USER.pw_uid, USER.pw_gid)  # events/ and its file stay root's
+    code, out, err = prune(base, "--records-older-than", "0")
+    assert code == 1, out + err
+    assert "finished forgetting" not in out, out
+    assert err.startswith("dispatch-admin: nobody: ") and f"{stuck}/events" in err, err
+    assert "Permission denied" in err, err
+    assert not os.path.lexists(job.path) and not os.path.lexists(other.path)
+    assert stuck.is_dir()
