@@ -11,7 +11,9 @@ it never guesses.  For each node of the execution, evidence that proves:
 Evidence that does not prove: the node being down or not responding, survivors found, a drain
 with "Kill task failed" (unless the node rebooted since), no record.  An execution that is still
 running, completing or not yet started is not ceased.  An array has ceased only when every task
-the controller knows has: each task is judged on its own, by its own records.
+the controller knows has: each task is judged on its own, by its own records.  A task the
+controller has forgotten, asked as ``A_T``, is judged by the facts filed under its own job id,
+found by the controller's start that names its array and task (:func:`facts.array_task_job`).
 
 Invariants: the controller is asked a fixed number of questions whatever the node count: one
 read of the job (every task of an array, through the Slurm adapter, which never lets the job's
@@ -186,6 +188,9 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         restarts, state = info.restarts, info.state
     else:
         slurm_job_id, restarts, state = job_id, -1, "unknown to the controller"
+        found = _forgotten_task(job_id, cfg, uid)
+        if found is not None:
+            slurm_job_id, uid = found
     if info is not None and info.array_task_id is not None and info.is_pending \
             and info.job_id == info.array_job_id:
         # A pending task shares its array's id: it has no execution of its own yet.
@@ -263,6 +268,30 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
                       f"not proven on {len(unproven)} of {len(nodes)} node(s): "
                       + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
     return verdict
+
+
+def _forgotten_task(job_id: str, cfg: config_module.Config, uid: Optional[int]
+                    ) -> Optional[tuple[str, int]]:
+    """For ``A_T`` the controller no longer knows (MinJobAge passed): the task's own job id,
+    under which its facts are filed, and their owner, as the controller's start of the task
+    says (:func:`facts.array_task_job`); None when no facts say so.  Root, not told the user,
+    looks among the owners of the array's own folder first, then every user's."""
+    array, sep, task = job_id.partition("_")
+    if not sep or not (array.isdigit() and task.isdigit()):
+        return None
+    if uid is None and os.getuid() != 0:
+        uid = os.getuid()
+    owners = [uid] if uid is not None else facts.job_uids(cfg.state_dir, array)
+    if uid is None:
+        try:
+            owners += [u for u in facts.fact_uids(cfg.state_dir) if u not in owners]
+        except facts.FactError:
+            pass
+    for owner in owners:
+        own = facts.array_task_job(cfg.state_dir, owner, array, task)
+        if own is not None:
+            return own, owner
+    return None
 
 
 # How long after an execution's end its Epilog may still be running: before that, a node with no

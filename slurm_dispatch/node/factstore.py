@@ -63,8 +63,8 @@ WRITTEN: dict[str, int] = {}
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
-           "boot_id", "boot_time", "check_name", "create_file", "dumps", "fact_uids",
-           "format_problem", "job_uids", "list_job", "new_token", "node_activity",
+           "array_task_job", "boot_id", "boot_time", "check_name", "create_file", "dumps",
+           "fact_uids", "format_problem", "job_uids", "list_job", "new_token", "node_activity",
            "open_state_dir", "open_subdir", "parse_name", "read_job_facts", "read_regular",
            "token_time", "write_fact"]
 
@@ -503,3 +503,37 @@ def job_uids(state_dir: str, job_id: str) -> list[int]:
     except OSError:
         pass
     return sorted(found)
+
+
+def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | None:
+    """The job id under which task ``task`` of array ``array`` of user ``uid`` filed its facts
+    (its own ``SLURM_JOB_ID``: task 1 of array 97 may be job 98), from the controller's start,
+    which names the array and the task (``array_job_id``, ``array_task_id``); None when no
+    folder says so (facts written before those fields, or none left).  For when the controller
+    has forgotten the task: only folders numbered ``array`` or later are read (Slurm numbers a
+    task after its array), oldest first, and of each only its ``ctld-start`` facts."""
+    if not (array.isascii() and array.isdigit() and task.isascii() and task.isdigit()):
+        return None
+    fds: list[int] = []
+    try:
+        fds.append(_open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}",
+                                     {0, os.stat(state_dir).st_uid}))
+        trusted = {0, os.fstat(fds[0]).st_uid}
+        where = f"{state_dir}/{FACTS}"
+        fds.append(_open_trusted_dir(fds[-1], FACTS, where, trusted))
+        fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted,
+                                     listable=True))
+        names = os.listdir(fds[-1])
+    except (OSError, FactError):
+        return None
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    first = int(array)
+    for name in sorted((n for n in names if n.isascii() and n.isdigit() and int(n) >= first),
+                       key=int):
+        found, _ = read_job_facts(state_dir, uid, name, ("ctld-start.",))
+        if any(f.get("array_job_id") == array and f.get("array_task_id") == task
+               for f in found):
+            return name
+    return None

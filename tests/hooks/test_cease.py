@@ -247,3 +247,31 @@ def test_an_array_of_many_tasks_costs_two_controller_calls(tmp_path: Path) -> No
     verdict = cease.cessation("200", cfg=cfg, controller=ctl)
     assert verdict.ceased and len(verdict.tasks) == 50, cease.render(verdict)
     assert [c[0] for c in ctl.calls] == ["job", "nodes"]
+
+
+def test_a_task_the_controller_forgot_is_found_by_its_array_and_judged(tmp_path: Path) -> None:
+    """dispatch-cease 97_1 after MinJobAge: the controller no longer knows 97_1, and the
+    task's facts are filed under its own job id (98), which the controller's start names as
+    array 97 task 1.  Before, the answer was 'unknown to the controller and has no records'."""
+    state, cfg = state_dir(tmp_path)
+
+    def task(own: str, number: int, **fields: str) -> None:
+        record(state, "ctld-start", "slurmctld", job_id=own, time=NOW - 300, restart=0,
+               nodes=["n1"], **fields)
+        start = record(state, "start", "n1", job_id=own, time=NOW - 200, restart=0)
+        record(state, "end", "n1", job_id=own, time=NOW - 190, restart=0, survivors=[],
+               scan_error=None, start_token=start.split(".")[-1])
+
+    task("97", 0, array_job_id="97", array_task_id="0")
+    task("98", 1, array_job_id="97", array_task_id="1")
+    task("99", 2)  # written by a hook that did not record arrays
+    ctl = FakeController(None, {"n1": node("n1")})
+    for uid in (1000, None):  # the user, and root not told whose it is
+        verdict = cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=uid)
+        assert verdict.ceased, cease.render(verdict)
+        assert (verdict.job_id, verdict.slurm_job_id) == ("97_1", "98")
+        assert "job 97_1 restart 0 (unknown to the controller): ceased" in cease.render(verdict)
+    # A task no fact names stays unknown, as before.
+    for asked in ("97_2", "96_1"):
+        with pytest.raises(UsageError, match="unknown to the controller and has no records"):
+            cease.cessation(asked, 0, cfg=cfg, controller=ctl, uid=1000)

@@ -9,6 +9,7 @@ keeps no accounting: ``sacct`` fails there).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -128,3 +129,24 @@ def test_a_job_that_failed_and_aged_out_unseen_is_resubmitted(user: User,
     subs = user.status(job)["submissions"]
     assert [s["submission"] for s in subs] == [1, 2]
     assert "known from the controller's end record" in subs[1]["reason"]
+
+
+def test_a_task_the_controller_forgot_is_judged_from_its_own_facts(
+        sandbox: Any, short_min_job_age: None) -> None:
+    """Issue 22 item 3: dispatch-cease A_T once slurmctld has forgotten the task (MinJobAge):
+    its facts are filed under its own job id, which the controller's start names as array A
+    task T, so the answer is a verdict from them, not 'unknown to the controller'."""
+    array = sandbox.submit("#!/bin/sh\nexit 0\n", "--array=0-1", "-o", "/dev/null")
+    own = sandbox.wait_for(
+        lambda: (lambda f: f.get("JobId") if f.get("JobState") == "COMPLETED" else None)(
+            sandbox.job_state(f"{array}_1")), 60, "task 1 to complete", interval=1)
+    sandbox.wait_for(lambda: not known(sandbox, array) and not known(sandbox, own), 200,
+                     f"slurmctld to forget array {array}", interval=2)
+    cease = str(sandbox.venv_bin / "dispatch-cease")
+    proc = sandbox.run([cease, f"{array}_1", "--restart", "0", "--json"], user=sandbox.user,
+                       check=False)
+    assert proc.returncode == 0, proc
+    verdict = json.loads(proc.stdout)
+    assert (verdict["job_id"], verdict["slurm_job_id"], verdict["ceased"]) == (
+        f"{array}_1", own, True), verdict
+    assert verdict["job_state"] == "unknown to the controller"
