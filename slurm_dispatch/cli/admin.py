@@ -195,15 +195,26 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
                         default=None)
             held = hold["held_slurm_job_id"] + (f"_{hold['task']}" if hold["task"] is not None
                                                 else "")
-            rows.append([hold["user"], hold["dispatch_job"], held, _when(hold["deadline"]),
-                         _left(now, hold["deadline"]), waits, verdicts, _when(asked)])
+            rows.append([_shown(cell) for cell in (
+                hold["user"], hold["dispatch_job"], held, _when(hold["deadline"]),
+                _left(now, hold["deadline"]), waits, verdicts, _when(asked))])
         text = render_table(["USER", "DISPATCH_JOB", "HELD", "DEADLINE", "LEFT", "WAITS_FOR",
                              "LAST_ANSWER", "ASKED"], rows, noheader)
         if text:
             click.echo(text)
     for error in seen["errors"]:
-        click.echo(f"dispatch-admin: {error}", err=True)
+        click.echo(f"dispatch-admin: {_shown(error)}", err=True)
     return 1 if seen["errors"] or stale else None
+
+
+def _shown(text: object) -> str:
+    """``text`` on one line: what a user wrote (a record folder's name, an event's job id)
+    has each character that is not printable escaped, so that it can neither start a row of
+    its own in the table root and the group read nor move the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _site_config() -> Any:
@@ -276,9 +287,9 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
                 done["errors"].append(f"site view not written: {exc}")
         if not quiet:
             for action in done["actions"]:
-                click.echo(action)
+                click.echo(_shown(action))
         for error in done["errors"]:
-            click.echo(f"dispatch-admin: {error}", err=True)
+            click.echo(f"dispatch-admin: {_shown(error)}", err=True)
         if not loop:
             return 1 if done["errors"] else None
         time.sleep(settings.interval)
@@ -407,19 +418,20 @@ def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool
     going = kept = size = 0
     for name, got in retention.forget_old(chosen, cluster, before, dry_run):
         for left in got.get("finished", []):
-            click.echo(f"finished forgetting {name}/{left} (left half removed by a killed run)")
+            click.echo(f"finished forgetting {name}/{_shown(left)} (left half removed by a "
+                       "killed run)")
         for entry in got.get("forgotten", []):
             going += 1
             size += entry["bytes"]
-            click.echo(f"{verb} {name}/{entry['id']} (last active {_when(entry['last'])}, "
+            click.echo(f"{verb} {name}/{_shown(entry['id'])} (last active {_when(entry['last'])}, "
                        f"{entry['bytes']} bytes on disk)")
         for entry in got.get("kept", []):
             kept += 1
             if verbose:
-                click.echo(f"kept {name}/{entry['id']}: {entry['why']}")
+                click.echo(_shown(f"kept {name}/{entry['id']}: {entry['why']}"))
         for error in got.get("errors", []):
             failed = True
-            click.echo(f"dispatch-admin: {name}: {error}", err=True)
+            click.echo(f"dispatch-admin: {name}: {_shown(error)}", err=True)
     click.echo(f"{verb} {going} records ({size} bytes on disk) of cluster {cluster} last "
                f"active before {_when(before)}; kept {kept}")
     for error in unfound:
@@ -475,7 +487,7 @@ def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> 
         values[series("slurm_dispatch_records_unreadable", {"user": name})] = 1 if errors else 0
         for error in errors:
             failed = True
-            click.echo(f"dispatch-admin: {name}: {error}", err=True)
+            click.echo(f"dispatch-admin: {name}: {_shown(error)}", err=True)
         if errors:
             continue
         values[series("slurm_dispatch_holds_standing", {"user": name})] = got["holds"]

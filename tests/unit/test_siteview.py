@@ -550,3 +550,20 @@ def test_a_copy_that_cannot_be_written_is_an_error_of_the_pass_and_the_loop_goes
     finally:
         loop.kill()
         loop.wait()
+
+
+def test_a_record_name_cannot_draw_a_row_of_another_users_in_the_table(
+        site: tuple[FakeCluster, Path]) -> None:
+    """A hostile user names a record folder with a newline and columns of their choosing: the
+    table root and the group read showed a second row, a hold 'of alice' that is no one's."""
+    fake, base = site
+    job, ended, held_id = held(fake, base)
+    forged = "dk3m9x2a\nalice    dq2bxk7m 4711 2026-12-03T14:02:11 23:41:07 4700+0 ceased"
+    os.rename(job.path, Path(job.path).parent / forged)
+    code, out, err = admin_cmd(base, "holds")
+    assert (code, err) == (0, ""), err
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[1].split()[0] == "nobody", out
+    assert "dk3m9x2a\\nalice" in lines[1], out
+    code, out, err = admin_cmd(base, "holds", "--json")
+    assert json.loads(out)["holds"][0]["dispatch_job"] == forged  # JSON keeps it as it is
