@@ -125,3 +125,33 @@ def test_a_fifo_as_the_supervisors_pass_file_reads_as_no_pass(tmp_path: Path) ->
     done = subprocess.run([sys.executable, "-c", READ_PASSES, str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "None {}\n"), done.stderr
+
+
+def test_a_user_cannot_blow_up_the_series_of_the_records_file(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Issue 22 attack, as a hostile user: each answer's verdict (an event the user may write)
+    and each supervisor-pass@<cluster>.json file name became a label value, so a user's
+    records made as many series as they liked in the file node_exporter serves, and so in
+    Prometheus (here 300 forged verdicts and 300 cluster names: 600 series more)."""
+    import json as json_module
+
+    clock, signal = Clock(), Signal("not ceased")
+    job, ended, held, sup = held_job(cluster, clock, signal, Settings(interval=60))
+    sup.run_pass()
+    home = record.home_dir()
+    events = Path(job.path) / "events"
+    answer = json_module.loads(next(p for p in events.iterdir()
+                                    if "-cessation-" in p.name).read_text())
+    for i in range(300):
+        forged = {**answer, "verdict": f"forged {i}"}
+        (events / f"{answer['ns'] + 1 + i:019d}-cessation-f{i:07x}.json").write_text(
+            json_module.dumps(forged))
+    heartbeat.good(home, "alpha", 1, 0, 0)
+    for i in range(300):
+        (Path(home) / f"supervisor-pass@c{i}.json").write_text('{"time": 1.0}')
+    (Path(home) / "supervisor-pass@bad name.json").write_text('{"time": 1.0}')
+    got = dashboard.numbers(home, warning=7200, now=clock.now)
+    assert got["answers"] == {"not ceased": 1, "other": 300}, got["answers"]
+    assert len(got["passes"]) <= dashboard.MAX_CLUSTERS, len(got["passes"])
+    assert "alpha" in got["passes"] and "bad name" not in got["passes"]
+    assert any("supervisor-pass@" in error for error in got["errors"]), got
