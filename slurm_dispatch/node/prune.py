@@ -5,7 +5,9 @@ every job folder ``facts/<uid>/<jobid>/`` and removes those it may.  A folder is
 when every one of these holds, and kept (with the reason counted) otherwise:
 
 1. its newest fact is older than the retention (the time in each fact's name, which is when
-   it was written; a name that does not read as a fact keeps the folder);
+   it was written; a name that does not read as a fact keeps the folder); a fact whose time is
+   ahead of this host's clock by more than :data:`AHEAD` was named by a clock ahead, and keeps
+   its folder as "from the future", said apart from the merely recent;
 2. every fact in it reads as a whole fact of a format this reader knows (a fact being written
    is not whole yet; a garbled one is for a person to look at);
 3. its facts prove that every execution they record ceased, the way ``dispatch-cease`` would
@@ -41,8 +43,12 @@ from ..errors import FactError
 from . import factstore
 
 #: Why a folder is kept, as the summary counts them.
-REASONS = ("recent", "not readable", "not proven ceased", "watched", "needed by a record",
-           "records unreadable", "not ours")
+REASONS = ("recent", "from the future", "not readable", "not proven ceased", "watched",
+           "needed by a record", "records unreadable", "not ours")
+
+
+#: How far a fact's time may be ahead of this host's clock before it is "from the future".
+AHEAD = 300.0
 
 
 class Judged:
@@ -153,7 +159,7 @@ def _array_ids(facts: list[dict]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _judge(job_fd: int, judged: Judged, cutoff: float) -> None:
+def _judge(job_fd: int, judged: Judged, cutoff: float, now: float) -> None:
     trusted = {os.geteuid()}
     facts = []
     for name in sorted(os.listdir(job_fd)):
@@ -167,6 +173,13 @@ def _judge(job_fd: int, judged: Judged, cutoff: float) -> None:
         written = _token_time(parsed[3]) if parsed else None
         if written is None:
             judged.reason, judged.detail = "not readable", f"{name} is not a fact's name"
+            return
+        if max(written, info.st_mtime) > now + AHEAD:
+            from .._clock import instant
+            judged.reason = "from the future"
+            judged.detail = (f"{name} was written at {instant(max(written, info.st_mtime))}, "
+                             "ahead of this host's clock: a clock ahead where it was written; "
+                             "kept until then (remove it by hand once that clock is right)")
             return
         if written > cutoff or info.st_mtime > cutoff:
             judged.reason, judged.detail = "recent", f"{name} is newer than the retention"
@@ -192,7 +205,8 @@ def plan(state_dir: str, retention: float, needed: Callable[[int], set[str] | No
          now: float | None = None) -> Iterator[Judged]:
     """Judge every job folder under ``StateDir/facts`` (see the module's rules), in uid then
     job order; FactError when ``StateDir`` or ``facts/`` cannot be used."""
-    cutoff = (time.time() if now is None else now) - retention
+    now = time.time() if now is None else now
+    cutoff = now - retention
     watched = watched_jobs(state_dir)
     base = factstore.open_state_dir(state_dir)
     try:
@@ -204,7 +218,7 @@ def plan(state_dir: str, retention: float, needed: Callable[[int], set[str] | No
             raise
         try:
             for uid in sorted(os.listdir(facts), key=lambda n: (len(n), n)):
-                yield from _plan_user(facts, uid, state_dir, cutoff, watched, needed)
+                yield from _plan_user(facts, uid, state_dir, cutoff, watched, needed, now)
         finally:
             os.close(facts)
     finally:
@@ -213,7 +227,7 @@ def plan(state_dir: str, retention: float, needed: Callable[[int], set[str] | No
 
 def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
                watched: set[tuple[str, str]],
-               needed: Callable[[int], set[str] | None]) -> Iterator[Judged]:
+               needed: Callable[[int], set[str] | None], now: float) -> Iterator[Judged]:
     where = f"{state_dir}/{factstore.FACTS}/{uid}"
     try:
         user = _open_ours(facts, uid, where)
@@ -237,7 +251,7 @@ def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
                 yield judged
                 continue
             try:
-                _judge(job, judged, cutoff)
+                _judge(job, judged, cutoff, now)
             finally:
                 os.close(job)
             if judged.reason is None and (uid, job_id) in watched:

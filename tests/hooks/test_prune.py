@@ -207,3 +207,23 @@ def test_admin_records_default() -> None:
     # command needs it): the same default the site view reads.
     from slurm_dispatch.control import siteview
     assert admin.DEFAULT_RECORDS == siteview.DEFAULT_RECORDS
+
+
+def test_facts_from_a_clock_ahead_are_kept_and_said_to_be_from_the_future(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 attack: a node booted with its clock a year ahead (an RTC not yet corrected by
+    NTP) names its facts by that clock; prune kept them as 'recent' (newer than the
+    retention) for a year, counted with the jobs that are merely young, and said no more."""
+    import time as time_module
+
+    ahead = time_module.time_ns() + 365 * 86400 * 10**9
+    monkeypatch.setattr(time_module, "time_ns", lambda: ahead)
+    clean_job(state, "100")
+    monkeypatch.undo()
+    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch)
+    assert code == 0, out
+    kept = [line for line in out.splitlines() if line.startswith("kept facts/1000/100:")]
+    assert len(kept) == 1 and kept[0].startswith("kept facts/1000/100: from the future ("), out
+    assert "a clock ahead where it was written" in kept[0], kept
+    assert out.splitlines()[-1].endswith("kept 1: 1 from the future"), out
+    assert folder(state, "100").is_dir()
