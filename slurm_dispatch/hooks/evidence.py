@@ -47,7 +47,7 @@ def _require(name: str) -> str:
 
 def _int_var(name: str) -> int:
     value = _require(name)
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # isdigit() alone admits other scripts
         raise FactError(f"${name}={value!r} is not a number; recording nothing")
     return int(value)
 
@@ -56,7 +56,7 @@ def _restart_env() -> tuple[int, str | None]:
     raw = os.environ.get("SLURM_JOB_RESTART_COUNT")
     if raw is None or raw == "":
         return 0, raw
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise FactError(f"$SLURM_JOB_RESTART_COUNT={raw!r} is not a number")
     return int(raw), raw
 

@@ -228,6 +228,9 @@ def test_full_store_leaves_no_partial_fact(world: World, hook: str) -> None:
     ("SLURM_JOB_GID", "abc", "is not a number"),
     ("SLURM_JOB_ID", "../../outside/x", "is not a plain name"),
     ("SLURM_JOB_RESTART_COUNT", "-1", "is not a number"),
+    # Digits of another script: str.isdigit() says yes and int() reads them (4321, 1).
+    ("SLURM_JOB_UID", "\u0664\u0663\u0662\u0661", "is not a number"),
+    ("SLURM_JOB_RESTART_COUNT", "\u0661", "is not a number"),
 ])
 def test_missing_or_bad_variables(world: World, hook: str, variable: str, value: str,
                                   words: str) -> None:
