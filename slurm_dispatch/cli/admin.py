@@ -173,14 +173,19 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
             seen["holds"] = [h for h in seen.get("holds", []) if h.get("user") in user]
         written = float(seen["written_at"])
         limit = 3 * cfg.cessation_interval
-        stale = now - written > limit
+        ahead = written - now > 300  # another host's clock ahead: its age cannot be told
+        stale = now - written > limit or ahead
         only = seen.get("only_users")
         from .. import _clock
         click.echo(f"dispatch-admin: the site view as of {_clock.instant(written)} "
                    f"({_clock.ago(written, now)} old), from "
                    f"{siteview.snapshot_path(cfg.state_dir)}"
                    + (f": stale, older than 3 CessationIntervals ({limit:g} s); is root's "
-                      "release-service (dispatch-release.timer) running?" if stale else "")
+                      "release-service (dispatch-release.timer) running?"
+                      if stale and not ahead else "")
+                   + (f": written ahead of this host's clock (by {_left(now, written)} or so): "
+                      "the release service's host and this one disagree on the time, so how "
+                      "old it is is not known" if ahead else "")
                    + (f"; only the holds of {', '.join(map(str, only))}: root's "
                       "release-service ran with --user" if isinstance(only, list) else ""),
                    err=True)

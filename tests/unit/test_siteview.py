@@ -567,3 +567,20 @@ def test_a_record_name_cannot_draw_a_row_of_another_users_in_the_table(
     assert "dk3m9x2a\\nalice" in lines[1], out
     code, out, err = admin_cmd(base, "holds", "--json")
     assert json.loads(out)["holds"][0]["dispatch_job"] == forged  # JSON keeps it as it is
+
+
+def test_a_copy_written_ahead_of_the_readers_clock_is_not_taken_for_fresh(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release service's host with its clock ahead: its copies' age read negative, so a
+    copy the service stopped writing looked fresh for as long as that clock was ahead."""
+    fake, base = site
+    held(fake, base)
+    snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
+    seen = siteview.view(siteview.users(["nobody"], f"{base}/%u")[0])
+    siteview.write_snapshot(str(snapshot.parents[1]), GROUP, seen, time.time() + 3600)
+    code, out, err = as_nobody("holds", "--noheader")
+    assert code == 1, err
+    assert out.split()[0] == "nobody"
+    assert ": written ahead of this host's clock (by 0" in err, err  # 00:59:59 or 01:00:00
+    assert ("or so): the release service's host and this one disagree on the time, so how old "
+            "it is is not known") in err, err
