@@ -593,12 +593,30 @@ class Doctor:
                  "each DISPATCH_PYTHON's venv); run the doctor on each")
 
     def clean_up(self, cfg: config_module.Config) -> None:
-        """Remove the doctor's own job's facts (facts/0/doctor-<token>/), nothing else."""
+        """Remove the doctor's own job's facts (facts/0/doctor-<token>/), nothing else, as
+        the owner of each StateDir (SlurmUser's is removed as SlurmUser, whose hooks wrote
+        it: root never walks a path that account could have turned into a symlink)."""
         for state_dir in {cfg.state_dir, *(self.part_config(p).state_dir
                                            for p in self.versions)}:
             folder = os.path.join(state_dir, store.FACTS, "0", self.job_id)
-            if os.path.isdir(folder) and not os.path.islink(folder):
-                shutil.rmtree(folder, ignore_errors=True)
+
+            def remove(folder: str = folder) -> str:
+                if os.path.isdir(folder) and not os.path.islink(folder):
+                    shutil.rmtree(folder, ignore_errors=True)
+                return ""
+
+            try:
+                owner = os.lstat(state_dir).st_uid
+            except OSError:
+                continue
+            if owner == os.geteuid():
+                remove()
+                continue
+            try:
+                account = pwd.getpwuid(owner)
+            except KeyError:
+                continue  # no account: its hooks wrote nothing there
+            as_account(account, remove)
 
 
 def as_account(account: pwd.struct_passwd, work: Callable[[], str]) -> str:

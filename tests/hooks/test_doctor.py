@@ -410,3 +410,32 @@ def test_a_metrics_dir_others_may_write_is_named(site: Path) -> None:
     metrics_dir.chmod(0o755)
     code, report = diagnose(site)
     assert code == 0 and check(report, "MetricsDir")["state"] == "ok", report
+
+
+def test_the_clean_up_of_slurm_users_state_dir_follows_no_link_it_planted(
+        controller: Path, slurm_user: pwd.struct_passwd, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 attack: the doctor removed its job's folder under SlurmUser's StateDir as root,
+    by path, so SlurmUser (whose PrologSlurmctld ran for that job, and saw its id) could turn
+    StateDir/facts into a symlink and have root remove a folder of that name elsewhere, one
+    SlurmUser may not touch.  The doctor's token is fixed here to name that folder."""
+    from slurm_dispatch.node import factstore
+
+    monkeypatch.setattr(factstore, "new_token", lambda: "0" * 24)
+    job_id = f"doctor-{'0' * 24}"
+    elsewhere = controller / "roots"
+    (elsewhere / "0" / job_id).mkdir(parents=True)
+    precious = elsewhere / "0" / job_id / "precious"
+    precious.write_text("root's\n")
+    part = controller / "etc/prolog.d/05-dispatch"
+    real = controller / "etc/prolog.d/real-part"
+    part.rename(real)
+    state = controller / "ctld-state"
+    python = next(line for line in real.read_text().splitlines()
+                  if line.startswith("DISPATCH_PYTHON="))
+    part.write_text(f"#!/bin/sh\n# runs slurm_dispatch.hooks' part, then plants a link\n"
+                    f"{python}\n{real}\nrm -rf {state}/facts && ln -s {elsewhere} "
+                    f"{state}/facts\nexit 0\n")
+    part.chmod(0o755)
+    diagnose_controller(controller)  # its run then finds no fact through the link: FAIL
+    assert (state / "facts").is_symlink()  # the link was planted, as SlurmUser
+    assert precious.read_text() == "root's\n"
