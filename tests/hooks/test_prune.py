@@ -227,3 +227,17 @@ def test_facts_from_a_clock_ahead_are_kept_and_said_to_be_from_the_future(
     assert "a clock ahead where it was written" in kept[0], kept
     assert out.splitlines()[-1].endswith("kept 1: 1 from the future"), out
     assert folder(state, "100").is_dir()
+
+
+def test_a_fact_written_between_the_judgement_and_the_removal_stays_with_its_folder(
+        state: str) -> None:
+    """Issue 22 attack (a fact being written during prune): what was judged goes, a fact the
+    hooks wrote after the judgement (a late Epilog, a re-check) stays, and so does its folder."""
+    from slurm_dispatch.node import prune as prune_module
+
+    clean_job(state, "100")
+    judged = [j for j in prune_module.plan(state, 0, lambda uid: set()) if j.job_id == "100"]
+    assert len(judged) == 1 and judged[0].reason is None, judged
+    late = record(state, "recheck", "n1", "100", UID, time=3.0, end_token="x", survivors=[])
+    assert prune_module.remove(state, judged[0]) == 6
+    assert [p.name for p in folder(state, "100").iterdir()] == [late]
