@@ -275,7 +275,9 @@ def _forgotten_task(job_id: str, cfg: config_module.Config, uid: Optional[int]
     """For ``A_T`` the controller no longer knows (MinJobAge passed): the task's own job id,
     under which its facts are filed, and their owner, as the controller's start of the task
     says (:func:`facts.array_task_job`); None when no facts say so.  Root, not told the user,
-    looks among the owners of the array's own folder first, then every user's."""
+    looks through every user's facts.  Facts that name the task more than once (job ids used
+    twice: in two folders, or two users') are a RecordError: which job it was is not known, so
+    nothing is judged, never ceased."""
     array, sep, task = job_id.partition("_")
     if not sep or not (array.isdigit() and task.isdigit()):
         return None
@@ -287,11 +289,24 @@ def _forgotten_task(job_id: str, cfg: config_module.Config, uid: Optional[int]
             owners += [u for u in facts.fact_uids(cfg.state_dir) if u not in owners]
         except facts.FactError:
             pass
+    found: list[tuple[str, int]] = []
     for owner in owners:
-        own = facts.array_task_job(cfg.state_dir, owner, array, task)
+        try:
+            own = facts.array_task_job(cfg.state_dir, owner, array, task)
+        except facts.FactError as exc:
+            raise RecordError(f"job {job_id} is unknown to the controller, and its facts do "
+                              f"not say which job it was: {exc}; ask by the task's own job "
+                              "id") from None
         if own is not None:
-            return own, owner
-    return None
+            found.append((own, owner))
+    if len(found) > 1:
+        raise RecordError(f"job {job_id} is unknown to the controller, and its facts do not say "
+                          "which job it was: the facts of "
+                          + " and ".join(f"job {own} of uid {owner}" for own, owner in found)
+                          + f" each name array {array} task {task} (job ids used twice: "
+                          "slurmctld's state started anew, or MaxJobId wrapped); ask by the "
+                          "task's own job id as its user")
+    return found[0] if found else None
 
 
 # How long after an execution's end its Epilog may still be running: before that, a node with no

@@ -511,7 +511,10 @@ def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | Non
     which names the array and the task (``array_job_id``, ``array_task_id``); None when no
     folder says so (facts written before those fields, or none left).  For when the controller
     has forgotten the task: only folders numbered ``array`` or later are read (Slurm numbers a
-    task after its array), oldest first, and of each only its ``ctld-start`` facts."""
+    task after its array), and of each only its ``ctld-start`` facts, every one of them: job
+    ids are used again once slurmctld's state starts anew or MaxJobId wraps, so two folders
+    may name the task, or the folder that does may hold another job's start too; either is a
+    FactError naming them, since the facts then do not say which job the task was."""
     if not (array.isascii() and array.isdigit() and task.isascii() and task.isdigit()):
         return None
     fds: list[int] = []
@@ -530,10 +533,24 @@ def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | Non
         for fd in reversed(fds):
             os.close(fd)
     first = int(array)
+    found: list[str] = []
     for name in sorted((n for n in names if n.isascii() and n.isdigit() and int(n) >= first),
                        key=int):
-        found, _ = read_job_facts(state_dir, uid, name, ("ctld-start.",))
-        if any(f.get("array_job_id") == array and f.get("array_task_id") == task
-               for f in found):
-            return name
-    return None
+        starts, _ = read_job_facts(state_dir, uid, name, ("ctld-start.",))
+        named = {(f.get("array_job_id"), f.get("array_task_id")) for f in starts}
+        if (array, task) not in named:
+            continue
+        others = sorted(f"array {a} task {t}" for a, t in named - {(array, task)}
+                        if isinstance(a, str) and isinstance(t, str))
+        if others:
+            raise FactError(f"the facts of job {name} (under {state_dir}/{FACTS}/{uid}) name "
+                            f"array {array} task {task}, and job {name} also has a controller "
+                            f"start of {', '.join(others)}: job id {name} was used twice "
+                            "(slurmctld's state started anew, or MaxJobId wrapped)")
+        found.append(name)
+    if len(found) > 1:
+        raise FactError("the facts of " + " and ".join(f"job {n}" for n in found)
+                        + f" (under {state_dir}/{FACTS}/{uid}) each name array {array} task "
+                        f"{task}: job ids were used twice (slurmctld's state started anew, or "
+                        "MaxJobId wrapped)")
+    return found[0] if found else None

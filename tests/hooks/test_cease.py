@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch.errors import UsageError
+from slurm_dispatch.errors import RecordError, UsageError
 from slurm_dispatch.node import cease
 
 from .fakes import FakeController, job, node, record, state_dir
@@ -275,3 +275,65 @@ def test_a_task_the_controller_forgot_is_found_by_its_array_and_judged(tmp_path:
     for asked in ("97_2", "96_1"):
         with pytest.raises(UsageError, match="unknown to the controller and has no records"):
             cease.cessation(asked, 0, cfg=cfg, controller=ctl, uid=1000)
+
+
+def _forgotten_task(state: str, own: str, array: str, task: str, survivors: list,
+                    uid: int = 1000, t: float = NOW - 300) -> None:
+    """A task's facts under its own id ``own``: the controller's start naming ``array`` and
+    ``task``, node n1's start and end (``survivors`` at the end)."""
+    record(state, "ctld-start", "slurmctld", job_id=own, uid=uid, time=t, restart=0,
+           nodes=["n1"], array_job_id=array, array_task_id=task)
+    start = record(state, "start", "n1", job_id=own, uid=uid, time=t + 100, restart=0)
+    record(state, "end", "n1", job_id=own, uid=uid, time=t + 110, restart=0,
+           survivors=survivors, scan_error=None, start_token=start.split(".")[-1])
+
+
+SURVIVOR = [{"pid": 4242, "cmdline": "python train.py", "starttime": 7}]
+
+
+def test_a_forgotten_task_two_folders_name_is_not_judged_by_either(tmp_path: Path) -> None:
+    """Job ids used twice (slurmctld's state started anew, or MaxJobId wrapped): an old array
+    97's task 1 ran as job 98 and ceased; the new array 97's task 1 ran as 105 and left a
+    survivor.  dispatch-cease 97_1 judged the first folder it came to (98) and said ceased,
+    while 105's process still ran.  Neither may be taken for the task: an error naming both."""
+    state, cfg = state_dir(tmp_path)
+    _forgotten_task(state, "98", "97", "1", [], t=NOW - 86400)
+    _forgotten_task(state, "105", "97", "1", SURVIVOR)
+    ctl = FakeController(None, {"n1": node("n1")})
+    for uid in (1000, None):
+        with pytest.raises(RecordError, match=r"facts of job 98 and job 105 \(under .*\) "
+                                              r"each name array 97 task 1.*ask by the task's "
+                                              r"own job id"):
+            cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=uid)
+    # Asked by its own id, each is judged as ever.
+    assert cease.cessation("98", 0, cfg=cfg, controller=ctl, uid=1000).ceased
+    assert not cease.cessation("105", 0, cfg=cfg, controller=ctl, uid=1000).ceased
+
+
+def test_a_forgotten_task_whose_folder_holds_another_jobs_start_is_not_judged(
+        tmp_path: Path) -> None:
+    """Job id 98 used twice: once for task 1 of array 97, once for task 2 of array 96; their
+    facts share folder 98 (both restart 0), so judging 97_1 by it mixes another job's nodes
+    and ends into the proof.  An error naming both, never ceased."""
+    state, cfg = state_dir(tmp_path)
+    _forgotten_task(state, "98", "97", "1", [], t=NOW - 86400)
+    record(state, "ctld-start", "slurmctld", job_id="98", time=NOW - 300, restart=0,
+           nodes=["n1"], array_job_id="96", array_task_id="2")
+    ctl = FakeController(None, {"n1": node("n1")})
+    with pytest.raises(RecordError, match=r"job 98 also has a controller start of array 96 "
+                                          r"task 2"):
+        cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1000)
+
+
+def test_a_forgotten_task_two_users_folders_name_is_not_judged_by_root(tmp_path: Path) -> None:
+    """Root not told whose 97_1 it is: alice's (1000) old array 97 task 1 ceased as 98, bob's
+    (1001) new one ran as 105 and left a survivor.  Root took the first user whose facts named
+    the task and said ceased.  Now an error naming both; each user asking is judged on their own."""
+    state, cfg = state_dir(tmp_path)
+    _forgotten_task(state, "98", "97", "1", [], uid=1000, t=NOW - 86400)
+    _forgotten_task(state, "105", "97", "1", SURVIVOR, uid=1001)
+    ctl = FakeController(None, {"n1": node("n1")})
+    with pytest.raises(RecordError, match=r"job 98 of uid 1000 and job 105 of uid 1001"):
+        cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=None)
+    assert cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1000).ceased
+    assert not cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1001).ceased
