@@ -32,8 +32,9 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
     """``work()`` in a forked child running as ``account`` (its uid, gid and groups): the bytes
     it returned, or ``failed(exc)`` of what it raised, and the child's wait status.
 
-    ``alarm`` (seconds, 0 for none) ends the child by SIGALRM; ``env`` replaces the child's
-    whole environment and ``cwd`` its working folder, after it became the account."""
+    ``alarm`` (seconds, 0 for none) ends the child by SIGALRM, whatever the caller's own
+    SIGALRM disposition or mask; ``env`` replaces the child's whole environment and ``cwd``
+    its working folder, after it became the account."""
     groups = os.getgrouplist(account.pw_name, account.pw_gid)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -44,6 +45,10 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
         try:
             os.close(readable)
             if alarm:
+                # Its own disposition and mask: an ignored or blocked SIGALRM survives fork and
+                # exec (a wrapper's trap, a supervisor's mask), and would make the alarm nothing.
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
                 signal.alarm(alarm)
             os.setgroups(groups)
             os.setgid(account.pw_gid)

@@ -79,3 +79,29 @@ def test_a_long_answer_comes_back_whole() -> None:
     big = os.urandom(1 << 20)
     data, _ = _account.run_as(NOBODY, lambda: big, said)
     assert data == big
+
+
+@pytest.mark.parametrize("how", ["ignored", "blocked"])
+def test_an_alarm_ends_a_child_that_hangs_whatever_the_caller_did_with_sigalrm(how: str) -> None:
+    """A release service started by something that ignores or blocks SIGALRM (a wrapper's
+    `trap '' ALRM`, a supervisor's signal mask: both survive exec) forked children that
+    inherited it, so the alarm meant to end a child hung on a user's file system did nothing
+    and root's pass over every user waited on that one child."""
+    def hangs() -> bytes:
+        time.sleep(20)
+        return b"woke"
+    if how == "ignored":
+        before = signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    else:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        began = time.monotonic()
+        data, status = _account.run_as(NOBODY, hangs, said, alarm=1)
+        took = time.monotonic() - began
+    finally:
+        if how == "ignored":
+            signal.signal(signal.SIGALRM, before)
+        else:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    assert data == b"" and took < 15, (data, took)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
