@@ -23,18 +23,23 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 
-__all__ = ["run_as"]
+__all__ = ["LIMIT", "run_as"]
+
+LIMIT = 64 << 20  # bytes of an answer, at most
 
 
 def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
            failed: Callable[[BaseException], bytes], *, alarm: int = 0,
-           env: Mapping[str, str] | None = None, cwd: str | None = None) -> tuple[bytes, int]:
+           env: Mapping[str, str] | None = None, cwd: str | None = None,
+           limit: int = LIMIT) -> tuple[bytes, int]:
     """``work()`` in a forked child running as ``account`` (its uid, gid and groups): the bytes
     it returned, or ``failed(exc)`` of what it raised, and the child's wait status.
 
     ``alarm`` (seconds, 0 for none) ends the child by SIGALRM, whatever the caller's own
     SIGALRM disposition or mask; ``env`` replaces the child's whole environment and ``cwd``
-    its working folder, after it became the account."""
+    its working folder, after it became the account.  An answer longer than ``limit`` bytes
+    (what the account wrote can make it any size) ends the child and raises OverflowError:
+    nothing of it is kept."""
     groups = os.getgrouplist(account.pw_name, account.pw_gid)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -69,7 +74,19 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
             finally:
                 os._exit(0)
     os.close(writable)
-    with os.fdopen(readable, "rb") as pipe:
-        data = pipe.read()  # to its end: the child's exit closes it
+    chunks = []
+    size = 0
+    with os.fdopen(readable, "rb", buffering=0) as pipe:
+        while True:
+            chunk = pipe.read(1 << 16)  # to its end: the child's exit closes it
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise OverflowError(f"the child running as {account.pw_name} answered more "
+                                    f"than {limit} bytes; it was ended, nothing of it kept")
+            chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
-    return data, status
+    return b"".join(chunks), status

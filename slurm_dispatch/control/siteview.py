@@ -42,6 +42,7 @@ from ..errors import DispatchError, RefusedError, UsageError
 
 DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
 CHILD_TIMEOUT = 300.0  # seconds a user's child may take
+ANSWER_LIMIT = _account.LIMIT  # bytes a user's child may answer (it holds what the user wrote)
 _TARGET = re.compile(r"^[0-9]+(_[0-9]+)?$")  # a Slurm job id, or an array task's A_T
 _UNANSWERED = ("the account database does not answer for it (an account gone, or a directory "
                "service down): its records are not read")
@@ -272,8 +273,14 @@ def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, An
     def failed(exc: BaseException) -> bytes:
         return json.dumps({"errors": [f"{type(exc).__name__}: {exc}"]}).encode()
 
-    data, status = _account.run_as(user, answer, failed, alarm=int(CHILD_TIMEOUT), env=env,
-                                   cwd="/")  # the alarm: a hung file system ends the child
+    try:
+        # The alarm: a hung file system ends the child.  The limit: the answer is the user's.
+        data, status = _account.run_as(user, answer, failed, alarm=int(CHILD_TIMEOUT), env=env,
+                                       cwd="/", limit=ANSWER_LIMIT)
+    except OverflowError:
+        return {"errors": [f"reading {home} as {user.pw_name}: the answer passed "
+                           f"{ANSWER_LIMIT} bytes; not read further (its records hold more "
+                           "than a site view shows)"]}
     try:
         got = json.loads(data.decode("utf-8", "replace"))
         if not isinstance(got, dict):

@@ -105,3 +105,24 @@ def test_an_alarm_ends_a_child_that_hangs_whatever_the_caller_did_with_sigalrm(h
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert data == b"" and took < 15, (data, took)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
+
+
+def test_an_answer_past_the_limit_ends_the_child_and_is_refused() -> None:
+    """The site's view reads each user's answer as root, and the answer holds what the user
+    wrote (a hold's evidence): a hostile user's records made root read, and keep in memory,
+    however much they liked.  Past ``limit`` the child is ended and nothing of it is kept."""
+    big = b"x" * (1 << 20)
+    started = time.monotonic()
+    with pytest.raises(OverflowError, match=r"nobody.*more than 65536 bytes"):
+        _account.run_as(NOBODY, lambda: big, said, limit=1 << 16)
+    assert time.monotonic() - started < 10
+
+
+def test_the_site_view_names_a_user_whose_answer_is_too_large(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_dispatch.control import siteview
+    monkeypatch.setattr(siteview, "ANSWER_LIMIT", 1 << 16)
+    got = siteview.as_user(NOBODY, "/nonexistent", lambda home: {"holds": ["x" * (1 << 20)]})
+    assert got == {"errors": [f"reading /nonexistent as nobody: the answer passed "
+                              f"{1 << 16} bytes; not read further (its records hold more than "
+                              "a site view shows)"]}
