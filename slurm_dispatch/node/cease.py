@@ -205,6 +205,8 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         if uid == 0:
             owners = facts.job_uids(cfg.state_dir, slurm_job_id)
             uid = owners[0] if owners else 0
+    if info is None and slurm_job_id == job_id:
+        _refuse_a_forgotten_array(job_id, cfg, uid)
     executions, problems = facts.collect(slurm_job_id, cfg.state_dir, uid)
     if problems and not executions:
         raise RecordError(f"cannot read the records of job {job_id}: " + "; ".join(problems))
@@ -268,6 +270,23 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
                       f"not proven on {len(unproven)} of {len(nodes)} node(s): "
                       + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
     return verdict
+
+
+def _refuse_a_forgotten_array(job_id: str, cfg: config_module.Config, uid: int) -> None:
+    """A job id the controller no longer knows whose own controller start says it was that
+    array's (a task that kept the array's id): one task's facts do not judge the array, so a
+    UsageError naming the tasks the facts name."""
+    starts, _ = facts.read_job_facts(cfg.state_dir, uid, job_id, ("ctld-start.",))
+    if not any(f.get("array_job_id") == job_id for f in starts):
+        return
+    tasks = sorted({(int(t), t, name) for name, named in facts.array_starts(cfg.state_dir, uid,
+                                                                           job_id)
+                    for a, t in named if a == job_id and t.isascii() and t.isdigit()})
+    shown = ", ".join(f"{job_id}_{t} (job {name})" for _, t, name in tasks[:8]) + \
+        (" ..." if len(tasks) > 8 else "")
+    raise UsageError(f"job {job_id} is unknown to the controller, and its facts say it was "
+                     f"array {job_id}: give one task (its facts name {shown}), each judged by "
+                     "its own facts")
 
 
 def _forgotten_task(job_id: str, cfg: config_module.Config, uid: Optional[int]

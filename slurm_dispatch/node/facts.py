@@ -27,6 +27,7 @@ from .factstore import (
     KINDS,
     MAX_FACT_BYTES,
     WATCH,
+    array_starts,
     array_task_job,
     boot_id,
     boot_time,
@@ -44,8 +45,8 @@ from .factstore import (
 )
 from .procscan import ancestors, scan_survivors
 
-__all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
-           "ancestors", "array_task_job", "boot_id", "boot_time", "check_name", "collect",
+__all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH", "ancestors",
+           "array_starts", "array_task_job", "boot_id", "boot_time", "check_name", "collect",
            "dumps", "execution_facts", "expand_hostlist", "fact_uids", "group_executions",
            "job_uids", "list_job", "new_token", "node_activity", "open_state_dir", "parse_name",
            "read_job_facts", "scan_survivors", "write_fact"]

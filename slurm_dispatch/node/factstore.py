@@ -63,10 +63,10 @@ WRITTEN: dict[str, int] = {}
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
-           "array_task_job", "boot_id", "boot_time", "check_name", "create_file", "dumps",
-           "fact_uids", "format_problem", "job_uids", "list_job", "new_token", "node_activity",
-           "open_state_dir", "open_subdir", "parse_name", "read_job_facts", "read_regular",
-           "token_time", "write_fact"]
+           "array_starts", "array_task_job", "boot_id", "boot_time", "check_name", "create_file",
+           "dumps", "fact_uids", "format_problem", "job_uids", "list_job", "new_token",
+           "node_activity", "open_state_dir", "open_subdir", "parse_name", "read_job_facts",
+           "read_regular", "token_time", "write_fact"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,18 +505,13 @@ def job_uids(state_dir: str, job_id: str) -> list[int]:
     return sorted(found)
 
 
-def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | None:
-    """The job id under which task ``task`` of array ``array`` of user ``uid`` filed its facts
-    (its own ``SLURM_JOB_ID``: task 1 of array 97 may be job 98), from the controller's start,
-    which names the array and the task (``array_job_id``, ``array_task_id``); None when no
-    folder says so (facts written before those fields, or none left).  For when the controller
-    has forgotten the task: only folders numbered ``array`` or later are read (Slurm numbers a
-    task after its array), and of each only its ``ctld-start`` facts, every one of them: job
-    ids are used again once slurmctld's state starts anew or MaxJobId wraps, so two folders
-    may name the task, or the folder that does may hold another job's start too; either is a
-    FactError naming them, since the facts then do not say which job the task was."""
-    if not (array.isascii() and array.isdigit() and task.isascii() and task.isdigit()):
-        return None
+def array_starts(state_dir: str, uid: int, array: str) -> list[tuple[str, set[tuple[str, str]]]]:
+    """Every folder of user ``uid`` numbered ``array`` or later (Slurm numbers a task after its
+    array), in job order, with the (array, task) pairs its ``ctld-start`` facts name (only
+    those facts are read; a start without both fields names none); [] when ``array`` is not a
+    job id or the user's facts cannot be listed."""
+    if not (array.isascii() and array.isdigit()):
+        return []
     fds: list[int] = []
     try:
         fds.append(_open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}",
@@ -528,20 +523,37 @@ def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | Non
                                      listable=True))
         names = os.listdir(fds[-1])
     except (OSError, FactError):
-        return None
+        return []
     finally:
         for fd in reversed(fds):
             os.close(fd)
     first = int(array)
-    found: list[str] = []
+    found = []
     for name in sorted((n for n in names if n.isascii() and n.isdigit() and int(n) >= first),
                        key=int):
         starts, _ = read_job_facts(state_dir, uid, name, ("ctld-start.",))
-        named = {(f.get("array_job_id"), f.get("array_task_id")) for f in starts}
+        found.append((name, {(f["array_job_id"], f["array_task_id"]) for f in starts
+                             if isinstance(f.get("array_job_id"), str)
+                             and isinstance(f.get("array_task_id"), str)}))
+    return found
+
+
+def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | None:
+    """The job id under which task ``task`` of array ``array`` of user ``uid`` filed its facts
+    (its own ``SLURM_JOB_ID``: task 1 of array 97 may be job 98), from the controller's start,
+    which names the array and the task (``array_job_id``, ``array_task_id``); None when no
+    folder says so (facts written before those fields, or none left).  For when the controller
+    has forgotten the task: every folder :func:`array_starts` reads is read, since job ids
+    are used again once slurmctld's state starts anew or MaxJobId wraps, so two folders may
+    name the task, or the folder that does may hold another job's start too; either is a
+    FactError naming them, since the facts then do not say which job the task was."""
+    if not (task.isascii() and task.isdigit()):
+        return None
+    found: list[str] = []
+    for name, named in array_starts(state_dir, uid, array):
         if (array, task) not in named:
             continue
-        others = sorted(f"array {a} task {t}" for a, t in named - {(array, task)}
-                        if isinstance(a, str) and isinstance(t, str))
+        others = sorted(f"array {a} task {t}" for a, t in named - {(array, task)})
         if others:
             raise FactError(f"the facts of job {name} (under {state_dir}/{FACTS}/{uid}) name "
                             f"array {array} task {task}, and job {name} also has a controller "

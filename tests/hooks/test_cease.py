@@ -337,3 +337,21 @@ def test_a_forgotten_task_two_users_folders_name_is_not_judged_by_root(tmp_path:
         cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=None)
     assert cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1000).ceased
     assert not cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1001).ceased
+
+
+def test_a_forgotten_arrays_own_id_is_not_judged_by_one_of_its_tasks(tmp_path: Path) -> None:
+    """dispatch-cease 97 after MinJobAge, array 97 of two tasks: task 0 ran as job 97 itself
+    and ceased, task 1 ran as 98 and left a survivor.  The controller knows no 97 any more, so
+    cease judged folder 97 alone and said 'job 97 ... ceased' for the array while 98's process
+    ran.  Asked by the array's id, the answer is an error naming its tasks, never ceased."""
+    state, cfg = state_dir(tmp_path)
+    _forgotten_task(state, "97", "97", "0", [])
+    _forgotten_task(state, "98", "97", "1", SURVIVOR)
+    ctl = FakeController(None, {"n1": node("n1")})
+    for restart in (None, 0):
+        with pytest.raises(UsageError, match=r"job 97 is unknown to the controller, and its "
+                                             r"facts say it was array 97: give one task \(its "
+                                             r"facts name 97_0 \(job 97\), 97_1 \(job 98\)\)"):
+            cease.cessation("97", restart, cfg=cfg, controller=ctl, uid=1000)
+    assert not cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1000).ceased
+    assert cease.cessation("97_0", 0, cfg=cfg, controller=ctl, uid=1000).ceased
