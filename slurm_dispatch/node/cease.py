@@ -204,6 +204,13 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         uid = os.getuid()
         if uid == 0:
             owners = facts.job_uids(cfg.state_dir, slurm_job_id)
+            if len(owners) > 1:  # job ids used twice: whose this one is, nothing here says
+                raise RecordError(
+                    f"job {job_id} is unknown to the controller, and facts of job "
+                    f"{slurm_job_id} are filed under "
+                    + " and ".join(f"uid {owner}" for owner in owners)
+                    + " (job ids used twice: slurmctld's state started anew, or MaxJobId "
+                    "wrapped); ask as the job's user")
             uid = owners[0] if owners else 0
     if info is None and slurm_job_id == job_id:
         _refuse_a_forgotten_array(job_id, cfg, uid)
@@ -294,38 +301,44 @@ def _forgotten_task(job_id: str, cfg: config_module.Config, uid: Optional[int]
     """For ``A_T`` the controller no longer knows (MinJobAge passed): the task's own job id,
     under which its facts are filed, and their owner, as the controller's start of the task
     says (:func:`facts.array_task_job`); None when no facts say so.  Root, not told the user,
-    looks through every user's facts.  Facts that name the task more than once (job ids used
-    twice: in two folders, or two users') are a RecordError: which job it was is not known, so
-    nothing is judged, never ceased."""
+    looks through the facts of the owners of folder ``A`` first, then, when none of theirs
+    names the task, every other user's.  Facts that name the task more than once (job ids used
+    twice: in two folders, or two users' of one of those groups) are a RecordError: which job
+    it was is not known, so nothing is judged, never ceased."""
     array, sep, task = job_id.partition("_")
     if not sep or not (array.isdigit() and task.isdigit()):
         return None
     if uid is None and os.getuid() != 0:
         uid = os.getuid()
-    owners = [uid] if uid is not None else facts.job_uids(cfg.state_dir, array)
-    if uid is None:
+    if uid is not None:
+        groups = [[uid]]
+    else:  # the array's own folder's owners first (one of its tasks ran as A), then the rest
+        first = facts.job_uids(cfg.state_dir, array)
         try:
-            owners += [u for u in facts.fact_uids(cfg.state_dir) if u not in owners]
+            groups = [first, [u for u in facts.fact_uids(cfg.state_dir) if u not in first]]
         except facts.FactError:
-            pass
-    found: list[tuple[str, int]] = []
-    for owner in owners:
-        try:
-            own = facts.array_task_job(cfg.state_dir, owner, array, task)
-        except facts.FactError as exc:
-            raise RecordError(f"job {job_id} is unknown to the controller, and its facts do "
-                              f"not say which job it was: {exc}; ask by the task's own job "
-                              "id") from None
-        if own is not None:
-            found.append((own, owner))
-    if len(found) > 1:
-        raise RecordError(f"job {job_id} is unknown to the controller, and its facts do not say "
-                          "which job it was: the facts of "
-                          + " and ".join(f"job {own} of uid {owner}" for own, owner in found)
-                          + f" each name array {array} task {task} (job ids used twice: "
-                          "slurmctld's state started anew, or MaxJobId wrapped); ask by the "
-                          "task's own job id as its user")
-    return found[0] if found else None
+            groups = [first]
+    for owners in groups:
+        found: list[tuple[str, int]] = []
+        for owner in owners:
+            try:
+                own = facts.array_task_job(cfg.state_dir, owner, array, task)
+            except facts.FactError as exc:
+                raise RecordError(f"job {job_id} is unknown to the controller, and its facts "
+                                  f"do not say which job it was: {exc}; ask by the task's own "
+                                  "job id") from None
+            if own is not None:
+                found.append((own, owner))
+        if len(found) > 1:
+            raise RecordError(f"job {job_id} is unknown to the controller, and its facts do not "
+                              "say which job it was: the facts of "
+                              + " and ".join(f"job {own} of uid {owner}" for own, owner in found)
+                              + f" each name array {array} task {task} (job ids used twice: "
+                              "slurmctld's state started anew, or MaxJobId wrapped); ask by the "
+                              "task's own job id as its user")
+        if found:
+            return found[0]
+    return None
 
 
 # How long after an execution's end its Epilog may still be running: before that, a node with no

@@ -10,6 +10,7 @@ import pytest
 
 from slurm_dispatch.errors import RecordError, UsageError
 from slurm_dispatch.node import cease
+from slurm_dispatch.node import facts as facts_module
 
 from .fakes import FakeController, job, node, record, state_dir
 
@@ -355,3 +356,50 @@ def test_a_forgotten_arrays_own_id_is_not_judged_by_one_of_its_tasks(tmp_path: P
             cease.cessation("97", restart, cfg=cfg, controller=ctl, uid=1000)
     assert not cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=1000).ceased
     assert cease.cessation("97_0", 0, cfg=cfg, controller=ctl, uid=1000).ceased
+
+
+def test_a_forgotten_job_two_users_folders_hold_is_not_judged_by_root(tmp_path: Path) -> None:
+    """Root asking about job 98 the controller forgot, with facts of job 98 under two users
+    (job ids used twice: alice's old 98 ceased, bob's new 98 left a survivor): root judged the
+    lowest uid's folder and said ceased.  Now an error naming both; each user is judged on
+    their own facts."""
+    state, cfg = state_dir(tmp_path)
+    for uid, survivors in ((1000, []), (1001, SURVIVOR)):
+        record(state, "ctld-start", "slurmctld", job_id="98", uid=uid, time=NOW - 300,
+               restart=0, nodes=["n1"])
+        start = record(state, "start", "n1", job_id="98", uid=uid, time=NOW - 200, restart=0)
+        record(state, "end", "n1", job_id="98", uid=uid, time=NOW - 190, restart=0,
+               survivors=survivors, scan_error=None, start_token=start.split(".")[-1])
+    ctl = FakeController(None, {"n1": node("n1")})
+    with pytest.raises(RecordError, match=r"job 98 is unknown to the controller, and facts of "
+                                          r"job 98 are filed under uid 1000 and uid 1001"):
+        cease.cessation("98", 0, cfg=cfg, controller=ctl, uid=None)
+    assert cease.cessation("98", 0, cfg=cfg, controller=ctl, uid=1000).ceased
+    assert not cease.cessation("98", 0, cfg=cfg, controller=ctl, uid=1001).ceased
+
+
+def test_root_looks_for_a_forgotten_task_among_its_arrays_owners_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's release service asks dispatch-cease as root, not told whose a held task is: the
+    task's facts are looked for among the owners of the array's own folder (97) first, and
+    only when none of theirs names it among every other user's, so a question about one
+    user's task does not read every user's facts."""
+    state, cfg = state_dir(tmp_path)
+    _forgotten_task(state, "97", "97", "0", [])
+    _forgotten_task(state, "98", "97", "1", [])
+    for uid in (1001, 1002):
+        _forgotten_task(state, "300", "300", "0", [], uid=uid)
+    asked: list[int] = []
+    real = facts_module.array_task_job
+
+    def counted(state_dir: str, uid: int, array: str, task: str) -> str | None:
+        asked.append(uid)
+        return real(state_dir, uid, array, task)
+    monkeypatch.setattr(facts_module, "array_task_job", counted)
+    ctl = FakeController(None, {"n1": node("n1")})
+    assert cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=None).ceased
+    assert asked == [1000]
+    asked.clear()  # a task no owner of folder 97 has: every other user's are read
+    with pytest.raises(UsageError, match="unknown to the controller"):
+        cease.cessation("97_5", 0, cfg=cfg, controller=ctl, uid=None)
+    assert sorted(asked) == [1000, 1001, 1002]
