@@ -180,6 +180,10 @@ def _array_verdict(job_id: str, tasks: list[Job], ctl: Controller,
                    problems=[p for v in verdicts for p in v.problems], tasks=verdicts)
 
 
+#: The job state a verdict gives a job the controller does not know (MinJobAge passed).
+FORGOTTEN = "unknown to the controller"
+
+
 def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controller,
          cfg: config_module.Config, uid: Optional[int]) -> Verdict:
     if info is not None:
@@ -187,7 +191,7 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         uid = uid if uid is not None else (info.uid if info.uid >= 0 else None)
         restarts, state = info.restarts, info.state
     else:
-        slurm_job_id, restarts, state = job_id, -1, "unknown to the controller"
+        slurm_job_id, restarts, state = job_id, -1, FORGOTTEN
         found = _forgotten_task(job_id, cfg, uid)
         if found is not None:
             slurm_job_id, uid = found
@@ -452,5 +456,8 @@ def render(verdict: Verdict) -> str:
 
 def _verdict_line(verdict: Verdict) -> str:
     answer = "ceased" if verdict.ceased else "not proven"
-    return (f"job {verdict.job_id} restart {verdict.restart} ({verdict.job_state}): "
-            f"{answer}: {verdict.reason}")
+    state = verdict.job_state
+    if state == FORGOTTEN and verdict.slurm_job_id != verdict.job_id:
+        # A forgotten task found by its array: whose facts judged it, for the person reading.
+        state += f"; judged by the facts of job {verdict.slurm_job_id}"
+    return f"job {verdict.job_id} restart {verdict.restart} ({state}): {answer}: {verdict.reason}"

@@ -271,7 +271,9 @@ def test_a_task_the_controller_forgot_is_found_by_its_array_and_judged(tmp_path:
         verdict = cease.cessation("97_1", 0, cfg=cfg, controller=ctl, uid=uid)
         assert verdict.ceased, cease.render(verdict)
         assert (verdict.job_id, verdict.slurm_job_id) == ("97_1", "98")
-        assert "job 97_1 restart 0 (unknown to the controller): ceased" in cease.render(verdict)
+        # The person reading it is told whose facts judged it: the task's own id.
+        assert ("job 97_1 restart 0 (unknown to the controller; judged by the facts of job "
+                "98): ceased") in cease.render(verdict)
     # A task no fact names stays unknown, as before.
     for asked in ("97_2", "96_1"):
         with pytest.raises(UsageError, match="unknown to the controller and has no records"):
