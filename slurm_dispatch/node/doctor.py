@@ -28,6 +28,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -619,13 +620,29 @@ class Doctor:
             as_account(account, remove)
 
 
+#: Seconds a probe run as SlurmUser may take: a StateDir on a file system that hangs (its NFS
+#: server gone) would otherwise hang the doctor.
+PROBE_TIMEOUT = 60
+
+
 def as_account(account: pwd.struct_passwd, work: Callable[[], str]) -> str:
     """``work()`` in a forked child running as ``account`` (its uid, gid and groups): what it
-    returned, or the exception it raised, in words."""
+    returned, or the exception it raised, in words; a child that did not end by itself (its
+    alarm after :data:`PROBE_TIMEOUT`, the OOM killer, a crash) says so, so that no words,
+    which the checks read as ok, come only from a probe that finished."""
     def failed(exc: BaseException) -> bytes:
         return f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
 
-    said, _ = _account.run_as(account, lambda: work().encode("utf-8", "replace"), failed)
+    said, status = _account.run_as(account, lambda: work().encode("utf-8", "replace"), failed,
+                                   alarm=PROBE_TIMEOUT)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        if signum == signal.SIGALRM:
+            return (f"the probe as {account.pw_name} gave no answer within {PROBE_TIMEOUT} s "
+                    "(a file system that hangs?)")
+        return f"the probe as {account.pw_name} was killed by signal {signum}"
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return f"the probe as {account.pw_name} ended with wait status {status}"
     return said.decode("utf-8", "replace")
 
 

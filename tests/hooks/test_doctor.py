@@ -439,3 +439,30 @@ def test_the_clean_up_of_slurm_users_state_dir_follows_no_link_it_planted(
     diagnose_controller(controller)  # its run then finds no fact through the link: FAIL
     assert (state / "facts").is_symlink()  # the link was planted, as SlurmUser
     assert precious.read_text() == "root's\n"
+
+
+def test_a_probe_as_slurm_user_that_hangs_or_dies_is_not_taken_for_ok(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor's checks as SlurmUser (StateDir, MetricsDir) read the forked probe's words,
+    and no words means ok; a probe killed (the OOM killer, a crash in a C library) or hung on a
+    StateDir whose NFS server is gone said nothing, so the check read ok (or, hung, the doctor
+    never finished).  Now the probe has PROBE_TIMEOUT, and a child that did not end by itself
+    says so."""
+    import signal
+    import time
+
+    from slurm_dispatch.node import doctor
+    monkeypatch.setattr(doctor, "PROBE_TIMEOUT", 1, raising=False)
+    nobody = pwd.getpwnam("nobody")
+
+    def hangs() -> str:
+        time.sleep(5)
+        return ""
+
+    def dies() -> str:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return ""
+    assert "gave no answer within 1 s" in doctor.as_account(nobody, hangs)
+    assert "was killed by signal 9" in doctor.as_account(nobody, dies)
+    assert doctor.as_account(nobody, lambda: "") == ""
+    assert doctor.as_account(nobody, lambda: "a reason") == "a reason"
