@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import time
@@ -99,6 +100,7 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
     asked = []
     for target, restart in hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]:
         argv, answer = ask_one(signal, str(target), restart, timeout, runner)
+        answer = owned(answer, str(target))
         job.append(events.Cessation, asked_at=round(clock(), 3),
                    held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
                    verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
@@ -107,6 +109,25 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
         if heard is not None:
             heard(asked[-1])
     return asked
+
+
+def owned(answer: Answer, target: str, uid: Optional[int] = None) -> Answer:
+    """``answer``, unless it says ceased about facts of another uid than ``uid`` (default: this
+    process's, the held job's owner): then an error.  A job id used twice (slurmctld's state
+    started anew, MaxJobId wrapped) names another user's job, whose end proves nothing about
+    this user's execution; ``dispatch-cease --json`` names whose facts it judged (``uid``),
+    a signal that does not is taken at its word."""
+    judged = answer.evidence.get("uid") if isinstance(answer.evidence, dict) else None
+    mine = os.getuid() if uid is None else uid
+    if answer.verdict != "ceased" or not isinstance(judged, int) or isinstance(judged, bool) \
+            or judged == mine:
+        return answer
+    return Answer("error", answer.code, {
+        "output": answer.evidence,
+        "problem": f"Slurm job {target} was judged from uid {judged}'s facts, not uid "
+                   f"{mine}'s: the job id now names another user's job (job ids used twice: "
+                   "slurmctld's state started anew, or MaxJobId wrapped), so its end proves "
+                   "nothing about this one; release it by hand once you know"})
 
 
 def ceased(asked: list[Asked]) -> bool:

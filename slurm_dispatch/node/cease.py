@@ -90,6 +90,9 @@ class Verdict:
     nodes: list[NodeEvidence] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tasks: list[Verdict] = field(default_factory=list)  # an array's tasks, each judged
+    # Whose facts were judged (the job's owner; None: an array's tasks of several, or none
+    # read): the asker checks it is its own, since a job id used twice names another's job.
+    uid: Optional[int] = None
 
     @property
     def exit_code(self) -> int:
@@ -174,10 +177,12 @@ def _array_verdict(job_id: str, tasks: list[Job], ctl: Controller,
     reason = (f"all {len(verdicts)} task(s) ceased" if not unproven else
               f"not proven for {len(unproven)} of {len(verdicts)} task(s): "
               + ", ".join(unproven[:8]) + (" ..." if len(unproven) > 8 else ""))
+    owners = {v.uid for v in verdicts}
     return Verdict(job_id=job_id, slurm_job_id=tasks[0].array_job_id or job_id, restart=-1,
                    job_state="+".join(states), ceased=not unproven, reason=reason,
                    nodes=[n for v in verdicts for n in v.nodes],
-                   problems=[p for v in verdicts for p in v.problems], tasks=verdicts)
+                   problems=[p for v in verdicts for p in v.problems], tasks=verdicts,
+                   uid=owners.pop() if len(owners) == 1 else None)
 
 
 #: The job state a verdict gives a job the controller does not know (MinJobAge passed).
@@ -199,7 +204,7 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
             and info.job_id == info.array_job_id:
         # A pending task shares its array's id: it has no execution of its own yet.
         return Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=0, job_state=state,
-                       ceased=False, reason="the task has not started (PENDING)")
+                       ceased=False, reason="the task has not started (PENDING)", uid=uid)
     try:
         facts.check_name(slurm_job_id, "job id")
     except facts.FactError as exc:
@@ -238,7 +243,7 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         "problems": [], "controller": {"start": None, "end": None}}
     verdict = Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=restart,
                       job_state=state, ceased=False, reason="",
-                      problems=list(execution.get("problems", [])))
+                      problems=list(execution.get("problems", [])), uid=uid)
     current = info is not None and restart == restarts
     if current and info is not None and not info.execution_ended:
         verdict.reason = f"execution {restart} has not ended (JobState={state})"

@@ -405,3 +405,19 @@ def test_root_looks_for_a_forgotten_task_among_its_arrays_owners_first(
     with pytest.raises(UsageError, match="unknown to the controller"):
         cease.cessation("97_5", 0, cfg=cfg, controller=ctl, uid=None)
     assert sorted(asked) == [1000, 1001, 1002]
+
+
+def test_the_verdict_names_whose_facts_it_judged(tmp_path: Path) -> None:
+    """The asker checks it: a job id used twice names another user's job (see
+    test_supervisor.test_a_ceased_answer_about_another_users_job_lifts_no_hold)."""
+    state, cfg = state_dir(tmp_path)
+    start_end(state, "n1")
+    verdict = cease.cessation("100", cfg=cfg, controller=FakeController(
+        job(uid=1000), {"n1": node("n1")}))
+    assert verdict.ceased and verdict.as_json()["uid"] == 1000
+    # An array's verdict, and each task's, name the owner too.
+    start_end(state, "n2")
+    tasks = [_task(1, "100", "FAILED", nodelist="n2"), _task(0, "97", "RUNNING", nodelist="n1")]
+    array = cease.cessation("97", cfg=cfg, controller=FakeController(
+        tasks, {"n1": node("n1"), "n2": node("n2")})).as_json()
+    assert [array["uid"], *(t["uid"] for t in array["tasks"])] == [1000, 1000, 1000]

@@ -112,13 +112,15 @@ def test_a_users_symlink_leads_the_view_only_where_the_user_may_go(
 
 def site_conf(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A dispatch.conf whose CessationSignal (root's) answers ceased only if it can read a
-    root-only 0700 folder; a fake scontrol logging its argv and caller's uid."""
+    root-only 0700 folder, saying who ran it (``asker``: not ``uid``, which in
+    dispatch-cease's answer is whose facts it judged); a fake scontrol logging its argv and
+    caller's uid."""
     facts = base / "facts"
     facts.mkdir(mode=0o700)
     (facts / "proof").write_text("ceased\n")
     signal = base / "cease"
     signal.write_text(f'#!/bin/sh\ncat {facts}/proof >/dev/null || exit 1\n'
-                      f'echo "{{\\"asked\\": \\"$*\\", \\"uid\\": $(id -u)}}"\n')
+                      f'echo "{{\\"asked\\": \\"$*\\", \\"asker\\": $(id -u)}}"\n')
     signal.chmod(0o755)
     tools = base / "bin"
     tools.mkdir(mode=0o755)
@@ -151,7 +153,7 @@ def test_the_release_service_lifts_a_proven_hold_as_its_user(
     events = {e["event"]: e for e in job.events()}
     assert events["cessation"]["verdict"] == "ceased"
     assert events["cessation"]["evidence"] == {"asked": f"{ended} --restart 0 --json",
-                                               "uid": 0}
+                                               "asker": 0}
     assert events["released"]["by"] == "the site's release service (ceased)"
     for folder, _, files in os.walk(Path(job.path) / "events"):
         for name in files:

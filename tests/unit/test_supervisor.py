@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
 import os
 import time
@@ -486,3 +487,41 @@ def test_a_shared_jobs_hold_after_a_failed_launch_is_left_to_a_person(home: Path
     assert "shared-checkpoint job, so dispatch leaves it to a person" in report.errors[0] \
         and f"scontrol release {slurm_id}" in report.errors[0], report
     assert "released" not in kinds(job)
+
+
+class OwnedSignal(Signal):
+    """dispatch-cease's answer names whose facts it judged (its JSON's uid)."""
+
+    def __init__(self, uid: int, *verdicts: str) -> None:
+        super().__init__(*verdicts)
+        self.uid = uid
+
+    def __call__(self, argv: list[str], timeout: float) -> Answer:
+        answer = super().__call__(argv, timeout)
+        return Answer(answer.verdict, answer.code, {**answer.evidence, "uid": self.uid})
+
+
+def test_a_ceased_answer_about_another_users_job_lifts_no_hold(home: Path) -> None:
+    """Job ids are used twice (slurmctld's state started anew, MaxJobId wrapped): the ended
+    execution's id now names another user's job, which dispatch-cease judges and may find
+    ceased.  That is no proof about this user's execution, which may still be writing; where
+    users share their primary group, the user may even read the other's facts."""
+    cluster, clock = FakeCluster(), Clock()
+    signal = OwnedSignal(os.getuid() + 1, "ceased")
+    job, ended = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal,
+                     clock=clock)
+    sup.run_pass()
+    held = last_slurm_id(job)
+    sup.run_pass()
+    assert len(signal.asked) == 1
+    (fact,) = [e for e in job.events() if e["event"] == "cessation"]
+    assert fact["verdict"] == "error"
+    assert (f"Slurm job {ended} was judged from uid {os.getuid() + 1}'s facts, not uid "
+            f"{os.getuid()}'s") in json.dumps(fact["evidence"])
+    assert cluster.jobs[held]["Reason"] == "JobHeldUser" and kinds(job)[-1] != "released"
+    # Its own uid's answer lifts it, as any ceased answer does.
+    signal.uid, signal.verdicts = os.getuid(), ["ceased"]
+    clock.now += 61
+    sup.run_pass()
+    assert kinds(job)[-1] == "released"
