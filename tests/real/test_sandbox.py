@@ -333,10 +333,14 @@ def test_down_leaves_no_network_behind_and_up_repairs_a_crash(sandbox: Sandbox) 
 def test_a_subnet_this_machine_has_is_refused_naming_what_holds_it(
         sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     taken = sandbox_network.net_of(sandbox_layout.Layout(sandbox.dir))
+    # A folder whose slot no sandbox on this machine has (not only this one's): the real
+    # tier's second sandbox (test_clusters) is up by now, and a folder of its slot found its
+    # bridge there, so the check made before a bridge is created never ran, the subnet was
+    # added to that bridge and its slurmctld's port was taken (failed once in a CI-like run).
     folder, other = next((f, n) for f in (Path(f"/var/tmp/netns-refusal-{os.getpid()}-{i}")
-                                          for i in range(10))
+                                          for i in range(64))
                          if (n := sandbox_network.net_of(sandbox_layout.Layout(f))).slot
-                         != taken.slot)
+                         != taken.slot and not Path("/sys/class/net", n.bridge).exists())
     monkeypatch.setenv(sandbox_network.SUBNET_ENV, str(taken.subnet))
     try:
         with pytest.raises(SandboxError, match=(
