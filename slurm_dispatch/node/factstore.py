@@ -365,6 +365,26 @@ def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[in
     return fd
 
 
+def _open_chain(state_dir: str, names: tuple[str, ...], fds: list[int]) -> set[int]:
+    """Open StateDir, then each of ``names`` below the one before, as the readers trust them
+    (owned by root or StateDir's owner, a controller's SlurmUser that is not root; the last
+    listable), appending each descriptor to ``fds`` for the caller to close; the uids trusted."""
+    try:
+        base = _open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}", {0})
+    except FactError:
+        # A controller whose SlurmUser is not root owns its StateDir; trust that owner too.
+        info = os.stat(state_dir)
+        base = _open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}", {0, info.st_uid})
+    fds.append(base)
+    trusted = {0, os.fstat(base).st_uid}
+    where = state_dir
+    for i, name in enumerate(names):
+        where = f"{where}/{name}"
+        fds.append(_open_trusted_dir(fds[-1], name, where, trusted,
+                                     listable=i == len(names) - 1))
+    return trusted
+
+
 def read_job_facts(state_dir: str, uid: int, job_id: str,
                    prefixes: tuple[str, ...] = ()) -> tuple[list[dict], list[str]]:
     """Every trusted fact recorded about ``job_id`` of user ``uid``, oldest first, and problems.
@@ -378,20 +398,9 @@ def read_job_facts(state_dir: str, uid: int, job_id: str,
     problems: list[str] = []
     fds: list[int] = []
     try:
-        try:
-            base = _open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}", {0})
-        except FactError:
-            # A controller whose SlurmUser is not root owns its StateDir; trust that owner too.
-            info = os.stat(state_dir)
-            base = _open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}", {0, info.st_uid})
-        fds.append(base)
-        trusted = {0, os.fstat(base).st_uid}
-        where = f"{state_dir}/{FACTS}"
-        fds.append(_open_trusted_dir(base, FACTS, where, trusted))
-        fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted))
-        where = f"{where}/{uid}/{job_id}"
-        job = _open_trusted_dir(fds[-1], job_id, where, trusted, listable=True)
-        fds.append(job)
+        trusted = _open_chain(state_dir, (FACTS, str(uid), job_id), fds)
+        where = f"{state_dir}/{FACTS}/{uid}/{job_id}"
+        job = fds[-1]
         for name in sorted(os.listdir(job), key=lambda n: n.rpartition(".")[2]):
             if prefixes and not name.startswith(prefixes):
                 continue
@@ -477,11 +486,7 @@ def fact_uids(state_dir: str) -> list[int]:
     fds: list[int] = []
     try:
         try:
-            fds.append(_open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}",
-                                         {0, os.stat(state_dir).st_uid}))
-            trusted = {0, os.fstat(fds[0]).st_uid}
-            fds.append(_open_trusted_dir(fds[0], FACTS, f"{state_dir}/{FACTS}", trusted,
-                                         listable=True))
+            _open_chain(state_dir, (FACTS,), fds)
             names = os.listdir(fds[-1])
         except FileNotFoundError:
             return []
@@ -514,13 +519,7 @@ def array_starts(state_dir: str, uid: int, array: str) -> list[tuple[str, set[tu
         return []
     fds: list[int] = []
     try:
-        fds.append(_open_trusted_dir(None, state_dir, f"StateDir {state_dir!r}",
-                                     {0, os.stat(state_dir).st_uid}))
-        trusted = {0, os.fstat(fds[0]).st_uid}
-        where = f"{state_dir}/{FACTS}"
-        fds.append(_open_trusted_dir(fds[-1], FACTS, where, trusted))
-        fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted,
-                                     listable=True))
+        _open_chain(state_dir, (FACTS, str(uid)), fds)
         names = os.listdir(fds[-1])
     except (OSError, FactError):
         return []
