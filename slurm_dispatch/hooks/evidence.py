@@ -303,7 +303,8 @@ def _watched(cfg: Config) -> list[dict]:
         return []
     entries = []
     try:
-        names = sorted(os.listdir(fd))
+        # A dot-name is an entry not yet written whole (create_file), or one a killed hook left.
+        names = sorted(n for n in os.listdir(fd) if not n.startswith("."))
         if names:
             import json
         for name in names:

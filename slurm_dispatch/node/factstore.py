@@ -193,14 +193,29 @@ def open_state_dir(state_dir: str) -> int:
 
 
 def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) -> int:
-    """Open (creating if needed) directory ``name`` under ``parent``; never through a symlink."""
+    """Open (creating if needed) directory ``name`` under ``parent``; never through a symlink.
+
+    A writer may be ended at any step (a hook past its HookTimeout is killed where it stands),
+    so no step may leave a folder its readers cannot use.  Without a group to set, the folder
+    is made with ``mode`` at once, whatever the umask.  With one (``gid``, as root), it is made
+    private (0700), given the group, then ``mode``; a folder found private while ``mode`` opens
+    it to a group is one a killed writer left half made, and is finished here (a folder a site
+    made private on purpose is facts/ itself, which takes no group and is never opened up)."""
     owner = os.geteuid()
+    grouped = gid >= 0 and owner == 0
     try:
         fd = _fsio.open_dir(name, parent)
     except FileNotFoundError:
         try:
-            # Created private first; group and mode are set only once it is open as ours.
-            os.mkdir(name, 0o700, dir_fd=parent)
+            if grouped:
+                # Private first; group and mode are set only once it is open as ours.
+                os.mkdir(name, 0o700, dir_fd=parent)
+            else:
+                umask = os.umask(0)
+                try:
+                    os.mkdir(name, mode, dir_fd=parent)
+                finally:
+                    os.umask(umask)
         except FileExistsError:
             pass
         except OSError as exc:
@@ -209,20 +224,18 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
             fd = _fsio.open_dir(name, parent)
         except OSError as exc:
             raise FactError(f"cannot open {where}: {exc.strerror}") from None
-        try:
-            info = _check_private_dir(fd, where, owner)
-            if gid >= 0 and info.st_gid != gid and owner == 0:
-                os.fchown(fd, -1, gid)
-            os.fchmod(fd, mode)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
     except OSError as exc:
         raise FactError(f"cannot open {where}: {exc.strerror} (a symlink or a non-directory "
                         "is refused)") from None
     try:
-        _check_private_dir(fd, where, owner)
+        info = _check_private_dir(fd, where, owner)
+        if grouped and stat.S_IMODE(info.st_mode) & 0o077 == 0 and mode & 0o077:
+            if info.st_gid != gid:
+                os.fchown(fd, -1, gid)
+            os.fchmod(fd, mode)
+    except OSError as exc:
+        os.close(fd)
+        raise FactError(f"cannot set the group and mode of {where}: {exc.strerror}") from None
     except BaseException:
         os.close(fd)
         raise
@@ -230,25 +243,33 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
 
 
 def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
-                 gid: int = -1) -> None:
+                gid: int = -1) -> None:
+    """Put a new file ``name`` with ``data`` in ``dir_fd``, whole or not at all.
+
+    The bytes go into ``.<name>`` first, which gets its group and mode before a byte is
+    written, and only then is renamed to ``name``: a writer ended at any step leaves at most
+    that dot-name behind, which the readers pass over (and prune removes with its folder),
+    never a fact that is empty, half written, or closed to its user."""
+    temp = f".{name}"
     try:
-        fd = _fsio.create_new(name, 0o600, dir_fd)
+        fd = _fsio.create_new(temp, 0o600, dir_fd)
     except OSError as exc:
-        raise FactError(f"cannot create {where}/{name}: {exc.strerror}") from None
+        raise FactError(f"cannot create {where}/{temp}: {exc.strerror}") from None
     try:
-        if gid >= 0 and os.geteuid() == 0:
-            os.fchown(fd, -1, gid)
-        os.fchmod(fd, mode)
-        _fsio.write_all(fd, data, name)
-    except OSError as exc:
-        os.close(fd)
-        # A half-written fact is worse than none: a reader would report it garbled.
         try:
-            os.unlink(name, dir_fd=dir_fd)
+            if gid >= 0 and os.geteuid() == 0:
+                os.fchown(fd, -1, gid)
+            os.fchmod(fd, mode)
+            _fsio.write_all(fd, data, temp)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        try:
+            os.unlink(temp, dir_fd=dir_fd)
         except OSError:
             pass
         raise FactError(f"cannot write {where}/{name}: {exc.strerror}") from None
-    os.close(fd)
 
 
 def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node: str,
@@ -402,8 +423,8 @@ def read_job_facts(state_dir: str, uid: int, job_id: str,
         where = f"{state_dir}/{FACTS}/{uid}/{job_id}"
         job = fds[-1]
         for name in sorted(os.listdir(job), key=lambda n: n.rpartition(".")[2]):
-            if prefixes and not name.startswith(prefixes):
-                continue
+            if name.startswith(".") or prefixes and not name.startswith(prefixes):
+                continue  # a dot-name is a fact not yet written whole (create_file)
             try:
                 data = read_regular(job, name, trusted)
                 record = json.loads(data)

@@ -8,8 +8,10 @@ when every one of these holds, and kept (with the reason counted) otherwise:
    it was written; a name that does not read as a fact keeps the folder); a fact whose time is
    ahead of this host's clock by more than :data:`AHEAD` was named by a clock ahead, and keeps
    its folder as "from the future", said apart from the merely recent;
-2. every fact in it reads as a whole fact of a format this reader knows (a fact being written
-   is not whole yet; a garbled one is for a person to look at);
+2. every fact in it reads as a whole fact of a format this reader knows (a garbled one is for
+   a person to look at); a fact still being written is named ``.<name>`` until it is whole
+   (``factstore.create_file``) and keeps its folder while it is younger than the retention,
+   and one older is what a killed writer left, removed with the folder;
 3. its facts prove that every execution they record ceased, the way ``dispatch-cease`` would
    need them: every node's ``start`` has that node's ``end``, and that end found no survivor
    and no scan error, or the latest re-check of it found none; every ``ctld-start`` has its
@@ -54,12 +56,14 @@ AHEAD = 300.0
 class Judged:
     """One job folder and the verdict: ``reason`` None means it may go."""
 
-    __slots__ = ("uid", "job_id", "names", "size", "reason", "detail", "array_ids")
+    __slots__ = ("uid", "job_id", "names", "leftovers", "size", "reason", "detail", "array_ids")
 
     def __init__(self, uid: str, job_id: str) -> None:
         self.uid = uid
         self.job_id = job_id
         self.names: list[str] = []
+        #: What killed writers left (``.<name>``, never a fact): removed with the folder.
+        self.leftovers: list[str] = []
         self.size = 0
         self.reason: str | None = None
         self.detail = ""
@@ -167,6 +171,14 @@ def _judge(job_fd: int, judged: Judged, cutoff: float, now: float) -> None:
         if not stat.S_ISREG(info.st_mode) or info.st_uid not in trusted:
             judged.reason, judged.detail = "not ours", f"{name} is not a fact file of ours"
             return
+        if name.startswith("."):
+            # A fact a writer has not named yet (factstore.create_file): one still at work if
+            # recent, else the leftover of one that was ended, which no reader ever counted.
+            if info.st_mtime > cutoff:
+                judged.reason, judged.detail = "recent", f"{name} is a fact still being written"
+                return
+            judged.leftovers.append(name)
+            continue
         judged.names.append(name)
         judged.size += info.st_size
         parsed = factstore.parse_name(name)
@@ -290,6 +302,11 @@ def remove(state_dir: str, judged: Judged) -> int:
             try:
                 os.unlink(name, dir_fd=job)
                 removed += 1
+            except FileNotFoundError:
+                pass
+        for name in judged.leftovers:
+            try:
+                os.unlink(name, dir_fd=job)
             except FileNotFoundError:
                 pass
         try:

@@ -201,3 +201,83 @@ def test_fact_error_is_in_the_one_error_tree() -> None:
     from slurm_dispatch.node import factstore
     assert facts.FactError is errors.FactError is factstore.FactError
     assert issubclass(facts.FactError, errors.DispatchError)
+
+
+# -- a writer killed at any step (CI, 2026-12-03: the 24.11 tier's first job) --------------
+#
+# A hook past its HookTimeout is ended where it stands (its watchdog, then the parent's
+# SIGKILL).  The first job of a fresh sandbox, slow on a loaded machine, left facts/<uid> as
+# its mkdir made it (root:root 0700): every later writer took the folder as it found it, and
+# the user could read none of its facts again (dispatch-cease: "cannot open .../facts/1008:
+# Permission denied", 19 tests of the 24.11 tier).
+
+_CRASHING_WRITER = """
+import os, sys
+from slurm_dispatch.node import factstore
+state, uid, gid, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+done = [0]
+def dying(call):
+    def wrapper(*args, **kwargs):
+        result = call(*args, **kwargs)
+        done[0] += 1
+        if done[0] == step:
+            os._exit(3)
+        return result
+    return wrapper
+for name in ("mkdir", "open", "fchown", "fchmod", "write", "rename", "link", "unlink"):
+    setattr(os, name, dying(getattr(os, name)))
+factstore.write_fact(state, uid, gid, "77", "start", "n1", {"time": 1.0, "restart": 0})
+os._exit(0)
+"""
+
+_USER_READER = """
+import json, os, sys
+from slurm_dispatch.node import factstore
+state, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+found, problems = factstore.read_job_facts(state, uid, "77")
+print(json.dumps({"nodes": sorted(f["node"] for f in found), "problems": problems}))
+"""
+
+
+def _as_subprocess(program: str, *args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", program, *map(str, args)], text=True,
+                          capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="writes facts as root and reads them as a user")
+def test_a_writer_killed_at_any_step_leaves_the_facts_whole_and_the_users_to_read() -> None:
+    import shutil
+    import tempfile
+    uid, gid = 54321, 54322
+    step = 1
+    while True:
+        # Under /var/tmp, passable by everyone (pytest's own folder is root's 0700).
+        base = Path(tempfile.mkdtemp(prefix="facts-killed-", dir="/var/tmp"))
+        try:
+            base.chmod(0o755)
+            state, _ = state_dir(base)
+            writer = _as_subprocess(_CRASHING_WRITER, state, uid, gid, step)
+            assert writer.returncode in (0, 3), writer.stderr
+            # The next hook for the job writes as ever, and the user reads every whole fact.
+            facts.write_fact(state, uid, gid, "77", "end", "n2", {"time": 2.0, "restart": 0})
+            root = Path(state)
+            for path, mode, group in ((root / "facts", 0o711, 0),
+                                      (root / "facts/54321", 0o750, gid),
+                                      (root / "facts/54321/77", 0o750, gid)):
+                info = path.lstat()
+                assert (stat.S_IMODE(info.st_mode), info.st_gid) == (mode, group), (step, path)
+            reader = _as_subprocess(_USER_READER, state, uid, gid)
+            assert reader.returncode == 0, (step, reader.stderr)
+            read = json.loads(reader.stdout)
+            whole = ["n1", "n2"] if writer.returncode == 0 else None
+            assert read["problems"] == [], (step, read)
+            assert read["nodes"] in (["n2"], ["n1", "n2"]) and (whole is None
+                                                                or read["nodes"] == whole), read
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        if writer.returncode == 0:
+            break
+        step += 1
+    assert step > 5  # every step of the write was a place to die

@@ -241,3 +241,23 @@ def test_a_fact_written_between_the_judgement_and_the_removal_stays_with_its_fol
     late = record(state, "recheck", "n1", "100", UID, time=3.0, end_token="x", survivors=[])
     assert prune_module.remove(state, judged[0]) == 6
     assert [p.name for p in folder(state, "100").iterdir()] == [late]
+
+
+def test_a_killed_writers_leftover_goes_with_its_folder_and_never_keeps_it(
+        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A hook ended between creating a fact and naming it leaves only ".<name>"
+    # (factstore.create_file), which no reader counts: it neither keeps a proven job's folder
+    # forever ("not a fact's name") nor stays behind once that folder goes.
+    clean_job(state, "100")
+    leftover = folder(state, "100") / ".end.n3.0.0000000000000001aaaaaaaa"
+    leftover.write_text('{"kind": "end", "no')
+    leftover.chmod(0o600)
+    code, out = prune(tmp_path, "--older-than", "0", monkeypatch=monkeypatch)
+    assert code == 0 and "removed facts/1000/100 (6 facts" in out, out
+    assert not folder(state, "100").exists()
+    # A recent one may be a writer still at work: its folder stays, and says why.
+    clean_job(state, "101")
+    young = folder(state, "101") / ".end.n3.0.0000000000000002bbbbbbbb"
+    young.write_text("")
+    code, out = prune(tmp_path, "--older-than", "3600", monkeypatch=monkeypatch)
+    assert code == 0 and folder(state, "101").exists() and young.exists(), out
