@@ -263,9 +263,16 @@ class Finished(Event):
 
 
 class Superseded(Event):
+    """The job was superseded by ``by``: its Slurm jobs are cancelled and nothing more is done
+    for it.  ``cancelled``: the Slurm jobs cancelled then.  A later one with ``again`` set is
+    the supervisor's: Slurm ran one of them again (a controller that restarted before it saved
+    the cancel), and it was cancelled again."""
+
     kind: ClassVar[str] = "superseded"
     required: ClassVar[tuple[str, ...]] = ("by",)
     by: str = ""
+    cancelled: list[str] = []
+    again: str = ""  # why it was cancelled again, in Slurm's words ("RUNNING, restart 2")
 
 
 class Started(Event):
@@ -494,7 +501,8 @@ class History:
             answers=[e for e in self.of(Cessation) if mine(e)],
             started=[e for e in self.of(Started) if task is None or e.task == task],
             finished=finished[-1] if finished else None,
-            superseded=superseded[-1] if superseded else None)
+            # When it was superseded: the first (the supervisor's later ones cancel again).
+            superseded=superseded[0] if superseded else None)
 
     def settled_tasks(self, tasks: list[int]) -> bool:
         """Every one of an array's ``tasks`` is settled (or the whole job is)."""

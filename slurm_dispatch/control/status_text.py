@@ -192,7 +192,12 @@ def event_text(event: events.Event) -> str:
     if isinstance(event, events.Finished):
         return f"FINISHED {named}after {event.end_state}: {event.rule}"
     if isinstance(event, events.Superseded):
-        return f"SUPERSEDED by {event.by}"
+        jobs = ", ".join(event.cancelled)
+        if event.again:
+            return (f"SUPERSEDED by {event.by}: cancelled Slurm job {jobs} again, active again "
+                    f"({event.again}) after its cancel (a controller restarted before it saved "
+                    "the cancel)")
+        return f"SUPERSEDED by {event.by}" + (f" (cancelled Slurm job {jobs})" if jobs else "")
     # Any other kind (a notification, a failed submission): its stored fields, by name.
     extra = {k: v for k, v in event.raw.items() if k not in ("event", "time", "ns")}
     for key in ("slurm_job_id", "held_slurm_job_id"):

@@ -624,8 +624,11 @@ def submit_new(request: Request, slurm: Slurm, home: Optional[str] = None,
         job.append(Hold, once="1", submission=1, slurm_job_id=submitted.slurm_job_id,
                    **intent)
     if old is not None:
-        slurm.cancel(live_slurm_jobs(slurm, old, jobs), env)
-        old.append("superseded", by=job.id)
+        live = live_slurm_jobs(slurm, old, jobs)
+        slurm.cancel(live, env)
+        # A controller that restarts before it saves this cancel may run them again: the
+        # supervisor cancels a superseded job's active Slurm jobs again (Supervisor._superseded).
+        old.append("superseded", by=job.id, cancelled=live)
     return submitted
 
 

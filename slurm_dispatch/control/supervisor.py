@@ -209,6 +209,9 @@ class Supervisor:
              report: PassReport) -> None:
         history = job.history()
         whole = history.lineage()
+        if whole.superseded is not None:
+            self._superseded(job, whole.superseded, slurm_jobs, seen_at, report)
+            return
         if whole.settled:
             return
         tasks = submit.array_tasks(job)
@@ -270,6 +273,38 @@ class Supervisor:
             return False  # running, pending, requeued: Slurm is not done with it
         self._ended(job, n, current.slurm_job_id, task, views, claim, report, how)
         return False
+
+    def _superseded(self, job: record.JobRecord, superseded: events.Superseded,
+                    slurm_jobs: Snapshot, seen_at: int, report: PassReport) -> None:
+        """A superseded job's Slurm jobs stay cancelled.  slurmctld acknowledges a cancel
+        before it saves it; killed in between, it recovers the job as running and may requeue
+        and run it again (the soak saw it run twice more beside its successor).  Each active
+        one is cancelled again, once per execution, and recorded; one still completing (its
+        processes being killed) is left to end."""
+        if superseded.ns >= seen_at:
+            return  # superseded after Slurm was read: what the read shows predates the cancel
+        again = []
+        for slurm_id in submit.live_slurm_jobs(self.slurm, job, slurm_jobs.keyed):
+            view = slurm_jobs.get(slurm_id)
+            if view is not None and view.state != "COMPLETING":
+                again.append((slurm_id, view))
+        if not again:
+            return
+        ids = [slurm_id for slurm_id, _ in again]
+        try:
+            self.slurm.cancel(ids)
+        except DispatchError as exc:
+            report.errors.append(f"{job.id}: superseded by {superseded.by}, yet Slurm job(s) "
+                                 f"{', '.join(ids)} active again; scancel failed: {exc}")
+            return
+        said = "; ".join(f"{slurm_id} {view.state}, restart {view.restarts}"
+                         for slurm_id, view in again)
+        once = "again-" + "-".join(f"{slurm_id}r{view.restarts}" for slurm_id, view in again)
+        job.append(events.Superseded, once=once, by=superseded.by, cancelled=ids, again=said)
+        report.actions.append(f"{job.id}: cancelled Slurm job {', '.join(ids)} again: "
+                              f"superseded by {superseded.by}, it was active again ({said}) "
+                              "after its cancel (a controller that restarted before it saved "
+                              "the cancel)")
 
     def _failed_launches(self, job: record.JobRecord, line: events.Lineage,
                          current: events.Submitted, views: list[Job],

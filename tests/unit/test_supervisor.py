@@ -525,3 +525,47 @@ def test_a_ceased_answer_about_another_users_job_lifts_no_hold(home: Path) -> No
     clock.now += 61
     sup.run_pass()
     assert kinds(job)[-1] == "released"
+
+
+# -- a superseded job that Slurm runs again (soak seed 905155, 2026-12-03) -----------------
+#
+# dispatch-sbatch --supersede cancelled Slurm job 97; slurmctld, killed 4 s later before it
+# saved that, recovered 97 as running, found it missing from its node and requeued it.
+# Nothing cancelled it again, and the superseded job ran twice more beside its successor.
+
+@pytest.mark.parametrize("again", [{"JobState": "PENDING", "Reason": "BeginTime",
+                                    "Restarts": "1"},
+                                   {"JobState": "RUNNING", "Restarts": "2"}])
+def test_a_superseded_job_that_slurm_runs_again_is_cancelled_again_and_says_why(
+        home: Path, again: dict[str, str]) -> None:
+    from slurm_dispatch.control import status_text
+    cluster = FakeCluster()
+    old, slurm_id = new_job(cluster)
+    new = submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
+                            Slurm(cluster, wait=0)).job
+    assert cluster.jobs[slurm_id]["JobState"] == "CANCELLED"
+    sup = Supervisor(Slurm(cluster, wait=0), Settings())
+    assert sup.run_pass().actions == []  # cancelled and gone: nothing to do
+    cluster.set(slurm_id, **again)  # the controller's restart undid the cancel
+    report = sup.run_pass()
+    assert report.errors == []
+    assert len(report.actions) == 1 and f"cancelled Slurm job {slurm_id} again" in \
+        report.actions[0] and new.id in report.actions[0], report.actions
+    assert cluster.jobs[slurm_id]["JobState"] == "CANCELLED"
+    assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]] * 2
+    assert sup.run_pass().actions == []  # once: the cancel holds now
+    # dispatch status says why the superseded job's Slurm job was cancelled a second time.
+    lines = [status_text.event_text(e) for e in old.history().decisions()]
+    assert any(f"cancelled Slurm job {slurm_id} again" in line and "active again" in line
+               for line in lines), lines
+
+
+def test_a_superseded_job_still_completing_from_its_cancel_is_not_cancelled_again(
+        home: Path) -> None:
+    cluster = FakeCluster()
+    old, slurm_id = new_job(cluster)
+    submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
+                      Slurm(cluster, wait=0))
+    cluster.set(slurm_id, JobState="COMPLETING")  # its processes are being killed
+    assert Supervisor(Slurm(cluster, wait=0), Settings()).run_pass().actions == []
+    assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]]
