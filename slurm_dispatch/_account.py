@@ -11,8 +11,9 @@ theirs to decode.
 
 Invariants: the child never returns into the caller's code (``os._exit`` whatever happens), so
 nothing of the parent runs twice; buffered output is flushed before the fork, so none is
-written twice; a child an alarm ends (a hung file system) gives what it wrote, often nothing,
-and its wait status says why.  Only the standard library is imported.
+written twice; a child an alarm ends (a hung file system, a directory service that does not
+answer the account's groups) gives what it wrote, often nothing, and its wait status says
+why.  Only the standard library is imported.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
     its working folder, after it became the account.  An answer longer than ``limit`` bytes
     (what the account wrote can make it any size) ends the child and raises OverflowError:
     nothing of it is kept."""
-    groups = os.getgrouplist(account.pw_name, account.pw_gid)
     sys.stdout.flush()
     sys.stderr.flush()
     readable, writable = os.pipe()
@@ -55,7 +55,9 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
                 signal.signal(signal.SIGALRM, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
                 signal.alarm(alarm)
-            os.setgroups(groups)
+            # The groups come from the directory service (sssd, LDAP), which can hang: looked
+            # up here, under the alarm, never in the caller.
+            os.setgroups(os.getgrouplist(account.pw_name, account.pw_gid))
             os.setgid(account.pw_gid)
             os.setuid(account.pw_uid)  # last: from here on nothing of root's is left
             if env is not None:

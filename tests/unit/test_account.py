@@ -75,6 +75,22 @@ def test_an_alarm_ends_a_child_that_hangs() -> None:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
 
 
+def test_an_alarm_ends_a_child_whose_group_lookup_hangs(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    # The account's groups come from the directory service (sssd, LDAP), which can hang: the
+    # lookup is the child's, under its alarm, so root's prune or release service never waits
+    # on it (it ran in the caller before, outside any alarm).
+    def hangs(name: str, gid: int) -> list[int]:
+        time.sleep(40)
+        return [gid]
+    monkeypatch.setattr(os, "getgrouplist", hangs)
+    began = time.monotonic()
+    data, status = _account.run_as(NOBODY, lambda: b"ran", said, alarm=1)
+    assert time.monotonic() - began < 30
+    assert data == b""
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
+
+
 def test_a_long_answer_comes_back_whole() -> None:
     big = os.urandom(1 << 20)
     data, _ = _account.run_as(NOBODY, lambda: big, said)
