@@ -286,7 +286,12 @@ class Supervisor:
         again = []
         for slurm_id in submit.live_slurm_jobs(self.slurm, job, slurm_jobs.keyed):
             view = slurm_jobs.get(slurm_id)
-            if view is not None and view.state != "COMPLETING":
+            # Only a job that carries this record's marker is its own: job ids restart when
+            # slurmctld loses its state, and a job without one (plain sbatch) may be another
+            # job of the user's that now has this id (marks_another only rules out one that
+            # carries another dispatch job's).
+            if view is not None and view.state != "COMPLETING" \
+                    and view.marks(job.id):
                 again.append((slurm_id, view))
         if not again:
             return

@@ -172,13 +172,15 @@ class Job:
         """The ``dispatch:<id>/<N>`` words of the comment (words, so no prefix matches)."""
         return [w for w in self.comment.split() if w.startswith(MARKER_PREFIX)]
 
+    def marks(self, dispatch_id: str) -> bool:
+        """Its comment carries a marker of ``dispatch_id``'s: the job is that dispatch job's."""
+        return any(m.startswith(f"{MARKER_PREFIX}{dispatch_id}/") for m in self.markers)
+
     def marks_another(self, dispatch_id: str) -> bool:
         """Its comment carries dispatch markers, none of them ``dispatch_id``'s: the job is
         another dispatch job's (a record older than records' cluster, read on a cluster where
         its Slurm job id is another's).  A comment without one (a person's) proves nothing."""
-        marks = self.markers
-        return bool(marks) and not any(m.startswith(f"{MARKER_PREFIX}{dispatch_id}/")
-                                       for m in marks)
+        return bool(self.markers) and not self.marks(dispatch_id)
 
     def __repr__(self) -> str:
         return (f"Job({self.display_id} {self.state} restarts={self.restarts} "

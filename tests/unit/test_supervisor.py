@@ -569,3 +569,23 @@ def test_a_superseded_job_still_completing_from_its_cancel_is_not_cancelled_agai
     cluster.set(slurm_id, JobState="COMPLETING")  # its processes are being killed
     assert Supervisor(Slurm(cluster, wait=0), Settings()).run_pass().actions == []
     assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]]
+
+
+@pytest.mark.parametrize("comment", ["", "a person's own words"])
+def test_a_superseded_jobs_slurm_id_now_anothers_unmarked_job_is_not_cancelled(
+        home: Path, comment: str) -> None:
+    # Job ids restart when slurmctld loses its state: the superseded record's Slurm job id is
+    # then a new job's, one the user submitted with plain sbatch (no dispatch marker).  That
+    # job is not the superseded one; the supervisor must never cancel it.
+    cluster = FakeCluster()
+    old, slurm_id = new_job(cluster)
+    submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
+                      Slurm(cluster, wait=0))
+    sup = Supervisor(Slurm(cluster, wait=0), Settings())
+    assert sup.run_pass().actions == []
+    cluster.jobs[slurm_id] = {"JobId": slurm_id, "JobState": "RUNNING", "Reason": "None",
+                              "Restarts": "0", "Comment": comment}
+    report = sup.run_pass()
+    assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]]
+    assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
+    assert report.actions == [], report.actions
