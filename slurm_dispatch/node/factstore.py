@@ -244,13 +244,16 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
 
 def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
                 gid: int = -1) -> None:
-    """Put a new file ``name`` with ``data`` in ``dir_fd``, whole or not at all.
+    """Put a new file ``name`` with ``data`` in ``dir_fd``, whole or not at all, and only once
+    (FactError when ``name`` exists: a fact is written once).
 
-    The bytes go into ``.<name>`` first, which gets its group and mode before a byte is
-    written, and only then is renamed to ``name``: a writer ended at any step leaves at most
-    that dot-name behind, which the readers pass over (and prune removes with its folder),
-    never a fact that is empty, half written, or closed to its user."""
-    temp = f".{name}"
+    The bytes go into ``.<name>.<random>`` first, which gets its group and mode before a byte
+    is written, and only then is linked as ``name`` (a link, not a rename, refuses a name that
+    exists) and its temporary name removed: a writer ended at any step leaves at most that
+    dot-name behind, which the readers pass over (and prune removes with its folder), never a
+    fact that is empty, half written, or closed to its user.  The random part keeps such a
+    leftover from refusing the next writer of the same name (the next end of the same start)."""
+    temp = f".{name}.{os.urandom(4).hex()}"
     try:
         fd = _fsio.create_new(temp, 0o600, dir_fd)
     except OSError as exc:
@@ -263,13 +266,35 @@ def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
             _fsio.write_all(fd, data, temp)
         finally:
             os.close(fd)
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        _name_once(dir_fd, temp, name)
     except OSError as exc:
         try:
             os.unlink(temp, dir_fd=dir_fd)
         except OSError:
             pass
+        if isinstance(exc, FileExistsError):
+            raise FactError(f"cannot write {where}/{name}: it exists (a fact is written "
+                            "once)") from None
         raise FactError(f"cannot write {where}/{name}: {exc.strerror}") from None
+
+
+def _name_once(dir_fd: int, temp: str, name: str) -> None:
+    """Give ``temp`` the name ``name``, FileExistsError if that exists, then drop ``temp``."""
+    import errno
+    try:
+        os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        # A file system without hard links: look, then rename (no other writer of the same
+        # name runs at the same moment but the end of one start's two Epilogs).
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return
+        raise FileExistsError(errno.EEXIST, "File exists") from None
+    os.unlink(temp, dir_fd=dir_fd)
 
 
 def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node: str,

@@ -9,8 +9,8 @@ when every one of these holds, and kept (with the reason counted) otherwise:
    ahead of this host's clock by more than :data:`AHEAD` was named by a clock ahead, and keeps
    its folder as "from the future", said apart from the merely recent;
 2. every fact in it reads as a whole fact of a format this reader knows (a garbled one is for
-   a person to look at); a fact still being written is named ``.<name>`` until it is whole
-   (``factstore.create_file``) and keeps its folder while it is younger than the retention,
+   a person to look at); a fact still being written is named ``.<name>.<random>`` until it is
+   whole (``factstore.create_file``) and keeps its folder while it is younger than the retention,
    and one older is what a killed writer left, removed with the folder;
 3. its facts prove that every execution they record ceased, the way ``dispatch-cease`` would
    need them: every node's ``start`` has that node's ``end``, and that end found no survivor

@@ -58,3 +58,26 @@ def test_an_end_without_a_recorded_start_keeps_the_count_it_was_given(
     controller_hook(monkeypatch, cfg, "epilog-slurmctld", "77", 2, "n3")
     (only,) = facts.execution_facts("77", cfg.state_dir, UID)
     assert only["restart"] == 2 and "start_token" not in only["controller"]["end"]
+
+
+def test_a_killed_epilogslurmctlds_leftover_never_stops_the_next_ends(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # An EpilogSlurmctld ended while it wrote its fact leaves .ctld-end.slurmctld.0.<token>
+    # (factstore.create_file), and its start stays open.  The next one ends the oldest open
+    # start, the same name: a leftover under that temporary name must not refuse it (it did,
+    # every later EpilogSlurmctld of the job with it: 'cannot create ...: File exists').
+    cfg = state_dir(tmp_path)[1]
+    job = "4343"
+    controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 0, "n1")
+    folder = Path(cfg.state_dir) / "facts" / str(UID) / job
+    [start] = os.listdir(folder)
+    left = folder / ("." + start.replace("ctld-start.", "ctld-end.", 1))
+    left.write_bytes(b'{"v":1,"ki')  # what the killed writer had written
+    left.chmod(0o640)
+    controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 1, "n2")
+    controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 1, "n2", "0:9")
+    controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 1, "n2", "0:0")
+    ends = [n for n in os.listdir(folder) if n.startswith("ctld-end.")]
+    assert len(ends) == 2, sorted(os.listdir(folder))
+    found, problems = facts.read_job_facts(cfg.state_dir, UID, job)
+    assert problems == [] and len(found) == 4

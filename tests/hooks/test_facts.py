@@ -281,3 +281,20 @@ def test_a_writer_killed_at_any_step_leaves_the_facts_whole_and_the_users_to_rea
             break
         step += 1
     assert step > 5  # every step of the write was a place to die
+
+
+def test_a_second_fact_of_the_same_name_is_refused_and_the_first_kept(tmp_path: Path) -> None:
+    # Facts are written once: an end takes its start's token, so two ends of one start (two
+    # EpilogSlurmctlds, or Epilogs, that found the same open start) have one name.  The first
+    # must stand; a rename onto it would replace the survivors it found with another's none.
+    state, _ = state_dir(tmp_path)
+    token = facts.new_token()
+    body = {"time": 1.0, "restart": 0}
+    facts.write_fact(state, 1234, 2345, "77", "end", "n1",
+                     {**body, "survivors": [{"pid": 4242}]}, token=token)
+    with pytest.raises(facts.FactError, match="exists"):
+        facts.write_fact(state, 1234, 2345, "77", "end", "n1", {**body, "survivors": []},
+                         token=token)
+    found, problems = facts.read_job_facts(state, 1234, "77")
+    assert problems == [] and [f["survivors"] for f in found] == [[{"pid": 4242}]]
+    assert sorted(os.listdir(Path(state) / "facts/1234/77")) == [f"end.n1.0.{token}"]
