@@ -397,8 +397,10 @@ def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
                              "time": time.time(), "restart": entry.get("restart"),
                              "end_token": entry.get("end_token"), "boot_id": current_boot,
                              "survivors": now, "reason": reason})
-        _drop_watch(cfg, entry["_name"])
         if now:
+            # The new entry first: a hook ended in between leaves two (re-checked alike),
+            # never none (the survivors left would be watched no more, never proven gone).
             fresh = {k: v for k, v in entry.items() if k != "_name"}
             fresh["survivors"] = now
             _add_watch(cfg, fresh)
+        _drop_watch(cfg, entry["_name"])

@@ -162,3 +162,36 @@ def test_the_epilog_counts_the_jobs_cgroup_whatever_the_environment(
     (step / "cgroup.procs").write_text("")
     hook(monkeypatch, cfg, "recheck")
     assert node_view(cfg, job)[(0, "n1")]["ceased"] is True
+
+
+class _Killed(BaseException):
+    """The hook ended where it stands (its watchdog's os._exit, the parent's SIGKILL)."""
+
+
+def test_a_recheck_killed_while_it_renews_a_watch_entry_keeps_the_execution_watched(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # One of two survivors goes: the re-check records it and renews the entry with the one
+    # left.  Ended between dropping the old entry and writing the new one, it watched nothing
+    # more: the last survivor's end was never recorded, and the execution never proven.
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    first = survivor(spawned, job, "n1", 0)
+    survivor(spawned, job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    assert len(_watch_entries(cfg)) == 1
+    os.kill(first, signal.SIGKILL)
+    spawned[0].wait()
+
+    def killed(*args: object) -> None:
+        raise _Killed()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(work, "_add_watch", killed)
+        with pytest.raises(_Killed):
+            hook(monkeypatch, cfg, "recheck")
+    assert _watch_entries(cfg), "nothing watches the survivor left"
+    spawned[1].kill()
+    spawned[1].wait()
+    hook(monkeypatch, cfg, "recheck")
+    assert node_view(cfg, job)[(0, "n1")]["ceased"] is True
+    assert _watch_entries(cfg) == []
