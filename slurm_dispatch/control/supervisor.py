@@ -304,7 +304,11 @@ class Supervisor:
             return
         said = "; ".join(f"{slurm_id} {view.state}, restart {view.restarts}"
                          for slurm_id, view in again)
-        once = "again-" + "-".join(f"{slurm_id}r{view.restarts}" for slurm_id, view in again)
+        once = "-".join(f"{slurm_id}r{view.restarts}" for slurm_id, view in again)
+        if len(once) > 120:  # an array's many tasks: the key is a file's name, kept short
+            import hashlib
+            once = hashlib.sha256(once.encode()).hexdigest()[:32]
+        once = "again-" + once
         job.append(events.Superseded, once=once, by=superseded.by, cancelled=ids, again=said)
         report.actions.append(f"{job.id}: cancelled Slurm job {', '.join(ids)} again: "
                               f"superseded by {superseded.by}, it was active again ({said}) "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch.control import record, submit
+from slurm_dispatch.control import events, record, submit
 from slurm_dispatch.control.holds import Answer, release
 from slurm_dispatch.control.supervisor import (
     LAUNCH_RELEASED_BY,
@@ -589,3 +589,24 @@ def test_a_superseded_jobs_slurm_id_now_anothers_unmarked_job_is_not_cancelled(
     assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]]
     assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
     assert report.actions == [], report.actions
+
+
+def test_a_superseded_arrays_tasks_all_run_again_are_cancelled_and_recorded(home: Path) -> None:
+    # A controller that lost the cancel of a 40-task array requeues every task: the event that
+    # records the second cancel was keyed by every task's id and restart count, a file name
+    # longer than a file system takes ('File name too long'), so nothing said why.
+    cluster = FakeCluster(first_id=1_000_000)
+    old, slurm_id = new_job(cluster, "--array=1-40")
+    submit.submit_new(submit.read_request(["--supersede", old.id, "--array=1-40", "job.sh"]),
+                      Slurm(cluster, wait=0))
+    sup = Supervisor(Slurm(cluster, wait=0), Settings())
+    assert sup.run_pass().actions == []
+    tasks = [j for j, f in cluster.jobs.items() if f.get("ArrayJobId") == slurm_id]
+    for task in tasks:
+        cluster.set(task, JobState="PENDING", Restarts="1")
+    report = sup.run_pass()
+    assert report.errors == [] and len(report.actions) == 1, report
+    assert all(cluster.jobs[t]["JobState"] == "CANCELLED" for t in tasks)
+    again = [e for e in old.history().of(events.Superseded) if e.again]
+    assert len(again) == 1 and len(again[0].cancelled) == 40
+    assert sup.run_pass().actions == []
