@@ -201,13 +201,16 @@ def epilog(cfg: Config) -> None:
                                            "seconds": round(scan.seconds, 4)},
         "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(),
     }
-    name = store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body,
-                            token=start[0] if start is not None else None)
+    token = start[0] if start is not None else store.new_token()
     if survivors and not scan_error:
+        # The watch entry before the end: a hook ended in between leaves an entry whose
+        # re-check no reader ties to an end (the execution has none: not proven), never an
+        # end with survivors that nothing re-checks (never proven, whatever became of them).
         _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
-                         "restart": restart, "end_token": name.rpartition(".")[2],
+                         "restart": restart, "end_token": token,
                          "boot_id": body["boot_id"], "time": body["time"],
                          "survivors": survivors})
+    store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body, token=token)
     if scan is not None:
         SCANS.append(("epilog", scan.seconds, scan.complete, len(survivors)))
         _settle(cfg, watched, scan, boot)

@@ -195,3 +195,36 @@ def test_a_recheck_killed_while_it_renews_a_watch_entry_keeps_the_execution_watc
     hook(monkeypatch, cfg, "recheck")
     assert node_view(cfg, job)[(0, "n1")]["ceased"] is True
     assert _watch_entries(cfg) == []
+
+
+def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_survivors_unwatched(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # The Epilog records the end with its survivors and a watch entry for them.  Ended after
+    # the first of the two, it must never leave an end with survivors nothing re-checks (it
+    # did: the end first, so the survivors' going was never recorded, the execution never
+    # proven).  Whichever it writes first, the second is where it dies here.
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    survivor(spawned, job, "n1", 0)
+    done: list[str] = []
+
+    def second_dies(call, what):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if what == "watch" or args[4] == "end":
+                if done:
+                    raise _Killed()
+                done.append(what)
+            return call(*args, **kwargs)
+        return wrapper
+
+    with monkeypatch.context() as patch:
+        patch.setattr(work, "_add_watch", second_dies(work._add_watch, "watch"))
+        patch.setattr(work.store, "write_fact", second_dies(work.store.write_fact, "end"))
+        with pytest.raises(_Killed):
+            hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    spawned[0].kill()
+    spawned[0].wait()
+    hook(monkeypatch, cfg, "recheck")
+    node = node_view(cfg, job).get((0, "n1"))
+    assert node is None or node["end"] is None or node["ceased"] is True, node
+    assert _watch_entries(cfg) == []
