@@ -610,3 +610,20 @@ def test_a_superseded_arrays_tasks_all_run_again_are_cancelled_and_recorded(home
     again = [e for e in old.history().of(events.Superseded) if e.again]
     assert len(again) == 1 and len(again[0].cancelled) == 40
     assert sup.run_pass().actions == []
+
+
+def test_a_superseded_jobs_submission_that_landed_unrecorded_is_cancelled(home: Path) -> None:
+    # A pass resubmitting the old job was killed after its sbatch landed, before it recorded
+    # the submission (its claim says so); the user superseded the job meanwhile.  That Slurm
+    # job carries the old job's marker but is in none of its submissions: --supersede did not
+    # cancel it, and no pass recovers a superseded job's claim, so it ran beside its successor.
+    cluster = FakeCluster()
+    old, slurm_id = new_job(cluster)
+    cluster.set(slurm_id, JobState="CANCELLED")
+    landed = cluster.add("RUNNING", submit.marker(old, 2))
+    submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
+                      Slurm(cluster, wait=0))
+    assert cluster.jobs[landed]["JobState"] == "RUNNING"  # not one of its submissions
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert cluster.jobs[landed]["JobState"] == "CANCELLED", report
+    assert any(f"cancelled Slurm job {landed}" in a for a in report.actions), report.actions
