@@ -298,3 +298,25 @@ def test_a_second_fact_of_the_same_name_is_refused_and_the_first_kept(tmp_path: 
     found, problems = facts.read_job_facts(state, 1234, "77")
     assert problems == [] and [f["survivors"] for f in found] == [[{"pid": 4242}]]
     assert sorted(os.listdir(Path(state) / "facts/1234/77")) == [f"end.n1.0.{token}"]
+
+
+def test_a_sites_private_facts_folder_stays_private_whatever_the_writers_find_below_it(
+        tmp_path: Path) -> None:
+    # The admin guide's privacy choice: facts/ 0700, dispatch-cease only as root.  The repair
+    # of a half-made folder (private, where it should be open to the job's group) is for the
+    # per-user and per-job folders a killed writer left; it must never open facts/ itself.
+    state, _ = state_dir(tmp_path)
+    top = Path(state) / "facts"
+    top.mkdir(mode=0o700)
+    (top / "1234").mkdir(mode=0o700)  # as a writer killed after its mkdir left it
+    old = os.umask(0o777)
+    try:
+        facts.write_fact(state, 1234, 2345, "77", "start", "n1", {"time": 1.0, "restart": 0})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(top.lstat().st_mode) == 0o700
+    for path in (top / "1234", top / "1234/77"):
+        info = path.lstat()
+        assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o750, 2345), path
+    found, problems = facts.read_job_facts(state, 1234, "77")
+    assert problems == [] and len(found) == 1
