@@ -202,15 +202,22 @@ def epilog(cfg: Config) -> None:
         "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(),
     }
     token = start[0] if start is not None else store.new_token()
+    unwatched = None
     if survivors and not scan_error:
         # The watch entry before the end: a hook ended in between leaves an entry whose
         # re-check no reader ties to an end (the execution has none: not proven), never an
         # end with survivors that nothing re-checks (never proven, whatever became of them).
-        _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
-                         "restart": restart, "end_token": token,
-                         "boot_id": body["boot_id"], "time": body["time"],
-                         "survivors": survivors})
+        # One that cannot be written still lets the end record what the scan found.
+        try:
+            _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
+                             "restart": restart, "end_token": token,
+                             "boot_id": body["boot_id"], "time": body["time"],
+                             "survivors": survivors})
+        except FactError as exc:
+            unwatched = exc
     store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body, token=token)
+    if unwatched is not None:
+        raise unwatched
     if scan is not None:
         SCANS.append(("epilog", scan.seconds, scan.complete, len(survivors)))
         _settle(cfg, watched, scan, boot)

@@ -228,3 +228,22 @@ def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_surv
     node = node_view(cfg, job).get((0, "n1"))
     assert node is None or node["end"] is None or node["ceased"] is True, node
     assert _watch_entries(cfg) == []
+
+
+def test_an_epilog_whose_watch_entry_cannot_be_written_still_records_its_end(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # The watch entry is written before the end: one refused (a full watch/, say) must not
+    # cost the end and the survivors it names.
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    pid = survivor(spawned, job, "n1", 0)
+
+    def refused(*args: object) -> None:
+        raise facts.FactError("cannot create .../watch/x: No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(work, "_add_watch", refused)
+        with pytest.raises(facts.FactError, match="No space"):
+            hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    node = node_view(cfg, job)[(0, "n1")]
+    assert node["end"] is not None and [s["pid"] for s in node["survivors"]] == [pid]
