@@ -192,7 +192,7 @@ def event_text(event: events.Event) -> str:
     if isinstance(event, events.Finished):
         return f"FINISHED {named}after {event.end_state}: {event.rule}"
     if isinstance(event, events.Superseded):
-        jobs = ", ".join(event.cancelled)
+        jobs = ", ".join(str(j) for j in event.cancelled)  # a hand edit may put anything
         if event.again:
             return (f"SUPERSEDED by {event.by}: cancelled Slurm job {jobs} again, active again "
                     f"({event.again}) after its cancel (a controller restarted before it saved "

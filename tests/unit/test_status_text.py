@@ -211,3 +211,11 @@ def test_status_is_put_into_words_in_one_place() -> None:
     assert {mark: sorted(found) for mark, found in homes.items()} == {
         mark: ["control/status_text.py"] for mark in marks}
     assert not kind_reads, f"events read by their kind strings: {kind_reads}"
+
+
+def test_a_superseded_events_hand_edited_cancelled_list_is_shown_not_raised() -> None:
+    from slurm_dispatch.control import events
+    event = events.parse({"event": "superseded", "time": 1.0, "ns": 1, "v": 2, "by": "b",
+                          "cancelled": [97, None], "again": "97 RUNNING, restart 1"})
+    line = status_text.event_text(event)
+    assert line.startswith("SUPERSEDED by b: cancelled Slurm job 97, None again"), line
