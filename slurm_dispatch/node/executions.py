@@ -145,6 +145,14 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             if restart is None:
                 continue
             entry = node_entry(restart, node)
+            stray = entry["end"]
+            if stray is not None and stray.get("start_token") not in starts:
+                # An end tied to no start, recorded before this start (facts come oldest
+                # first): an Epilog that found no open start (a second Epilog of an ended
+                # start, under the next count Slurm gives it after a requeue) wrote it before
+                # this execution began here, so it says nothing of this start's processes.
+                entry.update({"end": None, "survivors": [], "ceased": None})
+                ends_by_token.pop(str(stray.get("token")), None)
             if entry["start"] is None or entry["start"].get("time", 0) < fact.get("time", 0):
                 entry["start"] = fact
         elif kind == "end":

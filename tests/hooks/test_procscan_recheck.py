@@ -247,3 +247,29 @@ def test_an_epilog_whose_watch_entry_cannot_be_written_still_records_its_end(
             hook(monkeypatch, cfg, "epilog", job, "n1", 0)
     node = node_view(cfg, job)[(0, "n1")]
     assert node["end"] is not None and [s["pid"] for s in node["survivors"]] == [pid]
+
+
+def test_an_end_no_start_ties_never_closes_a_start_recorded_after_it(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # An Epilog that finds no open start of its node (a second Epilog of an ended start: a
+    # part installed twice, say; or a start its Prolog never wrote) records an end tied to no
+    # start, under the count Slurm gives it: after a requeue, 24.11's Epilog is given the
+    # *next* count.  That end was filed under execution 1 before execution 1 started, and was
+    # taken as the post-kill record of execution 1's start on n1: with n1 cut off from the
+    # controller (its Epilog never runs, its processes run on), dispatch-cease said "ceased".
+    from slurm_dispatch.node import cease
+
+    from .fakes import FakeController, node
+    from .fakes import job as slurm_job
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 1)  # the same Epilog again, the next count
+    hook(monkeypatch, cfg, "prolog", job, "n1", 1)
+    pid = survivor(spawned, job, "n1", 1)  # execution 1 runs on; n1 records no end of it
+    ctl = FakeController(slurm_job(job, state="NODE_FAIL", restarts=1, uid=UID,
+                                   start=time.time() - 5, end=time.time()),
+                         {"n1": node("n1", state="DOWN+NOT_RESPONDING")})
+    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+    assert verdict.restart == 1
+    assert not verdict.ceased, (pid, cease.render(verdict))
