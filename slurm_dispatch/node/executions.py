@@ -137,6 +137,17 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             node, {"start": None, "end": None, "recheck": None, "survivors": [], "ceased": None})
 
     ends_by_token: dict[str, tuple[int, str]] = {}
+
+    def drop_stray_end(entry: NodeFacts) -> None:
+        # Called for a start of the node's execution, or the controller's: an end read before
+        # it (facts come oldest first) that is tied to no start was written by an Epilog that
+        # found no open start (a second Epilog of an ended start, under the next count Slurm
+        # gives it after a requeue) before this execution began, and says nothing of it.
+        stray = entry["end"]
+        if stray is not None and stray.get("start_token") not in starts:
+            entry.update({"end": None, "survivors": [], "ceased": None})
+            ends_by_token.pop(str(stray.get("token")), None)
+
     for fact in facts:
         kind = fact.get("kind")
         node = str(fact.get("node", ""))
@@ -145,14 +156,7 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             if restart is None:
                 continue
             entry = node_entry(restart, node)
-            stray = entry["end"]
-            if stray is not None and stray.get("start_token") not in starts:
-                # An end tied to no start, recorded before this start (facts come oldest
-                # first): an Epilog that found no open start (a second Epilog of an ended
-                # start, under the next count Slurm gives it after a requeue) wrote it before
-                # this execution began here, so it says nothing of this start's processes.
-                entry.update({"end": None, "survivors": [], "ceased": None})
-                ends_by_token.pop(str(stray.get("token")), None)
+            drop_stray_end(entry)
             if entry["start"] is None or entry["start"].get("time", 0) < fact.get("time", 0):
                 entry["start"] = fact
         elif kind == "end":
@@ -177,6 +181,9 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
                 continue
             item = execution(restart)
             item["controller"]["start" if kind == "ctld-start" else "end"] = fact
+            if kind == "ctld-start":
+                for entry in item["nodes"].values():
+                    drop_stray_end(entry)
             allocated = fact.get("nodes")
             if isinstance(allocated, list) and allocated and (
                     not item["allocated"] or kind == "ctld-start"):

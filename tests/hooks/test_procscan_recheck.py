@@ -273,3 +273,31 @@ def test_an_end_no_start_ties_never_closes_a_start_recorded_after_it(
     verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert verdict.restart == 1
     assert not verdict.ceased, (pid, cease.render(verdict))
+
+
+def test_an_end_no_start_ties_never_proves_an_execution_the_controller_started_after_it(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # As above, where execution 1's Prolog on n1 recorded nothing either (ended at its
+    # HookTimeout on a slow StateDir): the controller's start of execution 1, recorded after
+    # that end, names n1, and an end older than the execution is none of its.
+    from slurm_dispatch.node import cease
+
+    from .fakes import FakeController, node
+    from .fakes import job as slurm_job
+    from .test_controller_facts import controller_hook
+    job = _job()
+    controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 0, "n1")
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", 1)  # the same Epilog again, the next count
+    controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 1, "n1")
+    controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 1, "n1")
+    survivor(spawned, job, "n1", 1)  # execution 1 runs on; n1 records neither start nor end
+    ctl = FakeController(slurm_job(job, state="NODE_FAIL", restarts=1, uid=UID,
+                                   start=time.time() - 5, end=time.time()),
+                         {"n1": node("n1", state="DOWN+NOT_RESPONDING")})
+    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+    assert verdict.restart == 1
+    assert not verdict.ceased, cease.render(verdict)
+    # Execution 0's own end still proves it.
+    assert cease.cessation(job, 0, cfg=cfg, controller=ctl, uid=UID).ceased
