@@ -284,10 +284,12 @@ def _name_once(dir_fd: int, temp: str, name: str) -> None:
     try:
         os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK,
+                             errno.ENOSYS):
             raise
-        # A file system without hard links: look, then rename (no other writer of the same
-        # name runs at the same moment but the end of one start's two Epilogs).
+        # A file system without hard links (the kernel's EPERM; ENOSYS from a FUSE daemon
+        # without a link operation): look, then rename (no other writer of the same name runs
+        # at the same moment but the end of one start's two Epilogs).
         try:
             os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:

@@ -287,7 +287,10 @@ def test_a_second_fact_of_the_same_name_is_refused_and_the_first_kept(tmp_path: 
     # Facts are written once: an end takes its start's token, so two ends of one start (two
     # EpilogSlurmctlds, or Epilogs, that found the same open start) have one name.  The first
     # must stand; a rename onto it would replace the survivors it found with another's none.
-    state, _ = state_dir(tmp_path)
+    _second_end_refused_first_kept(state_dir(tmp_path)[0])
+
+
+def _second_end_refused_first_kept(state: str) -> None:
     token = facts.new_token()
     body = {"time": 1.0, "restart": 0}
     facts.write_fact(state, 1234, 2345, "77", "end", "n1",
@@ -320,3 +323,20 @@ def test_a_sites_private_facts_folder_stays_private_whatever_the_writers_find_be
         assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o750, 2345), path
     found, problems = facts.read_job_facts(state, 1234, "77")
     assert problems == [] and len(found) == 1
+
+
+@pytest.mark.parametrize("refusal", ["EPERM", "EOPNOTSUPP", "EMLINK", "ENOSYS"])
+def test_a_file_system_without_hard_links_still_takes_each_fact_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str) -> None:
+    # StateDir on a file system that has no hard links: the kernel's answer for one without
+    # a link operation is EPERM; a FUSE file system whose daemon has none answers ENOSYS
+    # (libfuse's default for an operation not implemented), where the fact was refused, and every
+    # fact of that node.
+    import errno
+    state, _ = state_dir(tmp_path)
+
+    def no_link(*args: object, **kwargs: object) -> None:
+        raise OSError(getattr(errno, refusal), os.strerror(getattr(errno, refusal)))
+
+    monkeypatch.setattr(os, "link", no_link)
+    _second_end_refused_first_kept(state)
