@@ -209,10 +209,11 @@ def epilog(cfg: Config) -> None:
         # end with survivors that nothing re-checks (never proven, whatever became of them).
         # One that cannot be written still lets the end record what the scan found.
         try:
+            # The entry carries the end itself: a re-check records it where it is missing.
             _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
                              "restart": restart, "end_token": token,
                              "boot_id": body["boot_id"], "time": body["time"],
-                             "survivors": survivors})
+                             "survivors": survivors, "end": body})
         except FactError as exc:
             unwatched = exc
     store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body, token=token)
@@ -371,6 +372,32 @@ def _entry_time(entry: dict) -> float | None:
         return None
 
 
+def _end_left_unwritten(cfg: Config, entry: dict) -> bool:
+    """Record the end an Epilog ended between its watch entry and its end did not, from the
+    entry (``end``: the end as that Epilog was writing it): without it the re-check recorded
+    next ties to no end, and the execution would never be proven on that node.  False (settle
+    the entry later) while the entry is younger than HookTimeout: its Epilog may be at work."""
+    body = entry.get("end")
+    token = entry.get("end_token")
+    if not isinstance(body, dict) or not isinstance(token, str):
+        return True  # an entry of an earlier release, which carries no end
+    uid, job_id, node = int(entry["uid"]), str(entry["job_id"]), str(entry["node"])
+    name = store.fact_name("end", node, body.get("restart"), token)
+    if name in store.list_job(cfg.state_dir, uid, job_id):
+        return True
+    made = _entry_time(entry)
+    if made is not None and time.time() - made < cfg.hook_timeout:
+        return False
+    try:
+        store.write_fact(cfg.state_dir, uid, int(entry["gid"]), job_id, "end", node,
+                         {**body, "recorded_by": "recheck: the Epilog was ended before it"},
+                         token=token)
+    except FactError:
+        if name not in store.list_job(cfg.state_dir, uid, job_id):
+            raise  # else the Epilog itself, slow, wrote it in between
+    return True
+
+
 def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
             boot: tuple[str, float | None] | None = None) -> None:
     """Record what became of watched survivors; stop watching those that are all gone.
@@ -402,6 +429,8 @@ def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
         after = {(s.get("pid"), s.get("starttime")) for s in now}
         if now and after == before:
             continue
+        if not _end_left_unwritten(cfg, entry):
+            continue  # its Epilog may be writing the end still: settled by a later re-check
         store.write_fact(cfg.state_dir, int(entry["uid"]), int(entry["gid"]), job_id,
                          "recheck", str(entry["node"]), {
                              "time": time.time(), "restart": entry.get("restart"),

@@ -64,7 +64,7 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
            "array_starts", "array_task_job", "boot_id", "boot_time", "check_name", "create_file",
-           "dumps", "fact_uids", "format_problem", "job_uids", "list_job", "new_token",
+           "dumps", "fact_name", "fact_uids", "format_problem", "job_uids", "list_job", "new_token",
            "node_activity", "open_state_dir", "open_subdir", "parse_name", "read_job_facts",
            "read_regular", "token_time", "write_fact"]
 
@@ -299,6 +299,11 @@ def _name_once(dir_fd: int, temp: str, name: str) -> None:
     os.unlink(temp, dir_fd=dir_fd)
 
 
+def fact_name(kind: str, node: str, restart: object, token: str) -> str:
+    """The file name :func:`write_fact` gives a fact (``x`` for a restart count not known)."""
+    return f"{kind}.{node}.{restart if isinstance(restart, int) else 'x'}.{token}"
+
+
 def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node: str,
                body: dict[str, object], token: str | None = None) -> str:
     """Write one fact of ``kind`` about ``job_id``; return its file name."""
@@ -307,8 +312,7 @@ def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node:
     if kind not in KINDS:
         raise FactError(f"unknown fact kind {kind!r}")
     token = token or new_token()
-    restart = body.get("restart")
-    name = f"{kind}.{node}.{restart if isinstance(restart, int) else 'x'}.{token}"
+    name = fact_name(kind, node, body.get("restart"), token)
     record = dict(body)
     # The release that wrote it: dispatch-admin doctor compares the nodes' and the controller's.
     record.setdefault("release", __version__)

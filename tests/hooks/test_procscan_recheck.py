@@ -224,6 +224,8 @@ def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_surv
             hook(monkeypatch, cfg, "epilog", job, "n1", 0)
     spawned[0].kill()
     spawned[0].wait()
+    cfg.hook_timeout = 0.2  # a re-check waits out an entry's Epilog, which may be at work
+    time.sleep(0.3)
     hook(monkeypatch, cfg, "recheck")
     node = node_view(cfg, job).get((0, "n1"))
     assert node is None or node["end"] is None or node["ceased"] is True, node
@@ -301,3 +303,48 @@ def test_an_end_no_start_ties_never_proves_an_execution_the_controller_started_a
     assert not verdict.ceased, cease.render(verdict)
     # Execution 0's own end still proves it.
     assert cease.cessation(job, 0, cfg=cfg, controller=ctl, uid=UID).ceased
+
+
+def test_an_epilog_ended_between_its_watch_entry_and_its_end_is_proven_once_they_are_gone(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # The Epilog writes its watch entry, then its end (4c64f89).  Ended in between (its
+    # HookTimeout on a slow StateDir), it left survivors watched and no end: the re-check saw
+    # them go and recorded it, but tied to no end, and the node had no post-kill record, so
+    # the execution was never proven, whatever became of them (a hold waited for a person).
+    # The watch entry holds what the end would have said: the re-check records it.
+    from slurm_dispatch.node import cease
+
+    from .fakes import FakeController, node
+    from .fakes import job as slurm_job
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    found = sorted([survivor(spawned, job, "n1", 0), survivor(spawned, job, "n1", 0)])
+
+    def ended(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
+              **kwargs: object) -> str:
+        if kind == "end":
+            raise _Killed()
+        return facts.write_fact(state, uid, gid, job_id, kind, *rest, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(work.store, "write_fact", ended)
+        with pytest.raises(_Killed):
+            hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    assert len(_watch_entries(cfg)) == 1
+    ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
+    spawned[0].kill()
+    spawned[0].wait()
+    hook(monkeypatch, cfg, "recheck")  # within HookTimeout its Epilog may be writing it still
+    assert len(_watch_entries(cfg)) == 1 and node_view(cfg, job)[(0, "n1")]["end"] is None
+    cfg.hook_timeout = 0.2
+    time.sleep(0.3)
+    hook(monkeypatch, cfg, "recheck")  # one of two gone: the end, then the re-check
+    assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
+    spawned[1].kill()
+    spawned[1].wait()
+    hook(monkeypatch, cfg, "recheck")
+    assert _watch_entries(cfg) == []
+    view = node_view(cfg, job)[(0, "n1")]
+    assert sorted(s["pid"] for s in view["end"]["survivors"]) == found, view
+    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+    assert verdict.ceased, cease.render(verdict)
