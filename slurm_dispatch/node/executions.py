@@ -180,10 +180,13 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             if restart is None:
                 continue
             item = execution(restart)
-            item["controller"]["start" if kind == "ctld-start" else "end"] = fact
             if kind == "ctld-start":
                 for entry in item["nodes"].values():
                     drop_stray_end(entry)
+                stray = item["controller"]["end"]
+                if stray is not None and stray.get("start_token") not in ctld_starts:
+                    item["controller"]["end"] = None  # the same of the controller's end
+            item["controller"]["start" if kind == "ctld-start" else "end"] = fact
             allocated = fact.get("nodes")
             if isinstance(allocated, list) and allocated and (
                     not item["allocated"] or kind == "ctld-start"):

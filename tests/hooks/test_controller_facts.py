@@ -81,3 +81,21 @@ def test_a_killed_epilogslurmctlds_leftover_never_stops_the_next_ends(
     assert len(ends) == 2, sorted(os.listdir(folder))
     found, problems = facts.read_job_facts(cfg.state_dir, UID, job)
     assert problems == [] and len(found) == 4
+
+
+def test_a_controller_end_no_start_ties_never_ends_an_execution_started_after_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A PrologSlurmctld ended before it recorded its start (HookTimeout on a slow StateDir;
+    # it leaves at most a dot-name): the requeued execution's EpilogSlurmctld, given the next
+    # count, finds no open start and records an end tied to none under execution 1, before
+    # execution 1 starts.  Execution 1, running, then read as ended with execution 0's exit.
+    cfg = state_dir(tmp_path)[1]
+    job = "4545"
+    controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 1, "n1", "0:15")
+    controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 1, "n2")
+    (second,) = facts.execution_facts(job, cfg.state_dir, UID)
+    assert second["restart"] == 1 and second["allocated"] == ["n2"]
+    assert second["controller"]["end"] is None and second["end"] is None, second  # running
+    controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 1, "n2", "1:0")
+    (second,) = facts.execution_facts(job, cfg.state_dir, UID)
+    assert second["end"]["exit_code"] == "1:0"
