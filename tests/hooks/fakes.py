@@ -90,3 +90,23 @@ def state_dir(tmp: Path) -> tuple[str, config.Config]:
 def record(state: str, kind: str, node: str, job_id: str = "100", uid: int = 1000,
            **body: Any) -> str:
     return facts.write_fact(state, uid, uid, job_id, kind, node, body)
+
+
+def dying_after(step_expr: str, names: tuple[str, ...]) -> str:
+    """Python source that ends its process (``os._exit(3)``, as a hook's watchdog ends it)
+    right after the Nth call of the ``os`` functions ``names``, N being ``step_expr``'s value:
+    for programs that see a writer ended at each of its steps in turn."""
+    return f"""
+import os
+_step, _done = {step_expr}, [0]
+def _dying(call):
+    def wrapper(*args, **kwargs):
+        result = call(*args, **kwargs)
+        _done[0] += 1
+        if _done[0] == _step:
+            os._exit(3)
+        return result
+    return wrapper
+for _name in {names!r}:
+    setattr(os, _name, _dying(getattr(os, _name)))
+"""

@@ -15,7 +15,7 @@ import pytest
 
 from slurm_dispatch.node import facts
 
-from .fakes import record, state_dir
+from .fakes import dying_after, record, state_dir
 
 
 @pytest.mark.parametrize("text,names", [
@@ -214,18 +214,9 @@ def test_fact_error_is_in_the_one_error_tree() -> None:
 _CRASHING_WRITER = """
 import os, sys
 from slurm_dispatch.node import factstore
-state, uid, gid, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-done = [0]
-def dying(call):
-    def wrapper(*args, **kwargs):
-        result = call(*args, **kwargs)
-        done[0] += 1
-        if done[0] == step:
-            os._exit(3)
-        return result
-    return wrapper
-for name in ("mkdir", "open", "fchown", "fchmod", "write", "rename", "link", "unlink"):
-    setattr(os, name, dying(getattr(os, name)))
+state, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+""" + dying_after("int(sys.argv[4])", ("mkdir", "open", "fchown", "fchmod", "write", "rename",
+                                       "link", "unlink")) + """
 factstore.write_fact(state, uid, gid, "77", "start", "n1", {"time": 1.0, "restart": 0})
 os._exit(0)
 """

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from slurm_dispatch.config import Config
 from slurm_dispatch.hooks import evidence as work
 from slurm_dispatch.node import facts
 
-from .fakes import state_dir
+from .fakes import dying_after, state_dir
 
 UID = os.getuid()
 
@@ -348,3 +349,63 @@ def test_an_epilog_ended_between_its_watch_entry_and_its_end_is_proven_once_they
     assert sorted(s["pid"] for s in view["end"]["survivors"]) == found, view
     verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert verdict.ceased, cease.render(verdict)
+
+
+# An Epilog run as its own process, ended (os._exit, as its watchdog ends it) after its Nth
+# write to StateDir: every step of its watch entry and its end in turn.
+_DYING_EPILOG = """
+import os, sys
+from slurm_dispatch.config import Config
+from slurm_dispatch.hooks import evidence
+cfg = Config()
+cfg.state_dir = sys.argv[1]
+""" + dying_after("int(sys.argv[2])", ("mkdir", "fchown", "fchmod", "write", "rename", "link",
+                                       "unlink")) + """
+evidence.HANDLERS["epilog"](cfg)
+os._exit(0)
+"""
+
+
+def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list) -> None:
+    # Whatever step it was ended at, a survivor that runs on is never proven gone; once it is
+    # gone and re-checked, the execution is proven unless the Epilog left no record at all.
+    from slurm_dispatch.node import cease
+
+    from .fakes import FakeController, node
+    from .fakes import job as slurm_job
+    repo = str(Path(__file__).parents[2])
+    unproven = []
+    step = 1
+    while True:
+        (tmp_path / str(step)).mkdir()
+        cfg = state_dir(tmp_path / str(step))[1]
+        cfg.hook_timeout = 0.2
+        job = _job()
+        hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+        survivor(spawned, job, "n1", 0)
+        epilog = subprocess.run(
+            [sys.executable, "-c", _DYING_EPILOG, cfg.state_dir, str(step)],
+            env={**os.environ, "PYTHONPATH": repo}, capture_output=True, text=True, timeout=60)
+        assert epilog.returncode in (0, 3), epilog.stderr
+        ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
+        time.sleep(0.3)  # past the entry's HookTimeout
+        hook(monkeypatch, cfg, "recheck")
+        alive = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+        assert not alive.ceased, (step, cease.render(alive))
+        spawned[-1].kill()
+        spawned[-1].wait()
+        hook(monkeypatch, cfg, "recheck")
+        gone = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+        assert [p for p in _watch_entries(cfg) if not p.name.startswith(".")] == [], step
+        if not gone.ceased:
+            unproven.append(step)
+            # Only an Epilog ended before its watch entry or its end was whole: no record.
+            assert node_view(cfg, job)[(0, "n1")]["end"] is None, (step, cease.render(gone))
+        if epilog.returncode == 0:
+            break
+        step += 1
+    # Unproven only while its watch entry is not yet named (watch/, its host folder, the
+    # entry's mode, its bytes): once it is, the end is recorded, by the Epilog or the re-check.
+    assert step > 8 and unproven == list(range(1, len(unproven) + 1)) and len(unproven) <= 4, \
+        (step, unproven)
