@@ -409,3 +409,44 @@ def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
     # entry's mode, its bytes): once it is, the end is recorded, by the Epilog or the re-check.
     assert step > 8 and unproven == list(range(1, len(unproven) + 1)) and len(unproven) <= 4, \
         (step, unproven)
+
+
+def test_a_recheck_ended_at_any_step_keeps_the_survivor_left_watched_and_proves_it_gone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list) -> None:
+    # One of two survivors goes; the re-check that records it (its end where missing, the
+    # recheck, the renewed entry, the old one dropped) is ended after each of its writes.
+    from slurm_dispatch.node import cease
+
+    from .fakes import FakeController, node
+    from .fakes import job as slurm_job
+    program = _DYING_EPILOG.replace('HANDLERS["epilog"]', 'HANDLERS["recheck"]')
+    step = 1
+    while True:
+        (tmp_path / str(step)).mkdir()
+        cfg = state_dir(tmp_path / str(step))[1]
+        job = _job()
+        hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+        survivor(spawned, job, "n1", 0)
+        survivor(spawned, job, "n1", 0)
+        hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+        spawned[-2].kill()
+        spawned[-2].wait()
+        ended = subprocess.run(
+            [sys.executable, "-c", program, cfg.state_dir, str(step)],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+            capture_output=True, text=True, timeout=60)
+        assert ended.returncode in (0, 3), ended.stderr
+        ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
+        hook(monkeypatch, cfg, "recheck")
+        alive = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+        assert not alive.ceased, (step, cease.render(alive))
+        spawned[-1].kill()
+        spawned[-1].wait()
+        hook(monkeypatch, cfg, "recheck")
+        gone = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+        assert gone.ceased, (step, cease.render(gone))
+        assert [p for p in _watch_entries(cfg) if not p.name.startswith(".")] == [], step
+        if ended.returncode == 0:
+            break
+        step += 1
+    assert step > 5, step
