@@ -209,11 +209,13 @@ def epilog(cfg: Config) -> None:
         # end with survivors that nothing re-checks (never proven, whatever became of them).
         # One that cannot be written still lets the end record what the scan found.
         try:
-            # The entry carries the end itself: a re-check records it where it is missing.
+            # The entry carries the end itself, but for the survivors it holds already (a
+            # fact or an entry is at most MAX_FACT_BYTES): a re-check records it where missing.
             _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
                              "restart": restart, "end_token": token,
                              "boot_id": body["boot_id"], "time": body["time"],
-                             "survivors": survivors, "end": body})
+                             "survivors": survivors,
+                             "end": {k: v for k, v in body.items() if k != "survivors"}})
         except FactError as exc:
             unwatched = exc
     store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body, token=token)
@@ -374,9 +376,11 @@ def _entry_time(entry: dict) -> float | None:
 
 def _end_left_unwritten(cfg: Config, entry: dict) -> bool:
     """Record the end an Epilog ended between its watch entry and its end did not, from the
-    entry (``end``: the end as that Epilog was writing it): without it the re-check recorded
-    next ties to no end, and the execution would never be proven on that node.  False (settle
-    the entry later) while the entry is younger than HookTimeout: its Epilog may be at work."""
+    entry (``end``: the end as that Epilog was writing it, whose survivors are the entry's):
+    without it the re-check recorded next ties to no end, and the execution would never be
+    proven on that node.  False (settle the entry later) while the entry is younger than
+    HookTimeout: its Epilog may be at work.  Only the Epilog's own entry carries ``end``: a
+    renewed one is written once the end is recorded, and its survivors are fewer."""
     body = entry.get("end")
     token = entry.get("end_token")
     if not isinstance(body, dict) or not isinstance(token, str):
@@ -390,7 +394,8 @@ def _end_left_unwritten(cfg: Config, entry: dict) -> bool:
         return False
     try:
         store.write_fact(cfg.state_dir, uid, int(entry["gid"]), job_id, "end", node,
-                         {**body, "recorded_by": "recheck: the Epilog was ended before it"},
+                         {**body, "survivors": entry.get("survivors") or [],
+                          "recorded_by": "recheck: the Epilog was ended before it"},
                          token=token)
     except FactError:
         if name not in store.list_job(cfg.state_dir, uid, job_id):
@@ -439,7 +444,7 @@ def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
         if now:
             # The new entry first: a hook ended in between leaves two (re-checked alike),
             # never none (the survivors left would be watched no more, never proven gone).
-            fresh = {k: v for k, v in entry.items() if k != "_name"}
+            fresh = {k: v for k, v in entry.items() if k not in ("_name", "end")}
             fresh["survivors"] = now
             _add_watch(cfg, fresh)
         _drop_watch(cfg, entry["_name"])
