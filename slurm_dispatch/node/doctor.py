@@ -326,6 +326,15 @@ class Doctor:
                      f"install {shipped} as {target} (root, 0755) with DISPATCH_PYTHON set to "
                      f"the Python that has slurm-dispatch (this doctor's: {sys.executable})")
             return []
+        if len(ours) > 1 and key in ("Prolog", "Epilog"):
+            # A copy kept beside the edited part (05-dispatch.orig) runs too: a second start
+            # of each execution that no end closes (its folder is never pruned), or a second
+            # end tied to no start.
+            self.add(key, WARN, f"{key}={value} runs slurm-dispatch twice or more "
+                                f"({', '.join(ours)}): every execution records its "
+                                f"{'start' if key == 'Prolog' else 'end'} once per part",
+                     "keep one part (the one whose DISPATCH_PYTHON is right) and move the "
+                     f"others out of the folder: {', '.join(ours[1:])}")
         found = []
         for part in ours:
             if not os.access(part, os.X_OK):

@@ -466,3 +466,17 @@ def test_a_probe_as_slurm_user_that_hangs_or_dies_is_not_taken_for_ok(
     assert "was killed by signal 9" in doctor.as_account(nobody, dies)
     assert doctor.as_account(nobody, lambda: "") == ""
     assert doctor.as_account(nobody, lambda: "a reason") == "a reason"
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_a_part_installed_twice_is_named(site: Path, hook: str) -> None:
+    # A newcomer keeps the shipped part's copy beside the one edited (DISPATCH_PYTHON), and the
+    # glob runs both: each execution records two starts (one never ended: prune keeps its
+    # folder for ever) or a second end tied to no start.
+    part = site / f"etc/{hook}.d/05-dispatch"
+    shutil.copy2(part, site / f"etc/{hook}.d/05-dispatch.orig")
+    code, report = diagnose(site)
+    named = [c for c in report["checks"] if c["check"] == hook.capitalize()
+             and c["state"] != "ok"]
+    assert named and "05-dispatch.orig" in named[0]["detail"], report["checks"]
+    assert "twice" in named[0]["detail"] and "05-dispatch.orig" in named[0]["fix"]
