@@ -179,7 +179,11 @@ def epilog(cfg: Config) -> None:
     restart_now, raw = _restart_env()
     start = _unended_start(cfg, uid, job_id, node, restart_now)
     restart = start[1] if start is not None else restart_now
-    watched = _watched(cfg)
+    try:
+        watched, unreadable = _watched(cfg), None
+    except FactError as exc:
+        # A watch/ that cannot be opened costs the re-checks, never this end: raised after it.
+        watched, unreadable = [], exc
     jobs: dict[str, int | None] = {job_id: uid}
     for entry in watched:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
@@ -224,6 +228,8 @@ def epilog(cfg: Config) -> None:
     if scan is not None:
         SCANS.append(("epilog", scan.seconds, scan.complete, len(survivors)))
         _settle(cfg, watched, scan, boot)
+    if unreadable is not None:
+        raise unreadable
 
 
 def recheck(cfg: Config) -> None:

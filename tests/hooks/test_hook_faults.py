@@ -385,3 +385,20 @@ def test_a_blocking_syslog_does_not_hold_the_hook(frozen: World, full_syslog: li
     outcome = frozen.run(hook, wrap=full_syslog)
     settled(outcome)
     assert "gave up" in outcome.log
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file"])
+def test_an_epilog_records_its_end_whatever_watch_is(world: World, planted: str) -> None:
+    # watch/ holds only survivors to re-check; one that cannot be opened (a symlink, a file:
+    # refused, never followed) cost every Epilog of the machine its end, the scan included,
+    # so no execution there was ever proven (3eb23af noticed it).  The end needs no watch/.
+    settled(world.run("prolog"))
+    watch = world.state / "watch"
+    if planted == "symlink":
+        watch.symlink_to(world.outside)
+    else:
+        watch.write_text("")
+    outcome = world.run("epilog")
+    settled(outcome)
+    assert any(f.split("/")[-1].startswith("end.n1.") for f in fact_files(world)), outcome.log
+    assert world.files(world.outside) == []
