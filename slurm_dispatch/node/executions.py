@@ -137,16 +137,21 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             node, {"start": None, "end": None, "recheck": None, "survivors": [], "ceased": None})
 
     ends_by_token: dict[str, tuple[int, str]] = {}
+    untied: dict[tuple[int, str], list[str]] = {}  # tokens of ends tied to no start, so far
 
-    def drop_stray_end(entry: NodeFacts) -> None:
+    def drop_stray_end(restart: int, node: str) -> None:
         # Called for a start of the node's execution, or the controller's: an end read before
         # it (facts come oldest first) that is tied to no start was written by an Epilog that
         # found no open start (a second Epilog of an ended start, under the next count Slurm
-        # gives it after a requeue) before this execution began, and says nothing of it.
+        # gives it after a requeue) before this execution began, and says nothing of it, nor
+        # do the re-checks of its survivors (the start's own end, which shares its token, may
+        # have been read before it).
+        entry = node_entry(restart, node)
+        for token in untied.pop((restart, node), []):
+            ends_by_token.pop(token, None)
         stray = entry["end"]
         if stray is not None and stray.get("start_token") not in starts:
             entry.update({"end": None, "survivors": [], "ceased": None})
-            ends_by_token.pop(str(stray.get("token")), None)
 
     for fact in facts:
         kind = fact.get("kind")
@@ -156,7 +161,7 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             if restart is None:
                 continue
             entry = node_entry(restart, node)
-            drop_stray_end(entry)
+            drop_stray_end(restart, node)
             if entry["start"] is None or entry["start"].get("time", 0) < fact.get("time", 0):
                 entry["start"] = fact
         elif kind == "end":
@@ -172,6 +177,8 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             entry["survivors"] = survivors
             entry["ceased"] = not survivors and not fact.get("scan_error")
             ends_by_token[str(fact.get("token"))] = (restart, node)
+            if start is None:
+                untied.setdefault((restart, node), []).append(str(fact.get("token")))
         elif kind in ("ctld-start", "ctld-end"):
             # A controller's end is tied to the start it closes (its restart count may be the
             # next execution's: Slurm gives EpilogSlurmctld the count after a requeue).
@@ -181,8 +188,8 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
                 continue
             item = execution(restart)
             if kind == "ctld-start":
-                for entry in item["nodes"].values():
-                    drop_stray_end(entry)
+                for name in list(item["nodes"]):
+                    drop_stray_end(restart, name)
                 stray = item["controller"]["end"]
                 if stray is not None and stray.get("start_token") not in ctld_starts:
                     item["controller"]["end"] = None  # the same of the controller's end

@@ -421,3 +421,21 @@ def test_the_verdict_names_whose_facts_it_judged(tmp_path: Path) -> None:
     array = cease.cessation("97", cfg=cfg, controller=FakeController(
         tasks, {"n1": node("n1"), "n2": node("n2")})).as_json()
     assert [array["uid"], *(t["uid"] for t in array["tasks"])] == [1000, 1000, 1000]
+
+
+def test_a_recheck_of_an_end_no_start_ties_never_proves_a_start_recorded_after_it() -> None:
+    # An end tied to no start (u), written before execution 1's start s on n1, and a re-check
+    # of u's survivors that found none; then s and its end e, which found survivors.  An end
+    # shares its start's token, so the two may be read in either order: e before s kept u's
+    # re-check tied to execution 1 on n1, and its "none" outweighed e's survivors.
+    u = {"kind": "end", "node": "n1", "restart": 1, "token": "01", "start_token": None,
+         "time": 1.0, "survivors": [{"pid": 7}]}
+    s = {"kind": "start", "node": "n1", "restart": 1, "token": "02", "time": 2.0}
+    e = {"kind": "end", "node": "n1", "restart": 1, "token": "02", "start_token": "02",
+         "time": 3.0, "survivors": [{"pid": 8}]}
+    later = {"kind": "recheck", "node": "n1", "restart": 1, "token": "03", "end_token": "01",
+             "time": 4.0, "survivors": []}
+    for order in ([u, s, e, later], [u, e, s, later]):
+        (only,) = facts_module.group_executions("100", order, [])
+        n1 = only["nodes"]["n1"]
+        assert n1["ceased"] is False and n1["survivors"] == [{"pid": 8}], (order, n1)
