@@ -123,6 +123,15 @@ def _watch_entries(cfg: Config) -> list[Path]:
     return sorted((Path(cfg.state_dir) / "watch").rglob("*.*.*"))
 
 
+def _age_entries(cfg: Config) -> None:
+    """Make every watch entry older than HookTimeout, as a re-check a while later sees it."""
+    for path in _watch_entries(cfg):
+        if not path.name.startswith("."):
+            entry = json.loads(path.read_text())
+            entry["time"] -= 2 * cfg.hook_timeout
+            path.write_text(json.dumps(entry))
+
+
 def test_a_watch_entry_of_another_machine_with_this_host_name_is_left_alone(
         monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
     job = _job()
@@ -225,8 +234,7 @@ def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_surv
             hook(monkeypatch, cfg, "epilog", job, "n1", 0)
     spawned[0].kill()
     spawned[0].wait()
-    cfg.hook_timeout = 0.2  # a re-check waits out an entry's Epilog, which may be at work
-    time.sleep(0.3)
+    _age_entries(cfg)  # a re-check waits out an entry's Epilog, which may be at work
     hook(monkeypatch, cfg, "recheck")
     node = node_view(cfg, job).get((0, "n1"))
     assert node is None or node["end"] is None or node["ceased"] is True, node
@@ -337,8 +345,7 @@ def test_an_epilog_ended_between_its_watch_entry_and_its_end_is_proven_once_they
     spawned[0].wait()
     hook(monkeypatch, cfg, "recheck")  # within HookTimeout its Epilog may be writing it still
     assert len(_watch_entries(cfg)) == 1 and node_view(cfg, job)[(0, "n1")]["end"] is None
-    cfg.hook_timeout = 0.2
-    time.sleep(0.3)
+    _age_entries(cfg)
     hook(monkeypatch, cfg, "recheck")  # one of two gone: the end, then the re-check
     assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
     spawned[1].kill()
@@ -380,7 +387,6 @@ def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
     while True:
         (tmp_path / str(step)).mkdir()
         cfg = state_dir(tmp_path / str(step))[1]
-        cfg.hook_timeout = 0.2
         job = _job()
         hook(monkeypatch, cfg, "prolog", job, "n1", 0)
         survivor(spawned, job, "n1", 0)
@@ -389,7 +395,7 @@ def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
             env={**os.environ, "PYTHONPATH": repo}, capture_output=True, text=True, timeout=60)
         assert epilog.returncode in (0, 3), epilog.stderr
         ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
-        time.sleep(0.3)  # past the entry's HookTimeout
+        _age_entries(cfg)  # past the entry's HookTimeout
         hook(monkeypatch, cfg, "recheck")
         alive = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
         assert not alive.ceased, (step, cease.render(alive))
