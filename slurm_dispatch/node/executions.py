@@ -140,12 +140,11 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
     untied: dict[tuple[int, str], list[str]] = {}  # tokens of ends tied to no start, so far
 
     def drop_stray_end(restart: int, node: str) -> None:
-        # Called for a start of the node's execution, or the controller's: an end read before
-        # it (facts come oldest first) that is tied to no start was written by an Epilog that
-        # found no open start (a second Epilog of an ended start, under the next count Slurm
-        # gives it after a requeue) before this execution began, and says nothing of it, nor
-        # do the re-checks of its survivors (the start's own end, which shares its token, may
-        # have been read before it).
+        # Called for a start of the node's execution: an end of the node read before it
+        # (facts come oldest first, the node's own by its own clock) that is tied to no start
+        # was written by an Epilog that found no open start before this execution began, and
+        # says nothing of it, nor do the re-checks of its survivors (the start's own end,
+        # which shares its token, may have been read before it).
         entry = node_entry(restart, node)
         for token in untied.pop((restart, node), []):
             ends_by_token.pop(token, None)
@@ -167,7 +166,11 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
         elif kind == "end":
             start = starts.get(fact.get("start_token"))
             restart = _restart_of(start) if start is not None else _restart_of(fact)
-            if restart is None:
+            if restart is None or start is None and restart > 0:
+                # Tied to no start, under a count after a requeue: the Epilog of the execution
+                # before, given the next count (24.11), or this execution's whose Prolog
+                # recorded nothing; which one, nothing but the order of two clocks (the node's
+                # and the controller's) would say.  It is no execution's post-kill record.
                 continue
             entry = node_entry(restart, node)
             entry["end"] = fact
@@ -188,8 +191,9 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
                 continue
             item = execution(restart)
             if kind == "ctld-start":
-                for name in list(item["nodes"]):
-                    drop_stray_end(restart, name)
+                # An end tied to no start that it may take for an earlier one's is under count 0
+                # (no execution before it), and the controller's clock is not the node's: it
+                # drops none (a node's own start, read by the node's clock, does).
                 stray = item["controller"]["end"]
                 if stray is not None and stray.get("start_token") not in ctld_starts:
                     item["controller"]["end"] = None  # the same of the controller's end
