@@ -199,8 +199,12 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
                     item["controller"]["end"] = None  # the same of the controller's end
             item["controller"]["start" if kind == "ctld-start" else "end"] = fact
             allocated = fact.get("nodes")
+            # A controller's end tied to no start under a count after a requeue may be the
+            # execution before's (given the next count, its PrologSlurmctld having recorded
+            # nothing): its nodes are no allocation of this one.
             if isinstance(allocated, list) and allocated and (
-                    not item["allocated"] or kind == "ctld-start"):
+                    not item["allocated"] or kind == "ctld-start") and (
+                    kind == "ctld-start" or closes is not None or restart == 0):
                 item["allocated"] = [str(n) for n in allocated]
     for fact in facts:
         if fact.get("kind") != "recheck":
