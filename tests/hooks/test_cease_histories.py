@@ -221,3 +221,50 @@ def test_a_random_history_never_proves_a_live_survivor(
         if clean[r]:
             verdict = cease.cessation(job, r, cfg=cfg, controller=controller(), uid=UID)
             assert verdict.ceased, f"seed {seed} {r}: {story}\n{cease.render(verdict)}"
+
+
+def test_an_end_a_recheck_recorded_is_the_one_its_late_epilog_would_have_written(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    # The Epilog writes its watch entry and is stopped before its end (stuck on a hung
+    # StateDir past HookTimeout).  A re-check records the end from the entry (recorded_by).
+    # The stuck Epilog, woken, then writes its own end under the same name: refused (a fact is
+    # written once), and the end read is the re-check's, tied to the same start and execution.
+    # A second Epilog of the same start (a part installed twice) finds no open start then: its
+    # end, tied to none, names the survivor still running.  Never "ceased" while it runs.
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    survivor(spawned, job, "n1", 0)
+    survivor(spawned, job, "n1", 0)
+    late: list[tuple] = []
+
+    def stuck(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
+              **kwargs: object) -> str:
+        if kind == "end":
+            late.append((state, uid, gid, job_id, kind, *rest, kwargs))
+            raise _Killed()
+        return facts.write_fact(state, uid, gid, job_id, kind, *rest, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(work.store, "write_fact", stuck)
+        with pytest.raises(_Killed):
+            hook(monkeypatch, cfg, "epilog", job, "n1", 0)
+    spawned[0].kill()
+    spawned[0].wait()
+    _age_entries(cfg)
+    hook(monkeypatch, cfg, "recheck")
+    (state, uid, gid, job_id, kind, name, body, kwargs), = late
+    with pytest.raises(facts.FactError, match="exists"):
+        facts.write_fact(state, uid, gid, job_id, kind, name, body, **kwargs)
+    (execution,) = facts.execution_facts(job, cfg.state_dir, UID)
+    entry = execution["nodes"]["n1"]
+    assert entry["end"]["recorded_by"] and entry["end"]["token"] == entry["start"]["token"]
+    assert [s["pid"] for s in entry["survivors"]] == [spawned[1].pid]
+    ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
+    assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
+    hook(monkeypatch, cfg, "epilog", job, "n1", 0)  # the second part, tied to no start
+    assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
+    spawned[1].kill()
+    spawned[1].wait()
+    hook(monkeypatch, cfg, "recheck")
+    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+    assert verdict.ceased, cease.render(verdict)
