@@ -402,10 +402,15 @@ def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optio
     reason = node.reason if node is not None else ""
     recorded = recorded or {}
     start, end = recorded.get("start") or {}, recorded.get("end")
-    moments = [*ends, *(f.get("time") for f in (start, end or {}, recorded.get("recheck") or {}))]
-    last_moment = max((t for t in moments if isinstance(t, (int, float))), default=None)
+    own = [t for t in (f.get("time") for f in (start, end or {}, recorded.get("recheck") or {}))
+           if isinstance(t, (int, float))]
+    last_moment = max([*ends, *own], default=None)
     booted = node.boot_time if node is not None else None
-    if booted is not None and last_moment is not None and booted > last_moment + tolerance:
+    # BootTime is the node's clock; the controller's moments are the controller's: a reboot
+    # proves only past a record of the node's own (with none, a node clock ahead of the
+    # controller's reads a boot before the execution's end as one after it).
+    if booted is not None and own and last_moment is not None and \
+            booted > last_moment + tolerance:
         return NodeEvidence(name, state, True, f"rebooted at {_moment(booted)}, after the "
                             f"execution's last record there ({_moment(last_moment)})")
     if "kill task failed" in reason.lower():

@@ -121,3 +121,21 @@ def test_an_execution_whose_prolog_recorded_nothing_is_proven_whatever_the_contr
     hook(monkeypatch, cfg, "recheck")
     gone = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert gone.ceased, (skew, cease.render(gone))
+
+
+@pytest.mark.parametrize("skew", [0.0, 300.0])
+def test_a_reboot_before_the_end_never_proves_a_node_that_recorded_nothing_whatever_its_clock(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float) -> None:
+    # n1 booted a minute before the execution's end (power saving resumed it for the job), its
+    # Prolog recorded nothing, and it was cut off: its processes run on.  Its BootTime is its
+    # own clock's, the execution's end the controller's: with n1's clock 5 minutes ahead, the
+    # boot read as after the end, and dispatch-cease said "ceased" ("rebooted at ...").
+    job = _job()
+    controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 0, "n1")
+    survivor(spawned, job, "n1", 0)
+    end = time.time()
+    ctl = FakeController(slurm_job(job, state="NODE_FAIL", restarts=0, uid=UID,
+                                   start=end - 30, end=end),
+                         {"n1": node("n1", state="DOWN+NOT_RESPONDING", boot=end - 60 + skew)})
+    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+    assert not verdict.ceased, (skew, cease.render(verdict))
