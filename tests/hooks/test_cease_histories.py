@@ -11,7 +11,9 @@ run on a node cut off: NODE_FAIL, which requeues it), EpilogSlurmctld (the next 
 requeue); re-checks at random moments (sometimes past the watch entries' HookTimeout; some ended
 as they renew a watch entry or drop the old one);
 survivors ended at random moments.  The controller's clock is skewed from the nodes' by up to
-ten minutes either way (a writer's clock: ``time.time``/``time_ns`` shifted while it runs).
+ten minutes either way (a writer's clock: ``time.time``/``time_ns`` shifted while it runs; the
+controller's StartTime and EndTime are its clock's, a node's BootTime its own, shortly before the
+history began).
 ``ATTACK_HISTORIES`` sets how many histories (default 60).
 """
 
@@ -100,6 +102,7 @@ def test_a_random_history_never_proves_a_live_survivor(
         monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, seed: int) -> None:
     rng = random.Random(seed * 7919 + 17)
     job = _job()
+    booted = {n: time.time() - rng.uniform(2, 120) for n in NODES}
     executions = rng.randint(1, 3)
     slurm2411 = rng.random() < 0.5
     skew = rng.choice([0.0, rng.uniform(-5, 5), rng.uniform(-600, 600)])
@@ -185,13 +188,15 @@ def test_a_random_history_never_proves_a_live_survivor(
         maybe_recheck()
 
     def controller() -> FakeController:
+        # Slurm's times by the controller's clock; BootTime by the node's (this machine's),
+        # shortly before the history began (a node resumed for the job, never rebooted since).
         state = "NODE_FAIL" if cut_off else "COMPLETED"
         return FakeController(
             slurm_job(job, state=state, restarts=executions - 1, uid=UID,
-                      nodelist=",".join(allocations[-1]), start=time.time() - 5,
-                      end=time.time()),
-            {n: node(n, state="DOWN+NOT_RESPONDING" if n in cut_off else "IDLE")
-             for n in NODES})
+                      nodelist=",".join(allocations[-1]), start=time.time() + skew - 5,
+                      end=time.time() + skew),
+            {n: node(n, state="DOWN+NOT_RESPONDING" if n in cut_off else "IDLE",
+                     boot=booted[n]) for n in NODES})
 
     def check_safe(when: str) -> None:
         views = {(e["restart"], n): v for e in facts.execution_facts(job, cfg.state_dir, UID)
