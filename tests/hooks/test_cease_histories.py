@@ -24,6 +24,7 @@ import random
 import signal
 import subprocess
 import time
+from typing import Callable
 
 import pytest
 
@@ -51,15 +52,7 @@ def _epilog(monkeypatch: pytest.MonkeyPatch, cfg: Config, job: str, name: str, c
         if killed == "before-entry":
             patch.setattr(work, "_add_watch", _raise)
         elif killed == "before-end":
-            real = facts.write_fact
-
-            def ended(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
-                      **kwargs: object) -> str:
-                if kind == "end":
-                    raise _Killed()
-                return real(state, uid, gid, job_id, kind, *rest, **kwargs)  # type: ignore[arg-type]
-
-            patch.setattr(work.store, "write_fact", ended)
+            patch.setattr(work.store, "write_fact", _stopped_at_end([]))
         try:
             hook(monkeypatch, cfg, "epilog", job, name, count)
         except _Killed:
@@ -68,6 +61,31 @@ def _epilog(monkeypatch: pytest.MonkeyPatch, cfg: Config, job: str, name: str, c
 
 def _raise(*args: object) -> None:
     raise _Killed()
+
+
+def _proven_once_gone(monkeypatch: pytest.MonkeyPatch, cfg: Config, job: str,
+                      ctl: FakeController, proc: subprocess.Popen) -> cease.Verdict:
+    """The survivor ``proc`` ended and re-checked: the verdict, which must be "ceased"."""
+    proc.kill()
+    proc.wait()
+    hook(monkeypatch, cfg, "recheck")
+    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
+    assert verdict.ceased, cease.render(verdict)
+    return verdict
+
+
+def _stopped_at_end(kept: list[tuple]) -> Callable[..., str]:
+    """``write_fact`` for an Epilog stopped as it writes its end (kept: what it was writing)."""
+    real = facts.write_fact
+
+    def write(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
+              **kwargs: object) -> str:
+        if kind == "end":
+            kept.append((state, uid, gid, job_id, kind, *rest, kwargs))
+            raise _Killed()
+        return real(state, uid, gid, job_id, kind, *rest, **kwargs)  # type: ignore[arg-type]
+
+    return write
 
 
 def test_the_execution_befores_controller_end_gives_no_allocation(
@@ -89,11 +107,7 @@ def test_the_execution_befores_controller_end_gives_no_allocation(
                                    start=time.time() - 5, end=time.time()),
                          {"n2": node("n2"), "n3": node("n3", state="DOWN+NOT_RESPONDING")})
     assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
-    spawned[0].kill()
-    spawned[0].wait()
-    hook(monkeypatch, cfg, "recheck")
-    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
-    assert verdict.ceased, cease.render(verdict)
+    verdict = _proven_once_gone(monkeypatch, cfg, job, ctl, spawned[0])
     assert [n.node for n in verdict.nodes] == ["n2"]
 
 
@@ -241,16 +255,8 @@ def test_an_end_a_recheck_recorded_is_the_one_its_late_epilog_would_have_written
     survivor(spawned, job, "n1", 0)
     survivor(spawned, job, "n1", 0)
     late: list[tuple] = []
-
-    def stuck(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
-              **kwargs: object) -> str:
-        if kind == "end":
-            late.append((state, uid, gid, job_id, kind, *rest, kwargs))
-            raise _Killed()
-        return facts.write_fact(state, uid, gid, job_id, kind, *rest, **kwargs)  # type: ignore[arg-type]
-
     with monkeypatch.context() as patch:
-        patch.setattr(work.store, "write_fact", stuck)
+        patch.setattr(work.store, "write_fact", _stopped_at_end(late))
         with pytest.raises(_Killed):
             hook(monkeypatch, cfg, "epilog", job, "n1", 0)
     spawned[0].kill()
@@ -268,8 +274,4 @@ def test_an_end_a_recheck_recorded_is_the_one_its_late_epilog_would_have_written
     assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
     hook(monkeypatch, cfg, "epilog", job, "n1", 0)  # the second part, tied to no start
     assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
-    spawned[1].kill()
-    spawned[1].wait()
-    hook(monkeypatch, cfg, "recheck")
-    verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
-    assert verdict.ceased, cease.render(verdict)
+    _proven_once_gone(monkeypatch, cfg, job, ctl, spawned[1])
