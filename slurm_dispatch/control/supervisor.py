@@ -283,20 +283,14 @@ class Supervisor:
         processes being killed) is left to end."""
         if superseded.ns >= seen_at:
             return  # superseded after Slurm was read: what the read shows predates the cancel
-        again = []
-        # Its submissions' Slurm jobs, and any other carrying its marker: a submission whose
+        # Only a job that carries this record's marker is its own: job ids restart when
+        # slurmctld loses its state, and a job without one (plain sbatch) may be another job of
+        # the user's that now has a recorded id.  The marker also finds a submission whose
         # sbatch landed after its pass was killed, never recorded (no pass recovers a
         # superseded job's claims, and --supersede cancelled only what was recorded).
-        found = set(submit.live_slurm_jobs(self.slurm, job, slurm_jobs.keyed))
-        found |= {v.display_id for v in slurm_jobs.jobs() if v.is_active and v.marks(job.id)}
-        for slurm_id in sorted(found):
-            view = slurm_jobs.get(slurm_id)
-            # Only a job that carries this record's marker is its own: job ids restart when
-            # slurmctld loses its state, and a job without one (plain sbatch) may be another
-            # job of the user's that now has this id (marks_another only rules out one that
-            # carries another dispatch job's).
-            if view is not None and view.state != "COMPLETING" and view.marks(job.id):
-                again.append((slurm_id, view))
+        again = sorted(((v.display_id, v) for v in slurm_jobs.jobs()
+                        if v.is_active and v.state != "COMPLETING" and v.marks(job.id)),
+                       key=lambda found: found[0])
         if not again:
             return
         ids = [slurm_id for slurm_id, _ in again]

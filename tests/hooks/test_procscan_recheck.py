@@ -373,6 +373,19 @@ os._exit(0)
 """
 
 
+def _started_with_survivors(monkeypatch: pytest.MonkeyPatch, folder: Path, spawned: list,
+                            count: int) -> tuple:
+    """A fresh StateDir in ``folder``, a job whose Prolog ran on n1, and ``count`` of its
+    processes running there: the (config, job id) a sweep ends its hooks against."""
+    folder.mkdir()
+    cfg = state_dir(folder)[1]
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", 0)
+    for _ in range(count):
+        survivor(spawned, job, "n1", 0)
+    return cfg, job
+
+
 def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list) -> None:
     # Whatever step it was ended at, a survivor that runs on is never proven gone; once it is
@@ -385,11 +398,7 @@ def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
     unproven = []
     step = 1
     while True:
-        (tmp_path / str(step)).mkdir()
-        cfg = state_dir(tmp_path / str(step))[1]
-        job = _job()
-        hook(monkeypatch, cfg, "prolog", job, "n1", 0)
-        survivor(spawned, job, "n1", 0)
+        cfg, job = _started_with_survivors(monkeypatch, tmp_path / str(step), spawned, 1)
         epilog = subprocess.run(
             [sys.executable, "-c", _DYING_EPILOG, cfg.state_dir, str(step)],
             env={**os.environ, "PYTHONPATH": repo}, capture_output=True, text=True, timeout=60)
@@ -428,12 +437,7 @@ def test_a_recheck_ended_at_any_step_keeps_the_survivor_left_watched_and_proves_
     program = _DYING_EPILOG.replace('HANDLERS["epilog"]', 'HANDLERS["recheck"]')
     step = 1
     while True:
-        (tmp_path / str(step)).mkdir()
-        cfg = state_dir(tmp_path / str(step))[1]
-        job = _job()
-        hook(monkeypatch, cfg, "prolog", job, "n1", 0)
-        survivor(spawned, job, "n1", 0)
-        survivor(spawned, job, "n1", 0)
+        cfg, job = _started_with_survivors(monkeypatch, tmp_path / str(step), spawned, 2)
         hook(monkeypatch, cfg, "epilog", job, "n1", 0)
         spawned[-2].kill()
         spawned[-2].wait()
