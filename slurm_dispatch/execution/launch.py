@@ -33,7 +33,7 @@ from typing import Any, Optional
 from .. import _clock, _fsio, config
 from ..checkpoint import execdir, model, roots
 from ..checkpoint import publish as store
-from ..control import record
+from ..control import events, record
 from ..errors import DispatchError, RecordError, StoreError, UsageError
 from . import contract
 
@@ -185,6 +185,8 @@ def launch(job_path: str, submission: int, script_args: list[str],
            env: Optional[dict[str, str]] = None) -> None:
     env = dict(os.environ if env is None else env)
     job = record.JobRecord(job_path)
+    if job.spec.get("shared_checkpoint"):
+        claim_shared(job, submission, env)
     values = identity(job, submission, env)
     env.update(values)
     export_to_steps(env)
@@ -204,6 +206,65 @@ def launch(job_path: str, submission: int, script_args: list[str],
     os.execve(job.script, [job.script, *script_args], env)
 
 
+def _task(env: dict[str, str]) -> Optional[int]:
+    raw = env.get("SLURM_ARRAY_TASK_ID", "")
+    return int(raw) if raw.isdigit() else None
+
+
+def execution_claim(submission: int, task: Optional[int]) -> str:
+    """The claim the one execution of a shared job's submission (of one array task) makes."""
+    return f"execution-{submission}" + ("" if task is None else f"-t{task}")
+
+
+def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) -> None:
+    """Let one execution of a shared-checkpoint job's submission run its script, never two.
+
+    A shared job is submitted ``--no-requeue`` and each of its restarts is a held submission of
+    its own, so a submission has one execution.  Slurm may still run the job again behind
+    dispatch's back: a controller that restarts from a state saved before it launched the job
+    (or a backup controller taking over) schedules it anew, on another node, while the first
+    launch still runs.  The first execution claims the submission (per task) in the record,
+    created once; a later one finds the claim and stops here, before the script, with exit 2:
+    its end is then an end like any other, and the supervisor holds the next submission until
+    the site's signal proves every execution of the Slurm job gone."""
+    task = _task(env)
+    name = execution_claim(submission, task)
+    node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
+    slurm_id = env.get("SLURM_JOB_ID", "")
+    restart = restart_count(env)
+    if job.claim(name, {"node": node, "host": socket.gethostname(), "slurm_job_id": slurm_id,
+                        "restart": restart, "task": task}):
+        return
+    claims = job.claims(name)
+    held = claims[0][1] if claims else {}
+    attempt = ""
+    for event in job.history().events:
+        if isinstance(event, events.Started) and event.submission == submission \
+                and event.host == held.get("host") and event.pid == held.get("pid") \
+                and _task({"SLURM_ARRAY_TASK_ID": event.array_task_id}) == task:
+            attempt = event.attempt
+    what = f"dispatch job {job.id} submission {submission}" + (
+        "" if task is None else f" task {task}")
+    when = held.get("time")
+    first = (f"on {held.get('node') or '?'} (Slurm job {held.get('slurm_job_id') or '?'} "
+             f"restart {held.get('restart', '?')}"
+             + (f", attempt {attempt}" if attempt else ", its start not recorded")
+             + (f", at {_clock.instant(float(when))}" if isinstance(when, (int, float)) else "")
+             + ")")
+    raise SharedRefused(
+        f"{what} already started {first}; this is a second execution of it (Slurm job "
+        f"{slurm_id or '?'} restart {restart} on {node}), which Slurm started behind "
+        "dispatch (a controller that restarted from a state older than the first launch, or "
+        "a requeue), and it would write the job's shared checkpoint beside the first.  So it "
+        "stops here without running the script.  `dispatch supervise` holds the next "
+        "submission until the site's signal (dispatch-cease) proves both gone; `dispatch "
+        f"status {job.id}` shows that hold")
+
+
+class SharedRefused(DispatchError):
+    """A second execution of a shared job's submission: it must not run (exit 2)."""
+
+
 def end_hold_comment(job: record.JobRecord, submission: int, env: dict[str, str]) -> None:
     """A held submission's comment says "held: ..., expires ..." (squeue shows it); once it
     runs, however its hold was lifted (the supervisor, dispatch release, a person's scontrol
@@ -213,8 +274,7 @@ def end_hold_comment(job: record.JobRecord, submission: int, env: dict[str, str]
     if not job.spec.get("shared_checkpoint") or not slurm_id:
         return  # only a shared-checkpoint job is ever submitted held
     from ..control import submit
-    raw = env.get("SLURM_ARRAY_TASK_ID", "")
-    task = int(raw) if raw.isdigit() else None
+    task = _task(env)
     own: Optional[int] = None
     claims: list[tuple[str, dict[str, Any]]] = []
     for own in ([task] if task is not None else []) + [None]:  # a task's own, else the job's
