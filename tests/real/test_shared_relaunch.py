@@ -107,6 +107,8 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
         out = user.path / f"out-{slurm_id}.txt"
 
         def refused() -> Any:
+            twice = beats(user.path)
+            assert list(twice) == [attempt], f"a second execution ran the script: {twice}"
             text = out.read_text() if out.exists() else ""
             return text if "already started" in text else ""
         said = sandbox.wait_for(refused, 90, "the second execution's launcher to refuse")
