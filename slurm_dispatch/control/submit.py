@@ -237,6 +237,12 @@ def claim_name(submission: int, task: Optional[int] = None) -> str:
     return f"submission-{submission}" + ("" if task is None else f"-t{task}")
 
 
+def execution_claim_name(submission: int, task: Optional[int] = None) -> str:
+    """The claim the one execution of a shared-checkpoint job's submission N (of one array
+    task) makes when it starts (the launcher's; a second execution finds it and stops)."""
+    return f"execution-{submission}" + ("" if task is None else f"-t{task}")
+
+
 def once_key(submission: int, task: Optional[int] = None) -> str:
     """The key a submission (and its hold) is recorded under, once."""
     return str(submission) + ("" if task is None else f"-t{task}")

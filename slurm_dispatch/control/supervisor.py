@@ -323,10 +323,9 @@ class Supervisor:
             shown = view.display_id
             said = f"Slurm holds job {shown} after a failed launch ({LAUNCH_FAILED_HOLD})"
             if job.spec["shared_checkpoint"]:
-                report.errors.append(
-                    f"{job.id}: {said}; it is a shared-checkpoint job, so dispatch leaves it "
-                    f"to a person: once its last execution has stopped, `scontrol release "
-                    f"{shown}`")
+                report.errors.append(f"{job.id}: {said}; " + _launch_held_shared(
+                    job, current.submission,
+                    view.array_task_id if view.array_task_id is not None else line.task, shown))
                 continue
             done = [e for e in line.ends if isinstance(e, events.Released)
                     and e.slurm_job_id == current.slurm_job_id and e.by == LAUNCH_RELEASED_BY]
@@ -732,3 +731,24 @@ def retry_pause(failures: int, interval: float) -> float:
     interval (at least 1 s), doubling, never more than the interval."""
     first = max(1.0, interval / 8)
     return min(interval, first * 2 ** min(max(failures - 1, 0), 30))
+
+
+def _launch_held_shared(job: record.JobRecord, submission: int, task: Optional[int],
+                        shown: str) -> str:
+    """What a person does about Slurm's hold after a failed launch of a shared job: a release
+    once its last execution stopped, unless the submission already ran (the node that refused
+    the launch was still running it: "Duplicate jobid"), whose relaunch the launcher refuses
+    (a submission of a shared job runs its script once): then a cancel, and a resubmission
+    once the site's signal proves the first execution gone."""
+    claims = job.claims(submit.execution_claim_name(submission, task))
+    if not claims:
+        return ("it is a shared-checkpoint job, so dispatch leaves it to a person: once its "
+                f"last execution has stopped, `scontrol release {shown}`")
+    first = claims[0][1]
+    return (f"it is a shared-checkpoint job whose submission {submission} already ran on "
+            f"{first.get('node') or '?'} (restart {first.get('restart', '?')}), and a "
+            "relaunch of it would stop before its script (a submission of a shared job runs "
+            f"once), so dispatch leaves it to a person: `scancel {shown}`, then, once "
+            f"`dispatch-cease {shown}` answers ceased, `dispatch resubmit "
+            + ("" if task is None else f"--task {task} ") + f"{job.id}`")
+

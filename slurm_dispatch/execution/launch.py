@@ -211,11 +211,6 @@ def _task(env: dict[str, str]) -> Optional[int]:
     return int(raw) if raw.isdigit() else None
 
 
-def execution_claim(submission: int, task: Optional[int]) -> str:
-    """The claim the one execution of a shared job's submission (of one array task) makes."""
-    return f"execution-{submission}" + ("" if task is None else f"-t{task}")
-
-
 def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) -> None:
     """Let one execution of a shared-checkpoint job's submission run its script, never two.
 
@@ -225,18 +220,23 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
     (or a backup controller taking over) schedules it anew, on another node, while the first
     launch still runs.  The first execution claims the submission (per task) in the record,
     created once; a later one finds the claim and stops here, before the script, with exit 2:
-    its end is then an end like any other, and the supervisor holds the next submission until
-    the site's signal proves every execution of the Slurm job gone."""
+    its end is then an end of the job like any other (with budget left, a held next
+    submission, released once the site's signal proves every execution of the Slurm job
+    gone)."""
+    from ..control.submit import execution_claim_name
     task = _task(env)
-    name = execution_claim(submission, task)
+    name = execution_claim_name(submission, task)
     node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
     slurm_id = env.get("SLURM_JOB_ID", "")
     restart = restart_count(env)
-    if job.claim(name, {"node": node, "host": socket.gethostname(), "slurm_job_id": slurm_id,
-                        "restart": restart, "task": task}):
+    mine = {"node": node, "host": socket.gethostname(), "slurm_job_id": slurm_id,
+            "restart": restart, "task": task}
+    if job.claim(name, mine):
         return
     claims = job.claims(name)
     held = claims[0][1] if claims else {}
+    if held.get("pid") == os.getpid() and all(held.get(k) == v for k, v in mine.items()):
+        return  # ours: a link that was made though its answer said otherwise (NFS, retried)
     attempt = ""
     for event in job.history().events:
         if isinstance(event, events.Started) and event.submission == submission \
@@ -246,19 +246,24 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
     what = f"dispatch job {job.id} submission {submission}" + (
         "" if task is None else f" task {task}")
     when = held.get("time")
-    first = (f"on {held.get('node') or '?'} (Slurm job {held.get('slurm_job_id') or '?'} "
+    array = env.get("SLURM_ARRAY_JOB_ID", "")
+
+    def shown(own: object) -> str:  # an array task as squeue and the job's output show it
+        return f"{array}_{task}" if array and task is not None else str(own or "?")
+    first = (f"on {held.get('node') or '?'} (Slurm job {shown(held.get('slurm_job_id'))} "
              f"restart {held.get('restart', '?')}"
-             + (f", attempt {attempt}" if attempt else ", its start not recorded")
+             + (f", attempt {attempt}" if attempt else ", its start not recorded (yet)")
              + (f", at {_clock.instant(float(when))}" if isinstance(when, (int, float)) else "")
              + ")")
     raise SharedRefused(
         f"{what} already started {first}; this is a second execution of it (Slurm job "
-        f"{slurm_id or '?'} restart {restart} on {node}), which Slurm started behind "
-        "dispatch (a controller that restarted from a state older than the first launch, or "
-        "a requeue), and it would write the job's shared checkpoint beside the first.  So it "
-        "stops here without running the script.  `dispatch supervise` holds the next "
-        "submission until the site's signal (dispatch-cease) proves both gone; `dispatch "
-        f"status {job.id}` shows that hold")
+        f"{shown(slurm_id)} restart {restart} on {node}), which Slurm started behind dispatch "
+        "(a controller that restarted from a state older than the first launch, or a "
+        "requeue), and it would write the job's shared checkpoint beside the first.  So it "
+        "stops here without running the script.  This end is the job's like any other: with "
+        "--resubmit budget left, `dispatch supervise` holds the next submission until the "
+        "site's signal (dispatch-cease) proves both gone; with none left, the job stops there "
+        f"(`dispatch status {job.id}` shows which)")
 
 
 class SharedRefused(DispatchError):

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 from slurm_dispatch.control import record
 
 # Appends the node it ran on to RAN (one line per execution that ran the script).
@@ -76,7 +78,7 @@ def test_a_second_execution_of_a_shared_submission_never_runs_its_script(tmp_pat
         assert "already started" in said and "on n1" in said and attempt in said, said
         assert "Slurm job 41 restart 0" in said, said
         assert "shared checkpoint" in said and "dispatch release" not in said, said
-    # The record holds the one execution that ran, and the refusals for a person to read.
+    # The record holds the one execution that ran.
     started = [e for e in job.events() if e["event"] == "started"]
     assert [(e["node"], e["attempt"]) for e in started] == [("n1", attempt)]
 
@@ -92,6 +94,10 @@ def test_each_task_of_a_shared_array_runs_once_per_submission(tmp_path: Path) ->
     assert launch(tmp_path, job, 1, "n2", task=1).returncode == 0
     refused = launch(tmp_path, job, 1, "n3", task=0)
     assert refused.returncode == 2 and "task 0" in refused.stderr, refused.stderr
+    # Each named as squeue and the job's own output name an array task (40_0), never by the
+    # task's own job id (found by the attack on 865ad2b).
+    assert "(Slurm job 40_0 restart 0, attempt" in refused.stderr, refused.stderr
+    assert "(Slurm job 40_0 restart 0 on n3)" in refused.stderr, refused.stderr
     assert [r.split()[0] for r in ran(tmp_path)] == ["n1", "n2"]
 
 
@@ -103,3 +109,33 @@ def test_an_isolated_job_runs_every_execution(tmp_path: Path) -> None:
         proc = launch(tmp_path, job, 1, node, restart=restart)
         assert proc.returncode == 0, proc.stderr
     assert [r.split()[0] for r in ran(tmp_path)] == ["n1", "n2", "n3"]
+
+
+def test_what_follows_a_refusal_is_said_as_the_jobs_budget_has_it(tmp_path: Path) -> None:
+    # With --resubmit budget left the supervisor holds the next submission; without, the job
+    # stops there, as after any end of a shared job (found by the attack on 865ad2b: the
+    # message promised a hold the default budget never makes).
+    job = make_job(tmp_path, shared=True)
+    assert launch(tmp_path, job, 1, "n1").returncode == 0
+    said = " ".join(launch(tmp_path, job, 1, "n2").stderr.split())
+    assert "with --resubmit budget left, `dispatch supervise` holds the next submission" \
+        in said and "with none left, the job stops there" in said, said
+
+
+def test_a_claim_the_execution_itself_made_is_its_own(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On NFS a LINK that succeeded but whose reply was lost is retried and answered EEXIST:
+    the one execution finds its own claim and runs (found by the attack on 865ad2b)."""
+    from slurm_dispatch.execution import launch as launcher
+    job = make_job(tmp_path, shared=True)
+    link = os.link
+
+    def linked_then_exists(src: str, dst: str) -> None:
+        link(src, dst)
+        raise FileExistsError(17, "File exists", dst)
+    monkeypatch.setattr(os, "link", linked_then_exists)
+    env = {"SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n1"}
+    launcher.claim_shared(job, 1, env)  # no SharedRefused
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(launcher.SharedRefused):  # another execution's is not
+        launcher.claim_shared(job, 1, {**env, "SLURMD_NODENAME": "n2"})

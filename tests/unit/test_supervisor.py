@@ -489,6 +489,26 @@ def test_a_shared_jobs_hold_after_a_failed_launch_is_left_to_a_person(home: Path
     assert "released" not in kinds(job)
 
 
+def test_a_launch_held_shared_job_whose_submission_already_ran_is_not_advised_a_release(
+        home: Path) -> None:
+    """Slurm's hold after a failed launch of a job its node still ran ("Duplicate jobid"): the
+    submission's first execution claimed it, so a released relaunch would be refused by the
+    launcher (it never runs the script twice).  The advice is the way that works: scancel,
+    then a resubmission once dispatch-cease proves the first execution gone (found by the
+    attack on 865ad2b)."""
+    from slurm_dispatch.execution import launch
+    cluster = FakeCluster()
+    job, slurm_id = new_job(cluster, "--shared-checkpoint", "--resubmit", "1")
+    launch.claim_shared(job, 1, {"SLURM_JOB_ID": slurm_id, "SLURMD_NODENAME": "n1"})
+    cluster.set(slurm_id, **LAUNCH_HELD, Restarts="1")
+    report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
+    assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
+    (said,) = report.errors
+    assert "scontrol release" not in said, said
+    assert "already ran on n1" in said and f"`scancel {slurm_id}`" in said, said
+    assert f"`dispatch-cease {slurm_id}`" in said and f"`dispatch resubmit {job.id}`" in said
+
+
 class OwnedSignal(Signal):
     """dispatch-cease's answer names whose facts it judged (its JSON's uid)."""
 
