@@ -751,4 +751,3 @@ def _launch_held_shared(job: record.JobRecord, submission: int, task: Optional[i
             f"once), so dispatch leaves it to a person: `scancel {shown}`, then, once "
             f"`dispatch-cease {shown}` answers ceased, `dispatch resubmit "
             + ("" if task is None else f"--task {task} ") + f"{job.id}`")
-
