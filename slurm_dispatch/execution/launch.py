@@ -19,6 +19,10 @@ execution may still need (its resume source); the launcher checks, once its reco
 that its source is still published, and starts again in a fresh folder when cleanup removed
 it meanwhile.  Any failure stops the execution with exit 2
 rather than letting it run without an identity or its record.
+
+A shared-checkpoint job's submission (of one array task) runs its script once: its first
+execution claims it in the job's record, created once, and any later one (Slurm running the job
+again behind dispatch) stops with exit 2 before the script (:func:`claim_shared`).
 """
 
 from __future__ import annotations
