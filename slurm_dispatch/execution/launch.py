@@ -37,7 +37,7 @@ from typing import Any, Optional
 from .. import _clock, _fsio, config
 from ..checkpoint import execdir, model, roots
 from ..checkpoint import publish as store
-from ..control import events, record
+from ..control import record
 from ..errors import DispatchError, RecordError, StoreError, UsageError
 from . import contract
 
@@ -241,12 +241,8 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
     held = claims[0][1] if claims else {}
     if held.get("pid") == os.getpid() and all(held.get(k) == v for k, v in mine.items()):
         return  # ours: a link that was made though its answer said otherwise (NFS, retried)
-    attempt = ""
-    for event in job.history().events:
-        if isinstance(event, events.Started) and event.submission == submission \
-                and event.host == held.get("host") and event.pid == held.get("pid") \
-                and _task({"SLURM_ARRAY_TASK_ID": event.array_task_id}) == task:
-            attempt = event.attempt
+    attempt = next((s.attempt for s in job.history().lineage(task).started_for(submission)
+                    if s.host == held.get("host") and s.pid == held.get("pid")), "")
     what = f"dispatch job {job.id} submission {submission}" + (
         "" if task is None else f" task {task}")
     when = held.get("time")

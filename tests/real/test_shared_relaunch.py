@@ -114,9 +114,10 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
         said = sandbox.wait_for(refused, 90, "the second execution's launcher to refuse")
         assert f"submission 1 already started on {first_node}" in said, said
         assert f"restart 0 on {second_node}" in said, said
-        info = sandbox.wait_for(
-            lambda: (lambda s: s if s[0] not in ("PENDING", "RUNNING", "COMPLETING", "")
-                     else None)(state_of(sandbox, slurm_id)), 60, "the second execution to end")
+        def ended() -> Any:
+            state = state_of(sandbox, slurm_id)
+            return state if state[0] not in ("PENDING", "RUNNING", "COMPLETING", "") else None
+        info = sandbox.wait_for(ended, 60, "the second execution to end")
         assert info[0] == "FAILED", info
         assert sandbox.job_state(slurm_id).get("NodeList") == second_node
         # Only the first execution ran the script, and it runs on, cut off.
