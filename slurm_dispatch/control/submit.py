@@ -145,6 +145,10 @@ def prepare_root(root: str) -> list[str]:
         if parent == probe:
             break
         probe = parent
+    if probe and os.path.lexists(probe) and not os.path.isdir(probe):  # the deepest that exists
+        what = "checkpoint root" if probe == folder else f"checkpoint root {folder!r}: its folder"
+        raise UsageError(f"{what} {probe!r} is a file, not a folder: give a folder (it is made "
+                         "if missing)")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:

@@ -121,6 +121,14 @@ def test_root_not_a_directory(tmp_path: Path) -> None:
         store.latest(str(tmp_path / "missing"))
 
 
+@pytest.mark.parametrize("reader", ["latest", "list_publications"])
+def test_a_root_that_is_a_file_is_named_so(tmp_path: Path, reader: str) -> None:
+    """Not "pub/ '.../afile/pub' is not a directory": the root itself is the problem."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StoreError, match="checkpoint root '.*afile' is a file, not a folder"):
+        getattr(store, reader)(str(tmp_path / "afile"))
+
+
 def _as_nobody(target, *args) -> int:  # type: ignore[no-untyped-def]
     """Run target(*args) in a forked child as nobody; return 0/1/2 for ok/StoreError/other."""
     pid = os.fork()

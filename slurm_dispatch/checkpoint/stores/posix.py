@@ -41,6 +41,14 @@ from .base import EXEC, GC, MANIFEST_SUFFIX, PINS, PUB, Found, StillWritten, Sto
 __all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC"]
 
 
+def _not_a_root(given: str) -> StoreError:
+    """The error for a root that is no folder, naming what is there instead."""
+    if os.path.lexists(given) and not os.path.isdir(given):
+        return StoreError(f"checkpoint root {given!r} is a file, not a folder: give the folder "
+                          "that holds pub/ and exec/")
+    return StoreError(f"checkpoint root {given!r} is not a directory")
+
+
 def _open_pub_dir(pub_path: str, dir_fd: int | None = None) -> int:
     """Open ``pub/`` without following a symlink; FileNotFoundError passes through.
 
@@ -55,6 +63,9 @@ def _open_pub_dir(pub_path: str, dir_fd: int | None = None) -> int:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             if os.path.islink(pub_path):
                 raise StoreError(f"pub/ {pub_path!r} is a symlink; refusing to follow it") from None
+            root = os.path.dirname(pub_path)
+            if not os.path.isdir(root):
+                raise _not_a_root(root) from None
             raise StoreError(f"pub/ {pub_path!r} is not a directory") from None
         raise StoreError(f"cannot open {pub_path!r}: {exc.strerror}") from None
 
@@ -105,7 +116,7 @@ def _open_root(root_abs: str, given: str) -> int:
         return _fsio.open_dir(root_abs, follow=True)  # the root may be a symlink
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise StoreError(f"checkpoint root {given!r} is not a directory") from None
+            raise _not_a_root(given) from None
         raise StoreError(f"cannot open checkpoint root {given!r}: {exc.strerror}") from None
 
 
@@ -193,7 +204,7 @@ def _names(root: str) -> list[str]:
         fd = _open_pub_dir(pub_path)
     except FileNotFoundError:
         if not os.path.isdir(root):
-            raise StoreError(f"checkpoint root {root!r} is not a directory") from None
+            raise _not_a_root(root) from None
         return []
     return _list_closing(fd, pub_path)
 
