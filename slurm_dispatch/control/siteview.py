@@ -259,7 +259,9 @@ def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: fl
 def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, Any]],
              *args: Any) -> dict[str, Any]:
     """``work(home, *args)`` in a forked child running as ``user`` (their uid, gid and groups,
-    a scrubbed environment, cwd /): its JSON answer, or one error naming what failed."""
+    a scrubbed environment, cwd /): its JSON answer, or one error naming what failed.  The
+    child is the user's to stop: past CHILD_TIMEOUT (and _account.GRACE) root kills it and
+    that user alone is reported, so a caller's pass over every user goes on."""
     env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name,
            "PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
            "DISPATCH_HOME": home}
@@ -281,6 +283,10 @@ def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, An
         return {"errors": [f"reading {home} as {user.pw_name}: the answer passed "
                            f"{ANSWER_LIMIT} bytes; not read further (its records hold more "
                            "than a site view shows)"]}
+    except TimeoutError:  # the user stopped their child (SIGSTOP), or it hung past its alarm
+        return {"errors": [f"reading {home} as {user.pw_name}: no answer within "
+                           f"{CHILD_TIMEOUT:g} s (the child was stopped, or hung): ended with "
+                           "SIGKILL"]}
     try:
         got = json.loads(data.decode("utf-8", "replace"))
         if not isinstance(got, dict):

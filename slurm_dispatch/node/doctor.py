@@ -642,8 +642,12 @@ def as_account(account: pwd.struct_passwd, work: Callable[[], str]) -> str:
     def failed(exc: BaseException) -> bytes:
         return f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
 
-    said, status = _account.run_as(account, lambda: work().encode("utf-8", "replace"), failed,
-                                   alarm=PROBE_TIMEOUT)
+    try:
+        said, status = _account.run_as(account, lambda: work().encode("utf-8", "replace"),
+                                       failed, alarm=PROBE_TIMEOUT)
+    except TimeoutError:  # the account stopped the probe: its alarm waits, root does not
+        return (f"the probe as {account.pw_name} gave no answer within {PROBE_TIMEOUT} s "
+                "(stopped, or hung): ended with SIGKILL")
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         if signum == signal.SIGALRM:

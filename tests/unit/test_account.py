@@ -10,6 +10,7 @@ import os
 import pwd
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -142,3 +143,61 @@ def test_the_site_view_names_a_user_whose_answer_is_too_large(
     assert got == {"errors": [f"reading /nonexistent as nobody: the answer passed "
                               f"{1 << 16} bytes; not read further (its records hold more than "
                               "a site view shows)"]}
+
+
+def stopped_children() -> list[int]:
+    """This process's children that are stopped (state T in /proc)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "T" and int(fields[1]) == os.getpid():
+            found.append(int(name))
+    return found
+
+
+def rescued(call: Callable[[], object], after: float = 40.0) -> tuple[object, float]:
+    """``call()``'s result (or what it raised) and how long it took; a child of ours still
+    stopped ``after`` seconds on is continued, so that a caller waiting on it for ever makes
+    the test fail on the time taken rather than hang."""
+    import threading
+    done = threading.Event()
+
+    def rescue() -> None:
+        if not done.wait(after):
+            for pid in stopped_children():
+                os.kill(pid, signal.SIGCONT)
+    threading.Thread(target=rescue, daemon=True).start()
+    began = time.monotonic()
+    try:
+        got: object = call()
+    except Exception as exc:  # noqa: BLE001 - what it raised is the result
+        got = exc
+    finally:
+        done.set()
+    return got, time.monotonic() - began
+
+
+def test_a_child_its_account_stopped_is_killed_at_the_deadline() -> None:
+    """The child runs as the account, so the account may SIGSTOP it (issue 30 item 12): its
+    alarm then stays pending, and root's parent read the pipe for ever (the release service,
+    prune, metrics and holds stopped for every user).  The parent keeps the bound itself: past
+    the alarm (and a short grace) it kills the child, reaps it and raises TimeoutError."""
+    import subprocess
+
+    def stops() -> bytes:
+        # A process of the account's own (not root's) stops the child: the account can.
+        subprocess.run(["kill", "-STOP", str(os.getpid())], check=True)
+        return b"woke"
+    got, took = rescued(lambda: _account.run_as(NOBODY, stops, said, alarm=1))
+    assert isinstance(got, TimeoutError), got
+    assert took < 1 + _account.GRACE + 10, took
+    assert "nobody" in str(got) and "no answer within" in str(got) and "SIGKILL" in str(got)
+    assert stopped_children() == []  # killed and reaped: nothing left behind
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)

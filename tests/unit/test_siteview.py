@@ -31,6 +31,7 @@ from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs children as another user")
 USER = pwd.getpwnam("nobody")
+OTHER_USER = pwd.getpwnam("jue")  # a second real account (the job users jua..jui exist)
 REAL_SLURM_INIT = Slurm.__init__  # before the fixture puts the in-process fake there
 # Root as a root-squashing NFS server sees it: without the capabilities that let root pass
 # by a folder's mode (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), for itself and what it runs.
@@ -49,15 +50,21 @@ def site(cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch  # noqa: F811
     shutil.rmtree(base)
 
 
-def held(fake: FakeCluster, base: Path) -> tuple[record.JobRecord, str, str]:
-    """A shared-checkpoint job of nobody's whose node failed: its next submission is held."""
-    done = submit_one(str(base / "ck"), "--shared-checkpoint", "--resubmit", "3")
+def held(fake: FakeCluster, base: Path, user: pwd.struct_passwd = USER
+         ) -> tuple[record.JobRecord, str, str]:
+    """A shared-checkpoint job of ``user``'s (nobody's) whose node failed: its next submission
+    is held.  Its records are at <base>/<user's name>."""
+    home = base / user.pw_name
+    os.environ["DISPATCH_HOME"] = str(home)  # the fixture's monkeypatch restores it
+    done = submit_one(str(base / f"ck-{user.pw_name}"), "--shared-checkpoint", "--resubmit",
+                      "3")
     fake.set(done.slurm_job_id, JobState="NODE_FAIL", Restarts="0")
     Supervisor(Slurm(), Settings(signal=None), clock=time.time).run_pass()
     held_id = str(done.job.submissions()[-1]["slurm_job_id"])
-    for folder, _, files in os.walk(base / "nobody"):
+    for folder, _, files in os.walk(home):
         for name in [folder, *(os.path.join(folder, f) for f in files)]:
-            os.lchown(name, USER.pw_uid, USER.pw_gid)
+            os.lchown(name, user.pw_uid, user.pw_gid)
+    os.environ["DISPATCH_HOME"] = str(base / "nobody")
     return done.job, done.slurm_job_id, held_id
 
 
@@ -586,3 +593,37 @@ def test_a_copy_written_ahead_of_the_readers_clock_is_not_taken_for_fresh(
     assert ": written ahead of this host's clock (by 0" in err, err  # 00:59:59 or 01:00:00
     assert ("or so): the release service's host and this one disagree on the time, so how old "
             "it is is not known") in err, err
+
+
+def test_a_user_who_stops_their_child_holds_up_no_one_else(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child reading a user's records runs as that user, who may SIGSTOP it (issue 30 item
+    12): its alarm stayed pending and root's pass waited on it for ever, so no other user's
+    hold was lifted.  Root's parent keeps the bound: that user alone is reported, the others
+    are served."""
+    import signal as signals
+
+    from .test_account import rescued
+    fake, base = site
+    stopped_job, _, _ = held(fake, base)
+    job, _, held_id = held(fake, base, OTHER_USER)
+    site_conf(base, monkeypatch)
+    monkeypatch.setattr(siteview, "CHILD_TIMEOUT", 2.0)
+    reads = siteview.standing
+
+    def stopping(home: str) -> dict[str, object]:
+        if os.getuid() == USER.pw_uid:  # nobody's child, stopped by nobody
+            os.kill(os.getpid(), signals.SIGSTOP)
+        return reads(home)
+    monkeypatch.setattr(siteview, "standing", stopping)
+    result, took = rescued(lambda: CliRunner().invoke(admin.main, [
+        "release-service", "--user", "nobody", "--user", OTHER_USER.pw_name,
+        "--records", f"{base}/%u"]))
+    assert took < 40, took
+    assert result.exit_code == 1, result.output
+    assert result.stdout == (f"{OTHER_USER.pw_name}: {job.id}: hold on Slurm job {held_id} "
+                             "lifted: ceased\n")
+    assert result.stderr == (f"dispatch-admin: nobody: reading {base}/nobody as nobody: no "
+                             "answer within 2 s (the child was stopped, or hung): ended with "
+                             "SIGKILL\n"), result.stderr
+    assert [e["event"] for e in stopped_job.events()].count("cessation") == 0
