@@ -12,11 +12,22 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
+def one_line(text: object) -> str:
+    """``text`` on one line: each character that is not printable escaped (``\\n``, ``\\x1b``),
+    so that what a user named (a root, a record folder, a job name) can neither start a row
+    of its own nor move the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
                  noheader: bool = False) -> str:
     """Columns aligned the way squeue aligns them, with the last column left free.  A row may
-    end early (``dispatch jobs``' line for an unreadable record): its last cell is free too."""
-    cells = [[str(c) for c in row] for row in rows]
+    end early (``dispatch jobs``' line for an unreadable record): its last cell is free too.
+    Every cell is shown on one line (:func:`one_line`)."""
+    cells = [[one_line(c) for c in row] for row in rows]
     all_rows = cells if noheader else [list(headers)] + cells
     if not all_rows:
         return ""

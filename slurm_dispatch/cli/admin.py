@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import click
 
-from .._table import render_table
+from .._table import one_line, render_table
 from ..errors import DispatchError, UsageError
 from .shell import ClickShell
 
@@ -216,10 +216,7 @@ def _shown(text: object) -> str:
     """``text`` on one line: what a user wrote (a record folder's name, an event's job id)
     has each character that is not printable escaped, so that it can neither start a row of
     its own in the table root and the group read nor move the terminal."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return one_line(text)
 
 
 def _site_config() -> Any:

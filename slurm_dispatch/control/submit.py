@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -113,18 +114,45 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
         raise UsageError("no checkpoint root: give --checkpoint DIR (or a '#DISPATCH "
                          "--checkpoint DIR' line in the script); every execution writes under "
                          "DIR/exec/<attempt>/ and publishes into DIR/pub/")
-    roots.refuse_changing(options.checkpoint)
-    if ":" in options.checkpoint:  # imported only then: start-up speed
+    given = _expand_variables(options.checkpoint)
+    control = [c for c in given if ord(c) < 0x20 or ord(c) == 0x7f]
+    if control:
+        raise UsageError(f"--checkpoint {given!r} holds a control character ({control[0]!r}): "
+                         "a root's name is printed in tables and logs, one line each")
+    roots.refuse_changing(given)
+    if ":" in given:  # imported only then: start-up speed
         from ..checkpoint.stores.open import check_root_scheme
 
-        check_root_scheme(options.checkpoint)
-    if "://" in options.checkpoint:
+        check_root_scheme(given)
+    if "://" in given:
         from ..checkpoint.stores import s3
 
         s3.refuse_without_sdk(quick=True)
         # Checked for shape only: dispatch-sbatch never talks to S3 (boto3 stays off this path).
-        return s3.parse_root(options.checkpoint).url
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(options.checkpoint)))
+        return s3.parse_root(given).url
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(given)))
+
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _expand_variables(root: str) -> str:
+    """``$NAME`` and ``${NAME}`` from the submitting environment, as a shell would have done on
+    the command line (a ``#DISPATCH`` line is read by no shell).  A variable that is not set is
+    an error naming it, never a folder named ``$USER``; any other ``$`` is refused too, since
+    no shell would have left it either."""
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in os.environ:
+            raise UsageError(f"--checkpoint {root!r}: ${name} is not set in the environment "
+                             "dispatch-sbatch runs in")
+        return os.environ[name]
+
+    expanded = _VARIABLE.sub(value, root)
+    if "$" in _VARIABLE.sub("", root):
+        raise UsageError(f"--checkpoint {root!r}: a '$' that names no variable ($NAME or "
+                         "${NAME}); a checkpoint root may not hold one")
+    return expanded
 
 
 def prepare_root(root: str) -> list[str]:

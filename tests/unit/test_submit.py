@@ -331,3 +331,41 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
     recovered = new.history().lineage().hold
     assert recovered is not None and recovered.ended_slurm_job_id == "10"
     assert recovered.deadline == hold["deadline"]
+
+
+def test_a_dispatch_lines_root_expands_variables_as_the_command_line_would(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user guide's `/scratch/$USER/run1`, written in a `#DISPATCH` line (which no shell
+    reads), is the same root as on the command line, not a folder named `$USER`."""
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("RUN", "run1")
+    (env / "job.sh").write_text("#!/bin/bash\n#DISPATCH --checkpoint ck/$USER/${RUN}\necho\n")
+    request = submit.read_request(["job.sh"])
+    assert submit.checkpoint_root(request.options, request.cwd) == str(env / "ck/alice/run1")
+
+
+@pytest.mark.parametrize("root,named", [
+    ("ck/$NOT_SET_HERE/r", r"\$NOT_SET_HERE is not set"),
+    ("ck/a$/r", "a '\\$' that names no variable"),
+])
+def test_a_root_with_a_variable_that_cannot_expand_is_refused(env: Path, root: str,
+                                                               named: str) -> None:
+    (env / "job.sh").write_text(f"#!/bin/bash\n#DISPATCH --checkpoint {root}\necho\n")
+    with pytest.raises(UsageError, match=named):
+        make(["job.sh"], FakeController())
+    assert not (env / "ck").exists()
+    assert record.all_jobs() == []
+
+
+@pytest.mark.parametrize("root", ["ck\nrun", "ck\trun", "ck\x1b[2Jrun"])
+def test_a_root_with_a_control_character_is_refused(env: Path, root: str) -> None:
+    with pytest.raises(UsageError, match="holds a control character"):
+        make(["--checkpoint", root, "job.sh"], FakeController())
+    assert not any(p.name.startswith("ck") for p in env.iterdir())
+    assert record.all_jobs() == []
+
+
+def test_every_table_shows_a_cell_on_one_line() -> None:
+    from slurm_dispatch._table import render_table
+    text = render_table(["JOBID", "ROOT"], [["1", "/ck\nfake-row"], ["2", "/ck\x1b[2J"]])
+    assert text.splitlines() == ["JOBID ROOT", "1     /ck\\nfake-row", "2     /ck\\x1b[2J"]
