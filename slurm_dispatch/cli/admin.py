@@ -251,21 +251,21 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
     (`* * * * * dispatch-admin release-service -q`).  With SiteViewGroup set in dispatch.conf,
     each pass then writes the view `dispatch-admin holds` shows root, whole, to
     StateDir/siteview/holds.json (0640 root:that group), for that group's members (without a
-    CessationSignal it writes only that).  Exit 0; 1 when something failed (each failure on
-    stderr, the other users still served).
+    CessationSignal it writes only that); the group is looked up at each write, so one that
+    does not resolve (a directory service down a moment) fails that write alone.  Exit 0; 1
+    when something failed (each failure on stderr, the other users still served).
     """
     from ..control import siteview
     from ..control.supervisor import site_settings
     _root()
     settings = site_settings()
     cfg, where = _site_config()
-    group = siteview.site_group(cfg.site_view_group, where) if cfg.site_view_group else None
-    if group is None:  # a copy the group read stays readable by it until it is removed
+    if not cfg.site_view_group:  # a copy the group read stays readable by it until removed
         gone = siteview.remove_snapshot(cfg.state_dir)
         if gone and not quiet:
             click.echo(f"site view: {where} sets no SiteViewGroup: removed {gone}, which "
                        "its group could still read")
-    if not settings.signal and group is None:
+    if not settings.signal and not cfg.site_view_group:
         raise UsageError("dispatch.conf sets no CessationSignal: holds wait for a person "
                          "(dispatch release), there is nothing to ask")
     while True:
@@ -275,13 +275,14 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
             done = siteview.release_pass(chosen, settings.signal, settings.signal_timeout,
                                          settings.interval)
         done["errors"] = unfound + done["errors"]
-        if group is not None:
-            now = time.time()
-            seen = siteview.view(chosen)
-            seen["errors"] = unfound + seen["errors"]
-            if user:  # the group reads it as the site's: it says whose it is
-                seen["only_users"] = sorted(set(user))
-            try:
+        if cfg.site_view_group:
+            try:  # resolved at each write: a directory service may be back, or gone a moment
+                group = siteview.site_group(cfg.site_view_group, where)
+                now = time.time()
+                seen = siteview.view(chosen)
+                seen["errors"] = unfound + seen["errors"]
+                if user:  # the group reads it as the site's: it says whose it is
+                    seen["only_users"] = sorted(set(user))
                 path = siteview.write_snapshot(cfg.state_dir, group, seen, now)
                 done["actions"].append(f"site view: {len(seen['holds'])} standing hold(s) "
                                        f"written to {path} for group {group.gr_name}")

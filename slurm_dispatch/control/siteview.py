@@ -18,8 +18,9 @@ Invariants:
 * The view changes nothing; the service lifts a hold only when every ended execution it waits
   for is proven ceased, records each answer first (as the supervisor does), and releases the
   held job as its owner.
-* A configured group (dispatch.conf's ``SiteViewGroup``) sees the view without root's reach
-  into homes: each pass of the service writes it, whole, as
+* A configured group (dispatch.conf's ``SiteViewGroup``, resolved at each write: a group
+  that does not resolve for a moment is that write's error, never the pass's end) sees the
+  view without root's reach into homes: each pass of the service writes it, whole, as
   ``StateDir/siteview/holds.json`` (folder 0750, file 0640, both root and the group's; a
   new file renamed over the old, so a reader finds the last whole view or none), and a
   member reads that and is told how old it is.  Nothing of a user's is in it that
@@ -368,7 +369,8 @@ def site_group(name: str, where: str) -> grp.struct_group:
     try:
         return grp.getgrnam(name)
     except KeyError:
-        raise UsageError(f"SiteViewGroup={name} ({where}): no such group") from None
+        raise UsageError(f"SiteViewGroup={name} ({where}): no such group (or the directory "
+                         "service does not answer for it now)") from None
 
 
 def write_snapshot(state_dir: str, group: grp.struct_group, seen: dict[str, Any],

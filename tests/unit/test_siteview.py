@@ -6,16 +6,19 @@ scontrol is a fake at the process boundary that logs who called it."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
 import pwd
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -525,13 +528,38 @@ admin.main()
 """
 
 
+@contextlib.contextmanager
+def serving(base: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``release-service --loop`` (a pass a second) over nobody's records, and its stderr's
+    file; killed when done."""
+    conf = base / "dispatch.conf"
+    conf.write_text(conf.read_text() + "CessationInterval=1\n")
+    log = base / "loop.err"
+    with open(log, "wb") as errors:
+        loop = subprocess.Popen([sys.executable, "-c", LOOP.format(pattern=f"{base}/%u")],
+                                stdout=subprocess.DEVNULL, stderr=errors,
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        yield loop, log
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+def until(condition: Callable[[], bool], loop: subprocess.Popen[bytes]) -> None:
+    """Wait (a minute at most) for ``condition`` while ``loop`` still runs; fail if it never
+    holds."""
+    deadline = time.monotonic() + 60
+    while not condition() and loop.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert condition(), f"not seen; the loop {'ended' if loop.poll() is not None else 'runs'}"
+
+
 def test_a_copy_that_cannot_be_written_is_an_error_of_the_pass_and_the_loop_goes_on(
         site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """StateDir/siteview/ not root's (refused, rightly): the RefusedError ended the command,
     so a --loop service stopped lifting holds at its first such pass, and one pass's own
     actions went unsaid."""
-    import subprocess
-    import sys
     fake, base = site
     held(fake, base)
     snapshot = group_conf(base, monkeypatch, GROUP.gr_name)
@@ -542,23 +570,9 @@ def test_a_copy_that_cannot_be_written_is_an_error_of_the_pass_and_the_loop_goes
     assert err == (f"dispatch-admin: site view not written: {snapshot.parent} is owned by "
                    f"uid {USER.pw_uid}, not root: the site view is not written there; "
                    "remove it\n"), err
-    conf = base / "dispatch.conf"
-    conf.write_text(conf.read_text() + "CessationInterval=1\n")
-    log = base / "loop.err"
-    with open(log, "wb") as errors:
-        loop = subprocess.Popen([sys.executable, "-c", LOOP.format(pattern=f"{base}/%u")],
-                                stdout=subprocess.DEVNULL, stderr=errors,
-                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
-    try:
-        deadline = time.monotonic() + 60
-        while log.read_text().count("site view not written") < 2 and loop.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with serving(base) as (loop, log):
+        until(lambda: log.read_text().count("site view not written") >= 2, loop)
         assert loop.poll() is None, log.read_text()  # still serving
-        assert log.read_text().count("site view not written") >= 2, log.read_text()
-    finally:
-        loop.kill()
-        loop.wait()
 
 
 def test_a_record_name_cannot_draw_a_row_of_another_users_in_the_table(
@@ -627,3 +641,46 @@ def test_a_user_who_stops_their_child_holds_up_no_one_else(
                              "answer within 2 s (the child was stopped, or hung): ended with "
                              "SIGKILL\n"), result.stderr
     assert [e["event"] for e in stopped_job.events()].count("cessation") == 0
+
+
+def test_a_site_view_group_that_does_not_resolve_stops_no_pass(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SiteViewGroup naming a group the directory service does not give (gone, or sssd not
+    answering for a moment) ended release-service before its pass (issue 30 item 13): no hold
+    was lifted.  The pass runs; the copy not written is its error."""
+    fake, base = site
+    job, _, held_id = held(fake, base)
+    site_conf(base, monkeypatch)
+    conf = base / "dispatch.conf"
+    state = base / "state"
+    state.mkdir(mode=0o755)
+    conf.write_text(conf.read_text() + f"StateDir={state}\nSiteViewGroup=dispatch-no-such\n")
+    code, out, err = admin_cmd(base, "release-service")
+    assert code == 1, out + err
+    assert out == f"nobody: {job.id}: hold on Slurm job {held_id} lifted: ceased\n"
+    assert err == (f"dispatch-admin: site view not written: SiteViewGroup=dispatch-no-such "
+                   f"({conf}): no such group (or the directory service does not answer for "
+                   "it now)\n"), err
+    conf.write_text(f"StateDir={state}\nSiteViewGroup=dispatch-no-such\nCessationSignal=\n")
+    code, out, err = admin_cmd(base, "release-service")  # only the copy to write: still a pass
+    assert (code, out) == (1, ""), out + err
+    assert err.startswith("dispatch-admin: site view not written: SiteViewGroup="), err
+
+
+def test_a_site_view_group_is_resolved_at_each_write(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --loop service started while the group did not resolve writes the copy once it
+    does (a directory service back), with no restart."""
+    import subprocess
+    fake, base = site
+    held(fake, base)
+    name = f"dsv{os.getpid()}"
+    snapshot = group_conf(base, monkeypatch, name)
+    try:
+        with serving(base) as (loop, log):
+            until(lambda: "no such group" in log.read_text(), loop)
+            subprocess.run(["groupadd", name], check=True)
+            until(snapshot.exists, loop)
+        assert snapshot.stat().st_gid == grp.getgrnam(name).gr_gid
+    finally:
+        subprocess.run(["groupdel", name], check=False)
