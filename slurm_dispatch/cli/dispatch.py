@@ -291,8 +291,9 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
 
     With a COMMAND (after --), run it, forward TERM, INT, USR1, USR2, HUP and CONT to it,
     scan again when it exits (at most a second apart, until every save that looks whole is
-    confirmed, for at most --timeout) and exit with its status.  Without one, run until
-    TERM, INT or HUP, then do the same last scans and exit 0.  The first error (a store
+    confirmed, for at most --timeout) and exit with its status (143 when it exits 0 after a
+    forwarded TERM: its work is not done, and the job must not end COMPLETED).  Without one,
+    run until TERM, INT or HUP, then do the same last scans and exit 0.  The first error (a store
     error, a scan longer than --timeout) stops publishing: exit 2, or the command's status if
     it failed.
 

@@ -32,6 +32,10 @@ Invariants:
   the durable copy.)
 * The first error stops publishing for good: nothing is published after it, and the run
   ends non-zero.
+* A command that watch forwarded TERM to and that then exits 0 has not finished its work
+  (Lightning turns TERM into a clean exit; ``--signal=B:TERM@150`` sends it before the limit):
+  watch says so and exits 128+15, so Slurm records a failure and the resubmit rule applies,
+  never a completed job the supervisor stops for good.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
   mark) is never looked at again: a scan of a folder of old saves costs one listing.
 
@@ -79,6 +83,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, sign
              signal.SIGCONT)
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # without a command: scan, then stop
 STOPPED_CODE = 2  # watch stopped at an error (and the command, if any, succeeded)
+# A command that exits 0 after watch forwarded it TERM did not finish its work (Lightning turns
+# TERM into SystemExit with no code): watch exits as if TERM had killed it.
+TERMED_CODE = 128 + signal.SIGTERM
 
 @dataclass(frozen=True)
 class Published:
@@ -364,7 +371,8 @@ class WatchLoop:
     and CONT are ignored.  A scan that does not finish within ``timeout`` seconds is an error.
     The first error stops publishing; it is reported at once.  The exit status is the
     command's; after an error it is the command's when that failed, else 2 (also 2 without a
-    command).
+    command); a command that exits 0 after a TERM was forwarded to it gives 128+15
+    (:data:`TERMED_CODE`, said).
     """
 
     def __init__(self, watcher: Watcher, command: Optional[list[str]], interval: float,
@@ -381,6 +389,7 @@ class WatchLoop:
         self.error: Optional[DispatchError] = None
         self._pending: list[int] = []
         self._ending = False
+        self.termed = False  # a TERM was forwarded to the running command
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -399,7 +408,8 @@ class WatchLoop:
             try:
                 os.kill(self.child.pid, signum)
             except ProcessLookupError:
-                pass  # it has just exited; the loop sees that next
+                return  # it has just exited; the loop sees that next
+            self.termed = self.termed or signum == signal.SIGTERM
 
     def _wait(self, seconds: Optional[float]) -> None:
         """Sleep until a signal, the child's exit, a scan's end, or ``seconds`` pass."""
@@ -525,4 +535,9 @@ class WatchLoop:
             code = exit_status(self.child.wait())
         if self.error is not None and code == 0:
             return STOPPED_CODE
+        if code == 0 and self.termed:
+            self.report(f"the command exited 0 after watch forwarded it TERM: its work is not "
+                        f"done, so watch exits {TERMED_CODE} (a failure: the job's resubmit rule "
+                        "applies, its next execution resumes from the newest published save)")
+            return TERMED_CODE
         return code

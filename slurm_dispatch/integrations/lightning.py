@@ -25,6 +25,10 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   rank, so the job ends FAILED and dispatch's rule for a failed job applies (a resubmission
   while the budget lasts; a hold for a shared checkpoint), never COMPLETED, where the
   supervisor stops for good.
+* A process that Lightning stops at SIGTERM never exits 0 (Lightning raises ``SystemExit``
+  with no code, and ``--signal=TERM@`` sends TERM before the limit: the job would end
+  COMPLETED, its training unfinished): the callback makes the exit 128+15 and says so, so
+  the job ends FAILED and the resubmit rule applies.
 
 On an ``s3://`` root Lightning writes its saves under the execution's prefix itself (fsspec,
 which needs s3fs); each is published once its manifest object is written, and
@@ -39,12 +43,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..errors import NotRequeued
 from ..execution.saves import (
@@ -61,6 +67,7 @@ from .requeue import SignalFlag, is_shared_checkpoint, requeue
 FRAMEWORK = "lightning"
 REQUEUE_SAVE = "requeue-step={step}.ckpt"
 CHECKPOINTS = "checkpoints"  # under the execution's folder
+TERMED_CODE = 128 + signal.SIGTERM  # the exit of a process stopped at SIGTERM, as a shell says
 
 
 def resume_from_checkpoint(default: Optional[str] = None,
@@ -172,6 +179,20 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             # COMPLETED, and the supervisor stops a completed job for good.
             why, self._not_requeued = self._not_requeued, None
             raise NotRequeued(why)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        if self.execution is None or not isinstance(exception, SIGTERMException) \
+                or exception.code not in (None, 0):
+            return
+        # Lightning re-raises this very exception once the hooks have run: its code is the
+        # process's exit status.
+        exception.code = TERMED_CODE
+        sys.stderr.write(f"dispatch: the trainer stopped at SIGTERM with status 0: its work is "
+                         f"not done, so the process exits {TERMED_CODE} (a failure: the job's "
+                         "resubmit rule applies, its next execution resumes from the newest "
+                         "published save)\n")
+        sys.stderr.flush()
 
     # --- publication ----------------------------------------------------------------------
 

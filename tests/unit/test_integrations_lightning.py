@@ -42,10 +42,12 @@ def weights_hash(state: dict[str, Any]) -> str:
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, signal_at: Optional[int] = None) -> None:
+    def __init__(self, signal_at: Optional[int] = None,
+                 signum: signal.Signals = signal.SIGUSR1) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
         self.signal_at = signal_at
+        self.signum = signum
         self.start_step: Optional[int] = None
         self.start_weights: Optional[str] = None
         self.saved_in_handler: Optional[bool] = None
@@ -56,9 +58,9 @@ class Tiny(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         if self.signal_at is not None and self.global_step == self.signal_at:
-            folder = Path(os.environ["DISPATCH_EXEC_DIR"])
+            folder = Path(os.environ.get("DISPATCH_EXEC_DIR", os.devnull))
             before = set(folder.rglob("*"))
-            os.kill(os.getpid(), signal.SIGUSR1)  # its handler has run when kill returns
+            os.kill(os.getpid(), self.signum)  # its handler has run when kill returns
             self.saved_in_handler = set(folder.rglob("*")) != before
         return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
@@ -182,3 +184,30 @@ def test_a_requeue_slurm_refuses_ends_the_job_failed_after_publishing_the_save(
     assert not callback.requeued
     assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)  # handed back
     assert "save_checkpoint" not in model.trainer.__dict__  # unwrapped
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_sigterm_never_ends_the_process_0_inside_dispatch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+        inside: bool) -> None:
+    """Issue 36 item 6: Lightning turns SIGTERM into SystemExit with no code (status 0), so
+    with `--signal=TERM@` the job would end COMPLETED, training unfinished, and the supervisor
+    would stop for good.  Inside dispatch the callback makes the exit 128+15, said on
+    stderr; outside, Lightning's own exit is left as it is."""
+    if inside:
+        dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            fit(tmp_path, 50, [DispatchCallback()],
+                model=Tiny(signal_at=3, signum=signal.SIGTERM))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capfd.readouterr().err
+    if inside:
+        assert stopped.value.code == 128 + signal.SIGTERM
+        assert ("dispatch: the trainer stopped at SIGTERM with status 0: its work is not done, "
+                "so the process exits 143") in err, err
+    else:
+        assert stopped.value.code is None
+        assert "dispatch:" not in err

@@ -360,6 +360,50 @@ def test_a_command_killed_by_a_signal_gives_128_plus_it(root: Path, folder: Path
         proc.kill()
 
 
+TERM_ENDS_IT = r"""
+import os, signal, sys, time
+flag, status = sys.argv[1], sys.argv[2]
+def got(signum, frame):
+    raise SystemExit(None if status == "none" else int(status))  # as Lightning does on TERM
+signal.signal(signal.SIGTERM, got)
+signal.signal(signal.SIGUSR1, got)
+open(flag + ".started", "w").close()
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("sent, status, expected", [
+    ("SIGTERM", "none", 128 + signal.SIGTERM), ("SIGTERM", "0", 128 + signal.SIGTERM),
+    ("SIGTERM", "3", 3), ("SIGUSR1", "none", 0)])
+def test_a_command_that_exits_0_after_a_forwarded_term_is_not_done(
+        root: Path, folder: Path, tmp_path: Path, sent: str, status: str,
+        expected: int) -> None:
+    """Lightning turns TERM into SystemExit with no code: under `exec dispatch watch` with
+    `--signal=B:TERM@150` the job would end COMPLETED, training unfinished, and the supervisor
+    would stop for good.  Watch exits 128+15 instead, and says why; a failure status of the
+    command's own stays, and a signal that is not TERM changes nothing."""
+    script = tmp_path / "term.py"
+    script.write_text(TERM_ENDS_IT)
+    flag, err = tmp_path / "flag", tmp_path / "err"
+    proc = start_watch(root, folder, "--interval", "0.05", "--", sys.executable, str(script),
+                       str(flag), status, log=err)
+    try:
+        poll(lambda: Path(f"{flag}.started").exists(), "the command to start")
+        proc.send_signal(getattr(signal, sent))
+        assert proc.wait(timeout=20) == expected
+    finally:
+        proc.kill()
+    said = [line for line in err.read_text().splitlines() if "TERM" in line]
+    if expected == 128 + signal.SIGTERM:
+        assert said == ["dispatch watch: the command exited 0 after watch forwarded it TERM: "
+                        "its work is not done, so watch exits 143 (a failure: the job's "
+                        "resubmit rule applies, its next execution resumes from the newest "
+                        "published save)"], err.read_text()
+    else:
+        assert said == [], err.read_text()
+
+
 def handles(pid: int, signum: int) -> bool:
     """The process has a handler for ``signum`` (its SigCgt mask in /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -494,3 +538,4 @@ def test_a_scan_longer_than_the_timeout_stops_watch(root: Path, folder: Path) ->
     poll(lambda: not any(t.name == "dispatch-watch-scan" for t in threading.enumerate()),
          "the stuck scan to end")
     assert published(root) == []
+
