@@ -12,21 +12,25 @@ A torchtitan-style loop changes the import, the load and the folder a save names
 The stable API (what ``dispatch watch``'s DCP support and other callers may rely on):
 
 * ``save(state_dict, *, step, checkpoint_id=None, storage_writer=None, planner=None,
-  process_group=None, no_dist=False)`` returns DCP's ``Metadata``; ``async_save`` (same
-  arguments and ``async_checkpointer_type``, ``async_stager``) returns what DCP's returns (a
-  ``Future``, or an ``AsyncSaveResponse`` with a stager that stages asynchronously).
+  process_group=None, no_dist=False, env=None)`` returns DCP's ``Metadata``; ``async_save``
+  (same arguments and ``async_checkpointer_type``, ``async_stager``) returns what DCP's returns
+  (a ``Future``, or an ``AsyncSaveResponse`` with a stager that stages asynchronously).
 * ``load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
-  process_group=None, no_dist=False)`` loads into ``state_dict`` in place and returns the
-  folder it loaded, or ``None`` for a fresh start (nothing loaded).
-* ``save_folder(step, checkpoint_id=None)``: the folder a save of ``step`` goes to.
+  process_group=None, no_dist=False, env=None)`` loads into ``state_dict`` in place and
+  returns the folder it loaded, or ``None`` for a fresh start (nothing loaded).
+* ``save_folder(step, checkpoint_id=None, env=None)``: the folder a save of ``step`` goes to.
+* ``env`` (each of them): the mapping that names the execution, as the launcher's variables
+  do (default: ``os.environ``).
 * ``METADATA`` (``.metadata``): the file whose presence makes a DCP folder complete.
 * ``FRAMEWORK`` (``"dcp"``): the name recorded in the execution's resume record.
 
 Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set, a folder root):
 
 * A save goes to a folder of the execution's own (``step-<step>``, or ``checkpoint_id`` taken
-  relative to the execution's folder; an absolute one must be inside it), and never into one
-  that holds a save already (its ``.metadata`` there): DCP would rewrite its files in place.
+  relative to the execution's folder; an absolute one must be inside it; a ``storage_writer``
+  made for a folder, as ``FileSystemWriter(path)`` is, names that folder, which must be inside
+  it too and, with a ``checkpoint_id``, the same), and never into one that holds a save
+  already (its ``.metadata`` there): DCP would rewrite its files in place.
 * Each save gives exactly one publication, made by DCP's coordinator inside the storage
   writer's ``finish``, after DCP wrote and renamed ``.metadata``: DCP calls ``finish`` only once
   every rank's ``write_data`` has returned, and here each rank's ``write_data`` returns only
@@ -104,15 +108,29 @@ def save_folder(step: int, checkpoint_id: Any = None,
     execution = _execution(env)
     if execution is None:
         raise UsageError("not inside a dispatch execution ($DISPATCH_EXEC_DIR is not set)")
+    return _folder(execution, step, checkpoint_id)
+
+
+def _folder(execution: Execution, step: int, checkpoint_id: Any,
+            named: str = "checkpoint_id") -> str:
     exec_dir = os.path.abspath(execution.exec_dir)
     if checkpoint_id is None:
         return os.path.join(exec_dir, STEP_FOLDER.format(step=step))
     given = os.fspath(checkpoint_id)
     full = os.path.abspath(os.path.join(exec_dir, given))
-    if not full.startswith(exec_dir.rstrip("/") + "/"):
-        raise UsageError(f"checkpoint_id {given!r} is outside the execution's folder "
+    if "://" in str(given) or not full.startswith(exec_dir.rstrip("/") + "/"):
+        raise UsageError(f"{named} {given!r} is outside the execution's folder "
                          f"{exec_dir!r}: give a name inside it (e.g. 'step-{step}'), or none")
     return full
+
+
+def _aimed_at(storage_writer: Optional[StorageWriter]) -> Optional[str]:
+    """The folder a storage writer was made for (DCP's ``FileSystemWriter(path)``, an fsspec
+    writer's URL), or None when it names none."""
+    aimed = getattr(storage_writer, "path", None)
+    if aimed is None:
+        aimed = getattr(storage_writer, "checkpoint_id", None)
+    return os.fspath(aimed) if isinstance(aimed, (str, os.PathLike)) else None
 
 
 class DurableWriter(StorageWriter):
@@ -182,7 +200,18 @@ class DurableWriter(StorageWriter):
 
 def _writer(execution: Execution, step: int, checkpoint_id: Any,
             storage_writer: Optional[StorageWriter]) -> tuple[str, DurableWriter]:
-    folder = save_folder(step, checkpoint_id)
+    folder = _folder(execution, step, checkpoint_id)
+    # DCP would reset a writer made for another folder to ours without a word: a writer aimed
+    # outside the execution is refused as such a checkpoint_id is, and one aimed inside names
+    # the save's folder as checkpoint_id would.
+    aimed = _aimed_at(storage_writer)
+    if aimed is not None:
+        mine = _folder(execution, step, aimed, named="storage_writer's folder")
+        if checkpoint_id is None:
+            folder = mine
+        elif mine != folder:
+            raise UsageError(f"storage_writer is aimed at {aimed!r} but checkpoint_id "
+                             f"{os.fspath(checkpoint_id)!r} names {folder!r}: give one of them")
     # A symlink planted as the folder (or above it) would take every rank's shards outside the
     # execution's folder; DCP then failed on our folder fsync with its own traceback.
     real_exec = os.path.realpath(execution.exec_dir).rstrip("/") + "/"

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
+import torch.distributed.checkpoint as torch_dcp
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import UsageError
@@ -147,3 +149,39 @@ def test_a_step_folder_that_is_a_symlink_is_refused_before_anything_is_written(
         dcp.save(state(7), step=7)
     assert list(outside.iterdir()) == []  # nothing written outside the execution's folder
     assert steps(tmp_path / "ck") == []
+
+
+def test_a_storage_writer_aimed_outside_the_execution_is_refused_by_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    for call in (dcp.save, dcp.async_save):
+        writer = torch_dcp.FileSystemWriter(str(elsewhere))
+        with pytest.raises(UsageError, match=re.escape(f"storage_writer's folder '{elsewhere}' is "
+                                                       "outside the execution's folder")):
+            call(state(1), step=1, storage_writer=writer)
+    assert not elsewhere.exists() and not (exec_dir / "step-1").exists()
+    assert steps(tmp_path / "ck") == []
+    # One aimed inside is the save's folder, as a checkpoint_id would be.
+    inside = torch_dcp.FileSystemWriter(str(exec_dir / "mine"))
+    dcp.save(state(3), step=3, storage_writer=inside)
+    assert (exec_dir / "mine" / ".metadata").exists() and steps(tmp_path / "ck") == [3]
+    with pytest.raises(UsageError, match="aimed at .*mine2.* but checkpoint_id"):
+        dcp.save(state(4), step=4, checkpoint_id="step-4",
+                 storage_writer=torch_dcp.FileSystemWriter(str(exec_dir / "mine2")))
+
+
+def test_env_names_the_execution_a_save_goes_to(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    other = dispatch_env(tmp_path / "other", "x", E1, "", monkeypatch)  # os.environ's
+    root = tmp_path / "ck"
+    exec_dir = root / "exec" / "a"
+    exec_dir.mkdir(parents=True)
+    env = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": str(exec_dir),
+           "DISPATCH_EPOCH": str(E2), "DISPATCH_ATTEMPT": "a"}
+    dcp.save(state(1), step=1, env=env)
+    dcp.async_save(state(2), step=2, env=env).result()
+    assert sorted(os.listdir(exec_dir)) == ["step-1", "step-2"] and os.listdir(other) == []
+    assert steps(root) == [1, 2] and steps(tmp_path / "other") == []
+    assert dcp.save_folder(5, env=env) == str(exec_dir / "step-5")
+
