@@ -94,9 +94,11 @@ def _render(data: dict[str, Any]) -> str:
         jobid = e.get("display_id") or e["slurm_job_id"]
         evidence = "; ".join(fact_text(f) for f in e.get("facts", [])) or "-"
         rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
-                     clock(e["started"]), e["state"], evidence])
+                     clock(e["started"]), e["state"],
+                     resumed_text(e, data["executions"], data["checkpoint"]), evidence])
     out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
-                             "END/CESSATION"], rows) if rows else "No execution has started yet.")
+                             "RESUMED_FROM", "END/CESSATION"], rows)
+               if rows else "No execution has started yet.")
     if data["events"]:
         out.append("")
         out.extend(f"{clock(raw['time'])} {event_text(events.parse(raw))}"
@@ -106,6 +108,29 @@ def _render(data: dict[str, Any]) -> str:
     out.append("")
     out.append(f"Latest publication: {latest_text(data['latest'])}")
     return "\n".join(out)
+
+
+def execution_label(execution: dict[str, Any]) -> str:
+    """``S2 R1`` (submission 2, restart 1), ``S2/t3 R0`` for an array task's."""
+    task = execution.get("array_task_id")
+    shown_task = f"/t{task}" if task not in (None, "") else ""
+    return f"S{execution.get('submission', '?')}{shown_task} R{execution.get('restart', '?')}"
+
+
+def resumed_text(execution: dict[str, Any], executions: list[dict[str, Any]],
+                 root: str) -> str:
+    """What an execution resumed from, as its launcher recorded it: ``fresh`` (nothing was
+    published), or the save named by the execution that wrote it (``S1 R0 checkpoint-500``),
+    else its path below the root (a save of an execution this record does not hold)."""
+    source = str(execution.get("resume_from") or "")
+    if not source:
+        return "fresh"
+    for other in executions:
+        folder = str(other.get("exec_dir") or "").rstrip("/")
+        if folder and source.startswith(folder + "/"):
+            return f"{execution_label(other)} {source[len(folder) + 1:]}"
+    prefix = root.rstrip("/") + "/"
+    return source[len(prefix):] if source.startswith(prefix) else source
 
 
 def resubmits_text(data: dict[str, Any]) -> str:

@@ -8,6 +8,9 @@ One row per execution (submission, restart, node), drawn over the same time axis
     *       a publication of this execution's (its pub/ entry's time)
     ....    a hold, from the moment it was made to its release or expiry
 
+and, below the legend, what each execution resumed from (``S1 R1 resumed from S1 R0
+checkpoint-500``, or ``started fresh``).
+
 The execution whose publication is the latest gets ``<- latest``: the lineage that won.
 :func:`render` is pure over its inputs (the status data and the publications with their times):
 ASCII only, so it reads the same on a terminal, in a log or in a mail; it fits ``width``
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import _clock
+from . import status_text
 from ..slurm.jobs import is_running
 
 LABEL = 16
@@ -118,9 +122,7 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
                 m.path.startswith(str(e["exec_dir"]).rstrip("/") + "/")]
         for m in mine:
             cells[column(m.time)] = "*"
-        task = e.get("array_task_id")
-        label = (f"S{e.get('submission')}{'/t' + str(task) if task not in (None, '') else ''}"
-                 f" R{e.get('restart')} {e.get('node') or '?'}")[:LABEL - 1]
+        label = f"{status_text.execution_label(e)} {e.get('node') or '?'}"[:LABEL - 1]
         state = str(e.get("state") or "").split(" ")[0]
         note = "<- latest" if any(m.latest for m in mine) else state[:10]
         lines.append(f"{label:<{LABEL}}{''.join(cells)} {note}".rstrip())
@@ -137,6 +139,12 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
         label = f"hold S{hold.get('submission')}"[:LABEL - 1]
         lines.append(f"{label:<{LABEL}}{''.join(cells)} {how}".rstrip())
     lines.append("= running  ~ ended, not proven gone  | ceased  * published  . held")
+    # Where each execution started from: the lineage a replacement took up.
+    root = str(data.get("checkpoint") or "")
+    for e in executions:
+        source = status_text.resumed_text(e, executions, root)
+        lines.append(f"{status_text.execution_label(e)} "
+                     + ("started fresh" if source == "fresh" else f"resumed from {source}"))
     return "\n".join(line[:width] for line in lines)
 
 

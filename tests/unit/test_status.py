@@ -51,7 +51,7 @@ def test_collect_marks_the_requeued_execution_and_joins_facts(job: record.JobRec
     assert "requeued exit 0:0, n1 SURVIVORS 4242" in text
     lines = text.splitlines()
     running = next(line for line in lines if line.startswith("7 ") and "RUNNING" in line)
-    assert running.rstrip().endswith("RUNNING  -")
+    assert running.rstrip().endswith("RUNNING  fresh        -")
 
 
 def test_decisions_render_as_readable_lines(job: record.JobRecord) -> None:

@@ -18,12 +18,13 @@ def seen(start: float, end: float | None, ceased: float | None) -> list[dict]:
 
 
 DATA = {
-    "id": "dabcdefg",
+    "id": "dabcdefg", "checkpoint": "/ck",
     "executions": [
         {"submission": 1, "restart": 0, "node": "n1", "started": T0, "state": "REQUEUED",
          "exec_dir": "/ck/exec/A", "facts": seen(T0, T0 + 300, T0 + 450)},
         {"submission": 1, "restart": 1, "node": "n2", "started": T0 + 320,
-         "state": "RUNNING", "exec_dir": "/ck/exec/B", "facts": []},
+         "state": "RUNNING", "exec_dir": "/ck/exec/B", "facts": [],
+         "resume_from": "/ck/exec/A/checkpoint-5"},
     ],
     "events": [
         {"event": "hold", "time": T0 + 310, "submission": 2, "slurm_job_id": "8"},
@@ -48,7 +49,9 @@ def test_overlap_and_lineage_are_drawn() -> None:
     assert new.index("=") > old.index("=")
     hold = next(line for line in lines if line.startswith("hold S2"))
     assert "." in hold and hold.endswith("released")
-    assert "~ ended, not proven gone" in lines[-1]
+    legend = next(i for i, line in enumerate(lines) if "~ ended, not proven gone" in line)
+    # Below the legend, where each execution took up the lineage (issue 31 item 14).
+    assert lines[legend + 1:] == ["S1 R0 started fresh", "S1 R1 resumed from S1 R0 checkpoint-5"]
 
 
 def test_narrow_terminals_and_no_execution() -> None:
