@@ -311,6 +311,9 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     never uploaded keeps it, named on stderr); a run stopped early keeps it for a replacement
     on this node.  --timeout bounds the scan and each upload.
 
+    A DIR inside the execution's folder that does not exist yet is waited for (a framework
+    makes it at its first save); the end says so if it never appeared.
+
     Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
     """
     import os
@@ -338,7 +341,7 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     timeout_v = watch_lib.DEFAULT_TIMEOUT if timeout is None else timeout
     watcher = watch_lib.Watcher(root_v, folder_v, epoch_v,
                                 watch_lib.SaveRule.make(pattern, ready), report,
-                                upload_to=upload_to, timeout=timeout_v)
+                                upload_to=upload_to, timeout=timeout_v, exec_dir=own or None)
     watcher.keep = click.get_current_context().meta.get("gc_keep")
     loop = watch_lib.WatchLoop(
         watcher, list(command) or None,

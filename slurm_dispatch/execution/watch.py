@@ -36,6 +36,10 @@ Invariants:
   (Lightning turns TERM into a clean exit; ``--signal=B:TERM@150`` sends it before the limit):
   watch says so and exits 128+15, so Slurm records a failure and the resubmit rule applies,
   never a completed job the supervisor stops for good.
+* A watched folder inside the execution's own folder that does not exist yet is waited for
+  (the framework makes it at its first save); if it never appears, the end says so once.  One
+  outside the execution's folder, a file in its place, one that cannot be read, or one that
+  goes after it appeared is a store error.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
   mark) is never looked at again: a scan of a folder of old saves costs one listing.
 
@@ -103,16 +107,26 @@ class Watcher:
 
     def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
                  report: Callable[[str], None] = lambda line: None,
-                 upload_to: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 upload_to: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 exec_dir: Optional[str] = None) -> None:
         # On an s3:// root, ``folder`` is the local staging folder and each complete save is
         # uploaded under ``upload_to`` (the execution's prefix), then published (watch_s3).
+        # ``exec_dir``: the execution's own folder (its staging folder on S3), when known.
         self.uploader: Optional[Uploader] = None
         self.phase: Optional[tuple[float, str]] = None  # (since, what) of a long step in a scan
+        self.folder = os.path.abspath(folder)
+        self.exec_dir = os.path.abspath(exec_dir) if exec_dir else None
+        # A folder inside the execution's own may be made by the framework at its first save
+        # (Lightning's ModelCheckpoint(dirpath=...), accelerate's checkpoints/, torchtitan's
+        # checkpoint/): until it first appears, its absence is the normal start of a run.
+        self.may_be_absent = self.exec_dir is not None \
+            and self.folder.startswith(self.exec_dir.rstrip("/") + "/")
+        self.appeared = False
         if store.is_s3_root(root):
-            self.uploader = Uploader(root, folder, upload_to, timeout, report)
+            self.uploader = Uploader(root, folder, upload_to, timeout, report,
+                                     may_be_absent=self.may_be_absent)
         check_root_scheme(root)  # gs://, file://...: refused, never taken for a folder's name
         self.root = root if self.uploader else os.path.abspath(root)
-        self.folder = os.path.abspath(folder)
         if self.uploader is None and not os.path.isdir(self.root):
             raise UsageError(f"checkpoint root {root!r} is not a directory")
         try:
@@ -142,10 +156,17 @@ class Watcher:
 
     def _listing(self) -> list[str]:
         try:
-            return os.listdir(self.folder)
+            names = os.listdir(self.folder)
+        except FileNotFoundError as exc:
+            if self.may_be_absent and not self.appeared:
+                return []  # not made yet: the next scan looks again
+            raise StoreError(f"cannot list the watched folder {self.folder!r}: "
+                             f"{exc.strerror}") from None
         except OSError as exc:
             raise StoreError(f"cannot list the watched folder {self.folder!r}: "
                              f"{exc.strerror}") from None
+        self.appeared = True
+        return names
 
     def scan(self) -> list[Published]:
         """Publish the complete saves above the mark, in step order; return them."""
@@ -504,16 +525,26 @@ class WatchLoop:
         while self.error is None:
             self._scan()
             if self.error is not None or not self.watcher.waiting():
+                self._say_the_end()
                 return
             if time.monotonic() + gap > deadline:
                 for name in self.watcher.waiting():
                     self.report(f"not publishing {os.path.join(self.watcher.folder, name)}: "
                                 f"still being written {self.timeout:g} s (--timeout) after "
                                 "the end")
+                self._say_the_end()
                 return
             end = time.monotonic() + gap
             while time.monotonic() < end:  # a signal may wake the wait early
                 self._wait(end - time.monotonic())
+
+    def _say_the_end(self) -> None:
+        """After the last scans: what a run that ended without an error should know."""
+        if self.error is not None:
+            return  # said already, and the run ends non-zero
+        if self.watcher.may_be_absent and not self.watcher.appeared:
+            self.report(f"the watched folder {self.watcher.folder} never appeared: nothing was "
+                        "saved there")
 
     def _loop(self) -> None:
         next_scan = time.monotonic()

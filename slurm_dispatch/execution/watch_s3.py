@@ -46,7 +46,7 @@ class Uploader:
     """Uploads and publishes the saves of one local staging folder under one S3 prefix."""
 
     def __init__(self, root: str, folder: str, upload_to: Optional[str], timeout: float,
-                 report: Callable[[str], None]) -> None:
+                 report: Callable[[str], None], may_be_absent: bool = False) -> None:
         from ..checkpoint.stores.s3 import S3Store
 
         self.store = store.open_store(root, timeout)
@@ -61,7 +61,9 @@ class Uploader:
         except OutsideRoot:
             raise UsageError(f"--to {upload_to!r} is not under the checkpoint root "
                              f"{root!r}") from None
-        if not os.path.isdir(folder):
+        if not os.path.isdir(folder) and not (may_be_absent and not os.path.lexists(folder)):
+            # (a folder inside the staging folder that the framework makes at its first save
+            # may be absent: the watcher waits for it)
             raise UsageError(f"staging folder {folder!r} is not a directory")
         self.prefix = prefix
         self.timeout = timeout
