@@ -244,7 +244,9 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
     (dispatch.conf; default dispatch-cease) as root about each ended execution the hold waits
     for, at most every CessationInterval; records each answer in the user's record and, when
     every one is ceased, releases the held Slurm job, as that user.  Root never opens a user's
-    files: each user's records are read and written by a process running as that user.
+    files: each user's records are read and written by a process running as that user.  It
+    asks only about a user's own Slurm jobs (whose, the controller says, else sacct, else the
+    facts under StateDir): a record naming another's is answered with an error, not asked.
 
     Run it where a site made facts/ 0700 (so users' supervisors cannot ask dispatch-cease):
     from a systemd timer (contrib/systemd/dispatch-release.*) or root's cron
@@ -273,7 +275,7 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
         done: dict[str, list[str]] = {"actions": [], "errors": []}
         if settings.signal:
             done = siteview.release_pass(chosen, settings.signal, settings.signal_timeout,
-                                         settings.interval)
+                                         settings.interval, state_dir=cfg.state_dir)
         done["errors"] = unfound + done["errors"]
         if cfg.site_view_group:
             try:  # resolved at each write: a directory service may be back, or gone a moment

@@ -15,6 +15,11 @@ Invariants:
 * Only the question is root's: the CessationSignal runs as root (it reads facts/ 0700), about
   the Slurm job ids and restart counts the user's record names, as separate words (never a
   shell); a target that is not a Slurm job id is refused, never asked.
+* Evidence never crosses users: root asks only about a Slurm job that is the record's own
+  user's, as root learns it without the record (:func:`job_owners`: the controller, else
+  Slurm's accounting, else the facts the hooks filed by the job's own uid); another's job, or
+  one whose user nothing says, is answered "error" naming no one, never asked.  An answer
+  judged from another uid's facts (a job id used twice) is not handed to the user either.
 * The view changes nothing; the service lifts a hold only when every ended execution it waits
   for is proven ceased, records each answer first (as the supervisor does), and releases the
   held job as its owner.
@@ -322,9 +327,113 @@ def ask_as_root(signal: str, timeout: float, target: str, restart: int,
     return {"verdict": answer.verdict, "code": answer.code, "evidence": answer.evidence}
 
 
+def job_owners(target: str, state_dir: str, slurm: Any) -> tuple[set[int], str]:
+    """Whose Slurm job ``target`` is, as root learns it without a user's record: the uids, and
+    who said so.  The controller first (it names the job that holds the id now), then Slurm's
+    accounting (a job the controller forgot, MinJobAge), then the facts the hooks filed under
+    the job's own uid (``StateDir/facts/<uid>/<job id>``, from Slurm's environment, root's: no
+    user writes them).  No uid: nothing knows the job.  A controller that cannot answer is a
+    SlurmError: who holds the id now is not known."""
+    for source, ask in (("the controller", slurm.jobs), ("Slurm's accounting",
+                                                          slurm.accounting)):
+        uids = {job.uid for job in ask(target) or [] if job.uid >= 0}
+        if uids:
+            return uids, source
+    return set(_fact_owners(target, state_dir)), f"the facts under {state_dir}"
+
+
+def _fact_owners(target: str, state_dir: str) -> list[int]:
+    """The uids whose facts are of ``target`` (an array task ``A_T`` the controller forgot: the
+    uids whose facts of array A name task T, under whatever job id it ran)."""
+    from ..errors import FactError
+    from ..node import facts
+    array, sep, task = target.partition("_")
+    if not sep:
+        return facts.job_uids(state_dir, target)
+    try:
+        uids = facts.fact_uids(state_dir)
+    except FactError:
+        return []
+    found = []
+    for uid in uids:
+        try:
+            if facts.array_task_job(state_dir, uid, array, task) is not None:
+                found.append(uid)
+        except FactError:  # its facts name the task more than once: it may be theirs
+            found.append(uid)
+    return found
+
+
+class _Owners:
+    """:func:`job_owners` once per Slurm job in a pass, whichever users' holds name it."""
+
+    def __init__(self, state_dir: str) -> None:
+        from ..slurm.adapter import Slurm
+        self.state_dir = state_dir
+        self.slurm = Slurm()
+        self.known: dict[str, tuple[set[int], str]] = {}
+
+    def of(self, target: str) -> tuple[set[int], str]:
+        if target not in self.known:
+            self.known[target] = job_owners(target, self.state_dir, self.slurm)
+        return self.known[target]
+
+
+def _not_theirs(target: str, user: pwd.struct_passwd, owners: _Owners) -> Optional[str]:
+    """Why root does not ask about Slurm job ``target`` for ``user``'s hold (naming no other
+    user), or None when it is ``user``'s own."""
+    from ..errors import SlurmError
+    if not _TARGET.match(target):
+        return None  # ask_as_root refuses it, saying so
+    try:
+        uids, source = owners.of(target)
+    except SlurmError as exc:
+        return (f"whose job Slurm job {target} is cannot be learnt now ({exc}): not asked; the "
+                "site's release service asks only about a user's own jobs")
+    if not uids:
+        return (f"whose job it is, neither the controller, Slurm's accounting nor the facts "
+                f"under {owners.state_dir} say (Slurm job {target}): not asked; the site's "
+                "release service asks only about a user's own jobs")
+    if uids != {user.pw_uid}:
+        return (f"Slurm job {target} is not {user.pw_name}'s, as {source} says: not asked; the "
+                "site's release service asks only about a user's own jobs")
+    return None
+
+
+def _judged(evidence: Any) -> set[int]:
+    """Every uid whose facts an answer says it judged (``dispatch-cease --json``'s ``uid``,
+    an array's tasks' too)."""
+    if not isinstance(evidence, dict):
+        return set()
+    uid = evidence.get("uid")
+    found = {uid} if isinstance(uid, int) and not isinstance(uid, bool) else set()
+    tasks = evidence.get("tasks")
+    for task in tasks if isinstance(tasks, list) else []:
+        found |= _judged(task)
+    return found
+
+
+def _theirs_only(answer: dict[str, Any], target: str, user: pwd.struct_passwd
+                 ) -> dict[str, Any]:
+    """``answer``, unless it was judged from another uid's facts: then an error without it."""
+    if _judged(answer.get("evidence")) <= {user.pw_uid}:
+        return answer
+    return {"verdict": "error", "code": answer.get("code"),
+            "evidence": f"the CessationSignal judged Slurm job {target} from another user's "
+                        "facts (a job id used twice: slurmctld's state started anew, or "
+                        "MaxJobId wrapped): its answer is not recorded here; release the hold "
+                        "by hand once you know"}
+
+
 def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeout: float,
-                 interval: float, now: Optional[float] = None) -> dict[str, Any]:
-    """One pass of the site's release service over the chosen users."""
+                 interval: float, now: Optional[float] = None, *,
+                 state_dir: Optional[str] = None) -> dict[str, Any]:
+    """One pass of the site's release service over the chosen users (``state_dir``: the
+    site's StateDir, whose facts say whose a job the controller forgot was)."""
+    if state_dir is None:
+        from .. import config as config_module
+        state_dir = config_module.load().state_dir
+    owners = _Owners(state_dir)
     now = time.time() if now is None else now
     actions: list[str] = []
     errors: list[str] = []
@@ -341,9 +450,16 @@ def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeo
                 continue  # answered within CessationInterval: the next pass asks again
             for ended in ended_all:
                 key = f"{ended.get('slurm_job_id')}:{ended.get('restart')}"
-                if key not in answers:
-                    answers[key] = ask_as_root(signal, timeout, str(ended.get("slurm_job_id")),
-                                               int(ended.get("restart", 0)))
+                if key in answers:
+                    continue
+                target = str(ended.get("slurm_job_id"))
+                why = _not_theirs(target, user, owners)
+                if why is not None:
+                    answers[key] = {"verdict": "error", "code": None, "evidence": why}
+                    continue
+                answers[key] = _theirs_only(ask_as_root(signal, timeout, target,
+                                                        int(ended.get("restart", 0))),
+                                            target, user)
         if not answers:
             continue
         done = as_user(user, home, lift, answers, signal, timeout, interval, now)

@@ -64,11 +64,39 @@ def held(fake: FakeCluster, base: Path, user: pwd.struct_passwd = USER
     fake.set(done.slurm_job_id, JobState="NODE_FAIL", Restarts="0")
     Supervisor(Slurm(), Settings(signal=None), clock=time.time).run_pass()
     held_id = str(done.job.submissions()[-1]["slurm_job_id"])
+    owned_by(base, done.slurm_job_id, user)
     for folder, _, files in os.walk(home):
         for name in [folder, *(os.path.join(folder, f) for f in files)]:
             os.lchown(name, user.pw_uid, user.pw_gid)
     os.environ["DISPATCH_HOME"] = str(base / "nobody")
     return done.job, done.slurm_job_id, held_id
+
+
+def owned_by(base: Path, job_id: str, user: pwd.struct_passwd) -> None:
+    """Slurm's controller (the squeue :func:`site_conf` installs) knows ``job_id`` as
+    ``user``'s ended job."""
+    table = base / "slurm-jobs.json"
+    jobs = json.loads(table.read_text()) if table.exists() else []
+    jobs.append({"JobId": job_id, "JobState": "NODE_FAIL", "UserId": str(user.pw_uid)})
+    table.write_text(json.dumps(jobs))
+
+
+SQUEUE = """#!{python}
+# The controller as root asks it (--jobs ID), from the test's table; an id it does not know
+# is squeue's error.  Each call is logged with the caller's uid.
+import json, os, sys
+sys.path.insert(0, {repo!r})
+from tests import squeue_fake
+args = sys.argv[1:]
+with open({log!r}, "a") as out:
+    out.write(f"{{os.getuid()}} {{' '.join(args)}}\\n")
+table = {table!r}
+jobs = json.load(open(table)) if os.path.exists(table) else []
+shown = squeue_fake.selected(args, jobs, os.getuid())
+if "--jobs" in args and not shown:
+    sys.exit("slurm_load_jobs error: Invalid job id specified")
+sys.stdout.write(squeue_fake.render(args, shown))
+"""
 
 
 def admin_cmd(base: Path, *args: str) -> tuple[int, str, str]:
@@ -139,6 +167,13 @@ def site_conf(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     log.chmod(0o666)
     (tools / "scontrol").write_text(f'#!/bin/sh\necho "$(id -u) $*" >>{log}\n')
     (tools / "scontrol").chmod(0o755)
+    (tools / "squeue").write_text(SQUEUE.format(
+        python=sys.executable, repo=str(Path(__file__).resolve().parents[2]),
+        log=str(base / "squeue.log"), table=str(base / "slurm-jobs.json")))
+    (tools / "squeue").chmod(0o755)
+    (tools / "sacct").write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\n"
+                                 "exit 1\n")  # as the sandbox's controller: no accounting
+    (tools / "sacct").chmod(0o755)
     conf = base / "dispatch.conf"
     conf.write_text(f"CessationSignal={signal}\nSlurmBackend=cli\n")
     conf.chmod(0o644)
@@ -684,3 +719,119 @@ def test_a_site_view_group_is_resolved_at_each_write(
         assert snapshot.stat().st_gid == grp.getgrnam(name).gr_gid
     finally:
         subprocess.run(["groupdel", name], check=False)
+
+
+# -- evidence never crosses users (issue 30 item 11) -----------------------------------------
+
+SECRET_SIGNAL = """#!{python}
+# A CessationSignal as dispatch-cease answers: not ceased, naming whose facts it judged (the
+# owner in the test's table of owners, unless told otherwise) and a survivor whose command
+# line holds that user's secret.  Each question is logged.
+import json, sys
+job = sys.argv[1]
+with open({asked!r}, "a") as out:
+    out.write(job + "\\n")
+owners = {{j["JobId"]: int(j["UserId"]) for j in json.load(open({table!r}))}}
+uid = {judged!r} if {judged!r} is not None else owners.get(job)
+print(json.dumps({{"job_id": job, "uid": uid, "ceased": False, "nodes": [{{
+    "node": "n1", "survivors": [{{"pid": 4242, "cmdline": f"train.py --token SECRET-{{uid}}"}}]
+}}]}}))
+sys.exit(1)
+"""
+
+
+def secret_signal(base: Path, monkeypatch: pytest.MonkeyPatch, judged: object = None) -> Path:
+    """The site's dispatch.conf with :data:`SECRET_SIGNAL` as CessationSignal; the log of the
+    jobs it was asked about."""
+    site_conf(base, monkeypatch)
+    asked = base / "asked.log"
+    asked.touch()
+    signal = base / "cease-secret"
+    owners = base / "owners.json"  # whose each job is, kept from what the controller says now
+    owners.write_text((base / "slurm-jobs.json").read_text())
+    signal.write_text(SECRET_SIGNAL.format(python=sys.executable, asked=str(asked),
+                                           table=str(owners), judged=judged))
+    signal.chmod(0o755)
+    (base / "dispatch.conf").write_text(f"CessationSignal={signal}\nSlurmBackend=cli\n"
+                                        f"StateDir={base / 'state'}\n")
+    (base / "state").mkdir(mode=0o755, exist_ok=True)
+    return asked
+
+
+def names_in_hold(job: record.JobRecord, ended: str) -> None:
+    """The record's owner rewrites its hold to wait for Slurm job ``ended`` (the file is
+    theirs to write)."""
+    for name in (Path(job.path) / "events").iterdir():
+        event = json.loads(name.read_text())
+        if event["event"] == "hold":
+            event["ended_slurm_job_id"] = ended
+            name.write_text(json.dumps(event, sort_keys=True) + "\n")
+            return
+    raise AssertionError("no hold")
+
+
+def everything_in(home: Path) -> str:
+    return "".join(p.read_text() for p in home.rglob("*.json"))
+
+
+@pytest.mark.parametrize("known_by", ["controller", "facts"])
+def test_the_release_service_asks_only_about_a_users_own_jobs(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch, known_by: str) -> None:
+    """With facts/ 0700, nobody rewrote their hold to name jue's Slurm job: root's pass asked
+    the CessationSignal about it and recorded the whole answer (nodes, survivors' command
+    lines, the secrets in them) in nobody's record.  Root asks only about a job whose user,
+    as the controller (else Slurm's accounting, else the facts the hooks filed by the job's
+    own uid) says, is the record's; jue's own hold is asked about as before."""
+    from slurm_dispatch.node import factstore
+    fake, base = site
+    mine, _, _ = held(fake, base)
+    theirs, their_ended, their_held = held(fake, base, OTHER_USER)
+    asked = secret_signal(base, monkeypatch)
+    if known_by == "facts":  # the controller forgot the job; the hooks filed it under jue
+        (base / "slurm-jobs.json").write_text("[]")
+        factstore.write_fact(str(base / "state"), OTHER_USER.pw_uid, OTHER_USER.pw_gid,
+                             their_ended, "start", "n1", {"restart": 0})
+    names_in_hold(mine, their_ended)
+    result = CliRunner().invoke(admin.main, ["release-service", "--user", "nobody", "--user",
+                                             OTHER_USER.pw_name, "--records", f"{base}/%u"])
+    assert result.exit_code == 0, result.output
+    assert asked.read_text().splitlines() == [their_ended]  # for jue's hold only
+    said = [e for e in mine.events() if e["event"] == "cessation"]
+    assert [(e["ended_slurm_job_id"], e["verdict"]) for e in said] == [(their_ended, "error")]
+    assert "is not nobody's" in said[0]["evidence"], said[0]
+    assert "SECRET" not in everything_in(base / "nobody")
+    assert str(OTHER_USER.pw_uid) not in json.dumps(said[0]["evidence"])  # nor whose it is
+    shown = [e for e in theirs.events() if e["event"] == "cessation"]
+    assert [(e["ended_slurm_job_id"], e["verdict"]) for e in shown] \
+        == [(their_ended, "not ceased")]
+    assert f"SECRET-{OTHER_USER.pw_uid}" in json.dumps(shown[0]["evidence"])
+
+
+def test_a_job_no_part_of_slurm_knows_is_not_asked_about(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, base = site
+    mine, ended, _ = held(fake, base)
+    asked = secret_signal(base, monkeypatch)
+    (base / "slurm-jobs.json").write_text("[]")
+    code, out, err = admin_cmd(base, "release-service")
+    assert (code, err) == (0, ""), err
+    assert asked.read_text() == ""
+    said = [e for e in mine.events() if e["event"] == "cessation"]
+    assert [(e["ended_slurm_job_id"], e["verdict"]) for e in said] == [(ended, "error")]
+    assert "whose job it is" in said[0]["evidence"], said[0]
+
+
+def test_an_answer_judged_from_another_users_facts_is_not_recorded(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller says the job is nobody's, but the signal judged jue's facts (a job id
+    used twice): its evidence is jue's, and stays out of nobody's record."""
+    fake, base = site
+    mine, ended, _ = held(fake, base)
+    asked = secret_signal(base, monkeypatch, judged=OTHER_USER.pw_uid)
+    code, out, err = admin_cmd(base, "release-service")
+    assert (code, err) == (0, ""), err
+    assert asked.read_text().splitlines() == [ended]
+    said = [e for e in mine.events() if e["event"] == "cessation"]
+    assert [(e["ended_slurm_job_id"], e["verdict"]) for e in said] == [(ended, "error")]
+    assert "SECRET" not in everything_in(base / "nobody")
+    assert "another user's" in said[0]["evidence"], said[0]
