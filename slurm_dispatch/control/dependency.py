@@ -36,7 +36,7 @@ from .. import _clock
 from ..errors import DispatchError, UsageError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import Job
-from . import record
+from . import events, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed (dispatch-sbatch)
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def resolve(words: list[str], home: Optional[str] = None,
             if current is None:
                 raise UsageError(f"--dependency {value!r}: dispatch job {ident} has no "
                                  "submission yet")
-            if jobs is None or current.slurm_job_id in jobs:
+            if jobs is None or _known(upstream, current, jobs):
                 return current.slurm_job_id  # Slurm knows it: Slurm judges the term
             outcome = _final_outcome(upstream)
         except DispatchError as exc:
@@ -273,13 +273,22 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
         if where is None or current is None:
             continue
         info = jobs.get(current.slurm_job_id)
-        if info is None or not info.is_pending:
+        if info is None or not info.is_pending or not _known(job, current, jobs):
             continue
         value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
                         if ident == upstream.id else _current(ident, home))
         slurm.set_dependency(info.job_id, value)
         updated.append(info.job_id)
     return updated
+
+
+def _known(job: record.JobRecord, current: events.Submitted, jobs: dict[str, Job]) -> bool:
+    """Slurm's job under the submission's id is that submission (its marker; ids start again
+    when slurmctld loses its state: a plain job of the user's may have it now)."""
+    from .submit import is_submission  # submit imports this module
+
+    found = jobs.get(current.slurm_job_id)
+    return found is not None and is_submission(job, current, found)
 
 
 def _current(ident: str, home: Optional[str]) -> Optional[str]:

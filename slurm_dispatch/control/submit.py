@@ -26,7 +26,7 @@ from ..slurm import arrays
 from ..slurm.adapter import Result, Slurm, default_timeout
 from ..slurm.cli_backend import sbatch_argv
 from ..slurm.jobs import MARKER_PREFIX, Job, unique_jobs
-from . import dependency, record, sbatch_args
+from . import dependency, events, record, sbatch_args
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -262,6 +262,46 @@ def marker(job: record.JobRecord, submission: int, task: Optional[int] = None) -
     """The word in a submission's comment that finds it again: ``dispatch:<id>/<N>``, and
     ``dispatch:<id>/<N>-t<task>`` for one array task's own submission."""
     return f"{MARKER_PREFIX}{job.id}/{submission}" + ("" if task is None else f"-t{task}")
+
+
+# A Slurm job without a marker is a submission's only if Slurm took it no later than this
+# after the record says the submission was made (the controller's and this host's clocks).
+SUBMIT_SLACK = 60.0
+
+
+def is_submission(job: record.JobRecord, submitted: events.Submitted, view: Job) -> bool:
+    """Whether Slurm's job ``view`` (found under the submission's recorded Slurm job id) is
+    that submission of ``job``'s.  Job ids start again when slurmctld loses its state, so an id
+    alone proves nothing: a job is the submission's when its comment carries the submission's
+    marker; one carrying another marker, or none where the submission's sbatch gave one (a
+    plain ``sbatch`` job of the user's), is another job.  A submission made without a marker
+    (a comment of the user's own; a record from before markers) falls back to times: a job
+    Slurm took more than SUBMIT_SLACK after the submission was recorded is another (unless
+    Slurm requeued it, which moves its submit time)."""
+    wanted = marker(job, submitted.submission, submitted.task)
+    if wanted in view.markers:
+        return True
+    if view.markers or made_with_marker(submitted, wanted):
+        return False
+    if view.submit_time is None or view.restarts > 0:
+        return True
+    return view.submit_time <= submitted.time + SUBMIT_SLACK
+
+
+def accounted_as(submitted: events.Submitted, view: Job, restarted: bool) -> bool:
+    """Whether Slurm's accounting's job ``view`` (the newest job of the submission's id, with
+    no comment to read a marker in) may be the submission: not when Slurm took it more than
+    SUBMIT_SLACK after the submission was recorded, unless the submission was requeued
+    (``restarted``: Slurm moves a requeued job's submit time)."""
+    if restarted or view.submit_time is None:
+        return True
+    return view.submit_time <= submitted.time + SUBMIT_SLACK
+
+
+def made_with_marker(submitted: events.Submitted, wanted: str) -> bool:
+    """The submission's recorded sbatch command gave its comment the marker ``wanted``."""
+    return any(word.startswith("--comment=") and wanted in word.split("=", 1)[1].split()
+               for word in submitted.argv)
 
 
 def claim_name(submission: int, task: Optional[int] = None) -> str:

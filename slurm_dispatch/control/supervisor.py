@@ -38,7 +38,11 @@ Invariants:
   (a landed job would still be known to slurmctld).  Otherwise the job is *stuck*: an error in
   every pass's report until a person settles it, never a silent skip.
 * Only the user's own Slurm jobs are theirs: a job of another uid carrying our marker is
-  ignored (comments are public).
+  ignored (comments are public).  And only a job carrying a submission's marker is that
+  submission (:func:`.submit.is_submission`): job ids start again when slurmctld loses its
+  state, so a plain ``sbatch`` job of the user's may have a recorded id; its end settles
+  nothing, and neither does what ``sacct`` or the controller's end record says of that id
+  (a forgotten submission's accounting job is judged by its submit time alone).
 * A pass killed anywhere leaves a state the next pass completes.  An unreadable record is an
   error for that job only.  A pass costs one controller call plus one per action it takes
   (and, at a site with accounting, one ``sacct`` per submission slurmctld forgot).
@@ -252,14 +256,24 @@ class Supervisor:
             return False
         if task is None and tasks is not None:
             return True  # an array's ends are its tasks'
-        views = slurm_jobs.views(current.slurm_job_id, task)
-        if any(v.marks_another(job.id) for v in views):
-            views = []  # its id, now another dispatch job's (ids repeat across clusters)
+        # Only a job carrying this submission's marker is its own: ids repeat across clusters
+        # and start again when slurmctld loses its state (a plain sbatch job may have it now).
+        under_id = slurm_jobs.views(current.slurm_job_id, task)
+        views = [v for v in under_id if submit.is_submission(job, current, v)]
         how = ""
         if not views:
             if current.ns >= seen_at:
                 return False  # recorded after Slurm was read: seen by the next pass
-            views, how = self._recorded_end(job, line, current, task, report)
+            if under_id:
+                # sacct and the controller's end record would give that job's end (the newest
+                # of the id): nothing recorded by id alone is this submission's now.
+                views, how = [], (f"Slurm job {_shown(current.slurm_job_id, task)} is now "
+                                  f"another job of yours (no {submit.marker(job, n, current.task)}"
+                                  " in its comment: job ids start again when slurmctld loses "
+                                  "its state), so neither Slurm's accounting nor the "
+                                  "controller's end record of that id is this submission's")
+            else:
+                views, how = self._recorded_end(job, line, current, task, report)
             if not views:
                 report.errors.append(
                     f"{job.id}: {_what(n, task)} (Slurm job "
@@ -366,6 +380,12 @@ class Supervisor:
                 views = [j for j in found if j.uid in (-1, os.getuid())
                          and (j.job_id == slurm_id if task is None
                               else j.array_job_id == slurm_id and j.array_task_id == task)]
+                if any(not submit.accounted_as(current, v, restart > 0) for v in views):
+                    return [], (f"Slurm's accounting has a job {_shown(slurm_id, task)} "
+                                "submitted after this submission was recorded (job ids start "
+                                "again when slurmctld loses its state): another job, not this "
+                                "submission, so neither it nor the controller's end record of "
+                                "that id decides anything")
                 if views and all(v.is_final for v in views):
                     for view in views:
                         view.restarts = restart
@@ -547,6 +567,9 @@ class Supervisor:
               slurm_jobs: Snapshot, report: PassReport) -> None:
         held_id, task = hold.slurm_job_id, line.task
         held = slurm_jobs.views(held_id, task)
+        made = line.submission(hold.submission)
+        if made is not None:
+            held = [v for v in held if submit.is_submission(job, made, v)]
         moved = [v for v in held if not v.is_held]
         if moved:
             state = moved[0].state

@@ -184,8 +184,11 @@ class CliBackend:
 
     def accounting(self, job_id: str) -> Optional[list[Job]]:
         """Job ``job_id`` as ``sacct`` keeps it (Slurm-controlled fields only,
-        ``|``-separated); None where the site keeps no accounting."""
-        argv = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobIDRaw,JobID,State,UID"]
+        ``|``-separated; the newest job of the id, as sacct shows without ``--duplicates``,
+        its ``Submit`` time in :attr:`Job.submit_time`); None where the site keeps no
+        accounting."""
+        argv = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o",
+                "JobIDRaw,JobID,State,UID,Submit"]
         try:
             result = self.run(argv)
         except SlurmError as exc:
@@ -198,15 +201,16 @@ class CliBackend:
             if not line.strip():
                 continue
             parts = line.split("|")
-            if len(parts) != 4 or not parts[0].isdigit():
+            if len(parts) != 5 or not parts[0].isdigit():
                 raise SlurmError("sacct printed a line that does not parse", argv=argv,
                                  output=line[:500])
-            raw, shown, state, uid = parts
+            raw, shown, state, uid, submitted = parts
             array, _, task = shown.partition("_")
             jobs.append(Job(raw, state.split()[0] if state else "",
                             array_job_id=array if task.isdigit() else None,
                             array_task_id=int(task) if task.isdigit() else None,
-                            uid=int(uid) if uid.isdigit() else -1))
+                            uid=int(uid) if uid.isdigit() else -1,
+                            submit_time=slurm_time(submitted)))
         return jobs
 
     # -- actions (array tasks may be given as A_T) -----------------------------------------

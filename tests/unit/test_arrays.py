@@ -218,7 +218,7 @@ class Accounting(FakeCluster):
         if argv[0] == "sacct":
             self.calls.append(list(argv))
             wanted = argv[argv.index("-j") + 1]
-            lines = [f"{own}|{shown}|{state}|{os.getuid()}"
+            lines = [f"{own}|{shown}|{state}|{os.getuid()}|2026-01-01T00:00:00"
                      for own, (shown, state) in self.accounted.items()
                      if wanted in (own, shown.split("_")[0])]
             from slurm_dispatch.slurm.adapter import Result

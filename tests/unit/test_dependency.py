@@ -3,6 +3,7 @@ a new Slurm job id, so `--dependency=afterok:<id>` of a downstream job never sta
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,18 @@ def test_a_forgotten_array_upstream_is_judged_by_all_its_tasks(cluster: FakeClus
         submit_one(cluster, "ck-down-1", f"--dependency=afterok:{up.job.id}")
     submit_one(cluster, "ck-down-2", f"--dependency=afternotok:{up.job.id}")
     assert not any("dependency" in a for a in cluster.sbatch_calls()[-1])
+
+
+def test_a_reused_slurm_id_of_a_plain_job_does_not_satisfy_afterok(cluster: FakeCluster
+                                                                   ) -> None:
+    """Issue 30 item 6: after slurmctld lost its state, the upstream's Slurm job id is a plain
+    job's of the user's: that job is not the upstream's, so its end satisfies no term."""
+    up = submit_one(cluster, "ck-up", "--resubmit", "3")
+    assert up.slurm_job_id == "70"
+    cluster.jobs.clear()
+    cluster.ids = itertools.count(70)
+    cluster.add("COMPLETED")  # the user's plain sbatch job, now job 70
+    calls = len(cluster.sbatch_calls())
+    with pytest.raises(UsageError, match="not known"):
+        submit_one(cluster, "ck-down", f"--dependency=afterok:{up.job.id}")
+    assert len(cluster.sbatch_calls()) == calls

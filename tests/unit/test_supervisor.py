@@ -647,3 +647,77 @@ def test_a_superseded_jobs_submission_that_landed_unrecorded_is_cancelled(home: 
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert cluster.jobs[landed]["JobState"] == "CANCELLED", report
     assert any(f"cancelled Slurm job {landed}" in a for a in report.actions), report.actions
+
+
+def lose_state(cluster: FakeCluster, first_id: int) -> None:
+    """slurmctld lost its state: it knows no job, and its ids start again at ``first_id``."""
+    cluster.jobs.clear()
+    cluster.ids = itertools.count(first_id)
+
+
+class AccountingCluster(FakeCluster):
+    """A site with accounting: sacct answers with the newest job of an id, as it does."""
+
+    def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
+        if argv[0] == "sacct":
+            self.calls.append(list(argv))
+            wanted = argv[argv.index("-j") + 1]
+            found = getattr(self, "accounted", self.jobs).get(wanted)
+            text = (f"{wanted}|{wanted}|{found['JobState']}|{os.getuid()}|"
+                    f"{found.get('SubmitTime', '2026-01-01T00:00:00')}\n"
+                    if found is not None else "")
+            return Result(list(argv), 0, text, "")
+        return super().__call__(argv, env, cwd, timeout)
+
+
+@pytest.mark.parametrize("comment", ["", "a person's own words"])
+@pytest.mark.parametrize("accounting", [False, True])
+def test_a_reused_slurm_id_of_a_plain_job_never_settles_the_dispatch_job(
+        home: Path, comment: str, accounting: bool) -> None:
+    # Issue 30 item 6: dispatch job D is Slurm job 70; slurmctld loses its state and ids start
+    # again; the user's plain sbatch job becomes 70 and completes.  It is not D's submission
+    # (no marker of D's): D is not recorded completed, and its budget stays; nor is what
+    # sacct and the controller's end record say of id 70 (the newest job of the id: the plain
+    # one, which exited 1 here).
+    cluster = (AccountingCluster if accounting else FakeCluster)(first_id=70)
+    job, slurm_id = new_job(cluster, "--resubmit", "3")
+    assert slurm_id == "70"
+    ends = [{"restart": 0, "end": {"exit_code": "1:0", "source": "controller"},
+             "nodes": {}, "problems": []}]
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), facts_reader=lambda _id: ends)
+    assert sup.run_pass().actions == []
+    lose_state(cluster, 70)
+    assert cluster.add("COMPLETED", comment) == "70"
+    report = sup.run_pass()
+    assert report.actions == [], report.actions
+    assert "finished" not in kinds(job)
+    assert any("no longer known to slurmctld" in e for e in report.errors), report.errors
+    if accounting:
+        # The plain job ages out of squeue; sacct keeps it, submitted after D's submission.
+        later = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 600))
+        cluster.set("70", SubmitTime=later)
+        sup.facts = lambda _id: []
+        cluster.accounted = dict(cluster.jobs)  # type: ignore[attr-defined]
+        cluster.jobs.clear()
+        report = sup.run_pass()
+        assert report.actions == [], report.actions
+        assert "finished" not in kinds(job)
+
+
+def test_a_submission_made_without_a_marker_falls_back_to_times(home: Path) -> None:
+    # A submission whose comment is the user's own carries no marker: a Slurm job under its id
+    # submitted well after it is another job; one submitted before it was recorded is its own.
+    cluster = FakeCluster(first_id=70)
+    job, slurm_id = new_job(cluster, "--resubmit", "3", "--comment=mine")
+    submitted = job.history().lineage().current
+    assert submitted is not None
+    later = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted.time + 3600))
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), facts_reader=lambda _id: [])
+    lose_state(cluster, 70)
+    cluster.add("COMPLETED", "mine", SubmitTime=later)
+    assert sup.run_pass().actions == []
+    assert "finished" not in kinds(job)
+    before = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted.time - 1))
+    cluster.set(slurm_id, SubmitTime=before)
+    assert "COMPLETED" in " ".join(sup.run_pass().actions).upper()
+    assert kinds(job)[-1] == "finished"
