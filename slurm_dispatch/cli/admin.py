@@ -52,7 +52,9 @@ def main() -> None:
                    "/etc/slurm/slurm.conf).")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
-                   "beside slurm.conf); a part's own DISPATCH_CONF knob wins for that part.")
+                   "beside slurm.conf); each part is run with the one it finds itself (its "
+                   "DISPATCH_CONF knob, else the search in Slurm's environment for that "
+                   "hook), and a part that finds none where this one exists fails.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: Optional[str],
            config_path: Optional[str], as_json: bool) -> int:
@@ -62,7 +64,8 @@ def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: 
     PrologSlurmctld, EpilogSlurmctld) as slurmd does, finds the slurm-dispatch parts among
     them, checks each is there and executable and that its DISPATCH_PYTHON has the package (and
     the same version as every other part and this command), then runs it as slurmd runs it
-    (Slurm's environment for that hook, no PATH; the node's as root, PrologSlurmctld and
+    (Slurm's environment for that hook, no PATH, SLURM_CONF only for the node's Prolog and
+    Epilog, as Slurm gives it; the node's as root, PrologSlurmctld and
     EpilogSlurmctld as slurm.conf's SlurmUser, as slurmctld runs them) for a job id no Slurm
     gives (doctor-<token>) and checks that the fact it must write arrives under dispatch.conf's
     StateDir, which must be writable by the user the part runs as (with --controller, checked

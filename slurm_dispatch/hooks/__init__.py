@@ -14,7 +14,12 @@ Invariants (a hook must never fail a node or a job because of us):
   The parent never calls syslog itself (a forked process does, not waited for), and a timer
   ends it with status 0 shortly after its deadline whatever it is blocked in.
 * Every fault of ours is logged to syslog (facility daemon, ident ``slurm-dispatch``) and to
-  stderr, with the hook and the job id.
+  stderr (which the parts pass on to Slurm), with the hook and the job id.
+* A hook that finds no dispatch.conf and no StateDir at the default (slurm.conf elsewhere,
+  and Slurm gives PrologSlurmctld, EpilogSlurmctld and HealthCheckProgram no ``SLURM_CONF``)
+  says where it looked and records nothing, and counts the run where no configuration is
+  needed: ``slurm_dispatch_hook_runs_unconfigured_total`` in
+  ``/run/slurm-dispatch/slurm-dispatch-unconfigured.prom`` (root's; another user's under /tmp).
 * Only the standard library is imported, no Slurm command is run, PATH is never used.
 """
 
@@ -34,6 +39,10 @@ CONTEXTS = {
 HOOKS = ("prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld", "recheck")
 # How long past its deadline the parent may take to kill the child and log, at most.
 _GRACE = 0.3
+# A run that found no dispatch.conf and no StateDir (see _unconfigured): its fault's name, and
+# the file it is counted in, in a folder that needs no configuration (unconfigured_dir()).
+UNCONFIGURED = "Unconfigured"
+UNCONFIGURED_FILE = "slurm-dispatch-unconfigured.prom"
 
 
 def log(message: str, error: bool = True, detached: bool = False) -> None:
@@ -44,6 +53,8 @@ def log(message: str, error: bool = True, detached: bool = False) -> None:
     if detached:
         try:
             if os.fork() == 0:
+                # Not Slurm's output pipe: slurmd (slurmctld) reads it until every holder ends.
+                os.closerange(0, 3)
                 _exit_at(time.monotonic() + 5)  # a blocked syslog must not leave it for ever
                 _syslog(message, error)
                 os._exit(0)
@@ -117,6 +128,9 @@ def run(hint: str = "", config_path: str | None = None) -> None:
             kind = label = hook_kind(hint)
             for problem in cfg.problems:
                 log(f"{kind} job {job}: dispatch.conf: {problem}")
+            if _unconfigured(cfg, kind, job):
+                fault = UNCONFIGURED
+                return
             _start_child_watchdog(started + cfg.hook_timeout, kind, job)
             from . import evidence
             evidence.HANDLERS[kind](cfg)
@@ -126,10 +140,60 @@ def run(hint: str = "", config_path: str | None = None) -> None:
         finally:
             if cfg is not None and cfg.metrics_dir:
                 _count(cfg.metrics_dir, label, fault, job)
+            elif fault == UNCONFIGURED:
+                _count_unconfigured(label, job)
             _exit()
     os.close(write_end)
     _wait_child(pid, read_end, started, hint, job)
     _exit()
+
+
+def _unconfigured(cfg: object, kind: str, job: str) -> bool:
+    """Whether this hook found no dispatch.conf and no StateDir at the default: then it says
+    where it looked and why, and records nothing.  (A site without dispatch.conf whose default
+    StateDir exists is configured by the defaults.)  The common cause: slurm.conf is not
+    /etc/slurm/slurm.conf, and Slurm gives PrologSlurmctld, EpilogSlurmctld and
+    HealthCheckProgram no SLURM_CONF (only the node's Prolog and Epilog get it)."""
+    from .. import config as config_module
+    if getattr(cfg, "path", None) is not None:
+        return False
+    state_dir = getattr(cfg, "state_dir", config_module.DEFAULT_STATE_DIR)
+    if os.path.isdir(state_dir):
+        return False
+    searched = config_module.config_path()
+    given = os.environ.get("SLURM_CONF")
+    why = (f"beside $SLURM_CONF={given}" if given else
+           f"Slurm gives {kind} no SLURM_CONF, so beside {config_module.SLURM_CONF_DEFAULT}")
+    log(f"{kind} job {job}: found no dispatch.conf (looked for {searched}: {why}) and the "
+        f"default StateDir {state_dir} does not exist: recording nothing; set DISPATCH_CONF= "
+        "at the top of this hook part to the site's dispatch.conf (counted in "
+        f"{unconfigured_dir()}/{UNCONFIGURED_FILE})")
+    return True
+
+
+def unconfigured_dir() -> str:
+    """Where a hook that found no configuration counts so (no configuration needed): a folder
+    of the hook's user's own under /run for root, under /tmp for another (SlurmUser)."""
+    uid = os.geteuid()
+    return "/run/slurm-dispatch" if uid == 0 else f"/tmp/slurm-dispatch-{uid}"
+
+
+def _count_unconfigured(hook: str, job: str) -> None:
+    """Count an unconfigured run in :func:`unconfigured_dir` (made 0755 if missing; one another
+    user made, or a symlink, is refused by the metrics module and logged)."""
+    folder = unconfigured_dir()
+    try:
+        from ..node import metrics
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            pass
+        tally = metrics.Tally()
+        tally.add("slurm_dispatch_hook_runs_unconfigured_total", {"hook": hook})
+        tally.set("slurm_dispatch_hook_last_run_timestamp_seconds", {"hook": hook}, time.time())
+        metrics.update(folder, tally, file=UNCONFIGURED_FILE)
+    except BaseException as exc:
+        log(f"{hook} job {job}: not counted in {folder}: {type(exc).__name__}: {exc}")
 
 
 def _count(metrics_dir: str, hook: str, fault: str | None, job: str) -> None:

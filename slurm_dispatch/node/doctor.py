@@ -6,7 +6,10 @@ way Slurm does (``slurm.conf``'s ``Prolog``, ``Epilog``, ``PrologSlurmctld``,
 ``EpilogSlurmctld``, ``HealthCheckProgram``, ``Include`` files followed, globs expanded), and
 for each slurm-dispatch part checks that it is there and executable, that its ``DISPATCH_PYTHON``
 has the package and of which version, and then runs it as slurmd (or slurmctld) runs it: its
-absolute path, Slurm's environment for that hook and no ``PATH``, the working folder ``/``, no
+absolute path, Slurm's environment for that hook and no ``PATH`` (``SLURM_CONF`` for the node's
+Prolog and Epilog only: slurmctld gives PrologSlurmctld and EpilogSlurmctld none, slurmd gives
+HealthCheckProgram only ``SLURMD_NODENAME``, so a part whose ``DISPATCH_CONF`` is empty finds
+dispatch.conf there only at ``/etc/slurm/dispatch.conf``), the working folder ``/``, no
 stdin, for a job id no Slurm gives (``doctor-<token>``, uid and gid 0), as root (node parts)
 or as slurm.conf's ``SlurmUser`` (the controller's: slurmctld runs PrologSlurmctld and
 EpilogSlurmctld as SlurmUser), and looks for the fact it must write under ``StateDir``,
@@ -172,6 +175,7 @@ class Doctor:
         self.job_id = f"doctor-{store.new_token()}"
         self.checks: list[Check] = []
         self.versions: dict[str, str] = {}  # part -> version of its Python's package
+        self.parts_run: list[tuple[str, str]] = []  # (key, part) whose Python has the package
         self.slurm_user: pwd.struct_passwd | None = None  # the controller parts' user
 
     def add(self, name: str, state: str, detail: str, fix: str = "") -> Check:
@@ -198,7 +202,7 @@ class Doctor:
         for key in keys:
             parts += self.find_parts(key, settings)
         if self.controller and not self.as_root() and self.slurm_user is not None:
-            for state_dir in sorted({self.part_config(p).state_dir for k, p in parts
+            for state_dir in sorted({self.part_config(p, k).state_dir for k, p in parts
                                      if k in CONTROLLER_KEYS} or {cfg.state_dir}):
                 self.check_state_dir(cfg, f"StateDir (SlurmUser {self.slurm_user.pw_name})",
                                      state_dir, self.slurm_user)
@@ -206,6 +210,7 @@ class Doctor:
         for key, part in parts:
             if key in CONTROLLER_KEYS and not ctld_ok:
                 continue
+            self.check_part_config(key, part, cfg)
             if not self.check_python(key, part):
                 continue
             if key != "HealthCheckProgram":
@@ -390,6 +395,7 @@ class Doctor:
             return False
         version = proc.stdout.strip()
         self.versions[part] = version
+        self.parts_run.append((key, part))
         self.add(label, OK, f"{python}: slurm-dispatch {version}")
         return True
 
@@ -399,30 +405,53 @@ class Doctor:
         env = {"SLURM_SCRIPT_CONTEXT": context, "SLURM_JOB_ID": self.job_id,
                "SLURM_JOBID": self.job_id, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0",
                "SLURM_JOB_USER": "root", "SLURM_JOB_RESTART_COUNT": "0",
-               "SLURM_CONF": self.slurm_conf, "SLURM_JOB_NODELIST": self.node,
+               "SLURM_JOB_NODELIST": self.node,
                "SLURM_JOB_PARTITION": "doctor", "SLURM_JOB_NAME": "dispatch-admin-doctor"}
         if key in ("Prolog", "Epilog"):
             env["SLURMD_NODENAME"] = self.node
         if key.startswith("Epilog"):
             env.update({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_STATE": "COMPLETED"})
-        if os.environ.get(config_module.ENV_VAR):
-            env[config_module.ENV_VAR] = os.environ[config_module.ENV_VAR]
+        env.update(self.slurm_gives(key))
         return env
 
-    def part_config(self, part: str) -> config_module.Config:
-        """dispatch.conf as that part reads it: its DISPATCH_CONF knob, else the search."""
+    def slurm_gives(self, key: str) -> dict[str, str]:
+        """What of the configuration's whereabouts Slurm gives that hook: ``SLURM_CONF`` to the
+        node's Prolog and Epilog (slurmd's own slurm.conf), ``SLURMD_NODENAME`` alone to
+        HealthCheckProgram, nothing to PrologSlurmctld and EpilogSlurmctld (slurmctld builds
+        their environment from the job alone).  Never ``$SLURM_DISPATCH_CONF``: Slurm passes
+        no variable of the admin's shell to a hook."""
+        if key in ("Prolog", "Epilog"):
+            return {"SLURM_CONF": self.slurm_conf}
+        if key == "HealthCheckProgram":
+            return {"SLURMD_NODENAME": self.node}
+        return {}
+
+    def part_config(self, part: str, key: str = "Prolog") -> config_module.Config:
+        """dispatch.conf as that part reads it when Slurm runs it for ``key``: its
+        DISPATCH_CONF knob, else the search in the environment Slurm gives that hook."""
         named = knob(part, "DISPATCH_CONF")
-        environ = {"SLURM_CONF": self.slurm_conf}
-        if os.environ.get(config_module.ENV_VAR):
-            environ[config_module.ENV_VAR] = os.environ[config_module.ENV_VAR]
-        return config_module.load(named or self.config_path, environ=environ)
+        return config_module.load(named or None, environ=self.slurm_gives(key))
+
+    def check_part_config(self, key: str, part: str, cfg: config_module.Config) -> None:
+        """A part that finds no dispatch.conf where the doctor found one: it takes the
+        defaults (StateDir, HookTimeout, MetricsDir) when Slurm runs it."""
+        if cfg.path is None or self.part_config(part, key).path is not None:
+            return
+        searched = config_module.config_path(self.slurm_gives(key))
+        why = ("slurmd gives HealthCheckProgram no SLURM_CONF" if key == "HealthCheckProgram"
+               else f"slurmctld gives {key} no SLURM_CONF" if key in CONTROLLER_KEYS
+               else f"beside SLURM_CONF={self.slurm_conf}")
+        self.add(f"{key} config", FAIL,
+                 f"{part}: DISPATCH_CONF is empty and {why}, so it reads {searched}, which does "
+                 f"not exist: it takes the defaults (StateDir {config_module.DEFAULT_STATE_DIR}),"
+                 f" not {cfg.path}", f"set DISPATCH_CONF={cfg.path} at the top of {part}")
 
     def run_part(self, key: str, part: str, settings: dict[str, str],
                  started: dict[str, str]) -> None:
         hint, _, kind = HOOK_KEYS[key]
         label = f"{key} runs"
         env = self.environment(key, settings)
-        cfg = self.part_config(part)
+        cfg = self.part_config(part, key)
         node = self.node if key in ("Prolog", "Epilog") else CONTROLLER
         deadline = cfg.hook_timeout + 10
         began = time.monotonic()
@@ -477,9 +506,9 @@ class Doctor:
 
     def run_recheck(self, part: str) -> None:
         try:
-            proc = subprocess.run([part], env={"SLURM_CONF": self.slurm_conf}, cwd="/",
-                                  stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=self.timeout)
+            proc = subprocess.run([part], env=self.slurm_gives("HealthCheckProgram"), cwd="/",
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  errors="replace", timeout=self.timeout)
         except (OSError, subprocess.TimeoutExpired) as exc:
             self.add("HealthCheckProgram runs", FAIL, f"{part}: {exc}",
                      f"restore {SHIPPED['HealthCheckProgram']} (root, 0755)")
@@ -487,6 +516,13 @@ class Doctor:
         if proc.returncode != 0:
             self.add("HealthCheckProgram runs", FAIL, f"{part}: exit {proc.returncode}",
                      f"restore {SHIPPED['HealthCheckProgram']}: it always exits 0")
+            return
+        said = [line.removeprefix("slurm-dispatch: ") for line in proc.stderr.splitlines()
+                if line.strip()]
+        if said:
+            self.add("HealthCheckProgram runs", FAIL, f"{part}: exit 0, but it says: "
+                                                      f"{'; '.join(said[-3:])}",
+                     "fix what it says (its complaints go to syslog, ident slurm-dispatch)")
             return
         self.add("HealthCheckProgram runs", OK, f"{part}: exit 0")
 
@@ -511,7 +547,7 @@ class Doctor:
         from . import metrics
         seen: set[tuple[str, int]] = set()
         for key, part in parts:
-            where = self.part_config(part).metrics_dir
+            where = self.part_config(part, key).metrics_dir
             account = self.slurm_user if self.runs_as(key) else None
             if not where or (where, account.pw_uid if account else 0) in seen:
                 continue
@@ -606,8 +642,8 @@ class Doctor:
         """Remove the doctor's own job's facts (facts/0/doctor-<token>/), nothing else, as
         the owner of each StateDir (SlurmUser's is removed as SlurmUser, whose hooks wrote
         it: root never walks a path that account could have turned into a symlink)."""
-        for state_dir in {cfg.state_dir, *(self.part_config(p).state_dir
-                                           for p in self.versions)}:
+        for state_dir in {cfg.state_dir, *(self.part_config(p, k).state_dir
+                                           for k, p in self.parts_run)}:
             folder = os.path.join(state_dir, store.FACTS, "0", self.job_id)
 
             def remove(folder: str = folder) -> str:

@@ -52,6 +52,10 @@ FAMILIES = {
         "counter", "Faults the hooks logged on this node, by hook and kind (the error's class)."),
     "slurm_dispatch_hook_last_run_timestamp_seconds": (
         "gauge", "When each hook last ran on this node (Unix time)."),
+    # Counted in hooks.unconfigured_dir(), which needs no dispatch.conf:
+    "slurm_dispatch_hook_runs_unconfigured_total": (
+        "counter", "Hook runs on this node that found no dispatch.conf and no StateDir, by hook "
+        "(nothing recorded: set DISPATCH_CONF in the hook part)."),
     "slurm_dispatch_facts_written_total": (
         "counter", "Facts the hooks wrote from this node, by kind (start, end, recheck, "
         "ctld-start, ctld-end)."),
@@ -217,9 +221,9 @@ def _lock(dir_fd: int, metrics_dir: str, wait: float) -> int:
             raise MetricsError(f"cannot lock {metrics_dir}/{LOCK}: {exc.strerror}") from None
 
 
-def _read(dir_fd: int, metrics_dir: str) -> dict[str, float]:
+def _read(dir_fd: int, metrics_dir: str, name: str = FILE) -> dict[str, float]:
     try:
-        fd = _fsio.open_file(FILE, dir_fd, nonblock=True)
+        fd = _fsio.open_file(name, dir_fd, nonblock=True)
     except FileNotFoundError:
         return {}
     except OSError:
@@ -232,22 +236,23 @@ def _read(dir_fd: int, metrics_dir: str) -> dict[str, float]:
     finally:
         os.close(fd)
     if len(data) > MAX_BYTES:
-        raise MetricsError(f"{metrics_dir}/{FILE} is larger than {MAX_BYTES} bytes; left as is")
+        raise MetricsError(f"{metrics_dir}/{name} is larger than {MAX_BYTES} bytes; left as is")
     return parse(data.decode("utf-8", "replace"))
 
 
-def update(metrics_dir: str, tally: Tally, wait: float = LOCK_WAIT) -> None:
-    """Add ``tally`` to ``<metrics_dir>/slurm-dispatch.prom`` under the lock; MetricsError on
-    any fault (nothing is half-written: the file is replaced whole or not at all)."""
+def update(metrics_dir: str, tally: Tally, wait: float = LOCK_WAIT, file: str = FILE) -> None:
+    """Add ``tally`` to ``<metrics_dir>/<file>`` (``slurm-dispatch.prom``) under the lock;
+    MetricsError on any fault (nothing is half-written: the file is replaced whole or not at
+    all)."""
     dir_fd = _open_dir(metrics_dir)
     try:
         lock = _lock(dir_fd, metrics_dir, wait)
         try:
-            values = _read(dir_fd, metrics_dir)
+            values = _read(dir_fd, metrics_dir, file)
             for key, value in tally.added.items():
                 values[key] = values.get(key, 0) + value
             values.update(tally.gauges)
-            _write(dir_fd, metrics_dir, FILE, values)
+            _write(dir_fd, metrics_dir, file, values)
         finally:
             os.close(lock)
     finally:

@@ -23,7 +23,7 @@ PARTS = {"prolog.d/05-dispatch": "contrib/prolog.d/05-dispatch",
          "dispatch-recheck": "site-config/dispatch-recheck"}
 
 
-def install(etc: Path, python: str, conf: Path, only: tuple[str, ...] = tuple(PARTS)) -> None:
+def install(etc: Path, python: str, conf: Path | str, only: tuple[str, ...] = tuple(PARTS)) -> None:
     for target, source in PARTS.items():
         if target not in only:
             continue
@@ -480,3 +480,44 @@ def test_a_part_installed_twice_is_named(site: Path, hook: str) -> None:
              and c["state"] != "ok"]
     assert named and "05-dispatch.orig" in named[0]["detail"], report["checks"]
     assert "twice" in named[0]["detail"] and "05-dispatch.orig" in named[0]["fix"]
+
+
+def test_parts_that_find_no_dispatch_conf_where_slurm_gives_them_no_slurm_conf_are_named(
+        site: Path) -> None:
+    """Issue 31 item 1: slurm.conf outside /etc/slurm, dispatch.conf beside it and the parts'
+    DISPATCH_CONF left empty (the admin guide allowed it).  slurmd gives the Prolog and Epilog
+    SLURM_CONF, so they find dispatch.conf; slurmctld gives PrologSlurmctld and EpilogSlurmctld
+    no SLURM_CONF and slurmd gives HealthCheckProgram only SLURMD_NODENAME (Slurm's
+    prep_script_slurmctld.c and slurmd.c build those environments from nothing), so those read
+    /etc/slurm/dispatch.conf, find nothing and take the defaults.  The doctor gave every part
+    SLURM_CONF and said every check passed."""
+    etc = site / "etc"
+    install(etc, sys.executable, "")  # DISPATCH_CONF= left empty
+    assert "\nDISPATCH_CONF=\n" in (etc / "prolog.d/05-dispatch").read_text()
+    assert not Path("/etc/slurm/dispatch.conf").exists()
+    # Where this host has the default StateDir, the unconfigured parts record there: the
+    # folders they make are removed again.
+    made = Path("/var/lib/slurm-dispatch/facts")
+    existed = made.exists()
+    try:
+        code, report = doctor(site, "--controller")
+    finally:
+        if not existed and made.is_dir():
+            for folder in sorted(made.rglob("*"), reverse=True) + [made]:
+                folder.rmdir()  # only empty folders: the doctor removed its job's facts
+    assert code == 1, report
+    bad = {c["check"] for c in report["checks"] if c["state"] == "FAIL"}
+    assert {"PrologSlurmctld config", "EpilogSlurmctld config",
+            "HealthCheckProgram config"} <= bad, report
+    assert states(report)["Prolog runs"] == states(report)["Epilog runs"] == "ok"
+    for key in ("PrologSlurmctld", "EpilogSlurmctld", "HealthCheckProgram"):
+        found = check(report, f"{key} config")
+        assert "/etc/slurm/dispatch.conf" in found["detail"], found
+        assert "no SLURM_CONF" in found["detail"], found
+        assert f"DISPATCH_CONF={etc / 'dispatch.conf'}" in found["fix"], found
+    # (What the part then does depends on the host: where the default StateDir exists it
+    # records there; test_hook_faults shows what it says where it does not.)
+    # Installed as the fix says, every part finds it.
+    install(etc, sys.executable, etc / "dispatch.conf")
+    code, report = doctor(site, "--controller")
+    assert code == 0, report

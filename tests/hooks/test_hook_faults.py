@@ -402,3 +402,37 @@ def test_an_epilog_records_its_end_whatever_watch_is(world: World, planted: str)
     settled(outcome)
     assert any(f.split("/")[-1].startswith("end.n1.") for f in fact_files(world)), outcome.log
     assert world.files(world.outside) == []
+
+
+@pytest.mark.parametrize("hook", ["prolog-slurmctld", "epilog-slurmctld", "recheck"])
+def test_a_hook_that_finds_no_configuration_says_so_and_is_counted(world: World,
+                                                                   hook: str) -> None:
+    """Issue 31 item 1: slurmctld gives PrologSlurmctld and EpilogSlurmctld no SLURM_CONF and
+    slurmd gives HealthCheckProgram none, so a part with DISPATCH_CONF empty on a site whose
+    slurm.conf is not /etc/slurm/slurm.conf found no dispatch.conf, took the defaults, failed on
+    the missing StateDir, and was counted nowhere (MetricsDir is unset in the defaults).  It now
+    says where it looked and what to set, and counts the run where no configuration is needed.
+    Run in a mount namespace of its own where /etc/slurm and /var/lib are empty (the host's
+    default StateDir, if any, is out of sight) and /run is this test's folder."""
+    run = world.root / "run"
+    run.mkdir(mode=0o755)
+    script = ("mount --make-rprivate / && mount -t tmpfs tmpfs /var/lib && "
+              "{ [ ! -d /etc/slurm ] || mount -t tmpfs tmpfs /etc/slurm; } && "
+              f"mount --bind {run} /run && exec \"$@\"")
+    wrap = ["unshare", "-m", "sh", "-c", script, "hook"]
+    env = world.env(hook, SLURM_DISPATCH_CONF="<unset>")
+    if hook == "recheck":
+        env["SLURMD_NODENAME"] = "n1"  # all slurmd gives HealthCheckProgram
+    assert "SLURM_CONF" not in env and "SLURM_DISPATCH_CONF" not in env
+    for count in (1, 2):
+        outcome = world.run(hook, env=env, wrap=wrap)
+        settled(outcome)
+        assert (f"{hook} job {'500' if hook != 'recheck' else '?'}: found no dispatch.conf "
+                f"(looked for /etc/slurm/dispatch.conf: Slurm gives {hook} no SLURM_CONF, so "
+                "beside /etc/slurm/slurm.conf) and the default StateDir /var/lib/slurm-dispatch "
+                "does not exist: recording nothing; set DISPATCH_CONF= at the top of this hook "
+                "part to the site's dispatch.conf") in outcome.log, outcome.log
+        counted = (run / "slurm-dispatch/slurm-dispatch-unconfigured.prom").read_text()
+        assert f'slurm_dispatch_hook_runs_unconfigured_total{{hook="{hook}"}} {count}\n' in \
+            counted, counted
+    assert fact_files(world) == []

@@ -7,9 +7,11 @@ missing part, an unwritable StateDir, mixed versions.  Each break is undone in a
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ import pytest
 
 from slurm_dispatch.node import facts
 from slurm_dispatch.sandbox import install as sandbox_install
+from tests.real.test_cease import cease, wait_cease
 
 if TYPE_CHECKING:
     from tests.real.conftest import Sandbox
@@ -159,3 +162,72 @@ def test_mixed_versions_are_named(sandbox: Sandbox) -> None:
     assert code == 1 and failures(report) == ["versions"], report
     assert f"{part} 0.0.9-" in check(report, "versions")["detail"]
     assert check(report, "PrologSlurmctld runs")["state"] == "ok"
+
+
+def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_records(
+        sandbox: Sandbox) -> None:
+    """Issue 31 item 1: the sandbox's slurm.conf is not /etc/slurm/slurm.conf (as with Slurm
+    built from source), and dispatch.conf is beside it.  With DISPATCH_CONF left empty in the
+    parts (the admin guide allowed it: "only if dispatch.conf is elsewhere"), slurmctld's
+    PrologSlurmctld and EpilogSlurmctld and slurmd's HealthCheckProgram, which Slurm gives no
+    SLURM_CONF, look in /etc/slurm and record nothing in the site's StateDir, while the doctor
+    said every check passed.  Installed as the guide now says (DISPATCH_CONF set), the
+    controller records each execution and the re-check proves a survivor gone."""
+    etc = sandbox.dir / "etc"
+    conf = etc / "dispatch.conf"
+    assert sandbox.env["SLURM_CONF"] == str(etc / "slurm.conf") and conf.is_file()
+    assert not Path("/etc/slurm/dispatch.conf").exists()
+    parts = [etc / "prolog.d/05-dispatch", etc / "epilog.d/05-dispatch", etc / "dispatch-recheck"]
+    made = Path("/var/lib/slurm-dispatch/facts")  # where the parts record if this host has it
+    existed = made.exists()
+    try:
+        with ExitStack() as stack:
+            for part in parts:
+                stack.enter_context(edited(part, f"DISPATCH_CONF={conf}\n", "DISPATCH_CONF=\n"))
+            code, report = doctor(sandbox, sandbox.nodes[0], "--controller")
+    finally:
+        if not existed and made.is_dir():
+            for folder in sorted(made.rglob("*"), reverse=True) + [made]:
+                folder.rmdir()
+    assert code == 1, report
+    assert {"PrologSlurmctld config", "EpilogSlurmctld config",
+            "HealthCheckProgram config"} <= set(failures(report)), report
+    assert "Prolog config" not in failures(report)  # slurmd gives the Prolog SLURM_CONF
+    found = check(report, "PrologSlurmctld config")
+    assert "slurmctld gives PrologSlurmctld no SLURM_CONF, so it reads " \
+           "/etc/slurm/dispatch.conf" in found["detail"], found
+    assert found["fix"] == f"set DISPATCH_CONF={conf} at the top of {parts[0]}", found
+    # As installed (DISPATCH_CONF set): the doctor passes, and a real job is recorded by the
+    # controller and its survivor proven gone by the node's re-check.
+    code, report = doctor(sandbox, sandbox.nodes[0], "--controller")
+    assert code == 0, report
+    node = sandbox.nodes[0]
+    marker = 60000 + os.getpid() % 5000  # the survivor's sleep, this test's own
+    job = sandbox.submit(f"#!/bin/sh\n(setsid sleep {marker} </dev/null >/dev/null 2>&1 &)\n"
+                         "exit 0\n", "-w", node)
+    sandbox.wait_for(lambda: sandbox.job_state(job).get("JobState") == "COMPLETED", 60,
+                     "the job ended")
+    folder = sandbox.dir / "dispatch-state/facts" / str(sandbox.uid) / job
+
+    def recorded() -> list[str]:
+        names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+        return sorted(n.split(".")[0] for n in names if n.startswith("ctld-"))
+
+    sandbox.wait_for(lambda: recorded() == ["ctld-end", "ctld-start"], 60,
+                     "the controller's start and end of the job")
+    survivors = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                 and _cmdline(p) == f"sleep\0{marker}\0"]
+    assert survivors, "the job's escaped sleep is not running"
+    rc, verdict = cease(sandbox, job)
+    assert rc == 1 and verdict["nodes"][0]["survivors"], verdict
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    verdict = wait_cease(sandbox, job, 0, timeout=60)
+    assert "all gone" in verdict["nodes"][0]["evidence"], verdict
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
