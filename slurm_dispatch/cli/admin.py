@@ -21,6 +21,7 @@ import click
 
 from .._table import one_line, render_table
 from ..errors import DispatchError, UsageError
+from .options import table_options
 from .shell import ClickShell
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -135,8 +136,7 @@ def _left(now: float, deadline: float) -> str:
               help="Only this user's holds (repeatable; default: every user with records).")
 @click.option("--records", default=DEFAULT_RECORDS, show_default=False,
               metavar="PATTERN", help=RECORDS_HELP + " Root only.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--noheader", "noheader", is_flag=True, help="No header line (as squeue -h).")
+@table_options("one JSON object")
 def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) -> Optional[int]:
     """Every standing shared-checkpoint hold across users: read-only.
 

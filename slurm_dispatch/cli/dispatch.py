@@ -25,6 +25,7 @@ from .._table import render_table
 from ..checkpoint import model
 from ..checkpoint import publish as store
 from ..errors import UsageError
+from .options import table_options
 from .shell import ClickShell
 
 if TYPE_CHECKING:
@@ -233,8 +234,7 @@ def _job_root(job: str, task: Optional[int]) -> str:
 
 @main.command(name="list")
 @click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
+@table_options("a JSON array")
 @timeout_option
 def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[str]) -> None:
     """Print every publication under ROOT, oldest first (the latest is last)."""
@@ -402,8 +402,7 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
-@click.option("--noheader", "-H", is_flag=True, help="Leave out the header line.")
+@table_options("one JSON list")
 @click.option("--clusters", "-M", metavar="NAME[,NAME...]|all",
               help="List these clusters' jobs (records of several clusters may share one "
                    "home); default: this cluster's.  Other clusters' states are as recorded.")

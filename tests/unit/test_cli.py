@@ -101,3 +101,30 @@ def test_real_process_exit_codes_and_broken_pipe(tmp_path: Path) -> None:
     bad = subprocess.run(cmd + ["latest", "--root", str(tmp_path / "missing")], env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "missing" in bad.stderr
+
+
+def test_every_table_command_takes_one_set_of_table_options() -> None:
+    """`dispatch-admin holds -H` was refused ("No such option: -H") while `dispatch jobs -H`
+    worked (issue 31 item 10): each table command declared its own.  One set, shared: the
+    same names, short forms and words in every command that prints a table."""
+    import click
+
+    from slurm_dispatch.cli import admin, dispatch
+
+    def declared(command: click.Command) -> dict[str, tuple[list[str], list[str]]]:
+        return {p.name: (sorted(p.opts), sorted(p.secondary_opts)) for p in command.params
+                if p.name in ("as_json", "noheader")}
+    tables = {("dispatch", "list"), ("dispatch", "jobs"), ("dispatch-admin", "holds")}
+    seen = {}
+    for prog, group in (("dispatch", dispatch.main), ("dispatch-admin", admin.main)):
+        for name, command in group.commands.items():  # type: ignore[attr-defined]
+            if "noheader" in declared(command) or (prog, name) in tables:
+                seen[(prog, name)] = declared(command)
+    assert tables <= set(seen), seen
+    assert all(d == {"as_json": (["--json"], []), "noheader": (["--noheader", "-H"], [])}
+               for d in seen.values()), seen
+    helps = {(prog, name): [p.help for p in command.params if p.name == "noheader"]
+             for (prog, name), command in
+             (((p, n), (dispatch.main if p == "dispatch" else admin.main).commands[n])
+              for p, n in seen)}
+    assert len({tuple(h) for h in helps.values()}) == 1, helps

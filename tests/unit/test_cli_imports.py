@@ -23,6 +23,7 @@ IN_JOB_ALLOWED = {
     "slurm_dispatch", "slurm_dispatch.cli", "slurm_dispatch.cli.dispatch",
     "slurm_dispatch.cli.shell", "slurm_dispatch.errors", "slurm_dispatch.config",
     "slurm_dispatch._table",  # the table renderer: pure, imports nothing
+    "slurm_dispatch.cli.options",  # every table's --json and -H: click only
     "slurm_dispatch._fsio",  # create-once writes and no-follow opens, for the POSIX store
     "slurm_dispatch.checkpoint", "slurm_dispatch.checkpoint.model",
     "slurm_dispatch.checkpoint.execdir", "slurm_dispatch.checkpoint.publish",

@@ -118,6 +118,8 @@ def test_holds_shows_every_standing_hold_read_as_its_user(site: tuple[FakeCluste
     assert cells[:3] == ["nobody", job.id, held_id]
     assert cells[4].startswith("1-00:00:0") or cells[4].startswith("23:59:")
     assert cells[5:] == [f"{ended}+0", "not_asked", "-"]
+    code, out, err = admin_cmd(base, "holds", "-H")  # as dispatch jobs -H (issue 31 item 10)
+    assert (code, [row.split() for row in out.splitlines()]) == (0, [cells]), err
     code, out, err = admin_cmd(base, "holds", "--json")
     shown = json.loads(out)
     assert shown["errors"] == []
