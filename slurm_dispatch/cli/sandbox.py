@@ -24,6 +24,7 @@ from ..sandbox import clients as sandbox_clients
 from ..sandbox import cluster as sandbox
 from ..sandbox import layout as sandbox_layout
 from ..sandbox import machine as sandbox_machine
+from ..sandbox import root as sandbox_root
 from .shell import ClickShell
 
 PROG = "dispatch-sandbox"
@@ -38,7 +39,7 @@ def _dir_option(func: F) -> F:
     """--dir and --slurm; the command gets ``directory`` (None when neither is given)."""
     func = click.option(
         "--slurm", "release", metavar="RELEASE", default=None,
-        help=f"Slurm release: host (this machine's) or 24.11 (from a Debian 13 root); "
+        help=f"Slurm release: {sandbox_root.choices()}; "
              f"chooses the default folder (default: ${sandbox_layout.RELEASE_ENV}, else "
              "host).")(func)
     return click.option(
@@ -258,7 +259,7 @@ def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str],
 
 @cli.command(name="build-root")
 @click.option("--slurm", "release", metavar="RELEASE", required=True,
-              help="The release whose Debian root to build (24.11).")
+              help=f"The release whose Debian root to build: {sandbox_root.choices(host=False)}.")
 def build_root(release: str) -> None:
     """Build the Debian root of a Slurm release now (up --slurm builds it when missing).
 
@@ -274,8 +275,8 @@ def build_root(release: str) -> None:
     for action in actions:
         click.echo(action)
     verb = "built" if actions else "already built"
-    click.echo(f"Debian root for Slurm {release} {verb} in {time.monotonic() - started:.1f} s: "
-               f"{root}")
+    click.echo(f"Debian root for Slurm {release} (holding {sandbox_root.held(root)}) {verb} in "
+               f"{time.monotonic() - started:.1f} s: {root}")
 
 
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})

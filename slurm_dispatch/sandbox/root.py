@@ -3,7 +3,10 @@
 Debian 12 ships Slurm 22.05 only, and a 24.11 controller speaks only to 23.02 and later
 clients, so a 24.11 sandbox runs everything that talks to it inside a Debian 13 root made from
 Debian's own packages (``debootstrap --variant=minbase``): its daemons, its Slurm tools, the
-project's venv on that root's Python, the jobs and the hooks.
+project's venv on that root's Python, the jobs and the hooks.  The releases it can run are
+one table, :data:`RELEASES`: a row per release (its suite, its packages), and a ``newest`` row
+for Debian's testing, whose Slurm moves on with the suite (26.05 when written): what a root of
+it holds is read from the root (:func:`held`), never assumed.
 
 Invariant: the host's mount table is never changed.  Each command enters the root through
 :func:`enter_argv`: ``unshare --mount`` gives it a private mount namespace, in which ``/proc``,
@@ -48,19 +51,44 @@ BOUND_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc
                "/etc/resolv.conf")
 
 
+NEWEST = "newest"
+
+
 @dataclass(frozen=True)
 class Release:
-    """A Slurm release the sandbox can run from a Debian root."""
+    """A Slurm release the sandbox can run from a Debian root.
+
+    ``name`` is what ``--slurm`` names: a major release (``24.11``), whose root must hold it,
+    or :data:`NEWEST`, a moving suite (Debian's testing) whose root holds whatever Slurm the
+    suite shipped when it was built: ``expects`` is the major release it shipped when this row
+    was written (``--slurm`` accepts that too), and what a root holds is read from its marker
+    (:func:`held`), so a fresh machine still builds it once the suite moves on and the tests
+    say which release ran.
+    """
 
     name: str
     suite: str
     debian: str
     packages: tuple[str, ...]
+    expects: str = ""
+
+    @property
+    def moving(self) -> bool:
+        return self.name == NEWEST
+
+    @property
+    def expected(self) -> str:
+        """The major release this row expects its root to hold."""
+        return self.expects or self.name
 
     @property
     def folder(self) -> str:
         return f"debian-{self.suite}-slurm-{self.name}"
 
+
+# What every root needs: the daemons, the clients, munge, and a Python with venv for the
+# project's venv inside.
+_SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3", "python3-venv")
 
 RELEASES = {
     # libslurm-dev (slurm.h; libslurmfull.so comes with slurmd's plugins), gcc, libc6-dev (a
@@ -68,10 +96,20 @@ RELEASES = {
     # without python3-dev's documentation): what building pyslurm 24.11 in the root needs
     # (tests/real/pyslurm_build.py), about 240 MB more.
     "24.11": Release(name="24.11", suite="trixie", debian="Debian 13",
-                     packages=("slurmctld", "slurmd", "slurm-client", "munge", "python3",
-                               "python3-venv", "libslurm-dev", "gcc", "libc6-dev",
+                     packages=(*_SLURM_PACKAGES, "libslurm-dev", "gcc", "libc6-dev",
                                "libpython3-dev")),
+    # Debian's testing (and unstable) ship 26.05 today; no pyslurm supports it (the adapter's
+    # SlurmBackend=auto falls back to Slurm's tools), so nothing to build pyslurm with.
+    NEWEST: Release(name=NEWEST, suite="testing", debian="Debian testing",
+                    packages=_SLURM_PACKAGES, expects="26.05"),
 }
+
+
+def choices(host: bool = True) -> str:
+    """The releases ``--slurm`` takes, in words (for help texts); ``host`` too unless not."""
+    rows = [f"{r.name} (Debian {r.suite}'s, {r.expects} today)" if r.moving
+            else f"{r.name} (from a {r.debian} root)" for r in RELEASES.values()]
+    return (f"{HOST} (this machine's), " if host else "") + ", ".join(rows)
 
 
 def cache_folder() -> Path:
@@ -97,7 +135,11 @@ def _major(version_line: str) -> str:
 
 
 def normalize(value: Optional[str]) -> str:
-    """``host``, a release of :data:`RELEASES`, or the host's own release (meaning ``host``)."""
+    """``host``, a key of :data:`RELEASES`, or the host's own release (meaning ``host``).
+
+    The newest row is also named by the major release it expects and by the one its built
+    root holds (``26.05`` means ``newest`` while testing ships 26.05).
+    """
     if value is None or value.strip() in ("", HOST):
         return HOST
     value = value.strip()
@@ -105,9 +147,22 @@ def normalize(value: Optional[str]) -> str:
         return value
     if value == host_release():
         return HOST
-    choices = ", ".join([HOST, *RELEASES])
+    newest = RELEASES[NEWEST]
+    if value == newest.expected or value == held(cache_folder() / newest.folder):
+        return NEWEST
+    choices = ", ".join([HOST, *RELEASES, newest.expected])
     raise SandboxError(f"unknown Slurm release {value!r} for the sandbox: choose one of "
-                       f"{choices} (host is this machine's own Slurm)")
+                       f"{choices} (host is this machine's own Slurm; {NEWEST} is "
+                       f"{newest.debian}'s, {newest.expected} when this was written)")
+
+
+def held(path: Path) -> str:
+    """The major Slurm release the finished root in ``path`` holds (its marker), or ''."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return ""
+    return _major(str(marker.get("slurm", ""))) if isinstance(marker, dict) else ""
 
 
 def root_complete(path: Path, release: Release) -> bool:
@@ -166,9 +221,7 @@ def _build(release: Release, cache: Path, target: Path,
                            + _tail(log))
     version = subprocess.run(["chroot", str(build), "/usr/sbin/slurmctld", "-V"],
                              capture_output=True, text=True, timeout=60).stdout.strip()
-    if _major(version) != release.name:
-        raise SandboxError(f"the {release.debian} root built in {build} has {version!r}, not "
-                           f"Slurm {release.name}")
+    check_holds(release, version, build)
     seconds = round(time.monotonic() - started, 1)
     marker = {"release": release.name, "packages": list(release.packages),
               "slurm": version, "suite": release.suite, "seconds": seconds}
@@ -180,6 +233,16 @@ def _build(release: Release, cache: Path, target: Path,
     actions.append(f"built the {release.debian} root with {version} in {target} "
                    f"({seconds:.0f} s)")
     return actions
+
+
+def check_holds(release: Release, version: str, where: Path) -> None:
+    """Refuse a root whose ``slurmctld -V`` said ``version`` when ``release`` cannot hold it:
+    another major release for a fixed row; none at all for any row (the newest takes
+    whatever its suite ships)."""
+    major = _major(version)
+    if not major or (not release.moving and major != release.name):
+        raise SandboxError(f"the {release.debian} root built in {where} has {version!r}, not "
+                           f"Slurm {release.expected}")
 
 
 def mount_point(root: Path, state: Path) -> Optional[Path]:

@@ -41,6 +41,7 @@ from slurm_dispatch.sandbox import clients as sandbox_clients
 from slurm_dispatch.sandbox import cluster as sandbox_lib
 from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.sandbox import nodes as sandbox_nodes
+from slurm_dispatch.sandbox import root as sandbox_root
 from slurm_dispatch.slurm.jobs import FINAL_STATES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +167,20 @@ def sandbox_of(report: Any) -> Sandbox:
     return Sandbox(dir=Path(state.dir), user=state.user, env=env,
                    venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
                    slurm=state.slurm)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which Slurm the session's sandbox runs: the newest row's is read from its root, so the
+    report says the release that ran after Debian's testing moved on."""
+    try:
+        release = sandbox_root.normalize(os.environ.get(sandbox_layout.RELEASE_ENV))
+    except SandboxError as exc:
+        return f"sandbox Slurm: {exc}"
+    if release == sandbox_layout.HOST_RELEASE:
+        return f"sandbox Slurm: this machine's, {sandbox_root.host_release() or 'none'}"
+    row = sandbox_root.RELEASES[release]
+    held = sandbox_root.held(sandbox_root.cache_folder() / row.folder) or "not built yet"
+    return f"sandbox Slurm: {release} from {row.debian} ({row.suite}), holding {held}"
 
 
 @pytest.fixture(scope="session")

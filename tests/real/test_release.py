@@ -30,7 +30,11 @@ def _expected(sandbox: Sandbox) -> tuple[str, str]:
     """(Slurm major release, Python major.minor) the selected release must show."""
     status = sandbox_lib.status(sandbox.dir)
     if status.slurm != sandbox_layout.HOST_RELEASE:
-        return status.slurm, "3.13"
+        # What the root holds (the newest row's is whatever its suite shipped), and its Python.
+        python = subprocess.run(["chroot", status.rootfs, "/usr/bin/python3", "-c",
+                                 "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        return sandbox_root.held(Path(status.rootfs)), python
     python = subprocess.run([sandbox_install.SYSTEM_PYTHON, "-c",
                              "import sys; print('%d.%d' % sys.version_info[:2])"],
                             capture_output=True, text=True, check=True).stdout.strip()

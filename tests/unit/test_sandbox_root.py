@@ -82,3 +82,33 @@ def test_command_on_the_hosts_slurm_is_runuser_and_env(tmp_path: Path) -> None:
     assert sandbox_clients.command(["sinfo"], folder) == ["sinfo"]
     assert sandbox_clients.command(["sinfo"], folder, user="u", cwd="/w") == \
         ["runuser", "-u", "u", "--", "env", "-C", "/w", "sinfo"]
+
+
+def test_the_newest_row_is_named_by_what_it_expects_and_by_what_its_root_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    newest = sandbox_root.RELEASES[sandbox_root.NEWEST]
+    assert newest.moving and newest.expected == "26.05"
+    assert not sandbox_root.RELEASES["24.11"].moving
+    monkeypatch.setenv(sandbox_root.CACHE_ENV, str(tmp_path))
+    assert sandbox_root.normalize("newest") == sandbox_root.normalize("26.05") == "newest"
+    with pytest.raises(SandboxError, match="'26.11'.*host, 24.11, newest, 26.05"):
+        sandbox_root.normalize("26.11")
+    # Once the suite moved on and a root was built from it, that root's release names it too.
+    root = tmp_path / newest.folder
+    root.mkdir()
+    assert sandbox_root.held(root) == ""
+    (root / sandbox_root.MARKER).write_text(json.dumps({"release": "newest",
+                                                        "slurm": "slurm 26.11.1"}))
+    assert sandbox_root.held(root) == "26.11"
+    assert sandbox_root.normalize("26.11") == sandbox_root.normalize("26.05") == "newest"
+
+
+def test_a_fixed_row_must_hold_its_release_and_the_newest_any() -> None:
+    fixed, newest = sandbox_root.RELEASES["24.11"], sandbox_root.RELEASES["newest"]
+    sandbox_root.check_holds(fixed, "slurm 24.11.5", ROOT)
+    with pytest.raises(SandboxError, match="'slurm 26.05.5', not Slurm 24.11"):
+        sandbox_root.check_holds(fixed, "slurm 26.05.5", ROOT)
+    sandbox_root.check_holds(newest, "slurm 26.05.5", ROOT)
+    sandbox_root.check_holds(newest, "slurm 26.11.0", ROOT)
+    with pytest.raises(SandboxError, match="'', not Slurm 26.05"):
+        sandbox_root.check_holds(newest, "", ROOT)
