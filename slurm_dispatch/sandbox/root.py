@@ -180,8 +180,9 @@ def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
     """The finished root of ``release`` under ``cache``, built now when missing.
 
     ``claim`` makes a folder root's and closed to others (the sandbox's rule), ``install``
-    apt-installs host packages (debootstrap).  Concurrent callers wait on a lock in ``cache``;
-    an interrupted build is thrown away and redone.  Returns the root and what was done.
+    apt-installs host packages (debootstrap).  Concurrent callers for one release wait on its
+    lock in ``cache`` (two releases build side by side); an interrupted build is thrown away
+    and redone.  Returns the root and what was done.
     """
     # Here, not at the top: state_folder imports this module (through layout).
     from . import state_folder
@@ -190,7 +191,7 @@ def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
     target = cache / release.folder
     if root_complete(target, release):
         return target, []
-    with state_folder.locked(cache / ".lock"):
+    with state_folder.locked(cache / f".{release.folder}.lock"):
         if root_complete(target, release):
             return target, []
         return target, _build(release, cache, target, install)
