@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import SandboxError
-from . import daemons, network, state_folder
+from . import daemons, network, slots, state_folder
 from . import root as sandbox_root
 from .clients import run_slurm
 from .install import ensure_venv, source_root
@@ -206,6 +206,7 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     wanted = node_names(count)
     for node in wanted:
         state_folder.own_folder(layout.spool / node)
+    actions += slots.claim(layout)
     actions += network.ensure(layout, wanted)
     actions += ensure_user(user)
     repo = Path(source) if source is not None else source_root()

@@ -6,9 +6,11 @@ folder's choice (``--dir``, ``$DISPATCH_SANDBOX_DIR``, the release's default) an
 (a path slurm.conf can hold, a socket path that fits) are here, and so is the manifest
 (``sandbox.json``: the nodes, the job user, the release and its root) that the other verbs read.
 
-Invariant: paths and ports follow from the folder's path alone (no I/O here but reading the
-manifest): the default folder has port slot 0, any other one of 1..49 from a CRC of its path,
-so sandboxes in two folders run side by side unless their slots collide.
+Invariant: paths follow from the folder's path alone, and ports from its port slot (no I/O
+here but reading the manifest and ``port-slot``): the slot the folder owns
+(:mod:`.slots` records it when ``up`` claims one), else the one its path prefers (0 for the
+default folder, any other one of 1..49 from a CRC of its path), so sandboxes in two folders
+run side by side even where their paths hash alike.
 """
 
 from __future__ import annotations
@@ -49,11 +51,31 @@ class Layout:
     root: Path
 
     @property
-    def port_slot(self) -> int:
-        """0 for the default folder, else 1..49 derived from the folder's path."""
+    def preferred_slot(self) -> int:
+        """0 for the default folder, else 1..49 derived from the folder's path: where ``up``
+        looks first for a slot of its own (another folder may hash to it too)."""
         if self.root == DEFAULT_DIR:
             return 0
         return 1 + zlib.crc32(str(self.root).encode()) % (PORT_SLOTS - 1)
+
+    @property
+    def port_slot_file(self) -> Path:
+        return self.root / "port-slot"
+
+    def recorded_slot(self) -> Optional[int]:
+        """The slot this folder owns (``port-slot``, written by :func:`.slots.claim`), or None
+        when it records none (a folder from before claims, or one never brought up)."""
+        try:
+            slot = int(self.port_slot_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return slot if 0 <= slot < PORT_SLOTS else None
+
+    @property
+    def port_slot(self) -> int:
+        """The slot this folder owns, else the one its path prefers."""
+        recorded = self.recorded_slot()
+        return self.preferred_slot if recorded is None else recorded
 
     @property
     def controller_port(self) -> int:
