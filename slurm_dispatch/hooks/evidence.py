@@ -6,7 +6,10 @@
   /proc for processes still carrying the job's ``SLURM_JOB_ID`` and restart count (which is how a
   process that escaped tracking with setsid or a double fork is caught), and records the end tied
   to the start this same node recorded, with the survivors found.  The same /proc pass re-checks
-  survivors of earlier jobs that this machine still watches.
+  survivors of earlier jobs that this machine still watches.  An orphan's Epilog (Slurm gives
+  it uid 0, no restart count, but the execution's SLUID) records the owner's end, tied to the
+  start of that SLUID (:func:`_orphans_start`).  Start, end and watch entry carry the SLUID
+  where Slurm gives one (26.05 and later).
 * ``recheck`` (health check or timer, root): re-checks watched survivors; records when they are
   gone (or the machine rebooted), so ``dispatch-cease`` can prove cessation later.
 * ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation (and an
@@ -85,6 +88,16 @@ def _array_task() -> dict[str, str]:
     return found
 
 
+def _sluid() -> dict[str, str]:
+    """``{"sluid": ...}`` where Slurm gives the execution one (``SLURM_JOB_SLUID``, 26.05 and
+    later: an id of this execution alone; a requeue draws a new one), else {}.  Recorded only
+    when it is 1 to 64 ASCII letters and digits (a bad value loses the tie, never the fact)."""
+    value = os.environ.get("SLURM_JOB_SLUID", "")
+    if 0 < len(value) <= 64 and value.isascii() and value.isalnum():
+        return {"sluid": value}
+    return {}
+
+
 def _end_variables() -> dict[str, str]:
     return {name: os.environ[name] for name in _END_VARIABLES if name in os.environ}
 
@@ -96,7 +109,7 @@ def prolog(cfg: Config) -> None:
     store.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
         "time": time.time(), "restart": restart, "restart_env": raw,
         "boot_id": store.boot_id(), "boot_time": store.boot_time(),
-        "hostname": os.uname().nodename, **_array_task(),
+        "hostname": os.uname().nodename, **_array_task(), **_sluid(),
     })
 
 
@@ -138,6 +151,32 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     return token, int(restart_text)
 
 
+def _orphans_start(cfg: Config, job_id: str, node: str, sluid: str
+                   ) -> tuple[int, int, str, int] | None:
+    """(uid, gid, token, restart) of the start with no end yet that ``node`` recorded for the
+    execution ``sluid``, in whichever user's folder holds it, or None.
+
+    For an orphan's Epilog: an execution that slurmctld no longer knows by its SLUID (26.05
+    looks up the steps of a node that rejoins by SLUID, and a requeue drew the job a new one)
+    is an "Orphan" to it, and the Epilog it then runs is given ``SLURM_JOB_UID=0``, no restart
+    count and no times, but still the SLUID its Prolog was given.  Only this node's starts of
+    the job are read (in the folders of the users that have the job).
+    """
+    for uid in store.job_uids(cfg.state_dir, job_id):
+        names = store.list_job(cfg.state_dir, uid, job_id)
+        ended = {parsed[3] for parsed in map(store.parse_name, names)
+                 if parsed is not None and parsed[0] == "end" and parsed[1] == node}
+        starts, _problems = store.read_job_facts(cfg.state_dir, uid, job_id,
+                                                 (f"start.{node}.",))
+        for fact in starts:
+            restart, gid = fact.get("restart"), fact.get("gid")
+            if (fact.get("sluid") == sluid and fact.get("node") == node
+                    and fact.get("token") not in ended and fact.get("uid") == uid
+                    and isinstance(restart, int) and isinstance(gid, int)):
+                return uid, gid, str(fact["token"]), restart
+    return None
+
+
 def _belongs(process: dict, node: str, restart: object) -> bool:
     """Whether a process found for a job belongs to the execution this node ran: its
     environment names this node (or no node) and this restart count.  Where nodes share a
@@ -177,7 +216,16 @@ def epilog(cfg: Config) -> None:
     job_id, uid, gid = _job()
     node = _node()
     restart_now, raw = _restart_env()
+    sluid = _sluid()
     start = _unended_start(cfg, uid, job_id, node, restart_now)
+    orphan = None
+    if start is None and sluid:
+        # An orphan's Epilog (given uid 0): its end is the owner's, tied to the start of its
+        # SLUID, and the survivors are looked for among the owner's processes.
+        orphan = _orphans_start(cfg, job_id, node, sluid["sluid"])
+        if orphan is not None:
+            uid, gid = orphan[0], orphan[1]
+            start = orphan[2], orphan[3]
     restart = start[1] if start is not None else restart_now
     try:
         watched, unreadable = _watched(cfg), None
@@ -203,8 +251,10 @@ def epilog(cfg: Config) -> None:
         "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
         "scan": None if scan is None else {"rounds": scan.rounds, "complete": scan.complete,
                                            "seconds": round(scan.seconds, 4)},
-        "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(),
+        "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(), **sluid,
     }
+    if orphan is not None:
+        body["orphan"] = True  # Slurm gave its Epilog uid 0 (see _orphans_start)
     token = start[0] if start is not None else store.new_token()
     unwatched = None
     if survivors and not scan_error:
@@ -216,7 +266,7 @@ def epilog(cfg: Config) -> None:
             # The entry carries the end itself, but for the survivors it holds already (a
             # fact or an entry is at most MAX_FACT_BYTES): a re-check records it where missing.
             _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
-                             "restart": restart, "end_token": token,
+                             "restart": restart, "end_token": token, **sluid,
                              "boot_id": body["boot_id"], "time": body["time"],
                              "survivors": survivors,
                              "end": {k: v for k, v in body.items() if k != "survivors"}})

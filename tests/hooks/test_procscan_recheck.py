@@ -47,11 +47,14 @@ def spawned() -> Iterator[list[subprocess.Popen]]:
         proc.wait()
 
 
-def survivor(procs: list[subprocess.Popen], job: str, node: str, restart: int) -> int:
+def survivor(procs: list[subprocess.Popen], job: str, node: str, restart: int,
+             user: int | None = None) -> int:
+    """A process of the job left on ``node`` (as ``user`` when given: the tests run as root)."""
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job, "SLURMD_NODENAME": node}
     if restart:
         env["SLURM_RESTART_COUNT"] = str(restart)
-    proc = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    ids = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+    proc = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True, **ids)
     procs.append(proc)
     deadline = time.monotonic() + 5
     while b"SLURM_JOB_ID" not in Path(f"/proc/{proc.pid}/environ").read_bytes():
