@@ -50,7 +50,8 @@ the command line wins):
   -h, --help            print this help;  -V, --version  print the version
 
 Every other sbatch option and #SBATCH directive works as with sbatch (see `sbatch
---help`), except:
+--help`), read as Slurm 22.05 to 26.05 read them; one dispatch-sbatch does not know (a
+SPANK plugin's) reaches sbatch as it is, with a value only as --option=VALUE; except:
   --wrap                refused: every resubmission runs the snapshot of a script taken at
                         the first; put the command in a script
   --signal              refused with --warn-before (which sets it)

@@ -2,9 +2,12 @@
 batch script that sbatch receives.  Pure: no I/O.
 
 ``dispatch-sbatch [dispatch options] [sbatch options] script [args...]`` keeps sbatch's own
-grammar: short options may be clustered (``-N2``, ``-HN 2``), long options take ``=value`` or
-the next word, and unambiguous prefixes of long options work as they do with getopt.  The
-first word that is not an option is the script; everything after it belongs to the script.
+grammar, the options of every release in :mod:`..slurm.sbatch_options` (which says how sbatch
+reads them): short options may be clustered (``-N2``, ``-HN 2``), an option with a required
+value takes ``=value`` or the next word, one with an optional value only ``=value``, and
+unambiguous prefixes of long options work as they do with getopt.  The first word that is not an
+option is the script; everything after it belongs to the script.  An option no release knows is
+passed to sbatch as it is, without a value of its own (as sbatch's getopt reads it).
 
 Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SBATCH``):
 ``--checkpoint DIR``, ``--resubmit N``, ``--shared-checkpoint``, ``--supersede JOB``, ``--plan``.
@@ -16,36 +19,19 @@ from __future__ import annotations
 import shlex
 
 from ..errors import UsageError
+from ..slurm import sbatch_options
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
     from typing import Optional
 
-# sbatch 22.05 options that take a required argument (``sbatch --help``, sbatch(1)).
-SHORT_WITH_ARG = set("aAbBcCdDeFGiJLmMnNopqStwx")
-LONG_WITH_ARG = {
-    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir",
-    "cluster-constraint", "clusters", "comment", "constraint", "container", "core-spec",
-    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot",
-    "dependency", "distribution", "error", "export", "export-file", "extra-node-info", "gid",
-    "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task",
-    "gres", "gres-flags", "hint", "input", "job-name", "kill-on-invalid-dep", "licenses",
-    "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu",
-    "mincpus", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
-    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "open-mode", "output",
-    "partition", "power", "prefer", "priority", "profile", "qos", "reservation", "signal",
-    "sockets-per-node", "switches", "thread-spec", "threads-per-core", "time", "time-min",
-    "tmp", "tres-per-task", "uid", "wckey", "wrap", "exclude",
-}
-LONG_FLAGS = {
-    "contiguous", "exclusive", "get-user-env", "help", "hold", "ignore-pbs", "no-kill",
-    "no-requeue", "nice", "overcommit", "oversubscribe", "parsable", "propagate", "quiet",
-    "reboot", "requeue", "spread-job", "test-only", "usage", "use-min-nodes", "verbose",
-    "version", "wait", "wait-all-nodes", "kill-command", "x11", "gpus-per-task",
-}
-LONG_FLAGS -= LONG_WITH_ARG
-SHORT_ALIASES = {"J": "job-name", "D": "chdir", "o": "output", "e": "error", "a": "array",
-                 "H": "hold", "W": "wait"}
+# sbatch's options, every release's (slurm/sbatch_options.py, which says how sbatch reads them);
+# these sets are what the completion and the docs' tests read.
+_SHORT, _LONG = sbatch_options.SHORT, sbatch_options.LONG
+SHORT_WITH_ARG = {c for c, o in _SHORT.items() if o.value == sbatch_options.REQUIRED}
+SHORT_OPTIONAL_ARG = {c for c, o in _SHORT.items() if o.value == sbatch_options.OPTIONAL}
+LONG_WITH_ARG = {name for name, o in _LONG.items() if o.value == sbatch_options.REQUIRED}
+LONG_FLAGS = set(_LONG) - LONG_WITH_ARG  # no value, or one only as --name=value
 
 DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before"}
 DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
@@ -79,34 +65,47 @@ class DispatchOptions:
 class CommandLine:
     """A dispatch-sbatch command line, split into its parts."""
 
-    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names", "warnings")
+    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names", "warnings",
+                 "unknown_before_script")
 
     def __init__(self, dispatch: DispatchOptions, sbatch: list[str], script: Optional[str],
                  script_args: list[str], long_names: set[str],
-                 warnings: Optional[list[str]] = None) -> None:
+                 warnings: Optional[list[str]] = None,
+                 unknown_before_script: Optional[str] = None) -> None:
         self.dispatch = dispatch
         self.sbatch = sbatch  # sbatch's own options, in order, as given
         self.script = script
         self.script_args = script_args
         self.long_names = long_names  # long names of the sbatch options given, aliases resolved
         self.warnings = list(warnings or [])  # for people: likely mistakes that are not errors
+        # an option no release knows, just before the script: had it a value, that is the
+        # "script" (sbatch reads it so too), which the error for an unreadable script says
+        self.unknown_before_script = unknown_before_script
 
 
 def resolve_long(name: str, where: str) -> str:
     """An sbatch or dispatch long option as given (``name``, without ``--``; an unambiguous
-    prefix, as sbatch takes it) by its full name; ``where`` says where it was given, for the
-    error that names an unknown or ambiguous one."""
-    known = LONG_WITH_ARG | LONG_FLAGS | DISPATCH_WITH_ARG | DISPATCH_FLAGS
-    if name in known:
+    prefix, as sbatch takes it) by its full name (an sbatch alias by the option's own name:
+    ``cluster`` is ``clusters``); ``where`` says where it was given, for the error that names
+    an ambiguous one or a likely typo.  A name like nothing known is returned as given: a
+    newer sbatch's option or a SPANK plugin's, which sbatch judges."""
+    ours = DISPATCH_WITH_ARG | DISPATCH_FLAGS
+    if name in ours:
         return name
-    candidates = sorted(k for k in known if k.startswith(name))
+    option, candidates = sbatch_options.find_long(name)
+    mine = sorted(k for k in ours if k.startswith(name))
+    if option is not None and not mine:
+        return option.canonical
+    if option is not None:
+        candidates = [option.name]
+    candidates = sorted(set(candidates) | set(mine))
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
         raise UsageError(f"option '--{name}'{where} is ambiguous: "
                          + ", ".join("--" + c for c in candidates))
     import difflib  # only on this path: dispatch-sbatch's start-up stays small
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(name, sorted(set(_LONG) | ours), n=1, cutoff=0.8)
     if close:
         # A typo: left alone, its value would be taken for the script (`--checkpont X`).
         raise UsageError(f"unrecognized option '--{name}'{where} (did you mean "
@@ -206,8 +205,10 @@ def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
         if word.startswith("-") and len(word) > 1:
             sbatch.append(word)
             for j, letter in enumerate(word[1:], start=1):
-                if letter in SHORT_ALIASES:
-                    names.add(SHORT_ALIASES[letter])
+                if letter in _SHORT:
+                    names.add(_SHORT[letter].canonical)
+                if letter in SHORT_OPTIONAL_ARG:
+                    break  # the rest of the word is its value (-kyes), never the next word
                 if letter in SHORT_WITH_ARG:
                     if j == len(word) - 1:
                         if i + 1 >= len(words):
@@ -234,7 +235,13 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     if late:
         warnings.append(f"{', '.join(late)} after the script {script} go to the script, as "
                         "with sbatch; dispatch options go before the script name")
-    return CommandLine(opts, sbatch, script, script_args, names, warnings)
+    unknown = None
+    if sbatch and index > 0 and sbatch[-1] == argv[index - 1] and "=" not in sbatch[-1] \
+            and sbatch[-1].startswith("--") and len(sbatch[-1]) > 2:
+        name = resolve_long(sbatch[-1][2:], "")
+        if name not in _LONG:
+            unknown = sbatch[-1]
+    return CommandLine(opts, sbatch, script, script_args, names, warnings, unknown)
 
 
 class ScriptHeader:

@@ -81,7 +81,11 @@ def read_request(argv: list[str], cwd: Optional[str] = None,
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as exc:
-        raise UsageError(f"cannot read script {line.script!r}: {exc.strerror}") from None
+        unknown = line.unknown_before_script
+        hint = (f" (taken for the script because {unknown} before it is an option no sbatch "
+                f"release dispatch-sbatch knows takes a value; sbatch reads it so too: give "
+                f"{unknown}=VALUE)") if unknown else ""
+        raise UsageError(f"cannot read script {line.script!r}: {exc.strerror}{hint}") from None
     try:
         text = data.decode("utf-8", "surrogateescape")
     except UnicodeDecodeError:  # pragma: no cover - surrogateescape decodes anything
