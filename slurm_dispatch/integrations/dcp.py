@@ -43,6 +43,15 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set, a folder ro
   save whose files are missing or shorter than its manifest says, and, when DCP cannot load
   one (an exception on any rank, which DCP raises on every rank), the previous save of its
   lineage, as the other integrations do.  Every rank must call it (DCP's load is collective).
+* A save ``load`` tries changes the caller's state dict only once every rank has read it
+  whole (:class:`StagedLoad`): DCP reads each tensor slice into a new tensor in host memory,
+  and objects into a copy of the state dict's containers; a ``Stateful`` entry is given its
+  values (``load_state_dict``) only then.  A save that fails part-way leaves the state dict
+  as it was, so a fresh start or a fallback never keeps a value of it, even under a key the
+  fallback's save lacks (a planner with ``allow_partial_load``).  The cost: host memory as
+  large as this rank's share of the tensors, until every rank has read its share (no more
+  accelerator memory), and one more copy of each into the caller's tensors.  ``load`` with a
+  ``checkpoint_id`` is DCP's own (a failure raises).
 
 Outside a dispatch execution these are DCP's own functions: ``checkpoint_id`` is then
 required by ``save``, and ``load`` without one loads nothing and returns ``None``.
@@ -57,6 +66,8 @@ that the new ranks find theirs.
 
 from __future__ import annotations
 
+import copy
+import io
 import os
 import sys
 import time
@@ -67,8 +78,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as torch_dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+)
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from .. import _fsio
@@ -90,7 +109,7 @@ METADATA = ".metadata"  # DCP's coordinator writes it last (a temporary name, th
 STEP_FOLDER = "step-{step}"
 
 __all__ = ["save", "async_save", "load", "save_folder", "METADATA", "FRAMEWORK",
-           "DurableWriter"]
+           "DurableWriter", "StagedLoad"]
 
 
 def _execution(env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
@@ -279,18 +298,24 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
          planner: Any = None, process_group: Optional[dist.ProcessGroup] = None,
          no_dist: bool = False, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Load the save to resume from into ``state_dict`` (in place); returns its folder, or
-    ``None`` for a fresh start.  With ``checkpoint_id``, DCP's own load of that one."""
+    ``None`` for a fresh start.  With ``checkpoint_id``, DCP's own load of that one.
+
+    Each save tried is read into a staging copy first (:class:`StagedLoad`) and copied into
+    ``state_dict`` only once every rank has read it whole: a save that fails part-way leaves
+    ``state_dict`` as it was.  The cost: host memory as large as this rank's share of the
+    state dict's tensors, held until every rank has read its share (no more accelerator
+    memory), and one more copy of each tensor, into the caller's."""
     execution = _execution(env)
-
-    def attempt(path: Any) -> None:
-        torch_dcp.load(state_dict, checkpoint_id=path, storage_reader=storage_reader,
-                       planner=planner, process_group=process_group, no_dist=no_dist)
-
     if checkpoint_id is not None:
-        attempt(checkpoint_id)
+        torch_dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=storage_reader,
+                       planner=planner, process_group=process_group, no_dist=no_dist)
         return os.fspath(checkpoint_id)
     if execution is None:
         return None
+
+    def attempt(path: str) -> None:
+        _staged_load(state_dict, path, storage_reader, planner, process_group, no_dist)
+
     start = choose_resume(execution, required=(METADATA,), framework=FRAMEWORK).path
     if start is None:
         return None
@@ -312,6 +337,116 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
         tried = candidate
     _say(tried, why, None)
     return None
+
+
+def _staged_load(state_dict: dict[str, Any], path: str, storage_reader: Any, planner: Any,
+                 process_group: Optional[dist.ProcessGroup], no_dist: bool) -> None:
+    """DCP's load of ``path`` into ``state_dict``, which is changed only once every rank has
+    read the save whole.  As DCP's own load, a ``Stateful`` entry is read through its
+    ``state_dict()`` and given the result with ``load_state_dict``; here only after that."""
+    plain = {key: value.state_dict() if isinstance(value, Stateful) else value
+             for key, value in state_dict.items()}
+    staged = StagedLoad(planner if planner is not None else DefaultLoadPlanner())
+    torch_dcp.load(plain, checkpoint_id=path, storage_reader=storage_reader, planner=staged,
+                   process_group=process_group, no_dist=no_dist)
+    # DCP's read step gathers every rank's result and raises on all of them if one failed.
+    loaded = staged.commit()
+    for key, value in state_dict.items():
+        if isinstance(value, Stateful):
+            value.load_state_dict(loaded[key])
+        else:
+            state_dict[key] = loaded[key]
+
+
+class StagedLoad(LoadPlanner):
+    """A load planner around DCP's (or the caller's) that leaves the state dict alone while DCP
+    reads: the planner it wraps is set up on a copy of the state dict's containers (objects
+    DCP loads whole land there), and each tensor slice is read into a new tensor in host
+    memory; :meth:`commit` copies them into the caller's tensors and puts the objects in its
+    containers.  Nothing is committed from a load that raised."""
+
+    def __init__(self, inner: LoadPlanner) -> None:
+        self.inner = inner
+        self.original: Any = None
+        self.shadow: Any = None
+        self.resolved: dict[int, tuple[ReadItem, torch.Tensor]] = {}
+        self.read: list[tuple[ReadItem, torch.Tensor, torch.Tensor]] = []
+
+    def set_up_planner(self, state_dict: dict[str, Any], metadata: Optional[Metadata] = None,
+                       is_coordinator: bool = False) -> None:
+        self.original, self.shadow = state_dict, _shadow(state_dict)
+        self.resolved, self.read = {}, []
+        self.inner.set_up_planner(self.shadow, metadata, is_coordinator)
+
+    def create_local_plan(self) -> LoadPlan:
+        return self.inner.create_local_plan()
+
+    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
+        return self.inner.create_global_plan(global_plan)
+
+    def finish_plan(self, central_plan: LoadPlan) -> LoadPlan:
+        return self.inner.finish_plan(central_plan)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        self.inner.load_bytes(read_item, value)  # into the shadow's containers
+
+    def resolve_bytes(self, read_item: ReadItem) -> io.BytesIO:
+        return self.inner.resolve_bytes(read_item)  # the shadow's own BytesIO
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        target = self.inner.resolve_tensor(read_item)
+        self.resolved[id(read_item)] = (read_item, target)
+        return torch.empty(target.size(), dtype=target.dtype, device="cpu")
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        _, target = self.resolved.pop(id(read_item))
+        self.read.append((read_item, target, tensor))
+
+    def commit(self) -> Any:
+        """Copy what was read into the state dict DCP set this planner up with (once the whole
+        load succeeded), and return that state dict."""
+        with torch.no_grad():
+            for read_item, target, tensor in self.read:
+                target.detach().copy_(tensor)
+                self.inner.commit_tensor(read_item, target)
+        _write_back(self.original, self.shadow)
+        self.read, self.shadow = [], None
+        return self.original
+
+
+def _shadow(value: Any) -> Any:
+    """A copy of ``value``'s containers (dicts, lists) and BytesIO objects; the tensors and
+    other objects in them are the same."""
+    if isinstance(value, dict):
+        copied = copy.copy(value)
+        for key, item in value.items():
+            copied[key] = _shadow(item)
+        return copied
+    if isinstance(value, list):
+        return [_shadow(item) for item in value]
+    if isinstance(value, io.BytesIO):
+        return io.BytesIO(value.getvalue())
+    return value
+
+
+def _write_back(target: Any, shadow: Any) -> None:
+    """Put into ``target``'s containers what a load put into its shadow's."""
+    keys = list(shadow) if isinstance(shadow, dict) else range(len(shadow))
+    for key in keys:
+        now = target[key] if isinstance(shadow, list) or key in target else None
+        new = shadow[key]
+        if new is now:
+            continue
+        if isinstance(now, (dict, list)) and type(now) is type(new) and (
+                isinstance(now, dict) or len(now) == len(new)):
+            _write_back(now, new)
+        elif isinstance(now, io.BytesIO) and isinstance(new, io.BytesIO):
+            now.seek(0)
+            now.truncate()
+            now.write(new.getvalue())
+            now.seek(0)
+        else:
+            target[key] = new
 
 
 def _loaded(attempt: Callable[[str], None], path: str) -> Optional[str]:

@@ -13,6 +13,7 @@ from typing import Callable
 import pytest
 import torch
 import torch.distributed.checkpoint as torch_dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import UsageError
@@ -185,3 +186,89 @@ def test_env_names_the_execution_a_save_goes_to(tmp_path: Path,
     assert steps(root) == [1, 2] and steps(tmp_path / "other") == []
     assert dcp.save_folder(5, env=env) == str(exec_dir / "step-5")
 
+
+def spoil_item(save: Path, fqn: str) -> None:
+    """Zero the bytes of the one stored item ``fqn`` of ``save`` (the file keeps its size)."""
+    metadata = torch_dcp.FileSystemReader(str(save)).read_metadata()
+    for index, where in metadata.storage_data.items():
+        if index.fqn == fqn:
+            with open(save / where.relative_path, "r+b") as handle:
+                handle.seek(where.offset)
+                handle.write(b"\0" * where.length)
+
+
+def test_a_save_that_fails_part_way_leaves_the_callers_values_as_they_were(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whichever item is the damaged one, DCP reads some before it in one of the cases.
+    for n, fqn in enumerate(("model.w", "model.b", "step")):
+        root = tmp_path / f"ck{n}"
+        exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+        dcp.save(state(1), step=1)
+        spoil_item(exec_dir / "step-1", fqn)
+        monkeypatch.undo()
+        dispatch_env(root, "b", E2, str(exec_dir / "step-1"), monkeypatch)
+        loaded = empty()
+        assert dcp.load(loaded) is None, fqn  # a fresh start...
+        assert hashes(loaded) == hashes(empty()), fqn  # ...with nothing of the broken save
+        monkeypatch.undo()
+
+
+def test_a_fallback_without_a_key_leaves_no_value_of_the_broken_save_under_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    partial = DefaultLoadPlanner(allow_partial_load=True)
+    for n, fqn in enumerate(("model.w", "model.b", "extra")):
+        root = tmp_path / f"ck{n}"
+        exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+        dcp.save(state(1), step=1)
+        dcp.save(state(2) | {"extra": torch.ones(5)}, step=2)  # a key step 1 lacks
+        spoil_item(exec_dir / "step-2", fqn)
+        monkeypatch.undo()
+        dispatch_env(root, "b", E2, str(exec_dir / "step-2"), monkeypatch)
+        loaded = empty() | {"extra": torch.zeros(5)}
+        assert dcp.load(loaded, planner=partial) == str(exec_dir / "step-1"), fqn
+        assert hashes(loaded) == hashes(state(1)), fqn
+        assert torch.equal(loaded["extra"], torch.zeros(5)), fqn  # the caller's, as it was
+        monkeypatch.undo()
+
+
+class Net:
+    """A Stateful entry, as torchtitan's model and optimizer wrappers are: DCP reads through
+    its state_dict() (views of its parameters) and gives the result to load_state_dict."""
+
+    def __init__(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.layer = torch.nn.Linear(3, 2)
+        self.loads = 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.layer.state_dict()
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        self.loads += 1
+        self.layer.load_state_dict(sd)
+
+    def values(self) -> list[list[float]]:
+        return [p.detach().flatten().tolist() for p in self.layer.parameters()]
+
+
+def test_a_stateful_entry_is_given_a_save_only_once_it_was_read_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for n, fqn in enumerate(("net.weight", "net.bias", "")):
+        root = tmp_path / f"ck{n}"
+        exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+        dcp.save({"net": Net(1), "step": 1}, step=1)
+        if fqn:
+            spoil_item(exec_dir / "step-1", fqn)
+        monkeypatch.undo()
+        dispatch_env(root, "b", E2, str(exec_dir / "step-1"), monkeypatch)
+        net = Net(0)
+        before = net.values()
+        loaded: dict[str, object] = {"net": net, "step": -1}
+        if fqn:  # broken: a fresh start, the parameters as they were, never given a save
+            assert dcp.load(loaded) is None, fqn
+            assert (net.values(), net.loads, loaded["step"]) == (before, 0, -1), fqn
+        else:
+            assert dcp.load(loaded) == str(exec_dir / "step-1")
+            assert (net.values(), net.loads, loaded["step"]) == (Net(1).values(), 1, 1)
+            assert loaded["net"] is net
+        monkeypatch.undo()
