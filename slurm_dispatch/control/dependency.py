@@ -9,7 +9,10 @@ instead (``afterok:dab2cd3e``) fixes that in two places:
   replaced by that job's current Slurm job id (:func:`resolve`);
 * when the supervisor resubmits an upstream job, every pending downstream job of the user's that
   names it gets its dependency rewritten to the new submission (:func:`follow`), with
-  ``scontrol update``.
+  ``scontrol update``.  Every other dispatch job the dependency names is looked up again; one
+  that cannot be (an unreadable record, none of its submissions recorded) is not known, and
+  unknown is never satisfied: that downstream's dependency is left as Slurm has it, refused
+  with the reason, never rewritten without the term.
 
 Invariant: only the words of ``--dependency`` (``-d``) are rewritten, only dispatch job ids in
 them (``d`` and seven letters of the id alphabet), and Slurm's own grammar is kept: types,
@@ -251,19 +254,35 @@ def dependents(records: list[record.JobRecord]) -> dict[str, list[record.JobReco
     return found
 
 
+class Moved:
+    """What :func:`follow` did: the Slurm job ids whose dependency it rewrote, and one line
+    for each pending job it left as Slurm has it, saying why."""
+
+    __slots__ = ("updated", "refused")
+
+    def __init__(self) -> None:
+        self.updated: list[str] = []
+        self.refused: list[str] = []
+
+
 def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
            home: Optional[str] = None, jobs: Optional[dict[str, Job]] = None,
-           waiting: Optional[list[record.JobRecord]] = None) -> list[str]:
+           waiting: Optional[list[record.JobRecord]] = None) -> Moved:
     """After ``upstream`` was resubmitted as ``new_slurm_id``: rewrite the dependency of every
-    pending Slurm job of the caller's dispatch jobs that names ``upstream``; returns the Slurm
-    job ids updated.  ``waiting`` (from :func:`dependents`) and ``jobs`` (a supervisor pass's)
-    save reading them again; Slurm is asked only when a job names ``upstream``."""
+    pending Slurm job of the caller's dispatch jobs that names ``upstream``.  ``waiting``
+    (from :func:`dependents`) and ``jobs`` (a supervisor pass's) save reading them again;
+    Slurm is asked only when a job names ``upstream``.
+
+    The rewrite gives Slurm the whole dependency again, so every other dispatch job it names
+    must be known: one whose record cannot be read now (a full disk, an NFS hiccup) or has
+    no submission is not known, never satisfied, and the job's dependency is left as Slurm
+    has it (its term on ``upstream`` still naming the ended job), refused with the reason."""
+    moved = Moved()
     if waiting is None:
         waiting = dependents(record.all_jobs(home)).get(upstream.id, [])
     if not waiting:
-        return []
+        return moved
     jobs = jobs if jobs is not None else slurm.own_jobs()
-    updated = []
     for job in waiting:
         try:
             where = dependency_value(list(job.spec["sbatch"]))
@@ -275,11 +294,19 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
         info = jobs.get(current.slurm_job_id)
         if info is None or not info.is_pending or not _known(job, current, jobs):
             continue
-        value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
-                        if ident == upstream.id else _current(ident, home))
+        try:
+            value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
+                            if ident == upstream.id else _current(ident, home))
+        except DispatchError as exc:
+            moved.refused.append(
+                f"Slurm job {info.job_id} (dispatch job {job.id}) keeps its dependency as "
+                f"Slurm has it, still naming {upstream.id}'s ended job, not its new Slurm job "
+                f"{new_slurm_id}: {exc}; once that reads again, `scontrol update "
+                f"jobid={info.job_id} dependency=...` with {new_slurm_id} for {upstream.id}")
+            continue
         slurm.set_dependency(info.job_id, value)
-        updated.append(info.job_id)
-    return updated
+        moved.updated.append(info.job_id)
+    return moved
 
 
 def _known(job: record.JobRecord, current: events.Submitted, jobs: dict[str, Job]) -> bool:
@@ -291,9 +318,13 @@ def _known(job: record.JobRecord, current: events.Submitted, jobs: dict[str, Job
     return found is not None and is_submission(job, current, found)
 
 
-def _current(ident: str, home: Optional[str]) -> Optional[str]:
+def _current(ident: str, home: Optional[str]) -> str:
+    """The Slurm job id of dispatch job ``ident``'s current submission; an error when it is
+    not known (an unknown term is never taken as satisfied)."""
     try:
         current = record.open_job(ident, home).history().lineage().current
-    except DispatchError:
-        return None
-    return current.slurm_job_id if current is not None else None
+    except DispatchError as exc:
+        raise DispatchError(f"dispatch job {ident}'s record cannot be read ({exc})") from None
+    if current is None:
+        raise DispatchError(f"dispatch job {ident}'s record holds no submission")
+    return current.slurm_job_id

@@ -549,15 +549,16 @@ class Supervisor:
             if not waiting:
                 return
             seen: Optional[Snapshot] = getattr(self, "_slurm_jobs", None)
-            updated = dependency.follow(self.slurm, job, done.slurm_job_id, self.home,
-                                        jobs=seen.keyed if seen is not None else None,
-                                        waiting=waiting)
+            moved = dependency.follow(self.slurm, job, done.slurm_job_id, self.home,
+                                      jobs=seen.keyed if seen is not None else None,
+                                      waiting=waiting)
         except (DispatchError, OSError) as exc:
             report.errors.append(f"{job.id}: could not move its dependents to Slurm job "
                                  f"{done.slurm_job_id}: {exc}")
             return
-        report.controller_calls += len(updated)
-        for slurm_id in updated:
+        report.errors.extend(f"{job.id}: {refused}" for refused in moved.refused)
+        report.controller_calls += len(moved.updated)
+        for slurm_id in moved.updated:
             report.actions.append(f"{job.id}: Slurm job {slurm_id} now waits for its "
                                   f"submission {done.submission} (Slurm job "
                                   f"{done.slurm_job_id})")

@@ -57,8 +57,8 @@ def test_a_downstream_job_follows_its_upstreams_resubmission(cluster: FakeCluste
     cluster.set(down.slurm_job_id, JobState="PENDING", Reason="Dependency")
     cluster.set(up.slurm_job_id, JobState="FAILED")
     again = submit.resubmit(Slurm(cluster, wait=0), up.job)
-    updated = dependency.follow(Slurm(cluster, wait=0), up.job, again.slurm_job_id)
-    assert updated == [down.slurm_job_id]
+    moved = dependency.follow(Slurm(cluster, wait=0), up.job, again.slurm_job_id)
+    assert moved.updated == [down.slurm_job_id] and moved.refused == []
     assert cluster.calls[-1] == ["scontrol", "update", f"jobid={down.slurm_job_id}",
                                  f"dependency=afterok:{again.slurm_job_id}"]
 
@@ -218,3 +218,37 @@ def test_a_reused_slurm_id_of_a_plain_job_does_not_satisfy_afterok(cluster: Fake
     with pytest.raises(UsageError, match="not known"):
         submit_one(cluster, "ck-down", f"--dependency=afterok:{up.job.id}")
     assert len(cluster.sbatch_calls()) == calls
+
+
+def unreadable_submission(job_path: str) -> None:
+    """One of a record's files cannot be read for a moment (a full disk, an NFS hiccup): its
+    submission's event is, for now, no file one can read."""
+    events = Path(job_path, "events")
+    for path in events.iterdir():
+        if "submitted" in path.name:
+            path.rename(events / f".{path.name}")
+            path.mkdir()
+
+
+@pytest.mark.parametrize("sep", [":", "?afterok:"])
+def test_an_unreadable_upstream_record_never_drops_its_term(
+        cluster: FakeCluster, sep: str) -> None:
+    """Issue 30 item 7: ``afterok:A:B``; A fails and is resubmitted while B's record cannot be
+    read.  B's term is not known, never satisfied: the downstream's dependency is left as Slurm
+    has it (no rewrite to A's new job alone, no empty dependency with '?'), and the pass says
+    why, naming B and the downstream."""
+    from slurm_dispatch.control.supervisor import Settings, Supervisor
+    a = submit_one(cluster, "ck-a", "--resubmit", "1")
+    b = submit_one(cluster, "ck-b")
+    down = submit_one(cluster, "ck-down", f"--dependency=afterok:{a.job.id}{sep}{b.job.id}")
+    cluster.set(down.slurm_job_id, JobState="PENDING", Reason="Dependency")
+    cluster.set(a.slurm_job_id, JobState="FAILED")
+    unreadable_submission(b.job.path)
+    report = Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
+    again = a.job.history().lineage().current
+    assert again is not None and again.submission == 2  # A's resubmission is not held up
+    assert "Dependency" not in cluster.jobs[down.slurm_job_id], cluster.jobs[down.slurm_job_id]
+    assert not [c for c in cluster.calls if c[:2] == ["scontrol", "update"]
+                and "dependency=" in c[-1]]
+    said = [e for e in report.errors if down.slurm_job_id in e]
+    assert said and b.job.id in said[0] and "keeps its dependency" in said[0], report.errors
