@@ -9,7 +9,10 @@ Invariants:
 
 * :func:`load` never raises.  Every problem (an unreadable file, an unknown key, a bad value,
   a key given twice) is collected in :attr:`Config.problems` as a message naming the key, the
-  value, the file and the line; the affected key keeps its default.  Hooks log the problems and
+  value, the file and the line, and what stands instead; a bad value leaves its key's default.
+  Every value is judged, a key given again too (its first line's value stands, as the
+  problem says), and an unknown key close to a known one is answered with the key meant
+  (``did you mean HookTimeout?``), as every command-line typo is.  Hooks log the problems and
   go on with the defaults; the ``dispatch`` commands turn them into an error.
 * This module imports only the standard library and nothing else of the package, so node hooks
   can load it cheaply (no ``typing``, ``re`` or ``dataclasses`` at run time).
@@ -283,20 +286,37 @@ def parse(text: str, path: str = "<text>") -> Config:
         entry = _KEYS.get(key.lower())
         if entry is None:
             config.problems.append(f"{where}: unknown key {key!r} (value {value!r}); "
-                                   f"valid keys are {', '.join(KEYS)}")
+                                   + _meant(key))
             continue
         spelling, attribute, convert = entry
-        if key.lower() in seen:
+        first = seen.get(key.lower())
+        standing = (f"using the default {getattr(config, attribute)!r}"
+                    if first is None or first < 0 else
+                    f"line {first}'s value {getattr(config, attribute)!r} stands")
+        try:
+            converted = convert(value)
+        except ValueError as exc:
+            config.problems.append(f"{where}: bad value for {spelling}: {exc}; {standing}")
+            seen.setdefault(key.lower(), -number)  # negative: its value was bad
+            continue
+        if first is not None:
             config.problems.append(f"{where}: {spelling} given again (first on line "
-                                   f"{seen[key.lower()]}); the first value stands")
+                                   f"{abs(first)}" + (", whose value is bad" if first < 0 else "")
+                                   + f"); {standing}")
             continue
         seen[key.lower()] = number
-        try:
-            setattr(config, attribute, convert(value))
-        except ValueError as exc:
-            config.problems.append(f"{where}: bad value for {spelling}: {exc}; "
-                                   f"using the default {getattr(config, attribute)!r}")
+        setattr(config, attribute, converted)
     return config
+
+
+def _meant(key: str) -> str:
+    """The known key ``key`` is a typo of, or every key where it is like none."""
+    import difflib  # only on this path: a hook reading a good file never loads it
+    simple = key.lower().replace("_", "").replace("-", "")
+    close = difflib.get_close_matches(simple, list(_KEYS), n=1, cutoff=0.7)
+    if close:
+        return f"did you mean {_KEYS[close[0]][0]}?"
+    return f"valid keys are {', '.join(KEYS)}"
 
 
 def load(path: str | None = None, environ: dict[str, str] | None = None) -> Config:

@@ -102,3 +102,48 @@ def test_escaped_hash(tmp_path: Path) -> None:
     path = tmp_path / "dispatch.conf"
     path.write_text("CessationSignal=/opt/a\\#b # comment\n")
     assert config.load(str(path)).cessation_signal == "/opt/a#b"
+
+
+def test_a_value_given_again_is_judged_and_named_if_bad(tmp_path: Path) -> None:
+    """The shipped dispatch.conf sets HookTimeout=5; an admin appends HookTimeout=abc (issue 31
+    item 11): the problem said "HookTimeout given again", never that abc is not a duration.
+    Each value is judged first; which value stands is said as it is."""
+    path = tmp_path / "dispatch.conf"
+    path.write_text("HookTimeout=5\nHookTimeout=abc\n")
+    cfg = config.load(str(path))
+    assert cfg.problems == [
+        f"{path}:2: bad value for HookTimeout: 'abc' is not a duration (seconds, MM:SS, "
+        "HH:MM:SS or D-HH:MM:SS); line 1's value 5.0 stands"]
+    assert cfg.hook_timeout == 5.0
+    path.write_text("HookTimeout=5\nHookTimeout=7\n")
+    assert config.load(str(path)).problems == [
+        f"{path}:2: HookTimeout given again (first on line 1); line 1's value 5.0 stands"]
+    path.write_text("HookTimeout=abc\nHookTimeout=7\n")
+    cfg = config.load(str(path))
+    assert cfg.problems[1] == (f"{path}:2: HookTimeout given again (first on line 1, whose "
+                               "value is bad); using the default 5.0")
+    assert cfg.problems[0].startswith(f"{path}:1: bad value for HookTimeout: 'abc'")
+    assert cfg.hook_timeout == 5.0
+
+
+@pytest.mark.parametrize("given,meant", [("HookTimout", "HookTimeout"),
+                                         ("hook_timeout", "HookTimeout"),
+                                         ("CessationIntreval", "CessationInterval"),
+                                         ("StateDirectory", "StateDir"),
+                                         ("SiteViewGroups", "SiteViewGroup")])
+def test_a_misspelt_key_is_answered_with_the_key_meant(tmp_path: Path, given: str,
+                                                       meant: str) -> None:
+    """Every command-line typo gets a "did you mean"; a dispatch.conf typo got the list of
+    every key (issue 31 item 11)."""
+    path = tmp_path / "dispatch.conf"
+    path.write_text(f"{given}=5\n")
+    assert config.load(str(path)).problems == [
+        f"{path}:1: unknown key {given!r} (value '5'); did you mean {meant}?"]
+
+
+def test_a_key_like_none_still_lists_every_key(tmp_path: Path) -> None:
+    path = tmp_path / "dispatch.conf"
+    path.write_text("Colour=blue\n")
+    problem, = config.load(str(path)).problems
+    assert "did you mean" not in problem
+    assert problem.endswith("valid keys are " + ", ".join(config.KEYS)), problem
