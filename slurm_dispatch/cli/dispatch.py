@@ -314,6 +314,11 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     A DIR inside the execution's folder that does not exist yet is waited for (a framework
     makes it at its first save); the end says so if it never appeared.
 
+    A run that published nothing says so at the end; when the execution's folder holds saves
+    named with a step (checkpoint-<N>, step-<N>, epoch=E-step=S.ckpt) that were not published,
+    it names each with the option that would have found it and exits non-zero (2 when the
+    command succeeded).
+
     Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
     """
     import os

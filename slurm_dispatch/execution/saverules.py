@@ -6,6 +6,8 @@ place and whole; or, with a pattern, every name matching a glob with one ``{step
 folder holding ``.metadata`` is a ``torch.distributed.checkpoint`` (DCP) save, whatever its
 name (``step-<N>``, torchtitan's, is a save's name too; a ``.ckpt`` folder is Lightning's
 sharded save): it looks whole once :func:`dcp_problem` finds nothing missing.
+:func:`step_named` finds, below an execution's folder, the entries those default names call
+saves: what a run that published nothing may have missed.
 
 Why a DCP save, which several ranks write (on several nodes), is safe to judge from one
 node: ``torch.distributed.checkpoint.save`` (and ``async_save``, in its background thread) is
@@ -68,6 +70,9 @@ DCP_METADATA_LIMIT = 1 << 30  # a .metadata larger than this is not read (bytes)
 # the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
 # it), and the name must end in ".ckpt" (so a manifest beside a save is not one).
 _FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
+SCAN_DEPTH = 1  # a save's path below the watched folder holds at most this many names
+NAMED_DEPTH = 8  # how deep step_named looks below the execution's folder
+NAMED_LIMIT = 100_000  # and over how many entries at most
 _ZIP_LOCAL = b"PK\x03\x04"
 _ZIP_END = b"PK\x05\x06"
 _ZIP64_LOCATOR = b"PK\x06\x07"
@@ -101,6 +106,17 @@ class SaveRule:
             return cls(None, ready, None)
         return cls(pattern, ready, compile_pattern(pattern))
 
+    def ready_for(self, name: str) -> str:
+        """The ready file of a save folder of this name."""
+        return self.ready
+
+    def describe(self) -> str:
+        """The names this rule takes for saves, in words."""
+        if self.pattern is not None:
+            return f"as --pattern {self.pattern!r} says"
+        return ("checkpoint-<N>/ (holding its --ready file, " + repr(self.ready) + "), "
+                "step-<N>/ (a torch.distributed.checkpoint save) or *step=<N>*.ckpt")
+
     def step_of(self, name: str) -> Optional[tuple[int, str]]:
         """(step, kind) of a save's name, kind being FOLDER, FILE or EITHER; None when the
         name is no save."""
@@ -114,6 +130,32 @@ class SaveRule:
             return int(match.group(1)), FOLDER
         match = _FILE_STEP.search(name)
         return (int(match.group(1)), FILE) if match else None
+
+
+def step_named(folder: str) -> list[str]:
+    """The entries under ``folder`` (at most :data:`NAMED_DEPTH` names deep, of the first
+    :data:`NAMED_LIMIT` entries) that the default rule names as saves with a step, sorted;
+    nothing under them is looked at, no symlink is followed, no name starting with "." is
+    entered.  What a run that published nothing may have missed."""
+    rule = SaveRule.make()
+    found: list[str] = []
+    pending = [(folder, 0)]
+    seen = 0
+    while pending and seen < NAMED_LIMIT:
+        path, depth = pending.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if entry.name.startswith("."):
+                continue
+            if rule.step_of(entry.name) is not None:
+                found.append(entry.path)
+            elif depth + 1 < NAMED_DEPTH and entry.is_dir(follow_symlinks=False):
+                pending.append((entry.path, depth + 1))
+    return sorted(found)
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

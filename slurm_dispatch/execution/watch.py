@@ -40,6 +40,13 @@ Invariants:
   (the framework makes it at its first save); if it never appears, the end says so once.  One
   outside the execution's folder, a file in its place, one that cannot be read, or one that
   goes after it appeared is a store error.
+* A run that ends without an error having published nothing of the execution's folder (by
+  watch or an integration) is never quiet: it says so, naming the folder watched and the names
+  saves must have.  Entries of the execution's folder that the frameworks' default names call
+  saves with a step (:func:`step_named`) and that were not published are named each with what
+  would have found it (``--dir``, ``--pattern``, ``--ready``), and the run ends non-zero (2
+  when the command succeeded): a job whose saves nobody can resume is a failure.  A save
+  still being written at the end is said as such and not counted.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
   mark) is never looked at again: a scan of a folder of old saves costs one listing.
 
@@ -67,15 +74,18 @@ from .saverules import (
     DCP_METADATA,
     DCP_METADATA_TMP,
     FOLDER,
+    SCAN_DEPTH,
     Entry,
     NotASave,
     SaveRule,
     dcp_only,
     dcp_problem,
     files_of,
+    is_dcp_save,
     looks_whole,
     open_for_writing,
     snapshot,
+    step_named,
 )
 from .saves import sync_save
 from .watch_s3 import Uploader
@@ -211,6 +221,59 @@ class Watcher:
         if published and self.keep is not None and not self.cancelled:
             self._clean(self.keep)
         return published
+
+    def published_anything(self) -> bool:
+        """A publication names a save of this execution's folder (of the watched folder when
+        that is not known), by this watch or another publisher (an integration); True when
+        the store cannot say."""
+        try:
+            if self.uploader is not None:
+                return self.uploader.own_mark() >= 0
+            base = (self.exec_dir or self.folder).rstrip("/") + "/"
+            return any(f.path.startswith(base) for f in store.list_publications(self.root))
+        except DispatchError:
+            return True
+
+    def missed(self) -> list[tuple[str, str]]:
+        """(path, the option that would have found it) for each entry of the execution's
+        folder (the watched one when that is not known) named as a save with a step by the
+        frameworks' defaults that this watch did not take for a save, or took for one that
+        never looked whole; what is still being written (said already) is not among them."""
+        base = self.exec_dir or self.folder
+        waiting = {os.path.join(self.folder, name) for name in self._seen}
+        out = []
+        for path in step_named(base):
+            if path in waiting:
+                continue
+            option = self._option_for(path)
+            if option is not None:
+                out.append((path, option))
+        return out
+
+    def _option_for(self, path: str) -> Optional[str]:
+        """What would have made watch publish the save at ``path``; None for a save that
+        watch took for one and decided on (said already)."""
+        parent, name = os.path.split(path)
+        inside = (path + "/").startswith(self.folder.rstrip("/") + "/")
+        if not inside or (path.count("/") - self.folder.rstrip("/").count("/") > SCAN_DEPTH):
+            return f"--dir {parent} would have found it"
+        found = self.rule.step_of(name)
+        if found is None:
+            return (f"--pattern {self.rule.pattern!r} does not match it; without --pattern "
+                    "watch takes it for a save")
+        rel = os.path.relpath(path, self.folder)
+        if rel in self._settled:
+            if found[1] == FOLDER and os.path.isfile(path) and not os.path.islink(path):
+                pattern = name.replace(str(found[0]), "{step}", 1)
+                return (f"a file, where watch takes a folder of that name for a save: "
+                        f"--pattern {pattern!r} takes it")
+            return None  # decided on and said (a FIFO in it, a step already published)
+        if os.path.isdir(path) and not os.path.islink(path):
+            if dcp_only(name, found[1]) or is_dcp_save(path):
+                return "it never was a complete torch.distributed.checkpoint save"
+            return (f"it never held a whole {self.rule.ready_for(name)}: --ready NAME names "
+                    "the file its writer writes last")
+        return "it never looked whole: a non-empty file, a zip ended by its end record"
 
     def waiting(self) -> list[str]:
         """The saves above the mark that look whole but are not confirmed yet (seen at one
@@ -411,6 +474,7 @@ class WatchLoop:
         self._pending: list[int] = []
         self._ending = False
         self.termed = False  # a TERM was forwarded to the running command
+        self.missed = 0  # saves on disk never published, in a run that published nothing
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -539,12 +603,29 @@ class WatchLoop:
                 self._wait(end - time.monotonic())
 
     def _say_the_end(self) -> None:
-        """After the last scans: what a run that ended without an error should know."""
+        """After the last scans: what a run that ended without an error should know.  One
+        that published nothing says so, names the saves it missed, if any, and then fails."""
         if self.error is not None:
             return  # said already, and the run ends non-zero
-        if self.watcher.may_be_absent and not self.watcher.appeared:
-            self.report(f"the watched folder {self.watcher.folder} never appeared: nothing was "
+        watcher = self.watcher
+        if watcher.may_be_absent and not watcher.appeared:
+            self.report(f"the watched folder {watcher.folder} never appeared: nothing was "
                         "saved there")
+        if watcher.published_anything():
+            return
+        inside = "" if watcher.exec_dir in (None, watcher.folder) else (
+            f", inside this execution's folder {watcher.exec_dir}")
+        self.report(f"published nothing: no complete save was found in {watcher.folder}; "
+                    f"saves must be written there{inside}, named {watcher.rule.describe()}")
+        missed = watcher.missed()
+        for path, option in missed:
+            self.report(f"never published: {path} ({option})")
+        if missed:
+            self.missed = len(missed)
+            self.report(f"{len(missed)} save(s) above were never published: watch exits "
+                        f"non-zero ({STOPPED_CODE} when the command succeeded), so the job is a "
+                        "failure (the resubmit rule applies), not a completed job whose work "
+                        "nobody can resume")
 
     def _loop(self) -> None:
         next_scan = time.monotonic()
@@ -564,7 +645,7 @@ class WatchLoop:
         code = 0
         if self.child is not None:
             code = exit_status(self.child.wait())
-        if self.error is not None and code == 0:
+        if (self.error is not None or self.missed) and code == 0:
             return STOPPED_CODE
         if code == 0 and self.termed:
             self.report(f"the command exited 0 after watch forwarded it TERM: its work is not "

@@ -14,26 +14,19 @@ import pytest
 
 from slurm_dispatch.errors import StoreError
 from slurm_dispatch.execution.saverules import SaveRule
-from slurm_dispatch.execution.watch import Watcher
+from slurm_dispatch.execution.watch import Watcher, WatchLoop
+from tests.unit import test_watch as base
 from tests.unit.test_watch import (
     DISPATCH,
     EPOCH,
     hf_save,
     published,
+    torch_like_zip,
     two_scans,
     watch_env,
 )
 
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "ck" / "exec" / "a").mkdir(parents=True)
-    return tmp_path / "ck"
-
-
-@pytest.fixture
-def folder(root: Path) -> Path:
-    return root / "exec" / "a"
+root, folder = base.root, base.folder  # the fixtures: a checkpoint root, an execution's folder
 
 
 # ---- a watched folder made at the first save (issue 36 item 2) -------------------------
@@ -103,3 +96,99 @@ def test_a_folder_that_never_appeared_is_said_once_at_the_end(root: Path, folder
     assert said == [f"dispatch watch: the watched folder {folder}/ckpts never appeared: "
                     "nothing was saved there"], proc.stderr
 
+
+# ---- a run that published nothing is never quiet (issue 36 item 3) ---------------------
+
+def run_watch(root: Path, folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DISPATCH, "watch", "--interval", "0.05", *args],
+                          env=watch_env(root, folder), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
+def lightning_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(torch_like_zip(1, 100))
+    return path
+
+
+def test_a_run_that_wrote_saves_elsewhere_says_so_and_succeeds(root: Path, folder: Path,
+                                                               tmp_path: Path) -> None:
+    """`dispatch watch -- python train.py --output_dir ./out`: the saves are outside the
+    execution's folder; watch cannot tell them from anything else, but says it published
+    nothing and where saves must be."""
+    out = tmp_path / "out" / "checkpoint-5"
+    proc = run_watch(root, folder, "--", "sh", "-c",
+                     f"mkdir -p {out} && echo '{{}}' > {out}/trainer_state.json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"dispatch watch: published nothing: no complete save was found in {folder}; saves "
+        "must be written there, named "
+        "checkpoint-<N>/ (holding its --ready file, 'trainer_state.json'), step-<N>/ (a "
+        "torch.distributed.checkpoint save) or *step=<N>*.ckpt"], proc.stderr
+
+
+def test_saves_watch_missed_are_named_with_what_finds_them_and_fail(root: Path,
+                                                                    folder: Path) -> None:
+    (folder / "ckpts").mkdir()
+    deep = folder / "logs" / "run" / "version_0" / "more" / "checkpoints" / "epoch=0-step=5.ckpt"
+    missed_dir = folder / "elsewhere" / "epoch=0-step=3.ckpt"
+    proc = run_watch(root, folder, "--dir", str(folder / "ckpts"), "--", "python3", "-c",
+                     "import sys; sys.exit(0)")
+    assert proc.returncode == 0 and "published nothing" in proc.stderr, proc.stderr
+    lightning_file(deep)
+    lightning_file(missed_dir)
+    (folder / "ckpts" / "checkpoint-7").mkdir()  # a custom loop's: no trainer_state.json
+    (folder / "ckpts" / "checkpoint-7" / "model.pt").write_bytes(b"w")
+    (folder / ".hidden" / "checkpoint-9").mkdir(parents=True)
+    (folder / "last.ckpt").write_bytes(b"w")  # no step: not a save
+    proc = run_watch(root, folder, "--dir", str(folder / "ckpts"), "--", "true")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith(f"dispatch watch: published nothing: no complete save was "
+                               f"found in {folder}/ckpts; saves must be written there, "
+                               f"inside this execution's folder {folder}, named ")
+    assert lines[1:] == [
+        f"dispatch watch: never published: {folder}/ckpts/checkpoint-7 (it never held a whole "
+        "trainer_state.json: --ready NAME names the file its writer writes last)",
+        f"dispatch watch: never published: {missed_dir} (--dir {missed_dir.parent} would "
+        "have found it)",
+        f"dispatch watch: never published: {deep} (--dir {deep.parent} would have found it)",
+        "dispatch watch: 3 save(s) above were never published: watch exits non-zero (2 when "
+        "the command succeeded), so the job is a failure (the resubmit rule applies), not a "
+        "completed job whose work nobody can resume"], proc.stderr
+    assert published(root) == []
+
+
+def test_a_pattern_that_misses_the_saves_is_named(root: Path, folder: Path) -> None:
+    hf_save(folder, 3)
+    proc = run_watch(root, folder, "--pattern", "model_{step}.pt", "--", "true")
+    assert proc.returncode == 2, proc.stderr
+    assert (f"dispatch watch: never published: {folder}/checkpoint-3 (--pattern "
+            "'model_{step}.pt' does not match it; without --pattern watch takes it for a "
+            "save)") in proc.stderr.splitlines(), proc.stderr
+
+
+def test_a_command_that_failed_keeps_its_status(root: Path, folder: Path) -> None:
+    (folder / "checkpoint-7").mkdir()
+    (folder / "checkpoint-8").write_bytes(b"a file")
+    proc = run_watch(root, folder, "--", "sh", "-c", "exit 5")
+    assert proc.returncode == 5, proc.stderr
+    assert f"never published: {folder}/checkpoint-7 (it never held" in proc.stderr
+    assert (f"never published: {folder}/checkpoint-8 (a file, where watch takes a folder of "
+            "that name for a save: --pattern 'checkpoint-{step}' takes it)") in proc.stderr
+
+
+def test_a_save_still_being_written_at_the_end_is_not_counted(root: Path,
+                                                              folder: Path) -> None:
+    """It is named as still being written; nothing else is wrong with the run."""
+    lines: list[str] = []
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make(), lines.append,
+                exec_dir=str(folder))
+    save = folder / "epoch=0-step=4.ckpt"
+    save.write_bytes(torch_like_zip(1, 100))
+    with open(save, "ab"):  # held open for writing by this process, past the end
+        assert WatchLoop(w, ["true"], 0.05, 0.5, lines.append).run() == 0
+    assert lines[0].startswith("not publishing step 4 yet: process ")  # the writer, once
+    assert lines[1:-1] == [f"not publishing {save}: still being written 0.5 s (--timeout) "
+                           "after the end"], lines
+    assert lines[-1].startswith("published nothing: "), lines
