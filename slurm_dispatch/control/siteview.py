@@ -333,12 +333,18 @@ def job_owners(target: str, state_dir: str, slurm: Any) -> tuple[set[int], str]:
     accounting (a job the controller forgot, MinJobAge), then the facts the hooks filed under
     the job's own uid (``StateDir/facts/<uid>/<job id>``, from Slurm's environment, root's: no
     user writes them).  No uid: nothing knows the job.  A controller that cannot answer is a
-    SlurmError: who holds the id now is not known."""
-    for source, ask in (("the controller", slurm.jobs), ("Slurm's accounting",
-                                                          slurm.accounting)):
-        uids = {job.uid for job in ask(target) or [] if job.uid >= 0}
-        if uids:
-            return uids, source
+    SlurmError: who holds the id now is not known.  Accounting that cannot answer (slurmdbd
+    down) leaves it to the facts, as a site without accounting does."""
+    from ..errors import SlurmError
+    uids = {job.uid for job in slurm.jobs(target) if job.uid >= 0}
+    if uids:
+        return uids, "the controller"
+    try:
+        uids = {job.uid for job in slurm.accounting(target) or [] if job.uid >= 0}
+    except SlurmError:
+        uids = set()
+    if uids:
+        return uids, "Slurm's accounting"
     return set(_fact_owners(target, state_dir)), f"the facts under {state_dir}"
 
 

@@ -90,6 +90,8 @@ from tests import squeue_fake
 args = sys.argv[1:]
 with open({log!r}, "a") as out:
     out.write(f"{{os.getuid()}} {{' '.join(args)}}\\n")
+if os.path.exists({table!r} + ".down"):
+    sys.exit("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
 table = {table!r}
 jobs = json.load(open(table)) if os.path.exists(table) else []
 shown = squeue_fake.selected(args, jobs, os.getuid())
@@ -173,8 +175,10 @@ def site_conf(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         python=sys.executable, repo=str(Path(__file__).resolve().parents[2]),
         log=str(base / "squeue.log"), table=str(base / "slurm-jobs.json")))
     (tools / "squeue").chmod(0o755)
-    (tools / "sacct").write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\n"
-                                 "exit 1\n")  # as the sandbox's controller: no accounting
+    (tools / "sacct").write_text(  # as the sandbox's controller: no accounting
+        f"#!/bin/sh\nif [ -e {base}/slurmdbd.down ]; then echo 'sacct: error: Problem talking "
+        "to the database: Connection refused' >&2; exit 1; fi\n"
+        "echo 'Slurm accounting storage is disabled' >&2\nexit 1\n")
     (tools / "sacct").chmod(0o755)
     conf = base / "dispatch.conf"
     conf.write_text(f"CessationSignal={signal}\nSlurmBackend=cli\n")
@@ -837,3 +841,35 @@ def test_an_answer_judged_from_another_users_facts_is_not_recorded(
     assert [(e["ended_slurm_job_id"], e["verdict"]) for e in said] == [(ended, "error")]
     assert "SECRET" not in everything_in(base / "nobody")
     assert "another user's" in said[0]["evidence"], said[0]
+
+
+@pytest.mark.parametrize("down", ["controller", "slurmdbd"])
+def test_whose_job_it_is_when_part_of_slurm_does_not_answer(
+        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch, down: str) -> None:
+    """A controller that does not answer leaves unknown who holds the job id now: not asked,
+    said so.  Accounting that does not answer (slurmdbd down) for a job the controller forgot
+    leaves the facts the hooks filed to say whose it was."""
+    from slurm_dispatch.node import factstore
+    fake, base = site
+    mine, ended, _ = held(fake, base)
+    asked = secret_signal(base, monkeypatch)
+    monkeypatch.setenv("DISPATCH_SLURM_ATTEMPTS", "1")
+    if down == "controller":
+        (base / "slurm-jobs.json.down").touch()
+    else:
+        (base / "slurm-jobs.json").write_text("[]")
+        (base / "slurmdbd.down").touch()
+        factstore.write_fact(str(base / "state"), USER.pw_uid, USER.pw_gid, ended, "start",
+                             "n1", {"restart": 0})
+    code, out, err = admin_cmd(base, "release-service")
+    assert (code, err) == (0, ""), err
+    said = [e for e in mine.events() if e["event"] == "cessation"]
+    if down == "controller":
+        assert asked.read_text() == ""
+        assert said[0]["verdict"] == "error", said
+        assert said[0]["evidence"].startswith(f"whose job Slurm job {ended} is cannot be "
+                                              "learnt now ("), said
+        assert "Unable to contact slurm controller" in said[0]["evidence"], said
+    else:
+        assert asked.read_text().splitlines() == [ended]
+        assert said[0]["verdict"] == "not ceased", said
