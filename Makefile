@@ -48,31 +48,19 @@ demo: install
 demo-protocol: install
 	bash demo/protocol.sh
 
-# Every test on the host's Slurm (22.05 on Debian 12), then the real tests again on 24.11, from
-# the sandbox's Debian 13 root (built once, kept in /var/cache/slurm-dispatch): the release
-# itself, hooks, cease, the supervisor, dispatch-sbatch with the launcher (the demo's partition
-# scenario among them), arrays, survivors, trust, watch, preemption and the Slurm adapter's
-# contract on both backends, and a supervisor pass's RPCs by sdiag; 64 tests, about 10 minutes
-# more on 2 cores.  On 22.05 only: test_sandbox, whose subject is the host-side verbs (`env`, the venv's
-# own dispatch-sandbox; a 24.11 sandbox
-# refuses `env` by design); test_frameworks, test_frameworks_ddp, test_dcp_watch and test_s3_jobs, which install
-# torch's CPU build from this machine's local wheels into the sandbox's venv (the root's pip does
-# not see them, and a bare torch there would pull a CUDA build of several GB); and test_gc, whose
-# subject (the store's cleanup) does not depend on the Slurm release.  The adapter's contract
-# suite runs on both, each with its own pyslurm (22.5.3 here, 24.11.0 built in the root:
+# Every test on the host's Slurm (22.05 on Debian 12), then the real tests again on each tested
+# release of the sandbox's table (slurm_dispatch/sandbox/root.py: RELEASES, `tested`; 24.11
+# today, from the sandbox's Debian 13 root, built once and kept in /var/cache/slurm-dispatch),
+# REAL_ON_ROOTS there (which tests, and why the others run on the host's only); 74 tests on
+# 24.11, about 10 minutes more on 2 cores.  The adapter's contract suite runs on each, each
+# release with its own pyslurm (22.5.3 here, 24.11.0 built in the root:
 # `python3 -m tests.real.pyslurm_build [--slurm 24.11]`, which .ci/run does first; the fixture
-# builds it otherwise, about 3 minutes).  The 24.11 sandbox's
-# folder is the default's with -24.11 appended (DISPATCH_SANDBOX_DIR's, when that is set).
-REAL_ON_24_11 = tests/real/test_release.py tests/real/test_hooks.py tests/real/test_cease.py \
-	tests/real/test_supervisor.py tests/real/test_dispatch_sbatch.py tests/real/test_arrays.py \
-	tests/real/test_survivors.py tests/real/test_trust.py tests/real/test_watch.py \
-	tests/real/test_adapter_contract.py tests/real/test_upgrade_in_place.py \
-	tests/real/test_controller_bill.py tests/real/test_preemption.py \
-	tests/real/test_doctor.py
-# tools/run-tests runs the 24.11 tests beside the fast tier (one waits on Slurm, the other on
-# the CPU), each sandbox with a job user of its own; TEST_SERIAL=1 runs them one at a time.
+# builds it otherwise, about 3 minutes).  A release's sandbox folder is the default's with
+# -RELEASE appended (DISPATCH_SANDBOX_DIR's, when that is set).
+# tools/run-tests runs the releases' tests beside the fast tier (one waits on Slurm, the other
+# on the CPU), each sandbox with a job user of its own; TEST_SERIAL=1 runs them one at a time.
 test: install-test
-	bash tools/run-tests $(PY) $(REAL_ON_24_11)
+	bash tools/run-tests $(PY)
 
 # The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
 test-fast: install-test

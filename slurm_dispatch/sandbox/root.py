@@ -71,6 +71,11 @@ class Release:
     debian: str
     packages: tuple[str, ...]
     expects: str = ""
+    # What `make test` does with it (tools/run-tests reads these): whether it runs
+    # REAL_ON_ROOTS on it, and the job user of its sandbox there (one of its own, so that
+    # tiers running side by side never share a home and its dispatch records).
+    tested: bool = False
+    job_user: str = ""
 
     @property
     def moving(self) -> bool:
@@ -90,6 +95,25 @@ class Release:
 # project's venv inside.
 _SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3", "python3-venv")
 
+# The real tier's files that run again on each tested release from a Debian root (the host's
+# Slurm runs all of tests/real): the release itself, hooks, cease, the supervisor,
+# dispatch-sbatch with the launcher (the demo's partition scenario among them), arrays,
+# survivors, trust, watch, preemption, the doctor, the Slurm adapter's contract on both backends
+# and a supervisor pass's RPCs by sdiag.  On the host's only: test_sandbox, whose subject is the
+# host-side verbs (`env`, the venv's own dispatch-sandbox; a sandbox in a root refuses `env` by
+# design); test_frameworks, test_frameworks_ddp, test_dcp_watch and test_s3_jobs, which install
+# torch's CPU build from this machine's local wheels into the sandbox's venv (a root's pip does
+# not see them, and a bare torch there would pull a CUDA build of several GB); and test_gc,
+# whose subject (the store's cleanup) does not depend on the Slurm release.
+REAL_ON_ROOTS = (
+    "tests/real/test_release.py", "tests/real/test_hooks.py", "tests/real/test_cease.py",
+    "tests/real/test_supervisor.py", "tests/real/test_dispatch_sbatch.py",
+    "tests/real/test_arrays.py", "tests/real/test_survivors.py", "tests/real/test_trust.py",
+    "tests/real/test_watch.py", "tests/real/test_adapter_contract.py",
+    "tests/real/test_upgrade_in_place.py", "tests/real/test_controller_bill.py",
+    "tests/real/test_preemption.py", "tests/real/test_doctor.py",
+)
+
 RELEASES = {
     # libslurm-dev (slurm.h; libslurmfull.so comes with slurmd's plugins), gcc, libc6-dev (a
     # recommendation of gcc that debootstrap does not follow) and libpython3-dev (Python.h,
@@ -97,12 +121,20 @@ RELEASES = {
     # (tests/real/pyslurm_build.py), about 240 MB more.
     "24.11": Release(name="24.11", suite="trixie", debian="Debian 13",
                      packages=(*_SLURM_PACKAGES, "libslurm-dev", "gcc", "libc6-dev",
-                               "libpython3-dev")),
+                               "libpython3-dev"),
+                     tested=True, job_user="dispatchuser2"),
     # Debian's testing (and unstable) ship 26.05 today; no pyslurm supports it (the adapter's
     # SlurmBackend=auto falls back to Slurm's tools), so nothing to build pyslurm with.
     NEWEST: Release(name=NEWEST, suite="testing", debian="Debian testing",
-                    packages=_SLURM_PACKAGES, expects="26.05"),
+                    packages=_SLURM_PACKAGES, expects="26.05", job_user="dispatchuser3"),
 }
+
+
+def tier_plan() -> str:
+    """What tools/run-tests runs beside the fast tier: a line per tested release, its name and
+    its job user, then ``tests`` and REAL_ON_ROOTS (for a shell to read)."""
+    lines = [f"{r.name} {r.job_user}" for r in RELEASES.values() if r.tested]
+    return "\n".join([*lines, "tests " + " ".join(REAL_ON_ROOTS)])
 
 
 def choices(host: bool = True) -> str:

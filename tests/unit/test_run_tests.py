@@ -1,0 +1,79 @@
+"""tools/run-tests takes the releases `make test` runs, their job users and their real tests
+from the sandbox's release table (slurm_dispatch/sandbox/root.py), not from the Makefile: adding
+a release is a row there (issue 29 item 10).
+
+A fake Python stands at the process boundary: it answers ``-c`` with the real interpreter (the
+table as the script reads it) and records each pytest session it is asked for, with the
+sandbox variables it was given, instead of running it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch.sandbox import root as sandbox_root
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAKE = """#!/bin/sh
+if [ "$1" = -c ]; then exec {python} "$@"; fi
+{python} -c 'import json, os, sys; print(json.dumps({{"argv": sys.argv[1:], "env": {{k: v
+    for k, v in os.environ.items() if k.startswith("DISPATCH_SANDBOX")}}}}))' "$@" >> {log}
+"""
+
+
+def sessions(tmp_path: Path, *args: str, **env: str) -> list[dict]:
+    log = tmp_path / "sessions.jsonl"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE.format(python=sys.executable, log=log))
+    fake.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_SANDBOX")}
+    proc = subprocess.run(["bash", "tools/run-tests", str(fake), *args], cwd=REPO,
+                          env={**clean, "TEST_SERIAL": "1", **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_make_test_runs_the_tables_tested_releases_with_their_users_and_tests(
+        tmp_path: Path) -> None:
+    tested = [r for r in sandbox_root.RELEASES.values() if r.tested]
+    assert [r.name for r in tested] == ["24.11"]
+    fast, *on_roots, host = sessions(tmp_path)
+    assert fast["argv"][-2:] == ["not real", "--ignore=tests/real"]
+    assert host["argv"][-1] == "tests/real" and "DISPATCH_SANDBOX_SLURM" not in host["env"]
+    assert [s["env"]["DISPATCH_SANDBOX_SLURM"] for s in on_roots] == [r.name for r in tested]
+    for session, release in zip(on_roots, tested):
+        assert session["env"]["DISPATCH_SANDBOX_USER"] == release.job_user
+        assert session["argv"][-len(sandbox_root.REAL_ON_ROOTS):] == \
+            list(sandbox_root.REAL_ON_ROOTS)
+        assert "DISPATCH_SANDBOX_DIR" not in session["env"] or \
+            session["env"]["DISPATCH_SANDBOX_DIR"] == ""
+
+
+def test_a_folder_user_and_tests_given_override_the_table(tmp_path: Path) -> None:
+    _fast, on_root, _host = sessions(tmp_path, "tests/real/test_hooks.py",
+                                     DISPATCH_SANDBOX_DIR="/var/tmp/sb",
+                                     DISPATCH_SANDBOX_USER_24_11="someone")
+    assert on_root["argv"][-1] == "tests/real/test_hooks.py"
+    assert on_root["env"]["DISPATCH_SANDBOX_DIR"] == "/var/tmp/sb-24.11"
+    assert on_root["env"]["DISPATCH_SANDBOX_USER"] == "someone"
+
+
+@pytest.mark.parametrize("release", list(sandbox_root.RELEASES.values()),
+                         ids=list(sandbox_root.RELEASES))
+def test_every_release_has_a_job_user_of_its_own(release: sandbox_root.Release) -> None:
+    users = [r.job_user for r in sandbox_root.RELEASES.values()]
+    assert release.job_user and users.count(release.job_user) == 1
+    assert release.job_user != "dispatchuser"  # the host's tier's
+
+
+def test_the_tables_real_tests_exist() -> None:
+    for name in sandbox_root.REAL_ON_ROOTS:
+        assert (REPO / name).is_file(), name
