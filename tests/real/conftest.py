@@ -169,9 +169,9 @@ def sandbox_of(report: Any) -> Sandbox:
                    slurm=state.slurm)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def release_line() -> str:
     """Which Slurm the session's sandbox runs: the newest row's is read from its root, so the
-    report says the release that ran after Debian's testing moved on."""
+    line says the release that ran after Debian's testing moved on."""
     try:
         release = sandbox_root.normalize(os.environ.get(sandbox_layout.RELEASE_ENV))
     except SandboxError as exc:
@@ -181,6 +181,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     row = sandbox_root.RELEASES[release]
     held = sandbox_root.held(sandbox_root.cache_folder() / row.folder) or "not built yet"
     return f"sandbox Slurm: {release} from {row.debian} ({row.suite}), holding {held}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return release_line()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # Also under -q (make test's), which prints no header.
+    terminalreporter.write_line(release_line())
 
 
 @pytest.fixture(scope="session")
