@@ -763,12 +763,16 @@ def _launch_held_shared(job: record.JobRecord, submission: int, task: Optional[i
     once its last execution stopped, unless the submission already ran (the node that refused
     the launch was still running it: "Duplicate jobid"), whose relaunch the launcher refuses
     (a submission of a shared job runs its script once): then a cancel, and a resubmission
-    once the site's signal proves the first execution gone."""
+    once the site's signal proves the first execution gone.  A recorded start of the
+    submission counts as its claim, as the launcher has it (an execution of the release
+    before the claim recorded a start and no claim)."""
     claims = job.claims(submit.execution_claim_name(submission, task))
-    if not claims:
+    started = job.history().lineage(task).started_for(submission) if not claims else []
+    if not claims and not started:
         return ("it is a shared-checkpoint job, so dispatch leaves it to a person: once its "
                 f"last execution has stopped, `scontrol release {shown}`")
-    first = claims[0][1]
+    first = claims[0][1] if claims else {"node": started[0].node or started[0].host,
+                                         "restart": started[0].restart}
     return (f"it is a shared-checkpoint job whose submission {submission} already ran on "
             f"{first.get('node') or '?'} (restart {first.get('restart', '?')}), and a "
             "relaunch of it would stop before its script (a submission of a shared job runs "

@@ -22,7 +22,9 @@ rather than letting it run without an identity or its record.
 
 A shared-checkpoint job's submission (of one array task) runs its script once: its first
 execution claims it in the job's record, created once, and any later one (Slurm running the job
-again behind dispatch) stops with exit 2 before the script (:func:`claim_shared`).
+again behind dispatch) stops with exit 2 before the script (:func:`claim_shared`).  A start of
+the submission already recorded counts as the claim held (an execution of the release before
+the claim recorded its start and no claim).
 """
 
 from __future__ import annotations
@@ -226,13 +228,23 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
     created once; a later one finds the claim and stops here, before the script, with exit 2:
     its end is then an end of the job like any other (with budget left, a held next
     submission, released once the site's signal proves every execution of the Slurm job
-    gone)."""
+    gone).
+
+    A start of the submission already recorded (by another execution) counts as the claim held:
+    an execution of the release before the claim recorded its start and made no claim."""
     from ..control.submit import execution_claim_name
     task = _task(env)
     name = execution_claim_name(submission, task)
     node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
     slurm_id = env.get("SLURM_JOB_ID", "")
     restart = restart_count(env)
+    # This execution records its own start only after its claim: any start is another's.
+    earlier = job.history().lineage(task).started_for(submission)
+    if earlier:
+        first = earlier[0]
+        raise _refusal(job, submission, task, env, {
+            "node": first.node or first.host, "slurm_job_id": first.slurm_job_id,
+            "restart": first.restart, "time": first.time}, first.attempt)
     mine = {"node": node, "host": socket.gethostname(), "slurm_job_id": slurm_id,
             "restart": restart, "task": task}
     if job.claim(name, mine):
@@ -243,6 +255,16 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
         return  # ours: a link that was made though its answer said otherwise (NFS, retried)
     attempt = next((s.attempt for s in job.history().lineage(task).started_for(submission)
                     if s.host == held.get("host") and s.pid == held.get("pid")), "")
+    raise _refusal(job, submission, task, env, held, attempt)
+
+
+def _refusal(job: record.JobRecord, submission: int, task: Optional[int],
+             env: dict[str, str], held: dict[str, Any], attempt: str) -> SharedRefused:
+    """The refusal of a second execution, naming the first (``held``: its claim, or its
+    recorded start) and saying what follows."""
+    node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
+    slurm_id = env.get("SLURM_JOB_ID", "")
+    restart = restart_count(env)
     what = f"dispatch job {job.id} submission {submission}" + (
         "" if task is None else f" task {task}")
     when = held.get("time")
@@ -255,7 +277,7 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
              + (f", attempt {attempt}" if attempt else ", its start not recorded (yet)")
              + (f", at {_clock.instant(float(when))}" if isinstance(when, (int, float)) else "")
              + ")")
-    raise SharedRefused(
+    return SharedRefused(
         f"{what} already started {first}; this is a second execution of it (Slurm job "
         f"{shown(slurm_id)} restart {restart} on {node}), which Slurm started behind dispatch "
         "(a controller that restarted from a state older than the first launch, or a "

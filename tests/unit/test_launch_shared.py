@@ -139,3 +139,40 @@ def test_a_claim_the_execution_itself_made_is_its_own(tmp_path: Path,
     monkeypatch.setattr(os, "link", link)
     with pytest.raises(launcher.SharedRefused):  # another execution's is not
         launcher.claim_shared(job, 1, {**env, "SLURMD_NODENAME": "n2"})
+
+
+def started_by_the_release_before(job: record.JobRecord, submission: int, node: str,
+                                  task: Optional[int] = None) -> str:
+    """What an execution of the release before the claim left: a start, and no claim."""
+    attempt = "0" * 25 + node[-1]
+    job.append("started", submission=submission, slurm_job_id="41",
+               array_job_id="40" if task is not None else "",
+               array_task_id="" if task is None else str(task), restart=0, attempt=attempt,
+               epoch=submission * 1_000_000, exec_dir="/x", node=node, nodes=node,
+               host="h-" + node, pid=4242)
+    return attempt
+
+
+def test_a_start_recorded_without_a_claim_counts_as_the_claim(tmp_path: Path) -> None:
+    """Issue 30 item 3: a shared job's first execution, started by the release before the
+    claim existed, recorded its start and no claim.  A second execution of the same
+    submission (a controller back from a lost launch, after an upgrade in place) stops before
+    its script, naming it; other submissions and other tasks run."""
+    job = make_job(tmp_path, shared=True)
+    attempt = started_by_the_release_before(job, 1, "n1")
+    again = launch(tmp_path, job, 1, "n2")
+    assert again.returncode == 2, again.stderr
+    assert ran(tmp_path) == [], "the second execution ran the script"
+    said = again.stderr
+    assert "already started on n1" in said and attempt in said, said
+    assert "Slurm job 41 restart 0" in said, said
+    assert not job.claims("execution-1"), "a refused execution holds no claim"
+    assert launch(tmp_path, job, 2, "n3").returncode == 0
+    # An array: the task that started is claimed so; another task is not.
+    array = make_job(tmp_path, shared=True)
+    started_by_the_release_before(array, 1, "n1", task=0)
+    refused = launch(tmp_path, array, 1, "n2", task=0)
+    assert refused.returncode == 2 and "(Slurm job 40_0 restart 0" in refused.stderr, \
+        refused.stderr
+    assert launch(tmp_path, array, 1, "n4", task=1).returncode == 0
+    assert [r.split()[:2] for r in ran(tmp_path)] == [["n3", "2"], ["n4", "1"]]

@@ -489,8 +489,9 @@ def test_a_shared_jobs_hold_after_a_failed_launch_is_left_to_a_person(home: Path
     assert "released" not in kinds(job)
 
 
+@pytest.mark.parametrize("claimed", [True, False])
 def test_a_launch_held_shared_job_whose_submission_already_ran_is_not_advised_a_release(
-        home: Path) -> None:
+        home: Path, claimed: bool) -> None:
     """Slurm's hold after a failed launch of a job its node still ran ("Duplicate jobid"): the
     submission's first execution claimed it, so a released relaunch would be refused by the
     launcher (it never runs the script twice).  The advice is the way that works: scancel,
@@ -499,7 +500,11 @@ def test_a_launch_held_shared_job_whose_submission_already_ran_is_not_advised_a_
     from slurm_dispatch.execution import launch
     cluster = FakeCluster()
     job, slurm_id = new_job(cluster, "--shared-checkpoint", "--resubmit", "1")
-    launch.claim_shared(job, 1, {"SLURM_JOB_ID": slurm_id, "SLURMD_NODENAME": "n1"})
+    if claimed:
+        launch.claim_shared(job, 1, {"SLURM_JOB_ID": slurm_id, "SLURMD_NODENAME": "n1"})
+    else:  # its execution was the release before the claim's: a recorded start, no claim
+        job.append("started", submission=1, slurm_job_id=slurm_id, restart=0, attempt="a" * 26,
+                   epoch=1_000_000, exec_dir="/x", node="n1", nodes="n1", host="h", pid=1)
     cluster.set(slurm_id, **LAUNCH_HELD, Restarts="1")
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
