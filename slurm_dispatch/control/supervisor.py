@@ -92,7 +92,10 @@ def site_settings() -> Settings:
     from ..errors import ConfigError
     conf = config.load()
     if conf.problems:
-        raise ConfigError("site configuration: " + "; ".join(conf.problems))
+        # Not the hooks' "using the defaults": a command stops on a dispatch.conf it cannot read.
+        raise ConfigError(f"site configuration: {config.refusal(conf)}; nothing done (the "
+                          "commands stop where dispatch.conf or $SLURM_DISPATCH_CONF is wrong; "
+                          "only the hooks go on with the defaults)")
     return Settings(hold_for=float(conf.shared_hold_for),
                     signal=conf.cessation_signal or None,
                     interval=float(conf.cessation_interval),

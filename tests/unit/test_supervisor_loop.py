@@ -132,3 +132,18 @@ def test_one_failed_pass_without_loop_is_recorded_and_exits_2(world: dict[str, A
     seen = supervisor.last_pass(world["home"], CLUSTER)
     assert seen is not None and seen["time"] and "failing_since" not in seen
     assert record.all_jobs(world["home"])
+
+
+def test_a_missing_named_config_stops_the_pass_and_says_so(tmp_path: Path) -> None:
+    """Issue 31 item 4: it printed "...; using the defaults" and then refused to run."""
+    missing = tmp_path / "nowhere.conf"
+    env = {**os.environ, "SLURM_DISPATCH_CONF": str(missing),
+           "DISPATCH_HOME": str(tmp_path / "home"), "PYTHONPATH": REPO}
+    proc = subprocess.run([*DISPATCH, "supervise"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc
+    assert proc.stderr == (f"dispatch: site configuration: {missing}: no such file (named by "
+                           "$SLURM_DISPATCH_CONF); nothing done (the commands stop where "
+                           "dispatch.conf or $SLURM_DISPATCH_CONF is wrong; only the hooks go "
+                           "on with the defaults)\n"), proc.stderr
+    assert not (tmp_path / "home").exists() or not list((tmp_path / "home").rglob("*.json"))
