@@ -14,6 +14,9 @@ Invariants:
 * A hold is lifted on the signal's word only when every answer is "ceased" (an error is not);
   a person's release is refused while one is not, unless the person forces it.
 * The signal means 0 ceased, 1 not ceased, anything else an error; asking never raises.
+* A signal named without a folder (``dispatch-cease``) is found on PATH, else beside the
+  interpreter (a systemd unit's PATH lacks the venv's ``bin/``); one found nowhere is an error
+  that says where it was looked for.
 * Every comment starts with the submission's marker, so the job is still found by it.
 """
 
@@ -22,7 +25,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -47,12 +52,33 @@ class Answer:
 SignalRunner = Callable[[list[str], float], Answer]
 
 
+def locate(command: str) -> Optional[str]:
+    """Where a CessationSignal command named without a folder is: on PATH, as a user's shell
+    finds it, else beside this process's interpreter (the venv's ``bin/``, where the wheel
+    installs ``dispatch-cease`` beside ``dispatch``: a systemd unit's PATH lacks it); None
+    when neither has it.  A command with a ``/`` is taken as it is."""
+    if "/" in command:
+        return command
+    found = shutil.which(command)
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), command)
+    return beside if os.path.isfile(beside) and os.access(beside, os.X_OK) else None
+
+
 def ask_signal(argv: list[str], timeout: float) -> Answer:
-    """Run the site's CessationSignal: exit 0 ceased, 1 not ceased, anything else an error."""
+    """Run the site's CessationSignal (found by :func:`locate`): exit 0 ceased, 1 not ceased,
+    anything else an error."""
+    where = locate(argv[0])
+    if where is None:
+        return Answer("error", None, f"{argv[0]!r} not found on PATH "
+                                     f"({os.environ.get('PATH', os.defpath)}) nor beside "
+                                     f"{sys.executable}: set CessationSignal= to its absolute "
+                                     "path in dispatch.conf")
     try:
         # errors="replace": bytes that are not UTF-8 are still an answer, read as far as text.
-        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                              timeout=timeout)
+        proc = subprocess.run([where, *argv[1:]], capture_output=True, text=True,
+                              errors="replace", timeout=timeout)
     except FileNotFoundError:
         return Answer("error", None, f"{argv[0]!r} not found")
     except OSError as exc:  # not executable, a folder: the site's signal cannot be run
@@ -68,6 +94,15 @@ def ask_signal(argv: list[str], timeout: float) -> Answer:
     if verdict == "error" and proc.stderr.strip():
         evidence = {"output": evidence, "stderr": proc.stderr.strip()[-2000:]}
     return Answer(verdict, proc.returncode, evidence)
+
+
+def why(answer: Answer) -> str:
+    """What an error answer says went wrong, in one short line (empty for any other verdict):
+    the pass line carries it beside the verdict."""
+    if answer.verdict != "error":
+        return ""
+    text = " ".join(_evidence_text(answer).split())[-300:]
+    return text or (f"exit {answer.code}" if answer.code is not None else "")
 
 
 @dataclass(frozen=True)
@@ -219,7 +254,8 @@ def started_comment(job: record.JobRecord, submission: int, task: Optional[int])
 def _evidence_text(answer: Answer) -> str:
     evidence = answer.evidence
     if isinstance(evidence, dict):
-        reason = evidence.get("reason") or evidence.get("stderr") or ""
+        reason = evidence.get("reason") or evidence.get("problem") or \
+            evidence.get("stderr") or ""
         nodes = [f"{n.get('node')}: {n.get('evidence')}" for n in evidence.get("nodes") or []
                  if isinstance(n, dict) and not n.get("proven")]
         return "; ".join([str(reason), *nodes[:4]]).strip("; ")

@@ -604,7 +604,9 @@ class Supervisor:
         signal = self.settings.signal
 
         def heard(one: holds.Asked) -> None:
-            report.actions.append(f"{job.id}: {signal} {one.target}: {one.answer.verdict}")
+            reason = holds.why(one.answer)
+            report.actions.append(f"{job.id}: {signal} {one.target}: {one.answer.verdict}"
+                                  + (f" ({reason})" if reason else ""))
         if holds.ceased(holds.ask(job, hold, signal, self.settings.signal_timeout, self.ask,
                                   lambda: now, task, heard)):
             try:

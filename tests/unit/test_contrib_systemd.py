@@ -5,6 +5,7 @@ the fake controller, with the unit's own %h spelled out)."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -36,7 +37,7 @@ def installed(home: Path) -> Path:
     folder.mkdir(parents=True)
     for name in ("dispatch-supervise.service", "dispatch-supervise.timer"):
         shutil.copy(UNITS / name, folder / name)
-    dispatch = home / "slurm-dispatch" / ".venv" / "bin" / "dispatch"
+    dispatch = home / ".venvs" / "dispatch" / "bin" / "dispatch"
     dispatch.parent.mkdir(parents=True)
     dispatch.write_text(f"#!/bin/sh\nexec {sys.executable} -m slurm_dispatch.cli.dispatch \"$@\"\n")
     dispatch.chmod(0o755)
@@ -77,3 +78,28 @@ def test_systemd_accepts_the_units(tmp_path: Path) -> None:
                            str(folder / "dispatch-supervise.service")],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+
+
+def test_the_default_signal_is_found_with_the_units_path(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 item 2: the unit sets its own PATH, without the venv's bin/, so every pass
+    got "'dispatch-cease' not found" with the default CessationSignal.  The supervisor finds
+    it on PATH, else beside its own interpreter (where the wheel installs it)."""
+    from slurm_dispatch import config
+    from slurm_dispatch.control.holds import ask_signal
+    path = unit("dispatch-supervise.service")["Environment"].removeprefix("PATH=")
+    monkeypatch.setenv("PATH", path.replace("%h", str(tmp_path)))
+    assert Path(sys.executable).parent.joinpath("dispatch-cease").is_file()
+    answer = ask_signal([config.DEFAULT_CESSATION_SIGNAL, "--help"], 60)
+    assert answer.code == 0 and "Usage: dispatch-cease" in str(answer.evidence), answer
+
+
+def test_the_units_agree_with_the_user_guides_install_path() -> None:
+    """Issue 31 items 2 and 12: the service ran %h/slurm-dispatch/.venv/bin/dispatch, a venv
+    the user guide never makes (it makes ~/.venvs/dispatch)."""
+    guide = (REPO / "docs/user-guide.md").read_text()
+    (venv,) = set(re.findall(r"python3 -m venv (~/\S+)", guide))
+    service = unit("dispatch-supervise.service")
+    assert shlex.split(service["ExecStart"])[0] == venv.replace("~", "%h") + "/bin/dispatch"
+    assert service["Environment"].startswith(f"PATH={venv.replace('~', '%h')}/bin:")
+    assert "slurm-dispatch/.venv" not in guide

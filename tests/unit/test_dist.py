@@ -105,6 +105,11 @@ def test_make_dist_gives_an_installable_wheel_and_the_site_parts(tmp_path: Path)
                                                     if k != "MANPATH"},
                                                  "PATH": f"{venv}/bin:/usr/bin:/bin"})
         assert found.stdout.strip() == str(venv / f"share/man/man1/{command}.1"), found
+    # issue 31 item 12: the systemd units, where the guides copy them from
+    for unit in ("dispatch-supervise.service", "dispatch-supervise.timer",
+                 "dispatch-release.service", "dispatch-release.timer"):
+        assert (venv / "share/slurm-dispatch/systemd" / unit).read_text() == \
+            (REPO / "contrib/systemd" / unit).read_text()
 
 
 def test_the_shipped_parts_default_to_the_python_the_admin_guide_installs() -> None:
@@ -118,3 +123,50 @@ def test_the_shipped_parts_default_to_the_python_the_admin_guide_installs() -> N
                  "site-config/dispatch-recheck"):
         defaults = re.findall(r"^DISPATCH_PYTHON=(\S+)", (REPO / part).read_text(), re.M)
         assert defaults == [f"{venv}/bin/python"], (part, defaults)
+
+
+def _wheel_data(key: str) -> list[str]:
+    """The files pyproject.toml's data-files put under ``key`` in the wheel, as the site wheel
+    keeps them (tools/site_wheel.py leaves the sandbox's out)."""
+    import glob
+
+    import tomllib
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import site_wheel
+    finally:
+        sys.path.pop(0)
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "data-files"].get(key, [])
+    names = sorted({Path(f).name for p in patterns for f in glob.glob(str(REPO / p))})
+    return [n for n in names if not site_wheel.left_out(f"x.data/data/{key}/{n}")]
+
+
+def test_the_user_guide_lists_the_man_pages_the_wheel_installs() -> None:
+    """Issue 31 item 3: the guide listed a dispatch-sandbox page the wheel does not install
+    (it installs dispatch-admin's)."""
+    installing = (REPO / "docs/user-guide.md").read_text().split("## Installing", 1)[1]
+    installing = installing.split("\n## ", 1)[0]
+    listed = set(re.findall(r"`man (dispatch[\w-]*)`", installing))
+    shipped = {n.removesuffix(".1") for n in _wheel_data("share/man/man1")}
+    assert listed == shipped == {"dispatch", "dispatch-sbatch", "dispatch-cease",
+                                 "dispatch-admin"}, (listed, shipped)
+    completions = set(_wheel_data("share/bash-completion/completions"))
+    assert completions == shipped
+    # click's own completion variables, for the click commands the wheel has
+    named = set(re.findall(r"`_(DISPATCH[A-Z_]*)_COMPLETE", installing))
+    assert {n.lower().replace("_", "-") for n in named} <= shipped, named
+
+
+def test_the_wheel_ships_the_systemd_units_the_guides_copy() -> None:
+    """Issue 31 item 12: the units were in no wheel (the completions and man pages were), and
+    the guide copied them from a clone."""
+    units = _wheel_data("share/slurm-dispatch/systemd")
+    assert units == sorted(p.name for p in (REPO / "contrib/systemd").iterdir()
+                           if p.suffix in (".service", ".timer")), units
+    assert {"dispatch-supervise.service", "dispatch-supervise.timer"} <= set(units)
+    user = (REPO / "docs/user-guide.md").read_text()
+    assert ("cp ~/.venvs/dispatch/share/slurm-dispatch/systemd/dispatch-supervise.* "
+            "~/.config/systemd/user/") in user
+    admin = (REPO / "docs/admin-guide.md").read_text()
+    assert "/opt/slurm-dispatch/share/slurm-dispatch/systemd/dispatch-release.*" in admin

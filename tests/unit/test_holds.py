@@ -298,3 +298,17 @@ def test_a_notifier_printing_bytes_is_an_answer_too() -> None:
         True, "sent \ufffd")
     assert run_notifier(["sh", "-c", "printf '\\377' >&2; exit 4"], "", 10) == (
         False, "sh exited 4: \ufffd")
+
+
+def test_a_signal_that_cannot_be_run_says_why_on_the_pass_line(
+        cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Issue 31 item 2: the pass said only "dispatch-cease 27: error" for a signal the pass
+    could not find (the systemd unit's PATH), and the hold waited 24 h without a reason."""
+    from slurm_dispatch.control.holds import ask_signal
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    job, ended, _, sup = held_job(cluster, Clock(), ask_signal,
+                                  Settings(interval=60, signal="no-such-signal-x"))
+    (line,) = sup.run_pass().actions
+    assert line.startswith(f"{job.id}: no-such-signal-x {ended}: error ('no-such-signal-x' not "
+                           "found on PATH (/usr/local/bin:/usr/bin:/bin) nor beside "), line
+    assert line.endswith("set CessationSignal= to its absolute path in dispatch.conf)"), line
