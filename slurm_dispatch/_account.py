@@ -103,7 +103,7 @@ def _read(readable: int, account: pwd.struct_passwd, alarm: int, deadline: float
           limit: int) -> bytes:
     """The child's answer, read to its end (the child's exit closes the pipe) by
     ``deadline``."""
-    chunks = []
+    chunks: list[bytes] = []
     size = 0
     poll = select.poll()
     poll.register(readable, select.POLLIN)
