@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport VIRTUAL_ENV
 
-.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv docs soak
+.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv docs soak mutants
 
 # make-venv runs every time: it keeps a venv that works (and was made from PYTHON, when PYTHON is
 # given), and makes it anew otherwise; a new venv has a new pyvenv.cfg, so the installs below,
@@ -74,6 +74,11 @@ SOAK_MINUTES ?= 30
 SOAK_SEED ?=
 soak: install-test
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m soak.run
+
+# Deliberately broken builds (soak/mutants.py), each through a 3-minute soak on a sandbox of
+# their own; fails when the soak passes one.  About 6 to 8 minutes a mutant on 2 cores.
+mutants: install-test
+	$(PY) -m soak.mutants
 
 check: install-test
 	$(PY) -m ruff check slurm_dispatch tests bench

@@ -5,10 +5,15 @@ what the runner gathered after every fault was healed and every job ended or gav
 
 - ``seed``, ``minutes``;
 - ``faults``: ``[{"kind", "t", "target"}]``, the nemesis's log;
-- ``roots``: ``{root: {"pubs": [name, ...], "present": {path: bool}, "keep": K}}``: each
-  checkpoint root's ``pub/`` at the end and whether each save a publication or an execution
-  names is there (relative to the root); ``keep`` is the least K of the cleanups run on it
-  (``dispatch gc --keep``, ``watch --keep``; 0: none);
+- ``roots``: ``{root: {"pubs": [name, ...], "present": {path: bool}, "keep": K, "watch":
+  bool}}``: each checkpoint root's ``pub/`` at the end and whether each save a publication or
+  an execution names is there (relative to the root); ``keep`` is the least K of the cleanups
+  run on it (``dispatch gc --keep``, ``watch --keep``; 0: none); ``watch``: a ``dispatch
+  watch --keep`` cleans it up all the run;
+- ``cleanups``: ``[{"root", "keep", "started", "t", "live": [{"attempt", "source",
+  "present"}]}]``: each ``dispatch gc`` the runner ran, and the resume sources of the
+  executions live on its root then, looked at right after it returned;
+- ``cases``: ``{case: {"t", ...} or null}``: the cases :mod:`soak.cases` made (null: not);
 - ``pins``: ``{root: [path, ...]}``: the saves ``dispatch pin`` named (cleanup keeps them);
 - ``torn``: ``[{"root", "path", "t"}]``: saves the nemesis removed under their standing
   publication (a lost or torn save: the next execution must fall back along its lineage);
@@ -46,16 +51,20 @@ from . import history
 # on a loaded machine, comes a moment after the listing).
 SLACK = 0.5
 LISTED = 2.0
+# A hold's lift is a case for lifted-while-writing only where an execution of its job had
+# written within NEAR seconds before it.
+NEAR = 30.0
 
 # What each invariant counts as a case it examined (the table's CHECKED column).
 CHECKED = {
     "resume": "executions with a choice or a publication before them",
     "fallback": "executions that said what they loaded of a choice",
     "pub-missing-save": "publications at the end",
-    "needed-missing": "saves needed: of the K latest, pinned, resume sources",
+    "needed-missing": "saves needed: of the K latest, pinned, resume sources on roots a "
+                      "cleanup ran on while their execution lived",
     "double-submit": "submissions",
     "not-ended": "jobs",
-    "lifted-while-writing": "holds lifted of a job with executions",
+    "lifted-while-writing": "holds lifted of a job with an execution writing within 30 s",
     "shared-overlap": "successive executions of a shared job",
     "drained-by-us": "nodes drained or down with a reason",
 }
@@ -103,6 +112,7 @@ class Result:
     # How many cases each invariant examined (see CHECKED): 0 violations of an invariant that
     # examined nothing proves nothing, and the table says so.
     checked: dict[str, int] = field(default_factory=dict)
+    cases: dict[str, Any] = field(default_factory=dict)  # soak.cases: made (or None)
 
     @property
     def ok(self) -> bool:
@@ -237,14 +247,33 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
             n["needed-missing"] += 1
             if not present.get(pin, False) and (root, pin) not in torn:
                 v["needed-missing"].append(f"{root}: pinned {pin} is missing")
+    # A resume source counts as a case only where a cleanup ran on its root while its
+    # execution lived: a watch --keep's root (it cleans up all the run), or a dispatch gc the
+    # runner ran meanwhile.  Elsewhere nothing could have removed it.
+    cleanups = run.get("cleanups", [])
     for ex in execs.values():
         if ex.resumed and ex.root in roots and ex.epoch >= live_epoch.get(ex.root, 0):
+            cleaned = roots[ex.root].get("watch") or any(
+                c["root"] == ex.root and ex.started <= c["t"] and c.get("started", c["t"])
+                <= ex.last for c in cleanups)
             rel = _relative(ex.root, ex.loaded if ex.loaded is not None else ex.resumed)
-            n["needed-missing"] += bool(rel)
-            if rel and not roots[ex.root].get("present", {}).get(rel, False) \
+            if not rel or not cleaned:
+                continue
+            n["needed-missing"] += 1
+            if not roots[ex.root].get("present", {}).get(rel, False) \
                     and (ex.root, rel) not in torn:
                 v["needed-missing"].append(f"{ex.job} {ex.attempt}: its resume source {rel} "
                                            "is missing")
+    # Each cleanup the runner ran: the resume sources of the executions live on its root then,
+    # looked at right after it returned (the execution still ran: nothing else removes them).
+    for cleanup in cleanups:
+        for row in cleanup.get("live", []):
+            rel = _relative(cleanup["root"], row["source"])
+            n["needed-missing"] += 1
+            if not row.get("present") and (cleanup["root"], rel) not in torn:
+                v["needed-missing"].append(
+                    f"{cleanup['root']}: dispatch gc --keep {cleanup['keep']} removed {rel}, "
+                    f"the resume source of {row['attempt']}, which was running")
 
     n["fallback"] = _check_fallbacks(execs, pubs, roots, run, v["fallback"])
 
@@ -273,8 +302,11 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     shared_jobs = {j["job"] for j in run.get("jobs", []) if j.get("shared")}
     shared_jobs |= {ex.job for ex in execs.values() if ex.shared}
     for lift in run.get("lifts", []):
-        n["lifted-while-writing"] += bool(by_job.get(lift["job"]))
-        for ex in by_job.get(lift["job"], []):
+        # A case only where an execution of the job had written shortly before the lift (or
+        # wrote after it): one long gone could not have been lifted over.
+        near = [ex for ex in by_job.get(lift["job"], []) if ex.last > lift["t"] - NEAR]
+        n["lifted-while-writing"] += bool(near)
+        for ex in near:
             if ex.first < lift["t"] < ex.last:
                 v["lifted-while-writing"].append(
                     f"{lift['job']}: hold lifted at {lift['t']:.1f} while {ex.attempt} wrote "
@@ -302,7 +334,7 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
     lifted = Counter(lift.get("by") or lift.get("kind") or "?" for lift in run.get("lifts", []))
     return Result(seed=run.get("seed"), jobs=jobs, executions=len(execs), faults=faults,
                   overlaps=overlaps, violations=v, holds=len(run.get("holds", [])),
-                  lifts=lifted, checked=dict(n))
+                  lifts=lifted, checked=dict(n), cases=dict(run.get("cases") or {}))
 
 
 def _torn(run: dict[str, Any]) -> set[tuple[str, str]]:
@@ -407,6 +439,9 @@ def table(result: Result) -> str:
              f"  holds made {result.holds}   lifted {sum(result.lifts.values())}"
              + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(result.lifts.items())) + ")"
                 if result.lifts else ""),
+             "  cases made: " + (", ".join(
+                 f"{k} {'yes' if made else 'NOT MADE'}" for k, made in result.cases.items())
+                 or "none asked"),
              f"  {'INVARIANT':<22} {'VIOLATIONS':>10} {'CHECKED':>7}  MEANING"]
     for name, meaning in INVARIANTS.items():
         seen = result.checked.get(name, 0)

@@ -14,7 +14,10 @@ seed (printed first, so a run can be replayed), partitions a node and heals it, 
 and starts it again, SIGKILLs slurmctld and starts it again, requeues and cancels running
 executions, preempts one (a short job of the sandbox's urgent partition on its node),
 SIGKILLs the supervisor mid-pass and gc mid-run, SIGSTOPs the S3 server for longer than the
-S3 watch's timeout.  Then every fault is healed, the jobs are given time to end, and
+S3 watch's timeout.  Besides, whatever the seed, every run makes the cases each invariant needs
+(:mod:`soak.cases`: a shared job's launch run again by a controller, a running shared and a
+running isolated execution cut off, a cleanup beside a live resumed execution, a torn save),
+and fails when it could not make one.  Then every fault is healed, the jobs are given time to end, and
 :mod:`soak.checker` prints its table; exit 1 on a violation.  The targets of a fault (which
 job, which node) are drawn from the seed among what is running then, so a replay repeats the
 schedule, not every pick.
@@ -41,7 +44,9 @@ from typing import Any, Optional
 from slurm_dispatch.control import record
 from slurm_dispatch.sandbox import clients, cluster, daemons, network, slurm_conf
 from slurm_dispatch.sandbox.layout import Layout, state_dir
+from slurm_dispatch.slurm import hostlist
 
+from . import cases as cases_module
 from . import checker, history
 
 HERE = Path(__file__).resolve().parent
@@ -55,8 +60,7 @@ S3_TIMEOUT = 10  # the S3 watch's --timeout; the nemesis stops the server longer
 CESSATION_INTERVAL = 5  # the soak's dispatch.conf: how often a standing hold's signal is asked
 
 
-def log(text: str) -> None:
-    print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
+log = cases_module.log
 
 
 class Soak:
@@ -77,6 +81,8 @@ class Soak:
         self.keeps: dict[str, int] = {}  # root -> the least K of the cleanups run on it
         self.pins: dict[str, list[str]] = {}  # root -> saves pinned (relative to it)
         self.torn: list[dict[str, Any]] = []  # saves the nemesis removed: root, path, t
+        self.watch_roots: set[str] = set()  # roots a dispatch watch --keep cleans up
+        self.cases = cases_module.Cases(self)
         # Heals run on their own thread: a dispatch-sbatch retrying while slurmctld is down
         # must not keep the controller down longer than the nemesis chose.
         self.lock = threading.Lock()
@@ -195,6 +201,7 @@ class Soak:
         os.chown(path, self.uid, self.gid)
         if mode in ("watch", "s3watch"):
             self.cleaned(root, keep)
+            self.watch_roots.add(root)
         argv = ["dispatch-sbatch", "--checkpoint", root, *extra, "-J", name,
                 "-o", os.path.join(self.run_dir, "out", "%x-%j.out"), path]
         saved = dict(self.user_env)
@@ -291,18 +298,26 @@ class Soak:
                              os.path.join(root, save)]).returncode == 0:
                 self.pins.setdefault(root, []).append(save)
                 log(f"pinned {save} of {root}")
+        self.cleanup(root, keep, kill_after)
+
+    def cleanup(self, root: str, keep: int, kill_after: Optional[float] = None
+                ) -> dict[str, Any]:
+        """``dispatch gc --keep KEEP`` on ``root`` as the user (SIGKILLed ``kill_after`` seconds
+        in, when given); then what it left of the live executions' resume sources."""
         self.cleaned(root, keep)
+        started = time.time()
         proc = self.spawn_user(["dispatch", "gc", "--root", root, "--keep", str(keep)])
         if kill_after is None:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            return
-        time.sleep(kill_after)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        else:
+            time.sleep(kill_after)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return self.cases.after_cleanup(root, keep, started)
 
     def cleaned(self, root: str, keep: int) -> None:
         self.keeps[root] = min(self.keeps.get(root, keep), keep)
@@ -345,6 +360,11 @@ class Soak:
     def running(self) -> list[str]:
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%i"])
         return out.split()
+
+    def nodes_of(self, name: str) -> list[str]:
+        """The nodes where our running job named ``name`` runs now."""
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-n", name, "-o", "%N"])
+        return sorted({node for line in out.split() for node in hostlist.expand_hostlist(line)})
 
     def batch_hosts(self) -> list[str]:
         """The nodes where one of our executions' batch scripts runs now."""
@@ -495,6 +515,7 @@ class Soak:
         log(f"run folder {self.run_dir}")
         self.cancel_leftovers()
         self.ensure_supervisor()
+        self.cases.relaunch_shared()
         self.first_wave()
         threading.Thread(target=self.healer, daemon=True).start()
         start = time.monotonic()
@@ -513,6 +534,12 @@ class Soak:
                 except Exception as exc:
                     log(f"nemesis fault failed: {exc}")
                 next_fault = now + self.rng.uniform(8, 25)
+            if now < end - 60:  # the cases every run makes, as soon as each can be
+                try:
+                    with self.lock:
+                        self.cases.step()
+                except Exception as exc:
+                    log(f"case failed, again later: {exc}")
             if now >= next_gc:
                 self.gc()
                 next_gc = now + self.rng.uniform(30, 60)
@@ -556,6 +583,7 @@ class Soak:
             json.dump(final, f, indent=1, sort_keys=True)
         result = checker.check(final, history.read(self.history))
         text = checker.table(result)
+        not_made = cases_module.missing(final["cases"])
         self.s3.stop()
         with open(os.path.join(self.run_dir, "table.txt"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
@@ -564,7 +592,10 @@ class Soak:
         left = [line.split()[0] for line in self.active() if line.strip()]
         if left:
             self.slurm(["scancel", *left])
-        return 0 if result.ok else 1
+        if not_made:
+            print(f"the run did not make the case(s) {', '.join(not_made)}: the invariants "
+                  "they feed were not all examined", flush=True)
+        return 0 if result.ok and not not_made else 1
 
     def pub_names(self, root: str) -> list[str]:
         if not root.startswith("s3://"):
@@ -628,11 +659,12 @@ class Soak:
                 wanted.add(checker.model.parse_name(name).path)
             wanted |= set(self.pins.get(root, []))
             roots[root] = {"pubs": names, "keep": self.keeps.get(root, 0),
+                           "watch": root in self.watch_roots,
                            "present": {p: self.present(root, p) for p in wanted}}
         return {"seed": self.args.seed, "minutes": self.args.minutes, "faults": self.faults,
                 "roots": roots, "pins": self.pins, "torn": self.torn,
                 "submissions": submissions, "jobs": jobs, "holds": holds,
-                "lifts": lifts,
+                "lifts": lifts, "cases": self.cases.made, "cleanups": self.cases.cleanups,
                 "drains": [{"node": n, "reason": r, "ours": o}
                            for (n, r), o in sorted(self.drains.items())],
                 "run_dir": self.run_dir}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from slurm_dispatch.checkpoint import model
-from soak import checker
+from soak import cases, checker
 
 ROOT = "/home/u/ck"
 G0 = 1_000_000  # epoch of submission 1, restart 0
@@ -57,7 +57,10 @@ class Sim:
                                 "jobs": [{"job": "j1", "shared": False, "ended": True}],
                                 "submissions": [{"job": "j1", "submission": 1, "task": None,
                                                  "slurm_job_id": "10"}],
-                                "faults": [{"kind": "partition", "t": 1.0, "target": "n1"}]}
+                                "faults": [{"kind": "partition", "t": 1.0, "target": "n1"}],
+                                # A dispatch gc on the root while C (70 s to 80 s) lived.
+                                "cleanups": [{"root": ROOT, "keep": 2, "started": 75.0,
+                                              "t": 75.5, "live": []}]}
         base.update(extra)
         return base
 
@@ -351,3 +354,57 @@ def test_a_watch_jobs_resume_from_a_save_published_after_its_start_is_caught() -
         return counts(checker.check(sim.run(), sim.facts))
     assert world(late=True) == {"resume": 1}
     assert world(late=False) == {}
+
+
+def test_a_resume_source_counts_only_where_a_cleanup_ran_while_it_lived() -> None:
+    """Issue 30 item 16: C's source on a root no cleanup touched while C ran could not have
+    gone missing; it is no case, and the table's CHECKED no longer counts it."""
+    sim = partitioned_world(pick_greatest_step=False)
+    late = sim.run(cleanups=[{"root": ROOT, "keep": 2, "started": 95.0, "t": 96.0,
+                              "live": []}])
+    assert checker.check(late, sim.facts).checked["needed-missing"] == 2  # the 2 latest
+    watched = sim.run(cleanups=[])
+    watched["roots"][ROOT]["watch"] = True  # a dispatch watch --keep cleans it all the run
+    assert checker.check(watched, sim.facts).checked["needed-missing"] == 3
+
+
+def test_a_cleanup_that_removed_a_live_executions_resume_source_is_caught() -> None:
+    """What the runner saw right after its dispatch gc: the resume source of an execution
+    still running was gone (a gc sparing no resume choice), even where a later requeue makes
+    another execution the root's newest."""
+    sim = partitioned_world(pick_greatest_step=False)
+    live = [{"attempt": "C", "source": f"{ROOT}/exec/B/checkpoint-15", "present": False}]
+    run = sim.run(cleanups=[{"root": ROOT, "keep": 1, "started": 75.0, "t": 75.5,
+                             "live": live}])
+    result = checker.check(run, sim.facts)
+    assert counts(result) == {"needed-missing": 1}
+    assert "removed exec/B/checkpoint-15, the resume source of C" in \
+        result.violations["needed-missing"][0]
+    live[0]["present"] = True
+    assert checker.check(run, sim.facts).ok
+
+
+def test_a_lift_counts_only_where_an_execution_had_written_shortly_before() -> None:
+    """Issue 30 item 16: a lift long after the job's last execution stopped could not have
+    been a lift over a writer; it is no case."""
+    sim = Sim()
+    sim.start("A", 10.0, G0, shared=True)
+    sim.beat("A", 20.0)
+    jobs = [{"job": "j1", "shared": True, "ended": True}]
+    far = sim.run(jobs=jobs, lifts=[{"job": "j1", "t": 20.0 + checker.NEAR + 5, "kind":
+                                     "released", "by": "cessation signal",
+                                     "slurm_job_id": "11"}])
+    assert checker.check(far, sim.facts).checked["lifted-while-writing"] == 0
+    near = sim.run(jobs=jobs, lifts=[{"job": "j1", "t": 25.0, "kind": "released",
+                                      "by": "cessation signal", "slurm_job_id": "11"}])
+    assert checker.check(near, sim.facts).checked["lifted-while-writing"] == 1
+
+
+def test_the_table_names_a_case_the_run_did_not_make() -> None:
+    sim = partitioned_world(pick_greatest_step=False)
+    made = {case: None for case in cases.CASES}
+    made["torn-latest"] = {"t": 1.0}
+    result = checker.check(sim.run(cases=made), sim.facts)
+    text = checker.table(result)
+    assert "torn-latest yes" in text and "shared-relaunch NOT MADE" in text
+    assert cases.missing(made) == [c for c in cases.CASES if c != "torn-latest"]

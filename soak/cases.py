@@ -1,0 +1,304 @@
+"""The cases every soak run makes, whatever its seed: each invariant examined for real.
+
+A seeded nemesis alone may never hit what an invariant needs (seed 802312's 3-minute runs
+with four broken builds: no old execution published past a newer one, no cleanup ran on a
+root whose live execution had resumed, no controller kill fell after a shared launch, the one
+partition hit no running shared execution; each ended with 0 violations).  So the runner makes
+these on purpose, as soon as what each needs is running, and the seed draws the rest:
+
+- ``shared-relaunch``: a controller that lost a shared job's launch runs it again on another
+  node (its saved state from while the job was pending put back, the first node cut off, as
+  tests/real/test_shared_relaunch.py does): the launcher's claim must stop the second
+  execution (``shared-overlap``), and the next submission's hold wait for both to be gone
+  (``lifted-while-writing``).  Made first, before the workload, so that putting the
+  controller's job state back touches no other job;
+- ``shared-partition``: the node of a running shared execution cut off long enough for Slurm
+  to end it and the supervisor to hold the next submission while the cut-off one writes on
+  (``lifted-while-writing``);
+- ``isolated-overlap``: the node of a running isolated job cut off; once its replacement has
+  published and the cut-off execution has published a greater step after that, the
+  replacement is requeued: the next execution must resume from the newer epoch's save, not
+  the greater step (``resume``);
+- ``cleanup-resumed``: ``dispatch gc --keep 1`` on the root of a live execution that resumed
+  and has published since, its resume source looked at right after (``needed-missing``);
+- ``torn-latest``: a running job's latest save removed under its publication and the job
+  requeued (``fallback``).
+
+:func:`missing` names the cases a run did not make; the runner fails such a run, since its
+invariants were not all examined.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from slurm_dispatch.sandbox import cluster, daemons, slurm_conf
+
+from . import history
+
+if TYPE_CHECKING:
+    from .run import Soak
+
+
+def log(text: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+CASES = ("shared-relaunch", "shared-partition", "isolated-overlap", "cleanup-resumed",
+         "torn-latest")
+# How long a case's partition lasts: Slurm declares the node down after SlurmdTimeout (10 s
+# in the sandbox), requeues or ends its job, and the replacement (or the held submission) is
+# asked about well within it, while the cut-off execution writes on.
+CUT_FOR = 90.0
+# The nemesis cuts off at most 2 nodes at once; a case may make it 3 (of 8).
+BUSY = 3
+
+
+def missing(made: dict[str, Any]) -> list[str]:
+    return [case for case in CASES if not made.get(case)]
+
+
+class Cases:
+    """The state of each case across the runner's passes (:meth:`step`)."""
+
+    def __init__(self, soak: Soak) -> None:
+        self.soak = soak
+        self.made: dict[str, Any] = {case: None for case in CASES}
+        self.overlap_job = ""  # the isolated job the overlap case follows (its name)
+        self.overlap: dict[str, Any] = {}
+        self.cleanups: list[dict[str, Any]] = []  # every cleanup the runner ran, and after it
+
+    def done(self, case: str, **what: Any) -> None:
+        self.made[case] = {"t": time.time(), **what}
+        log(f"case {case} made: {what}")
+
+    # -- shared-relaunch, before the workload -------------------------------------------------
+
+    def relaunch_shared(self) -> None:
+        """The controller runs a shared job's launch again (see the module docstring); the
+        first node stays cut off for CUT_FOR, healed by the runner's healer."""
+        soak = self.soak
+        layout = soak.layout
+        saved = layout.state_save / "job_state"
+        kept = os.path.join(soak.run_dir, "job_state.pending")
+        part = slurm_conf.PARTITION_NAME
+        nodes = list(soak.nodes)
+        first, others = nodes[0], nodes[1:]
+        scontrol = ["scontrol", "update"]
+        try:
+            soak.slurm([*scontrol, f"partitionname={part}", "state=down"])
+            since = time.time_ns()
+            job = soak.submit("shared-relaunch", "--shared-checkpoint", "--resubmit", "1",
+                              env={"SOAK_STEPS": "600"})
+            if job is None:
+                return
+            if not _wait(lambda: _saved_after(saved, since), 30):
+                return
+            shutil.copy2(saved, kept)
+            soak.slurm([*scontrol, f"nodename={','.join(others)}", "state=drain",
+                        "reason=soak_shared_relaunch"])
+            soak.slurm([*scontrol, f"partitionname={part}", "state=up"])
+            name = soak.jobs[job]["name"]
+            if not _wait(lambda: first in soak.nodes_of(name), 60):
+                return
+            cluster.partition(first, soak.directory)
+            soak.pending_heals.append((time.monotonic() + CUT_FOR, "partition", first))
+            nodes_saved = layout.state_save / "node_state"
+            since = time.time_ns()
+            soak.slurm([*scontrol, f"nodename={first}", "state=drain",
+                        "reason=soak_shared_relaunch"])
+            soak.slurm([*scontrol, f"nodename={','.join(others)}", "state=resume"])
+            _wait(lambda: _saved_after(nodes_saved, since), 30)
+            pid = daemons.live_pid(daemons.slurmctld(layout))
+            if pid is None:
+                return
+            os.kill(pid, signal.SIGKILL)
+            _wait(lambda: daemons.live_pid(daemons.slurmctld(layout)) is None, 30)
+            shutil.copy2(kept, saved)
+            cluster.start_controller(soak.directory)
+            soak.faults.append({"kind": "slurmctld-kill", "t": time.time(),
+                                "target": f"slurmctld, state from before {name}'s launch"})
+            # Made once the controller ran it again: a second execution's launcher refused
+            # (its output says so), or a second execution ran the script (a broken build).
+            out = os.path.join(soak.run_dir, "out")
+            if _wait(lambda: _relaunched(out, name, job, soak.history), 90):
+                self.done("shared-relaunch", job=job, node=first)
+        except Exception as exc:  # the run goes on; the case is reported not made
+            log(f"case shared-relaunch failed: {exc}")
+        finally:
+            soak.slurm([*scontrol, f"partitionname={part}", "state=up"])
+            soak.slurm([*scontrol, f"nodename={','.join(others)}", "state=resume"])
+
+    # -- the others, tried at each pass of the runner's loop -----------------------------------
+
+    def step(self) -> None:
+        soak = self.soak
+        facts = history.read(soak.history)
+        if not self.made["shared-partition"]:
+            self.partition_shared()
+        if not self.made["isolated-overlap"]:
+            self.isolated_overlap(facts)
+        if not self.made["cleanup-resumed"]:
+            self.cleanup_resumed(facts)
+        if not self.made["torn-latest"]:
+            target = soak.tear()
+            if target:
+                soak.faults.append({"kind": "tear", "t": time.time(), "target": target})
+                self.done("torn-latest", target=target)
+
+    def partition_shared(self) -> None:
+        soak = self.soak
+        busy = {t for _, _, t in soak.pending_heals}
+        nodes = [n for n in soak.shared_nodes() if n not in busy]
+        if not nodes or len(busy) >= BUSY:
+            return
+        node = nodes[0]
+        log(f"case shared-partition: cutting off {node}, where a shared job runs")
+        cluster.partition(node, soak.directory)
+        soak.pending_heals.append((time.monotonic() + CUT_FOR, "partition", node))
+        soak.faults.append({"kind": "partition", "t": time.time(), "target": node})
+        self.done("shared-partition", node=node)
+
+    def isolated_overlap(self, facts: list[dict[str, Any]]) -> None:
+        soak = self.soak
+        if not self.overlap_job:
+            job = soak.submit("overlap", "--resubmit", "2", env={"SOAK_STEPS": "150"})
+            if job:
+                self.overlap_job = soak.jobs[job]["name"]
+                self.overlap = {"job": job}
+            return
+        job = self.overlap["job"]
+        root = soak.jobs[job]["root"]
+        starts = [f for f in facts if f["ev"] == "start" and f.get("job") == job]
+        published = [f for f in facts if f["ev"] == "published"]
+        if "cut" not in self.overlap:
+            # Cut the first execution off once it has published twice.
+            if len(starts) != 1:
+                return
+            old = starts[0]["attempt"]
+            if sum(1 for f in published if f["attempt"] == old) < 2:
+                return
+            busy = {t for _, _, t in soak.pending_heals}
+            nodes = soak.nodes_of(self.overlap_job)
+            if len(nodes) != 1 or nodes[0] in busy or len(busy) >= BUSY:
+                return
+            log(f"case isolated-overlap: cutting off {nodes[0]}, where {self.overlap_job} runs")
+            cluster.partition(nodes[0], soak.directory)
+            soak.pending_heals.append((time.monotonic() + CUT_FOR, "partition", nodes[0]))
+            soak.faults.append({"kind": "partition", "t": time.time(), "target": nodes[0]})
+            self.overlap.update(cut=nodes[0], old=old, at=time.time())
+            return
+        if "requeued" in self.overlap:
+            return
+        old = self.overlap["old"]
+        new = [f for f in starts if f["attempt"] != old]
+        if not new:
+            return
+        replacement = new[-1]["attempt"]
+        mine = [f["step"] for f in published if f["attempt"] == replacement]
+        late = [f["step"] for f in published if f["attempt"] == old and f["t"] > new[-1]["t"]]
+        if not mine or not late or max(late) <= max(mine):
+            return
+        slurm_id = new[-1].get("slurm_job_id") or ""
+        if not slurm_id:
+            return
+        soak.slurm(["scontrol", "requeue", slurm_id])
+        soak.faults.append({"kind": "requeue", "t": time.time(), "target": slurm_id})
+        self.overlap["requeued"] = slurm_id
+        self.done("isolated-overlap", job=job, root=root, old=old, replacement=replacement,
+                  old_step=max(late), replacement_step=max(mine))
+
+    def cleanup_resumed(self, facts: list[dict[str, Any]]) -> None:
+        soak = self.soak
+        candidates = [ex for ex in live(facts) if ex["resumed"] and ex["published_since"]
+                      and not ex["shared"] and not ex["root"].startswith("s3://")
+                      and "%a" not in ex["root"]]
+        if not candidates:
+            return
+        target = sorted(candidates, key=lambda ex: ex["attempt"])[0]
+        record = soak.cleanup(target["root"], 1)
+        if any(ex["attempt"] == target["attempt"] for ex in record["live"]):
+            self.done("cleanup-resumed", root=target["root"], attempt=target["attempt"])
+
+    def after_cleanup(self, root: str, keep: int, started: float) -> dict[str, Any]:
+        """What a cleanup of ``root`` left of the resume sources of the executions live on it
+        then (each looked at right after it returned): the cases ``needed-missing`` checks."""
+        soak = self.soak
+        facts = history.read(soak.history)
+        rows = [{"attempt": ex["attempt"], "source": ex["resumed"],
+                 "present": soak.present(root, _relative(root, ex["resumed"]))}
+                for ex in live(facts, since=started) if ex["root"] == root and ex["resumed"]]
+        record = {"root": root, "keep": keep, "started": started, "t": time.time(),
+                  "live": rows}
+        self.cleanups.append(record)
+        return record
+
+
+def live(facts: list[dict[str, Any]], since: Optional[float] = None) -> list[dict[str, Any]]:
+    """The executions that beat within the last 3 s (or since ``since``) and have not ended:
+    each with its root, resume source, and whether it published after it started."""
+    now = time.time()
+    found: dict[str, dict[str, Any]] = {}
+    for fact in facts:
+        attempt = fact["attempt"]
+        if fact["ev"] == "start":
+            # What it loaded where it said (a fallback past a torn choice), else the choice.
+            source = fact["loaded"] if fact.get("loaded") is not None else fact.get("resumed")
+            found[attempt] = {"attempt": attempt, "root": fact["root"],
+                              "resumed": source or "",
+                              "shared": bool(fact.get("shared")), "started": fact["t"],
+                              "published_since": False, "last": fact["t"], "ended": False}
+        elif attempt in found:
+            ex = found[attempt]
+            ex["last"] = max(ex["last"], fact["t"])
+            if fact["ev"] == "published":
+                ex["published_since"] = True
+            elif fact["ev"] == "end":
+                ex["ended"] = True
+    floor = (since if since is not None else now) - 3.0
+    return [ex for ex in found.values() if not ex["ended"] and ex["last"] >= floor]
+
+
+def _relative(root: str, path: str) -> str:
+    root = root.rstrip("/")
+    return path[len(root) + 1:] if path.startswith(root + "/") else path
+
+
+def _saved_after(path: Any, since_ns: int) -> bool:
+    try:
+        return os.stat(path).st_mtime_ns > since_ns
+    except FileNotFoundError:
+        return False
+
+
+def _relaunched(out: str, name: str, job: str, folder: str) -> bool:
+    """A second execution of ``name``'s submission: refused by its launcher (its output), or
+    running the script beside the first (two starts in the histories)."""
+    starts = {f["attempt"] for f in history.read(folder)
+              if f["ev"] == "start" and f.get("job") == job}
+    if len(starts) > 1:
+        return True
+    try:
+        names = [n for n in os.listdir(out) if n.startswith(f"{name}-")]
+    except OSError:
+        return False
+    for entry in names:
+        try:
+            with open(os.path.join(out, entry), encoding="utf-8", errors="replace") as f:
+                if "already started" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _wait(condition: Any, seconds: float, interval: float = 0.5) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())

@@ -1,0 +1,178 @@
+"""Mutants: small deliberate breaks of the product, each put through a short soak.
+
+``python -m soak.mutants [--minutes 3] [--seed S] [--only NAME ...] [--baseline]`` (as root;
+``make mutants``): for each mutant, a scratch copy of this checkout's tracked files with the
+one change applied, a soak of ``--minutes`` run from that copy (its sandbox's venv installs
+the copy: the jobs, the launcher, the supervisor, ``dispatch-cease`` and the hooks are the
+broken build), then the checker.  It prints a table of which invariant caught each mutant and
+exits 1 when any was not caught: a soak that passes a broken build proves nothing.  Every
+mutant's text must be found exactly once in the product (``tests/soak/test_mutants.py``
+keeps them applying as the code moves).
+
+The first four are the builds issue 30 found the soak passing (seed 802312, 3 minutes); the
+rest give each invariant at least one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORK = Path("/var/tmp/slurm-dispatch-mutants")
+SANDBOX_DIR = "/var/tmp/slurm-dispatch-mutants/sandbox"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the checkout
+    old: str  # found exactly once
+    new: str
+    expected: tuple[str, ...]  # the invariants meant to catch it
+    what: str
+
+
+MUTANTS = (
+    Mutant("latest-ignores-epoch", "slurm_dispatch/checkpoint/stores/posix.py",
+           "    name = max(names)\n",
+           "    name = max(names, key=lambda n: n[21:41])  # MUTANT: the step alone\n",
+           ("resume",),
+           "latest publication by step alone: an old execution's later step outranks "
+           "its replacement's newer epoch"),
+    Mutant("gc-spares-no-resume-choice", "slurm_dispatch/checkpoint/gc.py",
+           "            for chosen in each.chosen:\n"
+           "                needed.setdefault(chosen, f\"execution {each.attempt} chose it\")\n",
+           "            for chosen in ():  # MUTANT: no resume choice is needed\n"
+           "                needed.setdefault(chosen, f\"execution {each.attempt} chose it\")\n",
+           ("needed-missing",),
+           "cleanup keeps the K latest but not what a live execution resumed from"),
+    Mutant("launcher-skips-shared-claim", "slurm_dispatch/execution/launch.py",
+           "        claim_shared(job, submission, env)\n",
+           "        pass  # MUTANT: no claim of the submission\n",
+           ("shared-overlap", "lifted-while-writing"),
+           "a shared job's second execution of one submission runs the script too"),
+    Mutant("ended-counted-as-ceased", "slurm_dispatch/node/cease.py",
+           "    verdict.ceased = not unproven\n",
+           "    verdict.ceased = True  # MUTANT: ended is ceased\n",
+           ("lifted-while-writing", "shared-overlap"),
+           "dispatch-cease answers ceased once Slurm says the job ended"),
+)
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    """Make ``mutant``'s change in the checkout at ``tree``; its text must be there once."""
+    path = tree / mutant.path
+    text = path.read_text(encoding="utf-8")
+    found = text.count(mutant.old)
+    if found != 1:
+        raise ValueError(f"mutant {mutant.name}: its text is in {mutant.path} {found} times, "
+                         "not once: the product moved; update soak/mutants.py")
+    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+
+
+def scratch_copy(dest: Path) -> None:
+    """This checkout's tracked files (as they are on disk) at ``dest``, made anew."""
+    shutil.rmtree(dest, ignore_errors=True)
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if not source.is_file():
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def run_soak(tree: Path, minutes: float, seed: int, log: Path) -> Optional[str]:
+    """A soak from the checkout at ``tree``; the run folder it made (None: it made none)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), DISPATCH_SANDBOX_DIR=SANDBOX_DIR,
+               SOAK_DRAIN=os.environ.get("SOAK_DRAIN", "90"))
+    with open(log, "w", encoding="utf-8") as out:
+        subprocess.run([sys.executable, "-m", "soak.run", "--minutes", str(minutes),
+                        "--seed", str(seed)], cwd=tree, env=env, stdout=out,
+                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    found = re.search(r"run folder (\S+)", log.read_text(encoding="utf-8", errors="replace"))
+    return found.group(1) if found else None
+
+
+def caught_by(run_dir: str) -> tuple[list[str], list[str]]:
+    """(the invariants with a violation, the cases not made) of a finished run folder."""
+    from . import cases, checker
+    result = checker.check_folder(run_dir)
+    with open(os.path.join(run_dir, "final.json"), encoding="utf-8") as f:
+        made = json.load(f).get("cases") or {}
+    return ([name for name, found in result.violations.items() if found],
+            cases.missing(made))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m soak.mutants",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=802312)
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="this mutant only (repeatable); names: "
+                        + ", ".join(m.name for m in MUTANTS))
+    parser.add_argument("--baseline", action="store_true",
+                        help="first a soak of the unbroken build, which must pass")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.only) - {m.name for m in MUTANTS})
+    if unknown:
+        parser.error(f"no mutant named {', '.join(unknown)}")
+    if os.geteuid() != 0:
+        print("the mutants' soaks need root: they run the sandbox and its faults",
+              file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    for mutant in chosen:  # each applies before any soak is run
+        scratch_copy(WORK / "check")
+        apply(mutant, WORK / "check")
+    rows: list[list[str]] = []
+    failed = False
+    todo: list[Optional[Mutant]] = [None] if args.baseline else []
+    for mutant in [*todo, *chosen]:
+        name = mutant.name if mutant else "(none: the build as it is)"
+        tree = WORK / (mutant.name if mutant else "baseline") / "src"
+        scratch_copy(tree)
+        if mutant:
+            apply(mutant, tree)
+        log = tree.parent / "soak.log"
+        began = time.monotonic()
+        print(f"mutants: {name}: a {args.minutes:g}-minute soak, seed {args.seed} ({log})",
+              flush=True)
+        run_dir = run_soak(tree, args.minutes, args.seed, log)
+        took = f"{(time.monotonic() - began) / 60:.1f} min"
+        if run_dir is None:
+            rows.append([name, "-", "the soak made no run folder (see its log)", took])
+            failed = True
+            continue
+        caught, not_made = caught_by(run_dir)
+        if mutant is None:
+            ok = not caught and not not_made
+            verdict = "passes" if ok else "FAILS: " + ", ".join(caught + not_made)
+        else:
+            ok = bool(caught)
+            verdict = ("caught by " + ", ".join(caught)) if ok else "NOT CAUGHT"
+            if not_made:
+                verdict += f" (cases not made: {', '.join(not_made)})"
+        failed |= not ok
+        rows.append([name, ", ".join(mutant.expected) if mutant else "-", verdict, took])
+    from slurm_dispatch._table import render_table
+    print(render_table(["MUTANT", "MEANT FOR", "RESULT", "TOOK"], rows), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

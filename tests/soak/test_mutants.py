@@ -1,0 +1,39 @@
+"""The soak's mutants keep applying as the product moves: each one's text is in the product
+exactly once, so `python -m soak.mutants` breaks what it says it breaks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from soak import checker, mutants
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("mutant", mutants.MUTANTS, ids=lambda m: m.name)
+def test_each_mutant_applies_once_and_changes_its_file(mutant: mutants.Mutant,
+                                                       tmp_path: Path) -> None:
+    source = REPO / mutant.path
+    (tmp_path / mutant.path).parent.mkdir(parents=True)
+    (tmp_path / mutant.path).write_text(source.read_text())
+    mutants.apply(mutant, tmp_path)
+    changed = (tmp_path / mutant.path).read_text()
+    assert changed != source.read_text() and "MUTANT" in changed
+    compile(changed, mutant.path, "exec")  # still Python: it breaks behaviour, not the import
+    assert set(mutant.expected) <= set(checker.INVARIANTS)
+
+
+def test_a_mutant_whose_text_moved_is_refused_by_name(tmp_path: Path) -> None:
+    moved = mutants.Mutant("gone", "x.py", "old text\n", "new\n", ("resume",), "")
+    (tmp_path / "x.py").write_text("something else\n")
+    with pytest.raises(ValueError, match="mutant gone: its text is in x.py 0 times"):
+        mutants.apply(moved, tmp_path)
+    assert (tmp_path / "x.py").read_text() == "something else\n"
+
+
+def test_the_four_builds_the_soak_once_passed_are_mutants() -> None:
+    assert {"latest-ignores-epoch", "gc-spares-no-resume-choice",
+            "launcher-skips-shared-claim", "ended-counted-as-ceased"} <= \
+        {m.name for m in mutants.MUTANTS}
