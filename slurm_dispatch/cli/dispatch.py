@@ -643,7 +643,8 @@ def forget(job: tuple[str, ...], before: Optional[str], dry_run: bool, as_json: 
               help="Resubmit one task of an array job on its own (--array=T), in its lineage "
                    "(JOB given as A_T, as Slurm writes a task, names it too).")
 @click.option("--force", is_flag=True,
-              help="Submit even while one of the job's Slurm jobs is still active.")
+              help="Submit even while one of the job's Slurm jobs is still active, or while "
+                   "a shared-checkpoint job's last execution is not proven gone.")
 @click.option("--python", "python", metavar="PATH",
               help="Run the launcher with this interpreter (one with slurm-dispatch "
                    "installed), from this submission on, the supervisor's included: for a "
@@ -655,11 +656,16 @@ def resubmit(job: str, task: Optional[int], force: bool, python: Optional[str]) 
     The new submission runs what was first submitted, with the same sbatch options and the
     environment of the first submission, from the same directory; its executions resume from
     the latest publication.  Refused while a submission is still active (it would run beside
-    it), unless --force; refused too when the interpreter the job's launcher runs with is gone
-    (see --python).  Prints sbatch's line.
+    it), unless --force.  Of a --shared-checkpoint job, the site's CessationSignal (default
+    dispatch-cease) is asked first about its last execution, and the answer recorded: while
+    that is not proven gone (a node cut off, survivors), refused with the evidence (exit 1),
+    unless --force, as `dispatch release` is.  Refused too when the interpreter the job's
+    launcher runs with is gone (see --python).  Prints sbatch's line.
     """
+    from ..control.holds import refuse_unproven_restart
     from ..control.submit import array_tasks, refuse_while_live
     from ..control.submit import resubmit as resubmit_job
+    from ..control.supervisor import site_settings
     from ..slurm.adapter import Slurm
     slurm = Slurm()
     record_ = _open(job, slurm)
@@ -669,6 +675,8 @@ def resubmit(job: str, task: Optional[int], force: bool, python: Optional[str]) 
                          f"(its tasks: {array_tasks(record_) or 'none, not an array'})")
     if not force:
         refuse_while_live(slurm, record_, task=task)
+        if record_.spec.get("shared_checkpoint"):
+            refuse_unproven_restart(record_, site_settings(), task=task)
     if python is not None:
         from ..control.interpreter import choose
         choose(record_, python)

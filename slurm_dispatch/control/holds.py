@@ -5,6 +5,8 @@ A shared-checkpoint job's next submission is made held (:mod:`.supervisor`, and
 CessationSignal (``dispatch-cease`` by default) to prove every ended execution it waits for
 gone, or for a person (``dispatch release``).  Both ask here, the same way: the signal run once
 per ended execution (an array hold's every task), each answer recorded as a cessation fact.
+A person's ``dispatch resubmit`` of a shared job restarts it as a lifted hold does, so it asks
+here too, about the job's last execution (:func:`refuse_unproven_restart`).
 The texts a held Slurm job's comment carries through its hold (held, released, hold over) are
 written here too.
 
@@ -12,7 +14,8 @@ Invariants:
 
 * Each answer is recorded (a cessation fact) before anything is decided on it.
 * A hold is lifted on the signal's word only when every answer is "ceased" (an error is not);
-  a person's release is refused while one is not, unless the person forces it.
+  a person's release, and a person's resubmission of a shared job, is refused while one is
+  not, unless the person forces it.
 * The signal means 0 ceased, 1 not ceased, anything else an error; asking never raises.
 * A signal named without a folder (``dispatch-cease``) is found on PATH, else beside the
   interpreter (a systemd unit's PATH lacks the venv's ``bin/``); one found nowhere is an error
@@ -223,6 +226,50 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
                    task=hold.task)
         mark_released(slurm, job, hold, "by a person")
     return ",".join(held_ids)
+
+
+def refuse_unproven_restart(job: record.JobRecord, settings: Optional[Settings],
+                            force: bool = False, signal_runner: SignalRunner = ask_signal,
+                            clock: Callable[[], float] = time.time,
+                            task: Optional[int] = None) -> None:
+    """A person's resubmission of a shared-checkpoint job starts it again on the shared
+    checkpoint, as a lifted hold does, so it is held to the same proof: the CessationSignal
+    is asked about the job's last execution (of each array task's lineage, or of ``task``'s),
+    each answer recorded; when one is not proven ceased, the resubmission is refused with the
+    evidence, naming that execution (:class:`RefusedError`), unless ``force`` (the person's
+    call).  An isolated job, a site without a signal, or a job none of whose executions
+    recorded a start is not asked about."""
+    if force or not job.spec.get("shared_checkpoint") or settings is None \
+            or not settings.signal:
+        return
+    history = job.history()
+    tasks = submit.array_tasks(job)
+    lines = [history.lineage(task)] if task is not None else (
+        [history.lineage(t) for t in tasks] if tasks else [history.lineage()])
+    refused = []
+    for line in lines:
+        if not line.started:
+            continue
+        last = line.started[-1]
+        target = (f"{last.array_job_id}_{last.array_task_id}"
+                  if last.array_job_id and last.array_task_id else last.slurm_job_id)
+        argv, answer = ask_one(settings.signal, target, last.restart, settings.signal_timeout,
+                               signal_runner)
+        answer = owned(answer, target)
+        job.append(events.Cessation, asked_at=round(clock(), 3), held_slurm_job_id="",
+                   ended_slurm_job_id=target, verdict=answer.verdict, code=answer.code,
+                   evidence=answer.evidence, command=argv, task=line.task)
+        if answer.verdict != "ceased":
+            refused.append(f"Slurm job {target} restart {last.restart} on "
+                           f"{last.node or last.host or '?'}: {answer.verdict}: "
+                           f"{_evidence_text(answer)}")
+    if refused:
+        raise RefusedError(
+            f"the last execution of {job.id} (a shared-checkpoint job) is not proven gone, so "
+            "a resubmission now could run beside its processes on the shared checkpoint: "
+            + "; ".join(refused) + f".  Resubmit once the site's signal ({settings.signal}) "
+            "answers ceased, or anyway with `dispatch resubmit --force "
+            + ("" if task is None else f"--task {task} ") + f"{job.id}`")
 
 
 # -- the held job's comment, through its hold ---------------------------------------------

@@ -312,3 +312,42 @@ def test_a_signal_that_cannot_be_run_says_why_on_the_pass_line(
     assert line.startswith(f"{job.id}: no-such-signal-x {ended}: error ('no-such-signal-x' not "
                            "found on PATH (/usr/local/bin:/usr/bin:/bin) nor beside "), line
     assert line.endswith("set CessationSignal= to its absolute path in dispatch.conf)"), line
+
+
+def test_a_persons_resubmit_of_a_shared_job_asks_the_signal_first(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+        ) -> None:
+    """Issue 30 item 8: `dispatch resubmit` of a shared-checkpoint job whose last execution
+    ended with its node asked Slurm only and submitted unheld, beside a cut-off execution that
+    may still write.  It asks the site's CessationSignal about the last execution, records
+    the answer, and refuses while that is not proven gone (naming it), unless --force."""
+    done = submit_one("ck-r", "--shared-checkpoint")
+    job, ended = done.job, done.slurm_job_id
+    job.append("started", submission=1, slurm_job_id=ended, restart=0, attempt="a" * 26,
+               epoch=1_000_000, exec_dir="/x", node="n1", nodes="n1", host="h", pid=1)
+    cluster.set(ended, JobState="NODE_FAIL")
+    answer = tmp_path / "answer"
+    answer.write_text("1")
+    site_signal(tmp_path, monkeypatch,
+                f"#!/bin/sh\necho '{{\"reason\": \"n1 not responding\"}}'\n"
+                f"exit $(cat {answer})\n")
+    refused = CliRunner().invoke(cli.main, ["resubmit", job.id])
+    said = " ".join(refused.output.split())
+    assert refused.exit_code == 1, refused.output
+    assert f"Slurm job {ended} restart 0 on n1" in said and "not proven gone" in said, said
+    assert f"dispatch resubmit --force {job.id}" in said, said
+    assert len(cluster.sbatch_calls()) == 1, "submitted although not proven gone"
+    (fact,) = cessations(job)
+    assert (fact["ended_slurm_job_id"], fact["verdict"]) == (ended, "not ceased")
+    # Proven gone: submitted, unheld (a person's resubmission is the restart).
+    answer.write_text("0")
+    again = CliRunner().invoke(cli.main, ["resubmit", job.id])
+    assert again.exit_code == 0, again.output
+    assert len(cluster.sbatch_calls()) == 2 and "--hold" not in cluster.sbatch_calls()[-1]
+    assert [c["verdict"] for c in cessations(job)] == ["not ceased", "ceased"]
+    # --force: the person's call, nothing asked.
+    cluster.set(str(job.submissions()[-1]["slurm_job_id"]), JobState="NODE_FAIL")
+    answer.write_text("1")
+    forced = CliRunner().invoke(cli.main, ["resubmit", "--force", job.id])
+    assert forced.exit_code == 0, forced.output
+    assert len(cluster.sbatch_calls()) == 3 and len(cessations(job)) == 2
