@@ -462,18 +462,18 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
         click.echo(text)
 
 
-# The states dispatch jobs adds to squeue's (slurm.jobs.STATE_CODES).
+# The states dispatch jobs adds to Slurm's (slurm.jobs.STATE_NAMES).
 OUR_STATES = ("HELD", "SUPERSEDED", "FINISHED", "UNKNOWN")
 
 
 def _job_filter(states: Optional[str], names: Optional[str], since: Optional[str]) -> Any:
     """dispatch jobs' --state, --name and --since as one test of a line; a bad value is a
     UsageError naming it."""
-    from ..slurm.jobs import STATE_CODES
+    from ..slurm.jobs import STATE_CODES, STATE_NAMES
     wanted: Optional[set[str]] = None
     if states and states.strip().lower() != "all":
         wanted = set()
-        known = set(STATE_CODES.values()) | set(OUR_STATES)
+        known = STATE_NAMES | set(OUR_STATES)
         for word in (w.strip().upper() for w in states.split(",") if w.strip()):
             state = STATE_CODES.get(word, word)
             if state not in known:

@@ -50,7 +50,8 @@ def describe(request: Request) -> str:
              *_array_line(request),
              "",
              "  END STATE      WHAT HAPPENS"]
-    for rule in rules.rules_for(opts.shared_checkpoint, opts.resubmit, hold, signal):
+    for rule in rules.rules_for(opts.shared_checkpoint, opts.resubmit, hold, signal,
+                                request.expedited):
         lines.append(f"  {rule.end_state:<14} {rule.text}")
     if opts.shared_checkpoint and opts.resubmit > 0:
         told = "by mail (Slurm's MailProg, to --mail-user or you)"

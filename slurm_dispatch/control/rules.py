@@ -4,7 +4,15 @@ Pure.  The rule table is the single source for the plan (printed before a job st
 the supervisor (which applies it), so what a user is shown is what is done.
 
 * Isolated jobs keep Slurm's own requeue for node failure and preemption (raises R); the
-  other failures are resubmitted by the supervisor while budget lasts (raises N).
+  other failures are resubmitted by the supervisor while budget lasts (raises N).  Slurm's
+  requeued job may start again only after the requeue delay (``requeue_delay`` in
+  SlurmctldParameters from 25.11, AuthInfo's ``cred_expire`` before; 120 s by default).
+* A job submitted ``--requeue=expedite`` (25.11, where SlurmctldParameters has
+  ``enable_expedited_requeue``) is requeued by Slurm with no delay: after a node failure it is
+  EXPEDITING, first in the queue; after preemption it is eligible at once; and a non-zero exit
+  is Slurm's requeue too, EXPEDITING while its Epilog runs, then held (REQUEUE_HOLD) until
+  someone runs ``scontrol release`` unless an Epilog failed on one of its nodes (then it starts
+  again at once).  A job Slurm requeues is not ended, so dispatch does not resubmit it.
 * A shared-checkpoint job is submitted with ``--no-requeue`` (Slurm must not restart it behind
   dispatch's back), and every restart becomes a hold for a person, lifted early only by a
   ceased answer from the site's CessationSignal.
@@ -20,6 +28,16 @@ from typing import Optional
 ORDER = ["node failure", "preempted", "failed", "timeout", "out of memory", "cancelled",
          "completed"]
 SLURM_REQUEUES = {"node failure", "preempted"}
+# Where --requeue=expedite makes an end Slurm's requeue, and what Slurm then does.
+DELAYED = "Slurm requeues it (R+1); it may start again after the requeue delay (120 s by default)"
+EXPEDITED = {
+    "node failure": "Slurm requeues it (R+1), EXPEDITING: it starts again at once, first in the "
+                    "queue (--requeue=expedite)",
+    "preempted": "Slurm requeues it (R+1), eligible again at once (--requeue=expedite)",
+    "failed": "Slurm requeues it (R+1; --requeue=expedite): held (REQUEUE_HOLD) until "
+              "`scontrol release`, or started again at once if an Epilog failed on its nodes; "
+              "no resubmission",
+}
 
 
 @dataclass(frozen=True)
@@ -30,7 +48,9 @@ class Rule:
     instead_of: Optional[str] = None  # for a hold: the rule it stands in for
 
 
-def rules_for(shared: bool, budget: int, hold_for: str, signal: Optional[str]) -> list[Rule]:
+def rules_for(shared: bool, budget: int, hold_for: str, signal: Optional[str],
+              expedited: bool = False) -> list[Rule]:
+    """The rule of each end; ``expedited``: the job was submitted ``--requeue=expedite``."""
     lifted = f"lifted by {signal}" if signal else "lifted by a person (no CessationSignal)"
     out = []
     for state in ORDER:
@@ -38,9 +58,11 @@ def rules_for(shared: bool, budget: int, hold_for: str, signal: Optional[str]) -
             why = "a user's cancel is never undone" if state == "cancelled" else "done"
             out.append(Rule(state, "stop", f"stop ({why})"))
             continue
+        if not shared and expedited and state in EXPEDITED:
+            out.append(Rule(state, "slurm-requeue", EXPEDITED[state]))
+            continue
         if not shared and state in SLURM_REQUEUES:
-            out.append(Rule(state, "slurm-requeue",
-                            "Slurm requeues it (R+1); the replacement starts at once"))
+            out.append(Rule(state, "slurm-requeue", DELAYED))
             continue
         base = f"resubmit (budget {budget})" if budget > 0 else "stop (no resubmit budget)"
         if not shared:
@@ -54,8 +76,8 @@ def rules_for(shared: bool, budget: int, hold_for: str, signal: Optional[str]) -
     return out
 
 
-def rule_for(state: str, shared: bool, budget: int) -> Rule:
-    for rule in rules_for(shared, budget, "", None):
+def rule_for(state: str, shared: bool, budget: int, expedited: bool = False) -> Rule:
+    for rule in rules_for(shared, budget, "", None, expedited):
         if rule.end_state == state:
             return rule
     return Rule(state, "stop", f"stop (unknown end state {state!r})")

@@ -166,10 +166,13 @@ def parse_warning(value: str, where: str = "") -> tuple[str, int]:
     return signal, total
 
 
-def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
+def parse_options(words: list[str], *, stop_at_script: bool, where: str = "",
+                  values: Optional[list[tuple[str, Optional[str]]]] = None
                   ) -> tuple[DispatchOptions, list[str], int, set[str]]:
-    """Walk ``words``; return (dispatch options, sbatch words, index of the script, long names)."""
+    """Walk ``words``; return (dispatch options, sbatch words, index of the script, long names).
+    ``values``, where given, gets each sbatch option's (long name, value or None) in order."""
     opts = DispatchOptions()
+    values = [] if values is None else values
     sbatch: list[str] = []
     names: set[str] = set()
     i = 0
@@ -199,29 +202,48 @@ def parse_options(words: list[str], *, stop_at_script: bool, where: str = ""
                 if i + 1 >= len(words):
                     raise UsageError(f"sbatch option --{long}{where} needs a value")
                 sbatch.append(words[i + 1])
+                value, eq = words[i + 1], "="
                 i += 1
+            values.append((long, value if eq else None))
             i += 1
             continue
         if word.startswith("-") and len(word) > 1:
             sbatch.append(word)
             for j, letter in enumerate(word[1:], start=1):
+                name = _SHORT[letter].canonical if letter in _SHORT else letter
                 if letter in _SHORT:
-                    names.add(_SHORT[letter].canonical)
+                    names.add(name)
                 if letter in SHORT_OPTIONAL_ARG:
-                    break  # the rest of the word is its value (-kyes), never the next word
+                    # the rest of the word is its value (-kyes), never the next word
+                    values.append((name, word[j + 1:] or None))
+                    break
                 if letter in SHORT_WITH_ARG:
                     if j == len(word) - 1:
                         if i + 1 >= len(words):
                             raise UsageError(f"sbatch option -{letter}{where} needs a value")
                         sbatch.append(words[i + 1])
+                        values.append((name, words[i + 1]))
                         i += 1
+                    else:
+                        values.append((name, word[j + 1:]))
                     break
+                values.append((name, None))
             i += 1
             continue
         if stop_at_script:
             break
         raise UsageError(f"unexpected word {word!r}{where}: directives hold options only")
     return opts, sbatch, i, names
+
+
+def expedited_requeue(words: list[str]) -> bool:
+    """``words`` (sbatch's options in the order sbatch applies them: the script's ``#SBATCH``
+    words, then the command line's) ask for 25.11's expedited requeue: the last of
+    ``--requeue``/``--no-requeue`` is ``--requeue=expedite``."""
+    seen: list[tuple[str, Optional[str]]] = []
+    parse_options(words, stop_at_script=True, values=seen)
+    last = [(name, value) for name, value in seen if name in ("requeue", "no-requeue")]
+    return bool(last) and last[-1] == ("requeue", "expedite")
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:

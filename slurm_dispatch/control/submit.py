@@ -55,6 +55,11 @@ class Request:
     def parsable(self) -> bool:
         return "parsable" in self.long_names
 
+    @property
+    def expedited(self) -> bool:
+        """It asks for Slurm's expedited requeue (``--requeue=expedite``, 25.11)."""
+        return sbatch_args.expedited_requeue(self.header.sbatch_words + self.sbatch)
+
 
 def read_request(argv: list[str], cwd: Optional[str] = None,
                  env: Optional[Mapping[str, str]] = None) -> Request:
@@ -330,6 +335,24 @@ def _array_words(words: list[str]) -> tuple[Optional[str], list[str]]:
     return _option_words(words, "array", "a")
 
 
+def _header_words(header_lines: list[str], script_name: str) -> list[str]:
+    """The words of the ``#SBATCH`` lines among a recorded header's lines."""
+    words: list[str] = []
+    for line in header_lines:
+        text = line.lstrip()
+        if text.startswith("#SBATCH"):
+            words.extend(sbatch_args.directive_words(text[len("#SBATCH"):], script_name, 0))
+    return words
+
+
+def expedited_requeue(job: record.JobRecord) -> bool:
+    """The job asked for Slurm's expedited requeue (``--requeue=expedite``, 25.11): its
+    command line over its ``#SBATCH`` lines, as sbatch reads them."""
+    spec = job.spec
+    return sbatch_args.expedited_requeue(
+        _header_words(list(spec.get("header", [])), spec["script_name"]) + list(spec["sbatch"]))
+
+
 def _option_words(words: list[str], long: str, short: str
                   ) -> tuple[Optional[str], list[str]]:
     """The last value of sbatch option ``--long`` (``-short``) among sbatch words, as sbatch
@@ -413,13 +436,7 @@ def _given(words: list[str], env: Mapping[str, str], header_lines: list[str],
     value = env.get(variable) or None
     if value is not None:
         return value, f"{variable}={value}"
-    header: list[str] = []
-    for line in header_lines:
-        text = line.lstrip()
-        if text.startswith("#SBATCH"):
-            header.extend(sbatch_args.directive_words(text[len("#SBATCH"):],
-                                                       script_name, 0))
-    value = _option_words(header, long, short)[0]
+    value = _option_words(_header_words(header_lines, script_name), long, short)[0]
     return (value, f"#SBATCH --{long}={value} in {script_name}") if value is not None \
         else None
 

@@ -469,7 +469,8 @@ class Supervisor:
         end = _end_state(views)
         spec = job.spec
         budget_left = int(spec["resubmit"]) - (n - 1)
-        rule = rules.rule_for(end, bool(spec["shared_checkpoint"]), budget_left)
+        rule = rules.rule_for(end, bool(spec["shared_checkpoint"]), budget_left,
+                              submit.expedited_requeue(job))
         action = rule.action
         if action == "slurm-requeue":
             action = "resubmit" if budget_left > 0 else "stop"  # Slurm did not requeue it

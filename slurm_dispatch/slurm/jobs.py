@@ -30,10 +30,31 @@ FINAL_STATES = frozenset({
 })
 # Not final, but the current execution was ended by Slurm: requeued (and perhaps held, as
 # SPECIAL_EXIT is), the next execution has not started.
-REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
+#   EXPEDITING (25.11, a job submitted --requeue=expedite where SlurmctldParameters has
+#     enable_expedited_requeue): its execution ended on a node failure or a non-zero exit and
+#     Slurm requeued it (restart count +1) to start again at once, first in the queue, with no
+#     requeue delay; until that launch only an admin may update it.  Once its Epilog is done
+#     with none failed on a node, Slurm holds it instead (REQUEUE_HOLD): its own failure is not
+#     run again at the top of the queue behind the user's back.
+#   REQUEUE_HOLD: requeued and held (priority 0): `scontrol requeuehold`, the launch-failure
+#     limit (MaxBatchRequeue), or an expedited requeue no Epilog failure justified.  It runs
+#     again only once released (`scontrol release`; by its owner too where the reason is
+#     JobHeldUser), and reads REQUEUE_HOLD until it next starts, released or not: its reason
+#     says whether it is still held (Job.is_held).
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT",
+                            "EXPEDITING"})
+# A job in these states waits to start (Slurm's base state is PENDING; the name shown is its
+# flag's): no execution of it runs now.
+WAITING_STATES = frozenset({"PENDING", "EXPEDITING", "REQUEUE_HOLD", "SPECIAL_EXIT"})
 # An execution is under way on its nodes (a timeline draws it up to now).
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"})
 HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+# Slurm's own words for the hold it puts on a job it requeues (the job's reason once Slurm has
+# set its text; pyslurm writes "_" for the spaces): REQUEUE_HOLD's, SPECIAL_EXIT's, and the
+# launch-failure limit's (MaxBatchRequeue).  A release clears them.
+REQUEUE_HOLD_REASONS = frozenset({"job requeued in held state",
+                                  "job requeued in special exit state",
+                                  "launch failure limit exceeded requeued held"})
 # Slurm's own hold after a batch launch failed (a Prolog that failed; a rejoining node that
 # refused a second launch of a job id it still ran, "Duplicate jobid"): the job is requeued
 # with priority 0 and runs only once released, by its owner too (``scontrol release``).
@@ -49,6 +70,9 @@ STATE_CODES = {
     "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
     "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
     "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+# Every state name Slurm shows: squeue's codes' and EXPEDITING (25.11), which has no code
+# (squeue's %t shows its base state, PD).
+STATE_NAMES = frozenset(STATE_CODES.values()) | {"EXPEDITING"}
 
 # A final state -> the name the recovery rules (control/rules.py) give that end.
 END_STATES = {
@@ -150,12 +174,17 @@ class Job:
 
     @property
     def is_pending(self) -> bool:
-        """Waiting to start (held or not): no execution of it runs now."""
-        return self.state == PENDING
+        """Waiting to start (held or not, requeued or not): no execution of it runs now."""
+        return self.state in WAITING_STATES
 
     @property
     def is_held(self) -> bool:
-        return self.state == PENDING and self.reason in HOLD_REASONS
+        """Held (priority 0) until released: by a person, by dispatch, or by Slurm after a
+        requeue (REQUEUE_HOLD, SPECIAL_EXIT); not Slurm's hold after a failed launch
+        (:attr:`held_after_failed_launch`)."""
+        return self.is_pending and (
+            self.reason in HOLD_REASONS
+            or self.reason.replace("_", " ").lower() in REQUEUE_HOLD_REASONS)
 
     @property
     def held_after_failed_launch(self) -> bool:
@@ -165,7 +194,7 @@ class Job:
     @property
     def started(self) -> bool:
         """The current execution has started on some node."""
-        return self.start_time is not None and bool(self.nodes) and self.state != PENDING
+        return self.start_time is not None and bool(self.nodes) and not self.is_pending
 
     @property
     def markers(self) -> list[str]:

@@ -135,3 +135,15 @@ def test_forget_keeps_a_held_job_and_an_upstream_others_wait_for(
     data = json.loads(CliRunner().invoke(cli.main, ["forget", "--dry-run", "--json",
                                                     "--before", "now"]).output)
     assert {k["id"] for k in data["kept"]} >= {upstream.job.id, held.job.id}
+
+
+def test_jobs_shows_and_filters_expediting(cluster: FakeCluster) -> None:  # noqa: F811
+    """Issue 29 item 4: 25.11's EXPEDITING (a --requeue=expedite job requeued to start again at
+    once) is a job state `dispatch jobs --state` takes; it was "not a job state"."""
+    requeued, other = submit_one("ck-a"), submit_one("ck-b")
+    cluster.set(requeued.slurm_job_id, JobState="EXPEDITING", Restarts="1")
+    run = CliRunner().invoke
+    listed = run(cli.main, ["jobs", "--state=EXPEDITING"])
+    assert listed.exit_code == 0, listed.output
+    assert ids_of(listed.output) == [requeued.job.id] and "EXPEDITING" in listed.output
+    assert other.job.id in run(cli.main, ["jobs", "--state=R"]).output

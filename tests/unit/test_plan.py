@@ -69,3 +69,35 @@ def test_bad_site_config_is_an_error_naming_it(script: Path, monkeypatch: pytest
     monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
     with pytest.raises(ConfigError, match="SharedHoldFor.*'soon'"):
         plan.describe(submit.read_request(["--shared-checkpoint", "job.sh"]))
+
+
+def test_the_plan_says_what_slurms_requeue_does(script: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 item 4: Slurm's requeued job starts again after the requeue delay (the plan
+    said "at once"); --requeue=expedite (25.11) passes through, and the plan says what Slurm
+    then does: a node failure's requeue at once and first, a non-zero exit's held
+    (REQUEUE_HOLD) unless an Epilog failed."""
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(script / "none.conf"))
+    (script / "none.conf").write_text("")
+    plain = rows(plan.describe(submit.read_request(["--resubmit", "2", "job.sh"])))
+    assert plain["node failure"] == ("Slurm requeues it (R+1); it may start again after the "
+                                     "requeue delay (120 s by default)")
+    assert plain["preempted"] == plain["node failure"] and "at once" not in plain["preempted"]
+    request = submit.read_request(["--resubmit", "2", "--requeue=expedite", "job.sh"])
+    assert request.sbatch == ["--requeue=expedite"] and request.expedited
+    fast = rows(plan.describe(request))
+    assert fast["node failure"].startswith("Slurm requeues it (R+1), EXPEDITING: it starts "
+                                           "again at once, first in the queue")
+    assert "eligible again at once" in fast["preempted"]
+    assert "held (REQUEUE_HOLD) until `scontrol release`" in fast["failed"]
+    assert fast["timeout"] == "resubmit (budget 2)" and fast["cancelled"] == plain["cancelled"]
+    # In the script too; the last of --requeue and --no-requeue wins, the command line last.
+    (script / "fast.sh").write_text("#!/bin/bash\n#DISPATCH --checkpoint ck\n"
+                                    "#SBATCH --requeue=expedite\necho hi\n")
+    assert submit.read_request(["fast.sh"]).expedited
+    assert not submit.read_request(["--no-requeue", "fast.sh"]).expedited
+    assert not submit.read_request(["--requeue", "job.sh"]).expedited
+    assert submit.read_request(["--comment", "--requeue", "--requeue=exp", "job.sh"]).expedited \
+        is False  # '--requeue' there is --comment's value; --requeue=exp is sbatch's to refuse
+    with pytest.raises(UsageError, match="--requeue contradicts --shared-checkpoint"):
+        submit.read_request(["--shared-checkpoint", "--requeue=expedite", "job.sh"])

@@ -12,11 +12,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from slurm_dispatch.slurm import jobs
 
 PACKAGE = Path(jobs.__file__).resolve().parents[1]
 HOME = Path(jobs.__file__).resolve()
-WORDS = frozenset(jobs.STATE_CODES.values()) | jobs.HOLD_REASONS
+WORDS = jobs.STATE_NAMES | jobs.HOLD_REASONS
 
 
 def _state_names(node: ast.AST) -> set[str]:
@@ -61,7 +63,9 @@ def test_the_scan_sees_a_copy(tmp_path: Path) -> None:
 
 
 def test_the_vocabulary_agrees_with_itself() -> None:
-    every = set(jobs.STATE_CODES.values())
+    every = jobs.STATE_NAMES
+    assert set(jobs.STATE_CODES.values()) <= every
+    assert jobs.WAITING_STATES <= every and jobs.PENDING in jobs.WAITING_STATES
     assert jobs.FINAL_STATES | jobs.REQUEUE_STATES | jobs.RUNNING_STATES <= every
     assert not jobs.FINAL_STATES & jobs.REQUEUE_STATES
     assert set(jobs.END_STATES) == jobs.FINAL_STATES
@@ -110,3 +114,32 @@ def test_no_module_level_cache_of_slurm_reads() -> None:
         calls = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Name) and node.func.id == "id"]
         assert calls == [], f"{path}: id() at lines {calls}: use slurm.jobs.Snapshot"
+
+
+def test_expediting_means_requeued_to_start_at_once() -> None:
+    """Issue 29 item 4: 25.11's EXPEDITING (--requeue=expedite) is a job whose execution ended
+    (node failure, non-zero exit) and that Slurm requeued to start again at once, first in the
+    queue: ended, not final, waiting, not held.  It read as an execution still under way."""
+    job = jobs.Job("7", "EXPEDITING", restarts=1)
+    assert jobs.execution_ended("EXPEDITING") and job.execution_ended
+    assert job.is_active and not job.is_final and not jobs.is_running(job.state)
+    assert job.is_pending and not job.is_held and not job.started
+    assert "EXPEDITING" in jobs.STATE_NAMES and "EXPEDITING" in jobs.REQUEUE_STATES
+
+
+@pytest.mark.parametrize("reason,held", [
+    ("job requeued in held state", True),  # scontrol show job, squeue
+    ("job_requeued_in_held_state", True),  # pyslurm
+    ("launch failure limit exceeded requeued held", True),  # MaxBatchRequeue
+    ("JobHeldUser", True),
+    ("None", False),  # released: REQUEUE_HOLD until it next starts
+    ("BeginTime", False),
+])
+def test_requeue_hold_is_held_until_released(reason: str, held: bool) -> None:
+    """REQUEUE_HOLD (scontrol requeuehold; from 25.11 an expedited requeue after a non-zero exit
+    with no Epilog failed) waits with priority 0 until released, and keeps its name after the
+    release: held is what its reason says.  It read as neither pending nor held."""
+    job = jobs.Job("7", "REQUEUE_HOLD", reason=reason, restarts=1)
+    assert job.is_pending and job.execution_ended and not job.is_final
+    assert job.is_held is held
+    assert jobs.Job("8", "SPECIAL_EXIT", reason="job requeued in special exit state").is_held
