@@ -56,9 +56,9 @@ def main() -> None:
                    "beside slurm.conf); each part is run with the one it finds itself (its "
                    "DISPATCH_CONF knob, else the search in Slurm's environment for that "
                    "hook), and a part that finds none where this one exists fails.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@table_options("one JSON object")
 def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: Optional[str],
-           config_path: Optional[str], as_json: bool) -> int:
+           config_path: Optional[str], as_json: bool, noheader: bool) -> int:
     """Run each installed slurm-dispatch hook part the way Slurm would; say what is broken.
 
     Reads slurm.conf's Prolog, Epilog, HealthCheckProgram (and with --controller
@@ -74,7 +74,8 @@ def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: 
 
     Each check is one line (STATE ok or FAIL), then the fix of each failure.  Exit 0 when
     every check passed, 1 when one failed, 2 on an error.  Run it on every node (with pdsh or
-    clush), and once with --controller on the slurmctld host.
+    clush, -H leaving out each node's header), and once with --controller on the slurmctld
+    host.
     """
     from ..node import doctor as doctor_module
     name = node or doctor_module.Doctor().node
@@ -86,7 +87,7 @@ def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: 
                                "checks": list(doctor_module.iter_json(checks))},
                               sort_keys=True))
     else:
-        click.echo(doctor_module.render(checks, name))
+        click.echo(doctor_module.render(checks, name, noheader))
     return 1 if bad else 0
 
 

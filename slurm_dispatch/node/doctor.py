@@ -703,11 +703,12 @@ def failed(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.state == FAIL]
 
 
-def render(checks: list[Check], node: str) -> str:
-    """Lines a person reads: a table in squeue's style, then each fix."""
+def render(checks: list[Check], node: str, noheader: bool = False) -> str:
+    """Lines a person reads: a table in squeue's style (``noheader``: without its header
+    line), then each fix."""
     from .._table import render_table
     lines = [render_table(("STATE", "CHECK", "DETAIL"),
-                          [(c.state, c.name, c.detail) for c in checks])]
+                          [(c.state, c.name, c.detail) for c in checks], noheader)]
     bad = failed(checks)
     for check in [c for c in checks if c.state != OK]:
         lines.append(f"fix {check.name}: {check.fix}")

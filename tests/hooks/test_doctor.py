@@ -521,3 +521,15 @@ def test_parts_that_find_no_dispatch_conf_where_slurm_gives_them_no_slurm_conf_a
     install(etc, sys.executable, etc / "dispatch.conf")
     code, report = doctor(site, "--controller")
     assert code == 0, report
+
+
+def test_the_checks_table_leaves_its_header_out_as_every_table_does() -> None:
+    """`dispatch-admin doctor -H`, run on every node with pdsh, as `dispatch jobs -H` (issue 31
+    item 10): one header line per node was all pdsh's merged output could not do without."""
+    from slurm_dispatch.node import doctor
+    checks = [doctor.Check("StateDir", doctor.OK, "writable"),
+              doctor.Check("Epilog", doctor.FAIL, "not executable", "chmod +x it")]
+    shown = doctor.render(checks, "n1", noheader=True).splitlines()
+    assert [line.split()[0] for line in shown[:2]] == [doctor.OK, doctor.FAIL], shown
+    assert shown[2:] == ["fix Epilog: chmod +x it", "n1: 1 problem found"], shown
+    assert doctor.render(checks, "n1").splitlines()[0].split() == ["STATE", "CHECK", "DETAIL"]

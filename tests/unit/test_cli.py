@@ -114,7 +114,8 @@ def test_every_table_command_takes_one_set_of_table_options() -> None:
     def declared(command: click.Command) -> dict[str, tuple[list[str], list[str]]]:
         return {p.name: (sorted(p.opts), sorted(p.secondary_opts)) for p in command.params
                 if p.name in ("as_json", "noheader")}
-    tables = {("dispatch", "list"), ("dispatch", "jobs"), ("dispatch-admin", "holds")}
+    tables = {("dispatch", "list"), ("dispatch", "jobs"), ("dispatch-admin", "holds"),
+              ("dispatch-admin", "doctor")}
     seen = {}
     for prog, group in (("dispatch", dispatch.main), ("dispatch-admin", admin.main)):
         for name, command in group.commands.items():  # type: ignore[attr-defined]
