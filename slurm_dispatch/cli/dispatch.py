@@ -259,10 +259,12 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
                    "it.  [env: DISPATCH_EXEC_DIR]")
 @click.option("--pattern", metavar="GLOB",
               help="Names of saves, with {step} where the step's digits are "
-                   "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/ and *step=<N>*.ckpt.")
+                   "(e.g. 'model_{step}.pt').  Default: checkpoint-<N>/, checkpoint_<N>/, "
+                   "step-<N>/ and *step=<N>*.ckpt.")
 @click.option("--ready", metavar="NAME", default=None,
               help="The file a save folder's writer writes last; the folder must also be "
-                   "unchanged and unwritten (see above).  [default: trainer_state.json]")
+                   "unchanged and unwritten (see above).  [default: trainer_state.json; "
+                   "random_states_0.pkl for accelerate's checkpoint_<N>/]")
 @click.option("--interval", type=float, default=None, metavar="S",
               help="Seconds between scans.  [default: 2]")
 @click.option("--timeout", type=float, default=None, metavar="S",
@@ -277,9 +279,13 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
           timeout: Optional[float], command: tuple[str, ...]) -> int:
     """Publish each complete save in DIR as it appears, in step order, each once.
 
-    A save is a folder checkpoint-<N> or step-<N>, or a .ckpt file whose name holds step=<N>
-    (Lightning's epoch=0-step=50.ckpt); with --pattern, every matching name.  Complete means,
-    for every kind: it looks whole (a folder: its ready file, --ready, is a non-empty file,
+    A save is a folder checkpoint-<N>, checkpoint_<N> (accelerate's) or step-<N>, or a .ckpt
+    file whose name holds step=<N> (Lightning's epoch=0-step=50.ckpt); with --pattern, every
+    matching name.  Watch looks in DIR and below it, at most 4 names deep, where frameworks
+    save by default (Lightning's lightning_logs/version_<V>/checkpoints/, accelerate's
+    checkpoints/, torchtitan's checkpoint/): never inside a save, never through a symlink.
+
+    Complete means, for every kind: it looks whole (a folder: its ready file, --ready, is a non-empty file,
     parsing if .json; a file: non-empty and, if a zip as torch.save writes, ended by its end
     record), nothing in it (every file and folder under a folder) changed between two
     consecutive scans, and no process of yours on this node has one of its files open for

@@ -1,8 +1,11 @@
 """Which names in an execution's folder are saves, their steps, and when a save is complete.
 
 The rules ``dispatch watch`` publishes by (:class:`SaveRule`): a folder ``checkpoint-<N>``
-once its ready file is whole; a ``.ckpt`` file whose name holds ``step=<N>`` once it is in
-place and whole; or, with a pattern, every name matching a glob with one ``{step}``.  A
+once its ready file is whole (accelerate's ``checkpoint_<N>`` once its RNG states,
+``random_states_0.pkl``, which ``save_state`` writes last, are); a ``.ckpt`` file whose name
+holds ``step=<N>`` once it is in place and whole; or, with a pattern, every name matching a
+glob with one ``{step}``.  Watch applies them to every name at most :data:`SCAN_DEPTH` names
+below its folder (Lightning's default layout is 4 deep).  A
 folder holding ``.metadata`` is a ``torch.distributed.checkpoint`` (DCP) save, whatever its
 name (``step-<N>``, torchtitan's, is a save's name too; a ``.ckpt`` folder is Lightning's
 sharded save): it looks whole once :func:`dcp_problem` finds nothing missing.
@@ -61,6 +64,10 @@ FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's
 
 _FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
 _STEP_FOLDER = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager: step-<N>/
+# accelerate's automatic naming (ProjectConfiguration(automatic_checkpoint_naming=True)):
+# <project_dir>/checkpoints/checkpoint_<i>/; save_state writes the RNG states last.
+_ACCELERATE_FOLDER = re.compile(r"checkpoint_([0-9]+)")
+ACCELERATE_READY = "random_states_0.pkl"
 DCP_METADATA = ".metadata"  # the DCP coordinator renames it into place last
 DCP_METADATA_TMP = ".metadata.tmp"  # what it writes first
 LIGHTNING_SHARDED_META = "meta.pt"  # Lightning's FSDP sharded .ckpt folder: rank 0, after
@@ -70,7 +77,9 @@ DCP_METADATA_LIMIT = 1 << 30  # a .metadata larger than this is not read (bytes)
 # the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
 # it), and the name must end in ".ckpt" (so a manifest beside a save is not one).
 _FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
-SCAN_DEPTH = 1  # a save's path below the watched folder holds at most this many names
+# A save's path below the watched folder holds at most this many names: Lightning's default
+# lightning_logs/version_<N>/checkpoints/epoch=E-step=S.ckpt is 4.
+SCAN_DEPTH = 4
 NAMED_DEPTH = 8  # how deep step_named looks below the execution's folder
 NAMED_LIMIT = 100_000  # and over how many entries at most
 _ZIP_LOCAL = b"PK\x03\x04"
@@ -96,25 +105,32 @@ class SaveRule:
     pattern: Optional[str] = None
     ready: str = DEFAULT_READY
     regex: Optional[re.Pattern[str]] = field(default=None, compare=False)
+    ready_given: bool = False  # --ready named it: every save folder's, accelerate's too
 
     @classmethod
     def make(cls, pattern: Optional[str] = None, ready: Optional[str] = None) -> SaveRule:
+        given = ready is not None
         ready = DEFAULT_READY if ready is None else ready
         if ready in ("", ".", "..") or "/" in ready or "\0" in ready:
             raise UsageError(f"--ready {ready!r} is not a file name (one name, no '/')")
         if pattern is None:
-            return cls(None, ready, None)
-        return cls(pattern, ready, compile_pattern(pattern))
+            return cls(None, ready, None, given)
+        return cls(pattern, ready, compile_pattern(pattern), given)
 
     def ready_for(self, name: str) -> str:
-        """The ready file of a save folder of this name."""
+        """The ready file of a save folder of this name: --ready's, else what the framework
+        that names its saves so writes last."""
+        if not self.ready_given and self.regex is None \
+                and _ACCELERATE_FOLDER.fullmatch(name) is not None:
+            return ACCELERATE_READY
         return self.ready
 
     def describe(self) -> str:
         """The names this rule takes for saves, in words."""
         if self.pattern is not None:
             return f"as --pattern {self.pattern!r} says"
-        return ("checkpoint-<N>/ (holding its --ready file, " + repr(self.ready) + "), "
+        return (f"checkpoint-<N>/ (holding its --ready file, {self.ready!r}), "
+                f"checkpoint_<N>/ (accelerate's, holding {self.ready_for('checkpoint_0')!r}), "
                 "step-<N>/ (a torch.distributed.checkpoint save) or *step=<N>*.ckpt")
 
     def step_of(self, name: str) -> Optional[tuple[int, str]]:
@@ -125,7 +141,8 @@ class SaveRule:
         if self.regex is not None:
             match = self.regex.fullmatch(name)
             return (int(match.group(1)), EITHER) if match else None
-        match = _FOLDER_NAME.fullmatch(name) or _STEP_FOLDER.fullmatch(name)
+        match = (_FOLDER_NAME.fullmatch(name) or _STEP_FOLDER.fullmatch(name)
+                 or _ACCELERATE_FOLDER.fullmatch(name))
         if match:
             return int(match.group(1)), FOLDER
         match = _FILE_STEP.search(name)

@@ -5,9 +5,13 @@ several ranks write that it can judge: a ``torch.distributed.checkpoint`` (DCP) 
 coordinator renames ``.metadata`` into place only after every rank has written its shards
 (saverules says why that is safe and what is still checked).  Other saves several ranks write
 publish through the integrations, after a barrier.  A
-:class:`Watcher` scans the folder; :class:`WatchLoop` repeats the scan every interval, runs
-the user's command as its child, forwards Slurm's signals to it and scans a last time when
-it exits.
+:class:`Watcher` scans the folder, and below it where the frameworks put their saves by
+default (Lightning's ``lightning_logs/version_N/checkpoints/``, accelerate's
+``checkpoints/checkpoint_<i>``, torchtitan's ``checkpoint/step-<N>``): every folder whose name
+is not a save's, at most SCAN_DEPTH names deep, never a save's insides (a DCP folder stays one
+save), a symlink or a name starting with "."; :class:`WatchLoop` repeats the scan every
+interval, runs the user's command as its child, forwards Slurm's signals to it and scans a
+last time when it exits.
 
 Invariants:
 
@@ -48,7 +52,8 @@ Invariants:
   when the command succeeded): a job whose saves nobody can resume is a failure.  A save
   still being written at the end is said as such and not counted.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
-  mark) is never looked at again: a scan of a folder of old saves costs one listing.
+  mark) is never looked at again: a scan of a folder of old saves costs one listing, and one
+  more per folder entered below it (those are listed at every scan: a save may appear there).
 
 Library code: it never prints; progress and errors go through the ``report`` callback.
 """
@@ -156,6 +161,7 @@ class Watcher:
         self._seen: dict[str, tuple[bool, tuple[Entry, ...]]] = {}
         self._held: set[str] = set()  # names whose writer has been said once
         self._told: set[str] = set()  # DCP saves whose missing part has been said once
+        self._unlisted: set[str] = set()  # folders under it that could not be listed (said)
 
     def _own_mark(self) -> int:
         if self.uploader is not None:
@@ -165,18 +171,51 @@ class Watcher:
         return max(steps, default=-1)
 
     def _listing(self) -> list[str]:
+        """The entries to decide on, as paths relative to the folder: each one not decided
+        yet, at most SCAN_DEPTH names deep.  A folder whose name is not a save's is entered
+        (frameworks put their saves a few folders down: Lightning's
+        lightning_logs/version_N/checkpoints/), a save never is (its insides are its own), nor a
+        symlink or a name starting with "."; such a folder is listed again at every scan, all
+        else is decided once."""
+        out: list[str] = []
+        pending: list[tuple[str, int]] = [("", 1)]
+        while pending:
+            rel, depth = pending.pop()
+            for entry in self._entries(rel):
+                name = entry.name
+                path = f"{rel}/{name}" if rel else name
+                if path in self._settled:
+                    continue
+                if depth < SCAN_DEPTH and not name.startswith(".") \
+                        and self.rule.step_of(name) is None and _is_folder(entry):
+                    pending.append((path, depth + 1))
+                else:
+                    out.append(path)
+        return out
+
+    def _entries(self, rel: str) -> list[os.DirEntry[str]]:
+        """The entries of the folder (``rel`` "") or of a folder under it."""
+        path = os.path.join(self.folder, rel) if rel else self.folder
         try:
-            names = os.listdir(self.folder)
+            with os.scandir(path) as found:
+                entries = list(found)
         except FileNotFoundError as exc:
-            if self.may_be_absent and not self.appeared:
-                return []  # not made yet: the next scan looks again
+            if rel or (self.may_be_absent and not self.appeared):
+                return []  # not made yet, or removed meanwhile: the next scan looks again
             raise StoreError(f"cannot list the watched folder {self.folder!r}: "
                              f"{exc.strerror}") from None
         except OSError as exc:
-            raise StoreError(f"cannot list the watched folder {self.folder!r}: "
-                             f"{exc.strerror}") from None
-        self.appeared = True
-        return names
+            if not rel:
+                raise StoreError(f"cannot list the watched folder {self.folder!r}: "
+                                 f"{exc.strerror}") from None
+            if rel not in self._unlisted:
+                self._unlisted.add(rel)
+                self.report(f"cannot list {path}: {exc.strerror} (saves under it are not "
+                            "seen)")
+            return []
+        if not rel:
+            self.appeared = True
+        return entries
 
     def scan(self) -> list[Published]:
         """Publish the complete saves above the mark, in step order; return them."""
@@ -189,7 +228,7 @@ class Watcher:
         for name in listed:
             if name in settled:
                 continue
-            found = self.rule.step_of(name)
+            found = self.rule.step_of(os.path.basename(name))
             if found is None:
                 settled.add(name)
                 continue
@@ -257,11 +296,13 @@ class Watcher:
         inside = (path + "/").startswith(self.folder.rstrip("/") + "/")
         if not inside or (path.count("/") - self.folder.rstrip("/").count("/") > SCAN_DEPTH):
             return f"--dir {parent} would have found it"
+        rel = os.path.relpath(path, self.folder)
+        if any(rel.startswith(f"{folder}/") for folder in self._unlisted):
+            return None  # said: a folder above it could not be listed
         found = self.rule.step_of(name)
         if found is None:
             return (f"--pattern {self.rule.pattern!r} does not match it; without --pattern "
                     "watch takes it for a save")
-        rel = os.path.relpath(path, self.folder)
         if rel in self._settled:
             if found[1] == FOLDER and os.path.isfile(path) and not os.path.islink(path):
                 pattern = name.replace(str(found[0]), "{step}", 1)
@@ -289,9 +330,11 @@ class Watcher:
         """The save looks whole and its snapshot is the one the last scan took (which it
         keeps otherwise, for the next scan)."""
         path = os.path.join(self.folder, name)
+        base = os.path.basename(name)
         is_folder = self._kind(name, kind)
-        only_dcp = dcp_only(name, kind)
-        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready, only_dcp):
+        only_dcp = dcp_only(base, kind)
+        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready_for(base),
+                                                only_dcp):
             self._seen.pop(name, None)
             if is_folder:
                 self._say_dcp_problem(name, step, path)
@@ -438,6 +481,13 @@ class Watcher:
             return self.uploader.put(self.epoch, step, path, lambda: self.cancelled)
         finally:
             self.phase = (time.monotonic(), f"a scan of {self.folder!r}")
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def exit_status(returncode: int) -> int:
@@ -616,7 +666,8 @@ class WatchLoop:
         inside = "" if watcher.exec_dir in (None, watcher.folder) else (
             f", inside this execution's folder {watcher.exec_dir}")
         self.report(f"published nothing: no complete save was found in {watcher.folder}; "
-                    f"saves must be written there{inside}, named {watcher.rule.describe()}")
+                    f"saves must be written there (at most {SCAN_DEPTH} names below it){inside}, "
+                    f"named {watcher.rule.describe()}")
         missed = watcher.missed()
         for path, option in missed:
             self.report(f"never published: {path} ({option})")

@@ -66,12 +66,15 @@ class Uploader:
             # may be absent: the watcher waits for it)
             raise UsageError(f"staging folder {folder!r} is not a directory")
         self.prefix = prefix
+        self.folder = os.path.abspath(folder)
         self.timeout = timeout
         self.report = report
         self._kept: list[str] = []  # local copies uploaded and published, oldest first
 
     def url_of(self, path: str) -> str:
-        return f"{self.prefix}/{os.path.basename(path)}"
+        """Where the save at ``path`` goes: its path below the staging folder, under the
+        prefix (Lightning's lightning_logs/version_0/checkpoints/... keeps its folders)."""
+        return f"{self.prefix}/{os.path.relpath(path, self.folder)}"
 
     def own_mark(self) -> int:
         """The greatest step published from this prefix (-1: none)."""

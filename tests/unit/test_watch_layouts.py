@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -122,9 +123,10 @@ def test_a_run_that_wrote_saves_elsewhere_says_so_and_succeeds(root: Path, folde
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         f"dispatch watch: published nothing: no complete save was found in {folder}; saves "
-        "must be written there, named "
-        "checkpoint-<N>/ (holding its --ready file, 'trainer_state.json'), step-<N>/ (a "
-        "torch.distributed.checkpoint save) or *step=<N>*.ckpt"], proc.stderr
+        "must be written there (at most 4 names below it), named checkpoint-<N>/ (holding its "
+        "--ready file, 'trainer_state.json'), checkpoint_<N>/ (accelerate's, holding "
+        "'random_states_0.pkl'), step-<N>/ (a torch.distributed.checkpoint save) or "
+        "*step=<N>*.ckpt"], proc.stderr
 
 
 def test_saves_watch_missed_are_named_with_what_finds_them_and_fail(root: Path,
@@ -145,8 +147,9 @@ def test_saves_watch_missed_are_named_with_what_finds_them_and_fail(root: Path,
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert lines[0].startswith(f"dispatch watch: published nothing: no complete save was "
-                               f"found in {folder}/ckpts; saves must be written there, "
-                               f"inside this execution's folder {folder}, named ")
+                               f"found in {folder}/ckpts; saves must be written there (at "
+                               f"most 4 names below it), inside this execution's folder "
+                               f"{folder}, named ")
     assert lines[1:] == [
         f"dispatch watch: never published: {folder}/ckpts/checkpoint-7 (it never held a whole "
         "trainer_state.json: --ready NAME names the file its writer writes last)",
@@ -192,3 +195,111 @@ def test_a_save_still_being_written_at_the_end_is_not_counted(root: Path,
     assert lines[1:-1] == [f"not publishing {save}: still being written 0.5 s (--timeout) "
                            "after the end"], lines
     assert lines[-1].startswith("published nothing: "), lines
+
+
+# ---- saves where the frameworks put them by default (issue 36 item 1) -------------------
+
+def accelerate_save(folder: Path, index: int, last: bool = True) -> Path:
+    """accelerate's save_state with automatic naming: checkpoints/checkpoint_<i>/, its RNG
+    states written last."""
+    save = folder / "checkpoints" / f"checkpoint_{index}"
+    save.mkdir(parents=True)
+    (save / "model.safetensors").write_bytes(b"w" * 100)
+    (save / "optimizer.bin").write_bytes(b"o" * 100)
+    if last:
+        (save / "random_states_0.pkl").write_bytes(b"r" * 10)
+    return save
+
+
+def dcp_save(path: Path) -> Path:
+    """A torch.distributed.checkpoint save, as torchtitan's CheckpointManager makes one."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.arange(8.0)}, checkpoint_id=str(path), no_dist=True)
+    return path
+
+
+def test_lightnings_default_layout_is_found(root: Path, folder: Path) -> None:
+    """ModelCheckpoint without a dirpath under Trainer(default_root_dir=$DISPATCH_EXEC_DIR):
+    lightning_logs/version_0/checkpoints/epoch=E-step=S.ckpt, 4 names deep."""
+    lines: list[str] = []
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make(), lines.append,
+                exec_dir=str(folder))
+    assert w.scan() == []  # lightning_logs/ is made later: entered when it appears
+    checkpoints = folder / "lightning_logs" / "version_0" / "checkpoints"
+    save = lightning_file(checkpoints / "epoch=0-step=5.ckpt")
+    lightning_file(checkpoints / "last.ckpt")  # no step: never a save
+    (folder / "lightning_logs" / "version_0" / "hparams.yaml").write_text("{}")
+    assert two_scans(w) == [5]
+    lightning_file(checkpoints / "epoch=1-step=10.ckpt")
+    assert two_scans(w) == [10]
+    assert published(root) == [(5, save.name), (10, "epoch=1-step=10.ckpt")]
+    assert lines[0] == f"published step 5: {save}"
+
+
+def test_accelerates_automatic_naming_waits_for_its_rng_states(root: Path,
+                                                                folder: Path) -> None:
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make())
+    save = accelerate_save(folder, 0, last=False)
+    assert w.scan() == [] and w.scan() == [] and w.scan() == []
+    (save / "random_states_0.pkl").write_bytes(b"r" * 10)
+    assert two_scans(w) == [0]
+    accelerate_save(folder, 1)
+    assert two_scans(w) == [1]
+    # --ready names every save folder's last file, accelerate's too
+    other = Watcher(str(root), str(folder / "other"), EPOCH, SaveRule.make(ready="done"))
+    (folder / "other").mkdir()
+    save = accelerate_save(folder / "other", 5)
+    assert other.scan() == [] and other.scan() == []
+    (save / "done").write_text("1")
+    assert two_scans(other) == [5]
+
+
+def test_torchtitans_dcp_folder_is_one_save(root: Path, folder: Path) -> None:
+    save = dcp_save(folder / "checkpoint" / "step-10")
+    (save / "checkpoint-3").mkdir()  # a save's insides are never scanned as further saves
+    (save / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make())
+    assert two_scans(w) == [10]
+    assert published(root) == [(10, "step-10")]
+
+
+def test_a_saves_insides_symlinks_hidden_and_too_deep_are_never_saves(
+        root: Path, folder: Path, tmp_path: Path) -> None:
+    outer = hf_save(folder, 5)
+    hf_save(outer, 9)  # inside a save
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    hf_save(elsewhere, 11)
+    (folder / "link").symlink_to(elsewhere)  # never followed
+    (folder / ".cache").mkdir()
+    hf_save(folder / ".cache", 12)  # a name starting with "." is never entered
+    deep = folder / "a" / "b" / "c" / "d"
+    deep.mkdir(parents=True)
+    hf_save(deep, 13)  # 5 names deep
+    hf_save(deep.parent, 4)  # 4 names deep: found
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make())
+    assert two_scans(w) == [4, 5]
+    assert w.scan() == []
+    assert published(root) == [(4, "checkpoint-4"), (5, "checkpoint-5")]
+
+
+def test_watch_publishes_lightnings_default_layout_with_no_option(root: Path,
+                                                                  folder: Path) -> None:
+    checkpoints = folder / "lightning_logs" / "version_0" / "checkpoints"
+    proc = run_watch(root, folder, "--", sys.executable, "-c", f"""
+import io, os, zipfile
+os.makedirs({str(checkpoints)!r})
+for step in (5, 10):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", b"x" * 100)
+    open(os.path.join({str(checkpoints)!r}, "epoch=0-step=%d.ckpt" % step), "wb").write(
+        buffer.getvalue())
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert published(root) == [(5, "epoch=0-step=5.ckpt"), (10, "epoch=0-step=10.ckpt")]
+    assert "published nothing" not in proc.stderr
