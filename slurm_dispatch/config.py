@@ -232,10 +232,19 @@ def refusal(config: Config, named_by: str = "") -> str:
     """The problems of ``config`` as one error for a command that stops on them: without the
     "using the default(s)" a hook goes on with; ``named_by`` (``--config``) says who named a
     file given as an argument."""
-    said = [p.split("; using the default")[0] for p in config.problems]
+    said = [_without_fallback(p) for p in config.problems]
     if named_by:
         said = [p.replace("(named by the caller)", f"(named by {named_by})") for p in said]
     return "; ".join(said)
+
+
+def _without_fallback(problem: str) -> str:
+    """``problem`` without what a hook goes on with (the default, or an earlier line's value
+    that stands): a command stops on it."""
+    problem = problem.split("; using the default")[0]
+    if problem.endswith(" stands") and "; line " in problem:
+        problem = problem[:problem.rindex("; line ")]
+    return problem
 
 
 def config_path(environ: dict[str, str] | None = None) -> str:

@@ -147,3 +147,15 @@ def test_a_key_like_none_still_lists_every_key(tmp_path: Path) -> None:
     problem, = config.load(str(path)).problems
     assert "did you mean" not in problem
     assert problem.endswith("valid keys are " + ", ".join(config.KEYS)), problem
+
+
+def test_a_command_refusing_a_file_does_not_say_what_would_have_stood(tmp_path: Path) -> None:
+    """A command stops on every problem, so "line 1's value 5.0 stands" (a hook's, which goes
+    on) is not said in its refusal, as "using the default" is not."""
+    path = tmp_path / "dispatch.conf"
+    path.write_text("HookTimeout=5\nHookTimeout=abc\nHookTimeout=7\nStateDir=x\n")
+    said = config.refusal(config.load(str(path)))
+    assert said == (f"{path}:2: bad value for HookTimeout: 'abc' is not a duration (seconds, "
+                    f"MM:SS, HH:MM:SS or D-HH:MM:SS); {path}:3: HookTimeout given again (first "
+                    f"on line 1); {path}:4: bad value for StateDir: 'x' is not an absolute "
+                    "path"), said
