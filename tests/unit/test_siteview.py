@@ -663,7 +663,8 @@ def test_a_user_who_stops_their_child_holds_up_no_one_else(
     stopped_job, _, _ = held(fake, base)
     job, _, held_id = held(fake, base, OTHER_USER)
     site_conf(base, monkeypatch)
-    monkeypatch.setattr(siteview, "CHILD_TIMEOUT", 2.0)
+    # Short, but jue's children (a read, a release through scontrol) finish in it, loaded too.
+    monkeypatch.setattr(siteview, "CHILD_TIMEOUT", 6.0)
     reads = siteview.standing
 
     def stopping(home: str) -> dict[str, object]:
@@ -679,7 +680,7 @@ def test_a_user_who_stops_their_child_holds_up_no_one_else(
     assert result.stdout == (f"{OTHER_USER.pw_name}: {job.id}: hold on Slurm job {held_id} "
                              "lifted: ceased\n")
     assert result.stderr == (f"dispatch-admin: nobody: reading {base}/nobody as nobody: no "
-                             "answer within 2 s (the child was stopped, or hung): ended with "
+                             "answer within 6 s (the child was stopped, or hung): ended with "
                              "SIGKILL\n"), result.stderr
     assert [e["event"] for e in stopped_job.events()].count("cessation") == 0
 
