@@ -13,8 +13,9 @@ dispatch.conf there only at ``/etc/slurm/dispatch.conf``), the working folder ``
 stdin, for a job id no Slurm gives (``doctor-<token>``, uid and gid 0), as root (node parts)
 or as slurm.conf's ``SlurmUser`` (the controller's: slurmctld runs PrologSlurmctld and
 EpilogSlurmctld as SlurmUser), and looks for the fact it must write under ``StateDir``,
-which must then be SlurmUser's own.  What it finds is a list of :class:`Check`, each with the fix
-when it failed.
+which must then be SlurmUser's own.  It reads too the settings of later releases that change
+what the hooks prove and when a hold lifts (:meth:`Doctor.check_slurm_settings`).  What it
+finds is a list of :class:`Check`, each with the fix when it failed.
 
 Invariants:
 
@@ -85,10 +86,17 @@ class Check:
 # slurm.conf, as far as the hooks go
 
 
-def read_slurm_conf(path: str) -> tuple[dict[str, str], list[str]]:
+# The settings of slurm.conf that change what the hooks can prove (check_slurm_settings).
+SETTINGS = ("SlurmUser", "PrologEpilogTimeout", "PrologTimeout", "EpilogTimeout",
+            "HealthCheckInterval", "HealthCheckNodeState", "ProctrackType")
+
+
+def read_slurm_conf(path: str, keys: tuple[str, ...] = (*HOOK_KEYS, *SETTINGS)
+                    ) -> tuple[dict[str, str], list[str]]:
     """``{Key: value}`` of slurm.conf (keys in Slurm's spelling for those the doctor knows,
-    ``Include`` files followed relative to the file's folder) and the problems met."""
-    known = {k.lower(): k for k in (*HOOK_KEYS, "SlurmUser", "PrologEpilogTimeout")}
+    ``Include`` files followed relative to the file's folder) and the problems met.  The same
+    reader reads cgroup.conf for ``keys`` of its own."""
+    known = {k.lower(): k for k in keys}
     values: dict[str, str] = {}
     problems: list[str] = []
 
@@ -219,6 +227,8 @@ class Doctor:
                 self.run_recheck(part)
         self.check_metrics([(key, part) for key, part in parts
                             if key not in CONTROLLER_KEYS or ctld_ok])
+        if self.node_parts:
+            self.check_slurm_settings(settings, [k for k, _ in parts], cfg)
         self.check_versions()
         self.clean_up(cfg)
         self.check_releases(cfg)
@@ -578,6 +588,78 @@ class Doctor:
                        "directory)")
             self.add(name, FAIL, f"{why}: the hooks' counts are not added (each run says so "
                                  "only to syslog)", fix)
+
+    def check_slurm_settings(self, settings: dict[str, str], keys: list[str],
+                             cfg: config_module.Config) -> None:
+        """The slurm.conf (and cgroup.conf) settings of recent releases that change what the
+        hooks prove and when a hold lifts: when the re-check runs (HealthCheckInterval,
+        HealthCheckNodeState's START_ONLY of 25.11 and REBOOT_ONLY of 26.05), the bound Slurm
+        puts on the Prolog and Epilog (PrologEpilogTimeout, split by 25.05 into PrologTimeout
+        and EpilogTimeout), and where a job's cgroup is (26.05's CgroupJobIdPaths)."""
+        if "HealthCheckProgram" in keys:
+            self.check_recheck_schedule(settings)
+        for hook, key in (("Prolog", "PrologTimeout"), ("Epilog", "EpilogTimeout")):
+            if hook not in keys:
+                continue
+            named = key if settings.get(key) else "PrologEpilogTimeout"
+            value = settings.get(named, "")
+            try:
+                bound = float(value)
+            except ValueError:
+                continue  # unset: Slurm puts no bound of its own on the part
+            if 0 < bound <= cfg.hook_timeout:
+                self.add(key, FAIL, f"{named}={value}: Slurm stops the {hook} at {value} s, "
+                                    f"before the part's HookTimeout {cfg.hook_timeout:g} s: a "
+                                    f"{hook} Slurm stops drains the node",
+                         f"set {key}= (or PrologEpilogTimeout= before 25.05) well above "
+                         f"HookTimeout, e.g. {key}=60, or lower HookTimeout in dispatch.conf")
+            else:
+                self.add(key, OK, f"{named}={value}: the {hook} part ends (HookTimeout "
+                                  f"{cfg.hook_timeout:g} s) before Slurm would stop it")
+        self.check_cgroup_paths(settings)
+
+    def check_recheck_schedule(self, settings: dict[str, str]) -> None:
+        later = "survivors an Epilog found are re-checked only by the next Epilog on that node, " \
+                "so a shared-checkpoint hold waiting on them lifts that late or by a person"
+        interval = settings.get("HealthCheckInterval", "0").strip() or "0"
+        if interval == "0":
+            self.add("HealthCheckInterval", WARN, f"HealthCheckInterval={interval} (Slurm's "
+                                                  "default): slurmd never runs "
+                                                  f"HealthCheckProgram: {later}",
+                     "set HealthCheckInterval=60 in slurm.conf (site-config/slurm.conf.dispatch)")
+            return
+        states = {s.strip().upper() for s in
+                  settings.get("HealthCheckNodeState", "").split(",") if s.strip()}
+        only = {"START_ONLY": "only when slurmd starts (25.11)",
+                "REBOOT_ONLY": "only after the node reboots (26.05)"}
+        for state in sorted(states & set(only)):
+            self.add("HealthCheckNodeState", WARN,
+                     f"HealthCheckNodeState={settings['HealthCheckNodeState']}: slurmd runs "
+                     f"HealthCheckProgram {only[state]}, not every {interval} s: {later}",
+                     "drop START_ONLY/REBOOT_ONLY, or run dispatch-recheck every minute from "
+                     "NHC or a systemd timer of root's on each node")
+            return
+        self.add("HealthCheckInterval", OK, f"HealthCheckInterval={interval}: the re-check "
+                                            "runs on schedule")
+
+    def check_cgroup_paths(self, settings: dict[str, str]) -> None:
+        """With proctrack/cgroup on cgroup/v2, 26.05 names a job's cgroup by its SLUID
+        unless cgroup.conf's CgroupJobIdPaths=yes: the Epilog looks for ``job_<id>``."""
+        if settings.get("ProctrackType", "").strip() != "proctrack/cgroup":
+            return
+        cgroup_conf = os.path.join(os.path.dirname(self.slurm_conf), "cgroup.conf")
+        values, _ = read_slurm_conf(cgroup_conf, ("CgroupJobIdPaths", "CgroupPlugin"))
+        if values.get("CgroupJobIdPaths", "").strip().lower() in ("yes", "true", "1"):
+            self.add("CgroupJobIdPaths", OK, f"{cgroup_conf}: CgroupJobIdPaths=yes: a job's "
+                                             "cgroup is job_<id>, where the Epilog looks")
+            return
+        self.add("CgroupJobIdPaths", WARN,
+                 f"ProctrackType=proctrack/cgroup and {cgroup_conf} sets no CgroupJobIdPaths="
+                 "yes: from Slurm 26.05, cgroup/v2 names a job's cgroup by its SLUID, so the "
+                 "Epilog finds no job_<id> cgroup and judges survivors by /proc alone (one "
+                 "that scrubbed its environment is missed, a proof that should not be)",
+                 f"on 26.05 and later: CgroupJobIdPaths=yes in {cgroup_conf} (older releases "
+                 "name the cgroup job_<id> and have no such key)")
 
     def check_versions(self) -> None:
         found = sorted(set(self.versions.values()))

@@ -52,7 +52,8 @@ def site(tmp_path: Path) -> Path:
         f"Prolog={etc}/prolog.d/*\nEpilog={etc}/epilog.d/*\n"
         f"PrologSlurmctld={etc}/prolog.d/05-dispatch\n"
         f"EpilogSlurmctld={etc}/epilog.d/05-dispatch\n"
-        f"HealthCheckProgram={etc}/dispatch-recheck\n")
+        f"HealthCheckProgram={etc}/dispatch-recheck\nHealthCheckInterval=60\n"
+        "PrologEpilogTimeout=60\n")
     return tmp_path
 
 
@@ -533,3 +534,74 @@ def test_the_checks_table_leaves_its_header_out_as_every_table_does() -> None:
     assert [line.split()[0] for line in shown[:2]] == [doctor.OK, doctor.FAIL], shown
     assert shown[2:] == ["fix Epilog: chmod +x it", "n1: 1 problem found"], shown
     assert doctor.render(checks, "n1").splitlines()[0].split() == ["STATE", "CHECK", "DETAIL"]
+
+
+def with_settings(site: Path, text: str) -> dict:
+    """The doctor's report with ``text`` appended to slurm.conf's included part."""
+    conf = site / "etc/site.conf"
+    conf.write_text(conf.read_text() + text)
+    return diagnose(site)[1]
+
+
+def test_the_site_as_installed_reads_the_recheck_and_the_bounds_ok(site: Path) -> None:
+    report = diagnose(site)[1]
+    assert check(report, "HealthCheckInterval")["detail"] == (
+        "HealthCheckInterval=60: the re-check runs on schedule")
+    assert check(report, "PrologTimeout")["state"] == check(report, "EpilogTimeout")["state"] \
+        == "ok"
+    assert "CgroupJobIdPaths" not in states(report)  # proctrack/cgroup is not in use
+
+
+@pytest.mark.parametrize("state,when", [("START_ONLY", "only when slurmd starts (25.11)"),
+                                        ("REBOOT_ONLY", "only after the node reboots (26.05)"),
+                                        ("IDLE,START_ONLY", "only when slurmd starts (25.11)")])
+def test_a_health_check_that_runs_only_at_start_or_reboot_is_named(site: Path, state: str,
+                                                                  when: str) -> None:
+    """Issue 29 item 6: HealthCheckNodeState=START_ONLY (25.11) and REBOOT_ONLY (26.05) stop
+    the survivor re-check that lifts a shared-checkpoint hold; the doctor said nothing."""
+    report = with_settings(site, f"HealthCheckNodeState={state}\n")
+    found = check(report, "HealthCheckNodeState")
+    assert found["state"] == "warn", report
+    assert f"slurmd runs HealthCheckProgram {when}, not every 60 s" in found["detail"]
+    assert "shared-checkpoint hold" in found["detail"] and "re-checked only by the next " \
+        "Epilog" in found["detail"]
+
+
+def test_a_health_check_without_an_interval_never_runs_and_is_named(tmp_path: Path) -> None:
+    """slurmd runs HealthCheckProgram only where HealthCheckInterval is set (0, the default,
+    is never), so a site that added only HealthCheckProgram= had no re-check at all."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "dispatch.conf").write_text(f"StateDir={tmp_path}\n")
+    install(etc, sys.executable, etc / "dispatch.conf", only=("dispatch-recheck",))
+    (etc / "slurm.conf").write_text(f"HealthCheckProgram={etc}/dispatch-recheck\n")
+    from slurm_dispatch.node import doctor as doctor_module
+    checks = doctor_module.Doctor(slurm_conf=str(etc / "slurm.conf"), node="n1").run()
+    found = next(c for c in checks if c.name == "HealthCheckInterval")
+    assert found.state == "warn" and "slurmd never runs HealthCheckProgram" in found.detail
+    assert found.fix.startswith("set HealthCheckInterval=60")
+
+
+def test_prolog_and_epilog_timeouts_of_25_05_are_read_each_for_its_hook(site: Path) -> None:
+    """Issue 29 item 6: 25.05 split PrologEpilogTimeout into PrologTimeout and EpilogTimeout;
+    one below HookTimeout lets Slurm stop the part first, which drains the node."""
+    report = with_settings(site, "PrologTimeout=3\n")
+    found = check(report, "PrologTimeout")
+    assert found["state"] == "FAIL", report
+    assert found["detail"] == ("PrologTimeout=3: Slurm stops the Prolog at 3 s, before the "
+                               "part's HookTimeout 5 s: a Prolog Slurm stops drains the node")
+    # the Epilog's bound is still PrologEpilogTimeout's
+    assert check(report, "EpilogTimeout") == {
+        "check": "EpilogTimeout", "state": "ok", "fix": "",
+        "detail": "PrologEpilogTimeout=60: the Epilog part ends (HookTimeout 5 s) before "
+                  "Slurm would stop it"}
+
+
+def test_cgroup_job_id_paths_is_named_under_proctrack_cgroup(site: Path) -> None:
+    """Issue 29 item 6: 26.05 names a job's cgroup by its SLUID unless CgroupJobIdPaths=yes,
+    and the Epilog looks for job_<id>."""
+    report = with_settings(site, "ProctrackType=proctrack/cgroup\n")
+    found = check(report, "CgroupJobIdPaths")
+    assert found["state"] == "warn" and "from Slurm 26.05" in found["detail"], report
+    (site / "etc/cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nCgroupJobIdPaths=yes\n")
+    assert check(diagnose(site)[1], "CgroupJobIdPaths")["state"] == "ok"
