@@ -329,23 +329,24 @@ def ask_as_root(signal: str, timeout: float, target: str, restart: int,
 
 def job_owners(target: str, state_dir: str, slurm: Any) -> tuple[set[int], str]:
     """Whose Slurm job ``target`` is, as root learns it without a user's record: the uids, and
-    who said so.  The controller first (it names the job that holds the id now), then Slurm's
-    accounting (a job the controller forgot, MinJobAge), then the facts the hooks filed under
-    the job's own uid (``StateDir/facts/<uid>/<job id>``, from Slurm's environment, root's: no
-    user writes them).  No uid: nothing knows the job.  A controller that cannot answer is a
-    SlurmError: who holds the id now is not known.  Accounting that cannot answer (slurmdbd
-    down) leaves it to the facts, as a site without accounting does."""
+    who says so (``the controller says``).  The controller first (it names the job that holds
+    the id now), then Slurm's accounting (a job the controller forgot, MinJobAge), then the
+    facts the hooks filed under the job's own uid (``StateDir/facts/<uid>/<job id>``, from
+    Slurm's environment, root's: no user writes them).  No uid: nothing knows the job.  A
+    controller that cannot answer is a SlurmError: who holds the id now is not known.
+    Accounting that cannot answer (slurmdbd down) leaves it to the facts, as a site without
+    accounting does."""
     from ..errors import SlurmError
     uids = {job.uid for job in slurm.jobs(target) if job.uid >= 0}
     if uids:
-        return uids, "the controller"
+        return uids, "the controller says"
     try:
         uids = {job.uid for job in slurm.accounting(target) or [] if job.uid >= 0}
     except SlurmError:
         uids = set()
     if uids:
-        return uids, "Slurm's accounting"
-    return set(_fact_owners(target, state_dir)), f"the facts under {state_dir}"
+        return uids, "Slurm's accounting says"
+    return set(_fact_owners(target, state_dir)), f"the facts under {state_dir} say"
 
 
 def _fact_owners(target: str, state_dir: str) -> list[int]:
@@ -401,7 +402,7 @@ def _not_theirs(target: str, user: pwd.struct_passwd, owners: _Owners) -> Option
                 f"under {owners.state_dir} say (Slurm job {target}): not asked; the site's "
                 "release service asks only about a user's own jobs")
     if uids != {user.pw_uid}:
-        return (f"Slurm job {target} is not {user.pw_name}'s, as {source} says: not asked; the "
+        return (f"Slurm job {target} is not {user.pw_name}'s, as {source}: not asked; the "
                 "site's release service asks only about a user's own jobs")
     return None
 

@@ -805,7 +805,11 @@ def test_the_release_service_asks_only_about_a_users_own_jobs(
     assert asked.read_text().splitlines() == [their_ended]  # for jue's hold only
     said = [e for e in mine.events() if e["event"] == "cessation"]
     assert [(e["ended_slurm_job_id"], e["verdict"]) for e in said] == [(their_ended, "error")]
-    assert "is not nobody's" in said[0]["evidence"], said[0]
+    source = {"controller": "the controller says",
+              "facts": f"the facts under {base / 'state'} say"}[known_by]
+    assert said[0]["evidence"] == (f"Slurm job {their_ended} is not nobody's, as {source}: not "
+                                   "asked; the site's release service asks only about a user's "
+                                   "own jobs"), said[0]
     assert "SECRET" not in everything_in(base / "nobody")
     assert str(OTHER_USER.pw_uid) not in json.dumps(said[0]["evidence"])  # nor whose it is
     shown = [e for e in theirs.events() if e["event"] == "cessation"]
