@@ -51,7 +51,7 @@ demo-protocol: install
 # Every test on the host's Slurm (22.05 on Debian 12), then the real tests again on each tested
 # release of the sandbox's table (slurm_dispatch/sandbox/root.py: RELEASES, `tested`; 24.11
 # today, from the sandbox's Debian 13 root, built once and kept in /var/cache/slurm-dispatch),
-# REAL_ON_ROOTS there (which tests, and why the others run on the host's only); 74 tests on
+# REAL_ON_ROOTS there (which tests, and why the others run on the host's only); 77 tests on
 # 24.11, about 10 minutes more on 2 cores.  The adapter's contract suite runs on each, each
 # release with its own pyslurm (22.5.3 here, 24.11.0 built in the root:
 # `python3 -m tests.real.pyslurm_build [--slurm 24.11]`, which .ci/run does first; the fixture

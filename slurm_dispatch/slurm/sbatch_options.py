@@ -5,8 +5,9 @@ lines with (``control/sbatch_args.py``).  Pure data and lookups, standard librar
 Where the table comes from: Slurm's ``src/common/slurm_opt.c`` at each release's tag, every
 option of ``common_options[]`` that sbatch sets (``set_func`` or ``set_func_sbatch``), with its
 ``has_arg`` and, where ``val`` is a letter, its short form (``tools/sbatch_options.py`` prints a
-tag's rows from a Slurm checkout).  ``tests/real/test_sbatch_grammar.py`` checks the table of the
-release the machine runs against that sbatch itself.
+tag's rows from a Slurm checkout).  ``tests/real/test_sbatch_grammar.py`` checks the rows of each
+release the real tier runs (the host's 22.05, 24.11 and 26.05 in their Debian roots) against
+that release's sbatch itself.
 
 How sbatch reads its options (``src/sbatch/opt.c``): glibc's ``getopt_long`` with an option
 string starting ``+``, so the first word that is not an option is the script and every word after
