@@ -878,17 +878,23 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
                     task: Optional[int] = None) -> list[str]:
     """The job's Slurm jobs still active: plain jobs by id, array tasks by display id (a task
     that started has an id of its own, so an array's id alone says nothing of its tasks).
-    With ``task``, only that array task's."""
+    With ``task``, only that array task's.  Only a job that is one of the record's
+    submissions (:func:`is_submission`: ids start again when slurmctld loses its state, and
+    a plain job of the user's under a recorded id is not the record's to cancel)."""
     jobs = jobs if jobs is not None else slurm.own_jobs(env)
-    submitted = {str(sub["slurm_job_id"]) for sub in job.submissions()}
+    submitted: dict[str, list[events.Submitted]] = {}
+    for sub in job.history().of(events.Submitted):
+        submitted.setdefault(sub.slurm_job_id, []).append(sub)
     live: list[str] = []
     for view in unique_jobs(jobs):
-        if not view.is_active or view.marks_another(job.id):
-            continue  # another's: ids repeat across clusters, an old record has none
+        if not view.is_active:
+            continue
         if view.array_task_id is not None and view.array_job_id in submitted:
-            if task is None or view.array_task_id == task:
+            if (task is None or view.array_task_id == task) and any(
+                    is_submission(job, sub, view) for sub in submitted[view.array_job_id]):
                 live.append(view.display_id)
-        elif view.array_task_id is None and view.job_id in submitted and task is None:
+        elif view.array_task_id is None and view.job_id in submitted and task is None \
+                and any(is_submission(job, sub, view) for sub in submitted[view.job_id]):
             live.append(view.job_id)
     return sorted(live)
 

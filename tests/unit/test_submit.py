@@ -243,7 +243,9 @@ def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:
     fake = FakeController()
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "job.sh"], fake).job
-    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    # The old job carries its submission's marker, as sbatch gave it.
+    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING",
+                                           "Comment": f"dispatch:{old.id}/1"}])
     fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job
@@ -308,7 +310,9 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1", "job.sh"],
                fake).job
-    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING"}])
+    # The old job carries its submission's marker, as sbatch gave it.
+    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING",
+                                           "Comment": f"dispatch:{old.id}/1"}])
     fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job

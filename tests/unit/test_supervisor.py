@@ -726,3 +726,19 @@ def test_a_submission_made_without_a_marker_falls_back_to_times(home: Path) -> N
     cluster.set(slurm_id, SubmitTime=before)
     assert "COMPLETED" in " ".join(sup.run_pass().actions).upper()
     assert kinds(job)[-1] == "finished"
+
+
+def test_a_reused_slurm_id_of_a_plain_job_is_never_cancelled_nor_live_for_the_record(
+        home: Path) -> None:
+    # After slurmctld lost its state, the user's plain sbatch job 70 runs under the id of
+    # dispatch job D's submission: `dispatch cancel D` must not cancel it, and a person's
+    # resubmission of D is not refused as if D still ran.
+    cluster = FakeCluster(first_id=70)
+    job, slurm_id = new_job(cluster, "--resubmit", "3")
+    lose_state(cluster, 70)
+    cluster.add("RUNNING")
+    slurm = Slurm(cluster, wait=0)
+    assert submit.live_slurm_jobs(slurm, job) == []
+    assert submit.cancel_job(slurm, job) == []
+    assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
+    submit.refuse_while_live(slurm, job)  # no UsageError
