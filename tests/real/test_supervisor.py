@@ -408,3 +408,26 @@ def test_dispatch_jobs_gives_up_near_slurms_timeout_when_the_controller_hangs(
         60, "dispatch jobs once slurmctld answers again", interval=1)
     assert job in listed.stdout, listed.stdout
     user.sandbox.run(["scancel", slurm_id.split(";")[0]])
+
+
+def test_a_pass_with_the_units_path_finds_dispatch_cease_and_lifts_the_hold(user: User) -> None:
+    """Issue 31 item 2: the shipped user unit sets PATH without the venv's bin/, so with the
+    default CessationSignal=dispatch-cease every pass said "dispatch-cease N: error" ('not
+    found') and the hold waited 24 h.  A pass run as the unit runs it (its PATH, %h a home with
+    no venv in it) finds dispatch-cease beside its own Python and lifts the hold."""
+    job, held = held_after_a_failure(user)
+    user.conf = site_conf(user.sandbox, user.path, CessationSignal="dispatch-cease",
+                          CessationInterval="1")
+    unit = (Path(__file__).resolve().parents[2] / "contrib/systemd/dispatch-supervise.service")
+    (path,) = re.findall(r"(?m)^Environment=PATH=(\S+)$", unit.read_text())
+    path = path.replace("%h", str(user.path / "no-home"))
+    said: list[str] = []
+
+    def lifted() -> bool:
+        said.append(user.run("dispatch", "supervise", check=False, env={"PATH": path}).stdout)
+        return f"hold on Slurm job {held} lifted: ceased" in said[-1]
+
+    user.sandbox.wait_for(lifted, 90, "the hold lifted by a pass with the unit's PATH",
+                          interval=1)
+    assert not any(": error" in line for out in said for line in out.splitlines()), said
+    assert user.events(job, "released")[-1]["by"] == "cessation signal"
