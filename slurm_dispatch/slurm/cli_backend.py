@@ -25,7 +25,7 @@ import re
 import time
 
 from ..errors import SlurmError
-from .jobs import PENDING, Job, Node, execution_ended
+from .jobs import WAITING_STATES, Job, Node, execution_ended
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -106,8 +106,8 @@ def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
                reason=reason, restarts=restarts, nodes=nodes, uid=uid,
                comment="" if comment == "(null)" else comment,
                submit_time=slurm_time(values["SubmitTime"]),
-               # A pending job's StartTime is the scheduler's estimate: not a start.
-               start_time=None if state == PENDING else slurm_time(values["StartTime"]),
+               # A waiting job's StartTime is the scheduler's estimate: not a start.
+               start_time=None if state in WAITING_STATES else slurm_time(values["StartTime"]),
                # Before the execution ends, EndTime is an estimate (start + time limit).
                end_time=slurm_time(values["EndTime"]) if execution_ended(state) else None)
 

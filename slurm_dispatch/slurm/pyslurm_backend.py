@@ -27,7 +27,7 @@ from ..errors import SlurmError, SlurmUnavailable
 from . import arrays
 from .backend import is_transient
 from .hostlist import expand_hostlist
-from .jobs import Job, Node, execution_ended
+from .jobs import WAITING_STATES, Job, Node, execution_ended
 from .select import major_release
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
@@ -65,8 +65,9 @@ def jobs_from_record(record: dict[str, Any]) -> list[Job]:
                   uid=int(record.get("user_id", -1)),
                   comment=str(record.get("comment") or ""),
                   submit_time=_time(record.get("submit_time")),
-                  # A pending job's start_time is the scheduler's estimate: not a start.
-                  start_time=None if state == "PENDING" else _time(record.get("start_time")),
+                  # A waiting job's start_time is the scheduler's estimate: not a start.
+                  start_time=None if state in WAITING_STATES
+                  else _time(record.get("start_time")),
                   # Before the execution ends, end_time is the controller's estimate.
                   end_time=_time(record.get("end_time")) if execution_ended(state) else None)
     job_id = str(record["job_id"])

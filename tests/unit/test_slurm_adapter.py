@@ -175,3 +175,13 @@ def test_an_arrays_tasks_come_in_task_order() -> None:
              running("", JobId="98", ArrayJobId="97", ArrayTaskId="0")]
     jobs = Slurm(FakeSqueue(tasks), wait=0).jobs("97")
     assert [j.display_id for j in jobs] == ["97_0", "97_1", "97_2", "97_3"]
+
+
+@pytest.mark.parametrize("state", ["PENDING", "EXPEDITING", "REQUEUE_HOLD", "SPECIAL_EXIT"])
+def test_a_waiting_jobs_start_time_is_no_start(state: str) -> None:
+    """A job waiting to start (Slurm's base state PENDING, whatever name its flag gives it:
+    25.11's EXPEDITING, REQUEUE_HOLD) shows the scheduler's estimate as StartTime; an EXPEDITING
+    job's estimate read as the start of an execution."""
+    fake = FakeSqueue([running("x", JobState=state, NodeList="(null)")])
+    job = Slurm(fake, wait=0).jobs("7")[0]
+    assert (job.state, job.start_time) == (state, None)
