@@ -58,7 +58,7 @@ def fetch(save: Optional[str] = None, dest: Optional[str] = None) -> Optional[st
             return _fetch_checked(save, dest)
         return _copy_checked(save, dest)
     except BaseException:
-        _remove(dest)
+        saves.remove_copy(dest)
         raise
 
 
@@ -95,14 +95,7 @@ def _fetch_checked(url: str, dest: str) -> str:
     if why is not None:
         raise StoreError(f"cannot fetch {url}: {why}")
     local = transfer.fetch_save(url, dest, store.store_timeout())  # sizes as S3 lists them
-    why = saves.why_unloadable(local)  # as its manifest lists them
-    if why is None:
-        manifest = s3saves.read_json(
-            f"{url}/{saves.MANIFEST_SUFFIX[1:]}" if os.path.isdir(local)
-            else url + saves.MANIFEST_SUFFIX)
-        hashes = manifest.get(s3saves.SHA256_KEY) if isinstance(manifest, dict) else None
-        if isinstance(hashes, dict) and hashes:
-            why = _differs(hashes, file_hashes(local, saves.MANIFEST_SUFFIX[1:]), url)
+    why = saves.why_unloadable(local) or s3saves.why_copy_differs(url, local)
     if why is not None:
         raise StoreError(f"fetched {url} to {dest}, but {why}; the copy was removed")
     return local
@@ -127,10 +120,3 @@ def _differs(expected: dict[str, str], found: dict[str, str], source: str) -> Op
             return (f"its file {name!r} has sha256 {found.get(name) or 'none'}, "
                     f"{source} records {expected.get(name) or 'none'}")
     return None
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.unlink(path)

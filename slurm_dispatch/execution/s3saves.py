@@ -11,15 +11,19 @@ training library; boto3 only through :mod:`slurm_dispatch.checkpoint.stores`.
   when it is this user's own (owner, mode, no symlink on the way, opened without following
   one) and every file has S3's size and the sha256 recorded at upload (:func:`own_copy`;
   multipart ETags are not the content's MD5, so they are not used); otherwise it is fetched,
-  and why is said.
+  and why is said.  A fetched copy is checked as ``dispatch fetch`` checks one: every file at
+  the sha256 the manifest records, when it records them (:func:`why_copy_differs`); a copy
+  that differs (an object replaced on S3 by other bytes of the same size) is removed, and the
+  save is passed over along its lineage, stderr naming the file and the save.
 * Lightning writes ``s3://`` itself (fsspec, s3fs); :func:`seal_remote_save` writes the
   manifest object beside a written save before it is published, and it resumes from the URL.
 
 Invariants, as on POSIX (:mod:`.saves`): a publication promises a whole save (every object is
-uploaded, and the manifest lists their sizes, before the publication is created); a resume
-source that cannot be loaded is passed over for the previous save of its lineage, and the
-choice is recorded create-once (on S3: an object under the execution's prefix, made with
-``If-None-Match: *``).
+uploaded, and the manifest lists their sizes, before the publication is created); nothing is
+resumed from without comparing it with what its manifest records (sizes; sha256 where it has
+them, for every local copy); a resume source that cannot be loaded is passed over for the
+previous save of its lineage, and the choice is recorded create-once (on S3: an object under
+the execution's prefix, made with ``If-None-Match: *``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from .saves import (
     lineage_before,
     manifest_path,
     record_choice,
+    remove_copy,
     say_published,
     why_unloadable,
     write_create_once,
@@ -181,7 +186,9 @@ def why_unloadable_remote(url: str, required: tuple[str, ...] = ()) -> Optional[
 def local_copy(execution: Execution, url: str, number: int) -> str:
     """A local copy of the save at ``url`` in the staging folder: a copy of the one an earlier
     execution's upload left on this node when it is this user's own and holds what was
-    uploaded (:func:`own_copy`), else fetched from S3."""
+    uploaded (:func:`own_copy`), else fetched from S3 and checked against the sha256 its
+    manifest records (:func:`why_copy_differs`; a copy that differs is removed and a
+    :class:`StoreError` says why)."""
     assert execution.stage_dir is not None
     target = os.path.join(execution.stage_dir, f"{RESUME_FOLDER}-{number}",
                           url.rstrip("/").rsplit("/", 1)[-1])
@@ -191,7 +198,31 @@ def local_copy(execution: Execution, url: str, number: int) -> str:
         if why is None:
             return target
         _say(f"not using the local copy {near}: {why}; fetching {url} from S3 instead")
-    return transfer.fetch_save(url, target, _timeout())
+    local = transfer.fetch_save(url, target, _timeout())
+    why = why_unloadable(local) or why_copy_differs(url, local)  # sizes said first
+    if why is not None:
+        remove_copy(local)
+        raise StoreError(f"fetched {url}, but {why}; the copy was removed")
+    return local
+
+
+def why_copy_differs(url: str, local: str) -> Optional[str]:
+    """Why the local copy ``local`` of the save at ``url`` is not what was uploaded: a file
+    whose sha256 is not the one the save's manifest on S3 records (when it records them:
+    saves uploaded from local disk do; ``dispatch watch``'s and Lightning's record sizes
+    only, which the fetch compares).  None when it is."""
+    manifest_url = f"{url}/{MANIFEST_SUFFIX[1:]}" if os.path.isdir(local) else \
+        url + MANIFEST_SUFFIX
+    manifest = read_json(manifest_url)
+    hashes = manifest.get(SHA256_KEY) if isinstance(manifest, dict) else None
+    if not isinstance(hashes, dict) or not hashes:
+        return None
+    found = file_hashes(local, MANIFEST_SUFFIX[1:])
+    for name in sorted(set(hashes) | set(found)):
+        if hashes.get(name) != found.get(name):
+            return (f"its file {name!r} has sha256 {found.get(name) or 'none'}; its manifest "
+                    f"records {hashes.get(name) or 'none'} ({manifest_url})")
+    return None
 
 
 def own_copy(url: str, near: str, target: str) -> Optional[str]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -272,6 +273,14 @@ def why_unloadable(save: str, required: tuple[str, ...] = ()) -> Optional[str]:
         if actual != size:
             return f"file {full!r} is {actual} bytes; its manifest says {size} (truncated?)"
     return None
+
+
+def remove_copy(path: str) -> None:
+    """Remove a local copy of a save (a folder or a file) that must not be loaded."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 @dataclass

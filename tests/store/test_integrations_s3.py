@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -110,9 +111,11 @@ def test_hf_resumes_from_a_local_copy_of_the_s3_save(
     assert record["resume_from"] == source.path and record["passed_over"] == []
 
 
-def test_hf_passes_over_a_truncated_save_to_the_previous_one_of_its_lineage(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
+def resume_past_a_harmed_save(s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              harm: Callable[[str], None]) -> tuple[str, str, Path, object]:
+    """Execution A saves steps 2 and 4 (its local copies gone: another node), ``harm`` is
+    given A's checkpoint-4 URL, and B, told to resume from it, chooses: (A's prefix, B's,
+    B's staging folder, B's choice)."""
     from slurm_dispatch.integrations.transformers import DispatchCallback, resume_from_checkpoint
     from tests.unit.test_integrations_transformers import make_trainer
 
@@ -120,16 +123,45 @@ def test_hf_passes_over_a_truncated_save_to_the_previous_one_of_its_lineage(
     make_trainer(tmp_path / "o", 4, [DispatchCallback()]).train(
         resume_from_checkpoint=resume_from_checkpoint())
     shutil.rmtree(stage_a)
-    put_object(s3_env, f"{exec_a}/checkpoint-4/model.safetensors", b"cut")
+    harm(f"{exec_a}/checkpoint-4")
     exec_b, stage_b = dispatch_env(s3_root, tmp_path, B, E2, f"{exec_a}/checkpoint-4",
                                    monkeypatch)
-    chosen = resume_from_checkpoint()
+    return exec_a, exec_b, stage_b, resume_from_checkpoint()
+
+
+def test_hf_passes_over_a_truncated_save_to_the_previous_one_of_its_lineage(
+        s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    exec_a, exec_b, stage_b, chosen = resume_past_a_harmed_save(
+        s3_root, tmp_path, monkeypatch,
+        lambda url: put_object(s3_env, f"{url}/model.safetensors", b"cut"))
     assert chosen == str(stage_b / "resume-2" / "checkpoint-2")
     record = s3saves.read_json(f"{exec_b}/{saves.RESUME_RECORD}")
     assert record["resume_from"] == f"{exec_a}/checkpoint-2"
     assert [p["path"] for p in record["passed_over"]] == [f"{exec_a}/checkpoint-4"]
     assert "is 3 bytes; its manifest says" in record["passed_over"][0]["why"]
     assert f"not resuming from {exec_a}/checkpoint-4" in capfd.readouterr().err
+
+
+def test_hf_passes_over_a_save_whose_bytes_on_s3_were_replaced_at_the_same_size(
+        s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    def zero_the_weights(url: str) -> None:
+        _folder, objects = transfer.save_objects(url, 10)
+        put_object(s3_env, f"{url}/model.safetensors",
+                   b"\0" * objects["model.safetensors"])  # sizes cannot tell
+
+    exec_a, exec_b, stage_b, chosen = resume_past_a_harmed_save(s3_root, tmp_path, monkeypatch,
+                                                                zero_the_weights)
+    assert chosen == str(stage_b / "resume-2" / "checkpoint-2")
+    assert not (stage_b / "resume-1" / "checkpoint-4").exists()  # the bad copy is not kept
+    record = s3saves.read_json(f"{exec_b}/{saves.RESUME_RECORD}")
+    assert record["resume_from"] == f"{exec_a}/checkpoint-2"
+    assert [p["path"] for p in record["passed_over"]] == [f"{exec_a}/checkpoint-4"]
+    why = record["passed_over"][0]["why"]
+    assert "'model.safetensors' has sha256" in why and "its manifest records" in why
+    err = capfd.readouterr().err
+    assert f"not resuming from {exec_a}/checkpoint-4: " in err and "model.safetensors" in err
 
 
 # ---- Lightning: s3:// written by Lightning itself ----------------------------------------
