@@ -39,10 +39,9 @@ CONTEXTS = {
 HOOKS = ("prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld", "recheck")
 # How long past its deadline the parent may take to kill the child and log, at most.
 _GRACE = 0.3
-# A run that found no dispatch.conf and no StateDir (see _unconfigured): its fault's name, and
-# the file it is counted in, in a folder that needs no configuration (unconfigured_dir()).
+# A run that found no dispatch.conf and no StateDir (see _unconfigured): its fault's name (it is
+# counted where no configuration is needed: node/metrics.unconfigured_dir()).
 UNCONFIGURED = "Unconfigured"
-UNCONFIGURED_FILE = "slurm-dispatch-unconfigured.prom"
 
 
 def log(message: str, error: bool = True, detached: bool = False) -> None:
@@ -164,26 +163,20 @@ def _unconfigured(cfg: object, kind: str, job: str) -> bool:
     given = os.environ.get("SLURM_CONF")
     why = (f"beside $SLURM_CONF={given}" if given else
            f"Slurm gives {kind} no SLURM_CONF, so beside {config_module.SLURM_CONF_DEFAULT}")
+    from ..node import metrics
     log(f"{kind} job {job}: found no dispatch.conf (looked for {searched}: {why}) and the "
         f"default StateDir {state_dir} does not exist: recording nothing; set DISPATCH_CONF= "
         "at the top of this hook part to the site's dispatch.conf (counted in "
-        f"{unconfigured_dir()}/{UNCONFIGURED_FILE})")
+        f"{metrics.unconfigured_dir()}/{metrics.UNCONFIGURED_FILE})")
     return True
 
 
-def unconfigured_dir() -> str:
-    """Where a hook that found no configuration counts so (no configuration needed): a folder
-    of the hook's user's own under /run for root, under /tmp for another (SlurmUser)."""
-    uid = os.geteuid()
-    return "/run/slurm-dispatch" if uid == 0 else f"/tmp/slurm-dispatch-{uid}"
-
-
 def _count_unconfigured(hook: str, job: str) -> None:
-    """Count an unconfigured run in :func:`unconfigured_dir` (made 0755 if missing; one another
-    user made, or a symlink, is refused by the metrics module and logged)."""
-    folder = unconfigured_dir()
+    """Count an unconfigured run in metrics.unconfigured_dir() (made 0755 if missing; one
+    another user made, or a symlink, is refused by the metrics module and logged)."""
+    from ..node import metrics
+    folder = metrics.unconfigured_dir()
     try:
-        from ..node import metrics
         try:
             os.mkdir(folder, 0o755)
         except FileExistsError:
@@ -191,7 +184,7 @@ def _count_unconfigured(hook: str, job: str) -> None:
         tally = metrics.Tally()
         tally.add("slurm_dispatch_hook_runs_unconfigured_total", {"hook": hook})
         tally.set("slurm_dispatch_hook_last_run_timestamp_seconds", {"hook": hook}, time.time())
-        metrics.update(folder, tally, file=UNCONFIGURED_FILE)
+        metrics.update(folder, tally, file=metrics.UNCONFIGURED_FILE)
     except BaseException as exc:
         log(f"{hook} job {job}: not counted in {folder}: {type(exc).__name__}: {exc}")
 

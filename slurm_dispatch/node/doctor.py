@@ -37,9 +37,10 @@ import subprocess
 import sys
 import time
 
-from .. import __version__, _account, _fsio
+from .. import __version__, _account, _clock, _fsio
 from .. import config as config_module
 from . import factstore as store
+from . import metrics
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -184,6 +185,8 @@ class Doctor:
         self.checks: list[Check] = []
         self.versions: dict[str, str] = {}  # part -> version of its Python's package
         self.parts_run: list[tuple[str, str]] = []  # (key, part) whose Python has the package
+        # where root's hooks count the runs that found no dispatch.conf (node/metrics.py)
+        self.unconfigured_dir = metrics.unconfigured_dir(0)
         self.slurm_user: pwd.struct_passwd | None = None  # the controller parts' user
 
     def add(self, name: str, state: str, detail: str, fix: str = "") -> Check:
@@ -229,6 +232,7 @@ class Doctor:
                             if key not in CONTROLLER_KEYS or ctld_ok])
         if self.node_parts:
             self.check_slurm_settings(settings, [k for k, _ in parts], cfg)
+        self.check_unconfigured_runs()
         self.check_versions()
         self.clean_up(cfg)
         self.check_releases(cfg)
@@ -554,7 +558,6 @@ class Doctor:
         """Where a part's dispatch.conf sets MetricsDir, that the hook can count there as the
         user it runs as (root, or SlurmUser for the controller's parts): a hook that cannot
         says so only to syslog, on every run, and records its facts all the same."""
-        from . import metrics
         seen: set[tuple[str, int]] = set()
         for key, part in parts:
             where = self.part_config(part, key).metrics_dir
@@ -660,6 +663,29 @@ class Doctor:
                  "that scrubbed its environment is missed, a proof that should not be)",
                  f"on 26.05 and later: CgroupJobIdPaths=yes in {cgroup_conf} (older releases "
                  "name the cgroup job_<id> and have no such key)")
+
+    def check_unconfigured_runs(self, within: float = 86400.0) -> None:
+        """The hook runs of the last day on this machine that found no dispatch.conf and no
+        StateDir and recorded nothing, as the hooks counted them where no configuration is
+        needed (as root: a SlurmUser's are under /tmp/slurm-dispatch-<uid>)."""
+        try:
+            values = metrics.read(self.unconfigured_dir, metrics.UNCONFIGURED_FILE)
+        except metrics.MetricsError:
+            return
+        since = time.time() - within
+        recent = []
+        for key, count in sorted(values.items()):
+            name, _, labels = key.partition("{")
+            last = values.get("slurm_dispatch_hook_last_run_timestamp_seconds{" + labels, 0.0)
+            if name == metrics.UNCONFIGURED_RUNS and last >= since:
+                hook = labels.partition('"')[2].rpartition('"')[0]
+                recent.append(f"{hook} {count:g} (the last {_clock.with_zone(last)})")
+        if recent:
+            self.add("unconfigured runs", WARN,
+                     f"{self.unconfigured_dir}/{metrics.UNCONFIGURED_FILE}: hook runs that found "
+                     f"no dispatch.conf and recorded nothing: {', '.join(recent)}",
+                     "set DISPATCH_CONF= in those parts (see the config checks above); the "
+                     "counts stay, this warning goes a day after the last such run")
 
     def check_versions(self) -> None:
         found = sorted(set(self.versions.values()))

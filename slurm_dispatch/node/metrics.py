@@ -52,7 +52,7 @@ FAMILIES = {
         "counter", "Faults the hooks logged on this node, by hook and kind (the error's class)."),
     "slurm_dispatch_hook_last_run_timestamp_seconds": (
         "gauge", "When each hook last ran on this node (Unix time)."),
-    # Counted in hooks.unconfigured_dir(), which needs no dispatch.conf:
+    # Counted in unconfigured_dir(), which needs no dispatch.conf:
     "slurm_dispatch_hook_runs_unconfigured_total": (
         "counter", "Hook runs on this node that found no dispatch.conf and no StateDir, by hook "
         "(nothing recorded: set DISPATCH_CONF in the hook part)."),
@@ -84,6 +84,29 @@ FAMILIES = {
         "gauge", "When dispatch-admin metrics last read the users' records (Unix time)."),
 }
 RECORDS_FILE = "slurm-dispatch-records.prom"
+# Where a hook that found no dispatch.conf (and no StateDir) counts its run: a place that needs
+# no configuration (unconfigured_dir()); dispatch-admin doctor reads it.
+UNCONFIGURED_FILE = "slurm-dispatch-unconfigured.prom"
+UNCONFIGURED_RUNS = "slurm_dispatch_hook_runs_unconfigured_total"
+
+
+def unconfigured_dir(uid: int | None = None) -> str:
+    """The folder of :data:`UNCONFIGURED_FILE` for a hook running as ``uid`` (this process's):
+    root's under /run, another user's (a SlurmUser that is not root) under /tmp."""
+    uid = os.geteuid() if uid is None else uid
+    return "/run/slurm-dispatch" if uid == 0 else f"/tmp/slurm-dispatch-{uid}"
+
+
+def read(folder: str, name: str) -> dict[str, float]:
+    """The series of ``<folder>/<name>``, a file this module wrote; {} when there is none."""
+    try:
+        dir_fd = _open_dir(folder)
+    except MetricsError:
+        return {}
+    try:
+        return _read(dir_fd, folder, name)
+    finally:
+        os.close(dir_fd)
 
 
 class Tally:

@@ -605,3 +605,33 @@ def test_cgroup_job_id_paths_is_named_under_proctrack_cgroup(site: Path) -> None
     assert found["state"] == "warn" and "from Slurm 26.05" in found["detail"], report
     (site / "etc/cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nCgroupJobIdPaths=yes\n")
     assert check(diagnose(site)[1], "CgroupJobIdPaths")["state"] == "ok"
+
+
+def test_the_runs_the_hooks_counted_as_unconfigured_are_named(site: Path, tmp_path: Path) -> None:
+    """Issue 31 item 1: a hook that finds no dispatch.conf counts the run where no
+    configuration is needed; the doctor, where an admin looks, says how many of the last day
+    there were (an older count is history, not a warning)."""
+    import time
+
+    from slurm_dispatch.node import doctor as doctor_module
+    from slurm_dispatch.node import metrics
+    folder = tmp_path / "unconfigured"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    tally = metrics.Tally()
+    tally.add(metrics.UNCONFIGURED_RUNS, {"hook": "prolog-slurmctld"}, 2)
+    tally.set("slurm_dispatch_hook_last_run_timestamp_seconds", {"hook": "prolog-slurmctld"},
+              time.time() - 60)
+    tally.add(metrics.UNCONFIGURED_RUNS, {"hook": "recheck"}, 7)
+    tally.set("slurm_dispatch_hook_last_run_timestamp_seconds", {"hook": "recheck"},
+              time.time() - 3 * 86400)
+    metrics.update(str(folder), tally, file=metrics.UNCONFIGURED_FILE)
+    doctor = doctor_module.Doctor(slurm_conf=str(site / "etc/slurm.conf"), node="n1")
+    doctor.unconfigured_dir = str(folder)
+    found = [c for c in doctor.run() if c.name == "unconfigured runs"]
+    assert len(found) == 1 and found[0].state == "warn", found
+    assert found[0].detail.startswith(
+        f"{folder}/slurm-dispatch-unconfigured.prom: hook runs that found no dispatch.conf and "
+        "recorded nothing: prolog-slurmctld 2 (the last "), found[0].detail
+    assert "recheck" not in found[0].detail
+    assert metrics.unconfigured_dir(0) == "/run/slurm-dispatch"
