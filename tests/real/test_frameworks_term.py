@@ -21,12 +21,8 @@ from tests.real.test_frameworks import (  # noqa: F401  (frameworks: the fixture
     _published,
     _work,
     frameworks,
+    pytestmark,  # the real tier's mark, the frameworks' own warnings left out
 )
-
-pytestmark = [pytest.mark.real,
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
 
 JOB = """#!/bin/bash
 #SBATCH --time=10
