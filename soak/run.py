@@ -14,13 +14,13 @@ seed (printed first, so a run can be replayed), partitions a node and heals it, 
 and starts it again, SIGKILLs slurmctld and starts it again, requeues and cancels running
 executions, preempts one (a short job of the sandbox's urgent partition on its node),
 SIGKILLs the supervisor mid-pass and gc mid-run, SIGSTOPs the S3 server for longer than the
-S3 watch's timeout.  Besides, whatever the seed, every run makes the cases each invariant needs
-(:mod:`soak.cases`: a shared job's launch run again by a controller, a running shared and a
-running isolated execution cut off, a cleanup beside a live resumed execution, a torn save),
-and fails when it could not make one.  Then every fault is healed, the jobs are given time to end, and
-:mod:`soak.checker` prints its table; exit 1 on a violation.  The targets of a fault (which
-job, which node) are drawn from the seed among what is running then, so a replay repeats the
-schedule, not every pick.
+S3 watch's timeout.  Besides, whatever the seed, every run makes the cases each invariant
+needs (:mod:`soak.cases`: a shared job's launch run again by a controller, a running shared
+and a running isolated execution cut off, a cleanup beside a live resumed execution, a torn
+save), and fails when it could not make one.  Then every fault is healed, the jobs are given
+time to end, and :mod:`soak.checker` prints its table; exit 1 on a violation.  The targets of
+a fault (which job, which node) are drawn from the seed among what is running then, so a
+replay repeats the schedule, not every pick.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ cannot be known is an error in every pass's report, never dropped.
 * shared-checkpoint jobs: the next submission is made *held* (a real Slurm hold: ``squeue``
   shows it with its deadline, ``scontrol release`` or ``dispatch release`` lifts it).  While the
   hold stands the site's CessationSignal is asked about the ended execution (that task's, for
-  an array task's hold) every CessationInterval; each answer is recorded as a cessation fact;
-  ceased answers for every one release the hold.  A hold that outlives SharedHoldFor is
-  cancelled and recorded as expired: nothing more starts.  The owner is told when a hold is
-  made and HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
+  an array task's hold) in the pass that makes the hold, then every CessationInterval; each
+  answer is recorded as a cessation fact; ceased answers for every one release the hold.  A
+  hold that outlives SharedHoldFor is cancelled and recorded as expired: nothing more starts.
+  The owner is told when a hold is made and HoldWarning before it expires (Slurm's MailProg,
+  and the site's HoldNotify command).
   The question itself (asking the signal, recording its answers, the held job's comments) is
   :mod:`.holds`'s, which ``dispatch release`` asks through too.
 * a job Slurm itself requeued held after its launch failed (``launch failed requeued held``:
@@ -510,6 +511,11 @@ class Supervisor:
                                   f"{_clock.with_zone(deadline)}")
             if isinstance(hold, events.Hold):
                 self._tell(job, hold, "made", report)
+                if self.settings.signal:
+                    # Asked at once: an execution already proven gone (its node's Epilog ran
+                    # before this pass) is not held a whole pass longer.
+                    self._ask_signal(job, job.history().lineage(task), hold, task,
+                                     self.clock(), report)
 
     def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
                 hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport,
@@ -599,6 +605,14 @@ class Supervisor:
             # No CessationSignal at this site: the hold waits for a person.  A held job the
             # controller forgot cannot be released: asking about it would only fail again.
             return
+        self._ask_signal(job, line, hold, task, now, report)
+
+    def _ask_signal(self, job: record.JobRecord, line: events.Lineage, hold: events.Hold,
+                    task: Optional[int], now: float, report: PassReport) -> None:
+        """Ask the CessationSignal about the execution a hold waits for (again once
+        CessationInterval has passed since the last answer), and lift the hold on a ceased
+        answer."""
+        held_id = hold.slurm_job_id
         answers = line.answers_for(held_id)
         if answers and now - answers[-1].asked < self.settings.interval:
             return

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import _clock
-from . import status_text
 from ..slurm.jobs import is_running
+from . import status_text
 
 LABEL = 16
 

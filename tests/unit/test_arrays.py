@@ -91,7 +91,9 @@ def test_a_shared_array_task_is_held_and_asked_about_its_own_execution(home: Pat
     cluster.set(tasks[1], JobState="FAILED", Restarts="0")
     sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=signal, clock=clock)
     assert [a.split(" until ")[0] for a in sup.run_pass().actions] == [
-        f"{job.id} task 1: failed: submission 2 held as Slurm job 99_1"]
+        f"{job.id} task 1: failed: submission 2 held as Slurm job 99_1",
+        f"{job.id}: dispatch-cease {array}_1: not ceased"]  # asked when the hold is made
+    assert [a[1] for a in signal.asked] == [f"{array}_1"]
     call = cluster.sbatch_calls()[-1]
     assert "--hold" in call and "--array=1" in call
     assert cluster.jobs["99"]["Reason"] == "JobHeldUser"
@@ -99,11 +101,11 @@ def test_a_shared_array_task_is_held_and_asked_about_its_own_execution(home: Pat
     assert (hold.task, hold.ended_slurm_job_id, hold.ended_restart, hold.ended_tasks) == (
         1, f"{array}_1", 0, [])
     assert job.history().lineage(0).hold is None
-    clock.now += 61
+    clock.now += 30
     sup.run_pass()
-    assert [a[1] for a in signal.asked] == [f"{array}_1"]
+    assert [a[1] for a in signal.asked] == [f"{array}_1"]  # not again within the interval
     assert cluster.jobs["99"]["Reason"] == "JobHeldUser"
-    clock.now += 61
+    clock.now += 31
     sup.run_pass()
     assert [a[1] for a in signal.asked] == [f"{array}_1"] * 2
     assert cluster.jobs["99"]["JobState"] == "RUNNING"

@@ -165,7 +165,8 @@ def test_bad_input_is_refused_before_anything_is_made(env: Path, argv: list[str]
 
 @pytest.mark.parametrize("given,named", [
     ("afile", "checkpoint root '.*/afile' is a file, not a folder"),
-    ("afile/run1", "checkpoint root '.*/afile/run1': its folder '.*/afile' is a file, not a folder"),
+    ("afile/run1",
+     "checkpoint root '.*/afile/run1': its folder '.*/afile' is a file, not a folder"),
 ])
 def test_a_root_that_is_a_file_is_named_so(env: Path, given: str, named: str) -> None:
     (env / "afile").write_text("notes\n")

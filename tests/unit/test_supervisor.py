@@ -129,9 +129,10 @@ def test_shared_job_is_held_and_ceased_answer_lifts_the_hold(home: Path) -> None
     assert "held: shared checkpoint" in cluster.jobs[held]["Comment"]
     hold = [e for e in job.events() if e["event"] == "hold"][0]
     assert hold["deadline"] == clock.now + 24 * 3600 and hold["ended_slurm_job_id"] == ended
-    assert signal.asked == []  # the hold is made in one pass, asked about from the next
-    sup.run_pass()
+    # Asked in the pass that made the hold (issue 31 item 7), then every CessationInterval.
     assert signal.asked == [["dispatch-cease", ended, "--restart", "0", "--json"]]
+    sup.run_pass()
+    assert len(signal.asked) == 1, "asked again before CessationInterval"
     clock.now += 30
     sup.run_pass()
     assert len(signal.asked) == 1, "asked again before CessationInterval"
@@ -145,6 +146,22 @@ def test_shared_job_is_held_and_ceased_answer_lifts_the_hold(home: Path) -> None
     assert kinds(job)[-1] == "released"
     sup.run_pass()
     assert len(cluster.sbatch_calls()) == 2 and len(signal.asked) == 2
+
+
+def test_a_hold_already_proven_ceased_is_lifted_in_the_pass_that_made_it(home: Path) -> None:
+    """Issue 31 item 7: the ended execution's node had proven it gone before the pass; the
+    held submission no longer waits a whole pass (the loop's interval) for its first
+    question."""
+    cluster, clock, signal = FakeCluster(), Clock(), Signal("ceased")
+    job, ended = shared_job(cluster)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal,
+                     clock=clock)
+    report = sup.run_pass()
+    held = last_slurm_id(job)
+    assert signal.asked == [["dispatch-cease", ended, "--restart", "0", "--json"]]
+    assert cluster.jobs[held]["JobState"] == "RUNNING", report.actions
+    assert "released" in kinds(job)
+    assert any("lifted: ceased" in a for a in report.actions), report.actions
 
 
 def test_hold_without_signal_waits_for_a_person(home: Path) -> None:
@@ -385,7 +402,7 @@ def test_a_hold_is_told_when_made_and_before_it_expires(home: Path) -> None:
 
 
 def test_a_failing_mailer_is_reported_and_never_blocks_the_pass(home: Path) -> None:
-    cluster, clock, signal = MailingCluster(), Clock(), Signal("not ceased")
+    cluster, clock, signal = MailingCluster(), Clock(), Signal("not ceased", "not ceased")
     job, ended = shared_job(cluster)
     sup = Supervisor(Slurm(cluster, wait=0), Settings(mail=True), signal_runner=signal,
                      clock=clock, notifier=Notifier(ok=False))

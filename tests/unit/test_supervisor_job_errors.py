@@ -6,6 +6,7 @@ through the real :class:`PyslurmBackend` over a stand-in ``pyslurm`` module."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import types
@@ -51,7 +52,9 @@ def two_held(cluster: FakeCluster, sup: Supervisor) -> tuple[list[record.JobReco
         job, first = new_job(cluster, "--shared-checkpoint", "--resubmit", "3")
         cluster.set(first, JobState="NODE_FAIL")
         jobs.append(job)
-    sup.run_pass()  # both held
+    # Both held by a pass that asks no signal (one that does asks at once): the test's own
+    # pass asks and releases.
+    Supervisor(sup.slurm, dataclasses.replace(sup.settings, signal=None)).run_pass()
     held = [last_slurm_id(job) for job in jobs]
     assert all(cluster.jobs[h]["Reason"] == "JobHeldUser" for h in held)
     return jobs, held
