@@ -118,8 +118,10 @@ def _latest(root: str, missing_is_none: bool = False) -> Any:
 
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
-    # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster).
-    slurm_jobs = {k: v for k, v in slurm_jobs.items() if not v.marks_another(job.id)}
+    # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster),
+    # nor a job under a submission's id without its marker (ids start again when slurmctld
+    # loses its state).
+    slurm_jobs = submit.own_views(job, slurm_jobs)
     seen = Snapshot(slurm_jobs)
     spec = job.spec
     history = job.history()
@@ -300,14 +302,15 @@ def job_lines(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job]) -> list[
             continue
         current = history.lineage().current
         info = slurm_jobs.get(current.slurm_job_id) if current is not None else None
-        if info is not None and info.marks_another(job.id):
-            info = None  # its id, here another dispatch job's
+        if info is not None and current is not None \
+                and not submit.is_submission(job, current, info):
+            info = None  # its id, now another job's (another dispatch job's, a plain one)
         array = submit.array_tasks(job)
         tasks: list[Job] = []
         for task in array or []:  # each task's latest submission, as Slurm sees it
             now = history.lineage(task).current
-            tasks.extend(v for v in (seen.tasks(now.slurm_job_id, task)
-                                     if now else []) if not v.marks_another(job.id))
+            tasks.extend(v for v in (seen.tasks(now.slurm_job_id, task) if now else [])
+                         if now is not None and submit.is_submission(job, now, v))
         if history.lineage().superseded is not None:
             state = "SUPERSEDED"
         elif history.hold is not None and (info is None or info.is_held):

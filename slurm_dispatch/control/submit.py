@@ -297,6 +297,25 @@ def is_submission(job: record.JobRecord, submitted: events.Submitted, view: Job)
     return view.submit_time <= submitted.time + SUBMIT_SLACK
 
 
+def own_views(job: record.JobRecord, jobs: Mapping[str, Job]) -> dict[str, Job]:
+    """``jobs`` (a read of the user's Slurm jobs, keyed as :func:`index_jobs` keys them) less
+    those that are not ``job``'s to show: one carrying another dispatch job's marker, or one
+    under a recorded submission's id that is not that submission (:func:`is_submission`)."""
+    submitted: dict[str, list[events.Submitted]] = {}
+    for sub in job.history().of(events.Submitted):
+        submitted.setdefault(sub.slurm_job_id, []).append(sub)
+    kept = {}
+    for key, view in jobs.items():
+        if view.marks_another(job.id):
+            continue
+        subs = submitted.get(view.array_job_id or view.job_id
+                             if view.array_task_id is not None else view.job_id)
+        if subs is not None and not any(is_submission(job, sub, view) for sub in subs):
+            continue
+        kept[key] = view
+    return kept
+
+
 def accounted_as(submitted: events.Submitted, view: Job, restarted: bool) -> bool:
     """Whether Slurm's accounting's job ``view`` (the newest job of the submission's id, with
     no comment to read a marker in) may be the submission: not when Slurm took it more than
@@ -882,19 +901,15 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
     submissions (:func:`is_submission`: ids start again when slurmctld loses its state, and
     a plain job of the user's under a recorded id is not the record's to cancel)."""
     jobs = jobs if jobs is not None else slurm.own_jobs(env)
-    submitted: dict[str, list[events.Submitted]] = {}
-    for sub in job.history().of(events.Submitted):
-        submitted.setdefault(sub.slurm_job_id, []).append(sub)
+    submitted = {sub.slurm_job_id for sub in job.history().of(events.Submitted)}
     live: list[str] = []
-    for view in unique_jobs(jobs):
+    for view in unique_jobs(own_views(job, jobs)):
         if not view.is_active:
             continue
         if view.array_task_id is not None and view.array_job_id in submitted:
-            if (task is None or view.array_task_id == task) and any(
-                    is_submission(job, sub, view) for sub in submitted[view.array_job_id]):
+            if task is None or view.array_task_id == task:
                 live.append(view.display_id)
-        elif view.array_task_id is None and view.job_id in submitted and task is None \
-                and any(is_submission(job, sub, view) for sub in submitted[view.job_id]):
+        elif view.array_task_id is None and view.job_id in submitted and task is None:
             live.append(view.job_id)
     return sorted(live)
 

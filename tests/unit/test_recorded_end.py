@@ -69,3 +69,20 @@ def test_the_supervisor_records_slurms_own_name_for_the_end(
     cluster.jobs.clear()
     data = json.loads(CliRunner().invoke(cli.main, ["jobs", "--json"]).output)
     assert data[0]["state"] == "DEADLINE (recorded)"
+
+
+def test_a_reused_slurm_id_of_a_plain_job_is_not_shown_as_the_submissions_state(
+        cluster: FakeCluster) -> None:  # noqa: F811
+    """Issue 30 item 6: after slurmctld lost its state, the user's plain sbatch job has the id
+    of the dispatch job's submission and completed; `dispatch status` and `dispatch jobs`
+    must not show the dispatch job COMPLETED (nor the plain job's state at all)."""
+    import itertools
+    done = submit_one("ck-a", "--resubmit", "3")
+    cluster.jobs.clear()
+    cluster.ids = itertools.count(int(done.slurm_job_id))
+    assert cluster.add("COMPLETED") == done.slurm_job_id
+    data = json.loads(CliRunner().invoke(cli.main, ["jobs", "--json"]).output)
+    assert "COMPLETED" not in data[0]["state"], data
+    shown = json.loads(CliRunner().invoke(cli.main, ["status", "--json",
+                                                     done.job.id]).output)
+    assert "COMPLETED" not in shown["submissions"][0]["state"], shown["submissions"]

@@ -41,7 +41,8 @@ FACTS = [
 
 
 def test_collect_marks_the_requeued_execution_and_joins_facts(job: record.JobRecord) -> None:
-    slurm_jobs = {"7": Job("7", "RUNNING", restarts=1, reason="None", nodes=["n2"])}
+    slurm_jobs = {"7": Job("7", "RUNNING", restarts=1, reason="None", nodes=["n2"],
+                           comment=f"dispatch:{job.id}/1")}  # the marker sbatch gave it
     data = status.collect(job, slurm_jobs, facts_reader=lambda jobid: FACTS)
     assert [e["state"] for e in data["executions"]] == ["REQUEUED", "RUNNING"]
     assert [len(e["facts"]) for e in data["executions"]] == [1, 1]
@@ -157,7 +158,7 @@ def test_status_says_whether_a_supervisor_passes(job: record.JobRecord) -> None:
     one last passed.  Item 15: Slurm's reason and ours for a submission are two columns."""
     from slurm_dispatch.control.supervisor import PassReport, mark_pass
     from slurm_dispatch.slurm.jobs import Job
-    slurm_jobs = {"7": Job("7", "PENDING", reason="Resources")}
+    slurm_jobs = {"7": Job("7", "PENDING", reason="Resources", comment=f"dispatch:{job.id}/1")}
     text = status_text.render(status.collect(job, slurm_jobs, facts_reader=lambda j: []))
     assert "Supervisor  none has passed yet: --resubmit and holds act only while" in text
     header = next(line for line in text.splitlines() if line.startswith("SUBMISSION"))
