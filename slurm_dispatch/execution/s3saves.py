@@ -16,14 +16,19 @@ training library; boto3 only through :mod:`slurm_dispatch.checkpoint.stores`.
   that differs (an object replaced on S3 by other bytes of the same size) is removed, and the
   save is passed over along its lineage, stderr naming the file and the save.
 * Lightning writes ``s3://`` itself (fsspec, s3fs); :func:`seal_remote_save` writes the
-  manifest object beside a written save before it is published, and it resumes from the URL.
+  manifest object beside a written save before it is published (each object's size and the
+  ETag S3 lists for it), and it resumes from the URL, which Lightning reads itself: before
+  that each object must have the size and the ETag its manifest records
+  (:func:`why_unloadable_remote`; an object replaced by other bytes has another ETag,
+  whatever its size), else the save is passed over along its lineage, as a copy is.
 
 Invariants, as on POSIX (:mod:`.saves`): a publication promises a whole save (every object is
 uploaded, and the manifest lists their sizes, before the publication is created); nothing is
 resumed from without comparing it with what its manifest records (sizes; sha256 where it has
-them, for every local copy); a resume source that cannot be loaded is passed over for the
-previous save of its lineage, and the choice is recorded create-once (on S3: an object under
-the execution's prefix, made with ``If-None-Match: *``).
+them, for every local copy; ETags where it has them, for a save read from S3); a resume source
+that cannot be loaded is passed over for the previous save of its lineage, and the choice is
+recorded create-once (on S3: an object under the execution's prefix, made with
+``If-None-Match: *``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from .watch_s3 import Uploader, copy_own, file_hashes, stage_copy
 
 RESUME_FOLDER = "resume"  # in the staging folder: fetched resume sources
 SHA256_KEY = "sha256"  # in the manifest of a save uploaded from local disk: each file's hash
+ETAG_KEY = "etag"  # in the manifest of a save a framework wrote to S3: each object's ETag
 
 
 def _timeout() -> float:
@@ -153,11 +159,13 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str,
 def seal_remote_save(url: str, bests: Optional[list[str]] = None) -> None:
     """Write the manifest object of a file save that the framework wrote to ``url``
     (``bests``: the saves the framework keeps as its best now, relative to the root)."""
-    folder, objects = transfer.save_objects(url, _timeout())
-    if not objects:
+    folder, listed = transfer.save_listing(url, _timeout())
+    if not listed:
         raise StoreError(f"the save {url} is not on S3 after it was written")
     target = f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX
-    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": objects}
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT,
+                                "files": {name: size for name, (size, _) in listed.items()},
+                                ETAG_KEY: {name: etag for name, (_, etag) in listed.items()}}
     if bests:
         manifest["bests"] = bests
     put_once(target, manifest)
@@ -166,20 +174,27 @@ def seal_remote_save(url: str, bests: Optional[list[str]] = None) -> None:
 # --- loading ---------------------------------------------------------------------------------
 
 def why_unloadable_remote(url: str, required: tuple[str, ...] = ()) -> Optional[str]:
-    """Why the save at ``url`` cannot be loaded from S3, or None when it looks whole."""
-    folder, objects = transfer.save_objects(url, _timeout())
-    if not objects:
+    """Why the save at ``url`` cannot be loaded from S3, or None when it looks whole: each
+    object the manifest lists at its size, and at the ETag it records when it records them
+    (:func:`seal_remote_save` does)."""
+    folder, found = transfer.save_listing(url, _timeout())
+    if not found:
         return f"save {url} does not exist on S3 (deleted?)"
     listed = read_json(f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX)
     if not isinstance(listed, dict):
-        missing = [name for name in required if folder and name not in objects]
+        missing = [name for name in required if folder and name not in found]
         return f"save {url} has no {missing[0]!r}" if missing else None
+    etags = listed.get(ETAG_KEY)
+    etags = etags if isinstance(etags, dict) else {}
     for name, size in sorted(dict(listed.get("files", {})).items()):
-        actual = objects.get(name)
-        if actual is None:
+        if name not in found:
             return f"object {name!r} of the save {url} is missing"
+        actual, etag = found[name]
         if actual != size:
             return f"object {name!r} of the save {url} is {actual} bytes; its manifest says {size}"
+        if name in etags and etags[name] != etag:
+            return (f"object {name!r} of the save {url} was replaced on S3 since it was saved "
+                    f"(ETag {etag}; its manifest records {etags[name]})")
     return None
 
 

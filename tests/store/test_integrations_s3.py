@@ -201,6 +201,29 @@ def test_lightning_writes_s3_itself_publishes_each_save_and_resumes_from_the_url
     assert s3saves.read_json(f"{exec_a}/{saves.RESUME_RECORD}")["resume_from"] == ""
 
 
+def test_lightning_passes_over_a_save_replaced_on_s3_at_the_same_size(
+        s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from slurm_dispatch.integrations.lightning import DispatchCallback, resume_from_checkpoint
+    from tests.unit.test_integrations_lightning import fit
+
+    exec_a, _stage = dispatch_env(s3_root, tmp_path, A, E1, "", monkeypatch)
+    fit(tmp_path, 4, [ModelCheckpoint(every_n_train_steps=2, save_top_k=-1),
+                      DispatchCallback()], ckpt_path=resume_from_checkpoint())
+    good, bad = (f"{exec_a}/checkpoints/epoch=0-step={s}.ckpt" for s in (2, 4))
+    _folder, objects = transfer.save_objects(bad, 10)
+    put_object(s3_env, bad, b"\0" * objects["epoch=0-step=4.ckpt"])  # sizes cannot tell
+    exec_b, _stage = dispatch_env(s3_root, tmp_path, B, E2, bad, monkeypatch)
+    assert resume_from_checkpoint() == good  # Lightning would read the URL given
+    record = s3saves.read_json(f"{exec_b}/{saves.RESUME_RECORD}")
+    assert [p["path"] for p in record["passed_over"]] == [bad]
+    assert "'epoch=0-step=4.ckpt'" in record["passed_over"][0]["why"]
+    assert "replaced on S3" in record["passed_over"][0]["why"]
+    assert f"not resuming from {bad}: " in capfd.readouterr().err
+
+
 def test_a_multi_node_hf_run_on_s3_is_refused_with_why(
         s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,6 +157,13 @@ def save_objects(url: str, timeout: float) -> tuple[bool, dict[str, int]]:
     """What the save at ``url`` holds on S3: (whether it is a folder, each object's name and
     size).  A folder save's names are relative to ``url/``; a file save (an object at ``url``
     itself) is one entry named by its base name.  Nothing found: ``(False, {})``."""
+    folder, listed = save_listing(url, timeout)
+    return folder, {name: size for name, (size, _etag) in listed.items()}
+
+
+def save_listing(url: str, timeout: float) -> tuple[bool, dict[str, tuple[int, str]]]:
+    """As :func:`save_objects`, each object with its size and its ETag (which changes when
+    the object is replaced by other bytes, whatever their size)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from .s3 import within
@@ -164,10 +171,10 @@ def save_objects(url: str, timeout: float) -> tuple[bool, dict[str, int]]:
     place = Place.of(url)
     base = place.key.rsplit("/", 1)[-1]
 
-    def scan(abandoned: threading.Event) -> tuple[bool, dict[str, int]]:
+    def scan(abandoned: threading.Event) -> tuple[bool, dict[str, tuple[int, str]]]:
         client = client_for(timeout)
-        inside: dict[str, int] = {}
-        whole: dict[str, int] = {}
+        inside: dict[str, tuple[int, str]] = {}
+        whole: dict[str, tuple[int, str]] = {}
         # One listing of the bare key's prefix sees both shapes (and siblings such as
         # checkpoint-50 beside checkpoint-5, which are neither).
         request: dict[str, Any] = {"Bucket": place.bucket, "Prefix": place.key}
@@ -175,11 +182,11 @@ def save_objects(url: str, timeout: float) -> tuple[bool, dict[str, int]]:
             while not abandoned.is_set():
                 page = client.list_objects_v2(**request)
                 for item in page.get("Contents", ()):
-                    key = item["Key"]
+                    key, found = item["Key"], (int(item["Size"]), str(item.get("ETag", "")))
                     if key == place.key:
-                        whole[base] = int(item["Size"])
+                        whole[base] = found
                     elif key.startswith(place.key + "/") and not key.endswith("/"):
-                        inside[key[len(place.key) + 1:]] = int(item["Size"])
+                        inside[key[len(place.key) + 1:]] = found
                 if not page.get("IsTruncated"):
                     break
                 request["ContinuationToken"] = page["NextContinuationToken"]
