@@ -97,6 +97,10 @@ def read_request(argv: list[str], cwd: Optional[str] = None,
         raise UsageError(f"script {line.script!r} is not text") from None
     header = sbatch_args.read_header(text, line.script)
     options = line.dispatch.merged_over(header.dispatch)
+    if options.checkpoint and "checkpoint" not in line.dispatch.given:
+        # A #DISPATCH line's root, which no shell read.  The command line's was expanded by the
+        # shell already: a '$' left in it was quoted by the user, and stays.
+        options.checkpoint = _expand_variables(options.checkpoint)
     names = line.long_names | header.long_names
     in_script = dependency.dependency_value(header.sbatch_words)
     if in_script is not None and dependency.named_jobs(in_script[2]):
@@ -123,8 +127,8 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
         raise UsageError("no checkpoint root: give --checkpoint DIR (or a '#DISPATCH "
                          "--checkpoint DIR' line in the script); every execution writes under "
                          "DIR/exec/<attempt>/ and publishes into DIR/pub/")
-    given = _expand_variables(options.checkpoint)
-    control = [c for c in given if ord(c) < 0x20 or ord(c) == 0x7f]
+    given = options.checkpoint
+    control = [c for c in given if _is_control(c)]
     if control:
         raise UsageError(f"--checkpoint {given!r} holds a control character ({control[0]!r}): "
                          "a root's name is printed in tables and logs, one line each")
@@ -142,24 +146,36 @@ def checkpoint_root(options: sbatch_args.DispatchOptions, cwd: str) -> str:
     return os.path.normpath(os.path.join(cwd, os.path.expanduser(given)))
 
 
+# Bidi controls: a name holding one is shown reversed in part ('Trojan source').
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _is_control(char: str) -> bool:
+    """A character a root may not hold: a C0 or C1 control (NEL and CSI are C1), the Unicode
+    line and paragraph separators (str.splitlines() splits on both), a bidi control."""
+    code = ord(char)
+    return code < 0x20 or 0x7f <= code <= 0x9f or code in (0x2028, 0x2029) or char in _BIDI
+
+
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def _expand_variables(root: str) -> str:
-    """``$NAME`` and ``${NAME}`` from the submitting environment, as a shell would have done on
-    the command line (a ``#DISPATCH`` line is read by no shell).  A variable that is not set is
-    an error naming it, never a folder named ``$USER``; any other ``$`` is refused too, since
-    no shell would have left it either."""
+    """A ``#DISPATCH`` line's root with ``$NAME`` and ``${NAME}`` from the submitting
+    environment, as a shell would have done on the command line (no shell reads that line).
+    A variable that is not set is an error naming it, never a folder named ``$USER``; any other
+    ``$`` is refused too, since no shell would have left it either.  Expanded once: a value
+    holding a ``$`` keeps it.  A command line's root is never expanded again (the shell did)."""
     def value(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
         if name not in os.environ:
-            raise UsageError(f"--checkpoint {root!r}: ${name} is not set in the environment "
-                             "dispatch-sbatch runs in")
+            raise UsageError(f"#DISPATCH --checkpoint {root!r}: ${name} is not set in the "
+                             "environment dispatch-sbatch runs in")
         return os.environ[name]
 
     expanded = _VARIABLE.sub(value, root)
     if "$" in _VARIABLE.sub("", root):
-        raise UsageError(f"--checkpoint {root!r}: a '$' that names no variable ($NAME or "
+        raise UsageError(f"#DISPATCH --checkpoint {root!r}: a '$' that names no variable ($NAME or "
                          "${NAME}); a checkpoint root may not hold one")
     return expanded
 
@@ -183,9 +199,11 @@ def prepare_root(root: str) -> list[str]:
             break
         probe = parent
     if probe and os.path.lexists(probe) and not os.path.isdir(probe):  # the deepest that exists
+        from ..checkpoint.stores.posix import what_stands  # this path only: start-up speed
+
         what = "checkpoint root" if probe == folder else f"checkpoint root {folder!r}: its folder"
-        raise UsageError(f"{what} {probe!r} is a file, not a folder: give a folder (it is made "
-                         "if missing)")
+        raise UsageError(f"{what} {probe!r} is {what_stands(probe) or 'not a folder'}: give a "
+                         "folder (it is made if missing)")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:

@@ -129,6 +129,16 @@ def test_a_root_that_is_a_file_is_named_so(tmp_path: Path, reader: str) -> None:
         getattr(store, reader)(str(tmp_path / "afile"))
 
 
+@pytest.mark.parametrize("reader", ["latest", "list_publications"])
+def test_a_root_that_is_a_dangling_symlink_is_named_so(tmp_path: Path, reader: str) -> None:
+    """A root linked to a folder that is not there (a file system not mounted) is no file."""
+    (tmp_path / "ck").symlink_to(tmp_path / "scratch" / "u")
+    with pytest.raises(StoreError) as info:
+        getattr(store, reader)(str(tmp_path / "ck"))
+    assert "is a file" not in str(info.value)
+    assert "is a symlink to" in str(info.value) and "scratch/u" in str(info.value)
+
+
 def _as_nobody(target, *args) -> int:  # type: ignore[no-untyped-def]
     """Run target(*args) in a forked child as nobody; return 0/1/2 for ok/StoreError/other."""
     pid = os.fork()

@@ -374,3 +374,42 @@ def test_every_table_shows_a_cell_on_one_line() -> None:
     from slurm_dispatch._table import render_table
     text = render_table(["JOBID", "ROOT"], [["1", "/ck\nfake-row"], ["2", "/ck\x1b[2J"]])
     assert text.splitlines() == ["JOBID ROOT", "1     /ck\\nfake-row", "2     /ck\\x1b[2J"]
+
+
+def test_a_command_line_root_is_taken_as_the_shell_left_it(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell expanded the command line already: a '$' still in it is one the user quoted
+    (a folder named so), never expanded a second time nor refused."""
+    monkeypatch.setenv("B", "expanded")
+    request = submit.read_request(["--checkpoint", "ck/a$B/p$5", "job.sh"])
+    assert submit.checkpoint_root(request.options, request.cwd) == str(env / "ck/a$B/p$5")
+    monkeypatch.setenv("RUN", "x$B")  # a value holding a '$': expanded once, as the shell did
+    (env / "job.sh").write_text("#!/bin/bash\n#DISPATCH --checkpoint ck/$RUN\necho\n")
+    request = submit.read_request(["job.sh"])
+    assert submit.checkpoint_root(request.options, request.cwd) == str(env / "ck/x$B")
+
+
+@pytest.mark.parametrize("root", ["ck\x85run", "ck\u2028run", "ck\u2029run", "ck\x9b2Jrun",
+                                  "ck\u202etxt.run", "ck\u2066run"])
+def test_a_root_that_breaks_a_line_or_turns_text_is_refused(env: Path, root: str) -> None:
+    """What str.splitlines() splits on (NEL, the Unicode line and paragraph separators), C1
+    controls (CSI) and the bidi controls that show a name reversed ('Trojan source') are
+    refused as the C0 controls are."""
+    with pytest.raises(UsageError, match="holds a control character"):
+        make(["--checkpoint", root, "job.sh"], FakeController())
+    assert not any(p.name.startswith("ck") for p in env.iterdir())
+    assert record.all_jobs() == []
+
+
+@pytest.mark.parametrize("below", ["", "/run1"])
+def test_a_root_through_a_dangling_symlink_is_not_called_a_file(env: Path, below: str) -> None:
+    """A root (or its folder) that is a symlink to a folder that is not there (a file system
+    not mounted) is named so, with its target; it was called 'a file, not a folder'."""
+    (env / "ck").symlink_to(env / "scratch-not-mounted" / "u")
+    with pytest.raises(UsageError) as info:
+        make(["--checkpoint", f"ck{below}", "job.sh"], FakeController())
+    text = str(info.value)
+    assert "is a file" not in text
+    assert "is a symlink to" in text and "scratch-not-mounted/u" in text and "not there" in text
+    assert not (env / "scratch-not-mounted").exists()
+    assert record.all_jobs() == []

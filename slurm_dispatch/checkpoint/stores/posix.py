@@ -38,14 +38,33 @@ from ...errors import AlreadyPublished, OutsideRoot, StoreError, StoreFull
 from .. import model
 from .base import EXEC, GC, MANIFEST_SUFFIX, PINS, PUB, Found, StillWritten, Store, check_names
 
-__all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC"]
+__all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC",
+           "what_stands"]
+
+
+def what_stands(path: str) -> Optional[str]:
+    """What stands at ``path`` where a folder should be, in words ('a file, not a folder', 'a
+    symlink to '/scratch/u', which is not there'), or None where it is a folder or nothing.
+    A symlink to a folder that is not there (a file system not mounted) is no file."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = None
+    if target is not None and not os.path.exists(path):
+        return (f"a symlink to {target!r}, which is not there (a file system not mounted, or "
+                "a folder removed?)")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return (f"a symlink to {target!r}, a file, not a folder" if target is not None
+                else "a file, not a folder")
+    return None
 
 
 def _not_a_root(given: str) -> StoreError:
     """The error for a root that is no folder, naming what is there instead."""
-    if os.path.lexists(given) and not os.path.isdir(given):
-        return StoreError(f"checkpoint root {given!r} is a file, not a folder: give the folder "
-                          "that holds pub/ and exec/")
+    what = what_stands(given)
+    if what is not None:
+        return StoreError(f"checkpoint root {given!r} is {what}: give the folder that holds "
+                          "pub/ and exec/")
     return StoreError(f"checkpoint root {given!r} is not a directory")
 
 
