@@ -17,6 +17,10 @@ rule):
 * ``.dispatch-keep.json`` (:data:`KEEP`): the framework's rotation limit, turned off inside
   the execution and applied by dispatch's cleanup (``keep``; ``every`` when one of its
   checkpoint callbacks keeps every save, so no limit applies).
+* ``.dispatch-removing`` (:data:`REMOVING`): cleanup's mark on a folder it is removing
+  whole, made before it unpublishes the folder's saves: a save there that no publication
+  names any more is then one cleanup decided to remove, not one the execution never
+  published (a killed cleanup's rerun finishes the folder).
 * ``<save>.dispatch-manifest.json`` beside a file save, ``dispatch-manifest.json`` inside a
   folder save (:data:`MANIFEST_SUFFIX`): each file's size, and the saves the framework keeps
   as its best at that moment (``bests``: Lightning's top k by each monitor, the Trainer's best
@@ -43,7 +47,8 @@ RESUME = ".dispatch-resume.json"
 KEEP = ".dispatch-keep.json"
 CHOICE_PREFIX = ".dispatch-choice-"
 CHOICE_SUFFIX = ".json"
-OWN_NAMES = frozenset({RECORD, ".dispatch-resume.json", ".dispatch-keep.json"})
+REMOVING = ".dispatch-removing"
+OWN_NAMES = frozenset({RECORD, ".dispatch-resume.json", ".dispatch-keep.json", REMOVING})
 MANIFEST_SUFFIX = ".dispatch-manifest.json"  # a folder save holds MANIFEST_SUFFIX[1:]
 MANIFEST_NAME = MANIFEST_SUFFIX[1:]
 MANIFEST_FORMAT = 1
@@ -67,7 +72,7 @@ def is_own(name: str) -> bool:
 
 
 # One of ours being written (then linked into place): <name>.<pid>.<ns>.tmp
-_OWN_TMP = re.compile(r"\.dispatch(?:-[a-z0-9-]+\.json)?\.[0-9]+\.[0-9]+\.tmp")
+_OWN_TMP = re.compile(r"\.dispatch(?:-[a-z0-9-]+(?:\.json)?)?\.[0-9]+\.[0-9]+\.tmp")
 
 
 def choice_bytes(relative: str, attempt: str, why: str) -> bytes:

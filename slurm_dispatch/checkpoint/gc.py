@@ -26,10 +26,18 @@ What goes, when it is not needed:
   leaving one that names nothing), each before the save;
 * in the folder of a live execution (epoch at least the latest's), only such published saves
   (the disk stays bounded during a long execution); what it has not published stays;
+* a save an older execution never published that does not look whole (cut off while being
+  written); one that looks whole by the rules watch publishes by (sealed with its manifest,
+  or whole by watch's rules: :func:`looks_whole`) is needed, and stays with its folder
+  (``Report.unpublished``, with what publishes it) unless ``remove_unpublished`` asks;
 * the folder of an older execution, whole (its record last), once nothing in it is needed and
   it holds nothing but saves and dispatch's records; one that holds other files (TensorBoard
   event files, logs: the Trainer writes them into its output folder) loses its saves only,
-  and the other files stay unless ``all_files`` asks for them too;
+  and the other files stay unless ``all_files`` asks for them too.  A name is no evidence of
+  a save: a ``.ckpt`` file is one only when its name holds ``step=<N>`` (watch's rule), its
+  manifest is beside it, a publication names it, or it is in ``checkpoints/`` (the folder
+  the Lightning integration gives its ModelCheckpoints); a ``.ckpt/`` or ``step-N/`` folder
+  only while it holds nothing but a DCP save's files;
 * a folder with no record (or an unreadable one) stays whole; of the older publications into
   it, only those whose save is already gone go.
 
@@ -46,7 +54,9 @@ Invariants kept whatever runs at the same time:
   given: a save removed on its own is recorded first as an intent in ``<root>/gc/`` (the
   publication's name); an intent whose publication is already gone is a removal decided,
   finished by the next run (unless the save has become needed since), and forgotten only
-  once done.  A whole folder loses its record last, so until then it is still known.
+  once done.  A whole folder is marked first (``.dispatch-removing``, :mod:`.execdir`), so
+  the saves it no longer publishes are not taken for saves never published; it loses its
+  record last, so until then it is still known.
 * Nothing is removed when a removal is known beforehand to fail (permission): the checks run
   over every path first.
 * The handshake holds when a node's view of ``exec/`` and ``pub/`` lags by up to ``ListingLag``
@@ -92,12 +102,21 @@ _HEAD_CHARS = 56
 # save is its folder, whole: its shards and .metadata are never saves of their own, and
 # cleanup removes the folder or nothing of it.
 _SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/|step-[0-9]+/")
-_STEP_FOLDER = re.compile(r"step-[0-9]+/")
+# A folder that is a save only as a DCP one (torchtitan's step-N/, Lightning's sharded .ckpt/)
+_DCP_FOLDER = re.compile(r"step-[0-9]+/|.+\.ckpt/")
 # What torch.distributed.checkpoint's FileSystemWriter writes into a save's folder (the
 # coordinator's .metadata, first as .metadata.tmp; each rank's __<rank>_<n>.distcp; a save
-# without collectives' __<rank>.metadata): a step-N folder holding anything else is a user's
-# own (execution/saverules.py decides the same folder whole for watch, reading it).
-_DCP_FILE = re.compile(r"\.metadata(?:\.tmp)?|__[0-9]+(?:_[0-9]+\.distcp|\.metadata)")
+# without collectives' __<rank>.metadata), with the integrations' manifest and, in a .ckpt
+# folder, Lightning's meta.pt: such a folder holding anything else is a user's own
+# (execution/saverules.py decides the same folder whole for watch, reading it).
+_DCP_FILE = re.compile(r"\.metadata(?:\.tmp)?|__[0-9]+(?:_[0-9]+\.distcp|\.metadata)|"
+                       + re.escape(execdir.MANIFEST_NAME))
+_SHARDED_META = "meta.pt"  # Lightning's sharded .ckpt folder: rank 0 writes it last
+# A .ckpt file is a save by its name only where watch's rule says so: "step=<N>" in it
+# (Lightning's default epoch=E-step=S.ckpt; saverules' _FILE_STEP); else only with its
+# manifest beside it or a publication naming it (a downloaded pretrained.ckpt is no save).
+_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
+_FOLDER_STEP = re.compile(r"(?:tmp-)?(?:checkpoint|step)-([0-9]+)/")
 CHECKPOINTS = "checkpoints/"  # the Lightning integration's folder in an execution's
 
 
@@ -133,13 +152,35 @@ class Folder:
     entries: list[str] = field(default_factory=list)  # names in it ("x/" for a folder)
     chosen: list[str] = field(default_factory=list)  # every save it chose (resume included)
     inner: list[str] = field(default_factory=list)  # the names in its checkpoints/
-    # its step-N/ folders holding something DCP never writes (read for older folders only)
+    # its step-N/ and .ckpt/ folders (and those in its checkpoints/, "checkpoints/x.ckpt/")
+    # holding something a DCP save never holds (read for older folders only)
     not_dcp: set[str] = field(default_factory=set)
+    listed: Optional[frozenset[str]] = None  # entries and inner names, for look-ups
+
+    def has(self, entry: str) -> bool:
+        """Whether ``entry`` (or ``checkpoints/<name>``) is in the folder as listed."""
+        if self.listed is None:
+            self.listed = frozenset(self.entries).union(CHECKPOINTS + e for e in self.inner)
+        return entry in self.listed
 
     def as_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
                 "chosen": self.chosen, "verdict": self.verdict, "bytes": self.bytes,
                 "problem": self.problem or None}
+
+
+@dataclass
+class Unpublished:
+    """A save an older execution wrote and never published that looks whole: it stays
+    (unless ``remove_unpublished``), and a person may publish it."""
+
+    path: str  # relative to the root
+    epoch: Optional[int]  # its execution's
+    step: Optional[int]  # as its name says
+    why: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": self.path, "epoch": self.epoch, "step": self.step, "why": self.why}
 
 
 @dataclass
@@ -153,6 +194,7 @@ class Report:
     finished_intents: int = 0
     kept: dict[str, str] = field(default_factory=dict)  # needed save -> why it stays
     left: list[str] = field(default_factory=list)  # files that are not saves, left in place
+    unpublished: list[Unpublished] = field(default_factory=list)  # whole, never published
 
     @property
     def freed(self) -> Optional[int]:
@@ -168,6 +210,7 @@ class Report:
                 "folders": [f.as_json() for f in self.folders],
                 "kept": [{"path": p, "why": w} for p, w in sorted(self.kept.items())],
                 "left": self.left,
+                "unpublished": [u.as_json() for u in self.unpublished],
                 "finished_intents": self.finished_intents}
 
 
@@ -302,33 +345,63 @@ class Plan:
     unsure: list[str] = field(default_factory=list)
     needed: dict[str, str] = field(default_factory=dict)
     left: list[str] = field(default_factory=list)
+    # Saves older executions never published that look whole: (path, why), kept.
+    unpublished: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder] = None
-                   ) -> bool:
+def _ckpt_file_save(entry: str, folder: Optional[Folder], published: set[str]) -> bool:
+    """Whether a ``.ckpt`` file is a save: watch's rule (``step=<N>`` in its name), its
+    manifest beside it, or a publication naming it (``published``).  ``entry`` is its name in
+    the execution folder (``checkpoints/<name>`` inside Lightning's folder)."""
+    return (_FILE_STEP.search(entry) is not None or entry in published
+            or (folder is not None and folder.has(entry + execdir.MANIFEST_SUFFIX)))
+
+
+def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder] = None,
+                   published_inner: frozenset[str] = frozenset()) -> bool:
     """Whether a name in an execution folder is a save (or dispatch's): published, a
-    manifest, one a framework's rotation names so, or dispatch's own record.  Lightning's
-    ``checkpoints/`` is one only while it holds nothing but checkpoints."""
-    if entry.endswith(".ckpt"):  # most entries of most folders: Lightning's files
-        return True
+    manifest, one a framework's rotation names so, or dispatch's own record.  A ``.ckpt``
+    file only by :func:`_ckpt_file_save`; a ``step-N/`` or ``.ckpt/`` folder only while it
+    holds nothing but a DCP save's files (``not_dcp``).  Lightning's ``checkpoints/`` is one
+    only while it holds nothing but such saves (``published_inner``: its published names)."""
     bare = entry.rstrip("/")
+    if entry.endswith(".ckpt"):
+        return _ckpt_file_save(entry, folder, published_tops)
     if entry == CHECKPOINTS and folder is not None:
-        return all(_SAVE_NAME.fullmatch(e) is not None and (not e.endswith("/")
-                                                            or e.endswith(".ckpt/"))
-                   or e.endswith(execdir.MANIFEST_SUFFIX) for e in folder.inner)
+        return all(_inner_is_save(e, folder, published_inner) for e in folder.inner)
     if folder is not None and entry in folder.not_dcp:
         return bare in published_tops
     return (execdir.is_own(bare) or bare in published_tops
             or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)
 
 
+def _inner_is_save(name: str, folder: Folder, published_inner: frozenset[str]) -> bool:
+    """A name in an execution's ``checkpoints/`` that is a save (or a save's manifest): the
+    Lightning integration makes that folder its ModelCheckpoints' own, so every ``.ckpt``
+    file there is Lightning's (its ``last.ckpt`` too, never published: rewritten in place);
+    a ``.ckpt/`` folder only as a DCP save."""
+    entry = CHECKPOINTS + name
+    if name.endswith(execdir.MANIFEST_SUFFIX) or name.endswith(".ckpt"):
+        return True
+    if name.endswith(".ckpt/"):
+        return entry not in folder.not_dcp or entry.rstrip("/") in published_inner
+    return not name.endswith("/") and _SAVE_NAME.fullmatch(name) is not None
+
+
 def plan(names: list[str], folders: dict[str, Folder], keep: int,
          decode: Optional[_Names] = None, presorted: bool = False,
          needed: Optional[dict[str, str]] = None, all_files: bool = False,
-         resolve: Callable[[str], list[str]] = lambda path: []) -> Plan:
+         resolve: Callable[[str], list[str]] = lambda path: [],
+         whole: Optional[Callable[[Folder, str], Optional[str]]] = None,
+         decided: Iterable[str] = ()) -> Plan:
     """What the rule removes, from the publication names (checked; ``presorted`` when they
     are in order already), the execution folders, and the saves ``needed`` otherwise (pins,
-    the framework's bests: path -> why) (pure but for ``resolve``, which reads symlinks)."""
+    the framework's bests: path -> why) (pure but for ``resolve``, which reads symlinks, and
+    ``whole``).  ``whole(folder, entry)`` says why a save an older execution never published
+    looks whole (:func:`looks_whole`), or None: such a save stays, with its folder; without
+    ``whole`` (``--remove-unpublished``) every unpublished save of an older folder goes.
+    ``decided``: the saves a killed cleanup unpublished to remove them (its intents), which
+    count as published here."""
     check_keep(keep)
     decode = decode or _Names()
     ordered = names if presorted else sorted(names)
@@ -350,7 +423,6 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             each.verdict = "kept: its epoch is at least the latest publication's"
             for chosen in each.chosen:
                 needed.setdefault(chosen, f"execution {each.attempt} chose it")
-    _resolve_all(needed, resolve)
     protected = {a for a, each in folders.items() if each.epoch is None or each.epoch >= epoch}
     recordless = {a for a in protected if folders[a].epoch is None}
     latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
@@ -386,6 +458,31 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             tails.setdefault(n[42:], []).append(n)
         return {decode.path(pubs[-1]): pubs for pubs in tails.values()}
 
+    # The saves an older execution published (also above the K latest: a save once named
+    # is a save) and those it never published but that look whole, which stay.
+    published: dict[str, set[str]] = {}  # older folder -> its published paths, whole root
+    for n in ordered:
+        folder = heads.get(n[42:cut]) if len(n) > cut else None
+        folder = folder if folder is not None else folder_of(n)
+        if folder is not None and folder not in protected:
+            published.setdefault(folder, set()).add(decode.path(n))
+    for path in decided:
+        parts = path.split("/")
+        if len(parts) >= 3 and parts[0] == EXEC and parts[1] not in protected:
+            published.setdefault(parts[1], set()).add(path)
+    unpublished: list[tuple[str, str]] = []  # (path, why it looks whole)
+    for attempt in sorted(set(folders) - protected):
+        old = folders[attempt]
+        if execdir.REMOVING in old.entries:
+            continue  # a killed cleanup unpublished its saves to remove the folder
+        where = f"{EXEC}/{attempt}"
+        for entry in _unpublished_saves(old, published.get(attempt, set())):
+            path = f"{where}/{entry.rstrip('/')}"
+            why = None if whole is None else whole(old, entry)
+            if why is not None and _needed_by(path, needed) is None:
+                needed[path] = f"never published, and it looks whole ({why})"
+                unpublished.append((path, why))
+    _resolve_all(needed, resolve)
     live = {path: pubs for path, pubs in by_save(live_names).items()
             if path.count("/") >= 2 and _needed_by(path, needed) is None}
     removals: list[Removal] = []
@@ -395,27 +492,24 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         where = f"{EXEC}/{attempt}"
         f: Optional[Folder] = folders.get(attempt)
         stays = _needed_by(where, needed)
-        # (".ckpt" first: most entries of most folders, without a call each)
-        unsure_entries = [] if f is None else [
-            e for e in f.entries if not e.endswith(".ckpt") and not _is_save_entry(e, set(), f)]
-        saves: dict[str, list[str]] = {}
-        tops: set[str] = set()
-        if unsure_entries or stays is not None or f is None:
-            saves = by_save(group)
-            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+        saves = by_save(group)
+        paths = published.get(attempt, set())
+        tops = {p.split("/")[2] for p in paths if p.count("/") >= 2}
+        inner = frozenset(p.split("/", 2)[2] for p in paths
+                          if p.startswith(f"{where}/{CHECKPOINTS}"))
         # (checkpoints/ was looked into: a published save in it does not make it all saves)
-        others = [e for e in unsure_entries if e == CHECKPOINTS or e.rstrip("/") not in tops]
+        others = [] if f is None else [
+            e for e in f.entries if not _is_save_entry(e, tops, f, inner)]
         if f is not None and stays is None and (all_files or not others):
             removals.append(Removal(FOLDER, where, sorted(group), entries=sorted(f.entries),
-                                    others=sorted(unsure_entries)))
+                                    others=sorted(others)))
             f.verdict = "removed"
             continue
-        if not saves:
-            saves = by_save(group)
-            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
         if f is not None:
             if stays is not None:
-                f.verdict = "kept: it holds a save that stays"
+                f.verdict = ("kept: it holds a save never published that looks whole"
+                             if stays.startswith("never published") else
+                             "kept: it holds a save that stays")
             else:
                 f.verdict = ("kept: it holds files that are not saves (" + ", ".join(others[:3])
                              + (", ..." if len(others) > 3 else "")
@@ -426,21 +520,105 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
                 continue  # the folder itself published as a save: its other files stay
             if _needed_by(path, needed) is None:
                 removals.append(Removal(SAVE, path, pubs))
-        if f is not None and stays is None:
-            # Saves it never published (a save cut off while being written) go too.
-            for entry in sorted(f.entries):
-                bare = entry.rstrip("/")
-                path = f"{where}/{bare}"
-                if (bare not in tops and not execdir.is_own(bare)
-                        and _SAVE_NAME.fullmatch(entry) and entry != "checkpoints/"
-                        and entry not in f.not_dcp):
+        if f is not None:
+            # Saves it never published that do not look whole (cut off while being written)
+            # go too; with --remove-unpublished, whole ones too.
+            for entry in _unpublished_saves(f, paths):
+                path = f"{where}/{entry.rstrip('/')}"
+                if _needed_by(path, needed) is None:
                     removals.append(Removal(SAVE, path, []))
     # The live lineage's folder stays, and so does all it has not published (a save being
     # written); what it published below the K latest goes, one save at a time, so that the
     # disk stays bounded during a long execution too.
     for path, pubs in sorted(live.items()):
         removals.append(Removal(SAVE, path, pubs))
-    return Plan(latest, removals, epoch, unsure, needed, left)
+    return Plan(latest, removals, epoch, unsure, needed, left, unpublished)
+
+
+def _unpublished_saves(f: Folder, published: set[str]) -> list[str]:
+    """The saves in an older execution's folder that no publication names: its entries (and
+    those of its ``checkpoints/``, as ``checkpoints/<name>``) that are saves by name and, for
+    a ``.ckpt`` or ``step-N/`` folder, by what it holds (:func:`_is_save_entry`)."""
+    where = f"{EXEC}/{f.attempt}/"
+    named = {p[len(where):] for p in published if p.startswith(where)}
+    found = []
+    for entry in f.entries:
+        bare = entry.rstrip("/")
+        if (bare in named or execdir.is_own(bare) or entry == CHECKPOINTS
+                or entry in f.not_dcp or _SAVE_NAME.fullmatch(entry) is None
+                or (entry.endswith(".ckpt") and not _ckpt_file_save(entry, f, named))):
+            continue
+        found.append(entry)
+    for name in f.inner:
+        entry = CHECKPOINTS + name
+        bare = entry.rstrip("/")
+        if (bare in named or name.endswith(execdir.MANIFEST_SUFFIX)
+                or not _inner_is_save(name, f, frozenset(named))):
+            continue
+        found.append(entry)
+    return sorted(found)
+
+
+def _holds_dcp_only(st: Store, attempt: str, entry: str) -> bool:
+    """The folder ``entry`` of an execution's folder holds only what a DCP save holds (and,
+    a ``.ckpt/`` one, Lightning's meta.pt)."""
+    sharded = entry.endswith(".ckpt/")
+    return all(_DCP_FILE.fullmatch(n) or (sharded and n == _SHARDED_META)
+               for n in st.list_exec_entries(attempt, entry.rstrip("/")))
+
+
+def step_of(path: str) -> Optional[int]:
+    """The step a save's name says (``checkpoint-N``, ``step-N``, ``...step=N...ckpt``)."""
+    name = path.rsplit("/", 1)[-1]
+    found = _FOLDER_STEP.fullmatch(name + "/") or _FILE_STEP.search(name)
+    return int(found.group(1)) if found else None
+
+
+def looks_whole(st: Store, f: Folder, entry: str) -> Optional[str]:
+    """Why the save ``entry`` of the execution folder ``f``, which no publication names,
+    looks whole, or None (one cut off while being written, or one that cannot be told).
+
+    The rules ``dispatch watch`` publishes by (execution/saverules.py), as far as the store
+    can read them without reading the save's data: sealed by an integration (its manifest is
+    there, and the save holds at least the bytes it lists); else a DCP folder (``step-N/``,
+    a ``.ckpt/`` folder, or any folder holding ``.metadata``) with its ``.metadata`` renamed
+    into place (non-empty, no ``.metadata.tmp`` beside it; Lightning's ``meta.pt`` too); a
+    ``checkpoint-N/`` whose ready file ``trainer_state.json`` is whole JSON; a ``.ckpt``
+    file watch names a save (``step=<N>``) that is not empty (its zip is not read: a copy
+    cut off while it grew looks whole too, and stays).  A ``tmp-checkpoint-N/`` (the
+    Trainer's, before its rename) never looks whole."""
+    bare = entry.rstrip("/")
+    where = f"{EXEC}/{f.attempt}/{bare}"
+    if bare.rsplit("/", 1)[-1].startswith("tmp-"):
+        return None
+    raw = _manifest(st, f.attempt, bare)
+    if raw is not None:
+        data = execdir.load(raw)
+        files = data.get("files") if data else None
+        if not isinstance(files, dict) or not all(
+                type(size) is int for size in files.values()):
+            return None
+        if st.size(where) - len(raw) < sum(files.values()):
+            return None
+        return "sealed: its manifest is there and every byte it lists"
+    if not entry.endswith("/"):  # only a name watch publishes (a last.ckpt never is)
+        return ("a file named as Lightning names a save (step=N), not empty"
+                if _FILE_STEP.search(entry) and st.size(where) > 0 else None)
+    inside = set(st.list_exec_entries(f.attempt, bare))
+    if _DCP_FOLDER.fullmatch(entry) or {".metadata", ".metadata.tmp"} & inside:
+        if ".metadata.tmp" in inside or ".metadata" not in inside \
+                or st.size(f"{where}/.metadata") == 0:
+            return None
+        if entry.endswith(".ckpt/") and (_SHARDED_META not in inside
+                                         or st.size(f"{where}/{_SHARDED_META}") == 0):
+            return None
+        return "a DCP save whose .metadata is in place"
+    if execdir.load(st.read_exec_file(f.attempt, f"{bare}/{READY}")) is None:
+        return None
+    return f"its {READY} is whole"
+
+
+READY = "trainer_state.json"  # the Trainer writes it last into checkpoint-N/ (watch's default)
 
 
 def _resolve_all(needed: dict[str, str], resolve: Callable[[str], list[str]]) -> None:
@@ -592,6 +770,7 @@ def listing_lag(value: Optional[float] = None,
 def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: bool = False,
             timeout: Optional[float] = None, store: Optional[Store] = None,
             all_files: bool = False, lag: Optional[float] = None,
+            remove_unpublished: bool = False,
             say: Callable[[str], None] = lambda line: None,
             wait: Callable[[float], None] = time.sleep,
             pause: Callable[[str], None] = lambda where: None) -> Report:
@@ -599,7 +778,9 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
 
     ``lag``: how stale another node's view of the listings may be (:func:`listing_lag`);
     ``say`` hears of the wait it costs.  ``pause(where)`` is called between the stages
-    (tests stop the process there).
+    (tests stop the process there).  ``remove_unpublished``: an older execution's saves
+    that were never published go even when they look whole (``Report.unpublished`` lists
+    those that stay otherwise).
     """
     if keep is not None:
         check_keep(keep)
@@ -623,15 +804,19 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
             f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
     for f in folders.values():
         if f.epoch is not None and latest_epoch is not None and f.epoch < latest_epoch:
-            # A step-N/ is a save (torchtitan's DCP folder) only while it holds nothing but
-            # DCP's files: a user's own step-N/ stays, and so does the folder around it.
-            f.not_dcp = {e for e in f.entries if _STEP_FOLDER.fullmatch(e) and not all(
-                _DCP_FILE.fullmatch(n) for n in st.list_exec_entries(f.attempt, e.rstrip("/")))}
+            # A step-N/ or .ckpt/ folder is a save (torchtitan's, Lightning's sharded one:
+            # DCP) only while it holds nothing but a DCP save's files: a user's own
+            # analysis.ckpt/ stays, and so does the folder around it.
+            f.not_dcp = {e for e in [*f.entries, *(CHECKPOINTS + n for n in f.inner)]
+                         if _DCP_FOLDER.fullmatch(e) and e != CHECKPOINTS
+                         and not _holds_dcp_only(st, f.attempt, e)}
     needed = pinned(st)
     for path, why in bests(st, names, folders, decode).items():
         needed.setdefault(path, why)
     found = plan(names, folders, keep, decode, presorted=True, needed=needed,
-                 all_files=all_files, resolve=st.resolve)
+                 all_files=all_files, resolve=st.resolve,
+                 whole=None if remove_unpublished else lambda f, e: looks_whole(st, f, e),
+                 decided=[decode.path(n) for n in intents])
     present = set(names)
     # A removal a killed cleanup decided (its publication is gone already) is finished,
     # whatever K this run was given, unless the save has become needed since.
@@ -641,7 +826,7 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         path = decode.path(n)
         if _needed_by(path, found.needed) is not None:
             held.append(n)
-        elif path not in planned:
+        elif path not in planned and "/".join(path.split("/")[:2]) not in planned:
             found.removals.append(Removal(SAVE, path, [n]))
             planned.add(path)
     for n in found.unsure:
@@ -650,7 +835,10 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
             found.removals.append(Removal(PUBLICATION, path, [n], 0))
     report = Report(root, keep, dry_run, found.latest, found.removals,
                     sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)),
-                    kept=found.needed, left=found.left)
+                    kept=found.needed, left=found.left,
+                    unpublished=[Unpublished(path, folders[path.split("/")[1]].epoch,
+                                             step_of(path), why)
+                                 for path, why in found.unpublished])
     if sizes:
         for f in report.folders:
             f.bytes = st.size(f"{EXEC}/{f.attempt}")
@@ -664,6 +852,13 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     singles = sorted({n for r in found.removals if r.kind == SAVE for n in r.publications})
     if singles:
         st.create_intents([n for n in singles if n not in intents])
+    for r in found.removals:
+        if r.kind == FOLDER and execdir.REMOVING not in r.entries:
+            try:  # (the saves it unpublishes now are not saves it never published)
+                st.create_exec_file(r.path.split("/")[1], execdir.REMOVING,
+                                    b"")
+            except FileExistsError:
+                pass
     pause("intents")
     st.delete_publications(sorted({n for r in found.removals for n in r.publications
                                    if n in present}))
@@ -679,7 +874,7 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
             continue
         if r.kind == FOLDER:
             try:
-                r.bytes = st.remove_exec(r.path.split("/")[1], RECORD)
+                r.bytes = st.remove_exec(r.path.split("/")[1], RECORD, execdir.REMOVING)
             except StillWritten as exc:
                 # An old execution still running writes into its folder: nothing of it is
                 # published any more (its publications went first); the rest goes next time.

@@ -16,6 +16,7 @@ that needs it (tests/unit/test_cli_imports.py holds the budget).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -814,9 +815,13 @@ def _size_text(value: Optional[int]) -> str:
 @click.option("--all-files", is_flag=True,
               help="Also remove the files of old execution folders that are not saves "
                    "(TensorBoard events, logs); by default they stay.")
+@click.option("--remove-unpublished", is_flag=True,
+              help="Also remove the saves an older execution wrote and never published that "
+                   "look whole (by default they stay, and gc prints the command that "
+                   "publishes each).")
 @timeout_option
 def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as_json: bool,
-        all_files: bool, timeout: Optional[str]) -> None:
+        all_files: bool, remove_unpublished: bool, timeout: Optional[str]) -> None:
     """Remove the saves and execution folders no execution can need any more.
 
     Stays, whatever K: the saves of the K latest publications (by epoch, then step); every
@@ -824,9 +829,14 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
     an integration's fallback when that one could not be loaded); pinned saves (`dispatch
     pin`); the framework's best saves (Lightning's save_top_k by its monitor, the Trainer's
     best model); every folder with no record; what the live executions have not published.
-    Goes: publications below the K latest, every name of a save before the save, and old
-    execution folders once nothing in them stays.  Files that are not saves (TensorBoard
-    events, logs) stay unless --all-files.  Safe while jobs run and publish; a run killed
+    Goes: publications below the K latest, every name of a save before the save, an older
+    execution's saves cut off while being written, and old execution folders once nothing in
+    them stays.  A save an older execution never published (its watch died) that looks
+    whole (sealed with its manifest, or whole by watch's rules) stays with its folder, and
+    gc prints the `dispatch publish` command for it; --remove-unpublished removes it
+    instead.  Files that are not saves (TensorBoard events, logs, a .ckpt that is neither
+    published, nor sealed, nor named step=N, a .ckpt/ folder that is no DCP save) stay
+    unless --all-files.  Safe while jobs run and publish; a run killed
     midway is finished by the next, whatever K.  --dry-run lists what would go, every file
     of a whole folder included, and why each kept save stays.  Before removing saves it waits
     twice ListingLag (dispatch.conf, default 60 s; $DISPATCH_LISTING_LAG) so that a choice
@@ -841,6 +851,7 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
     keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
     report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
                              timeout=parse_timeout(timeout), all_files=all_files,
+                             remove_unpublished=remove_unpublished,
                              say=lambda line: click.echo(f"dispatch gc: {line}", err=True))
     if as_json:
         echo_json(report.as_json())
@@ -873,6 +884,15 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
     for path in report.left:
         click.echo(f"{'would leave' if dry_run else 'left'} (not a save; --all-files "
                    f"removes it): {where.locate(path)}")
+    for save in report.unpublished:
+        located = where.locate(save.path)
+        step = "<its step>" if save.step is None else str(save.step)
+        click.echo(f"{'would keep' if dry_run else 'kept'} (never published; it looks whole: "
+                   f"{save.why}): {located}\n  publish it: dispatch publish --root "
+                   f"{shlex.quote(root_v)} --epoch {save.epoch} --step {step} "
+                   f"{shlex.quote(located)}\n  (then `dispatch pin` it to keep it past "
+                   f"--keep), or remove it: dispatch gc --root {shlex.quote(root_v)} --keep "
+                   f"{report.keep} --remove-unpublished")
     if dry_run and not sizes:
         kept = [f for f in report.folders if f.verdict != "removed"]
         if kept:

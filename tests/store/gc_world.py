@@ -77,6 +77,14 @@ class World:
     def publish(self, epoch_value: int, step: int, relative: str) -> str:
         return store.publish(self.root, epoch_value, step, self.locate(relative))
 
+    def lightning_saved(self, attempt: str, epoch_value: int, steps: tuple[int, ...],
+                        name: str = "epoch={step}.ckpt") -> None:
+        """Lightning's file saves in the execution's checkpoints/, 30 bytes each, published."""
+        for step in steps:
+            relative = f"exec/{attempt}/checkpoints/{name.format(step=step)}"
+            self.put(relative, 30)
+            self.publish(epoch_value, step, relative)
+
     def saved(self, attempt: str, epoch_value: int, step: int, size: int = 100) -> str:
         """A save written and published; its publication's name."""
         return self.publish(epoch_value, step, self.save(attempt, step, size))

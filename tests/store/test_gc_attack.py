@@ -128,10 +128,7 @@ def test_non_checkpoint_files_in_checkpoints_folder_stay(world: World) -> None:
     notes, written next to the checkpoints) loses it without --all-files, though the
     old-folder rule promises that files that are not saves stay."""
     a = world.execution(E1)
-    for step in (1, 2):
-        relative = f"exec/{a}/checkpoints/epoch={step}.ckpt"
-        world.put(relative, 30)
-        world.publish(E1, step, relative)
+    world.lightning_saved(a, E1, (1, 2))
     world.put(f"exec/{a}/checkpoints/model.onnx", 40)
     b = world.execution(E2)
     [world.saved(b, E2, step) for step in (3, 4)]

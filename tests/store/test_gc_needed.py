@@ -191,7 +191,7 @@ def test_files_that_are_not_saves_stay(world: World) -> None:
     [world.saved(a, E1, step) for step in range(1, 4)]
     world.put(f"exec/{a}/runs/Dec01/events.out.tfevents.1", 50)
     world.put(f"exec/{a}/train.log", 5)
-    world.save(a, 4)  # never published (cut off while being written)
+    world.put(f"exec/{a}/checkpoint-4/model.bin", 90)  # cut off while being written
     quiet = world.execution(E1)
     world.saved(quiet, E1, 5)
     b = world.execution(E2)

@@ -137,9 +137,10 @@ class Store(abc.ABC):
         return the bytes freed (0 when it was gone)."""
 
     @abc.abstractmethod
-    def remove_exec(self, attempt: str, record: str) -> int:
+    def remove_exec(self, attempt: str, record: str, mark: str = "") -> int:
         """Remove the folder ``exec/<attempt>/``, its ``record`` file last (so a killed
-        removal leaves a folder that still says whose it is); return the bytes freed."""
+        removal leaves a folder that still says whose it is), and its ``mark`` (cleanup's,
+        that the folder is being removed) just before it; return the bytes freed."""
 
     @abc.abstractmethod
     def list_intents(self) -> list[str]:

@@ -333,9 +333,10 @@ def _tree(parent_fd: int, name: str, shown: str, visit_dir: bool) -> tuple[int, 
     return total, stuck
 
 
-def _remove(parent_fd: int, name: str, shown: str, last: str = "") -> int:
+def _remove(parent_fd: int, name: str, shown: str, last: tuple[str, ...] = ()) -> int:
     """Remove ``name`` (a file, a symlink or a whole folder) from ``parent_fd``; a folder's
-    entry ``last`` goes after every other one.  Returns the bytes of the files removed."""
+    entries ``last`` go after every other one, in that order.  Returns the bytes of the
+    files removed."""
     try:
         st = os.lstat(name, dir_fd=parent_fd)
     except FileNotFoundError:
@@ -351,7 +352,8 @@ def _remove(parent_fd: int, name: str, shown: str, last: str = "") -> int:
             # meanwhile is removed too, a few rounds at most.
             for round_ in range(_ROUNDS):
                 names = sorted(entry.name for entry in os.scandir(fd))
-                for child in [n for n in names if n != last] + [n for n in names if n == last]:
+                for child in [n for n in names if n not in last] + [n for n in last
+                                                                     if n in names]:
                     total += _remove(fd, child, os.path.join(shown, child))
                 try:
                     os.rmdir(name, dir_fd=parent_fd)
@@ -530,12 +532,12 @@ class _Cleanup:
         finally:
             os.close(parent)
 
-    def remove_exec(self, attempt: str, record: str) -> int:
+    def remove_exec(self, attempt: str, record: str, mark: str = "") -> int:
         parent, last, shown = self._at(f"{EXEC}/{attempt}")
         if parent is None:
             return 0
         try:
-            freed = _remove(parent, last, shown, last=record)
+            freed = _remove(parent, last, shown, last=(mark, record) if mark else (record,))
             _fsync_dir(parent, os.path.dirname(shown))
             return freed
         finally:

@@ -521,12 +521,13 @@ class S3Store(Store):
         self._delete_keys([key for key, _size in found])
         return sum(size for _key, size in found)
 
-    def remove_exec(self, attempt: str, record: str) -> int:
+    def remove_exec(self, attempt: str, record: str, mark: str = "") -> int:
         prefix = self.where.key(f"{EXEC}/{attempt}") + "/"
         found = list(self._objects(prefix))
-        last = prefix + record
-        self._delete_keys([key for key, _size in found if key != last])
-        self._delete_keys([key for key, _size in found if key == last])
+        last = [prefix + name for name in (mark, record) if name]
+        self._delete_keys([key for key, _size in found if key not in last])
+        for one in last:
+            self._delete_keys([key for key, _size in found if key == one])
         return sum(size for _key, size in found)
 
     def list_intents(self) -> list[str]:

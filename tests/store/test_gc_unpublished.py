@@ -1,0 +1,136 @@
+"""What cleanup takes for a save, and what it does with one never published (issue 30, items 1
+and 2): a whole save an older execution never published stays and is reported with the
+command that publishes it, unless `--remove-unpublished` asks; a name ending in `.ckpt` is
+no evidence of a save.  Every test runs on a folder and on a real SeaweedFS server."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from slurm_dispatch.checkpoint import execdir, gc
+from slurm_dispatch.cli import dispatch as cli
+
+from .gc_world import World, epoch
+
+E1, E2 = epoch(1), epoch(1, 1)
+
+
+def sealed(world: World, attempt: str, step: int, size: int = 100) -> str:
+    """checkpoint-<step> written whole and sealed as the integrations seal it (its manifest
+    lists each file's size), never published; its relative path."""
+    relative = world.save(attempt, step, size)
+    world.put(f"{relative}/{execdir.MANIFEST_NAME}", 0, json.dumps(
+        {"format": 1, "files": {"model.bin": size - 10, "trainer_state.json": 10}}).encode())
+    return relative
+
+
+def test_a_whole_save_never_published_stays_and_says_how_to_publish_it(world: World) -> None:
+    """A writes checkpoint-5000, sealed with its manifest; its watch died, so it was never
+    published.  B starts fresh and publishes three saves.  Before the fix `gc --keep 3`
+    removed A's folder whole as "cut off", 5,000 steps with it."""
+    a = world.execution(E1)
+    save = sealed(world, a, 5000)
+    cut = f"exec/{a}/checkpoint-5001"
+    world.put(f"{cut}/model.bin", 40)  # cut off while being written: no ready file
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (1, 2, 3)]
+    report = gc.collect(world.root, 3, lag=0)
+    assert world.exists(f"{save}/model.bin"), "a whole save never published was removed"
+    assert not world.exists(cut), "a save cut off while being written stays"
+    assert [(u.path, u.epoch, u.step) for u in report.unpublished] == [(save, E1, 5000)]
+    assert "manifest" in report.unpublished[0].why
+    folder = next(f for f in report.folders if f.attempt == a)
+    assert folder.verdict == "kept: it holds a save never published that looks whole"
+    # Asked for, it goes (and its folder with it, nothing else being there).
+    report = gc.collect(world.root, 3, lag=0, remove_unpublished=True)
+    assert not world.exists(f"exec/{a}") and report.unpublished == []
+
+
+def test_gc_prints_the_command_that_publishes_it(world: World) -> None:
+    a = world.execution(E1)
+    save = sealed(world, a, 5000)
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (1, 2, 3)]
+    done = CliRunner().invoke(cli.main, ["gc", "--root", world.root, "--keep", "3"],
+                              env={"DISPATCH_LISTING_LAG": "0"})
+    assert done.exit_code == 0, done.output
+    command = (f"dispatch publish --root {world.root} --epoch {E1} --step 5000 "
+               f"{world.locate(save)}")
+    assert command in done.output, done.output
+    assert "--remove-unpublished" in done.output
+    assert world.exists(f"{save}/model.bin")
+    done = CliRunner().invoke(cli.main, ["gc", "--root", world.root, "--keep", "3",
+                                         "--remove-unpublished"],
+                              env={"DISPATCH_LISTING_LAG": "0"})
+    assert done.exit_code == 0, done.output
+    assert not world.exists(save)
+
+
+def test_a_checkpoint_folder_with_its_ready_file_and_a_dcp_save_stay_unsealed(
+        world: World) -> None:
+    """Without a manifest, watch's own rules: checkpoint-N/ with a whole trainer_state.json;
+    a step-N/ DCP save with its .metadata in place (one with .metadata.tmp is cut off)."""
+    a = world.execution(E1)
+    ready = world.save(a, 7)
+    world.put(f"exec/{a}/step-8/.metadata", 30)
+    world.put(f"exec/{a}/step-8/__0_0.distcp", 30)
+    world.put(f"exec/{a}/step-9/.metadata.tmp", 30)
+    world.put(f"exec/{a}/step-9/__0_0.distcp", 30)
+    b = world.execution(E2)
+    world.saved(b, E2, 1)
+    report = gc.collect(world.root, 1, lag=0)
+    assert world.exists(f"{ready}/model.bin") and world.exists(f"exec/{a}/step-8/.metadata")
+    assert not world.exists(f"exec/{a}/step-9")
+    assert sorted(u.step for u in report.unpublished) == [7, 8]
+
+
+def test_a_users_ckpt_folder_and_a_downloaded_ckpt_file_are_not_saves(world: World) -> None:
+    """In an older execution, a user's analysis.ckpt/notes.txt and a downloaded
+    pretrained.ckpt were removed by `gc --keep 1` as unpublished saves, while train.log beside
+    them was kept: a name is no evidence.  A .ckpt folder is a save only with a DCP save's
+    files; a .ckpt file only with step=N in its name, its manifest, or a publication."""
+    a = world.execution(E1)
+    [world.saved(a, E1, step) for step in (1, 2)]
+    world.put(f"exec/{a}/analysis.ckpt/notes.txt", 20)
+    world.put(f"exec/{a}/pretrained.ckpt", 300)
+    world.put(f"exec/{a}/train.log", 10)
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+    report = gc.collect(world.root, 1, lag=0)
+    assert world.exists(f"exec/{a}/analysis.ckpt/notes.txt")
+    assert world.exists(f"exec/{a}/pretrained.ckpt")
+    assert world.exists(f"exec/{a}/train.log")
+    assert not world.exists(f"exec/{a}/checkpoint-1")  # its published saves still go
+    assert sorted(report.left) == sorted(f"exec/{a}/{name}" for name in (
+        "analysis.ckpt/", "pretrained.ckpt", "train.log"))
+
+
+def test_ckpt_names_that_are_saves_still_go(world: World) -> None:
+    """Lightning's own: a published last.ckpt, an unpublished epoch=0-step=5.ckpt that is
+    empty (cut off), a sharded .ckpt folder published: the folder goes whole."""
+    a = world.execution(E1)
+    world.put(f"exec/{a}/last.ckpt", 30)
+    world.publish(E1, 1, f"exec/{a}/last.ckpt")
+    world.put(f"exec/{a}/sharded.ckpt/.metadata", 30)
+    world.put(f"exec/{a}/sharded.ckpt/meta.pt", 30)
+    world.publish(E1, 2, f"exec/{a}/sharded.ckpt")
+    world.put(f"exec/{a}/epoch=0-step=5.ckpt", 0, b"")
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+    gc.collect(world.root, 1, lag=0)
+    assert not world.exists(f"exec/{a}")
+
+
+def test_the_lightning_integrations_folder_goes_with_its_last_ckpt(world: World) -> None:
+    """The Lightning integration's checkpoints/ of an older execution: its published saves and
+    its last.ckpt (rewritten in place, never published, no step in its name) are all
+    Lightning's; the folder goes whole, and last.ckpt is not kept as a save never published."""
+    a = world.execution(E1)
+    world.lightning_saved(a, E1, (1, 2), "epoch=0-step={step}.ckpt")
+    world.put(f"exec/{a}/checkpoints/last.ckpt", 30)
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+    report = gc.collect(world.root, 1, lag=0)
+    assert not world.exists(f"exec/{a}") and report.unpublished == []
