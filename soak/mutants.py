@@ -34,51 +34,68 @@ SANDBOX_DIR = "/var/tmp/slurm-dispatch-mutants/sandbox"
 
 
 @dataclass(frozen=True)
-class Mutant:
-    name: str
+class Edit:
     path: str  # relative to the checkout
     old: str  # found exactly once
     new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    edits: tuple[Edit, ...]
     expected: tuple[str, ...]  # the invariants meant to catch it
     what: str
 
 
 MUTANTS = (
-    Mutant("latest-ignores-epoch", "slurm_dispatch/checkpoint/stores/posix.py",
-           "    name = max(names)\n",
-           "    name = max(names, key=lambda n: n[21:41])  # MUTANT: the step alone\n",
+    Mutant("latest-ignores-epoch", (
+        Edit("slurm_dispatch/checkpoint/stores/posix.py",
+             "    name = max(names)\n",
+             "    name = max(names, key=lambda n: n[21:41])  # MUTANT: the step alone\n"),),
            ("resume",),
            "latest publication by step alone: an old execution's later step outranks "
            "its replacement's newer epoch"),
-    Mutant("gc-spares-no-resume-choice", "slurm_dispatch/checkpoint/gc.py",
-           "            for chosen in each.chosen:\n"
-           "                needed.setdefault(chosen, f\"execution {each.attempt} chose it\")\n",
-           "            for chosen in ():  # MUTANT: no resume choice is needed\n"
-           "                needed.setdefault(chosen, f\"execution {each.attempt} chose it\")\n",
+    # Both of cleanup's guards of a resume choice: the plan's, and the second look after the
+    # publications are gone (either alone keeps the save: the soak rightly saw nothing lost).
+    Mutant("gc-spares-no-resume-choice", (
+        Edit("slurm_dispatch/checkpoint/gc.py",
+             "            for chosen in each.chosen:\n"
+             "                needed.setdefault(chosen, f\"execution {each.attempt} chose it\")\n",
+             "            for chosen in ():  # MUTANT: no resume choice is needed\n"
+             "                needed.setdefault(chosen, f\"execution {each.attempt} chose it\")\n"),
+        Edit("slurm_dispatch/checkpoint/gc.py",
+             "            for chosen in f.chosen:\n"
+             "                spared[chosen] = f\"execution {attempt} chose it\"\n",
+             "            for chosen in ():  # MUTANT: nor spared after a second look\n"
+             "                spared[chosen] = f\"execution {attempt} chose it\"\n")),
            ("needed-missing",),
            "cleanup keeps the K latest but not what a live execution resumed from"),
-    Mutant("launcher-skips-shared-claim", "slurm_dispatch/execution/launch.py",
-           "        claim_shared(job, submission, env)\n",
-           "        pass  # MUTANT: no claim of the submission\n",
+    Mutant("launcher-skips-shared-claim", (
+        Edit("slurm_dispatch/execution/launch.py",
+             "        claim_shared(job, submission, env)\n",
+             "        pass  # MUTANT: no claim of the submission\n"),),
            ("shared-overlap", "lifted-while-writing"),
            "a shared job's second execution of one submission runs the script too"),
-    Mutant("ended-counted-as-ceased", "slurm_dispatch/node/cease.py",
-           "    verdict.ceased = not unproven\n",
-           "    verdict.ceased = True  # MUTANT: ended is ceased\n",
+    Mutant("ended-counted-as-ceased", (
+        Edit("slurm_dispatch/node/cease.py",
+             "    verdict.ceased = not unproven\n",
+             "    verdict.ceased = True  # MUTANT: ended is ceased\n"),),
            ("lifted-while-writing", "shared-overlap"),
            "dispatch-cease answers ceased once Slurm says the job ended"),
 )
 
 
 def apply(mutant: Mutant, tree: Path) -> None:
-    """Make ``mutant``'s change in the checkout at ``tree``; its text must be there once."""
-    path = tree / mutant.path
-    text = path.read_text(encoding="utf-8")
-    found = text.count(mutant.old)
-    if found != 1:
-        raise ValueError(f"mutant {mutant.name}: its text is in {mutant.path} {found} times, "
-                         "not once: the product moved; update soak/mutants.py")
-    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+    """Make ``mutant``'s changes in the checkout at ``tree``; each text must be there once."""
+    for edit in mutant.edits:
+        path = tree / edit.path
+        text = path.read_text(encoding="utf-8")
+        found = text.count(edit.old)
+        if found != 1:
+            raise ValueError(f"mutant {mutant.name}: its text is in {edit.path} {found} times, "
+                             "not once: the product moved; update soak/mutants.py")
+        path.write_text(text.replace(edit.old, edit.new), encoding="utf-8")
 
 
 def scratch_copy(dest: Path) -> None:

@@ -191,6 +191,7 @@ class Soak:
                env: Optional[dict[str, str]] = None) -> Optional[str]:
         self.counter += 1
         mode = {"watch": "watch", "shared": "shared", "shared-failing": "shared",
+                "shared-relaunch": "shared",
                 "s3": "s3watch"}.get(kind, "publish")
         name = f"{kind}-{self.counter}"
         path = os.path.join(self.run_dir, f"{name}.sh")
@@ -516,6 +517,7 @@ class Soak:
         self.cancel_leftovers()
         self.ensure_supervisor()
         self.cases.relaunch_shared()
+        self.cases.submit_overlap()
         self.first_wave()
         threading.Thread(target=self.healer, daemon=True).start()
         start = time.monotonic()
