@@ -29,7 +29,15 @@ Nothing is followed or removed that the fact store did not write: every folder i
 ``O_NOFOLLOW`` relative to its parent from ``StateDir`` and must be owned by us and writable by
 nobody else; an entry that is not a regular file of ours (a symlink, a FIFO, another owner's
 file) keeps its folder.  Only the names judged are unlinked, so a fact written after the
-judgement stays (with its folder).  Standard library only.
+judgement stays (with its folder, put back in sight).
+
+A folder goes whole or not at all, as its readers see it: it is first renamed out of sight,
+to ``.pruning-<jobid>-<when, ns in hex>`` in the same user's folder (no reader looks a job
+up by that name), then its facts are unlinked, then it is removed.  A prune killed at any
+point leaves either the folder whole, where it was (what was proven stays proven: never an
+end without its start), or a hidden folder that the next prune finishes: the facts written
+before it was hidden go (they were judged), one written after is put back in sight in the
+job's folder.  Standard library only.
 """
 
 from __future__ import annotations
@@ -56,11 +64,14 @@ AHEAD = 300.0
 class Judged:
     """One job folder and the verdict: ``reason`` None means it may go."""
 
-    __slots__ = ("uid", "job_id", "names", "leftovers", "size", "reason", "detail", "array_ids")
+    __slots__ = ("uid", "job_id", "names", "leftovers", "size", "reason", "detail",
+                 "array_ids", "hidden")
 
-    def __init__(self, uid: str, job_id: str) -> None:
+    def __init__(self, uid: str, job_id: str, hidden: str = "") -> None:
         self.uid = uid
         self.job_id = job_id
+        #: The name of a folder a killed prune left out of sight (:data:`GOING`), to finish.
+        self.hidden = hidden
         self.names: list[str] = []
         #: What killed writers left (``.<name>``, never a fact): removed with the folder.
         self.leftovers: list[str] = []
@@ -72,7 +83,26 @@ class Judged:
 
     @property
     def path(self) -> str:
-        return f"{factstore.FACTS}/{self.uid}/{self.job_id}"
+        return f"{factstore.FACTS}/{self.uid}/{self.hidden or self.job_id}"
+
+
+#: A job folder being removed, out of every reader's sight: ``.pruning-<jobid>-<ns hex>``.
+GOING = ".pruning-"
+
+
+def _hidden_name(job_id: str, now_ns: int) -> str:
+    return f"{GOING}{job_id}-{now_ns:016x}"
+
+
+def _hidden_parts(name: str) -> tuple[str, int] | None:
+    """(job id, when it was hidden, ns) of a hidden folder's name, or None."""
+    if not name.startswith(GOING):
+        return None
+    job_id, _, when = name[len(GOING):].rpartition("-")
+    try:
+        return (job_id, int(when, 16)) if job_id and len(when) == 16 else None
+    except ValueError:
+        return None
 
 
 def _token_time(token: str) -> float | None:
@@ -252,6 +282,16 @@ def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
         wanted = needed(int(uid)) if uid.isdigit() else None
         for job_id in sorted(os.listdir(user), key=lambda n: (len(n), n)):
             judged = Judged(uid, job_id)
+            hidden = _hidden_parts(job_id)
+            if hidden is not None:
+                # A folder a killed prune hid: judged already, it is finished now.
+                judged = Judged(uid, hidden[0], hidden=job_id)
+                try:
+                    _list_hidden(user, judged, hidden[1], f"{where}/{job_id}")
+                except FactError as exc:
+                    judged.reason, judged.detail = "not ours", str(exc)
+                yield judged
+                continue
             if job_id.startswith("."):
                 judged.reason, judged.detail = "not ours", "a dot name"
                 yield judged
@@ -285,9 +325,32 @@ def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
         os.close(user)
 
 
-def remove(state_dir: str, judged: Judged) -> int:
-    """Remove a folder :func:`plan` let go: only the names it judged, then the folder if it is
-    empty (a fact written since stays, and so does its folder).  Returns the facts removed."""
+def _list_hidden(user: int, judged: Judged, since_ns: int, where: str) -> None:
+    """What a hidden folder holds: the facts written before it was hidden (``names``, to go;
+    judged with it), those written since (``leftovers`` stay empty; they are put back)."""
+    job = _open_ours(user, judged.hidden, where)
+    try:
+        for name in sorted(os.listdir(job)):
+            info = os.stat(name, dir_fd=job, follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                raise FactError(f"{where}/{name} is not a fact file of ours")
+            parsed = factstore.parse_name(name)
+            written = _token_time(parsed[3]) if parsed else None
+            if written is not None and written * 1e9 < since_ns and info.st_mtime_ns < since_ns:
+                judged.names.append(name)
+                judged.size += info.st_size
+            elif name.startswith(".") and info.st_mtime_ns < since_ns:
+                judged.leftovers.append(name)
+    finally:
+        os.close(job)
+
+
+def remove(state_dir: str, judged: Judged,
+           step: Callable[[str], None] = lambda where: None) -> int:
+    """Remove a folder :func:`plan` let go (or finish one a killed prune hid): hide it, unlink
+    only the names it judged, then remove it; a fact written since is put back in sight in
+    the job's folder.  Returns the facts removed.  ``step(where)`` is called after each
+    change (tests end the process there)."""
     base = factstore.open_state_dir(state_dir)
     fds = [base]
     removed = 0
@@ -296,24 +359,59 @@ def remove(state_dir: str, judged: Judged) -> int:
         fds.append(_open_ours(fds[-1], judged.uid,
                               f"{state_dir}/{factstore.FACTS}/{judged.uid}"))
         user = fds[-1]
-        job = _open_ours(user, judged.job_id, f"{state_dir}/{judged.path}")
+        hidden = judged.hidden
+        if not hidden:
+            hidden = _hidden_name(judged.job_id, time.time_ns())
+            try:
+                os.rename(judged.job_id, hidden, src_dir_fd=user, dst_dir_fd=user)
+            except FileNotFoundError:
+                return 0  # gone meanwhile (another prune)
+            step("hidden")
+        job = _open_ours(user, hidden, f"{state_dir}/{factstore.FACTS}/{judged.uid}/{hidden}")
         fds.append(job)
-        for name in judged.names:
+        for name in [*judged.names, *judged.leftovers]:
             try:
                 os.unlink(name, dir_fd=job)
-                removed += 1
+                removed += name in judged.names
             except FileNotFoundError:
                 pass
-        for name in judged.leftovers:
-            try:
-                os.unlink(name, dir_fd=job)
-            except FileNotFoundError:
-                pass
+            step("unlinked")
         try:
-            os.rmdir(judged.job_id, dir_fd=user)
+            os.rmdir(hidden, dir_fd=user)
+            step("removed")
         except OSError:
-            pass  # something new was written there: it stays
+            _put_back(user, job, hidden, judged.job_id)  # something new was written there
+            step("put back")
     finally:
         for fd in reversed(fds):
             os.close(fd)
     return removed
+
+
+def _put_back(user: int, hidden_fd: int, hidden: str, job_id: str) -> None:
+    """Move what is left in a hidden folder back in sight, as ``job_id``: the folder itself
+    when no folder of the job is there (or an empty one), else each fact, linked into it
+    (never replacing a fact there), then unlinked; the hidden folder goes once empty."""
+    try:
+        os.rename(hidden, job_id, src_dir_fd=user, dst_dir_fd=user)
+        return
+    except OSError:
+        pass  # a folder of the job was made meanwhile, with facts in it
+    target = _fsio.open_dir(job_id, user)
+    try:
+        for name in os.listdir(hidden_fd):
+            try:
+                os.link(name, name, src_dir_fd=hidden_fd, dst_dir_fd=target,
+                        follow_symlinks=False)
+            except FileExistsError:
+                there = os.stat(name, dir_fd=target, follow_symlinks=False)
+                here = os.stat(name, dir_fd=hidden_fd, follow_symlinks=False)
+                if (there.st_ino, there.st_dev) != (here.st_ino, here.st_dev):
+                    continue  # another fact of that name: this one stays hidden, unlost
+            os.unlink(name, dir_fd=hidden_fd)
+    finally:
+        os.close(target)
+    try:
+        os.rmdir(hidden, dir_fd=user)
+    except OSError:
+        pass

@@ -16,7 +16,7 @@ from slurm_dispatch.cli import admin
 from slurm_dispatch.control import retention
 from slurm_dispatch.node import factstore
 
-from .fakes import record
+from .fakes import dying_after, record, state_dir
 
 UID = 1000
 
@@ -261,3 +261,119 @@ def test_a_killed_writers_leftover_goes_with_its_folder_and_never_keeps_it(
     young.write_text("")
     code, out = prune(tmp_path, "--older-than", "3600", monkeypatch=monkeypatch)
     assert code == 0 and folder(state, "101").exists() and young.exists(), out
+
+
+# -- a prune killed at any point (issue 30, item 14) ----------------------------------------
+#
+# Before the fix, a prune killed after its first unlink left a start's end without its start
+# (or the controller's end without its start): every later prune kept the folder as "not
+# proven ceased", and dispatch-cease read that execution as unproven.  Now the folder is
+# moved out of sight first, and the next prune finishes what a killed one hid.
+
+_KILLED_PRUNE = """
+import os, sys
+from slurm_dispatch.cli import admin
+from slurm_dispatch.control import retention
+retention.user_needs = lambda uid, pattern: set()  # the users' records: none needs it
+""" + dying_after("int(sys.argv[2])", ("rename", "unlink", "rmdir", "link")) + """
+try:
+    admin.main(["prune", "--config", sys.argv[1], "--older-than", "0"])
+except SystemExit as done:
+    os._exit(done.code or 0)
+"""
+
+
+def _visible(state: str) -> list[str]:
+    found, problems = factstore.read_job_facts(state, UID, "100")
+    assert problems == [], problems
+    return sorted(f"{f['kind']}.{f['node']}" for f in found)
+
+
+def _hidden(state: str) -> list[str]:
+    user = Path(state) / "facts" / str(UID)
+    return sorted(p.name for p in user.iterdir() if p.name.startswith(".")) \
+        if user.exists() else []
+
+
+def test_a_prune_killed_at_any_point_leaves_what_was_proven_proven(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    whole = ["ctld-end.slurmctld", "ctld-start.slurmctld", "end.n1", "end.n2",
+             "start.n1", "start.n2"]
+    step = 1
+    while True:
+        base = tmp_path / f"step{step}"
+        base.mkdir()
+        state, _ = state_dir(base)
+        clean_job(state, "100")
+        conf = base / "dispatch.conf"
+        conf.write_text(f"StateDir={state}\n")
+        killed = subprocess.run(
+            [sys.executable, "-c", _KILLED_PRUNE, str(conf), str(step)], text=True,
+            capture_output=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+        assert killed.returncode in (0, 3), killed.stderr
+        # Whatever a reader (dispatch-cease) sees is the folder whole or nothing at all:
+        # never an end without its start.
+        assert _visible(state) in (whole, []), (step, _visible(state))
+        # The next prune finishes it: nothing left, in sight or hidden.
+        again = CliRunner().invoke(admin.main, ["prune", "--config", str(conf),
+                                                "--older-than", "0"])
+        assert again.exit_code == 0, again.output
+        assert _visible(state) == [] and _hidden(state) == [], (step, again.output)
+        assert not folder(state, "100").exists(), step
+        if killed.returncode == 0:
+            break
+        step += 1
+    assert step > 7  # the hiding, each of the six unlinks and the removal
+
+
+class _Killed(Exception):
+    pass
+
+
+def _prune_with_a_late_fact(state: str, kill_at: Optional[int]) -> list[str]:
+    """Prune job 100 while a late Epilog, which opened the job's folder before prune hid it,
+    names a fact there; prune ends (an exception) after its ``kill_at``-th change, and the
+    next one finishes.  Returns the late fact's name."""
+    from slurm_dispatch.node import prune as prune_module
+
+    [judged] = [j for j in prune_module.plan(state, 0, lambda uid: set())
+                if j.job_id == "100"]
+    late: list[str] = []
+    steps = [0]
+
+    def step(where: str) -> None:
+        steps[0] += 1
+        if where == "hidden":
+            [hidden] = _hidden(state)
+            name = factstore.fact_name("recheck", "n1", 0, factstore.new_token())
+            path = Path(state) / "facts" / str(UID) / hidden / name
+            path.write_text('{"kind": "recheck"}\n')
+            path.chmod(0o640)
+            late.append(name)
+        if steps[0] == kill_at:
+            raise _Killed(where)
+
+    try:
+        prune_module.remove(state, judged, step=step)
+    except _Killed:
+        assert _hidden(state) and not folder(state, "100").exists()
+        [finish] = [j for j in prune_module.plan(state, 0, lambda uid: set()) if j.hidden]
+        assert finish.job_id == "100" and late[0] not in finish.names
+        prune_module.remove(state, finish)
+    return late
+
+
+def test_a_fact_written_into_a_hidden_folder_is_put_back_even_after_a_kill(
+        state: str) -> None:
+    """A late Epilog that opened the job's folder before prune hid it names its fact there.
+    Prune puts it back in sight; when prune was killed before it could, the next one does."""
+    for kill_at in (None, 3):
+        clean_job(state, "100")
+        late = _prune_with_a_late_fact(state, kill_at)
+        assert [p.name for p in folder(state, "100").iterdir()] == late, kill_at
+        assert _hidden(state) == []
+        for path in folder(state, "100").iterdir():
+            path.unlink()
+        folder(state, "100").rmdir()
