@@ -667,10 +667,22 @@ class Doctor:
     def check_unconfigured_runs(self, within: float = 86400.0) -> None:
         """The hook runs of the last day on this machine that found no dispatch.conf and no
         StateDir and recorded nothing, as the hooks counted them where no configuration is
-        needed (as root: a SlurmUser's are under /tmp/slurm-dispatch-<uid>)."""
+        needed: root's under /run, and with --controller SlurmUser's (PrologSlurmctld and
+        EpilogSlurmctld, which Slurm gives no SLURM_CONF) under /tmp/slurm-dispatch-<uid>.
+        A folder there the hooks cannot count in (another user made it first) is named."""
+        self._unconfigured_runs(self.unconfigured_dir, 0, "unconfigured runs", within)
+        user = self.slurm_user
+        if self.controller and user is not None and user.pw_uid != 0:
+            self._unconfigured_runs(metrics.unconfigured_dir(user.pw_uid), user.pw_uid,
+                                    f"unconfigured runs (SlurmUser {user.pw_name})", within)
+
+    def _unconfigured_runs(self, folder: str, uid: int, check: str, within: float) -> None:
         try:
-            values = metrics.read(self.unconfigured_dir, metrics.UNCONFIGURED_FILE)
-        except metrics.MetricsError:
+            values = metrics.read(folder, metrics.UNCONFIGURED_FILE, owner=uid)
+        except metrics.MetricsError as exc:
+            self.add(check, WARN, f"{exc}: the hooks running as uid {uid} cannot count there "
+                                 "the runs that found no dispatch.conf (they log each)",
+                     f"remove {folder} (the next such hook run makes it, as its own)")
             return
         since = time.time() - within
         recent = []
@@ -681,8 +693,8 @@ class Doctor:
                 hook = labels.partition('"')[2].rpartition('"')[0]
                 recent.append(f"{hook} {count:g} (the last {_clock.with_zone(last)})")
         if recent:
-            self.add("unconfigured runs", WARN,
-                     f"{self.unconfigured_dir}/{metrics.UNCONFIGURED_FILE}: hook runs that found "
+            self.add(check, WARN,
+                     f"{folder}/{metrics.UNCONFIGURED_FILE}: hook runs that found "
                      f"no dispatch.conf and recorded nothing: {', '.join(recent)}",
                      "set DISPATCH_CONF= in those parts (see the config checks above); the "
                      "counts stay, this warning goes a day after the last such run")

@@ -97,14 +97,19 @@ def unconfigured_dir(uid: int | None = None) -> str:
     return "/run/slurm-dispatch" if uid == 0 else f"/tmp/slurm-dispatch-{uid}"
 
 
-def read(folder: str, name: str) -> dict[str, float]:
-    """The series of ``<folder>/<name>``, a file this module wrote; {} when there is none."""
+def read(folder: str, name: str, owner: int | None = None) -> dict[str, float]:
+    """The series of ``<folder>/<name>``, a file this module wrote for the user ``owner`` (this
+    process's by default: root reads a SlurmUser's folder too); {} when there is no folder.  A
+    folder the hooks refuse to count in (a symlink, another owner, writable by others: someone
+    made it first under /tmp) is MetricsError saying so, never an empty count."""
     try:
-        dir_fd = _open_dir(folder)
+        dir_fd = _open_dir(folder, owner)
     except MetricsError:
-        return {}
+        if not os.path.lexists(folder):
+            return {}
+        raise
     try:
-        return _read(dir_fd, folder, name)
+        return _read(dir_fd, folder, name, owner)
     finally:
         os.close(dir_fd)
 
@@ -192,18 +197,21 @@ def render(values: dict[str, float]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _open_dir(metrics_dir: str) -> int:
+def _open_dir(metrics_dir: str, owner: int | None = None) -> int:
+    """The folder, which must be ``owner``'s (this process's user by default) and writable by
+    nobody else."""
+    owner = os.geteuid() if owner is None else owner
     try:
         fd = _fsio.open_dir(metrics_dir)
     except OSError as exc:
         raise MetricsError(f"cannot open MetricsDir {metrics_dir!r}: {exc.strerror} (a "
                            "symlink is refused)") from None
     info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+    if info.st_uid != owner or info.st_mode & 0o022:
         os.close(fd)
         raise MetricsError(f"MetricsDir {metrics_dir!r} is owned by uid {info.st_uid} with mode "
                            f"{stat.S_IMODE(info.st_mode):04o}; it must be owned by uid "
-                           f"{os.geteuid()} and writable by nobody else")
+                           f"{owner} and writable by nobody else")
     return fd
 
 
@@ -244,7 +252,8 @@ def _lock(dir_fd: int, metrics_dir: str, wait: float) -> int:
             raise MetricsError(f"cannot lock {metrics_dir}/{LOCK}: {exc.strerror}") from None
 
 
-def _read(dir_fd: int, metrics_dir: str, name: str = FILE) -> dict[str, float]:
+def _read(dir_fd: int, metrics_dir: str, name: str = FILE,
+          owner: int | None = None) -> dict[str, float]:
     try:
         fd = _fsio.open_file(name, dir_fd, nonblock=True)
     except FileNotFoundError:
@@ -253,7 +262,8 @@ def _read(dir_fd: int, metrics_dir: str, name: str = FILE) -> dict[str, float]:
         return {}  # a symlink planted in its place: not read, replaced by the rename
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        if not stat.S_ISREG(info.st_mode) or \
+                info.st_uid != (os.geteuid() if owner is None else owner):
             return {}
         data = os.read(fd, MAX_BYTES + 1)
     finally:

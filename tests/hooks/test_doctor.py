@@ -640,3 +640,63 @@ def test_the_runs_the_hooks_counted_as_unconfigured_are_named(site: Path, tmp_pa
         "recorded nothing: prolog-slurmctld 2 (the last "), found[0].detail
     assert "recheck" not in found[0].detail
     assert metrics.unconfigured_dir(0) == "/run/slurm-dispatch"
+
+
+def _count_as(account: pwd.struct_passwd, hook: str) -> None:
+    """Count one unconfigured run as a hook running as ``account`` does (forked, as it)."""
+    from slurm_dispatch import hooks
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)
+            hooks._count_unconfigured(hook, "7")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def test_the_unconfigured_runs_of_a_slurm_user_that_is_not_root_are_named(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    """Attack on issue 31 item 1: PrologSlurmctld and EpilogSlurmctld (the hooks Slurm gives no
+    SLURM_CONF) run as SlurmUser, which count their unconfigured runs under
+    /tmp/slurm-dispatch-<uid>; the doctor read root's /run/slurm-dispatch alone, and said
+    nothing of them."""
+    from slurm_dispatch.node import metrics
+    folder = Path(metrics.unconfigured_dir(slurm_user.pw_uid))
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        _count_as(slurm_user, "prolog-slurmctld")
+        assert (folder / metrics.UNCONFIGURED_FILE).is_file()
+        _, report = diagnose_controller(controller)
+        found = check(report, f"unconfigured runs (SlurmUser {slurm_user.pw_name})")
+        assert found["state"] == "warn", report
+        assert found["detail"].startswith(
+            f"{folder}/{metrics.UNCONFIGURED_FILE}: hook runs that found no dispatch.conf and "
+            "recorded nothing: prolog-slurmctld 1 (the last "), found
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_slurm_users_count_folder_another_user_made_is_named(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    """/tmp is everyone's: a user who makes /tmp/slurm-dispatch-<SlurmUser's uid> first keeps
+    every unconfigured controller hook from being counted (the hook logs it, no admin looks),
+    and the doctor's warning of them away.  The doctor names the folder and its owner."""
+    from slurm_dispatch.node import metrics
+    folder = Path(metrics.unconfigured_dir(slurm_user.pw_uid))
+    shutil.rmtree(folder, ignore_errors=True)
+    nobody = pwd.getpwnam("nobody")
+    folder.mkdir(mode=0o755)
+    os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+    try:
+        _count_as(slurm_user, "epilog-slurmctld")
+        assert not (folder / metrics.UNCONFIGURED_FILE).exists()  # refused, as it must be
+        _, report = diagnose_controller(controller)
+        found = check(report, f"unconfigured runs (SlurmUser {slurm_user.pw_name})")
+        assert found["state"] == "warn", report
+        assert f"{folder}" in found["detail"] and f"owned by uid {nobody.pw_uid}" in \
+            found["detail"] and "cannot count" in found["detail"], found
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
