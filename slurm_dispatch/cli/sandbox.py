@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 import click
@@ -65,8 +67,8 @@ def cli() -> None:
 
     It runs Debian's munged, slurmctld and one slurmd per node (n1, n2, n3) on loopback, with
     its own configuration, key, socket, logs and state in one folder; it never touches
-    /etc/slurm, /etc/munge or a system Slurm.  Jobs run as the unprivileged user dispatchuser,
-    with this repository installed in <state>/venv.
+    /etc/slurm, /etc/munge or a system Slurm.  Jobs run as an unprivileged user (dispatchuser,
+    or `up --user`, $DISPATCH_SANDBOX_USER), with this repository installed in <state>/venv.
 
     \b
     Typical use (as root):
@@ -75,6 +77,7 @@ def cli() -> None:
       runuser -u "$DISPATCH_SANDBOX_USER" -- sbatch --wrap 'hostname'
       dispatch-sandbox status
       dispatch-sandbox down
+      dispatch-sandbox remove     # its folder too, when done with it
     """
 
 
@@ -83,12 +86,16 @@ def cli() -> None:
               metavar="N", help="Number of nodes n1..nN (default: as running, else 3).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
+@click.option("--user", metavar="USER", default=None,
+              help=f"The job user, created when missing; never root (default: "
+                   f"${sandbox_layout.USER_ENV}, else the sandbox's, else "
+                   f"{sandbox_layout.DEFAULT_USER}).")
 @_dir_option
-def up(nodes: Optional[int], timeout: float, directory: Optional[str],
+def up(nodes: Optional[int], timeout: float, user: Optional[str], directory: Optional[str],
        release: Optional[str]) -> None:
     """Start the sandbox (or repair it) and wait until every node is idle.
 
-    Installs slurm-wlm and munge with apt-get when missing, creates the job user, installs
+    Installs slurm-wlm and munge with apt-get when missing, creates the job user (--user), installs
     this checkout into <state>/venv (again only when its files changed), writes the
     configuration and starts the daemons that are not running.  Idempotent: a second `up`
     returns within a second and changes nothing (a partitioned node stays partitioned).  A
@@ -104,10 +111,13 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str],
       dispatch-sandbox up
       dispatch-sandbox up --nodes 5
       dispatch-sandbox up --slurm 24.11
-      DISPATCH_SANDBOX_DIR=/var/tmp/sb2 dispatch-sandbox up
+      DISPATCH_SANDBOX_DIR=/var/tmp/sb2 DISPATCH_SANDBOX_USER=alice dispatch-sandbox up
+
+    Its last lines are commands to paste: they name the folder (--dir) unless it is the
+    default one, and this command as it was run (bin/dispatch-sandbox from a clone).
     """
     report = sandbox.up(_folder(directory, release), nodes=nodes, timeout=timeout,
-                        slurm=release)
+                        slurm=release, user=user)
     for action in report.actions:
         click.echo(action)
     for node in report.partitioned:
@@ -118,11 +128,36 @@ def up(nodes: Optional[int], timeout: float, directory: Optional[str],
         f" on Slurm {report.status.slurm}"
     click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
                f"({names}){slurm} in {report.status.dir}")
-    where = f" --dir {shlex.quote(report.status.dir)}" if directory or release else ""
-    if report.status.rootfs:
-        click.echo(f"use it with: {PROG} exec{where} [--user USER] -- sinfo -N")
-    else:
-        click.echo(f'use it with: eval "$({PROG} env{where})"')
+    for line in use_lines(invoked_as(sys.argv[0]), report.status.dir, report.status.user,
+                          bool(report.status.rootfs)):
+        click.echo(line)
+
+
+def invoked_as(argv0: str) -> str:
+    """This command as the user ran it, to be run again: ``dispatch-sandbox`` when that name
+    on PATH is this very program, else the path it was run by (``bin/dispatch-sandbox`` from
+    a clone, ``.venv/bin/dispatch-sandbox``), quoted; ``dispatch-sandbox`` when it ran under
+    another name (``python -m``)."""
+    if os.path.basename(argv0) != PROG:
+        return PROG
+    found = shutil.which(PROG)
+    if found is not None and os.path.realpath(found) == os.path.realpath(argv0):
+        return PROG
+    return shlex.quote(argv0)
+
+
+def use_lines(prog: str, folder: str, user: str, in_root: bool) -> list[str]:
+    """The lines ``up`` ends with: commands that reach the sandbox in ``folder`` when pasted
+    into a shell that has none of its variables (``--dir`` unless it is the default folder),
+    and submit a job as its job ``user``."""
+    where = "" if Path(folder) == sandbox_layout.DEFAULT_DIR else f" --dir {shlex.quote(folder)}"
+    if in_root:
+        return [f"use it with: {prog} exec{where} -- sinfo -N",
+                f"jobs run as {user}: {prog} exec{where} --user {shlex.quote(user)} -- "
+                "sbatch --wrap hostname"]
+    return [f'use it with: eval "$({prog} env{where})"',
+            f'jobs run as {user}: runuser -u "${sandbox_layout.USER_ENV}" -- '
+            "sbatch --wrap hostname"]
 
 
 @cli.command()
@@ -144,6 +179,38 @@ def down(directory: Optional[str], release: Optional[str]) -> None:
         click.echo(action)
     if not actions:
         click.echo("nothing was running")
+
+
+@cli.command()
+@_dir_option
+def remove(directory: Optional[str], release: Optional[str]) -> None:
+    """Stop the sandbox and remove its state folder, its network and its port slot.
+
+    What `down` does (stop the daemons, remove the nodes' network namespaces and the bridge),
+    then removes what `up` made for this folder: the port slot's claim, the mount point in
+    the Debian root of another release, and the state folder with its logs, state, key and
+    venv.  A link in the folder is removed, never followed.  Says what it removed.
+
+    It refuses, removing nothing, a folder that is not a sandbox's (no sandbox.json that `up`
+    writes, and no port slot of this machine names it), a symlink (name the folder itself),
+    a folder another user can write to, and one with a mount in it.  The job user stays, and
+    so does a release's Debian root in /var/cache/slurm-dispatch: other sandboxes may use
+    them.  Job processes still running are left alone, as by `down`.
+
+    \b
+    Examples:
+      dispatch-sandbox remove --dir /var/tmp/sb2
+      dispatch-sandbox remove --slurm 24.11
+    """
+    folder = sandbox_layout.state_dir(_folder(directory, release))
+    actions, user = sandbox.remove_sandbox(folder)
+    if user is None:
+        click.echo(f"no sandbox folder {folder}: nothing to remove")
+        return
+    for action in actions:
+        click.echo(action)
+    click.echo(f"the job user {user} stays (other sandboxes may use it; remove it with: "
+               f"userdel -r {shlex.quote(user)})")
 
 
 @cli.command()

@@ -15,9 +15,9 @@ cluster, the sandbox's own included, enters the root (:mod:`~slurm_dispatch.sand
 A state folder keeps the release it was made with (its manifest says which, and where the root
 is).
 
-Role: the verbs (``up``, ``down``, ``status``, ``partition``, ``heal``, the controller's
-outage, ``JobRequeue``, ``build_root``) and what they report; each is a short sequence of the
-steps the other modules of this package own: :mod:`.layout` (where things live),
+Role: the verbs (``up``, ``down``, ``remove_sandbox``, ``status``, ``partition``, ``heal``, the
+controller's outage, ``JobRequeue``, ``build_root``) and what they report; each is a short
+sequence of the steps the other modules of this package own: :mod:`.layout` (where things live),
 :mod:`.state_folder` (root's writes there), :mod:`.machine` (packages and accounts),
 :mod:`.install` (the venv), :mod:`.slurm_conf` (the configuration), :mod:`.daemons` and
 :mod:`.nodes`.
@@ -55,6 +55,7 @@ from .layout import (
     Layout,
     PathLike,
     default_dir,
+    job_user,
     known_node,
     node_names,
     read_manifest,
@@ -120,7 +121,7 @@ class UpReport:
 
 
 def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
-       user: str = DEFAULT_USER, source: Optional[PathLike] = None,
+       user: Optional[str] = None, source: Optional[PathLike] = None,
        timeout: float = 120.0, slurm: Optional[str] = None) -> UpReport:
     """Start the sandbox, or make a running one whole; return when every node is usable.
 
@@ -129,7 +130,9 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     :func:`partition` cut off stays cut off (listed in ``partitioned``, not waited for), since
     undoing someone's deliberate partition is :func:`heal`'s job.
 
-    ``nodes`` defaults to the running sandbox's count, else 3.  ``source`` is the repository to
+    ``nodes`` defaults to the running sandbox's count, else 3.  ``user`` (the job user, created
+    when missing; never root) defaults to ``$DISPATCH_SANDBOX_USER``, else the folder's, else
+    ``dispatchuser`` (:func:`.layout.job_user`).  ``source`` is the repository to
     install into ``<state>/venv`` (default: this checkout, when the package runs from one); it
     is reinstalled only when its files changed.  Raises :class:`SandboxError` with the tail of
     the daemon logs when the daemons and nodes are not up within ``timeout`` seconds (counted
@@ -195,7 +198,7 @@ def _prepare_machine(layout: Layout, release: str, actions: list[str]) -> Option
 
 
 def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: Optional[int],
-                    user: str, source: Optional[PathLike], actions: list[str]
+                    user: Optional[str], source: Optional[PathLike], actions: list[str]
                     ) -> tuple[list[str], list[str], bool]:
     """Under the lock: the job user, the venv, the munge key, the configuration and the
     manifest, each made or changed only when it differs.  Returns the nodes the manifest
@@ -204,6 +207,7 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     old_nodes: list[str] = list(manifest.get("nodes", []))
     count = nodes if nodes is not None else (len(old_nodes) or DEFAULT_NODE_COUNT)
     wanted = node_names(count)
+    user = job_user(user, manifest)
     for node in wanted:
         state_folder.own_folder(layout.spool / node)
     actions += slots.claim(layout)
@@ -274,7 +278,7 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str], chan
 
 def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[str]:
     """Stop the daemons this sandbox started (slurmds, slurmctld, munged), remove its network
-    (namespaces, veths, bridge); keep every file.
+    (namespaces, veths, bridge; not when its port slot is another folder's); keep every file.
 
     Only pids from the sandbox's pid files whose command line names the sandbox are signalled.
     Job processes (slurmstepd and its children) are left alone, as a dead node would leave them.
@@ -293,9 +297,65 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
         actions += daemons.stop(daemons.slurmctld(layout), timeout)
         actions += daemons.stop(daemons.munged(layout), timeout)
         manifest = read_manifest(layout) if layout.manifest.exists() else {}
-        actions += network.remove(layout, sorted(set(slurmd_nodes)
-                                                 | set(manifest.get("nodes", []))))
+        if slots.holder(layout.port_slot) in (None, layout.root):  # never another's network
+            actions += network.remove(layout, sorted(set(slurmd_nodes)
+                                                     | set(manifest.get("nodes", []))))
     return actions
+
+
+def remove_sandbox(directory: Optional[PathLike] = None, timeout: float = 30.0
+                   ) -> tuple[list[str], Optional[str]]:
+    """Stop the sandbox (as :func:`down`) and remove what ``up`` made for its folder: the
+    network, the port slot's claim, the mount point in its Debian root, and the folder.
+
+    Refuses, before anything is stopped or removed, a folder that is not a sandbox's (no
+    manifest, and no port slot of this machine names it), one that is a symlink, one another
+    user could write to (:func:`.state_folder.claim`) and one with a mount in it.  The job
+    user and a release's Debian root stay (other sandboxes may use them).  Returns what it did
+    and the job user (None when the folder was already gone).
+    """
+    require_root("remove")
+    layout = Layout(state_dir(directory))
+    if not os.path.lexists(layout.root):
+        return [], None
+    manifest = _sandbox_manifest(layout)
+    actions = down(layout.root, timeout)
+    actions += slots.release(layout)
+    rootfs = manifest.get("rootfs")
+    point = sandbox_root.mount_point(Path(rootfs), layout.root) if rootfs else None
+    if point is not None and point.is_dir() and not point.is_symlink() \
+            and not any(point.iterdir()):
+        point.rmdir()
+        actions.append(f"removed mount point {point}")
+    with state_folder.locked(layout.lock_file):
+        actions.append(state_folder.delete_folder(layout.root))
+    return actions, str(manifest.get("user", DEFAULT_USER))
+
+
+def _sandbox_manifest(layout: Layout) -> dict[str, Any]:
+    """The manifest of the sandbox in ``layout`` ({} for a folder whose first ``up`` stopped
+    before writing it, but whose port slot this machine records); raises for a folder that
+    is not a sandbox's, or may not be removed as one."""
+    if layout.root.is_symlink():
+        raise SandboxError(f"{layout.root} is a symlink (to {os.readlink(layout.root)}), not a "
+                           "sandbox folder: nothing was removed (remove the link itself with rm, "
+                           "or name the folder it points to)")
+    if not layout.root.is_dir():
+        raise SandboxError(f"{layout.root} is not a folder: nothing was removed")
+    state_folder.claim(layout.root, create=False)
+    text = state_folder.read_own(layout.manifest)
+    try:
+        manifest = json.loads(text) if text is not None else None
+    except ValueError:
+        manifest = None
+    if isinstance(manifest, dict) and isinstance(manifest.get("nodes"), list):
+        return manifest
+    slot = layout.recorded_slot()
+    if slot is not None and slots.holder(slot) == layout.root:
+        return {}
+    raise SandboxError(f"{layout.root} is not a sandbox folder (no {layout.manifest.name} that "
+                       "`dispatch-sandbox up` writes, and no port slot of this machine names "
+                       "it): nothing was removed")
 
 
 def status(directory: Optional[PathLike] = None) -> SandboxStatus:

@@ -203,6 +203,12 @@ def state_dir(override: Optional[PathLike] = None) -> Path:
     return path
 
 
+def job_user(wanted: Optional[str], manifest: dict[str, Any]) -> str:
+    """The job user of ``up``: ``wanted`` (``up --user``), else ``$DISPATCH_SANDBOX_USER``, else
+    the one the folder's manifest names, else :data:`DEFAULT_USER`."""
+    return wanted or os.environ.get(USER_ENV) or str(manifest.get("user") or DEFAULT_USER)
+
+
 def node_names(count: int) -> list[str]:
     """``n1`` … ``nCOUNT``."""
     if not 1 <= count <= MAX_NODE_COUNT:

@@ -3,7 +3,7 @@
 Role: :func:`require_root` for the verbs that start daemons; :func:`ensure_packages` installs
 ``slurm-wlm``, ``munge`` and ``python3-venv`` with apt-get when missing (CI starts from a bare
 box); the job user and its home (:func:`ensure_user`), the munge user a Debian root shares
-with the host (:func:`ensure_munge_user`); :func:`home_of`.
+with the host (:func:`ensure_munge_user`); :func:`home_of`.  The job user is never root.
 
 Invariant: installs only what is missing and says what it installed; apt's output goes to a log
 under the state folder (or the cache folder), never to the caller's terminal.
@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import SandboxError
 from .clients import program
 from .install import SYSTEM_PYTHON
-from .layout import MUNGE_USER, Layout
+from .layout import MUNGE_USER, USER_ENV, Layout
 from .state_folder import append, tail
 
 APT_PACKAGES = ("slurm-wlm", "munge")
@@ -98,6 +98,10 @@ def ensure_user(user: str) -> list[str]:
         entry = pwd.getpwnam(user)
     except KeyError:
         entry = None
+    if entry is not None and entry.pw_uid == 0:
+        raise SandboxError(
+            f"job user {user!r} is root (uid 0): the sandbox's jobs run unprivileged, as a "
+            f"cluster's do; choose another user (--user, or ${USER_ENV})")
     if entry is None:
         proc = subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], capture_output=True,
                               text=True)

@@ -72,5 +72,18 @@ def claim(layout: Layout, claims: Optional[Path] = None) -> list[str]:
     names = ", ".join(f"{slot}: {folder}" for slot, folder in sorted(held.items()))
     raise SandboxError(f"no free port slot for the sandbox in {layout.root}: every one is "
                        f"held ({names}); remove a sandbox folder you no longer use "
-                       "(`dispatch-sandbox down`, then rm -r it)")
+                       "(`dispatch-sandbox remove --dir DIR`)")
 
+
+def release(layout: Layout, claims: Optional[Path] = None) -> list[str]:
+    """Give up the slot ``layout``'s folder owns (``dispatch-sandbox remove``): its claim is
+    removed when it names this folder, never another's.  Returns what was done."""
+    slot = layout.recorded_slot()
+    claims = claims or claims_folder()
+    if slot is None or not state_folder.claim(claims, create=False):
+        return []
+    with state_folder.locked(claims / ".lock"):
+        if holder(slot, claims) != layout.root:
+            return []
+        (claims / str(slot)).unlink()
+    return [f"released port slot {slot}"]

@@ -17,6 +17,9 @@ not ``_fsio``'s no-follow open of one name but a decision about a whole path (co
 user have changed a folder on it, or a link it follows?), made as root, that makes the missing
 part of the path and says whose folder broke the rule.
 
+:func:`delete_folder` (``dispatch-sandbox remove``) removes a state folder the same way: links in
+it are removed, never followed, and a folder with a mount in it is left whole.
+
 Invariant: nothing is written under a folder before it is claimed; a symlink in the state
 folder is never written through or read as a file of the sandbox's.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pwd
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -247,3 +251,36 @@ def make_folders(layout: Layout) -> None:
         own_folder(folder)
     munge = pwd.getpwnam(MUNGE_USER)
     own_folder(layout.munge_dir, munge.pw_uid, munge.pw_gid)
+
+
+def mounts_under(folder: Path) -> list[Path]:
+    """The mount points at or under ``folder`` (from ``/proc/self/mountinfo``)."""
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            # Field 5 is the mount point, its spaces and the like written as octal escapes.
+            point = Path(line.split()[4].encode().decode("unicode_escape"))
+            if point == folder or folder in point.parents:
+                found.append(point)
+    return found
+
+
+def delete_folder(folder: Path) -> str:
+    """Remove ``folder`` and everything in it, never through a symlink: the folder itself must
+    not be one, a link in it is removed, not followed (``shutil.rmtree`` on descriptors), and
+    a folder with a mount in it is refused (its files are another file system's).  Returns
+    what it removed."""
+    if not shutil.rmtree.avoids_symlink_attacks:
+        raise SandboxError(f"this platform's rmtree may follow a link: not removing {folder}")
+    mounts = mounts_under(folder)
+    if mounts:
+        raise SandboxError(f"{mounts[0]} is mounted in {folder}: unmount it first; nothing "
+                           "was removed")
+    count = size = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            count += 1
+            with suppress(OSError):
+                size += os.lstat(os.path.join(dirpath, name)).st_size
+    shutil.rmtree(folder)
+    return f"removed {folder} ({count} files and folders, {size / 2**20:.0f} MiB)"

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from slurm_dispatch.sandbox import cluster as sandbox_lib
 from slurm_dispatch.sandbox import daemons as sandbox_daemons
 from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.sandbox import network as sandbox_network
+from slurm_dispatch.sandbox import slots as sandbox_slots
 from slurm_dispatch.sandbox import slurm_conf as sandbox_slurm_conf
 from slurm_dispatch.sandbox import state_folder as sandbox_state_folder
 
@@ -361,3 +363,93 @@ def test_partition_of_an_unknown_node_names_the_valid_ones(sandbox: Sandbox) -> 
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("dispatch-sandbox: unknown node 'n9'")
+
+
+# --- a sandbox of its own: what `up` says to paste, and `remove` (issue 31 items 13 and 15) ------
+
+
+def _bin(*argv: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``bin/dispatch-sandbox ARGV`` run from the clone, as its docs say (a relative path)."""
+    return subprocess.run(["bin/dispatch-sandbox", *argv], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def own(sandbox: Sandbox) -> Iterator[tuple[Path, str, subprocess.CompletedProcess[str]]]:
+    """A one-node sandbox in a folder and with a job user of its own, brought up as a user
+    would (``DISPATCH_SANDBOX_DIR=... DISPATCH_SANDBOX_USER=... bin/dispatch-sandbox up``),
+    on the session's release; removed at the end, the user too."""
+    folder = Path(f"/var/tmp/sb-own-{os.getpid()}")
+    user = f"dsbown{os.getpid() % 100000}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
+    if sandbox.slurm != sandbox_layout.HOST_RELEASE:
+        env[sandbox_layout.RELEASE_ENV] = sandbox.slurm
+    proc = _bin("up", "--nodes", "1", env={**env, sandbox_layout.DIR_ENV: str(folder),
+                                            sandbox_layout.USER_ENV: user})
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield folder, user, proc
+    finally:
+        if folder.exists():
+            _bin("remove", "--dir", str(folder), env=env, timeout=120)
+        subprocess.run(["userdel", "-r", user], capture_output=True)
+
+
+def test_up_prints_lines_that_pasted_reach_its_folder_and_user(
+        own: tuple[Path, str, subprocess.CompletedProcess[str]]) -> None:
+    folder, user, proc = own
+    lines = proc.stdout.splitlines()
+    use, jobs = (line.split(": ", 1)[1] for line in lines[-2:])
+    assert "bin/dispatch-sandbox" in use and f"--dir {folder}" in use, proc.stdout
+    assert lines[-1].startswith(f"jobs run as {user}: "), proc.stdout
+    assert json.loads((folder / "sandbox.json").read_text())["user"] == user
+    # Pasted, in order, into a shell that has none of the sandbox's variables (a user's next
+    # shell); the job's output goes to a folder the job user may write to.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
+    in_root = sandbox_layout.HOST_RELEASE != json.loads(
+        (folder / "sandbox.json").read_text()).get("slurm", sandbox_layout.HOST_RELEASE)
+    sinfo = "" if in_root else "sinfo -h -N -o %N\n"  # in a root, the first line runs it
+    script = f"set -e\ncd {REPO_ROOT}\n{use}\n{sinfo}cd /tmp\n{jobs} --output=/dev/null\n"
+    shell = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert shell.returncode == 0, shell.stdout + shell.stderr
+    job = shell.stdout.split("Submitted batch job ")[1].split()[0]
+    shown = _bin("exec", "--dir", str(folder), "--", "scontrol", "-o", "show", "job", job,
+                 env=env, timeout=60)
+    assert f" UserId={user}(" in shown.stdout, shown.stdout + shown.stderr
+    assert "n1" in shell.stdout.split("Submitted")[0], shell.stdout
+
+
+def test_remove_leaves_nothing_of_the_sandbox_but_its_job_user(
+        own: tuple[Path, str, subprocess.CompletedProcess[str]]) -> None:
+    folder, user, _ = own
+    layout = sandbox_layout.Layout(folder)
+    slot = layout.recorded_slot()
+    assert slot is not None and sandbox_slots.holder(slot) == folder
+    net = sandbox_network.net_of(layout)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))}
+    deadline = time.monotonic() + 60
+    while _bin("exec", "--dir", str(folder), "--", "squeue", "-h", env=env).stdout.strip():
+        assert time.monotonic() < deadline, "the pasted job did not end"
+        time.sleep(0.5)
+
+    proc = _bin("remove", "--dir", str(folder), env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = proc.stdout.splitlines()
+    for expected in (f"removed network namespace {net.netns('n1')}",
+                     f"removed bridge {net.bridge}", f"released port slot {slot}"):
+        assert expected in said, proc.stdout
+    assert any(line.startswith(f"removed {folder} (") for line in said), proc.stdout
+    assert said[-1].startswith(f"the job user {user} stays"), proc.stdout
+    assert not os.path.lexists(folder)
+    assert not list(Path("/run/netns").glob(f"{net.bridge}-*"))
+    # The slot is free: no claim names the folder (another session may take the slot at once,
+    # with its own bridge).
+    assert sandbox_slots.holder(slot) != folder
+    claim = sandbox_slots.claims_folder() / str(slot)
+    assert not claim.exists() or claim.read_text().strip() != str(folder)
+    assert not Path("/sys/class/net", net.bridge).exists() or sandbox_slots.holder(slot)
+    pwd.getpwnam(user)  # the job user stays, as it said
+    again = _bin("remove", "--dir", str(folder), env=env, timeout=60)
+    assert (again.returncode, again.stdout) == (0, f"no sandbox folder {folder}: nothing to "
+                                                   "remove\n"), again.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -186,3 +187,102 @@ def test_a_link_on_the_way_is_followed_only_when_roots_and_its_target_checked(
     with pytest.raises(SandboxError, match=f"{theirs}.*nobody"):
         sandbox_state_folder.claim_state_folder(shared / "to-theirs" / "sandbox")
     assert not (theirs / "sandbox").exists()
+
+
+# --- dispatch-sandbox remove: only a sandbox's folder, never through a link (issue 31 item 15) --
+
+
+def a_sandbox_folder(folder: Path) -> Path:
+    """What `up` leaves in a folder, less the daemons: the manifest, a log, a venv file."""
+    folder.mkdir(mode=0o755)
+    (folder / "sandbox.json").write_text('{"nodes": ["n1"], "user": "dispatchuser"}\n')
+    (folder / "log").mkdir()
+    (folder / "log" / "slurmctld.log").write_text("started\n")
+    return folder
+
+
+@pytest.fixture
+def no_claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A port-slot claims folder that names no folder (this machine's is left alone)."""
+    claims = tmp_path / "claims"
+    monkeypatch.setenv("DISPATCH_SANDBOX_SLOTS", str(claims))
+    return claims
+
+
+def test_remove_refuses_a_folder_that_is_not_a_sandbox(shared: Path, no_claims: Path) -> None:
+    folder = shared / "data"
+    folder.mkdir(mode=0o755)
+    (folder / "results.csv").write_text("1,2\n")
+    (folder / "port-slot").write_text("7\n")  # a slot no claim of this machine gives it
+    with pytest.raises(SandboxError, match=rf"{folder} is not a sandbox folder \(no "
+                                           r"sandbox.json.*nothing was removed"):
+        sandbox.remove_sandbox(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["port-slot", "results.csv"]
+
+
+def test_remove_refuses_a_manifest_that_is_a_link(shared: Path, no_claims: Path) -> None:
+    elsewhere = a_sandbox_folder(shared / "elsewhere")
+    folder = shared / "data"
+    folder.mkdir(mode=0o755)
+    (folder / "sandbox.json").symlink_to(elsewhere / "sandbox.json")
+    with pytest.raises(SandboxError, match="is not a sandbox folder"):
+        sandbox.remove_sandbox(folder)
+    assert (folder / "sandbox.json").is_symlink() and (elsewhere / "sandbox.json").is_file()
+
+
+def test_remove_refuses_a_symlink_to_a_sandbox_and_names_its_target(
+        shared: Path, no_claims: Path) -> None:
+    target = a_sandbox_folder(shared / "real")
+    link = shared / "link"
+    link.symlink_to(target)  # root's own link: still not followed
+    with pytest.raises(SandboxError, match=rf"{link} is a symlink \(to {target}\).*nothing was "
+                                           "removed"):
+        sandbox.remove_sandbox(link)
+    assert link.is_symlink() and (target / "log" / "slurmctld.log").is_file()
+
+
+def test_remove_refuses_a_sandbox_folder_another_user_made(shared: Path, victim: Path,
+                                                           no_claims: Path) -> None:
+    folder = shared / "sandbox"
+
+    def plant() -> None:
+        folder.mkdir()
+        (folder / "sandbox.json").write_text('{"nodes": ["n1"]}\n')
+        (folder / "victim").symlink_to(victim)
+
+    as_nobody(plant)
+    with pytest.raises(SandboxError, match="nobody"):
+        sandbox.remove_sandbox(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["sandbox.json", "victim"]
+    untouched(victim)
+
+
+def test_remove_of_a_missing_folder_removes_nothing(shared: Path) -> None:
+    assert sandbox.remove_sandbox(shared / "never") == ([], None)
+
+
+def test_a_removed_folder_takes_its_links_never_their_targets(shared: Path,
+                                                              victim: Path) -> None:
+    folder = a_sandbox_folder(shared / "sandbox")
+    (folder / "log" / "to-victim").symlink_to(victim)
+    (folder / "secret").symlink_to(victim / "secret")
+    said = sandbox_state_folder.delete_folder(folder)
+    assert said.startswith(f"removed {folder} (5 files and folders"), said
+    assert not os.path.lexists(folder)
+    untouched(victim)
+
+
+def test_a_folder_with_a_mount_in_it_is_not_removed(shared: Path) -> None:
+    folder = a_sandbox_folder(shared / "sandbox")
+    point = folder / "spool"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "dispatch-test", str(point)],
+                   check=True)
+    try:
+        (point / "job-file").write_text("another file system's\n")
+        with pytest.raises(SandboxError, match=rf"{point} is mounted in {folder}: unmount it "
+                                               "first; nothing was removed"):
+            sandbox_state_folder.delete_folder(folder)
+        assert (point / "job-file").is_file() and (folder / "sandbox.json").is_file()
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
