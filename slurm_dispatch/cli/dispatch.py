@@ -353,7 +353,8 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     timeout_v = watch_lib.DEFAULT_TIMEOUT if timeout is None else timeout
     watcher = watch_lib.Watcher(root_v, folder_v, epoch_v,
                                 watch_lib.SaveRule.make(pattern, ready), report,
-                                upload_to=upload_to, timeout=timeout_v, exec_dir=own or None)
+                                upload_to=upload_to, timeout=timeout_v, exec_dir=own or None,
+                                resume_from=os.environ.get("DISPATCH_RESUME_FROM") or None)
     watcher.keep = click.get_current_context().meta.get("gc_keep")
     loop = watch_lib.WatchLoop(
         watcher, list(command) or None,

@@ -3,7 +3,10 @@
 Costs one ``squeue`` call (the caller's own jobs) whatever the number of submissions.  Pure
 over its inputs apart from reading the record, the store and the site facts.  An array job is
 shown task by task as well: each task's latest submission (``97_1``, as Slurm shows it) and,
-where each task has its own root (``%a``), that root's latest publication.
+where each task has its own root (``%a``), that root's latest publication.  Each execution
+shows what it published (its folder's publications, the root listed once): nothing, the
+steps, accelerate's save indices as such, and a step at or below the one it resumed from
+(``checkpoint/progress``).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import _clock
+from ..checkpoint import progress, roots
 from ..checkpoint import publish as store
-from ..checkpoint import roots
 from ..errors import DispatchError
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, SLURM_END, Job, Snapshot
 from . import events, record, submit
@@ -116,6 +119,39 @@ def _latest(root: str, missing_is_none: bool = False) -> Any:
         return {"error": str(exc)}
 
 
+def _listing(root: str, task: Optional[int], cache: dict[str, Any]) -> Any:
+    """Every publication of the execution's root (a task's own, with %a), listed once per
+    root; {"error": why} when it cannot be read."""
+    one = roots.for_task(root, task) if task is not None and roots.per_task(root) \
+        else roots.one_root(root)
+    if one not in cache:
+        try:
+            cache[one] = [] if not store.is_s3_root(one) and not os.path.lexists(one) \
+                else store.list_publications(one)
+        except DispatchError as exc:
+            cache[one] = {"error": str(exc)}
+    return cache[one]
+
+
+def _published(execution: dict[str, Any], listing: Any) -> dict[str, Any]:
+    """What an execution published: how many saves, the first and last step, whether
+    those are steps (not accelerate's save indices) and, for a resumed execution, a step at
+    or below the one it resumed from, in words (progress); {"error": why} when the store
+    cannot say."""
+    if isinstance(listing, dict):
+        return listing
+    folder = str(execution.get("exec_dir") or "").rstrip("/")
+    own = [(f.path, f.step) for f in listing if folder and f.path.startswith(folder + "/")]
+    source = str(execution.get("resume_from") or "")
+    resumed = [f.step for f in listing if source and f.path == source]
+    steps = [step for _, step in own]
+    return {"count": len(own), "first": min(steps, default=None),
+            "last": max(steps, default=None),
+            "steps_known": all(progress.step_known(path) for path, _ in own),
+            "backwards": progress.went_backwards(source, max(resumed), own)
+            if resumed else None}
+
+
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
     # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster),
@@ -180,6 +216,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
                             for v in seen.views(latest_sub.slurm_job_id, lane)
                             if v.held_after_failed_launch]
     executions = []
+    root = spec["checkpoint"]
+    listings: dict[str, Any] = {}
     for ev in starts:
         slurm_id = str(ev.get("slurm_job_id", ""))
         array = ev.get("array_task_id") or ""
@@ -207,8 +245,9 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         if reader is not None and slurm_id:
             execution["facts"] = [f for f in facts_of(slurm_id)
                                   if f.get("restart") in (None, restart)]
+        task = int(array) if array.isdigit() else None
+        execution["published"] = _published(execution, _listing(root, task, listings))
         executions.append(execution)
-    root = spec["checkpoint"]
     per_task = tasks is not None and roots.per_task(root)
     latest: Any = None if per_task else _latest(roots.one_root(root))
     others = [e.raw for e in history.decisions()]

@@ -95,10 +95,13 @@ def _render(data: dict[str, Any]) -> str:
         evidence = "; ".join(fact_text(f) for f in e.get("facts", [])) or "-"
         rows.append([jobid, e["restart"], e["epoch"], e["attempt"], e["node"] or "-",
                      clock(e["started"]), e["state"],
-                     resumed_text(e, data["executions"], data["checkpoint"]), evidence])
+                     resumed_text(e, data["executions"], data["checkpoint"]),
+                     published_text(e.get("published")), evidence])
     out.append(render_table(["JOBID", "R", "EPOCH", "ATTEMPT", "NODE", "STARTED", "STATE",
-                             "RESUMED_FROM", "END/CESSATION"], rows)
+                             "RESUMED_FROM", "PUBLISHED", "END/CESSATION"], rows)
                if rows else "No execution has started yet.")
+    out.extend(f"{execution_label(e)} went backwards: {e['published']['backwards']}"
+               for e in data["executions"] if (e.get("published") or {}).get("backwards"))
     if data["events"]:
         out.append("")
         out.extend(f"{clock(raw['time'])} {event_text(events.parse(raw))}"
@@ -131,6 +134,23 @@ def resumed_text(execution: dict[str, Any], executions: list[dict[str, Any]],
             return f"{execution_label(other)} {source[len(folder) + 1:]}"
     prefix = root.rstrip("/") + "/"
     return source[len(prefix):] if source.startswith(prefix) else source
+
+
+def published_text(published: Optional[dict[str, Any]]) -> str:
+    """What an execution published: ``nothing``, ``3: steps 2-6``, ``2: save index 0-1 (step
+    not known)`` (accelerate's), ``... BACKWARDS`` when a step is at or below the one it
+    resumed from (said in full below the table), or why the store cannot say."""
+    if published is None:
+        return "-"
+    if "error" in published:
+        return "unreadable"
+    if not published["count"]:
+        return "nothing"
+    first, last = published["first"], published["last"]
+    span = f" {first}" if first == last else f"s {first}-{last}"
+    text = (f"{published['count']}: step{span}" if published["steps_known"] else
+            f"{published['count']}: save index{span.lstrip('s')} (step not known)")
+    return text + (" BACKWARDS" if published.get("backwards") else "")
 
 
 def resubmits_text(data: dict[str, Any]) -> str:

@@ -51,6 +51,10 @@ Invariants:
   would have found it (``--dir``, ``--pattern``, ``--ready``), and the run ends non-zero (2
   when the command succeeded): a job whose saves nobody can resume is a failure.  A save
   still being written at the end is said as such and not counted.
+* A resumed execution ($DISPATCH_RESUME_FROM) that publishes a step at or below the step of
+  the save it resumed from is said once, with the option that restores the step where it is
+  known (torchtitan's model-only resume restarts at step 1), and so is accelerate's save
+  index, which is never compared with a step (``checkpoint/progress``); publishing goes on.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
   mark) is never looked at again: a scan of a folder of old saves costs one listing, and one
   more per folder entered below it (those are listed at every scan: a save may appear there).
@@ -71,7 +75,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..checkpoint import model
+from ..checkpoint import model, progress
 from ..checkpoint import publish as store
 from ..checkpoint.stores.open import check_root_scheme
 from ..errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
@@ -123,7 +127,7 @@ class Watcher:
     def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
                  report: Callable[[str], None] = lambda line: None,
                  upload_to: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
-                 exec_dir: Optional[str] = None) -> None:
+                 exec_dir: Optional[str] = None, resume_from: Optional[str] = None) -> None:
         # On an s3:// root, ``folder`` is the local staging folder and each complete save is
         # uploaded under ``upload_to`` (the execution's prefix), then published (watch_s3).
         # ``exec_dir``: the execution's own folder (its staging folder on S3), when known.
@@ -162,6 +166,11 @@ class Watcher:
         self._held: set[str] = set()  # names whose writer has been said once
         self._told: set[str] = set()  # DCP saves whose missing part has been said once
         self._unlisted: set[str] = set()  # folders under it that could not be listed (said)
+        # The save this execution resumed from ($DISPATCH_RESUME_FROM) and its published step,
+        # read at the first publication; a publication at or below it is said once (progress).
+        self.resume_from = resume_from or None
+        self._resumed_step: Optional[int] = None
+        self._progress_said = False
 
     def _own_mark(self) -> int:
         if self.uploader is not None:
@@ -470,7 +479,30 @@ class Watcher:
                         f"{self.uploader.url_of(path) if self.uploader else path}")
         if self.uploader is not None:
             self.uploader.published(path)
+        self._say_progress(step, path)
         return Published(step, path, pub)
+
+    def _say_progress(self, step: int, path: str) -> None:
+        """Once per run: a publication at or below the step of the save this execution
+        resumed from (the trainer started counting again), or a save index taken for the
+        step of a resumed execution (progress)."""
+        if self.resume_from is None or self._progress_said:
+            return
+        if self._resumed_step is None:
+            try:
+                steps = [f.step for f in store.list_publications(self.root)
+                         if f.path == self.resume_from]
+            except DispatchError:
+                steps = []
+            self._resumed_step = max(steps, default=-1)
+        if self._resumed_step < 0:
+            return  # its publication is gone: nothing to compare with
+        shown = self.uploader.url_of(path) if self.uploader else path
+        said = progress.index_note(shown) or progress.went_backwards(
+            self.resume_from, self._resumed_step, [(shown, step)])
+        if said:
+            self._progress_said = True
+            self.report(said)
 
     def _put(self, step: int, path: str) -> str:
         """Publish the save (on S3: upload it first, then publish its URL)."""

@@ -52,7 +52,7 @@ def test_collect_marks_the_requeued_execution_and_joins_facts(job: record.JobRec
     assert "requeued exit 0:0, n1 SURVIVORS 4242" in text
     lines = text.splitlines()
     running = next(line for line in lines if line.startswith("7 ") and "RUNNING" in line)
-    assert running.rstrip().endswith("RUNNING  fresh        -")
+    assert running.rstrip().endswith("RUNNING  fresh        nothing   -")
 
 
 def test_decisions_render_as_readable_lines(job: record.JobRecord) -> None:
@@ -178,3 +178,43 @@ def test_plan_says_the_supervisor_makes_resubmissions(tmp_path: Path,
     (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
     text = describe(submit.read_request(["--checkpoint", "ck", "--resubmit", "2", "job.sh"]))
     assert "Resubmissions and holds are made by `dispatch supervise`" in text
+
+
+def test_status_shows_what_each_execution_published(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An execution that published nothing is shown so, and a resumed one whose steps went
+    at or below the save it resumed from is said, with the framework's option (issue 36
+    items 3 and 4); accelerate's save index is never shown as a step."""
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
+                             Slurm(FakeCluster(first_id=7), wait=0))
+    ck = tmp_path / "ck"
+    saves = {"a0": "checkpoint/step-8", "a1": "checkpoint/step-2", "a3": "ckpts/checkpoint_0"}
+    for restart in range(4):
+        exec_dir = ck / "exec" / f"a{restart}"
+        exec_dir.mkdir(parents=True)
+        if f"a{restart}" in saves:
+            save = exec_dir / saves[f"a{restart}"]
+            save.mkdir(parents=True)
+            step = int(save.name.replace("_", "-").rsplit("-", 1)[1])
+            store.publish(str(ck), 1_000_000 + restart, step, str(save))
+        done.job.append("started", submission=1, slurm_job_id="7", array_job_id="",
+                        array_task_id="", restart=restart, attempt=f"a{restart}",
+                        epoch=1_000_000 + restart, exec_dir=str(exec_dir),
+                        resume_from=str(ck / "exec" / "a0" / saves["a0"]) if restart else "",
+                        node="n1", nodes="n1", host="h", pid=1)
+    data = status.collect(done.job, {}, facts_reader=lambda jobid: [])
+    shown = [e["published"] for e in data["executions"]]
+    assert [(p["count"], p["first"], p["steps_known"]) for p in shown] == [
+        (1, 8, True), (1, 2, True), (0, None, True), (1, 0, False)]
+    assert [bool(p["backwards"]) for p in shown] == [False, True, False, False]
+    text = status_text.render(data)
+    assert [status_text.published_text(p) for p in shown] == [
+        "1: step 8", "1: step 2 BACKWARDS", "nothing", "1: save index 0 (step not known)"]
+    assert (f"S1 R1 went backwards: step 2 ({ck}/exec/a1/checkpoint/step-2) is at or below "
+            f"step 8 of the save this execution resumed from ({ck}/exec/a0/checkpoint/step-8)"
+            ) in text
+    assert "--checkpoint.no-initial-load-model-only" in text
+    assert "nothing" in next(line for line in text.splitlines() if " a2 " in line)

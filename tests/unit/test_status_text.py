@@ -60,6 +60,8 @@ def plain() -> dict[str, Any]:
             {"slurm_job_id": "7", "display_id": "7", "restart": 0, "epoch": 1000000,
              "submission": 1, "exec_dir": "/ck/run1/exec/a0", "attempt": "a0",
              "node": "n1", "started": NOW - 7000, "state": "REQUEUED",
+             "published": {"count": 2, "first": 400, "last": 500, "steps_known": True,
+                           "backwards": None},
              "facts": [{"restart": 0, "end": {"exit_code": "0:0", "requeued": True},
                         "nodes": {"n1": {"ceased": False, "survivors": [{"pid": 4242},
                                                                         {"pid": 17}]},
@@ -69,15 +71,22 @@ def plain() -> dict[str, Any]:
              "submission": 1, "exec_dir": "/ck/run1/exec/a1",
              "resume_from": "/ck/run1/exec/a0/checkpoint-500", "node": None,
              "started": NOW - 6000, "state": "FAILED (recorded)",
+             "published": {"count": 1, "first": 2, "last": 2, "steps_known": True,
+                           "backwards": "step 2 (/ck/run1/exec/a1/step-2) is at or below "
+                                        "step 500 of the save this execution resumed from"},
              "facts": [{"restart": 1, "end": {"state": "failed", "exit_code": "3:0"},
                         "nodes": {"n3": {"ceased": False, "survivors": ["odd"]}}},
                        {"error": "StateDir /var/lib/dispatch is not readable"}]},
             {"slurm_job_id": "8", "restart": 0, "epoch": 2000000, "attempt": "b0",
              "resume_from": "/ck/run1/exec/zz/step-9", "node": "n4", "started": NOW - 100,
              "state": "RUNNING",
+             "published": {"count": 3, "first": 0, "last": 2, "steps_known": False,
+                           "backwards": None},
              "facts": [{"restart": 0, "end": None, "nodes": {"n4": {"ceased": None}}}]},
             {"slurm_job_id": "9", "restart": 0, "epoch": 3000000, "attempt": "c0",
-             "node": "n5", "started": NOW - 50, "state": "RUNNING", "facts": [
+             "node": "n5", "started": NOW - 50, "state": "RUNNING",
+             "published": {"count": 0, "first": None, "last": None, "steps_known": True,
+                           "backwards": None}, "facts": [
                  {"restart": 0, "end": {}, "nodes": {}}]}],
         "events": [
             ev("hold", NOW - 5000, submission=2, slurm_job_id="8", ended_slurm_job_id="7",

@@ -303,3 +303,56 @@ for step in (5, 10):
     assert proc.returncode == 0, proc.stderr
     assert published(root) == [(5, "epoch=0-step=5.ckpt"), (10, "epoch=0-step=10.ckpt")]
     assert "published nothing" not in proc.stderr
+
+
+# ---- a resumed execution whose steps go backwards (issue 36 item 4) --------------------
+
+NEXT = EPOCH + 1  # the resumed execution's: its first requeue
+
+
+def _resumed_from(root: Path, step: int) -> Path:
+    """The save an earlier execution published at ``step``, which this one resumed from."""
+    (root / "exec" / "old").mkdir()
+    save = hf_save(root / "exec" / "old", step)
+    from slurm_dispatch.checkpoint import publish as store
+    store.publish(str(root), EPOCH, step, str(save))
+    return save
+
+
+@pytest.mark.parametrize("step, said", [(2, True), (7, True), (9, False)])
+def test_a_resumed_execution_publishing_at_or_below_its_resume_step_is_said(
+        root: Path, folder: Path, step: int, said: bool) -> None:
+    """torchtitan's model-only resume starts again at step 1: its saves outrank the
+    further-along one (a newer epoch) without an error.  Watch says so once."""
+    source = _resumed_from(root, 7)
+    lines: list[str] = []
+    w = Watcher(str(root), str(folder), NEXT, SaveRule.make(), lines.append,
+                resume_from=str(source))
+    hf_save(folder, step)
+    assert two_scans(w) == [step]
+    hf_save(folder, step + 100 if not said else 1 + step)
+    w.scan(), w.scan()
+    back = [line for line in lines if "at or below" in line]
+    if said:
+        assert back == [f"step {step} ({folder}/checkpoint-{step}) is at or below step 7 of "
+                        f"the save this execution resumed from ({source}): the trainer "
+                        "started counting again, so its saves outrank the further-along one; "
+                        "make the trainer restore its step (and optimizer) from the save it "
+                        "loads"]
+    else:
+        assert back == []
+
+
+def test_accelerates_save_index_is_said_not_taken_for_a_step(root: Path,
+                                                             folder: Path) -> None:
+    source = _resumed_from(root, 7)
+    lines: list[str] = []
+    w = Watcher(str(root), str(folder), NEXT, SaveRule.make(), lines.append,
+                resume_from=str(source))
+    save = folder / "checkpoints" / "checkpoint_0"
+    save.mkdir(parents=True)
+    (save / "random_states_0.pkl").write_bytes(b"r" * 10)
+    assert two_scans(w) == [0]
+    assert lines[1:] == ["checkpoint_0 is accelerate's save index (0, 1, 2 again in every "
+                         "execution), not a training step: the step is not known and is not "
+                         "compared across executions"]

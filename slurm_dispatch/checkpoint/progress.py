@@ -1,0 +1,73 @@
+"""Whether an execution's publications went on from the save it resumed from.
+
+A publication's step is the trainer's step, with one exception: accelerate's automatic naming
+(``ProjectConfiguration(automatic_checkpoint_naming=True)``) names its saves
+``checkpoint_<i>``, ``i`` counting the saves of one run (0, 1, 2 again in every execution),
+so the step of such a publication is a save index and the training step is not known.  Such a
+step is never compared with another execution's (:func:`step_known`).
+
+An execution that resumed from a save of step S and publishes a step at or below S went
+backwards: its trainer loaded the save but started counting again (torchtitan's
+``initial_load_model_only``, its default, loads the model only from ``initial_load_path`` and
+starts at step 1, restoring no optimizer, schedule or data position).  Its saves outrank the
+further-along one (a newer epoch) without an error; :func:`went_backwards` says so, naming the
+framework option that restores the step where it is known.  Read by ``dispatch watch`` (at
+each publication) and ``dispatch status`` (per execution).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+_SAVE_INDEX = re.compile(r"checkpoint_([0-9]+)")  # accelerate's automatic naming
+_TORCHTITAN = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager
+
+TORCHTITAN_RESTORE = "--checkpoint.no-initial-load-model-only"
+
+
+def _base(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def step_known(path: str) -> bool:
+    """False when the publication of the save at ``path`` carries a save index, not a step
+    (accelerate's ``checkpoint_<i>``)."""
+    return _SAVE_INDEX.fullmatch(_base(path)) is None
+
+
+def restoring(path: str) -> str:
+    """What makes the framework that wrote the save at ``path`` resume its step, in words."""
+    if _TORCHTITAN.fullmatch(_base(path)):
+        return (f"torchtitan loads the model only by default: give {TORCHTITAN_RESTORE} "
+                "(with --checkpoint.initial-load-path \"$DISPATCH_RESUME_FROM\")")
+    return "make the trainer restore its step (and optimizer) from the save it loads"
+
+
+def went_backwards(resumed_path: str, resumed_step: Optional[int],
+                   published: Iterable[tuple[str, int]]) -> Optional[str]:
+    """A sentence when a publication of ``published`` ((path, step) of one execution's) is at
+    or below ``resumed_step``, the step of the save it resumed from; None when none is, when
+    the execution resumed from nothing, or when either side's step is a save index (not
+    known)."""
+    if resumed_step is None or not step_known(resumed_path):
+        return None
+    back = [(path, step) for path, step in published if step_known(path)
+            and step <= resumed_step]
+    if not back:
+        return None
+    path, step = min(back, key=lambda found: found[1])
+    return (f"step {step} ({path}) is at or below step {resumed_step} of the save this "
+            f"execution resumed from ({resumed_path}): the trainer started counting again, "
+            f"so its saves outrank the further-along one; {restoring(path)}")
+
+
+def index_note(path: str) -> Optional[str]:
+    """For a save named by a save index: what its step is, in words; else None."""
+    if step_known(path):
+        return None
+    return (f"{_base(path)} is accelerate's save index (0, 1, 2 again in every execution), "
+            "not a training step: the step is not known and is not compared across "
+            "executions")
