@@ -108,14 +108,18 @@ class Sandbox:
             time.sleep(interval)
 
     def job_state(self, jobid: str) -> dict[str, str]:
-        """``scontrol -o show job JOBID`` as a dict (JobState, Restarts, NodeList, …)."""
+        """``scontrol -o show job JOBID`` as a dict (JobState, Restarts, NodeList, …).
+
+        Each key's first occurrence: Slurm's own fields come before the words of the user's
+        submit line (SubmitLine, printed from 26.05), where a comment such as
+        ``JobState=COMPLETED`` is read as a key too."""
         out = self.run(["scontrol", "-o", "show", "job", jobid]).stdout.strip()
         line = out.splitlines()[0] if out else ""
         fields: dict[str, str] = {}
         for pair in _NEXT_KEY.split(line):
             key, sep, value = pair.partition("=")
             if sep:
-                fields[key] = value
+                fields.setdefault(key, value)
         return fields
 
     def node_states(self) -> dict[str, str]:
