@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests import sdiag
-from tests.real.test_adapter_contract import overlay  # noqa: F401 - the fixture
+from tests.real.test_adapter_contract import BACKENDS, overlay  # noqa: F401 - the fixture
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,7 +56,7 @@ def test_a_pass_costs_one_squeue_whatever_the_number_of_jobs(sandbox: Sandbox) -
         f"({passes[50].types()})")
 
 
-@pytest.mark.parametrize("backend", ["cli", "pyslurm"])
+@pytest.mark.parametrize("backend", BACKENDS)  # pyslurm where one exists for the release
 def test_cease_asks_for_the_job_once_and_its_nodes_once(sandbox: Sandbox, overlay: Path,  # noqa: F811
                                                          backend: str) -> None:
     """One job read (``JOB_INFO_SINGLE``, and the federation look-up libslurm makes before
