@@ -3,9 +3,11 @@
 A process belongs to job J when its environment holds ``SLURM_JOB_ID=J``: Slurm gives it to every
 process of a job and it survives ``setsid`` and double forks, which is how a process escapes
 ``proctrack/linuxproc``.  Its ``SLURM_RESTART_COUNT`` (unset: 0) and ``SLURMD_NODENAME`` say which
-execution, on which node, it belongs to.  Where the site runs ``proctrack/cgroup``, the job's
-cgroup (:func:`cgroup_processes`) is stronger evidence: it holds a process whatever its
-environment says.
+execution, on which node, it belongs to: a process started with a cleaned environment (a
+container's ``--cleanenv``) is found only if it kept these three (the user guide's container
+section says how).  Where the site runs ``proctrack/cgroup``, the job's cgroup
+(:func:`cgroup_processes`) is stronger evidence: it holds a process whatever its environment
+says.
 
 Invariants:
 

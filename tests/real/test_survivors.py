@@ -1,13 +1,17 @@
 """Survivors that hide from one pass over /proc, and another user's impostor, on the real
 sandbox: a job that leaves a PID hopper ``(setsid <hopper> &)`` and a thread group whose leader
 exited is "not proven" while they run and "ceased" once they are killed and the node's re-check
-ran; another user's ``env SLURM_JOB_ID=<job> sleep 600`` does not keep the job unproven.
+ran; another user's ``env SLURM_JOB_ID=<job> sleep 600`` does not keep the job unproven; a
+process started with the environment the user guide's container advice passes (``env -i`` keeping
+exactly what its ``--env-file`` filter keeps, as ``apptainer exec --cleanenv`` does) and escaped
+from the job is named by the Epilog.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import re
 import signal
 import subprocess
 import time
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.real
 
 PYTHON = "/usr/bin/python3"
+REPO = Path(__file__).resolve().parents[2]
 OTHER_USER = "dispatch-other"
 
 # Fork, the parent exits, again, for ever; each generation appends to a file.  The first one
@@ -177,3 +182,54 @@ def _environ(pid: int) -> bytes:
         return Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return b""
+
+
+def _container_filter() -> str:
+    """The command the user guide's container section feeds ``--env-file`` (``env | grep ...``)."""
+    guide = (REPO / "docs/user-guide.md").read_text()
+    section = guide[guide.index("## Jobs whose steps run in a container"):]
+    found = re.search(r"--env-file <\((env \| grep .+?)\)[\s\\]*image\.sif", section)
+    assert found, "the container section no longer gives an --env-file <(env | grep ...) filter"
+    return found.group(1)
+
+
+def test_container_advice_keeps_an_escaped_process_visible(sandbox: Sandbox) -> None:
+    """A process started in the environment the guide's container advice leaves (``--cleanenv``
+    with its ``--env-file`` filter: here ``env -i`` keeping exactly the lines the filter keeps)
+    in a requeued job's second execution escapes the job (setsid, its parent exits) and outlives
+    it: the Epilog's scan names it as that execution's, so the job is not proven ceased while it
+    runs (a shared job's hold stays).  With ``grep ^DISPATCH_`` alone it was proven ceased."""
+    workdir = sandbox.workdir("container")
+    marker = f"contained-{os.getpid()}-{time.monotonic_ns()}"
+    script = ("#!/bin/bash\n"
+              "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
+              f"  touch {workdir}/running.0; exec sleep 300\n"
+              "fi\n"
+              f"{_container_filter()} > {workdir}/env.$SLURM_JOB_ID\n"
+              f"mapfile -t kept < {workdir}/env.$SLURM_JOB_ID\n"
+              f"env -i \"${{kept[@]}}\" /usr/bin/setsid /bin/sh -c '{PYTHON} -c "
+              f"\"import time; time.sleep(300)\" {marker} </dev/null >/dev/null 2>&1 &'\n"
+              "sleep 1\n")
+    jobid = sandbox.submit(script, "--requeue", "-w", "n1")
+    try:
+        sandbox.wait_for(lambda: (workdir / "running.0").exists(), 60, "the first execution")
+        sandbox.run(["scontrol", "requeue", jobid])
+        sandbox.wait_for(lambda: _pids_with_marker(marker), 90,
+                         "the second execution's contained process running")
+        sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30,
+                         "the job completed")
+        rc, verdict = sandbox.wait_for(
+            lambda: (lambda r: r if r[0] == 0 or any(n["survivors"] for n in r[1]["nodes"])
+                     else None)(cease(sandbox, jobid, 1)), 60, "the Epilog's answer")
+        kept = (workdir / f"env.{jobid}").read_text().split()
+        assert _pids_with_marker(marker), "the contained process ended: nothing to find"
+        assert rc == 1, (f"the Epilog did not see the process the advice started; it kept "
+                         f"{kept}: {verdict}")
+        assert "SLURM_RESTART_COUNT=1" in kept and f"SLURM_JOB_ID={jobid}" in kept, kept
+        survivors = [s for n in verdict["nodes"] for s in n["survivors"]]
+        assert any(marker in s["cmdline"] for s in survivors), verdict
+    finally:
+        for pid in _pids_with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+    verdict = wait_cease(sandbox, jobid, 0, restart=1, timeout=60)
+    assert "all gone" in verdict["nodes"][0]["evidence"], verdict
