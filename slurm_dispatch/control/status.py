@@ -142,7 +142,8 @@ def _published(execution: dict[str, Any], listing: Any) -> dict[str, Any]:
         return listing
     folder = str(execution.get("exec_dir") or "").rstrip("/")
     own = [(f.path, f.step) for f in listing if folder and f.path.startswith(folder + "/")]
-    source = str(execution.get("resume_from") or "")
+    # The save it loaded: an integration may have passed over the launcher's choice.
+    source = str(execution.get("loaded", execution.get("resume_from")) or "")
     resumed = [f.step for f in listing if source and f.path == source]
     steps = [step for _, step in own]
     return {"count": len(own), "first": min(steps, default=None),
@@ -150,6 +151,32 @@ def _published(execution: dict[str, Any], listing: Any) -> dict[str, Any]:
             "steps_known": all(progress.step_known(path) for path, _ in own),
             "backwards": progress.went_backwards(source, max(resumed), own)
             if resumed else None}
+
+
+def _add_loaded(execution: dict[str, Any], root: str, stores: dict[str, Any]) -> None:
+    """What an execution that had a save to resume from finally loaded, where its integration
+    recorded it (the execution folder's resume record) and it is not the launcher's choice: a
+    save passed over as unloadable (torn, replaced on S3) is not what the execution resumed
+    from.  ``loaded`` ('' for a fresh start) and ``passed_over`` (the saves' paths) are added;
+    a record that cannot be read leaves the launcher's choice standing.  ``stores``: each root's
+    store, opened once per status (one S3 client, not one per execution)."""
+    attempt = str(execution.get("attempt") or "")
+    if not execution.get("resume_from") or not attempt:
+        return
+    from ..checkpoint import execdir
+    task = str(execution.get("array_task_id") or "")
+    try:
+        where = roots.for_task(root, int(task)) if task.isdigit() else roots.one_root(root)
+        st = stores.get(where) or stores.setdefault(where, store.open_store(where))
+        data = execdir.load(st.read_exec_file(attempt, execdir.RESUME))
+    except (DispatchError, OSError, ValueError):
+        return
+    if not data or not isinstance(data.get("resume_from"), str) or \
+            data["resume_from"] == execution["resume_from"]:
+        return
+    execution["loaded"] = data["resume_from"]
+    execution["passed_over"] = [str(p.get("path")) for p in data.get("passed_over") or []
+                                if isinstance(p, dict) and p.get("path")]
 
 
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
@@ -218,6 +245,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
     executions = []
     root = spec["checkpoint"]
     listings: dict[str, Any] = {}
+    stores: dict[str, Any] = {}
     for ev in starts:
         slurm_id = str(ev.get("slurm_job_id", ""))
         array = ev.get("array_task_id") or ""
@@ -245,6 +273,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         if reader is not None and slurm_id:
             execution["facts"] = [f for f in facts_of(slurm_id)
                                   if f.get("restart") in (None, restart)]
+        _add_loaded(execution, root, stores)
         task = int(array) if array.isdigit() else None
         execution["published"] = _published(execution, _listing(root, task, listings))
         executions.append(execution)

@@ -122,18 +122,28 @@ def execution_label(execution: dict[str, Any]) -> str:
 
 def resumed_text(execution: dict[str, Any], executions: list[dict[str, Any]],
                  root: str) -> str:
-    """What an execution resumed from, as its launcher recorded it: ``fresh`` (nothing was
-    published), or the save named by the execution that wrote it (``S1 R0 checkpoint-500``),
-    else its path below the root (a save of an execution this record does not hold)."""
+    """What an execution resumed from: ``fresh`` (nothing was published), or the save named by
+    the execution that wrote it (``S1 R0 checkpoint-500``), else its path below the root (a
+    save of an execution this record does not hold).  The launcher's choice, unless its
+    integration recorded loading another (``loaded``: the choice was unloadable), which is
+    then shown with the saves it passed over: ``S1 R0 checkpoint-400 (passed over
+    checkpoint-500)``."""
+    def named(source: str, short: bool = False) -> str:
+        for other in executions:
+            folder = str(other.get("exec_dir") or "").rstrip("/")
+            if folder and source.startswith(folder + "/"):
+                return (source[len(folder) + 1:] if short else
+                        f"{execution_label(other)} {source[len(folder) + 1:]}")
+        prefix = root.rstrip("/") + "/"
+        return source[len(prefix):] if source.startswith(prefix) else source
+
     source = str(execution.get("resume_from") or "")
-    if not source:
-        return "fresh"
-    for other in executions:
-        folder = str(other.get("exec_dir") or "").rstrip("/")
-        if folder and source.startswith(folder + "/"):
-            return f"{execution_label(other)} {source[len(folder) + 1:]}"
-    prefix = root.rstrip("/") + "/"
-    return source[len(prefix):] if source.startswith(prefix) else source
+    passed = ""
+    if "loaded" in execution:
+        source = str(execution["loaded"] or "")
+        skipped = [named(str(p), True) for p in execution.get("passed_over") or []]
+        passed = f" (passed over {', '.join(skipped)})" if skipped else ""
+    return (named(source) if source else "fresh") + passed
 
 
 def published_text(published: Optional[dict[str, Any]]) -> str:

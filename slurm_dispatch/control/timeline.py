@@ -144,7 +144,8 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
     for e in executions:
         source = status_text.resumed_text(e, executions, root)
         lines.append(f"{status_text.execution_label(e)} "
-                     + ("started fresh" if source == "fresh" else f"resumed from {source}"))
+                     + (f"started {source}" if source.split(" ")[0] == "fresh"
+                        else f"resumed from {source}"))
     return "\n".join(line[:width] for line in lines)
 
 

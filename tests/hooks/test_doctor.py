@@ -700,3 +700,14 @@ def test_a_slurm_users_count_folder_another_user_made_is_named(
             found["detail"] and "cannot count" in found["detail"], found
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_dispatch_conf_slurm_user_cannot_read_is_named(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    """DISPATCH_CONF naming a file root reads and SlurmUser cannot (a 0600 copy): the
+    controller's hooks take the defaults; the doctor, reading it as root, must not pass."""
+    (controller / "etc/dispatch.conf").chmod(0o600)
+    code, report = diagnose_controller(controller)
+    assert code == 1, report
+    bad = [c for c in report["checks"] if c["state"] == "FAIL"]
+    assert any("Permission denied" in c["detail"] for c in bad), bad

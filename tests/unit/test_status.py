@@ -180,16 +180,22 @@ def test_plan_says_the_supervisor_makes_resubmissions(tmp_path: Path,
     assert "Resubmissions and holds are made by `dispatch supervise`" in text
 
 
-def test_status_shows_what_each_execution_published(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """An execution that published nothing is shown so, and a resumed one whose steps went
-    at or below the save it resumed from is said, with the framework's option (issue 36
-    items 3 and 4); accelerate's save index is never shown as a step."""
+def fresh_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> submit.SubmissionMade:
+    """A job submitted on root ck with no execution yet."""
     monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
     done = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
                              Slurm(FakeCluster(first_id=7), wait=0))
+    return done
+
+
+def test_status_shows_what_each_execution_published(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An execution that published nothing is shown so, and a resumed one whose steps went
+    at or below the save it resumed from is said, with the framework's option (issue 36
+    items 3 and 4); accelerate's save index is never shown as a step."""
+    done = fresh_job(tmp_path, monkeypatch)
     ck = tmp_path / "ck"
     saves = {"a0": "checkpoint/step-8", "a1": "checkpoint/step-2", "a3": "ckpts/checkpoint_0"}
     for restart in range(4):
@@ -218,3 +224,41 @@ def test_status_shows_what_each_execution_published(tmp_path: Path,
             ) in text
     assert "--checkpoint.no-initial-load-model-only" in text
     assert "nothing" in next(line for line in text.splitlines() if " a2 " in line)
+
+
+def test_resumed_from_is_what_the_execution_loaded_not_only_what_the_launcher_chose(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack on issue 31 item 14: the launcher names the latest save; an integration that
+    finds it unloadable (torn, replaced on S3) passes it over and loads the one before, and
+    records so in the execution's .dispatch-resume.json.  Status and the timeline said the
+    execution resumed from the save it never loaded."""
+    from slurm_dispatch.checkpoint import execdir
+    from slurm_dispatch.control import timeline
+    done = fresh_job(tmp_path, monkeypatch)
+    root = tmp_path / "ck"
+    first, second = "a0" * 13, "a1" * 13
+    for attempt in (first, second):
+        (root / "exec" / attempt).mkdir(parents=True)
+    old, torn = root / "exec" / first / "checkpoint-400", root / "exec" / first / "checkpoint-500"
+    for restart, attempt, source in ((0, first, ""), (1, second, str(torn))):
+        done.job.append("started", submission=1, slurm_job_id="7", array_job_id="",
+                        array_task_id="", restart=restart, attempt=attempt,
+                        epoch=1_000_000 + restart, exec_dir=str(root / "exec" / attempt),
+                        resume_from=source, node="n1", nodes="n1", host="h", pid=1)
+    later = root / "exec" / second / "checkpoint-450"
+    for epoch, save in ((1_000_000, old), (1_000_000, torn), (1_000_001, later)):
+        save.mkdir()
+        store.publish(str(root), epoch, int(save.name.split("-")[1]), str(save))
+    (root / "exec" / second / execdir.RESUME).write_text(json.dumps({
+        "resume_from": str(old), "passed_over": [{"path": str(torn), "why": "torn"}],
+        "launcher_resume_from": str(torn), "framework": "transformers",
+        "attempt": second, "epoch": 1_000_001}))
+    data = status.collect(done.job, {}, facts_reader=lambda jobid: [])
+    # Step 450 is past the save it loaded (400), though not past the one passed over (500).
+    assert not data["executions"][1]["published"]["backwards"], data["executions"][1]
+    text = status_text.render(data)
+    row = next(line for line in text.splitlines() if " 1 " in line and "n1" in line
+               and "checkpoint" in line)
+    assert "S1 R0 checkpoint-400 (passed over checkpoint-500)" in row, text
+    drawn = timeline.render(data, [], width=200).splitlines()
+    assert drawn[-1] == "S1 R1 resumed from S1 R0 checkpoint-400 (passed over checkpoint-500)"
