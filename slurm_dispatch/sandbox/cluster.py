@@ -210,7 +210,7 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     user = job_user(user, manifest)
     for node in wanted:
         state_folder.own_folder(layout.spool / node)
-    actions += slots.claim(layout)
+    actions += slots.take(layout)
     actions += network.ensure(layout, wanted)
     actions += ensure_user(user)
     repo = Path(source) if source is not None else source_root()

@@ -63,7 +63,7 @@ class Layout:
         return self.root / "port-slot"
 
     def recorded_slot(self) -> Optional[int]:
-        """The slot this folder owns (``port-slot``, written by :func:`.slots.claim`), or None
+        """The slot this folder owns (``port-slot``, written by :func:`.slots.take`), or None
         when it records none (a folder from before claims, or one never brought up)."""
         try:
             slot = int(self.port_slot_file.read_text().strip())

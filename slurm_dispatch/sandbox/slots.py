@@ -6,7 +6,7 @@ subnet (:mod:`.layout`, :mod:`.network`).  The slot a folder's path hashes to
 one slot, and a sandbox in the second then adopted the first's bridge and namespaces, died on
 "Address already in use", and either one's ``down`` removed the other's network.
 
-Invariant: a slot belongs to one folder.  :func:`claim` records the owner in a claim file per
+Invariant: a slot belongs to one folder.  :func:`take` records the owner in a claim file per
 slot under :data:`CLAIMS` (root's, machine-wide), made with an exclusive create under a lock,
 and the slot in the folder's own ``port-slot`` (which :attr:`Layout.port_slot` reads).  A
 claim whose folder no longer records that slot (the folder was removed) is stale and taken
@@ -25,7 +25,9 @@ from . import state_folder
 from .layout import DEFAULT_DIR, PORT_SLOTS, Layout
 
 CLAIMS_ENV = "DISPATCH_SANDBOX_SLOTS"
-CLAIMS = Path("/var/lib/slurm-dispatch/port-slots")
+# Not under /var/lib/slurm-dispatch: that is the hooks' default StateDir, which a test of a
+# hook without its configuration writes into (and reads back) on this same machine.
+CLAIMS = Path("/var/lib/slurm-dispatch-sandbox/port-slots")
 
 
 def claims_folder() -> Path:
@@ -43,7 +45,7 @@ def holder(slot: int, claims: Optional[Path] = None) -> Optional[Path]:
     return folder if Layout(folder).recorded_slot() == slot else None
 
 
-def claim(layout: Layout, claims: Optional[Path] = None) -> list[str]:
+def take(layout: Layout, claims: Optional[Path] = None) -> list[str]:
     """Make ``layout``'s folder the owner of a slot: the one it records, else the one its path
     prefers, else the next free one.  Returns what was done ([] when it already owned one)."""
     claims = claims or claims_folder()

@@ -48,8 +48,8 @@ def twins(tmp_path: Path) -> tuple[Layout, Layout]:
 def test_two_folders_that_hash_alike_get_two_slots(tmp_path: Path, claims: Path) -> None:
     first, second = twins(tmp_path)
     assert first.preferred_slot == second.preferred_slot
-    assert slots.claim(first, claims) == [f"took port slot {first.preferred_slot}"]
-    said = slots.claim(second, claims)
+    assert slots.take(first, claims) == [f"took port slot {first.preferred_slot}"]
+    said = slots.take(second, claims)
     assert first.port_slot == first.preferred_slot
     assert second.port_slot != first.port_slot
     assert said == [f"took port slot {second.port_slot} ({first.preferred_slot} is "
@@ -57,27 +57,27 @@ def test_two_folders_that_hash_alike_get_two_slots(tmp_path: Path, claims: Path)
     assert slots.holder(first.port_slot, claims) == first.root
     assert slots.holder(second.port_slot, claims) == second.root
     # Claimed again (every `up`), each keeps its own and nothing changes.
-    assert slots.claim(first, claims) == slots.claim(second, claims) == []
+    assert slots.take(first, claims) == slots.take(second, claims) == []
     assert second.controller_port != first.controller_port
     assert second.node_port(0) != first.node_port(0)
 
 
 def test_a_removed_folders_slot_is_taken_over(tmp_path: Path, claims: Path) -> None:
     first, second = twins(tmp_path)
-    slots.claim(first, claims)
+    slots.take(first, claims)
     shutil.rmtree(first.root)
     assert slots.holder(first.preferred_slot, claims) is None
-    assert slots.claim(second, claims) == [f"took port slot {second.preferred_slot}"]
+    assert slots.take(second, claims) == [f"took port slot {second.preferred_slot}"]
     assert slots.holder(second.preferred_slot, claims) == second.root
 
 
 def test_a_folder_records_no_slot_it_does_not_own(tmp_path: Path, claims: Path) -> None:
     first, second = twins(tmp_path)
-    slots.claim(first, claims)
+    slots.take(first, claims)
     # A copy of the first's record (a folder copied whole) is not a claim: it moves on.
     second.port_slot_file.write_text(f"{first.port_slot}\n")
     assert slots.holder(first.port_slot, claims) == first.root
-    slots.claim(second, claims)
+    slots.take(second, claims)
     assert second.port_slot != first.port_slot
     assert slots.holder(first.port_slot, claims) == first.root
 
@@ -85,10 +85,10 @@ def test_a_folder_records_no_slot_it_does_not_own(tmp_path: Path, claims: Path) 
 def test_no_free_slot_names_the_holders(tmp_path: Path, claims: Path) -> None:
     layouts = [folder(tmp_path, f"sb{i}") for i in range(PORT_SLOTS - 1)]
     for layout in layouts:
-        slots.claim(layout, claims)
+        slots.take(layout, claims)
     assert len({layout.port_slot for layout in layouts}) == PORT_SLOTS - 1
     late = folder(tmp_path, "late")
     with pytest.raises(SandboxError, match=f"no free port slot for the sandbox in {late.root}"
                                            f": every one is held.*1: {tmp_path}/sb"):
-        slots.claim(late, claims)
+        slots.take(late, claims)
     assert late.recorded_slot() is None
