@@ -34,6 +34,7 @@ call goes through the tools.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -97,8 +98,20 @@ def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
         proc = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd,
                               stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=timeout)
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]!r} not found on PATH; is Slurm's client installed?",
+    except OSError as exc:
+        if cwd is not None and exc.filename == cwd:
+            # sbatch runs in the job's submission folder (its default working folder), which
+            # the user may have removed since: not a missing Slurm.
+            what = {errno.ENOENT: "does not exist", errno.ENOTDIR: "is not a folder"}.get(
+                exc.errno, f"cannot be entered ({exc.strerror})")
+            raise SlurmError(f"cannot run {argv[0]} in {cwd!r}, the folder the job was "
+                             f"submitted from: it {what} (it is the job's working folder: "
+                             "make it again, or give sbatch --chdir)", argv=list(argv)) from None
+        if not isinstance(exc, FileNotFoundError):
+            raise SlurmError(f"cannot run {argv[0]!r}: {exc.strerror}", argv=list(argv)) from None
+        path = (os.environ if env is None else env).get("PATH", os.defpath)
+        raise SlurmError(f"{argv[0]!r} not found on PATH ({path}); is Slurm's client "
+                         "installed? (a systemd unit's PATH is its own Environment=PATH=)",
                          argv=list(argv)) from None
     except subprocess.TimeoutExpired as exc:
         raise SlurmUnavailable(f"{' '.join(argv[:2])} did not answer within {timeout:g} s",

@@ -185,3 +185,26 @@ def test_a_waiting_jobs_start_time_is_no_start(state: str) -> None:
     fake = FakeSqueue([running("x", JobState=state, NodeList="(null)")])
     job = Slurm(fake, wait=0).jobs("7")[0]
     assert (job.state, job.start_time) == (state, None)
+
+
+def test_a_submission_folder_that_is_gone_is_not_called_a_missing_slurm(tmp_path) -> None:
+    """The supervisor runs sbatch in the job's submission folder: a folder the user removed
+    since was reported as "'sbatch' not found on PATH; is Slurm's client installed?"; a folder
+    that became a file raised NotADirectoryError out of the adapter."""
+    from slurm_dispatch.slurm.adapter import run_command
+    with pytest.raises(SlurmError) as info:
+        run_command(["true"], cwd=str(tmp_path / "gone"))
+    text = str(info.value)
+    assert "not found on PATH" not in text
+    assert f"{tmp_path / 'gone'}" in text and "does not exist" in text
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SlurmError, match="afile.*not a folder"):
+        run_command(["true"], cwd=str(tmp_path / "afile"))
+
+
+def test_a_slurm_command_not_on_path_names_the_path(tmp_path) -> None:
+    """Under a systemd unit the PATH is the unit's, not the shell's: the error names it."""
+    from slurm_dispatch.slurm.adapter import run_command
+    with pytest.raises(SlurmError) as info:
+        run_command(["squeue"], env={"PATH": str(tmp_path / "bin")})
+    assert f"'squeue' not found on PATH ({tmp_path / 'bin'})" in str(info.value)
