@@ -5,7 +5,8 @@ What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
 
 1. it is the save of one of the K latest publications (by epoch, then step; K >= 1, so the
    latest's);
-2. an execution that may be the live lineage (its epoch is at least the latest publication's)
+2. an execution that may be the live lineage (its epoch is at least the latest publication's,
+   and its job's record, where the caller reads it, does not say the job ended: ``ended``)
    has chosen it: the launcher's record (``exec/<attempt>/.dispatch``) names it, or an
    integration recorded it as a choice before loading it (``.dispatch-choice-*.json``, the
    fallback along the lineage when the latest save cannot be loaded; :mod:`.execdir`);
@@ -24,13 +25,15 @@ What goes, when it is not needed:
 * a publication below the K latest whose save lies in an execution's folder, with every
   other publication of the same save (one save published twice goes with both names, never
   leaving one that names nothing), each before the save;
-* in the folder of a live execution (epoch at least the latest's), only such published saves
-  (the disk stays bounded during a long execution); what it has not published stays;
+* in the folder of a live execution (epoch at least the latest's, its job not ended), only
+  such published saves (the disk stays bounded during a long execution); what it has not
+  published stays;
 * a save an older execution never published that does not look whole (cut off while being
   written); one that looks whole by the rules watch publishes by (sealed with its manifest,
   or whole by watch's rules: :func:`looks_whole`) is needed, and stays with its folder
   (``Report.unpublished``, with what publishes it) unless ``remove_unpublished`` asks;
-* the folder of an older execution, whole (its record last), once nothing in it is needed and
+* the folder of an older execution (one of a job whose record says it ended, whatever its
+  epoch, is one: it runs no more), whole (its record last), once nothing in it is needed and
   it holds nothing but saves and dispatch's records; one that holds other files (TensorBoard
   event files, logs: the Trainer writes them into its output folder) loses its saves only,
   and the other files stay unless ``all_files`` asks for them too.  A name is no evidence of
@@ -147,6 +150,10 @@ class Folder:
     epoch: Optional[int]  # None: no record, or one that cannot be read
     resume: Optional[str]  # the save the launcher chose, relative to the root
     problem: str = ""
+    job: str = ""  # the dispatch job its record names
+    # Its job's record says it started before the job ended: it is no live execution,
+    # whatever its epoch.
+    ended: bool = False
     verdict: str = ""  # why it stays, or "removed"
     bytes: Optional[int] = None
     entries: list[str] = field(default_factory=list)  # names in it ("x/" for a folder)
@@ -166,6 +173,7 @@ class Folder:
     def as_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
                 "chosen": self.chosen, "verdict": self.verdict, "bytes": self.bytes,
+                "job": self.job or None, "ended": self.ended,
                 "problem": self.problem or None}
 
 
@@ -289,7 +297,9 @@ def _read_record(st: Store, attempt: str) -> Folder:
     except Exception as exc:  # noqa: BLE001 - OutOfBounds and the like: keep the folder
         return Folder(attempt, None, None, problem=f"record unreadable: {exc}")
     resume = _resume_of(st, data)
-    return Folder(attempt, epoch, resume, chosen=[resume] if resume else [])
+    job = data.get("job") if isinstance(data, dict) else None
+    return Folder(attempt, epoch, resume, chosen=[resume] if resume else [],
+                  job=job if isinstance(job, str) else "")
 
 
 def _relative(st: Store, source: Any) -> Optional[str]:
@@ -419,11 +429,12 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     for each in folders.values():
         if each.epoch is None:
             each.verdict = f"kept: {each.problem}"
-        elif each.epoch >= epoch:
+        elif each.epoch >= epoch and not each.ended:
             each.verdict = "kept: its epoch is at least the latest publication's"
             for chosen in each.chosen:
                 needed.setdefault(chosen, f"execution {each.attempt} chose it")
-    protected = {a for a, each in folders.items() if each.epoch is None or each.epoch >= epoch}
+    protected = {a for a, each in folders.items()
+                 if each.epoch is None or (each.epoch >= epoch and not each.ended)}
     recordless = {a for a in protected if folders[a].epoch is None}
     latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
     # One pass over the names: each one's folder (mostly one dictionary look-up); the paths
@@ -557,6 +568,21 @@ def _unpublished_saves(f: Folder, published: set[str]) -> list[str]:
             continue
         found.append(entry)
     return sorted(found)
+
+
+def _mark_ended(folders: dict[str, Folder], latest_epoch: Optional[int],
+                ended: Optional[Callable[[str], frozenset[str]]]) -> None:
+    """Mark the executions that would be taken for live (epoch at least the latest's) that
+    their job's record says ended (``ended``: :func:`collect`)."""
+    if ended is None or latest_epoch is None:
+        return
+    found: dict[str, frozenset[str]] = {}
+    for f in folders.values():
+        if f.epoch is None or f.epoch < latest_epoch or not f.job:
+            continue
+        if f.job not in found:
+            found[f.job] = ended(f.job)
+        f.ended = f.attempt in found[f.job]
 
 
 def _holds_dcp_only(st: Store, attempt: str, entry: str) -> bool:
@@ -696,7 +722,8 @@ def bests(st: Store, names: list[str], folders: dict[str, Folder],
     if not names:
         return {}
     latest_epoch = int(names[-1][:20])
-    live = {a for a, f in folders.items() if f.epoch is not None and f.epoch >= latest_epoch}
+    live = {a for a, f in folders.items()
+            if f.epoch is not None and f.epoch >= latest_epoch and not f.ended}
     # live attempt -> (epoch and step of its latest publications, their saves): several
     # saves of one step (two checkpoint callbacks) are made in an order no name tells.
     newest: dict[str, tuple[str, list[str]]] = {}
@@ -771,6 +798,7 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
             timeout: Optional[float] = None, store: Optional[Store] = None,
             all_files: bool = False, lag: Optional[float] = None,
             remove_unpublished: bool = False,
+            ended: Optional[Callable[[str], frozenset[str]]] = None,
             say: Callable[[str], None] = lambda line: None,
             wait: Callable[[float], None] = time.sleep,
             pause: Callable[[str], None] = lambda where: None) -> Report:
@@ -780,7 +808,10 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     ``say`` hears of the wait it costs.  ``pause(where)`` is called between the stages
     (tests stop the process there).  ``remove_unpublished``: an older execution's saves
     that were never published go even when they look whole (``Report.unpublished`` lists
-    those that stay otherwise).
+    those that stay otherwise).  ``ended(job)``: the executions (attempts) of a dispatch job
+    that its record says ended for good
+    (:func:`slurm_dispatch.control.forget.ended_attempts`); such an execution is no live
+    one, whatever its epoch.
     """
     if keep is not None:
         check_keep(keep)
@@ -795,21 +826,23 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     names.sort()
     decode = _Names()
     latest_epoch = int(names[-1][:20]) if names else None
+    _mark_ended(folders, latest_epoch, ended)
     for f in folders.values():
-        if f.epoch is not None and (latest_epoch is None or f.epoch >= latest_epoch):
+        if f.epoch is not None and (latest_epoch is None or f.epoch >= latest_epoch) \
+                and not f.ended:
             read_choices(st, f, f.entries)
-    for f in folders.values():
-        if CHECKPOINTS in f.entries and (f.epoch is not None and latest_epoch is not None
-                                         and f.epoch < latest_epoch):
+    older = [f for f in folders.values() if f.epoch is not None and latest_epoch is not None
+             and (f.epoch < latest_epoch or f.ended)]
+    for f in older:
+        if CHECKPOINTS in f.entries:
             f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
-    for f in folders.values():
-        if f.epoch is not None and latest_epoch is not None and f.epoch < latest_epoch:
-            # A step-N/ or .ckpt/ folder is a save (torchtitan's, Lightning's sharded one:
-            # DCP) only while it holds nothing but a DCP save's files: a user's own
-            # analysis.ckpt/ stays, and so does the folder around it.
-            f.not_dcp = {e for e in [*f.entries, *(CHECKPOINTS + n for n in f.inner)]
-                         if _DCP_FOLDER.fullmatch(e) and e != CHECKPOINTS
-                         and not _holds_dcp_only(st, f.attempt, e)}
+    for f in older:
+        # A step-N/ or .ckpt/ folder is a save (torchtitan's, Lightning's sharded one: DCP)
+        # only while it holds nothing but a DCP save's files: a user's own analysis.ckpt/
+        # stays, and so does the folder around it.
+        f.not_dcp = {e for e in [*f.entries, *(CHECKPOINTS + n for n in f.inner)]
+                     if _DCP_FOLDER.fullmatch(e) and e != CHECKPOINTS
+                     and not _holds_dcp_only(st, f.attempt, e)}
     needed = pinned(st)
     for path, why in bests(st, names, folders, decode).items():
         needed.setdefault(path, why)
@@ -908,7 +941,7 @@ def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
             f.verdict = "kept: it started while cleanup ran"
         folders[attempt] = f
     for attempt, f in folders.items():
-        if attempt in now and (f.epoch is None or f.epoch >= found.epoch):
+        if attempt in now and (f.epoch is None or (f.epoch >= found.epoch and not f.ended)):
             if f.epoch is not None:
                 read_choices(st, f, now[attempt])
             for chosen in f.chosen:

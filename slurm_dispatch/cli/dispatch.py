@@ -826,10 +826,13 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
     """Remove the saves and execution folders no execution can need any more.
 
     Stays, whatever K: the saves of the K latest publications (by epoch, then step); every
-    save an execution that may be live has chosen to resume from (the launcher's choice, or
-    an integration's fallback when that one could not be loaded); pinned saves (`dispatch
-    pin`); the framework's best saves (Lightning's save_top_k by its monitor, the Trainer's
-    best model); every folder with no record; what the live executions have not published.
+    save an execution that may be live (its epoch at least the latest publication's, and
+    its job's record here not saying the job ended) has chosen to resume from (the
+    launcher's choice, or an integration's fallback when that one could not be loaded);
+    pinned saves (`dispatch pin`); the framework's best saves (Lightning's save_top_k by its
+    monitor, the Trainer's best model); every folder with no record; what the live
+    executions have not published.  A finished job's last execution is no live one: its
+    resume source and its folder go like any older execution's.
     Goes: publications below the K latest, every name of a save before the save, an older
     execution's saves cut off while being written, and old execution folders once nothing in
     them stays.  A save an older execution never published (its watch died) that looks
@@ -847,12 +850,13 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
     """
     from ..checkpoint import gc as cleanup
     from ..checkpoint.stores.open import open_store
+    from ..control.forget import ended_executions
 
     root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
     keep_v = None if keep in (None, "") else parse_int(keep, "--keep")
     report = cleanup.collect(root_v, keep_v, dry_run=dry_run, sizes=sizes,
                              timeout=parse_timeout(timeout), all_files=all_files,
-                             remove_unpublished=remove_unpublished,
+                             remove_unpublished=remove_unpublished, ended=ended_executions(),
                              say=lambda line: click.echo(f"dispatch gc: {line}", err=True))
     if as_json:
         echo_json(report.as_json())

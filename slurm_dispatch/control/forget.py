@@ -7,6 +7,10 @@ supervisor has not decided yet (the job is not settled: it may still be resubmit
 another unsettled dispatch job that waits for it (``--dependency`` on its id).  Only this
 cluster's records are considered (the caller passes them).
 
+What a record that says its job ended tells cleanup (:func:`ended_attempts`): the executions
+it recorded as started before that end run no more, so ``dispatch gc`` takes none of them for
+live, whatever their epoch.
+
 A record goes whole: its folder is first renamed to a dot name (which no reader lists), then
 removed; one a killed run left half removed is removed by the next run.  An entry of ``jobs/``
 that is a symlink is no record folder, whatever it leads to: it is kept, named, and never
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import _fsio
 from ..errors import DispatchError, RecordError
@@ -33,6 +37,50 @@ def settled(job: record.JobRecord) -> bool:
     history = job.history()
     tasks = submit.array_tasks(job)
     return history.settled or (tasks is not None and history.settled_tasks(tasks))
+
+
+def ended_attempts(job: record.JobRecord) -> frozenset[str]:
+    """The executions (attempt tokens) of ``job`` that its record says ended for good: each
+    one whose start the launcher recorded before the end that settled its lineage (finished
+    by a rule or an expired hold, superseded; an array task's own end, or the whole job's).
+    An execution recorded after that end (a person's ``dispatch resubmit``, or one whose
+    start is not recorded yet) is not among them; nor is any when the record cannot be read.
+    """
+    try:
+        if symlinked(job) is not None:
+            return frozenset()
+        history = job.history()
+        tasks = history.tasks
+    except DispatchError:
+        return frozenset()
+    order = {id(e): i for i, e in enumerate(history.events)}
+    out: set[str] = set()
+    for line in [history.lineage(), *(history.lineage(t) for t in tasks)]:
+        end = line.superseded or line.finished
+        if end is None:
+            continue
+        for start in history.of(events.Started):
+            if (line.task is None or start.task == line.task) and start.attempt \
+                    and order[id(start)] < order[id(end)]:
+                out.add(start.attempt)
+    return frozenset(out)
+
+
+def ended_executions(home: Optional[str] = None) -> Callable[[str], frozenset[str]]:
+    """For cleanup (``dispatch gc``): a dispatch job id, as an execution's record names it,
+    to :func:`ended_attempts` of its record in ``home``; none for a job with no record there
+    (another user's, one forgotten), whose executions cleanup then takes for ones that may
+    still run."""
+    base = record.jobs_dir(home)
+
+    def ended(job_id: str) -> frozenset[str]:
+        path = os.path.join(base, job_id)
+        if not job_id or "/" in job_id or job_id.startswith(".") \
+                or not os.path.isfile(os.path.join(path, "job.json")):
+            return frozenset()
+        return ended_attempts(record.JobRecord(path))
+
+    return ended
 
 
 def symlinked(job: record.JobRecord) -> Optional[str]:

@@ -36,12 +36,12 @@ class World:
     # making things ----------------------------------------------------------------------
 
     def execution(self, epoch_value: int, resume: Optional[str] = None,
-                  record: bool = True) -> str:
-        """A new execution folder (with the launcher's record unless ``record`` is False);
-        ``resume`` is the publication name it resumed from."""
+                  record: bool = True, job: str = "j") -> str:
+        """A new execution folder (with the launcher's record unless ``record`` is False) of
+        dispatch job ``job``; ``resume`` is the publication name it resumed from."""
         attempt = model.new_attempt()
         fields: dict[str, Any] = {
-            "job": "j", "epoch": epoch_value, "attempt": attempt,
+            "job": job, "epoch": epoch_value, "attempt": attempt,
             "resume_from": self.locate(model.parse_name(resume).path) if resume else None,
             "resume_publication": resume}
         if self.s3:
