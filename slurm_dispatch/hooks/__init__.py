@@ -17,8 +17,9 @@ Invariants (a hook must never fail a node or a job because of us):
   stderr (which the parts pass on to Slurm), with the hook and the job id.
 * A hook that finds no dispatch.conf and no StateDir at the default (slurm.conf elsewhere,
   and Slurm gives PrologSlurmctld, EpilogSlurmctld and HealthCheckProgram no ``SLURM_CONF``)
-  says where it looked and records nothing, and counts the run where no configuration is
-  needed: ``slurm_dispatch_hook_runs_unconfigured_total`` in
+  says where it looked (or, where the part's DISPATCH_CONF names a file it cannot read, that
+  file and why: not Slurm's environment) and records nothing, and counts the run where no
+  configuration is needed: ``slurm_dispatch_hook_runs_unconfigured_total`` in
   ``/run/slurm-dispatch/slurm-dispatch-unconfigured.prom`` (root's; another user's under /tmp).
 * Only the standard library is imported, no Slurm command is run, PATH is never used.
 """
@@ -159,15 +160,27 @@ def _unconfigured(cfg: object, kind: str, job: str) -> bool:
     state_dir = getattr(cfg, "state_dir", config_module.DEFAULT_STATE_DIR)
     if os.path.isdir(state_dir):
         return False
+    from ..node import metrics
+    counted = f"(counted in {metrics.unconfigured_dir()}/{metrics.UNCONFIGURED_FILE})"
+    named = os.environ.get(config_module.ENV_VAR)
+    if named:
+        # The part's DISPATCH_CONF was set: the file it names is the fault, not Slurm's
+        # environment (a typo, or a file the hook's user may not read).
+        problems = [p for p in getattr(cfg, "problems", []) if p.startswith(f"{named}: ")]
+        why = (problems[0][len(named) + 2:].split("; using the defaults")[0]
+               .split(" (named by")[0] if problems else "unreadable")
+        log(f"{kind} job {job}: DISPATCH_CONF ({config_module.ENV_VAR}) names {named}, which "
+            f"cannot be read ({why}), and the default StateDir {state_dir} does not exist: "
+            "recording nothing; correct DISPATCH_CONF= at the top of this hook part, or let "
+            f"the user this hook runs as (uid {os.geteuid()}) read that file {counted}")
+        return True
     searched = config_module.config_path()
     given = os.environ.get("SLURM_CONF")
     why = (f"beside $SLURM_CONF={given}" if given else
            f"Slurm gives {kind} no SLURM_CONF, so beside {config_module.SLURM_CONF_DEFAULT}")
-    from ..node import metrics
     log(f"{kind} job {job}: found no dispatch.conf (looked for {searched}: {why}) and the "
         f"default StateDir {state_dir} does not exist: recording nothing; set DISPATCH_CONF= "
-        "at the top of this hook part to the site's dispatch.conf (counted in "
-        f"{metrics.unconfigured_dir()}/{metrics.UNCONFIGURED_FILE})")
+        f"at the top of this hook part to the site's dispatch.conf {counted}")
     return True
 
 

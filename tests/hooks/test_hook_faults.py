@@ -436,3 +436,29 @@ def test_a_hook_that_finds_no_configuration_says_so_and_is_counted(world: World,
         assert f'slurm_dispatch_hook_runs_unconfigured_total{{hook="{hook}"}} {count}\n' in \
             counted, counted
     assert fact_files(world) == []
+
+
+@pytest.mark.parametrize("hook", ["prolog-slurmctld", "recheck"])
+def test_a_hook_whose_dispatch_conf_knob_names_a_missing_file_says_that(world: World,
+                                                                        hook: str) -> None:
+    """Attack on issue 31 item 1: the part's DISPATCH_CONF set, with a typo (/etc/slrum/...):
+    the hook said it found no dispatch.conf because 'Slurm gives <hook> no SLURM_CONF' and
+    told the admin to set DISPATCH_CONF=, which they had.  It names the file the knob gave."""
+    run = world.root / "run"
+    run.mkdir(mode=0o755)
+    script = ("mount --make-rprivate / && mount -t tmpfs tmpfs /var/lib && "
+              f"mount --bind {run} /run && exec \"$@\"")
+    wrap = ["unshare", "-m", "sh", "-c", script, "hook"]
+    typo = str(world.root / "etc" / "slrum" / "dispatch.conf")
+    env = world.env(hook, SLURM_DISPATCH_CONF=typo)
+    if hook == "recheck":
+        env["SLURMD_NODENAME"] = "n1"
+    outcome = world.run(hook, env=env, wrap=wrap)
+    settled(outcome)
+    assert "no SLURM_CONF" not in outcome.log and "set DISPATCH_CONF= at" not in outcome.log, \
+        outcome.log
+    assert (f"DISPATCH_CONF (SLURM_DISPATCH_CONF) names {typo}, which cannot be read (no such "
+            "file)") in outcome.log, outcome.log
+    counted = (run / "slurm-dispatch/slurm-dispatch-unconfigured.prom").read_text()
+    assert f'slurm_dispatch_hook_runs_unconfigured_total{{hook="{hook}"}} 1\n' in counted
+    assert fact_files(world) == []
