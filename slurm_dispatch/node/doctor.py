@@ -31,6 +31,7 @@ import glob
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -155,14 +156,24 @@ def is_ours(path: str) -> bool:
 
 
 def knob(path: str, name: str) -> str | None:
-    """A part's ``NAME=value`` knob line (the value up to a space or a comment), or None."""
+    """A part's ``NAME=value`` knob line, its value as sh reads it (quotes removed: an admin
+    may write ``DISPATCH_CONF="/etc/x/dispatch.conf"``; up to a space or a comment), or None."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read(1 << 16)
     except OSError:
         return None
-    match = re.search(rf"^{name}=(\S*)", text, re.M)
-    return None if match is None else match.group(1)
+    match = re.search(rf"^{name}=(.*)$", text, re.M)
+    if match is None:
+        return None
+    rest = match.group(1)
+    if not rest or rest[0].isspace():
+        return ""  # NAME= then a space: sh gives it the empty value
+    try:
+        words = shlex.split(rest, comments=True)
+    except ValueError:  # an unclosed quote: sh refuses the part; the value as written
+        return rest.split()[0]
+    return words[0] if words else ""
 
 
 # --------------------------------------------------------------------------------------------

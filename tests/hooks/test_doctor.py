@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -711,3 +712,19 @@ def test_a_dispatch_conf_slurm_user_cannot_read_is_named(
     assert code == 1, report
     bad = [c for c in report["checks"] if c["state"] == "FAIL"]
     assert any("Permission denied" in c["detail"] for c in bad), bad
+
+
+def test_quoted_knobs_are_read_as_the_shell_reads_them(
+        controller: Path, slurm_user: pwd.struct_passwd) -> None:
+    """An admin who quotes the knobs (DISPATCH_CONF="/etc/..."), as sh allows: the parts run
+    as before, and the doctor said 'DISPATCH_CONF is empty' (it took the quotes for part of
+    the path, found no such file) and could not run the Python."""
+    for part in (controller / "etc/prolog.d/05-dispatch", controller / "etc/epilog.d/05-dispatch"):
+        text = part.read_text()
+        text = re.sub(r"^DISPATCH_CONF=(\S+)", r'DISPATCH_CONF="\1"   # quoted', text,
+                      flags=re.M)
+        text = re.sub(r"^DISPATCH_PYTHON=(\S+)", r"DISPATCH_PYTHON='\1'", text, flags=re.M)
+        part.write_text(text)
+    code, report = diagnose_controller(controller)
+    assert code == 0, [c for c in report["checks"] if c["state"] != "ok"]
+    assert check(report, "PrologSlurmctld runs")["state"] == "ok"
