@@ -157,6 +157,15 @@ def _is_control(char: str) -> bool:
     return code < 0x20 or 0x7f <= code <= 0x9f or code in (0x2028, 0x2029) or char in _BIDI
 
 
+# What a job's variable in a root stands for, as a root's pattern (checkpoint/roots.py).
+_PATTERN_MEANT = {
+    "SLURM_ARRAY_TASK_ID": "write %a, the array task id, for one root per task",
+    "SLURM_ARRAY_JOB_ID": "%A (and %j, the job id) would change with every submission, so a "
+                          "resubmission would not find its saves: a root must not hold them",
+}
+_PATTERN_MEANT["SLURM_JOB_ID"] = _PATTERN_MEANT["SLURM_JOBID"] = \
+    _PATTERN_MEANT["SLURM_ARRAY_JOB_ID"]
+
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
@@ -164,10 +173,20 @@ def _expand_variables(root: str) -> str:
     """A ``#DISPATCH`` line's root with ``$NAME`` and ``${NAME}`` from the submitting
     environment, as a shell would have done on the command line (no shell reads that line).
     A variable that is not set is an error naming it, never a folder named ``$USER``; any other
-    ``$`` is refused too, since no shell would have left it either.  Expanded once: a value
+    ``$`` is refused too, since no shell would have left it either, and so is a ``$SLURM_...``
+    variable, the job's (unset at submission, or an outer job's), naming the pattern meant
+    (``%a``).  Expanded once: a value
     holding a ``$`` keeps it.  A command line's root is never expanded again (the shell did)."""
     def value(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
+        if name.startswith("SLURM_"):
+            # The job's own variables are set when it runs, not here (unset, or the outer
+            # job's where dispatch-sbatch runs inside one): never the job's value.
+            meant = _PATTERN_MEANT.get(name, "")
+            raise UsageError(
+                f"#DISPATCH --checkpoint {root!r}: ${name} is the job's, set when it runs, not "
+                "when dispatch-sbatch reads this line (unset here, or another job's where "
+                "dispatch-sbatch runs inside one)" + (f"; {meant}" if meant else ""))
         if name not in os.environ:
             raise UsageError(f"#DISPATCH --checkpoint {root!r}: ${name} is not set in the "
                              "environment dispatch-sbatch runs in")

@@ -413,3 +413,25 @@ def test_a_root_through_a_dangling_symlink_is_not_called_a_file(env: Path, below
     assert "is a symlink to" in text and "scratch-not-mounted/u" in text and "not there" in text
     assert not (env / "scratch-not-mounted").exists()
     assert record.all_jobs() == []
+
+
+@pytest.mark.parametrize("name,hint", [("SLURM_ARRAY_TASK_ID", "%a"), ("SLURM_JOB_ID", "%j")])
+@pytest.mark.parametrize("outer", [None, "4242"])
+def test_a_dispatch_lines_root_with_a_jobs_slurm_variable_is_refused(
+        env: Path, monkeypatch: pytest.MonkeyPatch, name: str, hint: str,
+        outer: str | None) -> None:
+    """`#DISPATCH --checkpoint ck/run_$SLURM_ARRAY_TASK_ID`: the job's variable, as the script
+    would read it; at submission it is unset (refused as 'not set', no word of %a), or, where
+    dispatch-sbatch runs inside another job (a driver job), the outer job's value, so every task
+    and submission took that job's root.  Refused by name, with the pattern meant."""
+    if outer is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, outer)
+    (env / "job.sh").write_text(f"#!/bin/bash\n#DISPATCH --checkpoint ck/run_${name}\necho\n")
+    with pytest.raises(UsageError) as info:
+        make(["job.sh"], FakeController())
+    text = str(info.value)
+    assert f"${name} is the job's" in text and hint in text, text
+    assert not (env / "ck").exists() and not (env / "ck" / f"run_{outer}").exists()
+    assert record.all_jobs() == []
