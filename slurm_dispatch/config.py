@@ -17,8 +17,8 @@ Invariants:
 * This module imports only the standard library and nothing else of the package, so node hooks
   can load it cheaply (no ``typing``, ``re`` or ``dataclasses`` at run time).
 
-File syntax (as ``slurm.conf``): one ``Key=Value`` per line; keys are case-insensitive;
-``#`` starts a comment (``\\#`` is a literal ``#``); blank lines are ignored; a value may be
+File syntax (as ``slurm.conf``): one ``Key=Value`` per line (lines end at a newline alone);
+keys are case-insensitive; ``#`` starts a comment (``\\#`` is a literal ``#``); blank lines are ignored; a value may be
 wrapped in double quotes.  Durations are seconds (``86400``), ``MM:SS``, ``HH:MM:SS`` or
 ``D-HH[:MM[:SS]]`` (``1-00:00:00``).
 """
@@ -279,7 +279,9 @@ def parse(text: str, path: str = "<text>") -> Config:
     config = Config()
     config.path = path
     seen: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
+    # Lines end at '\n' alone, as Slurm's parser and an editor count them (splitlines() also
+    # splits at a page break, ^L, and made every later problem name the wrong line).
+    for number, raw in enumerate(text.split("\n"), 1):
         line = _strip_comment(raw)
         if not line:
             continue

@@ -159,3 +159,13 @@ def test_a_command_refusing_a_file_does_not_say_what_would_have_stood(tmp_path: 
                     f"MM:SS, HH:MM:SS or D-HH:MM:SS); {path}:3: HookTimeout given again (first "
                     f"on line 1); {path}:4: bad value for StateDir: 'x' is not an absolute "
                     "path"), said
+
+
+@pytest.mark.parametrize("breaker", ["\x0c", "\x0b", "\x1c", "\x85", "\u2028"])
+def test_a_problem_names_the_line_an_editor_shows(breaker: str) -> None:
+    """Lines are what Slurm's parser and an editor take them to be (split on '\\n'): a page
+    break (^L) or another character str.splitlines() splits on made every later problem name
+    the wrong line (HookTimeoutt on line 3 was reported on line 4)."""
+    cfg = config.parse(f"HookTimeout=5\n{breaker}\nHookTimeoutt=3\n", "d.conf")
+    assert len(cfg.problems) == 1 and cfg.problems[0].startswith("d.conf:3: unknown key"), \
+        cfg.problems
