@@ -18,9 +18,9 @@ Invariants:
   can load it cheaply (no ``typing``, ``re`` or ``dataclasses`` at run time).
 
 File syntax (as ``slurm.conf``): one ``Key=Value`` per line (lines end at a newline alone);
-keys are case-insensitive; ``#`` starts a comment (``\\#`` is a literal ``#``); blank lines are ignored; a value may be
-wrapped in double quotes.  Durations are seconds (``86400``), ``MM:SS``, ``HH:MM:SS`` or
-``D-HH[:MM[:SS]]`` (``1-00:00:00``).
+keys are case-insensitive; ``#`` starts a comment (``\\#`` is a literal ``#``); blank lines
+are ignored; a value may be wrapped in double quotes.  Durations are seconds (``86400``),
+``MM:SS``, ``HH:MM:SS`` or ``D-HH[:MM[:SS]]`` (``1-00:00:00``).
 """
 
 from __future__ import annotations
