@@ -100,7 +100,7 @@ def read_request(argv: list[str], cwd: Optional[str] = None,
     if options.checkpoint and "checkpoint" not in line.dispatch.given:
         # A #DISPATCH line's root, which no shell read.  The command line's was expanded by the
         # shell already: a '$' left in it was quoted by the user, and stays.
-        options.checkpoint = _expand_variables(options.checkpoint)
+        options.checkpoint = _expand_variables(options.checkpoint, env)
     names = line.long_names | header.long_names
     in_script = dependency.dependency_value(header.sbatch_words)
     if in_script is not None and dependency.named_jobs(in_script[2]):
@@ -169,9 +169,9 @@ _PATTERN_MEANT["SLURM_JOB_ID"] = _PATTERN_MEANT["SLURM_JOBID"] = \
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
-def _expand_variables(root: str) -> str:
-    """A ``#DISPATCH`` line's root with ``$NAME`` and ``${NAME}`` from the submitting
-    environment, as a shell would have done on the command line (no shell reads that line).
+def _expand_variables(root: str, env: Mapping[str, str]) -> str:
+    """A ``#DISPATCH`` line's root with ``$NAME`` and ``${NAME}`` from ``env``, the environment
+    the job is submitted with (the API's ``env=`` over the caller's), as a shell would have done on the command line (no shell reads that line).
     A variable that is not set is an error naming it, never a folder named ``$USER``; any other
     ``$`` is refused too, since no shell would have left it either, and so is a ``$SLURM_...``
     variable, the job's (unset at submission, or an outer job's), naming the pattern meant
@@ -187,10 +187,10 @@ def _expand_variables(root: str) -> str:
                 f"#DISPATCH --checkpoint {root!r}: ${name} is the job's, set when it runs, not "
                 "when dispatch-sbatch reads this line (unset here, or another job's where "
                 "dispatch-sbatch runs inside one)" + (f"; {meant}" if meant else ""))
-        if name not in os.environ:
+        if name not in env:
             raise UsageError(f"#DISPATCH --checkpoint {root!r}: ${name} is not set in the "
-                             "environment dispatch-sbatch runs in")
-        return os.environ[name]
+                             "environment the job is submitted with")
+        return env[name]
 
     expanded = _VARIABLE.sub(value, root)
     if "$" in _VARIABLE.sub("", root):

@@ -377,3 +377,17 @@ def test_a_record_left_without_a_submission_long_ago_does_not_hold_its_root(
         api.submit("job.sh", checkpoint="ck2", slurm=Slurm(FakeCluster(), wait=0))
     assert not any(j.spec.get("script_name") for j in record.all_jobs()
                    if j.spec["checkpoint"].endswith("ck2"))
+
+
+def test_a_dispatch_lines_root_expands_from_the_environment_given(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script's `#DISPATCH --checkpoint ck/$RUN` expands from the environment the job is
+    submitted with (env=, over the caller's), as sbatch sees it; it read the caller's own, so
+    RUN given in env= was 'not set' (or the caller's RUN taken)."""
+    monkeypatch.delenv("RUN", raising=False)
+    (home / "job2.sh").write_text("#!/bin/bash\n#DISPATCH --checkpoint ck/$RUN\necho hi\n")
+    done = api.submit("job2.sh", env={"RUN": "r1"}, slurm=Slurm(FakeCluster(), wait=0))
+    assert record.open_job(done.job).spec["checkpoint"] == str(home / "ck" / "r1")
+    monkeypatch.setenv("RUN", "callers")
+    done = api.submit("job2.sh", env={"RUN": "r2"}, slurm=Slurm(FakeCluster(), wait=0))
+    assert record.open_job(done.job).spec["checkpoint"] == str(home / "ck" / "r2")
