@@ -171,11 +171,11 @@ _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_
 
 def _expand_variables(root: str, env: Mapping[str, str]) -> str:
     """A ``#DISPATCH`` line's root with ``$NAME`` and ``${NAME}`` from ``env``, the environment
-    the job is submitted with (the API's ``env=`` over the caller's), as a shell would have done on the command line (no shell reads that line).
-    A variable that is not set is an error naming it, never a folder named ``$USER``; any other
-    ``$`` is refused too, since no shell would have left it either, and so is a ``$SLURM_...``
-    variable, the job's (unset at submission, or an outer job's), naming the pattern meant
-    (``%a``).  Expanded once: a value
+    the job is submitted with (the API's ``env=`` over the caller's), as a shell would have
+    done on the command line (no shell reads that line).  A variable that is not set is an
+    error naming it, never a folder named ``$USER``; any other ``$`` is refused too, since no
+    shell would have left it either, and so is a ``$SLURM_...`` variable, the job's (unset at
+    submission, or an outer job's), naming the pattern meant (``%a``).  Expanded once: a value
     holding a ``$`` keeps it.  A command line's root is never expanded again (the shell did)."""
     def value(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
