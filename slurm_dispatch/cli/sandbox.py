@@ -311,7 +311,9 @@ def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str],
 
     Brings NODE's link up again (its slurmd then kills what is left of the jobs that were
     requeued away from it and runs their Epilog) and sends slurmd SIGHUP so that it
-    re-registers at once.
+    re-registers at once.  Healed less than MessageTimeout (10 s) after NODE went down, it
+    waits out that window and makes slurmd register again: the controller leaves a job the
+    failure ended running when a registration reports it sooner.
 
     \b
     Example:

@@ -62,8 +62,8 @@ from .layout import (
     state_dir,
 )
 from .machine import apt_install, ensure_munge_user, ensure_packages, ensure_user, require_root
-from .nodes import NodeStatus, is_usable, node_states, wait_until_usable
-from .slurm_conf import write_config
+from .nodes import NodeStatus, down_since, is_usable, node_states, wait_until_usable
+from .slurm_conf import MESSAGE_TIMEOUT, write_config
 
 
 @dataclass
@@ -419,6 +419,12 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     controller's order to kill the job that was requeued away from it (then the Epilog runs
     for it).  With ``register`` it also gets SIGHUP, which makes it re-register at once;
     without, the node waits for the controller's next look at DOWN nodes (about 40 s here).
+    A job the node's failure ended (NODE_FAIL, a ``--no-requeue`` job) is killed when the
+    registration reports it, unless that comes less than ``MessageTimeout`` after the job's
+    end: the controller takes it for a race ("newly completed") and leaves it running until
+    its next registration request (28 s later on 22.05, over 60 s on 24.11).  So with
+    ``register`` and ``wait``, a node whose first registration may have fallen in that window
+    gets SIGHUP again once the window has passed (a wait of up to ``MessageTimeout`` + 1 s).
     ``ReturnToService=2`` then brings the node back; if it answers but stays DOWN or drained
     (say, a failed Epilog of the killed job), heal resumes it and says why it was down.
     Returns what it did.
@@ -430,6 +436,7 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     daemon = daemons.slurmd(layout, name)
     actions: list[str] = []
     pid = daemons.live_pid(daemon)
+    went_down = down_since(layout, name)
     reconnected = network.restore(layout, name)
     if reconnected:
         actions.append(f"reconnected {name}")
@@ -438,11 +445,31 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     elif daemons.is_stopped(pid):
         os.kill(pid, signal.SIGCONT)
         actions.append(f"continued slurmd {name}")
-    if register and pid is not None and actions:
+    registered = register and pid is not None and bool(actions)
+    if registered and pid is not None:
         os.kill(pid, signal.SIGHUP)
+    window_ends = (went_down + MESSAGE_TIMEOUT + 1) if went_down is not None else None
+    if wait and registered and window_ends is not None and time.time() < window_ends:
+        registered_again = _register_past(layout, daemon, name, window_ends, timeout)
+        if registered_again:
+            actions.append(registered_again)
     if wait:
         actions += wait_until_usable(layout, [name], time.monotonic() + timeout)
     return actions
+
+
+def _register_past(layout: Layout, daemon: daemons.Daemon, name: str, moment: float,
+                   timeout: float) -> str:
+    """Once node ``name`` is usable (its first registration came), wait until the epoch time
+    ``moment`` and make its slurmd (``daemon``) register again; what it did ("" if nothing)."""
+    wait_until_usable(layout, [name], time.monotonic() + timeout)
+    time.sleep(max(0.0, moment - time.time()))
+    pid = daemons.live_pid(daemon)
+    if pid is None:
+        return ""
+    os.kill(pid, signal.SIGHUP)
+    return (f"registered {name} again past MessageTimeout after it went down (the jobs its "
+            "failure ended are killed now)")
 
 
 def stop_controller(directory: Optional[PathLike] = None) -> list[str]:

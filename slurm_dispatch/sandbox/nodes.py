@@ -55,6 +55,23 @@ def node_states(directory: Optional[PathLike] = None) -> dict[str, NodeStatus]:
     return states
 
 
+def down_since(layout: Layout, name: str) -> Optional[float]:
+    """When the controller set node ``name`` DOWN (its reason's time, ``sinfo %H``, as epoch
+    seconds), or None when it is not down or the controller does not say."""
+    try:
+        out = run_slurm(layout, ["sinfo", "-N", "-h", "-n", name, "-o", "%T|%H"], timeout=15)
+    except SandboxError:
+        return None
+    for line in out.splitlines():
+        state, _, stamp = line.partition("|")
+        if _base_state(state.strip()).startswith("down"):
+            try:
+                return time.mktime(time.strptime(stamp.strip(), "%Y-%m-%dT%H:%M:%S"))
+            except ValueError:
+                return None
+    return None
+
+
 def _base_state(state: str) -> str:
     return state.rstrip(_STATE_FLAGS).lower()
 

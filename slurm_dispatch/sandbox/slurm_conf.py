@@ -47,6 +47,10 @@ KILL_WAIT = 5
 # here: requeue-to-running 6 s with 5, 11 s with 10).  Slurm 22.05 rejects values below 5 and
 # falls back to 120 (with an error in the log).
 CRED_EXPIRE = 5
+# slurm.conf MessageTimeout.  It is also the controller's window for a race: a job a
+# registering slurmd reports as running that ended less than this ago is taken for "newly
+# completed" and left alone, so heal registers a node again past it (cluster.heal).
+MESSAGE_TIMEOUT = 10
 FIRST_ROOT_JOB_ID = 1_000_000
 
 
@@ -191,7 +195,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "# Timers: fail fast, requeue fast, keep ended jobs visible for ten minutes.",
         "SlurmdTimeout=10",
         "SlurmctldTimeout=10",
-        "MessageTimeout=10",
+        f"MessageTimeout={MESSAGE_TIMEOUT}",
         f"KillWait={KILL_WAIT}",
         "InactiveLimit=0",
         "WaitTime=0",

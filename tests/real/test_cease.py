@@ -169,6 +169,34 @@ def test_partition_then_heal(sandbox: Sandbox) -> None:
     assert first["nodes"][node]["ceased"] is True
 
 
+def test_heal_right_after_the_node_went_down_ends_its_cut_off_job(sandbox: Sandbox) -> None:
+    """A node healed within MessageTimeout (10 s here) of going DOWN: its slurmd's registration
+    reports the job the failure ended, and the controller takes that for a race ("newly
+    completed") and lets it run.  heal registers the node again past that window, so the job
+    is killed and its Epilog records it at once: before, only the controller's next
+    registration request did (28 s later on 22.05, over 60 s on 24.11 under load)."""
+    workdir = sandbox.workdir("quick-heal")
+    node = "n2"
+    failed = sandbox.submit(f"#!/bin/sh\nwhile true; do date >> {workdir}/out; sleep 1; done\n",
+                            "--no-requeue", "-w", node)
+    running_on(sandbox, failed)
+    sandbox.wait_for(lambda: (workdir / "out").exists(), 30, "the job writing")
+    sandbox_lib.partition(node, sandbox.dir)
+    try:
+        sandbox.wait_for(lambda: sandbox.job_state(failed).get("JobState") == "NODE_FAIL", 90,
+                         "the job ended by the node's failure")
+        # The cut lasts 5 s more (the scenario, not a wait for a condition): by then the
+        # controller's kill has failed for want of a route, and 5 s is within MessageTimeout.
+        # (A heal at once lets the kill's own connection through.)
+        time.sleep(5)
+    finally:
+        sandbox_lib.heal(node, sandbox.dir)
+    # Before, this passed only when the controller's periodic registration request (every
+    # node about once a minute, at a phase of its own) happened to fall within the bound.
+    verdict = wait_cease(sandbox, failed, 0, timeout=10)
+    assert "no process left after the kill" in verdict["nodes"][0]["evidence"], verdict
+
+
 def test_rebooted_node_proves_cessation(sandbox: Sandbox) -> None:
     node = "n3"
     marker = f"reboot-{os.getpid()}-{time.monotonic_ns()}"
