@@ -17,8 +17,8 @@ cannot be known is an error in every pass's report, never dropped.
   an array task's hold) in the pass that makes the hold, then every CessationInterval; each
   answer is recorded as a cessation fact; ceased answers for every one release the hold.  A
   hold that outlives SharedHoldFor is cancelled and recorded as expired: nothing more starts.
-  The owner is told when a hold is made and HoldWarning before it expires (Slurm's MailProg,
-  and the site's HoldNotify command).
+  The owner is told when a hold is made (unless the answer in that pass lifted it) and
+  HoldWarning before it expires (Slurm's MailProg, and the site's HoldNotify command).
   The question itself (asking the signal, recording its answers, the held job's comments) is
   :mod:`.holds`'s, which ``dispatch release`` asks through too.
 * a job Slurm itself requeued held after its launch failed (``launch failed requeued held``:
@@ -510,12 +510,14 @@ class Supervisor:
                                   f"{_shown(done.slurm_job_id, task)} until "
                                   f"{_clock.with_zone(deadline)}")
             if isinstance(hold, events.Hold):
-                self._tell(job, hold, "made", report)
                 if self.settings.signal:
                     # Asked at once: an execution already proven gone (its node's Epilog ran
                     # before this pass) is not held a whole pass longer.
                     self._ask_signal(job, job.history().lineage(task), hold, task,
                                      self.clock(), report)
+                if job.history().lineage(task).lifted(hold.slurm_job_id) is None:
+                    # Told only of a hold that stands: one lifted at once has nothing to do.
+                    self._tell(job, hold, "made", report)
 
     def _submit(self, job: record.JobRecord, n: int, reason: str, extra: list[str],
                 hold: Optional[dict[str, Any]], claim: Optional[str], report: PassReport,

@@ -759,3 +759,20 @@ def test_a_reused_slurm_id_of_a_plain_job_is_never_cancelled_nor_live_for_the_re
     assert submit.cancel_job(slurm, job) == []
     assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
     submit.refuse_while_live(slurm, job)  # no UsageError
+
+
+def test_a_hold_lifted_in_the_pass_that_made_it_is_told_to_nobody(home: Path) -> None:
+    """Attack on issue 31 item 7: the hold is asked about in the pass that makes it, but the
+    owner was mailed (and the site's HoldNotify run) 'held until <deadline>; dispatch release
+    once...' first, for a hold lifted a moment later: every restart of a shared job whose
+    node had proven its execution gone mailed about a hold there never was to act on."""
+    cluster, clock, notifier = MailingCluster(), Clock(), Notifier()
+    job, ended = new_job(cluster, "--shared-checkpoint", "--resubmit", "1",
+                         "--mail-user=ann@example.org")
+    cluster.set(ended, JobState="NODE_FAIL")
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(mail=True, notify="/site/tell"),
+                     signal_runner=Signal("ceased"), clock=clock, notifier=notifier)
+    report = sup.run_pass()
+    assert cluster.jobs[last_slurm_id(job)]["JobState"] == "RUNNING", report.actions
+    assert notifier.sent == [], notifier.sent
+    assert [e for e in job.events() if e["event"] == "notified"] == []
