@@ -196,6 +196,9 @@ def _expand_variables(root: str, env: Mapping[str, str]) -> str:
     if "$" in _VARIABLE.sub("", root):
         raise UsageError(f"#DISPATCH --checkpoint {root!r}: a '$' that names no variable ($NAME or "
                          "${NAME}); a checkpoint root may not hold one")
+    if not expanded.strip():
+        raise UsageError(f"#DISPATCH --checkpoint {root!r} expands to nothing (its variables are "
+                         "set but empty): a checkpoint root is a folder")
     return expanded
 
 

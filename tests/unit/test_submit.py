@@ -435,3 +435,14 @@ def test_a_dispatch_lines_root_with_a_jobs_slurm_variable_is_refused(
     assert f"${name} is the job's" in text and hint in text, text
     assert not (env / "ck").exists() and not (env / "ck" / f"run_{outer}").exists()
     assert record.all_jobs() == []
+
+
+def test_a_dispatch_lines_root_that_expands_to_nothing_is_named(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`#DISPATCH --checkpoint $SCRATCH_RUN` with SCRATCH_RUN set but empty: it said 'no
+    checkpoint root: give --checkpoint DIR', though the line gives one."""
+    monkeypatch.setenv("SCRATCH_RUN", "")
+    (env / "job.sh").write_text("#!/bin/bash\n#DISPATCH --checkpoint $SCRATCH_RUN\necho\n")
+    with pytest.raises(UsageError, match=r"'\$SCRATCH_RUN' expands to nothing"):
+        make(["job.sh"], FakeController())
+    assert record.all_jobs() == []
