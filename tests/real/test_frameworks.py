@@ -66,13 +66,14 @@ def frameworks(sandbox: Any) -> Path:
     return python
 
 
-def _work(sandbox: Any, example: str) -> Workdir:
+def _work(sandbox: Any, example: str, names: tuple[str, ...] = ("train.py", "job.sh")
+          ) -> Workdir:
     home = Path(os.path.expanduser(f"~{sandbox.user}"))
     path = home / "tests" / f"{example}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     shutil.chown(path.parent, sandbox.user)
     shutil.chown(path, sandbox.user)
-    for name in ("train.py", "job.sh"):
+    for name in names:
         shutil.copy(EXAMPLES / example / name, path / name)
         shutil.chown(path / name, sandbox.user)
     return Workdir(sandbox, path)
