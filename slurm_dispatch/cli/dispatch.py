@@ -326,6 +326,11 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     it names each with the option that would have found it and exits non-zero (2 when the
     command succeeded).
 
+    A resumed execution ($DISPATCH_RESUME_FROM) that publishes a step at or below the step of
+    the save it resumed from is said once, with the option that restores the step where it is
+    known (torchtitan: --checkpoint.no-initial-load-model-only); accelerate's checkpoint_<i>
+    is said to be a save index, not a step.  Publishing goes on.
+
     Example: `dispatch watch -- python train.py --output_dir "$DISPATCH_EXEC_DIR"`
     """
     import os

@@ -356,3 +356,20 @@ def test_accelerates_save_index_is_said_not_taken_for_a_step(root: Path,
     assert lines[1:] == ["checkpoint_0 is accelerate's save index (0, 1, 2 again in every "
                          "execution), not a training step: the step is not known and is not "
                          "compared across executions"]
+
+
+def test_dispatch_watch_takes_the_resume_source_from_the_job(root: Path, folder: Path) -> None:
+    """The command reads $DISPATCH_RESUME_FROM, as the launcher sets it, and says a step
+    below the save it names; publishing goes on and the run ends as the command did."""
+    source = _resumed_from(root, 7)
+    save = folder / "saved-1"
+    proc = subprocess.run(
+        [*DISPATCH, "watch", "--interval", "0.05", "--pattern", "saved-{step}", "--", "sh",
+         "-c", f"sleep 0.3; mkdir -p {save} && echo '{{}}' > {save}/trainer_state.json"],
+        env={**watch_env(root, folder), "DISPATCH_EPOCH": str(NEXT),
+             "DISPATCH_RESUME_FROM": str(source)},
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert published(root) == [(7, "checkpoint-7"), (1, "saved-1")]
+    assert (f"dispatch watch: step 1 ({save}) is at or below step 7 of the save this "
+            f"execution resumed from ({source})") in proc.stderr
