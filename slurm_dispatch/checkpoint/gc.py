@@ -99,6 +99,7 @@ PUBLICATION = "publication"  # one whose save is already gone: only the name goe
 # always hold it, so a publication's folder is found by decoding that much only, once per
 # distinct head (many saves share it).
 _HEAD_CHARS = 56
+_SHARED_CHARS = 48  # the base32 of exec/ and the attempt's first 25 characters (30 bytes)
 # Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
 # while it writes, Lightning's .ckpt files (a .ckpt folder: its sharded save, a DCP one) and
 # its checkpoints/ folder inside an execution's, torchtitan's step-N DCP folders).  A DCP
@@ -469,25 +470,28 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             tails.setdefault(n[42:], []).append(n)
         return {decode.path(pubs[-1]): pubs for pubs in tails.values()}
 
-    # The saves an older execution published (also above the K latest: a save once named
-    # is a save) and those it never published but that look whole, which stay.
-    published: dict[str, set[str]] = {}  # older folder -> its published paths, whole root
+    # The saves an older execution never published but that look whole stay.  Which are
+    # published is told by the names' encoded paths (also above the K latest: a save once
+    # named is a save), never by decoding every name (the costly part).
+    # (Every path in a folder shares its first 30 bytes, "exec/" and 25 of the attempt's 26
+    # characters, so its first 48 base32 characters: only the rest is compared.)
+    tails: dict[str, set[str]] = {}  # older folder -> its publications' encoded paths
     for n in ordered:
         folder = heads.get(n[42:cut]) if len(n) > cut else None
         folder = folder if folder is not None else folder_of(n)
         if folder is not None and folder not in protected:
-            published.setdefault(folder, set()).add(decode.path(n))
+            tails.setdefault(folder, set()).add(n[42 + _SHARED_CHARS:])
     for path in decided:
         parts = path.split("/")
         if len(parts) >= 3 and parts[0] == EXEC and parts[1] not in protected:
-            published.setdefault(parts[1], set()).add(path)
+            tails.setdefault(parts[1], set()).add(model.encode_path(path)[_SHARED_CHARS:])
     unpublished: list[tuple[str, str]] = []  # (path, why it looks whole)
     for attempt in sorted(set(folders) - protected):
         old = folders[attempt]
         if execdir.REMOVING in old.entries:
             continue  # a killed cleanup unpublished its saves to remove the folder
         where = f"{EXEC}/{attempt}"
-        for entry in _unpublished_saves(old, published.get(attempt, set())):
+        for entry in _unpublished_saves(old, tails.get(attempt, set())):
             path = f"{where}/{entry.rstrip('/')}"
             why = None if whole is None else whole(old, entry)
             if why is not None and _needed_by(path, needed) is None:
@@ -503,19 +507,26 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         where = f"{EXEC}/{attempt}"
         f: Optional[Folder] = folders.get(attempt)
         stays = _needed_by(where, needed)
-        saves = by_save(group)
-        paths = published.get(attempt, set())
-        tops = {p.split("/")[2] for p in paths if p.count("/") >= 2}
-        inner = frozenset(p.split("/", 2)[2] for p in paths
-                          if p.startswith(f"{where}/{CHECKPOINTS}"))
+        unsure_entries = [] if f is None else [
+            e for e in f.entries if not _is_save_entry(e, set(), f)]
+        saves: dict[str, list[str]] = {}
+        tops: set[str] = set()
+        inner: frozenset[str] = frozenset()
+        if unsure_entries or stays is not None or f is None:
+            saves = by_save(group)
+            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+            inner = frozenset(p.split("/", 2)[2] for p in saves
+                              if p.startswith(f"{where}/{CHECKPOINTS}"))
         # (checkpoints/ was looked into: a published save in it does not make it all saves)
-        others = [] if f is None else [
-            e for e in f.entries if not _is_save_entry(e, tops, f, inner)]
+        others = [e for e in unsure_entries if not _is_save_entry(e, tops, f, inner)]
         if f is not None and stays is None and (all_files or not others):
             removals.append(Removal(FOLDER, where, sorted(group), entries=sorted(f.entries),
                                     others=sorted(others)))
             f.verdict = "removed"
             continue
+        if not saves:
+            saves = by_save(group)
+            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
         if f is not None:
             if stays is not None:
                 f.verdict = ("kept: it holds a save never published that looks whole"
@@ -534,9 +545,13 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         if f is not None:
             # Saves it never published that do not look whole (cut off while being written)
             # go too; with --remove-unpublished, whole ones too.
-            for entry in _unpublished_saves(f, paths):
-                path = f"{where}/{entry.rstrip('/')}"
-                if _needed_by(path, needed) is None:
+            for entry in sorted(f.entries):
+                bare = entry.rstrip("/")
+                path = f"{where}/{bare}"
+                if (bare not in tops and not execdir.is_own(bare)
+                        and _SAVE_NAME.fullmatch(entry) and entry != CHECKPOINTS
+                        and entry not in f.not_dcp and _is_save_entry(entry, tops, f)
+                        and _needed_by(path, needed) is None):
                     removals.append(Removal(SAVE, path, []))
     # The live lineage's folder stays, and so does all it has not published (a save being
     # written); what it published below the K latest goes, one save at a time, so that the
@@ -546,28 +561,26 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     return Plan(latest, removals, epoch, unsure, needed, left, unpublished)
 
 
-def _unpublished_saves(f: Folder, published: set[str]) -> list[str]:
-    """The saves in an older execution's folder that no publication names: its entries (and
-    those of its ``checkpoints/``, as ``checkpoints/<name>``) that are saves by name and, for
-    a ``.ckpt`` or ``step-N/`` folder, by what it holds (:func:`_is_save_entry`)."""
-    where = f"{EXEC}/{f.attempt}/"
-    named = {p[len(where):] for p in published if p.startswith(where)}
+def _unpublished_saves(f: Folder, tails: set[str]) -> list[str]:
+    """The saves in an older execution's folder that no publication names (``tails``: the
+    encoded paths of its publications) and that may look whole: its entries (and those of
+    its ``checkpoints/``, as ``checkpoints/<name>``) that are saves by name and, for a
+    ``.ckpt`` or ``step-N/`` folder, by what it holds (:func:`_is_save_entry`); a file only
+    with its manifest beside it or ``step=<N>`` in its name (:func:`looks_whole`)."""
     found = []
     for entry in f.entries:
-        bare = entry.rstrip("/")
-        if (bare in named or execdir.is_own(bare) or entry == CHECKPOINTS
-                or entry in f.not_dcp or _SAVE_NAME.fullmatch(entry) is None
-                or (entry.endswith(".ckpt") and not _ckpt_file_save(entry, f, named))):
+        if (execdir.is_own(entry.rstrip("/")) or entry == CHECKPOINTS or entry in f.not_dcp
+                or _SAVE_NAME.fullmatch(entry) is None):
             continue
         found.append(entry)
-    for name in f.inner:
-        entry = CHECKPOINTS + name
-        bare = entry.rstrip("/")
-        if (bare in named or name.endswith(execdir.MANIFEST_SUFFIX)
-                or not _inner_is_save(name, f, frozenset(named))):
-            continue
-        found.append(entry)
-    return sorted(found)
+    found += [CHECKPOINTS + name for name in f.inner
+              if not name.endswith(execdir.MANIFEST_SUFFIX)
+              and _inner_is_save(name, f, frozenset())]
+    found = [e for e in found if e.endswith("/") or _FILE_STEP.search(e)
+             or f.has(e + execdir.MANIFEST_SUFFIX)]
+    tail = f"{f.attempt[-1]}/"  # what of exec/<attempt>/ the first 48 characters leave
+    encoded = model.encode_paths([tail + e.rstrip("/") for e in found])
+    return sorted(e for e, rest in zip(found, encoded) if rest not in tails)
 
 
 def _mark_ended(folders: dict[str, Folder], latest_epoch: Optional[int],

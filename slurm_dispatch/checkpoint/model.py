@@ -147,6 +147,18 @@ def encode_path(relative: str) -> str:
     return base64.b32encode(relative.encode("utf-8", "surrogateescape")).decode("ascii").rstrip("=")
 
 
+def encode_paths(relatives: list[str]) -> list[str]:
+    """:func:`encode_path` of each, in one base32 pass: each path, zero-filled to a whole
+    5-byte block, encodes to its own base32 followed by what the fill adds, which is cut."""
+    raws = [r.encode("utf-8", "surrogateescape") for r in relatives]
+    text = base64.b32encode(b"".join(r + b"\0" * (-len(r) % 5) for r in raws)).decode("ascii")
+    out, at = [], 0
+    for raw in raws:
+        out.append(text[at:at + (len(raw) * 8 + 4) // 5])
+        at += (len(raw) + 4) // 5 * 8
+    return out
+
+
 def decode_path(encoded: str, *, name: str | None = None) -> str:
     """Decode the base32 part of a name; only canonical, valid, in-root paths pass."""
     label = name if name is not None else encoded

@@ -146,3 +146,14 @@ def test_parse_refuses_and_names_it(name: str) -> None:
     with pytest.raises(BadPublicationName) as info:
         model.parse_name(name)
     assert repr(name) in str(info.value)
+
+
+def test_encode_paths_is_encode_path_of_each() -> None:
+    """Cleanup encodes many paths in one pass (gc's unpublished saves): the same text as one
+    by one, whatever each path's length against base32's 5-byte blocks."""
+    import random
+
+    rng = random.Random(5)
+    paths = ["", "a", "ab", "abc", "abcd", "abcde", "abcdef", "é/ü"] + [
+        "".join(rng.choice("ab/=.-_é") for _ in range(rng.randint(1, 40))) for _ in range(500)]
+    assert model.encode_paths(paths) == [model.encode_path(p) for p in paths]
