@@ -286,15 +286,15 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     save by default (Lightning's lightning_logs/version_<V>/checkpoints/, accelerate's
     checkpoints/, torchtitan's checkpoint/): never inside a save, never through a symlink.
 
-    Complete means, for every kind: it looks whole (a folder: its ready file, --ready, is a non-empty file,
-    parsing if .json; a file: non-empty and, if a zip as torch.save writes, ended by its end
-    record), nothing in it (every file and folder under a folder) changed between two
-    consecutive scans, and no process of yours on this node has one of its files open for
-    writing or mapped writable.  So a save is published one to two intervals after it is
-    finished.  On a folder root each is fsynced (files and folders) before it is published,
-    so --keep never removes an older save because of one not on disk.  Saves at or
-    below the greatest step already published from DIR are never published, so a restarted
-    watch carries on.
+    Complete means, for every kind: it looks whole (a folder: its ready file, --ready, is a
+    non-empty file, parsing if .json; a file: non-empty and, if a zip as torch.save writes,
+    ended by its end record), nothing in it (every file and folder under a folder) changed
+    between two consecutive scans, and no process of yours on this node has one of its files
+    open for writing or mapped writable.  So a save is published one to two intervals after it
+    is finished.  On a folder root each is fsynced (files and folders) before it is published,
+    so --keep never removes an older save because of one not on disk.  Saves at or below the
+    greatest step already published from DIR are never published, so a restarted watch carries
+    on.
 
     With a COMMAND (after --), run it, forward TERM, INT, USR1, USR2, HUP and CONT to it,
     scan again when it exits (at most a second apart, until every save that looks whole is
