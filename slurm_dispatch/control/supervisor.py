@@ -619,6 +619,8 @@ class Supervisor:
         if answers and now - answers[-1].asked < self.settings.interval:
             return
         signal = self.settings.signal
+        if not signal:
+            return  # no CessationSignal at this site: the hold waits for a person
 
         def heard(one: holds.Asked) -> None:
             reason = holds.why(one.answer)

@@ -103,7 +103,7 @@ def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
             # sbatch runs in the job's submission folder (its default working folder), which
             # the user may have removed since: not a missing Slurm.
             what = {errno.ENOENT: "does not exist", errno.ENOTDIR: "is not a folder"}.get(
-                exc.errno, f"cannot be entered ({exc.strerror})")
+                exc.errno or 0, f"cannot be entered ({exc.strerror})")
             raise SlurmError(f"cannot run {argv[0]} in {cwd!r}, the folder the job was "
                              f"submitted from: it {what} (it is the job's working folder: "
                              "make it again, or give sbatch --chdir)", argv=list(argv)) from None
