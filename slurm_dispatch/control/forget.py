@@ -53,16 +53,17 @@ def ended_attempts(job: record.JobRecord) -> frozenset[str]:
         tasks = history.tasks
     except DispatchError:
         return frozenset()
-    order = {id(e): i for i, e in enumerate(history.events)}
     out: set[str] = set()
     for line in [history.lineage(), *(history.lineage(t) for t in tasks)]:
         end = line.superseded or line.finished
         if end is None:
             continue
-        for start in history.of(events.Started):
-            if (line.task is None or start.task == line.task) and start.attempt \
-                    and order[id(start)] < order[id(end)]:
-                out.add(start.attempt)
+        for event in history.events:  # the record's order: the starts before that end
+            if event is end:
+                break
+            if isinstance(event, events.Started) and event.attempt \
+                    and (line.task is None or event.task == line.task):
+                out.add(event.attempt)
     return frozenset(out)
 
 
