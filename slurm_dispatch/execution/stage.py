@@ -23,7 +23,6 @@ folder, and is named on stderr.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from typing import Callable, Optional
 
@@ -31,8 +30,7 @@ from ..checkpoint import execdir
 from ..checkpoint import publish as store
 from ..checkpoint.stores import transfer
 from ..checkpoint.stores.base import Store
-
-DOWNLOADS = re.compile(r"resume-[0-9]+|fetched")  # execution.s3saves, fetch
+from .watch_s3 import DOWNLOADS
 
 
 def clear(root: str, stage_dir: str, prefix: str, timeout: float,

@@ -9,9 +9,10 @@ publish through the integrations, after a barrier.  A
 default (Lightning's ``lightning_logs/version_N/checkpoints/``, accelerate's
 ``checkpoints/checkpoint_<i>``, torchtitan's ``checkpoint/step-<N>``): every folder whose name
 is not a save's, at most SCAN_DEPTH names deep, never a save's insides (a DCP folder stays one
-save), a symlink or a name starting with "."; :class:`WatchLoop` repeats the scan every
-interval, runs the user's command as its child, forwards Slurm's signals to it and scans a
-last time when it exits.
+save), a symlink, a name starting with "." or, on S3, the staging folder's copies dispatch
+fetched (``resume-<n>/``, ``fetched/``: saves already published, watch_s3.DOWNLOADS);
+:class:`WatchLoop` repeats the scan every interval, runs the user's command as its child,
+forwards Slurm's signals to it and scans a last time when it exits.
 
 Invariants:
 
@@ -97,7 +98,7 @@ from .saverules import (
     step_named,
 )
 from .saves import sync_save
-from .watch_s3 import Uploader
+from .watch_s3 import DOWNLOADS, Uploader
 
 DEFAULT_INTERVAL = 2.0
 LAST_GAP = 1.0  # after the command exits: the most seconds between the last scans
@@ -193,7 +194,7 @@ class Watcher:
             for entry in self._entries(rel):
                 name = entry.name
                 path = f"{rel}/{name}" if rel else name
-                if path in self._settled:
+                if path in self._settled or not rel and self._fetched(entry.path):
                     continue
                 if depth < SCAN_DEPTH and not name.startswith(".") \
                         and self.rule.step_of(name) is None and _is_folder(entry):
@@ -201,6 +202,14 @@ class Watcher:
                 else:
                     out.append(path)
         return out
+
+    def _fetched(self, path: str) -> bool:
+        """``path`` is (or is in) a copy dispatch fetched into the staging folder (resume-<n>/,
+        fetched/): a save already published, never one of this execution's, nor removed."""
+        if self.uploader is None:
+            return False
+        first = os.path.relpath(path, self.exec_dir or self.folder).split("/", 1)[0]
+        return DOWNLOADS.fullmatch(first) is not None
 
     def _entries(self, rel: str) -> list[os.DirEntry[str]]:
         """The entries of the folder (``rel`` "") or of a folder under it."""
@@ -291,7 +300,7 @@ class Watcher:
         waiting = {os.path.join(self.folder, name) for name in self._seen}
         out = []
         for path in step_named(base):
-            if path in waiting:
+            if path in waiting or self._fetched(path):
                 continue
             option = self._option_for(path)
             if option is not None:

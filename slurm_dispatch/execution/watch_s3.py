@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 import stat
 from typing import Callable, Optional
@@ -40,6 +41,12 @@ from ..checkpoint import model
 from ..checkpoint import publish as store
 from ..checkpoint.stores import transfer
 from ..errors import OutOfBounds, OutsideRoot, UsageError
+
+# The staging folder's folders of copies dispatch fetched from S3 (s3saves' resume-<n>/, the
+# resume source; fetch's fetched/, a save fetched by name): saves already published, never this
+# execution's own.  Watch never enters them (nor publishes, nor removes what is in them);
+# stage.clear removes them only while they hold nothing but what S3 holds.
+DOWNLOADS = re.compile(r"resume-[0-9]+|fetched")
 
 
 class Uploader:

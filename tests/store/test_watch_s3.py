@@ -151,6 +151,36 @@ def test_a_restarted_watch_neither_fails_nor_republishes(
     assert (stage / "checkpoint-5").is_dir()
 
 
+def test_the_copies_dispatch_fetched_are_never_this_executions_saves(
+        s3_env: SeaweedServer, s3_root: str, stage: Path) -> None:
+    # resume-<n>/ (the resume source, s3saves) and fetched/ (dispatch fetch SAVE) hold copies
+    # of saves already published; the deep scan enters neither: publishing one as a save of
+    # this execution would also remove it (and work a trainer wrote into it) as an older copy.
+    for folder, step in (("resume-1", 10), ("fetched", 3), ("resume-2", 30)):
+        (stage / folder).mkdir()
+        hf_save(stage / folder, step)
+    (stage / "out").mkdir()
+    hf_save(stage / "out", 12)
+    hf_save(stage, 15)
+    lines: list[str] = []
+    w = watcher(s3_root, stage, lines)
+    assert [p.step for p in two_scans(w)] == [12, 15]
+    assert [s for s, _ in published(s3_root)] == [12, 15]
+    for folder, step in (("resume-1", 10), ("fetched", 3), ("resume-2", 30)):
+        assert (stage / folder / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    assert not any("resume-" in line or "fetched" in line for line in lines), lines
+    assert w.missed() == []
+
+
+def test_a_watch_that_published_nothing_names_no_fetched_copy(
+        s3_env: SeaweedServer, s3_root: str, stage: Path) -> None:
+    (stage / "resume-1").mkdir()
+    hf_save(stage / "resume-1", 10)
+    w = Watcher(s3_root, str(stage), EPOCH, SaveRule.make(), upload_to=exec_prefix(s3_root),
+                timeout=30, exec_dir=str(stage))
+    assert two_scans(w) == [] and w.missed() == []
+
+
 def test_the_mark_is_this_prefix_own(s3_env: SeaweedServer, s3_root: str, stage: Path) -> None:
     store.publish(s3_root, EPOCH, 50, f"{s3_root}/exec/{'1' * 26}/checkpoint-50")
     hf_save(stage, 5)
