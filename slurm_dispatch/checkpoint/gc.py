@@ -99,7 +99,16 @@ PUBLICATION = "publication"  # one whose save is already gone: only the name goe
 # always hold it, so a publication's folder is found by decoding that much only, once per
 # distinct head (many saves share it).
 _HEAD_CHARS = 56
-_SHARED_CHARS = 48  # the base32 of exec/ and the attempt's first 25 characters (30 bytes)
+
+
+def _shared_chars(attempt: str) -> int:
+    """How many base32 characters every encoded path in ``exec/<attempt>/`` shares: those of
+    its prefix's whole 5-byte blocks (48 for a launcher's 26-character attempt: 30 bytes).
+    Counted per folder, never assumed: a folder of another name length (a person's, a test's)
+    shifts the blocks, and a fixed count compared the wrong characters (every save of such a
+    folder was taken for one never published)."""
+    size = len(f"{EXEC}/{attempt}/".encode("utf-8", "surrogateescape"))
+    return size // 5 * 8
 # Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
 # while it writes, Lightning's .ckpt files (a .ckpt folder: its sharded save, a DCP one) and
 # its checkpoints/ folder inside an execution's, torchtitan's step-N DCP folders).  A DCP
@@ -473,18 +482,23 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     # The saves an older execution never published but that look whole stay.  Which are
     # published is told by the names' encoded paths (also above the K latest: a save once
     # named is a save), never by decoding every name (the costly part).
-    # (Every path in a folder shares its first 30 bytes, "exec/" and 25 of the attempt's 26
-    # characters, so its first 48 base32 characters: only the rest is compared.)
+    # (Every path in a folder shares the whole 5-byte blocks of "exec/<attempt>/", so their
+    # base32 characters, :func:`_shared_chars`: only the rest is compared.)
     tails: dict[str, set[str]] = {}  # older folder -> its publications' encoded paths
+    shared: dict[str, int] = {}
     for n in ordered:
         folder = heads.get(n[42:cut]) if len(n) > cut else None
         folder = folder if folder is not None else folder_of(n)
         if folder is not None and folder not in protected:
-            tails.setdefault(folder, set()).add(n[42 + _SHARED_CHARS:])
+            skip = shared.get(folder)
+            if skip is None:
+                skip = shared[folder] = _shared_chars(folder)
+            tails.setdefault(folder, set()).add(n[42 + skip:])
     for path in decided:
         parts = path.split("/")
         if len(parts) >= 3 and parts[0] == EXEC and parts[1] not in protected:
-            tails.setdefault(parts[1], set()).add(model.encode_path(path)[_SHARED_CHARS:])
+            tails.setdefault(parts[1], set()).add(
+                model.encode_path(path)[_shared_chars(parts[1]):])
     unpublished: list[tuple[str, str]] = []  # (path, why it looks whole)
     for attempt in sorted(set(folders) - protected):
         old = folders[attempt]
@@ -578,9 +592,9 @@ def _unpublished_saves(f: Folder, tails: set[str]) -> list[str]:
               and _inner_is_save(name, f, frozenset())]
     found = [e for e in found if e.endswith("/") or _FILE_STEP.search(e)
              or f.has(e + execdir.MANIFEST_SUFFIX)]
-    tail = f"{f.attempt[-1]}/"  # what of exec/<attempt>/ the first 48 characters leave
-    encoded = model.encode_paths([tail + e.rstrip("/") for e in found])
-    return sorted(e for e, rest in zip(found, encoded) if rest not in tails)
+    where, skip = f"{EXEC}/{f.attempt}/", _shared_chars(f.attempt)
+    encoded = model.encode_paths([where + e.rstrip("/") for e in found])
+    return sorted(e for e, rest in zip(found, encoded) if rest[skip:] not in tails)
 
 
 def _mark_ended(folders: dict[str, Folder], latest_epoch: Optional[int],

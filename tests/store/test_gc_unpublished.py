@@ -6,11 +6,14 @@ no evidence of a save.  Every test runs on a folder and on a real SeaweedFS serv
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
-from slurm_dispatch.checkpoint import execdir, gc
+from slurm_dispatch.checkpoint import execdir, gc, model
+from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.execution import launch
 
 from .gc_world import World, epoch
 
@@ -134,3 +137,27 @@ def test_the_lightning_integrations_folder_goes_with_its_last_ckpt(world: World)
     [world.saved(b, E2, step) for step in (3, 4)]
     report = gc.collect(world.root, 1, lag=0)
     assert not world.exists(f"exec/{a}") and report.unpublished == []
+
+
+def test_saves_an_older_folder_published_are_told_whatever_its_names_length(tmp_path: Path) -> None:
+    """Which saves of an older folder were published is told from the encoded paths past what
+    every path of the folder shares; ab3a396 counted that as 48 characters for any folder, right
+    only for a launcher's 26-character attempt: in a folder of another name (a test's exec/a)
+    every published save was taken for one never published and kept with its folder."""
+    for name in ("a", "abcd", "abcdefghi", model.new_attempt()):
+        root = tmp_path / name
+        for attempt, ep, steps in ((name, E1, (1, 2, 3)), ("newer", E2, (4,))):
+            folder = root / "exec" / attempt
+            folder.mkdir(parents=True)
+            launch.write_exec_record(str(folder), {
+                "job": "j", "epoch": ep, "attempt": attempt, "resume_from": None,
+                "resume_publication": None})
+            for step in steps:
+                save = folder / f"checkpoint-{step}"
+                save.mkdir()
+                (save / "model.bin").write_bytes(b"m" * 90)
+                (save / "trainer_state.json").write_text('{"step":1}')
+                store.publish(str(root), ep, step, str(save))
+        report = gc.collect(str(root), 1, lag=0)
+        assert report.unpublished == [], (name, report.unpublished)
+        assert not (root / "exec" / name).exists(), name
