@@ -193,7 +193,7 @@ class Cases:
             cluster.partition(nodes[0], soak.directory)
             soak.pending_heals.append((time.monotonic() + CUT_FOR, "partition", nodes[0]))
             soak.faults.append({"kind": "partition", "t": time.time(), "target": nodes[0]})
-            self.overlap.update(cut=nodes[0], old=old, at=time.time())
+            self.overlap.update(cut=nodes[0], old=old)
             return
         if "requeued" in self.overlap:
             return
