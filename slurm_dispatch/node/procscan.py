@@ -20,6 +20,12 @@ Invariants:
   at that round's listing was then read (it was either new in it, or seen before and read alive:
   a PID that vanished in an earlier round was dead before this listing).  A scan that does not
   get there by its deadline names the PIDs it could not read (``unresolved``), never a clean pass.
+* A process read alive may be killed before the scan ends (slurmd's SIGKILL reaches a trap's
+  reparented child after the Epilog began, on a loaded node).  Before it returns, the scan reads
+  each process it found again: one that is gone (its PID missing, reused, or a zombie) is no
+  survivor; one that is dying (exiting, or SIGKILL pending) is waited for until the deadline and
+  counted if it is still there (a process stuck in the kernel with SIGKILL pending is exactly
+  the survivor a proof must not miss).
 * A thread group whose leader exited (``SYS_exit`` in the main thread) shows a zombie leader with
   an empty environment; its live threads are read instead.  Environments are read to their end,
   in chunks (no size cut).
@@ -312,13 +318,63 @@ def scan(jobs: dict[str, int | None], exclude: set[int] | None = None,
             for job, process in mine:
                 out.found[job].append(process)
         out.seconds = time.monotonic() - started
-        if not unresolved:
-            out.complete = True
-            out.unresolved = []
+        if unresolved and out.seconds < seconds:
+            continue
+        out.complete, out.unresolved = not unresolved, unresolved
+        if unresolved or out.seconds >= seconds:
             return out
-        if out.seconds >= seconds:
-            out.unresolved = unresolved
+        # A converged round: read what was found again.  One gone may have forked first (its
+        # child is new in the next listing), so after a drop the scan goes on; a dying one is
+        # waited for.  At the deadline what was found stands.
+        changed = _settle(out)
+        if changed is None:
             return out
+        if changed == "dying":
+            time.sleep(0.01)
+
+
+_SIGKILL_BIT = 1 << 8  # signal 9 in the pending masks of /proc/PID/status
+
+
+def _now(process: dict) -> str:
+    """``gone`` (PID missing, reused, or a zombie with no live thread), ``dying`` (exiting or
+    SIGKILL pending) or ``alive``, for a process found earlier."""
+    path = f"/proc/{process['pid']}"
+    try:
+        fields = _stat_fields(path)
+        if fields[0] in ("Z", "X"):
+            task = _live_task(str(process["pid"])) if fields[17] != "1" else None
+            if task is None:
+                return "gone"
+            path, fields = task, _stat_fields(task)
+        if int(fields[19]) != process["starttime"]:
+            return "gone"
+        if int(fields[6]) & _PF_EXITING:
+            return "dying"
+        for line in _read(f"{path}/status").splitlines():
+            if line.startswith((b"SigPnd:", b"ShdPnd:")) and \
+                    int(line.split()[1], 16) & _SIGKILL_BIT:
+                return "dying"
+    except (OSError, IndexError, ValueError):
+        return "gone"
+    return "alive"
+
+
+def _settle(out: Scan) -> str | None:
+    """Drop from ``out.found`` the processes gone by now: ``gone`` if one was dropped, else
+    ``dying`` if one is dying, else None (every one still alive)."""
+    dropped = dying = False
+    for job, found in out.found.items():
+        kept = []
+        for process in found:
+            state = _now(process)
+            if state == "gone":
+                dropped = True
+            else:
+                kept.append(process)
+                dying = dying or state == "dying"
+        out.found[job] = kept
+    return "gone" if dropped else "dying" if dying else None
 
 
 def scan_within(jobs: dict[str, int | None], seconds: float,

@@ -224,3 +224,39 @@ def test_another_users_hopper_is_never_counted(reaper: list, c_hopper: Path) -> 
     results = [procscan.scan({job: 4321}) for _ in range(30)]
     assert all(r.found[job] == [] for r in results)  # never counted: the safety property
     assert all(r.complete or r.unresolved for r in results)  # an unfinished scan says so
+
+
+def test_a_process_killed_while_the_scan_runs_is_not_a_survivor(
+        reaper: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmd's SIGKILL reaches a process the Epilog's scan has just read (a trap's child that
+    was reparented, on a loaded node): by the end of the scan it is gone, so it is no survivor
+    (the CI run that found a job killed at KillWait proven only by the later re-check)."""
+    job = job_id()
+    proc = subprocess.Popen(["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job},
+                            start_new_session=True, cwd="/")
+    reaper.append(proc)
+    _wait(lambda: b"sleep" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 5, "exec")
+    real = procscan._examine
+
+    def examine_then_kill(pid, jobs, kernel=frozenset()):  # type: ignore[no-untyped-def]
+        outcome = real(pid, jobs, kernel)
+        if pid == str(proc.pid):
+            os.kill(proc.pid, signal.SIGKILL)
+        return outcome
+
+    monkeypatch.setattr(procscan, "_examine", examine_then_kill)
+    found = procscan.scan({job: None}, set(), seconds=2.0)
+    assert found.complete and found.found[job] == []
+
+
+def test_a_process_that_stays_through_the_scan_is_a_survivor(reaper: list) -> None:
+    """A stopped process (as one stuck would be) is still there at the scan's end: counted."""
+    job = job_id()
+    proc = subprocess.Popen(["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job},
+                            start_new_session=True, cwd="/")
+    reaper.append(proc)
+    _wait(lambda: b"sleep" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 5, "exec")
+    os.kill(proc.pid, signal.SIGSTOP)
+    _wait(lambda: _state(proc.pid) == "T", 5, "stopped")
+    found = procscan.scan({job: None}, set(), seconds=2.0)
+    assert [p["pid"] for p in found.found[job]] == [proc.pid]

@@ -97,7 +97,8 @@ def test_sigterm_trapping_job_cancelled(sandbox: Sandbox) -> None:
     assert "has not ended" in verdict["reason"] or not verdict["ceased"]
     verdict = wait_cease(sandbox, jobid, 0)
     assert verdict["job_state"] == "CANCELLED"
-    assert all("no process left after the kill" in n["evidence"] for n in verdict["nodes"])
+    assert all("no process left after the kill" in n["evidence"] for n in verdict["nodes"]), \
+        verdict
 
 
 def test_escaped_process_is_named_then_cessation_once_it_is_gone(sandbox: Sandbox) -> None:
