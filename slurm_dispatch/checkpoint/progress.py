@@ -14,6 +14,10 @@ further-along one (a newer epoch) without an error; :func:`went_backwards` says 
 framework option that restores the step where it is known.  Read by ``dispatch watch`` (at
 each publication) and ``dispatch status`` (per execution).
 
+An execution that published nothing past the save it resumed from made no progress
+(:func:`went_on`); ``dispatch supervise`` stops restarting a job after ``--max-no-progress``
+such executions in a row.
+
 Pure: no I/O.
 """
 
@@ -71,3 +75,17 @@ def index_note(path: str) -> Optional[str]:
     return (f"{_base(path)} is accelerate's save index (0, 1, 2 again in every execution), "
             "not a training step: the step is not known and is not compared across "
             "executions")
+
+
+def went_on(resumed_step: Optional[int], resumed_path: str,
+            published: Iterable[tuple[str, int]]) -> bool:
+    """Whether an execution made progress: one of its publications (``published``: (path,
+    step) of its own) is past the save it resumed from.  Past means a greater step; any
+    publication counts where it resumed from nothing (``resumed_step`` None: a fresh start, or
+    a save no longer published) or where a step is a save index (not comparable).  An
+    execution that published nothing made none (``dispatch supervise``'s --max-no-progress)."""
+    for path, step in published:
+        if resumed_step is None or not step_known(path) or not step_known(resumed_path) \
+                or step > resumed_step:
+            return True
+    return False

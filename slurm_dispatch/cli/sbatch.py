@@ -46,6 +46,9 @@ the command line wins):
                         signal the job script TIME (seconds or MM:SS, less than --time)
                         before its time limit, USR1 unless named, so it can save first
                         (sets sbatch's --signal=B:SIGNAL@TIME)
+  --max-no-progress N   stop restarting after N executions in a row that published
+                        nothing past the save they resumed from (default 3; 0: never):
+                        Slurm's requeued job is held, an ended one not resubmitted
   --plan                print the plan (rules, holds) and submit nothing
   -h, --help            print this help;  -V, --version  print the version
 

@@ -295,9 +295,33 @@ class Started(Event):
     pid: int = 0
 
 
+class NoProgress(Event):
+    """The supervisor stopped restarting a lineage: its last ``limit`` executions
+    (``executions``: [submission, restart, attempt] each, oldest first) published nothing past
+    the save each resumed from (``resumed_from``: those saves, '' for a fresh start).
+    ``action``: ``held`` (Slurm's requeued job ``slurm_job_id`` held, until a person's
+    release) or ``not resubmitted`` (after ``end_state``; a person's resubmit goes on).
+    Recorded once per last execution (its attempt is the key)."""
+
+    kind: ClassVar[str] = "no-progress"
+    required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id", "executions")
+    submission: int = 0
+    slurm_job_id: str = ""
+    executions: list[list[Any]] = []
+    resumed_from: list[str] = []
+    limit: int = 0
+    action: str = ""
+    end_state: str = ""
+
+    @property
+    def last_attempt(self) -> str:
+        last = self.executions[-1] if self.executions else []
+        return str(last[2]) if isinstance(last, list) and len(last) > 2 else ""
+
+
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, SubmitFailed, SubmitLost, Hold, Released, Expired, Cessation, Notified,
-    Finished, Superseded, Started)}
+    Finished, Superseded, Started, NoProgress)}
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -399,7 +423,8 @@ class Lineage:
     def __init__(self, task: Optional[int], submissions: list[Submitted], holds: list[Hold],
                  ends: list[Union[Released, Expired]], answers: list[Cessation],
                  started: list[Started], finished: Optional[Finished],
-                 superseded: Optional[Superseded]) -> None:
+                 superseded: Optional[Superseded],
+                 no_progress: Optional[list[NoProgress]] = None) -> None:
         self.task = task
         self.submissions = submissions
         self.holds = holds
@@ -408,6 +433,24 @@ class Lineage:
         self.started = started
         self.finished = finished
         self.superseded = superseded
+        self.no_progress = list(no_progress or [])
+
+    @property
+    def stopped(self) -> Optional[NoProgress]:
+        """The supervisor's standing stop for want of progress: the last one, while no
+        execution started after the ones it counted and, for a held job, no one released it
+        (a person's release or resubmission goes on)."""
+        if not self.no_progress:
+            return None
+        stop = self.no_progress[-1]
+        newest = max(self.started, key=lambda s: (s.epoch, s.ns), default=None)
+        if newest is None or newest.attempt != stop.last_attempt:
+            return None
+        if any(e.slurm_job_id == stop.slurm_job_id and e.ns > stop.ns for e in self.ends):
+            return None
+        if any(s.submission > stop.submission for s in self.submissions):
+            return None
+        return stop
 
     @property
     def current(self) -> Optional[Submitted]:
@@ -502,7 +545,8 @@ class History:
             started=[e for e in self.of(Started) if task is None or e.task == task],
             finished=finished[-1] if finished else None,
             # When it was superseded: the first (the supervisor's later ones cancel again).
-            superseded=superseded[0] if superseded else None)
+            superseded=superseded[0] if superseded else None,
+            no_progress=[e for e in self.of(NoProgress) if mine(e)])
 
     def settled_tasks(self, tasks: list[int]) -> bool:
         """Every one of an array's ``tasks`` is settled (or the whole job is)."""

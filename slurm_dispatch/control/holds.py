@@ -8,7 +8,8 @@ per ended execution (an array hold's every task), each answer recorded as a cess
 A person's ``dispatch resubmit`` of a shared job restarts it as a lifted hold does, so it asks
 here too, about the job's last execution (:func:`refuse_unproven_restart`).
 The texts a held Slurm job's comment carries through its hold (held, released, hold over) are
-written here too.
+written here too.  ``dispatch release`` also lifts the supervisor's hold of an isolated job's
+requeued Slurm job made for want of progress (``--max-no-progress``): nothing to prove there.
 
 Invariants:
 
@@ -201,6 +202,10 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
                 and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
             standing.append((line, hold))
     if not standing:
+        stopped = [line.stopped for line in lines if line.stopped is not None
+                   and line.stopped.action == "held"]
+        if stopped:
+            return _release_stopped(slurm, job, stopped)
         line = lines[0]
         last = line.holds[-1] if line.holds else None
         lifted = line.lifted(last.slurm_job_id) if last is not None else None
@@ -225,6 +230,18 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
                    by="a person (dispatch release" + (" --force)" if force else ")"),
                    task=hold.task)
         mark_released(slurm, job, hold, "by a person")
+    return ",".join(held_ids)
+
+
+def _release_stopped(slurm: Slurm, job: record.JobRecord,
+                     stopped: list[events.NoProgress]) -> str:
+    """A person lifts the supervisor's hold of Slurm's requeued job made for want of progress
+    (--max-no-progress): no cessation to prove, the job is isolated (Slurm requeued it)."""
+    held_ids = sorted({stop.slurm_job_id for stop in stopped})
+    slurm.release(held_ids)
+    for stop in stopped:
+        job.append(events.Released, slurm_job_id=stop.slurm_job_id,
+                   by="a person (dispatch release), after no progress", task=stop.task)
     return ",".join(held_ids)
 
 

@@ -53,6 +53,9 @@ def describe(request: Request) -> str:
     for rule in rules.rules_for(opts.shared_checkpoint, opts.resubmit, hold, signal,
                                 request.expedited):
         lines.append(f"  {rule.end_state:<14} {rule.text}")
+    stop = rules.no_progress_rule(opts.max_no_progress)
+    lines.append(f"  {'no progress':<14} " + (stop.text if stop is not None else
+                 "restarted whatever the executions publish (--max-no-progress 0)"))
     if opts.shared_checkpoint and opts.resubmit > 0:
         told = "by mail (Slurm's MailProg, to --mail-user or you)"
         if settings.notify:

@@ -17,12 +17,16 @@ the supervisor (which applies it), so what a user is shown is what is done.
   dispatch's back), and every restart becomes a hold for a person, lifted early only by a
   ceased answer from the site's CessationSignal.
 * A user's cancel and a completion are never undone.
+* Over every restart (Slurm's requeue, a resubmission, a hold standing in for one): after
+  ``--max-no-progress`` executions in a row that published nothing past the save each resumed
+  from (:func:`stalled`), the job is restarted no more and waits for a person: Slurm's
+  requeued job is held (``scontrol hold``), an ended one is not resubmitted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 # The end state names rules speak of (slurm.jobs.END_STATES maps Slurm's states to them).
 ORDER = ["node failure", "preempted", "failed", "timeout", "out of memory", "cancelled",
@@ -81,3 +85,20 @@ def rule_for(state: str, shared: bool, budget: int, expedited: bool = False) -> 
         if rule.end_state == state:
             return rule
     return Rule(state, "stop", f"stop (unknown end state {state!r})")
+
+
+def no_progress_rule(limit: int) -> Optional[Rule]:
+    """The rule over every restart for ``--max-no-progress limit`` (None where 0: off)."""
+    if limit <= 0:
+        return None
+    return Rule("no progress", "stop",
+                f"after {limit} execution(s) in a row that published nothing past the save "
+                "each resumed from: no more restarts (Slurm's requeued job held, an ended one "
+                "not resubmitted) until a person's `dispatch release` or `dispatch resubmit`")
+
+
+def stalled(progress: Sequence[bool], limit: int) -> bool:
+    """``progress``: whether each execution of a lineage, oldest first, published past the
+    save it resumed from.  True when the last ``limit`` of them (at least that many) made
+    none; never where ``limit`` is 0."""
+    return limit > 0 and len(progress) >= limit and not any(progress[-limit:])

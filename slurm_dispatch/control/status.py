@@ -19,7 +19,7 @@ from ..checkpoint import progress, roots
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, SLURM_END, Job, Snapshot
-from . import events, record, submit
+from . import events, noprogress, record, submit
 
 FactsReader = Callable[[str], Sequence[Mapping[str, Any]]]
 # dispatch jobs' state for a job Slurm held after its launch failed (Job.held_after_failed_launch).
@@ -313,6 +313,10 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         "script": spec["script_name"], "user": spec.get("user"), "created": spec["created"],
         "submissions": submissions, "executions": executions, "events": others,
         "slurm_holds": slurm_holds,
+        # Each lineage's standing stop for want of progress (--max-no-progress), in words.
+        "no_progress": [noprogress.stop_text(stop, job.id) for stop in
+                        (history.lineage(lane).stopped for lane in lanes) if stop is not None
+                        and (lane is None or stop.task is not None)],
         "latest": latest, "tasks": lines if tasks is not None else None,
         "supervisor": _last_pass(job),
         # Why the next submission would fail at once (its interpreter is gone), with the fix.

@@ -20,6 +20,7 @@ from .._clock import ago
 from .._table import render_table
 from ..checkpoint import roots
 from . import events
+from .noprogress import stop_text
 from .status import clock
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def _render(data: dict[str, Any]) -> str:
         out.append(f"Launcher    {data['launcher_problem']}")
     out.extend(slurm_hold_text(hold, data["shared_checkpoint"])
                for hold in data.get("slurm_holds") or [])
+    out.extend(f"No progress {line}" for line in data.get("no_progress") or [])
     out.append("")
     # Slurm's reason for the job's state, and ours for making the submission, apart.
     out.append(render_table(
@@ -246,6 +248,8 @@ def event_text(event: events.Event) -> str:
         return f"EXPIRED hold on Slurm job {shown(event.slurm_job_id)}: nothing more starts"
     if isinstance(event, events.Finished):
         return f"FINISHED {named}after {event.end_state}: {event.rule}"
+    if isinstance(event, events.NoProgress):
+        return f"NO-PROGRESS {named}{stop_text(event)}"
     if isinstance(event, events.Superseded):
         jobs = ", ".join(str(j) for j in event.cancelled)  # a hand edit may put anything
         if event.again:

@@ -62,7 +62,7 @@ from .. import _clock
 from ..errors import DispatchError, RecordError, SlurmError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, Job, Snapshot, end_name
-from . import dependency, events, heartbeat, holds, record, rules, submit
+from . import dependency, events, heartbeat, holds, noprogress, record, rules, submit
 from .holds import SignalRunner, ask_signal
 
 # An sbatch in flight (the adapter's attempts, timeouts and waits) has answered by then.
@@ -287,6 +287,7 @@ class Supervisor:
                     "submits it again)")
                 return False
         if any(not v.is_final for v in views):
+            self._requeued(job, line, current, views, report)
             self._failed_launches(job, line, current, views, report)
             return False  # running, pending, requeued: Slurm is not done with it
         self._ended(job, n, current.slurm_job_id, task, views, claim, report, how)
@@ -361,6 +362,64 @@ class Supervisor:
             report.actions.append(f"{job.id}: lifted Slurm's hold on job {shown}, made after "
                                   f"a failed launch ({LAUNCH_FAILED_HOLD}, restart "
                                   f"{view.restarts})")
+
+    def _requeued(self, job: record.JobRecord, line: events.Lineage,
+                  current: events.Submitted, views: list[Job], report: PassReport) -> None:
+        """Hold Slurm's requeued job of a lineage whose last executions made no progress
+        (--max-no-progress): it runs again only once a person releases it."""
+        again = [v for v in views if v.is_pending and v.restarts > 0
+                 and not v.held_after_failed_launch]
+        if len(again) != 1 or noprogress.limit_of(job) <= 0:
+            return
+        view = again[0]
+
+        def hold() -> None:
+            report.controller_calls += 1
+            self.slurm.hold([view.display_id])
+        # Held first: a pass killed before the record finds it held, and records it.
+        self._no_progress(job, line, current.submission, view.display_id,
+                          "requeued by Slurm", "held", report,
+                          before=None if view.is_held else hold)
+
+    def _no_progress(self, job: record.JobRecord, line: events.Lineage, n: int,
+                     slurm_id: str, end: str, action: str, report: PassReport,
+                     before: Optional[Callable[[], None]] = None
+                     ) -> Optional[events.NoProgress]:
+        """The lineage's stop for want of progress (:func:`rules.stalled`): the one recorded
+        for its newest execution, else one made now (``before`` is run first: the hold), else
+        None, the restart going on.  A root that cannot be listed restarts it as before."""
+        limit = noprogress.limit_of(job)
+        newest = max(line.started, key=lambda s: (s.epoch, s.ns), default=None)
+        if limit <= 0 or newest is None:
+            return None
+        made = [e for e in line.no_progress if e.last_attempt == newest.attempt]
+        if made:
+            return made[-1]
+        try:
+            found = noprogress.streak(job, line, limit)
+        except DispatchError as exc:
+            report.errors.append(f"{job.id}: cannot tell whether its last {limit} executions "
+                                 f"made progress, so it is restarted as before: {exc}")
+            return None
+        if found is None:
+            return None
+        if before is not None:
+            try:
+                before()
+            except SlurmError as exc:
+                report.errors.append(f"{job.id}: its last {limit} executions made no "
+                                     f"progress, but Slurm job {slurm_id} could not be held: "
+                                     f"{exc}")
+                return None
+        stop = job.append(events.NoProgress, once=f"no-progress-{newest.attempt}",
+                          submission=n, slurm_job_id=slurm_id, limit=limit, action=action,
+                          end_state=end, task=line.task, **found.fields())
+        if not isinstance(stop, events.NoProgress):
+            return self._no_progress(job, job.history().lineage(line.task), n, slurm_id, end,
+                                     action, report)
+        if action == "held":  # an ended job's stop is said with its end
+            report.actions.append(f"{job.id}: {noprogress.stop_text(stop, job.id)}")
+        return stop
 
     def _recorded_end(self, job: record.JobRecord, line: events.Lineage,
                       current: events.Submitted, task: Optional[int], report: PassReport
@@ -477,6 +536,12 @@ class Supervisor:
             action = "resubmit" if budget_left > 0 else "stop"  # Slurm did not requeue it
         who = f"{job.id}" + ("" if task is None else f" task {task}")
         seen = f" (known from {how})" if how else ""
+        if action in ("resubmit", "hold"):
+            stop = self._no_progress(job, job.history().lineage(task), n, slurm_id, end,
+                                     "not resubmitted", report)
+            if stop is not None:
+                rule = rules.Rule(end, "stop", "stop: " + noprogress.stop_text(stop, job.id))
+                action = "stop"
         if action == "stop":
             said = [v.state for v in views if end_name(v.state) == end]
             job.append(events.Finished, submission=n, slurm_job_id=slurm_id, end_state=end,

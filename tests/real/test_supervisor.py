@@ -431,3 +431,60 @@ def test_a_pass_with_the_units_path_finds_dispatch_cease_and_lifts_the_hold(user
                           interval=1)
     assert not any(": error" in line for out in said for line in out.splitlines()), said
     assert user.events(job, "released")[-1]["by"] == "cessation signal"
+
+
+def test_a_job_that_crashes_before_its_first_save_stops_after_max_no_progress(
+        user: User) -> None:
+    """Issue 33 item 1: a job that crashes before publishing anything is resubmitted until
+    --max-no-progress executions in a row made no progress, not for its whole budget; status
+    names those executions and the save they started from (none), and a person's resubmit
+    goes on."""
+    job, _ = user.submit("--checkpoint", "ck", "--resubmit", "5", "--max-no-progress", "2",
+                         "failing.sh")
+
+    def finished() -> bool:
+        user.supervise()
+        return bool(user.events(job, "finished"))
+    user.sandbox.wait_for(finished, 120, f"{job} to stop for want of progress", interval=1)
+    assert [s["submission"] for s in submissions(user, job)] == [1, 2]
+    (stop,) = user.events(job, "no-progress")
+    assert stop["action"] == "not resubmitted" and stop["resumed_from"] == [""]
+    assert [e[:2] for e in stop["executions"]] == [[1, 0], [2, 0]]
+    text = user.run("dispatch", "status", job).stdout
+    assert "NO-PROGRESS 2 execution(s) in a row (S1 R0, S2 R0) published nothing past the " \
+        "save they resumed from, nothing (a fresh start)" in text, text
+    assert user.supervise() == ""
+    assert "submission 3" in user.run("dispatch", "resubmit", job).stdout
+
+
+REQUEUES_ITSELF = ("#!/bin/bash\n#SBATCH --time=5\n"
+                   "[ \"${SLURM_RESTART_COUNT:-0}\" = 0 ] || { echo ran again; exit 0; }\n"
+                   "scontrol requeue \"$SLURM_JOB_ID\"; sleep 60\n")
+
+
+def test_slurms_requeued_job_without_progress_is_held_until_dispatch_release(
+        user: User) -> None:
+    """Issue 33 item 1: Slurm's requeue (here the job's own) of a job whose last execution
+    made no progress: the pass holds the pending job (JobHeldUser); `dispatch release` lets it
+    run again, and the next pass does not hold it again."""
+    (user.path / "requeue.sh").write_text(REQUEUES_ITSELF)
+    (user.path / "requeue.sh").chmod(0o755)
+    shutil.chown(user.path / "requeue.sh", user.sandbox.user)
+    job, slurm_id = user.submit("--checkpoint", "ck", "--max-no-progress", "1", "requeue.sh")
+    sandbox = user.sandbox
+
+    def requeued() -> bool:
+        state = sandbox.job_state(slurm_id)
+        return state.get("JobState") == "PENDING" and state.get("Restarts") == "1"
+    sandbox.wait_for(requeued, 90, f"Slurm job {slurm_id} to be requeued")
+    said = user.supervise()
+    assert f"Slurm job {slurm_id} is held" in said, said
+    assert state_of(sandbox, slurm_id) == ("PENDING", "JobHeldUser")
+    assert "No progress 1 execution(s) in a row (S1 R0)" in \
+        user.run("dispatch", "status", job).stdout
+    assert "released Slurm job" in user.run("dispatch", "release", job).stdout
+    assert state_of(sandbox, slurm_id)[1] != "JobHeldUser"
+    assert f"Slurm job {slurm_id} is held" not in user.supervise()
+    assert state_of(sandbox, slurm_id)[1] != "JobHeldUser"
+    (stop,) = user.events(job, "no-progress")
+    assert stop["action"] == "held"

@@ -1,9 +1,9 @@
 """A fake Slurm controller at the process boundary, for fast tests of the supervisor.
 
 It answers the few commands slurm-dispatch uses (sbatch, with --array too, squeue, scontrol
-release, scontrol update of a comment, scancel, and sacct as a site without accounting does) from
-an in-memory job table, and fails loudly on anything else.  The real behaviour is proven by the
-real tier; this only makes pass logic cheap to exercise.
+release and hold, scontrol update of a comment, scancel, and sacct as a site without
+accounting does) from an in-memory job table, and fails loudly on anything else.  The real
+behaviour is proven by the real tier; this only makes pass logic cheap to exercise.
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ class FakeCluster:
         if argv[:2] == ["scontrol", "release"]:
             for jobid in self.tasks_of(argv[2].split(",")):
                 self.set(jobid, JobState="RUNNING", Reason="None")
+            return Result(argv, 0, "", "")
+        if argv[:2] == ["scontrol", "hold"]:  # a user's hold of pending jobs
+            for jobid in self.tasks_of(argv[2].split(",")):
+                self.set(jobid, Reason="JobHeldUser")
             return Result(argv, 0, "", "")
         if argv[:2] == ["scontrol", "update"] and argv[3].startswith("comment="):
             self.set(argv[2].split("=", 1)[1], Comment=argv[3].split("=", 1)[1])
