@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -125,6 +125,28 @@ def scratch_folder(layout: sandbox_layout.Layout, user: str,
         os.chown(path, entry.pw_uid, entry.pw_gid)
     os.chown(scratch, entry.pw_uid, entry.pw_gid)
     return scratch
+
+
+def wind_up(cl: Cluster, scratch: str, directory: str, keep: bool,
+            results: dict[str, Any]) -> None:
+    """After a bench on its own sandbox: cancel every job of the user (resubmissions too),
+    note the load, and unless ``keep`` remove the scratch folder and stop the sandbox."""
+    cl.run(["scancel", "-u", cl.user], as_user=False, check=False)
+    results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    if not keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+        sandbox.down(directory)
+
+
+def emit(args: argparse.Namespace, results: dict[str, Any],
+         report: Callable[[dict[str, Any]], None]) -> None:
+    """One JSON document on stdout with ``--json``, else the report and the elapsed time."""
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    else:
+        report(results)
+        print(f"elapsed {results['elapsed_s']} s")
 
 
 def pyslurm_overlay(cl: Cluster) -> Path:
@@ -301,20 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         measure(args, cl, results)
     finally:
-        # Every job of the user: the resubmissions too.
-        cl.run(["scancel", "-u", cl.user], as_user=False, check=False)
-        results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        if not args.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
-            sandbox.down(state.dir)
+        wind_up(cl, scratch, state.dir, args.keep, results)
     results["verdicts"] = verdicts(results)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
-    if args.json:
-        json.dump(results, sys.stdout, indent=2)
-        print()
-    else:
-        print_report(results)
-        print(f"elapsed {results['elapsed_s']} s")
+    emit(args, results, print_report)
     missed = [v for v in results["verdicts"] if v["result"] != "PASS"]
     return 1 if missed and args.fail_on_miss else 0
 

@@ -221,7 +221,8 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
             f"no venv in {layout.venv} and no source checkout to install from: run "
             "`dispatch-sandbox up` from a checkout (bin/dispatch-sandbox) once")
     actions += daemons.ensure_munge_key(layout)
-    changed = write_config(layout, wanted, release)
+    major = (sandbox_root.held(root) if root is not None else sandbox_root.host_release())
+    changed = write_config(layout, wanted, release, major)
     if changed:
         actions.append("wrote " + ", ".join(changed))
     new_manifest: dict[str, Any] = {"nodes": wanted, "user": user}

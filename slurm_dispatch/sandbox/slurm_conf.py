@@ -52,6 +52,14 @@ CRED_EXPIRE = 5
 # completed" and left alone, so heal registers a node again past it (cluster.heal).
 MESSAGE_TIMEOUT = 10
 FIRST_ROOT_JOB_ID = 1_000_000
+# The requeue delay (how long a requeued job waits before it may start again): from 25.11
+# SchedulerParameters' requeue_delay, which defaults to cred_expire, as the delay was before
+# (so CRED_EXPIRE on every release here; 120 s on a site that sets neither).  The env knob
+# sets it, for a measure of what a site's delay costs (bench/bench_expedite.py).
+REQUEUE_DELAY_ENV = "DISPATCH_SANDBOX_REQUEUE_DELAY"
+# The first release with requeue_delay and --requeue=expedite (SlurmctldParameters'
+# enable_expedited_requeue, which the sandbox turns on there: a job asks for it itself).
+EXPEDITE_RELEASE = (25, 11)
 
 
 # Run for every task, inside its node's network namespace.  The nodes share this machine's
@@ -140,7 +148,8 @@ def _install_dispatch_site(layout: Layout) -> bool:
 
 def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
                       release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
-                      min_job_age: int = MIN_JOB_AGE) -> str:
+                      min_job_age: int = MIN_JOB_AGE, major: str = "",
+                      requeue_delay: int | None = None) -> str:
     """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers, no
     accounting, no hooks, and two partitions over the nodes: the default one, whose jobs an
     urgent partition's job preempts (requeued, KILL_WAIT after SIGTERM), and that urgent one.
@@ -148,9 +157,20 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
     The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
     that a sandbox in a Debian root numbers its jobs from FIRST_ROOT_JOB_ID: the job user is
     shared with the host's sandboxes, and the hooks' survivor scan must not take a process a
-    host sandbox left behind under the same job id for one of this sandbox's jobs."""
+    host sandbox left behind under the same job id for one of this sandbox's jobs.
+
+    ``major`` is the Slurm release run (``26.05``): from 25.11 expedited requeue is enabled
+    (``SlurmctldParameters=enable_expedited_requeue``) and ``requeue_delay``, where given,
+    is SchedulerParameters' requeue_delay; before 25.11 the delay is cred_expire."""
     spool = layout.spool / "%n"
     net = network.net_of(layout)
+    expedite = _release_tuple(major) >= EXPEDITE_RELEASE
+    cred_expire = CRED_EXPIRE
+    delay = []
+    if requeue_delay is not None and expedite:
+        delay = [f"requeue_delay={requeue_delay}"]
+    elif requeue_delay is not None:
+        cred_expire = max(requeue_delay, CRED_EXPIRE)
     lines = [
         "# slurm.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`: do not",
         "# edit; site settings come from the sandbox's site_config_lines (site.conf).",
@@ -164,7 +184,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "# credentials through the same socket; a requeued job waits cred_expire to run again.",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={layout.munge_socket},cred_expire={CRED_EXPIRE}",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={cred_expire}",
         "",
         "# Plain processes: no cgroups on these machines.",
         "ProctrackType=proctrack/linuxproc",
@@ -180,8 +200,9 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "",
         "# Scheduling: start work within about a second of it becoming eligible.",
         "SchedulerType=sched/backfill",
-        "SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=0,"
-        "batch_sched_delay=0",
+        "SchedulerParameters=" + ",".join(["bf_interval=1", "sched_interval=1",
+                                           "sched_min_interval=0", "batch_sched_delay=0",
+                                           *delay]),
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "",
@@ -191,6 +212,10 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "# with their restart count one higher.",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
+        *(["",
+           "# Expedited requeue (25.11): a job submitted --requeue=expedite is requeued on a",
+           "# node failure to start again at once, first in the queue, with no requeue delay.",
+           "SlurmctldParameters=enable_expedited_requeue"] if expedite else []),
         "",
         "# Timers: fail fast, requeue fast, keep ended jobs visible for ten minutes.",
         "SlurmdTimeout=10",
@@ -244,6 +269,12 @@ def render_site_conf(layout: Layout) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _release_tuple(major: str) -> tuple[int, ...]:
+    """``(26, 5)`` of ``26.05``; ``()`` of '' (a release not known: nothing of 25.11)."""
+    parts = major.split(".")
+    return tuple(int(part) for part in parts) if all(p.isdigit() for p in parts) else ()
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -254,14 +285,17 @@ def _env_int(name: str, default: int) -> int:
 
 
 def write_config(layout: Layout, nodes: Sequence[str],
-                  release: str = HOST_RELEASE) -> list[str]:
-    """Write the config files that differ; return the names of those written."""
+                  release: str = HOST_RELEASE, major: str = "") -> list[str]:
+    """Write the config files that differ; return the names of those written.  ``major``:
+    the Slurm release the sandbox runs (``26.05``), '' where not known."""
     hostname = socket.gethostname().split(".")[0]
+    delay = os.environ.get(REQUEUE_DELAY_ENV, "").strip()
     wanted = {
         layout.slurm_conf: render_slurm_conf(
             layout, nodes, hostname, release,
             cluster=os.environ.get(CLUSTER_ENV) or CLUSTER_NAME,
-            min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE)),
+            min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE), major=major,
+            requeue_delay=_env_int(REQUEUE_DELAY_ENV, 0) if delay else None),
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }
