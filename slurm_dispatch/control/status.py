@@ -6,12 +6,14 @@ shown task by task as well: each task's latest submission (``97_1``, as Slurm sh
 where each task has its own root (``%a``), that root's latest publication.  Each execution
 shows what it published (its folder's publications, the root listed once): nothing, the
 steps, accelerate's save indices as such, and a step at or below the one it resumed from
-(``checkpoint/progress``).
+(``checkpoint/progress``).  ``goodput`` is what each restart cost
+(:mod:`slurm_dispatch.control.goodput`), from the same listing and each publication's time.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import _clock
@@ -19,7 +21,7 @@ from ..checkpoint import progress, roots
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, SLURM_END, Job, Snapshot
-from . import events, noprogress, record, submit
+from . import events, goodput, noprogress, record, submit
 
 FactsReader = Callable[[str], Sequence[Mapping[str, Any]]]
 # dispatch jobs' state for a job Slurm held after its launch failed (Job.held_after_failed_launch).
@@ -300,7 +302,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             if per_task else latest})
     used = max(0, len(submissions) - 1) if tasks is None else \
         max((t["resubmits_used"] for t in lines), default=0)
-    return {
+    found = {
         "id": job.id, "cluster": job.cluster, "generation": spec["generation"],
         "checkpoint": root,
         "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
@@ -322,6 +324,18 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         # Why the next submission would fail at once (its interpreter is gone), with the fix.
         "launcher_problem": None if history.lineage().settled else _launcher_problem(job),
     }
+    found["goodput"] = goodput.figures(found, _marks(listings), time.time())
+    return found
+
+
+def _marks(listings: dict[str, Any]) -> list[goodput.Mark]:
+    """Each listed root's publications with their times (a local root's: an S3 root's
+    entries have none here)."""
+    out: list[goodput.Mark] = []
+    for where, listed in listings.items():
+        if isinstance(listed, list) and listed and not store.is_s3_root(where):
+            out += goodput.marks(where, listed)
+    return out
 
 
 def _launcher_problem(job: record.JobRecord) -> Optional[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .._clock import ago
+from .._clock import ago, duration
 from .._table import render_table
 from ..checkpoint import roots
 from . import events
@@ -104,6 +104,8 @@ def _render(data: dict[str, Any]) -> str:
                if rows else "No execution has started yet.")
     out.extend(f"{execution_label(e)} went backwards: {e['published']['backwards']}"
                for e in data["executions"] if (e.get("published") or {}).get("backwards"))
+    if data.get("goodput") and data["executions"]:
+        out.append(goodput_text(data["goodput"]))
     if data["events"]:
         out.append("")
         out.extend(f"{clock(raw['time'])} {event_text(events.parse(raw))}"
@@ -113,6 +115,23 @@ def _render(data: dict[str, Any]) -> str:
     out.append("")
     out.append(f"Latest publication: {latest_text(data['latest'])}")
     return "\n".join(out)
+
+
+def goodput_text(got: dict[str, Any]) -> str:
+    """The goodput summary (:func:`slurm_dispatch.control.goodput.figures`) in a line:
+    ``Goodput     81% of 16m02s allocated; 2 restarts (node failure 1, preempted 1); 3m04s
+    lost, 20 steps redone; 40 s waited (0 s held)``."""
+    share = "-" if got.get("goodput") is None else f"{got['goodput']:.0%}"
+    causes = ", ".join(f"{cause} {count}" for cause, count in
+                       (got.get("restarts_by_cause") or {}).items() if count)
+    restarts = got.get("restarts") or 0
+    said = f"{restarts} restart{'' if restarts == 1 else 's'}" + (f" ({causes})" if causes
+                                                                   else "")
+    return (f"Goodput     {share} of {duration(got.get('allocated_s') or 0)} allocated; "
+            f"{said}; {duration(got.get('lost_s') or 0)} lost, "
+            f"{got.get('redone_steps') or 0} steps redone; "
+            f"{duration(got.get('waited_s') or 0)} waited ({duration(got.get('held_s') or 0)} "
+            "held)")
 
 
 def execution_label(execution: dict[str, Any]) -> str:

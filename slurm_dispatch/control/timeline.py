@@ -14,71 +14,23 @@ checkpoint-500``, or ``started fresh``).
 The execution whose publication is the latest gets ``<- latest``: the lineage that won.
 :func:`render` is pure over its inputs (the status data and the publications with their times):
 ASCII only, so it reads the same on a terminal, in a log or in a mail; it fits ``width``
-columns.  :func:`marks` reads the publications (names and pub/ entry times, never a save).
+columns.  :func:`marks` reads the publications (names and pub/ entry times, never a save), as
+:mod:`slurm_dispatch.control.goodput` does for the figures.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import _clock
 from ..slurm.jobs import is_running
 from . import status_text
+from .goodput import Mark, ceased_at, ended_at, marks
+
+__all__ = ["LABEL", "Mark", "marks", "render"]
 
 LABEL = 16
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A publication on the time axis: when its pub/ entry was made, and what it names."""
-
-    time: float
-    path: str
-    step: int
-    latest: bool = False
-
-
-def marks(root: str) -> list[Mark]:
-    """The publications under ``root`` with the time each pub/ entry was made."""
-    from ..checkpoint import publish as store
-    found = store.list_publications(root)
-    best = max(found, key=lambda f: (f.epoch, f.step, f.name), default=None)
-    out = []
-    for f in found:
-        try:
-            when = os.stat(os.path.join(root, "pub", f.name), follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        out.append(Mark(when, f.path, f.step, latest=f is best))
-    return out
-
-
-def _end_of(execution: dict[str, Any]) -> Optional[float]:
-    for fact in execution.get("facts") or []:
-        end = fact.get("end") if isinstance(fact, dict) else None
-        if isinstance(end, dict) and isinstance(end.get("time"), (int, float)):
-            return float(end["time"])
-    return None
-
-
-def _ceased_at(execution: dict[str, Any]) -> Optional[float]:
-    """When every node of the execution was proven free of it, if that is recorded."""
-    moments = []
-    for fact in execution.get("facts") or []:
-        nodes = fact.get("nodes") if isinstance(fact, dict) else None
-        if not isinstance(nodes, dict) or not nodes:
-            continue
-        for seen in nodes.values():
-            if not isinstance(seen, dict) or seen.get("ceased") is not True:
-                return None
-            source = seen.get("recheck") or seen.get("end") or {}
-            when = source.get("time") if isinstance(source, dict) else None
-            if isinstance(when, (int, float)):
-                moments.append(float(when))
-    return max(moments) if moments else None
 
 
 def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
@@ -92,7 +44,7 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
     moments = [float(e["started"]) for e in executions if e.get("started")]
     moments += [m.time for m in marks] + [float(h["time"]) for h in holds if h.get("time")]
     for e in executions:
-        moments += [t for t in (_end_of(e), _ceased_at(e)) if t is not None]
+        moments += [t for t in (ended_at(e), ceased_at(e)) if t is not None]
     first = min(moments)
     last = max([*moments, now if any(_open(e) for e in executions) else first])
     span = max(last - first, 1.0)
@@ -107,8 +59,8 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
     for e in executions:
         cells = [" "] * bar
         start = column(float(e.get("started") or first))
-        end_t = _end_of(e)
-        ceased = _ceased_at(e)
+        end_t = ended_at(e)
+        ceased = ceased_at(e)
         stop = column(now) if _open(e) or end_t is None else column(end_t)
         for i in range(start, stop + 1):
             cells[i] = "="
