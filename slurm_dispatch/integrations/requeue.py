@@ -13,6 +13,12 @@ Invariants (DESIGN invariant 6 and issue 17's item 14):
   :func:`requeue` returns why, and the callback ends the run with :class:`NotRequeued` so the
   job ends FAILED, never COMPLETED (where the supervisor stops for good).
 * The signal is the job's ``--warn-before`` one (its record), else SIGUSR1.
+* The requeue names this execution, not the job, where Slurm gives the execution an id of its
+  own (``SLURM_JOB_SLUID``, 26.05 and later; scontrol takes a SLUID wherever it takes a job
+  id, and a requeue draws the job a new one): a late call from an old execution (a straggler,
+  a node cut off that comes back) then names no job and fails, instead of requeuing the
+  execution that replaced it.  Older releases have no such id: there the job id is named, and
+  a late call requeues whatever execution of the job runs then.
 """
 
 from __future__ import annotations
@@ -106,7 +112,8 @@ def requeue(save: str, shared: Optional[bool],
                 f"{why}, {after}: while its --resubmit budget lasts, a hold until the "
                 "old execution is proven gone or a person releases it (`dispatch "
                 "status` shows it)")
-    command = command or requeue_argv([slurm_job_id()])
+    target = own_execution()
+    command = command or requeue_argv([target])
     try:
         result = subprocess.run(command, capture_output=True, text=True)
     except OSError as exc:
@@ -117,14 +124,28 @@ def requeue(save: str, shared: Optional[bool],
                              "requeued the job\n")
             return None
         failed = f"failed (exit {result.returncode}): {result.stderr.strip()}"
+    refused = ("as Slurm refuses for a job submitted with --no-requeue or where JobRequeue=0"
+               if target == slurm_job_id() else
+               f"as Slurm refuses for a job submitted with --no-requeue or where JobRequeue=0, "
+               f"or when {target}, this execution's SLUID, names no job any more: the job was "
+               "requeued or ended since, and whatever runs now is left alone")
     message = (f"stopped at the requeue signal and published {save}, but "
-               f"`{' '.join(command)}` {failed}; the job was not requeued (as Slurm refuses "
-               f"for a job submitted with --no-requeue or where JobRequeue=0), {after}: "
+               f"`{' '.join(command)}` {failed}; the job was not requeued ({refused}), {after}: "
                "`dispatch supervise` resubmits it while its --resubmit budget lasts, "
                "and the resubmission resumes from that save; with no budget left the "
                "job stops")
     sys.stderr.write(f"dispatch: {message}\n")
     return message
+
+
+def own_execution() -> str:
+    """What the job's own requeue names: its execution's SLUID where Slurm gives one
+    (``SLURM_JOB_SLUID``, 26.05 and later), so that only this execution is requeued; else
+    the job id (``A_T`` for an array's task)."""
+    sluid = os.environ.get("SLURM_JOB_SLUID", "")
+    if 0 < len(sluid) <= 64 and sluid.isascii() and sluid.isalnum():
+        return sluid
+    return slurm_job_id()
 
 
 def slurm_job_id() -> str:

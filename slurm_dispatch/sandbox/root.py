@@ -98,16 +98,16 @@ _SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3", "p
 # The real tier's files that run again on each tested release from a Debian root (the host's
 # Slurm runs all of tests/real): the release itself, hooks, cease, the supervisor,
 # dispatch-sbatch with the launcher (the demo's partition scenario among them), arrays,
-# survivors, trust, watch, preemption, the doctor, the Slurm adapter's contract on both backends
-# and a supervisor pass's RPCs by sdiag.  On the host's only: test_sandbox, whose subject is the
-# host-side verbs (`env`, the venv's own dispatch-sandbox; a sandbox in a root refuses `env` by
-# design); test_frameworks, test_frameworks_ddp, test_dcp_watch and test_s3_jobs, which install
-# torch's CPU build from this machine's local wheels into the sandbox's venv (a root's pip does
-# not see them, and a bare torch there would pull a CUDA build of several GB); and test_gc,
-# whose subject (the store's cleanup) does not depend on the Slurm release.  test_sbatch_grammar
-# runs no cluster: it probes the root's sbatch for the options dispatch-sbatch reads;
-# test_expedite runs where the release has expedited requeue (25.11), and skips, naming the
-# release, where it has none.
+# survivors, trust, watch, preemption, the doctor, the Slurm adapter's contract on both backends,
+# a supervisor pass's RPCs by sdiag, and a job's own requeue (fenced by its SLUID on 26.05).
+# On the host's only: test_sandbox, whose subject is the host-side verbs (`env`, the venv's
+# own dispatch-sandbox; a sandbox in a root refuses `env` by design); test_frameworks,
+# test_frameworks_ddp, test_dcp_watch and test_s3_jobs, which install torch's CPU build from
+# this machine's local wheels into the sandbox's venv (a root's pip does not see them, and a
+# bare torch there would pull a CUDA build of several GB); and test_gc, whose subject (the
+# store's cleanup) does not depend on the Slurm release.  test_sbatch_grammar runs no cluster:
+# it probes the root's sbatch for the options dispatch-sbatch reads; test_expedite runs where
+# the release has expedited requeue (25.11), and skips, naming the release, where it has none.
 REAL_ON_ROOTS = (
     "tests/real/test_release.py", "tests/real/test_hooks.py", "tests/real/test_cease.py",
     "tests/real/test_supervisor.py", "tests/real/test_dispatch_sbatch.py",
@@ -116,6 +116,7 @@ REAL_ON_ROOTS = (
     "tests/real/test_upgrade_in_place.py", "tests/real/test_controller_bill.py",
     "tests/real/test_preemption.py", "tests/real/test_doctor.py",
     "tests/real/test_sbatch_grammar.py", "tests/real/test_expedite.py",
+    "tests/real/test_self_requeue.py",
 )
 
 RELEASES = {
