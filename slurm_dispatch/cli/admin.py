@@ -463,7 +463,10 @@ def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> 
     MetricsDir/slurm-dispatch-records.prom whole, in node_exporter's textfile format:
     standing holds and those expiring within HoldWarning, the CessationSignal's answers by
     verdict ("not ceased" is not proven), the supervisor's last good pass and its failed
-    passes since, per user (and cluster), and a 1 for each user whose records could not be
+    passes since, per user (and cluster), what their jobs' restarts cost (restarts by cause,
+    seconds allocated and lost, steps redone, restore and save latency, end to ceased, jobs
+    stopped for lack of progress, the longest a running job has gone without a publication,
+    holds by age and the soonest deadline), and a 1 for each user whose records could not be
     read (named on stderr).  The hooks' own counters are in slurm-dispatch.prom beside it.
     Exit 0; 1 when a user's records could not be read; 2 on an error.
 
@@ -510,9 +513,39 @@ def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> 
                 values[series("slurm_dispatch_supervisor_last_pass_timestamp_seconds",
                               labels)] = seen["time"]
             values[series("slurm_dispatch_supervisor_failed_passes", labels)] = seen["failures"]
+            values[series("slurm_dispatch_supervisor_interval_seconds", labels)] = seen["every"]
+        values.update(_cost_series(name, got["costs"]))
     values["slurm_dispatch_records_read_timestamp_seconds"] = now
     metrics_module.replace(cfg.metrics_dir, values)
     return 1 if failed else 0
+
+
+def _cost_series(user: str, costs: dict[str, Any]) -> dict[str, float]:
+    """The series of one user's job costs (dashboard.job_costs); every label from a bounded
+    set (the causes, the hold ages)."""
+    from ..node.metrics import series
+    mine = {"user": user}
+    values = {series("slurm_dispatch_restarts_total", {**mine, "cause": cause}): count
+              for cause, count in costs["restarts"].items()}
+    values[series("slurm_dispatch_allocated_seconds_total", mine)] = costs["allocated"]
+    values[series("slurm_dispatch_lost_seconds_total", mine)] = costs["lost"]
+    values[series("slurm_dispatch_steps_redone_total", mine)] = costs["redone"]
+    for family, key in (("slurm_dispatch_restore_seconds", "restore"),
+                        ("slurm_dispatch_save_latency_seconds", "save_latency"),
+                        ("slurm_dispatch_ceased_after_end_seconds", "to_ceased")):
+        values[series(family + "_sum", mine)] = costs[key]["sum"]
+        values[series(family + "_count", mine)] = costs[key]["count"]
+    values[series("slurm_dispatch_jobs_active", mine)] = costs["active"]
+    values[series("slurm_dispatch_jobs_stopped_no_progress", mine)] = \
+        costs["stopped_no_progress"]
+    if costs["progress_age"] is not None:
+        values[series("slurm_dispatch_progress_age_seconds", mine)] = costs["progress_age"]
+    for age, count in costs["hold_ages"].items():
+        values[series("slurm_dispatch_holds_by_age", {**mine, "age": age})] = count
+    if costs["next_deadline"] is not None:
+        values[series("slurm_dispatch_hold_next_deadline_timestamp_seconds", mine)] = \
+            costs["next_deadline"]
+    return values
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -78,6 +78,41 @@ FAMILIES = {
         "gauge", "The supervisor's last good pass (Unix time), by user and cluster."),
     "slurm_dispatch_supervisor_failed_passes": (
         "gauge", "Supervisor passes failed since its last good one, by user and cluster."),
+    "slurm_dispatch_supervisor_interval_seconds": (
+        "gauge", "Seconds between the supervisor's passes (--loop's interval, else a timer's "
+        "minute), by user and cluster."),
+    "slurm_dispatch_jobs_active": (
+        "gauge", "Jobs (or array tasks) the supervisor still acts for (not finished, not "
+        "superseded), by user."),
+    "slurm_dispatch_restarts_total": (
+        "counter", "Restarts of the users' dispatch jobs the records hold, by user and cause "
+        "(preempted, node failure, failed, timeout, out of memory, no progress, by hand, "
+        "unknown)."),
+    "slurm_dispatch_allocated_seconds_total": (
+        "counter", "Seconds the ended executions' allocations held, by user."),
+    "slurm_dispatch_lost_seconds_total": (
+        "counter", "Seconds of those allocations the jobs did not keep (start-up, restore, "
+        "work after the save a replacement resumed from), by user."),
+    "slurm_dispatch_steps_redone_total": (
+        "counter", "Steps replacements did again (from the save they resumed from to the last "
+        "step their predecessor published), by user."),
+    "slurm_dispatch_restore_seconds": (
+        "summary", "Estimated seconds from an execution's start to its first step, by user."),
+    "slurm_dispatch_save_latency_seconds": (
+        "summary", "Seconds from a save's last write to its publication, by user."),
+    "slurm_dispatch_ceased_after_end_seconds": (
+        "summary", "Seconds from an execution's end to the proof its processes were gone, by "
+        "user."),
+    "slurm_dispatch_jobs_stopped_no_progress": (
+        "gauge", "Jobs (or array tasks) the supervisor stopped restarting for lack of progress "
+        "(--max-no-progress), while the stop stands, by user."),
+    "slurm_dispatch_progress_age_seconds": (
+        "gauge", "The longest a running execution has gone without a publication (since its "
+        "start where it has none), by user."),
+    "slurm_dispatch_holds_by_age": (
+        "gauge", "Standing holds by age (under 1h, 6h, 24h; more), by user."),
+    "slurm_dispatch_hold_next_deadline_timestamp_seconds": (
+        "gauge", "The soonest deadline of a user's standing holds (Unix time)."),
     "slurm_dispatch_records_unreadable": (
         "gauge", "1 for a user whose records could not be read."),
     "slurm_dispatch_records_read_timestamp_seconds": (

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_dispatch.cli import admin
-from slurm_dispatch.control import dashboard, heartbeat, record, siteview
+from slurm_dispatch.control import dashboard, goodput, heartbeat, record, siteview
 from slurm_dispatch.control.supervisor import Settings
 from slurm_dispatch.node import metrics
 
@@ -155,3 +155,80 @@ def test_a_user_cannot_blow_up_the_series_of_the_records_file(
     assert len(got["passes"]) <= dashboard.MAX_CLUSTERS, len(got["passes"])
     assert "alpha" in got["passes"] and "bad name" not in got["passes"]
     assert any("supervisor-pass@" in error for error in got["errors"]), got
+
+
+def test_what_restarts_cost_is_written_per_user_with_bounded_labels(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Issue 34 item 3: per user, restarts by cause, seconds allocated and lost, steps redone,
+    restore and save latency, holds by age and the soonest deadline, read back by
+    prometheus_client's parser; no label is a job's (a user's records make no new series)."""
+    import time
+
+    from slurm_dispatch.checkpoint import publish as store
+
+    clock, signal = Clock(), Signal("not ceased")
+    job, ended, held, sup = held_job(cluster, clock, signal, Settings(interval=60))
+    home = record.home_dir()
+    heartbeat.good(home, "alpha", 1, 0, 0)  # a timer's passes: every minute
+    # A second job: S1 R0 saved steps 10 and 20, failed; S2 resumed from step 10 (20 was
+    # published after the resubmission was made: redone 10) and runs.
+    other = submit_one("ck-g", "--resubmit", "3")
+    ck = Path("ck-g").resolve()
+    now = time.time()
+    for sub, steps in ((1, (10, 20)), (2, (30,))):
+        folder = ck / "exec" / f"a{sub}"
+        for step in steps:
+            save = folder / f"checkpoint-{step}"
+            save.mkdir(parents=True)
+            name = store.publish(str(ck), sub * 1_000_000, step, str(save))
+            os.utime(save, (now - 100 + step, now - 100 + step))
+            os.utime(ck / "pub" / name, (now - 99 + step, now - 99 + step))
+        if sub == 2:
+            other.job.append("submitted", submission=2, slurm_job_id="99",
+                             reason="failed (budget 3)")
+        other.job.append("started", submission=sub,
+                         slurm_job_id=other.slurm_job_id if sub == 1 else "99",
+                         array_job_id="", array_task_id="", restart=0, attempt=f"a{sub}",
+                         epoch=sub * 1_000_000, exec_dir=str(folder),
+                         resume_from=str(ck / "exec" / "a1" / "checkpoint-10") if sub == 2
+                         else "", node="n1", nodes="n1", host="h", pid=1)
+    # ... and S2 made no progress either: --max-no-progress stopped its restarts.
+    other.job.append("no-progress", submission=2, slurm_job_id="99", executions=[[2, 0, "a2"]],
+                     action="not resubmitted", end_state="failed", limit=1)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    out = tmp_path / "textfile"
+    out.mkdir(mode=0o755)
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text(f"MetricsDir={out}\nStateDir={state}\n")
+    monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
+    got = dashboard.numbers(home, warning=7200, now=now)["costs"]
+    assert got["restarts"]["failed"] == 1 and sum(got["restarts"].values()) == 1
+    assert got["redone"] == 10 and got["stopped_no_progress"] == 1 and got["active"] == 2
+    assert got["save_latency"] == {"sum": 3.0, "count": 3}
+    assert got["hold_ages"]["more"] + got["hold_ages"]["1h"] == 1  # the held job's hold
+    assert got["next_deadline"] == job.history().lineage().hold.deadline  # type: ignore[union-attr]
+
+    monkeypatch.setattr(siteview, "records_of", lambda pattern, user: home)
+    done = CliRunner().invoke(admin.main, ["metrics", "--user", "root", "--config", str(conf)])
+    assert done.exit_code == 0, done.output
+    families = list(text_string_to_metric_families((out / metrics.RECORDS_FILE).read_text()))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in families for s in family.samples}
+    root = (("user", "root"),)
+    assert samples[("slurm_dispatch_restarts_total", (("cause", "failed"), *root))] == 1
+    assert samples[("slurm_dispatch_steps_redone_total", root)] == 10
+    assert samples[("slurm_dispatch_jobs_stopped_no_progress", root)] == 1
+    assert samples[("slurm_dispatch_supervisor_interval_seconds",
+                    (("cluster", "alpha"), *root))] == 60
+    assert samples[("slurm_dispatch_save_latency_seconds_count", root)] == 3
+    assert ("slurm_dispatch_lost_seconds_total", root) in samples
+    assert samples[("slurm_dispatch_hold_next_deadline_timestamp_seconds", root)] > 0
+    kinds = {f.name: f.type for f in families}
+    assert kinds["slurm_dispatch_save_latency_seconds"] == "summary"
+    assert kinds["slurm_dispatch_restarts"] == "counter"
+    # Every label is the user's name, a cause, an age, a verdict or a cluster: bounded sets.
+    allowed = {"user", "cause", "age", "verdict", "cluster"}
+    assert all(set(dict(labels)) <= allowed for _, labels in samples)
+    assert {dict(labels)["cause"] for name, labels in samples
+            if name == "slurm_dispatch_restarts_total"} == set(goodput.CAUSES)
