@@ -9,11 +9,13 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -58,9 +60,29 @@ def site(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def doctor(site: Path, *args: str) -> tuple[int, dict]:
-    """The doctor as an admin runs it (its --json), or in this process with ``inprocess``."""
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.cli.admin", "doctor",
+@contextmanager
+def counting_in(folder: Path, seen: Path = Path("/run/slurm-dispatch")) -> Iterator[list[str]]:
+    """A command prefix that runs a command with ``seen``, where hook parts that find no
+    dispatch.conf count their runs (metrics.unconfigured_dir()), replaced by ``folder`` in a
+    mount namespace of its own: the counts go to the test's folder, never to the machine's
+    /run, which every doctor run on this machine reads (a count left there for a day made the
+    doctor of other tests' sites warn, and those tests fail).  ``seen`` is made for the mount
+    while it runs if it is missing, and removed again if still empty."""
+    made = not seen.exists()
+    seen.mkdir(mode=0o755, exist_ok=True)
+    script = f'mount --bind {shlex.quote(str(folder))} {shlex.quote(str(seen))} && exec "$@"'
+    try:
+        yield ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
+               "counting-in"]
+    finally:
+        if made:
+            with suppress(OSError):
+                seen.rmdir()
+
+
+def doctor(site: Path, *args: str, prefix: tuple[str, ...] = ()) -> tuple[int, dict]:
+    """The doctor as an admin runs it (its --json), after ``prefix`` when given."""
+    proc = subprocess.run([*prefix, sys.executable, "-m", "slurm_dispatch.cli.admin", "doctor",
                            "--slurm-conf", str(site / "etc/slurm.conf"), "--node", "n1",
                            "--json", *args],
                           capture_output=True, text=True, timeout=120)
@@ -505,21 +527,27 @@ def test_parts_that_find_no_dispatch_conf_where_slurm_gives_them_no_slurm_conf_a
     install(etc, sys.executable, "")  # DISPATCH_CONF= left empty
     assert "\nDISPATCH_CONF=\n" in (etc / "prolog.d/05-dispatch").read_text()
     assert not Path("/etc/slurm/dispatch.conf").exists()
-    # Where this host has the default StateDir, the unconfigured parts record there, else they
-    # count their runs in /run/slurm-dispatch: what they make is removed again (a count left
-    # would make the doctor warn of it on this host for a day).
+    # Where this host has the default StateDir, the unconfigured parts record there (what they
+    # make is removed again), else they count their runs in /run/slurm-dispatch: here a folder
+    # of this test's own (counting_in).
     made = Path("/var/lib/slurm-dispatch/facts")
     existed = made.exists()
-    counted = Path("/run/slurm-dispatch")
-    was_counted = counted.exists()
+    seen = Path("/run/slurm-dispatch/slurm-dispatch-unconfigured.prom")
+    before = seen.read_text() if seen.exists() else None
+    counts = site / "run-slurm-dispatch"
+    counts.mkdir(mode=0o755)
+    counts.chmod(0o755)
     try:
-        code, report = doctor(site, "--controller")
+        with counting_in(counts) as prefix:
+            code, report = doctor(site, "--controller", prefix=tuple(prefix))
     finally:
         if not existed and made.is_dir():
             for folder in sorted(made.rglob("*"), reverse=True) + [made]:
                 folder.rmdir()  # only empty folders: the doctor removed its job's facts
-        if not was_counted:
-            shutil.rmtree(counted, ignore_errors=True)
+    assert (seen.read_text() if seen.exists() else None) == before  # nothing left there
+    if not existed:
+        assert "slurm_dispatch_hook_runs_unconfigured_total" in \
+            (counts / "slurm-dispatch-unconfigured.prom").read_text()
     assert code == 1, report
     bad = {c["check"] for c in report["checks"] if c["state"] == "FAIL"}
     assert {"PrologSlurmctld config", "EpilogSlurmctld config",

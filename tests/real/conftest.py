@@ -64,6 +64,8 @@ class Sandbox:
     nodes: list[str]
     # "host", or the release run from a Debian root (sandbox_layout.RELEASE_ENV).
     slurm: str = sandbox_layout.HOST_RELEASE
+    # The Debian root it runs from (None on the host's Slurm).
+    rootfs: Optional[Path] = None
     uid: int = field(init=False)
     home: Path = field(init=False)
 
@@ -92,6 +94,16 @@ class Sandbox:
             raise AssertionError(f"{' '.join(args)} exited {proc.returncode}\n"
                                  f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
         return proc
+
+    def seen(self, path: str) -> Path:
+        """Where this machine finds ``path`` as the sandbox's daemons, hooks and commands see
+        it: ``path`` itself on the host's Slurm; in a Debian root, the root's own file (its
+        /run, /etc and /var are its own), but for the folders bound into it from this machine
+        (sandbox_root.BOUND_FOLDERS: /tmp, /var/tmp, /home, ...)."""
+        if self.rootfs is None or any(path == folder or path.startswith(folder + "/")
+                                      for folder in sandbox_root.BOUND_FOLDERS):
+            return Path(path)
+        return Path(f"{self.rootfs}{path}")
 
     def wait_for(self, predicate: Callable[[], T], timeout: float, what: str,
                  interval: float = 0.2) -> T:
@@ -170,7 +182,7 @@ def sandbox_of(report: Any) -> Sandbox:
     env.update(sandbox_clients.environment(state.dir, user=state.user))
     return Sandbox(dir=Path(state.dir), user=state.user, env=env,
                    venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
-                   slurm=state.slurm)
+                   slurm=state.slurm, rootfs=Path(state.rootfs) if state.rootfs else None)
 
 
 def release_line() -> str:

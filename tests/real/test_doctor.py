@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -17,8 +18,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_dispatch.node import facts
+from slurm_dispatch.node import facts, metrics
+from slurm_dispatch.sandbox import clients as sandbox_clients
 from slurm_dispatch.sandbox import install as sandbox_install
+from tests.hooks.test_doctor import counting_in
 from tests.real.test_cease import cease, wait_cease
 
 if TYPE_CHECKING:
@@ -26,12 +29,21 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.real
 REPO = Path(__file__).resolve().parents[2]
+UNCONFIGURED = metrics.UNCONFIGURED_FILE  # where parts that find no dispatch.conf count runs
 
 
-def doctor(sandbox: Sandbox, node: str, *args: str) -> tuple[int, dict]:
-    proc = sandbox.run([str(sandbox.venv_bin / "dispatch-admin"), "doctor", "--json",
-                        "--node", node, "--slurm-conf", sandbox.env["SLURM_CONF"], *args],
-                       check=False, timeout=120)
+def doctor(sandbox: Sandbox, node: str, *args: str,
+           prefix: tuple[str, ...] = ()) -> tuple[int, dict]:
+    """The doctor's report, run as sandbox.run runs a command (after ``prefix`` when given,
+    which this machine runs before the command enters the sandbox's Debian root, if any)."""
+    argv = [str(sandbox.venv_bin / "dispatch-admin"), "doctor", "--json", "--node", node,
+            "--slurm-conf", sandbox.env["SLURM_CONF"], *args]
+    if prefix:
+        proc = subprocess.run([*prefix, *sandbox_clients.command(argv, sandbox.dir)],
+                              env=sandbox.env, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    else:
+        proc = sandbox.run(argv, check=False, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -63,9 +75,10 @@ def edited(path: Path, old: str, new: str) -> Iterator[None]:
 
 
 def test_the_sandbox_as_installed_passes(sandbox: Sandbox) -> None:
-    # Runs counted on this host before (other tests' parts without dispatch.conf: the nodes
-    # share the host's /run): the doctor rightly warns of them; the sandbox's parts add none.
-    counted = Path("/run/slurm-dispatch/slurm-dispatch-unconfigured.prom")
+    # Runs counted on this machine before, where the nodes count them (the host's /run on the
+    # host's Slurm, the Debian root's own /run on another release), by other sandboxes' parts
+    # without dispatch.conf: the doctor rightly warns of them; the sandbox's parts add none.
+    counted = sandbox.seen(f"/run/slurm-dispatch/{UNCONFIGURED}")
     before = counted.read_text() if counted.exists() else None
     code, report = doctor(sandbox, sandbox.nodes[0], "--controller")
     assert code == 0, report
@@ -186,21 +199,35 @@ def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_
     assert sandbox.env["SLURM_CONF"] == str(etc / "slurm.conf") and conf.is_file()
     assert not Path("/etc/slurm/dispatch.conf").exists()
     parts = [etc / "prolog.d/05-dispatch", etc / "epilog.d/05-dispatch", etc / "dispatch-recheck"]
-    made = Path("/var/lib/slurm-dispatch/facts")  # where the parts record if this host has it
+    # Where the nodes have the default StateDir, the parts record there (what they make is
+    # removed again), else they count their runs in the nodes' /run/slurm-dispatch: here a
+    # folder of this test's own (counting_in), not the one every doctor run on this machine
+    # (or in this Debian root) reads.
+    made = sandbox.seen("/var/lib/slurm-dispatch/facts")
     existed = made.exists()
-    counted = Path("/run/slurm-dispatch")  # where they count their runs if it has not
-    was_counted = counted.exists()
+    seen = sandbox.seen(f"/run/slurm-dispatch/{UNCONFIGURED}")
+    before = seen.read_text() if seen.exists() else None
+    counts = sandbox.dir / "unconfigured-counts"
+    shutil.rmtree(counts, ignore_errors=True)
+    counts.mkdir(mode=0o755)
+    counts.chmod(0o755)
     try:
         with ExitStack() as stack:
             for part in parts:
                 stack.enter_context(edited(part, f"DISPATCH_CONF={conf}\n", "DISPATCH_CONF=\n"))
-            code, report = doctor(sandbox, sandbox.nodes[0], "--controller")
+            prefix = stack.enter_context(counting_in(counts,
+                                                     sandbox.seen("/run/slurm-dispatch")))
+            code, report = doctor(sandbox, sandbox.nodes[0], "--controller",
+                                  prefix=tuple(prefix))
     finally:
         if not existed and made.is_dir():
             for folder in sorted(made.rglob("*"), reverse=True) + [made]:
                 folder.rmdir()
-        if not was_counted:  # the doctor would warn of those counts here for a day
-            shutil.rmtree(counted, ignore_errors=True)
+    # Nothing left where the nodes count (a count there failed the next doctor run's test).
+    assert (seen.read_text() if seen.exists() else None) == before
+    if not existed:
+        assert "slurm_dispatch_hook_runs_unconfigured_total" in \
+            (counts / UNCONFIGURED).read_text()
     assert code == 1, report
     assert {"PrologSlurmctld config", "EpilogSlurmctld config",
             "HealthCheckProgram config"} <= set(failures(report)), report
