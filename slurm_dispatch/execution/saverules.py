@@ -2,7 +2,9 @@
 
 The rules ``dispatch watch`` publishes by (:class:`SaveRule`): a folder ``checkpoint-<N>``
 once its ready file is whole (accelerate's ``checkpoint_<N>`` once its RNG states,
-``random_states_0.pkl``, which ``save_state`` writes last, are); a ``.ckpt`` file whose name
+``random_states_0.pkl``, are: ``save_state`` writes them last but for the objects registered
+with ``register_for_checkpointing``, ``custom_checkpoint_<k>.pkl``, which only ``--ready``
+can name, their number being the trainer's); a ``.ckpt`` file whose name
 holds ``step=<N>`` once it is in place and whole; or, with a pattern, every name matching a
 glob with one ``{step}``.  Watch applies them to every name at most :data:`SCAN_DEPTH` names
 below its folder (Lightning's default layout is 4 deep).  A
@@ -65,7 +67,8 @@ FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's
 _FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
 _STEP_FOLDER = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager: step-<N>/
 # accelerate's automatic naming (ProjectConfiguration(automatic_checkpoint_naming=True)):
-# <project_dir>/checkpoints/checkpoint_<i>/; save_state writes the RNG states last.
+# <project_dir>/checkpoints/checkpoint_<i>/; save_state writes the RNG states last but for the
+# registered objects (custom_checkpoint_<k>.pkl), whose number only the trainer knows.
 _ACCELERATE_FOLDER = re.compile(r"checkpoint_([0-9]+)")
 ACCELERATE_READY = "random_states_0.pkl"
 DCP_METADATA = ".metadata"  # the DCP coordinator renames it into place last

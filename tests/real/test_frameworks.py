@@ -14,6 +14,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +97,44 @@ def _starts(output: Path) -> dict[str, tuple[int, str]]:
 def _ends(output: Path) -> dict[str, int]:
     text = output.read_text() if output.exists() else ""
     return {m[1]: int(m[2]) for m in _END.finditer(text)}
+
+
+def _running(path: Path, *words: str) -> list[int]:
+    """The pids of the processes running in ``path`` whose arguments after the program are
+    ``words`` and more (on every node: the sandbox's nodes share this machine's /proc)."""
+    want = [word.encode() for word in words]
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if argv[1:1 + len(want)] == want and cwd == str(path):
+            found.append(int(entry))
+    return found
+
+
+def _kill_and_resubmit(sandbox: Any, work: Workdir, job: str, slurm_id: str, pids: list[int],
+                       root: Path) -> tuple[list[store.Found], dict[str, Any]]:
+    """SIGKILL the trainer's processes: the job must end FAILED and ``dispatch supervise``
+    resubmit it.  Returns what was published once it had ended, and submission 2's execution
+    once it has started."""
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    ended = sandbox.wait_for(
+        lambda: sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
+        and sandbox.job_state(slurm_id), 120, f"job {slurm_id} to end at the kill")
+    assert ended["JobState"] == "FAILED", ended
+    published = _published(root)
+    supervised = work.run("dispatch", "supervise", check=False)
+    assert "resubmitted as submission 2" in supervised.stdout, supervised
+    second = sandbox.wait_for(
+        lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2], 90,
+        "submission 2 to start")[0]
+    return published, second
 
 
 def _published(root: Path) -> list[store.Found]:
