@@ -13,6 +13,10 @@ What it asserts, in one job (the partition scenario with a DCP trainer):
   printed when that save was made), and trains to the end;
 * the cut-off execution's later saves are never loaded: nothing resumes from them, and a
   publication of them, carrying the old epoch, never outranks the replacement's.
+
+And the same loop saving in torchtitan's layout (``<dump_folder>/checkpoint/step-<N>/``, the
+folder made at the first save), found by watch with no option, its ranks killed and the job
+resubmitted: the replacement loads the newest published save, bit for bit (issue 36).
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ import pytest
 
 from slurm_dispatch.sandbox import cluster as sandbox_lib
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions
-from tests.real.test_frameworks import _published, frameworks  # noqa: F401  (a fixture)
+from tests.real.test_frameworks import (  # noqa: F401  (frameworks: a fixture)
+    _kill_and_resubmit,
+    _published,
+    _running,
+    frameworks,
+)
 
 pytestmark = [pytest.mark.real,
               pytest.mark.usefixtures("frameworks"),  # torch in the sandbox venv
@@ -120,3 +129,57 @@ def test_a_dcp_loop_on_two_nodes_under_watch_is_published_once_per_save_and_resu
     assert found[-1].path.startswith(new["exec_dir"] + "/")
     old_steps = by_folder[old["exec_dir"]]
     assert old_steps == list(range(4, old_steps[-1] + 1, 4))
+
+
+def test_a_dcp_loop_in_torchtitans_layout_killed_resumes_from_the_newest_published_save(
+        sandbox: Any) -> None:
+    """The same loop saving where torchtitan's CheckpointManager does, ``<dump_folder>/
+    checkpoint/step-<N>/`` with ``--job.dump-folder "$DISPATCH_EXEC_DIR"`` (the folder made
+    at the first save), under ``dispatch watch`` with no option naming it: every rank is
+    killed (SIGKILL) once two saves are published, the job ends FAILED, the supervisor
+    resubmits it, and the replacement's two ranks load the newest published save bit for bit
+    and publish their saves past its step."""
+    home = Path(f"~{sandbox.user}").expanduser()
+    path = home / "tests" / f"dcp-tt-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    for target in (path.parent, path):
+        shutil.chown(target, sandbox.user)
+    shutil.copy(EXAMPLE / "train.py", path / "train.py")
+    shutil.chown(path / "train.py", sandbox.user)
+    work = Workdir(sandbox, path)
+    job_text = (EXAMPLE / "job-ddp.sh").read_text()
+    assert job_text.count("set -euo pipefail\n") == 1
+    work.write("job.sh", job_text.replace(
+        "set -euo pipefail\n",
+        'set -euo pipefail\nexport DCP_OUT="$DISPATCH_EXEC_DIR/checkpoint"  # torchtitan\'s\n'))
+    env = {"DCP_STEPS": "100000", "DCP_SAVE_EVERY": "4", "DCP_INTERVAL": "0.3"}
+    job, slurm_id = work.submit("--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt",
+                                "job.sh", env=env)
+    root, output = path / "ck", path / "out.txt"
+    try:
+        old = wait_executions(work, job, 1)[0]
+        sandbox.wait_for(lambda: len(_published(root)) >= 2, 240, "two published saves")
+        ranks = sandbox.wait_for(lambda: len(_running(path, "train.py")) == RANKS
+                                 and _running(path, "train.py"), 30, "both ranks' pids")
+        published, new = _kill_and_resubmit(sandbox, work, job, slurm_id, ranks, root)
+        assert all(re.fullmatch(re.escape(old["exec_dir"]) + r"/checkpoint/step-(\d+)", f.path)
+                   and f.path.endswith(f"/step-{f.step}") for f in published), published
+        newest = max(published, key=lambda f: (f.epoch, f.step))
+        assert new["resume_from"] == newest.path
+        resumed = sandbox.wait_for(
+            lambda: _said(output, new["attempt"], "resumed").keys() == set(range(RANKS))
+            and _said(output, new["attempt"], "resumed"), 180, "both ranks' resumed lines")
+        saved = _said(output, old["attempt"], "saved")
+        for rank in range(RANKS):
+            assert resumed[rank][0]["from"] == newest.path
+            assert int(resumed[rank][0]["step"]) == newest.step
+            made = {int(s["step"]): s["hash"] for s in saved[rank]}
+            assert resumed[rank][0]["hash"] == made[newest.step], (rank, newest.step)
+        later = sandbox.wait_for(
+            lambda: [f for f in _published(root) if f.path.startswith(new["exec_dir"] + "/")],
+            180, "a save of the replacement published")
+        assert later[0].path == f"{new['exec_dir']}/checkpoint/step-{newest.step + 4}", later
+        assert "went backwards" not in output.read_text()
+    finally:
+        for execution in work.status(job)["executions"]:
+            sandbox.run(["scancel", str(execution["slurm_job_id"])], check=False)
