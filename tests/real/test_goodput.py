@@ -85,6 +85,9 @@ def test_a_partition_then_a_preemption_give_the_figures_that_happened(work: Work
         assert 0 < got["goodput"] < 1 and got["lost_s"] > 0
         assert mid["waited_s"] is not None and mid["waited_s"] >= 0
         text = work.run("dispatch", "status", job).stdout
+        print(next(line for line in text.splitlines() if line.startswith("Goodput")))
+        print([(e["cause"], e["resumed_step"], e["redone_steps"], e["waited_s"],
+                e["restore_s"], e["lost_s"]) for e in got["executions"]], reached_0, reached_1)
         assert "restarts (" in text and "node failure 1" in text and "preempted 1" in text
     finally:
         if not healed:
