@@ -1,10 +1,13 @@
-"""What one command costs slurmctld, read from the controller's own counters (``sdiag``).
+"""What one command costs slurmctld, and slurmdbd, read from their own counters.
 
-``sdiag --reset`` (SlurmUser or root) zeroes the RPC statistics; the command runs; ``sdiag``
-then prints, per message type and per user, how many RPCs the controller served and their total
-time in microseconds.  Only the RPCs of ``user`` (the command's own) are counted: the reading
-``sdiag`` itself is root's ``REQUEST_STATS_INFO``, and slurmd's messages are root's too.  Used by
-the real tier (tests/real/test_controller_bill.py) and bench/bench_controller.py.
+``sdiag --reset`` (SlurmUser or root) zeroes the controller's RPC statistics; the command runs;
+``sdiag`` then prints, per message type and per user, how many RPCs the controller served and
+their total time in microseconds.  Only the RPCs of ``user`` (the command's own) are counted:
+the reading ``sdiag`` itself is root's ``REQUEST_STATS_INFO``, and slurmd's messages are root's
+too.  slurmdbd keeps the same two tables (``sacctmgr show stats``, zeroed by ``sacctmgr clear
+stats``): the user's are its ``sacct`` calls, root's are slurmctld's (its jobs' starts and ends,
+node states) and the readings'.  Used by the real tier (tests/real/test_controller_bill.py) and
+bench/bench_controller.py.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ with ThreadPoolExecutor(8) as pool:
 """
 
 
+# How each daemon's counters are zeroed and read (root's, in the cluster's environment).
+SLURMCTLD = (("sdiag", "--reset"), ("sdiag",))
+SLURMDBD = (("sacctmgr", "-i", "clear", "stats"), ("sacctmgr", "show", "stats"))
+# What a reading costs the daemon it reads, left out of by_type (root's alone).
+_READINGS = {"REQUEST_STATS_INFO", "DBD_GET_STATS", "DBD_CLEAR_STATS", "SLURM_PERSIST_INIT",
+             "DBD_FINI"}
+
+
 @dataclass
 class Counters:
     """One ``sdiag`` reading: {name: (count, total µs)} by message type and by user."""
@@ -43,7 +54,8 @@ class Counters:
 
 
 def parse(text: str) -> Counters:
-    """The two RPC tables of ``sdiag``'s output (22.05 and 24.11 print them alike)."""
+    """The two RPC tables of ``sdiag``'s output (22.05 and 24.11 print them alike), or of
+    ``sacctmgr show stats`` (the same lines)."""
     found = Counters()
     table: dict[str, tuple[int, int]] | None = None
     for line in text.splitlines():
@@ -74,20 +86,35 @@ class Cost:
 
 
 def measure(as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
-            user: str, command: Callable[[], object]) -> Cost:
+            user: str, command: Callable[[], object],
+            daemon: tuple[tuple[str, ...], tuple[str, ...]] = SLURMCTLD) -> Cost:
     """Reset the counters, run ``command``, read them: ``user``'s RPCs.  ``as_root`` runs a
-    Slurm client as root (SlurmUser) in the cluster's environment.  The types are the ones
-    the reading shows beside the user's RPCs (root's own ``REQUEST_STATS_INFO`` left out), so
-    they are the user's only while nothing else talks to the controller meanwhile."""
-    reset = as_root(["sdiag", "--reset"])
-    if reset.returncode != 0:
-        raise RuntimeError(f"sdiag --reset exited {reset.returncode}: {reset.stderr.strip()}")
+    Slurm client as root (SlurmUser) in the cluster's environment; ``daemon`` says whose
+    counters (:data:`SLURMCTLD`, :data:`SLURMDBD`).  The types are the ones the reading shows
+    beside the user's RPCs (what a reading itself costs left out), so they are the user's
+    only while nothing else talks to the daemon meanwhile."""
+    return measure_all(as_root, user, command, (daemon,))[0]
+
+
+def measure_all(as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
+                user: str, command: Callable[[], object],
+                daemons: Sequence[tuple[tuple[str, ...], tuple[str, ...]]]) -> list[Cost]:
+    """:func:`measure` of one run of ``command`` on each of ``daemons``' counters."""
+    for reset_argv, _ in daemons:
+        reset = as_root(list(reset_argv))
+        if reset.returncode != 0:
+            raise RuntimeError(f"{' '.join(reset_argv)} exited {reset.returncode}: "
+                               f"{reset.stderr.strip()}")
     command()
-    read = as_root(["sdiag"])
-    if read.returncode != 0:
-        raise RuntimeError(f"sdiag exited {read.returncode}: {read.stderr.strip()}")
-    counters = parse(read.stdout)
-    count, total = counters.by_user.get(user, (0, 0))
-    by_type = {name: n for name, (n, _) in counters.by_type.items()
-               if name != "REQUEST_STATS_INFO"}
-    return Cost(rpcs=count, total_us=total, by_type=by_type)
+    costs = []
+    for _, read_argv in daemons:
+        read = as_root(list(read_argv))
+        if read.returncode != 0:
+            raise RuntimeError(f"{' '.join(read_argv)} exited {read.returncode}: "
+                               f"{read.stderr.strip()}")
+        counters = parse(read.stdout)
+        count, total = counters.by_user.get(user, (0, 0))
+        by_type = {name: n for name, (n, _) in counters.by_type.items()
+                   if name not in _READINGS}
+        costs.append(Cost(rpcs=count, total_us=total, by_type=by_type))
+    return costs

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import SandboxError
+from . import accounting as accounting_lib
 from . import daemons, network, slots, state_folder
 from . import root as sandbox_root
 from .clients import run_slurm
@@ -61,7 +62,14 @@ from .layout import (
     read_manifest,
     state_dir,
 )
-from .machine import apt_install, ensure_munge_user, ensure_packages, ensure_user, require_root
+from .machine import (
+    apt_install,
+    ensure_database_server,
+    ensure_munge_user,
+    ensure_packages,
+    ensure_user,
+    require_root,
+)
 from .nodes import NodeStatus, down_since, is_usable, node_states, wait_until_usable
 from .slurm_conf import MESSAGE_TIMEOUT, write_config
 
@@ -94,6 +102,8 @@ class SandboxStatus:
     controller_error: str = ""
     # Nodes cut off by `partition` (their network down, or their slurmd stopped).
     partitioned: list[str] = field(default_factory=list)
+    # "slurmdbd" (its own database server) or "none" (:mod:`.accounting`).
+    accounting: str = accounting_lib.NONE
 
     @property
     def running(self) -> bool:
@@ -148,12 +158,12 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     require_root("up")
     layout, release = _claim_folder(directory, slurm)
     actions: list[str] = []
-    root = _prepare_machine(layout, release, actions)
+    root, keeps = _prepare_machine(layout, release, actions)
     state_folder.make_folders(layout)
     with state_folder.locked(layout.lock_file):
         old_nodes, wanted, changed = _prepare_folder(layout, release, root, nodes, user,
-                                                     source, actions)
-        partitioned = _start_daemons(layout, old_nodes, wanted, changed,
+                                                     source, keeps, actions)
+        partitioned = _start_daemons(layout, old_nodes, wanted, changed, keeps,
                                      time.monotonic() + timeout, actions)
     return UpReport(status=status(layout.root), actions=actions,
                     seconds=round(time.monotonic() - started, 2), partitioned=partitioned)
@@ -178,13 +188,17 @@ def _claim_folder(directory: Optional[PathLike], slurm: Optional[str]) -> tuple[
     return layout, release
 
 
-def _prepare_machine(layout: Layout, release: str, actions: list[str]) -> Optional[Path]:
+def _prepare_machine(layout: Layout, release: str, actions: list[str]
+                     ) -> tuple[Optional[Path], str]:
     """What the release needs on this machine: Debian's Slurm and munge for the host's, the
-    munge user and the Debian root (built when missing) for another; that root, or None.
-    What it did is appended to ``actions`` (so are the other steps' of ``up``)."""
+    munge user and the Debian root (built when missing) for another, and MariaDB's server
+    (and the host's slurmdbd) where the sandbox keeps accounting; that root (or None) and
+    the accounting it keeps (:func:`.accounting.wanted`).  What it did is appended to
+    ``actions`` (so are the other steps' of ``up``)."""
     if release == HOST_RELEASE:
-        actions += ensure_packages(layout)
-        return None
+        keeps = accounting_lib.wanted(None)
+        actions += ensure_packages(layout, accounting=keeps == accounting_lib.SLURMDBD)
+        return None, keeps
     actions += ensure_munge_user(layout)
     root, built = sandbox_root.ensure_root(
         sandbox_root.RELEASES[release], sandbox_root.cache_folder(),
@@ -194,15 +208,19 @@ def _prepare_machine(layout: Layout, release: str, actions: list[str]) -> Option
     point = sandbox_root.mount_point(root, layout.root)
     if point is not None:
         state_folder.claim(point, create=True)
-    return root
+    keeps = accounting_lib.wanted(root)
+    if keeps == accounting_lib.SLURMDBD:
+        actions += ensure_database_server(layout)
+    return root, keeps
 
 
 def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: Optional[int],
-                    user: Optional[str], source: Optional[PathLike], actions: list[str]
-                    ) -> tuple[list[str], list[str], bool]:
-    """Under the lock: the job user, the venv, the munge key, the configuration and the
-    manifest, each made or changed only when it differs.  Returns the nodes the manifest
-    named before, the nodes wanted now, and whether the configuration changed."""
+                    user: Optional[str], source: Optional[PathLike], keeps: str,
+                    actions: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Under the lock: the job user, the venv, the munge key, the accounting database, the
+    configuration and the manifest, each made or changed only when it differs.  Returns the
+    nodes the manifest named before, the nodes wanted now, and the configuration files
+    changed."""
     manifest = read_manifest(layout) if layout.manifest.exists() else {}
     old_nodes: list[str] = list(manifest.get("nodes", []))
     count = nodes if nodes is not None else (len(old_nodes) or DEFAULT_NODE_COUNT)
@@ -222,28 +240,36 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
             "`dispatch-sandbox up` from a checkout (bin/dispatch-sandbox) once")
     actions += daemons.ensure_munge_key(layout)
     major = (sandbox_root.held(root) if root is not None else sandbox_root.host_release())
-    changed = write_config(layout, wanted, release, major)
+    if keeps == accounting_lib.SLURMDBD:
+        actions += accounting_lib.ensure_database(layout)
+    changed = write_config(layout, wanted, release, major, keeps)
     if changed:
         actions.append("wrote " + ", ".join(changed))
-    new_manifest: dict[str, Any] = {"nodes": wanted, "user": user}
+    new_manifest: dict[str, Any] = {"nodes": wanted, "user": user, "accounting": keeps}
     if root is not None:
         new_manifest.update(slurm=release, rootfs=str(root))
     if manifest != new_manifest:
         state_folder.write_text(layout.manifest, json.dumps(new_manifest, indent=2) + "\n")
-    return old_nodes, wanted, bool(changed)
+    return old_nodes, wanted, changed
 
 
-def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str], changed: bool,
-                   deadline: float, actions: list[str]) -> list[str]:
-    """munged, then slurmctld, then a slurmd per wanted node, each started unless running
-    (all Slurm daemons restarted when the configuration ``changed``, the slurmds of nodes no
-    longer wanted stopped), then wait until the nodes are usable.  Returns the nodes left
+def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str],
+                   changed_files: list[str], keeps: str, deadline: float, actions: list[str]
+                   ) -> list[str]:
+    """munged, then (with accounting, ``keeps``) the database server and slurmdbd, then
+    slurmctld, then a slurmd per wanted node, each started unless running (slurmctld and the
+    slurmds restarted when slurm.conf or what it includes changed, slurmdbd when its own file
+    did; the slurmds of nodes no longer wanted stopped, and slurmdbd and its server where
+    accounting is off now), then wait until the nodes are usable.  Returns the nodes left
     partitioned."""
     munged = daemons.munged(layout)
     if not daemons.alive(munged):
         actions += daemons.start(munged, layout)
         daemons.wait_until(lambda: daemons.munge_works(layout), deadline, "munged to answer",
                            layout, wanted)
+    _start_accounting(layout, keeps, layout.slurmdbd_conf.name in changed_files, deadline,
+                      actions)
+    changed = any(name != layout.slurmdbd_conf.name for name in changed_files)
 
     slurmds = {node: daemons.slurmd(layout, node) for node in sorted(set(wanted) | set(old_nodes))}
     slurmctld = daemons.slurmctld(layout)
@@ -277,6 +303,34 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str], chan
     return partitioned
 
 
+def _start_accounting(layout: Layout, keeps: str, changed: bool, deadline: float,
+                      actions: list[str]) -> None:
+    """The database server, then slurmdbd (restarted when its file ``changed``), each waited
+    for until it answers; both stopped where the sandbox keeps no accounting (now)."""
+    server, dbd = daemons.mariadbd(layout), daemons.slurmdbd(layout)
+    if keeps != accounting_lib.SLURMDBD:
+        actions += daemons.stop(dbd)
+        actions += daemons.stop(server)
+        return
+    if not daemons.alive(server):
+        actions += daemons.start(server, layout)
+    daemons.wait_until(lambda: daemons.database_answers(layout), deadline,
+                       "the accounting database's server to answer", layout, [])
+    if changed:
+        actions += daemons.stop(dbd)
+    if not daemons.alive(dbd):
+        actions += daemons.start(dbd, layout)
+        daemons.wait_until(lambda: daemons.dbd_answers(layout), deadline,
+                           "slurmdbd to answer", layout, [])
+
+
+def _accounting_daemons(layout: Layout, manifest: dict[str, Any]) -> list[daemons.Daemon]:
+    """slurmdbd and its server, where the folder's manifest says it keeps accounting."""
+    if manifest.get("accounting") != accounting_lib.SLURMDBD:
+        return []
+    return [daemons.mariadbd(layout), daemons.slurmdbd(layout)]
+
+
 def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[str]:
     """Stop the daemons this sandbox started (slurmds, slurmctld, munged), remove its network
     (namespaces, veths, bridge; not when its port slot is another folder's); keep every file.
@@ -296,6 +350,9 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
         for node in slurmd_nodes:
             actions += daemons.stop(daemons.slurmd(layout, node), timeout)
         actions += daemons.stop(daemons.slurmctld(layout), timeout)
+        # Whatever the manifest says now: a server started before accounting was turned off.
+        actions += daemons.stop(daemons.slurmdbd(layout), timeout)
+        actions += daemons.stop(daemons.mariadbd(layout), timeout)
         actions += daemons.stop(daemons.munged(layout), timeout)
         manifest = read_manifest(layout) if layout.manifest.exists() else {}
         if slots.holder(layout.port_slot) in (None, layout.root):  # never another's network
@@ -368,12 +425,13 @@ def status(directory: Optional[PathLike] = None) -> SandboxStatus:
                            user=str(manifest.get("user", DEFAULT_USER)),
                            venv_bin=str(layout.venv_bin),
                            slurm=str(manifest.get("slurm", HOST_RELEASE)),
-                           rootfs=str(manifest.get("rootfs", "")))
+                           rootfs=str(manifest.get("rootfs", "")),
+                           accounting=str(manifest.get("accounting", accounting_lib.NONE)))
     if not manifest:
         report.controller_error = f"no sandbox in {layout.root} (run `dispatch-sandbox up`)"
         return report
-    for daemon in [daemons.munged(layout), daemons.slurmctld(layout),
-                   *(daemons.slurmd(layout, n) for n in nodes)]:
+    for daemon in [daemons.munged(layout), *_accounting_daemons(layout, manifest),
+                   daemons.slurmctld(layout), *(daemons.slurmd(layout, n) for n in nodes)]:
         pid = daemons.live_pid(daemon)
         report.daemons.append(DaemonStatus(
             name=daemon.name, pid=pid, alive=pid is not None,

@@ -1,14 +1,18 @@
-"""The sandbox's daemons: munged, slurmctld and a slurmd per node, started, checked and stopped.
+"""The sandbox's daemons: munged, slurmctld and a slurmd per node, started, checked and stopped;
+with accounting (:mod:`.accounting`), a MariaDB server and slurmdbd too.
 
 Role: each :class:`Daemon` says how it starts (its argv, the user it runs as), where its pid
-file and log are, and which tokens of ``/proc/PID/cmdline`` make a pid its own; :func:`start`
-waits for a self-daemonizing program's pid file to name it, :func:`stop` sends TERM (and CONT,
-for a partitioned slurmd), then KILL after a timeout; :func:`munge_works` and
-:func:`controller_answers` are what ``up`` waits for.  munged's key is made here, once.
+file and log are, and which tokens of ``/proc/PID/cmdline`` (or, for slurmdbd, which takes no
+option naming its configuration, of ``/proc/PID/environ``) make a pid its own; :func:`start`
+waits for a self-daemonizing program's pid file to name it (``mariadbd``, which stays in the
+foreground, is started detached with ``setsid -f``), :func:`stop` sends TERM (and CONT, for a
+partitioned slurmd), then KILL after a timeout; :func:`munge_works`, :func:`database_answers`,
+:func:`dbd_answers` and :func:`controller_answers` are what ``up`` waits for.  munged's key is
+made here, once.
 
 Invariant: a pid is signalled only when it came from the daemon's own pid file *and* its
-command line names this sandbox's configuration (or socket); a stale pid file whose number
-was reused by another process is treated as no daemon.
+command line (or environment) names this sandbox's configuration (or socket); a stale pid
+file whose number was reused by another process is treated as no daemon.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import pwd
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -26,8 +31,9 @@ from typing import Any, Optional
 
 from ..errors import SandboxError
 from . import network
+from .accounting import SERVER_OPTIONS
 from .clients import program, root_of, run_slurm, wrap
-from .layout import MUNGE_USER, Layout
+from .layout import DB_USER, MUNGE_USER, Layout
 from .state_folder import append, create_once, tail
 
 
@@ -45,6 +51,12 @@ class Daemon:
     run_as: Optional[str] = None
     # A slurmd starts inside its node's network namespace (network.netns_argv).
     node: Optional[str] = None
+    # Lines that must all be in /proc/PID/environ (for a program whose argv names nothing).
+    environ_marks: tuple[str, ...] = ()
+    # Runs from this machine even for a sandbox in a Debian root (the database server).
+    on_host: bool = False
+    # Stays in the foreground: started detached (setsid -f), its pid file its own.
+    foreground: bool = False
 
 
 def munged(layout: Layout) -> Daemon:
@@ -75,6 +87,28 @@ def slurmd(layout: Layout, node: str) -> Daemon:
                    node=node)
 
 
+def mariadbd(layout: Layout) -> Daemon:
+    """The sandbox's own database server (:mod:`.accounting`): no network, its socket in
+    ``<state>/db``, as the mysql user (it drops to it itself)."""
+    socket_arg = f"--socket={layout.db_socket}"
+    return Daemon(
+        name="mariadbd", program="mariadbd",
+        argv=(program("mariadbd"), "--no-defaults", f"--datadir={layout.db_data}", socket_arg,
+              f"--pid-file={layout.db_pid_file}", f"--log-error={layout.db_log}",
+              f"--user={DB_USER}", *SERVER_OPTIONS),
+        marks=(socket_arg,), pid_file=layout.db_pid_file, log=layout.db_log, on_host=True,
+        foreground=True)
+
+
+def slurmdbd(layout: Layout) -> Daemon:
+    """slurmdbd reads ``slurmdbd.conf`` beside ``$SLURM_CONF`` and reaches the server through
+    ``$MYSQL_UNIX_PORT`` (:func:`_daemon_env`): its environment tells it apart."""
+    return Daemon(name="slurmdbd", program="slurmdbd",
+                  argv=(program("slurmdbd", root_of(layout)),), marks=(),
+                  pid_file=layout.slurmdbd_pid_file, log=layout.slurmdbd_log,
+                  environ_marks=(f"SLURM_CONF={layout.slurm_conf}",))
+
+
 def _read_pid(pid_file: Path) -> Optional[int]:
     try:
         text = pid_file.read_text().strip()
@@ -83,9 +117,10 @@ def _read_pid(pid_file: Path) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def _cmdline(pid: int) -> list[str]:
+def _proc_words(pid: int, name: str = "cmdline") -> list[str]:
+    """``/proc/PID/cmdline`` (or ``environ``) as its NUL-separated words; [] when gone."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        raw = Path(f"/proc/{pid}/{name}").read_bytes()
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
@@ -105,8 +140,11 @@ def is_stopped(pid: Optional[int]) -> bool:
 
 
 def _is_ours(pid: int, daemon: Daemon) -> bool:
-    argv = _cmdline(pid)
+    argv = _proc_words(pid)
     if not argv or os.path.basename(argv[0]) != daemon.program:
+        return False
+    if daemon.environ_marks and \
+            not set(daemon.environ_marks) <= set(_proc_words(pid, "environ")):
         return False
     return all(mark in argv for mark in daemon.marks) and (
         "-N" not in daemon.marks or argv[argv.index("-N") + 1:argv.index("-N") + 2]
@@ -139,7 +177,9 @@ def start(daemon: Daemon, layout: Layout) -> list[str]:
     start_log = layout.log_dir / f"{daemon.name.replace(' ', '-')}.start.log"
     extra: dict[str, Any] = {}
     argv = list(daemon.argv)
-    if root_of(layout) is not None:
+    if daemon.foreground:
+        argv = [program("setsid"), "-f", *argv]
+    if root_of(layout) is not None and not daemon.on_host:
         # Mounting needs root: the root's own runuser drops to the daemon's user inside.
         argv = wrap(layout, argv, user=daemon.run_as)
     elif daemon.run_as is not None:
@@ -186,7 +226,7 @@ def stop(daemon: Daemon, timeout: float = 30.0) -> list[str]:
 
 def _daemon_env(layout: Layout) -> dict[str, str]:
     return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(layout.slurm_conf),
-            "LANG": "C.UTF-8"}
+            "LANG": "C.UTF-8", "MYSQL_UNIX_PORT": str(layout.db_socket)}
 
 
 def munge_works(layout: Layout) -> bool:
@@ -205,6 +245,27 @@ def munge_works(layout: Layout) -> bool:
     return check.returncode == 0
 
 
+def database_answers(layout: Layout) -> bool:
+    """The sandbox's server takes connections on its socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(str(layout.db_socket))
+        except OSError:
+            return False
+    return True
+
+
+def dbd_answers(layout: Layout) -> bool:
+    """slurmdbd answers a client (``sacctmgr show cluster``: it has reached its database)."""
+    try:
+        run_slurm(layout, ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
+                  timeout=10)
+    except SandboxError:
+        return False
+    return True
+
+
 def controller_answers(layout: Layout) -> bool:
     try:
         return " is UP" in run_slurm(layout, ["scontrol", "ping"], timeout=10)
@@ -221,7 +282,8 @@ def wait_until(predicate: Any, deadline: float, what: str, layout: Layout,
 
 
 def logs_tail(layout: Layout, nodes: Sequence[str]) -> str:
-    paths = [layout.munge_log, layout.slurmctld_log, *(layout.slurmd_log(n) for n in nodes)]
+    paths = [layout.munge_log, layout.db_log, layout.slurmdbd_log, layout.slurmctld_log,
+             *(layout.slurmd_log(n) for n in nodes)]
     return "".join(tail(p) for p in paths) or f"(no logs yet in {layout.log_dir})"
 
 

@@ -39,8 +39,12 @@ MAX_NODE_COUNT = 32
 # A sandbox in another folder shifts them (Layout.port_slot) so that two can run at once.
 CONTROLLER_PORT = 16817
 FIRST_NODE_PORT = 17001
+# slurmdbd's port (DBD_PORT - slot), between the controller's and the nodes' ranges.
+DBD_PORT = 16917
 PORT_SLOTS = 50
 MUNGE_USER = "munge"
+# The account MariaDB's server runs as (Debian's mariadb-server makes it).
+DB_USER = "mysql"
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -80,6 +84,10 @@ class Layout:
     @property
     def controller_port(self) -> int:
         return CONTROLLER_PORT - self.port_slot
+
+    @property
+    def dbd_port(self) -> int:
+        return DBD_PORT - self.port_slot
 
     def node_port(self, index: int) -> int:
         """Port of the node at ``index`` (0 for n1); room for MAX_NODE_COUNT per slot."""
@@ -124,6 +132,45 @@ class Layout:
     @property
     def munge_seed(self) -> Path:
         return self.munge_dir / "munged.seed"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        """Where slurmdbd reads its configuration: beside ``SLURM_CONF`` (it takes no -f)."""
+        return self.etc / "slurmdbd.conf"
+
+    @property
+    def slurmdbd_pid_file(self) -> Path:
+        return self.run_dir / "slurmdbd.pid"
+
+    @property
+    def slurmdbd_log(self) -> Path:
+        return self.log_dir / "slurmdbd.log"
+
+    @property
+    def db_dir(self) -> Path:
+        """The sandbox's own MariaDB server (the mysql user's): data, socket, pid file, log."""
+        return self.root / "db"
+
+    @property
+    def db_data(self) -> Path:
+        return self.db_dir / "data"
+
+    @property
+    def db_made(self) -> Path:
+        """Written once the server's data folder is complete (root's, beside ``db/``)."""
+        return self.root / ".db-made"
+
+    @property
+    def db_socket(self) -> Path:
+        return self.db_dir / "mysqld.sock"
+
+    @property
+    def db_pid_file(self) -> Path:
+        return self.db_dir / "mariadbd.pid"
+
+    @property
+    def db_log(self) -> Path:
+        return self.db_dir / "mariadbd.log"
 
     @property
     def state_save(self) -> Path:

@@ -2,7 +2,9 @@
 
 Role: :func:`require_root` for the verbs that start daemons; :func:`ensure_packages` installs
 ``slurm-wlm``, ``munge`` and ``python3-venv`` with apt-get when missing (CI starts from a bare
-box); the job user and its home (:func:`ensure_user`), the munge user a Debian root shares
+box), and ``mariadb-server`` and ``slurmdbd`` for a sandbox that keeps accounting
+(:func:`ensure_database_server`: the server alone for a Debian root, which holds its
+slurmdbd); the job user and its home (:func:`ensure_user`), the munge user a Debian root shares
 with the host (:func:`ensure_munge_user`); :func:`home_of`.  The job user is never root.
 
 Invariant: installs only what is missing and says what it installed; apt's output goes to a log
@@ -47,11 +49,33 @@ def _venv_missing() -> bool:
     return proc.returncode != 0
 
 
-def ensure_packages(layout: Layout) -> list[str]:
-    """apt-get install Slurm, munge and python3-venv when missing (CI starts from a bare box)."""
+DATABASE_PROGRAMS = {"mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server"}
+
+
+def _missing_database(programs: dict[str, str]) -> list[str]:
+    return sorted({package for name, package in programs.items()
+                   if not os.path.isabs(program(name))})
+
+
+def ensure_database_server(layout: Layout) -> list[str]:
+    """apt-get install MariaDB's server when missing (a sandbox's accounting runs one of its
+    own; the package's own service, where its install starts one, is left alone)."""
+    packages = _missing_database(DATABASE_PROGRAMS)
+    if not packages:
+        return []
+    apt_install(layout, packages)
+    return [f"installed {' '.join(packages)}"]
+
+
+def ensure_packages(layout: Layout, accounting: bool = False) -> list[str]:
+    """apt-get install Slurm, munge and python3-venv when missing (CI starts from a bare box),
+    and with ``accounting`` MariaDB's server and the host's slurmdbd."""
     packages = list(APT_PACKAGES) if _missing_programs() else []
     if _venv_missing():
         packages.append("python3-venv")
+    if accounting:
+        packages += _missing_database({**DATABASE_PROGRAMS, "slurmdbd": "slurmdbd",
+                                       "sacct": "slurm-client", "sacctmgr": "slurm-client"})
     if not packages:
         return []
     apt_install(layout, packages)

@@ -1,7 +1,8 @@
 """The sandbox's configuration: slurm.conf, site.conf, and the project's hooks installed into it.
 
-Role: :func:`render_slurm_conf` (nodes on the sandbox's bridge, fast timers, no accounting, no
-hooks, a default partition whose jobs an ``urgent`` one preempts) and :func:`render_site_conf`,
+Role: :func:`render_slurm_conf` (nodes on the sandbox's bridge, fast timers, slurmdbd's
+accounting unless it is off (:mod:`.accounting`), no hooks, a default partition whose jobs an
+``urgent`` one preempts) and :func:`render_site_conf`,
 whose :func:`site_config_lines` install the hooks' parts, the re-check script and dispatch.conf
 from the checkout's ``contrib/`` and ``site-config/`` as the admin guide tells a site admin to;
 :func:`write_config` writes what differs.
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SandboxError
+from . import accounting as accounting_lib
 from . import network
 from .install import source_root
 from .layout import HOST_RELEASE, Layout
@@ -149,10 +151,12 @@ def _install_dispatch_site(layout: Layout) -> bool:
 def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
                       release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
                       min_job_age: int = MIN_JOB_AGE, major: str = "",
-                      requeue_delay: int | None = None) -> str:
-    """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers, no
-    accounting, no hooks, and two partitions over the nodes: the default one, whose jobs an
-    urgent partition's job preempts (requeued, KILL_WAIT after SIGTERM), and that urgent one.
+                      requeue_delay: int | None = None,
+                      accounting: str = accounting_lib.NONE) -> str:
+    """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers,
+    slurmdbd's accounting (``accounting``: :data:`.accounting.SLURMDBD`) or none, no hooks,
+    and two partitions over the nodes: the default one, whose jobs an urgent partition's job
+    preempts (requeued, KILL_WAIT after SIGTERM), and that urgent one.
 
     The same for every release (24.11 also reads ``cgroup.conf``, written beside it), except
     that a sandbox in a Debian root numbers its jobs from FIRST_ROOT_JOB_ID: the job user is
@@ -193,7 +197,7 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "SwitchType=switch/none",
         f"PlugStackConfig={layout.plugstack_conf}",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *accounting_lib.slurm_conf_lines(layout, accounting),
         "JobCompType=jobcomp/none",
         "MailProg=/bin/true",
         f"TaskProlog={layout.etc / 'task-prolog'}",
@@ -284,10 +288,11 @@ def _env_int(name: str, default: int) -> int:
     return int(raw)
 
 
-def write_config(layout: Layout, nodes: Sequence[str],
-                  release: str = HOST_RELEASE, major: str = "") -> list[str]:
-    """Write the config files that differ; return the names of those written.  ``major``:
-    the Slurm release the sandbox runs (``26.05``), '' where not known."""
+def write_config(layout: Layout, nodes: Sequence[str], release: str = HOST_RELEASE,
+                 major: str = "", accounting: str = accounting_lib.NONE) -> list[str]:
+    """Write the config files that differ; return the names of those written (slurmdbd.conf,
+    root's alone, with ``accounting``).  ``major``: the Slurm release the sandbox runs
+    (``26.05``), '' where not known."""
     hostname = socket.gethostname().split(".")[0]
     delay = os.environ.get(REQUEUE_DELAY_ENV, "").strip()
     wanted = {
@@ -295,7 +300,8 @@ def write_config(layout: Layout, nodes: Sequence[str],
             layout, nodes, hostname, release,
             cluster=os.environ.get(CLUSTER_ENV) or CLUSTER_NAME,
             min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE), major=major,
-            requeue_delay=_env_int(REQUEUE_DELAY_ENV, 0) if delay else None),
+            requeue_delay=_env_int(REQUEUE_DELAY_ENV, 0) if delay else None,
+            accounting=accounting),
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }
@@ -307,5 +313,8 @@ def write_config(layout: Layout, nodes: Sequence[str],
     written = [path.name for path, text in wanted.items() if write_if_changed(path, text)]
     if write_if_changed(layout.etc / "task-prolog", TASK_PROLOG, 0o755):
         written.append("task-prolog")
+    if accounting == accounting_lib.SLURMDBD and write_if_changed(
+            layout.slurmdbd_conf, accounting_lib.render_slurmdbd_conf(layout, hostname), 0o600):
+        written.append(layout.slurmdbd_conf.name)  # slurmdbd refuses one others may read
     return written
 

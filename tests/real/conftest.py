@@ -66,6 +66,8 @@ class Sandbox:
     slurm: str = sandbox_layout.HOST_RELEASE
     # The Debian root it runs from (None on the host's Slurm).
     rootfs: Optional[Path] = None
+    # "slurmdbd" where it keeps Slurm's accounting (sacct answers), else "none".
+    accounting: str = "none"
     uid: int = field(init=False)
     home: Path = field(init=False)
 
@@ -182,7 +184,8 @@ def sandbox_of(report: Any) -> Sandbox:
     env.update(sandbox_clients.environment(state.dir, user=state.user))
     return Sandbox(dir=Path(state.dir), user=state.user, env=env,
                    venv_bin=Path(state.venv_bin), nodes=[n.name for n in state.nodes],
-                   slurm=state.slurm, rootfs=Path(state.rootfs) if state.rootfs else None)
+                   slurm=state.slurm, rootfs=Path(state.rootfs) if state.rootfs else None,
+                   accounting=state.accounting)
 
 
 def release_line() -> str:

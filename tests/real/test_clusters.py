@@ -1,11 +1,11 @@
 """Two clusters over one home (issue 18, items 4 and 8), on two real sandboxes.
 
 The session's sandbox is one cluster (ClusterName dispatch-sandbox); a second sandbox in the
-folder beside it (``<dir>2``, or ``$DISPATCH_OTHER_SANDBOX_DIR``: its ports are derived from
-its path and must not be another sandbox's; one node, ClusterName dispatch-other, MinJobAge
-2 s) is the other.  One user submits to both with one DISPATCH_HOME, as over a shared $HOME: each
-cluster's commands act on its own jobs only.  On the other cluster a failed job then ages
-out of slurmctld (no accounting there) and is shown with its recorded end.
+folder beside it (``<dir>2``, or ``$DISPATCH_OTHER_SANDBOX_DIR``: its ports are derived from its
+path and must not be another sandbox's; one node, ClusterName dispatch-other, MinJobAge 2 s, no
+accounting) is the other.  One user submits to both with one DISPATCH_HOME, as over a shared
+$HOME: each cluster's commands act on its own jobs only.  On the other cluster a failed job then
+ages out of slurmctld (no accounting there) and is shown with its recorded end.
 
 The second sandbox is left running, like the session's; `dispatch-sandbox down` with its
 folder stops it.
@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from conftest import Sandbox, sandbox_of  # tests/real is no package: pytest puts it on sys.path
 
+from slurm_dispatch.sandbox import accounting as sandbox_accounting
 from slurm_dispatch.sandbox import cluster as sandbox_lib
 from slurm_dispatch.sandbox import slurm_conf as sandbox_slurm_conf
 
@@ -39,9 +40,12 @@ FAILING = "#!/bin/bash\n#SBATCH --time=5\necho failing on purpose; exit 3\n"
 def other(sandbox: Sandbox) -> Iterator[Sandbox]:
     """The second cluster: its own sandbox, the same job user (so the same home)."""
     saved = {k: os.environ.get(k) for k in (sandbox_slurm_conf.CLUSTER_ENV,
-                                           sandbox_slurm_conf.MIN_JOB_AGE_ENV)}
+                                           sandbox_slurm_conf.MIN_JOB_AGE_ENV,
+                                           sandbox_accounting.ACCOUNTING_ENV)}
     os.environ[sandbox_slurm_conf.CLUSTER_ENV] = OTHER
     os.environ[sandbox_slurm_conf.MIN_JOB_AGE_ENV] = "2"
+    # A cluster without accounting beside one with it: its forgotten job's end is the record's.
+    os.environ[sandbox_accounting.ACCOUNTING_ENV] = sandbox_accounting.NONE
     try:
         report = sandbox_lib.up(os.environ.get("DISPATCH_OTHER_SANDBOX_DIR")
                                 or f"{sandbox.dir}2", nodes=1, source=REPO_ROOT,

@@ -4,8 +4,9 @@ counters (``sdiag``).
 A pass reads the user's jobs in one ``squeue --me`` and asks nothing per job, so its RPCs do not
 grow with the number of dispatch jobs the controller knows: 5 held jobs and 50 cost the same,
 and that is what one ``squeue --me`` costs.  ``dispatch-cease`` of an ended job asks for that
-job once and for its nodes once, through either backend.  The scale run (1,000 jobs, 32 nodes)
-is bench/bench_controller.py.
+job once and for its nodes once, through either backend.  Where the sandbox keeps accounting,
+a job slurmctld forgot costs slurmdbd one ``sacct`` in the pass that records its end, and
+nothing after.  The scale run (1,000 jobs, 32 nodes) is bench/bench_controller.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from tests import sdiag
 from tests.real.test_adapter_contract import BACKENDS, overlay  # noqa: F401 - the fixture
+from tests.real.test_arrays import known, short_min_job_age  # noqa: F401 - the fixture
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -88,3 +90,46 @@ def test_cease_asks_for_the_job_once_and_its_nodes_once(sandbox: Sandbox, overla
     assert asked.get("JOB_INFO_SINGLE") == 1 and asked.get("NODE_INFO") == 1 \
         and set(asked) <= wanted, f"dispatch-cease ({backend}) asked {cost.types()}"
     assert cost.rpcs <= 5 + len(pyslurm_own), f"dispatch-cease ({backend}): {cost.types()}"
+
+
+def test_a_forgotten_job_costs_slurmdbd_one_sacct_once(
+        sandbox: Sandbox, short_min_job_age: None) -> None:  # noqa: F811 - the fixture
+    """Issue 29 item 11: a dispatch job that ended while no supervisor ran and that slurmctld
+    then forgot (MinJobAge) costs the next pass one ``squeue --me`` at the controller, as every
+    pass, and one ``sacct`` at slurmdbd (what ``sacct -j`` costs alone); the pass after, with
+    its end recorded, asks slurmdbd nothing."""
+    if sandbox.accounting != "slurmdbd":
+        pytest.skip("the sandbox keeps no accounting (DISPATCH_SANDBOX_ACCOUNTING=none)")
+    work = sandbox.workdir("bill-forgotten")
+    user = ["env", f"DISPATCH_HOME={work / 'dispatch-home'}"]
+    sandbox.run(["tee", str(work / "fail.sh")], user=sandbox.user, input="#!/bin/bash\nexit 3\n")
+    out = sandbox.run([*user, str(sandbox.venv_bin / "dispatch-sbatch"), "--parsable",
+                       "--checkpoint", "ck", "fail.sh"], user=sandbox.user, cwd=work).stdout
+    job = out.strip().split(";")[0]
+    sandbox.wait_for(lambda: not known(sandbox, job), 200, f"slurmctld to forget job {job}",
+                     interval=2)
+    both = (sdiag.SLURMCTLD, sdiag.SLURMDBD)
+
+    def cost(argv: list[str]) -> tuple[sdiag.Cost, sdiag.Cost]:
+        ctld, dbd = sdiag.measure_all(lambda tool: sandbox.run(tool, check=False),
+                                      sandbox.user,
+                                      lambda: said.append(sandbox.run(
+                                          [*user, *argv], user=sandbox.user, cwd=work).stdout),
+                                      both)
+        return ctld, dbd
+
+    said: list[str] = []
+    _, sacct = cost(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobIDRaw,JobID,State,UID,"
+                     "Submit"])
+    assert sacct.rpcs >= 1 and said[-1].split("|")[2] == "FAILED", (said, sacct.types())
+    squeue, _ = cost(["squeue", "--me"])
+    supervise = [str(sandbox.venv_bin / "dispatch"), "supervise"]
+    first_ctld, first_dbd = cost(supervise)
+    assert "known from Slurm's accounting (sacct)" in said[-1], said[-1]
+    again_ctld, again_dbd = cost(supervise)
+    assert (first_ctld.rpcs, again_ctld.rpcs) == (squeue.rpcs, squeue.rpcs), (
+        f"squeue --me: {squeue.types()}; the pass: {first_ctld.types()}; the next: "
+        f"{again_ctld.types()}")
+    assert (first_dbd.rpcs, again_dbd.rpcs) == (sacct.rpcs, 0), (
+        f"sacct -j alone cost slurmdbd {sacct.rpcs} ({sacct.types()}); the pass "
+        f"{first_dbd.rpcs}, the next {again_dbd.rpcs} ({again_dbd.types()})")

@@ -1,0 +1,63 @@
+"""The sandbox's accounting (slurm_dispatch/sandbox/accounting.py): whether a sandbox keeps it,
+and what slurm.conf and slurmdbd.conf then say.  The daemons themselves run in the real tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch.errors import SandboxError
+from slurm_dispatch.sandbox import accounting, slurm_conf
+from slurm_dispatch.sandbox import layout as sandbox_layout
+from slurm_dispatch.sandbox.layout import Layout
+
+
+def test_accounting_is_on_by_default_where_the_release_has_slurmdbd(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(accounting.ACCOUNTING_ENV, raising=False)
+    assert accounting.wanted(None) == accounting.SLURMDBD  # the host's: installed by up
+    root = tmp_path / "root"
+    (root / "usr" / "sbin").mkdir(parents=True)
+    assert accounting.wanted(root) == accounting.NONE  # a root built without slurmdbd
+    monkeypatch.setenv(accounting.ACCOUNTING_ENV, "slurmdbd")
+    with pytest.raises(SandboxError, match="holds no slurmdbd"):
+        accounting.wanted(root)
+    dbd = root / "usr" / "sbin" / "slurmdbd"
+    dbd.write_text("#!/bin/sh\n")
+    dbd.chmod(0o755)
+    assert accounting.wanted(root) == accounting.SLURMDBD
+    monkeypatch.setenv(accounting.ACCOUNTING_ENV, "none")
+    assert accounting.wanted(root) == accounting.wanted(None) == accounting.NONE
+    monkeypatch.setenv(accounting.ACCOUNTING_ENV, "mysql")
+    with pytest.raises(SandboxError, match=r"DISPATCH_SANDBOX_ACCOUNTING='mysql'"):
+        accounting.wanted(None)
+
+
+def test_slurm_conf_points_at_the_folders_own_slurmdbd_and_munged(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "sb")
+    text = slurm_conf.render_slurm_conf(layout, ["n1"], "host",
+                                        accounting=accounting.SLURMDBD)
+    assert "AccountingStorageType=accounting_storage/slurmdbd\n" in text
+    assert f"AccountingStoragePort={layout.dbd_port}\n" in text
+    # Without it a client's connection to slurmdbd used the machine's munged, not the sandbox's.
+    assert f"AccountingStoragePass={layout.munge_socket}\n" in text
+    none = slurm_conf.render_slurm_conf(layout, ["n1"], "host")
+    assert "AccountingStorageType=accounting_storage/none\n" in none
+    assert "AccountingStoragePort" not in none
+    dbd = accounting.render_slurmdbd_conf(layout, "host")
+    assert f"DbdPort={layout.dbd_port}\n" in dbd and f"PidFile={layout.slurmdbd_pid_file}\n" in dbd
+    assert "StorageHost=localhost\n" in dbd  # its socket: MYSQL_UNIX_PORT, never a port
+
+
+def test_no_slots_slurmdbd_port_is_another_sandboxs_port(tmp_path: Path) -> None:
+    dbd, others = set(), set()
+    for slot in range(sandbox_layout.PORT_SLOTS):
+        layout = Layout(tmp_path / f"sb{slot}")
+        layout.root.mkdir()
+        layout.port_slot_file.write_text(f"{slot}\n")
+        assert layout.port_slot == slot
+        dbd.add(layout.dbd_port)
+        others.add(layout.controller_port)
+        others.update(layout.node_port(i) for i in range(sandbox_layout.MAX_NODE_COUNT))
+    assert len(dbd) == sandbox_layout.PORT_SLOTS and not dbd & others
