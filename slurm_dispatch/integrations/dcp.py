@@ -50,8 +50,12 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set, a folder ro
   as it was, so a fresh start or a fallback never keeps a value of it, even under a key the
   fallback's save lacks (a planner with ``allow_partial_load``).  The cost: host memory as
   large as this rank's share of the tensors, until every rank has read its share (no more
-  accelerator memory), and one more copy of each into the caller's tensors.  ``load`` with a
-  ``checkpoint_id`` is DCP's own (a failure raises).
+  accelerator memory), and one more copy of each into the caller's tensors.  A save read
+  whole that the caller's state then refuses (a ``Stateful`` entry's ``load_state_dict``
+  raising, as torchtitan's dataloader does on another data-parallel degree, after the
+  entries before it took their values) cannot be undone: ``load`` raises
+  :class:`PartlyLoaded`, never a fallback or a fresh start over part of that save.  ``load``
+  with a ``checkpoint_id`` is DCP's own (a failure raises).
 
 Outside a dispatch execution these are DCP's own functions: ``checkpoint_id`` is then
 required by ``save``, and ``load`` without one loads nothing and returns ``None``.
@@ -109,7 +113,7 @@ METADATA = ".metadata"  # DCP's coordinator writes it last (a temporary name, th
 STEP_FOLDER = "step-{step}"
 
 __all__ = ["save", "async_save", "load", "save_folder", "METADATA", "FRAMEWORK",
-           "DurableWriter", "StagedLoad"]
+           "DurableWriter", "StagedLoad", "PartlyLoaded"]
 
 
 def _execution(env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
@@ -339,6 +343,12 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     return None
 
 
+class PartlyLoaded(RuntimeError):
+    """A save was read whole and copied into part of the caller's state before the rest
+    refused it: the state holds part of that save, so no other save (nor a fresh start) is
+    tried over it."""
+
+
 def _staged_load(state_dict: dict[str, Any], path: str, storage_reader: Any, planner: Any,
                  process_group: Optional[dist.ProcessGroup], no_dist: bool) -> None:
     """DCP's load of ``path`` into ``state_dict``, which is changed only once every rank has
@@ -350,12 +360,24 @@ def _staged_load(state_dict: dict[str, Any], path: str, storage_reader: Any, pla
     torch_dcp.load(plain, checkpoint_id=path, storage_reader=storage_reader, planner=staged,
                    process_group=process_group, no_dist=no_dist)
     # DCP's read step gathers every rank's result and raises on all of them if one failed.
-    loaded = staged.commit()
-    for key, value in state_dict.items():
-        if isinstance(value, Stateful):
-            value.load_state_dict(loaded[key])
-        else:
-            state_dict[key] = loaded[key]
+    # From here the caller's tensors change (a Stateful's state_dict() views its parameters):
+    # a failure cannot leave them as they were, and must not pass for a save not loaded.
+    done: list[str] = []
+    try:
+        loaded = staged.commit()
+        for key, value in state_dict.items():
+            if isinstance(value, Stateful):
+                value.load_state_dict(loaded[key])
+            else:
+                state_dict[key] = loaded[key]
+            done.append(str(key))
+    except Exception as exc:
+        given = ", ".join(done) if done else "the tensors"
+        raise PartlyLoaded(
+            f"{path} was read whole and given to {given} before {_short(exc)}: the state "
+            "dict holds part of this save, so neither the previous save nor a fresh start is "
+            "tried over it; fix what refused it (a Stateful's load_state_dict) and run again"
+        ) from exc
 
 
 class StagedLoad(LoadPlanner):
@@ -457,6 +479,8 @@ def _loaded(attempt: Callable[[str], None], path: str) -> Optional[str]:
         return problem
     try:
         attempt(path)
+    except PartlyLoaded:
+        raise  # the caller's state holds part of it: nothing else may be loaded over it
     # DCP raises the same CheckpointException (a BaseException) on every rank.
     except (Exception, CheckpointException) as exc:
         return f"DCP could not load it: {_short(exc)}"

@@ -272,3 +272,34 @@ def test_a_stateful_entry_is_given_a_save_only_once_it_was_read_whole(
             assert (net.values(), net.loads, loaded["step"]) == (Net(1).values(), 1, 1)
             assert loaded["net"] is net
         monkeypatch.undo()
+
+
+class Loader:
+    """A Stateful that refuses a save of another data-parallel degree, as torchtitan's
+    dataloader does (an assert in its load_state_dict)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"world_size": torch.tensor(self.world)}
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        assert int(sd["world_size"]) == self.world, "dp degree changed: no resharding"
+
+
+def test_a_save_the_state_refuses_after_part_of_it_took_its_values_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saved on 4 data-parallel ranks, resumed on 2: the net (a Stateful before the loader)
+    took the save's weights, then the loader refused it.  load returned None, a fresh start,
+    with the net holding the save's weights (and the step as it was): a mixture no caller can
+    tell.  It raises now, naming the save and what refused it."""
+    root = tmp_path / "ck"
+    exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
+    dcp.save({"net": Net(1), "loader": Loader(4), "step": 1}, step=1)
+    monkeypatch.undo()
+    dispatch_env(root, "b", E2, str(exec_dir / "step-1"), monkeypatch)
+    loaded: dict[str, object] = {"net": Net(0), "loader": Loader(2), "step": -1}
+    with pytest.raises(dcp.PartlyLoaded, match=r"step-1 was read whole and given to net "
+                       r"before AssertionError: dp degree changed"):
+        dcp.load(loaded)
