@@ -253,7 +253,9 @@ class _Names:
             head = tail[:_HEAD_CHARS]
             if head in self._heads:
                 return self._heads[head]
-            parts = base64.b32decode(head).decode("utf-8", "replace").split("/")
+            # As every path is decoded (surrogateescape): a folder name that is not UTF-8
+            # is itself, never one with U+FFFD in it that names no folder.
+            parts = base64.b32decode(head).decode("utf-8", "surrogateescape").split("/")
             if len(parts) >= 3:  # the folder's name ended inside the head
                 found = parts[1] if parts[0] == EXEC and parts[1] else None
                 self._heads[head] = found

@@ -210,3 +210,23 @@ def test_a_save_named_with_odd_characters_is_found(world: World) -> None:
     gc.collect(world.root, 1)
     assert world.exists(new) and not world.exists(old)
     assert world.every_published_save_exists()
+
+
+def test_a_folder_named_in_latin_1_keeps_its_saves_without_a_record(tmp_path: Path) -> None:
+    """A person's folder whose name is not UTF-8 (exec/r\\xe9sum\\xe9, as an older tool wrote
+    it) holds a published save and no launcher record: a folder with no record stays whole.
+    Cleanup told a publication's folder by decoding the first 35 bytes of its path with
+    "replace" (r\\ufffdsum\\ufffd), which names no folder, so once the path was longer than
+    that the save was removed as one of an unknown folder while the report said 'kept: no
+    record'."""
+    world = posix_world(tmp_path)
+    name = "r\udce9sum\udce9"  # b"r\xe9sum\xe9", as os.listdir gives it
+    save = f"exec/{name}/checkpoint-100000000000000"
+    world.put(f"{save}/model.bin", 90)
+    world.put(f"{save}/trainer_state.json", 10, b'{"step":1}')
+    world.publish(E1, 100000000000000, save)
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+    report = gc.collect(world.root, 1, lag=0)
+    assert world.exists(f"{save}/model.bin"), [r.path for r in report.removals]
+    assert next(f for f in report.folders if f.attempt == name).verdict == "kept: no record"
