@@ -1,18 +1,19 @@
 """Lightning's ``LightningCLI`` example as a real Slurm job (issue 36 item 5):
 ``examples/lightning-cli/`` runs ``LightningCLI(DemoModel, BoringDataModule)`` unchanged, under
 ``exec dispatch watch`` with Lightning's default layout (``lightning_logs/version_0/
-checkpoints/``), or with ``DispatchCallback`` added from the command line
-(``--trainer.callbacks+=``).  The trainer is killed (SIGKILL) once saves are published; the
-job ends FAILED, the supervisor resubmits it, and the replacement resumes, through
-``--ckpt_path "${DISPATCH_RESUME_FROM:-null}"``, from the newest whole published save and
-publishes steps past it.  The first execution's fresh start is the ``null`` case (an empty
+checkpoints/``), with ``ModelCheckpoint``'s ``dirpath`` a folder Lightning makes at its first
+save (``dispatch watch --dir`` that folder, which does not exist yet when watch starts), or
+with ``DispatchCallback`` added from the command line (``--trainer.callbacks+=``).  The
+trainer is killed (SIGKILL) once saves are published; the job ends FAILED, the supervisor
+resubmits it, and the replacement resumes, through ``--ckpt_path
+"${DISPATCH_RESUME_FROM:-null}"``, from the newest whole published save and publishes steps
+past it, in the same layout.  The first execution's fresh start is the ``null`` case (an empty
 ``--ckpt_path`` fails).
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
@@ -23,7 +24,9 @@ from tests.real.conftest import ENDED_STATES
 from tests.real.test_dispatch_sbatch import Workdir
 from tests.real.test_frameworks import (  # noqa: F401  (frameworks: the fixture)
     CONSTRAINTS,
+    _kill_and_resubmit,
     _published,
+    _running,
     frameworks,
     pytestmark,  # the real tier's mark, the frameworks' own warnings left out
 )
@@ -59,25 +62,31 @@ def _work(sandbox: Any, route: str) -> Workdir:
             '--trainer.callbacks.every_n_train_steps "$SAVE_EVERY" '
             "--trainer.callbacks.save_top_k -1 "
             '--ckpt_path "${DISPATCH_RESUME_FROM:-null}"\n'))
+    elif route == "dirpath":
+        # ModelCheckpoint(dirpath=...) makes its folder at the first save: watch --dir waits.
+        text = (path / "job.sh").read_text()
+        late = '"$DISPATCH_EXEC_DIR/ckpts"'
+        keep = "--trainer.callbacks.save_top_k -1"
+        assert text.count("exec dispatch watch -- ") == 1 and text.count(keep) == 1
+        work.write("job.sh", text.replace(
+            "exec dispatch watch -- ", f"exec dispatch watch --dir {late} -- ").replace(
+            keep, f"{keep} --trainer.callbacks.dirpath {late}"))
     return work
 
 
+def _layout(route: str, exec_dir: str) -> str:
+    """The pattern of a save's path in the route's layout."""
+    folder = "ckpts" if route == "dirpath" else "lightning_logs/version_0/checkpoints"
+    return re.escape(f"{exec_dir}/{folder}/") + r"epoch=\d+-step=(\d+)\.ckpt"
+
+
 def _trainer_pid(work: Workdir) -> Optional[int]:
-    """The pid of the trainer (python3 main.py fit) running in the work folder."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-        except OSError:
-            continue
-        if argv[1:3] == [b"main.py", b"fit"] and cwd == str(work.path):
-            return int(entry)  # not dispatch watch, whose argv holds the command too
-    return None
+    """The pid of the trainer (python3 main.py fit) running in the work folder, not dispatch
+    watch's, whose arguments hold the command too."""
+    return next(iter(_running(work.path, "main.py", "fit")), None)
 
 
-@pytest.mark.parametrize("route", ["watch", "callback"])
+@pytest.mark.parametrize("route", ["watch", "dirpath", "callback"])
 def test_lightning_cli_killed_resumes_from_the_newest_whole_save(
         sandbox: Any, lightning_cli: Path, route: str) -> None:
     work = _work(sandbox, route)
@@ -95,19 +104,12 @@ def test_lightning_cli_killed_resumes_from_the_newest_whole_save(
         got = sandbox.wait_for(saved_or_ended, 240, "two published saves")
         assert got == "saved", output.read_text() if output.exists() else "no output"
         pid = sandbox.wait_for(lambda: _trainer_pid(work), 30, "the trainer's pid")
-        os.kill(pid, signal.SIGKILL)
-        ended = sandbox.wait_for(
-            lambda: sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
-            and sandbox.job_state(slurm_id), 120, f"job {slurm_id} to end at the kill")
-        text = output.read_text()
-        assert ended["JobState"] == "FAILED", (ended, text)
-        assert "Restoring states from the checkpoint" not in text, text  # a fresh start
-        supervised = work.run("dispatch", "supervise", check=False)
-        assert "resubmitted as submission 2" in supervised.stdout, supervised
-        newest = max(_published(root), key=lambda f: (f.epoch, f.step))
-        second = sandbox.wait_for(
-            lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2], 90,
-            "submission 2 to start")[0]
+        published, second = _kill_and_resubmit(sandbox, work, job, slurm_id, [pid], root)
+        first = work.status(job)["executions"][0]
+        if route != "callback":  # where Lightning put them, found by watch
+            assert all(re.fullmatch(_layout(route, first["exec_dir"]), f.path)
+                       for f in published), published
+        newest = max(published, key=lambda f: (f.epoch, f.step))
         assert second["resume_from"] == newest.path
         later = sandbox.wait_for(
             lambda: [f for f in _published(root)
@@ -115,9 +117,14 @@ def test_lightning_cli_killed_resumes_from_the_newest_whole_save(
             "a save of the replacement published")
         # It resumed from that save: Lightning restored its step, so its saves go on from it.
         assert min(f.step for f in later) > newest.step, (later, newest)
+        if route != "callback":
+            assert all(re.fullmatch(_layout(route, second["exec_dir"]), f.path)
+                       for f in later), later
         text = output.read_text()
         assert f"Restoring states from the checkpoint path at {newest.path}" in text, text
+        assert text.count("Restoring states from the checkpoint") == 1, text  # A's was fresh
         assert "went backwards" not in text and "at or below step" not in text, text
+        assert "stopped publishing" not in text and "never appeared" not in text, text
     finally:
         for execution in work.status(job)["executions"]:
             sandbox.run(["scancel", str(execution["slurm_job_id"])], check=False)
