@@ -10,7 +10,9 @@ What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
    has chosen it: the launcher's record (``exec/<attempt>/.dispatch``) names it, or an
    integration recorded it as a choice before loading it (``.dispatch-choice-*.json``, the
    fallback along the lineage when the latest save cannot be loaded; :mod:`.execdir`);
-3. it is pinned (``dispatch pin``: ``<root>/pins/``);
+3. it is pinned (``dispatch pin``: ``<root>/pins/``), or quarantined (``<root>/quarantine/``,
+   :mod:`.quarantine`) while its publication is the latest: a person deciding about it
+   still finds it;
 4. the framework of a live execution keeps it as one of its best: the manifests of that
    execution's latest saves (of its source, before it has saved) list them (Lightning's top k
    by each ``ModelCheckpoint``'s monitor, the Trainer's ``best_model_checkpoint``), so an old
@@ -85,7 +87,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from ..errors import BadPublicationName, OutsideRoot, StoreError, UsageError
-from . import execdir, model
+from . import execdir, model, quarantine
 from .stores.base import GC, StillWritten, check_names
 from .stores.open import EXEC, Store, open_store
 
@@ -873,6 +875,10 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
                      if _DCP_FOLDER.fullmatch(e) and e != CHECKPOINTS
                      and not _holds_dcp_only(st, f.attempt, e)}
     needed = pinned(st)
+    newest = decode.path(names[-1]) if names else None
+    if newest is not None and newest in quarantine.quarantined(st):
+        needed.setdefault(newest, "quarantined, the latest publication (dispatch "
+                                  "unquarantine lifts it)")
     for path, why in bests(st, names, folders, decode).items():
         needed.setdefault(path, why)
     found = plan(names, folders, keep, decode, presorted=True, needed=needed,
@@ -985,7 +991,7 @@ def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
                          if "chose it" in because else f"{because} while cleanup ran")
 
 
-def _save_under(st: Store, path: str) -> str:
+def save_under(st: Store, path: str) -> str:
     """The save at ``path`` (a path or an ``s3://`` URL) relative to the store's root."""
     relative = getattr(st, "relative", None)
     if relative is not None:
@@ -1000,7 +1006,7 @@ def pin(root: str, path: str, timeout: Optional[float] = None) -> bool:
     """Pin the published save at ``path``: no cleanup removes it until it is unpinned.
     Returns False when it was pinned already."""
     st = open_store(root, timeout)
-    relative = _save_under(st, path)
+    relative = save_under(st, path)
     names = st.publication_names()
     decode = _Names()
     mine = [n for n in names if decode.path(n) == relative]
@@ -1022,7 +1028,7 @@ def pin(root: str, path: str, timeout: Optional[float] = None) -> bool:
 def unpin(root: str, path: str, timeout: Optional[float] = None) -> bool:
     """Unpin the save at ``path``; False when it was not pinned."""
     st = open_store(root, timeout)
-    return st.delete_pin(pin_entry(_save_under(st, path)))
+    return st.delete_pin(pin_entry(save_under(st, path)))
 
 
 _RUNNING: dict[str, threading.Thread] = {}

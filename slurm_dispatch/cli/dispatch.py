@@ -157,9 +157,10 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
     """Print the absolute path of the latest published save, or nothing.
 
     The latest save has the greatest epoch, then the greatest step; exact ties go to the
-    greatest publication name.  Exit 0 whether or not there is one.  With --json, print
-    {"epoch", "step", "path", "name"} or null.  JOB (a dispatch job id or one of its Slurm
-    job ids) looks in that job's root, no --root needed.
+    greatest publication name.  A quarantined save (`dispatch quarantine`) is passed over,
+    as the launcher passes over it, and said on stderr.  Exit 0 whether or not there is
+    one.  With --json, print {"epoch", "step", "path", "name"} or null.  JOB (a dispatch
+    job id or one of its Slurm job ids) looks in that job's root, no --root needed.
 
     Example: `RESUME=$(dispatch latest)`, or from a login node `dispatch latest dab2cd3e`
     """
@@ -169,7 +170,10 @@ def latest(job: Optional[str], root: Optional[str], task: Optional[int], as_json
     if job and "://" not in where and not os.path.lexists(where):
         found = None  # the job's (task's) root is made by its first execution: none yet
     else:
-        found = store.latest(where, timeout=parse_timeout(timeout))
+        from ..checkpoint import quarantine
+        found, passed = quarantine.choose(store.open_store(where, parse_timeout(timeout)))
+        if passed:
+            click.echo(f"dispatch: {quarantine.passed_text(passed)}", err=True)
     if as_json:
         echo_json(found.as_json() if found else None)
     elif found:
@@ -238,14 +242,27 @@ def _job_root(job: str, task: Optional[int]) -> str:
 @table_options("a JSON array")
 @timeout_option
 def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[str]) -> None:
-    """Print every publication under ROOT, oldest first (the latest is last)."""
-    found = store.list_publications(required(root, "--root", "DISPATCH_CHECKPOINT"),
-                                    timeout=parse_timeout(timeout))
+    """Print every publication under ROOT, oldest first (the latest is last).
+
+    A quarantined save (`dispatch quarantine`, which the launcher passes over) is marked:
+    a NOTE column says so, and --json gives it "quarantined": true."""
+    from ..checkpoint import quarantine
+    st = store.open_store(required(root, "--root", "DISPATCH_CHECKPOINT"),
+                          parse_timeout(timeout))
+    found = st.list_publications()
+    marked = quarantine.located(st) if found else set()
     if as_json:
-        echo_json([f.as_json() for f in found])
+        echo_json([{**f.as_json(), **({"quarantined": True} if f.path in marked else {})}
+                   for f in found])
         return
-    table = render_table(["EPOCH", "STEP", "PATH"],
-                         [[f.epoch, f.step, f.path] for f in found], noheader)
+    if marked & {f.path for f in found}:
+        table = render_table(["EPOCH", "STEP", "PATH", "NOTE"],
+                             [[f.epoch, f.step, f.path,
+                               "quarantined" if f.path in marked else "-"] for f in found],
+                             noheader)
+    else:
+        table = render_table(["EPOCH", "STEP", "PATH"],
+                             [[f.epoch, f.step, f.path] for f in found], noheader)
     if table:
         click.echo(table)
 
@@ -916,6 +933,45 @@ def gc_(root: Optional[str], keep: Optional[str], dry_run: bool, sizes: bool, as
                f"folder(s), {sum(len(r.publications) for r in gone)} publication(s)"
                + ("" if freed is None else f", {freed} bytes")
                + f"; keeping the {report.keep} latest publication(s)")
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.argument("save", required=False)
+@timeout_option
+def quarantine(root: Optional[str], save: Optional[str], timeout: Optional[str]) -> None:
+    """Quarantine the published SAVE: every execution's choice of the save to resume from
+    (the launcher's $DISPATCH_RESUME_FROM, `dispatch latest`) passes over it, falling back to
+    the newest publication below it, until `dispatch unquarantine`; without SAVE, list the
+    quarantined saves.  `dispatch supervise` quarantines a save by itself after
+    --quarantine-after executions in a row resumed from it and failed before publishing
+    anything.  Cleanup keeps a quarantined save while it is the latest publication.  SAVE is
+    spelled as `dispatch list` shows it.
+    """
+    from ..checkpoint import quarantine as marks
+    from ..checkpoint.stores.open import open_store
+
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    if save is None:
+        st = open_store(root_v, parse_timeout(timeout))
+        for path in sorted(marks.located(st)):
+            click.echo(path)
+        return
+    made = marks.mark(root_v, save, parse_timeout(timeout))
+    click.echo(f"quarantined {save}" if made else f"{save} was quarantined already")
+
+
+@main.command()
+@click.option("--root", envvar="DISPATCH_CHECKPOINT", metavar="ROOT", help=ROOT_HELP)
+@click.argument("save")
+@timeout_option
+def unquarantine(root: Optional[str], save: str, timeout: Optional[str]) -> None:
+    """Lift the quarantine of SAVE: executions may resume from it again."""
+    from ..checkpoint import quarantine as marks
+
+    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
+    gone = marks.lift(root_v, save, parse_timeout(timeout))
+    click.echo(f"lifted the quarantine of {save}" if gone else f"{save} was not quarantined")
 
 
 @main.command()

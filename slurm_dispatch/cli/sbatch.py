@@ -49,6 +49,9 @@ the command line wins):
   --max-no-progress N   stop restarting after N executions in a row that published
                         nothing past the save they resumed from (default 3; 0: never):
                         Slurm's requeued job is held, an ended one not resubmitted
+  --quarantine-after N  quarantine a save after N executions in a row resumed from it and
+                        failed before publishing anything (default 2; 0: never): the
+                        next execution resumes from the publication below it
   --plan                print the plan (rules, holds) and submit nothing
   -h, --help            print this help;  -V, --version  print the version
 

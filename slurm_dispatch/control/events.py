@@ -319,9 +319,24 @@ class NoProgress(Event):
         return str(last[2]) if isinstance(last, list) and len(last) > 2 else ""
 
 
+class Quarantined(Event):
+    """The supervisor quarantined ``save`` (a mark in the root ``root``,
+    :mod:`slurm_dispatch.checkpoint.quarantine`): its last executions (``executions``:
+    [submission, restart, attempt] each, oldest first) all resumed from it and failed before
+    publishing anything, so the next one falls back past it.  Recorded once per last
+    execution (its attempt is the key)."""
+
+    kind: ClassVar[str] = "quarantined"
+    required: ClassVar[tuple[str, ...]] = ("save", "executions")
+    save: str = ""
+    root: str = ""
+    executions: list[list[Any]] = []
+    end_state: str = ""
+
+
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, SubmitFailed, SubmitLost, Hold, Released, Expired, Cessation, Notified,
-    Finished, Superseded, Started, NoProgress)}
+    Finished, Superseded, Started, NoProgress, Quarantined)}
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -424,7 +439,8 @@ class Lineage:
                  ends: list[Union[Released, Expired]], answers: list[Cessation],
                  started: list[Started], finished: Optional[Finished],
                  superseded: Optional[Superseded],
-                 no_progress: Optional[list[NoProgress]] = None) -> None:
+                 no_progress: Optional[list[NoProgress]] = None,
+                 quarantined: Optional[list[Quarantined]] = None) -> None:
         self.task = task
         self.submissions = submissions
         self.holds = holds
@@ -434,6 +450,7 @@ class Lineage:
         self.finished = finished
         self.superseded = superseded
         self.no_progress = list(no_progress or [])
+        self.quarantined = list(quarantined or [])
 
     @property
     def stopped(self) -> Optional[NoProgress]:
@@ -546,7 +563,8 @@ class History:
             finished=finished[-1] if finished else None,
             # When it was superseded: the first (the supervisor's later ones cancel again).
             superseded=superseded[0] if superseded else None,
-            no_progress=[e for e in self.of(NoProgress) if mine(e)])
+            no_progress=[e for e in self.of(NoProgress) if mine(e)],
+            quarantined=[e for e in self.of(Quarantined) if mine(e)])
 
     def settled_tasks(self, tasks: list[int]) -> bool:
         """Every one of an array's ``tasks`` is settled (or the whole job is)."""

@@ -56,6 +56,9 @@ def describe(request: Request) -> str:
     stop = rules.no_progress_rule(opts.max_no_progress)
     lines.append(f"  {'no progress':<14} " + (stop.text if stop is not None else
                  "restarted whatever the executions publish (--max-no-progress 0)"))
+    poison = rules.quarantine_rule(opts.quarantine_after)
+    lines.append(f"  {'poisoned save':<14} " + (poison.text if poison is not None else
+                 "never quarantined by dispatch (--quarantine-after 0)"))
     if opts.shared_checkpoint and opts.resubmit > 0:
         told = "by mail (Slurm's MailProg, to --mail-user or you)"
         if settings.notify:

@@ -21,6 +21,10 @@ the supervisor (which applies it), so what a user is shown is what is done.
   ``--max-no-progress`` executions in a row that published nothing past the save each resumed
   from (:func:`stalled`), the job is restarted no more and waits for a person: Slurm's
   requeued job is held (``scontrol hold``), an ended one is not resubmitted.
+* Before a restart after a failure (:data:`POISON_ENDS`): when the last
+  ``--quarantine-after`` executions all resumed from one save and failed before publishing
+  anything, that save is quarantined, so the restart falls back past it
+  (:func:`quarantine_rule`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Optional, Sequence
 ORDER = ["node failure", "preempted", "failed", "timeout", "out of memory", "cancelled",
          "completed"]
 SLURM_REQUEUES = {"node failure", "preempted"}
+# Ends that may be a save's doing (--quarantine-after): not a requeue, a time limit or a cancel.
+POISON_ENDS = {"failed", "out of memory"}
 # Where --requeue=expedite makes an end Slurm's requeue, and what Slurm then does.
 DELAYED = "Slurm requeues it (R+1); it may start again after the requeue delay (120 s by default)"
 EXPEDITED = {
@@ -47,7 +53,7 @@ EXPEDITED = {
 @dataclass(frozen=True)
 class Rule:
     end_state: str
-    action: str  # "stop" | "slurm-requeue" | "resubmit" | "hold"
+    action: str  # "stop" | "slurm-requeue" | "resubmit" | "hold"; over them: "quarantine"
     text: str
     instead_of: Optional[str] = None  # for a hold: the rule it stands in for
 
@@ -102,3 +108,14 @@ def stalled(progress: Sequence[bool], limit: int) -> bool:
     save it resumed from.  True when the last ``limit`` of them (at least that many) made
     none; never where ``limit`` is 0."""
     return limit > 0 and len(progress) >= limit and not any(progress[-limit:])
+
+
+def quarantine_rule(after: int) -> Optional[Rule]:
+    """The rule before a restart after a failure, for ``--quarantine-after after`` (None
+    where 0: off)."""
+    if after <= 0:
+        return None
+    return Rule("poisoned save", "quarantine",
+                f"after {after} execution(s) in a row that resumed from one save and failed "
+                "before publishing anything: that save is quarantined and the restart "
+                "resumes from the publication below it, until `dispatch unquarantine`")

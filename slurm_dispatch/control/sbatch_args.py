@@ -12,7 +12,8 @@ passed to sbatch as it is, without a value of its own (as sbatch's getopt reads 
 Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SBATCH``):
 ``--checkpoint DIR``, ``--resubmit N``, ``--shared-checkpoint``, ``--supersede JOB``,
 ``--warn-before TIME[:SIGNAL]``, ``--max-no-progress N`` (default :data:`MAX_NO_PROGRESS`),
-``--plan``.  The command line wins over directives.
+``--quarantine-after N`` (default :data:`QUARANTINE_AFTER`), ``--plan``.  The command line
+wins over directives.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ SHORT_OPTIONAL_ARG = {c for c, o in _SHORT.items() if o.value == sbatch_options.
 LONG_WITH_ARG = {name for name, o in _LONG.items() if o.value == sbatch_options.REQUIRED}
 LONG_FLAGS = set(_LONG) - LONG_WITH_ARG  # no value, or one only as --name=value
 
-DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before", "max-no-progress"}
+DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before", "max-no-progress",
+                     "quarantine-after"}
 # --max-no-progress's default: executions in a row without progress before restarts stop.
 MAX_NO_PROGRESS = 3
+# --quarantine-after's default: failed executions in a row from one save before it is passed over.
+QUARANTINE_AFTER = 2
 DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
 
 
@@ -44,7 +48,7 @@ class DispatchOptions:
     """The dispatch options given, and which of them were given (``given``)."""
 
     __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
-                 "warn_before", "max_no_progress", "given")
+                 "warn_before", "max_no_progress", "quarantine_after", "given")
 
     def __init__(self, given: Optional[set[str]] = None) -> None:
         self.checkpoint: Optional[str] = None
@@ -54,13 +58,14 @@ class DispatchOptions:
         self.supersede: Optional[str] = None
         self.plan = False
         self.max_no_progress = MAX_NO_PROGRESS
+        self.quarantine_after = QUARANTINE_AFTER
         self.given: set[str] = set(given or ())
 
     def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
         """These options (the command line) over ``directives`` (the script's)."""
         out = DispatchOptions(given=self.given | directives.given)
         for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
-                     "warn_before", "max_no_progress"):
+                     "warn_before", "max_no_progress", "quarantine_after"):
             source = self if name in self.given else directives
             setattr(out, name, getattr(source, name))
         return out
@@ -131,15 +136,16 @@ def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where:
                              ) from None
         if not 0 <= opts.resubmit <= 999_998:
             raise UsageError(f"--resubmit {opts.resubmit}{where} is outside 0..999998")
-    elif name == "max-no-progress":
+    elif name in ("max-no-progress", "quarantine-after"):
         try:
-            opts.max_no_progress = int(value or "")
+            count = int(value or "")
         except ValueError:
-            raise UsageError(f"--max-no-progress {value!r}{where} is not a number of "
-                             "executions (0 turns the check off)") from None
-        if not 0 <= opts.max_no_progress <= 999_999:
-            raise UsageError(f"--max-no-progress {opts.max_no_progress}{where} is outside "
-                             "0..999999 (0 turns the check off)")
+            raise UsageError(f"--{name} {value!r}{where} is not a number of executions (0 "
+                             "turns the check off)") from None
+        if not 0 <= count <= 999_999:
+            raise UsageError(f"--{name} {count}{where} is outside 0..999999 (0 turns the "
+                             "check off)")
+        setattr(opts, name.replace("-", "_"), count)
     elif name == "supersede":
         if not value:
             raise UsageError(f"--supersede{where} needs a dispatch job id")

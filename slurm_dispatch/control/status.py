@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import _clock
-from ..checkpoint import progress, roots
+from ..checkpoint import progress, quarantine, roots
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, SLURM_END, Job, Snapshot
@@ -320,6 +320,8 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
                         (history.lineage(lane).stopped for lane in lanes) if stop is not None
                         and (lane is None or stop.task is not None)],
         "latest": latest, "tasks": lines if tasks is not None else None,
+        # The saves quarantined in the job's root(s) now: the launcher passes over them.
+        "quarantined": _quarantined(job, lanes, stores),
         "supervisor": _last_pass(job),
         # Why the next submission would fail at once (its interpreter is gone), with the fix.
         "launcher_problem": None if history.lineage().settled else _launcher_problem(job),
@@ -335,6 +337,22 @@ def _marks(listings: dict[str, Any]) -> list[goodput.Mark]:
     for where, listed in listings.items():
         if isinstance(listed, list) and listed and not store.is_s3_root(where):
             out += goodput.marks(where, listed)
+    return out
+
+
+def _quarantined(job: record.JobRecord, lanes: list[Optional[int]],
+                 stores: dict[str, Any]) -> list[dict[str, str]]:
+    """Every quarantined save of the job's root(s) ({"root", "save"}, or {"root", "error"}
+    where the marks cannot be read); a root not made yet has none."""
+    out: list[dict[str, str]] = []
+    for root in sorted({noprogress.root_of(job, lane) for lane in lanes}):
+        if not store.is_s3_root(root) and not os.path.lexists(root):
+            continue
+        try:
+            st = stores.get(root) or stores.setdefault(root, store.open_store(root))
+            out.extend({"root": root, "save": save} for save in sorted(quarantine.located(st)))
+        except DispatchError as exc:
+            out.append({"root": root, "error": str(exc)})
     return out
 
 

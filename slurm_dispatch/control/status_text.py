@@ -20,7 +20,7 @@ from .._clock import ago, duration
 from .._table import render_table
 from ..checkpoint import roots
 from . import events
-from .noprogress import stop_text
+from .noprogress import quarantine_text, stop_text
 from .status import clock
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def _render(data: dict[str, Any]) -> str:
     out.extend(slurm_hold_text(hold, data["shared_checkpoint"])
                for hold in data.get("slurm_holds") or [])
     out.extend(f"No progress {line}" for line in data.get("no_progress") or [])
+    out.extend(quarantined_text(mark) for mark in data.get("quarantined") or [])
     out.append("")
     # Slurm's reason for the job's state, and ours for making the submission, apart.
     out.append(render_table(
@@ -132,6 +133,15 @@ def goodput_text(got: dict[str, Any]) -> str:
             f"{got.get('redone_steps') or 0} steps redone; "
             f"{duration(got.get('waited_s') or 0)} waited ({duration(got.get('held_s') or 0)} "
             "held)")
+
+
+def quarantined_text(mark: dict[str, str]) -> str:
+    """One quarantined save of the job's root: passed over by the launcher until lifted."""
+    if "error" in mark:
+        return f"Quarantine  unreadable in {mark['root']}: {mark['error']}"
+    return (f"Quarantined {mark['save']}: passed over when an execution chooses the save to "
+            f"resume from; `dispatch unquarantine --root {mark['root']} {mark['save']}` "
+            "lifts it")
 
 
 def execution_label(execution: dict[str, Any]) -> str:
@@ -267,6 +277,8 @@ def event_text(event: events.Event) -> str:
         return f"EXPIRED hold on Slurm job {shown(event.slurm_job_id)}: nothing more starts"
     if isinstance(event, events.Finished):
         return f"FINISHED {named}after {event.end_state}: {event.rule}"
+    if isinstance(event, events.Quarantined):
+        return f"QUARANTINED {named}{quarantine_text(event)}"
     if isinstance(event, events.NoProgress):
         return f"NO-PROGRESS {named}{stop_text(event)}"
     if isinstance(event, events.Superseded):

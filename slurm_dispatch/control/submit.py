@@ -262,6 +262,7 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "checkpoint": root,
         "resubmit": request.options.resubmit,
         "max_no_progress": request.options.max_no_progress,
+        "quarantine_after": request.options.quarantine_after,
         "shared_checkpoint": shared,
         # The environment sbatch is given (SBATCH_ARRAY_INX) is the submission's, not ours.
         "array_tasks": array_of(request.sbatch, os.environ if env is None else env,

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import _clock
+from ..checkpoint import quarantine
 from ..errors import DispatchError, RecordError, SlurmError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, Job, Snapshot, end_name
@@ -421,6 +422,35 @@ class Supervisor:
             report.actions.append(f"{job.id}: {noprogress.stop_text(stop, job.id)}")
         return stop
 
+    def _quarantine(self, job: record.JobRecord, line: events.Lineage, end: str,
+                    report: PassReport) -> None:
+        """Quarantine the save the lineage's last executions all resumed from and failed
+        before publishing anything (--quarantine-after), once per last execution, so the
+        restart about to be made falls back past it."""
+        limit = noprogress.limit_of(job, "quarantine_after")
+        newest = max(line.started, key=lambda s: (s.epoch, s.ns), default=None)
+        if limit <= 0 or newest is None or any(
+                e.executions and e.executions[-1][2:3] == [newest.attempt]
+                for e in line.quarantined):
+            return
+        root = noprogress.root_of(job, line.task)
+        try:
+            found = noprogress.poisoned(job, line, limit)
+            if found is None:
+                return
+            quarantine.mark(root, found.resumed_from[0])
+        except DispatchError as exc:
+            report.errors.append(f"{job.id}: cannot tell or mark whether the save its last "
+                                 f"{limit} executions resumed from made them fail, so it is "
+                                 f"restarted from it as before: {exc}")
+            return
+        event = job.append(events.Quarantined, once=f"quarantined-{newest.attempt}",
+                           save=found.resumed_from[0], root=root, end_state=end,
+                           task=line.task, **{"executions": found.fields()["executions"]})
+        if isinstance(event, events.Quarantined):
+            report.actions.append(f"{job.id}: quarantined "
+                                  f"{noprogress.quarantine_text(event, root)}")
+
     def _recorded_end(self, job: record.JobRecord, line: events.Lineage,
                       current: events.Submitted, task: Optional[int], report: PassReport
                       ) -> tuple[list[Job], str]:
@@ -537,6 +567,8 @@ class Supervisor:
         who = f"{job.id}" + ("" if task is None else f" task {task}")
         seen = f" (known from {how})" if how else ""
         if action in ("resubmit", "hold"):
+            if end in rules.POISON_ENDS:
+                self._quarantine(job, job.history().lineage(task), end, report)
             stop = self._no_progress(job, job.history().lineage(task), n, slurm_id, end,
                                      "not resubmitted", report)
             if stop is not None:

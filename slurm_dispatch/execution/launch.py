@@ -17,8 +17,9 @@ read-only, synced with its folder, never rewritten (on S3 it is copied, create-o
 ``exec/<attempt>/.dispatch`` in the store).  Cleanup reads it to learn which saves an
 execution may still need (its resume source); the launcher checks, once its record exists,
 that its source is still published, and starts again in a fresh folder when cleanup removed
-it meanwhile.  Any failure stops the execution with exit 2
-rather than letting it run without an identity or its record.
+it meanwhile.  The source is the latest publication whose save is not quarantined: one passed
+over is said after the execution's header line, and named in its record.  Any failure stops
+the execution with exit 2 rather than letting it run without an identity or its record.
 
 A shared-checkpoint job's submission (of one array task) runs its script once: its first
 execution claims it in the job's record, created once, and any later one (Slurm running the job
@@ -37,7 +38,7 @@ import time
 from typing import Any, Optional
 
 from .. import _clock, _fsio, config
-from ..checkpoint import execdir, model, roots
+from ..checkpoint import execdir, model, quarantine, roots
 from ..checkpoint import publish as store
 from ..control import record
 from ..errors import DispatchError, RecordError, StoreError, UsageError
@@ -59,8 +60,11 @@ def restart_count(env: dict[str, str]) -> int:
         raise UsageError(f"SLURM_RESTART_COUNT {raw!r} is not an integer") from None
 
 
-def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dict[str, str]:
-    """Compute and create this execution's identity; returns the variables to set."""
+def identity(job: record.JobRecord, submission: int, env: dict[str, str],
+             said: Optional[list[str]] = None) -> dict[str, str]:
+    """Compute and create this execution's identity; returns the variables to set.  The
+    save to resume from is the latest publication not quarantined (``quarantine.choose``);
+    what was passed over is added to ``said``, for the job's output."""
     spec = job.spec
     epoch = model.Epoch(int(spec["generation"]), submission, restart_count(env))
     root = roots.expand(spec["checkpoint"], env)
@@ -83,13 +87,14 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
             except OSError as exc:
                 raise RecordError(f"cannot create the execution folder {exec_dir!r}: "
                                   f"{exc.strerror}") from None
-        found = store.latest(root, timeout=timeout)
+        found, passed = quarantine.choose(st)
         try:
             path = write_exec_record(record_dir, {
                 "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
                 "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
                 "resume_from": found.path if found else None,
                 "resume_publication": found.name if found else None,
+                **({"passed_over_quarantined": [f.path for f in passed]} if passed else {}),
                 "slurm_job_id": env.get("SLURM_JOB_ID", ""),
                 "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
         except RecordError:
@@ -110,6 +115,8 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str]) -> dic
     else:
         raise StoreError(f"the resume source in {root!r} was removed by cleanup (dispatch gc) "
                          f"while this execution started, {START_TRIES} times running")
+    if passed and said is not None:
+        said.append(quarantine.passed_text(passed))
     return {
         "DISPATCH_JOB": job.id,
         "DISPATCH_GENERATION": str(epoch.generation),
@@ -193,7 +200,8 @@ def launch(job_path: str, submission: int, script_args: list[str],
     job = record.JobRecord(job_path)
     if job.spec.get("shared_checkpoint"):
         claim_shared(job, submission, env)
-    values = identity(job, submission, env)
+    said: list[str] = []
+    values = identity(job, submission, env, said)
     env.update(values)
     export_to_steps(env)
     prepend_own_bin(env)
@@ -208,6 +216,7 @@ def launch(job_path: str, submission: int, script_args: list[str],
                host=socket.gethostname(), pid=os.getpid())
     end_hold_comment(job, submission, env)
     sys.stdout.write(header_line(job.id, submission, env, values))
+    sys.stdout.writelines(f"==> slurm-dispatch: {line} <==\n" for line in said)
     sys.stdout.flush()
     os.execve(job.script, [job.script, *script_args], env)
 

@@ -488,3 +488,53 @@ def test_slurms_requeued_job_without_progress_is_held_until_dispatch_release(
     assert state_of(sandbox, slurm_id)[1] != "JobHeldUser"
     (stop,) = user.events(job, "no-progress")
     assert stop["action"] == "held"
+
+
+POISONED = """#!/bin/bash
+#SBATCH --time=5
+case "$DISPATCH_RESUME_FROM" in
+  */checkpoint-20) echo "cannot load $DISPATCH_RESUME_FROM"; exit 3;;
+  */checkpoint-10) echo "resumed from $DISPATCH_RESUME_FROM"; exit 0;;
+esac
+for s in 10 20; do
+  mkdir "$DISPATCH_EXEC_DIR/checkpoint-$s" &&
+    dispatch publish --step "$s" "$DISPATCH_EXEC_DIR/checkpoint-$s" || exit 9
+done
+exit 3
+"""
+
+
+def test_a_save_that_makes_every_resume_crash_is_quarantined_and_passed_over(
+        user: User) -> None:
+    """Issue 33 item 2: two executions resume from checkpoint-20 and crash before publishing;
+    the pass quarantines it (a mark in the root) and resubmits; the next execution resumes
+    from checkpoint-10, says it passed over checkpoint-20, and completes.  Status and list
+    show the mark, cleanup keeps the quarantined latest, and unquarantine lifts it."""
+    (user.path / "poisoned.sh").write_text(POISONED)
+    (user.path / "poisoned.sh").chmod(0o755)
+    shutil.chown(user.path / "poisoned.sh", user.sandbox.user)
+    job, _ = user.submit("--checkpoint", "ck", "--resubmit", "5", "-o", "out-%j.txt",
+                         "poisoned.sh")
+
+    def finished() -> bool:
+        user.supervise()
+        return bool(user.events(job, "finished"))
+    user.sandbox.wait_for(finished, 240, f"{job} to finish", interval=1)
+    subs = submissions(user, job)
+    assert [s["state"] for s in subs] == ["FAILED", "FAILED", "FAILED", "COMPLETED"], subs
+    (event,) = user.events(job, "quarantined")
+    poisoned = event["save"]
+    assert poisoned.endswith("/checkpoint-20") and [e[:2] for e in event["executions"]] == [
+        [2, 0], [3, 0]]
+    last = user.status(job)["executions"][-1]
+    assert last["resume_from"].endswith("/checkpoint-10")
+    out = (user.path / f"out-{subs[-1]['slurm_job_id']}.txt").read_text()
+    assert f"passed over quarantined save(s) {poisoned}" in out, out
+    root = str(user.path / "ck")
+    assert f"Quarantined {poisoned}: passed over" in user.run("dispatch", "status", job).stdout
+    listed = user.run("dispatch", "list", "--root", root).stdout.splitlines()
+    assert listed[-1].split()[-2:] == [poisoned, "quarantined"], listed
+    kept = user.run("dispatch", "gc", "--root", root, "--keep", "1", "--dry-run").stdout
+    assert "quarantined, the latest" in kept, kept
+    user.run("dispatch", "unquarantine", "--root", root, poisoned)
+    assert user.run("dispatch", "latest", "--root", root).stdout.strip() == poisoned

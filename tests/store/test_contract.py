@@ -179,3 +179,25 @@ def test_exec_dir_is_the_attempts_own_place_under_the_root(layout: Layout) -> No
     assert exec_dir == f"{layout.root}/exec/{ATTEMPT}"
     with pytest.raises(OutOfBounds):
         open_store(layout.root).exec_dir("../x")
+
+
+def test_a_quarantined_save_is_passed_over_until_the_mark_is_lifted(layout: Layout) -> None:
+    """Issue 33 item 2: a quarantine mark (create-once, like a pin) makes the choice of the
+    save to resume from fall back past that save, on every store; lifting it undoes that."""
+    from slurm_dispatch.checkpoint import quarantine
+
+    for step in (10, 20):
+        store.publish(layout.root, E1, step, layout.save(f"exec/a/checkpoint-{step}"))
+    st = open_store(layout.root)
+    twenty = layout.root.rstrip("/") + "/exec/a/checkpoint-20"
+    assert quarantine.choose(st)[0].step == 20  # type: ignore[union-attr]
+    assert quarantine.mark(layout.root, twenty) is True
+    assert quarantine.mark(layout.root, twenty) is False  # created once
+    found, passed = quarantine.choose(st)
+    assert found is not None and found.step == 10 and [p.step for p in passed] == [20]
+    assert quarantine.located(st) == {twenty}
+    with pytest.raises(Exception, match="not a published save"):
+        quarantine.mark(layout.root, layout.save("exec/a/unpublished"))
+    assert quarantine.lift(layout.root, twenty) is True
+    assert quarantine.lift(layout.root, twenty) is False
+    assert quarantine.choose(st) == (store.latest(layout.root), [])

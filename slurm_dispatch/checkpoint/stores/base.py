@@ -33,6 +33,17 @@ PUB = "pub"
 EXEC = "exec"
 GC = "gc"  # cleanup's intents: one empty entry per publication being removed
 PINS = "pins"  # pinned saves: one empty entry per save, named by its path in base32
+QUARANTINE = "quarantine"  # quarantined saves (checkpoint/quarantine.py), named as pins are
+MARKS = (PINS, QUARANTINE)  # the parts of create-once marks on saves
+
+
+def mark_part(part: str) -> str:
+    """``part`` when it is a part of marks (:data:`MARKS`); no other name reaches a path."""
+    if part not in MARKS:
+        raise ValueError(f"{part!r} is not a part of marks ({', '.join(MARKS)})")
+    return part
+
+
 S3_SCHEME = "s3://"
 
 # One scan over all names joined by newlines checks every name's shape at C speed; the
@@ -158,16 +169,29 @@ class Store(abc.ABC):
     # Pins, what an execution folder holds, and symlinks (cleanup's view of what is needed).
 
     @abc.abstractmethod
+    def list_marks(self, part: str) -> list[str]:
+        """The entries of a mark part (``pins/``, ``quarantine/``: :data:`MARKS`), each a
+        save's path in base32, in no order."""
+
+    @abc.abstractmethod
+    def create_mark(self, part: str, entry: str) -> bool:
+        """Create ``<part>/<entry>`` durably, once; False when it was there already."""
+
+    @abc.abstractmethod
+    def delete_mark(self, part: str, entry: str) -> bool:
+        """Remove ``<part>/<entry>`` durably; False when it was not there."""
+
     def list_pins(self) -> list[str]:
         """The entries of ``pins/`` (each a save's path in base32), in no order."""
+        return self.list_marks(PINS)
 
-    @abc.abstractmethod
     def create_pin(self, entry: str) -> bool:
         """Pin: create ``pins/<entry>`` durably; False when it was there already."""
+        return self.create_mark(PINS, entry)
 
-    @abc.abstractmethod
     def delete_pin(self, entry: str) -> bool:
         """Unpin: remove ``pins/<entry>`` durably; False when it was not there."""
+        return self.delete_mark(PINS, entry)
 
     @abc.abstractmethod
     def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:

@@ -36,7 +36,17 @@ from typing import Optional
 from ... import _fsio
 from ...errors import AlreadyPublished, OutsideRoot, StoreError, StoreFull
 from .. import model
-from .base import EXEC, GC, MANIFEST_SUFFIX, PINS, PUB, Found, StillWritten, Store, check_names
+from .base import (
+    EXEC,
+    GC,
+    MANIFEST_SUFFIX,
+    PUB,
+    Found,
+    StillWritten,
+    Store,
+    check_names,
+    mark_part,
+)
 
 __all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC",
            "what_stands"]
@@ -590,19 +600,19 @@ class _Cleanup:
     def delete_intents(self, names: list[str]) -> None:
         self._unlink_synced(GC, names)
 
-    def list_pins(self) -> list[str]:
-        fd = self._open_part(PINS)
+    def list_marks(self, part: str) -> list[str]:
+        fd = self._open_part(mark_part(part))
         if fd is None:
             return []
-        return _list_closing(fd, os.path.join(os.path.abspath(self.root), PINS))
+        return _list_closing(fd, os.path.join(os.path.abspath(self.root), part))
 
-    def create_pin(self, entry: str) -> bool:
-        return bool(self._create_entries(PINS, [entry], exclusive=True))
+    def create_mark(self, part: str, entry: str) -> bool:
+        return bool(self._create_entries(mark_part(part), [entry], exclusive=True))
 
-    def delete_pin(self, entry: str) -> bool:
-        if not os.path.lexists(self._entry(PINS, entry)):
+    def delete_mark(self, part: str, entry: str) -> bool:
+        if not os.path.lexists(self._entry(mark_part(part), entry)):
             return False
-        self._unlink_synced(PINS, [entry])
+        self._unlink_synced(part, [entry])
         return True
 
     def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:

@@ -47,7 +47,6 @@ from .base import (
     EXEC,
     GC,
     MANIFEST_SUFFIX,
-    PINS,
     PUB,
     S3_SCHEME,
     Found,
@@ -56,6 +55,7 @@ from .base import (
     found_all,
     found_latest,
     is_s3_root,
+    mark_part,
 )
 
 EXTRA_HINT = ("install the 's3' extra into it: pip install "
@@ -543,14 +543,14 @@ class S3Store(Store):
     def delete_intents(self, names: list[str]) -> None:
         self._delete_keys([self.where.key(f"{GC}/{name}") for name in names])
 
-    def list_pins(self) -> list[str]:
-        prefix = self.where.key(PINS) + "/"
+    def list_marks(self, part: str) -> list[str]:
+        prefix = self.where.key(mark_part(part)) + "/"
         return [key[len(prefix):] for key, _size in self._objects(prefix) if key != prefix]
 
-    def create_pin(self, entry: str) -> bool:
+    def create_mark(self, part: str, entry: str) -> bool:
         from botocore.exceptions import ClientError
 
-        key = self.where.key(f"{PINS}/{entry}")
+        key = self.where.key(f"{mark_part(part)}/{entry}")
 
         def put(client: Any) -> bool:
             try:
@@ -564,8 +564,8 @@ class S3Store(Store):
 
         return self._call("creating", key, put)
 
-    def delete_pin(self, entry: str) -> bool:
-        key = self.where.key(f"{PINS}/{entry}")
+    def delete_mark(self, part: str, entry: str) -> bool:
+        key = self.where.key(f"{mark_part(part)}/{entry}")
         there = any(k == key for k, _size in self._objects(key))
         if there:
             self._delete_keys([key])
