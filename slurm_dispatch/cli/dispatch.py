@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import click
 
@@ -949,16 +949,8 @@ def quarantine(root: Optional[str], save: Optional[str], timeout: Optional[str])
     spelled as `dispatch list` shows it.
     """
     from ..checkpoint import quarantine as marks
-    from ..checkpoint.stores.open import open_store
 
-    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-    if save is None:
-        st = open_store(root_v, parse_timeout(timeout))
-        for path in sorted(marks.located(st)):
-            click.echo(path)
-        return
-    made = marks.mark(root_v, save, parse_timeout(timeout))
-    click.echo(f"quarantined {save}" if made else f"{save} was quarantined already")
+    _mark_or_list(root, save, timeout, marks.located, marks.mark, "quarantined")
 
 
 @main.command()
@@ -987,16 +979,26 @@ def pin(root: Optional[str], save: Optional[str], timeout: Optional[str]) -> Non
     Example: `dispatch pin --root /scratch/me/run1 /scratch/me/run1/exec/<attempt>/checkpoint-500`
     """
     from ..checkpoint import gc as cleanup
+
+    _mark_or_list(root, save, timeout,
+                  lambda st: {st.locate(path) for path in cleanup.pinned(st)}, cleanup.pin,
+                  "pinned")
+
+
+def _mark_or_list(root: Optional[str], save: Optional[str], timeout: Optional[str],
+                  listed: Callable[[Any], Iterable[str]],
+                  mark: Callable[[str, str, Optional[float]], bool], done: str) -> None:
+    """`dispatch pin` and `dispatch quarantine`: mark SAVE (``done`` says it), or without
+    SAVE print the marked saves as `dispatch list` spells them."""
     from ..checkpoint.stores.open import open_store
 
     root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
     if save is None:
-        st = open_store(root_v, parse_timeout(timeout))
-        for path in sorted(cleanup.pinned(st)):
-            click.echo(st.locate(path))
+        for path in sorted(listed(open_store(root_v, parse_timeout(timeout)))):
+            click.echo(path)
         return
-    made = cleanup.pin(root_v, save, parse_timeout(timeout))
-    click.echo(f"pinned {save}" if made else f"{save} was pinned already")
+    made = mark(root_v, save, parse_timeout(timeout))
+    click.echo(f"{done} {save}" if made else f"{save} was {done} already")
 
 
 @main.command()
