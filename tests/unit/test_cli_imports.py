@@ -27,6 +27,8 @@ IN_JOB_ALLOWED = {
     "slurm_dispatch._fsio",  # create-once writes and no-follow opens, for the POSIX store
     "slurm_dispatch.checkpoint", "slurm_dispatch.checkpoint.model",
     "slurm_dispatch.checkpoint.execdir", "slurm_dispatch.checkpoint.publish",
+    # the quarantined saves `latest` passes over and `list` marks: the protocol's, stdlib
+    "slurm_dispatch.checkpoint.quarantine",
     "slurm_dispatch.checkpoint.stores", "slurm_dispatch.checkpoint.stores.open",
     "slurm_dispatch.checkpoint.stores.base", "slurm_dispatch.checkpoint.stores.posix",
 }
