@@ -48,17 +48,19 @@ demo: install
 demo-protocol: install
 	bash demo/protocol.sh
 
-# Every test on the host's Slurm (22.05 on Debian 12), then the real tests again on each tested
-# release of the sandbox's table (slurm_dispatch/sandbox/root.py: RELEASES, `tested`; 24.11
-# today, from the sandbox's Debian 13 root, built once and kept in /var/cache/slurm-dispatch),
-# REAL_ON_ROOTS there (which tests, and why the others run on the host's only); 77 tests on
-# 24.11, about 10 minutes more on 2 cores.  The adapter's contract suite runs on each, each
-# release with its own pyslurm (22.5.3 here, 24.11.0 built in the root:
+# Every test on the host's Slurm (22.05 on Debian 12), and the real tests again on each tested
+# release of the sandbox's table (slurm_dispatch/sandbox/root.py: RELEASES, `tested`; 24.11 and
+# the newest, Debian testing's 26.05 today, each from a Debian root built once and kept in
+# /var/cache/slurm-dispatch), REAL_ON_ROOTS there (which tests, and why the others run on the
+# host's only).  The adapter's contract suite runs on each, each release with its own pyslurm
+# where one exists (22.5.3 here, 24.11.0 built in the root:
 # `python3 -m tests.real.pyslurm_build [--slurm 24.11]`, which .ci/run does first; the fixture
-# builds it otherwise, about 3 minutes).  A release's sandbox folder is the default's with
-# -RELEASE appended (DISPATCH_SANDBOX_DIR's, when that is set).
-# tools/run-tests runs the releases' tests beside the fast tier (one waits on Slurm, the other
-# on the CPU), each sandbox with a job user of its own; TEST_SERIAL=1 runs them one at a time.
+# builds it otherwise, about 3 minutes; none supports 26.05, where it runs on the tools alone).
+# A release's sandbox folder is the default's with -RELEASE appended (DISPATCH_SANDBOX_DIR's,
+# when that is set).  tools/run-tests runs two lanes, each sandbox with a job user of its own:
+# the fast tier then the host's real tier, and beside them the roots' releases one after the
+# other (the fast tier waits on the CPU, the real tiers mostly on Slurm); TEST_SERIAL=1 runs
+# everything one at a time.
 test: install-test
 	bash tools/run-tests $(PY)
 

@@ -129,15 +129,18 @@ RELEASES = {
                                "libpython3-dev"),
                      tested=True, job_user="dispatchuser2"),
     # Debian's testing (and unstable) ship 26.05 today; no pyslurm supports it (the adapter's
-    # SlurmBackend=auto falls back to Slurm's tools), so nothing to build pyslurm with.
+    # SlurmBackend=auto falls back to Slurm's tools), so nothing to build pyslurm with.  Tested:
+    # make test runs REAL_ON_ROOTS on it too, after 24.11, beside the host's real tier.
     NEWEST: Release(name=NEWEST, suite="testing", debian="Debian testing",
-                    packages=_SLURM_PACKAGES, expects="26.05", job_user="dispatchuser3"),
+                    packages=_SLURM_PACKAGES, expects="26.05", tested=True,
+                    job_user="dispatchuser3"),
 }
 
 
 def tier_plan() -> str:
-    """What tools/run-tests runs beside the fast tier: a line per tested release, its name and
-    its job user, then ``tests`` and REAL_ON_ROOTS (for a shell to read)."""
+    """What tools/run-tests runs beside the fast tier and the host's real tier, one release
+    after another in this order: a line per tested release, its name and its job user, then
+    ``tests`` and REAL_ON_ROOTS (for a shell to read)."""
     lines = [f"{r.name} {r.job_user}" for r in RELEASES.values() if r.tested]
     return "\n".join([*lines, "tests " + " ".join(REAL_ON_ROOTS)])
 

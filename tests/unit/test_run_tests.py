@@ -44,7 +44,7 @@ def sessions(tmp_path: Path, *args: str, **env: str) -> list[dict]:
 def test_make_test_runs_the_tables_tested_releases_with_their_users_and_tests(
         tmp_path: Path) -> None:
     tested = [r for r in sandbox_root.RELEASES.values() if r.tested]
-    assert [r.name for r in tested] == ["24.11"]
+    assert [r.name for r in tested] == ["24.11", sandbox_root.NEWEST]
     fast, *on_roots, host = sessions(tmp_path)
     assert fast["argv"][-2:] == ["not real", "--ignore=tests/real"]
     assert host["argv"][-1] == "tests/real" and "DISPATCH_SANDBOX_SLURM" not in host["env"]
@@ -58,12 +58,47 @@ def test_make_test_runs_the_tables_tested_releases_with_their_users_and_tests(
 
 
 def test_a_folder_user_and_tests_given_override_the_table(tmp_path: Path) -> None:
-    _fast, on_root, _host = sessions(tmp_path, "tests/real/test_hooks.py",
-                                     DISPATCH_SANDBOX_DIR="/var/tmp/sb",
-                                     DISPATCH_SANDBOX_USER_24_11="someone")
+    _fast, on_root, _newest, _host = sessions(tmp_path, "tests/real/test_hooks.py",
+                                              DISPATCH_SANDBOX_DIR="/var/tmp/sb",
+                                              DISPATCH_SANDBOX_USER_24_11="someone")
     assert on_root["argv"][-1] == "tests/real/test_hooks.py"
     assert on_root["env"]["DISPATCH_SANDBOX_DIR"] == "/var/tmp/sb-24.11"
     assert on_root["env"]["DISPATCH_SANDBOX_USER"] == "someone"
+
+
+# Each session records when it started and ended; one on a release from a Debian root waits up
+# to 20 s for the host's real tier to have started.
+OVERLAPPING = """#!/bin/sh
+if [ "$1" = -c ]; then exec {python} "$@"; fi
+case "$*" in *"not real"*) tier=fast;; *) tier=${{DISPATCH_SANDBOX_SLURM:-host}};; esac
+echo "start $tier" >> {log}
+if [ "$tier" = host ]; then touch {folder}/host-started; fi
+if [ "$tier" != fast ] && [ "$tier" != host ]; then
+    i=0; while [ ! -e {folder}/host-started ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i+1)); done
+fi
+echo "end $tier" >> {log}
+"""
+
+
+def test_the_hosts_real_tier_runs_beside_the_releases_from_roots(tmp_path: Path) -> None:
+    """Issue 29 item 9: with a third release (the newest) `make test` had to fit 60 minutes
+    with .ci/run: the host's real tier (the longest) waited for every release's tier to end
+    before it started, so adding one added all of its time.  It now starts once the fast tier
+    has ended, beside whatever releases' tiers are still running."""
+    log = tmp_path / "order"
+    fake = tmp_path / "python"
+    fake.write_text(OVERLAPPING.format(python=sys.executable, log=log, folder=tmp_path))
+    fake.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("DISPATCH_SANDBOX") and k != "TEST_SERIAL"}
+    proc = subprocess.run(["bash", "tools/run-tests", str(fake)], cwd=REPO, env=clean,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = log.read_text().splitlines()
+    first = next(r.name for r in sandbox_root.RELEASES.values() if r.tested)
+    assert events.index("end fast") < events.index("start host") < events.index(f"end {first}"), \
+        events
+    assert "every run passed" in proc.stdout
 
 
 @pytest.mark.parametrize("release", list(sandbox_root.RELEASES.values()),
