@@ -293,6 +293,10 @@ class Started(Event):
     nodes: str = ""
     host: str = ""
     pid: int = 0
+    # Slurm's id of this execution (SLURM_JOB_SLUID, 26.05; a requeue draws a new one), where
+    # Slurm gives one: it tells this execution from another of the same job id once ids start
+    # again (a controller that lost its state), in the hooks' facts too.
+    sluid: str = ""
 
 
 class NoProgress(Event):

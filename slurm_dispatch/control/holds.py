@@ -137,9 +137,10 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
     then telling ``heard`` (so a caller's report has every answer recorded before a later
     one fails)."""
     asked = []
+    history = job.history()
     for target, restart in hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]:
         argv, answer = ask_one(signal, str(target), restart, timeout, runner)
-        answer = owned(answer, str(target))
+        answer = owned(answer, str(target), sluid=_sluid_of(history, str(target), restart))
         job.append(events.Cessation, asked_at=round(clock(), 3),
                    held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
                    verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
@@ -150,13 +151,33 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
     return asked
 
 
-def owned(answer: Answer, target: str, uid: Optional[int] = None) -> Answer:
+def _sluid_of(history: events.History, target: str, restart: Optional[int]) -> str:
+    """The SLUID the launcher recorded for execution ``restart`` of Slurm job ``target`` (a
+    plain id or an array task's ``A_T``), '' where none was."""
+    for start in history.of(events.Started):
+        key = (f"{start.array_job_id}_{start.array_task_id}" if start.array_task_id
+               else start.slurm_job_id)
+        if target in (key, start.slurm_job_id) and start.restart == restart and start.sluid:
+            return start.sluid
+    return ""
+
+
+def owned(answer: Answer, target: str, uid: Optional[int] = None, sluid: str = "") -> Answer:
     """``answer``, unless it says ceased about facts of another uid than ``uid`` (default: this
-    process's, the held job's owner): then an error.  A job id used twice (slurmctld's state
-    started anew, MaxJobId wrapped) names another user's job, whose end proves nothing about
-    this user's execution; ``dispatch-cease --json`` names whose facts it judged (``uid``),
-    a signal that does not is taken at its word."""
-    judged = answer.evidence.get("uid") if isinstance(answer.evidence, dict) else None
+    process's, the held job's owner), or of another run than ``sluid`` (the SLUID the record
+    holds for the execution, 26.05): then an error.  A job id used twice (slurmctld's state
+    started anew, MaxJobId wrapped) names another job, whose end proves nothing about this
+    user's execution; ``dispatch-cease --json`` names whose facts it judged (``uid``) and
+    which run (``sluid``), a signal that does not is taken at its word."""
+    evidence = answer.evidence if isinstance(answer.evidence, dict) else {}
+    judged, run = evidence.get("uid"), evidence.get("sluid")
+    if answer.verdict == "ceased" and sluid and isinstance(run, str) and run and run != sluid:
+        return Answer("error", answer.code, {
+            "output": answer.evidence,
+            "problem": f"Slurm job {target} was judged from the facts of its run {run}, not "
+                       f"of this execution's, {sluid}: the job id was used twice (slurmctld's "
+                       "state started anew), so that run's end proves nothing about this "
+                       f"one; `dispatch-cease {target} --sluid {sluid}` judges this one"})
     mine = os.getuid() if uid is None else uid
     if answer.verdict != "ceased" or not isinstance(judged, int) or isinstance(judged, bool) \
             or judged == mine:

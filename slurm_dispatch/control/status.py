@@ -181,6 +181,16 @@ def _add_loaded(execution: dict[str, Any], root: str, stores: dict[str, Any]) ->
                                 if isinstance(p, dict) and p.get("path")]
 
 
+def _own_facts(facts: Sequence[Mapping[str, Any]], restart: int, sluid: str
+               ) -> list[Mapping[str, Any]]:
+    """The facts of the execution of count ``restart`` whose launcher recorded ``sluid``:
+    where a run of the job id carries another SLUID it is another job's (ids start again once
+    a controller lost its state); runs with none, and an execution without one, go by the
+    count alone, as before."""
+    return [f for f in facts if f.get("restart") in (None, restart)
+            and (not sluid or not f.get("sluid") or f.get("sluid") == sluid)]
+
+
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
     # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster),
@@ -268,13 +278,13 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         execution = {k: ev.get(k) for k in ("submission", "restart", "attempt", "epoch", "node",
                                             "nodes", "exec_dir", "resume_from")}
         execution.update({"slurm_job_id": slurm_id, "array_task_id": array, "started": ev["time"],
-                          "state": state, "display_id": key})
+                          "state": state, "display_id": key, "sluid": ev.get("sluid") or ""})
         if info is not None and info.restarts == restart and info.end_time is not None \
                 and info.execution_ended:
             execution["ended"] = clock(info.end_time)
         if reader is not None and slurm_id:
-            execution["facts"] = [f for f in facts_of(slurm_id)
-                                  if f.get("restart") in (None, restart)]
+            execution["facts"] = _own_facts(facts_of(slurm_id), restart,
+                                            str(ev.get("sluid") or ""))
         _add_loaded(execution, root, stores)
         task = int(array) if array.isdigit() else None
         execution["published"] = _published(execution, _listing(root, task, listings))

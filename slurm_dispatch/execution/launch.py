@@ -194,6 +194,15 @@ def prepend_own_bin(env: dict[str, str]) -> None:
             env["PATH"] = ":".join([own] + parts) if parts else own + ":/usr/bin:/bin"
 
 
+def execution_sluid(env: dict[str, str]) -> dict[str, str]:
+    """``{"sluid": ...}`` where Slurm gives the execution a SLUID (``SLURM_JOB_SLUID``, 26.05)
+    of plain letters and digits, as the hooks record it; else nothing."""
+    value = env.get("SLURM_JOB_SLUID", "")
+    if 0 < len(value) <= 64 and value.isascii() and value.isalnum():
+        return {"sluid": value}
+    return {}
+
+
 def launch(job_path: str, submission: int, script_args: list[str],
            env: Optional[dict[str, str]] = None) -> None:
     env = dict(os.environ if env is None else env)
@@ -213,7 +222,7 @@ def launch(job_path: str, submission: int, script_args: list[str],
                epoch=int(values["DISPATCH_EPOCH"]), exec_dir=values["DISPATCH_EXEC_DIR"],
                resume_from=values["DISPATCH_RESUME_FROM"],
                node=env.get("SLURMD_NODENAME", ""), nodes=env.get("SLURM_JOB_NODELIST", ""),
-               host=socket.gethostname(), pid=os.getpid())
+               host=socket.gethostname(), pid=os.getpid(), **execution_sluid(env))
     end_hold_comment(job, submission, env)
     sys.stdout.write(header_line(job.id, submission, env, values))
     sys.stdout.writelines(f"==> slurm-dispatch: {line} <==\n" for line in said)

@@ -8,8 +8,10 @@
   to the start this same node recorded, with the survivors found.  The same /proc pass re-checks
   survivors of earlier jobs that this machine still watches.  An orphan's Epilog (Slurm gives
   it uid 0, no restart count, but the execution's SLUID) records the owner's end, tied to the
-  start of that SLUID (:func:`_orphans_start`).  Start, end and watch entry carry the SLUID
-  where Slurm gives one (26.05 and later).
+  start of that SLUID (:func:`_orphans_start`).  Start, end, watch entry and the controller's
+  facts carry the SLUID where Slurm gives one (26.05 and later), and an end is tied to the
+  open start of its own SLUID where several are open: job ids start again once a controller
+  lost its state, and the id's run from before is another execution.
 * ``recheck`` (health check or timer, root): re-checks watched survivors; records when they are
   gone (or the machine rebooted), so ``dispatch-cease`` can prove cessation later.
 * ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation (and an
@@ -115,13 +117,16 @@ def prolog(cfg: Config) -> None:
 
 def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
                    restart: int, kinds: tuple[str, str] = ("start", "end"),
-                   oldest: bool = False) -> tuple[str, int] | None:
+                   oldest: bool = False, sluid: str = "") -> tuple[str, int] | None:
     """(token, restart) of the start ``node`` recorded for the job with no end tied to it yet.
 
     Read from the file names alone: an end carries the token of its start.  A node prefers the
     start with the restart count Slurm gives now, else its latest; the controller (``oldest``)
     ends its executions in the order they started, whatever count its EpilogSlurmctld is given
-    (after ``scontrol requeue`` it is the next execution's).
+    (after ``scontrol requeue`` it is the next execution's).  Where several starts are open and
+    Slurm gives the hook the execution's ``sluid``, the start of that SLUID is the one: job ids
+    start again once a controller lost its state, and a run of the id from before (its end
+    never recorded) is another execution, whatever its restart count.
     """
     starts: list[tuple[str, str]] = []
     ended = set()
@@ -143,12 +148,23 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     open_starts = sorted(s for s in starts if s[0] not in ended)
     if not open_starts:
         return None
+    if sluid and len(open_starts) > 1:
+        open_starts = _of_sluid(cfg, uid, job_id, f"{kinds[0]}.{node}.", sluid,
+                                open_starts) or open_starts
     if oldest:
         token, restart_text = open_starts[0]
         return token, int(restart_text)
     same = [s for s in open_starts if int(s[1]) == restart]
     token, restart_text = (same or open_starts)[-1]
     return token, int(restart_text)
+
+
+def _of_sluid(cfg: Config, uid: int, job_id: str, prefix: str, sluid: str,
+              candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The ``candidates`` (token, restart) whose start fact records ``sluid``."""
+    facts, _problems = store.read_job_facts(cfg.state_dir, uid, job_id, (prefix,))
+    tokens = {str(f.get("token")) for f in facts if f.get("sluid") == sluid}
+    return [c for c in candidates if c[0] in tokens]
 
 
 def _orphans_start(cfg: Config, job_id: str, node: str, sluid: str
@@ -217,7 +233,8 @@ def epilog(cfg: Config) -> None:
     node = _node()
     restart_now, raw = _restart_env()
     sluid = _sluid()
-    start = _unended_start(cfg, uid, job_id, node, restart_now)
+    start = _unended_start(cfg, uid, job_id, node, restart_now,
+                           sluid=sluid.get("sluid", ""))
     orphan = None
     if start is None and sluid:
         # An orphan's Epilog (given uid 0): its end is the owner's, tied to the start of its
@@ -305,9 +322,11 @@ def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
     job_id, uid, gid = _job()
     restart, raw = _restart_env()
     token = None
+    sluid = _sluid()
     if kind == "ctld-end":
         start = _unended_start(cfg, uid, job_id, CONTROLLER, restart,
-                               ("ctld-start", "ctld-end"), oldest=True)
+                               ("ctld-start", "ctld-end"), oldest=True,
+                               sluid=sluid.get("sluid", ""))
         if start is not None:
             token, restart = start
             extra = {**extra, "start_token": token}
@@ -315,7 +334,7 @@ def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
     from ..slurm import hostlist
     store.write_fact(cfg.state_dir, uid, gid, job_id, kind, CONTROLLER, {
         "time": time.time(), "restart": restart, "restart_env": raw,
-        "nodelist": nodelist, "nodes": hostlist.expand_hostlist(nodelist), **extra,
+        "nodelist": nodelist, "nodes": hostlist.expand_hostlist(nodelist), **extra, **sluid,
     }, token=token)
 
 

@@ -14,6 +14,10 @@ running, completing or not yet started is not ceased.  An array has ceased only 
 the controller knows has: each task is judged on its own, by its own records.  A task the
 controller has forgotten, asked as ``A_T``, is judged by the facts filed under its own job id,
 found by the controller's start that names its array and task (:func:`facts.array_task_job`).
+Where a job id was used twice (a controller that lost its state numbers jobs from FirstJobId
+again) and the facts carry SLUIDs (26.05), ``--sluid`` names the run judged (else the count's
+latest), the verdict names it (``sluid``), and a run before the controller's job under that
+id is judged by its own facts, not by the controller's word on its job.
 
 Invariants: the controller is asked a fixed number of questions whatever the node count: one
 read of the job (every task of an array, through the Slurm adapter, which never lets the job's
@@ -93,6 +97,9 @@ class Verdict:
     # Whose facts were judged (the job's owner; None: an array's tasks of several, or none
     # read): the asker checks it is its own, since a job id used twice names another's job.
     uid: Optional[int] = None
+    # Slurm's id of the run judged (26.05), where its facts carry one: the asker checks it is
+    # the execution it waits for, since a job id used twice holds two jobs' runs.
+    sluid: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -125,8 +132,12 @@ def _describe(survivors: list[dict[str, Any]], limit: int = 3) -> str:
 def cessation(job_id: str, restart: Optional[int] = None, *,
               controller: Optional[Controller] = None,
               cfg: Optional[config_module.Config] = None,
-              uid: Optional[int] = None) -> Verdict:
+              uid: Optional[int] = None, sluid: Optional[str] = None) -> Verdict:
     """Whether execution ``restart`` (default: the latest) of Slurm job ``job_id`` has ceased.
+
+    ``sluid`` (26.05) names the run to judge among those the facts hold under the job id (a
+    job id used twice, once slurmctld's state started anew, holds two jobs' runs; without it,
+    the latest of the count).
 
     ``job_id`` may be an array's id: then every task the controller knows is judged, and the
     array has ceased only when every task's latest execution has (``--restart`` then needs a
@@ -145,7 +156,7 @@ def cessation(job_id: str, restart: Optional[int] = None, *,
             raise UsageError(f"job {job_id} is an array of {len(found)} task(s); give one "
                              f"task with --restart (for example {found[0].display_id})")
         return _array_verdict(job_id, found, ctl, cfg, uid)
-    return _one(job_id, found[0] if found else None, restart, ctl, cfg, uid)
+    return _one(job_id, found[0] if found else None, restart, ctl, cfg, uid, sluid)
 
 
 class _NodeCache:
@@ -190,7 +201,8 @@ FORGOTTEN = "unknown to the controller"
 
 
 def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controller,
-         cfg: config_module.Config, uid: Optional[int]) -> Verdict:
+         cfg: config_module.Config, uid: Optional[int], sluid: Optional[str] = None
+         ) -> Verdict:
     if info is not None:
         slurm_job_id = info.job_id
         uid = uid if uid is not None else (info.uid if info.uid >= 0 else None)
@@ -226,6 +238,12 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
     executions, problems = facts.collect(slurm_job_id, cfg.state_dir, uid)
     if problems and not executions:
         raise RecordError(f"cannot read the records of job {job_id}: " + "; ".join(problems))
+    latest = {e["restart"]: e for e in executions}  # a count's latest run
+    if sluid:
+        executions = [e for e in executions if e.get("sluid") == sluid]
+        if not executions:
+            raise UsageError(f"job {job_id} has no records of a run with SLUID {sluid} under "
+                             f"{cfg.state_dir}")
     by_restart = {e["restart"]: e for e in executions}
     if restart is None:
         restart = max([restarts, *by_restart]) if (restarts >= 0 or by_restart) else None
@@ -243,8 +261,12 @@ def _one(job_id: str, info: Optional[Job], restart: Optional[int], ctl: Controll
         "problems": [], "controller": {"start": None, "end": None}}
     verdict = Verdict(job_id=job_id, slurm_job_id=slurm_job_id, restart=restart,
                       job_state=state, ceased=False, reason="",
-                      problems=list(execution.get("problems", [])), uid=uid)
-    current = info is not None and restart == restarts
+                      problems=list(execution.get("problems", [])), uid=uid,
+                      sluid=execution.get("sluid", ""))
+    # The controller's job is the count's latest run: a run of the id before it (ids started
+    # again) is no current execution, whatever the controller says of its own.
+    current = info is not None and restart == restarts and latest.get(restart) is by_restart.get(
+        restart, latest.get(restart))
     if current and info is not None and not info.execution_ended:
         verdict.reason = f"execution {restart} has not ended (JobState={state})"
         return verdict

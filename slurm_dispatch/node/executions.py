@@ -2,7 +2,10 @@
 
 An execution is one run of a job id (Slurm's restart count R).  A node's ``end`` is tied to the
 ``start`` the same node recorded (by token), never to the restart count the Epilog saw, which is
-not reliable (FIELD-NOTES); a ``recheck`` is tied to the ``end`` it re-checks (by token).
+not reliable (FIELD-NOTES); a ``recheck`` is tied to the ``end`` it re-checks (by token).  Where
+the starts carry SLUIDs (26.05), two runs of one count with different SLUIDs are two executions
+(``"sluid"`` in each), oldest first: the job id was used twice, once a controller lost its
+state; facts without one go by the count alone.
 
 Invariant: pure grouping over facts read through :mod:`slurm_dispatch.node.factstore`; a problem met
 while reading is carried in every execution's ``problems``, never dropped.
@@ -54,6 +57,9 @@ if TYPE_CHECKING:
 
     class _Ended(TypedDict, total=False):
         end: Optional[EndSummary]  # set once every execution of the job is grouped
+        # Slurm's id of the run (26.05), where its facts carry one: two runs of one count are
+        # two jobs under one id (ids started again once a controller lost its state).
+        sluid: str
 
     class ExecutionFacts(_Ended):
         """One execution of a Slurm job: :func:`execution_facts`' items."""
@@ -123,30 +129,48 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
     """Group facts by execution; an end is tied to the start its own node recorded."""
     starts = {f.get("token"): f for f in facts if f.get("kind") == "start"}
     ctld_starts = {f.get("token"): f for f in facts if f.get("kind") == "ctld-start"}
-    executions: dict[int, ExecutionFacts] = {}
+    executions: dict[tuple[int, str], ExecutionFacts] = {}
+    # Each restart count's runs, by the SLUID its starts carry, oldest first: one, unless the
+    # job id started again (a controller that lost its state) and two jobs ran under it.
+    lives: dict[int, list[str]] = {}
+    for fact in facts:
+        restart, sluid = _restart_of(fact), str(fact.get("sluid") or "")
+        if fact.get("kind") in ("start", "ctld-start") and restart is not None and sluid:
+            if sluid not in lives.setdefault(restart, []):
+                lives[restart].append(sluid)
 
-    def execution(restart: int) -> ExecutionFacts:
-        if restart not in executions:
-            executions[restart] = {"job_id": job_id, "restart": restart, "allocated": [],
-                                   "controller": {"start": None, "end": None}, "nodes": {},
-                                   "problems": list(problems)}
-        return executions[restart]
+    def key_of(restart: int, fact: dict) -> tuple[int, str]:
+        """The execution a fact of count ``restart`` belongs to: the run of its SLUID where
+        it carries one the count's starts do, else the count's latest run."""
+        known = lives.get(restart) or [""]
+        sluid = str(fact.get("sluid") or "")
+        return (restart, sluid if sluid in known else known[-1])
 
-    def node_entry(restart: int, node: str) -> NodeFacts:
-        return execution(restart)["nodes"].setdefault(
+    def execution(key: tuple[int, str]) -> ExecutionFacts:
+        if key not in executions:
+            executions[key] = {"job_id": job_id, "restart": key[0], "allocated": [],
+                               "controller": {"start": None, "end": None}, "nodes": {},
+                               "problems": list(problems)}
+            if key[1]:
+                executions[key]["sluid"] = key[1]
+        return executions[key]
+
+    def node_entry(key: tuple[int, str], node: str) -> NodeFacts:
+        return execution(key)["nodes"].setdefault(
             node, {"start": None, "end": None, "recheck": None, "survivors": [], "ceased": None})
 
-    ends_by_token: dict[str, tuple[int, str]] = {}
-    untied: dict[tuple[int, str], list[str]] = {}  # tokens of ends tied to no start, so far
+    ends_by_token: dict[str, tuple[tuple[int, str], str]] = {}
+    # Tokens of ends tied to no start, so far, by execution and node.
+    untied: dict[tuple[tuple[int, str], str], list[str]] = {}
 
-    def drop_stray_end(restart: int, node: str) -> None:
+    def drop_stray_end(key: tuple[int, str], node: str) -> None:
         # Called for a start of the node's execution: an end of the node read before it
         # (facts come oldest first, the node's own by its own clock) that is tied to no start
         # was written by an Epilog that found no open start before this execution began, and
         # says nothing of it, nor do the re-checks of its survivors (the start's own end,
         # which shares its token, may have been read before it).
-        entry = node_entry(restart, node)
-        for token in untied.pop((restart, node), []):
+        entry = node_entry(key, node)
+        for token in untied.pop((key, node), []):
             ends_by_token.pop(token, None)
         stray = entry["end"]
         if stray is not None and stray.get("start_token") not in starts:
@@ -159,8 +183,9 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             restart = _restart_of(fact)
             if restart is None:
                 continue
-            entry = node_entry(restart, node)
-            drop_stray_end(restart, node)
+            key = key_of(restart, fact)
+            entry = node_entry(key, node)
+            drop_stray_end(key, node)
             if entry["start"] is None or entry["start"].get("time", 0) < fact.get("time", 0):
                 entry["start"] = fact
         elif kind == "end":
@@ -172,16 +197,17 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
                 # recorded nothing; which one, nothing but the order of two clocks (the node's
                 # and the controller's) would say.  It is no execution's post-kill record.
                 continue
-            entry = node_entry(restart, node)
+            key = key_of(restart, start if start is not None else fact)
+            entry = node_entry(key, node)
             entry["end"] = fact
             if start is not None:
                 entry["start"] = start
             survivors = fact.get("survivors") or []
             entry["survivors"] = survivors
             entry["ceased"] = not survivors and not fact.get("scan_error")
-            ends_by_token[str(fact.get("token"))] = (restart, node)
+            ends_by_token[str(fact.get("token"))] = (key, node)
             if start is None:
-                untied.setdefault((restart, node), []).append(str(fact.get("token")))
+                untied.setdefault((key, node), []).append(str(fact.get("token")))
         elif kind in ("ctld-start", "ctld-end"):
             # A controller's end is tied to the start it closes (its restart count may be the
             # next execution's: Slurm gives EpilogSlurmctld the count after a requeue).
@@ -189,7 +215,7 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             restart = _restart_of(closes if closes is not None else fact)
             if restart is None:
                 continue
-            item = execution(restart)
+            item = execution(key_of(restart, closes if closes is not None else fact))
             if kind == "ctld-start":
                 # An end tied to no start that it may take for an earlier one's is under count 0
                 # (no execution before it), and the controller's clock is not the node's: it
@@ -218,7 +244,9 @@ def group_executions(job_id: str, facts: list[dict], problems: list[str]
             if not fact.get("scan_error"):
                 entry["survivors"] = fact.get("survivors") or []
                 entry["ceased"] = not entry["survivors"]
-    ordered = [executions[r] for r in sorted(executions)]
+    # By count, and a count's runs oldest first (its SLUIDs in the order they were met).
+    ordered = [executions[(r, life)] for r in sorted({k[0] for k in executions})
+               for life in lives.get(r) or [""] if (r, life) in executions]
     for item in ordered:
         item["end"] = _end_summary(item, later=item is not ordered[-1])
     return ordered

@@ -107,7 +107,8 @@ _SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3", "p
 # bare torch there would pull a CUDA build of several GB); and test_gc, whose subject (the
 # store's cleanup) does not depend on the Slurm release.  test_sbatch_grammar runs no cluster:
 # it probes the root's sbatch for the options dispatch-sbatch reads; test_expedite runs where
-# the release has expedited requeue (25.11), and skips, naming the release, where it has none.
+# the release has expedited requeue (25.11), test_ids_restart where it gives SLUIDs (26.05);
+# each skips, naming the release, where it has none.
 REAL_ON_ROOTS = (
     "tests/real/test_release.py", "tests/real/test_hooks.py", "tests/real/test_cease.py",
     "tests/real/test_supervisor.py", "tests/real/test_dispatch_sbatch.py",
@@ -116,7 +117,7 @@ REAL_ON_ROOTS = (
     "tests/real/test_upgrade_in_place.py", "tests/real/test_controller_bill.py",
     "tests/real/test_preemption.py", "tests/real/test_doctor.py",
     "tests/real/test_sbatch_grammar.py", "tests/real/test_expedite.py",
-    "tests/real/test_self_requeue.py",
+    "tests/real/test_self_requeue.py", "tests/real/test_ids_restart.py",
 )
 
 RELEASES = {

@@ -439,3 +439,50 @@ def test_a_recheck_of_an_end_no_start_ties_never_proves_a_start_recorded_after_i
         (only,) = facts_module.group_executions("100", order, [])
         n1 = only["nodes"]["n1"]
         assert n1["ceased"] is False and n1["survivors"] == [{"pid": 8}], (order, n1)
+
+
+def test_a_job_id_used_twice_is_judged_by_the_sluid_of_the_run_asked_about(
+        tmp_path: Path) -> None:
+    """Issue 29 item 8: once slurmctld's state started anew, job 100's facts on n1 hold two
+    jobs' runs of restart 0: one that ended with a survivor left (SLUID S0OLD), then another
+    job's, ended clean (S1NEW).  Both were one execution before, proven by whichever start and
+    end came last; now the latest run is judged unless --sluid names another, and the verdict
+    names the run it judged, for the asker to check."""
+    state, cfg = state_dir(tmp_path)
+    for sluid, t, left in (("S0OLD", NOW - 200, [{"pid": 4242, "cmdline": "python train.py"}]),
+                           ("S1NEW", NOW - 100, [])):
+        start = record(state, "start", "n1", time=t, restart=0, sluid=sluid)
+        record(state, "end", "n1", time=t + 10, restart=0, start_token=start.split(".")[-1],
+               survivors=left, scan_error=None, sluid=sluid)
+
+    def asked(sluid: str | None = None) -> cease.Verdict:
+        return cease.cessation("100", 0, cfg=cfg, sluid=sluid, controller=FakeController(
+            job(), {"n1": node("n1")}))
+    latest = asked()
+    assert latest.ceased and latest.sluid == "S1NEW"
+    old = asked("S0OLD")
+    assert not old.ceased and old.sluid == "S0OLD" and "4242" in cease.render(old)
+    with pytest.raises(UsageError, match="no records of a run with SLUID S9"):
+        asked("S9")
+
+
+def test_a_run_before_the_controllers_job_under_its_id_is_judged_by_its_own_facts(
+        tmp_path: Path) -> None:
+    """The controller's job 100 is another job now, running, whose run S1NEW started after the
+    run S0OLD asked about (ids started again): S0OLD is not its current execution, so its own
+    clean end proves it; the controller's running job is S1NEW's business."""
+    state, cfg = state_dir(tmp_path)
+    start = record(state, "start", "n1", time=NOW - 200, restart=0, sluid="S0OLD")
+    record(state, "end", "n1", time=NOW - 190, restart=0, start_token=start.split(".")[-1],
+           survivors=[], scan_error=None, sluid="S0OLD")
+    record(state, "ctld-start", "slurmctld", time=NOW - 201, restart=0, sluid="S0OLD",
+           nodes=["n1"], nodelist="n1")
+    record(state, "start", "n1", time=NOW - 100, restart=0, sluid="S1NEW")
+
+    def asked(sluid: str | None = None) -> cease.Verdict:
+        return cease.cessation("100", 0, cfg=cfg, sluid=sluid, controller=FakeController(
+            job(state="RUNNING"), {"n1": node("n1")}))
+    old = asked("S0OLD")
+    assert old.ceased and old.sluid == "S0OLD", cease.render(old)
+    new = asked()
+    assert not new.ceased and new.sluid == "S1NEW" and "has not ended" in new.reason

@@ -105,3 +105,39 @@ def test_a_start_and_an_end_record_the_sluid_only_where_slurm_gives_a_plain_one(
     view = node_view(cfg, job)
     assert "sluid" not in view[(0, "n1")]["start"] and "sluid" not in view[(0, "n1")]["end"]
     assert view[(0, "n1")]["ceased"] is True
+
+
+def test_an_epilog_ties_its_end_to_the_open_start_of_its_own_sluid(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config) -> None:
+    """Issue 29 item 8: job ids start again once a controller lost its state (its
+    StateSaveLocation gone, FirstJobId again).  The id's run from before, whose end was never
+    recorded, and the new job's run both have restart 0 on n1; each Epilog's end is tied to the
+    start of its own SLUID, whichever came last: it was tied to the latest start of the count,
+    so the old run's late end closed the new one's start (and the new one was taken for
+    ended, its own Epilog's end for a stray)."""
+    job = _job()
+    hook(monkeypatch, cfg, "prolog", job, "n1", OWNER, "S0OLD", restart=0)
+    hook(monkeypatch, cfg, "prolog", job, "n1", OWNER, "S1NEW", restart=0)
+    hook(monkeypatch, cfg, "epilog", job, "n1", OWNER, "S0OLD", restart=0)
+    found = facts.read_job_facts(cfg.state_dir, OWNER, job)[0]
+    starts = {f["sluid"]: f for f in found if f["kind"] == "start"}
+    [end] = [f for f in found if f["kind"] == "end"]
+    assert end["start_token"] == starts["S0OLD"]["token"]
+    hook(monkeypatch, cfg, "epilog", job, "n1", OWNER, "S1NEW", restart=0)
+    ends = [f for f in facts.read_job_facts(cfg.state_dir, OWNER, job)[0] if f["kind"] == "end"]
+    assert {e["sluid"]: e["start_token"] for e in ends} == {
+        "S0OLD": starts["S0OLD"]["token"], "S1NEW": starts["S1NEW"]["token"]}
+
+
+def test_the_controllers_end_is_tied_to_its_start_of_the_same_sluid(
+        monkeypatch: pytest.MonkeyPatch, cfg: Config) -> None:
+    """The same for the controller's facts, which now carry the SLUID: its ends are tied to its
+    starts oldest first, so the new job's end closed the old run's start."""
+    job = _job()
+    for sluid in ("S0OLD", "S1NEW"):
+        hook(monkeypatch, cfg, "prolog-slurmctld", job, "n1", OWNER, sluid, restart=0)
+    hook(monkeypatch, cfg, "epilog-slurmctld", job, "n1", OWNER, "S1NEW", restart=0)
+    found = facts.read_job_facts(cfg.state_dir, OWNER, job)[0]
+    starts = {f["sluid"]: f for f in found if f["kind"] == "ctld-start"}
+    [end] = [f for f in found if f["kind"] == "ctld-end"]
+    assert end["sluid"] == "S1NEW" and end["start_token"] == starts["S1NEW"]["token"]

@@ -20,8 +20,15 @@ from .. import squeue_fake
 class FakeCluster:
     def __init__(self, first_id: int = 100) -> None:
         self.jobs: dict[str, dict[str, str]] = {}
+        self.first_id = first_id
         self.ids = itertools.count(first_id)
         self.calls: list[list[str]] = []
+
+    def lose_state(self) -> None:
+        """A controller that lost its state (StateSaveLocation gone): it knows no job, and
+        numbers new ones from its FirstJobId again."""
+        self.jobs.clear()
+        self.ids = itertools.count(self.first_id)
 
     def add(self, state: str = "RUNNING", comment: str = "", **fields: str) -> str:
         jobid = str(next(self.ids))

@@ -1,0 +1,95 @@
+"""Real tier: job ids that start again (issue 29 item 8), on a release with SLUIDs (26.05).
+
+A controller restarted with its StateSaveLocation wiped numbers jobs from its FirstJobId again,
+so the Slurm job id a dispatch record holds names another job, and a node's facts under that
+id hold both jobs' runs of restart 0.  The launcher records the execution's SLURM_JOB_SLUID and
+the hooks their facts' SLUIDs: dispatch status shows the execution its own run's facts, and
+dispatch-cease judges the run ``--sluid`` names.  On a release without SLUIDs (before 26.05)
+the test says so and skips.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_dispatch.sandbox import cluster as sandbox_lib
+from slurm_dispatch.sandbox import layout as sandbox_layout
+from tests.real import test_dispatch_sbatch as sbatch_tests
+from tests.real.test_dispatch_sbatch import Workdir, wait_executions
+
+pytestmark = pytest.mark.real
+work = sbatch_tests.work  # the fixture, used by name
+
+SLUID_RELEASE = (26, 5)
+QUICK = "#!/bin/bash\necho done\n"
+SLEEPER = "#!/bin/sh\nsleep 600\n"
+
+
+def _sluid_or_skip(sandbox: Any) -> None:
+    version = sandbox.run(["sbatch", "--version"]).stdout.split()[-1]
+    if tuple(int(part) for part in version.split(".")[:2]) < SLUID_RELEASE:
+        pytest.skip(f"Slurm {version} gives no SLUID (26.05 does)")
+
+
+def _controller_state_lost(sandbox: Any) -> None:
+    """slurmctld restarted with its StateSaveLocation emptied: it knows no job and numbers
+    new ones from FirstJobId again."""
+    sandbox_lib.stop_controller(sandbox.dir)
+    state = sandbox_layout.Layout(Path(sandbox.dir)).state_save
+    for entry in state.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    sandbox_lib.start_controller(sandbox.dir)
+    sandbox.wait_for(lambda: sorted(sandbox.node_states()) == sorted(sandbox.nodes) and all(
+        s == "idle" for s in sandbox.node_states().values()), 90, "every node idle again")
+
+
+def _cease(work: Workdir, slurm_id: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    proc = work.run("dispatch-cease", slurm_id, "--restart", "0", "--json", *extra, check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its_sluid(
+        work: Workdir) -> None:
+    sandbox: Any = work.sandbox
+    _sluid_or_skip(sandbox)
+    node = sandbox.nodes[0]
+    _controller_state_lost(sandbox)
+    work.write("quick.sh", QUICK)
+    job, slurm_id = work.submit("--checkpoint", "ck", "-w", node, "-o", "out-%j.txt",
+                                "quick.sh")
+    [first] = wait_executions(work, job, 1)
+    ours = first["sluid"]
+    assert ours.startswith("s") and ours.isalnum(), first
+    sandbox.wait_for(lambda: _cease(work, slurm_id)[0] == 0, 60, "the execution proven ceased")
+    _controller_state_lost(sandbox)
+    # A plain job of the same user, under the same id, on the same node: still running.
+    other = sandbox.submit(SLEEPER, "-w", node, "-o", "/dev/null")
+    assert other == slurm_id
+    sandbox.wait_for(lambda: sandbox.job_state(other).get("JobState") == "RUNNING", 60,
+                     "the other job running")
+    theirs = sandbox.run(["squeue", "-h", "-o", "%s", "-j", other]).stdout.strip()
+    assert theirs and theirs != ours
+
+    def facts_seen() -> list[Any]:
+        [execution] = work.status(job)["executions"]
+        return [f for f in execution["facts"] if f.get("nodes", {}).get(node, {}).get("start")]
+    sandbox.wait_for(lambda: _cease(work, slurm_id)[1].get("sluid") == theirs, 60,
+                     "the other job's run recorded under the id")
+    [facts] = facts_seen()
+    assert facts["sluid"] == ours and facts["nodes"][node]["ceased"] is True, facts
+    [execution] = work.status(job)["executions"]
+    assert execution["sluid"] == ours and execution["state"] != "RUNNING", execution
+    # dispatch-cease judges the run asked about; without --sluid, the id's latest (running).
+    code, verdict = _cease(work, slurm_id, "--sluid", ours)
+    assert code == 0 and verdict["sluid"] == ours, verdict
+    code, verdict = _cease(work, slurm_id)
+    assert code == 1 and verdict["sluid"] == theirs and "has not ended" in verdict["reason"]
