@@ -18,9 +18,12 @@ rule):
   the execution and applied by dispatch's cleanup (``keep``; ``every`` when one of its
   checkpoint callbacks keeps every save, so no limit applies).
 * ``.dispatch-removing`` (:data:`REMOVING`): cleanup's mark on a folder it is removing
-  whole, made before it unpublishes the folder's saves: a save there that no publication
-  names any more is then one cleanup decided to remove, not one the execution never
-  published (a killed cleanup's rerun finishes the folder).
+  whole, made before it unpublishes the folder's saves, naming them (``{"unpublished":
+  [path in the folder, ...]}``; an empty mark, from before marks named them, covers all): a
+  save it names that no publication names any more is then one cleanup decided to remove,
+  not one the execution never published (a killed cleanup's rerun finishes the folder); any
+  other is judged as a save never published (one an old execution still running finished
+  or wrote after the plan stays when it looks whole).
 * ``<save>.dispatch-manifest.json`` beside a file save, ``dispatch-manifest.json`` inside a
   folder save (:data:`MANIFEST_SUFFIX`): each file's size, and the saves the framework keeps
   as its best at that moment (``bests``: Lightning's top k by each monitor, the Trainer's best

@@ -59,8 +59,12 @@ Invariants kept whatever runs at the same time:
   given: a save removed on its own is recorded first as an intent in ``<root>/gc/`` (the
   publication's name); an intent whose publication is already gone is a removal decided,
   finished by the next run (unless the save has become needed since), and forgotten only
-  once done.  A whole folder is marked first (``.dispatch-removing``, :mod:`.execdir`), so
-  the saves it no longer publishes are not taken for saves never published; it loses its
+  once done.  A whole folder is marked first (``.dispatch-removing``, :mod:`.execdir`,
+  naming the saves whose publications it removes), so those are not taken for saves never
+  published; any other save there (one cut off at the plan that an old execution still
+  running has finished since, or one it wrote after the mark) is judged as any save never
+  published.  Just before the removal the folder is listed again: one holding a save that
+  was not published at the plan and looks whole now stays for the next run.  It loses its
   record last, so until then it is still known.
 * Nothing is removed when a removal is known beforehand to fail (permission): the checks run
   over every path first.
@@ -175,6 +179,15 @@ class Folder:
     # holding something a DCP save never holds (read for older folders only)
     not_dcp: set[str] = field(default_factory=set)
     listed: Optional[frozenset[str]] = None  # entries and inner names, for look-ups
+    # A killed cleanup's mark (.dispatch-removing): the saves it unpublished to remove the
+    # folder (their paths in it: "checkpoint-4", "checkpoints/x.ckpt"); None: no mark; ALL: a
+    # mark naming none (made before marks named them), taken for every save.
+    decided: Optional[frozenset[str]] = None
+
+    def marked(self, entry: str) -> bool:
+        """Whether a killed cleanup unpublished the save ``entry`` to remove the folder."""
+        return self.decided is not None and (self.decided is ALL
+                                             or entry.rstrip("/") in self.decided)
 
     def has(self, entry: str) -> bool:
         """Whether ``entry`` (or ``checkpoints/<name>``) is in the folder as listed."""
@@ -239,6 +252,25 @@ def check_keep(keep: int) -> int:
         raise UsageError(f"--keep {keep!r} must be at least 1: the latest publication's save "
                          "always stays")
     return keep
+
+
+ALL: frozenset[str] = frozenset({"*"})  # Folder.decided of a mark that names nothing
+
+
+def mark_of(saves: Iterable[str]) -> bytes:
+    """The mark cleanup leaves on a folder it removes whole: the saves in it whose
+    publications it removes (their paths in the folder)."""
+    return json.dumps({"format": 1, "unpublished": sorted(set(saves))}).encode()
+
+
+def read_mark(raw: Optional[bytes]) -> frozenset[str]:
+    """The saves a folder's mark says cleanup unpublished (ALL for an empty or unreadable
+    mark: every save)."""
+    data = execdir.load(raw)
+    names = data.get("unpublished") if data else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return ALL
+    return frozenset(names)
 
 
 class _Names:
@@ -506,10 +538,10 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
     unpublished: list[tuple[str, str]] = []  # (path, why it looks whole)
     for attempt in sorted(set(folders) - protected):
         old = folders[attempt]
-        if execdir.REMOVING in old.entries:
-            continue  # a killed cleanup unpublished its saves to remove the folder
         where = f"{EXEC}/{attempt}"
         for entry in _unpublished_saves(old, tails.get(attempt, set())):
+            if old.marked(entry):
+                continue  # a killed cleanup unpublished it to remove the folder
             path = f"{where}/{entry.rstrip('/')}"
             why = None if whole is None else whole(old, entry)
             if why is not None and _needed_by(path, needed) is None:
@@ -867,6 +899,8 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     for f in older:
         if CHECKPOINTS in f.entries:
             f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
+        if execdir.REMOVING in f.entries:
+            f.decided = read_mark(st.read_exec_file(f.attempt, execdir.REMOVING))
     for f in older:
         # A step-N/ or .ckpt/ folder is a save (torchtitan's, Lightning's sharded one: DCP)
         # only while it holds nothing but a DCP save's files: a user's own analysis.ckpt/
@@ -922,9 +956,12 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         st.create_intents([n for n in singles if n not in intents])
     for r in found.removals:
         if r.kind == FOLDER and execdir.REMOVING not in r.entries:
-            try:  # (the saves it unpublishes now are not saves it never published)
+            # The saves it unpublishes now are not saves it never published; one it never
+            # published (cut off at the plan, or written since) is not among them.
+            try:
                 st.create_exec_file(r.path.split("/")[1], execdir.REMOVING,
-                                    b"")
+                                    mark_of(_inside(r.path, decode.path(n))
+                                            for n in r.publications))
             except FileExistsError:
                 pass
     pause("intents")
@@ -941,6 +978,13 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         if r.skipped:
             continue
         if r.kind == FOLDER:
+            late = None if remove_unpublished else _written_since(
+                st, folders[r.path.split("/")[1]],
+                {_inside(r.path, decode.path(n)) for n in r.publications})
+            if late is not None:
+                r.skipped = (f"{late}, never published, was written whole while cleanup ran: "
+                             "the folder stays for the next cleanup to judge")
+                continue
             try:
                 r.bytes = st.remove_exec(r.path.split("/")[1], RECORD, execdir.REMOVING)
             except StillWritten as exc:
@@ -958,6 +1002,28 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
         st.delete_intents(done)
     report.finished_intents = len(set(intents) - set(held))
     return report
+
+
+def _inside(folder: str, path: str) -> str:
+    """``path`` (relative to the root) relative to the folder ``folder`` holding it."""
+    return path[len(folder) + 1:] if path.startswith(folder + "/") else path
+
+
+def _written_since(st: Store, f: Folder, published: set[str]) -> Optional[str]:
+    """A save in the older folder ``f``, about to be removed whole, that was not published
+    at the plan (``published``: its saves' paths in it; nor by a killed cleanup's mark) and
+    looks whole now (an old execution
+    still running wrote it, or finished it, meanwhile), or None."""
+    entries = st.list_exec_entries(f.attempt)
+    now = Folder(f.attempt, f.epoch, f.resume, entries=entries)
+    if CHECKPOINTS in entries:
+        now.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
+    for entry in _unpublished_saves(now, set()):
+        if f.marked(entry):
+            continue  # a killed cleanup unpublished it: this run finishes that
+        if entry.rstrip("/") not in published and looks_whole(st, now, entry) is not None:
+            return f"{EXEC}/{f.attempt}/{entry.rstrip('/')}"
+    return None
 
 
 def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,

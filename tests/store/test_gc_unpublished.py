@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from slurm_dispatch.checkpoint import execdir, gc, model
@@ -161,3 +162,81 @@ def test_saves_an_older_folder_published_are_told_whatever_its_names_length(tmp_
         report = gc.collect(str(root), 1, lag=0)
         assert report.unpublished == [], (name, report.unpublished)
         assert not (root / "exec" / name).exists(), name
+
+
+class _Stopped(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stage", ["intents", "unpublished"])
+def test_a_save_written_into_a_marked_folder_after_the_mark_stays(world: World,
+                                                                  stage: str) -> None:
+    """A cleanup decides to remove older execution A's folder whole (every save published,
+    below K), marks it .dispatch-removing, and is killed there (or after unpublishing).  A
+    still runs (cut off by a partition, its replacement B already publishing) and writes
+    checkpoint-9000, sealed, which its dead watch never publishes.  The rerun took the mark for
+    the whole folder decided and removed checkpoint-9000 with it, though the first run never
+    saw it: the mark now names the saves it unpublished, and any other is judged as a save
+    never published."""
+    a = world.execution(E1)
+    [world.saved(a, E1, step) for step in (1, 2)]
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+
+    def stop(where: str) -> None:
+        if where == stage:
+            raise _Stopped(where)
+
+    with pytest.raises(_Stopped):
+        gc.collect(world.root, 1, lag=0, pause=stop)
+    assert world.exists(f"exec/{a}/{execdir.REMOVING}")
+    late = sealed(world, a, 9000)
+    report = gc.collect(world.root, 1, lag=0)
+    assert world.exists(f"{late}/model.bin"), [r.path for r in report.removals]
+    assert [u.path for u in report.unpublished] == [late]
+    # What the first run decided is finished: A's published saves are gone, B's latest stays.
+    assert not world.exists(f"exec/{a}/checkpoint-1") and not world.exists(f"exec/{a}/checkpoint-2")
+    assert world.every_published_save_exists()
+
+
+def test_a_save_cut_off_at_the_plan_and_finished_after_the_mark_stays(world: World) -> None:
+    """At the plan A's checkpoint-9 was being written (no ready file yet): cut off, it goes
+    with the folder.  The cleanup is killed after marking; A, still running, finishes it.  A
+    mark naming every entry then had the rerun remove a save that looks whole."""
+    a = world.execution(E1)
+    [world.saved(a, E1, step) for step in (1, 2)]
+    world.put(f"exec/{a}/checkpoint-9/model.bin", 90)
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+
+    def stop(where: str) -> None:
+        if where == "unpublished":
+            raise _Stopped(where)
+
+    with pytest.raises(_Stopped):
+        gc.collect(world.root, 1, lag=0, pause=stop)
+    world.put(f"exec/{a}/checkpoint-9/trainer_state.json", 10, b'{"step":9}')  # now whole
+    report = gc.collect(world.root, 1, lag=0)
+    assert [u.path for u in report.unpublished] == [f"exec/{a}/checkpoint-9"]
+    assert world.exists(f"exec/{a}/checkpoint-9/model.bin")
+    assert not world.exists(f"exec/{a}/checkpoint-1") and world.every_published_save_exists()
+
+
+def test_a_save_written_while_cleanup_waits_keeps_its_folder(world: World) -> None:
+    """The same in one run: A writes checkpoint-9000 (sealed, never published) while cleanup
+    waits out ListingLag between unpublishing A's saves and removing A's folder; the removal
+    took it with the folder.  The folder is listed again first: it stays, for the next run to
+    judge."""
+    a = world.execution(E1)
+    [world.saved(a, E1, step) for step in (1, 2)]
+    b = world.execution(E2)
+    [world.saved(b, E2, step) for step in (3, 4)]
+    late: list[str] = []
+    report = gc.collect(world.root, 1, lag=1,
+                        wait=lambda seconds: late.append(sealed(world, a, 9000)))
+    assert late and world.exists(f"{late[0]}/model.bin")
+    folder = next(r for r in report.removals if r.path == f"exec/{a}")
+    assert "never published, was written whole while cleanup ran" in folder.skipped
+    again = gc.collect(world.root, 1, lag=0)
+    assert [u.path for u in again.unpublished] == late
+    assert world.exists(f"{late[0]}/model.bin") and world.every_published_save_exists()
