@@ -16,12 +16,22 @@ sandbox accepts) it measures, with ``sdiag --reset`` before and ``sdiag`` after 
 5. a pass that takes actions: ``--act`` (5) dispatch jobs with ``--resubmit 1`` that fail at
    once are let end, and the next pass resubmits each;
 6. ``dispatch-cease JOBID`` of a dispatch job spread over every node (``-N NODES``, ``srun``
-   on each), after it ended: the hooks' facts on every node (counted in the report) prove it.
+   on each), after it ended: the hooks' facts on every node (counted in the report) prove it;
+7. where the sandbox keeps accounting (slurmdbd, its default): ``--act`` dispatch jobs with
+   ``--resubmit 1`` that fail while no supervisor runs and that slurmctld then forgets
+   (``MinJobAge`` 5 s for this step, so the earlier steps' jobs that ended are forgotten
+   too), the pass that finds their ends in ``sacct``, and the pass after it.
+
+Where the sandbox keeps accounting, each command's bill at slurmdbd is read too (``sacctmgr
+clear stats`` before, ``sacctmgr show stats`` after): the user's RPCs there (its ``sacct``
+calls), and the types of every user's (slurmctld's own messages about its jobs included).
 
 Target (issue 20): a pass costs no more RPCs than one ``squeue --me`` plus one ``sbatch`` per
-resubmission it makes, whatever the number of jobs.  Every command runs as the sandbox user
-(``dispatch-cease`` too, as the supervisor asks it), commands one at a time, so the user's
-RPCs are the command's own.  Dispatch records go to ``DISPATCH_HOME`` in a scratch folder.
+resubmission it makes, whatever the number of jobs; at slurmdbd (issue 29), no more than one
+``sacct -j`` per submission slurmctld forgot, and nothing for the others.  Every command runs
+as the sandbox user (``dispatch-cease`` too, as the supervisor asks it), commands one at a
+time, so the user's RPCs are the command's own.  Dispatch records go to ``DISPATCH_HOME`` in
+a scratch folder.
 """
 
 from __future__ import annotations
@@ -57,6 +67,8 @@ DEFAULT_DIR = "/var/tmp/sb-bench-controller"
 JOB_SCRIPT = "#!/bin/bash\necho hi\n"
 FAILING = "#!/bin/bash\nexit 3\n"
 WIDE = "#!/bin/bash\nsrun --ntasks-per-node=1 sleep 1\n"
+# How a pass says it read an end in Slurm's accounting (one sacct each).
+FROM_SACCT = "known from Slurm's accounting (sacct)"
 
 
 class Cluster:
@@ -69,6 +81,9 @@ class Cluster:
         env["DISPATCH_HOME"] = os.path.join(scratch, "dispatch-home")
         self.env = env
         self.venv_bin = sandbox_layout.Layout(Path(directory)).venv_bin
+        self.accounting = sandbox.status(directory).accounting == "slurmdbd"
+        # What the last cost() cost slurmdbd (None without accounting).
+        self.dbd_cost: sdiag.Cost | None = None
 
     def run(self, argv: Sequence[str], as_user: bool = True, check: bool = True,
             timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -89,12 +104,16 @@ class Cluster:
         return str(self.venv_bin / name)
 
     def cost(self, argv: Sequence[str], check: bool = True) -> tuple[sdiag.Cost, str]:
-        """``argv`` run once as the user, and what it cost the controller."""
+        """``argv`` run once as the user, and what it cost the controller (with its cost at
+        slurmdbd in :attr:`dbd_costs`, where the sandbox keeps accounting)."""
         out: dict[str, str] = {}
 
         def command() -> None:
             out["stdout"] = self.run(argv, check=check).stdout
-        return sdiag.measure(self.root, self.user, command), out["stdout"]
+        daemons = (sdiag.SLURMCTLD, sdiag.SLURMDBD) if self.accounting else (sdiag.SLURMCTLD,)
+        costs = sdiag.measure_all(self.root, self.user, command, daemons)
+        self.dbd_cost = costs[1] if self.accounting else None
+        return costs[0], out["stdout"]
 
     def queue(self) -> dict[str, str]:
         """The user's jobs as squeue shows them: {job id: state}."""
@@ -168,9 +187,13 @@ def pyslurm_overlay(cl: Cluster) -> Path:
                                       wheel, python, run, staging=staging)
 
 
-def row(label: str, cost: sdiag.Cost, **extra: Any) -> dict[str, Any]:
-    return {"command": label, "rpcs": cost.rpcs, "total_us": cost.total_us,
-            "by_type": cost.by_type, **extra}
+def row(label: str, cost: sdiag.Cost, dbd: sdiag.Cost | None = None,
+        **extra: Any) -> dict[str, Any]:
+    found = {"command": label, "rpcs": cost.rpcs, "total_us": cost.total_us,
+             "by_type": cost.by_type, **extra}
+    if dbd is not None:
+        found.update(dbd_rpcs=dbd.rpcs, dbd_total_us=dbd.total_us, dbd_by_type=dbd.by_type)
+    return found
 
 
 def sweep(cl: Cluster, start: int, count: int) -> list[str]:
@@ -181,15 +204,15 @@ def sweep(cl: Cluster, start: int, count: int) -> list[str]:
 def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> None:
     jobs: list[str] = []
     rows: list[dict[str, Any]] = results["rows"]
-    rows.append(row("squeue --me", cl.cost(["squeue", "--me"])[0]))
+    rows.append(row("squeue --me", cl.cost(["squeue", "--me"])[0], cl.dbd_cost))
     cost, out = cl.cost(["sbatch", "--parsable", "--hold", "job.sh"])
     jobs.append(job_id(out))
-    rows.append(row("sbatch --hold job.sh", cost))
+    rows.append(row("sbatch --hold job.sh", cost, cl.dbd_cost))
     sbatch_rpcs = cost.rpcs
     cost, out = cl.cost([cl.tool("dispatch-sbatch"), "--parsable", "--hold",
                          "--checkpoint", "ck-one", "job.sh"])
     jobs.append(job_id(out))
-    rows.append(row("dispatch-sbatch --hold --checkpoint ck-one job.sh", cost))
+    rows.append(row("dispatch-sbatch --hold --checkpoint ck-one job.sh", cost, cl.dbd_cost))
     squeue_rpcs = rows[0]["rpcs"]
 
     known = 1  # ck-one
@@ -199,9 +222,10 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
         known = size
         cost, _ = cl.cost([cl.tool("dispatch"), "supervise"])
         rows.append(row(f"dispatch supervise: one pass, {size} held jobs known", cost,
-                        jobs=size, actions=0, target=squeue_rpcs))
+                        cl.dbd_cost, jobs=size, actions=0, target=squeue_rpcs,
+                        dbd_target=0))
     cost, _ = cl.cost([cl.tool("dispatch"), "status", jobs[-1]])
-    rows.append(row(f"dispatch status JOB ({known} jobs known)", cost))
+    rows.append(row(f"dispatch status JOB ({known} jobs known)", cost, cl.dbd_cost))
 
     say(args, f"{args.act} dispatch jobs with --resubmit 1 that fail at once")
     failing = [job_id(cl.run([cl.tool("dispatch-sbatch"), "--parsable", "--resubmit", "1",
@@ -212,8 +236,9 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
     cost, out = cl.cost([cl.tool("dispatch"), "supervise"])
     resubmitted = out.count("resubmitted as submission")
     rows.append(row(f"dispatch supervise: one pass, {known + args.act} jobs known, "
-                    f"{resubmitted} resubmitted", cost, jobs=known + args.act,
-                    actions=resubmitted, target=squeue_rpcs + resubmitted * sbatch_rpcs))
+                    f"{resubmitted} resubmitted", cost, cl.dbd_cost, jobs=known + args.act,
+                    actions=resubmitted, target=squeue_rpcs + resubmitted * sbatch_rpcs,
+                    dbd_target=0))
 
     say(args, f"a dispatch job over all {args.nodes} nodes")
     wide = job_id(cl.run([cl.tool("dispatch-sbatch"), "--parsable", "-N", str(args.nodes),
@@ -228,7 +253,7 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
         time.sleep(1)
     verdict = json.loads(proc.stdout) if proc.stdout.strip() else {}
     cost, out = cl.cost([cl.tool("dispatch-cease"), wide, "--json"], check=False)
-    rows.append(row(f"dispatch-cease JOBID ({args.nodes} nodes)", cost))
+    rows.append(row(f"dispatch-cease JOBID ({args.nodes} nodes)", cost, cl.dbd_cost))
     # The hooks' facts of the wide job, as the sandbox's StateDir (dispatch-state) holds them:
     # each node's Prolog writes start.<node>.*, its Epilog end.<node>.*.
     folder = (Path(cl.dir) / "dispatch-state" / "facts" / str(pwd.getpwnam(cl.user).pw_uid)
@@ -239,6 +264,54 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
         "reason": verdict.get("reason"), "nodes_in_verdict": len(verdict.get("nodes", [])),
         "prolog_nodes": len({n[1] for n in names if n[0] == "start"}),
         "epilog_nodes": len({n[1] for n in names if n[0] == "end"})}
+    if cl.accounting:
+        forgotten(args, cl, rows, known + args.act + 1, squeue_rpcs, sbatch_rpcs)
+
+
+def forgotten(args: argparse.Namespace, cl: Cluster, rows: list[dict[str, Any]], known: int,
+              squeue_rpcs: int, sbatch_rpcs: int) -> None:
+    """``--act`` dispatch jobs fail while no supervisor runs and slurmctld forgets them
+    (MinJobAge 5 s, a line in site.conf for this step); the pass that reads their ends in
+    sacct and resubmits them, and what one ``sacct -j`` costs alone."""
+    site = Path(cl.dir) / "etc" / "site.conf"
+    kept = site.read_text()
+    site.write_text(kept + "MinJobAge=5\n")
+    try:
+        cl.root(["scontrol", "reconfigure"])
+        say(args, f"{args.act} dispatch jobs that fail and that slurmctld forgets (MinJobAge 5)")
+        failing = [job_id(cl.run([cl.tool("dispatch-sbatch"), "--parsable", "--resubmit", "1",
+                                  "--checkpoint", f"ck-forgotten-{i}", "fail.sh"]).stdout)
+                   for i in range(args.act)]
+
+        def all_forgotten() -> bool:
+            shown = cl.run(["squeue", "-h", "--states=all", "-j", ",".join(failing), "-o",
+                            "%i"], check=False).stdout.split()
+            return not set(failing) & set(shown)
+        cl.wait(all_forgotten, 400, "slurmctld to forget the failing jobs")
+        cost, _ = cl.cost(["sacct", "-X", "-n", "-P", "-j", failing[0], "-o", "JobID,State"])
+        rows.append(row("sacct -j JOB (a job slurmctld forgot)", cost, cl.dbd_cost))
+        sacct = cl.dbd_cost.rpcs if cl.dbd_cost is not None else 0
+        # Every submission slurmctld forgot before its end was recorded is read once: these,
+        # and the earlier step's resubmissions and the wide job, which ended since.
+        cost, out = cl.cost([cl.tool("dispatch"), "supervise"])
+        resubmitted = out.count("resubmitted as submission")
+        read = out.count(FROM_SACCT)
+        rows.append(row(f"dispatch supervise: one pass, {known + args.act} jobs known, "
+                        f"{read} ends of submissions slurmctld forgot read in sacct, "
+                        f"{resubmitted} resubmitted", cost, cl.dbd_cost,
+                        jobs=known + args.act, actions=resubmitted, forgotten=read,
+                        target=squeue_rpcs + resubmitted * sbatch_rpcs,
+                        dbd_target=read * sacct))
+        # Only submissions not read before: those the last pass made, if they ended and were
+        # forgotten since (fail.sh fails at once; MinJobAge is 5 s).
+        cost, out = cl.cost([cl.tool("dispatch"), "supervise"])
+        again = out.count(FROM_SACCT)
+        rows.append(row(f"dispatch supervise: the next pass ({again} ends of newer submissions "
+                        "read in sacct)", cost, cl.dbd_cost, forgotten=again,
+                        target=squeue_rpcs, dbd_target=again * sacct))
+    finally:
+        site.write_text(kept)
+        cl.root(["scontrol", "reconfigure"])
 
 
 def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -247,6 +320,10 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
         if "target" in r:
             out.append({"what": r["command"], "rpcs": r["rpcs"], "target": r["target"],
                         "result": "PASS" if r["rpcs"] <= r["target"] else "MISS"})
+        if "dbd_target" in r and "dbd_rpcs" in r:
+            out.append({"what": f"{r['command']} (slurmdbd)", "rpcs": r["dbd_rpcs"],
+                        "target": r["dbd_target"],
+                        "result": "PASS" if r["dbd_rpcs"] <= r["dbd_target"] else "MISS"})
     return out
 
 
@@ -257,6 +334,7 @@ def say(args: argparse.Namespace, text: str) -> None:
 def print_report(results: dict[str, Any]) -> None:
     env = results["environment"]
     print(f"\n{env['slurm']}, {env['nodes']} nodes, backend {env['backend']}, "
+          f"accounting {env.get('accounting', 'none')}, "
           f"load {env['loadavg_start']} -> {env['loadavg_end']}")
     width = max(len(r["command"]) for r in results["rows"])
     print(f"{'command':{width}s}  rpcs  total_us  by type")
@@ -264,6 +342,15 @@ def print_report(results: dict[str, Any]) -> None:
         types = ", ".join(f"{k.removeprefix('REQUEST_')} {v}" for k, v in sorted(
             r["by_type"].items()))
         print(f"{r['command']:{width}s}  {r['rpcs']:4d}  {r['total_us']:8d}  {types}")
+    if any("dbd_rpcs" in r for r in results["rows"]):
+        print(f"\nat slurmdbd: {'command':{width - 12}s}  rpcs  total_us  by type (every "
+              "user's, slurmctld's own included)")
+        for r in results["rows"]:
+            if "dbd_rpcs" in r:
+                types = ", ".join(f"{k.removeprefix('DBD_')} {v}" for k, v in sorted(
+                    r["dbd_by_type"].items()))
+                print(f"{r['command']:{width}s}  {r['dbd_rpcs']:4d}  {r['dbd_total_us']:8d}  "
+                      f"{types}")
     c = results.get("cease", {})
     if c:
         print(f"job {c['job']} over {env['nodes']} nodes: Prolog facts on {c['prolog_nodes']} "
@@ -316,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                       "Slurm; print(type(Slurm()._backend(None)).__name__)"], check=False)
     results: dict[str, Any] = {"rows": [], "environment": {
         "slurm": cl.run(["sbatch", "--version"], as_user=False).stdout.strip(),
+        "accounting": state.accounting,
         "python": platform.python_version(), "cpus": os.cpu_count(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()], "nodes": len(state.nodes),
         "user": state.user, "backend": backend.stdout.strip() or backend.stderr.strip()[-200:],

@@ -4,7 +4,8 @@ Debian 12 ships Slurm 22.05 only, and a 24.11 controller speaks only to 23.02 an
 clients, so a 24.11 sandbox runs everything that talks to it inside a Debian 13 root made from
 Debian's own packages (``debootstrap --variant=minbase``): its daemons, its Slurm tools, the
 project's venv on that root's Python, the jobs and the hooks.  The releases it can run are
-one table, :data:`RELEASES`: a row per release (its suite, its packages), and a ``newest`` row
+one table, :data:`RELEASES`: a row per release (its suite, its packages, the extras a root
+built before them gets installed without a rebuild: slurmdbd), and a ``newest`` row
 for Debian's testing, whose Slurm moves on with the suite (26.05 when written): what a root of
 it holds is read from the root (:func:`held`), never assumed.
 
@@ -76,6 +77,10 @@ class Release:
     # tiers running side by side never share a home and its dispatch records).
     tested: bool = False
     job_user: str = ""
+    # Packages a finished root gets when it lacks them (apt-get inside it, recorded in its
+    # marker), never by building it again: a root is shared by every sandbox of its release on
+    # the machine, some of them running.  A fresh root gets them with the rest.
+    extras: tuple[str, ...] = ()
 
     @property
     def moving(self) -> bool:
@@ -94,6 +99,8 @@ class Release:
 # What every root needs: the daemons, the clients, munge, and a Python with venv for the
 # project's venv inside.
 _SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3", "python3-venv")
+# The release's own slurmdbd, for the sandbox's accounting (the database server is the host's).
+_ACCOUNTING_PACKAGES = ("slurmdbd",)
 
 # The real tier's files that run again on each tested release from a Debian root (the host's
 # Slurm runs all of tests/real): the release itself, hooks, cease, the supervisor,
@@ -128,13 +135,13 @@ RELEASES = {
     "24.11": Release(name="24.11", suite="trixie", debian="Debian 13",
                      packages=(*_SLURM_PACKAGES, "libslurm-dev", "gcc", "libc6-dev",
                                "libpython3-dev"),
-                     tested=True, job_user="dispatchuser2"),
+                     tested=True, job_user="dispatchuser2", extras=_ACCOUNTING_PACKAGES),
     # Debian's testing (and unstable) ship 26.05 today; no pyslurm supports it (the adapter's
     # SlurmBackend=auto falls back to Slurm's tools), so nothing to build pyslurm with.  Tested:
     # make test runs REAL_ON_ROOTS on it too, after 24.11, beside the host's real tier.
     NEWEST: Release(name=NEWEST, suite="testing", debian="Debian testing",
                     packages=_SLURM_PACKAGES, expects="26.05", tested=True,
-                    job_user="dispatchuser3"),
+                    job_user="dispatchuser3", extras=_ACCOUNTING_PACKAGES),
 }
 
 
@@ -230,12 +237,68 @@ def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
 
     claim(cache)
     target = cache / release.folder
-    if root_complete(target, release):
+    if root_complete(target, release) and not missing_extras(target, release):
         return target, []
     with state_folder.locked(cache / f".{release.folder}.lock"):
-        if root_complete(target, release):
-            return target, []
-        return target, _build(release, cache, target, install)
+        actions = [] if root_complete(target, release) else \
+            _build(release, cache, target, install)
+        missing = missing_extras(target, release)
+        if missing:
+            actions += _add_extras(release, cache, target, missing)
+        return target, actions
+
+
+def missing_extras(path: Path, release: Release) -> list[str]:
+    """The extras of ``release`` that the root in ``path`` does not hold (by its marker)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return list(release.extras)
+    held = marker.get("extras", []) if isinstance(marker, dict) else []
+    return [name for name in release.extras if name not in held]
+
+
+def _add_extras(release: Release, cache: Path, target: Path, missing: list[str]) -> list[str]:
+    """apt-get ``missing`` into the finished root ``target`` (no service started: a
+    policy-rc.d that refuses them all), and name them in its marker.  A Slurm package is
+    pinned to the version of the root's slurmctld: a suite that moved on since the root was
+    built would otherwise bring a newer slurmdbd and, with it, newer plugins under the
+    root's older daemons (apt-get then fails instead, naming the version it lacks)."""
+    from . import state_folder  # as in ensure_root
+
+    started = time.monotonic()
+    policy = target / "usr" / "sbin" / "policy-rc.d"
+    if not policy.exists():
+        state_folder.write_text(policy, "#!/bin/sh\n# No service starts in a sandbox root.\n"
+                                "exit 101\n", 0o755)
+    log = cache / f"{release.folder}.log"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+           "LANG": "C.UTF-8"}
+    version = subprocess.run(["chroot", str(target), "dpkg-query", "-W", "-f", "${Version}",
+                              "slurmctld"], capture_output=True, text=True, env=env,
+                             timeout=60).stdout.strip()
+    wanted = [f"{name}={version}" if version and name.startswith("slurm") else name
+              for name in missing]
+    # A moving suite's Release file is valid for a week or so, and this machine's mirror (or
+    # clock) may be past it: "Release file ... is expired" made apt-get update fail (its
+    # signature is still checked).
+    for argv in (["apt-get", "-o", "Acquire::Check-Valid-Until=false", "update"],
+                 ["apt-get", "install", "-y", "--no-install-recommends", *wanted]):
+        full = ["chroot", str(target), *argv]
+        with state_folder.append(log) as out:
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(full)}\n"
+                      .encode())
+            out.flush()
+            proc = subprocess.run(full, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, env=env, umask=0o022)
+        if proc.returncode != 0:
+            raise SandboxError(f"{shlex.join(full)} failed (exit {proc.returncode}); see "
+                               f"{log}:\n" + _tail(log))
+    marker = json.loads((target / MARKER).read_text())
+    marker["extras"] = sorted({*marker.get("extras", []), *missing})
+    state_folder.write_text(target / MARKER, json.dumps(marker, indent=2) + "\n")
+    return [f"installed {' '.join(missing)} into the {release.debian} root {target} "
+            f"({time.monotonic() - started:.0f} s)"]
 
 
 def _build(release: Release, cache: Path, target: Path,
@@ -251,7 +314,8 @@ def _build(release: Release, cache: Path, target: Path,
     # Only ever a folder of ours: the cache is root's and closed (claimed above).
     shutil.rmtree(build, ignore_errors=True)
     log = cache / f"{release.folder}.log"
-    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(release.packages)}",
+    included = [*release.packages, *release.extras]
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(included)}",
             release.suite, str(build)]
     with state_folder.append(log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
@@ -266,7 +330,8 @@ def _build(release: Release, cache: Path, target: Path,
     check_holds(release, version, build)
     seconds = round(time.monotonic() - started, 1)
     marker = {"release": release.name, "packages": list(release.packages),
-              "slurm": version, "suite": release.suite, "seconds": seconds}
+              "extras": list(release.extras), "slurm": version, "suite": release.suite,
+              "seconds": seconds}
     (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     os.chmod(build, 0o755)
     if target.exists() or target.is_symlink():

@@ -51,6 +51,20 @@ def test_a_root_is_complete_only_with_its_own_marker(tmp_path: Path) -> None:
     assert not sandbox_root.root_complete(tmp_path, release)
 
 
+def test_a_root_without_its_extras_keeps_its_build_and_gets_them_added(tmp_path: Path) -> None:
+    """A root built before its row listed slurmdbd stays complete (no rebuild under running
+    sandboxes); the extras its marker does not name are what ensure_root installs into it."""
+    release = sandbox_root.RELEASES["24.11"]
+    assert release.extras == ("slurmdbd",)
+    marker = tmp_path / sandbox_root.MARKER
+    marker.write_text(json.dumps({"release": "24.11", "packages": list(release.packages)}))
+    assert sandbox_root.root_complete(tmp_path, release)
+    assert sandbox_root.missing_extras(tmp_path, release) == ["slurmdbd"]
+    marker.write_text(json.dumps({"release": "24.11", "packages": list(release.packages),
+                                  "extras": ["slurmdbd"]}))
+    assert sandbox_root.missing_extras(tmp_path, release) == []
+
+
 def test_a_state_folder_under_a_bound_folder_needs_no_mount_point() -> None:
     assert sandbox_root.mount_point(ROOT, Path("/var/tmp/sb")) is None
     assert sandbox_root.mount_point(ROOT, Path("/home/me/sb")) is None
