@@ -70,6 +70,9 @@ def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its
     ours = first["sluid"]
     assert ours.startswith("s") and ours.isalnum(), first
     sandbox.wait_for(lambda: _cease(work, slurm_id)[0] == 0, 60, "the execution proven ceased")
+    # A supervisor pass while slurmctld still knows the job records its end: the job is over
+    # (the pass reads every record of the user, other tests' too: only this job's lines count).
+    work.run("dispatch", "supervise", check=False)
     _controller_state_lost(sandbox)
     # A plain job of the same user, under the same id, on the same node: still running.
     other = sandbox.submit(SLEEPER, "-w", node, "-o", "/dev/null")
@@ -93,3 +96,6 @@ def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its
     assert code == 0 and verdict["sluid"] == ours, verdict
     code, verdict = _cease(work, slurm_id)
     assert code == 1 and verdict["sluid"] == theirs and "has not ended" in verdict["reason"]
+    # The supervisor leaves the finished job alone: the other job under its id is not its own.
+    passed = work.run("dispatch", "supervise", check=False)
+    assert not [line for line in (passed.stdout + passed.stderr).splitlines() if job in line]
