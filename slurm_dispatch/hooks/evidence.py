@@ -12,6 +12,10 @@
   facts carry the SLUID where Slurm gives one (26.05 and later), and an end is tied to the
   open start of its own SLUID where several are open: job ids start again once a controller
   lost its state, and the id's run from before is another execution.
+  The end says where the job's cgroup was looked for (every naming and slice:
+  :func:`slurm_dispatch.node.procscan.cgroup_look`) and, where slurm.conf runs proctrack/cgroup
+  but no place Slurm keeps cgroups was found, that the survivors were judged by /proc alone
+  (``cgroup.missing``).
 * ``recheck`` (health check or timer, root): re-checks watched survivors; records when they are
   gone (or the machine rebooted), so ``dispatch-cease`` can prove cessation later.
 * ``prolog-slurmctld`` / ``epilog-slurmctld`` (controller, SlurmUser): the allocation (and an
@@ -212,15 +216,37 @@ def _unresolved(scan: procscan.Scan, restart: object) -> list[dict]:
 
 
 def _execution_survivors(cfg: Config, scan: procscan.Scan, job_id: str, uid: int, node: str,
-                         restart: object) -> list[dict]:
+                         restart: object, sluid: str | None = None
+                         ) -> tuple[list[dict], procscan.CgroupLook]:
+    """The execution's survivors, and where its cgroup was looked for."""
     from ..node import procscan
     survivors = [p for p in scan.found.get(job_id, []) if _belongs(p, node, restart)]
     if not scan.complete:
         survivors += _unresolved(scan, restart)
     # proctrack/cgroup: the job's cgroup holds its processes whatever their environment says.
-    in_cgroup = procscan.cgroup_processes(cfg.cgroup_root, job_id, uid, node) or []
+    look = procscan.cgroup_look(cfg.cgroup_root, job_id, uid, node, sluid)
     known = {p["pid"] for p in survivors}
-    return survivors + [p for p in in_cgroup if p["pid"] not in known]
+    return survivors + [p for p in look.processes or [] if p["pid"] not in known], look
+
+
+def _cgroup_evidence(cfg: Config, look: procscan.CgroupLook) -> dict[str, object]:
+    """What the Epilog says of the job's cgroup: where Slurm keeps jobs' cgroups on this
+    machine (``scopes``), the job's folders found there (``folders``, by the ``names`` looked
+    for), and, where slurm.conf says ``ProctrackType=proctrack/cgroup`` but no place Slurm
+    keeps jobs' cgroups was found under CgroupRoot, ``missing``: survivors were then judged by
+    /proc alone, and the evidence says so instead of going quiet.  A scope without the job's
+    folder is Slurm's own word that the job's cgroup emptied (it removes it then)."""
+    from ..node import slurmconf
+    proctrack = slurmconf.setting("ProctrackType")
+    said: dict[str, object] = {"proctrack": proctrack, "scopes": look.scopes,
+                               "folders": look.folders, "names": look.names}
+    if proctrack is not None and proctrack.strip() == "proctrack/cgroup" and not look.scopes:
+        said["missing"] = (f"ProctrackType=proctrack/cgroup in {slurmconf.slurm_conf_path()}, "
+                           f"but {cfg.cgroup_root} holds no slurmstepd scope (cgroup v2, in any "
+                           "slice) nor a slurm folder (cgroup v1): the job's cgroup was not "
+                           "read; set CgroupRoot in dispatch.conf to cgroup.conf's "
+                           "CgroupMountpoint")
+    return said
 
 
 def _scan_budget(cfg: Config) -> float:
@@ -254,9 +280,12 @@ def epilog(cfg: Config) -> None:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
     scan_error = None
     from ..node import procscan
+    cgroup: dict[str, object] | None = None
     try:
         scan = procscan.scan_within(jobs, _scan_budget(cfg))
-        survivors = _execution_survivors(cfg, scan, job_id, uid, node, restart)
+        survivors, look = _execution_survivors(cfg, scan, job_id, uid, node, restart,
+                                               sluid.get("sluid"))
+        cgroup = _cgroup_evidence(cfg, look)
     except OSError as exc:
         scan, survivors = None, []
         scan_error = f"cannot scan /proc: {exc.strerror}"
@@ -268,7 +297,7 @@ def epilog(cfg: Config) -> None:
         "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
         "scan": None if scan is None else {"rounds": scan.rounds, "complete": scan.complete,
                                            "seconds": round(scan.seconds, 4)},
-        "cgroup_root": cfg.cgroup_root, "slurm": _end_variables(), **sluid,
+        "cgroup_root": cfg.cgroup_root, "cgroup": cgroup, "slurm": _end_variables(), **sluid,
     }
     if orphan is not None:
         body["orphan"] = True  # Slurm gave its Epilog uid 0 (see _orphans_start)
@@ -502,8 +531,10 @@ def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
         elif not scan.complete and scan.unresolved:
             continue  # not knowing is no news: keep watching
         else:
-            now = _execution_survivors(cfg, scan, job_id, int(entry["uid"]),
-                                       str(entry["node"]), entry.get("restart"))
+            sluid = entry.get("sluid")
+            now, _ = _execution_survivors(cfg, scan, job_id, int(entry["uid"]),
+                                          str(entry["node"]), entry.get("restart"),
+                                          sluid if isinstance(sluid, str) else None)
             reason = "re-scanned /proc"
         before = {(s.get("pid"), s.get("starttime")) for s in entry.get("survivors", [])}
         after = {(s.get("pid"), s.get("starttime")) for s in now}

@@ -4,7 +4,9 @@ This is the Slurm adapter's CessationSignal (``dispatch-cease``).  It proves, or
 it never guesses.  For each node of the execution, evidence that proves:
 
 * the node's post-kill record (its Epilog, which runs after slurmd killed the job's tracked
-  processes) found no process of the execution left, or a later re-check found them all gone;
+  processes) found no process of the execution left, or a later re-check found them all gone
+  (where the node runs proctrack/cgroup but its Epilog found no place Slurm keeps jobs' cgroups,
+  the evidence says the proof rests on /proc alone);
 * the node booted after the execution's last known moment on it (``BootTime`` later than the
   start, end and controller end recorded, plus ``BootTimeTolerance``).
 
@@ -457,7 +459,16 @@ def _node_evidence(name: str, recorded: Optional[Mapping[str, Any]], node: Optio
                             f"{len(end.get('survivors') or [])} survivor(s); all gone at "
                             f"{_moment(recheck.get('time'))} ({recheck.get('reason', 're-check')})")
     return NodeEvidence(name, state, True,
-                        f"Epilog at {_moment(end.get('time'))}: no process left after the kill")
+                        f"Epilog at {_moment(end.get('time'))}: no process left after the kill"
+                        f"{_cgroup_unread(end)}")
+
+
+def _cgroup_unread(end: Mapping[str, Any]) -> str:
+    """Where the node runs proctrack/cgroup but its Epilog found no place Slurm keeps jobs'
+    cgroups: said beside the proof, which then rests on /proc alone."""
+    cgroup = end.get("cgroup")
+    missing = cgroup.get("missing") if isinstance(cgroup, dict) else None
+    return f" (by /proc alone: {missing})" if isinstance(missing, str) and missing else ""
 
 
 def render(verdict: Verdict) -> str:

@@ -41,7 +41,7 @@ import time
 from .. import __version__, _account, _clock, _fsio
 from .. import config as config_module
 from . import factstore as store
-from . import metrics
+from . import metrics, slurmconf
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,39 +98,7 @@ def read_slurm_conf(path: str, keys: tuple[str, ...] = (*HOOK_KEYS, *SETTINGS)
     """``{Key: value}`` of slurm.conf (keys in Slurm's spelling for those the doctor knows,
     ``Include`` files followed relative to the file's folder) and the problems met.  The same
     reader reads cgroup.conf for ``keys`` of its own."""
-    known = {k.lower(): k for k in keys}
-    values: dict[str, str] = {}
-    problems: list[str] = []
-
-    def read(file: str, depth: int) -> None:
-        try:
-            with open(file, encoding="utf-8", errors="replace") as handle:
-                lines = handle.read().splitlines()
-        except OSError as exc:
-            problems.append(f"{file}: cannot read: {exc.strerror}")
-            return
-        for line in lines:
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            word = line.split(None, 1)
-            if word[0].lower() == "include" and len(word) == 2:
-                if depth > 8:
-                    problems.append(f"{file}: Include nested too deep")
-                    continue
-                target = word[1].strip()
-                if not os.path.isabs(target):
-                    target = os.path.join(os.path.dirname(file), target)
-                for name in sorted(glob.glob(target)) or [target]:
-                    read(name, depth + 1)
-                continue
-            for pair in line.split():
-                key, sep, value = pair.partition("=")
-                if sep and key.lower() in known:
-                    values.setdefault(known[key.lower()], value)
-
-    read(path, 0)
-    return values, problems
+    return slurmconf.read(path, keys)
 
 
 def expand_parts(value: str) -> list[str]:
@@ -609,7 +577,7 @@ class Doctor:
         hooks prove and when a hold lifts: when the re-check runs (HealthCheckInterval,
         HealthCheckNodeState's START_ONLY of 25.11 and REBOOT_ONLY of 26.05), the bound Slurm
         puts on the Prolog and Epilog (PrologEpilogTimeout, split by 25.05 into PrologTimeout
-        and EpilogTimeout), and where a job's cgroup is (26.05's CgroupJobIdPaths)."""
+        and EpilogTimeout), and where a job's cgroup is (CgroupRoot, 26.05's CgroupJobIdPaths)."""
         if "HealthCheckProgram" in keys:
             self.check_recheck_schedule(settings)
         for hook, key in (("Prolog", "PrologTimeout"), ("Epilog", "EpilogTimeout")):
@@ -630,7 +598,7 @@ class Doctor:
             else:
                 self.add(key, OK, f"{named}={value}: the {hook} part ends (HookTimeout "
                                   f"{cfg.hook_timeout:g} s) before Slurm would stop it")
-        self.check_cgroup_paths(settings)
+        self.check_cgroup_paths(settings, cfg)
 
     def check_recheck_schedule(self, settings: dict[str, str]) -> None:
         later = "survivors an Epilog found are re-checked only by the next Epilog on that node, " \
@@ -656,24 +624,31 @@ class Doctor:
         self.add("HealthCheckInterval", OK, f"HealthCheckInterval={interval}: the re-check "
                                             "runs on schedule")
 
-    def check_cgroup_paths(self, settings: dict[str, str]) -> None:
-        """With proctrack/cgroup on cgroup/v2, 26.05 names a job's cgroup by its SLUID
-        unless cgroup.conf's CgroupJobIdPaths=yes: the Epilog looks for ``job_<id>``."""
+    def check_cgroup_paths(self, settings: dict[str, str], cfg: config_module.Config) -> None:
+        """With proctrack/cgroup, where the Epilog reads a job's cgroup: under dispatch.conf's
+        CgroupRoot, which must be cgroup.conf's CgroupMountpoint, by ``job_<id>`` or (26.05's
+        cgroup/v2, unless CgroupJobIdPaths=yes) the execution's SLUID, in whatever slice
+        (25.11's CgroupSlice) holds slurmstepd's scope."""
         if settings.get("ProctrackType", "").strip() != "proctrack/cgroup":
             return
         cgroup_conf = os.path.join(os.path.dirname(self.slurm_conf), "cgroup.conf")
-        values, _ = read_slurm_conf(cgroup_conf, ("CgroupJobIdPaths", "CgroupPlugin"))
-        if values.get("CgroupJobIdPaths", "").strip().lower() in ("yes", "true", "1"):
-            self.add("CgroupJobIdPaths", OK, f"{cgroup_conf}: CgroupJobIdPaths=yes: a job's "
-                                             "cgroup is job_<id>, where the Epilog looks")
+        values, _ = read_slurm_conf(cgroup_conf, ("CgroupJobIdPaths", "CgroupPlugin",
+                                                  "CgroupMountpoint", "CgroupSlice"))
+        mount = values.get("CgroupMountpoint", "").strip().rstrip("/") or "/sys/fs/cgroup"
+        if os.path.normpath(cfg.cgroup_root) != os.path.normpath(mount):
+            self.add("CgroupRoot", FAIL,
+                     f"CgroupRoot={cfg.cgroup_root} in dispatch.conf, but {cgroup_conf} mounts "
+                     f"cgroups at {mount}: the Epilog reads no job's cgroup, and its end says "
+                     "the proof rests on /proc alone (a survivor that scrubbed its environment "
+                     "is missed)", f"set CgroupRoot={mount} in dispatch.conf")
             return
-        self.add("CgroupJobIdPaths", WARN,
-                 f"ProctrackType=proctrack/cgroup and {cgroup_conf} sets no CgroupJobIdPaths="
-                 "yes: from Slurm 26.05, cgroup/v2 names a job's cgroup by its SLUID, so the "
-                 "Epilog finds no job_<id> cgroup and judges survivors by /proc alone (one "
-                 "that scrubbed its environment is missed, a proof that should not be)",
-                 f"on 26.05 and later: CgroupJobIdPaths=yes in {cgroup_conf} (older releases "
-                 "name the cgroup job_<id> and have no such key)")
+        by_id = values.get("CgroupJobIdPaths", "").strip().lower() in ("yes", "true", "1")
+        self.add("CgroupJobIdPaths", OK,
+                 f"ProctrackType=proctrack/cgroup: the Epilog reads a job's cgroup under "
+                 f"{mount} by its "
+                 + ("job id (CgroupJobIdPaths=yes)" if by_id else
+                    "SLUID (26.05's cgroup/v2) or job_<id> (earlier releases)")
+                 + f", in slurmstepd's scope of {values.get('CgroupSlice') or 'any slice'}")
 
     def check_unconfigured_runs(self, within: float = 86400.0) -> None:
         """The hook runs of the last day on this machine that found no dispatch.conf and no

@@ -6,8 +6,12 @@ process of a job and it survives ``setsid`` and double forks, which is how a pro
 execution, on which node, it belongs to: a process started with a cleaned environment (a
 container's ``--cleanenv``) is found only if it kept these three (the user guide's container
 section says how).  Where the site runs ``proctrack/cgroup``, the job's cgroup
-(:func:`cgroup_processes`) is stronger evidence: it holds a process whatever its environment
-says.
+(:func:`cgroup_look`) is stronger evidence: it holds a process whatever its environment
+says.  It is looked for under every name and slice a release gives it: cgroup/v2's
+``job_<id>``, or from 26.05 the execution's SLUID (unless cgroup.conf's ``CgroupJobIdPaths=yes``),
+in the slurmstepd scope of whatever slice holds it (``system.slice``, or 25.11's
+``CgroupSlice``), and cgroup v1's ``slurm/uid_<uid>/job_<id>``; where it was looked for is part
+of the answer, so a caller can say that nothing was found where something should be.
 
 Invariants:
 
@@ -40,8 +44,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # collections.abc costs a hook's start-up 1.5 ms; only mypy needs it
     from collections.abc import Collection, Iterable, Iterator
 
-__all__ = ["Scan", "ancestors", "cgroup_processes", "environ_facts", "scan", "scan_survivors",
-           "scan_within"]
+__all__ = ["CgroupLook", "Scan", "ancestors", "cgroup_look", "cgroup_names", "cgroup_processes",
+           "cgroup_scopes", "environ_facts", "scan", "scan_survivors", "scan_within"]
 
 # Variables read from a process's environment besides SLURM_JOB_ID (first occurrence wins).
 _RESTART, _NODE, _CONTEXT = b"SLURM_RESTART_COUNT", b"SLURMD_NODENAME", b"SLURM_SCRIPT_CONTEXT"
@@ -431,25 +435,101 @@ def scan_survivors(job_ids: dict[str, int | None], exclude: set[int] | None = No
 # The job's cgroup (proctrack/cgroup)
 
 
-def _cgroup_dirs(root: str, job_id: str, uid: int, node: str) -> list[str]:
-    """Where Slurm keeps a job's cgroup: cgroup v2 under slurmstepd's scope (``<node>_`` first
-    when several slurmd share a machine), cgroup v1 per controller under ``slurm/uid_<uid>``
-    (``slurm_<node>`` likewise)."""
-    job = f"job_{job_id}"
-    places = [f"{root}/system.slice/{scope}/{job}"
-              for scope in (f"{node}_slurmstepd.scope", "slurmstepd.scope")]
-    for controller in ("freezer", "cpuset", "memory", "pids", "cpuacct"):
-        places += [f"{root}/{controller}/{top}/uid_{uid}/{job}"
-                   for top in (f"slurm_{node}", "slurm")]
+_V1_CONTROLLERS = ("freezer", "cpuset", "memory", "pids", "cpuacct")
+
+
+def _cgroup_bases(root: str) -> list[str]:
+    """Where cgroup/v2 Slurm makes its slice: the mount, and in a container whose pid 1 sits
+    deeper, the folder above pid 1's cgroup (Slurm's own rule for its "init" path)."""
+    bases = [root]
+    try:
+        lines = _read("/proc/1/cgroup", 1 << 16).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return bases
+    for line in lines:
+        if line.startswith("0::"):
+            path = line[3:].strip().strip("/")
+            if path:
+                above = os.path.dirname(f"{root}/{path}")
+                if above != root:
+                    bases.append(above)
+    return bases
+
+
+def cgroup_scopes(root: str, node: str) -> list[str]:
+    """The folders under which Slurm keeps its jobs' cgroups on this machine: cgroup v2's
+    slurmstepd scope (``<node>_slurmstepd.scope`` where several slurmd share a machine) in
+    whatever slice holds it (``system.slice``; 25.11's ``CgroupSlice`` names another), and
+    cgroup v1's ``slurm[_<node>]`` folder of each controller."""
+    found = []
+    for base in _cgroup_bases(root):
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            for scope in (f"{node}_slurmstepd.scope", "slurmstepd.scope"):
+                path = f"{base}/{name}/{scope}"
+                if os.path.isdir(path) and path not in found:
+                    found.append(path)
+    for controller in _V1_CONTROLLERS:
+        found += [p for p in (f"{root}/{controller}/{top}" for top in (f"slurm_{node}", "slurm"))
+                  if os.path.isdir(p)]
+    return found
+
+
+def cgroup_names(job_id: str, sluid: str | None) -> list[str]:
+    """The names a job's cgroup/v2 folder has: ``job_<id>`` (before 26.05, and from 26.05
+    with cgroup.conf's ``CgroupJobIdPaths=yes``) or the execution's SLUID (26.05's default)."""
+    return [f"job_{job_id}", *([sluid] if sluid else [])]
+
+
+def _cgroup_dirs(scopes: list[str], job_id: str, uid: int, sluid: str | None) -> list[str]:
+    """The job's folders under ``scopes`` (:func:`cgroup_scopes`): cgroup v2's by every name
+    it can have, cgroup v1's under ``uid_<uid>``."""
+    places = []
+    for scope in scopes:
+        if scope.endswith(".scope"):
+            places += [f"{scope}/{name}" for name in cgroup_names(job_id, sluid)]
+        else:
+            places.append(f"{scope}/uid_{uid}/job_{job_id}")
     return [p for p in places if os.path.isdir(p)]
 
 
-def cgroup_processes(root: str, job_id: str, uid: int, node: str) -> list[dict] | None:
+class CgroupLook:
+    """Where a job's cgroup was looked for and what was in it: the ``scopes`` Slurm keeps jobs
+    under on this machine, the job's ``folders`` found there, and their ``processes`` (None
+    when no folder was found: no cgroup evidence either way)."""
+
+    __slots__ = ("scopes", "folders", "names", "processes")
+
+    def __init__(self, scopes: list[str], folders: list[str], names: list[str],
+                 processes: list[dict] | None) -> None:
+        self.scopes, self.folders, self.names = scopes, folders, names
+        self.processes = processes
+
+
+def cgroup_look(root: str, job_id: str, uid: int, node: str,
+                sluid: str | None = None) -> CgroupLook:
+    """:class:`CgroupLook` of the job's cgroup under every naming and slice a release uses
+    (:func:`cgroup_scopes`, :func:`cgroup_names`).  ``sluid``: the execution's
+    (``SLURM_JOB_SLUID``), without which a 26.05 job's folder is not found."""
+    scopes = cgroup_scopes(root, node)
+    places = _cgroup_dirs(scopes, job_id, uid, sluid)
+    names = cgroup_names(job_id, sluid)
+    if not places:
+        return CgroupLook(scopes, [], names, None)
+    return CgroupLook(scopes, places, names, _cgroup_members(places))
+
+
+def cgroup_processes(root: str, job_id: str, uid: int, node: str,
+                     sluid: str | None = None) -> list[dict] | None:
     """Processes in the job's cgroup, whatever their environment; None when the job has none
     (no proctrack/cgroup, or Slurm already removed it): then there is no cgroup evidence."""
-    places = _cgroup_dirs(root, job_id, uid, node)
-    if not places:
-        return None
+    return cgroup_look(root, job_id, uid, node, sluid).processes
+
+
+def _cgroup_members(places: list[str]) -> list[dict]:
     pids: set[int] = set()
     for top in places:
         for folder, _, files in os.walk(top):

@@ -62,6 +62,14 @@ REQUEUE_DELAY_ENV = "DISPATCH_SANDBOX_REQUEUE_DELAY"
 # The first release with requeue_delay and --requeue=expedite (SlurmctldParameters'
 # enable_expedited_requeue, which the sandbox turns on there: a job asks for it itself).
 EXPEDITE_RELEASE = (25, 11)
+# How slurmd tracks a job's processes (DISPATCH_SANDBOX_PROCTRACK): proctrack/linuxproc (the
+# process tree; the default, which needs no cgroups), or proctrack/cgroup with Slurm's cgroup/v2
+# or cgroup/v1 plugin, on this machine's cgroup mounts, with IgnoreSystemd=yes (slurmd makes
+# its slurmstepd scope itself: no systemd here).  The hooks' CgroupRoot follows it.  Slurm's
+# cgroup/v2 refuses a hybrid host (v1 hierarchies beside the v2 tree: "Hybrid mode is not
+# supported", on every release), which is what these VMs are: there only cgroup/v1 runs.
+PROCTRACK_ENV = "DISPATCH_SANDBOX_PROCTRACK"
+PROCTRACKS = ("linuxproc", "cgroup/v2", "cgroup/v1")
 
 
 # Run for every task, inside its node's network namespace.  The nodes share this machine's
@@ -142,17 +150,65 @@ def _install_dispatch_site(layout: Layout) -> bool:
             line = "BootTimeTolerance=2"
         elif line.startswith("ListingLag="):
             line = "ListingLag=0"  # one machine, one local file system: no node sees late
+        elif line.startswith("CgroupRoot=") and proctrack() != "linuxproc":
+            line = f"CgroupRoot={cgroup_mount(proctrack())}"  # cgroup.conf's CgroupMountpoint
         settings.append(line)
     write_if_changed(conf, "\n".join(settings) + "\n", 0o644)
     own_folder(facts_dir)
     return True
 
 
+def proctrack() -> str:
+    """The sandbox's process tracking, one of PROCTRACKS (``$DISPATCH_SANDBOX_PROCTRACK``)."""
+    value = os.environ.get(PROCTRACK_ENV, "").strip() or PROCTRACKS[0]
+    if value not in PROCTRACKS:
+        raise SandboxError(f"${PROCTRACK_ENV}={value!r} is not one of {', '.join(PROCTRACKS)}")
+    return value
+
+
+def cgroup_mount(plugin: str, mounts: str = "/proc/self/mounts",
+                 own: str = "/proc/self/cgroup") -> str:
+    """cgroup.conf's CgroupMountpoint for Slurm's ``plugin`` (``cgroup/v2``, ``cgroup/v1``) on
+    this machine, or an error saying why Slurm cannot run it here."""
+    found: dict[str, list[str]] = {"cgroup2": [], "cgroup": []}
+    with open(mounts, encoding="utf-8") as handle:
+        for line in handle:
+            fields = line.split()
+            if len(fields) > 3 and fields[2] in found:
+                found[fields[2]].append(fields[1])
+    if plugin == "cgroup/v1":
+        if not any(p.endswith("/freezer") for p in found["cgroup"]):
+            raise SandboxError(f"{PROCTRACK_ENV}=cgroup/v1: {mounts} mounts no cgroup v1 "
+                               "freezer hierarchy, which Slurm's proctrack/cgroup needs there")
+        return "/sys/fs/cgroup"
+    with open(own, encoding="utf-8") as handle:
+        hierarchies = handle.read().splitlines()
+    v1 = [line for line in hierarchies if not line.startswith("0::")]
+    if v1 or not found["cgroup2"]:
+        raise SandboxError(
+            f"{PROCTRACK_ENV}=cgroup/v2: Slurm's cgroup/v2 needs a host with cgroup v2 alone "
+            f"and this one {'mounts no cgroup2' if not found['cgroup2'] else 'is hybrid'}: "
+            f"{own} lists v1 hierarchies ({', '.join(v1)}), which slurmd refuses ('Hybrid "
+            "mode is not supported', every release); use cgroup/v1 here")
+    return "/sys/fs/cgroup" if "/sys/fs/cgroup" in found["cgroup2"] else found["cgroup2"][0]
+
+
+def render_cgroup_conf(plugin: str, mount: str = "") -> str:
+    """cgroup.conf for the sandbox's process tracking (:func:`proctrack`)."""
+    if plugin.startswith("cgroup/"):
+        return (f"# cgroup.conf of the slurm-dispatch sandbox: proctrack/cgroup on {plugin}, its\n"
+                "# cgroups made by slurmd itself (no systemd on these machines).\n"
+                f"CgroupPlugin={plugin}\nIgnoreSystemd=yes\nCgroupMountpoint={mount}\n")
+    return ("# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
+            "CgroupPlugin=disabled\n")
+
+
 def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
                       release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
                       min_job_age: int = MIN_JOB_AGE, major: str = "",
                       requeue_delay: int | None = None,
-                      accounting: str = accounting_lib.NONE) -> str:
+                      accounting: str = accounting_lib.NONE,
+                      tracking: str = PROCTRACKS[0]) -> str:
     """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers,
     slurmdbd's accounting (``accounting``: :data:`.accounting.SLURMDBD`) or none, no hooks,
     and two partitions over the nodes: the default one, whose jobs an urgent partition's job
@@ -190,8 +246,10 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "CredType=cred/munge",
         f"AuthInfo=socket={layout.munge_socket},cred_expire={cred_expire}",
         "",
-        "# Plain processes: no cgroups on these machines.",
-        "ProctrackType=proctrack/linuxproc",
+        *(["# Plain processes: no cgroups on these machines.",
+           "ProctrackType=proctrack/linuxproc"] if tracking == "linuxproc" else
+          [f"# The job's processes in its cgroup (cgroup.conf: {tracking}).",
+           "ProctrackType=proctrack/cgroup"]),
         "TaskPlugin=task/none",
         "MpiDefault=none",
         "SwitchType=switch/none",
@@ -295,22 +353,28 @@ def write_config(layout: Layout, nodes: Sequence[str], release: str = HOST_RELEA
     (``26.05``), '' where not known."""
     hostname = socket.gethostname().split(".")[0]
     delay = os.environ.get(REQUEUE_DELAY_ENV, "").strip()
+    tracking = proctrack()
     wanted = {
         layout.slurm_conf: render_slurm_conf(
             layout, nodes, hostname, release,
             cluster=os.environ.get(CLUSTER_ENV) or CLUSTER_NAME,
             min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE), major=major,
             requeue_delay=_env_int(REQUEUE_DELAY_ENV, 0) if delay else None,
-            accounting=accounting),
+            accounting=accounting, tracking=tracking),
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }
-    if release != HOST_RELEASE:
+    cgroup_conf = layout.etc / "cgroup.conf"
+    if tracking != "linuxproc":
+        wanted[cgroup_conf] = render_cgroup_conf(tracking, cgroup_mount(tracking))
+    elif release != HOST_RELEASE:
         # 24.11's slurmd refuses to start without a cgroup plugin unless told there is none.
-        wanted[layout.etc / "cgroup.conf"] = (
-            "# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
-            "CgroupPlugin=disabled\n")
+        wanted[cgroup_conf] = render_cgroup_conf(tracking)
     written = [path.name for path, text in wanted.items() if write_if_changed(path, text)]
+    if release == HOST_RELEASE and tracking == "linuxproc" and cgroup_conf.exists():
+        # Back from proctrack/cgroup on the host's 22.05, which has no CgroupPlugin=disabled.
+        cgroup_conf.unlink()
+        written.append("cgroup.conf (removed)")
     if write_if_changed(layout.etc / "task-prolog", TASK_PROLOG, 0o755):
         written.append("task-prolog")
     if accounting == accounting_lib.SLURMDBD and write_if_changed(

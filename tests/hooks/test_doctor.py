@@ -639,14 +639,26 @@ def test_prolog_and_epilog_timeouts_of_25_05_are_read_each_for_its_hook(site: Pa
                   "Slurm would stop it"}
 
 
-def test_cgroup_job_id_paths_is_named_under_proctrack_cgroup(site: Path) -> None:
-    """Issue 29 item 6: 26.05 names a job's cgroup by its SLUID unless CgroupJobIdPaths=yes,
-    and the Epilog looks for job_<id>."""
+def test_where_the_epilog_reads_a_jobs_cgroup_is_said_under_proctrack_cgroup(site: Path) -> None:
+    """Issue 29 items 2 and 6: 26.05 names a job's cgroup by its SLUID unless
+    CgroupJobIdPaths=yes; the Epilog reads both names, so the doctor says where it reads
+    (it warned that the Epilog looked for job_<id> alone).  A CgroupRoot that is not
+    cgroup.conf's CgroupMountpoint reads no job's cgroup at all: FAIL."""
     report = with_settings(site, "ProctrackType=proctrack/cgroup\n")
     found = check(report, "CgroupJobIdPaths")
-    assert found["state"] == "warn" and "from Slurm 26.05" in found["detail"], report
-    (site / "etc/cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nCgroupJobIdPaths=yes\n")
-    assert check(diagnose(site)[1], "CgroupJobIdPaths")["state"] == "ok"
+    assert found["state"] == "ok", report
+    assert "by its SLUID (26.05's cgroup/v2) or job_<id>" in found["detail"]
+    assert "in slurmstepd's scope of any slice" in found["detail"]
+    (site / "etc/cgroup.conf").write_text("CgroupPlugin=cgroup/v2\nCgroupJobIdPaths=yes\n"
+                                          "CgroupSlice=batch.slice\n")
+    found = check(diagnose(site)[1], "CgroupJobIdPaths")
+    assert found["state"] == "ok" and "by its job id (CgroupJobIdPaths=yes), in " \
+        "slurmstepd's scope of batch.slice" in found["detail"]
+    (site / "etc/cgroup.conf").write_text("CgroupMountpoint=/sys/fs/cgroup/unified\n")
+    found = check(diagnose(site)[1], "CgroupRoot")
+    assert found["state"] == "FAIL" and found["detail"].startswith(
+        "CgroupRoot=/sys/fs/cgroup in dispatch.conf, but ")
+    assert found["fix"] == "set CgroupRoot=/sys/fs/cgroup/unified in dispatch.conf"
 
 
 def test_the_runs_the_hooks_counted_as_unconfigured_are_named(site: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ ALLOWED_OWN = {"slurm_dispatch", "slurm_dispatch._fsio", "slurm_dispatch.hooks",
                "slurm_dispatch.hooks.evidence",
                "slurm_dispatch.node.facts", "slurm_dispatch.config", "slurm_dispatch.errors",
                "slurm_dispatch.node.factstore", "slurm_dispatch.node.procscan",
+               "slurm_dispatch.node.slurmconf",
                "slurm_dispatch.slurm.hostlist",
                "slurm_dispatch.node.executions",
                # only where dispatch.conf sets MetricsDir (test_metrics checks it is not else)

@@ -57,6 +57,14 @@ def state_dir(sandbox: Sandbox) -> str:
     return str(sandbox.dir / "dispatch-state")
 
 
+def _proctrack(sandbox: Sandbox) -> str:
+    for line in sandbox.run(["scontrol", "show", "config"]).stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ProctrackType":
+            return value.strip()
+    raise AssertionError("scontrol show config printed no ProctrackType")
+
+
 def executions(sandbox: Sandbox, jobid: str) -> list[dict[str, Any]]:
     return facts.execution_facts(jobid, state_dir(sandbox), sandbox.uid)
 
@@ -101,12 +109,30 @@ def test_sigterm_trapping_job_cancelled(sandbox: Sandbox) -> None:
         verdict
 
 
+def _marked_alive(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
 def test_escaped_process_is_named_then_cessation_once_it_is_gone(sandbox: Sandbox) -> None:
     marker = f"escaped-{os.getpid()}-{time.monotonic_ns()}"
     script = escaping_script(marker)
     jobid = sandbox.submit(script)
     sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30,
                      "job completed")
+    if _proctrack(sandbox) == "proctrack/cgroup":
+        # Nothing escapes the job's cgroup: slurmd killed the process with the job, and the
+        # Epilog proves the execution at once (DISPATCH_SANDBOX_PROCTRACK=cgroup/v1).
+        verdict = wait_cease(sandbox, jobid, 0)
+        assert "no process left after the kill" in verdict["nodes"][0]["evidence"], verdict
+        assert _marked_alive(marker) == []
+        return
     verdict = wait_cease(sandbox, jobid, 1)
     survivors = [s for n in verdict["nodes"] for s in n["survivors"]]
     assert survivors and any(marker in s["cmdline"] for s in survivors), verdict
@@ -199,6 +225,9 @@ def test_heal_right_after_the_node_went_down_ends_its_cut_off_job(sandbox: Sandb
 
 
 def test_rebooted_node_proves_cessation(sandbox: Sandbox) -> None:
+    if _proctrack(sandbox) == "proctrack/cgroup":
+        pytest.skip("under proctrack/cgroup no process escapes the job for a reboot to prove "
+                    "gone (test_escaped_process_is_named_then_cessation_once_it_is_gone)")
     node = "n3"
     marker = f"reboot-{os.getpid()}-{time.monotonic_ns()}"
     script = escaping_script(marker)
@@ -272,3 +301,45 @@ def test_end_states_completed_failed_and_a_broken_store_drains_nothing(sandbox: 
     states = sandbox.node_states()
     assert not any("drain" in s for s in states.values()), states
     assert cease(sandbox, jobid)[0] == 1
+
+
+def _ended_alone(sandbox: Sandbox) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A job that runs and ends at once: its id, its node's end, dispatch-cease's verdict."""
+    jobid = sandbox.submit("#!/bin/sh\nexit 0\n")
+    verdict = wait_cease(sandbox, jobid, 0)
+    (node,) = executions(sandbox, jobid)[0]["nodes"].values()
+    return jobid, node["end"], verdict
+
+
+def test_the_epilog_says_where_it_read_the_jobs_cgroup(sandbox: Sandbox) -> None:
+    """Issue 29 item 2: the Epilog looks for the job's cgroup under every name a release gives
+    it (``job_<id>``, 26.05's SLUID) and says where it looked; where the site runs
+    proctrack/cgroup (``DISPATCH_SANDBOX_PROCTRACK=cgroup/v1``) and CgroupRoot holds none of
+    Slurm's cgroups, the end and dispatch-cease say the proof rests on /proc alone (it went
+    quiet).  Under proctrack/linuxproc (the sandbox's default) nothing is missing."""
+    proctrack = _proctrack(sandbox)
+    jobid, end, verdict = _ended_alone(sandbox)
+    said = end["cgroup"]
+    assert said["proctrack"] == proctrack
+    assert said["names"] == [f"job_{jobid}", *([end["sluid"]] if end.get("sluid") else [])]
+    assert "missing" not in said and said["folders"] == []  # Slurm removed it, emptied
+    assert "by /proc alone" not in verdict["nodes"][0]["evidence"]
+    if proctrack == "proctrack/cgroup":
+        assert said["scopes"], said  # where Slurm keeps this node's jobs' cgroups
+    conf = sandbox.dir / "etc" / "dispatch.conf"
+    text = conf.read_text()
+    elsewhere = "\n".join(f"CgroupRoot={sandbox.dir}/no-cgroups" if line.startswith(
+        "CgroupRoot=") else line for line in text.splitlines()) + "\n"
+    assert elsewhere != text
+    conf.write_text(elsewhere)
+    try:
+        _, end, verdict = _ended_alone(sandbox)
+    finally:
+        conf.write_text(text)
+    evidence = verdict["nodes"][0]["evidence"]
+    if proctrack == "proctrack/cgroup":
+        assert end["cgroup"]["missing"].startswith("ProctrackType=proctrack/cgroup in ")
+        assert "no process left after the kill (by /proc alone: ProctrackType=proctrack/" \
+               "cgroup" in evidence, evidence
+    else:
+        assert "missing" not in end["cgroup"] and "by /proc alone" not in evidence

@@ -51,3 +51,38 @@ def test_a_requeue_delay_that_is_not_a_number_is_named(
     monkeypatch.setenv(slurm_conf.REQUEUE_DELAY_ENV, "2m")
     with pytest.raises(SandboxError, match=r"DISPATCH_SANDBOX_REQUEUE_DELAY='2m' is not a whole"):
         slurm_conf.write_config(Layout(tmp_path), ["n1"], "newest", "26.05")
+
+
+HYBRID = "9:name=systemd:/\n6:freezer:/\n4:memory:/process_api/x\n0::/\n"
+MOUNTS = ("cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0\n"
+          "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+
+
+def test_proctrack_cgroup_is_chosen_by_its_plugin_and_refused_where_slurm_cannot_run_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mounts, own = tmp_path / "mounts", tmp_path / "cgroup"
+    mounts.write_text(MOUNTS)
+    own.write_text(HYBRID)
+    # A hybrid host (these VMs): slurmd's cgroup/v2 refuses it on every release, so the
+    # sandbox says so before starting one; cgroup/v1 runs on its freezer hierarchy.
+    with pytest.raises(SandboxError, match=r"Slurm's cgroup/v2 needs a host with cgroup v2 "
+                                           r"alone and this one is hybrid: .* lists v1 "
+                                           r"hierarchies \(9:name=systemd:/, 6:freezer:/"):
+        slurm_conf.cgroup_mount("cgroup/v2", str(mounts), str(own))
+    assert slurm_conf.cgroup_mount("cgroup/v1", str(mounts), str(own)) == "/sys/fs/cgroup"
+    # A cgroup v2 host: its one mount.
+    mounts.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n")
+    own.write_text("0::/init.scope\n")
+    assert slurm_conf.cgroup_mount("cgroup/v2", str(mounts), str(own)) == "/sys/fs/cgroup"
+    with pytest.raises(SandboxError, match="mounts no cgroup v1 freezer hierarchy"):
+        slurm_conf.cgroup_mount("cgroup/v1", str(mounts), str(own))
+    assert "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n" in \
+        slurm_conf.render_cgroup_conf("cgroup/v1", "/sys/fs/cgroup")
+    monkeypatch.setenv(slurm_conf.PROCTRACK_ENV, "cgroup")
+    with pytest.raises(SandboxError, match="is not one of linuxproc, cgroup/v2, cgroup/v1"):
+        slurm_conf.proctrack()
+    lines = slurm_conf.render_slurm_conf(Layout(tmp_path), ["n1"], "host",
+                                         tracking="cgroup/v1").splitlines()
+    assert "ProctrackType=proctrack/cgroup" in lines
+    assert "ProctrackType=proctrack/linuxproc" in slurm_conf.render_slurm_conf(
+        Layout(tmp_path), ["n1"], "host").splitlines()
