@@ -10,8 +10,8 @@
 # saves a replacement may be loading; dispatch watch --keep K instead).  The save index i
 # counts from 0 again in every execution: train.py keeps its step in the save itself.
 # accelerate writes the objects registered for checkpointing (custom_checkpoint_<k>.pkl)
-# after the RNG states: a trainer killed between the two leaves a save load_state refuses.
-# To close that window, name the last one: dispatch watch --ready custom_checkpoint_1.pkl.
+# after the RNG states: watch waits for as many as the saves before it hold; for the job's
+# very first save, name the last one: dispatch watch --ready custom_checkpoint_1.pkl.
 #SBATCH --job-name=accelerate-dispatch
 #SBATCH --time=60
 set -euo pipefail

@@ -282,7 +282,8 @@ def list_(root: Optional[str], as_json: bool, noheader: bool, timeout: Optional[
 @click.option("--ready", metavar="NAME", default=None,
               help="The file a save folder's writer writes last; the folder must also be "
                    "unchanged and unwritten (see above).  [default: trainer_state.json; "
-                   "random_states_0.pkl for accelerate's checkpoint_<N>/]")
+                   "random_states_0.pkl for accelerate's checkpoint_<N>/, with as many "
+                   "custom_checkpoint_<k>.pkl as its other saves]")
 @click.option("--interval", type=float, default=None, metavar="S",
               help="Seconds between scans.  [default: 2]")
 @click.option("--timeout", type=float, default=None, metavar="S",

@@ -2,9 +2,11 @@
 
 The rules ``dispatch watch`` publishes by (:class:`SaveRule`): a folder ``checkpoint-<N>``
 once its ready file is whole (accelerate's ``checkpoint_<N>`` once its RNG states,
-``random_states_0.pkl``, are: ``save_state`` writes them last but for the objects registered
-with ``register_for_checkpointing``, ``custom_checkpoint_<k>.pkl``, which only ``--ready``
-can name, their number being the trainer's); a ``.ckpt`` file whose name
+``random_states_0.pkl``, are, and it holds as many of the objects registered with
+``register_for_checkpointing``, ``custom_checkpoint_<k>.pkl``, which ``save_state`` writes
+after them, as the saves of the same trainer that the watcher knows: :func:`registered_objects`;
+their number is the trainer's, so only ``--ready`` can name the last for its very first save);
+a ``.ckpt`` file whose name
 holds ``step=<N>`` once it is in place and whole; or, with a pattern, every name matching a
 glob with one ``{step}``.  Watch applies them to every name at most :data:`SCAN_DEPTH` names
 below its folder (Lightning's default layout is 4 deep).  A
@@ -68,9 +70,10 @@ _FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
 _STEP_FOLDER = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager: step-<N>/
 # accelerate's automatic naming (ProjectConfiguration(automatic_checkpoint_naming=True)):
 # <project_dir>/checkpoints/checkpoint_<i>/; save_state writes the RNG states last but for the
-# registered objects (custom_checkpoint_<k>.pkl), whose number only the trainer knows.
+# registered objects (custom_checkpoint_<k>.pkl), as many in each save of one trainer.
 _ACCELERATE_FOLDER = re.compile(r"checkpoint_([0-9]+)")
 ACCELERATE_READY = "random_states_0.pkl"
+_ACCELERATE_OBJECT = re.compile(r"custom_checkpoint_([0-9]+)\.pkl")  # after the RNG states
 DCP_METADATA = ".metadata"  # the DCP coordinator renames it into place last
 DCP_METADATA_TMP = ".metadata.tmp"  # what it writes first
 LIGHTNING_SHARDED_META = "meta.pt"  # Lightning's FSDP sharded .ckpt folder: rank 0, after
@@ -123,10 +126,13 @@ class SaveRule:
     def ready_for(self, name: str) -> str:
         """The ready file of a save folder of this name: --ready's, else what the framework
         that names its saves so writes last."""
-        if not self.ready_given and self.regex is None \
-                and _ACCELERATE_FOLDER.fullmatch(name) is not None:
-            return ACCELERATE_READY
-        return self.ready
+        return ACCELERATE_READY if self.counts_objects(name) else self.ready
+
+    def counts_objects(self, name: str) -> bool:
+        """A save folder of this name is accelerate's, judged by its RNG states (no --ready):
+        whole only with as many registered objects as its kin (:func:`registered_objects`)."""
+        return not self.ready_given and self.regex is None \
+            and _ACCELERATE_FOLDER.fullmatch(name) is not None
 
     def describe(self) -> str:
         """The names this rule takes for saves, in words."""
@@ -219,6 +225,23 @@ def looks_whole(path: str, is_folder: bool, ready: str, dcp_only: bool = False) 
     if is_folder and dcp_only:
         return is_dcp_save(path) and dcp_problem(path) is None
     return folder_complete(path, ready) if is_folder else file_complete(path)
+
+
+def registered_objects(path: str) -> int:
+    """How many objects registered with accelerate's ``register_for_checkpointing`` the save
+    folder at ``path`` holds: ``custom_checkpoint_<k>.pkl`` for k = 0, 1, ... in turn, which
+    ``save_state`` writes after its RNG states (0 when none, or the folder cannot be listed).
+    Their number is the trainer's, the same in each of its saves, so a save holding fewer
+    than another save of the same trainer was cut short."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return 0
+    found = {int(m[1]) for m in map(_ACCELERATE_OBJECT.fullmatch, names) if m is not None}
+    count = 0
+    while count in found:
+        count += 1
+    return count
 
 
 def dcp_only(name: str, kind: str) -> bool:

@@ -81,6 +81,7 @@ from ..checkpoint import publish as store
 from ..checkpoint.stores.open import check_root_scheme
 from ..errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
 from .saverules import (
+    ACCELERATE_READY,
     DCP_METADATA,
     DCP_METADATA_TMP,
     FOLDER,
@@ -94,6 +95,7 @@ from .saverules import (
     is_dcp_save,
     looks_whole,
     open_for_writing,
+    registered_objects,
     snapshot,
     step_named,
 )
@@ -165,13 +167,17 @@ class Watcher:
         # last scan; published once the next scan finds it unchanged and unwritten.
         self._seen: dict[str, tuple[bool, tuple[Entry, ...]]] = {}
         self._held: set[str] = set()  # names whose writer has been said once
-        self._told: set[str] = set()  # DCP saves whose missing part has been said once
+        self._told: set[str] = set()  # saves whose missing part was said once (DCP, accelerate)
         self._unlisted: set[str] = set()  # folders under it that could not be listed (said)
         # The save this execution resumed from ($DISPATCH_RESUME_FROM) and its published step,
         # read at the first publication; a publication at or below it is said once (progress).
         self.resume_from = resume_from or None
         self._resumed_step: Optional[int] = None
         self._progress_said = False
+        # accelerate: folder (relative) -> the most registered objects a save published from
+        # it held; the save resumed from's, read once (registered_objects).
+        self._objects: dict[str, int] = {}
+        self._resumed_objects: Optional[int] = None
 
     def _own_mark(self) -> int:
         if self.uploader is not None:
@@ -357,6 +363,9 @@ class Watcher:
             if is_folder:
                 self._say_dcp_problem(name, step, path)
             return False
+        if self.rule.counts_objects(base) and not self._holds_objects(name, step, path):
+            self._seen.pop(name, None)
+            return False
         now = self._snapshot(name, step)
         if now is None:
             self._seen.pop(name, None)
@@ -364,6 +373,29 @@ class Watcher:
         before = self._seen.get(name)
         self._seen[name] = (is_folder, now)
         return before == (is_folder, now)
+
+    def _holds_objects(self, name: str, step: int, path: str) -> bool:
+        """An accelerate save holds as many registered objects as the saves of its folder
+        published before it and the save this execution resumed from: a trainer killed after
+        its RNG states and before them leaves a save every ``load_state`` refuses.  Said once
+        when it does not."""
+        if self._resumed_objects is None:
+            source = self.resume_from or ""
+            self._resumed_objects = registered_objects(source) if \
+                self.rule.counts_objects(os.path.basename(source.rstrip("/"))) else 0
+        kin = self._objects.get(os.path.dirname(name), 0)
+        want, have = max(kin, self._resumed_objects), registered_objects(path)
+        if have >= want:
+            return True
+        if name not in self._told:
+            self._told.add(name)
+            where = ("the other saves of its folder hold" if kin == want else
+                     f"the save this execution resumed from holds ({self.resume_from})")
+            self.report(f"not publishing step {step} yet: {path} holds {have} of the {want} "
+                        f"objects registered for checkpointing that {where} "
+                        f"(custom_checkpoint_<k>.pkl, which accelerate writes after "
+                        f"{ACCELERATE_READY})")
+        return False
 
     def _say_dcp_problem(self, name: str, step: int, path: str) -> None:
         """Say once what a DCP save whose ``.metadata`` is in place still lacks (a shard not
@@ -483,6 +515,9 @@ class Watcher:
             return None  # the scan overran while the save was uploading: not published
         self.mark = step
         self._settle(name)
+        if self.rule.counts_objects(os.path.basename(name)):
+            folder = os.path.dirname(name)
+            self._objects[folder] = max(self._objects.get(folder, 0), registered_objects(path))
         if pub:
             self.report(f"published step {step}: "
                         f"{self.uploader.url_of(path) if self.uploader else path}")

@@ -258,6 +258,50 @@ def test_accelerates_automatic_naming_waits_for_its_rng_states(root: Path,
     assert two_scans(other) == [5]
 
 
+def registered(save: Path, count: int) -> Path:
+    """The objects registered for checkpointing, which save_state writes after its RNG
+    states: custom_checkpoint_<k>.pkl for k below ``count``."""
+    for k in range(count):
+        (save / f"custom_checkpoint_{k}.pkl").write_bytes(b"c" * 10)
+    return save
+
+
+def test_an_accelerate_save_cut_before_its_registered_objects_waits_for_them(
+        root: Path, folder: Path) -> None:
+    """A trainer killed after random_states_0.pkl and before its custom_checkpoint_<k>.pkl
+    leaves a save that looks whole and that every load_state refuses (it counts them): one
+    holding fewer of them than another save of its folder is not published, and said once."""
+    lines: list[str] = []
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make(), lines.append)
+    registered(accelerate_save(folder, 0), 2)
+    assert two_scans(w) == [0]
+    cut = registered(accelerate_save(folder, 1), 1)
+    assert w.scan() == [] and w.scan() == [] and w.scan() == []
+    assert lines[1:] == [f"not publishing step 1 yet: {cut} holds 1 of the 2 objects "
+                         "registered for checkpointing that the other saves of its folder "
+                         "hold (custom_checkpoint_<k>.pkl, which accelerate writes after "
+                         "random_states_0.pkl)"], lines
+    registered(cut, 2)
+    assert two_scans(w) == [1]
+
+
+def test_an_accelerate_save_holds_the_objects_of_the_save_it_resumed_from(
+        root: Path, folder: Path) -> None:
+    """The first save of a resumed execution: the save it resumed from says how many objects
+    the trainer registers."""
+    source = registered(accelerate_save(root / "exec" / "older", 4), 2)
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make(), resume_from=str(source))
+    cut = registered(accelerate_save(folder, 0), 1)
+    assert w.scan() == [] and w.scan() == []
+    registered(cut, 2)
+    assert two_scans(w) == [0]
+    # --ready names the last file itself: the count is not asked.
+    given = Watcher(str(root), str(folder / "given"), EPOCH,
+                    SaveRule.make(ready="custom_checkpoint_0.pkl"), resume_from=str(source))
+    registered(accelerate_save(folder / "given", 0), 1)
+    assert two_scans(given) == [0]
+
+
 def test_torchtitans_dcp_folder_is_one_save(root: Path, folder: Path) -> None:
     save = dcp_save(folder / "checkpoint" / "step-10")
     (save / "checkpoint-3").mkdir()  # a save's insides are never scanned as further saves
