@@ -19,6 +19,13 @@ def _uid(fields: Mapping[str, str]) -> str:
     return value
 
 
+def _wait_status(code: str) -> str:
+    """squeue's exit_code field for scontrol's ExitCode: the wait status (22.05 prints 768
+    for 3:0)."""
+    status, _, signal = code.partition(":")
+    return str((int(status) << 8) | int(signal or 0))
+
+
 def value_of(fields: Mapping[str, str], name: str) -> str:
     task = fields.get("ArrayTaskId")
     values = {
@@ -33,6 +40,7 @@ def value_of(fields: Mapping[str, str], name: str) -> str:
         "SubmitTime": fields.get("SubmitTime", "2026-01-01T00:00:00"),
         "StartTime": fields.get("StartTime", "Unknown"),
         "EndTime": fields.get("EndTime", "Unknown"),
+        "exit_code": _wait_status(fields.get("ExitCode", "0:0")),
         "Reason": fields.get("Reason", "None"),
         "Comment": fields.get("Comment") or "(null)",
     }

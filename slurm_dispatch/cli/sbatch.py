@@ -52,6 +52,10 @@ the command line wins):
   --quarantine-after N  quarantine a save after N executions in a row resumed from it and
                         failed before publishing anything (default 2; 0: never): the
                         next execution resumes from the publication below it
+  --stop-on-exit CODES  never restart after the script exits with one of CODES (3,5-7)
+  --restart-on-exit CODES
+                        restart after one of CODES without spending the --resubmit budget
+                        (default for both: none)
   --plan                print the plan (rules, holds) and submit nothing
   -h, --help            print this help;  -V, --version  print the version
 

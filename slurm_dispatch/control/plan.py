@@ -56,6 +56,8 @@ def describe(request: Request) -> str:
     stop = rules.no_progress_rule(opts.max_no_progress)
     lines.append(f"  {'no progress':<14} " + (stop.text if stop is not None else
                  "restarted whatever the executions publish (--max-no-progress 0)"))
+    lines.append(f"  {'exit codes':<14} "
+                 + rules.exit_codes_text(opts.stop_on_exit, opts.restart_on_exit))
     poison = rules.quarantine_rule(opts.quarantine_after)
     lines.append(f"  {'poisoned save':<14} " + (poison.text if poison is not None else
                  "never quarantined by dispatch (--quarantine-after 0)"))

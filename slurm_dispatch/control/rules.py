@@ -25,6 +25,9 @@ the supervisor (which applies it), so what a user is shown is what is done.
   ``--quarantine-after`` executions all resumed from one save and failed before publishing
   anything, that save is quarantined, so the restart falls back past it
   (:func:`quarantine_rule`).
+* By exit code, over a failure's rule (:func:`exit_rule`): a script's own exit status in
+  ``--stop-on-exit`` stops the job (never restarted); one in ``--restart-on-exit`` restarts it
+  without spending the resubmit budget (a shared job's restart is still a hold).
 """
 
 from __future__ import annotations
@@ -119,3 +122,47 @@ def quarantine_rule(after: int) -> Optional[Rule]:
                 f"after {after} execution(s) in a row that resumed from one save and failed "
                 "before publishing anything: that save is quarantined and the restart "
                 "resumes from the publication below it, until `dispatch unquarantine`")
+
+
+FREE = "budget not spent"  # in the reason of a restart that --restart-on-exit made
+
+
+def codes_text(codes: Sequence[int]) -> str:
+    """``3, 5-7`` for [3, 5, 6, 7]."""
+    spans: list[list[int]] = []
+    for code in sorted(codes):
+        if spans and code == spans[-1][1] + 1:
+            spans[-1][1] = code
+        else:
+            spans.append([code, code])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def exit_rule(end: str, status: Optional[int], stop: Sequence[int],
+              free: Sequence[int]) -> Optional[Rule]:
+    """The rule a failure's exit ``status`` (the script's own, None where it ended by a
+    signal or is not known) gives over ``end``'s: ``stop`` for one of ``--stop-on-exit``,
+    ``free-resubmit`` (restart, the budget not spent) for one of ``--restart-on-exit``; None
+    where neither applies (the end state's rule stands)."""
+    if end != "failed" or status is None:
+        return None
+    if status in stop:
+        return Rule(end, "stop", f"stop (exit code {status}: --stop-on-exit)")
+    if status in free:
+        return Rule(end, "free-resubmit",
+                    f"resubmit, {FREE} (exit code {status}: --restart-on-exit)")
+    return None
+
+
+def exit_codes_text(stop: Sequence[int], free: Sequence[int]) -> str:
+    """The plan's line for the exit-code options."""
+    if not stop and not free:
+        return ("none named: a non-zero exit is 'failed' (--stop-on-exit, --restart-on-exit "
+                "name codes)")
+    said = []
+    if stop:
+        said.append(f"{codes_text(stop)}: stop, never restarted (--stop-on-exit)")
+    if free:
+        said.append(f"{codes_text(free)}: restarted without spending the resubmit budget "
+                    "(--restart-on-exit)")
+    return "; ".join(said)

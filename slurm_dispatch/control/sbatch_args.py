@@ -12,8 +12,9 @@ passed to sbatch as it is, without a value of its own (as sbatch's getopt reads 
 Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SBATCH``):
 ``--checkpoint DIR``, ``--resubmit N``, ``--shared-checkpoint``, ``--supersede JOB``,
 ``--warn-before TIME[:SIGNAL]``, ``--max-no-progress N`` (default :data:`MAX_NO_PROGRESS`),
-``--quarantine-after N`` (default :data:`QUARANTINE_AFTER`), ``--plan``.  The command line
-wins over directives.
+``--quarantine-after N`` (default :data:`QUARANTINE_AFTER`), ``--stop-on-exit CODES``,
+``--restart-on-exit CODES`` (exit statuses, ``3,5-7``: :func:`parse_codes`), ``--plan``.  The
+command line wins over directives.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ LONG_WITH_ARG = {name for name, o in _LONG.items() if o.value == sbatch_options.
 LONG_FLAGS = set(_LONG) - LONG_WITH_ARG  # no value, or one only as --name=value
 
 DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before", "max-no-progress",
-                     "quarantine-after"}
+                     "quarantine-after", "stop-on-exit", "restart-on-exit"}
 # --max-no-progress's default: executions in a row without progress before restarts stop.
 MAX_NO_PROGRESS = 3
 # --quarantine-after's default: failed executions in a row from one save before it is passed over.
@@ -48,7 +49,8 @@ class DispatchOptions:
     """The dispatch options given, and which of them were given (``given``)."""
 
     __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
-                 "warn_before", "max_no_progress", "quarantine_after", "given")
+                 "warn_before", "max_no_progress", "quarantine_after", "stop_on_exit",
+                 "restart_on_exit", "given")
 
     def __init__(self, given: Optional[set[str]] = None) -> None:
         self.checkpoint: Optional[str] = None
@@ -59,13 +61,16 @@ class DispatchOptions:
         self.plan = False
         self.max_no_progress = MAX_NO_PROGRESS
         self.quarantine_after = QUARANTINE_AFTER
+        self.stop_on_exit: list[int] = []  # exit statuses after which nothing restarts
+        self.restart_on_exit: list[int] = []  # ... restarted without spending the budget
         self.given: set[str] = set(given or ())
 
     def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
         """These options (the command line) over ``directives`` (the script's)."""
         out = DispatchOptions(given=self.given | directives.given)
         for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
-                     "warn_before", "max_no_progress", "quarantine_after"):
+                     "warn_before", "max_no_progress", "quarantine_after", "stop_on_exit",
+                     "restart_on_exit"):
             source = self if name in self.given else directives
             setattr(out, name, getattr(source, name))
         return out
@@ -146,6 +151,12 @@ def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where:
             raise UsageError(f"--{name} {count}{where} is outside 0..999999 (0 turns the "
                              "check off)")
         setattr(opts, name.replace("-", "_"), count)
+    elif name in ("stop-on-exit", "restart-on-exit"):
+        setattr(opts, name.replace("-", "_"), parse_codes(value or "", f"--{name}", where))
+        both = sorted(set(opts.stop_on_exit) & set(opts.restart_on_exit))
+        if both:
+            raise UsageError(f"exit code(s) {', '.join(map(str, both))}{where} given to both "
+                             "--stop-on-exit and --restart-on-exit: a code means one of them")
     elif name == "supersede":
         if not value:
             raise UsageError(f"--supersede{where} needs a dispatch job id")
@@ -156,6 +167,24 @@ def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where:
         opts.shared_checkpoint = True
     elif name == "plan":
         opts.plan = True
+
+
+def parse_codes(value: str, option: str, where: str = "") -> list[int]:
+    """Exit statuses as ``--stop-on-exit``/``--restart-on-exit`` take them: ``3``, ``3,5-7``
+    (1..255: a script's own exit status; 0 is a completion), sorted, each once."""
+    codes: set[int] = set()
+    for part in value.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last if dash else first)
+        except ValueError:
+            raise UsageError(f"{option} {value!r}{where}: {part.strip()!r} is not an exit code "
+                             "or a range of them (give e.g. 3 or 3,5-7)") from None
+        if not 1 <= low <= high <= 255:
+            raise UsageError(f"{option} {value!r}{where}: {part.strip()!r} is outside 1..255 "
+                             "(a script's own exit status; 0 is a completion)")
+        codes.update(range(low, high + 1))
+    return sorted(codes)
 
 
 SIGNALS = {"USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "CONT", "URG"}

@@ -21,7 +21,7 @@ from ..checkpoint import progress, quarantine, roots
 from ..checkpoint import publish as store
 from ..errors import DispatchError
 from ..slurm.jobs import LAUNCH_FAILED_HOLD, SLURM_END, Job, Snapshot
-from . import events, goodput, noprogress, record, submit
+from . import events, goodput, noprogress, record, rules, submit
 
 FactsReader = Callable[[str], Sequence[Mapping[str, Any]]]
 # dispatch jobs' state for a job Slurm held after its launch failed (Job.held_after_failed_launch).
@@ -310,13 +310,16 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             "checkpoint": roots.for_task(root, task),
             "latest": _latest(roots.for_task(root, task), True)
             if per_task else latest})
-    used = max(0, len(submissions) - 1) if tasks is None else \
+    # Restarts --restart-on-exit made spend no budget: counted apart.
+    free = sum(1 for s in submissions[1:] if rules.FREE in str(s["reason"]))
+    used = max(0, len(submissions) - 1 - free) if tasks is None else \
         max((t["resubmits_used"] for t in lines), default=0)
     found = {
         "id": job.id, "cluster": job.cluster, "generation": spec["generation"],
         "checkpoint": root,
         "shared_checkpoint": spec["shared_checkpoint"], "resubmit_budget": spec["resubmit"],
         "resubmits_used": used, "supersedes": spec.get("supersedes"),
+        "resubmits_free": free,
         # A person's `dispatch resubmit`s (reason "manual"): counted in resubmits_used, as the
         # supervisor counts them against the budget, and shown apart so "1 of 0" is not read
         # as the supervisor going past the budget.

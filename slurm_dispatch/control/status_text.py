@@ -199,12 +199,14 @@ def resubmits_text(data: dict[str, Any]) -> str:
     counts every resubmission against the budget."""
     used, budget = data["resubmits_used"], data["resubmit_budget"]
     by_hand = data.get("resubmits_by_hand", 0)
+    free = data.get("resubmits_free", 0)
+    also = f" (and {free} by --restart-on-exit, budget not spent)" if free else ""
     if not by_hand:
-        return f"resubmits {used} of {budget}"
+        return f"resubmits {used} of {budget}{also}"
     times = "time" if by_hand == 1 else "times"
     rest = f" and {used - by_hand} by dispatch supervise" if used > by_hand else ""
     return (f"resubmitted {by_hand} {times} by hand (dispatch resubmit){rest}; resubmit "
-            f"budget {budget}, {max(0, budget - used)} left for dispatch supervise")
+            f"budget {budget}, {max(0, budget - used)} left for dispatch supervise{also}")
 
 
 def state_text(sub: dict[str, Any]) -> str:

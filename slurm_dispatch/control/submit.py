@@ -263,6 +263,8 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "resubmit": request.options.resubmit,
         "max_no_progress": request.options.max_no_progress,
         "quarantine_after": request.options.quarantine_after,
+        "stop_on_exit": request.options.stop_on_exit,
+        "restart_on_exit": request.options.restart_on_exit,
         "shared_checkpoint": shared,
         # The environment sbatch is given (SBATCH_ARRAY_INX) is the submission's, not ours.
         "array_tasks": array_of(request.sbatch, os.environ if env is None else env,

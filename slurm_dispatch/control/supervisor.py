@@ -11,6 +11,9 @@ cannot be known is an error in every pass's report, never dropped.
 
 * isolated jobs: Slurm's own requeue covers node failure and preemption (raises R); failures
   with budget left are resubmitted (raises N);
+* by exit code (Slurm's, the script's own status): one of the job's ``--stop-on-exit`` codes
+  stops it, one of its ``--restart-on-exit`` codes restarts it without spending the budget
+  (:func:`.rules.exit_rule`), said in the submission's reason or the end's rule;
 * shared-checkpoint jobs: the next submission is made *held* (a real Slurm hold: ``squeue``
   shows it with its deadline, ``scontrol release`` or ``dispatch release`` lifts it).  While the
   hold stands the site's CessationSignal is asked about the ended execution (that task's, for
@@ -62,7 +65,7 @@ from .. import _clock
 from ..checkpoint import quarantine
 from ..errors import DispatchError, RecordError, SlurmError
 from ..slurm.adapter import Slurm
-from ..slurm.jobs import LAUNCH_FAILED_HOLD, Job, Snapshot, end_name
+from ..slurm.jobs import LAUNCH_FAILED_HOLD, Job, Snapshot, end_name, exit_code_text
 from . import dependency, events, heartbeat, holds, noprogress, record, rules, submit
 from .holds import SignalRunner, ask_signal
 
@@ -134,6 +137,13 @@ def _end_state(views: list[Job]) -> str:
     (a failed task outranks completed ones)."""
     ends = [end_name(v.state) for v in views]
     return min(ends, key=lambda e: rules.ORDER.index(e) if e in rules.ORDER else -1)
+
+
+def _exit_status(views: list[Job], end: str) -> Optional[int]:
+    """The script's own exit status of the ended execution(s) whose end is ``end``, where
+    Slurm's views say one and only one (:attr:`Job.exit_status`)."""
+    found = {v.exit_status for v in views if end_name(v.state) == end}
+    return found.pop() if len(found) == 1 else None
 
 
 def exit_end(exit_code: Any) -> Optional[str]:
@@ -500,7 +510,8 @@ class Supervisor:
             return [], (f"the end record of Slurm job {own} (exit {code}) does not say how it "
                         "ended (0:0 is a completion, a node failure or a cancel alike)")
         view = Job(own, state, array_job_id=slurm_id if task is not None else None,
-                   array_task_id=task, restarts=int(executions[-1].get("restart") or 0))
+                   array_task_id=task, restarts=int(executions[-1].get("restart") or 0),
+                   exit_code=exit_code_text(code))
         return [view], f"the controller's end record (exit {code})"
 
     def _recover_claim(self, job: record.JobRecord, line: events.Lineage, nxt: int,
@@ -558,12 +569,25 @@ class Supervisor:
                ) -> None:
         end = _end_state(views)
         spec = job.spec
-        budget_left = int(spec["resubmit"]) - (n - 1)
+        # Restarts --restart-on-exit made spend nothing of the budget.
+        free = sum(1 for s in job.history().lineage(task).submissions
+                   if s.submission <= n and rules.FREE in s.reason)
+        budget_left = int(spec["resubmit"]) - (n - 1) + free
         rule = rules.rule_for(end, bool(spec["shared_checkpoint"]), budget_left,
                               submit.expedited_requeue(job))
+        status = _exit_status(views, end)
+        by_code = rules.exit_rule(end, status, spec.get("stop_on_exit") or [],
+                                  spec.get("restart_on_exit") or [])
+        if by_code is not None:
+            rule = by_code
         action = rule.action
         if action == "slurm-requeue":
             action = "resubmit" if budget_left > 0 else "stop"  # Slurm did not requeue it
+        spent = f"budget {budget_left}"
+        if action == "free-resubmit":
+            action = "hold" if spec["shared_checkpoint"] else "resubmit"
+            spent = f"exit {status}, {rules.FREE}"
+            rule = rules.Rule(end, action, rule.text, instead_of="resubmit")
         who = f"{job.id}" + ("" if task is None else f" task {task}")
         seen = f" (known from {how})" if how else ""
         if action in ("resubmit", "hold"):
@@ -581,11 +605,12 @@ class Supervisor:
             report.actions.append(f"{who}: {end}{seen}: {rule.text}")
             return
         if action == "resubmit":
-            done = self._submit(job, n, f"{end} (budget {budget_left}){seen}", [], None,
+            done = self._submit(job, n, f"{end} ({spent}){seen}", [], None,
                                 claim, report, task)
             if done:
+                free = "" if spent.startswith("budget") else f" ({spent}: --restart-on-exit)"
                 report.actions.append(f"{who}: {end}{seen}: resubmitted as submission {n + 1} "
-                                      f"(Slurm job {_shown(done.slurm_job_id, task)})")
+                                      f"(Slurm job {_shown(done.slurm_job_id, task)}){free}")
             return
         # action == "hold": the next submission is made, held, for a person or the signal.
         deadline = round(self.clock() + self.settings.hold_for, 3)
@@ -597,7 +622,8 @@ class Supervisor:
             instead_of=rule.instead_of,
             ended_tasks=[[v.display_id, v.restarts] for v in views] if array else [])
         comment = holds.hold_comment(job, n + 1, task, f"{end} of job {ended}", deadline)
-        done = self._submit(job, n, f"{end}: held (shared checkpoint){seen}",
+        shown = "" if spent.startswith("budget") else f" ({spent})"
+        done = self._submit(job, n, f"{end}{shown}: held (shared checkpoint){seen}",
                             ["--hold", comment], intent.as_dict(), claim, report, task)
         if done:
             hold = job.append(events.Hold, once=submit.once_key(n + 1, task),

@@ -25,7 +25,7 @@ import re
 import time
 
 from ..errors import SlurmError
-from .jobs import WAITING_STATES, Job, Node, execution_ended
+from .jobs import WAITING_STATES, Job, Node, execution_ended, exit_code_text
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def slurm_time(value: Optional[str]) -> Optional[float]:
 # squeue -O fields, Slurm-controlled ones first; then Reason and Comment, each ending with a
 # nonce (see the module docstring).  Width 0: printed whole, never cut at 20 characters.
 SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "State", "RestartCnt", "UserID",
-                 "NodeList", "SubmitTime", "StartTime", "EndTime")
+                 "NodeList", "SubmitTime", "StartTime", "EndTime", "exit_code")
 _SEP = "|"
 
 
@@ -109,7 +109,11 @@ def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
                # A waiting job's StartTime is the scheduler's estimate: not a start.
                start_time=None if state in WAITING_STATES else slurm_time(values["StartTime"]),
                # Before the execution ends, EndTime is an estimate (start + time limit).
-               end_time=slurm_time(values["EndTime"]) if execution_ended(state) else None)
+               end_time=slurm_time(values["EndTime"]) if execution_ended(state) else None,
+               # A wait status (22.05 prints 768 for exit 3), as scontrol writes it: 3:0;
+               # none before the execution ended (pyslurm's is then another number).
+               exit_code=exit_code_text(values["exit_code"]) if execution_ended(state)
+               else None)
 
 
 def _parse_node_line(line: str) -> dict[str, str]:

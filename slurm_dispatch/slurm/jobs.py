@@ -123,6 +123,33 @@ def end_name(state: str) -> str:
     return END_STATES.get(state, "failed")
 
 
+def exit_code_text(raw: object) -> Optional[str]:
+    """Slurm's exit code in scontrol's ``status:signal`` form (``3:0``, ``0:9``) from what a
+    reader gives: squeue's ``exit_code`` field, a wait status (``768`` for exit 3, ``9`` for
+    SIGKILL), or ``3:0`` written so already; None where it is not known."""
+    text = str(raw).strip() if raw is not None else ""
+    if ":" in text:
+        status, _, signal = text.partition(":")
+        if status.isdigit() and signal.isdigit():
+            return f"{int(status)}:{int(signal)}"
+        return None
+    if text.isdigit():
+        wait = int(text)
+        return f"{(wait >> 8) & 0xFF}:{wait & 0x7F}"
+    return None
+
+
+def exit_status(code: Optional[str]) -> Optional[int]:
+    """The status a script exited with by itself (``3`` for ``3:0``); None for a signal's
+    end (``0:9``) or an unknown code."""
+    if not code:
+        return None
+    status, _, signal = code.partition(":")
+    if status.isdigit() and signal in ("", "0"):
+        return int(status)
+    return None
+
+
 class Job:
     """One Slurm job as the controller sees it; one array task is one Job.
 
@@ -130,17 +157,19 @@ class Job:
     shares its array's), ``display_id`` what squeue shows (``97_1`` for a task).  ``comment`` is
     the owner's free text: read it only as a comment (:attr:`markers`).  ``start_time`` and
     ``end_time`` are the current execution's, None while pending or running respectively (the
-    scheduler's estimates are not kept).
+    scheduler's estimates are not kept).  ``exit_code`` is Slurm's, ``status:signal``
+    (:func:`exit_code_text`), once the execution ended; None before, or where not known.
     """
 
     __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
-                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time")
+                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time",
+                 "exit_code")
 
     def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
                  array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
                  nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
                  submit_time: Optional[float] = None, start_time: Optional[float] = None,
-                 end_time: Optional[float] = None) -> None:
+                 end_time: Optional[float] = None, exit_code: Optional[str] = None) -> None:
         self.job_id = job_id
         self.array_job_id = array_job_id
         self.array_task_id = array_task_id
@@ -153,6 +182,7 @@ class Job:
         self.submit_time = submit_time
         self.start_time = start_time
         self.end_time = end_time
+        self.exit_code = exit_code  # "status:signal" (exit_code_text); None: not known
 
     @property
     def display_id(self) -> str:
@@ -163,6 +193,11 @@ class Job:
     @property
     def is_final(self) -> bool:
         return is_final(self.state)
+
+    @property
+    def exit_status(self) -> Optional[int]:
+        """The status its script exited with by itself, once ended (:func:`exit_status`)."""
+        return exit_status(self.exit_code) if self.is_final else None
 
     @property
     def is_active(self) -> bool:

@@ -27,7 +27,7 @@ from ..errors import SlurmError, SlurmUnavailable
 from . import arrays
 from .backend import is_transient
 from .hostlist import expand_hostlist
-from .jobs import WAITING_STATES, Job, Node, execution_ended
+from .jobs import WAITING_STATES, Job, Node, execution_ended, exit_code_text
 from .select import major_release
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
@@ -69,7 +69,12 @@ def jobs_from_record(record: dict[str, Any]) -> list[Job]:
                   start_time=None if state in WAITING_STATES
                   else _time(record.get("start_time")),
                   # Before the execution ends, end_time is the controller's estimate.
-                  end_time=_time(record.get("end_time")) if execution_ended(state) else None)
+                  end_time=_time(record.get("end_time")) if execution_ended(state) else None,
+                  # "3:0" as the dictionary API gives it; anything else is not known.
+                  # none before the execution ended (the library's is then not one).
+                  exit_code=exit_code_text(record["exit_code"])
+                  if isinstance(record.get("exit_code"), str) and execution_ended(state)
+                  else None)
     job_id = str(record["job_id"])
     array = record.get("array_job_id")
     task = record.get("array_task_id")
@@ -93,7 +98,15 @@ def record_of(job: Any) -> dict[str, Any]:
             "restart_cnt": job.requeue_count, "nodes": job.allocated_nodes,
             "user_id": job.user_id, "comment": job.comment,
             "submit_time": job.submit_time, "start_time": job.start_time,
-            "end_time": job.end_time}
+            "end_time": job.end_time, "exit_code": _exit_code(job)}
+
+
+def _exit_code(job: Any) -> Optional[str]:
+    """The object API's exit code and signal as the dictionary API writes them (``3:0``)."""
+    status, signal = getattr(job, "exit_code", None), getattr(job, "exit_code_signal", 0)
+    if isinstance(status, int) and isinstance(signal or 0, int):
+        return f"{status}:{signal or 0}"
+    return None
 
 
 def _bound(act: Callable[[str], Any], job_id: str) -> Callable[[], Any]:

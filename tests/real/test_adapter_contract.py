@@ -58,7 +58,7 @@ from slurm_dispatch.slurm.adapter import Slurm
 def job(j):
     return {k: getattr(j, k) for k in ("job_id", "array_job_id", "array_task_id", "state",
             "reason", "restarts", "nodes", "uid", "comment", "submit_time", "start_time",
-            "end_time", "display_id", "is_held")}
+            "end_time", "display_id", "is_held", "exit_code")}
 
 backend, ops = sys.argv[1], json.loads(sys.argv[2])
 out = []
@@ -220,6 +220,20 @@ def test_nodes_with_boot_time(sandbox: Sandbox, overlay: Path, backend: str) -> 
         said_boot = time.mktime(time.strptime(boot, "%Y-%m-%dT%H:%M:%S"))
         assert abs(node["boot_time"] - said_boot) <= 1, (node["boot_time"], said_boot)
         assert node["state"].startswith("IDLE"), node
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_ended_jobs_exit_code_is_scontrols(sandbox: Sandbox, overlay: Path,
+                                             backend: str) -> None:
+    """Issue 33 item 3: a job's exit code as scontrol writes it (``3:0`` for a script's own
+    exit 3, ``0:9`` for SIGKILL), whatever the backend reads (squeue's exit_code field is a
+    wait status on 22.05: 768)."""
+    exited = sandbox.submit("#!/bin/bash\nexit 3\n")
+    killed = sandbox.submit("#!/bin/bash\nkill -9 $$\n")
+    for job_id in (exited, killed):
+        wait_state(sandbox, job_id, "FAILED")
+    answers = run_as_user(sandbox, overlay, backend, ["jobs", exited], ["jobs", killed])
+    assert [a[0]["exit_code"] for a in answers] == ["3:0", "0:9"], answers
 
 
 def test_the_backends_agree(sandbox: Sandbox, overlay: Path) -> None:

@@ -538,3 +538,26 @@ def test_a_save_that_makes_every_resume_crash_is_quarantined_and_passed_over(
     assert "quarantined, the latest" in kept, kept
     user.run("dispatch", "unquarantine", "--root", root, poisoned)
     assert user.run("dispatch", "latest", "--root", root).stdout.strip() == poisoned
+
+
+def test_an_exit_code_that_means_stop_is_never_restarted(user: User) -> None:
+    """Issue 33 item 3: failing.sh exits 3; with --stop-on-exit 3 the job stops after its
+    first submission whatever its budget, the rule recorded with the decision; with
+    --restart-on-exit 3 it is restarted without spending its budget of 0, until
+    --max-no-progress 2 stops it."""
+    job, _ = user.submit("--checkpoint", "ck", "--resubmit", "3", "--stop-on-exit", "3",
+                         "failing.sh")
+
+    def finished(one: str) -> bool:
+        user.supervise()
+        return bool(user.events(one, "finished"))
+    user.sandbox.wait_for(lambda: finished(job), 120, f"{job} to stop", interval=1)
+    assert len(submissions(user, job)) == 1
+    (done,) = user.events(job, "finished")
+    assert done["rule"] == "stop (exit code 3: --stop-on-exit)"
+    again, _ = user.submit("--checkpoint", "ck2", "--restart-on-exit", "3",
+                           "--max-no-progress", "2", "failing.sh")
+    user.sandbox.wait_for(lambda: finished(again), 180, f"{again} to stop", interval=1)
+    assert [s["reason"] for s in submissions(user, again)][1:] == [
+        "failed (exit 3, budget not spent)"]
+    assert user.events(again, "no-progress")
