@@ -13,7 +13,10 @@ SQL is spoken); slurmdbd is the release's own (a Debian root holds it, or has no
 Role: whether a sandbox keeps accounting (:func:`wanted`: ``$DISPATCH_SANDBOX_ACCOUNTING``,
 ``slurmdbd`` by default where the release has slurmdbd, or ``none``), ``slurmdbd.conf``
 (:func:`render_slurmdbd_conf`, beside slurm.conf, where slurmdbd looks: it takes no ``-f``),
-and the server's first data folder (:func:`ensure_database`, ``mariadb-install-db`` once).
+the server's first data folder (:func:`ensure_database`, ``mariadb-install-db`` once) and its
+TLS certificate (self-signed, made once with ``openssl``): 24.11's and 26.05's slurmdbd (MariaDB
+Connector/C 3.4) first try TLS even on a socket, and without it connected only on a retry 5 s
+later; 22.05's does not care.
 
 Invariant: nothing outside the state folder is read or written; the server never listens on
 a network port.
@@ -125,3 +128,29 @@ def ensure_database(layout: Layout) -> list[str]:
     write_text(layout.db_made, f"{DATABASE}\n")
     return [f"made the accounting database's server in {layout.db_dir} "
             f"({time.monotonic() - started:.1f} s)"]
+
+
+def ensure_certificate(layout: Layout) -> list[str]:
+    """The server's self-signed certificate and key in ``<state>/etc``, made once (the key
+    root's and the mysql group's, 0640); none where ``openssl`` is not installed (slurmdbd
+    then connects without TLS, 5 s later on 24.11 and 26.05)."""
+    if layout.db_key.exists() and layout.db_cert.exists():
+        return []
+    openssl = program("openssl")
+    if not os.path.isabs(openssl):
+        return []
+    made = layout.etc / ".db-key.new"
+    made.unlink(missing_ok=True)
+    proc = subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                           "-keyout", str(made), "-out", str(layout.db_cert), "-days", "3650",
+                           "-subj", "/CN=dispatch-sandbox-accounting"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, umask=0o077)
+    if proc.returncode != 0:
+        made.unlink(missing_ok=True)
+        raise SandboxError(f"openssl could not make the accounting server's certificate: "
+                           f"{(proc.stderr or proc.stdout).strip()}")
+    os.chown(made, 0, pwd.getpwnam(DB_USER).pw_gid)
+    os.chmod(made, 0o640)
+    os.chmod(layout.db_cert, 0o644)
+    os.rename(made, layout.db_key)
+    return [f"made the accounting server's certificate {layout.db_cert}"]

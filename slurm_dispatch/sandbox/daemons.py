@@ -95,7 +95,9 @@ def mariadbd(layout: Layout) -> Daemon:
         name="mariadbd", program="mariadbd",
         argv=(program("mariadbd"), "--no-defaults", f"--datadir={layout.db_data}", socket_arg,
               f"--pid-file={layout.db_pid_file}", f"--log-error={layout.db_log}",
-              f"--user={DB_USER}", *SERVER_OPTIONS),
+              f"--user={DB_USER}", *SERVER_OPTIONS,
+              *((f"--ssl-cert={layout.db_cert}", f"--ssl-key={layout.db_key}")
+                if layout.db_key.exists() else ())),
         marks=(socket_arg,), pid_file=layout.db_pid_file, log=layout.db_log, on_host=True,
         foreground=True)
 

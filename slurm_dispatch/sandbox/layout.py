@@ -156,6 +156,15 @@ class Layout:
         return self.db_dir / "data"
 
     @property
+    def db_cert(self) -> Path:
+        """The server's TLS certificate (self-signed, root's) and key (readable by mysql)."""
+        return self.etc / "db-cert.pem"
+
+    @property
+    def db_key(self) -> Path:
+        return self.etc / "db-key.pem"
+
+    @property
     def db_made(self) -> Path:
         """Written once the server's data folder is complete (root's, beside ``db/``)."""
         return self.root / ".db-made"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch.errors import SandboxError
-from slurm_dispatch.sandbox import accounting, slurm_conf
+from slurm_dispatch.sandbox import accounting, daemons, slurm_conf
 from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.sandbox.layout import Layout
 
@@ -61,3 +61,15 @@ def test_no_slots_slurmdbd_port_is_another_sandboxs_port(tmp_path: Path) -> None
         others.add(layout.controller_port)
         others.update(layout.node_port(i) for i in range(sandbox_layout.MAX_NODE_COUNT))
     assert len(dbd) == sandbox_layout.PORT_SLOTS and not dbd & others
+
+
+def test_the_server_speaks_tls_once_it_has_its_certificate(tmp_path: Path) -> None:
+    """24.11's and 26.05's slurmdbd try TLS first, even on a socket; against a server without
+    it they connected only on a retry 5 s later (measured on 24.11, every up)."""
+    layout = Layout(tmp_path / "sb")
+    assert not any(arg.startswith("--ssl") for arg in daemons.mariadbd(layout).argv)
+    layout.etc.mkdir(parents=True)
+    layout.db_cert.write_text("cert\n")
+    layout.db_key.write_text("key\n")
+    argv = daemons.mariadbd(layout).argv
+    assert f"--ssl-cert={layout.db_cert}" in argv and f"--ssl-key={layout.db_key}" in argv
