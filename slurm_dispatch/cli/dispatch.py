@@ -16,6 +16,7 @@ that needs it (tests/unit/test_cli_imports.py holds the budget).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
@@ -400,6 +401,19 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     return code
 
 
+def _status_data(job: str) -> tuple[Any, dict[str, Any], Optional[str]]:
+    """The record of ``job``, what `dispatch status` shows of it, and this cluster's name."""
+    from ..control import status
+    from ..slurm.adapter import Slurm
+    slurm = Slurm.for_people(_say)
+    slurm_jobs = slurm.own_jobs()
+    here = slurm.cluster()
+    record_ = status.open_job(job, slurm_jobs, here)
+    data = status.collect(record_, slurm_jobs)
+    data["cluster"] = data["cluster"] or here
+    return record_, data, here
+
+
 @main.command(name="status")
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -412,14 +426,8 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
     JOB is a dispatch job id (printed by dispatch-sbatch) or a Slurm job id of one of its
     submissions.  Costs one squeue call.
     """
-    from ..control import record, status
-    from ..slurm.adapter import Slurm
-    slurm = Slurm.for_people(_say)
-    slurm_jobs = slurm.own_jobs()
-    here = slurm.cluster()
-    record_ = status.open_job(job, slurm_jobs, here)
-    data = status.collect(record_, slurm_jobs)
-    data["cluster"] = data["cluster"] or here
+    from ..control import record
+    _, data, here = _status_data(job)
     if as_json:
         echo_json(data)
     elif timeline:
@@ -435,6 +443,49 @@ def status_(job: str, as_json: bool, timeline: bool) -> None:
         from ..control.status_text import render
         click.echo(render(data, several_clusters=len(record.clusters(record.all_jobs(),
                                                                       here)) > 1))
+
+
+@main.command()
+@click.argument("job")
+@click.option("--output", "-o", metavar="FILE",
+              help="Write the page here ('-': standard output); default "
+                   "dispatch-report-JOB.html in the current folder.")
+def report(job: str, output: Optional[str]) -> None:
+    """Write a page that draws a dispatch job's life: one self-contained HTML file.
+
+    One lane per execution and node over time (running; ended but not proven gone, the
+    overlap a replacement survived; proven ceased), each publication at its step, the work a
+    successor did again, holds and their lifting, with a legend, the goodput figures of
+    `dispatch status` and a table per execution.  No network, no script: open it from the
+    cluster's shared folder in any browser, or mail it.  Costs one squeue call.
+
+    \b
+    Example:
+      dispatch report dk3v9x2p -o ~/public_html/job.html
+    """
+    from .. import _fsio
+    from ..checkpoint import roots
+    from ..control import report as page
+    from ..control.goodput import marks
+    record_, data, _ = _status_data(job)
+    root = str(data["checkpoint"])
+    text = page.render(data, marks(root) if not roots.has_patterns(root) else [])
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    target = output or f"dispatch-report-{record_.id}.html"
+    folder, name = os.path.split(os.path.abspath(target))
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # Whole or not at all: an earlier page stays until the new one is written.
+            _fsio.replace(name, text.encode(), 0o644, dir_fd=dir_fd, sync=False)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {target}: {exc.strerror}") from exc
+    click.echo(f"{target}: {len(data.get('executions') or [])} execution(s) drawn; open it in "
+               "a browser")
 
 
 @main.command()

@@ -89,9 +89,47 @@ def test_a_partition_then_a_preemption_give_the_figures_that_happened(work: Work
         print([(e["cause"], e["resumed_step"], e["redone_steps"], e["waited_s"],
                 e["restore_s"], e["lost_s"]) for e in got["executions"]], reached_0, reached_1)
         assert "restarts (" in text and "node failure 1" in text and "preempted 1" in text
+        _the_report_draws_it(work, job)
     finally:
         if not healed:
             sandbox_lib.heal(cut, sandbox.dir)
         sandbox.run(["scancel", slurm_id], check=False)
         if urgent:
             sandbox.run(["scancel", urgent], check=False)
+
+
+def _the_report_draws_it(work: Workdir, job: str) -> None:
+    """``dispatch report`` of that job (issue 34 item 2): the cut-off execution's lane shows
+    its overlap and its publications after Slurm ended it; a real browser renders the page
+    (kept as ``TEST_REPORT_SHOT``, the user guide's picture, where that is set)."""
+    import os
+    import shutil
+
+    from PIL import Image
+
+    from slurm_dispatch.control import report
+    from tests.browser import screenshot
+    from tests.unit.test_report import of, shapes
+
+    done = work.run("dispatch", "report", job, "-o", "job.html")
+    assert "execution(s) drawn" in done.stdout, done.stdout
+    page = work.path / "job.html"
+    found = shapes(page.read_text())
+    lanes = sorted({s["data-lane"] for s in found.shapes if s["data-kind"] == "running"})
+    assert len(lanes) >= 3, found.shapes
+    # Lane 0 is the cut-off execution: its overlap, and a publication inside it.
+    (overlap,) = of(found, "overlap", 0)
+    lo, hi = float(overlap["x"]), float(overlap["x"]) + float(overlap["width"])
+    inside = [d for d in of(found, "published", 0) if lo <= float(d["cx"]) <= hi]
+    assert inside, (overlap, of(found, "published", 0))
+    # Its replacement resumed from an earlier save than it went on to publish: redone.
+    assert of(found, "redone", 0), found.shapes
+    shot = screenshot(page, work.path / "job.png", 1200, 900)
+    pixels = Image.open(shot).convert("RGB").getcolors(1 << 20) or []
+    colours = {colour for _, colour in pixels}
+    wanted = {k: tuple(int(report.COLOURS[k][i:i + 2], 16) for i in (1, 3, 5))
+              for k in ("running", "overlap", "published", "redone", "ceased")}
+    assert all(c in colours for c in wanted.values()), wanted
+    keep = os.environ.get("TEST_REPORT_SHOT")
+    if keep:
+        shutil.copyfile(shot, keep)

@@ -1,0 +1,168 @@
+"""``dispatch report``: a job's life as one self-contained page (issue 34 item 2).  The shapes
+are read back from the page itself (an HTML parser, as a browser would) and compared with the
+moments the recorded history holds; test_report_browser.py renders it in a real browser."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_dispatch.cli import dispatch as cli
+from slurm_dispatch.control import goodput, report, status
+
+from .test_goodput import HELD, PARTITION, PARTITION_MARKS, T0, job, mark  # noqa: F401
+
+
+class Shapes(HTMLParser):
+    """Every SVG shape with a data-kind, and whether the page asks the network or a script."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[dict[str, str]] = []
+        self.external: list[str] = []
+        self.scripts = 0
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = {k: v or "" for k, v in attrs}
+        if "data-kind" in found:
+            self.shapes.append({"tag": tag, **found})
+        if tag == "script":
+            self.scripts += 1
+        for key in ("src", "href"):
+            if key in found:
+                self.external.append(found[key])
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def shapes(page: str) -> Shapes:
+    parsed = Shapes()
+    parsed.feed(page)
+    return parsed
+
+
+def with_figures(data: dict, marks: list, now: float) -> dict:
+    return {**data, "goodput": goodput.figures(data, marks, now)}
+
+
+def of(found: Shapes, kind: str, lane: int) -> list[dict[str, str]]:
+    return [s for s in found.shapes if s["data-kind"] == kind and s["data-lane"] == str(lane)]
+
+
+def spans(shape: dict[str, str]) -> tuple[float, float]:
+    return float(shape["x"]), float(shape["x"]) + float(shape["width"])
+
+
+MARKS = [*PARTITION_MARKS[:-1], dataclasses.replace(PARTITION_MARKS[-1], latest=True)]
+
+
+def test_shapes_sit_where_the_records_put_them() -> None:
+    now = T0 + 2000
+    data = with_figures(PARTITION, MARKS, now)
+    page = report.render(data, MARKS, now=now)
+    view = report.layout(data, MARKS, now=now)
+    found = shapes(page)
+    assert [lane.label for lane in view.lanes] == ["S1 R0 n1", "S1 R1 n2", "S1 R2 n3"]
+    # R0 ran from its allocation (-2) to Slurm's end (+350); its node proved it gone only at
+    # the heal (+600): the overlap its replacement survived runs from +350 to +600.
+    (run,) = of(found, "running", 0)
+    assert spans(run) == pytest.approx((view.x(T0 - 2), view.x(T0 + 350)), abs=0.11)
+    (overlap,) = of(found, "overlap", 0)
+    assert spans(overlap) == pytest.approx((view.x(T0 + 350), view.x(T0 + 600)), abs=0.11)
+    (ceased,) = of(found, "ceased", 0)
+    assert float(ceased["x"]) + 1.5 == pytest.approx(view.x(T0 + 600), abs=0.11)
+    # R1 resumed from R0's step 30 (+300): R0's run after it was done again, to its last
+    # publication (+500, step 50), made while cut off.
+    (redone,) = of(found, "redone", 0)
+    assert spans(redone) == pytest.approx((view.x(T0 + 300), view.x(T0 + 500)), abs=0.11)
+    # R0's five publications at their pub/ entries' times, two of them after Slurm's end.
+    dots = of(found, "published", 0)
+    assert [(d["data-step"], float(d["cx"])) for d in dots] == [
+        (str(s), pytest.approx(view.x(T0 + 100 * s / 10), abs=0.11)) for s in (10, 20, 30, 40, 50)]
+    # The last execution completed: nothing of it was redone; its latest save is ringed.
+    assert of(found, "redone", 2) == []
+    assert [d["data-step"] for d in of(found, "published", 2) if "stroke" in d] == ["70"]
+    # Its goodput beside it: two restarts, by cause.
+    text = " ".join(found.text)
+    assert "node failure 1" in text and "preempted 1" in text and "80.9%" in text
+
+
+def test_a_hold_and_its_release_have_a_lane() -> None:
+    marks = [mark(101, "A", 10), mark(952, "B", 20)]
+    now = T0 + 1052
+    data = with_figures(HELD, marks, now)
+    view = report.layout(data, marks, now=now)
+    found = shapes(report.render(data, marks, now=now))
+    assert [lane.label for lane in view.lanes][-1] == "hold S2"
+    (held,) = of(found, "hold", len(view.lanes) - 1)
+    assert spans(held) == pytest.approx((view.x(T0 + 230), view.x(T0 + 830)), abs=0.11)
+    # The running execution runs to now; nothing of it is redone or ended.
+    (run,) = of(found, "running", 1)
+    assert spans(run)[1] == pytest.approx(view.x(now), abs=0.11)
+    assert of(found, "overlap", 1) == []
+
+
+def test_the_page_needs_nothing_else_and_escapes_what_a_record_holds() -> None:
+    hostile = json.loads(json.dumps(PARTITION))
+    hostile["id"] = "<script>alert(1)</script>"
+    hostile["executions"][0]["node"] = '"><img src=x onerror=alert(1)>'
+    hostile["executions"][0]["facts"] = []
+    page = report.render(with_figures(hostile, [], T0 + 2000), [], now=T0 + 2000)
+    found = shapes(page)
+    assert found.scripts == 0 and found.external == []
+    assert "<script>alert" not in page and "<img" not in page
+
+
+def test_fifty_executions_render_fast_and_stay_readable() -> None:
+    executions, marks = [], []
+    for r in range(50):
+        start = T0 + 600 * r
+        executions.append({
+            "submission": 1, "restart": r, "node": f"n{r % 7}", "started": start,
+            "state": "REQUEUED" if r < 49 else "RUNNING", "exec_dir": f"/ck/exec/a{r}",
+            "resume_from": f"/ck/exec/a{r - 1}/checkpoint-{r * 100 - 20}" if r else "",
+            "facts": [] if r == 49 else [{"restart": r, "end": {"time": start + 580},
+                                          "controller": {"start": {"time": start},
+                                                         "end": {"time": start + 580}},
+                                          "nodes": {f"n{r % 7}": {"start": {"time": start},
+                                                                 "end": {"time": start + 581},
+                                                                 "ceased": True}}}]})
+        marks += [mark(600 * r + 100 * k, f"a{r}", r * 100 + 20 * k - 20) for k in (1, 2, 3, 4, 5)]
+    data = {"id": "dmany", "checkpoint": "/ck", "submissions": [], "events": [],
+            "executions": executions}
+    now = T0 + 600 * 50
+    started = time.perf_counter()
+    page = report.render(with_figures(data, marks, now), marks, now=now)
+    took = time.perf_counter() - started
+    assert took < 1.0, f"{took:.2f} s"
+    view = report.layout(data, marks, now=now)
+    # A lane each, of fixed height: the page grows down.
+    assert len(view.lanes) == 50 and view.height >= 50 * report.LANE
+    found = shapes(page)
+    assert len([s for s in found.shapes if s["data-kind"] == "published"]) == 250
+
+
+def test_dispatch_report_writes_the_page(job, tmp_path: Path,  # noqa: F811
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status, "_facts_reader", lambda: None)
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    target = tmp_path / "out" / "job.html"
+    result = CliRunner().invoke(cli.main, ["report", job.id, "-o", str(target)])
+    assert result.exit_code != 0 and str(target) in result.output  # no such folder: named
+    target.parent.mkdir()
+    result = CliRunner().invoke(cli.main, ["report", job.id, "-o", str(target)])
+    assert result.exit_code == 0, result.output
+    assert "2 execution(s)" in result.output
+    found = shapes(target.read_text())
+    assert len([s for s in found.shapes if s["data-kind"] == "published"]) == 2
+    assert [p.name for p in target.parent.iterdir()] == ["job.html"]  # no temporary left
+    result = CliRunner().invoke(cli.main, ["report", job.id, "-o", "-"])
+    assert result.exit_code == 0 and result.output.startswith("<!DOCTYPE html>")
