@@ -22,7 +22,14 @@ these on purpose, as soon as what each needs is running, and the seed draws the 
 - ``cleanup-resumed``: ``dispatch gc --keep 1`` on the root of a live execution that resumed
   and has published since, its resume source looked at right after (``needed-missing``);
 - ``torn-latest``: a running job's latest save removed under its publication and the job
-  requeued (``fallback``).
+  requeued (``fallback``);
+- ``racing-passes``: two supervisors' passes deciding one resubmission at once: with both
+  ``dispatch supervise --loop`` stopped (SIGSTOP), a running isolated job's batch script is
+  killed (it ends FAILED, its budget left), then two single passes run at the same moment
+  (slurmctld stopped while they start, so that both read the queue as it answers); the
+  submission's claim must make one of them submit it, and the queue's markers, read right
+  after, show a second Slurm job of it otherwise (``double-submit``; two loops meet in one
+  such moment only by chance).
 
 :func:`missing` names the cases a run did not make; the runner fails such a run, since its
 invariants were not all examined.
@@ -48,7 +55,7 @@ def log(text: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 CASES = ("shared-relaunch", "shared-partition", "isolated-overlap", "cleanup-resumed",
-         "torn-latest")
+         "torn-latest", "racing-passes")
 # How long a case's partition lasts: Slurm declares the node down after SlurmdTimeout (10 s
 # in the sandbox), requeues or ends its job, and the replacement (or the held submission) is
 # asked about well within it, while the cut-off execution writes on.
@@ -148,6 +155,55 @@ class Cases:
             if target:
                 soak.faults.append({"kind": "tear", "t": time.time(), "target": target})
                 self.done("torn-latest", target=target)
+        if not self.made["racing-passes"]:
+            self.racing_passes()
+
+    def racing_passes(self) -> None:
+        """See the module docstring: one resubmission decided by two passes at once."""
+        soak = self.soak
+        names = {info["name"]: job for job, info in soak.jobs.items()
+                 if info["kind"] in ("publish", "failing")}
+        out = soak.slurm(["squeue", "-h", "-u", soak.user, "-t", "R", "-o", "%j %i"])
+        running = sorted((line.split()[0], line.split()[1]) for line in out.splitlines()
+                         if len(line.split()) == 2 and line.split()[0] in names)
+        if not running:
+            return
+        name, slurm_id = running[0]
+        loops = [p for p in (soak.supervisor, soak.second) if p is not None and p.poll() is None]
+        for loop in loops:
+            os.killpg(loop.pid, signal.SIGSTOP)
+        try:
+            soak.slurm(["scancel", "--batch", "--signal=KILL", slurm_id])
+            if not _wait(lambda: slurm_id not in soak.slurm(
+                    ["squeue", "-h", "-u", soak.user, "-t", "PD,R,CG,S", "-o", "%i"]).split(),
+                    60):
+                return
+            # Both passes wait on a stopped controller for their read of the queue, so that
+            # they decide at one moment (two merely started together may not: Python's start
+            # takes seconds under load).
+            controller = daemons.live_pid(daemons.slurmctld(soak.layout))
+            if controller is not None:
+                os.kill(controller, signal.SIGSTOP)
+            try:
+                passes = [soak.spawn_user(["dispatch", "supervise", "-q"]) for _ in range(2)]
+                time.sleep(6)  # both started, blocked on it (within its MessageTimeout, 10 s)
+            finally:
+                if controller is not None:
+                    os.kill(controller, signal.SIGCONT)
+            for each in passes:
+                try:
+                    each.wait(timeout=120)
+                except Exception:  # noqa: BLE001 - a pass stuck: the case is not made
+                    each.kill()
+                    return
+            soak.watch_markers()
+        finally:
+            for loop in loops:
+                if loop.poll() is None:
+                    os.killpg(loop.pid, signal.SIGCONT)
+        soak.faults.append({"kind": "scancel", "t": time.time(),
+                            "target": f"{slurm_id} (its batch script, two passes after)"})
+        self.done("racing-passes", job=names[name], slurm_job_id=slurm_id)
 
     def partition_shared(self) -> None:
         soak = self.soak

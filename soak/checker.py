@@ -19,6 +19,10 @@ what the runner gathered after every fault was healed and every job ended or gav
   publication (a lost or torn save: the next execution must fall back along its lineage);
 - ``submissions``: ``[{"job", "submission", "task", "slurm_job_id"}]``: every ``submitted``
   event of every record;
+- ``marked``: ``{marker: [slurm_job_id, ...]}``: the Slurm jobs (an array's by its array job
+  id) the runner saw in the queue carrying each submission's marker (``dispatch:<id>/<N>``)
+  in their comment: a record takes one ``submitted`` event per submission, so a submission
+  made twice (a lost claim) shows only here;
 - ``jobs``: ``[{"job", "shared", "ended", "stuck"}]``: ended (Slurm has nothing of it active),
   else stuck is ``dispatch status``'s reason, or null when it gave none;
 - ``holds``: ``[{"job", "t", "slurm_job_id", "ended_slurm_job_id"}]``: every hold made;
@@ -62,7 +66,7 @@ CHECKED = {
     "pub-missing-save": "publications at the end",
     "needed-missing": "saves needed: of the K latest, pinned, resume sources on roots a "
                       "cleanup ran on while their execution lived",
-    "double-submit": "submissions",
+    "double-submit": "submissions (the records' and those Slurm showed with a marker)",
     "not-ended": "jobs",
     "lifted-while-writing": "holds lifted of a job with an execution writing within 30 s",
     "shared-overlap": "successive executions of a shared job",
@@ -287,6 +291,14 @@ def check(run: dict[str, Any], facts: list[dict[str, Any]]) -> Result:
                                       f"{sub.get('task')} submitted again as "
                                       f"{sub['slurm_job_id']} (before: {sorted(seen[key])})")
         seen[key].add(sub["slurm_job_id"])
+    recorded = {f"dispatch:{sub['job']}/{sub['submission']}"
+                + ("" if sub.get("task") is None else f"-t{sub['task']}")
+                for sub in run.get("submissions", [])}
+    for marker, ids in sorted(run.get("marked", {}).items()):
+        n["double-submit"] += marker not in recorded
+        if len(set(ids)) > 1:
+            v["double-submit"].append(f"{marker} was carried by Slurm jobs "
+                                      f"{', '.join(sorted(set(ids)))}: submitted more than once")
 
     # not-ended.
     for job in run.get("jobs", []):

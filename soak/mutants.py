@@ -29,8 +29,10 @@ from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-WORK = Path("/var/tmp/slurm-dispatch-mutants")
-SANDBOX_DIR = "/var/tmp/slurm-dispatch-mutants/sandbox"
+# $DISPATCH_MUTANTS_DIR and $DISPATCH_SANDBOX_DIR move them (a session of its own on a shared
+# host; $DISPATCH_SANDBOX_USER names the job user, as for the soak).
+WORK = Path(os.environ.get("DISPATCH_MUTANTS_DIR") or "/var/tmp/slurm-dispatch-mutants")
+SANDBOX_DIR = os.environ.get("DISPATCH_SANDBOX_DIR") or str(WORK / "sandbox")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,53 @@ MUTANTS = (
              "    verdict.ceased = True  # MUTANT: ended is ceased\n"),),
            ("lifted-while-writing", "shared-overlap"),
            "dispatch-cease answers ceased once Slurm says the job ended"),
+    # One for each of the other five invariants.
+    Mutant("fallback-skips-own-saves", (
+        Edit("slurm_dispatch/execution/saves.py",
+             "        own = [f for f in found if folder is not None and folder_of(root, f.path)"
+             " == folder\n",
+             "        own = [f for f in found if False and folder_of(root, f.path)"
+             " == folder  # MUTANT\n"),),
+           ("fallback",),
+           "a save that cannot be loaded is passed over for what its execution resumed from "
+           "(or a fresh start), past that execution's own earlier saves"),
+    Mutant("gc-leaves-publications", (
+        Edit("slurm_dispatch/checkpoint/gc.py",
+             "    st.delete_publications(sorted({n for r in found.removals"
+             " for n in r.publications\n"
+             "                                   if n in present}))\n",
+             "    pass  # MUTANT: the saves go, their publications stay\n"),),
+           ("pub-missing-save",),
+           "cleanup removes a save below the K latest and leaves its publication naming it"),
+    Mutant("supervisor-ignores-claim", (
+        Edit("slurm_dispatch/control/supervisor.py",
+             "            return None  # another supervisor made this claim first: it submits\n",
+             "            pass  # MUTANT: another supervisor claimed it; submitted anyway\n"),),
+           ("double-submit",),
+           "a pass whose claim of submission N+1 failed submits it anyway: two supervisors' "
+           "passes both submit it"),
+    Mutant("supersede-cancels-nothing", (
+        Edit("slurm_dispatch/control/submit.py",
+             "        slurm.cancel(live, env)\n        # A controller that restarts",
+             "        live = []  # MUTANT: the superseded job runs on\n"
+             "        # A controller that restarts"),
+        Edit("slurm_dispatch/control/supervisor.py",
+             "        if not again:\n            return\n",
+             "        if True:  # MUTANT: nor cancelled again\n            return\n")),
+           ("not-ended",),
+           "--supersede leaves the old job running, and the supervisor never cancels it"),
+    # Both: the part's own last line exits 0 whatever its Python did (a Python change alone
+    # went through a soak uncaught).
+    Mutant("epilog-fails-the-node", (
+        Edit("slurm_dispatch/hooks/__init__.py",
+             "    _wait_child(pid, read_end, started, hint, job)\n    _exit()\n",
+             "    _wait_child(pid, read_end, started, hint, job)\n"
+             "    os._exit(1 if hint == \"epilog\" else 0)  # MUTANT: the Epilog fails\n"),
+        Edit("contrib/epilog.d/05-dispatch",
+             "fi\nexit 0\n",
+             "fi\nexit $?  # MUTANT: the part passes its Python's status on\n")),
+           ("drained-by-us",),
+           "the Epilog part exits with its Python's status, 1: Slurm drains the node"),
 )
 
 

@@ -8,8 +8,10 @@ through the product's own commands run as the user: isolated trainers publishing
 ``dispatch publish`` (some with a resubmit budget that fail on purpose now and then),
 ``dispatch watch --keep`` trainers, an array with a root per task, a ``--shared-checkpoint``
 job, a ``dispatch watch`` trainer on an ``s3://`` root (SeaweedFS, tests/s3server.py), a job
-depending on another, a job superseded mid-run; ``dispatch supervise --loop``
-beside them, ``dispatch gc`` now and then.  Meanwhile the nemesis, at moments drawn from the
+depending on another, a job superseded mid-run; two ``dispatch supervise --loop`` beside
+them (a site's unit and a person's own run: each submission's claim must keep them from
+submitting it twice, which the queue's markers show, polled all the run), ``dispatch gc`` now
+and then.  Meanwhile the nemesis, at moments drawn from the
 seed (printed first, so a run can be replayed), partitions a node and heals it, kills a slurmd
 and starts it again, SIGKILLs slurmctld and starts it again, requeues and cancels running
 executions, preempts one (a short job of the sandbox's urgent partition on its node),
@@ -75,6 +77,8 @@ class Soak:
         self.jobs: dict[str, dict[str, Any]] = {}  # dispatch job id -> kind, root, shared
         self.drains: dict[tuple[str, str], bool] = {}
         self.supervisor: Optional[subprocess.Popen[bytes]] = None
+        self.second: Optional[subprocess.Popen[bytes]] = None  # another supervisor, beside it
+        self.marked: dict[str, set[str]] = {}  # marker -> the Slurm jobs seen carrying it
         self.pending_heals: list[tuple[float, str, str]] = []  # (when, kind, target)
         self.urgent: dict[str, str] = {}  # node -> the urgent job preempting there
         self.counter = 0
@@ -280,6 +284,21 @@ class Soak:
         if self.supervisor is None or self.supervisor.poll() is not None:
             self.supervisor = self.spawn_user(["dispatch", "supervise", "--loop",
                                                "--interval", "5"])
+        if self.second is None or self.second.poll() is not None:
+            # A second one (a person's beside the site's), its passes at their own moments:
+            # only the claims keep the two from submitting one submission twice.
+            self.second = self.spawn_user(["dispatch", "supervise", "--loop",
+                                           "--interval", "3"])
+
+    def watch_markers(self) -> None:
+        """Note which Slurm jobs (an array's by its array job id) carry each submission's
+        marker now: a submission made twice shows here, not in its record."""
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%F|%k"])
+        for line in out.splitlines():
+            slurm_id, _, comment = line.partition("|")
+            for word in comment.split():
+                if word.startswith("dispatch:") and slurm_id.strip():
+                    self.marked.setdefault(word, set()).add(slurm_id.strip())
 
     def gc(self, kill_after: Optional[float] = None) -> None:
         roots = sorted({ex["root"] for ex in self.jobs.values()
@@ -529,6 +548,7 @@ class Soak:
             now = time.monotonic()
             self.ensure_supervisor()
             self.watch_drains()
+            self.watch_markers()
             if now >= next_fault:
                 try:
                     with self.lock:
@@ -566,6 +586,7 @@ class Soak:
         while time.monotonic() < deadline:
             self.ensure_supervisor()
             self.watch_drains()
+            self.watch_markers()
             if not self.unheld():
                 break
             time.sleep(5)
@@ -579,8 +600,9 @@ class Soak:
 
     def finish(self) -> int:
         final = self.gather()
-        if self.supervisor is not None and self.supervisor.poll() is None:
-            os.killpg(self.supervisor.pid, signal.SIGKILL)
+        for each in (self.supervisor, self.second):
+            if each is not None and each.poll() is None:
+                os.killpg(each.pid, signal.SIGKILL)
         with open(os.path.join(self.run_dir, "final.json"), "w", encoding="utf-8") as f:
             json.dump(final, f, indent=1, sort_keys=True)
         result = checker.check(final, history.read(self.history))
@@ -667,6 +689,7 @@ class Soak:
                 "roots": roots, "pins": self.pins, "torn": self.torn,
                 "submissions": submissions, "jobs": jobs, "holds": holds,
                 "lifts": lifts, "cases": self.cases.made, "cleanups": self.cases.cleanups,
+                "marked": {m: sorted(ids) for m, ids in sorted(self.marked.items())},
                 "drains": [{"node": n, "reason": r, "ours": o}
                            for (n, r), o in sorted(self.drains.items())],
                 "run_dir": self.run_dir}

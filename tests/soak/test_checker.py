@@ -155,6 +155,22 @@ def test_a_supervisor_forgetting_its_claims_is_caught() -> None:
     assert "submitted again as 12" in result.violations["double-submit"][0]
 
 
+def test_a_submission_slurm_saw_twice_is_caught_though_its_record_has_one() -> None:
+    """A record takes one submitted event per submission (created once): a resubmission
+    made twice (its claim skipped, two supervisors' passes) leaves one event and two Slurm
+    jobs carrying its marker, which only the queue shows."""
+    sim = partitioned_world(pick_greatest_step=False)
+    marked = {"dispatch:j1/1": ["10"], "dispatch:j1/2": ["11", "12"],
+              "dispatch:j2/1": ["13", "13"], "dispatch:j2/2-t1": ["14"]}
+    subs = [{"job": "j1", "submission": 1, "task": None, "slurm_job_id": "10"},
+            {"job": "j1", "submission": 2, "task": None, "slurm_job_id": "11"}]
+    result = checker.check(sim.run(submissions=subs, marked=marked), sim.facts)
+    assert counts(result) == {"double-submit": 1}
+    assert result.violations["double-submit"] == [
+        "dispatch:j1/2 was carried by Slurm jobs 11, 12: submitted more than once"]
+    assert result.checked["double-submit"] == 2 + 2  # the records' two, and two only seen
+
+
 def test_a_shared_job_lifted_while_its_old_execution_wrote_is_caught() -> None:
     sim = Sim()
     sim.start("A", 10.0, G0, shared=True)
