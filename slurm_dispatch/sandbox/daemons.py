@@ -128,6 +128,15 @@ def _proc_words(pid: int, name: str = "cmdline") -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def _environ_has(pid: int, marks: tuple[str, ...]) -> bool:
+    """Whether ``marks`` are all in the pid's environment.  Only root may read a root
+    process's environment, and only root signals: a status read by anyone else (``dispatch-
+    sandbox status`` as the job user) takes the pid file and the program's name for it."""
+    if os.geteuid() != 0 and not os.access(f"/proc/{pid}/environ", os.R_OK):
+        return True
+    return set(marks) <= set(_proc_words(pid, "environ"))
+
+
 def _proc_state(pid: int) -> str:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -145,8 +154,7 @@ def _is_ours(pid: int, daemon: Daemon) -> bool:
     argv = _proc_words(pid)
     if not argv or os.path.basename(argv[0]) != daemon.program:
         return False
-    if daemon.environ_marks and \
-            not set(daemon.environ_marks) <= set(_proc_words(pid, "environ")):
+    if daemon.environ_marks and not _environ_has(pid, daemon.environ_marks):
         return False
     return all(mark in argv for mark in daemon.marks) and (
         "-N" not in daemon.marks or argv[argv.index("-N") + 1:argv.index("-N") + 2]
@@ -228,7 +236,10 @@ def stop(daemon: Daemon, timeout: float = 30.0) -> list[str]:
 
 def _daemon_env(layout: Layout) -> dict[str, str]:
     return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(layout.slurm_conf),
-            "LANG": "C.UTF-8", "MYSQL_UNIX_PORT": str(layout.db_socket)}
+            "LANG": "C.UTF-8", "MYSQL_UNIX_PORT": str(layout.db_socket),
+            # mariadbd's files (its pid file above all) readable by all, as every other pid
+            # file here: `dispatch-sandbox status` runs as any user (its default is 0660).
+            "UMASK": "0644"}
 
 
 def munge_works(layout: Layout) -> bool:
