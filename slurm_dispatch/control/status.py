@@ -334,7 +334,10 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
                         and (lane is None or stop.task is not None)],
         "latest": latest, "tasks": lines if tasks is not None else None,
         # The saves quarantined in the job's root(s) now: the launcher passes over them.
-        "quarantined": _quarantined(job, lanes, stores),
+        "quarantined": [mark for mark in _quarantined(job, lanes, stores)
+                        # a store that cannot be read is said once, by the latest's line
+                        if not (isinstance(latest, dict) and "error" in mark
+                                and mark["error"] == latest.get("error"))],
         "supervisor": _last_pass(job),
         # Why the next submission would fail at once (its interpreter is gone), with the fix.
         "launcher_problem": None if history.lineage().settled else _launcher_problem(job),
