@@ -56,6 +56,8 @@ the command line wins):
   --restart-on-exit CODES
                         restart after one of CODES without spending the --resubmit budget
                         (default for both: none)
+  --max-requeues N      past N of Slurm's requeues (node failure, preemption), hold the
+                        requeued job for a person; apart from --resubmit (default: none)
   --plan                print the plan (rules, holds) and submit nothing
   -h, --help            print this help;  -V, --version  print the version
 

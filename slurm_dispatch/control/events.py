@@ -338,9 +338,23 @@ class Quarantined(Event):
     end_state: str = ""
 
 
+class RequeuesSpent(Event):
+    """The supervisor held Slurm's requeued job ``slurm_job_id`` (restart ``restarts``): the
+    lineage's ``used`` requeues went past its ``--max-requeues`` ``budget``.  Recorded once
+    per requeue; a person's release (a released event after it) lets it run."""
+
+    kind: ClassVar[str] = "requeues-spent"
+    required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id")
+    submission: int = 0
+    slurm_job_id: str = ""
+    restarts: int = 0
+    used: int = 0
+    budget: int = 0
+
+
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, SubmitFailed, SubmitLost, Hold, Released, Expired, Cessation, Notified,
-    Finished, Superseded, Started, NoProgress, Quarantined)}
+    Finished, Superseded, Started, NoProgress, Quarantined, RequeuesSpent)}
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -444,7 +458,8 @@ class Lineage:
                  started: list[Started], finished: Optional[Finished],
                  superseded: Optional[Superseded],
                  no_progress: Optional[list[NoProgress]] = None,
-                 quarantined: Optional[list[Quarantined]] = None) -> None:
+                 quarantined: Optional[list[Quarantined]] = None,
+                 requeues_spent: Optional[list[RequeuesSpent]] = None) -> None:
         self.task = task
         self.submissions = submissions
         self.holds = holds
@@ -455,6 +470,18 @@ class Lineage:
         self.superseded = superseded
         self.no_progress = list(no_progress or [])
         self.quarantined = list(quarantined or [])
+        self.requeues_spent = list(requeues_spent or [])
+
+    @property
+    def spent(self) -> Optional[RequeuesSpent]:
+        """The supervisor's standing hold for a spent --max-requeues: the last one, while
+        no one released its job after it."""
+        if not self.requeues_spent:
+            return None
+        last = self.requeues_spent[-1]
+        if any(e.slurm_job_id == last.slurm_job_id and e.ns > last.ns for e in self.ends):
+            return None
+        return last
 
     @property
     def stopped(self) -> Optional[NoProgress]:
@@ -568,7 +595,8 @@ class History:
             # When it was superseded: the first (the supervisor's later ones cancel again).
             superseded=superseded[0] if superseded else None,
             no_progress=[e for e in self.of(NoProgress) if mine(e)],
-            quarantined=[e for e in self.of(Quarantined) if mine(e)])
+            quarantined=[e for e in self.of(Quarantined) if mine(e)],
+            requeues_spent=[e for e in self.of(RequeuesSpent) if mine(e)])
 
     def settled_tasks(self, tasks: list[int]) -> bool:
         """Every one of an array's ``tasks`` is settled (or the whole job is)."""

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .. import _clock
 from ..errors import RecordError, RefusedError, SlurmError
@@ -223,8 +223,10 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
                 and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
             standing.append((line, hold))
     if not standing:
-        stopped = [line.stopped for line in lines if line.stopped is not None
-                   and line.stopped.action == "held"]
+        stopped: list[Union[events.NoProgress, events.RequeuesSpent]] = [
+            line.stopped for line in lines if line.stopped is not None
+            and line.stopped.action == "held"]
+        stopped += [line.spent for line in lines if line.spent is not None]
         if stopped:
             return _release_stopped(slurm, job, stopped)
         line = lines[0]
@@ -255,14 +257,16 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
 
 
 def _release_stopped(slurm: Slurm, job: record.JobRecord,
-                     stopped: list[events.NoProgress]) -> str:
+                     stopped: list[Union[events.NoProgress, events.RequeuesSpent]]) -> str:
     """A person lifts the supervisor's hold of Slurm's requeued job made for want of progress
-    (--max-no-progress): no cessation to prove, the job is isolated (Slurm requeued it)."""
+    (--max-no-progress) or past --max-requeues: no cessation to prove, the job is
+    isolated (Slurm requeued it)."""
     held_ids = sorted({stop.slurm_job_id for stop in stopped})
     slurm.release(held_ids)
     for stop in stopped:
+        why = "no progress" if isinstance(stop, events.NoProgress) else "requeue budget"
         job.append(events.Released, slurm_job_id=stop.slurm_job_id,
-                   by="a person (dispatch release), after no progress", task=stop.task)
+                   by=f"a person (dispatch release), after {why}", task=stop.task)
     return ",".join(held_ids)
 
 

@@ -58,6 +58,7 @@ def describe(request: Request) -> str:
                  "restarted whatever the executions publish (--max-no-progress 0)"))
     lines.append(f"  {'exit codes':<14} "
                  + rules.exit_codes_text(opts.stop_on_exit, opts.restart_on_exit))
+    lines.append(f"  {'requeues':<14} " + rules.max_requeues_text(opts.max_requeues))
     poison = rules.quarantine_rule(opts.quarantine_after)
     lines.append(f"  {'poisoned save':<14} " + (poison.text if poison is not None else
                  "never quarantined by dispatch (--quarantine-after 0)"))

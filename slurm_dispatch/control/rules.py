@@ -25,6 +25,9 @@ the supervisor (which applies it), so what a user is shown is what is done.
   ``--quarantine-after`` executions all resumed from one save and failed before publishing
   anything, that save is quarantined, so the restart falls back past it
   (:func:`quarantine_rule`).
+* Slurm's requeues (node failure, preemption) are not budgeted unless the job gives
+  ``--max-requeues N``, apart from ``--resubmit``: past N of them in a lineage, the next
+  requeued job is held for a person (:func:`requeues_spent`).
 * By exit code, over a failure's rule (:func:`exit_rule`): a script's own exit status in
   ``--stop-on-exit`` stops the job (never restarted); one in ``--restart-on-exit`` restarts it
   without spending the resubmit budget (a shared job's restart is still a hold).
@@ -166,3 +169,19 @@ def exit_codes_text(stop: Sequence[int], free: Sequence[int]) -> str:
         said.append(f"{codes_text(free)}: restarted without spending the resubmit budget "
                     "(--restart-on-exit)")
     return "; ".join(said)
+
+
+def requeues_spent(used: int, budget: Optional[int]) -> bool:
+    """Slurm has requeued the lineage ``used`` times, past ``--max-requeues`` (None:
+    unbudgeted)."""
+    return budget is not None and used > budget
+
+
+def max_requeues_text(budget: Optional[int]) -> str:
+    """The plan's line for ``--max-requeues``."""
+    if budget is None:
+        return ("Slurm's requeues (node failure, preemption) are not budgeted "
+                "(--max-requeues N budgets them, apart from --resubmit)")
+    return (f"budget {budget}, apart from --resubmit: past {budget} of Slurm's requeues "
+            "(node failure, preemption), the requeued job is held for a person; `dispatch "
+            "release` lets it run, once per requeue")

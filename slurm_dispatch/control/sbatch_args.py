@@ -13,7 +13,8 @@ Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SB
 ``--checkpoint DIR``, ``--resubmit N``, ``--shared-checkpoint``, ``--supersede JOB``,
 ``--warn-before TIME[:SIGNAL]``, ``--max-no-progress N`` (default :data:`MAX_NO_PROGRESS`),
 ``--quarantine-after N`` (default :data:`QUARANTINE_AFTER`), ``--stop-on-exit CODES``,
-``--restart-on-exit CODES`` (exit statuses, ``3,5-7``: :func:`parse_codes`), ``--plan``.  The
+``--restart-on-exit CODES`` (exit statuses, ``3,5-7``: :func:`parse_codes`),
+``--max-requeues N`` (Slurm's requeues; default none: unbudgeted), ``--plan``.  The
 command line wins over directives.
 """
 
@@ -37,7 +38,7 @@ LONG_WITH_ARG = {name for name, o in _LONG.items() if o.value == sbatch_options.
 LONG_FLAGS = set(_LONG) - LONG_WITH_ARG  # no value, or one only as --name=value
 
 DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before", "max-no-progress",
-                     "quarantine-after", "stop-on-exit", "restart-on-exit"}
+                     "quarantine-after", "stop-on-exit", "restart-on-exit", "max-requeues"}
 # --max-no-progress's default: executions in a row without progress before restarts stop.
 MAX_NO_PROGRESS = 3
 # --quarantine-after's default: failed executions in a row from one save before it is passed over.
@@ -50,7 +51,7 @@ class DispatchOptions:
 
     __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
                  "warn_before", "max_no_progress", "quarantine_after", "stop_on_exit",
-                 "restart_on_exit", "given")
+                 "restart_on_exit", "max_requeues", "given")
 
     def __init__(self, given: Optional[set[str]] = None) -> None:
         self.checkpoint: Optional[str] = None
@@ -63,6 +64,7 @@ class DispatchOptions:
         self.quarantine_after = QUARANTINE_AFTER
         self.stop_on_exit: list[int] = []  # exit statuses after which nothing restarts
         self.restart_on_exit: list[int] = []  # ... restarted without spending the budget
+        self.max_requeues: Optional[int] = None  # Slurm's requeues; None: unbudgeted
         self.given: set[str] = set(given or ())
 
     def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
@@ -70,7 +72,7 @@ class DispatchOptions:
         out = DispatchOptions(given=self.given | directives.given)
         for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
                      "warn_before", "max_no_progress", "quarantine_after", "stop_on_exit",
-                     "restart_on_exit"):
+                     "restart_on_exit", "max_requeues"):
             source = self if name in self.given else directives
             setattr(out, name, getattr(source, name))
         return out
@@ -141,6 +143,15 @@ def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where:
                              ) from None
         if not 0 <= opts.resubmit <= 999_998:
             raise UsageError(f"--resubmit {opts.resubmit}{where} is outside 0..999998")
+    elif name == "max-requeues":
+        try:
+            opts.max_requeues = int(value or "")
+        except ValueError:
+            raise UsageError(f"--max-requeues {value!r}{where} is not a number of Slurm's "
+                             "requeues") from None
+        if not 0 <= opts.max_requeues <= 999_999:
+            raise UsageError(f"--max-requeues {opts.max_requeues}{where} is outside "
+                             "0..999999")
     elif name in ("max-no-progress", "quarantine-after"):
         try:
             count = int(value or "")

@@ -329,6 +329,9 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         "submissions": submissions, "executions": executions, "events": others,
         "slurm_holds": slurm_holds,
         # Each lineage's standing stop for want of progress (--max-no-progress), in words.
+        "requeues_spent": [requeues_text(spent, job.id) for spent in
+                           (history.lineage(lane).spent for lane in lanes)
+                           if spent is not None and (lane is None or spent.task is not None)],
         "no_progress": [noprogress.stop_text(stop, job.id) for stop in
                         (history.lineage(lane).stopped for lane in lanes) if stop is not None
                         and (lane is None or stop.task is not None)],
@@ -370,6 +373,13 @@ def _quarantined(job: record.JobRecord, lanes: list[Optional[int]],
         except DispatchError as exc:
             out.append({"root": root, "error": str(exc)})
     return out
+
+
+def requeues_text(spent: events.RequeuesSpent, job_id: str = "") -> str:
+    """A hold past --max-requeues in words; with ``job_id``, the command that lifts it."""
+    return (f"Slurm requeued it {spent.used} time(s), past its --max-requeues "
+            f"{spent.budget}: Slurm job {spent.slurm_job_id} held (restart {spent.restarts})"
+            + (f"; `dispatch release {job_id}` lets it run" if job_id else ""))
 
 
 def _launcher_problem(job: record.JobRecord) -> Optional[str]:

@@ -21,7 +21,7 @@ from .._table import render_table
 from ..checkpoint import roots
 from . import events
 from .noprogress import quarantine_text, stop_text
-from .status import clock
+from .status import clock, requeues_text
 
 if TYPE_CHECKING:
     from ..node.executions import ExecutionFacts
@@ -74,6 +74,7 @@ def _render(data: dict[str, Any]) -> str:
     out.extend(slurm_hold_text(hold, data["shared_checkpoint"])
                for hold in data.get("slurm_holds") or [])
     out.extend(f"No progress {line}" for line in data.get("no_progress") or [])
+    out.extend(f"Requeues    {line}" for line in data.get("requeues_spent") or [])
     out.extend(quarantined_text(mark) for mark in data.get("quarantined") or [])
     out.append("")
     # Slurm's reason for the job's state, and ours for making the submission, apart.
@@ -281,6 +282,8 @@ def event_text(event: events.Event) -> str:
         return f"FINISHED {named}after {event.end_state}: {event.rule}"
     if isinstance(event, events.Quarantined):
         return f"QUARANTINED {named}{quarantine_text(event)}"
+    if isinstance(event, events.RequeuesSpent):
+        return f"REQUEUES-SPENT {named}{requeues_text(event)}"
     if isinstance(event, events.NoProgress):
         return f"NO-PROGRESS {named}{stop_text(event)}"
     if isinstance(event, events.Superseded):

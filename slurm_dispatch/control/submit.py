@@ -265,6 +265,7 @@ def _spec(request: Request, root: str, generation: int, supersedes: Optional[str
         "quarantine_after": request.options.quarantine_after,
         "stop_on_exit": request.options.stop_on_exit,
         "restart_on_exit": request.options.restart_on_exit,
+        "max_requeues": request.options.max_requeues,
         "shared_checkpoint": shared,
         # The environment sbatch is given (SBATCH_ARRAY_INX) is the submission's, not ours.
         "array_tasks": array_of(request.sbatch, os.environ if env is None else env,

@@ -380,17 +380,61 @@ class Supervisor:
         (--max-no-progress): it runs again only once a person releases it."""
         again = [v for v in views if v.is_pending and v.restarts > 0
                  and not v.held_after_failed_launch]
-        if len(again) != 1 or noprogress.limit_of(job) <= 0:
+        if len(again) != 1:
             return
         view = again[0]
+        if self._requeues_spent(job, line, current, view, report) or \
+                noprogress.limit_of(job) <= 0:
+            return
 
         def hold() -> None:
-            report.controller_calls += 1
             self.slurm.hold([view.display_id])
         # Held first: a pass killed before the record finds it held, and records it.
         self._no_progress(job, line, current.submission, view.display_id,
                           "requeued by Slurm", "held", report,
                           before=None if view.is_held else hold)
+
+    def _requeues_spent(self, job: record.JobRecord, line: events.Lineage,
+                        current: events.Submitted, view: Job, report: PassReport) -> bool:
+        """Hold Slurm's requeued job once the lineage's requeues went past its
+        --max-requeues, once per requeue (a person's release lets it run); True when held
+        (now or before) for this requeue."""
+        budget = job.spec.get("max_requeues")
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            return False
+        key = f"requeues-{view.display_id}-{view.restarts}".replace("_", "t")
+        if any(e.slurm_job_id == view.display_id and e.restarts == view.restarts
+               for e in line.requeues_spent):
+            return True
+        before = sum(max((s.restart for s in line.started_for(sub.submission)), default=0)
+                     for sub in line.submissions if sub.submission != current.submission)
+        used = before + view.restarts
+        if not rules.requeues_spent(used, budget):
+            return False
+        if not view.is_held and not self._held(
+                job, lambda: self.slurm.hold([view.display_id]), view.display_id,
+                f"its --max-requeues {budget} is spent", report):
+            return True
+        job.append(events.RequeuesSpent, once=key, submission=current.submission,
+                   slurm_job_id=view.display_id, restarts=view.restarts, used=used,
+                   budget=budget, task=line.task)
+        report.actions.append(f"{job.id}: Slurm requeued it {used} time(s), past its "
+                              f"--max-requeues {budget}: Slurm job {view.display_id} is "
+                              f"held; `dispatch release {job.id}` lets it run")
+        return True
+
+    def _held(self, job: record.JobRecord, hold: Callable[[], None], slurm_id: str, why: str,
+              report: PassReport) -> bool:
+        """Run ``hold`` (Slurm's hold of a requeued job, counted); False, the refusal
+        reported with ``why`` it was asked, when Slurm refused it."""
+        try:
+            hold()
+        except SlurmError as exc:
+            report.errors.append(f"{job.id}: {why}, but Slurm job {slurm_id} could not be "
+                                 f"held: {exc}")
+            return False
+        report.controller_calls += 1
+        return True
 
     def _no_progress(self, job: record.JobRecord, line: events.Lineage, n: int,
                      slurm_id: str, end: str, action: str, report: PassReport,
@@ -414,14 +458,10 @@ class Supervisor:
             return None
         if found is None:
             return None
-        if before is not None:
-            try:
-                before()
-            except SlurmError as exc:
-                report.errors.append(f"{job.id}: its last {limit} executions made no "
-                                     f"progress, but Slurm job {slurm_id} could not be held: "
-                                     f"{exc}")
-                return None
+        if before is not None and not self._held(
+                job, before, slurm_id, f"its last {limit} executions made no progress",
+                report):
+            return None
         stop = job.append(events.NoProgress, once=f"no-progress-{newest.attempt}",
                           submission=n, slurm_job_id=slurm_id, limit=limit, action=action,
                           end_state=end, task=line.task, **found.fields())

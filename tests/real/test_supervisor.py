@@ -462,21 +462,28 @@ REQUEUES_ITSELF = ("#!/bin/bash\n#SBATCH --time=5\n"
                    "scontrol requeue \"$SLURM_JOB_ID\"; sleep 60\n")
 
 
+def requeued_once(user: User, *options: str) -> tuple[str, str]:
+    """A job that requeues itself once, submitted with ``options``, pending again after its
+    requeue: (dispatch job, Slurm job)."""
+    (user.path / "requeue.sh").write_text(REQUEUES_ITSELF)
+    (user.path / "requeue.sh").chmod(0o755)
+    shutil.chown(user.path / "requeue.sh", user.sandbox.user)
+    job, slurm_id = user.submit("--checkpoint", "ck", *options, "requeue.sh")
+
+    def requeued() -> bool:
+        state = user.sandbox.job_state(slurm_id)
+        return state.get("JobState") == "PENDING" and state.get("Restarts") == "1"
+    user.sandbox.wait_for(requeued, 90, f"Slurm job {slurm_id} to be requeued")
+    return job, slurm_id
+
+
 def test_slurms_requeued_job_without_progress_is_held_until_dispatch_release(
         user: User) -> None:
     """Issue 33 item 1: Slurm's requeue (here the job's own) of a job whose last execution
     made no progress: the pass holds the pending job (JobHeldUser); `dispatch release` lets it
     run again, and the next pass does not hold it again."""
-    (user.path / "requeue.sh").write_text(REQUEUES_ITSELF)
-    (user.path / "requeue.sh").chmod(0o755)
-    shutil.chown(user.path / "requeue.sh", user.sandbox.user)
-    job, slurm_id = user.submit("--checkpoint", "ck", "--max-no-progress", "1", "requeue.sh")
+    job, slurm_id = requeued_once(user, "--max-no-progress", "1")
     sandbox = user.sandbox
-
-    def requeued() -> bool:
-        state = sandbox.job_state(slurm_id)
-        return state.get("JobState") == "PENDING" and state.get("Restarts") == "1"
-    sandbox.wait_for(requeued, 90, f"Slurm job {slurm_id} to be requeued")
     said = user.supervise()
     assert f"Slurm job {slurm_id} is held" in said, said
     assert state_of(sandbox, slurm_id) == ("PENDING", "JobHeldUser")
@@ -561,3 +568,22 @@ def test_an_exit_code_that_means_stop_is_never_restarted(user: User) -> None:
     assert [s["reason"] for s in submissions(user, again)][1:] == [
         "failed (exit 3, budget not spent)"]
     assert user.events(again, "no-progress")
+
+
+def test_requeues_past_the_max_requeues_are_held_until_dispatch_release(
+        user: User) -> None:
+    """Issue 33 item 4: a job Slurm requeues (here its own requeue, publishing nothing) with
+    --max-requeues 0 and no --max-no-progress: its first requeue is past the budget, so the
+    pass holds the pending job; `dispatch release` lets it run, and it is not held again."""
+    job, slurm_id = requeued_once(user, "--max-requeues", "0", "--max-no-progress", "0")
+    sandbox = user.sandbox
+    said = user.supervise()
+    assert f"past its --max-requeues 0: Slurm job {slurm_id} is held" in said, said
+    assert state_of(sandbox, slurm_id) == ("PENDING", "JobHeldUser")
+    assert "Requeues    Slurm requeued it 1 time(s)" in user.run("dispatch", "status",
+                                                               job).stdout
+    assert "released Slurm job" in user.run("dispatch", "release", job).stdout
+    assert state_of(sandbox, slurm_id)[1] != "JobHeldUser"
+    assert "is held" not in user.supervise()
+    (spent,) = user.events(job, "requeues-spent")
+    assert (spent["used"], spent["budget"]) == (1, 0)
