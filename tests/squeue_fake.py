@@ -43,6 +43,7 @@ def value_of(fields: Mapping[str, str], name: str) -> str:
         "exit_code": _wait_status(fields.get("ExitCode", "0:0")),
         "Reason": fields.get("Reason", "None"),
         "Comment": fields.get("Comment") or "(null)",
+        "SLUID": fields.get("SLUID", "N/A"),
     }
     return values[name]
 
@@ -86,7 +87,9 @@ args = sys.argv[1:]
 with open({log!r}, "a") as out:
     out.write(" ".join([prog, *args]) + "\\n")
 JOB = json.loads({job!r})
-if prog == "squeue" and "--jobs" in args:
+if prog == "squeue" and args == ["--version"]:
+    print("slurm " + (JOB.get("Version") or "24.11.5"))
+elif prog == "squeue" and "--jobs" in args:
     if args[args.index("--jobs") + 1] != JOB["JobId"]:
         sys.stderr.write("slurm_load_jobs error: Invalid job id specified\\n")
         sys.exit(1)

@@ -518,7 +518,7 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
     one line (exit 2).
     A CLUSTER column shows each job's cluster where your records name more than one.
     """
-    from ..control import record, status
+    from ..control import record, status, submit
     from ..slurm.adapter import Slurm
     keep = _job_filter(states, names, since)  # bad input: refused before any call
     slurm = Slurm.for_people(_say)
@@ -529,7 +529,8 @@ def jobs(as_json: bool, noheader: bool, clusters: Optional[str], states: Optiona
     # Another cluster's jobs: Slurm here cannot be asked about them, the record says.
     others = [] if wanted is None else [
         j for j in every if not j.of_cluster(here) and (not wanted or j.cluster in wanted)]
-    lines = status.job_lines(own, slurm.own_jobs() if own else {})
+    lines = status.job_lines(
+        own, slurm.own_jobs(sluids=submit.wants_sluids(own)) if own else {})
     lines += status.job_lines(others, {})
     for line, job in zip(lines, own + others):
         line["cluster"] = _cluster_of(job) or here
@@ -646,14 +647,14 @@ def cancel(job: tuple[str, ...]) -> None:
 
     Example: `dispatch cancel 12 13 14_2`
     """
-    from ..control.submit import live_slurm_jobs
+    from ..control.submit import live_slurm_jobs, wants_sluids
     from ..slurm.adapter import Slurm
     slurm = Slurm.for_people(_say)
     chosen = []
     for ident in job:
         record_ = _open(ident, slurm)
         chosen.append((record_, _task_named(ident, None, record_)))
-    views = slurm.own_jobs()
+    views = slurm.own_jobs(sluids=wants_sluids([r for r, _ in chosen]))
     plan = [(r, live_slurm_jobs(slurm, r, views, task=t)) for r, t in chosen]
     slurm.cancel(sorted({j for _, live in plan for j in live}))
     for record_, live in plan:

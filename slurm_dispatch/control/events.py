@@ -176,6 +176,10 @@ class Submitted(Event):
     argv: list[str] = []
     recovered: bool = False
     hold: Optional[dict[str, Any]] = None  # a HoldIntent's fields for a held submission
+    # Slurm's SLUID of the job right after its sbatch (26.05), for a plain job submitted
+    # without its marker (a comment of the user's own): it tells the submission from another
+    # job under its id once ids start again.
+    sluid: str = ""
 
 
 class SubmitFailed(Event):

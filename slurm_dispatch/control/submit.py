@@ -7,7 +7,9 @@ Invariants:
   a job whose first ``sbatch`` fails is removed whole.
 * Submission N is made at most once: its claim file is created with ``O_EXCL`` before
   ``sbatch`` runs, and the job carries the marker ``dispatch:<id>/<N>`` in its comment so a
-  timed-out ``sbatch`` is looked up, not blindly repeated.
+  timed-out ``sbatch`` is looked up, not blindly repeated.  A job given the user's own comment
+  has no marker: where the release gives SLUIDs (26.05) the submission records its job's,
+  read right after ``sbatch``, to tell it from another job under its id (:func:`is_submission`).
 * Every submission runs the snapshot taken at the first one, with the same sbatch options, from
   the same working directory.
 """
@@ -30,7 +32,7 @@ from . import dependency, events, record, sbatch_args
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Optional
+    from typing import Any, Iterable, Mapping, Optional
 
 class Request:
     """A dispatch-sbatch invocation, read and checked, nothing written yet."""
@@ -329,9 +331,16 @@ def is_submission(job: record.JobRecord, submitted: events.Submitted, view: Job)
     alone proves nothing: a job is the submission's when its comment carries the submission's
     marker; one carrying another marker, or none where the submission's sbatch gave one (a
     plain ``sbatch`` job of the user's), is another job.  A submission made without a marker
-    (a comment of the user's own; a record from before markers) falls back to times: a job
-    Slurm took more than SUBMIT_SLACK after the submission was recorded is another (unless
-    Slurm requeued it, which moves its submit time)."""
+    (a comment of the user's own) recorded the job's SLUID where the release gives one
+    (26.05): a job Slurm never requeued is the submission only under that SLUID (a requeue
+    draws a new one: then, as without a SLUID, times decide).  Else, and for a record from
+    before markers, times: a job Slurm took more than SUBMIT_SLACK after the submission was
+    recorded is another (unless Slurm requeued it, which moves its submit time)."""
+    if submitted.sluid and view.sluid:
+        if view.sluid == submitted.sluid:
+            return True
+        if view.restarts == 0:
+            return False
     wanted = marker(job, submitted.submission, submitted.task)
     if wanted in view.markers:
         return True
@@ -340,6 +349,13 @@ def is_submission(job: record.JobRecord, submitted: events.Submitted, view: Job)
     if view.submit_time is None or view.restarts > 0:
         return True
     return view.submit_time <= submitted.time + SUBMIT_SLACK
+
+
+def wants_sluids(jobs: Iterable[record.JobRecord]) -> bool:
+    """Some of ``jobs`` gave sbatch a ``--comment`` of the user's own, so its submissions
+    carry no marker: a read of Slurm's jobs for them asks for SLUIDs (:func:`is_submission`;
+    the release's own, where it has them: the job spec, no call, says it)."""
+    return any("comment" in job.spec.get("long_names", ()) for job in jobs)
 
 
 def own_views(job: record.JobRecord, jobs: Mapping[str, Job]) -> dict[str, Job]:
@@ -650,8 +666,13 @@ def _submit(slurm: Slurm, job: record.JobRecord, submission: int, reason: str,
     else:
         # No marker to look the job up by: one attempt, never a blind second sbatch.
         jobid, result = slurm.sbatch(argv, "", run_env, cwd)
+    # Nor to tell the job from another under its id once ids start again: its SLUID does,
+    # where the release gives one (a plain job's; an array's tasks each have their own).
+    sluid = "" if has_marker or task is not None or _array_words(argv)[0] is not None \
+        else slurm.sluid(jobid, run_env)
     job.append("submitted", once=once_key(submission, task), submission=submission,
-               slurm_job_id=jobid, reason=reason, argv=argv, hold=hold, task=task)
+               slurm_job_id=jobid, reason=reason, argv=argv, hold=hold, task=task,
+               **({"sluid": sluid} if sluid else {}))
     return SubmissionMade(job, submission, jobid, result)
 
 
@@ -945,7 +966,7 @@ def live_slurm_jobs(slurm: Slurm, job: record.JobRecord,
     With ``task``, only that array task's.  Only a job that is one of the record's
     submissions (:func:`is_submission`: ids start again when slurmctld loses its state, and
     a plain job of the user's under a recorded id is not the record's to cancel)."""
-    jobs = jobs if jobs is not None else slurm.own_jobs(env)
+    jobs = jobs if jobs is not None else slurm.own_jobs(env, sluids=wants_sluids([job]))
     submitted = {sub.slurm_job_id for sub in job.history().of(events.Submitted)}
     live: list[str] = []
     for view in unique_jobs(own_views(job, jobs)):
@@ -977,7 +998,7 @@ def refuse_while_live(slurm: Slurm, job: record.JobRecord,
                       task: Optional[int] = None) -> None:
     """A person's resubmission while one of the job's Slurm jobs (of array task ``task``) is
     still active would run beside it on the same root: refuse, saying which and what to do."""
-    jobs = slurm.own_jobs(env)
+    jobs = slurm.own_jobs(env, sluids=wants_sluids([job]))
     live = live_slurm_jobs(slurm, job, jobs, env, task)
     if live:
         shown = ", ".join(f"{j} ({jobs[j].state})" for j in live)

@@ -207,7 +207,8 @@ class Supervisor:
         seen_at = time.time_ns()  # what was recorded later, Slurm was not asked about
         me = os.getuid()
         # Comments are public: a job of another uid carrying our marker is not ours.
-        slurm_jobs = Snapshot({k: j for k, j in self.slurm.own_jobs().items() if j.uid == me})
+        slurm_jobs = Snapshot({k: j for k, j in self.slurm.own_jobs(
+            sluids=submit.wants_sluids(jobs)).items() if j.uid == me})
         report.controller_calls += 1
         self._records, self._slurm_jobs = jobs, slurm_jobs
         self._waiting: Optional[dict[str, list[record.JobRecord]]] = None

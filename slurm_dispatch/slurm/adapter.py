@@ -218,6 +218,7 @@ class Slurm:
         self._setting = backend
         self._chosen: Any = _UNCHOSEN
         self._cluster: Any = _UNCHOSEN
+        self._sluids: Optional[bool] = None  # the release prints SLUIDs (asked once)
 
     def _pyslurm(self, env: Optional[Mapping[str, str]] = None) -> Any:
         """The pyslurm backend for a call made with ``env``, or None for the tools."""
@@ -330,7 +331,13 @@ class Slurm:
     # -- the backend of each call ----------------------------------------------------------
     def _tools(self, env: Optional[Mapping[str, str]] = None) -> CliBackend:
         """The command-line backend, one try per command through :meth:`_once` with ``env``."""
-        return CliBackend(lambda argv: self._once(argv, env))
+        return CliBackend(lambda argv: self._once(argv, env), lambda: self._has_sluids(env))
+
+    def _has_sluids(self, env: Optional[Mapping[str, str]] = None) -> bool:
+        """The release prints SLUIDs (squeue's version, asked once per adapter)."""
+        if self._sluids is None:
+            self._sluids = CliBackend(lambda argv: self._once(argv, env)).has_sluids()
+        return self._sluids
 
     def _backend(self, env: Optional[Mapping[str, str]] = None,
                  job_ids: Sequence[str] = ()) -> Backend:
@@ -345,16 +352,23 @@ class Slurm:
 
     # -- reads -----------------------------------------------------------------------------
     def own_jobs(self, env: Optional[Mapping[str, str]] = None,
-                 retry: bool = True) -> dict[str, Job]:
+                 retry: bool = True, sluids: bool = False) -> dict[str, Job]:
         """The caller's own jobs (every array task), in one call the controller filters.
 
         Keyed by ``display_id`` (``97_1``) and, where one job has it alone, by ``job_id``.
         A job of another uid is dropped (``--me`` already asks for the caller's only).
+        ``sluids``: with each job's SLUID where the release has them (26.05; the tools then,
+        pyslurm serving no such release).
         """
         me = os.getuid()
         backend = self._backend(env)
-        listed: list[Job] = self._with_retries(lambda: backend.user_jobs(me),
-                                               self.attempts if retry else 1)
+        if sluids and self._has_sluids(env):
+            tools = self._tools(env)
+            listed: list[Job] = self._with_retries(lambda: tools.user_jobs(me, True),
+                                                   self.attempts if retry else 1)
+        else:
+            listed = self._with_retries(lambda: backend.user_jobs(me),
+                                        self.attempts if retry else 1)
         return index_jobs(j for j in listed if j.uid == me)
 
     def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
@@ -412,6 +426,21 @@ class Slurm:
             if marker in job.markers:
                 return job.array_job_id or job.job_id
         return None
+
+    def sluid(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> str:
+        """The SLUID of plain job ``job_id`` as the controller has it now, read right after its
+        submission: '' where the release gives none (before 26.05; sbatch --parsable prints
+        none) or where it cannot be read (the job stands; only the proof is missing)."""
+        tools = self._tools(env)
+        if not tools.has_sluids():
+            return ""
+        try:
+            found: list[Job] = self._with_retries(lambda: tools.jobs(job_id, True),
+                                                  self.attempts)
+        except SlurmError:
+            return ""
+        return next((j.sluid for j in found
+                     if j.job_id == job_id and j.array_task_id is None), "")
 
     # -- actions ---------------------------------------------------------------------------
     def sbatch(self, argv: Sequence[str], marker: str,

@@ -16,6 +16,11 @@ Invariants:
 * **The controller's cost follows the caller's jobs**: ``squeue --me`` (filtered by slurmctld;
   22.05's ``squeue --json`` would return the whole queue, whatever the filter) or ``--jobs ID``;
   an array is read task by task (``--array``), so an array's tasks are jobs of their own.
+* **A release's own fields only.**  From 26.05 squeue prints each job's SLUID (Slurm's id of
+  one execution, which a controller that lost its state does not give again, where job ids
+  start again); the backend asks for it only where its caller wants it and ``squeue
+  --version`` (read once, no controller call) says the release has it: an older squeue
+  refuses the whole format.
 """
 
 from __future__ import annotations
@@ -54,20 +59,38 @@ def slurm_time(value: Optional[str]) -> Optional[float]:
 SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "State", "RestartCnt", "UserID",
                  "NodeList", "SubmitTime", "StartTime", "EndTime", "exit_code")
 _SEP = "|"
+# The release that first prints SLUID (squeue -O SLUID, scontrol's SLUID=, SLURM_JOB_SLUID).
+SLUID_RELEASE = (26, 5)
 
 
-def squeue_format(nonces: tuple[str, str]) -> str:
+def squeue_fields(sluids: bool = False) -> tuple[str, ...]:
+    """The Slurm-controlled fields read, with the SLUID where the release has it."""
+    return SQUEUE_FIELDS + ("SLUID",) if sluids else SQUEUE_FIELDS
+
+
+def squeue_format(nonces: tuple[str, str], sluids: bool = False) -> str:
     """The ``squeue -O`` argument for :func:`parse_squeue` (nonces: hex, one per call)."""
-    fixed = ",".join(f"{name}:0{_SEP}" for name in SQUEUE_FIELDS)
+    fixed = ",".join(f"{name}:0{_SEP}" for name in squeue_fields(sluids))
     return f"{fixed},Reason:0{nonces[0]},Comment:0{nonces[1]}"
+
+
+def has_sluids(version_text: str) -> bool:
+    """``squeue --version``'s answer (``slurm 26.05.5``) names a release that prints SLUIDs."""
+    from .select import major_release
+    words = version_text.split()
+    found = major_release(words[-1]) if words else None
+    return found is not None and found >= SLUID_RELEASE
 
 
 def _new_nonces() -> tuple[str, str]:
     return "#" + os.urandom(12).hex() + "#", "#" + os.urandom(12).hex() + "#"
 
 
-def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = ()) -> list[Job]:
-    """Jobs from squeue output made with :func:`squeue_format` and the same ``nonces``."""
+def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = (),
+                 sluids: bool = False) -> list[Job]:
+    """Jobs from squeue output made with :func:`squeue_format` and the same ``nonces`` and
+    ``sluids``."""
+    fields = squeue_fields(sluids)
     reason_end, record_end = nonces
     chunks = text.split(record_end)
     tail = chunks.pop().strip()
@@ -78,11 +101,11 @@ def parse_squeue(text: str, nonces: tuple[str, str], argv: Sequence[str] = ()) -
     for chunk in chunks:
         chunk = chunk.lstrip("\n")
         head, found, comment = chunk.partition(reason_end)
-        parts = head.split(_SEP, len(SQUEUE_FIELDS))
-        if not found or len(parts) != len(SQUEUE_FIELDS) + 1:
+        parts = head.split(_SEP, len(fields))
+        if not found or len(parts) != len(fields) + 1:
             raise SlurmError("squeue printed a record that does not parse", argv=list(argv),
                              output=chunk[:500])
-        values = dict(zip(SQUEUE_FIELDS, parts))
+        values = dict(zip(fields, parts))
         jobs.append(_job_from_squeue(values, parts[-1], comment, argv))
     return jobs
 
@@ -100,7 +123,8 @@ def _job_from_squeue(values: dict[str, str], reason: str, comment: str,
     task = values["ArrayTaskID"]
     array = task.isdigit()
     state = values["State"].split()[0] if values["State"] else ""
-    return Job(values["JobID"], state,
+    sluid = values.get("SLUID", "")
+    return Job(values["JobID"], state, sluid="" if sluid in ("", "N/A", "(null)") else sluid,
                array_job_id=values["ArrayJobID"] if array else None,
                array_task_id=int(task) if array else None,
                reason=reason, restarts=restarts, nodes=nodes, uid=uid,
@@ -133,24 +157,39 @@ class CliBackend:
 
     name = "cli"
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, sluids: Optional[Callable[[], bool]] = None) -> None:
         self.run = run
+        self._asked = sluids  # the caller's answer, kept beyond this backend
+        self.sluids: Optional[bool] = None  # the release prints SLUIDs; None: not asked yet
+
+    def has_sluids(self) -> bool:
+        """The release prints SLUIDs (``squeue --version``, asked once; no controller call).
+        A squeue that does not say is taken for one that does not print them."""
+        if self._asked is not None:
+            return self._asked()
+        if self.sluids is None:
+            try:
+                self.sluids = has_sluids(self.run(["squeue", "--version"]).stdout)
+            except SlurmError:
+                self.sluids = False
+        return self.sluids
 
     # -- reads -----------------------------------------------------------------------------
-    def _squeue(self, selection: list[str]) -> list[Job]:
+    def _squeue(self, selection: list[str], sluids: bool = False) -> list[Job]:
         nonces = _new_nonces()
+        sluids = sluids and self.has_sluids()
         argv = ["squeue", *selection, "--noheader", "--array", "--states=all",
-                "--Format", squeue_format(nonces)]
-        return parse_squeue(self.run(argv).stdout, nonces, argv)
+                "--Format", squeue_format(nonces, sluids)]
+        return parse_squeue(self.run(argv).stdout, nonces, argv, sluids)
 
-    def user_jobs(self, uid: int) -> list[Job]:
+    def user_jobs(self, uid: int, sluids: bool = False) -> list[Job]:
         """The caller's own jobs (``squeue --me``: the controller filters them; ``uid`` is the
-        caller's)."""
-        return self._squeue(["--me"])
+        caller's), with their SLUIDs where asked for and the release has them."""
+        return self._squeue(["--me"], sluids)
 
-    def jobs(self, job_id: str) -> list[Job]:
+    def jobs(self, job_id: str, sluids: bool = False) -> list[Job]:
         try:
-            return self._squeue(["--jobs", job_id])
+            return self._squeue(["--jobs", job_id], sluids)
         except SlurmError as exc:
             if "invalid job id" in exc.output.lower():
                 return []

@@ -159,18 +159,22 @@ class Job:
     ``end_time`` are the current execution's, None while pending or running respectively (the
     scheduler's estimates are not kept).  ``exit_code`` is Slurm's, ``status:signal``
     (:func:`exit_code_text`), once the execution ended; None before, or where not known.
+    ``sluid`` is Slurm's id of the job's current execution where the release gives one (26.05),
+    else ''.
     """
 
     __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
                  "nodes", "uid", "comment", "submit_time", "start_time", "end_time",
-                 "exit_code")
+                 "exit_code", "sluid")
 
     def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
                  array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
                  nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
                  submit_time: Optional[float] = None, start_time: Optional[float] = None,
-                 end_time: Optional[float] = None, exit_code: Optional[str] = None) -> None:
+                 end_time: Optional[float] = None, exit_code: Optional[str] = None,
+                 sluid: str = "") -> None:
         self.job_id = job_id
+        self.sluid = sluid
         self.array_job_id = array_job_id
         self.array_task_id = array_task_id
         self.state = state

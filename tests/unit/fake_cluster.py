@@ -18,7 +18,9 @@ from .. import squeue_fake
 
 
 class FakeCluster:
-    def __init__(self, first_id: int = 100) -> None:
+    def __init__(self, first_id: int = 100, version: str = "24.11.5") -> None:
+        self.version = version  # from 26.05 every job has a SLUID, squeue -O prints it
+        self.sluids = itertools.count(1)
         self.jobs: dict[str, dict[str, str]] = {}
         self.first_id = first_id
         self.ids = itertools.count(first_id)
@@ -33,7 +35,8 @@ class FakeCluster:
     def add(self, state: str = "RUNNING", comment: str = "", **fields: str) -> str:
         jobid = str(next(self.ids))
         self.jobs[jobid] = {"JobId": jobid, "JobState": state, "Reason": "None",
-                            "Restarts": "0", "Comment": comment, **fields}
+                            "Restarts": "0", "Comment": comment,
+                            "SLUID": f"s8V5M96Z{next(self.sluids):06d}", **fields}
         return jobid
 
     def set(self, jobid: str, **fields: str) -> None:
@@ -89,7 +92,12 @@ class FakeCluster:
             return Result(argv, 0, "", "")
         if argv[0] == "sacct":  # like the sandbox's controller: no accounting
             return Result(argv, 1, "", "Slurm accounting storage is disabled\n")
+        if argv == ["squeue", "--version"]:
+            return Result(argv, 0, f"slurm {self.version}\n", "")
         if argv[0] == "squeue":
+            if "SLUID" in argv[-1] and self.version < "26.05":
+                return Result(argv, 1, "", "squeue: error: Invalid job format specification: "
+                              "SLUID\n")
             shown = squeue_fake.selected(argv, self.jobs.values(), os.getuid())
             return Result(argv, 0, squeue_fake.render(argv, shown), "")
         raise AssertionError(f"unexpected Slurm call {argv}")

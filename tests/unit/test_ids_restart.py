@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,70 @@ def test_a_ceased_answer_about_another_run_of_the_job_id_lifts_no_hold(
     assert other.answer.verdict == "error"
     assert f"--sluid {OLD}" in json.dumps(other.answer.evidence)
     assert ask(OLD).answer.verdict == "ceased"
+
+
+def _submitted_with_own_comment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                version: str) -> tuple[FakeCluster, Slurm, submit.SubmissionMade]:
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    cluster = FakeCluster(first_id=7, version=version)
+    slurm = Slurm(cluster, wait=0)
+    done = submit.submit_new(submit.read_request(
+        ["--checkpoint", "ck", "--comment=my own note", "job.sh"]), slurm)
+    assert done.slurm_job_id == "7"
+    assert not cluster.jobs["7"]["Comment"].startswith("dispatch:")  # no marker to go by
+    return cluster, slurm, done
+
+
+def _another_job_under_the_id(cluster: FakeCluster) -> str:
+    """The controller loses its state within SUBMIT_SLACK of the submission; a plain job of
+    the user's, submitted just now with a comment of its own too, gets the id again."""
+    cluster.lose_state()
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    other = cluster.add("RUNNING", "my own note", NodeList="n1", SubmitTime=now)
+    assert other == "7"
+    return other
+
+
+def test_a_submission_with_the_users_own_comment_is_told_from_another_job_by_its_sluid(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a marker (the user gave --comment), a Slurm job under the submission's id was
+    the submission when Slurm took it within SUBMIT_SLACK: after the controller lost its
+    state, `dispatch cancel` cancelled the user's other job under the id, `dispatch jobs` and
+    status showed it as the dispatch job's.  On 26.05 the submission records the job's SLUID
+    right after sbatch (squeue by id), and the readers tell the jobs apart by it."""
+    cluster, slurm, done = _submitted_with_own_comment(tmp_path, monkeypatch, "26.05.5")
+    job = record.JobRecord(done.job.path)
+    assert submit.live_slurm_jobs(slurm, job) == ["7"]  # before: the submission itself
+    sluid = cluster.jobs["7"]["SLUID"]
+    _another_job_under_the_id(cluster)
+    assert submit.cancel_job(slurm, job) == []
+    assert cluster.jobs["7"]["JobState"] == "RUNNING"
+    assert submit.wants_sluids([job])
+    views = slurm.own_jobs(sluids=True)  # as `dispatch jobs` and the supervisor read them
+    assert views["7"].sluid == cluster.jobs["7"]["SLUID"] != sluid
+    assert submit.own_views(job, views) == {}
+    data = status.collect(job, views, facts_reader=lambda jobid: [])
+    assert "RUNNING" not in json.dumps(data["submissions"]), data["submissions"]
+    [sub] = done.job.history().of(events.Submitted)
+    assert sub.sluid == sluid
+
+
+def test_a_requeued_submission_under_a_new_sluid_is_still_the_submission(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, slurm, done = _submitted_with_own_comment(tmp_path, monkeypatch, "26.05.5")
+    cluster.set("7", SLUID="s8V5M96ZZZZZ99", Restarts="1", JobState="PENDING")
+    assert submit.live_slurm_jobs(slurm, record.JobRecord(done.job.path)) == ["7"]
+
+
+def test_before_26_05_no_sluid_is_asked_for_and_times_decide_as_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, slurm, done = _submitted_with_own_comment(tmp_path, monkeypatch, "24.11.5")
+    [sub] = done.job.history().of(events.Submitted)
+    assert getattr(sub, "sluid", "") == ""
+    assert not any("SLUID" in " ".join(c) for c in cluster.calls)
+    _another_job_under_the_id(cluster)
+    # The release gives nothing to tell them apart: within SUBMIT_SLACK the job is taken
+    # for the submission, as before.
+    assert submit.live_slurm_jobs(slurm, record.JobRecord(done.job.path)) == ["7"]

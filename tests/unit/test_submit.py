@@ -86,10 +86,13 @@ def test_first_submission_records_job_and_sbatch_line(env: Path) -> None:
 def test_user_job_name_and_comment_are_kept(env: Path) -> None:
     fake = FakeController()
     fake.expect(["sbatch"], "7;cluster\n")
+    # No marker: the job's SLUID would tell it apart, but 24.11 has none (no controller call)
+    fake.expect(["squeue", "--version"], "slurm 24.11.5\n")
     done = make(["--checkpoint", "ck", "-J", "mine", "--comment=c", "job.sh"], fake)
     assert done.slurm_job_id == "7"
     assert not any(a.startswith("--job-name=") or a.startswith("--comment=dispatch")
                    for a in fake.calls[0])
+    assert fake.calls[1:] == [["squeue", "--version"]]
 
 
 def test_shared_checkpoint_disables_slurm_requeue(env: Path) -> None:
