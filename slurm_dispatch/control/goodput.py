@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from ..checkpoint import progress
+from ..slurm.jobs import END_STATES, is_running
 
 # Why an execution was followed by another one; the metrics' ``cause`` label values.
 CAUSES = ("preempted", "node failure", "failed", "timeout", "out of memory", "no progress",
@@ -58,10 +59,6 @@ CAUSES = ("preempted", "node failure", "failed", "timeout", "out of memory", "no
 _RULE_CAUSES = {"node failure": "node failure", "preempted": "preempted", "failed": "failed",
                 "timeout": "timeout", "out of memory": "out of memory",
                 "no progress": "no progress"}
-# Slurm's end states in a controller's end record (releases that give hooks SLURM_JOB_STATE).
-_SLURM_CAUSES = {"PREEMPTED": "preempted", "NODE_FAIL": "node failure", "BOOT_FAIL":
-                 "node failure", "FAILED": "failed", "TIMEOUT": "timeout", "DEADLINE":
-                 "timeout", "OUT_OF_MEMORY": "out of memory"}
 
 
 @dataclass(frozen=True)
@@ -173,8 +170,10 @@ def _slurm_end_state(execution: dict[str, Any]) -> Optional[str]:
         end = ((fact.get("controller") or {}).get("end") or {}) if isinstance(fact, dict) \
             else {}
         state = str((end.get("slurm") or {}).get("SLURM_JOB_STATE") or "").split(" ")[0]
-        if state in _SLURM_CAUSES:
-            return _SLURM_CAUSES[state]
+        # Slurm's end state in a controller's end record (releases that give hooks
+        # SLURM_JOB_STATE), as the rules name it, where that is a cause.
+        if END_STATES.get(state) in _RULE_CAUSES:
+            return END_STATES[state]
     return None
 
 
@@ -320,7 +319,7 @@ def _lane_figures(lane: _Lane) -> list[dict[str, Any]]:
         started = float(execution.get("started") or 0)
         allocated = _allocated_at(execution)
         ended = ended_at(execution)
-        running = str(execution.get("state") or "").startswith(("RUNNING", "COMPLETING"))
+        running = is_running(str(execution.get("state") or "").split(" ")[0])
         # Running as Slurm says, or (where Slurm was not asked) begun and not ended as the
         # hooks recorded it.
         is_open = after is None and ended is None and (running or _begun(execution))
