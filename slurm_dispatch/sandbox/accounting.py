@@ -113,7 +113,7 @@ def ensure_database(layout: Layout) -> list[str]:
     entry = pwd.getpwnam(DB_USER)
     own_folder(layout.db_dir, entry.pw_uid, entry.pw_gid, 0o755)
     if layout.db_made.exists():
-        return []
+        return _forget_cluster_id(layout)
     started = time.monotonic()
     log = layout.log_dir / "install-db.log"
     argv = [program("mariadb-install-db"), "--no-defaults", f"--datadir={layout.db_data}",
@@ -127,7 +127,22 @@ def ensure_database(layout: Layout) -> list[str]:
         raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}):\n" + tail(log))
     write_text(layout.db_made, f"{DATABASE}\n")
     return [f"made the accounting database's server in {layout.db_dir} "
-            f"({time.monotonic() - started:.1f} s)"]
+            f"({time.monotonic() - started:.1f} s)", *_forget_cluster_id(layout)]
+
+
+def _forget_cluster_id(layout: Layout) -> list[str]:
+    """slurmctld keeps the ClusterID its accounting gave it (``clustername`` in its state
+    folder) and stops at "CLUSTER ID MISMATCH" when slurmdbd's database holds another: one
+    saved before this database was made (a folder from before the sandbox kept accounting, or
+    whose server was made again) is removed, and slurmctld registers anew."""
+    saved = layout.state_save / "clustername"
+    try:
+        if saved.stat().st_mtime >= layout.db_made.stat().st_mtime:
+            return []
+        saved.unlink()
+    except FileNotFoundError:
+        return []
+    return [f"removed slurmctld's cluster id saved before its accounting database ({saved})"]
 
 
 def ensure_certificate(layout: Layout) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
@@ -454,3 +455,31 @@ def test_remove_leaves_nothing_of_the_sandbox_but_its_job_user(
     again = _bin("remove", "--dir", str(folder), env=env, timeout=60)
     assert (again.returncode, again.stdout) == (0, f"no sandbox folder {folder}: nothing to "
                                                    "remove\n"), again.stderr
+
+
+def test_a_folder_made_before_accounting_comes_up_with_it(sandbox: Sandbox) -> None:
+    """A sandbox folder made before the sandbox kept accounting (or whose database server was
+    made again) holds slurmctld's saved cluster id, which the new database does not know:
+    slurmctld stopped at "CLUSTER ID MISMATCH" and `up` failed (seen on every folder kept from
+    before the change: a machine that keeps its sandboxes would lose its real tier)."""
+    layout = sandbox_layout.Layout(sandbox.dir)
+    if not layout.db_made.exists():
+        pytest.skip("this sandbox keeps no accounting")
+    sandbox_lib.down(sandbox.dir)
+    saved = layout.state_save / "clustername"
+    try:
+        # What the folder looked like before: slurmctld's saved cluster id (an earlier
+        # database's), no database server of its own yet.
+        if not saved.exists():  # 22.05 saves it only at times; 24.11 and later always
+            saved.write_bytes(b"")
+        os.utime(saved, (time.time() - 3600, time.time() - 3600))
+        shutil.rmtree(layout.db_dir)
+        layout.db_made.unlink(missing_ok=True)
+    finally:
+        report = sandbox_lib.up(sandbox.dir, user=sandbox.user, source=REPO_ROOT)
+    assert report.status.running
+    assert any("cluster id saved before" in action for action in report.actions), \
+        report.actions
+    jobid = sandbox.submit("#!/bin/sh\ntrue\n")
+    sandbox.wait_for(lambda: sandbox.job_state(jobid)["JobState"] == "COMPLETED", 60,
+                     "a job to complete")
