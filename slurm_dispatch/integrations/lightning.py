@@ -12,7 +12,12 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   deletes nothing (``save_top_k`` is recorded for dispatch's cleanup, then set to keep every save).
 * Each save made through ``Trainer.save_checkpoint`` inside that folder gives exactly one
   publication, by the global-zero process after every rank synced its part and the strategy's
-  barrier passed.  A ``last`` checkpoint, which Lightning rewrites in place, is never published.
+  barrier passed.  Global zero seals the save (its manifest, and with a single rank the sync of
+  every file and folder) and publishes it in the background
+  (:mod:`..execution.background`) while training goes on: at most one save pending, the next
+  save's publication waits for it, and the requeue at the signal and ``teardown`` wait for it.
+  A process killed while a save is pending leaves it whole and unpublished, which cleanup
+  keeps.  A ``last`` checkpoint, which Lightning rewrites in place, is never published.
 * The requeue signal (SIGUSR1 unless the ``SLURMEnvironment`` names another) only sets a flag:
   Lightning's own handler, which saves inside the handler and requeues, is not installed.  At the
   end of the next training batch every rank saves, the save is published, and the job is
@@ -53,6 +58,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..errors import NotRequeued
+from ..execution.background import Publisher
 from ..execution.saves import (
     Execution,
     choose_resume,
@@ -114,6 +120,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         self._published_paths: set[str] = set()
         self._shared: Optional[bool] = None
         self._tops: dict[int, int] = {}  # each ModelCheckpoint's own save_top_k
+        self._publisher = Publisher()  # seals and publishes each save off the training thread
 
     # --- set-up and tear-down ---------------------------------------------------------------
 
@@ -173,7 +180,10 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if self.execution is None or stage != "fit":
             return
         trainer.__dict__.pop("save_checkpoint", None)
-        self._signal.hand_back()
+        try:
+            self._publisher.wait()  # the last save's publication, before fit returns
+        finally:
+            self._signal.hand_back()
         if self._not_requeued is not None:
             # Last, once everything above is undone: fit returning would end the job
             # COMPLETED, and the supervisor stops a completed job for good.
@@ -227,9 +237,15 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             trainer.strategy.barrier("dispatch.publish")
         self._published_paths.add(absolute)
         if trainer.is_global_zero:
-            seal_save(absolute, single_writer=single,
-                      bests=relative_saves(self.execution, self._bests(trainer)))
-            self.publications.append(publish_save(self.execution, trainer.global_step, absolute))
+            bests = relative_saves(self.execution, self._bests(trainer))
+            step = trainer.global_step
+            self._publisher.submit(lambda: self._seal_and_publish(absolute, single, bests, step))
+
+    def _seal_and_publish(self, save: str, single: bool, bests: list[str], step: int) -> None:
+        """On the publisher's thread: make the save durable, then publish it."""
+        assert self.execution is not None
+        seal_save(save, single_writer=single, bests=bests)
+        self.publications.append(publish_save(self.execution, step, save))
 
     def _bests(self, trainer: pl.Trainer) -> list[str]:
         """The saves Lightning keeps as its best now: each monitoring ModelCheckpoint's top k
@@ -265,7 +281,9 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         self._signal.raised = False
         path = os.path.join(self.execution.exec_dir, CHECKPOINTS,
                             REQUEUE_SAVE.format(step=trainer.global_step))
-        trainer.save_checkpoint(path)  # published when it returns
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero:
+            self._publisher.wait()  # requeued only once this save is published
         self._stopped = True
         why = requeue(path, self._shared, self._requeue_command) if trainer.is_global_zero \
             else None

@@ -12,8 +12,13 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   so another execution's saves are never seen, resumed from, or rotated away.
 * ``save_total_limit`` deletes nothing: it is recorded for dispatch's cleanup and turned off,
   because the Trainer's rotation sees one folder while a replacement may be loading from it.
-* Each save gives exactly one publication, made in ``on_save`` by the world's main process after
-  every rank has synced its part of the save to disk and passed a barrier.
+* Each save gives exactly one publication, made by the world's main process after every rank
+  has synced its part of the save to disk and passed a barrier.  The main process seals the save
+  (its manifest, and with a single rank the sync of every file and folder) and publishes it in
+  the background (:mod:`..execution.background`) while training goes on: at most one save
+  pending, the next save's publication waits for it, and ``on_train_end`` and a requeue at the
+  signal wait for it too.  A process killed while a save is pending leaves it whole and
+  unpublished, which cleanup keeps.
 * ``resume_from_checkpoint()`` returns the save to resume from: ``$DISPATCH_RESUME_FROM``, or
   the previous save of its lineage when that one cannot be loaded (see ``saves``).
 * The warning signal (the job's ``--warn-before TIME[:SIGNAL]``, SIGUSR1 unless it names
@@ -43,6 +48,7 @@ from typing import Any, Optional, Union
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ..errors import NotRequeued, UsageError
+from ..execution.background import Publisher
 from ..execution.saves import (
     Execution,
     choose_resume,
@@ -109,6 +115,7 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
         self._signal = SignalFlag()
         self._stopping = False  # a save was asked for at the signal; requeue after it
         self._not_requeued: Optional[str] = None
+        self._publisher = Publisher()  # seals and publishes each save off the training thread
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
@@ -169,10 +176,17 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
                 self.publications.append(s3saves.publish_local_save(
                     self.execution, self._uploader, state.global_step, save, bests))
             else:
-                seal_save(save, single_writer=single, bests=self._bests(state))
-                self.publications.append(publish_save(self.execution, state.global_step, save))
+                bests, step = self._bests(state), state.global_step
+                self._publisher.submit(lambda: self._seal_and_publish(save, single, bests, step))
         if self._stopping:
+            self._publisher.wait()  # requeued only once the save made at the signal is published
             self._requeue_after(args, state, save)
+
+    def _seal_and_publish(self, save: str, single: bool, bests: list[str], step: int) -> None:
+        """On the publisher's thread: make the save durable, then publish it."""
+        assert self.execution is not None
+        seal_save(save, single_writer=single, bests=bests)
+        self.publications.append(publish_save(self.execution, step, save))
 
     # --- the requeue signal -----------------------------------------------------------------
 
@@ -204,7 +218,10 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
-        self._signal.hand_back()
+        try:
+            self._publisher.wait()  # the last save's publication, before train() returns
+        finally:
+            self._signal.hand_back()
         if self._not_requeued is not None:
             # train() returning would end the job COMPLETED, where the supervisor stops.
             why, self._not_requeued = self._not_requeued, None
