@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -55,13 +56,17 @@ def block(out: str, where: str) -> None:
 
 
 class FaultyWriter(FileSystemWriter):  # type: ignore[misc]
-    def __init__(self, path: str, at: str, out: str, gate: threading.Event | None) -> None:
+    def __init__(self, path: str, at: str, out: str,
+                 gate: threading.Event | str | None) -> None:
         super().__init__(path)
         self.at, self.out, self.gate = at, out, gate
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         written = super().write_data(plan, planner)
-        if self.gate is not None:  # persistence may end only after the loop trained on
+        if isinstance(self.gate, str):  # in DCP's own process: a file, made once trained on
+            while not os.path.exists(self.gate):
+                time.sleep(0.05)
+        elif self.gate is not None:  # persistence may end only after the loop trained on
             self.gate.wait()
         if self.at == "write":
             block(self.out, "write")
@@ -104,7 +109,11 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
             say(do="load", loaded=path, hashes=hashes(sd))
             continue
         step, faulty = action["step"], action.get("fault_rank") == rank
-        gate = threading.Event() if action.get("overlap") and rank == world - 1 else None
+        gate: threading.Event | str | None = None
+        if action.get("overlap") and rank == world - 1:
+            # DCP's PROCESS mode pickles the writer into a process of its own: a file then.
+            gate = os.path.join(out, f"trained-{step}") if action.get("mode") == "process" \
+                else threading.Event()
         writer = None
         if faulty or gate is not None:
             writer = FaultyWriter(dcp.save_folder(step), action.get("fault", "") if faulty
@@ -116,7 +125,13 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
             dcp.save(sd, step=step, storage_writer=writer)
             say(do="saved", step=step, published=published(root, step))
             continue
-        future = dcp.async_save(sd, step=step, storage_writer=writer, process_group=persist)
+        options: dict[str, Any] = {}
+        if action.get("mode") == "process":  # DCP persists in a process of its own
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            options["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
+        future = dcp.async_save(sd, step=step, storage_writer=writer, process_group=persist,
+                                **options)
         seen = []
         for _ in range(action.get("overlap", 0)):  # training goes on meanwhile
             for value in sd["model"].values():
@@ -125,7 +140,9 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
             dist.all_reduce(total)
             seen.append(published(root, step))
         dist.barrier()  # every rank looked before the gated persistence may end
-        if gate is not None:
+        if isinstance(gate, str):
+            open(gate, "w").close()  # noqa: SIM115
+        elif gate is not None:
             gate.set()
         say(do="trained", step=step, published_meanwhile=seen)
         future.result()

@@ -183,3 +183,22 @@ def test_resuming_on_one_rank_from_four_gives_the_same_values(story: dict[str, A
     d = story["d"]
     assert d.lines[0][1]["loaded"] == str(story["a"].exec_dir / "step-2")
     assert d.lines[0][1]["hashes"] == saved(story["a"], 2)
+
+
+def test_process_mode_async_save_is_published_once_persisted_on_every_rank(
+        tmp_path: Path) -> None:
+    """AsyncCheckpointerType.PROCESS (torchtitan's async_with_pinned_mem): DCP persists in a
+    process of its own; the save is published, once, with every rank's shard in its manifest,
+    and no rank saw it published before its future was done."""
+    root = tmp_path / "ck"
+    root.mkdir()
+    run = launch(root, "a", 2, [{"do": "save", "step": 1, "async": True, "mode": "process",
+                                 "overlap": 2}])
+    assert [(f.step, f.path) for f in store.list_publications(str(root))] == [
+        (1, str(run.exec_dir / "step-1"))]
+    manifest = json.loads((run.exec_dir / "step-1" / "dispatch-manifest.json").read_text())
+    assert set(manifest["files"]) == {"__0_0.distcp", "__1_0.distcp", ".metadata"}
+    for rank in run.lines:  # rank 1's persistence waited until every rank trained on
+        assert [line["published"] for line in rank if line["do"] == "saved"] == [True]
+        assert [line["published_meanwhile"] for line in rank if line["do"] == "trained"] == \
+            [[False, False]]
