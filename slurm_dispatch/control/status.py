@@ -242,6 +242,7 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
             "exit_code": code,
             "restarts": info.restarts if info else None,
             "slurm_reason": info.reason if info else "",
+            **({"sluid": sub.sluid} if sub.sluid else {}),
         })
     # Slurm's own holds after a failed launch, of each lineage's latest submission: they run
     # only once released (the supervisor does it for an isolated job).

@@ -4,8 +4,9 @@ A controller restarted with its StateSaveLocation wiped numbers jobs from its Fi
 so the Slurm job id a dispatch record holds names another job, and a node's facts under that
 id hold both jobs' runs of restart 0.  The launcher records the execution's SLURM_JOB_SLUID and
 the hooks their facts' SLUIDs: dispatch status shows the execution its own run's facts, and
-dispatch-cease judges the run ``--sluid`` names.  On a release without SLUIDs (before 26.05)
-the test says so and skips.
+dispatch-cease judges the run ``--sluid`` names.  A submission without its marker (the user's
+own --comment) records its job's SLUID, and dispatch cancel and dispatch jobs leave another
+job under its id alone.  On a release without SLUIDs (before 26.05) the tests say so and skip.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def _controller_state_lost(sandbox: Any) -> None:
         s == "idle" for s in sandbox.node_states().values()), 90, "every node idle again")
 
 
+def _ids_from_the_start(work: Workdir) -> tuple[Any, str]:
+    """The sandbox (one with SLUIDs, else the test skips) whose controller numbers jobs from
+    FirstJobId again, and the node a test's jobs run on."""
+    sandbox: Any = work.sandbox
+    _sluid_or_skip(sandbox)
+    _controller_state_lost(sandbox)
+    return sandbox, sandbox.nodes[0]
+
+
 def _cease(work: Workdir, slurm_id: str, *extra: str) -> tuple[int, dict[str, Any]]:
     proc = work.run("dispatch-cease", slurm_id, "--restart", "0", "--json", *extra, check=False)
     assert proc.returncode in (0, 1), proc.stderr
@@ -59,10 +69,7 @@ def _cease(work: Workdir, slurm_id: str, *extra: str) -> tuple[int, dict[str, An
 
 def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its_sluid(
         work: Workdir) -> None:
-    sandbox: Any = work.sandbox
-    _sluid_or_skip(sandbox)
-    node = sandbox.nodes[0]
-    _controller_state_lost(sandbox)
+    sandbox, node = _ids_from_the_start(work)
     work.write("quick.sh", QUICK)
     job, slurm_id = work.submit("--checkpoint", "ck", "-w", node, "-o", "out-%j.txt",
                                 "quick.sh")
@@ -99,3 +106,30 @@ def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its
     # The supervisor leaves the finished job alone: the other job under its id is not its own.
     passed = work.run("dispatch", "supervise", check=False)
     assert not [line for line in (passed.stdout + passed.stderr).splitlines() if job in line]
+
+
+def test_a_submission_with_the_users_own_comment_is_told_by_its_sluid_after_ids_restart(
+        work: Workdir) -> None:
+    """Without a marker (the user's own --comment) the submission records its job's SLUID,
+    read right after sbatch; once the controller lost its state and another job of the
+    user's got the id, dispatch cancel leaves that job alone and dispatch jobs does not show
+    its state as the dispatch job's."""
+    sandbox, node = _ids_from_the_start(work)
+    work.write("sleeper.sh", SLEEPER)
+    job, slurm_id = work.submit("--checkpoint", "ck", "-w", node, "-o", "/dev/null",
+                                "--comment=my own note", "sleeper.sh")
+    ours = sandbox.run(["squeue", "-h", "-O", "SLUID", "-j", slurm_id]).stdout.strip()
+    [made] = work.status(job)["submissions"]
+    assert ours and made.get("sluid") == ours, made
+    _controller_state_lost(sandbox)
+    other = sandbox.submit(SLEEPER, "-w", node, "-o", "/dev/null", "--comment=my own note")
+    assert other == slurm_id
+    sandbox.wait_for(lambda: sandbox.job_state(other).get("JobState") == "RUNNING", 60,
+                     "the other job running")
+    cancelled = work.run("dispatch", "cancel", job)
+    assert "has no active Slurm job" in cancelled.stdout, cancelled.stdout
+    assert sandbox.job_state(other).get("JobState") == "RUNNING"
+    listed = work.run("dispatch", "jobs", "--json")
+    [mine] = [j for j in json.loads(listed.stdout) if j.get("id") == job]
+    assert "RUNNING" not in json.dumps(mine), mine
+    sandbox.run(["scancel", other])

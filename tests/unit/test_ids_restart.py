@@ -169,7 +169,7 @@ def test_a_submission_with_the_users_own_comment_is_told_from_another_job_by_its
     data = status.collect(job, views, facts_reader=lambda jobid: [])
     assert "RUNNING" not in json.dumps(data["submissions"]), data["submissions"]
     [sub] = done.job.history().of(events.Submitted)
-    assert sub.sluid == sluid
+    assert sub.sluid == sluid and data["submissions"][0]["sluid"] == sluid
 
 
 def test_a_requeued_submission_under_a_new_sluid_is_still_the_submission(
