@@ -369,6 +369,7 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
         upload_to = upload_to or os.environ.get("DISPATCH_EXEC_DIR")
     folder_v = required(folder, "--dir", "DISPATCH_STAGE_DIR" if on_s3 else "DISPATCH_EXEC_DIR")
     own = os.environ.get("DISPATCH_STAGE_DIR" if on_s3 else "DISPATCH_EXEC_DIR", "")
+    folder_v = watch_lib.spelled_as_own(folder_v, own) if own else folder_v
     if own and not (os.path.abspath(folder_v) + "/").startswith(os.path.abspath(own) + "/"):
         raise UsageError(f"--dir {folder_v!r} is outside this execution's folder {own!r}: "
                          "watch publishes only its own execution's saves")

@@ -44,7 +44,9 @@ Invariants:
 * A watched folder inside the execution's own folder that does not exist yet is waited for
   (the framework makes it at its first save); if it never appears, the end says so once.  One
   outside the execution's folder, a file in its place, one that cannot be read, or one that
-  goes after it appeared is a store error.
+  goes after it appeared is a store error.  A folder inside the execution's only once symlinks
+  are resolved (a relative ``--dir`` under a root reached through a symlink) is spelled below
+  it as the launcher spells it (:func:`spelled_as_own`).
 * A run that ends without an error having published nothing of the execution's folder (by
   watch or an integration) is never quiet: it says so, naming the folder watched and the names
   saves must have.  Entries of the execution's folder that the frameworks' default names call
@@ -557,6 +559,25 @@ class Watcher:
             return self.uploader.put(self.epoch, step, path, lambda: self.cancelled)
         finally:
             self.phase = (time.monotonic(), f"a scan of {self.folder!r}")
+
+
+def spelled_as_own(folder: str, own: str) -> str:
+    """``folder`` spelled below the execution's folder ``own`` as ``own`` is spelled, when it
+    is inside it only once symlinks are resolved; else ``folder`` as given.
+
+    ``cd "$DISPATCH_EXEC_DIR" && dispatch watch --dir ckpts`` makes an absolute path of the
+    working folder, which the system gives with every symlink resolved: under a root reached
+    through one (a home folder linked to a parallel file system), that path is not below
+    ``own`` as the launcher spelled it, nor below the root publications are named under."""
+    absolute, base = os.path.abspath(folder), os.path.abspath(own)
+    if (absolute + "/").startswith(base.rstrip("/") + "/"):
+        return folder
+    real, real_base = os.path.realpath(absolute), os.path.realpath(base)
+    if real == real_base:
+        return base
+    if real.startswith(real_base.rstrip("/") + "/"):
+        return os.path.join(base, os.path.relpath(real, real_base))
+    return folder
 
 
 def _is_folder(entry: os.DirEntry[str]) -> bool:

@@ -417,3 +417,22 @@ def test_dispatch_watch_takes_the_resume_source_from_the_job(root: Path, folder:
     assert published(root) == [(7, "checkpoint-7"), (1, "saved-1")]
     assert (f"dispatch watch: step 1 ({save}) is at or below step 7 of the save this "
             f"execution resumed from ({source})") in proc.stderr
+
+
+def test_a_relative_dir_under_a_symlinked_root_is_the_executions(root: Path, folder: Path,
+                                                                 tmp_path: Path) -> None:
+    """`cd "$DISPATCH_EXEC_DIR" && dispatch watch --dir ckpts`, the root reached through a
+    symlink (a home folder linked to a parallel file system): the working folder Python sees
+    is the physical one, which is still this execution's folder."""
+    link = tmp_path / "home-ck"
+    link.symlink_to(root)
+    own = link / "exec" / "a"
+    save = own / "ckpts" / "checkpoint-4"
+    proc = subprocess.run(
+        [*DISPATCH, "watch", "--interval", "0.05", "--dir", "ckpts", "--", "sh", "-c",
+         f"mkdir -p {save} && echo '{{}}' > {save}/trainer_state.json"],
+        env=watch_env(link, own), cwd=own, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert published(root) == [(4, "checkpoint-4")]
+    assert proc.stderr.splitlines() == [f"dispatch watch: published step 4: {save}"]
