@@ -45,7 +45,8 @@ node holding one of its files open for writing or mapped shared and writable.  T
 applies that rule; this module gives its parts.
 
 Invariants: a name's meaning depends on the name alone (so a name decided once never needs
-deciding again); nothing here follows a symlink, blocks on a FIFO, or writes; reading
+deciding again); nothing here follows a symlink (but :func:`step_named`, which only lists
+through one, to name saves no scan could see), blocks on a FIFO, or writes; reading
 ``/proc`` touches no other file system (links are read, never followed).
 """
 
@@ -160,12 +161,16 @@ class SaveRule:
 
 def step_named(folder: str) -> list[str]:
     """The entries under ``folder`` (at most :data:`NAMED_DEPTH` names deep, of the first
-    :data:`NAMED_LIMIT` entries) that the default rule names as saves with a step, sorted;
-    nothing under them is looked at, no symlink is followed, no name starting with "." is
-    entered.  What a run that published nothing may have missed."""
+    :data:`NAMED_LIMIT` entries) that the default rule names as saves with a step, sorted, as
+    reached from ``folder``; nothing under them is looked at, no name starting with "." is
+    entered.  What a run that published nothing may have missed.  A symlink to a folder is
+    looked through (listed, never written; each real folder once), as watch never does:
+    ``ln -s /scratch/run lightning_logs`` hides the saves behind it from watch, not from
+    this."""
     rule = SaveRule.make()
     found: list[str] = []
     pending = [(folder, 0)]
+    visited = {os.path.realpath(folder)}
     seen = 0
     while pending and seen < NAMED_LIMIT:
         path, depth = pending.pop()
@@ -179,9 +184,37 @@ def step_named(folder: str) -> list[str]:
                 continue
             if rule.step_of(entry.name) is not None:
                 found.append(entry.path)
-            elif depth + 1 < NAMED_DEPTH and entry.is_dir(follow_symlinks=False):
+            elif depth + 1 < NAMED_DEPTH and _folder_once(entry, visited):
                 pending.append((entry.path, depth + 1))
     return sorted(found)
+
+
+def _folder_once(entry: os.DirEntry[str], visited: set[str]) -> bool:
+    """``entry`` is a folder, or a symlink to one, whose real path was not entered yet."""
+    try:
+        if not entry.is_dir(follow_symlinks=True):
+            return False
+    except OSError:
+        return False
+    if not entry.is_symlink():
+        return True
+    real = os.path.realpath(entry.path)
+    if real in visited:
+        return False
+    visited.add(real)
+    return True
+
+
+def symlink_on(path: str, base: str) -> Optional[str]:
+    """The first symlink among the folders between ``base`` (itself not counted) and the
+    entry ``path`` below it; None when there is none."""
+    parts = os.path.relpath(path, base).split("/")[:-1]
+    at = base
+    for part in parts:
+        at = os.path.join(at, part)
+        if os.path.islink(at):
+            return at
+    return None
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

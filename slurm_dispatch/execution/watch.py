@@ -51,7 +51,8 @@ Invariants:
   watch or an integration) is never quiet: it says so, naming the folder watched and the names
   saves must have.  Entries of the execution's folder that the frameworks' default names call
   saves with a step (:func:`step_named`) and that were not published are named each with what
-  would have found it (``--dir``, ``--pattern``, ``--ready``), and the run ends non-zero (2
+  would have found it (``--dir``, ``--pattern``, ``--ready``; behind a symlink, which watch
+  never follows, writing them into the execution's folder), and the run ends non-zero (2
   when the command succeeded): a job whose saves nobody can resume is a failure.  A save
   still being written at the end is said as such and not counted.
 * A resumed execution ($DISPATCH_RESUME_FROM) that publishes a step at or below the step of
@@ -100,6 +101,7 @@ from .saverules import (
     registered_objects,
     snapshot,
     step_named,
+    symlink_on,
 )
 from .saves import sync_save
 from .watch_s3 import DOWNLOADS, Uploader
@@ -319,6 +321,10 @@ class Watcher:
         """What would have made watch publish the save at ``path``; None for a save that
         watch took for one and decided on (said already)."""
         parent, name = os.path.split(path)
+        link = symlink_on(path, self.exec_dir or self.folder)
+        if link is not None:
+            return (f"behind the symlink {link} -> {os.readlink(link)}, which watch never "
+                    "follows: write the saves into the execution's folder itself")
         inside = (path + "/").startswith(self.folder.rstrip("/") + "/")
         if not inside or (path.count("/") - self.folder.rstrip("/").count("/") > SCAN_DEPTH):
             return f"--dir {parent} would have found it"

@@ -162,6 +162,27 @@ def test_saves_watch_missed_are_named_with_what_finds_them_and_fail(root: Path,
     assert published(root) == []
 
 
+def test_saves_behind_a_symlinked_folder_are_named_and_fail(root: Path, folder: Path,
+                                                          tmp_path: Path) -> None:
+    """`ln -s /scratch/$USER/run "$DISPATCH_EXEC_DIR/lightning_logs"`: watch never follows a
+    symlink, so nothing is published; the saves behind it are named, and the run fails."""
+    scratch = tmp_path / "scratch"
+    save = lightning_file(scratch / "version_0" / "checkpoints" / "epoch=0-step=5.ckpt")
+    (folder / "lightning_logs").symlink_to(scratch)
+    (folder / "loop").symlink_to(folder)  # a symlink back up is looked through once, not for ever
+    shown = folder / "lightning_logs" / "version_0" / "checkpoints" / save.name
+    proc = run_watch(root, folder, "--", "true")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[1:] == [
+        f"dispatch watch: never published: {shown} (behind the symlink {folder}/lightning_logs "
+        f"-> {scratch}, which watch never follows: write the saves into the execution's "
+        "folder itself)",
+        "dispatch watch: 1 save(s) above were never published: watch exits non-zero (2 when "
+        "the command succeeded), so the job is a failure (the resubmit rule applies), not a "
+        "completed job whose work nobody can resume"], proc.stderr
+    assert published(root) == []
+
+
 def test_a_pattern_that_misses_the_saves_is_named(root: Path, folder: Path) -> None:
     hf_save(folder, 3)
     proc = run_watch(root, folder, "--pattern", "model_{step}.pt", "--", "true")
