@@ -145,10 +145,31 @@ def _forget_cluster_id(layout: Layout) -> list[str]:
     return [f"removed slurmctld's cluster id saved before its accounting database ({saved})"]
 
 
-def ensure_certificate(layout: Layout) -> list[str]:
+# The first release whose slurmdbd fails over TLS to this MariaDB (10.11): 26.05.5's first
+# query, `select @var := concat('')`, comes back as "5027 Number of columns in result (=1)
+# exceeds maximum allowed (=0)" and slurmdbd stops (fatal: _check_mysql_concat_is_sane).
+NO_TLS_FROM = (26, 5)
+
+
+def _speaks_tls(major: str) -> bool:
+    try:
+        return tuple(int(part) for part in major.split(".")[:2]) < NO_TLS_FROM
+    except ValueError:
+        return True
+
+
+def ensure_certificate(layout: Layout, major: str) -> list[str]:
     """The server's self-signed certificate and key in ``<state>/etc``, made once (the key
     root's and the mysql group's, 0640); none where ``openssl`` is not installed (slurmdbd
-    then connects without TLS, 5 s later on 24.11 and 26.05)."""
+    then connects without TLS, 5 s later on 24.11), and none for a release ``major`` whose
+    slurmdbd cannot speak TLS to this server (:data:`NO_TLS_FROM`: one made before is
+    removed, and the caller restarts the server without it)."""
+    if not _speaks_tls(major):
+        removed = [path for path in (layout.db_cert, layout.db_key) if path.exists()]
+        for path in removed:
+            path.unlink()
+        return [f"removed the accounting server's TLS certificate: Slurm {major}'s slurmdbd "
+                "fails over TLS to this MariaDB"] if removed else []
     if layout.db_key.exists() and layout.db_cert.exists():
         return []
     openssl = program("openssl")

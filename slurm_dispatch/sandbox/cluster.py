@@ -242,7 +242,10 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     major = (sandbox_root.held(root) if root is not None else sandbox_root.host_release())
     if keeps == accounting_lib.SLURMDBD:
         actions += accounting_lib.ensure_database(layout)
-        actions += accounting_lib.ensure_certificate(layout)
+        changed = accounting_lib.ensure_certificate(layout, major)
+        if changed:
+            # A running server speaks TLS as it started: start it again with what is now.
+            actions += changed + daemons.stop(daemons.mariadbd(layout))
     changed = write_config(layout, wanted, release, major, keeps)
     if changed:
         actions.append("wrote " + ", ".join(changed))
