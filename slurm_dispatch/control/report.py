@@ -29,6 +29,7 @@ where it would overlap the previous one of its lane.
 from __future__ import annotations
 
 import html
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -199,14 +200,27 @@ def layout(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
 
 
 def _ticks(view: Drawing) -> list[float]:
+    """At most nine moments to mark on the axis (none where a moment is no finite number)."""
+    if not (math.isfinite(view.first) and math.isfinite(view.last)):
+        return []
     span = max(view.last - view.first, 1.0)
-    step = next((s for s in _TICKS if span / s <= 8), _TICKS[-1])
+    # Past a week per tick (a hand-edited time far off): as many weeks as keep it to nine.
+    step = next((s for s in _TICKS if span / s <= 8),
+                _TICKS[-1] * math.ceil(span / 8 / _TICKS[-1]))
     first = (int(view.first) // step + 1) * step
     return [float(t) for t in range(first, int(view.last) + 1, step)]
 
 
+def _instant(moment: Optional[float]) -> str:
+    """A moment as _clock shows it; ``?`` for one no clock reads (a hand-edited 1e300)."""
+    try:
+        return _clock.instant(moment) if moment is not None else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
 def _tick_text(moment: float, step_hint: float) -> str:
-    shown = _clock.instant(moment)
+    shown = _instant(moment)
     return shown[11:] if step_hint < 86400 else shown[:16].replace("T", " ")
 
 
@@ -242,12 +256,12 @@ def _svg(view: Drawing, now: float) -> str:
         x1 = view.x(until)
         if lane.kind == "hold":
             out.append(_rect("hold", n, x0, x1, y, BAR * 0.6,
-                             f"{lane.label}: {_clock.instant(lane.start)} to "
-                             f"{_clock.instant(lane.end) if lane.end else 'now'} ({lane.note})"))
+                             f"{lane.label}: {_instant(lane.start)} to "
+                             f"{_instant(lane.end) if lane.end else 'now'} ({lane.note})"))
             continue
         out.append(_rect("running", n, x0, x1, y, BAR,
-                         f"{lane.label}: running {_clock.instant(lane.start)} to "
-                         f"{_clock.instant(lane.end) if lane.end else 'now'}"))
+                         f"{lane.label}: running {_instant(lane.start)} to "
+                         f"{_instant(lane.end) if lane.end else 'now'}"))
         # Done again: from the save its successor took up to the run's last sign of work
         # (Slurm's end, or a later publication of a cut-off run).
         redone_to = max([m.time for m in lane.marks] + [lane.end or 0.0])
@@ -255,20 +269,20 @@ def _svg(view: Drawing, now: float) -> str:
                 lane.redone_from < redone_to:
             out.append(_rect("redone", n, view.x(lane.redone_from), view.x(redone_to), y, BAR,
                              f"{lane.label}: done again by its successor after "
-                             f"{_clock.instant(lane.redone_from)}"))
+                             f"{_instant(lane.redone_from)}"))
         if lane.end is not None and not lane.open:
             proven = lane.ceased if lane.ceased is not None else view.last
             if proven > lane.end:
                 out.append(_rect("overlap", n, x1, view.x(proven), y, BAR * 0.5,
-                                 f"{lane.label}: ended {_clock.instant(lane.end)}, "
-                                 + (f"proven ceased {_clock.instant(lane.ceased)}"
+                                 f"{lane.label}: ended {_instant(lane.end)}, "
+                                 + (f"proven ceased {_instant(lane.ceased)}"
                                     if lane.ceased is not None else "not proven gone")))
             if lane.ceased is not None:
                 xc = view.x(lane.ceased)
                 out.append(f'<rect data-kind="ceased" data-lane="{n}" x="{xc - 1.5:.1f}" '
                            f'y="{y - BAR:.1f}" width="3" height="{BAR * 2}" '
                            f'fill="{COLOURS["ceased"]}"><title>{e(lane.label)}: proven ceased '
-                           f"{e(_clock.instant(lane.ceased))}</title></rect>")
+                           f"{e(_instant(lane.ceased))}</title></rect>")
         labelled = -1e9
         for m in sorted(lane.marks, key=lambda m: m.time):
             xm = view.x(m.time)
@@ -276,7 +290,7 @@ def _svg(view: Drawing, now: float) -> str:
             out.append(f'<circle data-kind="published" data-lane="{n}" data-step="{m.step}" '
                        f'cx="{xm:.1f}" cy="{y:.1f}" r="5" fill="{COLOURS["published"]}"{ring}>'
                        f"<title>{e(lane.label)}: step {m.step} published "
-                       f"{e(_clock.instant(m.time))} ({e(m.path)})</title></circle>")
+                       f"{e(_instant(m.time))} ({e(m.path)})</title></circle>")
             if xm - labelled >= 34:
                 out.append(f'<text x="{xm:.1f}" y="{y - 8:.1f}" text-anchor="middle" '
                            f'class="step">{m.step}</text>')
@@ -330,7 +344,7 @@ def _executions_table(data: dict[str, Any]) -> str:
     for f in figures:
         latency = f.get("save_latency_s") or {}
         rows.append([status_text.execution_label(f), _cell(f.get("node")),
-                     html.escape(_clock.instant(f["allocated"])) if f.get("allocated") else "-",
+                     html.escape(_instant(f["allocated"])) if f.get("allocated") else "-",
                      _seconds(f.get("waited_s")), _seconds(f.get("held_s")),
                      _cell(f.get("resumed_step")), _cell(f.get("redone_steps")),
                      _seconds(f.get("restore_s")), _seconds(f.get("first_save_s")),

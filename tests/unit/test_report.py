@@ -166,3 +166,26 @@ def test_dispatch_report_writes_the_page(job, tmp_path: Path,  # noqa: F811
     assert [p.name for p in target.parent.iterdir()] == ["job.html"]  # no temporary left
     result = CliRunner().invoke(cli.main, ["report", job.id, "-o", "-"])
     assert result.exit_code == 0 and result.output.startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("where", ["hold", "end", "publication"])
+def test_a_time_edited_far_off_renders_at_once(where: str) -> None:
+    """A record edited by hand with a time the schema takes (any number: 1e300, a year
+    past 9999) drew an axis of one tick a week to it: the page never came (a hang), and no
+    clock reads such a moment.  The axis keeps at most nine ticks; such a time reads '?'."""
+    data = json.loads(json.dumps(PARTITION))
+    found_marks = list(PARTITION_MARKS)
+    if where == "hold":
+        data["events"].append({"event": "hold", "time": 1e300, "submission": 1,
+                               "slurm_job_id": "7"})
+    elif where == "end":
+        data["executions"][1]["facts"][0]["end"] = {"time": 1e300}
+    else:
+        found_marks.append(dataclasses.replace(PARTITION_MARKS[0], time=1e18))
+    now = T0 + 2000
+    started = time.perf_counter()
+    page = report.render(with_figures(data, found_marks, now), found_marks, now=now)
+    assert time.perf_counter() - started < 2.0
+    view = report.layout(data, found_marks, now=now)
+    assert len(report._ticks(view)) <= 9
+    assert "step 10 published" in page
