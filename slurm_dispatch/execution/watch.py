@@ -59,6 +59,9 @@ Invariants:
   the save it resumed from is said once, with the option that restores the step where it is
   known (torchtitan's model-only resume restarts at step 1), and so is accelerate's save
   index, which is never compared with a step (``checkpoint/progress``); publishing goes on.
+* The save this watch published last, deleted before a newer one is published (a framework's
+  own rotation: Lightning's save_top_k is 1 by default), is said once: a replacement started
+  then would resume from a save that is gone.
 * A name's meaning never changes, so a name decided once (not a save, or at or below the
   mark) is never looked at again: a scan of a folder of old saves costs one listing, and one
   more per folder entered below it (those are listed at every scan: a save may appear there).
@@ -182,6 +185,9 @@ class Watcher:
         # it held; the save resumed from's, read once (registered_objects).
         self._objects: dict[str, int] = {}
         self._resumed_objects: Optional[int] = None
+        # The save this watch published last, and whether its deletion was said (once).
+        self._newest: Optional[str] = None
+        self._gone_said = False
 
     def _own_mark(self) -> int:
         if self.uploader is not None:
@@ -253,6 +259,7 @@ class Watcher:
         stable: list[tuple[int, str]] = []
         settled = self._settled
         listed = self._listing()
+        self._say_newest_gone()
         for name in listed:
             if name in settled:
                 continue
@@ -288,6 +295,22 @@ class Watcher:
         if published and self.keep is not None and not self.cancelled:
             self._clean(self.keep)
         return published
+
+    def _say_newest_gone(self) -> None:
+        """Once per run: the save this watch published last is gone (POSIX; on S3 the upload
+        is the save).  A framework's own rotation deletes a save as soon as it has written the
+        next (Lightning's save_top_k is 1 by default), before watch can confirm that one: a
+        replacement started then resumes from a save that is not there."""
+        if self._newest is None or self._gone_said or self.uploader is not None \
+                or os.path.lexists(self._newest):
+            return
+        self._gone_said = True
+        self.report(f"the newest published save {self._newest} was deleted before a newer one "
+                    "was published (the trainer's own rotation?): a replacement started now "
+                    "would resume from a save that is gone; keep every save (Lightning's "
+                    "save_top_k -1, accelerate's total_limit unset, torchtitan's "
+                    "--checkpoint.keep-latest-k 0, Hugging Face's save_total_limit unset) and "
+                    "let dispatch clean up (--keep)")
 
     def published_anything(self) -> bool:
         """A publication names a save of this execution's folder (of the watched folder when
@@ -522,6 +545,7 @@ class Watcher:
         if self.uploader is not None and self.cancelled:
             return None  # the scan overran while the save was uploading: not published
         self.mark = step
+        self._newest = path
         self._settle(name)
         if self.rule.counts_objects(os.path.basename(name)):
             folder = os.path.dirname(name)

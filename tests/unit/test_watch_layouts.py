@@ -457,3 +457,25 @@ def test_a_relative_dir_under_a_symlinked_root_is_the_executions(root: Path, fol
     assert proc.returncode == 0, proc.stderr
     assert published(root) == [(4, "checkpoint-4")]
     assert proc.stderr.splitlines() == [f"dispatch watch: published step 4: {save}"]
+
+
+def test_a_published_save_the_trainer_deletes_is_said_once(root: Path, folder: Path) -> None:
+    """Lightning's ModelCheckpoint keeps one save by default (save_top_k=1): it deletes the
+    save watch published as soon as it has written the next, which watch has not confirmed
+    yet; a replacement started then resumes from a save that is gone."""
+    lines: list[str] = []
+    w = Watcher(str(root), str(folder), EPOCH, SaveRule.make(), lines.append,
+                exec_dir=str(folder))
+    where = folder / "lightning_logs" / "version_0" / "checkpoints"
+    first = lightning_file(where / "epoch=0-step=3.ckpt")
+    assert two_scans(w) == [3]
+    lightning_file(where / "epoch=0-step=6.ckpt")
+    first.unlink()
+    assert w.scan() == [] and w.scan()[0].step == 6
+    assert lines[1:] == [
+        f"the newest published save {first} was deleted before a newer one was published "
+        "(the trainer's own rotation?): a replacement started now would resume from a save "
+        "that is gone; keep every save (Lightning's save_top_k -1, accelerate's total_limit "
+        "unset, torchtitan's --checkpoint.keep-latest-k 0, Hugging Face's save_total_limit "
+        "unset) and let dispatch clean up (--keep)",
+        f"published step 6: {where}/epoch=0-step=6.ckpt"]
