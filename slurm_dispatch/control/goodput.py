@@ -40,10 +40,14 @@ Each execution of a lineage (the whole job, or one array task), in the order the
 
 Invariant: every figure is computed from recorded moments only; one that cannot be is None,
 never guessed.  The cause is one of :data:`CAUSES` (a bounded set: it becomes a metric label).
+The work grows with the executions, events and publications, not with their product
+(:func:`owned` finds each execution's publications in one walk): an array of thousands of tasks
+is figured in a fraction of a second.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 import statistics
 from dataclasses import dataclass
@@ -197,20 +201,15 @@ def _task_of(event: dict[str, Any]) -> str:
 class _Lane:
     """One lineage's executions, oldest first, with what the record says about them."""
 
-    def __init__(self, data: dict[str, Any], lane: str, all_marks: list[Mark],
-                 now: float) -> None:
-        self.executions = sorted((e for e in data.get("executions") or []
-                                  if _in_lane(e) == lane),
-                                 key=lambda e: float(e.get("started") or 0))
+    def __init__(self, executions: list[dict[str, Any]], events: list[dict[str, Any]],
+                 submissions: list[dict[str, Any]], owned: dict[str, list[Mark]],
+                 by_path: dict[str, Mark], now: float) -> None:
+        self.executions = sorted(executions, key=lambda e: float(e.get("started") or 0))
         self.now = now
-        self.events = [e for e in data.get("events") or []
-                       if _task_of(e) in ("", lane)]
-        self.submissions = {int(s.get("submission") or 0): s
-                            for s in data.get("submissions") or []
-                            if str(s.get("task") if s.get("task") is not None else "")
-                            in ("", lane)}
-        self.marks = [[m for m in all_marks if _own(e, m)] for e in self.executions]
-        self.by_path = {m.path: m for m in all_marks}
+        self.events = events
+        self.submissions = {int(s.get("submission") or 0): s for s in submissions}
+        self.marks = [owned.get(_folder(e), []) for e in self.executions]
+        self.by_path = by_path
 
     def holds(self) -> list[tuple[float, float]]:
         """Each hold's span, from when it was made to its release or expiry (or now)."""
@@ -223,9 +222,36 @@ class _Lane:
         return spans
 
 
-def _own(execution: dict[str, Any], mark: Mark) -> bool:
-    folder = str(execution.get("exec_dir") or "").rstrip("/")
-    return bool(folder) and mark.path.startswith(folder + "/")
+def _folder(execution: dict[str, Any]) -> str:
+    return str(execution.get("exec_dir") or "").rstrip("/")
+
+
+def owned(executions: Iterable[dict[str, Any]], found: Iterable[Mark]
+          ) -> dict[str, list[Mark]]:
+    """Each execution folder's publications (those below it), in ``found``'s order: one walk
+    up each publication's path, so an array of thousands of tasks costs no more per task."""
+    out: dict[str, list[Mark]] = {f: [] for f in map(_folder, executions) if f}
+    for m in found:
+        head = m.path
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            if head in out:
+                out[head].append(m)
+    return out
+
+
+def _by_lane(items: Iterable[Any], lane_of: Any) -> tuple[list[Any], dict[str, list[Any]]]:
+    """(the items of every lane, {lane: its own}): ``lane_of`` gives "" for every lane."""
+    common: list[Any] = []
+    own: dict[str, list[Any]] = {}
+    for n, item in enumerate(items):
+        lane = lane_of(item)
+        (common if lane == "" else own.setdefault(lane, [])).append((n, item))
+    return common, own
+
+
+def _merged(common: list[Any], own: list[Any]) -> list[Any]:
+    return [item for _, item in heapq.merge(common, own, key=lambda pair: pair[0])]
 
 
 def _source(execution: dict[str, Any]) -> str:
@@ -396,14 +422,26 @@ def _time(execution: dict[str, Any], figure: dict[str, Any], after: Optional[dic
 def figures(data: dict[str, Any], found: list[Mark], now: float) -> dict[str, Any]:
     """The goodput of the job the status ``data`` describes, with ``found`` its publications
     (:func:`marks`) and ``now`` the end of a running execution.  JSON-ready."""
-    lanes = sorted({_in_lane(e) for e in data.get("executions") or []})
+    by_lane: dict[str, list[dict[str, Any]]] = {}
+    for e in data.get("executions") or []:
+        by_lane.setdefault(_in_lane(e), []).append(e)
+    all_events, lane_events = _by_lane(data.get("events") or [], _task_of)
+    all_subs, lane_subs = _by_lane(
+        data.get("submissions") or [],
+        lambda s: str(s.get("task") if s.get("task") is not None else ""))
+    folders = owned(data.get("executions") or [], found)
+    by_path = {m.path: m for m in found}
     executions: list[dict[str, Any]] = []
-    for lane in lanes:
-        executions += _lane_figures(_Lane(data, lane, found, now))
     causes = {cause: 0 for cause in CAUSES}
-    for e in executions:
-        if e["cause"] is not None and e is not _last_of(executions, e):
-            causes[e["cause"]] += 1
+    for lane in sorted(by_lane):
+        these = _lane_figures(_Lane(
+            by_lane[lane], _merged(all_events, lane_events.get(lane, [])),
+            _merged(all_subs, lane_subs.get(lane, [])), folders, by_path, now))
+        # The last execution's cause is how the lineage ended, no restart.
+        for e in these[:-1]:
+            if e["cause"] is not None:
+                causes[e["cause"]] += 1
+        executions += these
     allocated = sum(e["allocated_s"] for e in executions if e["allocated_s"] is not None)
     lost = sum(e["lost_s"] for e in executions if e["lost_s"] is not None)
     redone = [e["redone_steps"] for e in executions if e["redone_steps"] is not None]
@@ -418,7 +456,3 @@ def figures(data: dict[str, Any], found: list[Mark], now: float) -> dict[str, An
         "held_s": round(sum(e["held_s"] or 0.0 for e in executions), 3),
     }
 
-
-def _last_of(executions: list[dict[str, Any]], e: dict[str, Any]) -> dict[str, Any]:
-    """The last execution of ``e``'s lane: its cause is how the lineage ended, no restart."""
-    return [x for x in executions if x["array_task_id"] == e["array_task_id"]][-1]

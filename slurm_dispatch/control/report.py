@@ -37,7 +37,7 @@ from typing import Any, Optional
 from .. import _clock
 from ..slurm.jobs import is_running
 from . import status_text
-from .goodput import Mark, ceased_at, ended_at
+from .goodput import Mark, ceased_at, ended_at, owned
 
 __all__ = ["COLOURS", "Drawing", "layout", "render"]
 
@@ -149,9 +149,16 @@ def layout(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
     figures = {(f.get("submission"), f.get("restart"), f.get("array_task_id") or ""): f
                for f in (data.get("goodput") or {}).get("executions") or []}
     lanes: list[Lane] = []
+    folders = owned(executions, marks)
+    # Each execution's successor in its lineage (the next one of its array task).
+    successors: list[Optional[dict[str, Any]]] = [None] * len(executions)
+    after: dict[str, dict[str, Any]] = {}
+    for i in range(len(executions) - 1, -1, -1):
+        task = executions[i].get("array_task_id") or ""
+        successors[i] = after.get(task)
+        after[task] = executions[i]
     for i, e in enumerate(executions):
-        own = [m for m in marks if e.get("exec_dir")
-               and m.path.startswith(str(e["exec_dir"]).rstrip("/") + "/")]
+        own = folders.get(str(e.get("exec_dir") or "").rstrip("/"), [])
         figure = figures.get((e.get("submission"), e.get("restart"),
                               e.get("array_task_id") or "")) or {}
         started = float(figure.get("allocated") or e.get("started") or now)
@@ -161,9 +168,7 @@ def layout(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
             end = figure.get("ended")
         # The part of this run after the save its successor took up: done again.
         redone_from = None
-        successor = next((n for n in executions[i + 1:]
-                          if (n.get("array_task_id") or "") == (e.get("array_task_id") or "")),
-                         None)
+        successor = successors[i]
         if successor is not None:
             redone_from = _taken_at(e, successor, own, figures, started)
         label = status_text.execution_label(e)

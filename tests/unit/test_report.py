@@ -189,3 +189,30 @@ def test_a_time_edited_far_off_renders_at_once(where: str) -> None:
     view = report.layout(data, found_marks, now=now)
     assert len(report._ticks(view)) <= 9
     assert "step 10 published" in page
+
+
+def test_an_array_of_thousands_of_tasks_is_figured_and_drawn_in_linear_time() -> None:
+    """Each task's lineage took every execution, event and publication of the job again (and
+    the page each execution's publications and successor likewise): 1000 tasks of 5
+    publications took 3.2 s to figure and 1.7 s to draw, 4000 ten times that, for each
+    dispatch status and report.  Now one pass groups them."""
+    executions, marks, events = [], [], []
+    for t in range(2000):
+        executions.append({"submission": 1, "restart": 0, "node": "n1", "started": T0 + t,
+                           "state": "COMPLETED", "exec_dir": f"/ck/exec/t{t}",
+                           "resume_from": "", "array_task_id": str(t),
+                           "facts": [{"end": {"time": T0 + t + 100}}]})
+        events.append({"event": "started", "time": T0 + t, "task": t, "submission": 1})
+        marks += [goodput.Mark(T0 + t + 10 * k, f"/ck/exec/t{t}/checkpoint-{k}", k)
+                  for k in range(1, 6)]
+    data = {"id": "darray", "checkpoint": "/ck", "events": events, "executions": executions,
+            "submissions": [{"submission": 1, "task": None, "submitted": T0 - 5}]}
+    now = T0 + 5000
+    started = time.perf_counter()
+    page = report.render(with_figures(data, marks, now), marks, now=now)
+    took = time.perf_counter() - started
+    assert took < 2.0, f"{took:.2f} s"
+    figures = goodput.figures(data, marks, now)
+    assert figures["restarts"] == 0 and len(figures["executions"]) == 2000
+    assert [e["reached_step"] for e in figures["executions"][:3]] == [5, 5, 5]
+    assert len([s for s in shapes(page).shapes if s["data-kind"] == "published"]) == 10000
