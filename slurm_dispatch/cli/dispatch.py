@@ -402,15 +402,17 @@ def watch(root: Optional[str], folder: Optional[str], upload_to: Optional[str],
     return code
 
 
-def _status_data(job: str) -> tuple[Any, dict[str, Any], Optional[str]]:
-    """The record of ``job``, what `dispatch status` shows of it, and this cluster's name."""
+def _status_data(job: str, marks: Optional[list[Any]] = None
+                 ) -> tuple[Any, dict[str, Any], Optional[str]]:
+    """The record of ``job``, what `dispatch status` shows of it, and this cluster's name
+    (``marks``: filled with the publications its goodput was figured from)."""
     from ..control import status
     from ..slurm.adapter import Slurm
     slurm = Slurm.for_people(_say)
     slurm_jobs = slurm.own_jobs()
     here = slurm.cluster()
     record_ = status.open_job(job, slurm_jobs, here)
-    data = status.collect(record_, slurm_jobs)
+    data = status.collect(record_, slurm_jobs, marks=marks)
     data["cluster"] = data["cluster"] or here
     return record_, data, here
 
@@ -465,12 +467,11 @@ def report(job: str, output: Optional[str]) -> None:
       dispatch report dk3v9x2p -o ~/public_html/job.html
     """
     from .. import _fsio
-    from ..checkpoint import roots
     from ..control import report as page
-    from ..control.goodput import marks
-    record_, data, _ = _status_data(job)
-    root = str(data["checkpoint"])
-    text = page.render(data, marks(root) if not roots.has_patterns(root) else [])
+    # The publications the figures were made from: each task's root where the root has %a.
+    found: list[Any] = []
+    record_, data, _ = _status_data(job, found)
+    text = page.render(data, found)
     if output == "-":
         click.echo(text, nl=False)
         return

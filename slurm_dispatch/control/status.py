@@ -192,7 +192,11 @@ def _own_facts(facts: Sequence[Mapping[str, Any]], restart: int, sluid: str
 
 
 def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
-            facts_reader: Optional[FactsReader] = None) -> dict[str, Any]:
+            facts_reader: Optional[FactsReader] = None,
+            marks: Optional[list[goodput.Mark]] = None) -> dict[str, Any]:
+    """What ``dispatch status`` shows of ``job`` (JSON-ready); ``marks``, where given, is
+    filled with the publications its goodput was figured from (every root's, a root per
+    array task's too), for a page that draws them."""
     # Another dispatch job's Slurm jobs are never this one's (an old record has no cluster),
     # nor a job under a submission's id without its marker (ids start again when slurmctld
     # loses its state).
@@ -346,7 +350,10 @@ def collect(job: record.JobRecord, slurm_jobs: dict[str, Job],
         # Why the next submission would fail at once (its interpreter is gone), with the fix.
         "launcher_problem": None if history.lineage().settled else _launcher_problem(job),
     }
-    found["goodput"] = goodput.figures(found, _marks(listings), time.time())
+    found_marks = _marks(listings)
+    if marks is not None:
+        marks[:] = found_marks
+    found["goodput"] = goodput.figures(found, found_marks, time.time())
     return found
 
 

@@ -216,3 +216,35 @@ def test_an_array_of_thousands_of_tasks_is_figured_and_drawn_in_linear_time() ->
     assert figures["restarts"] == 0 and len(figures["executions"]) == 2000
     assert [e["reached_step"] for e in figures["executions"][:3]] == [5, 5, 5]
     assert len([s for s in shapes(page).shapes if s["data-kind"] == "published"]) == 10000
+
+
+def test_a_root_per_array_task_has_its_publications_drawn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root with %a (each task its own) was drawn with no publication at all, and no work
+    done again, while the page's own goodput table (status's, which lists each task's root)
+    counted them: the page now draws the publications its figures were made from."""
+    from slurm_dispatch.checkpoint import publish as store
+    from slurm_dispatch.control import submit
+    from slurm_dispatch.slurm.adapter import Slurm
+
+    from .fake_cluster import FakeCluster
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck/%a", "--array=0-1",
+                                                  "job.sh"]), Slurm(FakeCluster(), wait=0))
+    for task in (0, 1):
+        exec_dir = tmp_path / "ck" / str(task) / "exec" / f"e{task}"
+        (exec_dir / "save").mkdir(parents=True)
+        done.job.append("started", submission=1, slurm_job_id=str(1 + task),
+                        array_job_id="1", array_task_id=str(task), restart=0,
+                        attempt=f"a{task}", epoch=1_000_000, exec_dir=str(exec_dir),
+                        resume_from="", node="n1", nodes="n1", host="h", pid=1)
+        store.publish(str(tmp_path / "ck" / str(task)), 1_000_000, 10 + task,
+                      str(exec_dir / "save"))
+    monkeypatch.setattr(status, "_facts_reader", lambda: None)
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    result = CliRunner().invoke(cli.main, ["report", done.job.id, "-o", "-"])
+    assert result.exit_code == 0, result.output
+    drawn = [s for s in shapes(result.output).shapes if s["data-kind"] == "published"]
+    assert sorted(s["data-step"] for s in drawn) == ["10", "11"]
