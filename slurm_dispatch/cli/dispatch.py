@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import stat
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
@@ -477,6 +478,18 @@ def report(job: str, output: Optional[str]) -> None:
         return
     target = output or f"dispatch-report-{record_.id}.html"
     folder, name = os.path.split(os.path.abspath(target))
+    try:
+        shown = os.stat(target)
+    except OSError:
+        shown = None
+    if shown is not None and not stat.S_ISREG(shown.st_mode) and not stat.S_ISDIR(shown.st_mode):
+        # A terminal, /dev/stdout, /dev/null, a pipe: written through, never replaced.
+        try:
+            with open(target, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {target}: {exc.strerror}") from exc
+        return
     try:
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

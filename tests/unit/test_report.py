@@ -248,3 +248,33 @@ def test_a_root_per_array_task_has_its_publications_drawn(
     assert result.exit_code == 0, result.output
     drawn = [s for s in shapes(result.output).shapes if s["data-kind"] == "published"]
     assert sorted(s["data-step"] for s in drawn) == ["10", "11"]
+
+
+def test_a_page_written_onto_a_device_goes_through_it(job, tmp_path: Path,  # noqa: F811
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """-o onto what is not a regular file (a terminal, /dev/stdout, /dev/null) writes through
+    it.  The page replaced whatever had the name: run as root, -o /dev/null left a regular
+    file as /dev/null (seen), and -o /dev/stdout replaced the link."""
+    import os
+    monkeypatch.setattr(status, "_facts_reader", lambda: None)
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    reader, writer = os.openpty()
+    try:
+        os.set_blocking(reader, False)
+        terminal = os.ttyname(writer)
+        result = CliRunner().invoke(cli.main, ["report", job.id, "-o", terminal])
+        assert result.exit_code == 0, result.output
+        got = b""
+        while True:
+            try:
+                chunk = os.read(reader, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            got += chunk
+        assert got.startswith(b"<!DOCTYPE html>")
+        assert not Path(terminal).is_file()
+    finally:
+        os.close(reader)
+        os.close(writer)
