@@ -59,7 +59,9 @@ def job_costs(home: str, now: float) -> dict[str, Any]:
     errors: list[str] = []
     for job in record.all_jobs(home):
         try:
-            got = goodput.figures(status.collect(job, {}), _marks_of(job), now)
+            # The publications status figured from: every root's, each task's of a %a root.
+            found: list[goodput.Mark] = []
+            got = goodput.figures(status.collect(job, {}, marks=found), found, now)
             history = job.history()
         except (DispatchError, OSError, ValueError) as exc:
             errors.append(f"{job.id}: {exc}")
@@ -80,17 +82,6 @@ def job_costs(home: str, now: float) -> dict[str, Any]:
     if errors:
         costs["errors"] = errors
     return costs
-
-
-def _marks_of(job: record.JobRecord) -> list[goodput.Mark]:
-    """The publications of the job's one root (none for a root with %a patterns: each
-    task's is its own, and an S3 root's carry no time here)."""
-    from ..checkpoint import roots
-    root = str(job.spec.get("checkpoint") or "")
-    if not root or roots.has_patterns(root) or root.startswith("s3://") or \
-            not os.path.isdir(root):
-        return []
-    return goodput.marks(root)
 
 
 def _add_job(costs: dict[str, Any], got: dict[str, Any], now: float) -> None:

@@ -232,3 +232,26 @@ def test_what_restarts_cost_is_written_per_user_with_bounded_labels(
     assert all(set(dict(labels)) <= allowed for _, labels in samples)
     assert {dict(labels)["cause"] for name, labels in samples
             if name == "slurm_dispatch_restarts_total"} == set(goodput.CAUSES)
+
+
+def test_the_costs_of_a_root_per_array_task_count_its_publications(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --checkpoint ck/%a job's costs were figured with no publication at all (the records
+    file read only a root without patterns): a running task publishing every minute showed
+    the time since its start as its progress age, and SlurmDispatchNoProgress fired for it
+    after an hour.  They are now figured from the publications dispatch status lists."""
+    import time as clock
+
+    from .test_report import per_task_job
+    now = clock.time()
+    per_task_job(tmp_path, monkeypatch)
+    home = tmp_path / "home"
+    monkeypatch.setattr("slurm_dispatch.control.status._facts_reader",
+                        lambda: lambda jobid: [{"restart": 0, "nodes": {
+                            "n1": {"start": {"time": now}}}}])
+    for task in (0, 1):  # published a minute and a half before the metrics run, 2 h on
+        for entry in (tmp_path / "ck" / str(task) / "pub").iterdir():
+            os.utime(entry, (now + 7110, now + 7110))
+    costs = dashboard.job_costs(str(home), now + 7200)
+    assert "errors" not in costs, costs
+    assert costs["progress_age"] is not None and costs["progress_age"] < 600

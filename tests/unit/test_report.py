@@ -223,25 +223,7 @@ def test_a_root_per_array_task_has_its_publications_drawn(
     """A root with %a (each task its own) was drawn with no publication at all, and no work
     done again, while the page's own goodput table (status's, which lists each task's root)
     counted them: the page now draws the publications its figures were made from."""
-    from slurm_dispatch.checkpoint import publish as store
-    from slurm_dispatch.control import submit
-    from slurm_dispatch.slurm.adapter import Slurm
-
-    from .fake_cluster import FakeCluster
-    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
-    done = submit.submit_new(submit.read_request(["--checkpoint", "ck/%a", "--array=0-1",
-                                                  "job.sh"]), Slurm(FakeCluster(), wait=0))
-    for task in (0, 1):
-        exec_dir = tmp_path / "ck" / str(task) / "exec" / f"e{task}"
-        (exec_dir / "save").mkdir(parents=True)
-        done.job.append("started", submission=1, slurm_job_id=str(1 + task),
-                        array_job_id="1", array_task_id=str(task), restart=0,
-                        attempt=f"a{task}", epoch=1_000_000, exec_dir=str(exec_dir),
-                        resume_from="", node="n1", nodes="n1", host="h", pid=1)
-        store.publish(str(tmp_path / "ck" / str(task)), 1_000_000, 10 + task,
-                      str(exec_dir / "save"))
+    done = per_task_job(tmp_path, monkeypatch)
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
     monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
     result = CliRunner().invoke(cli.main, ["report", done.job.id, "-o", "-"])
@@ -278,3 +260,28 @@ def test_a_page_written_onto_a_device_goes_through_it(job, tmp_path: Path,  # no
     finally:
         os.close(reader)
         os.close(writer)
+
+
+def per_task_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An array of two tasks on root ck/%a, each task's execution running and publishing
+    step 10 + task in its own root."""
+    from slurm_dispatch.checkpoint import publish as store
+    from slurm_dispatch.control import submit
+    from slurm_dispatch.slurm.adapter import Slurm
+
+    from .fake_cluster import FakeCluster
+    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    done = submit.submit_new(submit.read_request(["--checkpoint", "ck/%a", "--array=0-1",
+                                                  "job.sh"]), Slurm(FakeCluster(), wait=0))
+    for task in (0, 1):
+        exec_dir = tmp_path / "ck" / str(task) / "exec" / f"e{task}"
+        (exec_dir / "save").mkdir(parents=True)
+        done.job.append("started", submission=1, slurm_job_id=str(1 + task),
+                        array_job_id="1", array_task_id=str(task), restart=0,
+                        attempt=f"a{task}", epoch=1_000_000, exec_dir=str(exec_dir),
+                        resume_from="", node="n1", nodes="n1", host="h", pid=1)
+        store.publish(str(tmp_path / "ck" / str(task)), 1_000_000, 10 + task,
+                      str(exec_dir / "save"))
+    return done
