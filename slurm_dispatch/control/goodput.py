@@ -25,7 +25,8 @@ Each execution of a lineage (the whole job, or one array task), in the order the
   time to its first step after resuming, that time less the steps to the first save at the
   pace of its own later saves (None with fewer than two saves); ``save_latency_s``: from a
   save's last write (its own mtime) to its publication: median, greatest, sum and count;
-* ``open``: it runs (Slurm says so, or the hooks recorded its start and no end), and
+* ``open``: it runs (Slurm says so, or the hooks recorded its start and no end, and neither
+  Slurm gave an end state nor the supervisor recorded the lineage finished), and
   ``last_progress`` the time of its latest publication (else its start);
 * ``cause``: why it ended, one of :data:`CAUSES`: for a Slurm requeue (the same submission
   ran again) the controller's end state where Slurm gave one, else ``node failure`` where a
@@ -348,7 +349,12 @@ def _lane_figures(lane: _Lane) -> list[dict[str, Any]]:
         running = is_running(str(execution.get("state") or "").split(" ")[0])
         # Running as Slurm says, or (where Slurm was not asked) begun and not ended as the
         # hooks recorded it.
-        is_open = after is None and ended is None and (running or _begun(execution))
+        # Never open once Slurm gave an end state or the supervisor finished the lineage: a
+        # node cut off for good records no end, and the execution would age for ever.
+        said_ended = str(execution.get("state") or "").split(" ")[0] in END_STATES
+        finished = any(e.get("event") == "finished" for e in lane.events)
+        is_open = after is None and ended is None and not said_ended and not finished and \
+            (running or _begun(execution))
         if ended is None and after is not None:
             ended = _allocated_at(after)
         if ended is None and running:

@@ -218,3 +218,20 @@ def test_status_shows_the_summary_and_json_has_it_all(job: record.JobRecord,
     assert set(shown) >= {"executions", "restarts_by_cause", "lost_s", "goodput"}
     assert set(shown["executions"][1]) >= {"waited_s", "held_s", "redone_steps", "restore_s",
                                            "save_latency_s", "cause", "lost_s"}
+
+
+@pytest.mark.parametrize("state", ["COMPLETED (recorded)", "RUNNING"])
+def test_a_finished_execution_whose_node_recorded_no_end_is_not_open(state: str) -> None:
+    """A node cut off for good never records its end: the execution stayed open for ever,
+    its progress age grew for ever and SlurmDispatchNoProgress fired for a job long done.
+    An end state Slurm gave, or the lineage's finished event, closes it."""
+    data = {"id": "dfinish", "checkpoint": "/ck",
+            "submissions": [{"submission": 1, "task": None, "submitted": T0 - 5}],
+            "events": [{"event": "finished", "time": T0 + 100, "submission": 1,
+                        "end_state": "completed"}] if state == "RUNNING" else [],
+            "executions": [{"submission": 1, "restart": 0, "node": "n1", "started": T0,
+                            "state": state, "exec_dir": "/ck/exec/A", "resume_from": "",
+                            "facts": [{"restart": 0,
+                                       "nodes": {"n1": {"start": {"time": T0}}}}]}]}
+    (got,) = goodput.figures(data, [], T0 + 86400)["executions"]
+    assert got["open"] is False
