@@ -491,7 +491,7 @@ def report(job: str, output: Optional[str]) -> None:
             raise click.ClickException(f"cannot write {target}: {exc.strerror}") from exc
         return
     try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = _fsio.open_dir(folder, follow=True)
         try:
             # Whole or not at all: an earlier page stays until the new one is written.
             _fsio.replace(name, text.encode(), 0o644, dir_fd=dir_fd, sync=False)

@@ -396,8 +396,7 @@ def render(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
     meta = " · ".join(e(str(v)) for v in (data.get("script"), data.get("cluster"),
                                            data.get("checkpoint"), data.get("state")) if v)
     body = (f"<h1>{e(title)}</h1><p class=\"meta\">{meta}<br>made "
-            f"{e(_clock.with_zone(now))} by dispatch report; times are "
-            f"{e(time.strftime('%Z', time.localtime(now)))}</p>"
+            f"{e(_clock.with_zone(now))} by dispatch report; times are in that zone</p>"
             + _summary(data.get("goodput") or {}) + _legend()
             + (f'<div class="scroll">{_svg(view, now)}</div>' if view.lanes else
                "<p>No execution has started yet.</p>")

@@ -649,9 +649,9 @@ class Supervisor:
             done = self._submit(job, n, f"{end} ({spent}){seen}", [], None,
                                 claim, report, task)
             if done:
-                free = "" if spent.startswith("budget") else f" ({spent}: --restart-on-exit)"
+                unspent = "" if spent.startswith("budget") else f" ({spent}: --restart-on-exit)"
                 report.actions.append(f"{who}: {end}{seen}: resubmitted as submission {n + 1} "
-                                      f"(Slurm job {_shown(done.slurm_job_id, task)}){free}")
+                                      f"(Slurm job {_shown(done.slurm_job_id, task)}){unspent}")
             return
         # action == "hold": the next submission is made, held, for a person or the signal.
         deadline = round(self.clock() + self.settings.hold_for, 3)

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from slurm_dispatch.checkpoint import gc, model
-from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.control import record
 from slurm_dispatch.errors import StoreError, UsageError
 from slurm_dispatch.execution import launch
@@ -218,18 +217,19 @@ def test_the_launcher_records_on_the_store_and_starts_again_when_its_source_goes
     a, a_pubs, b, b_pubs = lineage(world)
     job = record.create_job({"generation": 0, "checkpoint": world.root, "script": "job.py"},
                             b"#!/bin/sh\n", home=str(tmp_path / "home"))
-    real_latest = store.latest
+    real_choose = launch.quarantine.choose
     seen: list[str] = []
 
-    def latest_then_cleanup(root: str, **kwargs: object) -> object:
-        found = real_latest(root, **kwargs)  # type: ignore[arg-type]
+    def choose_then_cleanup(st: object) -> object:
+        # The launcher's read of the latest (not quarantined) publication, since 915b6d7.
+        found, passed = real_choose(st)  # type: ignore[arg-type]
         assert found is not None
         if not seen:
             world.store.delete_publications([found.name])  # what cleanup does first
         seen.append(found.name)
-        return found
+        return found, passed
 
-    monkeypatch.setattr(launch.store, "latest", latest_then_cleanup)
+    monkeypatch.setattr(launch.quarantine, "choose", choose_then_cleanup)
     env = {**os.environ, "TMPDIR": str(tmp_path), "SLURM_JOB_ID": "7"}
     values = launch.identity(job, 2, env)
     assert seen == [b_pubs[1], b_pubs[0]]
