@@ -14,9 +14,9 @@ Role: whether a sandbox keeps accounting (:func:`wanted`: ``$DISPATCH_SANDBOX_AC
 ``slurmdbd`` by default where the release has slurmdbd, or ``none``), ``slurmdbd.conf``
 (:func:`render_slurmdbd_conf`, beside slurm.conf, where slurmdbd looks: it takes no ``-f``),
 the server's first data folder (:func:`ensure_database`, ``mariadb-install-db`` once) and its
-TLS certificate (self-signed, made once with ``openssl``): 24.11's and 26.05's slurmdbd (MariaDB
-Connector/C 3.4) first try TLS even on a socket, and without it connected only on a retry 5 s
-later; 22.05's does not care.
+TLS certificate (self-signed, made once with ``openssl``) for 22.05's slurmdbd only: 24.11's
+and 26.05's (MariaDB Connector/C 3.4) stop at their first query over TLS to this server
+(:data:`NO_TLS_FROM`), and connect without it on a retry 5 s later.
 
 Invariant: nothing outside the state folder is read or written; the server never listens on
 a network port.
@@ -145,10 +145,11 @@ def _forget_cluster_id(layout: Layout) -> list[str]:
     return [f"removed slurmctld's cluster id saved before its accounting database ({saved})"]
 
 
-# The first release whose slurmdbd fails over TLS to this MariaDB (10.11): 26.05.5's first
-# query, `select @var := concat('')`, comes back as "5027 Number of columns in result (=1)
-# exceeds maximum allowed (=0)" and slurmdbd stops (fatal: _check_mysql_concat_is_sane).
-NO_TLS_FROM = (26, 5)
+# The first release whose slurmdbd fails over TLS to this MariaDB (10.11): 24.11's and 26.05's
+# first query, `select @var := concat('')`, comes back as "5027 Number of columns in result
+# (=1) exceeds maximum allowed (=0)" and slurmdbd stops (fatal: _check_mysql_concat_is_sane);
+# without TLS they connect on a retry 5 s later.  22.05's speaks TLS to it.
+NO_TLS_FROM = (24, 11)
 
 
 def _speaks_tls(major: str) -> bool:
@@ -160,8 +161,8 @@ def _speaks_tls(major: str) -> bool:
 
 def ensure_certificate(layout: Layout, major: str) -> list[str]:
     """The server's self-signed certificate and key in ``<state>/etc``, made once (the key
-    root's and the mysql group's, 0640); none where ``openssl`` is not installed (slurmdbd
-    then connects without TLS, 5 s later on 24.11), and none for a release ``major`` whose
+    root's and the mysql group's, 0640); none where ``openssl`` is not installed, and none
+    for a release ``major`` whose
     slurmdbd cannot speak TLS to this server (:data:`NO_TLS_FROM`: one made before is
     removed, and the caller restarts the server without it)."""
     if not _speaks_tls(major):
