@@ -80,8 +80,8 @@ def test_24_11s_and_26_05s_server_speaks_no_tls(tmp_path: Path) -> None:
     """24.11's and 26.05's slurmdbd stop at their first query over TLS to this MariaDB (10.11):
     "5027 Number of columns in result (=1) exceeds maximum allowed (=0)", then "fatal:
     _check_mysql_concat_is_sane" (seen on every fresh 26.05 sandbox after 1475552, and on
-    24.11's in make test: neither real tier could start).  Without TLS it connects.  A certificate made for such a
-    folder before is removed, so the server starts without it."""
+    24.11's in make test: neither real tier could start).  Without TLS it connects.  A
+    certificate made for such a folder before is removed, so the server starts without it."""
     layout = Layout(tmp_path / "sb")
     layout.etc.mkdir(parents=True)
     layout.db_cert.write_text("cert\n")
