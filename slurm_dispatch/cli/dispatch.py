@@ -1029,9 +1029,8 @@ def unquarantine(root: Optional[str], save: str, timeout: Optional[str]) -> None
     """Lift the quarantine of SAVE: executions may resume from it again."""
     from ..checkpoint import quarantine as marks
 
-    root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-    gone = marks.lift(root_v, save, parse_timeout(timeout))
-    click.echo(f"lifted the quarantine of {save}" if gone else f"{save} was not quarantined")
+    _lift(root, save, timeout, marks.lift, f"lifted the quarantine of {save}",
+          f"{save} was not quarantined")
 
 
 @main.command()
@@ -1077,9 +1076,14 @@ def unpin(root: Optional[str], save: str, timeout: Optional[str]) -> None:
     """Let cleanup treat SAVE by its rules again (it may then be removed)."""
     from ..checkpoint import gc as cleanup
 
+    _lift(root, save, timeout, cleanup.unpin, f"unpinned {save}", f"{save} was not pinned")
+
+
+def _lift(root: Optional[str], save: str, timeout: Optional[str],
+          lift: Callable[[str, str, Optional[float]], bool], lifted: str, absent: str) -> None:
+    """`dispatch unpin` and `dispatch unquarantine`: remove SAVE's mark, and say which."""
     root_v = required(root, "--root", "DISPATCH_CHECKPOINT")
-    gone = cleanup.unpin(root_v, save, parse_timeout(timeout))
-    click.echo(f"unpinned {save}" if gone else f"{save} was not pinned")
+    click.echo(lifted if lift(root_v, save, parse_timeout(timeout)) else absent)
 
 
 
