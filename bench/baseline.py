@@ -28,8 +28,10 @@ def checked(src: str) -> Path:
     """``src`` as a source tree of this project, or exit naming what is missing."""
     path = Path(src).resolve()
     if not (path / "pyproject.toml").is_file() or not (path / "slurm_dispatch").is_dir():
-        raise SystemExit(f"--baseline-src {src}: not a slurm-dispatch source tree "
-                         "(no pyproject.toml and slurm_dispatch/ there)")
+        raise SystemExit(
+            f"--baseline-src {src}: not a slurm-dispatch source tree "
+            "(no pyproject.toml and slurm_dispatch/ there)"
+        )
     return path
 
 
@@ -37,11 +39,13 @@ def console_script(python: str, src: Path, script: str) -> str:
     """The text of ``script``'s console script as pip writes it (``#!python``, ``import re,
     sys``, the entry point's import, ``sys.exit(entry())``), importing from ``src`` first."""
     module, function = entry_point(src, script)
-    return (f"#!{python}\nimport re\nimport sys\nsys.path.insert(0, {str(src)!r})\n"
-            f"from {module} import {function}\n"
-            "if __name__ == '__main__':\n"
-            "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
-            f"    sys.exit({function}())\n")
+    return (
+        f"#!{python}\nimport re\nimport sys\nsys.path.insert(0, {str(src)!r})\n"
+        f"from {module} import {function}\n"
+        "if __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+        f"    sys.exit({function}())\n"
+    )
 
 
 def copy_package(src: Path, target: Path) -> Path:
@@ -49,8 +53,11 @@ def copy_package(src: Path, target: Path) -> Path:
     for a baseline another user must read; returns ``target``."""
     target.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / "pyproject.toml", target / "pyproject.toml")
-    shutil.copytree(src / "slurm_dispatch", target / "slurm_dispatch",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        src / "slurm_dispatch",
+        target / "slurm_dispatch",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
     return target
 
 
@@ -58,5 +65,8 @@ def compile_tree(python: str, src: Path) -> None:
     """Byte-compile ``src/slurm_dispatch`` for ``python``, as pip does for an installed copy: a
     tree never compiled is compiled again by every process where bytecode is not written
     (``PYTHONDONTWRITEBYTECODE``, a folder the runner cannot write), which a bench would count."""
-    subprocess.run([python, "-m", "compileall", "-q", str(src / "slurm_dispatch")], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [python, "-m", "compileall", "-q", str(src / "slurm_dispatch")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )

@@ -26,8 +26,9 @@ Where the sandbox keeps accounting, each command's bill at slurmdbd is read too 
 clear stats`` before, ``sacctmgr show stats`` after): the user's RPCs there (its ``sacct``
 calls), and the types of every user's (slurmctld's own messages about its jobs included).
 
-Target (issue 20): a pass costs no more RPCs than one ``squeue --me`` plus one ``sbatch`` per
-resubmission it makes, whatever the number of jobs; at slurmdbd (issue 29), no more than one
+Target (bench/README.md, what we cost the controller): a pass costs no more RPCs than one
+``squeue --me`` plus one ``sbatch`` per resubmission it makes, whatever the number of jobs; at
+slurmdbd, no more than one
 ``sacct -j`` per submission slurmctld forgot, and nothing for the others.  Every command runs
 as the sandbox user (``dispatch-cease`` too, as the supervisor asks it), commands one at a
 time, so the user's RPCs are the command's own.  Dispatch records go to ``DISPATCH_HOME`` in
@@ -58,8 +59,8 @@ from bench_sbatch import job_id, sandbox_options, source_identity  # noqa: E402
 from slurm_dispatch.sandbox import clients as sandbox_clients  # noqa: E402
 from slurm_dispatch.sandbox import cluster as sandbox  # noqa: E402
 from slurm_dispatch.sandbox import layout as sandbox_layout  # noqa: E402
+from slurm_dispatch.slurm.release import major_release  # noqa: E402
 from slurm_dispatch.slurm.select import ENV_VAR as BACKEND_ENV  # noqa: E402
-from slurm_dispatch.slurm.select import major_release  # noqa: E402
 from tests import sdiag  # noqa: E402
 from tests.real import pyslurm_build  # noqa: E402
 
@@ -85,16 +86,25 @@ class Cluster:
         # What the last cost() cost slurmdbd (None without accounting).
         self.dbd_cost: sdiag.Cost | None = None
 
-    def run(self, argv: Sequence[str], as_user: bool = True, check: bool = True,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        full = sandbox_clients.command(list(argv), Path(self.dir),
-                                       user=self.user if as_user else None,
-                                       cwd=Path(self.scratch))
-        proc = subprocess.run(full, env=self.env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+    def run(
+        self, argv: Sequence[str], as_user: bool = True, check: bool = True, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        full = sandbox_clients.command(
+            list(argv), Path(self.dir), user=self.user if as_user else None, cwd=Path(self.scratch)
+        )
+        proc = subprocess.run(
+            full,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(full)} exited {proc.returncode}\n"
-                               f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+            raise RuntimeError(
+                f"{' '.join(full)} exited {proc.returncode}\n"
+                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
         return proc
 
     def root(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -110,6 +120,7 @@ class Cluster:
 
         def command() -> None:
             out["stdout"] = self.run(argv, check=check).stdout
+
         daemons = (sdiag.SLURMCTLD, sdiag.SLURMDBD) if self.accounting else (sdiag.SLURMCTLD,)
         costs = sdiag.measure_all(self.root, self.user, command, daemons)
         self.dbd_cost = costs[1] if self.accounting else None
@@ -128,8 +139,9 @@ class Cluster:
             time.sleep(0.5)
 
 
-def scratch_folder(layout: sandbox_layout.Layout, user: str,
-                   files: list[tuple[str, str, int]]) -> str:
+def scratch_folder(
+    layout: sandbox_layout.Layout, user: str, files: list[tuple[str, str, int]]
+) -> str:
     """A scratch folder ``user`` owns under the sandbox's ``bench/``, holding ``files``."""
     parent = layout.root / "bench"
     parent.mkdir(mode=0o755, exist_ok=True)
@@ -146,8 +158,7 @@ def scratch_folder(layout: sandbox_layout.Layout, user: str,
     return scratch
 
 
-def wind_up(cl: Cluster, scratch: str, directory: str, keep: bool,
-            results: dict[str, Any]) -> None:
+def wind_up(cl: Cluster, scratch: str, directory: str, keep: bool, results: dict[str, Any]) -> None:
     """After a bench on its own sandbox: cancel every job of the user (resubmissions too),
     note the load, and unless ``keep`` remove the scratch folder and stop the sandbox."""
     cl.run(["scancel", "-u", cl.user], as_user=False, check=False)
@@ -157,8 +168,9 @@ def wind_up(cl: Cluster, scratch: str, directory: str, keep: bool,
         sandbox.down(directory)
 
 
-def emit(args: argparse.Namespace, results: dict[str, Any],
-         report: Callable[[dict[str, Any]], None]) -> None:
+def emit(
+    args: argparse.Namespace, results: dict[str, Any], report: Callable[[dict[str, Any]], None]
+) -> None:
     """One JSON document on stdout with ``--json``, else the report and the elapsed time."""
     if args.json:
         json.dump(results, sys.stdout, indent=2)
@@ -183,14 +195,21 @@ def pyslurm_overlay(cl: Cluster) -> Path:
         return cl.run(argv, as_user=False, check=False, timeout=1800)
 
     wheel = pyslurm_build.wheel_for(release, python, run, staging=staging)
-    return pyslurm_build.install_into(Path(cl.dir) / "pyslurm" / f"{release[0]}.{release[1]}",
-                                      wheel, python, run, staging=staging)
+    return pyslurm_build.install_into(
+        Path(cl.dir) / "pyslurm" / f"{release[0]}.{release[1]}", wheel, python, run, staging=staging
+    )
 
 
-def row(label: str, cost: sdiag.Cost, dbd: sdiag.Cost | None = None,
-        **extra: Any) -> dict[str, Any]:
-    found = {"command": label, "rpcs": cost.rpcs, "total_us": cost.total_us,
-             "by_type": cost.by_type, **extra}
+def row(
+    label: str, cost: sdiag.Cost, dbd: sdiag.Cost | None = None, **extra: Any
+) -> dict[str, Any]:
+    found = {
+        "command": label,
+        "rpcs": cost.rpcs,
+        "total_us": cost.total_us,
+        "by_type": cost.by_type,
+        **extra,
+    }
     if dbd is not None:
         found.update(dbd_rpcs=dbd.rpcs, dbd_total_us=dbd.total_us, dbd_by_type=dbd.by_type)
     return found
@@ -209,8 +228,9 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
     jobs.append(job_id(out))
     rows.append(row("sbatch --hold job.sh", cost, cl.dbd_cost))
     sbatch_rpcs = cost.rpcs
-    cost, out = cl.cost([cl.tool("dispatch-sbatch"), "--parsable", "--hold",
-                         "--checkpoint", "ck-one", "job.sh"])
+    cost, out = cl.cost(
+        [cl.tool("dispatch-sbatch"), "--parsable", "--hold", "--checkpoint", "ck-one", "job.sh"]
+    )
     jobs.append(job_id(out))
     rows.append(row("dispatch-sbatch --hold --checkpoint ck-one job.sh", cost, cl.dbd_cost))
     squeue_rpcs = rows[0]["rpcs"]
@@ -221,28 +241,68 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
         jobs.extend(sweep(cl, known, size - known))
         known = size
         cost, _ = cl.cost([cl.tool("dispatch"), "supervise"])
-        rows.append(row(f"dispatch supervise: one pass, {size} held jobs known", cost,
-                        cl.dbd_cost, jobs=size, actions=0, target=squeue_rpcs,
-                        dbd_target=0))
+        rows.append(
+            row(
+                f"dispatch supervise: one pass, {size} held jobs known",
+                cost,
+                cl.dbd_cost,
+                jobs=size,
+                actions=0,
+                target=squeue_rpcs,
+                dbd_target=0,
+            )
+        )
     cost, _ = cl.cost([cl.tool("dispatch"), "status", jobs[-1]])
     rows.append(row(f"dispatch status JOB ({known} jobs known)", cost, cl.dbd_cost))
 
     say(args, f"{args.act} dispatch jobs with --resubmit 1 that fail at once")
-    failing = [job_id(cl.run([cl.tool("dispatch-sbatch"), "--parsable", "--resubmit", "1",
-                              "--checkpoint", f"ck-fail-{i}", "fail.sh"]).stdout)
-               for i in range(args.act)]
+    failing = [
+        job_id(
+            cl.run(
+                [
+                    cl.tool("dispatch-sbatch"),
+                    "--parsable",
+                    "--resubmit",
+                    "1",
+                    "--checkpoint",
+                    f"ck-fail-{i}",
+                    "fail.sh",
+                ]
+            ).stdout
+        )
+        for i in range(args.act)
+    ]
     jobs.extend(failing)
     cl.wait(lambda: not set(failing) & set(cl.queue()), 180, "the failing jobs to end")
     cost, out = cl.cost([cl.tool("dispatch"), "supervise"])
     resubmitted = out.count("resubmitted as submission")
-    rows.append(row(f"dispatch supervise: one pass, {known + args.act} jobs known, "
-                    f"{resubmitted} resubmitted", cost, cl.dbd_cost, jobs=known + args.act,
-                    actions=resubmitted, target=squeue_rpcs + resubmitted * sbatch_rpcs,
-                    dbd_target=0))
+    rows.append(
+        row(
+            f"dispatch supervise: one pass, {known + args.act} jobs known, "
+            f"{resubmitted} resubmitted",
+            cost,
+            cl.dbd_cost,
+            jobs=known + args.act,
+            actions=resubmitted,
+            target=squeue_rpcs + resubmitted * sbatch_rpcs,
+            dbd_target=0,
+        )
+    )
 
     say(args, f"a dispatch job over all {args.nodes} nodes")
-    wide = job_id(cl.run([cl.tool("dispatch-sbatch"), "--parsable", "-N", str(args.nodes),
-                          "--checkpoint", "ck-wide", "wide.sh"]).stdout)
+    wide = job_id(
+        cl.run(
+            [
+                cl.tool("dispatch-sbatch"),
+                "--parsable",
+                "-N",
+                str(args.nodes),
+                "--checkpoint",
+                "ck-wide",
+                "wide.sh",
+            ]
+        ).stdout
+    )
     jobs.append(wide)
     cl.wait(lambda: wide not in cl.queue(), 300, f"job {wide} over {args.nodes} nodes to end")
     deadline = time.monotonic() + 120
@@ -256,20 +316,29 @@ def measure(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> N
     rows.append(row(f"dispatch-cease JOBID ({args.nodes} nodes)", cost, cl.dbd_cost))
     # The hooks' facts of the wide job, as the sandbox's StateDir (dispatch-state) holds them:
     # each node's Prolog writes start.<node>.*, its Epilog end.<node>.*.
-    folder = (Path(cl.dir) / "dispatch-state" / "facts" / str(pwd.getpwnam(cl.user).pw_uid)
-              / wide)
+    folder = Path(cl.dir) / "dispatch-state" / "facts" / str(pwd.getpwnam(cl.user).pw_uid) / wide
     names = [p.name.split(".") for p in folder.iterdir()] if folder.is_dir() else []
     results["cease"] = {
-        "job": wide, "exit": proc.returncode, "ceased": verdict.get("ceased"),
-        "reason": verdict.get("reason"), "nodes_in_verdict": len(verdict.get("nodes", [])),
+        "job": wide,
+        "exit": proc.returncode,
+        "ceased": verdict.get("ceased"),
+        "reason": verdict.get("reason"),
+        "nodes_in_verdict": len(verdict.get("nodes", [])),
         "prolog_nodes": len({n[1] for n in names if n[0] == "start"}),
-        "epilog_nodes": len({n[1] for n in names if n[0] == "end"})}
+        "epilog_nodes": len({n[1] for n in names if n[0] == "end"}),
+    }
     if cl.accounting:
         forgotten(args, cl, rows, known + args.act + 1, squeue_rpcs, sbatch_rpcs)
 
 
-def forgotten(args: argparse.Namespace, cl: Cluster, rows: list[dict[str, Any]], known: int,
-              squeue_rpcs: int, sbatch_rpcs: int) -> None:
+def forgotten(
+    args: argparse.Namespace,
+    cl: Cluster,
+    rows: list[dict[str, Any]],
+    known: int,
+    squeue_rpcs: int,
+    sbatch_rpcs: int,
+) -> None:
     """``--act`` dispatch jobs fail while no supervisor runs and slurmctld forgets them
     (MinJobAge 5 s, a line in site.conf for this step); the pass that reads their ends in
     sacct and resubmits them, and what one ``sacct -j`` costs alone."""
@@ -279,14 +348,29 @@ def forgotten(args: argparse.Namespace, cl: Cluster, rows: list[dict[str, Any]],
     try:
         cl.root(["scontrol", "reconfigure"])
         say(args, f"{args.act} dispatch jobs that fail and that slurmctld forgets (MinJobAge 5)")
-        failing = [job_id(cl.run([cl.tool("dispatch-sbatch"), "--parsable", "--resubmit", "1",
-                                  "--checkpoint", f"ck-forgotten-{i}", "fail.sh"]).stdout)
-                   for i in range(args.act)]
+        failing = [
+            job_id(
+                cl.run(
+                    [
+                        cl.tool("dispatch-sbatch"),
+                        "--parsable",
+                        "--resubmit",
+                        "1",
+                        "--checkpoint",
+                        f"ck-forgotten-{i}",
+                        "fail.sh",
+                    ]
+                ).stdout
+            )
+            for i in range(args.act)
+        ]
 
         def all_forgotten() -> bool:
-            shown = cl.run(["squeue", "-h", "--states=all", "-j", ",".join(failing), "-o",
-                            "%i"], check=False).stdout.split()
+            shown = cl.run(
+                ["squeue", "-h", "--states=all", "-j", ",".join(failing), "-o", "%i"], check=False
+            ).stdout.split()
             return not set(failing) & set(shown)
+
         cl.wait(all_forgotten, 400, "slurmctld to forget the failing jobs")
         cost, _ = cl.cost(["sacct", "-X", "-n", "-P", "-j", failing[0], "-o", "JobID,State"])
         rows.append(row("sacct -j JOB (a job slurmctld forgot)", cost, cl.dbd_cost))
@@ -296,19 +380,35 @@ def forgotten(args: argparse.Namespace, cl: Cluster, rows: list[dict[str, Any]],
         cost, out = cl.cost([cl.tool("dispatch"), "supervise"])
         resubmitted = out.count("resubmitted as submission")
         read = out.count(FROM_SACCT)
-        rows.append(row(f"dispatch supervise: one pass, {known + args.act} jobs known, "
-                        f"{read} ends of submissions slurmctld forgot read in sacct, "
-                        f"{resubmitted} resubmitted", cost, cl.dbd_cost,
-                        jobs=known + args.act, actions=resubmitted, forgotten=read,
-                        target=squeue_rpcs + resubmitted * sbatch_rpcs,
-                        dbd_target=read * sacct))
+        rows.append(
+            row(
+                f"dispatch supervise: one pass, {known + args.act} jobs known, "
+                f"{read} ends of submissions slurmctld forgot read in sacct, "
+                f"{resubmitted} resubmitted",
+                cost,
+                cl.dbd_cost,
+                jobs=known + args.act,
+                actions=resubmitted,
+                forgotten=read,
+                target=squeue_rpcs + resubmitted * sbatch_rpcs,
+                dbd_target=read * sacct,
+            )
+        )
         # Only submissions not read before: those the last pass made, if they ended and were
         # forgotten since (fail.sh fails at once; MinJobAge is 5 s).
         cost, out = cl.cost([cl.tool("dispatch"), "supervise"])
         again = out.count(FROM_SACCT)
-        rows.append(row(f"dispatch supervise: the next pass ({again} ends of newer submissions "
-                        "read in sacct)", cost, cl.dbd_cost, forgotten=again,
-                        target=squeue_rpcs, dbd_target=again * sacct))
+        rows.append(
+            row(
+                f"dispatch supervise: the next pass ({again} ends of newer submissions "
+                "read in sacct)",
+                cost,
+                cl.dbd_cost,
+                forgotten=again,
+                target=squeue_rpcs,
+                dbd_target=again * sacct,
+            )
+        )
     finally:
         site.write_text(kept)
         cl.root(["scontrol", "reconfigure"])
@@ -318,12 +418,23 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in results["rows"]:
         if "target" in r:
-            out.append({"what": r["command"], "rpcs": r["rpcs"], "target": r["target"],
-                        "result": "PASS" if r["rpcs"] <= r["target"] else "MISS"})
+            out.append(
+                {
+                    "what": r["command"],
+                    "rpcs": r["rpcs"],
+                    "target": r["target"],
+                    "result": "PASS" if r["rpcs"] <= r["target"] else "MISS",
+                }
+            )
         if "dbd_target" in r and "dbd_rpcs" in r:
-            out.append({"what": f"{r['command']} (slurmdbd)", "rpcs": r["dbd_rpcs"],
-                        "target": r["dbd_target"],
-                        "result": "PASS" if r["dbd_rpcs"] <= r["dbd_target"] else "MISS"})
+            out.append(
+                {
+                    "what": f"{r['command']} (slurmdbd)",
+                    "rpcs": r["dbd_rpcs"],
+                    "target": r["dbd_target"],
+                    "result": "PASS" if r["dbd_rpcs"] <= r["dbd_target"] else "MISS",
+                }
+            )
     return out
 
 
@@ -333,47 +444,70 @@ def say(args: argparse.Namespace, text: str) -> None:
 
 def print_report(results: dict[str, Any]) -> None:
     env = results["environment"]
-    print(f"\n{env['slurm']}, {env['nodes']} nodes, backend {env['backend']}, "
-          f"accounting {env.get('accounting', 'none')}, "
-          f"load {env['loadavg_start']} -> {env['loadavg_end']}")
+    print(
+        f"\n{env['slurm']}, {env['nodes']} nodes, backend {env['backend']}, "
+        f"accounting {env.get('accounting', 'none')}, "
+        f"load {env['loadavg_start']} -> {env['loadavg_end']}"
+    )
     width = max(len(r["command"]) for r in results["rows"])
     print(f"{'command':{width}s}  rpcs  total_us  by type")
     for r in results["rows"]:
-        types = ", ".join(f"{k.removeprefix('REQUEST_')} {v}" for k, v in sorted(
-            r["by_type"].items()))
+        types = ", ".join(
+            f"{k.removeprefix('REQUEST_')} {v}" for k, v in sorted(r["by_type"].items())
+        )
         print(f"{r['command']:{width}s}  {r['rpcs']:4d}  {r['total_us']:8d}  {types}")
     if any("dbd_rpcs" in r for r in results["rows"]):
-        print(f"\nat slurmdbd: {'command':{width - 12}s}  rpcs  total_us  by type (every "
-              "user's, slurmctld's own included)")
+        print(
+            f"\nat slurmdbd: {'command':{width - 12}s}  rpcs  total_us  by type (every "
+            "user's, slurmctld's own included)"
+        )
         for r in results["rows"]:
             if "dbd_rpcs" in r:
-                types = ", ".join(f"{k.removeprefix('DBD_')} {v}" for k, v in sorted(
-                    r["dbd_by_type"].items()))
-                print(f"{r['command']:{width}s}  {r['dbd_rpcs']:4d}  {r['dbd_total_us']:8d}  "
-                      f"{types}")
+                types = ", ".join(
+                    f"{k.removeprefix('DBD_')} {v}" for k, v in sorted(r["dbd_by_type"].items())
+                )
+                print(
+                    f"{r['command']:{width}s}  {r['dbd_rpcs']:4d}  {r['dbd_total_us']:8d}  {types}"
+                )
     c = results.get("cease", {})
     if c:
-        print(f"job {c['job']} over {env['nodes']} nodes: Prolog facts on {c['prolog_nodes']} "
-              f"nodes, Epilog facts on {c['epilog_nodes']}; dispatch-cease exit {c['exit']}, "
-              f"{c['reason']}")
+        print(
+            f"job {c['job']} over {env['nodes']} nodes: Prolog facts on {c['prolog_nodes']} "
+            f"nodes, Epilog facts on {c['epilog_nodes']}; dispatch-cease exit {c['exit']}, "
+            f"{c['reason']}"
+        )
     for v in results["verdicts"]:
         print(f"{v['result']}: {v['what']}: {v['rpcs']} RPCs, target <= {v['target']}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sandbox_options(p, DEFAULT_DIR, nodes=sandbox_layout.MAX_NODE_COUNT)
-    p.add_argument("--jobs", type=int, default=1000,
-                   help="held dispatch jobs known at the large pass (default 1000)")
-    p.add_argument("--small", type=int, default=10,
-                   help="held dispatch jobs known at the small pass (default 10)")
-    p.add_argument("--act", type=int, default=5,
-                   help="failing jobs the acting pass resubmits (default 5)")
-    p.add_argument("--backend", choices=["auto", "cli", "pyslurm"], default="auto",
-                   help="the Slurm adapter's backend (DISPATCH_SLURM_BACKEND; default auto); "
-                        "pyslurm installs the wheel matching the sandbox's Slurm (built by "
-                        "tests/real/pyslurm_build.py) on PYTHONPATH")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1000,
+        help="held dispatch jobs known at the large pass (default 1000)",
+    )
+    p.add_argument(
+        "--small",
+        type=int,
+        default=10,
+        help="held dispatch jobs known at the small pass (default 10)",
+    )
+    p.add_argument(
+        "--act", type=int, default=5, help="failing jobs the acting pass resubmits (default 5)"
+    )
+    p.add_argument(
+        "--backend",
+        choices=["auto", "cli", "pyslurm"],
+        default="auto",
+        help="the Slurm adapter's backend (DISPATCH_SLURM_BACKEND; default auto); "
+        "pyslurm installs the wheel matching the sandbox's Slurm (built by "
+        "tests/real/pyslurm_build.py) on PYTHONPATH",
+    )
     p.add_argument("--fail-on-miss", action="store_true", help="exit 1 on a missed target")
     args = p.parse_args(argv)
     if not 2 <= args.small < args.jobs:
@@ -384,30 +518,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
-        print("bench_controller.py must run as root: it starts the sandbox and resets "
-              "slurmctld's counters", file=sys.stderr)
+        print(
+            "bench_controller.py must run as root: it starts the sandbox and resets "
+            "slurmctld's counters",
+            file=sys.stderr,
+        )
         return 2
     started = time.perf_counter()
     say(args, f"sandbox {args.dir}: up ({args.nodes} nodes)")
     report = sandbox.up(args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT)
     state = report.status
     layout = sandbox_layout.Layout(Path(state.dir))
-    scratch = scratch_folder(layout, state.user, [
-        ("job.sh", JOB_SCRIPT, 0o755), ("fail.sh", FAILING, 0o755), ("wide.sh", WIDE, 0o755),
-        ("sweep.py", sdiag.HELD_SWEEP, 0o644)])
+    scratch = scratch_folder(
+        layout,
+        state.user,
+        [
+            ("job.sh", JOB_SCRIPT, 0o755),
+            ("fail.sh", FAILING, 0o755),
+            ("wide.sh", WIDE, 0o755),
+            ("sweep.py", sdiag.HELD_SWEEP, 0o644),
+        ],
+    )
     cl = Cluster(state.dir, state.user, scratch)
     cl.env[BACKEND_ENV] = args.backend
     if args.backend == "pyslurm":
         cl.env["PYTHONPATH"] = str(pyslurm_overlay(cl))
-    backend = cl.run([cl.tool("python"), "-c", "from slurm_dispatch.slurm.adapter import "
-                      "Slurm; print(type(Slurm()._backend(None)).__name__)"], check=False)
-    results: dict[str, Any] = {"rows": [], "environment": {
-        "slurm": cl.run(["sbatch", "--version"], as_user=False).stdout.strip(),
-        "accounting": state.accounting,
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()], "nodes": len(state.nodes),
-        "user": state.user, "backend": backend.stdout.strip() or backend.stderr.strip()[-200:],
-        "source": source_identity()}}
+    backend = cl.run(
+        [
+            cl.tool("python"),
+            "-c",
+            "from slurm_dispatch.slurm.adapter import "
+            "Slurm; print(type(Slurm()._backend(None)).__name__)",
+        ],
+        check=False,
+    )
+    results: dict[str, Any] = {
+        "rows": [],
+        "environment": {
+            "slurm": cl.run(["sbatch", "--version"], as_user=False).stdout.strip(),
+            "accounting": state.accounting,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+            "nodes": len(state.nodes),
+            "user": state.user,
+            "backend": backend.stdout.strip() or backend.stderr.strip()[-200:],
+            "source": source_identity(),
+        },
+    }
     try:
         measure(args, cl, results)
     finally:

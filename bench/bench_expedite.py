@@ -95,24 +95,47 @@ def one_round(cl: Cluster, nodes: list[str], timeout: float) -> dict[str, Any]:
     first, others = nodes[0], nodes[1:]
     for name in KINDS:
         Path(cl.scratch, f"{name}.log").unlink(missing_ok=True)
-    cl.root(["scontrol", "update", f"nodename={','.join(others)}", "state=drain",
-             "reason=bench_expedite: the jobs start on the first node"])
+    cl.root(
+        [
+            "scontrol",
+            "update",
+            f"nodename={','.join(others)}",
+            "state=drain",
+            "reason=bench_expedite: the jobs start on the first node",
+        ]
+    )
     ids = {}
     try:
         for kind in KINDS:
-            proc = cl.run([cl.tool("dispatch-sbatch"), "--parsable", SBATCH[kind],
-                           "--checkpoint", f"ck-{kind}-{time.time_ns()}", "-o", "/dev/null",
-                           "job.sh", kind])
+            proc = cl.run(
+                [
+                    cl.tool("dispatch-sbatch"),
+                    "--parsable",
+                    SBATCH[kind],
+                    "--checkpoint",
+                    f"ck-{kind}-{time.time_ns()}",
+                    "-o",
+                    "/dev/null",
+                    "job.sh",
+                    kind,
+                ]
+            )
             ids[kind] = proc.stdout.strip().split(";")[0]
-        cl.wait(lambda: all(started(cl.scratch, kind, 0) for kind in KINDS), timeout,
-                "both jobs running on the first node")
+        cl.wait(
+            lambda: all(started(cl.scratch, kind, 0) for kind in KINDS),
+            timeout,
+            "both jobs running on the first node",
+        )
     finally:
         cl.root(["scontrol", "update", f"nodename={','.join(others)}", "state=resume"])
     cut = time.time()
     sandbox.partition(first, cl.dir)
     try:
-        cl.wait(lambda: all(started(cl.scratch, kind, 1) for kind in KINDS), timeout,
-                "both replacements running")
+        cl.wait(
+            lambda: all(started(cl.scratch, kind, 1) for kind in KINDS),
+            timeout,
+            "both replacements running",
+        )
     finally:
         sandbox.heal(first, cl.dir)
         cl.run(["scancel", *ids.values()], check=False)
@@ -124,24 +147,33 @@ def one_round(cl: Cluster, nodes: list[str], timeout: float) -> dict[str, Any]:
         requeued = first_at(events, rf"requeue job JobId={ids[kind]} ")
         allocated = first_at(events, rf"Allocate JobId={ids[kind]} ")
         row["jobs"][kind] = {
-            "slurm_job_id": ids[kind], "node": node,
-            "down_to_running_s": None if down is None or run_at is None
+            "slurm_job_id": ids[kind],
+            "node": node,
+            "down_to_running_s": None
+            if down is None or run_at is None
             else round(run_at - down, 3),
-            "down_to_requeued_s": None if down is None or requeued is None
+            "down_to_requeued_s": None
+            if down is None or requeued is None
             else round(requeued - down, 3),
-            "down_to_allocated_s": None if down is None or allocated is None
-            else round(allocated - down, 3)}
+            "down_to_allocated_s": None
+            if down is None or allocated is None
+            else round(allocated - down, 3),
+        }
     return row
 
 
 def print_report(results: dict[str, Any]) -> None:
     env = results["environment"]
-    print(f"\n{env['slurm']}, requeue delay {env['requeue_delay_s']} s "
-          f"(SchedulerParameters requeue_delay), SlurmdTimeout "
-          f"{env['slurmd_timeout']}, load {env['loadavg_start']} -> {env.get('loadavg_end')}")
-    print(f"{'round':>5}  {'cut to down':>11}  "
-          + "  ".join(f"{kind + ': down to running':>26}" for kind in KINDS)
-          + "  (allocated by slurmctld)")
+    print(
+        f"\n{env['slurm']}, requeue delay {env['requeue_delay_s']} s "
+        f"(SchedulerParameters requeue_delay), SlurmdTimeout "
+        f"{env['slurmd_timeout']}, load {env['loadavg_start']} -> {env.get('loadavg_end')}"
+    )
+    print(
+        f"{'round':>5}  {'cut to down':>11}  "
+        + "  ".join(f"{kind + ': down to running':>26}" for kind in KINDS)
+        + "  (allocated by slurmctld)"
+    )
     for index, row in enumerate(results["rounds"], 1):
         cut = "?" if row["down"] is None else f"{row['down'] - row['cut']:.1f} s"
         cells = []
@@ -149,22 +181,31 @@ def print_report(results: dict[str, Any]) -> None:
             job = row["jobs"][kind]
             run = job["down_to_running_s"]
             alloc = job["down_to_allocated_s"]
-            cells.append(f"{'?' if run is None else f'{run:.2f} s':>16} "
-                         f"({'?' if alloc is None else f'{alloc:.2f} s'})")
+            cells.append(
+                f"{'?' if run is None else f'{run:.2f} s':>16} "
+                f"({'?' if alloc is None else f'{alloc:.2f} s'})"
+            )
         print(f"{index:>5}  {cut:>11}  " + "  ".join(f"{c:>26}" for c in cells))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sandbox_options(p, DEFAULT_DIR, nodes=3)
-    p.add_argument("--slurm", default="newest",
-                   help="the sandbox's Slurm release, 25.11 or later (default newest: Debian "
-                        "testing's)")
+    p.add_argument(
+        "--slurm",
+        default="newest",
+        help="the sandbox's Slurm release, 25.11 or later (default newest: Debian testing's)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="node failures measured (default 1)")
-    p.add_argument("--requeue-delay", type=int, default=120,
-                   help="the sandbox's requeue_delay in seconds (default 120, Slurm's "
-                        "default; the test sandboxes' is 5)")
+    p.add_argument(
+        "--requeue-delay",
+        type=int,
+        default=120,
+        help="the sandbox's requeue_delay in seconds (default 120, Slurm's "
+        "default; the test sandboxes' is 5)",
+    )
     args = p.parse_args(argv)
     if args.nodes < 2:
         p.error("need --nodes 2 or more: the replacements run on another node")
@@ -174,37 +215,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
-        print("bench_expedite.py must run as root: it starts the sandbox and cuts a node off",
-              file=sys.stderr)
+        print(
+            "bench_expedite.py must run as root: it starts the sandbox and cuts a node off",
+            file=sys.stderr,
+        )
         return 2
     started_at = time.perf_counter()
     os.environ[sandbox_slurm_conf.REQUEUE_DELAY_ENV] = str(args.requeue_delay)
-    say(args, f"sandbox {args.dir}: up ({args.nodes} nodes, Slurm {args.slurm}, "
-              f"requeue_delay {args.requeue_delay} s)")
-    report = sandbox.up(args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT,
-                        slurm=args.slurm)
+    say(
+        args,
+        f"sandbox {args.dir}: up ({args.nodes} nodes, Slurm {args.slurm}, "
+        f"requeue_delay {args.requeue_delay} s)",
+    )
+    report = sandbox.up(
+        args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT, slurm=args.slurm
+    )
     state = report.status
     layout = sandbox_layout.Layout(Path(state.dir))
     conf = layout.slurm_conf.read_text()
     if "enable_expedited_requeue" not in conf:
-        print(f"the sandbox's Slurm ({args.slurm}) has no expedited requeue (25.11 added it)",
-              file=sys.stderr)
+        print(
+            f"the sandbox's Slurm ({args.slurm}) has no expedited requeue (25.11 added it)",
+            file=sys.stderr,
+        )
         return 2
     scratch = scratch_folder(layout, state.user, [("job.sh", JOB_SCRIPT, 0o755)])
     cl = Cluster(state.dir, state.user, scratch)
-    results: dict[str, Any] = {"rounds": [], "environment": {
-        "slurm": cl.run(["sbatch", "--version"], as_user=False).stdout.strip(),
-        "requeue_delay_s": args.requeue_delay,
-        "slurmd_timeout": re.search(r"(?m)^SlurmdTimeout=(\d+)", conf).group(1)  # type: ignore
-        + " s",
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "nodes": [n.name for n in state.nodes], "source": source_identity()}}
+    results: dict[str, Any] = {
+        "rounds": [],
+        "environment": {
+            "slurm": cl.run(["sbatch", "--version"], as_user=False).stdout.strip(),
+            "requeue_delay_s": args.requeue_delay,
+            "slurmd_timeout": re.search(r"(?m)^SlurmdTimeout=(\d+)", conf).group(1)  # type: ignore
+            + " s",
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+            "nodes": [n.name for n in state.nodes],
+            "source": source_identity(),
+        },
+    }
     try:
         for index in range(args.rounds):
             say(args, f"round {index + 1}: partition {state.nodes[0].name}")
-            results["rounds"].append(one_round(cl, [n.name for n in state.nodes],
-                                               timeout=args.requeue_delay + 180))
+            results["rounds"].append(
+                one_round(cl, [n.name for n in state.nodes], timeout=args.requeue_delay + 180)
+            )
     finally:
         wind_up(cl, scratch, state.dir, args.keep, results)
     results["elapsed_s"] = round(time.perf_counter() - started_at, 1)

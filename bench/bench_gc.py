@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark ``dispatch gc --dry-run`` against ``dispatch latest`` on the same store (issue 13).
+"""Benchmark ``dispatch gc --dry-run`` against ``dispatch latest`` on the same store
+(bench/README.md, dispatch gc).
 
 Run ``python bench/bench_gc.py``.  The store: ``--folders`` execution folders (1,000), each with
 the launcher's record and ``--per-folder`` saves (100, each a small file) all published, so
@@ -46,9 +47,15 @@ def build(root: str, folders: int, per_folder: int) -> None:
         attempt = model.new_attempt()
         folder = os.path.join(root, "exec", attempt)
         os.makedirs(folder)
-        launch.write_exec_record(folder, {"epoch": epoch, "attempt": attempt,
-                                          "resume_publication": previous,
-                                          "resume_from": None})
+        launch.write_exec_record(
+            folder,
+            {
+                "epoch": epoch,
+                "attempt": attempt,
+                "resume_publication": previous,
+                "resume_from": None,
+            },
+        )
         for step in range(per_folder):
             relative = f"exec/{attempt}/epoch=0-step={n * per_folder + step}.ckpt"
             with open(os.path.join(root, relative), "wb") as handle:
@@ -85,8 +92,7 @@ def main() -> int:
         built = time.perf_counter() - started
         ops = {
             "latest (command)": command("latest", "--root", root),
-            "gc --dry-run (command)": command("gc", "--root", root, "--keep", "2",
-                                              "--dry-run"),
+            "gc --dry-run (command)": command("gc", "--root", root, "--keep", "2", "--dry-run"),
             "latest (library)": lambda: store.latest(root),
             "gc --dry-run (library)": lambda: gc.collect(root, 2, dry_run=True),
         }
@@ -104,25 +110,35 @@ def main() -> int:
         ratio = median["gc --dry-run (command)"] / median["latest (command)"]
         library_ratio = median["gc --dry-run (library)"] / median["latest (library)"]
         result = {
-            "publications": args.folders * args.per_folder, "folders": args.folders,
-            "build_s": round(built, 1), "median_s": {k: round(v, 4) for k, v in median.items()},
+            "publications": args.folders * args.per_folder,
+            "folders": args.folders,
+            "build_s": round(built, 1),
+            "median_s": {k: round(v, 4) for k, v in median.items()},
             "sizes_median_s": round(statistics.median(sizes), 4),
-            "ratio_commands": round(ratio, 2), "ratio_library": round(library_ratio, 2),
-            "target": TARGET, "would_remove": len(plan.removals),
-            "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "ratio_commands": round(ratio, 2),
+            "ratio_library": round(library_ratio, 2),
+            "target": TARGET,
+            "would_remove": len(plan.removals),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
         }
         if args.json:
             print(json.dumps(result, indent=2))
         else:
-            print(f"store: {result['publications']:,} publications, {args.folders:,} "
-                  f"execution folders (built in {built:.1f} s); a dry run would remove "
-                  f"{len(plan.removals)} folder(s) or save(s)")
+            print(
+                f"store: {result['publications']:,} publications, {args.folders:,} "
+                f"execution folders (built in {built:.1f} s); a dry run would remove "
+                f"{len(plan.removals)} folder(s) or save(s)"
+            )
             for name, value in median.items():
                 print(f"  {name:<26} median {value * 1000:8.1f} ms")
-            print(f"  gc --dry-run --sizes (command) median "
-                  f"{statistics.median(sizes) * 1000:8.1f} ms")
-            print(f"gc --dry-run / latest: {ratio:.2f}x as commands (target <= {TARGET}x), "
-                  f"{library_ratio:.2f}x as library calls")
+            print(
+                f"  gc --dry-run --sizes (command) median {statistics.median(sizes) * 1000:8.1f} ms"
+            )
+            print(
+                f"gc --dry-run / latest: {ratio:.2f}x as commands (target <= {TARGET}x), "
+                f"{library_ratio:.2f}x as library calls"
+            )
         return 1 if args.fail_on_miss and ratio > TARGET else 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -26,6 +26,7 @@ store's is cached per process), so client creation is not measured.  Exit status
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -66,24 +67,37 @@ def bare_list(client: Any, prefix: str) -> list[str]:
 def bench_latest(server: SeaweedServer, args: argparse.Namespace) -> dict[str, Any]:
     client = server.client()
     root = f"s3://{BUCKET}/latest"
-    names = [model.format_name(EPOCHS[i % len(EPOCHS)].value, i,
-                               f"exec/{i % 7:026d}/checkpoint-{i}") for i in range(args.count)]
+    names = [
+        model.format_name(EPOCHS[i % len(EPOCHS)].value, i, f"exec/{i % 7:026d}/checkpoint-{i}")
+        for i in range(args.count)
+    ]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda n: client.put_object(Bucket=BUCKET, Key=f"latest/pub/{n}",
-                                                  Body=b""), names))
+        list(
+            pool.map(
+                lambda n: client.put_object(Bucket=BUCKET, Key=f"latest/pub/{n}", Body=b""), names
+            )
+        )
     expected = max(names)
     assert store.latest(root).name == expected  # type: ignore[union-attr]  # warm-up
     assert len(bare_list(client, "latest/pub/")) == args.count
-    store_ns, floor_ns = [], []
+    store_ns: list[int] = []
+    floor_ns: list[int] = []
     for i in range(args.repeat):
-        pair = [("store", lambda: store.latest(root)),
-                ("floor", lambda: bare_list(client, "latest/pub/"))]
-        for label, call in (pair if i % 2 == 0 else pair[::-1]):
+        pair = [
+            ("store", lambda: store.latest(root)),
+            ("floor", lambda: bare_list(client, "latest/pub/")),
+        ]
+        for label, call in pair if i % 2 == 0 else pair[::-1]:
             (store_ns if label == "store" else floor_ns).append(timed(call))
     ratio = statistics.median(store_ns) / statistics.median(floor_ns)
-    return {"count": args.count, "store_median_ms": statistics.median(store_ns) / 1e6,
-            "floor_median_ms": statistics.median(floor_ns) / 1e6, "ratio": ratio,
-            "target": LATEST_TARGET, "met": ratio <= LATEST_TARGET}
+    return {
+        "count": args.count,
+        "store_median_ms": statistics.median(store_ns) / 1e6,
+        "floor_median_ms": statistics.median(floor_ns) / 1e6,
+        "ratio": ratio,
+        "target": LATEST_TARGET,
+        "met": ratio <= LATEST_TARGET,
+    }
 
 
 def bench_publish(server: SeaweedServer, args: argparse.Namespace) -> dict[str, Any]:
@@ -94,14 +108,26 @@ def bench_publish(server: SeaweedServer, args: argparse.Namespace) -> dict[str, 
     store_total = floor_total = 0
     step = 0
     for r in range(args.rounds):
+
         def run_store(first: int) -> int:
-            return sum(timed(lambda s=s: store.publish(root, epoch, s, f"{root}/exec/a/c"))
-                       for s in range(first, first + args.publish_count))
+            return sum(
+                timed(functools.partial(store.publish, root, epoch, s, f"{root}/exec/a/c"))
+                for s in range(first, first + args.publish_count)
+            )
 
         def run_floor(first: int) -> int:
-            return sum(timed(lambda s=s: client.put_object(
-                Bucket=BUCKET, Key=f"floor/pub/{model.format_name(epoch, s, 'exec/a/c')}",
-                Body=b"", IfNoneMatch="*")) for s in range(first, first + args.publish_count))
+            return sum(
+                timed(
+                    functools.partial(
+                        client.put_object,
+                        Bucket=BUCKET,
+                        Key=f"floor/pub/{model.format_name(epoch, s, 'exec/a/c')}",
+                        Body=b"",
+                        IfNoneMatch="*",
+                    )
+                )
+                for s in range(first, first + args.publish_count)
+            )
 
         if r % 2 == 0:
             store_total += run_store(step)
@@ -112,9 +138,14 @@ def bench_publish(server: SeaweedServer, args: argparse.Namespace) -> dict[str, 
         step += args.publish_count
     n = args.rounds * args.publish_count
     ratio = store_total / floor_total
-    return {"operations": n, "store_mean_ms": store_total / n / 1e6,
-            "floor_mean_ms": floor_total / n / 1e6, "ratio": ratio,
-            "target": PUBLISH_TARGET, "met": ratio <= PUBLISH_TARGET}
+    return {
+        "operations": n,
+        "store_mean_ms": store_total / n / 1e6,
+        "floor_mean_ms": floor_total / n / 1e6,
+        "ratio": ratio,
+        "target": PUBLISH_TARGET,
+        "met": ratio <= PUBLISH_TARGET,
+    }
 
 
 def bench_upload(server: SeaweedServer, args: argparse.Namespace, base: str) -> dict[str, Any]:
@@ -131,14 +162,21 @@ def bench_upload(server: SeaweedServer, args: argparse.Namespace, base: str) -> 
     with open(weights, "wb") as out:
         for _ in range(args.upload_mb):
             out.write(os.urandom(1_000_000))
-    watch_ns, floor_ns = [], []
+    watch_ns: list[int] = []
+    floor_ns: list[int] = []
     try:
         for i in range(args.upload_repeat + 1):  # round 0 warms both paths up, untimed
             attempt = f"{i:026d}"
             stage = os.path.join(work, f"dispatch-stage-{attempt}")
             os.mkdir(stage)
-            watcher = Watcher(root, stage, EPOCHS[0].value, SaveRule.make(),
-                              upload_to=f"{root}/exec/{attempt}", timeout=600)
+            watcher = Watcher(
+                root,
+                stage,
+                EPOCHS[0].value,
+                SaveRule.make(),
+                upload_to=f"{root}/exec/{attempt}",
+                timeout=600,
+            )
             watcher.scan()  # reads the mark, as a running watch has
             save = os.path.join(stage, f"checkpoint-{i + 1}")
             os.mkdir(save)
@@ -153,8 +191,11 @@ def bench_upload(server: SeaweedServer, args: argparse.Namespace, base: str) -> 
             def run_floor(key: str = f"floor-upload/{i}/model.safetensors") -> None:
                 client.upload_file(weights, BUCKET, key)
 
-            pair = [("watch", run_watch), ("floor", run_floor)]
-            for label, call in (pair if i % 2 == 0 else pair[::-1]):
+            pair: list[tuple[str, Callable[[], None]]] = [
+                ("watch", run_watch),
+                ("floor", run_floor),
+            ]
+            for label, call in pair if i % 2 == 0 else pair[::-1]:
                 took = timed(call)
                 if i:
                     (watch_ns if label == "watch" else floor_ns).append(took)
@@ -164,11 +205,15 @@ def bench_upload(server: SeaweedServer, args: argparse.Namespace, base: str) -> 
         shutil.rmtree(work, ignore_errors=True)
     ratio = statistics.median(watch_ns) / statistics.median(floor_ns)
     mb = size / 1e6
-    return {"megabytes": args.upload_mb, "rounds": args.upload_repeat,
-            "watch_median_s": statistics.median(watch_ns) / 1e9,
-            "floor_median_s": statistics.median(floor_ns) / 1e9,
-            "watch_mb_per_s": mb / (statistics.median(watch_ns) / 1e9),
-            "floor_mb_per_s": mb / (statistics.median(floor_ns) / 1e9), "ratio": ratio}
+    return {
+        "megabytes": args.upload_mb,
+        "rounds": args.upload_repeat,
+        "watch_median_s": statistics.median(watch_ns) / 1e9,
+        "floor_median_s": statistics.median(floor_ns) / 1e9,
+        "watch_mb_per_s": mb / (statistics.median(watch_ns) / 1e9),
+        "floor_mb_per_s": mb / (statistics.median(floor_ns) / 1e9),
+        "ratio": ratio,
+    }
 
 
 def main() -> int:
@@ -179,8 +224,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--upload-mb", type=int, default=100)
     parser.add_argument("--upload-repeat", type=int, default=5)
-    parser.add_argument("--only-upload", action="store_true",
-                        help="measure only section 3 (watch's upload + publish)")
+    parser.add_argument(
+        "--only-upload",
+        action="store_true",
+        help="measure only section 3 (watch's upload + publish)",
+    )
     parser.add_argument("--dir", default="/var/tmp", help="where the server keeps its data")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--fail-on-miss", action="store_true")
@@ -190,8 +238,11 @@ def main() -> int:
         for name, value in server.env().items():
             os.environ[name] = value
         server.make_bucket(BUCKET)
-        results = {} if args.only_upload else {"latest": bench_latest(server, args),
-                                                "publish": bench_publish(server, args)}
+        results = (
+            {}
+            if args.only_upload
+            else {"latest": bench_latest(server, args), "publish": bench_publish(server, args)}
+        )
         results["upload"] = bench_upload(server, args, args.dir)
     finally:
         server.stop()
@@ -202,19 +253,25 @@ def main() -> int:
         pass
     else:
         lat, pub = results["latest"], results["publish"]
-        print(f"latest over {lat['count']:,} publications: store {lat['store_median_ms']:.1f} ms,"
-              f" bare paginated ListObjectsV2 {lat['floor_median_ms']:.1f} ms (medians): "
-              f"{lat['ratio']:.2f}x (target <= {LATEST_TARGET}x) "
-              f"{'met' if lat['met'] else 'MISSED'}")
-        print(f"publish x {pub['operations']}: store {pub['store_mean_ms']:.2f} ms, bare "
-              f"conditional PutObject {pub['floor_mean_ms']:.2f} ms (means): "
-              f"{pub['ratio']:.2f}x (target <= {PUBLISH_TARGET}x) "
-              f"{'met' if pub['met'] else 'MISSED'}")
+        print(
+            f"latest over {lat['count']:,} publications: store {lat['store_median_ms']:.1f} ms,"
+            f" bare paginated ListObjectsV2 {lat['floor_median_ms']:.1f} ms (medians): "
+            f"{lat['ratio']:.2f}x (target <= {LATEST_TARGET}x) "
+            f"{'met' if lat['met'] else 'MISSED'}"
+        )
+        print(
+            f"publish x {pub['operations']}: store {pub['store_mean_ms']:.2f} ms, bare "
+            f"conditional PutObject {pub['floor_mean_ms']:.2f} ms (means): "
+            f"{pub['ratio']:.2f}x (target <= {PUBLISH_TARGET}x) "
+            f"{'met' if pub['met'] else 'MISSED'}"
+        )
     if not args.json:
-        print(f"watch upload + publish of a {up['megabytes']} MB save: "
-              f"{up['watch_median_s']:.2f} s ({up['watch_mb_per_s']:.0f} MB/s), bare "
-              f"upload_file {up['floor_median_s']:.2f} s ({up['floor_mb_per_s']:.0f} MB/s) "
-              f"(medians of {up['rounds']}): {up['ratio']:.2f}x")
+        print(
+            f"watch upload + publish of a {up['megabytes']} MB save: "
+            f"{up['watch_median_s']:.2f} s ({up['watch_mb_per_s']:.0f} MB/s), bare "
+            f"upload_file {up['floor_median_s']:.2f} s ({up['floor_mb_per_s']:.0f} MB/s) "
+            f"(medians of {up['rounds']}): {up['ratio']:.2f}x"
+        )
     missed = not all(results[k]["met"] for k in ("latest", "publish") if k in results)
     return 1 if args.fail_on_miss and missed else 0
 

@@ -38,8 +38,8 @@ against this checkout's: no slower than before (<= 1.0x, within the noise of a l
 The sandbox lives in its own state folder (``--dir``, default ``/var/tmp/sb-bench``; its ports
 derive from the folder, so it runs beside the test sandboxes), started with
 ``slurm_dispatch.sandbox.cluster.up`` (idempotent; this checkout is installed into its venv when it
-changed) and stopped at the end with ``sandbox.down`` unless ``--keep``.  Dispatch records go
-to ``DISPATCH_HOME`` in a scratch folder under the state folder (not the user's
+changed) and stopped at the end with ``sandbox.cluster.down`` unless ``--keep``.  Dispatch records
+go to ``DISPATCH_HOME`` in a scratch folder under the state folder (not the user's
 ``~/.local/state``, which the real tests inspect), removed at the end unless ``--keep``.
 Timings are wall-clock ``time.perf_counter_ns`` around ``subprocess.run``.  Exit status is 0
 unless ``--fail-on-miss`` is given and the target is missed.
@@ -268,17 +268,27 @@ class Cluster:
         self.env = env
         self.venv_bin = str(sandbox_layout.Layout(Path(directory)).venv_bin)
 
-    def run(self, argv: list[str], as_user: bool = True, check: bool = True
-            ) -> tuple[int, subprocess.CompletedProcess[str]]:
+    def run(
+        self, argv: list[str], as_user: bool = True, check: bool = True
+    ) -> tuple[int, subprocess.CompletedProcess[str]]:
         """Run ``argv`` (as the user via runuser); return (wall ns, the finished process)."""
         full = ["runuser", "-u", self.user, "--", *argv] if as_user else argv
         t0 = time.perf_counter_ns()
-        proc = subprocess.run(full, env=self.env, cwd=self.scratch, capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, timeout=120)
+        proc = subprocess.run(
+            full,
+            env=self.env,
+            cwd=self.scratch,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
         elapsed = time.perf_counter_ns() - t0
         if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(full)} exited {proc.returncode}\n"
-                               f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+            raise RuntimeError(
+                f"{' '.join(full)} exited {proc.returncode}\n"
+                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
         return elapsed, proc
 
 
@@ -292,31 +302,34 @@ def job_id(stdout: str) -> str:
 
 def source_identity() -> dict[str, Any]:
     def git(*argv: str) -> str:
-        proc = subprocess.run(["git", "-C", str(REPO_ROOT), *argv], capture_output=True,
-                              text=True)
+        proc = subprocess.run(["git", "-C", str(REPO_ROOT), *argv], capture_output=True, text=True)
         return proc.stdout.strip() if proc.returncode == 0 else "?"
-    return {"commit": git("rev-parse", "--short", "HEAD"),
-            "package_changes": bool(git("status", "--porcelain", "--", "slurm_dispatch"))}
+
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "package_changes": bool(git("status", "--porcelain", "--", "slurm_dispatch")),
+    }
 
 
 # --------------------------------------------------------------------------- part 1
 
 
-def bench_submit(args: argparse.Namespace, cl: Cluster, jobs: list[str],
-                 results: dict[str, Any]) -> None:
+def bench_submit(
+    args: argparse.Namespace, cl: Cluster, jobs: list[str], results: dict[str, Any]
+) -> None:
     dispatch = os.path.join(cl.venv_bin, "dispatch-sbatch")
     entry_python = entry_point_python(dispatch)
     commands = {
         # A new root each time: one root per live job (the root-in-use check refuses a second).
-        "dispatch-sbatch": [dispatch, "--parsable", "--checkpoint", "ck-{n}", "--hold",
-                            "job.sh"],
+        "dispatch-sbatch": [dispatch, "--parsable", "--checkpoint", "ck-{n}", "--hold", "job.sh"],
         "sbatch": ["sbatch", "--parsable", "--hold", "job.sh"],
         "python -I -c pass": [entry_python, "-I", "-c", "pass"],
         "submitit": [os.path.join(cl.venv_bin, "python"), "submitit_submit.py", "submitit-{n}"],
     }
     if args.baseline_src:
-        src = baseline_src.copy_package(baseline_src.checked(args.baseline_src),
-                                        Path(cl.scratch) / "baseline-src")
+        src = baseline_src.copy_package(
+            baseline_src.checked(args.baseline_src), Path(cl.scratch) / "baseline-src"
+        )
         baseline_src.compile_tree(entry_python, src)
         script = Path(cl.scratch) / "dispatch-sbatch-baseline"
         script.write_text(baseline_src.console_script(entry_python, src, "dispatch-sbatch"))
@@ -325,9 +338,10 @@ def bench_submit(args: argparse.Namespace, cl: Cluster, jobs: list[str],
         for path in [src, *src.rglob("*"), script]:  # the user's own, as a venv is root's
             os.chown(path, owner.pw_uid, owner.pw_gid)
         commands[BASELINE] = [str(script), *commands["dispatch-sbatch"][1:]]
-        results["baseline_src"] = {"src": os.path.realpath(args.baseline_src),
-                                   "entry_point": ":".join(baseline_src.entry_point(
-                                       src, "dispatch-sbatch"))}
+        results["baseline_src"] = {
+            "src": os.path.realpath(args.baseline_src),
+            "entry_point": ":".join(baseline_src.entry_point(src, "dispatch-sbatch")),
+        }
     samples: dict[str, list[int]] = {key: [] for key in commands}
     counter = iter(range(1_000_000))
 
@@ -352,9 +366,10 @@ def bench_submit(args: argparse.Namespace, cl: Cluster, jobs: list[str],
         "order": f"{len(keys)} commands, order rotated per round, one warm-up each",
         "entry_python": entry_python,
         "entry_python_real": os.path.realpath(entry_python),
-        "commands": {k: " ".join(v if k == "python -I -c pass" else
-                                 ["runuser", "-u", cl.user, "--", *v])
-                     for k, v in commands.items()},
+        "commands": {
+            k: " ".join(v if k == "python -I -c pass" else ["runuser", "-u", cl.user, "--", *v])
+            for k, v in commands.items()
+        },
         "ops": {k: summary(v) for k, v in samples.items()},
     }
 
@@ -371,8 +386,9 @@ def entry_point_python(script: str) -> str:
 # --------------------------------------------------------------------------- part 2
 
 
-def bench_split(args: argparse.Namespace, cl: Cluster, jobs: list[str],
-                results: dict[str, Any]) -> None:
+def bench_split(
+    args: argparse.Namespace, cl: Cluster, jobs: list[str], results: dict[str, Any]
+) -> None:
     python = os.path.join(cl.venv_bin, "python")
     dispatch = os.path.join(cl.venv_bin, "dispatch-sbatch")
     driver = os.path.join(cl.scratch, "driver.py")
@@ -380,6 +396,7 @@ def bench_split(args: argparse.Namespace, cl: Cluster, jobs: list[str],
 
     def submit_args() -> list[str]:
         return ["--parsable", "--checkpoint", f"split-{next(counter)}", "--hold", "job.sh"]
+
     external = {
         "runuser true": ["true"],
         "python -c pass": [python, "-c", "pass"],
@@ -441,9 +458,20 @@ def bench_split(args: argparse.Namespace, cl: Cluster, jobs: list[str],
         phase_ns["adapter"].append(s.get("slurm_sbatch", 0) - s.get("subprocess", 0))
         phase_ns["subprocess"].append(s.get("subprocess", 0))
         phase_ns["append"].append(s.get("append", 0))
-        inside = sum(s.get(k, 0) for k in ("read_request", "root_in_use", "prepare_root",
-                                            "create_job", "claim", "write_batch",
-                                            "env_snapshot", "slurm_sbatch", "append"))
+        inside = sum(
+            s.get(k, 0)
+            for k in (
+                "read_request",
+                "root_in_use",
+                "prepare_root",
+                "create_job",
+                "claim",
+                "write_batch",
+                "env_snapshot",
+                "slurm_sbatch",
+                "append",
+            )
+        )
         phase_ns["rest"].append(data["main_ns"] - inside)
 
     results["split"] = {
@@ -454,17 +482,20 @@ def bench_split(args: argparse.Namespace, cl: Cluster, jobs: list[str],
             "modules_after_import": driver_runs[0]["modules"],
             "main": summary([d["main_ns"] for d in driver_runs]),
             "phases": {k: summary(v) for k, v in phase_ns.items()},
-            "nested": {k: summary([d["spans"].get(k, 0) for d in driver_runs])
-                       for k in ("typo_checks", "dependency")},
+            "nested": {
+                k: summary([d["spans"].get(k, 0) for d in driver_runs])
+                for k in ("typo_checks", "dependency")
+            },
         },
-        "probes": {label: {**summary(v), "modules": probe_modules.get(label)}
-                   for label, v in probes.items()},
+        "probes": {
+            label: {**summary(v), "modules": probe_modules.get(label)}
+            for label, v in probes.items()
+        },
         "stdlib": stdlib,
     }
 
     if args.profile:
-        _, proc = cl.run([python, driver, "submit", str(args.profile_lines), "--",
-                          *submit_args()])
+        _, proc = cl.run([python, driver, "submit", str(args.profile_lines), "--", *submit_args()])
         data = json.loads(proc.stdout)
         jobs.append(job_id(data["stdout"]))
         results["split"]["profile"] = data["profile"]
@@ -476,14 +507,20 @@ def bench_importtime(args: argparse.Namespace, cl: Cluster, results: dict[str, A
     runs = []
     for _ in range(3):
         _, proc = cl.run([python, "-X", "importtime", "-c", "import slurm_dispatch.cli.sbatch"])
-        rows = []
+        rows: list[dict[str, Any]] = []
         for line in proc.stderr.splitlines():
             if not line.startswith("import time:") or "self [us]" in line:
                 continue
-            self_us, cum_us, name = line[len("import time:"):].split("|")
+            self_us, cum_us, name = line[len("import time:") :].split("|")
             depth = (len(name) - len(name.lstrip(" ")) - 1) // 2
-            rows.append({"self_us": int(self_us), "cum_us": int(cum_us), "depth": depth,
-                         "module": name.strip()})
+            rows.append(
+                {
+                    "self_us": int(self_us),
+                    "cum_us": int(cum_us),
+                    "depth": depth,
+                    "module": name.strip(),
+                }
+            )
         total = sum(r["cum_us"] for r in rows if r["depth"] == 0)
         runs.append((total, rows))
     runs.sort(key=lambda r: r[0])
@@ -501,32 +538,61 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
     over = mine["median_ns"] - base["median_ns"]
     over_min = mine["min_ns"] - base["min_ns"]
     ratio = over / bare["median_ns"]
-    rows = [{"operation": "dispatch-sbatch - sbatch", "median_ns": over, "min_ns": over_min,
-             "baseline": f"{results['submit']['entry_python']} -I -c pass",
-             "baseline_median_ns": bare["median_ns"], "baseline_min_ns": bare["min_ns"],
-             "ratio": ratio, "min_ratio": over_min / bare["min_ns"],
-             "target": f"<= {TARGET:g}", "result": "PASS" if ratio <= TARGET else "MISS"},
-            {"operation": "dispatch-sbatch --hold", "median_ns": mine["median_ns"],
-             "min_ns": mine["min_ns"], "baseline": "submitit (CommandFunction), held",
-             "baseline_median_ns": peer["median_ns"], "baseline_min_ns": peer["min_ns"],
-             "ratio": mine["median_ns"] / peer["median_ns"],
-             "min_ratio": mine["min_ns"] / peer["min_ns"], "target": "< 1",
-             "result": "PASS" if mine["median_ns"] < peer["median_ns"] else "MISS"},
-            {"operation": "dispatch-sbatch --hold", "median_ns": mine["median_ns"],
-             "min_ns": mine["min_ns"], "baseline": "sbatch --hold (for reference)",
-             "baseline_median_ns": base["median_ns"], "baseline_min_ns": base["min_ns"],
-             "ratio": mine["median_ns"] / base["median_ns"],
-             "min_ratio": mine["min_ns"] / base["min_ns"], "target": "-", "result": "-"}]
+    rows = [
+        {
+            "operation": "dispatch-sbatch - sbatch",
+            "median_ns": over,
+            "min_ns": over_min,
+            "baseline": f"{results['submit']['entry_python']} -I -c pass",
+            "baseline_median_ns": bare["median_ns"],
+            "baseline_min_ns": bare["min_ns"],
+            "ratio": ratio,
+            "min_ratio": over_min / bare["min_ns"],
+            "target": f"<= {TARGET:g}",
+            "result": "PASS" if ratio <= TARGET else "MISS",
+        },
+        {
+            "operation": "dispatch-sbatch --hold",
+            "median_ns": mine["median_ns"],
+            "min_ns": mine["min_ns"],
+            "baseline": "submitit (CommandFunction), held",
+            "baseline_median_ns": peer["median_ns"],
+            "baseline_min_ns": peer["min_ns"],
+            "ratio": mine["median_ns"] / peer["median_ns"],
+            "min_ratio": mine["min_ns"] / peer["min_ns"],
+            "target": "< 1",
+            "result": "PASS" if mine["median_ns"] < peer["median_ns"] else "MISS",
+        },
+        {
+            "operation": "dispatch-sbatch --hold",
+            "median_ns": mine["median_ns"],
+            "min_ns": mine["min_ns"],
+            "baseline": "sbatch --hold (for reference)",
+            "baseline_median_ns": base["median_ns"],
+            "baseline_min_ns": base["min_ns"],
+            "ratio": mine["median_ns"] / base["median_ns"],
+            "min_ratio": mine["min_ns"] / base["min_ns"],
+            "target": "-",
+            "result": "-",
+        },
+    ]
     if BASELINE in ops:
         before = ops[BASELINE]
         ratio = mine["median_ns"] / before["median_ns"]
-        rows.append({"operation": "dispatch-sbatch --hold", "median_ns": mine["median_ns"],
-                     "min_ns": mine["min_ns"],
-                     "baseline": f"--baseline-src {results['baseline_src']['src']}",
-                     "baseline_median_ns": before["median_ns"],
-                     "baseline_min_ns": before["min_ns"], "ratio": ratio,
-                     "min_ratio": mine["min_ns"] / before["min_ns"], "target": "<= 1",
-                     "result": "PASS" if ratio <= 1 else "MISS"})
+        rows.append(
+            {
+                "operation": "dispatch-sbatch --hold",
+                "median_ns": mine["median_ns"],
+                "min_ns": mine["min_ns"],
+                "baseline": f"--baseline-src {results['baseline_src']['src']}",
+                "baseline_median_ns": before["median_ns"],
+                "baseline_min_ns": before["min_ns"],
+                "ratio": ratio,
+                "min_ratio": mine["min_ns"] / before["min_ns"],
+                "target": "<= 1",
+                "result": "PASS" if ratio <= 1 else "MISS",
+            }
+        )
     return rows
 
 
@@ -535,43 +601,61 @@ def split_rows(results: dict[str, Any]) -> list[tuple[str, float]]:
     ext = {k: v["median_ns"] for k, v in results["split"]["external"].items()}
     inp = results["split"]["in_process"]
     total = results["submit"]["ops"]["dispatch-sbatch"]["median_ns"]
-    rows = [("runuser (runuser -u USER -- true)", ext["runuser true"]),
-            ("python start-up (python -c pass - runuser)", ext["python -c pass"]
-             - ext["runuser true"]),
-            ("imports of slurm_dispatch.cli.sbatch (in-process)", inp["import"]["median_ns"])]
+    rows = [
+        ("runuser (runuser -u USER -- true)", ext["runuser true"]),
+        ("python start-up (python -c pass - runuser)", ext["python -c pass"] - ext["runuser true"]),
+        ("imports of slurm_dispatch.cli.sbatch (in-process)", inp["import"]["median_ns"]),
+    ]
     for key, label in PHASES:
         rows.append((f"main: {label}", inp["phases"][key]["median_ns"]))
-    rows.append(("exit, entry-point script, noise (the remainder)",
-                 total - sum(v for _, v in rows)))
+    rows.append(
+        ("exit, entry-point script, noise (the remainder)", total - sum(v for _, v in rows))
+    )
     return [(label, value / 1e6) for label, value in rows]
 
 
-def print_report(args: argparse.Namespace, results: dict[str, Any],
-                 rows: list[dict[str, Any]]) -> None:
+def print_report(
+    args: argparse.Namespace, results: dict[str, Any], rows: list[dict[str, Any]]
+) -> None:
     env = results["environment"]
     sub = results["submit"]
     split = results["split"]
     ext = split["external"]
     inp = split["in_process"]
     print()
-    print(f"python {env['python']} (venv {env['venv_python']}), {env['slurm']}, "
-          f"{env['machine']}, {env['cpus']} cpus, load average {env['loadavg_start']} at the "
-          f"start, {env['loadavg_end']} at the end")
-    print(f"sandbox {env['sandbox_dir']} (controller port {env['controller_port']}, "
-          f"{env['nodes']} node(s)), user {env['user']}; checkout {env['source']['commit']}"
-          + (" with uncommitted changes in slurm_dispatch/" if env["source"]["package_changes"]
-             else "") + f"; up took {results['sandbox']['up_seconds']} s"
-          + (f" ({'; '.join(results['sandbox']['up_actions'])})"
-             if results["sandbox"]["up_actions"] else " (already up)"))
+    print(
+        f"python {env['python']} (venv {env['venv_python']}), {env['slurm']}, "
+        f"{env['machine']}, {env['cpus']} cpus, load average {env['loadavg_start']} at the "
+        f"start, {env['loadavg_end']} at the end"
+    )
+    print(
+        f"sandbox {env['sandbox_dir']} (controller port {env['controller_port']}, "
+        f"{env['nodes']} node(s)), user {env['user']}; checkout {env['source']['commit']}"
+        + (
+            " with uncommitted changes in slurm_dispatch/"
+            if env["source"]["package_changes"]
+            else ""
+        )
+        + f"; up took {results['sandbox']['up_seconds']} s"
+        + (
+            f" ({'; '.join(results['sandbox']['up_actions'])})"
+            if results["sandbox"]["up_actions"]
+            else " (already up)"
+        )
+    )
     print(f"submissions: {sub['count']} rounds of {sub['order']}")
     for key, cmd in sub["commands"].items():
         s = sub["ops"][key]
-        print(f"  {key:26s} median {ms(s['median_ns']):>9s}  mean {ms(s['mean_ns']):>9s}  "
-              f"min {ms(s['min_ns']):>9s}  max {ms(s['max_ns']):>9s}   {cmd}")
+        print(
+            f"  {key:26s} median {ms(s['median_ns']):>9s}  mean {ms(s['mean_ns']):>9s}  "
+            f"min {ms(s['min_ns']):>9s}  max {ms(s['max_ns']):>9s}   {cmd}"
+        )
 
     print()
-    print(f"where one dispatch-sbatch submission goes (medians of {split['count']} fresh "
-          "processes each, order rotated; phases timed in-process around main()):")
+    print(
+        f"where one dispatch-sbatch submission goes (medians of {split['count']} fresh "
+        "processes each, order rotated; phases timed in-process around main()):"
+    )
     parts = split_rows(results)
     total_ms = sub["ops"]["dispatch-sbatch"]["median_ns"] / 1e6
     width = max(len(label) for label, _ in parts)
@@ -579,90 +663,137 @@ def print_report(args: argparse.Namespace, results: dict[str, Any],
         print(f"  {label:{width}s} {value:7.1f} ms  {100 * value / total_ms:5.1f} %")
     print(f"  {'= dispatch-sbatch end to end (median)':{width}s} {total_ms:7.1f} ms")
     base_ms = sub["ops"]["sbatch"]["median_ns"] / 1e6
-    print(f"  {'  plain sbatch end to end (median), runuser included':{width}s} "
-          f"{base_ms:7.1f} ms")
+    print(f"  {'  plain sbatch end to end (median), runuser included':{width}s} {base_ms:7.1f} ms")
     phases, nested = inp["phases"], inp["nested"]
     added = sum(phases[k]["median_ns"] for k in ("root_in_use", "env_snapshot"))
-    print(f"the newcomer features on this path: root-in-use check "
-          f"{ms(phases['root_in_use']['median_ns'])}, environment snapshot "
-          f"{ms(phases['env_snapshot']['median_ns'])} (together {ms(added)}); typo checks "
-          f"(the command line's parse, nested in the request) "
-          f"{ms(nested['typo_checks']['median_ns'])}; dependency lookups "
-          f"{ms(nested['dependency']['median_ns'])}")
-    print(f"the interpreter dispatch-sbatch's entry point runs on: {sub['entry_python']} "
-          f"(-> {sub['entry_python_real']}); its bare start (-I -c pass, no runuser) "
-          f"{ms(sub['ops']['python -I -c pass']['median_ns'])}")
+    print(
+        f"the newcomer features on this path: root-in-use check "
+        f"{ms(phases['root_in_use']['median_ns'])}, environment snapshot "
+        f"{ms(phases['env_snapshot']['median_ns'])} (together {ms(added)}); typo checks "
+        f"(the command line's parse, nested in the request) "
+        f"{ms(nested['typo_checks']['median_ns'])}; dependency lookups "
+        f"{ms(nested['dependency']['median_ns'])}"
+    )
+    print(
+        f"the interpreter dispatch-sbatch's entry point runs on: {sub['entry_python']} "
+        f"(-> {sub['entry_python_real']}); its bare start (-I -c pass, no runuser) "
+        f"{ms(sub['ops']['python -I -c pass']['median_ns'])}"
+    )
     imp, bare = ext["python -c import"]["median_ns"], ext["python -c pass"]["median_ns"]
-    print(f"cross-checks: python -c 'import slurm_dispatch.cli.sbatch' {ms(imp)} - "
-          f"python -c pass {ms(bare)} = {ms(imp - bare)} "
-          f"for the imports (interpreter teardown included); dispatch-sbatch --help "
-          f"{ms(ext['dispatch-sbatch --help']['median_ns'])}; in-process main() "
-          f"{ms(inp['main']['median_ns'])}; {inp['modules_after_import']} modules loaded "
-          "after the import")
-    floor = (ext["python -c pass"]["median_ns"] + inp["phases"]["subprocess"]["median_ns"]
-             + sum(inp["phases"][k]["median_ns"] for k in ("create_job", "claim", "append")))
+    print(
+        f"cross-checks: python -c 'import slurm_dispatch.cli.sbatch' {ms(imp)} - "
+        f"python -c pass {ms(bare)} = {ms(imp - bare)} "
+        f"for the imports (interpreter teardown included); dispatch-sbatch --help "
+        f"{ms(ext['dispatch-sbatch --help']['median_ns'])}; in-process main() "
+        f"{ms(inp['main']['median_ns'])}; {inp['modules_after_import']} modules loaded "
+        "after the import"
+    )
+    floor = (
+        ext["python -c pass"]["median_ns"]
+        + inp["phases"]["subprocess"]["median_ns"]
+        + sum(inp["phases"][k]["median_ns"] for k in ("create_job", "claim", "append"))
+    )
     base_ns = sub["ops"]["sbatch"]["median_ns"]
-    print(f"floor of any Python dispatch-sbatch with zero import cost (runuser + python "
-          f"start-up + sbatch subprocess + the record writes: create_job, claim, event): "
-          f"{ms(floor)} = {floor / base_ns:.2f}x plain sbatch; the bare interpreter start-up "
-          f"alone takes {ms(bare - ext['runuser true']['median_ns'])}")
+    print(
+        f"floor of any Python dispatch-sbatch with zero import cost (runuser + python "
+        f"start-up + sbatch subprocess + the record writes: create_job, claim, event): "
+        f"{ms(floor)} = {floor / base_ns:.2f}x plain sbatch; the bare interpreter start-up "
+        f"alone takes {ms(bare - ext['runuser true']['median_ns'])}"
+    )
 
     print()
-    print(f"import probes (in-process imports, medians of {split['count']} fresh processes; "
-          f"the standard library slurm_dispatch.cli.sbatch loads: "
-          f"{', '.join(split.get('stdlib', []))}):")
+    print(
+        f"import probes (in-process imports, medians of {split['count']} fresh processes; "
+        f"the standard library slurm_dispatch.cli.sbatch loads: "
+        f"{', '.join(split.get('stdlib', []))}):"
+    )
     full = split["probes"][PROBES[0][0]]["median_ns"]
     for label, _ in PROBES:
         p = split["probes"][label]
-        print(f"  {label:46s} {ms(p['median_ns']):>9s}  (min {ms(p['min_ns'])}, "
-              f"{p['modules']} modules)  {p['median_ns'] / full:.0%} of the import")
+        print(
+            f"  {label:46s} {ms(p['median_ns']):>9s}  (min {ms(p['min_ns'])}, "
+            f"{p['modules']} modules)  {p['median_ns'] / full:.0%} of the import"
+        )
 
     it = results.get("importtime")
     if it:
         print()
-        print(f"python -X importtime (median of 3 runs; it inflates each import by its own "
-              f"bookkeeping): {it['total_us'] / 1000:.1f} ms over {it['modules']} modules; "
-              f"modules of cumulative >= {args.importtime_min_ms:g} ms, in import order:")
+        print(
+            f"python -X importtime (median of 3 runs; it inflates each import by its own "
+            f"bookkeeping): {it['total_us'] / 1000:.1f} ms over {it['modules']} modules; "
+            f"modules of cumulative >= {args.importtime_min_ms:g} ms, in import order:"
+        )
         print(f"  {'self ms':>8s} {'cum ms':>8s}  module")
         for r in it["rows"]:
             if r["cum_us"] >= args.importtime_min_ms * 1000:
-                print(f"  {r['self_us'] / 1000:8.1f} {r['cum_us'] / 1000:8.1f}  "
-                      f"{'  ' * r['depth']}{r['module']}")
+                print(
+                    f"  {r['self_us'] / 1000:8.1f} {r['cum_us'] / 1000:8.1f}  "
+                    f"{'  ' * r['depth']}{r['module']}"
+                )
 
     if split.get("profile"):
         print()
-        print("--- profile: one in-process cli_sbatch.main (cProfile, by cumulative time; "
-              "cProfile inflates small calls)")
+        print(
+            "--- profile: one in-process cli_sbatch.main (cProfile, by cumulative time; "
+            "cProfile inflates small calls)"
+        )
         print(split["profile"].strip())
 
     print_verdicts(rows)
-    print("ratio = median / baseline median (what the target is judged on); "
-          "min ratio = min / baseline min; dispatch-sbatch, sbatch and submitit run through "
-          "runuser, the bare interpreter start does not (runuser cancels out of the "
-          "difference)")
+    print(
+        "ratio = median / baseline median (what the target is judged on); "
+        "min ratio = min / baseline min; dispatch-sbatch, sbatch and submitit run through "
+        "runuser, the bare interpreter start does not (runuser cancels out of the "
+        "difference)"
+    )
 
 
 def print_verdicts(rows: list[dict[str, Any]]) -> None:
     """The verdict table (:func:`verdicts`' rows), after a blank line (also bench_submit_api)."""
-    header = ("operation", "median", "min", "baseline", "base median", "base min", "ratio",
-              "min ratio", "target", "result")
+    header = (
+        "operation",
+        "median",
+        "min",
+        "baseline",
+        "base median",
+        "base min",
+        "ratio",
+        "min ratio",
+        "target",
+        "result",
+    )
     table = [header]
     for r in rows:
-        table.append((r["operation"], ms(r["median_ns"]), ms(r["min_ns"]), r["baseline"],
-                      ms(r["baseline_median_ns"]), ms(r["baseline_min_ns"]),
-                      f"{r['ratio']:.2f}x", f"{r['min_ratio']:.2f}x", r["target"],
-                      r["result"]))
+        table.append(
+            (
+                r["operation"],
+                ms(r["median_ns"]),
+                ms(r["min_ns"]),
+                r["baseline"],
+                ms(r["baseline_median_ns"]),
+                ms(r["baseline_min_ns"]),
+                f"{r['ratio']:.2f}x",
+                f"{r['min_ratio']:.2f}x",
+                r["target"],
+                r["result"],
+            )
+        )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     print()
     for i, row in enumerate(table):
-        print("  ".join(str(cell).rjust(w) if 1 <= j <= 2 or 4 <= j <= 6 else str(cell).ljust(w)
-                        for j, (cell, w) in enumerate(zip(row, widths))).rstrip())
+        print(
+            "  ".join(
+                str(cell).rjust(w) if 1 <= j <= 2 or 4 <= j <= 6 else str(cell).ljust(w)
+                for j, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if i == 0:
             print("  ".join("-" * w for w in widths))
 
 
-def bench_folder(layout: sandbox_layout.Layout, user: str, prefix: str,
-                 files: list[tuple[str, str, int]]) -> str:
+def bench_folder(
+    layout: sandbox_layout.Layout, user: str, prefix: str, files: list[tuple[str, str, int]]
+) -> str:
     """A scratch folder ``user`` owns under the sandbox's ``bench/``, holding ``files`` (name,
     text, mode), with submitit in the sandbox venv (also bench_submit_api)."""
     parent = layout.root / "bench"
@@ -671,11 +802,13 @@ def bench_folder(layout: sandbox_layout.Layout, user: str, prefix: str,
     entry = pwd.getpwnam(user)
     os.chown(scratch, entry.pw_uid, entry.pw_gid)
     os.chmod(scratch, 0o755)
-    has = subprocess.run([str(layout.venv_bin / "python"), "-c", "import submitit"],
-                         capture_output=True)
+    has = subprocess.run(
+        [str(layout.venv_bin / "python"), "-c", "import submitit"], capture_output=True
+    )
     if has.returncode != 0:  # the peer a user would pick instead, from PyPI
-        subprocess.run([str(layout.venv_bin / "python"), "-m", "pip", "install", "-q",
-                        "submitit"], check=True)
+        subprocess.run(
+            [str(layout.venv_bin / "python"), "-m", "pip", "install", "-q", "submitit"], check=True
+        )
     for name, text, mode in files:
         path = os.path.join(scratch, name)
         with open(path, "w", encoding="utf-8") as handle:
@@ -687,15 +820,26 @@ def bench_folder(layout: sandbox_layout.Layout, user: str, prefix: str,
 
 def sandbox_options(p: argparse.ArgumentParser, default_dir: str, nodes: int = 1) -> None:
     """The options of a bench on its own sandbox (also bench_submit_api, bench_controller)."""
-    p.add_argument("--dir", default=default_dir,
-                   help=f"the bench's own sandbox state folder (default {default_dir})")
-    p.add_argument("--nodes", type=int, default=nodes,
-                   help=f"nodes of the bench sandbox (default {nodes}"
-                        + (": held jobs never run)" if nodes == 1 else ")"))
-    p.add_argument("--user", default=sandbox_layout.DEFAULT_USER,
-                   help=f"the sandbox user (default {sandbox_layout.DEFAULT_USER})")
-    p.add_argument("--keep", action="store_true",
-                   help="leave the sandbox running and keep the scratch folder")
+    p.add_argument(
+        "--dir",
+        default=default_dir,
+        help=f"the bench's own sandbox state folder (default {default_dir})",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=nodes,
+        help=f"nodes of the bench sandbox (default {nodes}"
+        + (": held jobs never run)" if nodes == 1 else ")"),
+    )
+    p.add_argument(
+        "--user",
+        default=sandbox_layout.DEFAULT_USER,
+        help=f"the sandbox user (default {sandbox_layout.DEFAULT_USER})",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="leave the sandbox running and keep the scratch folder"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -703,24 +847,41 @@ def sandbox_options(p: argparse.ArgumentParser, default_dir: str, nodes: int = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sandbox_options(p, DEFAULT_DIR)
-    p.add_argument("--count", type=int, default=30,
-                   help="timed submissions of each command, interleaved (default 30)")
-    p.add_argument("--split-count", type=int, default=10,
-                   help="fresh processes of each kind for the time split (default 10)")
-    p.add_argument("--profile", action="store_true",
-                   help="also cProfile one in-process cli_sbatch.main (untimed)")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=30,
+        help="timed submissions of each command, interleaved (default 30)",
+    )
+    p.add_argument(
+        "--split-count",
+        type=int,
+        default=10,
+        help="fresh processes of each kind for the time split (default 10)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also cProfile one in-process cli_sbatch.main (untimed)",
+    )
     p.add_argument("--profile-lines", type=int, default=25, help=argparse.SUPPRESS)
-    p.add_argument("--importtime-min-ms", type=float, default=1.5,
-                   help="show importtime modules of at least this cumulative time "
-                        "(default 1.5)")
-    p.add_argument("--fail-on-miss", action="store_true",
-                   help="exit 1 when the target is missed")
-    p.add_argument("--baseline-src", metavar="PATH",
-                   help="another commit's source tree whose dispatch-sbatch is timed side by "
-                        "side (e.g. git archive COMMIT | tar -x -C PATH)")
+    p.add_argument(
+        "--importtime-min-ms",
+        type=float,
+        default=1.5,
+        help="show importtime modules of at least this cumulative time (default 1.5)",
+    )
+    p.add_argument("--fail-on-miss", action="store_true", help="exit 1 when the target is missed")
+    p.add_argument(
+        "--baseline-src",
+        metavar="PATH",
+        help="another commit's source tree whose dispatch-sbatch is timed side by "
+        "side (e.g. git archive COMMIT | tar -x -C PATH)",
+    )
     args = p.parse_args(argv)
     if args.count < 1 or args.split_count < 1:
         p.error("--count and --split-count must be >= 1")
@@ -730,70 +891,102 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
-        print("bench_sbatch.py must run as root: it starts the sandbox's daemons and runs "
-              "commands as the sandbox user through runuser", file=sys.stderr)
+        print(
+            "bench_sbatch.py must run as root: it starts the sandbox's daemons and runs "
+            "commands as the sandbox user through runuser",
+            file=sys.stderr,
+        )
         return 2
     started = time.perf_counter()
-    say(args, f"sandbox {args.dir}: up ({args.nodes} node(s), installing {REPO_ROOT} into its "
-              "venv if it changed)")
+    say(
+        args,
+        f"sandbox {args.dir}: up ({args.nodes} node(s), installing {REPO_ROOT} into its "
+        "venv if it changed)",
+    )
     report = sandbox.up(args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT)
     state = report.status
     layout = sandbox_layout.Layout(Path(state.dir))
     results: dict[str, Any] = {
         "sandbox": {"up_seconds": report.seconds, "up_actions": report.actions},
     }
-    scratch = bench_folder(layout, state.user, "run-",
-                           [("job.sh", JOB_SCRIPT, 0o755), ("driver.py", DRIVER, 0o644),
-                            ("submitit_submit.py", SUBMITIT, 0o644)])
+    scratch = bench_folder(
+        layout,
+        state.user,
+        "run-",
+        [
+            ("job.sh", JOB_SCRIPT, 0o755),
+            ("driver.py", DRIVER, 0o644),
+            ("submitit_submit.py", SUBMITIT, 0o644),
+        ],
+    )
     cl = Cluster(state.dir, state.user, scratch)
     _, version = cl.run(["sbatch", "--version"], as_user=False)
-    _, venv_python = cl.run([os.path.join(cl.venv_bin, "python"), "-c",
-                             "import platform; print(platform.python_version())"],
-                            as_user=False)
+    _, venv_python = cl.run(
+        [
+            os.path.join(cl.venv_bin, "python"),
+            "-c",
+            "import platform; print(platform.python_version())",
+        ],
+        as_user=False,
+    )
     results["environment"] = {
-        "python": platform.python_version(), "venv_python": venv_python.stdout.strip(),
-        "slurm": version.stdout.strip(), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "sandbox_dir": state.dir, "controller_port": layout.controller_port,
-        "nodes": len(state.nodes), "user": state.user, "scratch": scratch,
-        "dispatch_home": cl.env["DISPATCH_HOME"], "source": source_identity(),
+        "python": platform.python_version(),
+        "venv_python": venv_python.stdout.strip(),
+        "slurm": version.stdout.strip(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "sandbox_dir": state.dir,
+        "controller_port": layout.controller_port,
+        "nodes": len(state.nodes),
+        "user": state.user,
+        "scratch": scratch,
+        "dispatch_home": cl.env["DISPATCH_HOME"],
+        "source": source_identity(),
     }
     jobs: list[str] = []
     try:
         say(args, f"submitting: 1 warm-up + {args.count} timed of each, interleaved")
         bench_submit(args, cl, jobs, results)
-        say(args, f"time split: {args.split_count} rounds of {4 + 1 + len(PROBES)} fresh "
-                  "processes")
+        say(args, f"time split: {args.split_count} rounds of {4 + 1 + len(PROBES)} fresh processes")
         bench_split(args, cl, jobs, results)
         bench_importtime(args, cl, results)
     finally:
         for i in range(0, len(jobs), 200):
-            cl.run(["scancel", *jobs[i:i + 200]], as_user=False, check=False)
+            cl.run(["scancel", *jobs[i : i + 200]], as_user=False, check=False)
         _, queue = cl.run(["squeue", "-h", "-o", "%i"], as_user=False, check=False)
         left = sorted(set(queue.stdout.split()) & set(jobs))
         results["jobs"] = {"submitted": len(jobs), "still_queued_after_scancel": len(left)}
-        say(args, f"cancelled {len(jobs)} held jobs"
-                  + (f" ({len(left)} still listed: {' '.join(left[:10])})" if left else ""))
+        say(
+            args,
+            f"cancelled {len(jobs)} held jobs"
+            + (f" ({len(left)} still listed: {' '.join(left[:10])})" if left else ""),
+        )
         results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         if args.keep:
             say(args, f"kept {scratch} and the sandbox in {state.dir} (running)")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
             results["sandbox"]["down"] = sandbox.down(state.dir)
-            say(args, f"removed {scratch}; sandbox stopped: "
-                      + "; ".join(results["sandbox"]["down"]))
+            say(
+                args,
+                f"removed {scratch}; sandbox stopped: " + "; ".join(results["sandbox"]["down"]),
+            )
     rows = verdicts(results)
     results["verdicts"] = rows
-    results["split"]["summary_ms"] = [{"part": label, "ms": round(value, 2)}
-                                      for label, value in split_rows(results)]
+    results["split"]["summary_ms"] = [
+        {"part": label, "ms": round(value, 2)} for label, value in split_rows(results)
+    ]
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()
     else:
         print_report(args, results, rows)
-        print(f"elapsed {results['elapsed_s']} s end to end (sandbox up/down, "
-              "cancellation and cleanup included)")
+        print(
+            f"elapsed {results['elapsed_s']} s end to end (sandbox up/down, "
+            "cancellation and cleanup included)"
+        )
     missed = [r for r in rows if r["result"] != "PASS"]
     return 1 if missed and args.fail_on_miss else 0
 

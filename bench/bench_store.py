@@ -62,8 +62,11 @@ def file_system_of(path: str) -> dict[str, str]:
                 inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
                 if inside and len(mount_point) >= best_len:
                     best_len = len(mount_point)
-                    best = {"mount_point": mount_point, "type": fields[sep + 1],
-                            "source": fields[sep + 2]}
+                    best = {
+                        "mount_point": mount_point,
+                        "type": fields[sep + 1],
+                        "source": fields[sep + 2],
+                    }
     except (OSError, ValueError, IndexError):
         pass
     return best
@@ -135,10 +138,10 @@ def make_publications(root: str, count: int) -> str:
                     break
                 if made % 50_000 == 0:
                     source = f"empty-{made}"
-                    os.close(os.open(source, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444,
-                                     dir_fd=src_fd))
-                name = model.format_name(epoch.value, step,
-                                         f"exec/{attempt}/checkpoint-{step}")
+                    os.close(
+                        os.open(source, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444, dir_fd=src_fd)
+                    )
+                name = model.format_name(epoch.value, step, f"exec/{attempt}/checkpoint-{step}")
                 os.link(source, name, src_dir_fd=src_fd, dst_dir_fd=pub_fd)
                 greatest = max(greatest, name)
                 made += 1
@@ -196,12 +199,18 @@ def bench_latest(args: argparse.Namespace, scratch: str, results: dict[str, Any]
         t0 = time.perf_counter()
         import transformers
         from transformers.trainer_utils import get_last_checkpoint  # type: ignore[no-redef]
-        results["transformers"] = {"version": transformers.__version__,
-                                   "import_s": round(time.perf_counter() - t0, 3)}
+
+        results["transformers"] = {
+            "version": transformers.__version__,
+            "import_s": round(time.perf_counter() - t0, 3),
+        }
     except Exception as exc:  # ImportError, or a transformers that needs more than it has
         results["transformers"] = {"version": None, "error": f"{type(exc).__name__}: {exc}"}
-        say(args, f"transformers unavailable ({exc}); get_last_checkpoint baseline skipped "
-                  "(pip install transformers; torch is not needed)")
+        say(
+            args,
+            f"transformers unavailable ({exc}); get_last_checkpoint baseline skipped "
+            "(pip install transformers; torch is not needed)",
+        )
 
     t0 = time.perf_counter()
     expected = make_publications(root, count)
@@ -212,8 +221,11 @@ def bench_latest(args: argparse.Namespace, scratch: str, results: dict[str, Any]
         t0 = time.perf_counter()
         expected_hf = make_hf_checkpoints(hf_dir, count)
         setup_hf_s = time.perf_counter() - t0
-    say(args, f"setup: {count:,} publications in {setup_pub_s:.1f} s"
-              + (f", {count:,} checkpoint-N folders in {setup_hf_s:.1f} s" if expected_hf else ""))
+    say(
+        args,
+        f"setup: {count:,} publications in {setup_pub_s:.1f} s"
+        + (f", {count:,} checkpoint-N folders in {setup_hf_s:.1f} s" if expected_hf else ""),
+    )
 
     pub = os.path.join(root, store.PUB)
     ops: dict[str, Callable[[], Any]] = {
@@ -236,7 +248,7 @@ def bench_latest(args: argparse.Namespace, scratch: str, results: dict[str, Any]
     order = list(ops)
     for rep in range(args.repeat):
         # Rotate the order each repetition so none of them always runs first or last.
-        for key in order[rep % len(order):] + order[:rep % len(order)]:
+        for key in order[rep % len(order) :] + order[: rep % len(order)]:
             gc.collect()
             t0 = time.perf_counter_ns()
             ops[key]()
@@ -345,99 +357,180 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
     lat = results.get("latest")
     if lat:
         ops = lat["ops"]
-        rows.append(_row("latest", ops["latest"], "listdir+split", ops["floor"],
-                         "<=", LATEST_FLOOR_TARGET))
+        rows.append(
+            _row("latest", ops["latest"], "listdir+split", ops["floor"], "<=", LATEST_FLOOR_TARGET)
+        )
         if "get_last_checkpoint" in ops:
-            rows.append(_row("latest", ops["latest"], "get_last_checkpoint",
-                             ops["get_last_checkpoint"], "<", LATEST_HF_TARGET))
+            rows.append(
+                _row(
+                    "latest",
+                    ops["latest"],
+                    "get_last_checkpoint",
+                    ops["get_last_checkpoint"],
+                    "<",
+                    LATEST_HF_TARGET,
+                )
+            )
     pub = results.get("publish")
     if pub:
         ops = pub["ops"]
-        rows.append(_row("publish", ops["publish"], "open+close+2 fsync", ops["floor"],
-                         "<=", PUBLISH_TARGET))
+        rows.append(
+            _row(
+                "publish", ops["publish"], "open+close+2 fsync", ops["floor"], "<=", PUBLISH_TARGET
+            )
+        )
     return rows
 
 
-def _row(op: str, mine: dict[str, float], base_label: str, base: dict[str, float],
-         cmp: str, target: float) -> dict[str, Any]:
+def _row(
+    op: str,
+    mine: dict[str, float],
+    base_label: str,
+    base: dict[str, float],
+    cmp: str,
+    target: float,
+) -> dict[str, Any]:
     ratio = mine["median_ns"] / base["median_ns"]
     ok = ratio <= target if cmp == "<=" else ratio < target
-    return {"operation": op, "median_ns": mine["median_ns"], "min_ns": mine["min_ns"],
-            "mean_ns": mine["mean_ns"], "baseline": base_label,
-            "baseline_median_ns": base["median_ns"], "baseline_min_ns": base["min_ns"],
-            "baseline_mean_ns": base["mean_ns"], "ratio": ratio,
-            "min_ratio": mine["min_ns"] / base["min_ns"], "target": f"{cmp} {target:g}",
-            "result": "PASS" if ok else "MISS"}
+    return {
+        "operation": op,
+        "median_ns": mine["median_ns"],
+        "min_ns": mine["min_ns"],
+        "mean_ns": mine["mean_ns"],
+        "baseline": base_label,
+        "baseline_median_ns": base["median_ns"],
+        "baseline_min_ns": base["min_ns"],
+        "baseline_mean_ns": base["mean_ns"],
+        "ratio": ratio,
+        "min_ratio": mine["min_ns"] / base["min_ns"],
+        "target": f"{cmp} {target:g}",
+        "result": "PASS" if ok else "MISS",
+    }
 
 
 def print_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     env = results["environment"]
     print()
-    print(f"python {env['python']}, {env['machine']}, {env['cpus']} cpus; "
-          f"scratch {env['scratch']} on {env['file_system']['type']} "
-          f"({env['file_system']['source']} at {env['file_system']['mount_point']})")
+    print(
+        f"python {env['python']}, {env['machine']}, {env['cpus']} cpus; "
+        f"scratch {env['scratch']} on {env['file_system']['type']} "
+        f"({env['file_system']['source']} at {env['file_system']['mount_point']})"
+    )
     tf = results.get("transformers", {})
     print(f"transformers {tf.get('version') or 'not installed'}")
     lat = results.get("latest")
     if lat:
-        print(f"latest: {lat['count']:,} names in one pub/, {lat['repeat']} timed repetitions "
-              "each after one untimed warm-up call (page cache warm), order rotated; setup "
-              f"{lat['setup_s']['publications']} s + {lat['setup_s']['hf_folders']} s")
+        print(
+            f"latest: {lat['count']:,} names in one pub/, {lat['repeat']} timed repetitions "
+            "each after one untimed warm-up call (page cache warm), order rotated; setup "
+            f"{lat['setup_s']['publications']} s + {lat['setup_s']['hf_folders']} s"
+        )
     pub = results.get("publish")
     if pub:
-        print(f"publish: {pub['count']:,} ops each side in {pub['rounds']} interleaved rounds; "
-              f"per-round median ratios {pub['round_ratios']}")
+        print(
+            f"publish: {pub['count']:,} ops each side in {pub['rounds']} interleaved rounds; "
+            f"per-round median ratios {pub['round_ratios']}"
+        )
         for key in ("publish", "floor"):
             s = pub["ops"][key]
-            print(f"  {key:8s} per op: median {s['median_ns'] / 1e3:8.1f} us, "
-                  f"mean {s['mean_ns'] / 1e3:8.1f} us, min {s['min_ns'] / 1e3:8.1f} us, "
-                  f"max {s['max_ns'] / 1e3:8.1f} us")
-    header = ("operation", "median", "min", "baseline", "base median", "base min", "ratio",
-              "min ratio", "target", "result")
+            print(
+                f"  {key:8s} per op: median {s['median_ns'] / 1e3:8.1f} us, "
+                f"mean {s['mean_ns'] / 1e3:8.1f} us, min {s['min_ns'] / 1e3:8.1f} us, "
+                f"max {s['max_ns'] / 1e3:8.1f} us"
+            )
+    header = (
+        "operation",
+        "median",
+        "min",
+        "baseline",
+        "base median",
+        "base min",
+        "ratio",
+        "min ratio",
+        "target",
+        "result",
+    )
     table = [header]
     for r in rows:
-        table.append((r["operation"], fmt_time(r["median_ns"]), fmt_time(r["min_ns"]),
-                      r["baseline"], fmt_time(r["baseline_median_ns"]),
-                      fmt_time(r["baseline_min_ns"]), f"{r['ratio']:.2f}x",
-                      f"{r['min_ratio']:.2f}x", r["target"], r["result"]))
+        table.append(
+            (
+                r["operation"],
+                fmt_time(r["median_ns"]),
+                fmt_time(r["min_ns"]),
+                r["baseline"],
+                fmt_time(r["baseline_median_ns"]),
+                fmt_time(r["baseline_min_ns"]),
+                f"{r['ratio']:.2f}x",
+                f"{r['min_ratio']:.2f}x",
+                r["target"],
+                r["result"],
+            )
+        )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     print()
     for i, row in enumerate(table):
-        print("  ".join(str(cell).rjust(w) if 1 <= j <= 2 or 4 <= j <= 6 else str(cell).ljust(w)
-                        for j, (cell, w) in enumerate(zip(row, widths))).rstrip())
+        print(
+            "  ".join(
+                str(cell).rjust(w) if 1 <= j <= 2 or 4 <= j <= 6 else str(cell).ljust(w)
+                for j, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    print("ratio = median / baseline median (what the target is judged on); "
-          "min ratio = min / baseline min")
+    print(
+        "ratio = median / baseline median (what the target is judged on); "
+        "min ratio = min / baseline min"
+    )
 
 
 # --------------------------------------------------------------------------- main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--count", type=int, default=100_000,
-                   help="publications (and checkpoint-N folders) for the latest bench "
-                        "(default 100000)")
-    p.add_argument("--publish-count", type=int, default=2_000,
-                   help="publish operations, and as many floor operations (default 2000)")
-    p.add_argument("--repeat", type=int, default=9,
-                   help="timed repetitions of each latest operation (default 9)")
-    p.add_argument("--rounds", type=int, default=10,
-                   help="interleaved rounds the publish operations are split into (default 10)")
-    p.add_argument("--dir", default=None,
-                   help="parent of the scratch directory (default /var/tmp); a fresh "
-                        "directory is made inside it and removed afterwards")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=100_000,
+        help="publications (and checkpoint-N folders) for the latest bench (default 100000)",
+    )
+    p.add_argument(
+        "--publish-count",
+        type=int,
+        default=2_000,
+        help="publish operations, and as many floor operations (default 2000)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=9,
+        help="timed repetitions of each latest operation (default 9)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="interleaved rounds the publish operations are split into (default 10)",
+    )
+    p.add_argument(
+        "--dir",
+        default=None,
+        help="parent of the scratch directory (default /var/tmp); a fresh "
+        "directory is made inside it and removed afterwards",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--skip-latest", action="store_true", help="skip the latest bench")
     p.add_argument("--skip-publish", action="store_true", help="skip the publish bench")
-    p.add_argument("--profile", action="store_true",
-                   help="also cProfile one latest call and 500 publish calls (untimed)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also cProfile one latest call and 500 publish calls (untimed)",
+    )
     p.add_argument("--profile-lines", type=int, default=15, help=argparse.SUPPRESS)
-    p.add_argument("--fail-on-miss", action="store_true",
-                   help="exit 1 when a target is missed")
+    p.add_argument("--fail-on-miss", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
     if args.count < 1 or args.publish_count < 1 or args.repeat < 1 or args.rounds < 1:
         p.error("counts, --repeat and --rounds must be >= 1")
@@ -453,14 +546,20 @@ def main(argv: list[str] | None = None) -> int:
     fs = file_system_of(scratch)
     results: dict[str, Any] = {
         "environment": {
-            "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "scratch": scratch, "file_system": fs,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "scratch": scratch,
+            "file_system": fs,
         },
     }
     say(args, f"scratch {scratch} on {fs['type']} ({fs['source']} at {fs['mount_point']})")
     if fs["type"] in ("tmpfs", "ramfs"):
-        say(args, "warning: scratch is on a RAM file system; fsync costs nothing there, "
-                  "so the publish figures say little about a disk (use --dir)")
+        say(
+            args,
+            "warning: scratch is on a RAM file system; fsync costs nothing there, "
+            "so the publish figures say little about a disk (use --dir)",
+        )
     try:
         # publish first, on a quiet disk: the 200,000 entries of the latest setup, and their
         # removal, leave the journal busy for a while.
@@ -484,8 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
     else:
         print_table(results, rows)
-        print(f"elapsed {results['elapsed_s']} s end to end (setup and cleanup included; "
-              f"cleanup {results.get('cleanup_s', 0)} s)")
+        print(
+            f"elapsed {results['elapsed_s']} s end to end (setup and cleanup included; "
+            f"cleanup {results.get('cleanup_s', 0)} s)"
+        )
     missed = [r for r in rows if r["result"] != "PASS"]
     return 1 if missed and args.fail_on_miss else 0
 

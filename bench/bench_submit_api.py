@@ -111,13 +111,18 @@ print(json.dumps({"import_ns": import_ns, "submit_ns": each, "ids": ids}))
 """
 
 THREADS = 8
-METHODS = ["dispatch-sbatch loop", "api.submit", f"api.submit, {THREADS} threads", "submitit",
-           "sbatch loop"]
+METHODS = [
+    "dispatch-sbatch loop",
+    "api.submit",
+    f"api.submit, {THREADS} threads",
+    "submitit",
+    "sbatch loop",
+]
 
 
 def shell_loop(command: str, count: int) -> list[str]:
     """A bash loop running ``command`` (with ``$i``) ``count`` times, printing sbatch's ids."""
-    return ["bash", "-c", f'for i in $(seq 1 {count}); do {command} || exit 1; done']
+    return ["bash", "-c", f"for i in $(seq 1 {count}); do {command} || exit 1; done"]
 
 
 def run_method(cl: Cluster, method: str, tag: str, count: int) -> dict[str, Any]:
@@ -127,8 +132,7 @@ def run_method(cl: Cluster, method: str, tag: str, count: int) -> dict[str, Any]
     python = os.path.join(cl.venv_bin, "python")
     dispatch = os.path.join(cl.venv_bin, "dispatch-sbatch")
     if method == "dispatch-sbatch loop":
-        argv = shell_loop(f'{dispatch} --parsable --checkpoint "ck-{tag}-$i" --hold job.sh',
-                          count)
+        argv = shell_loop(f'{dispatch} --parsable --checkpoint "ck-{tag}-$i" --hold job.sh', count)
     elif method == "sbatch loop":
         argv = shell_loop("sbatch --parsable --hold job.sh", count)
     elif method.startswith("api.submit"):
@@ -147,7 +151,7 @@ def run_method(cl: Cluster, method: str, tag: str, count: int) -> dict[str, Any]
     if len(ids) != count or not all(i.isdigit() for i in ids):
         raise RuntimeError(f"{method}: expected {count} job ids, got {proc.stdout[:300]!r}")
     for i in range(0, len(ids), 200):
-        cl.run(["scancel", *ids[i:i + 200]], as_user=False, check=False)
+        cl.run(["scancel", *ids[i : i + 200]], as_user=False, check=False)
     return {"wall_ns": elapsed, "ids": ids, **inner}
 
 
@@ -165,13 +169,18 @@ def bench(args: argparse.Namespace, cl: Cluster, results: dict[str, Any]) -> Non
             if "submit" in done:
                 inner[method].append(done)
     results["sweep"] = {
-        "count": args.count, "rounds": args.rounds,
+        "count": args.count,
+        "rounds": args.rounds,
         "per_job": {m: summary([w // args.count for w in walls[m]]) for m in METHODS},
         "total": {m: summary(walls[m]) for m in METHODS},
-        "inner": {m: {"import": summary([d["import_ns"] for d in runs]),
-                      "submit_median_per_job": summary([int(d["submit"]["median_ns"])
-                                                        for d in runs])}
-                  for m, runs in inner.items() if runs},
+        "inner": {
+            m: {
+                "import": summary([d["import_ns"] for d in runs]),
+                "submit_median_per_job": summary([int(d["submit"]["median_ns"]) for d in runs]),
+            }
+            for m, runs in inner.items()
+            if runs
+        },
     }
 
 
@@ -179,18 +188,29 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
     per = results["sweep"]["per_job"]
     rows = []
     threaded = f"api.submit, {THREADS} threads"
-    for name, base, target in (("api.submit", "submitit", "< 1"),
-                               ("api.submit", "dispatch-sbatch loop", "< 1"),
-                               ("api.submit", "sbatch loop", "-"),
-                               (threaded, "api.submit", "-"), (threaded, "sbatch loop", "-")):
+    for name, base, target in (
+        ("api.submit", "submitit", "< 1"),
+        ("api.submit", "dispatch-sbatch loop", "< 1"),
+        ("api.submit", "sbatch loop", "-"),
+        (threaded, "api.submit", "-"),
+        (threaded, "sbatch loop", "-"),
+    ):
         mine, other = per[name], per[base]
         ratio = mine["median_ns"] / other["median_ns"]
-        rows.append({"operation": name + ", per job", "median_ns": mine["median_ns"],
-                     "min_ns": mine["min_ns"], "baseline": base + ", per job",
-                     "baseline_median_ns": other["median_ns"],
-                     "baseline_min_ns": other["min_ns"], "ratio": ratio,
-                     "min_ratio": mine["min_ns"] / other["min_ns"], "target": target,
-                     "result": "-" if target == "-" else ("PASS" if ratio < 1 else "MISS")})
+        rows.append(
+            {
+                "operation": name + ", per job",
+                "median_ns": mine["median_ns"],
+                "min_ns": mine["min_ns"],
+                "baseline": base + ", per job",
+                "baseline_median_ns": other["median_ns"],
+                "baseline_min_ns": other["min_ns"],
+                "ratio": ratio,
+                "min_ratio": mine["min_ns"] / other["min_ns"],
+                "target": target,
+                "result": "-" if target == "-" else ("PASS" if ratio < 1 else "MISS"),
+            }
+        )
     return rows
 
 
@@ -198,38 +218,56 @@ def print_report(results: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     env = results["environment"]
     sweep = results["sweep"]
     print()
-    print(f"python {env['python']} (venv {env['venv_python']}), {env['slurm']}, submitit "
-          f"{env['submitit']}, {env['machine']}, {env['cpus']} cpus, load average "
-          f"{env['loadavg_start']} at the start, {env['loadavg_end']} at the end")
-    print(f"sandbox {env['sandbox_dir']}, user {env['user']}; checkout "
-          f"{env['source']['commit']}"
-          + (" with uncommitted changes in slurm_dispatch/" if env["source"]["package_changes"]
-             else ""))
-    print(f"{sweep['count']} held jobs per method and round, {sweep['rounds']} rounds, order "
-          "rotated; whole runs (process start to end), per job = run / count:")
+    print(
+        f"python {env['python']} (venv {env['venv_python']}), {env['slurm']}, submitit "
+        f"{env['submitit']}, {env['machine']}, {env['cpus']} cpus, load average "
+        f"{env['loadavg_start']} at the start, {env['loadavg_end']} at the end"
+    )
+    print(
+        f"sandbox {env['sandbox_dir']}, user {env['user']}; checkout "
+        f"{env['source']['commit']}"
+        + (
+            " with uncommitted changes in slurm_dispatch/"
+            if env["source"]["package_changes"]
+            else ""
+        )
+    )
+    print(
+        f"{sweep['count']} held jobs per method and round, {sweep['rounds']} rounds, order "
+        "rotated; whole runs (process start to end), per job = run / count:"
+    )
     for method in METHODS:
         per, total = sweep["per_job"][method], sweep["total"][method]
-        print(f"  {method:26s} per job median {ms(per['median_ns']):>9s}  min "
-              f"{ms(per['min_ns']):>9s}   whole run median {total['median_ns'] / 1e9:6.2f} s")
+        print(
+            f"  {method:26s} per job median {ms(per['median_ns']):>9s}  min "
+            f"{ms(per['min_ns']):>9s}   whole run median {total['median_ns'] / 1e9:6.2f} s"
+        )
     for method, data in sweep["inner"].items():
-        print(f"  inside {method}: import {ms(data['import']['median_ns'])}, one submission "
-              f"median {ms(data['submit_median_per_job']['median_ns'])}")
+        print(
+            f"  inside {method}: import {ms(data['import']['median_ns'])}, one submission "
+            f"median {ms(data['submit_median_per_job']['median_ns'])}"
+        )
     print_verdicts(rows)
-    print("ratio = median / baseline median (what the target is judged on); min ratio = min / "
-          "baseline min; every method runs through runuser once per run")
+    print(
+        "ratio = median / baseline median (what the target is judged on); min ratio = min / "
+        "baseline min; every method runs through runuser once per run"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sandbox_options(p, DEFAULT_DIR)
-    p.add_argument("--count", type=int, default=100,
-                   help="jobs per method and round (default 100)")
+    p.add_argument("--count", type=int, default=100, help="jobs per method and round (default 100)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
-    p.add_argument("--warmup", type=int, default=5,
-                   help="jobs per method in the untimed warm-up round (default 5)")
-    p.add_argument("--fail-on-miss", action="store_true",
-                   help="exit 1 when a target is missed")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="jobs per method in the untimed warm-up round (default 5)",
+    )
+    p.add_argument("--fail-on-miss", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
     if args.count < 1 or args.rounds < 1 or args.warmup < 1:
         p.error("--count, --rounds and --warmup must be >= 1")
@@ -239,32 +277,60 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
-        print("bench_submit_api.py must run as root: it starts the sandbox's daemons and runs "
-              "commands as the sandbox user through runuser", file=sys.stderr)
+        print(
+            "bench_submit_api.py must run as root: it starts the sandbox's daemons and runs "
+            "commands as the sandbox user through runuser",
+            file=sys.stderr,
+        )
         return 2
     started = time.perf_counter()
     say(args, f"sandbox {args.dir}: up (installing {REPO_ROOT} into its venv if it changed)")
     report = sandbox.up(args.dir, nodes=args.nodes, user=args.user, source=REPO_ROOT)
     state = report.status
     layout = sandbox_layout.Layout(Path(state.dir))
-    scratch = bench_folder(layout, state.user, "api-",
-                           [("job.sh", JOB_SCRIPT, 0o755), ("api_driver.py", API_DRIVER, 0o644),
-                            ("submitit_driver.py", SUBMITIT_DRIVER, 0o644)])
+    scratch = bench_folder(
+        layout,
+        state.user,
+        "api-",
+        [
+            ("job.sh", JOB_SCRIPT, 0o755),
+            ("api_driver.py", API_DRIVER, 0o644),
+            ("submitit_driver.py", SUBMITIT_DRIVER, 0o644),
+        ],
+    )
     python = str(layout.venv_bin / "python")
     cl = Cluster(state.dir, state.user, scratch)
     _, version = cl.run(["sbatch", "--version"], as_user=False)
-    _, info = cl.run([python, "-c", "import platform, submitit; "
-                      "print(platform.python_version(), submitit.__version__)"], as_user=False)
+    _, info = cl.run(
+        [
+            python,
+            "-c",
+            "import platform, submitit; print(platform.python_version(), submitit.__version__)",
+        ],
+        as_user=False,
+    )
     venv_python, submitit_version = info.stdout.split()
-    results: dict[str, Any] = {"environment": {
-        "python": platform.python_version(), "venv_python": venv_python,
-        "submitit": submitit_version, "slurm": version.stdout.strip(),
-        "machine": platform.machine(), "cpus": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()], "sandbox_dir": state.dir,
-        "user": state.user, "scratch": scratch, "source": source_identity()}}
+    results: dict[str, Any] = {
+        "environment": {
+            "python": platform.python_version(),
+            "venv_python": venv_python,
+            "submitit": submitit_version,
+            "slurm": version.stdout.strip(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+            "sandbox_dir": state.dir,
+            "user": state.user,
+            "scratch": scratch,
+            "source": source_identity(),
+        }
+    }
     try:
-        say(args, f"submitting: a warm-up of {args.warmup}, then {args.rounds} rounds of "
-                  f"{args.count} held jobs by each of {', '.join(METHODS)}")
+        say(
+            args,
+            f"submitting: a warm-up of {args.warmup}, then {args.rounds} rounds of "
+            f"{args.count} held jobs by each of {', '.join(METHODS)}",
+        )
         bench(args, cl, results)
     finally:
         results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]

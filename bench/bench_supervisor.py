@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_dispatch.control import record, submit  # noqa: E402
 from slurm_dispatch.control.supervisor import Settings, Supervisor  # noqa: E402
-from slurm_dispatch.slurm.adapter import Result, Slurm  # noqa: E402
-from tests import squeue_fake  # noqa: E402
+from slurm_dispatch.slurm.adapter import Slurm  # noqa: E402
+from slurm_dispatch.slurm.result import Result  # noqa: E402
+from tests.fakes import squeue  # noqa: E402
 
 # A real 22.05 `scontrol -o show job` line of a plain batch job is about 1,300 bytes.
 SCONTROL_LINE_BYTES = 1300
@@ -47,17 +48,30 @@ class Controller:
         self.jobs: dict[str, str] = {}
         self.ids = itertools.count(1000)
         self.calls: list[str] = []
-        self.others = [{"JobId": str(10_000_000 + i), "JobState": "RUNNING",
-                        "UserId": "other(4242)", "NodeList": f"n{i % 512}",
-                        "Comment": "someone else's"} for i in range(others)]
+        self.others = [
+            {
+                "JobId": str(10_000_000 + i),
+                "JobState": "RUNNING",
+                "UserId": "other(4242)",
+                "NodeList": f"n{i % 512}",
+                "Comment": "someone else's",
+            }
+            for i in range(others)
+        ]
 
     def queue(self) -> list[dict[str, str]]:
-        mine = [{"JobId": j, "JobState": s, "Comment": "dispatch:x/1"}
-                for j, s in self.jobs.items()]
+        mine = [
+            {"JobId": j, "JobState": s, "Comment": "dispatch:x/1"} for j, s in self.jobs.items()
+        ]
         return mine + self.others
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         argv = list(argv)
         self.calls.append(argv[0])
         if argv[0] == "sbatch":
@@ -65,8 +79,8 @@ class Controller:
             self.jobs[jobid] = "RUNNING"
             return Result(argv, 0, f"Submitted batch job {jobid}\n", "")
         if argv[0] == "squeue":
-            shown = squeue_fake.selected(argv, self.queue(), os.getuid())
-            return Result(argv, 0, squeue_fake.render(argv, shown), "")
+            shown = squeue.selected(argv, self.queue(), os.getuid())
+            return Result(argv, 0, squeue.render(argv, shown), "")
         raise AssertionError(f"unexpected call {argv}")
 
 
@@ -74,9 +88,15 @@ def make_jobs(count: int, controller: Controller, workdir: Path) -> list[record.
     (workdir / "job.sh").write_text("#!/bin/bash\necho hi\n")
     slurm = Slurm(controller, wait=0)
     # A root of its own per job: one live dispatch job per root.
-    return [submit.submit_new(submit.read_request(
-        ["--checkpoint", f"ck-{i}", "--resubmit", "3", "job.sh"], cwd=str(workdir)),
-        slurm).job for i in range(count)]
+    return [
+        submit.submit_new(
+            submit.read_request(
+                ["--checkpoint", f"ck-{i}", "--resubmit", "3", "job.sh"], cwd=str(workdir)
+            ),
+            slurm,
+        ).job
+        for i in range(count)
+    ]
 
 
 def floor(jobs_home: str) -> float:
@@ -90,8 +110,9 @@ def floor(jobs_home: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--others", type=int, default=50_000,
-                        help="other users' jobs in the controller's queue")
+    parser.add_argument(
+        "--others", type=int, default=50_000, help="other users' jobs in the controller's queue"
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -144,32 +165,46 @@ def main() -> None:
             "whole_queue_baseline_bytes": (args.jobs + args.others) * SCONTROL_LINE_BYTES,
         }
         figures["bytes_ratio_to_baseline"] = round(
-            figures["idle_pass_bytes_read"] / figures["whole_queue_baseline_bytes"], 4)
+            figures["idle_pass_bytes_read"] / figures["whole_queue_baseline_bytes"], 4
+        )
         ratio = figures["idle_pass_median_s"] / figures["floor_median_s"]
         figures["ratio_to_floor"] = round(ratio, 2)
         constant = idle_calls == [1] * len(idle_calls)
-        figures["result"] = ("PASS" if figures["idle_pass_median_s"] < 2.0
-                             and figures["busy_pass_s"] < 2.0 and constant else "MISS")
+        figures["result"] = (
+            "PASS"
+            if figures["idle_pass_median_s"] < 2.0 and figures["busy_pass_s"] < 2.0 and constant
+            else "MISS"
+        )
         if args.json:
             print(json.dumps(figures, indent=2))
             return
-        print(f"supervisor pass over {args.jobs} dispatch jobs (fake controller; records on "
-              f"{scratch}; setup {setup:.1f} s)")
-        print(f"{'operation':<28} {'median':>9} {'min':>9} {'controller calls':>17} "
-              f"{'baseline (read records)':>24} {'ratio':>6} {'target':>7} result")
-        print(f"{'pass, nothing to do':<28} {figures['idle_pass_median_s']:>8.3f}s "
-              f"{figures['idle_pass_min_s']:>8.3f}s "
-              f"{str(figures['idle_pass_controller_calls']):>17} "
-              f"{figures['floor_median_s']:>23.3f}s {ratio:>5.2f}x {'< 2 s':>7} "
-              f"{figures['result']}")
-        print(f"{'bytes read, idle pass':<28} {figures['idle_pass_bytes_read']:>9,} "
-              f"({figures['bytes_per_own_job']} per own job) vs whole-queue read "
-              f"{figures['whole_queue_baseline_bytes']:,} ({args.jobs:,} own + "
-              f"{args.others:,} others' jobs): {figures['bytes_ratio_to_baseline']:.4f}x")
-        print(f"{'pass, 10% resubmitted':<28} {busy_time:>8.3f}s {'':>9} {busy_calls:>17} "
-              f"{'':>24} {'':>6} {'< 2 s':>7} "
-              f"{'PASS' if busy_time < 2 else 'MISS'}  ({len(busy.actions)} resubmissions: "
-              "1 squeue for the pass + 1 sbatch per resubmission)")
+        print(
+            f"supervisor pass over {args.jobs} dispatch jobs (fake controller; records on "
+            f"{scratch}; setup {setup:.1f} s)"
+        )
+        print(
+            f"{'operation':<28} {'median':>9} {'min':>9} {'controller calls':>17} "
+            f"{'baseline (read records)':>24} {'ratio':>6} {'target':>7} result"
+        )
+        print(
+            f"{'pass, nothing to do':<28} {figures['idle_pass_median_s']:>8.3f}s "
+            f"{figures['idle_pass_min_s']:>8.3f}s "
+            f"{str(figures['idle_pass_controller_calls']):>17} "
+            f"{figures['floor_median_s']:>23.3f}s {ratio:>5.2f}x {'< 2 s':>7} "
+            f"{figures['result']}"
+        )
+        print(
+            f"{'bytes read, idle pass':<28} {figures['idle_pass_bytes_read']:>9,} "
+            f"({figures['bytes_per_own_job']} per own job) vs whole-queue read "
+            f"{figures['whole_queue_baseline_bytes']:,} ({args.jobs:,} own + "
+            f"{args.others:,} others' jobs): {figures['bytes_ratio_to_baseline']:.4f}x"
+        )
+        print(
+            f"{'pass, 10% resubmitted':<28} {busy_time:>8.3f}s {'':>9} {busy_calls:>17} "
+            f"{'':>24} {'':>6} {'< 2 s':>7} "
+            f"{'PASS' if busy_time < 2 else 'MISS'}  ({len(busy.actions)} resubmissions: "
+            "1 squeue for the pass + 1 sbatch per resubmission)"
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

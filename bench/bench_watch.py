@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark ``dispatch watch`` against its targets (issue 10; issue 17 items 9 to 11).
+"""Benchmark ``dispatch watch`` against its targets (bench/README.md, dispatch watch).
 
 Run ``python bench/bench_watch.py`` (about 1.5 minutes; ``--saves``, ``--repeat``,
 ``--idle-seconds``, ``--latency-saves``, ``--interval``, ``--dir``, ``--json``, see ``--help``).
@@ -10,7 +10,7 @@ One run measures, in a fresh scratch folder under ``--dir`` (default ``/var/tmp`
    ``Watcher.scan`` against a bare ``os.scandir`` of the same folder that visits every
    entry.  Target: median <= 1.5x.  Also shown, not judged: a restarted watch's first scan
    (it reads ``pub/`` once for its mark), the worker thread each scan runs in, and what
-   confirming a save costs once (issue 17): a snapshot of one save, the pass over ``/proc``
+   confirming a save costs once: a snapshot of one save, the pass over ``/proc``
    for writers, and the fsync of the save before its publication.
 2. The idle CPU of a real ``dispatch watch -- sleep`` on that folder with the default
    interval over ``--idle-seconds`` (60), read from ``/proc/PID/stat`` (user + system
@@ -18,7 +18,7 @@ One run measures, in a fresh scratch folder under ``--dir`` (default ``/var/tmp`
 3. The time from a save becoming complete (its ``trainer_state.json`` closed) to watch's
    "published step N" line on stderr, for ``--latency-saves`` saves made at random moments
    of the scan cycle, with ``--interval`` (default 1 s).  A save is published at the second
-   scan that finds it unchanged and unwritten (issue 17, item 9), so the figure is one
+   scan that finds it unchanged and unwritten, so the figure is one
    interval more than the first sighting: about 1.5 intervals on median, two at worst.
    Target: max <= 2 x interval + 50 ms.
 
@@ -29,6 +29,7 @@ unless ``--fail-on-miss`` is given and a target is missed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -85,7 +86,7 @@ def bench_scan(args: argparse.Namespace, root: str, folder: str) -> dict[str, An
     scans: list[int] = []
     floors: list[int] = []
     for i in range(args.repeat):  # interleaved, alternating which goes first
-        for which in ((0, 1) if i % 2 else (1, 0)):
+        for which in (0, 1) if i % 2 else (1, 0):
             start = time.perf_counter_ns()
             if which:
                 assert watcher.scan() == []
@@ -119,25 +120,42 @@ def bench_scan(args: argparse.Namespace, root: str, folder: str) -> dict[str, An
         sync_save(one)
         confirm["sync"].append(time.perf_counter_ns() - start)
     processes = sum(1 for name in os.listdir("/proc") if name.isdigit())
-    return {"saves": args.saves, "repeat": args.repeat, "scan_us": median_us(scans),
-            "snapshot_us": median_us(confirm["snapshot"]),
-            "writers_us": median_us(confirm["writers"]), "processes": processes,
-            "sync_us": median_us(confirm["sync"]),
-            "scan_min_us": min(scans) / 1e3, "scandir_us": median_us(floors),
-            "scandir_min_us": min(floors) / 1e3,
-            "ratio": statistics.median(scans) / statistics.median(floors),
-            "restart_scan_us": median_us(restarts), "thread_us": median_us(threads)}
+    return {
+        "saves": args.saves,
+        "repeat": args.repeat,
+        "scan_us": median_us(scans),
+        "snapshot_us": median_us(confirm["snapshot"]),
+        "writers_us": median_us(confirm["writers"]),
+        "processes": processes,
+        "sync_us": median_us(confirm["sync"]),
+        "scan_min_us": min(scans) / 1e3,
+        "scandir_us": median_us(floors),
+        "scandir_min_us": min(floors) / 1e3,
+        "ratio": statistics.median(scans) / statistics.median(floors),
+        "restart_scan_us": median_us(restarts),
+        "thread_us": median_us(threads),
+    }
 
 
-def start_watch(root: str, folder: str, interval: float | None, seconds: float
-                ) -> subprocess.Popen[str]:
-    env = {**os.environ, "DISPATCH_CHECKPOINT": root, "DISPATCH_EXEC_DIR": folder,
-           "DISPATCH_EPOCH": str(EPOCH)}
+def start_watch(
+    root: str, folder: str, interval: float | None, seconds: float
+) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "DISPATCH_CHECKPOINT": root,
+        "DISPATCH_EXEC_DIR": folder,
+        "DISPATCH_EPOCH": str(EPOCH),
+    }
     argv = [sys.executable, "-m", "slurm_dispatch.cli.dispatch", "watch"]
     if interval is not None:
         argv += ["--interval", str(interval)]
-    return subprocess.Popen([*argv, "--", "sleep", str(seconds)], env=env, text=True,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [*argv, "--", "sleep", str(seconds)],
+        env=env,
+        text=True,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def cpu_ticks(pid: int) -> int:
@@ -164,11 +182,18 @@ def bench_idle(args: argparse.Namespace, root: str, folder: str) -> dict[str, An
     hz = os.sysconf("SC_CLK_TCK")
     tick_cpu = (ticks1 - ticks0) / hz
     rusage_cpu = max(0.0, long_cpu - short_cpu)
-    return {"seconds": args.idle_seconds, "interval": DEFAULT_INTERVAL,
-            "percent": 100 * rusage_cpu / args.idle_seconds, "cpu_s": rusage_cpu,
-            "tick_window_s": round(wall1 - wall0, 1), "tick_cpu_s": tick_cpu,
-            "tick_percent": 100 * tick_cpu / (wall1 - wall0), "tick_s": 1 / hz,
-            "startup_cpu_s": short_cpu, "saves": args.saves}
+    return {
+        "seconds": args.idle_seconds,
+        "interval": DEFAULT_INTERVAL,
+        "percent": 100 * rusage_cpu / args.idle_seconds,
+        "cpu_s": rusage_cpu,
+        "tick_window_s": round(wall1 - wall0, 1),
+        "tick_cpu_s": tick_cpu,
+        "tick_percent": 100 * tick_cpu / (wall1 - wall0),
+        "tick_s": 1 / hz,
+        "startup_cpu_s": short_cpu,
+        "saves": args.saves,
+    }
 
 
 def _reap(proc: subprocess.Popen[str]) -> float:
@@ -207,17 +232,24 @@ def bench_latency(args: argparse.Namespace, root: str) -> dict[str, Any]:
             make_saves(folder, range(step, step + 1))
             complete = time.monotonic()
             with arrived:
-                if not arrived.wait_for(lambda s=step: s in seen, args.interval + 30):
-                    raise RuntimeError(f"step {step} was not published within "
-                                       f"{args.interval + 30} s")
+                if not arrived.wait_for(
+                    functools.partial(seen.__contains__, step), args.interval + 30
+                ):
+                    raise RuntimeError(
+                        f"step {step} was not published within {args.interval + 30} s"
+                    )
             latencies.append(seen[step] - complete)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"interval": args.interval, "saves": len(latencies),
-            "median_ms": 1e3 * statistics.median(latencies), "max_ms": 1e3 * max(latencies),
-            "min_ms": 1e3 * min(latencies),
-            "target_ms": 1e3 * (2 * args.interval + LATENCY_SLACK)}
+    return {
+        "interval": args.interval,
+        "saves": len(latencies),
+        "median_ms": 1e3 * statistics.median(latencies),
+        "max_ms": 1e3 * max(latencies),
+        "min_ms": 1e3 * min(latencies),
+        "target_ms": 1e3 * (2 * args.interval + LATENCY_SLACK),
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -248,38 +280,65 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     scan, idle, lat = results["scan"], results["idle"], results["latency"]
     rows = [
-        ("scan, 1 folder of saves", f"{scan['scan_us']:.1f} us", "os.scandir",
-         f"{scan['scandir_us']:.1f} us", f"{scan['ratio']:.2f}x", f"<= {SCAN_TARGET}x",
-         scan["ratio"] <= SCAN_TARGET),
-        ("idle CPU of watch", f"{idle['percent']:.3f} %", "one core", "100 %",
-         f"{idle['percent'] / 100:.5f}x", f"< {IDLE_TARGET} %", idle["percent"] < IDLE_TARGET),
-        ("complete -> published (max)", f"{lat['max_ms']:.0f} ms", "interval",
-         f"{1e3 * lat['interval']:.0f} ms", f"{lat['max_ms'] / (1e3 * lat['interval']):.2f}x",
-         f"<= {lat['target_ms']:.0f} ms", lat["max_ms"] <= lat["target_ms"]),
+        (
+            "scan, 1 folder of saves",
+            f"{scan['scan_us']:.1f} us",
+            "os.scandir",
+            f"{scan['scandir_us']:.1f} us",
+            f"{scan['ratio']:.2f}x",
+            f"<= {SCAN_TARGET}x",
+            scan["ratio"] <= SCAN_TARGET,
+        ),
+        (
+            "idle CPU of watch",
+            f"{idle['percent']:.3f} %",
+            "one core",
+            "100 %",
+            f"{idle['percent'] / 100:.5f}x",
+            f"< {IDLE_TARGET} %",
+            idle["percent"] < IDLE_TARGET,
+        ),
+        (
+            "complete -> published (max)",
+            f"{lat['max_ms']:.0f} ms",
+            "interval",
+            f"{1e3 * lat['interval']:.0f} ms",
+            f"{lat['max_ms'] / (1e3 * lat['interval']):.2f}x",
+            f"<= {lat['target_ms']:.0f} ms",
+            lat["max_ms"] <= lat["target_ms"],
+        ),
     ]
     results["met"] = {row[0]: row[6] for row in rows}
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"{scan['saves']:,} complete saves in one folder, all published; {scan['repeat']} "
-              f"interleaved scans each (min: watch {scan['scan_min_us']:.1f} us, scandir "
-              f"{scan['scandir_min_us']:.1f} us); a restarted watch's first scan (reads "
-              f"pub/): {scan['restart_scan_us']:.0f} us; the worker thread a scan runs in: "
-              f"{scan['thread_us']:.0f} us")
-        print(f"confirming one save before publishing it (issue 17): its snapshot "
-              f"{scan['snapshot_us']:.0f} us, the pass over /proc for writers "
-              f"{scan['writers_us']:.0f} us ({scan['processes']} processes), its fsync "
-              f"{scan['sync_us']:.0f} us")
-        print(f"idle, --interval {idle['interval']:g} (default), {idle['seconds']:g} s: "
-              f"{idle['cpu_s'] * 1e3:.1f} ms CPU by wait4 of two watches (the longer one's "
-              f"extra); /proc/PID/stat: {idle['tick_cpu_s'] * 1e3:.0f} ms in "
-              f"{idle['tick_window_s']} s ({idle['tick_percent']:.3f} %, clock tick "
-              f"{idle['tick_s'] * 1e3:.0f} ms); start-up and first scan: "
-              f"{idle['startup_cpu_s'] * 1e3:.0f} ms")
-        print(f"latency: {lat['saves']} saves at random moments, --interval {lat['interval']:g}:"
-              f" min {lat['min_ms']:.0f} ms, median {lat['median_ms']:.0f} ms, max "
-              f"{lat['max_ms']:.0f} ms (a second scan confirms a save: one interval more than"
-              " before)")
+        print(
+            f"{scan['saves']:,} complete saves in one folder, all published; {scan['repeat']} "
+            f"interleaved scans each (min: watch {scan['scan_min_us']:.1f} us, scandir "
+            f"{scan['scandir_min_us']:.1f} us); a restarted watch's first scan (reads "
+            f"pub/): {scan['restart_scan_us']:.0f} us; the worker thread a scan runs in: "
+            f"{scan['thread_us']:.0f} us"
+        )
+        print(
+            f"confirming one save before publishing it (once, never while idle): its snapshot "
+            f"{scan['snapshot_us']:.0f} us, the pass over /proc for writers "
+            f"{scan['writers_us']:.0f} us ({scan['processes']} processes), its fsync "
+            f"{scan['sync_us']:.0f} us"
+        )
+        print(
+            f"idle, --interval {idle['interval']:g} (default), {idle['seconds']:g} s: "
+            f"{idle['cpu_s'] * 1e3:.1f} ms CPU by wait4 of two watches (the longer one's "
+            f"extra); /proc/PID/stat: {idle['tick_cpu_s'] * 1e3:.0f} ms in "
+            f"{idle['tick_window_s']} s ({idle['tick_percent']:.3f} %, clock tick "
+            f"{idle['tick_s'] * 1e3:.0f} ms); start-up and first scan: "
+            f"{idle['startup_cpu_s'] * 1e3:.0f} ms"
+        )
+        print(
+            f"latency: {lat['saves']} saves at random moments, --interval {lat['interval']:g}:"
+            f" min {lat['min_ms']:.0f} ms, median {lat['median_ms']:.0f} ms, max "
+            f"{lat['max_ms']:.0f} ms (a second scan confirms a save: one interval more than"
+            " before)"
+        )
         print()
         header = ("what", "watch", "baseline", "figure", "ratio", "target", "met")
         table = [header, *[(*row[:6], "yes" if row[6] else "NO") for row in rows]]

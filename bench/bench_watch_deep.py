@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""What ``dispatch watch``'s scan below its folder costs (issue 36 item 1) on an execution folder
-of ``--files`` (10,000) files, against the scan of the folder alone that watch made before.
+"""What ``dispatch watch``'s scan below its folder costs (the frameworks' nested save folders)
+on an execution folder of ``--files`` (10,000) files, against the scan of the folder alone that
+watch made before.
 
 Run ``python bench/bench_watch_deep.py`` (about two minutes under load; ``--files``, ``--repeat``,
 ``--dir``, ``--json``).  In a scratch folder under ``--dir`` (default ``/var/tmp``, not tmpfs)
@@ -69,8 +70,11 @@ def floor(folder: str, depth: int) -> int:
         with os.scandir(path) as entries:
             for entry in entries:
                 count += 1
-                if level < depth and not entry.name.startswith(".") \
-                        and entry.is_dir(follow_symlinks=False):
+                if (
+                    level < depth
+                    and not entry.name.startswith(".")
+                    and entry.is_dir(follow_symlinks=False)
+                ):
                     pending.append((entry.path, level + 1))
     return count
 
@@ -107,10 +111,14 @@ def measure(root: str, folder: str, repeat: int) -> dict[str, Any]:
                 floor(folder, DEEP)
                 samples[which].append(time.perf_counter_ns() - start)
     med = {k: statistics.median(v) / 1e3 for k, v in samples.items()}
-    return {"published": published, "deep_us": round(med["deep"]),
-            "folder_only_us": round(med["folder_only"]), "floor_us": round(med["floor"]),
-            "deep_vs_folder_only": round(med["deep"] / med["folder_only"], 2),
-            "deep_vs_floor": round(med["deep"] / med["floor"], 2)}
+    return {
+        "published": published,
+        "deep_us": round(med["deep"]),
+        "folder_only_us": round(med["folder_only"]),
+        "floor_us": round(med["floor"]),
+        "deep_vs_folder_only": round(med["deep"] / med["folder_only"], 2),
+        "deep_vs_floor": round(med["deep"] / med["floor"], 2),
+    }
 
 
 def main() -> int:
@@ -121,8 +129,12 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="bench-watch-deep-", dir=args.dir)
-    report: dict[str, Any] = {"files": args.files, "repeat": args.repeat,
-                              "scan_depth": DEEP, "load": os.getloadavg()[0]}
+    report: dict[str, Any] = {
+        "files": args.files,
+        "repeat": args.repeat,
+        "scan_depth": DEEP,
+        "load": os.getloadavg()[0],
+    }
     try:
         for name, make in (("flat", make_flat), ("tree", make_tree)):
             root = os.path.join(scratch, name)
@@ -138,10 +150,12 @@ def main() -> int:
     print(f"{args.files} files, median of {args.repeat} scans each, load {report['load']:.1f}")
     for name in ("flat", "tree"):
         r = report[name]
-        print(f"  {name}: deep scan {r['deep_us']} us, folder only (before) "
-              f"{r['folder_only_us']} us ({r['deep_vs_folder_only']}x), bare scandir of the "
-              f"same folders {r['floor_us']} us ({r['deep_vs_floor']}x); "
-              f"{r['published']} saves published")
+        print(
+            f"  {name}: deep scan {r['deep_us']} us, folder only (before) "
+            f"{r['folder_only_us']} us ({r['deep_vs_folder_only']}x), bare scandir of the "
+            f"same folders {r['floor_us']} us ({r['deep_vs_floor']}x); "
+            f"{r['published']} saves published"
+        )
     return 0
 
 

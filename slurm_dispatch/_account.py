@@ -37,10 +37,16 @@ GRACE = 3.0  # seconds the parent gives a child past its alarm, and again to rea
 _unreaped: list[int] = []  # children killed that could not be reaped in time
 
 
-def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
-           failed: Callable[[BaseException], bytes], *, alarm: int = 0,
-           env: Mapping[str, str] | None = None, cwd: str | None = None,
-           limit: int = LIMIT) -> tuple[bytes, int]:
+def run_as(
+    account: pwd.struct_passwd,
+    work: Callable[[], bytes],
+    failed: Callable[[BaseException], bytes],
+    *,
+    alarm: int = 0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    limit: int = LIMIT,
+) -> tuple[bytes, int]:
     """``work()`` in a forked child running as ``account`` (its uid, gid and groups): the bytes
     it returned, or ``failed(exc)`` of what it raised, and the child's wait status.
 
@@ -83,7 +89,7 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
             try:
                 left = memoryview(data)
                 while left:
-                    left = left[os.write(writable, left):]
+                    left = left[os.write(writable, left) :]
             finally:
                 os._exit(0)
     os.close(writable)
@@ -99,8 +105,9 @@ def run_as(account: pwd.struct_passwd, work: Callable[[], bytes],
     return data, status
 
 
-def _read(readable: int, account: pwd.struct_passwd, alarm: int, deadline: float | None,
-          limit: int) -> bytes:
+def _read(
+    readable: int, account: pwd.struct_passwd, alarm: int, deadline: float | None, limit: int
+) -> bytes:
     """The child's answer, read to its end (the child's exit closes the pipe) by
     ``deadline``."""
     chunks: list[bytes] = []
@@ -115,8 +122,10 @@ def _read(readable: int, account: pwd.struct_passwd, alarm: int, deadline: float
             return b"".join(chunks)
         size += len(chunk)
         if size > limit:
-            raise OverflowError(f"the child running as {account.pw_name} answered more "
-                                f"than {limit} bytes; it was ended, nothing of it kept")
+            raise OverflowError(
+                f"the child running as {account.pw_name} answered more "
+                f"than {limit} bytes; it was ended, nothing of it kept"
+            )
         chunks.append(chunk)
 
 
@@ -135,9 +144,11 @@ def _wait(pid: int, account: pwd.struct_passwd, alarm: int, deadline: float | No
 
 
 def _late(account: pwd.struct_passwd, alarm: int) -> TimeoutError:
-    return TimeoutError(f"the child running as {account.pw_name} gave no answer within "
-                        f"{alarm + GRACE:g} s (stopped, or hung): ended with SIGKILL, nothing "
-                        "of it kept")
+    return TimeoutError(
+        f"the child running as {account.pw_name} gave no answer within "
+        f"{alarm + GRACE:g} s (stopped, or hung): ended with SIGKILL, nothing "
+        "of it kept"
+    )
 
 
 def _left_ms(deadline: float) -> int:

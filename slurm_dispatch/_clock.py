@@ -54,5 +54,10 @@ def ago(seconds: object, now: float | None = None) -> str:
     if not isinstance(seconds, (int, float)):
         return "?"
     since = max(0, int((time.time() if now is None else now) - float(seconds)))
-    return f"{since} s" if since < 120 else f"{since // 60} min" if since < 7200 else \
-        f"{since // 3600} h"
+    return (
+        f"{since} s"
+        if since < 120
+        else f"{since // 60} min"
+        if since < 7200
+        else f"{since // 3600} h"
+    )

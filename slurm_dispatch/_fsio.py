@@ -29,12 +29,24 @@ CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEX
 #: A file read where someone else could have planted a symlink.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-__all__ = ["CREATE_FLAGS", "DIR_FLAGS", "READ_FLAGS", "create_new", "fsync_dir", "fsync_path",
-           "open_dir", "open_file", "replace", "write_all", "write_new"]
+__all__ = [
+    "CREATE_FLAGS",
+    "DIR_FLAGS",
+    "READ_FLAGS",
+    "create_new",
+    "fsync_dir",
+    "fsync_path",
+    "open_dir",
+    "open_file",
+    "replace",
+    "write_all",
+    "write_new",
+]
 
 
-def open_dir(path: str, dir_fd: int | None = None, *, follow: bool = False,
-             path_only: bool = False) -> int:
+def open_dir(
+    path: str, dir_fd: int | None = None, *, follow: bool = False, path_only: bool = False
+) -> int:
     """Open the folder ``path`` (relative to ``dir_fd`` if given); a symlink is refused (ELOOP)
     unless ``follow``.  ``path_only`` opens it ``O_PATH``: enough to pass through a folder one
     may search but not read (0711), not to list it."""
@@ -73,8 +85,15 @@ def write_all(fd: int, data: bytes, path: str = "") -> None:
         view = view[written:]
 
 
-def write_new(path: str, data: bytes, mode: int = 0o644, *, dir_fd: int | None = None,
-              sync: bool = True, discard_partial: bool = True) -> None:
+def write_new(
+    path: str,
+    data: bytes,
+    mode: int = 0o644,
+    *,
+    dir_fd: int | None = None,
+    sync: bool = True,
+    discard_partial: bool = True,
+) -> None:
     """Create ``path`` once with ``data`` and ``mode``, fsynced unless ``sync`` is False (the
     caller then syncs what it must itself); FileExistsError if it exists.
 
@@ -95,8 +114,9 @@ def write_new(path: str, data: bytes, mode: int = 0o644, *, dir_fd: int | None =
     os.close(fd)
 
 
-def replace(name: str, data: bytes, mode: int, *, dir_fd: int, gid: int | None = None,
-            sync: bool = True) -> None:
+def replace(
+    name: str, data: bytes, mode: int, *, dir_fd: int, gid: int | None = None, sync: bool = True
+) -> None:
     """Put ``data`` under ``name`` in the folder ``dir_fd``, whole, replacing what was there.
 
     The bytes go into a create-once temporary name beside it (``.<name>.<pid>``, a leftover of

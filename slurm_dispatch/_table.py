@@ -22,8 +22,9 @@ def one_line(text: object) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
-                 noheader: bool = False) -> str:
+def render_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], noheader: bool = False
+) -> str:
     """Columns aligned the way squeue aligns them, with the last column left free.  A row may
     end early (``dispatch jobs``' line for an unreadable record): its last cell is free too.
     Every cell is shown on one line (:func:`one_line`)."""
@@ -31,8 +32,9 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
     all_rows = cells if noheader else [list(headers)] + cells
     if not all_rows:
         return ""
-    widths = [max((len(r[i]) for r in all_rows if i < len(r)), default=0)
-              for i in range(len(headers))]
+    widths = [
+        max((len(r[i]) for r in all_rows if i < len(r)), default=0) for i in range(len(headers))
+    ]
     lines = []
     for row in all_rows:
         parts = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]

@@ -10,6 +10,16 @@ execution's environment give, without shelling out.
     ...                              # train; write each save under run.exec_dir
     api.publish(save_path, step)     # now the next execution can see it
 
+and in the training loop, for a job submitted with ``--stall-timeout`` (cheap: at most one
+small write every few seconds)::
+
+    for step in range(start, steps):
+        train_one(step)
+        api.progress(step)           # the launcher's stall watcher sees the step
+        if step % 100 == 0:
+            with api.saving(step):   # time inside a save is never taken for a stall
+                save(step)
+
 and for the process that submits (a sweep: hundreds of jobs from one interpreter)::
 
     for lr in (1e-4, 3e-4, 1e-3):
@@ -31,19 +41,32 @@ training library and no click.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, ContextManager, Iterable, Mapping, Optional, Sequence, Union
 
 from .checkpoint import publish as store
 from .errors import UsageError
-from .execution import contract
+from .execution import contract, steps
 from .execution.contract import Execution  # the public path of the identity is this one
 
 if TYPE_CHECKING:
     from .slurm.adapter import Slurm
 
-__all__ = ["Execution", "Publication", "Submission", "execution", "latest",
-           "list_publications", "publish", "resume_from", "submit"]
+__all__ = [
+    "Execution",
+    "Publication",
+    "Submission",
+    "execution",
+    "latest",
+    "list_publications",
+    "progress",
+    "progress_ended",
+    "publish",
+    "resume_from",
+    "saving",
+    "submit",
+]
 
 Publication = store.Found  # epoch, step, path (absolute), name; .as_json()
 
@@ -59,14 +82,21 @@ def execution(environ: Optional[Mapping[str, str]] = None) -> Optional[Execution
         return None
     missing = found.missing(contract.IDENTITY)
     if missing:
-        raise UsageError(f"a dispatch execution's environment lacks {', '.join(missing)} "
-                         "(was the script started by the dispatch launcher?)")
+        raise UsageError(
+            f"a dispatch execution's environment lacks {', '.join(missing)} "
+            "(was the script started by the dispatch launcher?)"
+        )
     try:
-        return Execution(job=found.job, generation=found.number("generation"),
-                         submission=found.number("submission"), epoch=found.number("epoch"),
-                         attempt=found.text("attempt"), checkpoint=found.text("checkpoint"),
-                         exec_dir=found.text("exec_dir"),
-                         resume_from=found.resume_from or None)
+        return Execution(
+            job=found.job,
+            generation=found.number("generation"),
+            submission=found.number("submission"),
+            epoch=found.number("epoch"),
+            attempt=found.text("attempt"),
+            checkpoint=found.text("checkpoint"),
+            exec_dir=found.text("exec_dir"),
+            resume_from=found.resume_from or None,
+        )
     except contract.NotANumber as exc:
         raise UsageError(f"${exc}") from None
 
@@ -74,13 +104,16 @@ def execution(environ: Optional[Mapping[str, str]] = None) -> Optional[Execution
 def _root(root: Optional[str]) -> str:
     value = root or contract.Contract.read().checkpoint
     if not value:
-        raise UsageError("no checkpoint root: pass root=... or run inside a dispatch execution "
-                         "($DISPATCH_CHECKPOINT)")
+        raise UsageError(
+            "no checkpoint root: pass root=... or run inside a dispatch execution "
+            "($DISPATCH_CHECKPOINT)"
+        )
     return value
 
 
-def publish(path: str, step: int, *, root: Optional[str] = None,
-            epoch: Optional[int] = None) -> str:
+def publish(
+    path: str, step: int, *, root: Optional[str] = None, epoch: Optional[int] = None
+) -> str:
     """Make the complete save at ``path`` visible; returns the publication's name.
 
     ``path`` must lie inside the root (under this execution's ``exec_dir``); ``root`` and
@@ -90,8 +123,9 @@ def publish(path: str, step: int, *, root: Optional[str] = None,
     if epoch is None:
         found = contract.Contract.read()
         if not found.epoch:
-            raise UsageError("no epoch: pass epoch=... or run inside a dispatch execution "
-                             "($DISPATCH_EPOCH)")
+            raise UsageError(
+                "no epoch: pass epoch=... or run inside a dispatch execution ($DISPATCH_EPOCH)"
+            )
         try:
             epoch = found.number("epoch")
         except contract.NotANumber as exc:
@@ -100,8 +134,11 @@ def publish(path: str, step: int, *, root: Optional[str] = None,
 
 
 def latest(root: Optional[str] = None) -> Optional[Publication]:
-    """The latest publication (greatest epoch, then step), or None when there is none."""
-    return store.latest(_root(root))
+    """The latest publication (greatest epoch, then step) whose save is not quarantined (as
+    ``dispatch latest`` and the launcher pass over one), or None when there is none."""
+    from .checkpoint import quarantine
+
+    return quarantine.resumable(_root(root))
 
 
 def list_publications(root: Optional[str] = None) -> list[Publication]:
@@ -111,7 +148,8 @@ def list_publications(root: Optional[str] = None) -> list[Publication]:
 
 def resume_from(root: Optional[str] = None) -> Optional[str]:
     """The save to resume from: ``DISPATCH_RESUME_FROM`` (fixed when the execution started),
-    else the latest publication's path, else None (a fresh start)."""
+    else the latest publication's path (:func:`latest`: not a quarantined save's), else None
+    (a fresh start)."""
     given = contract.Contract.read()
     if given.resume_from:
         return given.resume_from
@@ -119,6 +157,32 @@ def resume_from(root: Optional[str] = None) -> Optional[str]:
         return None
     found = latest(root)
     return found.path if found is not None else None
+
+
+def progress(step: int) -> None:
+    """Record that the loop reached ``step``, for the stall watcher of a job submitted with
+    ``--stall-timeout`` (the clock starts at the first call: a long first step is never a
+    stall).  Cheap: remembered, written at most every few seconds, never synced; nothing
+    outside an execution.  Call it from one process of the job (rank 0)."""
+    found = steps.recorder()
+    if found is not None:
+        found.step(step)
+
+
+def progress_ended(step: Optional[int] = None) -> None:
+    """Record that the loop ended: what follows (a final evaluation, an export) is never a
+    stall, however long; a later :func:`progress` starts the clock again.  Nothing outside an
+    execution."""
+    found = steps.recorder()
+    if found is not None:
+        found.ended(step)
+
+
+def saving(step: Optional[int] = None) -> ContextManager[None]:
+    """``with api.saving(step): save(...)``: the time inside the block is a save's, which the
+    stall watcher never counts as time without progress; its end counts as progress."""
+    found = steps.recorder()
+    return found.saving(step) if found is not None else nullcontext()
 
 
 # --------------------------------------------------------------------------- submitting
@@ -141,12 +205,20 @@ class Submission:
     warnings: tuple[str, ...] = ()  # what dispatch-sbatch prints as "warning:" lines
 
 
-def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
-           checkpoint: Optional[PathLike] = None, resubmit: Optional[int] = None,
-           shared_checkpoint: bool = False, warn_before: Union[int, str, None] = None,
-           supersede: Optional[str] = None, array: Union[str, Iterable[int], None] = None,
-           env: Optional[Mapping[str, Optional[str]]] = None, cwd: Optional[PathLike] = None,
-           slurm: Optional[Slurm] = None) -> Submission:
+def submit(
+    script: PathLike,
+    *sbatch_args: str,
+    args: Sequence[str] = (),
+    checkpoint: Optional[PathLike] = None,
+    resubmit: Optional[int] = None,
+    shared_checkpoint: bool = False,
+    warn_before: Union[int, str, None] = None,
+    supersede: Optional[str] = None,
+    array: Union[str, Iterable[int], None] = None,
+    env: Optional[Mapping[str, Optional[str]]] = None,
+    cwd: Optional[PathLike] = None,
+    slurm: Optional[Slurm] = None,
+) -> Submission:
     """Submit ``script`` as ``dispatch-sbatch`` would, from this process; returns its
     :class:`Submission`.
 
@@ -181,21 +253,26 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     words = _dispatch_words(checkpoint, resubmit, shared_checkpoint, warn_before, supersede)
     sbatch_words = _sbatch_words(sbatch_args, array)
     if isinstance(args, (str, bytes)):
-        raise UsageError(f"args={args!r} is one string: give the script's arguments as a "
-                         "list of words (args=['--lr', '3e-4'])")
+        raise UsageError(
+            f"args={args!r} is one string: give the script's arguments as a "
+            "list of words (args=['--lr', '3e-4'])"
+        )
     script_args = [os.fspath(a) for a in args]
     folder = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
     environment = _environment(env)
     # `--` ends the options: a script named like an option is still the script.
-    request = submitting.read_request([*words, *sbatch_words, "--", os.fspath(script)], folder,
-                                      environment)
+    request = submitting.read_request(
+        [*words, *sbatch_words, "--", os.fspath(script)], folder, environment
+    )
     request.sbatch.remove("--")
     # Given apart, so never mistaken for options (the command warns of dispatch options
     # after the script: here they are the script's by construction).
     request.script_args = script_args
     if "test-only" in request.long_names:
-        raise UsageError("--test-only submits nothing: it asks sbatch when the job would start "
-                         "(run `dispatch-sbatch --test-only ...` or sbatch's own)")
+        raise UsageError(
+            "--test-only submits nothing: it asks sbatch when the job would start "
+            "(run `dispatch-sbatch --test-only ...` or sbatch's own)"
+        )
     for text in request.warnings:
         warnings.warn(text, stacklevel=2)
     if slurm is None:
@@ -205,27 +282,38 @@ def submit(script: PathLike, *sbatch_args: str, args: Sequence[str] = (),
     done = submitting.submit_new(request, slurm, env=environment)
     spec = done.job.spec
     generation = int(spec["generation"])
-    return Submission(job=done.job.id, slurm_job_id=done.slurm_job_id, generation=generation,
-                      submission=done.submission,
-                      epoch=model.Epoch(generation, done.submission, 0).value,
-                      checkpoint=str(spec["checkpoint"]), record=done.job.path,
-                      sbatch_output=done.result.stdout, warnings=tuple(request.warnings))
+    return Submission(
+        job=done.job.id,
+        slurm_job_id=done.slurm_job_id,
+        generation=generation,
+        submission=done.submission,
+        epoch=model.Epoch(generation, done.submission, 0).value,
+        checkpoint=str(spec["checkpoint"]),
+        record=done.job.path,
+        sbatch_output=done.result.stdout,
+        warnings=tuple(request.warnings),
+    )
 
 
 _ADAPTER: list[Slurm] = []
 
 
-def _dispatch_words(checkpoint: Optional[PathLike], resubmit: Optional[int],
-                    shared_checkpoint: bool, warn_before: Union[int, str, None],
-                    supersede: Optional[str]) -> list[str]:
+def _dispatch_words(
+    checkpoint: Optional[PathLike],
+    resubmit: Optional[int],
+    shared_checkpoint: bool,
+    warn_before: Union[int, str, None],
+    supersede: Optional[str],
+) -> list[str]:
     """The keywords as dispatch-sbatch's options (checked there, by the command's rules)."""
     words: list[str] = []
     if checkpoint is not None:
         words.append(f"--checkpoint={os.fspath(checkpoint)}")
     if resubmit is not None:
         if isinstance(resubmit, bool) or not isinstance(resubmit, int):
-            raise UsageError(f"resubmit={resubmit!r} is not an int (the number of "
-                             "resubmissions after failures)")
+            raise UsageError(
+                f"resubmit={resubmit!r} is not an int (the number of resubmissions after failures)"
+            )
         words.append(f"--resubmit={resubmit}")
     if not isinstance(shared_checkpoint, bool):
         raise UsageError(f"shared_checkpoint={shared_checkpoint!r} is not a bool")
@@ -233,8 +321,9 @@ def _dispatch_words(checkpoint: Optional[PathLike], resubmit: Optional[int],
         words.append("--shared-checkpoint")
     if warn_before is not None:
         if isinstance(warn_before, bool) or not isinstance(warn_before, (int, str)):
-            raise UsageError(f"warn_before={warn_before!r} is neither seconds (an int) nor "
-                             "'TIME[:SIGNAL]'")
+            raise UsageError(
+                f"warn_before={warn_before!r} is neither seconds (an int) nor 'TIME[:SIGNAL]'"
+            )
         words.append(f"--warn-before={warn_before}")
     if supersede is not None:
         words.append(f"--supersede={supersede}")
@@ -248,29 +337,37 @@ def _sbatch_words(given: Sequence[str], array: Union[str, Iterable[int], None]) 
 
     words = [os.fspath(w) for w in given]
     if "--" in words:
-        raise UsageError("'--' among the sbatch options: the script is the first parameter "
-                         "and its arguments go in args=[...]")
+        raise UsageError(
+            "'--' among the sbatch options: the script is the first parameter "
+            "and its arguments go in args=[...]"
+        )
     found, _, index, _ = grammar.parse_options(words, stop_at_script=True)
     if found.given:
         name = sorted(found.given)[0]
         option = "--" + name.replace("_", "-")
         if name == "plan":
-            raise UsageError("--plan among the sbatch options: api.submit submits; "
-                             "`dispatch plan` or `dispatch-sbatch --plan` prints the plan")
-        raise UsageError(f"{option} among the sbatch options: give it as {name}=... "
-                         "(a keyword of api.submit)")
+            raise UsageError(
+                "--plan among the sbatch options: api.submit submits; "
+                "`dispatch plan` or `dispatch-sbatch --plan` prints the plan"
+            )
+        raise UsageError(
+            f"{option} among the sbatch options: give it as {name}=... (a keyword of api.submit)"
+        )
     if index < len(words):
-        raise UsageError(f"{words[index]!r} among the sbatch options is not an option: the "
-                         "script is the first parameter and its arguments go in args=[...]")
+        raise UsageError(
+            f"{words[index]!r} among the sbatch options is not an option: the "
+            "script is the first parameter and its arguments go in args=[...]"
+        )
     if array is not None:
         if isinstance(array, str):
             value = array
         else:
             tasks = list(array)
-            if not tasks or not all(isinstance(t, int) and not isinstance(t, bool)
-                                    for t in tasks):
-                raise UsageError(f"array={tasks!r} names no task: give task ids (ints) or "
-                                 "sbatch's --array value ('0-15%4')")
+            if not tasks or not all(isinstance(t, int) and not isinstance(t, bool) for t in tasks):
+                raise UsageError(
+                    f"array={tasks!r} names no task: give task ids (ints) or "
+                    "sbatch's --array value ('0-15%4')"
+                )
             value = ",".join(str(t) for t in tasks)
         words.append(f"--array={value}")
     return words
@@ -279,10 +376,16 @@ def _sbatch_words(given: Sequence[str], array: Union[str, Iterable[int], None]) 
 def _environment(env: Optional[Mapping[str, Optional[str]]]) -> dict[str, str]:
     merged = dict(os.environ)
     for name, value in (env or {}).items():
-        if not isinstance(name, str) or not name or "=" in name or \
-                not (value is None or isinstance(value, str)):
-            raise UsageError(f"env={dict(env or {})!r}: give variable names and str values "
-                             f"(None removes one); {name!r}: {value!r} is not")
+        if (
+            not isinstance(name, str)
+            or not name
+            or "=" in name
+            or not (value is None or isinstance(value, str))
+        ):
+            raise UsageError(
+                f"env={dict(env or {})!r}: give variable names and str values "
+                f"(None removes one); {name!r}: {value!r} is not"
+            )
         if value is None:
             merged.pop(name, None)
         else:

@@ -1,4 +1,5 @@
-"""Kept for one release: ``dispatch-cease``'s entry point before the layout move was
+"""Kept for one release, 0.2.0 (the layout move's), and removed in 0.3.0 (CHANGELOG.md):
+``dispatch-cease``'s entry point before the layout move was
 ``slurm_dispatch.cli_cease:main``, and console scripts written by an editable install before it
 still import this path.  The command is :mod:`slurm_dispatch.cli.cease`.
 """

@@ -41,8 +41,8 @@ DEFAULT_CESSATION_INTERVAL = 60.0
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 DEFAULT_HOLD_NOTIFY = ""  # no site command: holds are told through Slurm's MailProg only
 DEFAULT_HOLD_WARNING = 7200.0  # a hold's owner is warned this long before it expires
-DEFAULT_STORE_TIMEOUT = 60.0  # an S3 call or scan that takes longer is an error
-DEFAULT_STAGE_DIR = ""  # S3 roots' local staging folder: empty means $TMPDIR, else /tmp
+DEFAULT_STORE_TIMEOUT = 60.0  # a remote store's call or scan that takes longer: an error
+DEFAULT_STAGE_DIR = ""  # remote roots' local staging folder: empty means $TMPDIR, else /tmp
 # How old a node's view of a checkpoint root's listings may be (NFS caches directory contents
 # and lookups for up to acdirmax, 60 s by default; some S3 implementations list late).
 DEFAULT_LISTING_LAG = 60.0
@@ -61,6 +61,13 @@ DEFAULT_SITE_VIEW_GROUP = ""
 # prune forgets it after that, by dispatch forget's rules): None is off.
 DEFAULT_RECORD_RETENTION = None
 
+# AvoidBadNodes: a job's failed executions on a node before its next ones avoid the node (a
+# node failure avoids it at once), for jobs that give no --avoid-bad-nodes; 0 is off.
+DEFAULT_AVOID_BAD_NODES = 0
+# StallTimeout: seconds without progress before an execution of a job that gives no
+# --stall-timeout is asked to save and ended (execution/stall.py); 0 is off.
+DEFAULT_STALL_TIMEOUT = 0
+
 # Hooks must finish well under Slurm's MessageTimeout (10 s by default).
 MAX_HOOK_TIMEOUT = 60.0
 
@@ -68,11 +75,29 @@ MAX_HOOK_TIMEOUT = 60.0
 class Config:
     """The site settings, each with its default; ``problems`` lists what was wrong in the file."""
 
-    __slots__ = ("path", "state_dir", "hook_timeout", "boot_time_tolerance", "shared_hold_for",
-                 "cessation_signal", "cessation_interval", "hold_notify", "hold_warning",
-                 "cgroup_root", "store_timeout", "stage_dir", "slurm_backend", "listing_lag",
-                 "metrics_dir", "fact_retention", "site_view_group", "record_retention",
-                 "problems")
+    __slots__ = (
+        "path",
+        "state_dir",
+        "hook_timeout",
+        "boot_time_tolerance",
+        "shared_hold_for",
+        "cessation_signal",
+        "cessation_interval",
+        "hold_notify",
+        "hold_warning",
+        "cgroup_root",
+        "store_timeout",
+        "stage_dir",
+        "slurm_backend",
+        "listing_lag",
+        "metrics_dir",
+        "fact_retention",
+        "site_view_group",
+        "record_retention",
+        "avoid_bad_nodes",
+        "stall_timeout",
+        "problems",
+    )
 
     def __init__(self) -> None:
         self.path: str | None = None  # the file read, None when none was
@@ -93,6 +118,8 @@ class Config:
         self.fact_retention: float | None = DEFAULT_FACT_RETENTION
         self.site_view_group = DEFAULT_SITE_VIEW_GROUP
         self.record_retention: float | None = DEFAULT_RECORD_RETENTION
+        self.avoid_bad_nodes = DEFAULT_AVOID_BAD_NODES
+        self.stall_timeout = DEFAULT_STALL_TIMEOUT
         self.problems: list[str] = []
 
     def as_dict(self) -> dict[str, object]:
@@ -183,6 +210,20 @@ def _group(value: str) -> str:
     return name
 
 
+def _failures(value: str) -> int:
+    text = value.strip()
+    if not text.isdigit() or int(text) > 999:
+        raise ValueError(f"{value!r} is not a number of failed executions 0 to 999 (0 is off)")
+    return int(text)
+
+
+def _stall_timeout(value: str) -> int:
+    seconds = parse_duration(value)
+    if seconds != int(seconds) or not 0 <= seconds <= 7 * 24 * 3600:
+        raise ValueError(f"{value!r} is not a whole number of seconds 0 to a week (0 is off)")
+    return int(seconds)
+
+
 def _command(value: str) -> str:
     return value.strip()
 
@@ -208,7 +249,7 @@ _KEYS = {
     "holdwarning": ("HoldWarning", "hold_warning", parse_duration),
     "cgrouproot": ("CgroupRoot", "cgroup_root", _state_dir),
     "storetimeout": ("StoreTimeout", "store_timeout", _positive_duration),
-    # StageDir=/local/scratch: where the launcher makes an S3 root's local staging folder.
+    # StageDir=/local/scratch: where the launcher makes a remote root's local staging folder.
     "stagedir": ("StageDir", "stage_dir", _state_dir),
     # SlurmBackend=auto|cli|pyslurm ($DISPATCH_SLURM_BACKEND overrides it): see slurm/select.py.
     "slurmbackend": ("SlurmBackend", "slurm_backend", slurm_backend),
@@ -224,6 +265,12 @@ _KEYS = {
     "siteviewgroup": ("SiteViewGroup", "site_view_group", _group),
     # RecordRetention=90-00:00:00: dispatch-admin prune forgets users' settled records after it.
     "recordretention": ("RecordRetention", "record_retention", _positive_duration),
+    # AvoidBadNodes=2: jobs without --avoid-bad-nodes avoid a node after that many of their
+    # executions failed on it, or one ended by its failure (control/badnodes.py); 0 is off.
+    "avoidbadnodes": ("AvoidBadNodes", "avoid_bad_nodes", _failures),
+    # StallTimeout=30:00: jobs without --stall-timeout are asked to save and ended after that
+    # long without progress (execution/stall.py); 0 is off.
+    "stalltimeout": ("StallTimeout", "stall_timeout", _stall_timeout),
 }
 KEYS = tuple(spelling for spelling, _, _ in _KEYS.values())
 
@@ -243,7 +290,7 @@ def _without_fallback(problem: str) -> str:
     that stands): a command stops on it."""
     problem = problem.split("; using the default")[0]
     if problem.endswith(" stands") and "; line " in problem:
-        problem = problem[:problem.rindex("; line ")]
+        problem = problem[: problem.rindex("; line ")]
     return problem
 
 
@@ -296,14 +343,17 @@ def parse(text: str, path: str = "<text>") -> Config:
             value = value[1:-1]
         entry = _KEYS.get(key.lower())
         if entry is None:
-            config.problems.append(f"{where}: unknown key {key!r} (value {value!r}); "
-                                   + _meant(key))
+            config.problems.append(
+                f"{where}: unknown key {key!r} (value {value!r}); " + _meant(key)
+            )
             continue
         spelling, attribute, convert = entry
         first = seen.get(key.lower())
-        standing = (f"using the default {getattr(config, attribute)!r}"
-                    if first is None or first < 0 else
-                    f"line {first}'s value {getattr(config, attribute)!r} stands")
+        standing = (
+            f"using the default {getattr(config, attribute)!r}"
+            if first is None or first < 0
+            else f"line {first}'s value {getattr(config, attribute)!r} stands"
+        )
         try:
             converted = convert(value)
         except ValueError as exc:
@@ -311,9 +361,10 @@ def parse(text: str, path: str = "<text>") -> Config:
             seen.setdefault(key.lower(), -number)  # negative: its value was bad
             continue
         if first is not None:
-            config.problems.append(f"{where}: {spelling} given again (first on line "
-                                   f"{abs(first)}" + (", whose value is bad" if first < 0 else "")
-                                   + f"); {standing}")
+            config.problems.append(
+                f"{where}: {spelling} given again (first on line "
+                f"{abs(first)}" + (", whose value is bad" if first < 0 else "") + f"); {standing}"
+            )
             continue
         seen[key.lower()] = number
         setattr(config, attribute, converted)
@@ -323,6 +374,7 @@ def parse(text: str, path: str = "<text>") -> Config:
 def _meant(key: str) -> str:
     """The known key ``key`` is a typo of, or every key where it is like none."""
     import difflib  # only on this path: a hook reading a good file never loads it
+
     simple = key.lower().replace("_", "").replace("-", "")
     close = difflib.get_close_matches(simple, list(_KEYS), n=1, cutoff=0.7)
     if close:
@@ -345,9 +397,11 @@ def load(path: str | None = None, environ: dict[str, str] | None = None) -> Conf
     except FileNotFoundError:
         config = Config()
         if explicit:
-            config.problems.append(f"{chosen}: no such file (named by "
-                                   f"{'$' + ENV_VAR if path is None else 'the caller'}); "
-                                   "using the defaults")
+            config.problems.append(
+                f"{chosen}: no such file (named by "
+                f"{'$' + ENV_VAR if path is None else 'the caller'}); "
+                "using the defaults"
+            )
         return config
     except OSError as exc:
         config = Config()
@@ -355,6 +409,7 @@ def load(path: str | None = None, environ: dict[str, str] | None = None) -> Conf
         return config
     try:
         import stat
+
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             config = Config()
@@ -381,7 +436,8 @@ def load(path: str | None = None, environ: dict[str, str] | None = None) -> Conf
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         config = Config()
-        config.problems.append(f"{chosen}: not UTF-8 ({exc.reason} at byte {exc.start}); "
-                               "using the defaults")
+        config.problems.append(
+            f"{chosen}: not UTF-8 ({exc.reason} at byte {exc.start}); using the defaults"
+        )
         return config
     return parse(text, chosen)

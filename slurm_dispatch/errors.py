@@ -11,7 +11,7 @@ never prints.  Messages name the offending value and, where it helps, what would
     ├── StoreError                     exit 2  a store that cannot be read or written
     │   ├── BadPublicationName (ValueError)   a name in pub/ that does not parse
     │   ├── StoreFull (OSError)        no space left while publishing
-    │   └── StoreTimeout (TimeoutError)   an S3 call or scan that did not finish in time
+    │   └── StoreTimeout (TimeoutError)   a remote store's call or scan not done in time
     ├── RefusedError                   exit 1  a refused operation
     │   ├── OutOfBounds (ValueError)   an epoch component or step outside its bounds
     │   ├── AlreadyPublished (FileExistsError)
@@ -82,8 +82,14 @@ class SlurmError(DispatchError):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, argv: list[str] | None = None, output: str = "",
-                 returncode: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: list[str] | None = None,
+        output: str = "",
+        returncode: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.argv = list(argv or [])
         self.output = output

@@ -29,7 +29,17 @@ these on purpose, as soon as what each needs is running, and the seed draws the 
   (slurmctld stopped while they start, so that both read the queue as it answers); the
   submission's claim must make one of them submit it, and the queue's markers, read right
   after, show a second Slurm job of it otherwise (``double-submit``; two loops meet in one
-  such moment only by chance).
+  such moment only by chance);
+- ``no-progress``: a job whose every execution crashes before its first save, with a resubmit
+  budget (:data:`NO_PROGRESS_BUDGET`) larger than its ``--max-no-progress``
+  (:data:`NO_PROGRESS_LIMIT`): made once that many executions of it started; the supervisor must
+  stop it there and record why (``no-progress``);
+- ``poisoned-save``: a job whose first execution to reach step :data:`POISON_STEP` poisons
+  that save (every resume from it crashes before publishing), published, then crashes: made
+  once ``--quarantine-after`` (:data:`QUARANTINE_AFTER`) executions resumed from it and a later
+  one resumed from another save; the supervisor must quarantine it after that many
+  (``quarantine``).  Both are submitted with the first wave, and the nemesis's requeues and
+  cancels leave them alone (a cancel would end them before their case).
 
 :func:`missing` names the cases a run did not make; the runner fails such a run, since its
 invariants were not all examined.
@@ -54,8 +64,34 @@ if TYPE_CHECKING:
 def log(text: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
-CASES = ("shared-relaunch", "shared-partition", "isolated-overlap", "cleanup-resumed",
-         "torn-latest", "racing-passes")
+
+CASES = (
+    "shared-relaunch",
+    "shared-partition",
+    "isolated-overlap",
+    "cleanup-resumed",
+    "torn-latest",
+    "racing-passes",
+    "no-progress",
+    "poisoned-save",
+)
+# A shared job's trainer publishes nothing (one state file in the root), so every execution
+# of it counts as one without progress: --max-no-progress's default (3) would stop its
+# restarts, and the holds and pairs of executions its invariants examine, after three.
+SHARED = ("--shared-checkpoint", "--max-no-progress", "0")
+# The no-progress job: stopped after NO_PROGRESS_LIMIT executions, though its budget is more.
+NO_PROGRESS_LIMIT = 3  # --max-no-progress's default, given explicitly
+NO_PROGRESS_BUDGET = 6
+# The poisoned job: its save of this step is poisoned, quarantined after QUARANTINE_AFTER
+# executions resumed from it and failed; a budget for those and the crash that published it.
+POISON_STEP = 10
+QUARANTINE_AFTER = 2  # --quarantine-after's default, given explicitly
+POISON_BUDGET = 5
+# The kinds of the jobs these two cases follow.
+CASE_KINDS = ("noprogress", "poisoned")
+# The jobs the nemesis's requeues and cancels spare: those two cases' and the one the
+# isolated-overlap case follows (a restart before its cut spoils it: see isolated_overlap).
+SPARED_KINDS = CASE_KINDS + ("overlap",)
 # How long a case's partition lasts: Slurm declares the node down after SlurmdTimeout (10 s
 # in the sandbox), requeues or ends its job, and the replacement (or the held submission) is
 # asked about well within it, while the cut-off execution writes on.
@@ -98,15 +134,22 @@ class Cases:
         try:
             soak.slurm([*scontrol, f"partitionname={part}", "state=down"])
             since = time.time_ns()
-            job = soak.submit("shared-relaunch", "--shared-checkpoint", "--resubmit", "1",
-                              env={"SOAK_STEPS": "600"})
+            job = soak.submit(
+                "shared-relaunch", *SHARED, "--resubmit", "1", env={"SOAK_STEPS": "600"}
+            )
             if job is None:
                 return
             if not _wait(lambda: _saved_after(saved, since), 30):
                 return
             shutil.copy2(saved, kept)
-            soak.slurm([*scontrol, f"nodename={','.join(others)}", "state=drain",
-                        "reason=soak_shared_relaunch"])
+            soak.slurm(
+                [
+                    *scontrol,
+                    f"nodename={','.join(others)}",
+                    "state=drain",
+                    "reason=soak_shared_relaunch",
+                ]
+            )
             soak.slurm([*scontrol, f"partitionname={part}", "state=up"])
             name = soak.jobs[job]["name"]
             if not _wait(lambda: first in soak.nodes_of(name), 60):
@@ -115,8 +158,9 @@ class Cases:
             soak.pending_heals.append((time.monotonic() + CUT_FOR, "partition", first))
             nodes_saved = layout.state_save / "node_state"
             since = time.time_ns()
-            soak.slurm([*scontrol, f"nodename={first}", "state=drain",
-                        "reason=soak_shared_relaunch"])
+            soak.slurm(
+                [*scontrol, f"nodename={first}", "state=drain", "reason=soak_shared_relaunch"]
+            )
             soak.slurm([*scontrol, f"nodename={','.join(others)}", "state=resume"])
             _wait(lambda: _saved_after(nodes_saved, since), 30)
             pid = daemons.live_pid(daemons.slurmctld(layout))
@@ -126,8 +170,13 @@ class Cases:
             _wait(lambda: daemons.live_pid(daemons.slurmctld(layout)) is None, 30)
             shutil.copy2(kept, saved)
             cluster.start_controller(soak.directory)
-            soak.faults.append({"kind": "slurmctld-kill", "t": time.time(),
-                                "target": f"slurmctld, state from before {name}'s launch"})
+            soak.faults.append(
+                {
+                    "kind": "slurmctld-kill",
+                    "t": time.time(),
+                    "target": f"slurmctld, state from before {name}'s launch",
+                }
+            )
             # Made once the controller ran it again: a second execution's launcher refused
             # (its output says so), or a second execution ran the script (a broken build).
             out = os.path.join(soak.run_dir, "out")
@@ -157,15 +206,86 @@ class Cases:
                 self.done("torn-latest", target=target)
         if not self.made["racing-passes"]:
             self.racing_passes()
+        self.settle(facts)
+
+    def settle(self, facts: list[dict[str, Any]]) -> None:
+        """Mark the no-progress and poisoned-save cases made once their jobs' histories show
+        them (also at the end of the run, after the drain)."""
+        soak = self.soak
+        for job, info in soak.jobs.items():
+            starts = [f for f in facts if f["ev"] == "start" and f.get("job") == job]
+            if (
+                info["kind"] == "noprogress"
+                and not self.made["no-progress"]
+                and len(starts) >= NO_PROGRESS_LIMIT
+            ):
+                self.done("no-progress", job=job, executions=len(starts))
+            if info["kind"] != "poisoned" or self.made["poisoned-save"]:
+                continue
+            poisoned = {
+                f["path"]
+                for f in facts
+                if f["ev"] == "save"
+                and f.get("poisoned")
+                and f["attempt"] in {s["attempt"] for s in starts}
+            }
+            if not poisoned:
+                continue
+            (save,) = poisoned
+            froms = [s for s in starts if _relative(info["root"], s.get("loaded") or "") == save]
+            later = [
+                s
+                for s in starts
+                if froms and s["t"] > froms[-1]["t"] and s.get("loaded") and s not in froms
+            ]
+            if len(froms) >= QUARANTINE_AFTER and later:
+                self.done(
+                    "poisoned-save",
+                    job=job,
+                    save=save,
+                    resumed_from_it=len(froms),
+                    then=_relative(info["root"], later[0]["loaded"]),
+                )
+
+    def submit_broken(self) -> None:
+        """The two jobs of the no-progress and poisoned-save cases (with the first wave)."""
+        soak = self.soak
+        soak.submit(
+            "noprogress",
+            "--resubmit",
+            str(NO_PROGRESS_BUDGET),
+            "--max-no-progress",
+            str(NO_PROGRESS_LIMIT),
+            env={"SOAK_CRASH_AT_START": "1"},
+        )
+        mark = os.path.join(soak.run_dir, f"poison-{soak.counter + 1}")
+        soak.submit(
+            "poisoned",
+            "--resubmit",
+            str(POISON_BUDGET),
+            "--quarantine-after",
+            str(QUARANTINE_AFTER),
+            env={
+                "SOAK_POISON_STEP": str(POISON_STEP),
+                "SOAK_POISON_MARK": mark,
+                "SOAK_STEPS": str(POISON_STEP + 20),
+            },
+        )
 
     def racing_passes(self) -> None:
         """See the module docstring: one resubmission decided by two passes at once."""
         soak = self.soak
-        names = {info["name"]: job for job, info in soak.jobs.items()
-                 if info["kind"] in ("publish", "failing")}
+        names = {
+            info["name"]: job
+            for job, info in soak.jobs.items()
+            if info["kind"] in ("publish", "failing")
+        }
         out = soak.slurm(["squeue", "-h", "-u", soak.user, "-t", "R", "-o", "%j %i"])
-        running = sorted((line.split()[0], line.split()[1]) for line in out.splitlines()
-                         if len(line.split()) == 2 and line.split()[0] in names)
+        running = sorted(
+            (line.split()[0], line.split()[1])
+            for line in out.splitlines()
+            if len(line.split()) == 2 and line.split()[0] in names
+        )
         if not running:
             return
         name, slurm_id = running[0]
@@ -174,9 +294,15 @@ class Cases:
             os.killpg(loop.pid, signal.SIGSTOP)
         try:
             soak.slurm(["scancel", "--batch", "--signal=KILL", slurm_id])
-            if not _wait(lambda: slurm_id not in soak.slurm(
-                    ["squeue", "-h", "-u", soak.user, "-t", "PD,R,CG,S", "-o", "%i"]).split(),
-                    60):
+            if not _wait(
+                lambda: (
+                    slurm_id
+                    not in soak.slurm(
+                        ["squeue", "-h", "-u", soak.user, "-t", "PD,R,CG,S", "-o", "%i"]
+                    ).split()
+                ),
+                60,
+            ):
                 return
             # Both passes wait on a stopped controller for their read of the queue, so that
             # they decide at one moment (two merely started together may not: Python's start
@@ -201,8 +327,13 @@ class Cases:
             for loop in loops:
                 if loop.poll() is None:
                     os.killpg(loop.pid, signal.SIGCONT)
-        soak.faults.append({"kind": "scancel", "t": time.time(),
-                            "target": f"{slurm_id} (its batch script, two passes after)"})
+        soak.faults.append(
+            {
+                "kind": "scancel",
+                "t": time.time(),
+                "target": f"{slurm_id} (its batch script, two passes after)",
+            }
+        )
         self.done("racing-passes", job=names[name], slurm_job_id=slurm_id)
 
     def partition_shared(self) -> None:
@@ -236,6 +367,17 @@ class Cases:
         published = [f for f in facts if f["ev"] == "published"]
         if "cut" not in self.overlap:
             # Cut the first execution off once it has published twice.
+            if len(starts) > 1:
+                # Restarted by another fault (its node cut for another case, a preemption)
+                # before its cut: the case can no longer be made on it, so follow a new one
+                # (seed 186313's 5-minute run waited on this one to its end: NOT MADE).
+                log(
+                    f"case isolated-overlap: {self.overlap_job} was restarted before its cut; "
+                    "following a new job"
+                )
+                self.overlap_job, self.overlap = "", {}
+                self.submit_overlap()
+                return
             if len(starts) != 1:
                 return
             old = starts[0]["attempt"]
@@ -268,14 +410,27 @@ class Cases:
         soak.slurm(["scontrol", "requeue", slurm_id])
         soak.faults.append({"kind": "requeue", "t": time.time(), "target": slurm_id})
         self.overlap["requeued"] = slurm_id
-        self.done("isolated-overlap", job=job, root=root, old=old, replacement=replacement,
-                  old_step=max(late), replacement_step=max(mine))
+        self.done(
+            "isolated-overlap",
+            job=job,
+            root=root,
+            old=old,
+            replacement=replacement,
+            old_step=max(late),
+            replacement_step=max(mine),
+        )
 
     def cleanup_resumed(self, facts: list[dict[str, Any]]) -> None:
         soak = self.soak
-        candidates = [ex for ex in live(facts) if ex["resumed"] and ex["published_since"]
-                      and not ex["shared"] and not ex["root"].startswith("s3://")
-                      and "%a" not in ex["root"]]
+        candidates = [
+            ex
+            for ex in live(facts)
+            if ex["resumed"]
+            and ex["published_since"]
+            and not ex["shared"]
+            and not ex["root"].startswith("s3://")
+            and "%a" not in ex["root"]
+        ]
         if not candidates:
             return
         target = sorted(candidates, key=lambda ex: ex["attempt"])[0]
@@ -288,11 +443,16 @@ class Cases:
         then (each looked at right after it returned): the cases ``needed-missing`` checks."""
         soak = self.soak
         facts = history.read(soak.history)
-        rows = [{"attempt": ex["attempt"], "source": ex["resumed"],
-                 "present": soak.present(root, _relative(root, ex["resumed"]))}
-                for ex in live(facts, since=started) if ex["root"] == root and ex["resumed"]]
-        record = {"root": root, "keep": keep, "started": started, "t": time.time(),
-                  "live": rows}
+        rows = [
+            {
+                "attempt": ex["attempt"],
+                "source": ex["resumed"],
+                "present": soak.present(root, _relative(root, ex["resumed"])),
+            }
+            for ex in live(facts, since=started)
+            if ex["root"] == root and ex["resumed"]
+        ]
+        record = {"root": root, "keep": keep, "started": started, "t": time.time(), "live": rows}
         self.cleanups.append(record)
         return record
 
@@ -307,10 +467,16 @@ def live(facts: list[dict[str, Any]], since: Optional[float] = None) -> list[dic
         if fact["ev"] == "start":
             # What it loaded where it said (a fallback past a torn choice), else the choice.
             source = fact["loaded"] if fact.get("loaded") is not None else fact.get("resumed")
-            found[attempt] = {"attempt": attempt, "root": fact["root"],
-                              "resumed": source or "",
-                              "shared": bool(fact.get("shared")), "started": fact["t"],
-                              "published_since": False, "last": fact["t"], "ended": False}
+            found[attempt] = {
+                "attempt": attempt,
+                "root": fact["root"],
+                "resumed": source or "",
+                "shared": bool(fact.get("shared")),
+                "started": fact["t"],
+                "published_since": False,
+                "last": fact["t"],
+                "ended": False,
+            }
         elif attempt in found:
             ex = found[attempt]
             ex["last"] = max(ex["last"], fact["t"])
@@ -324,7 +490,7 @@ def live(facts: list[dict[str, Any]], since: Optional[float] = None) -> list[dic
 
 def _relative(root: str, path: str) -> str:
     root = root.rstrip("/")
-    return path[len(root) + 1:] if path.startswith(root + "/") else path
+    return path[len(root) + 1 :] if path.startswith(root + "/") else path
 
 
 def _saved_after(path: Any, since_ns: int) -> bool:
@@ -337,8 +503,9 @@ def _saved_after(path: Any, since_ns: int) -> bool:
 def _relaunched(out: str, name: str, job: str, folder: str) -> bool:
     """A second execution of ``name``'s submission: refused by its launcher (its output), or
     running the script beside the first (two starts in the histories)."""
-    starts = {f["attempt"] for f in history.read(folder)
-              if f["ev"] == "start" and f.get("job") == job}
+    starts = {
+        f["attempt"] for f in history.read(folder) if f["ev"] == "start" and f.get("job") == job
+    }
     if len(starts) > 1:
         return True
     try:

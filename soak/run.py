@@ -55,11 +55,22 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SANDBOX_DIR = "/var/tmp/slurm-dispatch-soak"
 SANDBOX_USER = "dispatchsoak"
-FAULTS = ("partition", "slurmd-kill", "slurmctld-kill", "requeue", "scancel", "preempt",
-          "supervisor-kill", "gc-kill", "s3-stop", "tear")
+FAULTS = (
+    "partition",
+    "slurmd-kill",
+    "slurmctld-kill",
+    "requeue",
+    "scancel",
+    "preempt",
+    "supervisor-kill",
+    "gc-kill",
+    "s3-stop",
+    "tear",
+)
 BUCKET = "soak"
 S3_TIMEOUT = 10  # the S3 watch's --timeout; the nemesis stops the server longer than that
 CESSATION_INTERVAL = 5  # the soak's dispatch.conf: how often a standing hold's signal is asked
+SHARED = cases_module.SHARED
 
 
 log = cases_module.log
@@ -100,43 +111,79 @@ class Soak:
         self.nodes = [n.name for n in report.status.nodes]
         entry = pwd.getpwnam(self.user)
         self.uid, self.gid, self.home = entry.pw_uid, entry.pw_gid, entry.pw_dir
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("SLURM_", "DISPATCH_"))}
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISPATCH_"))
+        }
         self.env.update(clients.environment(self.directory, user=self.user))
-        self.user_env = dict(self.env, HOME=self.home, USER=self.user, LOGNAME=self.user,
-                             DISPATCH_LISTING_LAG="0.5")
+        self.user_env = dict(
+            self.env, HOME=self.home, USER=self.user, LOGNAME=self.user, DISPATCH_LISTING_LAG="0.5"
+        )
         self.python = str(self.layout.venv_bin / "python3")
         # The S3 root: SeaweedFS on loopback (tests/s3server.py), boto3 in the sandbox's venv.
         if subprocess.run([self.python, "-c", "import boto3"], capture_output=True).returncode:
-            subprocess.run([self.python, "-m", "pip", "install", "-q", "-c",
-                            str(REPO / "tests" / "constraints.txt"), "boto3>=1.35"],
-                           check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    self.python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "-c",
+                    str(REPO / "tests" / "constraints.txt"),
+                    "boto3>=1.35",
+                ],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
         # On the sandbox's bridge address: each node has its own network namespace, whose
         # loopback is its own (slurm_dispatch/sandbox/network.py).
         from tests.s3server import SeaweedServer
+
         self.s3 = SeaweedServer(address=network.net_of(self.layout).host_address).start()
         self.s3.make_bucket(BUCKET)
-        aws = dict(self.s3.env(), AWS_CONFIG_FILE="/nonexistent/aws-config",
-                   AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials")
+        aws = dict(
+            self.s3.env(),
+            AWS_CONFIG_FILE="/nonexistent/aws-config",
+            AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials",
+        )
         self.user_env.update(aws)
         os.environ.update(aws)  # the runner's own reads of the root at the end
 
-    def as_user(self, argv: list[str], timeout: float = 60, **kw: Any
-                ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, user=self.uid, group=self.gid, extra_groups=[],
-                              cwd=self.run_dir, env=self.user_env, text=True,
-                              capture_output=True, timeout=timeout, **kw)
+    def as_user(
+        self, argv: list[str], timeout: float = 60, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv,
+            user=self.uid,
+            group=self.gid,
+            extra_groups=[],
+            cwd=self.run_dir,
+            env=self.user_env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            **kw,
+        )
 
     def spawn_user(self, argv: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(argv, user=self.uid, group=self.gid, extra_groups=[],
-                                cwd=self.run_dir, env=self.user_env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            user=self.uid,
+            group=self.gid,
+            extra_groups=[],
+            cwd=self.run_dir,
+            env=self.user_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def slurm(self, argv: list[str], timeout: float = 20) -> str:
         try:
-            proc = subprocess.run(argv, env=self.env, text=True, capture_output=True,
-                                  timeout=timeout)
+            proc = subprocess.run(
+                argv, env=self.env, text=True, capture_output=True, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             return ""
         return proc.stdout if proc.returncode == 0 else ""
@@ -163,11 +210,22 @@ class Soak:
         # that holds are lifted by a ceased answer within the run.
         conf = os.path.join(self.run_dir, "dispatch.conf")
         with open(os.path.join(self.layout.etc, "dispatch.conf"), encoding="utf-8") as f:
-            site = [line for line in f.read().splitlines()
-                    if not line.lower().startswith(("cessationsignal=", "cessationinterval="))]
+            site = [
+                line
+                for line in f.read().splitlines()
+                if not line.lower().startswith(("cessationsignal=", "cessationinterval="))
+            ]
         with open(conf, "w", encoding="utf-8") as f:
-            f.write("\n".join([*site, "CessationSignal=dispatch-cease",
-                               f"CessationInterval={CESSATION_INTERVAL}"]) + "\n")
+            f.write(
+                "\n".join(
+                    [
+                        *site,
+                        "CessationSignal=dispatch-cease",
+                        f"CessationInterval={CESSATION_INTERVAL}",
+                    ]
+                )
+                + "\n"
+            )
         self.user_env["SLURM_DISPATCH_CONF"] = conf
 
     def cancel_leftovers(self) -> None:
@@ -183,20 +241,35 @@ class Soak:
 
     def script(self, mode: str, keep: int = 2) -> str:
         trainer = f"{self.python} {self.run_dir}/trainer.py"
-        body = {"publish": f"exec {trainer} publish",
-                "shared": f"exec {trainer} shared",
-                "watch": (f"dispatch watch --interval 0.5 --keep {keep} -- {trainer} watch "
-                          f"2>&1 | {trainer} stamp"),
-                "s3watch": (f"dispatch watch --interval 0.5 --timeout {S3_TIMEOUT} --keep "
-                            f"{keep} -- {trainer} watch 2>&1 | {trainer} stamp")}[mode]
+        body = {
+            "publish": f"exec {trainer} publish",
+            "shared": f"exec {trainer} shared",
+            "watch": (
+                f"dispatch watch --interval 0.5 --keep {keep} -- {trainer} watch "
+                f"2>&1 | {trainer} stamp"
+            ),
+            "s3watch": (
+                f"dispatch watch --interval 0.5 --timeout {S3_TIMEOUT} --keep "
+                f"{keep} -- {trainer} watch 2>&1 | {trainer} stamp"
+            ),
+        }[mode]
         return f"#!/bin/bash\nset -o pipefail\n{body}\n"
 
-    def submit(self, kind: str, *extra: str, root: Optional[str] = None,
-               env: Optional[dict[str, str]] = None) -> Optional[str]:
+    def submit(
+        self,
+        kind: str,
+        *extra: str,
+        root: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+    ) -> Optional[str]:
         self.counter += 1
-        mode = {"watch": "watch", "shared": "shared", "shared-failing": "shared",
-                "shared-relaunch": "shared",
-                "s3": "s3watch"}.get(kind, "publish")
+        mode = {
+            "watch": "watch",
+            "shared": "shared",
+            "shared-failing": "shared",
+            "shared-relaunch": "shared",
+            "s3": "s3watch",
+        }.get(kind, "publish")
         name = f"{kind}-{self.counter}"
         path = os.path.join(self.run_dir, f"{name}.sh")
         root = root or os.path.join(self.run_dir, f"ck-{name}")
@@ -207,8 +280,17 @@ class Soak:
         if mode in ("watch", "s3watch"):
             self.cleaned(root, keep)
             self.watch_roots.add(root)
-        argv = ["dispatch-sbatch", "--checkpoint", root, *extra, "-J", name,
-                "-o", os.path.join(self.run_dir, "out", "%x-%j.out"), path]
+        argv = [
+            "dispatch-sbatch",
+            "--checkpoint",
+            root,
+            *extra,
+            "-J",
+            name,
+            "-o",
+            os.path.join(self.run_dir, "out", "%x-%j.out"),
+            path,
+        ]
         saved = dict(self.user_env)
         self.user_env.update({"SOAK_STEPS": str(self.rng.randint(30, 70)), **(env or {})})
         try:
@@ -226,8 +308,7 @@ class Soak:
             log(f"submit {name}: no dispatch job id in {proc.stdout!r}")
             return None
         job = found.group(1)
-        self.jobs[job] = {"kind": kind, "root": root, "shared": mode == "shared",
-                          "name": name}
+        self.jobs[job] = {"kind": kind, "root": root, "shared": mode == "shared", "name": name}
         log(f"submitted {name} as {job}{' ' + ' '.join(extra) if extra else ''}")
         return job
 
@@ -236,8 +317,13 @@ class Soak:
         # 239998's 30-minute run, which then checked 1 hold lifted and 1 pair of shared
         # executions): its holds, and the partitions of its node, come all the run.
         if not self.shared_active():
-            self.submit("shared-failing", "--shared-checkpoint", "--resubmit", "3",
-                        env={"SOAK_STEPS": "60", "SOAK_FAIL": "0.15"})
+            self.submit(
+                "shared-failing",
+                *SHARED,
+                "--resubmit",
+                "3",
+                env={"SOAK_STEPS": "60", "SOAK_FAIL": "0.15"},
+            )
             return
         kind = self.rng.choice(["publish", "publish", "publish", "failing", "watch"])
         if kind == "failing":
@@ -254,41 +340,52 @@ class Soak:
         self.submit("failing", "--resubmit", "3", env={"SOAK_FAIL": "0.08"})
         self.submit("watch", "--resubmit", "1")
         self.submit("watch", "--resubmit", "1")
-        self.submit("array", "--array", "0-2", "--resubmit", "2",
-                    root=os.path.join(self.run_dir, "ck-array-%a"))
+        self.submit(
+            "array",
+            "--array",
+            "0-2",
+            "--resubmit",
+            "2",
+            root=os.path.join(self.run_dir, "ck-array-%a"),
+        )
         # Long enough for the nemesis to hit it (its restarts become holds), short enough to
         # end within the run when nothing does.
         steps = int(min(300, max(30, self.args.minutes * 30)))
-        self.submit("shared", "--shared-checkpoint", "--resubmit", "1",
-                    env={"SOAK_STEPS": str(steps)})
+        self.submit("shared", *SHARED, "--resubmit", "1", env={"SOAK_STEPS": str(steps)})
         # Fails on purpose now and then: each failure is a hold (a shared checkpoint), which
         # dispatch-cease proves ceased a moment later, so holds are made and lifted in the run.
-        self.submit("shared-failing", "--shared-checkpoint", "--resubmit", "3",
-                    env={"SOAK_STEPS": "60", "SOAK_FAIL": "0.15"})
-        self.submit("s3", "--resubmit", "3",
-                    root=f"s3://{BUCKET}/{os.path.basename(self.run_dir)}/s3-1")
+        self.submit(
+            "shared-failing",
+            *SHARED,
+            "--resubmit",
+            "3",
+            env={"SOAK_STEPS": "60", "SOAK_FAIL": "0.15"},
+        )
+        self.submit(
+            "s3", "--resubmit", "3", root=f"s3://{BUCKET}/{os.path.basename(self.run_dir)}/s3-1"
+        )
         first = self.submit("before", "--resubmit", "1", env={"SOAK_STEPS": "20"})
         if first:
             self.submit("dependent", f"--dependency=afterany:{first}", "--resubmit", "1")
-        self.superseded = self.submit("superseded", "--resubmit", "1",
-                                      env={"SOAK_STEPS": "400"})
+        self.superseded = self.submit("superseded", "--resubmit", "1", env={"SOAK_STEPS": "400"})
 
     def supersede(self) -> None:
         old = getattr(self, "superseded", None)
         if old:
-            self.submit("superseding", "--supersede", old, "--resubmit", "1",
-                        root=self.jobs[old]["root"])
+            self.submit(
+                "superseding", "--supersede", old, "--resubmit", "1", root=self.jobs[old]["root"]
+            )
             self.superseded = None
 
     def ensure_supervisor(self) -> None:
         if self.supervisor is None or self.supervisor.poll() is not None:
-            self.supervisor = self.spawn_user(["dispatch", "supervise", "--loop",
-                                               "--interval", "5"])
+            self.supervisor = self.spawn_user(
+                ["dispatch", "supervise", "--loop", "--interval", "5"]
+            )
         if self.second is None or self.second.poll() is not None:
             # A second one (a person's beside the site's), its passes at their own moments:
             # only the claims keep the two from submitting one submission twice.
-            self.second = self.spawn_user(["dispatch", "supervise", "--loop",
-                                           "--interval", "3"])
+            self.second = self.spawn_user(["dispatch", "supervise", "--loop", "--interval", "3"])
 
     def watch_markers(self) -> None:
         """Note which Slurm jobs (an array's by its array job id) carry each submission's
@@ -301,9 +398,15 @@ class Soak:
                     self.marked.setdefault(word, set()).add(slurm_id.strip())
 
     def gc(self, kill_after: Optional[float] = None) -> None:
-        roots = sorted({ex["root"] for ex in self.jobs.values()
-                        if not ex["shared"] and "%a" not in ex["root"]
-                        and not ex["root"].startswith("s3://")})
+        roots = sorted(
+            {
+                ex["root"]
+                for ex in self.jobs.values()
+                if not ex["shared"]
+                and "%a" not in ex["root"]
+                and not ex["root"].startswith("s3://")
+            }
+        )
         if not roots:
             return
         root = self.rng.choice(roots)
@@ -314,14 +417,17 @@ class Soak:
         if len(names) > keep and self.rng.random() < 0.3:
             # Pin a save cleanup would take otherwise: gc and watch --keep must keep it.
             save = checker.model.parse_name(names[0]).path
-            if self.as_user(["dispatch", "pin", "--root", root,
-                             os.path.join(root, save)]).returncode == 0:
+            if (
+                self.as_user(
+                    ["dispatch", "pin", "--root", root, os.path.join(root, save)]
+                ).returncode
+                == 0
+            ):
                 self.pins.setdefault(root, []).append(save)
                 log(f"pinned {save} of {root}")
         self.cleanup(root, keep, kill_after)
 
-    def cleanup(self, root: str, keep: int, kill_after: Optional[float] = None
-                ) -> dict[str, Any]:
+    def cleanup(self, root: str, keep: int, kill_after: Optional[float] = None) -> dict[str, Any]:
         """``dispatch gc --keep KEEP`` on ``root`` as the user (SIGKILLed ``kill_after`` seconds
         in, when given); then what it left of the live executions' resume sources."""
         self.cleaned(root, keep)
@@ -346,8 +452,11 @@ class Soak:
         """Remove the save of a running publishing job's latest publication (a lost disk, a
         person's rm) and requeue the job: its next execution is handed that save and must fall
         back along its lineage.  The target, or "" when no job fits."""
-        by_name = {info["name"]: info["root"] for info in self.jobs.values()
-                   if info["kind"] in ("publish", "failing")}
+        by_name = {
+            info["name"]: info["root"]
+            for info in self.jobs.values()
+            if info["kind"] in ("publish", "failing")
+        }
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%j %i"])
         running = dict(line.split()[:2] for line in out.splitlines() if len(line.split()) == 2)
         fit = sorted(n for n in by_name if n in running and self.pub_names(by_name[n]))
@@ -374,12 +483,27 @@ class Soak:
     def shared_nodes(self) -> list[str]:
         names = {info["name"] for info in self.jobs.values() if info["shared"]}
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%j %N"])
-        return sorted({line.split()[1] for line in out.splitlines()
-                       if len(line.split()) == 2 and line.split()[0] in names})
+        return sorted(
+            {
+                line.split()[1]
+                for line in out.splitlines()
+                if len(line.split()) == 2 and line.split()[0] in names
+            }
+        )
 
     def running(self) -> list[str]:
-        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%i"])
-        return out.split()
+        """Our running Slurm jobs, but those the cases follow (the no-progress, poisoned-save
+        and isolated-overlap cases': a cancel or requeue would spoil them before they are
+        made)."""
+        spared = {
+            info["name"] for info in self.jobs.values() if info["kind"] in cases_module.SPARED_KINDS
+        }
+        out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "R", "-o", "%i %j"])
+        return [
+            line.split()[0]
+            for line in out.splitlines()
+            if len(line.split()) == 2 and line.split()[1] not in spared
+        ]
 
     def nodes_of(self, name: str) -> list[str]:
         """The nodes where our running job named ``name`` runs now."""
@@ -431,15 +555,13 @@ class Soak:
                 return
             os.kill(pid, signal.SIGKILL)
             target = "slurmctld"
-            self.pending_heals.append((time.monotonic() + self.rng.uniform(3, 12), kind,
-                                       target))
+            self.pending_heals.append((time.monotonic() + self.rng.uniform(3, 12), kind, target))
         elif kind in ("requeue", "scancel"):
             running = self.running()
             if not running:
                 return
             target = self.rng.choice(sorted(running))
-            argv = (["scontrol", "requeue", target] if kind == "requeue"
-                    else ["scancel", target])
+            argv = ["scontrol", "requeue", target] if kind == "requeue" else ["scancel", target]
             self.slurm(argv)
         elif kind == "preempt":
             # A short job of the urgent partition (a higher PriorityTier over the same nodes)
@@ -453,9 +575,27 @@ class Soak:
                 return
             target = self.rng.choice(hosts)
             hold = self.rng.uniform(10, 40)
-            out = self.slurm(["sbatch", "--parsable", "-p", slurm_conf.URGENT_PARTITION,
-                              "--exclusive", "-w", target, "-t", "2", "-J", "soak-urgent",
-                              "-o", "/dev/null", "-D", "/tmp", "--wrap", f"sleep {hold:.0f}"])
+            out = self.slurm(
+                [
+                    "sbatch",
+                    "--parsable",
+                    "-p",
+                    slurm_conf.URGENT_PARTITION,
+                    "--exclusive",
+                    "-w",
+                    target,
+                    "-t",
+                    "2",
+                    "-J",
+                    "soak-urgent",
+                    "-o",
+                    "/dev/null",
+                    "-D",
+                    "/tmp",
+                    "--wrap",
+                    f"sleep {hold:.0f}",
+                ]
+            )
             urgent = out.strip().split(";")[0]
             if not urgent:
                 return
@@ -474,8 +614,9 @@ class Soak:
                 return
             os.kill(self.s3.pid, signal.SIGSTOP)
             target = "s3"
-            self.pending_heals.append((time.monotonic() + S3_TIMEOUT + self.rng.uniform(3, 10),
-                                       kind, target))
+            self.pending_heals.append(
+                (time.monotonic() + S3_TIMEOUT + self.rng.uniform(3, 10), kind, target)
+            )
         elif kind == "tear":
             target = self.tear()
             if not target:
@@ -510,13 +651,19 @@ class Soak:
                     self.slurm(["scancel", urgent])
                     # Healed once the controller says it is over (or forgot it), not when
                     # the controller did not answer.
-                    left = subprocess.run(["squeue", "-h", "-j", urgent, "-t", "PD,R,CG,S",
-                                           "-o", "%i"], env=self.env, text=True,
-                                          capture_output=True, timeout=20)
+                    left = subprocess.run(
+                        ["squeue", "-h", "-j", urgent, "-t", "PD,R,CG,S", "-o", "%i"],
+                        env=self.env,
+                        text=True,
+                        capture_output=True,
+                        timeout=20,
+                    )
                     if left.returncode or left.stdout.strip():
                         if "invalid job id" not in left.stderr.lower():
-                            raise RuntimeError(f"urgent job {urgent} not over yet: "
-                                               f"{(left.stdout + left.stderr).strip()}")
+                            raise RuntimeError(
+                                f"urgent job {urgent} not over yet: "
+                                f"{(left.stdout + left.stderr).strip()}"
+                            )
                     del self.urgent[target]
                 else:
                     cluster.heal(target, self.directory, wait=False)
@@ -528,8 +675,10 @@ class Soak:
     # -- the run --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        log(f"seed {self.args.seed}, {self.args.minutes} minutes, {self.args.nodes} nodes "
-            f"(replay: SOAK_SEED={self.args.seed})")
+        log(
+            f"seed {self.args.seed}, {self.args.minutes} minutes, {self.args.nodes} nodes "
+            f"(replay: SOAK_SEED={self.args.seed})"
+        )
         self.up()
         self.make_run_dir()
         log(f"run folder {self.run_dir}")
@@ -537,6 +686,7 @@ class Soak:
         self.ensure_supervisor()
         self.cases.relaunch_shared()
         self.cases.submit_overlap()
+        self.cases.submit_broken()
         self.first_wave()
         threading.Thread(target=self.healer, daemon=True).start()
         start = time.monotonic()
@@ -590,13 +740,15 @@ class Soak:
             if not self.unheld():
                 break
             time.sleep(5)
+        # What ended last is acted on by the supervisors' next passes (a stop for want of
+        # progress is recorded then): two of the slower one's intervals.
+        time.sleep(10)
 
     def unheld(self) -> list[str]:
         """Our jobs pending or running, but for those held (a shared job's hold waits for a
         person or the site's proof: the checker asks dispatch status why)."""
         out = self.slurm(["squeue", "-h", "-u", self.user, "-t", "PD,R,CG,S", "-o", "%i %r"])
-        return [line for line in out.splitlines()
-                if line.strip() and "JobHeld" not in line]
+        return [line for line in out.splitlines() if line.strip() and "JobHeld" not in line]
 
     def finish(self) -> int:
         final = self.gather()
@@ -617,30 +769,39 @@ class Soak:
         if left:
             self.slurm(["scancel", *left])
         if not_made:
-            print(f"the run did not make the case(s) {', '.join(not_made)}: the invariants "
-                  "they feed were not all examined", flush=True)
+            print(
+                f"the run did not make the case(s) {', '.join(not_made)}: the invariants "
+                "they feed were not all examined",
+                flush=True,
+            )
         return 0 if result.ok and not not_made else 1
 
     def pub_names(self, root: str) -> list[str]:
         if not root.startswith("s3://"):
             pub = os.path.join(root, "pub")
             return sorted(os.listdir(pub)) if os.path.isdir(pub) else []
-        bucket, _, prefix = root[len("s3://"):].partition("/")
-        pages = self.s3.client().get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=f"{prefix}/pub/")
-        return sorted(o["Key"].rsplit("/", 1)[1] for page in pages
-                      for o in page.get("Contents", []))
+        bucket, _, prefix = root[len("s3://") :].partition("/")
+        pages = (
+            self.s3.client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=bucket, Prefix=f"{prefix}/pub/")
+        )
+        return sorted(
+            o["Key"].rsplit("/", 1)[1] for page in pages for o in page.get("Contents", [])
+        )
 
     def present(self, root: str, path: str) -> bool:
         if not root.startswith("s3://"):
             return os.path.exists(os.path.join(root, path))
-        bucket, _, prefix = root[len("s3://"):].partition("/")
-        found = self.s3.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{path}/",
-                                                 MaxKeys=1)
+        bucket, _, prefix = root[len("s3://") :].partition("/")
+        found = self.s3.client().list_objects_v2(
+            Bucket=bucket, Prefix=f"{prefix}/{path}/", MaxKeys=1
+        )
         return bool(found.get("Contents"))
 
     def gather(self) -> dict[str, Any]:
         facts = history.read(self.history)
+        self.cases.settle(facts)
         jobs_dir = os.path.join(self.records, "jobs")
         submissions: list[dict[str, Any]] = []
         holds: list[dict[str, Any]] = []
@@ -649,8 +810,8 @@ class Soak:
         active_ids = {line.split()[0].split("_")[0] for line in self.active() if line.strip()}
         for job, info in self.jobs.items():
             path = os.path.join(jobs_dir, job)
-            found = record_facts(job, record.JobRecord(path).events()
-                                 if os.path.isdir(path) else [])
+            kept = record.JobRecord(path) if os.path.isdir(path) else None
+            found = record_facts(job, kept.events() if kept is not None else [])
             submissions += found["submissions"]
             holds += found["holds"]
             lifts += found["lifts"]
@@ -662,8 +823,22 @@ class Soak:
                 words = proc.stdout.lower()
                 if any(w in words for w in ("held", "hold", "stuck", "waiting")):
                     stuck = proc.stdout.strip().splitlines()[-1] if proc.stdout else None
-            jobs.append({"job": job, "shared": info["shared"], "ended": ended,
-                         "stuck": stuck, "kind": info["kind"]})
+            spec = kept.spec if kept is not None else {}
+            jobs.append(
+                {
+                    "job": job,
+                    "shared": info["shared"],
+                    "ended": ended,
+                    "stuck": stuck,
+                    "kind": info["kind"],
+                    "root": info["root"],
+                    "max_no_progress": spec.get("max_no_progress", 0),
+                    "quarantine_after": spec.get("quarantine_after", 0),
+                    "started": found["started"],
+                    "stops": found["stops"],
+                    "quarantines": found["quarantines"],
+                }
+            )
         roots: dict[str, Any] = {}
         paths: dict[str, set[str]] = {}
         root_of: dict[str, str] = {}
@@ -682,54 +857,129 @@ class Soak:
             for name in names:
                 wanted.add(checker.model.parse_name(name).path)
             wanted |= set(self.pins.get(root, []))
-            roots[root] = {"pubs": names, "keep": self.keeps.get(root, 0),
-                           "watch": root in self.watch_roots,
-                           "present": {p: self.present(root, p) for p in wanted}}
-        return {"seed": self.args.seed, "minutes": self.args.minutes, "faults": self.faults,
-                "roots": roots, "pins": self.pins, "torn": self.torn,
-                "submissions": submissions, "jobs": jobs, "holds": holds,
-                "lifts": lifts, "cases": self.cases.made, "cleanups": self.cases.cleanups,
-                "marked": {m: sorted(ids) for m, ids in sorted(self.marked.items())},
-                "drains": [{"node": n, "reason": r, "ours": o}
-                           for (n, r), o in sorted(self.drains.items())],
-                "run_dir": self.run_dir}
+            roots[root] = {
+                "pubs": names,
+                "keep": self.keeps.get(root, 0),
+                "watch": root in self.watch_roots,
+                "present": {p: self.present(root, p) for p in wanted},
+            }
+        return {
+            "seed": self.args.seed,
+            "minutes": self.args.minutes,
+            "faults": self.faults,
+            "roots": roots,
+            "pins": self.pins,
+            "torn": self.torn,
+            "submissions": submissions,
+            "jobs": jobs,
+            "holds": holds,
+            "lifts": lifts,
+            "cases": self.cases.made,
+            "cleanups": self.cases.cleanups,
+            "marked": {m: sorted(ids) for m, ids in sorted(self.marked.items())},
+            "drains": [
+                {"node": n, "reason": r, "ours": o} for (n, r), o in sorted(self.drains.items())
+            ],
+            "run_dir": self.run_dir,
+        }
 
 
 def record_facts(job: str, events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """What the checker reads of one dispatch job's record (its events as stored, oldest
     first): every submission, every hold made, every hold lifted (released by the cessation
-    signal, a person or Slurm, or expired), with when."""
-    found: dict[str, list[dict[str, Any]]] = {"submissions": [], "holds": [], "lifts": []}
+    signal, a person or Slurm, or expired), with when; every execution the launcher started,
+    every stop for want of progress and every save quarantined (docs/user-guide.md)."""
+    found: dict[str, list[dict[str, Any]]] = {
+        "submissions": [],
+        "holds": [],
+        "lifts": [],
+        "started": [],
+        "stops": [],
+        "quarantines": [],
+    }
     for event in events:
         kind = event.get("event") or ""  # the kind, as record.JobRecord.append stores it
         if kind == "submitted":
-            found["submissions"].append({"job": job, "submission": event["submission"],
-                                         "task": event.get("task"),
-                                         "slurm_job_id": str(event["slurm_job_id"])})
+            found["submissions"].append(
+                {
+                    "job": job,
+                    "submission": event["submission"],
+                    "task": event.get("task"),
+                    "slurm_job_id": str(event["slurm_job_id"]),
+                }
+            )
         elif kind == "hold":
-            found["holds"].append({"job": job, "t": event["time"],
-                                   "slurm_job_id": str(event["slurm_job_id"]),
-                                   "ended_slurm_job_id": str(event["ended_slurm_job_id"])})
+            found["holds"].append(
+                {
+                    "job": job,
+                    "t": event["time"],
+                    "slurm_job_id": str(event["slurm_job_id"]),
+                    "ended_slurm_job_id": str(event["ended_slurm_job_id"]),
+                }
+            )
         elif kind in ("released", "expired"):
-            found["lifts"].append({"job": job, "t": event["time"], "kind": kind,
-                                   "by": event.get("by", ""),
-                                   "slurm_job_id": str(event["slurm_job_id"])})
+            found["lifts"].append(
+                {
+                    "job": job,
+                    "t": event["time"],
+                    "kind": kind,
+                    "by": event.get("by", ""),
+                    "slurm_job_id": str(event["slurm_job_id"]),
+                }
+            )
+        elif kind == "started":
+            found["started"].append(
+                {
+                    "t": event["time"],
+                    "attempt": event.get("attempt", ""),
+                    "submission": event.get("submission"),
+                    "restart": event.get("restart", 0),
+                    "resume_from": event.get("resume_from", ""),
+                }
+            )
+        elif kind == "no-progress":
+            found["stops"].append(
+                {
+                    "t": event["time"],
+                    "action": event.get("action", ""),
+                    "limit": event.get("limit", 0),
+                    "executions": event.get("executions", []),
+                }
+            )
+        elif kind == "quarantined":
+            found["quarantines"].append(
+                {
+                    "t": event["time"],
+                    "save": event.get("save", ""),
+                    "root": event.get("root", ""),
+                    "executions": event.get("executions", []),
+                }
+            )
     return found
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m soak.run",
-                                     description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--minutes", type=float,
-                        default=float(os.environ.get("SOAK_MINUTES", "30")))
-    parser.add_argument("--seed", type=int, default=int(os.environ.get("SOAK_SEED") or
-                                                        random.SystemRandom().randrange(10**6)))
+    parser = argparse.ArgumentParser(
+        prog="python -m soak.run", description=(__doc__ or "").split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "30"))
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(10**6)),
+    )
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("SOAK_NODES", "8")))
-    parser.add_argument("--jobs", type=int, default=14,
-                        help="keep at least this many Slurm jobs pending or running")
-    parser.add_argument("--drain", type=float,
-                        default=float(os.environ.get("SOAK_DRAIN", "240")),
-                        help="seconds to wait at the end for every job to end")
+    parser.add_argument(
+        "--jobs", type=int, default=14, help="keep at least this many Slurm jobs pending or running"
+    )
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=float(os.environ.get("SOAK_DRAIN", "240")),
+        help="seconds to wait at the end for every job to end",
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("the soak needs root: it runs the sandbox and its faults", file=sys.stderr)

@@ -9,6 +9,13 @@ state file in the root (a ``--shared-checkpoint`` job).  ``trainer.py stamp``: r
 
 Each writes its history (:mod:`history`, copied beside it) into ``$SOAK_HISTORY``, with a
 heartbeat every second.  ``SOAK_FAIL`` (a probability per save) makes it exit 3 on purpose.
+
+Two jobs of the soak's cases (:mod:`soak.cases`) break on purpose:
+``SOAK_CRASH_AT_START=1`` exits 3 right after its start fact, before any save (a job that never
+makes progress); ``SOAK_POISON_STEP=K`` with ``SOAK_POISON_MARK=PATH``: the first execution to
+reach step K (the one that creates PATH) writes a file ``poison`` into that save, publishes it
+and exits 3, and every execution that loads a save holding ``poison`` exits 3 right after its
+start fact (a poisoned save: every resume from it crashes before publishing).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ def env(name: str, default: str = "") -> str:
 
 
 def relative(root: str, path: str) -> str:
-    return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path
+    return path[len(root.rstrip("/")) + 1 :] if path.startswith(root.rstrip("/") + "/") else path
 
 
 def chose_at(exec_dir: str) -> float:
@@ -43,11 +50,22 @@ def chose_at(exec_dir: str) -> float:
         return time.time()
 
 
+def poison_first() -> bool:
+    """Whether this execution is the first to reach ``SOAK_POISON_STEP`` (it creates the
+    mark): only that one poisons its save, so the saves of later ones are whole."""
+    try:
+        os.close(os.open(env("SOAK_POISON_MARK"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
 def beating(hist: History) -> None:
     def loop() -> None:
         while True:
             hist.write("beat")
             time.sleep(1.0)
+
     threading.Thread(target=loop, daemon=True).start()
 
 
@@ -57,10 +75,14 @@ def stamp(hist: History, root: str, epoch: int) -> int:
         sys.stdout.write(line)
         sys.stdout.flush()
         if line.startswith(prefix):
-            step_text, _, path = line[len(prefix):].strip().partition(": ")
+            step_text, _, path = line[len(prefix) :].strip().partition(": ")
             rel = relative(root, path)
-            hist.write("published", step=int(step_text), path=rel,
-                       name=model.format_name(epoch, int(step_text), rel))
+            hist.write(
+                "published",
+                step=int(step_text),
+                path=rel,
+                name=model.format_name(epoch, int(step_text), rel),
+            )
     return 0
 
 
@@ -79,21 +101,37 @@ def main(mode: str) -> int:
         with open(state, encoding="utf-8") as f:
             step = int(f.read().strip() or 0)
     loaded = None
+    local = ""  # the save loaded (on S3, its local copy)
     if not shared and resumed:
         # dispatch fetch chooses as the integrations do: the launcher's choice, or the previous
         # save of its lineage when that one cannot be loaded (on S3, a local copy, checked).
-        local = subprocess.run(["dispatch", "fetch"], check=True, text=True,
-                               capture_output=True).stdout.strip()
+        local = subprocess.run(
+            ["dispatch", "fetch"], check=True, text=True, capture_output=True
+        ).stdout.strip()
         if not resumed.startswith("s3://"):
             loaded = local  # the save itself: a folder root's saves are local
         if local:
             with open(os.path.join(local, "weights"), encoding="utf-8") as f:
                 step = int(f.read().strip())
-    hist.write("start", job=env("DISPATCH_JOB"), task=int(task) if task else None,
-               submission=int(env("DISPATCH_SUBMISSION", "0")), epoch=epoch, root=root,
-               shared=shared, resumed=resumed, loaded=loaded,
-               chose_at=chose_at(env("DISPATCH_STAGE_DIR") or exec_dir),
-               slurm_job_id=env("SLURM_JOB_ID"), step=step)
+    poisoned = bool(local) and os.path.exists(os.path.join(local, "poison"))
+    hist.write(
+        "start",
+        job=env("DISPATCH_JOB"),
+        task=int(task) if task else None,
+        submission=int(env("DISPATCH_SUBMISSION", "0")),
+        epoch=epoch,
+        root=root,
+        shared=shared,
+        resumed=resumed,
+        loaded=loaded,
+        chose_at=chose_at(env("DISPATCH_STAGE_DIR") or exec_dir),
+        slurm_job_id=env("SLURM_JOB_ID"),
+        step=step,
+    )
+    if poisoned or env("SOAK_CRASH_AT_START") == "1":
+        why = "resumed from a poisoned save" if poisoned else "crashing before any save"
+        hist.write("end", reason=why, step=step)
+        return 3
     beating(hist)
     steps, every = int(env("SOAK_STEPS", "60")), int(env("SOAK_SAVE_EVERY", "5"))
     interval, fail = float(env("SOAK_INTERVAL", "1")), float(env("SOAK_FAIL", "0"))
@@ -113,16 +151,26 @@ def main(mode: str) -> int:
             os.mkdir(save)
             with open(os.path.join(save, "weights"), "w", encoding="utf-8") as f:
                 f.write(str(step))
+            poison = step == int(env("SOAK_POISON_STEP", "0")) and poison_first()
+            if poison:  # every resume from this save crashes before publishing
+                with open(os.path.join(save, "poison"), "w", encoding="utf-8") as f:
+                    f.write("1")
             with open(os.path.join(save, "trainer_state.json"), "w", encoding="utf-8") as f:
                 json.dump({"global_step": step}, f)  # last: watch's "complete"
             rel = relative(root, save)
-            hist.write("save", step=step, path=rel)
+            hist.write("save", step=step, path=rel, **({"poisoned": True} if poison else {}))
             if mode == "publish":
                 name = model.format_name(epoch, step, rel)
                 hist.write("publishing", step=step, path=rel, name=name)
-                subprocess.run(["dispatch", "publish", "--step", str(step), save], check=True,
-                               stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    ["dispatch", "publish", "--step", str(step), save],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
                 hist.write("published", step=step, path=rel, name=name)
+            if poison:
+                hist.write("end", reason="poisoned its save", step=step)
+                return 3
         if fail and rng.random() < fail:
             hist.write("end", reason="failing on purpose", step=step)
             return 3

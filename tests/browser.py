@@ -22,8 +22,10 @@ def ensure_browser() -> str:
     found = browser()
     if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (["apt-get", "update", "-qq"],
-                     ["apt-get", "install", "-y", "-qq", "chromium-headless-shell"]):
+        for argv in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "chromium-headless-shell"],
+        ):
             done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
             assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr[-2000:]}"
         found = browser()
@@ -36,10 +38,24 @@ def screenshot(page: Path, png: Path, width: int, height: int) -> Path:
     (one device pixel per CSS pixel), taken with no network."""
     found = ensure_browser()
     done = subprocess.run(
-        [found, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--force-device-scale-factor=1", "--no-first-run", "--disable-extensions",
-         "--proxy-server=127.0.0.1:9", f"--window-size={width},{height}",
-         f"--screenshot={png}", page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120, cwd=png.parent)
+        [
+            found,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            "--no-first-run",
+            "--disable-extensions",
+            "--proxy-server=127.0.0.1:9",
+            f"--window-size={width},{height}",
+            f"--screenshot={png}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=png.parent,
+    )
     assert done.returncode == 0 and png.exists(), done.stderr[-2000:]
     return png

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pytest
 
@@ -32,25 +33,36 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureReques
     monkeypatch.setenv("DISPATCH_LISTING_LAG", "0")
 
 
-def _sigint_state() -> str:
-    """'' when Ctrl-C would reach this process as usual; else what keeps it from doing so."""
+# Signals whose disposition a test process hands on to every command a later test starts:
+# SIGINT (a Ctrl-C test then hangs) and SIGTERM (a command meant to end at a TERM, the launcher's
+# script at its stall watcher's, a supervisor's loop, is then killed 10 s later or never ends).
+_GUARDED: dict[int, Any] = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: signal.SIG_DFL,
+}
+
+
+def _signal_state(signum: int) -> str:
+    """'' when ``signum`` would reach this process as usual; else what keeps it from doing so."""
     said = []
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if signal.getsignal(signum) is signal.SIG_IGN:
         said.append("ignored")
-    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+    if signum in signal.pthread_sigmask(signal.SIG_BLOCK, []):
         said.append("blocked")
     return " and ".join(said)
 
 
 @pytest.fixture(autouse=True)
-def sigint_left_as_found(request: pytest.FixtureRequest) -> object:
-    """A test that leaves SIGINT ignored or blocked in the test process passes that on to
-    every command a later test starts (a Ctrl-C test then hangs): it fails here, naming
-    itself, and SIGINT is put back so the tests after it run as they would alone."""
-    before = _sigint_state()
+def signals_left_as_found(request: pytest.FixtureRequest) -> object:
+    """A test that leaves SIGINT or SIGTERM ignored or blocked in the test process passes that
+    on to every command a later test starts: it fails here, naming itself, and the signal is
+    put back so the tests after it run as they would alone."""
+    before = {signum: _signal_state(signum) for signum in _GUARDED}
     yield
-    after = _sigint_state()
-    if after and after != before:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-        pytest.fail(f"{request.node.nodeid} left SIGINT {after} in the test process")
+    for signum, handler in _GUARDED.items():
+        after = _signal_state(signum)
+        if after and after != before[signum]:
+            signal.signal(signum, handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+            name = signal.Signals(signum).name
+            pytest.fail(f"{request.node.nodeid} left {name} {after} in the test process")

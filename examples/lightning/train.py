@@ -77,7 +77,8 @@ def main() -> None:
         callbacks=[ModelCheckpoint(every_n_train_steps=int(os.environ.get("SAVE_EVERY", "10")),
                                    save_top_k=int(os.environ.get("SAVE_TOP_K", "2")),
                                    monitor="step", mode="max"),
-                   DispatchCallback()])  # dispatch: saves isolated, published, requeue at a safe point
+                   # dispatch: saves isolated, published, requeue at a safe point
+                   DispatchCallback()])
     # dispatch: resume from the latest published save of this job (outside dispatch: None)
     trainer.fit(Regression(float(os.environ.get("STEP_SECONDS", "0"))), data,
                 ckpt_path=resume_from_checkpoint())

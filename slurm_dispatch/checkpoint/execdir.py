@@ -2,8 +2,8 @@
 the names and the meaning of dispatch's own files there, read by cleanup (``gc``), the
 launcher, ``watch``, the framework integrations and the API alike.
 
-The files, each created once and never rewritten (a leading dot keeps them out of every save
-rule):
+The files, each created once and never rewritten but the progress record (a leading dot
+keeps them out of every save rule):
 
 * ``.dispatch`` (:data:`RECORD`): the launcher's record of the execution (epoch, attempt, the
   save it resumes from and that save's publication), written before the user's script runs.
@@ -14,6 +14,12 @@ rule):
   live lineage's, however it chose it.
 * ``.dispatch-resume.json`` (:data:`RESUME`): the integrations' account of the resume: what
   was finally loaded and what was passed over, and why.
+* ``.dispatch-requeued.json`` (:data:`REQUEUED`): the execution's integration asked Slurm to
+  requeue it at its warning signal, after publishing the save made there (``{"save": ...}``,
+  written before ``scontrol requeue``; or ``dispatch watch`` published Lightning's own save
+  at the requeue signal, ``hpc_ckpt_<n>.ckpt``, which Lightning follows with its own
+  ``scontrol requeue``): the requeue that follows is the job's own continuation, which
+  ``--max-requeues`` does not count.
 * ``.dispatch-keep.json`` (:data:`KEEP`): the framework's rotation limit, turned off inside
   the execution and applied by dispatch's cleanup (``keep``; ``every`` when one of its
   checkpoint callbacks keeps every save, so no limit applies).
@@ -24,12 +30,19 @@ rule):
   not one the execution never published (a killed cleanup's rerun finishes the folder); any
   other is judged as a save never published (one an old execution still running finished
   or wrote after the plan stays when it looks whole).
+* ``.dispatch-progress.json`` (:data:`PROGRESS`): the step the execution reached and when,
+  and whether it is inside a save (:mod:`slurm_dispatch.execution.steps` writes it, the
+  launcher's stall watcher reads it).  The one file here that is rewritten: replaced whole in
+  place (a temporary file renamed over it, never synced), at most every few seconds.
+* ``.dispatch-stalled.json`` (:data:`STALLED`): the stall watcher's mark, made once when the
+  execution's progress stopped for its ``--stall-timeout``, before it asks for a save: the
+  integrations then save but never requeue (the execution must end failed).
 * ``<save>.dispatch-manifest.json`` beside a file save, ``dispatch-manifest.json`` inside a
   folder save (:data:`MANIFEST_SUFFIX`): each file's size, and the saves the framework keeps
   as its best at that moment (``bests``: Lightning's top k by each monitor, the Trainer's best
   model), written before the save is published.
 
-The handshake with cleanup (invariant 9 of DESIGN.md): an execution records its choice
+The handshake with cleanup (docs/invariants.md, 9): an execution records its choice
 (create-once, durable), then checks that a publication of the chosen save is still there;
 cleanup removes publications first, then reads every live execution's choices again and spares
 what they name.  One of the two always sees the other.
@@ -51,10 +64,24 @@ KEEP = ".dispatch-keep.json"
 CHOICE_PREFIX = ".dispatch-choice-"
 CHOICE_SUFFIX = ".json"
 REMOVING = ".dispatch-removing"
-OWN_NAMES = frozenset({RECORD, ".dispatch-resume.json", ".dispatch-keep.json", REMOVING})
+PROGRESS = ".dispatch-progress.json"
+STALLED = ".dispatch-stalled.json"
+REQUEUED = ".dispatch-requeued.json"
+OWN_NAMES = frozenset(
+    {RECORD, ".dispatch-resume.json", ".dispatch-keep.json", REMOVING, PROGRESS, STALLED, REQUEUED}
+)
 MANIFEST_SUFFIX = ".dispatch-manifest.json"  # a folder save holds MANIFEST_SUFFIX[1:]
 MANIFEST_NAME = MANIFEST_SUFFIX[1:]
 MANIFEST_FORMAT = 1
+
+
+def mark_requeued(store: Any, attempt: str, save: str) -> None:
+    """Mark execution ``attempt``'s folder in ``store`` (:data:`REQUEUED`, naming ``save``):
+    the requeue that follows is the job's own.  Made once: a second mark changes nothing."""
+    try:
+        store.create_exec_file(attempt, REQUEUED, json.dumps({"save": save}).encode())
+    except FileExistsError:
+        pass
 
 
 def choice_name(relative: str) -> str:
@@ -79,8 +106,9 @@ _OWN_TMP = re.compile(r"\.dispatch(?:-[a-z0-9-]+(?:\.json)?)?\.[0-9]+\.[0-9]+\.t
 
 
 def choice_bytes(relative: str, attempt: str, why: str) -> bytes:
-    return (json.dumps({"save": relative, "attempt": attempt, "why": why}, sort_keys=True)
-            + "\n").encode()
+    return (
+        json.dumps({"save": relative, "attempt": attempt, "why": why}, sort_keys=True) + "\n"
+    ).encode()
 
 
 def load(raw: Optional[bytes]) -> Optional[dict[str, Any]]:

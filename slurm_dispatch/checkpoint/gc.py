@@ -1,7 +1,7 @@
 """Cleanup (``dispatch gc``, ``dispatch watch --keep``, and the framework integrations' own
 limit): remove the saves no execution can need any more, on any store.
 
-What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
+What a save is *needed* for, and so never removed (docs/invariants.md, 9):
 
 1. it is the save of one of the K latest publications (by epoch, then step; K >= 1, so the
    latest's);
@@ -12,7 +12,8 @@ What a save is *needed* for, and so never removed (DESIGN.md invariant 9):
    fallback along the lineage when the latest save cannot be loaded; :mod:`.execdir`);
 3. it is pinned (``dispatch pin``: ``<root>/pins/``), or quarantined (``<root>/quarantine/``,
    :mod:`.quarantine`) while its publication is the latest: a person deciding about it
-   still finds it;
+   still finds it; and then the latest save not quarantined, whatever K, which the next
+   execution resumes from;
 4. the framework of a live execution keeps it as one of its best: the manifests of that
    execution's latest saves (of its source, before it has saved) list them (Lightning's top k
    by each ``ModelCheckpoint``'s monitor, the Trainer's ``best_model_checkpoint``), so an old
@@ -91,7 +92,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from ..errors import BadPublicationName, OutsideRoot, StoreError, UsageError
-from . import execdir, model, quarantine
+from . import execdir, frameworks, model, quarantine
 from .stores.base import GC, StillWritten, check_names
 from .stores.open import EXEC, Store, open_store
 
@@ -115,28 +116,65 @@ def _shared_chars(attempt: str) -> int:
     folder was taken for one never published)."""
     size = len(f"{EXEC}/{attempt}/".encode("utf-8", "surrogateescape"))
     return size // 5 * 8
-# Names a framework gives its saves (checkpoint-N folders of the Trainer, tmp-checkpoint-N
-# while it writes, Lightning's .ckpt files (a .ckpt folder: its sharded save, a DCP one) and
-# its checkpoints/ folder inside an execution's, torchtitan's step-N DCP folders).  A DCP
-# save is its folder, whole: its shards and .metadata are never saves of their own, and
-# cleanup removes the folder or nothing of it.
-_SAVE_NAME = re.compile(r"(?:tmp-)?checkpoint-[0-9]+/?|.*\.ckpt/?|checkpoints/|step-[0-9]+/")
+
+
+# The names cleanup takes for saves, from the saves table (:mod:`.frameworks`): the Trainer's
+# checkpoint-N folders (tmp-checkpoint-N while it writes), Lightning's .ckpt files (a .ckpt
+# folder: its sharded save, a DCP one) and its integration's checkpoints/ folder inside an
+# execution's, torchtitan's step-N DCP folders.  A DCP save is its folder, whole: its shards
+# and .metadata are never saves of their own, and cleanup removes the folder or nothing of it.
+_CLEANUP = frameworks.rows("cleanup")
+_SUFFIXES = tuple(row.suffix for row in _CLEANUP if row.suffix is not None)
+CHECKPOINTS = (
+    next(
+        row.saves_folder
+        for row in _CLEANUP  # the Lightning integration's
+        if row.saves_folder is not None
+    )
+    + "/"
+)  # folder in an execution's
+_SAVE_NAME = re.compile(
+    "|".join(
+        [
+            (f"(?:{re.escape(row.writing)})?" if row.writing else "")
+            + f"{row.folder}{'/' if row.dcp else '/?'}"
+            for row in _CLEANUP
+            if row.folder is not None
+        ]
+        + [f".*{re.escape(suffix)}/?" for suffix in _SUFFIXES]
+        + [re.escape(CHECKPOINTS)]
+    )
+)
 # A folder that is a save only as a DCP one (torchtitan's step-N/, Lightning's sharded .ckpt/)
-_DCP_FOLDER = re.compile(r"step-[0-9]+/|.+\.ckpt/")
-# What torch.distributed.checkpoint's FileSystemWriter writes into a save's folder (the
-# coordinator's .metadata, first as .metadata.tmp; each rank's __<rank>_<n>.distcp; a save
-# without collectives' __<rank>.metadata), with the integrations' manifest and, in a .ckpt
-# folder, Lightning's meta.pt: such a folder holding anything else is a user's own
-# (execution/saverules.py decides the same folder whole for watch, reading it).
-_DCP_FILE = re.compile(r"\.metadata(?:\.tmp)?|__[0-9]+(?:_[0-9]+\.distcp|\.metadata)|"
-                       + re.escape(execdir.MANIFEST_NAME))
-_SHARDED_META = "meta.pt"  # Lightning's sharded .ckpt folder: rank 0 writes it last
+_DCP_FOLDER = re.compile(
+    "|".join(
+        [f"{row.folder}/" for row in _CLEANUP if row.dcp and row.folder is not None]
+        + [f".+{re.escape(suffix)}/" for suffix in _SUFFIXES]
+    )
+)
+# What a DCP save's folder holds (frameworks.DCP_FILES), with the integrations' manifest and,
+# in a folder of a save suffix, the file written after the shards (Lightning's meta.pt):
+# such a folder holding anything else is a user's own (execution/saverules.py decides the
+# same folder whole for watch, reading it).
+_DCP_FILE = re.compile(frameworks.DCP_FILES + "|" + re.escape(execdir.MANIFEST_NAME))
+_SHARDED_META = {
+    row.suffix + "/": row.sharded_meta
+    for row in _CLEANUP
+    if row.suffix is not None and row.sharded_meta is not None
+}
 # A .ckpt file is a save by its name only where watch's rule says so: "step=<N>" in it
-# (Lightning's default epoch=E-step=S.ckpt; saverules' _FILE_STEP); else only with its
-# manifest beside it or a publication naming it (a downloaded pretrained.ckpt is no save).
-_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
-_FOLDER_STEP = re.compile(r"(?:tmp-)?(?:checkpoint|step)-([0-9]+)/")
-CHECKPOINTS = "checkpoints/"  # the Lightning integration's folder in an execution's
+# (Lightning's default epoch=E-step=S.ckpt); else only with its manifest beside it or a
+# publication naming it (a downloaded pretrained.ckpt is no save).
+_FILE_STEPS = frameworks.compiled([row.file for row in _CLEANUP])
+_FOLDER_STEPS = frameworks.compiled([row.folder for row in _CLEANUP])
+# What a folder's name starts with while it is written (the Trainer's tmp-checkpoint-N): the
+# step of the save it becomes
+_WRITING = tuple(sorted({row.writing for row in _CLEANUP if row.writing}))
+
+
+def _file_step(name: str) -> Optional[int]:
+    """The step a save file's name holds (``...step=N...ckpt``), or None."""
+    return frameworks.first_step(name, _FILE_STEPS, search=True)
 
 
 @dataclass
@@ -153,9 +191,14 @@ class Removal:
     others: list[str] = field(default_factory=list)  # of those, what is not named like a save
 
     def as_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path, "publications": len(self.publications),
-                "bytes": self.bytes, "skipped": self.skipped or None,
-                "entries": self.entries}
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "publications": len(self.publications),
+            "bytes": self.bytes,
+            "skipped": self.skipped or None,
+            "entries": self.entries,
+        }
 
 
 @dataclass
@@ -186,8 +229,9 @@ class Folder:
 
     def marked(self, entry: str) -> bool:
         """Whether a killed cleanup unpublished the save ``entry`` to remove the folder."""
-        return self.decided is not None and (self.decided is ALL
-                                             or entry.rstrip("/") in self.decided)
+        return self.decided is not None and (
+            self.decided is ALL or entry.rstrip("/") in self.decided
+        )
 
     def has(self, entry: str) -> bool:
         """Whether ``entry`` (or ``checkpoints/<name>``) is in the folder as listed."""
@@ -196,10 +240,17 @@ class Folder:
         return entry in self.listed
 
     def as_json(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "epoch": self.epoch, "resume_from": self.resume,
-                "chosen": self.chosen, "verdict": self.verdict, "bytes": self.bytes,
-                "job": self.job or None, "ended": self.ended,
-                "problem": self.problem or None}
+        return {
+            "attempt": self.attempt,
+            "epoch": self.epoch,
+            "resume_from": self.resume,
+            "chosen": self.chosen,
+            "verdict": self.verdict,
+            "bytes": self.bytes,
+            "job": self.job or None,
+            "ended": self.ended,
+            "problem": self.problem or None,
+        }
 
 
 @dataclass
@@ -237,20 +288,26 @@ class Report:
         return sum(r.bytes or 0 for r in done)
 
     def as_json(self) -> dict[str, Any]:
-        return {"root": self.root, "keep": self.keep, "dry_run": self.dry_run,
-                "latest": self.latest, "freed": self.freed,
-                "removals": [r.as_json() for r in self.removals],
-                "folders": [f.as_json() for f in self.folders],
-                "kept": [{"path": p, "why": w} for p, w in sorted(self.kept.items())],
-                "left": self.left,
-                "unpublished": [u.as_json() for u in self.unpublished],
-                "finished_intents": self.finished_intents}
+        return {
+            "root": self.root,
+            "keep": self.keep,
+            "dry_run": self.dry_run,
+            "latest": self.latest,
+            "freed": self.freed,
+            "removals": [r.as_json() for r in self.removals],
+            "folders": [f.as_json() for f in self.folders],
+            "kept": [{"path": p, "why": w} for p, w in sorted(self.kept.items())],
+            "left": self.left,
+            "unpublished": [u.as_json() for u in self.unpublished],
+            "finished_intents": self.finished_intents,
+        }
 
 
 def check_keep(keep: int) -> int:
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise UsageError(f"--keep {keep!r} must be at least 1: the latest publication's save "
-                         "always stays")
+        raise UsageError(
+            f"--keep {keep!r} must be at least 1: the latest publication's save always stays"
+        )
     return keep
 
 
@@ -344,8 +401,13 @@ def _read_record(st: Store, attempt: str) -> Folder:
         return Folder(attempt, None, None, problem=f"record unreadable: {exc}")
     resume = _resume_of(st, data)
     job = data.get("job") if isinstance(data, dict) else None
-    return Folder(attempt, epoch, resume, chosen=[resume] if resume else [],
-                  job=job if isinstance(job, str) else "")
+    return Folder(
+        attempt,
+        epoch,
+        resume,
+        chosen=[resume] if resume else [],
+        job=job if isinstance(job, str) else "",
+    )
 
 
 def _relative(st: Store, source: Any) -> Optional[str]:
@@ -353,7 +415,7 @@ def _relative(st: Store, source: Any) -> Optional[str]:
     base = st.locate("")
     if isinstance(source, str) and source.startswith(base):
         try:
-            return model.normalize_relative(source[len(base):].rstrip("/"))
+            return model.normalize_relative(source[len(base) :].rstrip("/"))
         except OutsideRoot:
             return None
     return None
@@ -409,26 +471,37 @@ def _ckpt_file_save(entry: str, folder: Optional[Folder], published: set[str]) -
     """Whether a ``.ckpt`` file is a save: watch's rule (``step=<N>`` in its name), its
     manifest beside it, or a publication naming it (``published``).  ``entry`` is its name in
     the execution folder (``checkpoints/<name>`` inside Lightning's folder)."""
-    return (_FILE_STEP.search(entry) is not None or entry in published
-            or (folder is not None and folder.has(entry + execdir.MANIFEST_SUFFIX)))
+    return (
+        _file_step(entry) is not None
+        or entry in published
+        or (folder is not None and folder.has(entry + execdir.MANIFEST_SUFFIX))
+    )
 
 
-def _is_save_entry(entry: str, published_tops: set[str], folder: Optional[Folder] = None,
-                   published_inner: frozenset[str] = frozenset()) -> bool:
+def _is_save_entry(
+    entry: str,
+    published_tops: set[str],
+    folder: Optional[Folder] = None,
+    published_inner: frozenset[str] = frozenset(),
+) -> bool:
     """Whether a name in an execution folder is a save (or dispatch's): published, a
     manifest, one a framework's rotation names so, or dispatch's own record.  A ``.ckpt``
     file only by :func:`_ckpt_file_save`; a ``step-N/`` or ``.ckpt/`` folder only while it
     holds nothing but a DCP save's files (``not_dcp``).  Lightning's ``checkpoints/`` is one
     only while it holds nothing but such saves (``published_inner``: its published names)."""
     bare = entry.rstrip("/")
-    if entry.endswith(".ckpt"):
+    if entry.endswith(_SUFFIXES):
         return _ckpt_file_save(entry, folder, published_tops)
     if entry == CHECKPOINTS and folder is not None:
         return all(_inner_is_save(e, folder, published_inner) for e in folder.inner)
     if folder is not None and entry in folder.not_dcp:
         return bare in published_tops
-    return (execdir.is_own(bare) or bare in published_tops
-            or bare.endswith(execdir.MANIFEST_SUFFIX) or _SAVE_NAME.fullmatch(entry) is not None)
+    return (
+        execdir.is_own(bare)
+        or bare in published_tops
+        or bare.endswith(execdir.MANIFEST_SUFFIX)
+        or _SAVE_NAME.fullmatch(entry) is not None
+    )
 
 
 def _inner_is_save(name: str, folder: Folder, published_inner: frozenset[str]) -> bool:
@@ -437,19 +510,25 @@ def _inner_is_save(name: str, folder: Folder, published_inner: frozenset[str]) -
     file there is Lightning's (its ``last.ckpt`` too, never published: rewritten in place);
     a ``.ckpt/`` folder only as a DCP save."""
     entry = CHECKPOINTS + name
-    if name.endswith(execdir.MANIFEST_SUFFIX) or name.endswith(".ckpt"):
+    if name.endswith(execdir.MANIFEST_SUFFIX) or name.endswith(_SUFFIXES):
         return True
-    if name.endswith(".ckpt/"):
+    if name.endswith(tuple(_SHARDED_META)):
         return entry not in folder.not_dcp or entry.rstrip("/") in published_inner
     return not name.endswith("/") and _SAVE_NAME.fullmatch(name) is not None
 
 
-def plan(names: list[str], folders: dict[str, Folder], keep: int,
-         decode: Optional[_Names] = None, presorted: bool = False,
-         needed: Optional[dict[str, str]] = None, all_files: bool = False,
-         resolve: Callable[[str], list[str]] = lambda path: [],
-         whole: Optional[Callable[[Folder, str], Optional[str]]] = None,
-         decided: Iterable[str] = ()) -> Plan:
+def plan(
+    names: list[str],
+    folders: dict[str, Folder],
+    keep: int,
+    decode: Optional[_Names] = None,
+    presorted: bool = False,
+    needed: Optional[dict[str, str]] = None,
+    all_files: bool = False,
+    resolve: Callable[[str], list[str]] = lambda path: [],
+    whole: Optional[Callable[[Folder, str], Optional[str]]] = None,
+    decided: Iterable[str] = (),
+) -> Plan:
     """What the rule removes, from the publication names (checked; ``presorted`` when they
     are in order already), the execution folders, and the saves ``needed`` otherwise (pins,
     the framework's bests: path -> why) (pure but for ``resolve``, which reads symlinks, and
@@ -468,10 +547,51 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
         _resolve_all(needed, resolve)
         return Plan(None, [], None, needed=needed)
     latest = ordered[-1]
-    top = ordered[-keep:]
     epoch = int(latest[:20])
-    for n in reversed(top):
+    for n in reversed(ordered[-keep:]):
         needed.setdefault(decode.path(n), "one of the K latest publications names it")
+    protected = _live_folders(folders, epoch, needed)
+    older, live_names, unsure = _group_below(
+        ordered[:-keep],
+        decode,
+        protected,
+        {a for a in protected if folders[a].epoch is None},
+        latest[:20],
+    )
+    unpublished = _whole_unpublished(
+        folders, protected, _published_tails(ordered, decode, protected, decided), whole, needed
+    )
+    _resolve_all(needed, resolve)
+    live = {
+        path: pubs
+        for path, pubs in _by_save(live_names, decode).items()
+        if path.count("/") >= 2 and _needed_by(path, needed) is None
+    }
+    removals: list[Removal] = []
+    left: list[str] = []
+    for attempt in sorted(set(older) | (set(folders) - protected)):
+        _older_removals(
+            attempt,
+            older.get(attempt, []),
+            folders.get(attempt),
+            decode,
+            needed,
+            all_files,
+            removals,
+            left,
+        )
+    # The live lineage's folder stays, and so does all it has not published (a save being
+    # written); what it published below the K latest goes, one save at a time, so that the
+    # disk stays bounded during a long execution too.
+    for path, pubs in sorted(live.items()):
+        removals.append(Removal(SAVE, path, pubs))
+    return Plan(latest, removals, epoch, unsure, needed, left, unpublished)
+
+
+def _live_folders(folders: dict[str, Folder], epoch: int, needed: dict[str, str]) -> set[str]:
+    """The folders that may be the live lineage's (epoch at least the latest publication's,
+    their job not ended) or have no record: they stay.  Each folder's verdict is set, and the
+    saves a live one chose are needed."""
     for each in folders.values():
         if each.epoch is None:
             each.verdict = f"kept: {each.problem}"
@@ -479,18 +599,27 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             each.verdict = "kept: its epoch is at least the latest publication's"
             for chosen in each.chosen:
                 needed.setdefault(chosen, f"execution {each.attempt} chose it")
-    protected = {a for a, each in folders.items()
-                 if each.epoch is None or (each.epoch >= epoch and not each.ended)}
-    recordless = {a for a in protected if folders[a].epoch is None}
-    latest_epoch = latest[:20]  # epochs are 20 digits: text compares as numbers do
-    # One pass over the names: each one's folder (mostly one dictionary look-up); the paths
-    # are decoded only where a save is handled on its own (decoding is the costly part).
-    older: dict[str, list[str]] = {}  # older folder -> its publications below the K latest
-    live_names: list[str] = []  # publications below the K latest in a live folder
+    return {
+        a
+        for a, each in folders.items()
+        if each.epoch is None or (each.epoch >= epoch and not each.ended)
+    }
+
+
+def _group_below(
+    below: list[str], decode: _Names, protected: set[str], recordless: set[str], latest_epoch: str
+) -> tuple[dict[str, list[str]], list[str], list[str]]:
+    """The publications below the K latest by where their saves lie: (older folder -> its
+    publications, those in a live folder, those older than the latest's epoch in a folder
+    with no record).  One pass over the names: each one's folder (mostly one dictionary
+    look-up); the paths are decoded only where a save is handled on its own (decoding is the
+    costly part).  Epochs are 20 digits: text compares as numbers do."""
+    older: dict[str, list[str]] = {}
+    live_names: list[str] = []
     unsure: list[str] = []
     folder_of, heads = decode.folder, decode._heads
     cut = 42 + _HEAD_CHARS
-    for n in ordered[:-keep]:
+    for n in below:
         folder = heads.get(n[42:cut]) if len(n) > cut else None
         if folder is None:
             folder = folder_of(n)
@@ -507,20 +636,27 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
                 older[folder] = [n]
             else:
                 same.append(n)
+    return older, live_names, unsure
 
-    def by_save(group: list[str]) -> dict[str, list[str]]:
-        """Every publication of one save together: names by their path's text."""
-        tails: dict[str, list[str]] = {}
-        for n in group:
-            tails.setdefault(n[42:], []).append(n)
-        return {decode.path(pubs[-1]): pubs for pubs in tails.values()}
 
-    # The saves an older execution never published but that look whole stay.  Which are
-    # published is told by the names' encoded paths (also above the K latest: a save once
-    # named is a save), never by decoding every name (the costly part).
-    # (Every path in a folder shares the whole 5-byte blocks of "exec/<attempt>/", so their
-    # base32 characters, :func:`_shared_chars`: only the rest is compared.)
-    tails: dict[str, set[str]] = {}  # older folder -> its publications' encoded paths
+def _by_save(group: list[str], decode: _Names) -> dict[str, list[str]]:
+    """Every publication of one save together: names by their path's text."""
+    tails: dict[str, list[str]] = {}
+    for n in group:
+        tails.setdefault(n[42:], []).append(n)
+    return {decode.path(pubs[-1]): pubs for pubs in tails.values()}
+
+
+def _published_tails(
+    ordered: list[str], decode: _Names, protected: set[str], decided: Iterable[str]
+) -> dict[str, set[str]]:
+    """Older folder -> the encoded paths of its publications (also above the K latest: a save
+    once named is a save) and of the saves a killed cleanup decided, past the characters
+    every path of the folder shares (:func:`_shared_chars`): which saves are published is
+    told by them, never by decoding every name (the costly part)."""
+    folder_of, heads = decode.folder, decode._heads
+    cut = 42 + _HEAD_CHARS
+    tails: dict[str, set[str]] = {}
     shared: dict[str, int] = {}
     for n in ordered:
         folder = heads.get(n[42:cut]) if len(n) > cut else None
@@ -529,13 +665,26 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             skip = shared.get(folder)
             if skip is None:
                 skip = shared[folder] = _shared_chars(folder)
-            tails.setdefault(folder, set()).add(n[42 + skip:])
+            tails.setdefault(folder, set()).add(n[42 + skip :])
     for path in decided:
         parts = path.split("/")
         if len(parts) >= 3 and parts[0] == EXEC and parts[1] not in protected:
             tails.setdefault(parts[1], set()).add(
-                model.encode_path(path)[_shared_chars(parts[1]):])
-    unpublished: list[tuple[str, str]] = []  # (path, why it looks whole)
+                model.encode_path(path)[_shared_chars(parts[1]) :]
+            )
+    return tails
+
+
+def _whole_unpublished(
+    folders: dict[str, Folder],
+    protected: set[str],
+    tails: dict[str, set[str]],
+    whole: Optional[Callable[[Folder, str], Optional[str]]],
+    needed: dict[str, str],
+) -> list[tuple[str, str]]:
+    """The saves an older execution never published that look whole (``whole``): (path, why
+    it looks whole), each made needed, so it stays with its folder."""
+    unpublished: list[tuple[str, str]] = []
     for attempt in sorted(set(folders) - protected):
         old = folders[attempt]
         where = f"{EXEC}/{attempt}"
@@ -547,68 +696,96 @@ def plan(names: list[str], folders: dict[str, Folder], keep: int,
             if why is not None and _needed_by(path, needed) is None:
                 needed[path] = f"never published, and it looks whole ({why})"
                 unpublished.append((path, why))
-    _resolve_all(needed, resolve)
-    live = {path: pubs for path, pubs in by_save(live_names).items()
-            if path.count("/") >= 2 and _needed_by(path, needed) is None}
-    removals: list[Removal] = []
-    left: list[str] = []
-    for attempt in sorted(set(older) | (set(folders) - protected)):
-        group = older.get(attempt, [])
-        where = f"{EXEC}/{attempt}"
-        f: Optional[Folder] = folders.get(attempt)
-        stays = _needed_by(where, needed)
-        unsure_entries = [] if f is None else [
-            e for e in f.entries if not _is_save_entry(e, set(), f)]
-        saves: dict[str, list[str]] = {}
-        tops: set[str] = set()
-        inner: frozenset[str] = frozenset()
-        if unsure_entries or stays is not None or f is None:
-            saves = by_save(group)
-            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
-            inner = frozenset(p.split("/", 2)[2] for p in saves
-                              if p.startswith(f"{where}/{CHECKPOINTS}"))
-        # (checkpoints/ was looked into: a published save in it does not make it all saves)
-        others = [e for e in unsure_entries if not _is_save_entry(e, tops, f, inner)]
-        if f is not None and stays is None and (all_files or not others):
-            removals.append(Removal(FOLDER, where, sorted(group), entries=sorted(f.entries),
-                                    others=sorted(others)))
-            f.verdict = "removed"
-            continue
-        if not saves:
-            saves = by_save(group)
-            tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
-        if f is not None:
-            if stays is not None:
-                f.verdict = ("kept: it holds a save never published that looks whole"
-                             if stays.startswith("never published") else
-                             "kept: it holds a save that stays")
-            else:
-                f.verdict = ("kept: it holds files that are not saves (" + ", ".join(others[:3])
-                             + (", ..." if len(others) > 3 else "")
-                             + "); `dispatch gc --all-files` removes them too")
-                left.extend(f"{where}/{e}" for e in sorted(others))
-        for path, pubs in sorted(saves.items()):
-            if path == where and others and not all_files:
-                continue  # the folder itself published as a save: its other files stay
-            if _needed_by(path, needed) is None:
-                removals.append(Removal(SAVE, path, pubs))
-        if f is not None:
-            # Saves it never published that do not look whole (cut off while being written)
-            # go too; with --remove-unpublished, whole ones too.
-            for entry in sorted(f.entries):
-                bare = entry.rstrip("/")
-                path = f"{where}/{bare}"
-                if (bare not in tops and not execdir.is_own(bare)
-                        and _SAVE_NAME.fullmatch(entry) and entry != CHECKPOINTS
-                        and entry not in f.not_dcp and _is_save_entry(entry, tops, f)
-                        and _needed_by(path, needed) is None):
-                    removals.append(Removal(SAVE, path, []))
-    # The live lineage's folder stays, and so does all it has not published (a save being
-    # written); what it published below the K latest goes, one save at a time, so that the
-    # disk stays bounded during a long execution too.
-    for path, pubs in sorted(live.items()):
-        removals.append(Removal(SAVE, path, pubs))
-    return Plan(latest, removals, epoch, unsure, needed, left, unpublished)
+    return unpublished
+
+
+def _older_removals(
+    attempt: str,
+    group: list[str],
+    f: Optional[Folder],
+    decode: _Names,
+    needed: dict[str, str],
+    all_files: bool,
+    removals: list[Removal],
+    left: list[str],
+) -> None:
+    """What goes of an older execution's folder (``f``; None: only publications name it),
+    its publications below the K latest being ``group``: the folder whole, when nothing in
+    it is needed and it holds only saves (or ``all_files``); else its saves that are not
+    needed, one at a time, and those it never published that were cut off."""
+    where = f"{EXEC}/{attempt}"
+    stays = _needed_by(where, needed)
+    unsure_entries = [] if f is None else [e for e in f.entries if not _is_save_entry(e, set(), f)]
+    saves: dict[str, list[str]] = {}
+    tops: set[str] = set()
+    inner: frozenset[str] = frozenset()
+    if unsure_entries or stays is not None or f is None:
+        saves = _by_save(group, decode)
+        tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+        inner = frozenset(
+            p.split("/", 2)[2] for p in saves if p.startswith(f"{where}/{CHECKPOINTS}")
+        )
+    # (checkpoints/ was looked into: a published save in it does not make it all saves)
+    others = [e for e in unsure_entries if not _is_save_entry(e, tops, f, inner)]
+    if f is not None and stays is None and (all_files or not others):
+        removals.append(
+            Removal(FOLDER, where, sorted(group), entries=sorted(f.entries), others=sorted(others))
+        )
+        f.verdict = "removed"
+        return
+    if not saves:
+        saves = _by_save(group, decode)
+        tops = {p.split("/")[2] for p in saves if p.count("/") >= 2}
+    if f is not None:
+        _keep_verdict(f, where, stays, others, left)
+    for path, pubs in sorted(saves.items()):
+        if path == where and others and not all_files:
+            continue  # the folder itself published as a save: its other files stay
+        if _needed_by(path, needed) is None:
+            removals.append(Removal(SAVE, path, pubs))
+    if f is not None:
+        removals.extend(_cut_off(f, where, tops, needed))
+
+
+def _keep_verdict(
+    f: Folder, where: str, stays: Optional[str], others: list[str], left: list[str]
+) -> None:
+    """Why an older folder stays: a save in it stays, or it holds files that are not saves
+    (``left`` gets them)."""
+    if stays is not None:
+        f.verdict = (
+            "kept: it holds a save never published that looks whole"
+            if stays.startswith("never published")
+            else "kept: it holds a save that stays"
+        )
+    else:
+        f.verdict = (
+            "kept: it holds files that are not saves ("
+            + ", ".join(others[:3])
+            + (", ..." if len(others) > 3 else "")
+            + "); `dispatch gc --all-files` removes them too"
+        )
+        left.extend(f"{where}/{e}" for e in sorted(others))
+
+
+def _cut_off(f: Folder, where: str, tops: set[str], needed: dict[str, str]) -> list[Removal]:
+    """The saves an older folder that stays never published and that are not needed (those
+    that look whole are, unless --remove-unpublished): cut off while being written."""
+    found = []
+    for entry in sorted(f.entries):
+        bare = entry.rstrip("/")
+        path = f"{where}/{bare}"
+        if (
+            bare not in tops
+            and not execdir.is_own(bare)
+            and _SAVE_NAME.fullmatch(entry)
+            and entry != CHECKPOINTS
+            and entry not in f.not_dcp
+            and _is_save_entry(entry, tops, f)
+            and _needed_by(path, needed) is None
+        ):
+            found.append(Removal(SAVE, path, []))
+    return found
 
 
 def _unpublished_saves(f: Folder, tails: set[str]) -> list[str]:
@@ -619,22 +796,34 @@ def _unpublished_saves(f: Folder, tails: set[str]) -> list[str]:
     with its manifest beside it or ``step=<N>`` in its name (:func:`looks_whole`)."""
     found = []
     for entry in f.entries:
-        if (execdir.is_own(entry.rstrip("/")) or entry == CHECKPOINTS or entry in f.not_dcp
-                or _SAVE_NAME.fullmatch(entry) is None):
+        if (
+            execdir.is_own(entry.rstrip("/"))
+            or entry == CHECKPOINTS
+            or entry in f.not_dcp
+            or _SAVE_NAME.fullmatch(entry) is None
+        ):
             continue
         found.append(entry)
-    found += [CHECKPOINTS + name for name in f.inner
-              if not name.endswith(execdir.MANIFEST_SUFFIX)
-              and _inner_is_save(name, f, frozenset())]
-    found = [e for e in found if e.endswith("/") or _FILE_STEP.search(e)
-             or f.has(e + execdir.MANIFEST_SUFFIX)]
+    found += [
+        CHECKPOINTS + name
+        for name in f.inner
+        if not name.endswith(execdir.MANIFEST_SUFFIX) and _inner_is_save(name, f, frozenset())
+    ]
+    found = [
+        e
+        for e in found
+        if e.endswith("/") or _file_step(e) is not None or f.has(e + execdir.MANIFEST_SUFFIX)
+    ]
     where, skip = f"{EXEC}/{f.attempt}/", _shared_chars(f.attempt)
     encoded = model.encode_paths([where + e.rstrip("/") for e in found])
     return sorted(e for e, rest in zip(found, encoded) if rest[skip:] not in tails)
 
 
-def _mark_ended(folders: dict[str, Folder], latest_epoch: Optional[int],
-                ended: Optional[Callable[[str], frozenset[str]]]) -> None:
+def _mark_ended(
+    folders: dict[str, Folder],
+    latest_epoch: Optional[int],
+    ended: Optional[Callable[[str], frozenset[str]]],
+) -> None:
     """Mark the executions that would be taken for live (epoch at least the latest's) that
     their job's record says ended (``ended``: :func:`collect`)."""
     if ended is None or latest_epoch is None:
@@ -651,16 +840,25 @@ def _mark_ended(folders: dict[str, Folder], latest_epoch: Optional[int],
 def _holds_dcp_only(st: Store, attempt: str, entry: str) -> bool:
     """The folder ``entry`` of an execution's folder holds only what a DCP save holds (and,
     a ``.ckpt/`` one, Lightning's meta.pt)."""
-    sharded = entry.endswith(".ckpt/")
-    return all(_DCP_FILE.fullmatch(n) or (sharded and n == _SHARDED_META)
-               for n in st.list_exec_entries(attempt, entry.rstrip("/")))
+    meta = _sharded_meta(entry)
+    return all(
+        _DCP_FILE.fullmatch(n) or (meta is not None and n == meta)
+        for n in st.list_exec_entries(attempt, entry.rstrip("/"))
+    )
+
+
+def _sharded_meta(entry: str) -> Optional[str]:
+    """The file written after the shards into a DCP folder named as a save file (Lightning's
+    meta.pt in a ``.ckpt/`` folder), or None."""
+    return next((meta for suffix, meta in _SHARDED_META.items() if entry.endswith(suffix)), None)
 
 
 def step_of(path: str) -> Optional[int]:
     """The step a save's name says (``checkpoint-N``, ``step-N``, ``...step=N...ckpt``)."""
     name = path.rsplit("/", 1)[-1]
-    found = _FOLDER_STEP.fullmatch(name + "/") or _FILE_STEP.search(name)
-    return int(found.group(1)) if found else None
+    bare = next((name[len(p) :] for p in _WRITING if name.startswith(p)), name)
+    step = frameworks.first_step(bare, _FOLDER_STEPS)
+    return step if step is not None else _file_step(name)
 
 
 def looks_whole(st: Store, f: Folder, entry: str) -> Optional[str]:
@@ -684,22 +882,27 @@ def looks_whole(st: Store, f: Folder, entry: str) -> Optional[str]:
     if raw is not None:
         data = execdir.load(raw)
         files = data.get("files") if data else None
-        if not isinstance(files, dict) or not all(
-                type(size) is int for size in files.values()):
+        if not isinstance(files, dict) or not all(type(size) is int for size in files.values()):
             return None
         if st.size(where) - len(raw) < sum(files.values()):
             return None
         return "sealed: its manifest is there and every byte it lists"
     if not entry.endswith("/"):  # only a name watch publishes (a last.ckpt never is)
-        return ("a file named as Lightning names a save (step=N), not empty"
-                if _FILE_STEP.search(entry) and st.size(where) > 0 else None)
+        return (
+            "a file named as Lightning names a save (step=N), not empty"
+            if _file_step(entry) is not None and st.size(where) > 0
+            else None
+        )
     inside = set(st.list_exec_entries(f.attempt, bare))
-    if _DCP_FOLDER.fullmatch(entry) or {".metadata", ".metadata.tmp"} & inside:
-        if ".metadata.tmp" in inside or ".metadata" not in inside \
-                or st.size(f"{where}/.metadata") == 0:
+    if _DCP_FOLDER.fullmatch(entry) or {_METADATA, _METADATA_TMP} & inside:
+        if (
+            _METADATA_TMP in inside
+            or _METADATA not in inside
+            or st.size(f"{where}/{_METADATA}") == 0
+        ):
             return None
-        if entry.endswith(".ckpt/") and (_SHARDED_META not in inside
-                                         or st.size(f"{where}/{_SHARDED_META}") == 0):
+        meta = _sharded_meta(entry)
+        if meta is not None and (meta not in inside or st.size(f"{where}/{meta}") == 0):
             return None
         return "a DCP save whose .metadata is in place"
     if execdir.load(st.read_exec_file(f.attempt, f"{bare}/{READY}")) is None:
@@ -707,7 +910,8 @@ def looks_whole(st: Store, f: Folder, entry: str) -> Optional[str]:
     return f"its {READY} is whole"
 
 
-READY = "trainer_state.json"  # the Trainer writes it last into checkpoint-N/ (watch's default)
+READY = frameworks.TRAINER.ready  # the Trainer writes it last into checkpoint-N/ (watch's default)
+_METADATA, _METADATA_TMP = frameworks.DCP_METADATA, frameworks.DCP_METADATA_TMP
 
 
 def _resolve_all(needed: dict[str, str], resolve: Callable[[str], list[str]]) -> None:
@@ -722,8 +926,9 @@ def _resolve_all(needed: dict[str, str], resolve: Callable[[str], list[str]]) ->
                 todo.append((target, needed[target]))
 
 
-def _folders(st: Store, attempts: Optional[list[str]] = None,
-             listed: Optional[dict[str, list[str]]] = None) -> dict[str, Folder]:
+def _folders(
+    st: Store, attempts: Optional[list[str]] = None, listed: Optional[dict[str, list[str]]] = None
+) -> dict[str, Folder]:
     """The execution folders (all, or those of ``attempts``) with their records and names
     (``listed``: :meth:`Store.exec_entries`, read now when not given).  A folder that holds
     nothing (an S3 listing may still name one whose objects are all gone) is not there."""
@@ -733,18 +938,25 @@ def _folders(st: Store, attempts: Optional[list[str]] = None,
         entries = listed.get(attempt)
         if not entries:
             continue
-        out[attempt] = (read_folder(st, attempt, entries) if RECORD in entries
-                        else Folder(attempt, None, None, problem="no record", entries=entries))
+        out[attempt] = (
+            read_folder(st, attempt, entries)
+            if RECORD in entries
+            else Folder(attempt, None, None, problem="no record", entries=entries)
+        )
     return out
 
 
-def default_keep(st: Store, attempts: Iterable[str],
-                 folders: Optional[dict[str, Folder]] = None) -> int:
+def default_keep(
+    st: Store, attempts: Iterable[str], folders: Optional[dict[str, Folder]] = None
+) -> int:
     """The greatest rotation limit the integrations recorded in any execution's folder."""
     found = []
     for attempt in attempts:
-        if folders is not None and attempt in folders and \
-                KEEP_RECORD not in folders[attempt].entries:
+        if (
+            folders is not None
+            and attempt in folders
+            and KEEP_RECORD not in folders[attempt].entries
+        ):
             continue
         raw = st.read_exec_file(attempt, KEEP_RECORD)
         if execdir.keeps_every(raw):
@@ -753,8 +965,10 @@ def default_keep(st: Store, attempts: Iterable[str],
         if value is not None:
             found.append(value)
     if not found:
-        raise UsageError("--keep K is required: no execution recorded its framework's "
-                         f"rotation limit ({KEEP_RECORD})")
+        raise UsageError(
+            "--keep K is required: no execution recorded its framework's "
+            f"rotation limit ({KEEP_RECORD})"
+        )
     return max(found)
 
 
@@ -777,16 +991,20 @@ def pinned(st: Store) -> dict[str, str]:
     return out
 
 
-def bests(st: Store, names: list[str], folders: dict[str, Folder],
-          decode: _Names) -> dict[str, str]:
+def bests(
+    st: Store, names: list[str], folders: dict[str, Folder], decode: _Names
+) -> dict[str, str]:
     """The saves the framework of each live execution (its epoch at least the latest
     publication's) keeps as its best: what the manifest of its latest save lists, or, before
     it has published, the manifest of the save it chose to resume from."""
     if not names:
         return {}
     latest_epoch = int(names[-1][:20])
-    live = {a for a, f in folders.items()
-            if f.epoch is not None and f.epoch >= latest_epoch and not f.ended}
+    live = {
+        a
+        for a, f in folders.items()
+        if f.epoch is not None and f.epoch >= latest_epoch and not f.ended
+    }
     # live attempt -> (epoch and step of its latest publications, their saves): several
     # saves of one step (two checkpoint callbacks) are made in an order no name tells.
     newest: dict[str, tuple[str, list[str]]] = {}
@@ -808,8 +1026,10 @@ def bests(st: Store, names: list[str], folders: dict[str, Folder],
         for source in sources:
             for best in execdir.bests_of(_manifest_at(st, source)):
                 try:
-                    out.setdefault(model.normalize_relative(best),
-                                   f"the framework of execution {attempt} keeps it as best")
+                    out.setdefault(
+                        model.normalize_relative(best),
+                        f"the framework of execution {attempt} keeps it as best",
+                    )
                 except OutsideRoot:
                     continue
     return out
@@ -837,8 +1057,7 @@ def _manifest(st: Store, attempt: str, inside: str) -> Optional[bytes]:
 LAG_ENV = "DISPATCH_LISTING_LAG"
 
 
-def listing_lag(value: Optional[float] = None,
-                environ: Optional[dict[str, str]] = None) -> float:
+def listing_lag(value: Optional[float] = None, environ: Optional[dict[str, str]] = None) -> float:
     """Seconds a node's view of the root's listings may lag: ``value``, else
     ``$DISPATCH_LISTING_LAG``, else ``ListingLag`` in dispatch.conf (default 60)."""
     if value is not None:
@@ -857,14 +1076,22 @@ def listing_lag(value: Optional[float] = None,
     return float(config.load(environ=env).listing_lag)
 
 
-def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: bool = False,
-            timeout: Optional[float] = None, store: Optional[Store] = None,
-            all_files: bool = False, lag: Optional[float] = None,
-            remove_unpublished: bool = False,
-            ended: Optional[Callable[[str], frozenset[str]]] = None,
-            say: Callable[[str], None] = lambda line: None,
-            wait: Callable[[float], None] = time.sleep,
-            pause: Callable[[str], None] = lambda where: None) -> Report:
+def collect(
+    root: str,
+    keep: Optional[int],
+    *,
+    dry_run: bool = False,
+    sizes: bool = False,
+    timeout: Optional[float] = None,
+    store: Optional[Store] = None,
+    all_files: bool = False,
+    lag: Optional[float] = None,
+    remove_unpublished: bool = False,
+    ended: Optional[Callable[[str], frozenset[str]]] = None,
+    say: Callable[[str], None] = lambda line: None,
+    wait: Callable[[float], None] = time.sleep,
+    pause: Callable[[str], None] = lambda where: None,
+) -> Report:
     """Apply the rule to ``root`` (or only say what it would remove, with ``dry_run``).
 
     ``lag``: how stale another node's view of the listings may be (:func:`listing_lag`);
@@ -888,59 +1115,36 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     names = st.publication_names()
     names.sort()
     decode = _Names()
-    latest_epoch = int(names[-1][:20]) if names else None
-    _mark_ended(folders, latest_epoch, ended)
-    for f in folders.values():
-        if f.epoch is not None and (latest_epoch is None or f.epoch >= latest_epoch) \
-                and not f.ended:
-            read_choices(st, f, f.entries)
-    older = [f for f in folders.values() if f.epoch is not None and latest_epoch is not None
-             and (f.epoch < latest_epoch or f.ended)]
-    for f in older:
-        if CHECKPOINTS in f.entries:
-            f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
-        if execdir.REMOVING in f.entries:
-            f.decided = read_mark(st.read_exec_file(f.attempt, execdir.REMOVING))
-    for f in older:
-        # A step-N/ or .ckpt/ folder is a save (torchtitan's, Lightning's sharded one: DCP)
-        # only while it holds nothing but a DCP save's files: a user's own analysis.ckpt/
-        # stays, and so does the folder around it.
-        f.not_dcp = {e for e in [*f.entries, *(CHECKPOINTS + n for n in f.inner)]
-                     if _DCP_FOLDER.fullmatch(e) and e != CHECKPOINTS
-                     and not _holds_dcp_only(st, f.attempt, e)}
-    needed = pinned(st)
-    newest = decode.path(names[-1]) if names else None
-    if newest is not None and newest in quarantine.quarantined(st):
-        needed.setdefault(newest, "quarantined, the latest publication (dispatch "
-                                  "unquarantine lifts it)")
-    for path, why in bests(st, names, folders, decode).items():
-        needed.setdefault(path, why)
-    found = plan(names, folders, keep, decode, presorted=True, needed=needed,
-                 all_files=all_files, resolve=st.resolve,
-                 whole=None if remove_unpublished else lambda f, e: looks_whole(st, f, e),
-                 decided=[decode.path(n) for n in intents])
+    _read_folders(st, folders, int(names[-1][:20]) if names else None, ended)
+    needed = _needed_first(st, names, folders, decode)
+    found = plan(
+        names,
+        folders,
+        keep,
+        decode,
+        presorted=True,
+        needed=needed,
+        all_files=all_files,
+        resolve=st.resolve,
+        whole=None if remove_unpublished else lambda f, e: looks_whole(st, f, e),
+        decided=[decode.path(n) for n in intents],
+    )
     present = set(names)
-    # A removal a killed cleanup decided (its publication is gone already) is finished,
-    # whatever K this run was given, unless the save has become needed since.
-    held: list[str] = []
-    planned = {r.path for r in found.removals}
-    for n in sorted(set(intents) - present):
-        path = decode.path(n)
-        if _needed_by(path, found.needed) is not None:
-            held.append(n)
-        elif path not in planned and "/".join(path.split("/")[:2]) not in planned:
-            found.removals.append(Removal(SAVE, path, [n]))
-            planned.add(path)
-    for n in found.unsure:
-        path = decode.path(n)
-        if _needed_by(path, found.needed) is None and not st.exists(path):
-            found.removals.append(Removal(PUBLICATION, path, [n], 0))
-    report = Report(root, keep, dry_run, found.latest, found.removals,
-                    sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)),
-                    kept=found.needed, left=found.left,
-                    unpublished=[Unpublished(path, folders[path.split("/")[1]].epoch,
-                                             step_of(path), why)
-                                 for path, why in found.unpublished])
+    held = _finish_decided(st, found, intents, present, decode)
+    report = Report(
+        root,
+        keep,
+        dry_run,
+        found.latest,
+        found.removals,
+        sorted(folders.values(), key=lambda f: (f.epoch or 0, f.attempt)),
+        kept=found.needed,
+        left=found.left,
+        unpublished=[
+            Unpublished(path, folders[path.split("/")[1]].epoch, step_of(path), why)
+            for path, why in found.unpublished
+        ],
+    )
     if sizes:
         for f in report.folders:
             f.bytes = st.size(f"{EXEC}/{f.attempt}")
@@ -954,46 +1158,21 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     singles = sorted({n for r in found.removals if r.kind == SAVE for n in r.publications})
     if singles:
         st.create_intents([n for n in singles if n not in intents])
-    for r in found.removals:
-        if r.kind == FOLDER and execdir.REMOVING not in r.entries:
-            # The saves it unpublishes now are not saves it never published; one it never
-            # published (cut off at the plan, or written since) is not among them.
-            try:
-                st.create_exec_file(r.path.split("/")[1], execdir.REMOVING,
-                                    mark_of(_inside(r.path, decode.path(n))
-                                            for n in r.publications))
-            except FileExistsError:
-                pass
+    _mark_folders(st, found, decode)
     pause("intents")
-    st.delete_publications(sorted({n for r in found.removals for n in r.publications
-                                   if n in present}))
+    st.delete_publications(
+        sorted({n for r in found.removals for n in r.publications if n in present})
+    )
     pause("unpublished")
     seconds = 2 * listing_lag(lag)
     if seconds > 0 and any(not r.skipped for r in found.removals):
-        say(f"waiting {seconds:g} s (twice ListingLag) for every node's view of pub/ to show "
-            "the removed publications before reading the executions' choices again")
+        say(
+            f"waiting {seconds:g} s (twice ListingLag) for every node's view of pub/ to show "
+            "the removed publications before reading the executions' choices again"
+        )
         wait(seconds)
     _spare_new_sources(st, folders, found, report)
-    for r in found.removals:
-        if r.skipped:
-            continue
-        if r.kind == FOLDER:
-            late = None if remove_unpublished else _written_since(
-                st, folders[r.path.split("/")[1]],
-                {_inside(r.path, decode.path(n)) for n in r.publications})
-            if late is not None:
-                r.skipped = (f"{late}, never published, was written whole while cleanup ran: "
-                             "the folder stays for the next cleanup to judge")
-                continue
-            try:
-                r.bytes = st.remove_exec(r.path.split("/")[1], RECORD, execdir.REMOVING)
-            except StillWritten as exc:
-                # An old execution still running writes into its folder: nothing of it is
-                # published any more (its publications went first); the rest goes next time.
-                r.skipped = str(exc)
-        elif r.kind == SAVE:
-            r.bytes = st.remove_save(r.path)
-        pause("removed")
+    _remove(st, found, folders, decode, remove_unpublished, pause)
     # An intent is forgotten once its save is gone; one whose save was spared (a starting
     # execution chose it) stays, and the next run decides again.
     spared = {n for r in found.removals if r.skipped for n in r.publications}
@@ -1004,9 +1183,156 @@ def collect(root: str, keep: Optional[int], *, dry_run: bool = False, sizes: boo
     return report
 
 
+def _read_folders(
+    st: Store,
+    folders: dict[str, Folder],
+    latest_epoch: Optional[int],
+    ended: Optional[Callable[[str], frozenset[str]]],
+) -> None:
+    """What the plan needs of each folder besides its record: whether its job ended, the
+    choices of those that may be live; of the older ones, the names in their
+    ``checkpoints/``, a killed cleanup's mark, and which of their DCP-named folders hold
+    something else."""
+    _mark_ended(folders, latest_epoch, ended)
+    for f in folders.values():
+        if (
+            f.epoch is not None
+            and (latest_epoch is None or f.epoch >= latest_epoch)
+            and not f.ended
+        ):
+            read_choices(st, f, f.entries)
+    older = [
+        f
+        for f in folders.values()
+        if f.epoch is not None and latest_epoch is not None and (f.epoch < latest_epoch or f.ended)
+    ]
+    for f in older:
+        if CHECKPOINTS in f.entries:
+            f.inner = st.list_exec_entries(f.attempt, CHECKPOINTS.rstrip("/"))
+        if execdir.REMOVING in f.entries:
+            f.decided = read_mark(st.read_exec_file(f.attempt, execdir.REMOVING))
+    for f in older:
+        # A step-N/ or .ckpt/ folder is a save (torchtitan's, Lightning's sharded one: DCP)
+        # only while it holds nothing but a DCP save's files: a user's own analysis.ckpt/
+        # stays, and so does the folder around it.
+        f.not_dcp = {
+            e
+            for e in [*f.entries, *(CHECKPOINTS + n for n in f.inner)]
+            if _DCP_FOLDER.fullmatch(e)
+            and e != CHECKPOINTS
+            and not _holds_dcp_only(st, f.attempt, e)
+        }
+
+
+def _needed_first(
+    st: Store, names: list[str], folders: dict[str, Folder], decode: _Names
+) -> dict[str, str]:
+    """The saves needed before the plan: pinned ones, a quarantined latest and the save the
+    next execution resumes from below it, and the live executions' frameworks' bests."""
+    needed = pinned(st)
+    newest = decode.path(names[-1]) if names else None
+    marked = quarantine.quarantined(st) if names else set()
+    if newest is not None and newest in marked:
+        needed.setdefault(
+            newest, "quarantined, the latest publication (dispatch unquarantine lifts it)"
+        )
+        # The save the next execution resumes from (quarantine.choose), whatever K: the
+        # quarantined latest is one of the K latest, and the fallback below it must stay.
+        below = next(
+            (decode.path(n) for n in reversed(names) if decode.path(n) not in marked), None
+        )
+        if below is not None:
+            needed.setdefault(
+                below, "the latest publication not quarantined: the next execution resumes from it"
+            )
+    for path, why in bests(st, names, folders, decode).items():
+        needed.setdefault(path, why)
+    return needed
+
+
+def _finish_decided(
+    st: Store, found: Plan, intents: list[str], present: set[str], decode: _Names
+) -> list[str]:
+    """A removal a killed cleanup decided (its publication is gone already) is finished,
+    whatever K this run was given, unless the save has become needed since (those intents
+    are returned: held); and an older publication into a folder with no record goes where
+    its save is gone already."""
+    held: list[str] = []
+    planned = {r.path for r in found.removals}
+    for n in sorted(set(intents) - present):
+        path = decode.path(n)
+        if _needed_by(path, found.needed) is not None:
+            held.append(n)
+        elif path not in planned and "/".join(path.split("/")[:2]) not in planned:
+            found.removals.append(Removal(SAVE, path, [n]))
+            planned.add(path)
+    for n in found.unsure:
+        path = decode.path(n)
+        if _needed_by(path, found.needed) is None and not st.exists(path):
+            found.removals.append(Removal(PUBLICATION, path, [n], 0))
+    return held
+
+
+def _mark_folders(st: Store, found: Plan, decode: _Names) -> None:
+    """Mark each folder removed whole (``.dispatch-removing``) with the saves whose
+    publications it removes now: those are not saves it never published, and one it never
+    published (cut off at the plan, or written since) is not among them."""
+    for r in found.removals:
+        if r.kind == FOLDER and execdir.REMOVING not in r.entries:
+            try:
+                st.create_exec_file(
+                    r.path.split("/")[1],
+                    execdir.REMOVING,
+                    mark_of(_inside(r.path, decode.path(n)) for n in r.publications),
+                )
+            except FileExistsError:
+                pass
+
+
+def _remove(
+    st: Store,
+    found: Plan,
+    folders: dict[str, Folder],
+    decode: _Names,
+    remove_unpublished: bool,
+    pause: Callable[[str], None],
+) -> None:
+    """Remove what the plan says and was not spared: a folder whole (unless a save it never
+    published was written whole since the plan, or an old execution still writes into it),
+    a save on its own."""
+    for r in found.removals:
+        if r.skipped:
+            continue
+        if r.kind == FOLDER:
+            late = (
+                None
+                if remove_unpublished
+                else _written_since(
+                    st,
+                    folders[r.path.split("/")[1]],
+                    {_inside(r.path, decode.path(n)) for n in r.publications},
+                )
+            )
+            if late is not None:
+                r.skipped = (
+                    f"{late}, never published, was written whole while cleanup ran: "
+                    "the folder stays for the next cleanup to judge"
+                )
+                continue
+            try:
+                r.bytes = st.remove_exec(r.path.split("/")[1], RECORD, execdir.REMOVING)
+            except StillWritten as exc:
+                # An old execution still running writes into its folder: nothing of it is
+                # published any more (its publications went first); the rest goes next time.
+                r.skipped = str(exc)
+        elif r.kind == SAVE:
+            r.bytes = st.remove_save(r.path)
+        pause("removed")
+
+
 def _inside(folder: str, path: str) -> str:
     """``path`` (relative to the root) relative to the folder ``folder`` holding it."""
-    return path[len(folder) + 1:] if path.startswith(folder + "/") else path
+    return path[len(folder) + 1 :] if path.startswith(folder + "/") else path
 
 
 def _written_since(st: Store, f: Folder, published: set[str]) -> Optional[str]:
@@ -1026,8 +1352,7 @@ def _written_since(st: Store, f: Folder, published: set[str]) -> Optional[str]:
     return None
 
 
-def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
-                       report: Report) -> None:
+def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan, report: Report) -> None:
     """After the publications are gone, read again what every execution that may be live
     has chosen (and the records cleanup had not seen): an execution that started, or chose
     a fallback, meanwhile keeps the save it chose."""
@@ -1053,56 +1378,53 @@ def _spare_new_sources(st: Store, folders: dict[str, Folder], found: Plan,
     for r in found.removals:
         because = _needed_by(r.path, spared)
         if because is not None:
-            r.skipped = (f"a starting execution resumes from it ({because} while cleanup ran)"
-                         if "chose it" in because else f"{because} while cleanup ran")
-
-
-def save_under(st: Store, path: str) -> str:
-    """The save at ``path`` (a path or an ``s3://`` URL) relative to the store's root."""
-    relative = getattr(st, "relative", None)
-    if relative is not None:
-        return str(relative(path))
-    try:
-        return model.relative_inside(os.path.abspath(st.root), os.path.abspath(path))
-    except OutsideRoot:
-        raise UsageError(f"{path!r} is not inside the checkpoint root {st.root!r}") from None
+            r.skipped = (
+                f"a starting execution resumes from it ({because} while cleanup ran)"
+                if "chose it" in because
+                else f"{because} while cleanup ran"
+            )
 
 
 def pin(root: str, path: str, timeout: Optional[float] = None) -> bool:
     """Pin the published save at ``path``: no cleanup removes it until it is unpinned.
     Returns False when it was pinned already."""
     st = open_store(root, timeout)
-    relative = save_under(st, path)
+    relative = quarantine.save_under(st, path)
     names = st.publication_names()
     decode = _Names()
     mine = [n for n in names if decode.path(n) == relative]
     if not mine:
-        raise UsageError(f"{path!r} is not a published save of {root!r}: only a save some "
-                         "publication names can be pinned, spelled as `dispatch list` "
-                         "shows it")
+        raise UsageError(
+            f"{path!r} is not a published save of {root!r}: only a save some "
+            "publication names can be pinned, spelled as `dispatch list` "
+            "shows it"
+        )
     made = st.create_pin(pin_entry(relative))
     # The handshake with a cleanup running now: it re-reads pins/ after removing
     # publications, so a pin made while one is still there is seen; one made after is not.
     if not any(st.has_publication(n) for n in mine):
         if made:
             st.delete_pin(pin_entry(relative))
-        raise StoreError(f"{path!r} was being removed by a cleanup (dispatch gc) while it "
-                         "was pinned; it is not pinned")
+        raise StoreError(
+            f"{path!r} was being removed by a cleanup (dispatch gc) while it "
+            "was pinned; it is not pinned"
+        )
     return made
 
 
 def unpin(root: str, path: str, timeout: Optional[float] = None) -> bool:
     """Unpin the save at ``path``; False when it was not pinned."""
     st = open_store(root, timeout)
-    return st.delete_pin(pin_entry(save_under(st, path)))
+    return st.delete_pin(pin_entry(quarantine.save_under(st, path)))
 
 
 _RUNNING: dict[str, threading.Thread] = {}
 _AGAIN: set[str] = set()
 
 
-def collect_in_background(root: str, keep: int,
-                          say: Callable[[str], None] = lambda line: None) -> None:
+def collect_in_background(
+    root: str, keep: int, say: Callable[[str], None] = lambda line: None
+) -> None:
     """Run :func:`collect` for ``root`` beside the caller (a job's training or watch loop), one
     run at a time per root; a request while one runs makes one more run after it.  With no
     listing lag there is nothing to wait for, and it runs at once in the caller.  A failure is

@@ -54,27 +54,31 @@ class Epoch:
     restart: int
 
     def __post_init__(self) -> None:
-        for label, value in (("generation", self.generation), ("submission", self.submission),
-                             ("restart", self.restart)):
+        for label, value in (
+            ("generation", self.generation),
+            ("submission", self.submission),
+            ("restart", self.restart),
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise OutOfBounds(f"{label} {value!r} is not an integer")
         if self.generation < 0:
             raise OutOfBounds(f"generation {self.generation} is negative; it must be >= 0")
         if not 1 <= self.submission <= MAX_SUBMISSION:
-            raise OutOfBounds(
-                f"submission {self.submission} is outside 1..{MAX_SUBMISSION:,}")
+            raise OutOfBounds(f"submission {self.submission} is outside 1..{MAX_SUBMISSION:,}")
         if not 0 <= self.restart <= MAX_RESTART:
             raise OutOfBounds(f"restart {self.restart} is outside 0..{MAX_RESTART:,}")
         if self.value >= EPOCH_LIMIT:
             raise OutOfBounds(
                 f"generation {self.generation} makes the epoch {self.value}, "
                 "which does not fit 20 digits "
-                f"(generation must be < {EPOCH_LIMIT // GENERATION_FACTOR:,})")
+                f"(generation must be < {EPOCH_LIMIT // GENERATION_FACTOR:,})"
+            )
 
     @property
     def value(self) -> int:
-        return (self.generation * GENERATION_FACTOR + self.submission * SUBMISSION_FACTOR
-                + self.restart)
+        return (
+            self.generation * GENERATION_FACTOR + self.submission * SUBMISSION_FACTOR + self.restart
+        )
 
     def __int__(self) -> int:
         return self.value
@@ -95,8 +99,11 @@ class Epoch:
 def check_epoch_value(value: int) -> int:
     """Return ``value`` if it is an epoch some (G, N, R) produces, else refuse it."""
     # The fast path of publish; Epoch.from_value says precisely what is wrong otherwise.
-    if (type(value) is int and 0 <= value < EPOCH_LIMIT
-            and 1 <= value % GENERATION_FACTOR // SUBMISSION_FACTOR <= MAX_SUBMISSION):
+    if (
+        type(value) is int
+        and 0 <= value < EPOCH_LIMIT
+        and 1 <= value % GENERATION_FACTOR // SUBMISSION_FACTOR <= MAX_SUBMISSION
+    ):
         return value
     return Epoch.from_value(value).value
 
@@ -154,7 +161,7 @@ def encode_paths(relatives: list[str]) -> list[str]:
     text = base64.b32encode(b"".join(r + b"\0" * (-len(r) % 5) for r in raws)).decode("ascii")
     out, at = [], 0
     for raw in raws:
-        out.append(text[at:at + (len(raw) * 8 + 4) // 5])
+        out.append(text[at : at + (len(raw) * 8 + 4) // 5])
         at += (len(raw) + 4) // 5 * 8
     return out
 
@@ -175,7 +182,8 @@ def decode_path(encoded: str, *, name: str | None = None) -> str:
         raise BadPublicationName(f"publication {label!r}: {exc}") from None
     if relative != text:
         raise BadPublicationName(
-            f"publication {label!r}: path {text!r} is not in normal form (expected {relative!r})")
+            f"publication {label!r}: path {text!r} is not in normal form (expected {relative!r})"
+        )
     return text
 
 
@@ -216,7 +224,8 @@ def _format_normal(epoch: int, step: int, relative: str) -> str:
         raise OutOfBounds(
             f"path {relative!r} is too long for a publication name "
             f"({len(name)} characters, the limit is {NAME_MAX}); "
-            f"paths up to {(NAME_MAX - 42) * 5 // 8} bytes fit")
+            f"paths up to {(NAME_MAX - 42) * 5 // 8} bytes fit"
+        )
     return name
 
 
@@ -230,7 +239,8 @@ def parse_name(name: str) -> Publication:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise BadPublicationName(
             f"{name!r} in pub/ is not a publication name "
-            "(expected <epoch, 20 digits>-<step, 20 digits>-<base32 path>)")
+            "(expected <epoch, 20 digits>-<step, 20 digits>-<base32 path>)"
+        )
     epoch = int(name[:20])
     try:
         check_epoch_value(epoch)
@@ -253,4 +263,4 @@ def relative_inside(root: str, path: str) -> str:
     path_abs = os.path.normpath(path)
     if path_abs == root_abs or not path_abs.startswith(root_abs.rstrip("/") + "/"):
         raise OutsideRoot(f"path {path!r} is not inside the checkpoint root {root!r}")
-    return normalize_relative(path_abs[len(root_abs.rstrip("/")) + 1:])
+    return normalize_relative(path_abs[len(root_abs.rstrip("/")) + 1 :])

@@ -23,13 +23,21 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import re
 from typing import Iterable, Optional
 
-_SAVE_INDEX = re.compile(r"checkpoint_([0-9]+)")  # accelerate's automatic naming
-_TORCHTITAN = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager
+from . import frameworks
 
-TORCHTITAN_RESTORE = "--checkpoint.no-initial-load-model-only"
+# Save folders whose number is a save index (accelerate's automatic naming), from the saves
+# table; and each framework's save folders with what makes it restore its step, where known.
+_SAVE_INDEX = frameworks.compiled([row.folder for row in frameworks.TABLE if row.index])
+_RESTORE = tuple(
+    (pattern, row.restore)
+    for row in frameworks.TABLE
+    if row.restore
+    for pattern in frameworks.compiled([row.folder])
+)
+
+TORCHTITAN_RESTORE = frameworks.TORCHTITAN_RESTORE
 
 
 def _base(path: str) -> str:
@@ -39,53 +47,62 @@ def _base(path: str) -> str:
 def step_known(path: str) -> bool:
     """False when the publication of the save at ``path`` carries a save index, not a step
     (accelerate's ``checkpoint_<i>``)."""
-    return _SAVE_INDEX.fullmatch(_base(path)) is None
+    return frameworks.first_step(_base(path), _SAVE_INDEX) is None
 
 
 def restoring(path: str) -> str:
     """What makes the framework that wrote the save at ``path`` resume its step, in words."""
-    if _TORCHTITAN.fullmatch(_base(path)):
-        return (f"torchtitan loads the model only by default: give {TORCHTITAN_RESTORE} "
-                "(with --checkpoint.initial-load-path \"$DISPATCH_RESUME_FROM\")")
+    for pattern, restore in _RESTORE:
+        if pattern.fullmatch(_base(path)):
+            return restore
     return "make the trainer restore its step (and optimizer) from the save it loads"
 
 
-def went_backwards(resumed_path: str, resumed_step: Optional[int],
-                   published: Iterable[tuple[str, int]]) -> Optional[str]:
+def went_backwards(
+    resumed_path: str, resumed_step: Optional[int], published: Iterable[tuple[str, int]]
+) -> Optional[str]:
     """A sentence when a publication of ``published`` ((path, step) of one execution's) is at
     or below ``resumed_step``, the step of the save it resumed from; None when none is, when
     the execution resumed from nothing, or when either side's step is a save index (not
     known)."""
     if resumed_step is None or not step_known(resumed_path):
         return None
-    back = [(path, step) for path, step in published if step_known(path)
-            and step <= resumed_step]
+    back = [(path, step) for path, step in published if step_known(path) and step <= resumed_step]
     if not back:
         return None
     path, step = min(back, key=lambda found: found[1])
-    return (f"step {step} ({path}) is at or below step {resumed_step} of the save this "
-            f"execution resumed from ({resumed_path}): the trainer started counting again, "
-            f"so its saves outrank the further-along one; {restoring(path)}")
+    return (
+        f"step {step} ({path}) is at or below step {resumed_step} of the save this "
+        f"execution resumed from ({resumed_path}): the trainer started counting again, "
+        f"so its saves outrank the further-along one; {restoring(path)}"
+    )
 
 
 def index_note(path: str) -> Optional[str]:
     """For a save named by a save index: what its step is, in words; else None."""
     if step_known(path):
         return None
-    return (f"{_base(path)} is accelerate's save index (0, 1, 2 again in every execution), "
-            "not a training step: the step is not known and is not compared across "
-            "executions")
+    return (
+        f"{_base(path)} is accelerate's save index (0, 1, 2 again in every execution), "
+        "not a training step: the step is not known and is not compared across "
+        "executions"
+    )
 
 
-def went_on(resumed_step: Optional[int], resumed_path: str,
-            published: Iterable[tuple[str, int]]) -> bool:
+def went_on(
+    resumed_step: Optional[int], resumed_path: str, published: Iterable[tuple[str, int]]
+) -> bool:
     """Whether an execution made progress: one of its publications (``published``: (path,
     step) of its own) is past the save it resumed from.  Past means a greater step; any
     publication counts where it resumed from nothing (``resumed_step`` None: a fresh start, or
     a save no longer published) or where a step is a save index (not comparable).  An
     execution that published nothing made none (``dispatch supervise``'s --max-no-progress)."""
     for path, step in published:
-        if resumed_step is None or not step_known(path) or not step_known(resumed_path) \
-                or step > resumed_step:
+        if (
+            resumed_step is None
+            or not step_known(path)
+            or not step_known(resumed_path)
+            or step > resumed_step
+        ):
             return True
     return False

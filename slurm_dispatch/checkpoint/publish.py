@@ -15,25 +15,42 @@ since a name is one save's (epoch, step, path) and a publication holds nothing e
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import AlreadyPublished
 from . import model
-from .stores.open import EXEC, PUB, Found, is_s3_root, open_store, store_timeout
+from .stores.open import EXEC, PUB, Found, is_remote_root, open_store, scheme_of, store_timeout
 
-__all__ = ["EXEC", "PUB", "Found", "publish", "publish_done", "publication_name", "latest",
-           "list_publications", "is_s3_root", "open_store", "store_timeout"]
+__all__ = [
+    "EXEC",
+    "PUB",
+    "Found",
+    "publish",
+    "publish_done",
+    "publication_name",
+    "latest",
+    "list_publications",
+    "is_remote_root",
+    "scheme_of",
+    "open_store",
+    "store_timeout",
+]
 
 
-def publish(root: str, epoch: int, step: int, path: str, *,
-            timeout: Optional[float] = None) -> str:
+def publish(root: str, epoch: int, step: int, path: str, *, timeout: Optional[float] = None) -> str:
     """Publish the save at ``path`` (inside ``root``); return the publication's name."""
     return open_store(root, timeout).publish(epoch, step, path)
 
 
-def publish_done(root: str, epoch: int, step: int, path: str, *,
-                 timeout: Optional[float] = None,
-                 said: Optional[Callable[[str], None]] = None) -> str:
+def publish_done(
+    root: str,
+    epoch: int,
+    step: int,
+    path: str,
+    *,
+    timeout: Optional[float] = None,
+    said: Optional[Callable[[str], None]] = None,
+) -> str:
     """:func:`publish`, taking the same publication found already there as done: its name is
     the save's epoch, step and path, so it is this save's publication (made earlier, by hand or
     by a retry).  ``said`` gets the store's words for that case; returns the name."""
@@ -47,10 +64,11 @@ def publish_done(root: str, epoch: int, step: int, path: str, *,
 
 def publication_name(root: str, epoch: int, step: int, path: str) -> str:
     """The name :func:`publish` gives the save at ``path``, checked the way publish checks it."""
-    if is_s3_root(root):
-        from .stores.s3 import S3Store
-
-        return model.format_name(epoch, step, S3Store(root, 1.0).relative(path))
+    row = scheme_of(root)
+    if row is not None:
+        # A remote store names a save by its URL: relative() takes it back under the root.
+        remote: Any = row.store_class()(root, 1.0)  # type: ignore[call-arg]
+        return model.format_name(epoch, step, remote.relative(path))
     return model.format_name_inside(os.path.abspath(root), os.path.abspath(path), epoch, step)[0]
 
 

@@ -18,15 +18,25 @@ import os
 
 from ..errors import UsageError
 
-__all__ = ["expand", "fixed_folder", "for_task", "has_patterns", "one_root", "per_task",
-           "refuse_changing"]
+__all__ = [
+    "expand",
+    "fixed_folder",
+    "for_task",
+    "has_patterns",
+    "one_root",
+    "per_task",
+    "refuse_changing",
+]
 
 
 def expand(pattern: str, env: dict[str, str]) -> str:
     """Expand %a (array task id), %A (array job id), %j (job id) and %% in a root."""
-    values = {"a": env.get("SLURM_ARRAY_TASK_ID", "0"),
-              "A": env.get("SLURM_ARRAY_JOB_ID", env.get("SLURM_JOB_ID", "0")),
-              "j": env.get("SLURM_JOB_ID", "0"), "%": "%"}
+    values = {
+        "a": env.get("SLURM_ARRAY_TASK_ID", "0"),
+        "A": env.get("SLURM_ARRAY_JOB_ID", env.get("SLURM_JOB_ID", "0")),
+        "j": env.get("SLURM_JOB_ID", "0"),
+        "%": "%",
+    }
     out, i = [], 0
     while i < len(pattern):
         if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
@@ -89,4 +99,5 @@ def refuse_changing(given: str) -> None:
             "submission a new root, but a root must be the same for every submission of a "
             "dispatch job (a resubmission resumes from the root's latest publication); each "
             "execution already gets its own exec/<attempt>/ folder under it.  Write a fixed "
-            "path, with %a for one root per task of an array (for example ck/task%a)")
+            "path, with %a for one root per task of an array (for example ck/task%a)"
+        )

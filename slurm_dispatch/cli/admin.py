@@ -41,24 +41,52 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--controller", is_flag=True,
-              help="Also run PrologSlurmctld and EpilogSlurmctld (on the slurmctld host).")
-@click.option("--no-node", "node_parts", is_flag=True, flag_value=False, default=True,
-              help="Skip the node's Prolog, Epilog and HealthCheckProgram (with --controller "
-                   "on a controller that is no compute node).")
-@click.option("--node", metavar="NAME", default=None,
-              help="The node name slurmd runs as (default: this host's short name).")
-@click.option("--slurm-conf", metavar="FILE", default=None,
-              help="slurm.conf to read the hooks from (default: $SLURM_CONF, else "
-                   "/etc/slurm/slurm.conf).")
-@click.option("--config", "config_path", default=None, metavar="FILE",
-              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
-                   "beside slurm.conf); each part is run with the one it finds itself (its "
-                   "DISPATCH_CONF knob, else the search in Slurm's environment for that "
-                   "hook), and a part that finds none where this one exists fails.")
+@click.option(
+    "--controller",
+    is_flag=True,
+    help="Also run PrologSlurmctld and EpilogSlurmctld (on the slurmctld host).",
+)
+@click.option(
+    "--no-node",
+    "node_parts",
+    is_flag=True,
+    flag_value=False,
+    default=True,
+    help="Skip the node's Prolog, Epilog and HealthCheckProgram (with --controller "
+    "on a controller that is no compute node).",
+)
+@click.option(
+    "--node",
+    metavar="NAME",
+    default=None,
+    help="The node name slurmd runs as (default: this host's short name).",
+)
+@click.option(
+    "--slurm-conf",
+    metavar="FILE",
+    default=None,
+    help="slurm.conf to read the hooks from (default: $SLURM_CONF, else /etc/slurm/slurm.conf).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    metavar="FILE",
+    help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
+    "beside slurm.conf); each part is run with the one it finds itself (its "
+    "DISPATCH_CONF knob, else the search in Slurm's environment for that "
+    "hook), and a part that finds none where this one exists fails.",
+)
 @table_options("one JSON object")
-def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: Optional[str],
-           config_path: Optional[str], as_json: bool, noheader: bool) -> int:
+def doctor(
+    controller: bool,
+    node_parts: bool,
+    node: Optional[str],
+    slurm_conf: Optional[str],
+    config_path: Optional[str],
+    as_json: bool,
+    noheader: bool,
+) -> int:
     """Run each installed slurm-dispatch hook part the way Slurm would; say what is broken.
 
     Reads slurm.conf's Prolog, Epilog, HealthCheckProgram (and with --controller
@@ -78,14 +106,28 @@ def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: 
     host.
     """
     from ..node import doctor as doctor_module
+
     name = node or doctor_module.Doctor().node
-    checks = doctor_module.Doctor(slurm_conf=slurm_conf, config_path=config_path, node=name,
-                                  controller=controller, node_parts=node_parts).run()
+    checks = doctor_module.Doctor(
+        slurm_conf=slurm_conf,
+        config_path=config_path,
+        node=name,
+        controller=controller,
+        node_parts=node_parts,
+    ).run()
     bad = doctor_module.failed(checks)
     if as_json:
-        click.echo(json.dumps({"node": name, "ok": not bad, "version": _version(),
-                               "checks": list(doctor_module.iter_json(checks))},
-                              sort_keys=True))
+        click.echo(
+            json.dumps(
+                {
+                    "node": name,
+                    "ok": not bad,
+                    "version": _version(),
+                    "checks": list(doctor_module.iter_json(checks)),
+                },
+                sort_keys=True,
+            )
+        )
     else:
         click.echo(doctor_module.render(checks, name, noheader))
     return 1 if bad else 0
@@ -93,26 +135,32 @@ def doctor(controller: bool, node_parts: bool, node: Optional[str], slurm_conf: 
 
 def _version() -> str:
     from .. import __version__
+
     return __version__
 
 
 # control/siteview.DEFAULT_RECORDS, spelled here so that dispatch-admin loads no control side
 # before a command needs it (test_admin_records_default keeps the two equal).
 DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
-RECORDS_HELP = ("Where each user's records are: %u the user's name, %h their home "
-                "(default %h/.local/state/slurm-dispatch, the users' default DISPATCH_HOME).")
+RECORDS_HELP = (
+    "Where each user's records are: %u the user's name, %h their home "
+    "(default %h/.local/state/slurm-dispatch, the users' default DISPATCH_HOME)."
+)
 
 
 def _root() -> None:
     if os.geteuid() != 0:
-        raise UsageError("run as root: users' records are in their homes, and are read (and "
-                         "written) as each user, which only root can do")
+        raise UsageError(
+            "run as root: users' records are in their homes, and are read (and "
+            "written) as each user, which only root can do"
+        )
 
 
 def _chosen(user: tuple[str, ...], records: str, state_dir: str) -> Any:
     """(the users to look at with their record homes, the errors naming those that could
     not be): ``user``, else every account listed and every user StateDir names."""
     from ..control import siteview
+
     return siteview.users(list(user), records, state_dir)
 
 
@@ -120,6 +168,7 @@ def _when(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
     from .. import _clock
+
     return _clock.instant(seconds)
 
 
@@ -133,10 +182,20 @@ def _left(now: float, deadline: float) -> str:
 
 
 @main.command()
-@click.option("--user", "-u", multiple=True, metavar="NAME",
-              help="Only this user's holds (repeatable; default: every user with records).")
-@click.option("--records", default=DEFAULT_RECORDS, show_default=False,
-              metavar="PATTERN", help=RECORDS_HELP + " Root only.")
+@click.option(
+    "--user",
+    "-u",
+    multiple=True,
+    metavar="NAME",
+    help="Only this user's holds (repeatable; default: every user with records).",
+)
+@click.option(
+    "--records",
+    default=DEFAULT_RECORDS,
+    show_default=False,
+    metavar="PATTERN",
+    help=RECORDS_HELP + " Root only.",
+)
 @table_options("one JSON object")
 def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) -> Optional[int]:
     """Every standing shared-checkpoint hold across users: read-only.
@@ -155,6 +214,7 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
     Example: `dispatch-admin holds --user alice`
     """
     from ..control import siteview
+
     now = time.time()
     stale = False
     if os.geteuid() == 0:
@@ -163,57 +223,114 @@ def holds(user: tuple[str, ...], records: str, as_json: bool, noheader: bool) ->
         seen = siteview.view(chosen)
         seen["errors"] = unfound + seen["errors"]
     else:
-        if records != DEFAULT_RECORDS:
-            raise UsageError(f"--records {records!r}: only root reads users' records; a "
-                             "SiteViewGroup member reads the release service's copy")
-        cfg, where = _site_config()
-        if not cfg.site_view_group:
-            raise UsageError("run as root, or as a member of the group dispatch.conf names "
-                             f"as SiteViewGroup ({where} sets none): users' records are in "
-                             "their homes, which only root reads")
-        group = siteview.site_group(cfg.site_view_group, where)
-        seen = siteview.read_snapshot(cfg.state_dir, group, where)
-        if user:
-            seen["holds"] = [h for h in seen.get("holds", []) if h.get("user") in user]
-        written = float(seen["written_at"])
-        limit = 3 * cfg.cessation_interval
-        ahead = written - now > 300  # another host's clock ahead: its age cannot be told
-        stale = now - written > limit or ahead
-        only = seen.get("only_users")
-        from .. import _clock
-        click.echo(f"dispatch-admin: the site view as of {_clock.instant(written)} "
-                   f"({_clock.ago(written, now)} old), from "
-                   f"{siteview.snapshot_path(cfg.state_dir)}"
-                   + (f": stale, older than 3 CessationIntervals ({limit:g} s); is root's "
-                      "release-service (dispatch-release.timer) running?"
-                      if stale and not ahead else "")
-                   + (f": written ahead of this host's clock (by {_left(now, written)} or so): "
-                      "the release service's host and this one disagree on the time, so how "
-                      "old it is is not known" if ahead else "")
-                   + (f"; only the holds of {', '.join(map(str, only))}: root's "
-                      "release-service ran with --user" if isinstance(only, list) else ""),
-                   err=True)
+        seen, stale = _group_view(user, records, now)
     if as_json:
         click.echo(json.dumps(seen, sort_keys=True))
     else:
-        rows = []
-        for hold in seen["holds"]:
-            waits = ",".join(f"{e['slurm_job_id']}+{e['restart']}" for e in hold["ended"])
-            verdicts = ",".join(e["verdict"].replace(" ", "_") for e in hold["ended"])
-            asked = max((e["asked_at"] for e in hold["ended"] if e["asked_at"] is not None),
-                        default=None)
-            held = hold["held_slurm_job_id"] + (f"_{hold['task']}" if hold["task"] is not None
-                                                else "")
-            rows.append([_shown(cell) for cell in (
-                hold["user"], hold["dispatch_job"], held, _when(hold["deadline"]),
-                _left(now, hold["deadline"]), waits, verdicts, _when(asked))])
-        text = render_table(["USER", "DISPATCH_JOB", "HELD", "DEADLINE", "LEFT", "WAITS_FOR",
-                             "LAST_ANSWER", "ASKED"], rows, noheader)
+        rows = _hold_rows(seen["holds"], now)
+        text = render_table(
+            [
+                "USER",
+                "DISPATCH_JOB",
+                "HELD",
+                "DEADLINE",
+                "LEFT",
+                "WAITS_FOR",
+                "LAST_ANSWER",
+                "ASKED",
+            ],
+            rows,
+            noheader,
+        )
         if text:
             click.echo(text)
     for error in seen["errors"]:
         click.echo(f"dispatch-admin: {_shown(error)}", err=True)
     return 1 if seen["errors"] or stale else None
+
+
+def _group_view(user: tuple[str, ...], records: str, now: float) -> tuple[dict[str, Any], bool]:
+    """What a SiteViewGroup member reads: the copy root's release-service wrote (of ``user``
+    only, where named), said on stderr with its age; and whether it is stale."""
+    from ..control import siteview
+
+    if records != DEFAULT_RECORDS:
+        raise UsageError(
+            f"--records {records!r}: only root reads users' records; a "
+            "SiteViewGroup member reads the release service's copy"
+        )
+    cfg, where = _site_config()
+    if not cfg.site_view_group:
+        raise UsageError(
+            "run as root, or as a member of the group dispatch.conf names "
+            f"as SiteViewGroup ({where} sets none): users' records are in "
+            "their homes, which only root reads"
+        )
+    group = siteview.site_group(cfg.site_view_group, where)
+    seen = siteview.read_snapshot(cfg.state_dir, group, where)
+    if user:
+        seen["holds"] = [h for h in seen.get("holds", []) if h.get("user") in user]
+    written = float(seen["written_at"])
+    limit = 3 * cfg.cessation_interval
+    ahead = written - now > 300  # another host's clock ahead: its age cannot be told
+    stale = now - written > limit or ahead
+    only = seen.get("only_users")
+    from .. import _clock
+
+    click.echo(
+        f"dispatch-admin: the site view as of {_clock.instant(written)} "
+        f"({_clock.ago(written, now)} old), from "
+        f"{siteview.snapshot_path(cfg.state_dir)}"
+        + (
+            f": stale, older than 3 CessationIntervals ({limit:g} s); is root's "
+            "release-service (dispatch-release.timer) running?"
+            if stale and not ahead
+            else ""
+        )
+        + (
+            f": written ahead of this host's clock (by {_left(now, written)} or so): "
+            "the release service's host and this one disagree on the time, so how "
+            "old it is is not known"
+            if ahead
+            else ""
+        )
+        + (
+            f"; only the holds of {', '.join(map(str, only))}: root's "
+            "release-service ran with --user"
+            if isinstance(only, list)
+            else ""
+        ),
+        err=True,
+    )
+    return seen, stale
+
+
+def _hold_rows(holds: list[dict[str, Any]], now: float) -> list[list[str]]:
+    """A row of `dispatch-admin holds`' table per hold."""
+    rows = []
+    for hold in holds:
+        waits = ",".join(f"{e['slurm_job_id']}+{e['restart']}" for e in hold["ended"])
+        verdicts = ",".join(e["verdict"].replace(" ", "_") for e in hold["ended"])
+        asked = max(
+            (e["asked_at"] for e in hold["ended"] if e["asked_at"] is not None), default=None
+        )
+        held = hold["held_slurm_job_id"] + (f"_{hold['task']}" if hold["task"] is not None else "")
+        rows.append(
+            [
+                _shown(cell)
+                for cell in (
+                    hold["user"],
+                    hold["dispatch_job"],
+                    held,
+                    _when(hold["deadline"]),
+                    _left(now, hold["deadline"]),
+                    waits,
+                    verdicts,
+                    _when(asked),
+                )
+            ]
+        )
+    return rows
 
 
 def _shown(text: object) -> str:
@@ -227,6 +344,7 @@ def _site_config() -> Any:
     """dispatch.conf, and where it is for messages; a bad file is an error."""
     from .. import config as config_module
     from ..errors import ConfigError
+
     cfg = config_module.load()
     if cfg.problems:
         raise ConfigError(config_module.refusal(cfg))
@@ -234,14 +352,17 @@ def _site_config() -> Any:
 
 
 @main.command("release-service")
-@click.option("--user", "-u", multiple=True, metavar="NAME",
-              help="Only this user's holds (repeatable; default: every user with records).")
-@click.option("--records", default=DEFAULT_RECORDS, metavar="PATTERN",
-              help=RECORDS_HELP)
+@click.option(
+    "--user",
+    "-u",
+    multiple=True,
+    metavar="NAME",
+    help="Only this user's holds (repeatable; default: every user with records).",
+)
+@click.option("--records", default=DEFAULT_RECORDS, metavar="PATTERN", help=RECORDS_HELP)
 @click.option("--loop", is_flag=True, help="A pass every CessationInterval, for ever.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors.")
-def release_service(user: tuple[str, ...], records: str, loop: bool,
-                    quiet: bool) -> Optional[int]:
+def release_service(user: tuple[str, ...], records: str, loop: bool, quiet: bool) -> Optional[int]:
     """Lift, on the users' behalf, the holds proven ceased: one pass, or --loop.
 
     For every standing hold of every user (or --user), asks the site's CessationSignal
@@ -262,24 +383,34 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
     when something failed (each failure on stderr, the other users still served).
     """
     from ..control import siteview
-    from ..control.supervisor import site_settings
+    from ..control.settings import site_settings
+
     _root()
     settings = site_settings()
     cfg, where = _site_config()
     if not cfg.site_view_group:  # a copy the group read stays readable by it until removed
         gone = siteview.remove_snapshot(cfg.state_dir)
         if gone and not quiet:
-            click.echo(f"site view: {where} sets no SiteViewGroup: removed {gone}, which "
-                       "its group could still read")
+            click.echo(
+                f"site view: {where} sets no SiteViewGroup: removed {gone}, which "
+                "its group could still read"
+            )
     if not settings.signal and not cfg.site_view_group:
-        raise UsageError("dispatch.conf sets no CessationSignal: holds wait for a person "
-                         "(dispatch release), there is nothing to ask")
+        raise UsageError(
+            "dispatch.conf sets no CessationSignal: holds wait for a person "
+            "(dispatch release), there is nothing to ask"
+        )
     while True:
         chosen, unfound = _chosen(user, records, cfg.state_dir)
         done: dict[str, list[str]] = {"actions": [], "errors": []}
         if settings.signal:
-            done = siteview.release_pass(chosen, settings.signal, settings.signal_timeout,
-                                         settings.interval, state_dir=cfg.state_dir)
+            done = siteview.release_pass(
+                chosen,
+                settings.signal,
+                settings.signal_timeout,
+                settings.interval,
+                state_dir=cfg.state_dir,
+            )
         done["errors"] = unfound + done["errors"]
         if cfg.site_view_group:
             try:  # resolved at each write: a directory service may be back, or gone a moment
@@ -290,8 +421,10 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
                 if user:  # the group reads it as the site's: it says whose it is
                     seen["only_users"] = sorted(set(user))
                 path = siteview.write_snapshot(cfg.state_dir, group, seen, now)
-                done["actions"].append(f"site view: {len(seen['holds'])} standing hold(s) "
-                                       f"written to {path} for group {group.gr_name}")
+                done["actions"].append(
+                    f"site view: {len(seen['holds'])} standing hold(s) "
+                    f"written to {path} for group {group.gr_name}"
+                )
             except DispatchError as exc:  # the pass's own work is still said, and --loop goes on
                 done["errors"].append(f"site view not written: {exc}")
         if not quiet:
@@ -305,22 +438,43 @@ def release_service(user: tuple[str, ...], records: str, loop: bool,
 
 
 @main.command()
-@click.option("--older-than", metavar="DURATION", default=None,
-              help="Remove facts older than this (seconds, HH:MM:SS or D-HH:MM:SS; default: "
-                   "dispatch.conf's FactRetention).")
-@click.option("--records-older-than", metavar="DURATION", default=None,
-              help="Also forget users' settled records last active before this long ago "
-                   "(default: dispatch.conf's RecordRetention; unset, records are left alone).")
-@click.option("--records", default=DEFAULT_RECORDS, show_default=False,
-              metavar="PATTERN", help=RECORDS_HELP)
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    default=None,
+    help="Remove facts older than this (seconds, HH:MM:SS or D-HH:MM:SS; default: "
+    "dispatch.conf's FactRetention).",
+)
+@click.option(
+    "--records-older-than",
+    metavar="DURATION",
+    default=None,
+    help="Also forget users' settled records last active before this long ago "
+    "(default: dispatch.conf's RecordRetention; unset, records are left alone).",
+)
+@click.option(
+    "--records", default=DEFAULT_RECORDS, show_default=False, metavar="PATTERN", help=RECORDS_HELP
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
-@click.option("--verbose", "-v", is_flag=True,
-              help="Also name each job folder and record kept, and why.")
-@click.option("--config", "config_path", default=None, metavar="FILE",
-              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
-                   "beside slurm.conf).")
-def prune(older_than: Optional[str], records_older_than: Optional[str], records: str,
-          dry_run: bool, verbose: bool, config_path: Optional[str]) -> int:
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Also name each job folder and record kept, and why."
+)
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    metavar="FILE",
+    help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
+    "beside slurm.conf).",
+)
+def prune(
+    older_than: Optional[str],
+    records_older_than: Optional[str],
+    records: str,
+    dry_run: bool,
+    verbose: bool,
+    config_path: Optional[str],
+) -> int:
     """Remove the facts under StateDir/facts, and the users' records, nothing needs (cron).
 
     Facts: a job's folder facts/UID/JOBID goes whole, and only when its newest fact is older
@@ -346,9 +500,8 @@ def prune(older_than: Optional[str], records_older_than: Optional[str], records:
     import sys
 
     from .. import config as config_module
-    from ..control import retention
     from ..errors import ConfigError
-    from ..node import prune as prune_module
+
     cfg = config_module.load(config_path)
     if cfg.problems:
         raise ConfigError(config_module.refusal(cfg, "--config" if config_path else ""))
@@ -356,15 +509,29 @@ def prune(older_than: Optional[str], records_older_than: Optional[str], records:
     records_for = _duration("--records-older-than", records_older_than, cfg.record_retention)
     if keep_for is None and records_for is None:
         where = cfg.path or config_module.config_path()
-        raise UsageError("no retention: give --older-than DURATION or set FactRetention in "
-                         f"{where} (facts), --records-older-than DURATION or RecordRetention "
-                         "(users' records)")
+        raise UsageError(
+            "no retention: give --older-than DURATION or set FactRetention in "
+            f"{where} (facts), --records-older-than DURATION or RecordRetention "
+            "(users' records)"
+        )
     failed = False
     if records_for is not None:
         _root()
         failed = _prune_records(records, records_for, dry_run, verbose, cfg.state_dir)
-    if keep_for is None:
-        return 1 if failed else 0
+    if keep_for is not None:
+        _prune_facts(cfg.state_dir, keep_for, records, dry_run, verbose)
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def _prune_facts(
+    state_dir: str, keep_for: float, records: str, dry_run: bool, verbose: bool
+) -> None:
+    """Remove (or, dry, name) the job folders of facts nothing needs; say each, and why each
+    kept one stays where ``verbose``, then a summary."""
+    from ..control import retention
+    from ..node import prune as prune_module
+
     needs: dict[int, Optional[set[str]]] = {}
 
     def needed(uid: int) -> Optional[set[str]]:
@@ -375,7 +542,7 @@ def prune(older_than: Optional[str], records_older_than: Optional[str], records:
     verb = "would remove" if dry_run else "removed"
     removed = facts = size = judged_count = 0
     kept: dict[str, int] = {}
-    for judged in prune_module.plan(cfg.state_dir, keep_for, needed):
+    for judged in prune_module.plan(state_dir, keep_for, needed):
         judged_count += 1
         if judged_count % 1000 == 0:
             click.echo(f"dispatch-admin prune: {judged_count} job folders judged", err=True)
@@ -384,42 +551,46 @@ def prune(older_than: Optional[str], records_older_than: Optional[str], records:
             if verbose:
                 click.echo(f"kept {judged.path}: {judged.reason} ({judged.detail})")
             continue
-        count = len(judged.names) if dry_run else prune_module.remove(cfg.state_dir, judged)
+        count = len(judged.names) if dry_run else prune_module.remove(state_dir, judged)
         removed += 1
         facts += count
         size += judged.size
         click.echo(f"{verb} {judged.path} ({count} facts, {judged.size} bytes)")
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(kept.items()))
-    click.echo(f"{verb} {removed} job folders ({facts} facts, {size} bytes) older than "
-               f"{keep_for:g} s under {cfg.state_dir}/facts; kept {sum(kept.values())}"
-               + (f": {why}" if why else ""))
-    sys.stdout.flush()
-    return 1 if failed else 0
+    click.echo(
+        f"{verb} {removed} job folders ({facts} facts, {size} bytes) older than "
+        f"{keep_for:g} s under {state_dir}/facts; kept {sum(kept.values())}"
+        + (f": {why}" if why else "")
+    )
 
 
-def _duration(option: str, given: Optional[str], configured: Optional[float]
-              ) -> Optional[float]:
+def _duration(option: str, given: Optional[str], configured: Optional[float]) -> Optional[float]:
     if given is None:
         return configured
     from .. import config as config_module
+
     try:
         return config_module.parse_duration(given)
     except ValueError as exc:
         raise UsageError(f"{option} {exc}") from None
 
 
-def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool,
-                   state_dir: str) -> bool:
+def _prune_records(
+    records: str, older_than: float, dry_run: bool, verbose: bool, state_dir: str
+) -> bool:
     """Forget every user's records last active before ``older_than`` ago (as each user);
     True when a user's records could not be read or forgotten, or a user named in
     ``state_dir`` could not be looked up."""
     from ..control import retention
     from ..slurm.adapter import Slurm
+
     cluster = Slurm().cluster()
     if cluster is None:
-        raise UsageError("records not pruned: this host's slurm.conf names no ClusterName and "
-                         "the controller did not say it; records of several clusters may "
-                         "share a home, and only this cluster's are judged")
+        raise UsageError(
+            "records not pruned: this host's slurm.conf names no ClusterName and "
+            "the controller did not say it; records of several clusters may "
+            "share a home, and only this cluster's are judged"
+        )
     before = time.time() - older_than
     verb = "would forget" if dry_run else "forgot"
     chosen, unfound = _chosen((), records, state_dir)
@@ -427,13 +598,16 @@ def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool
     going = kept = size = 0
     for name, got in retention.forget_old(chosen, cluster, before, dry_run):
         for left in got.get("finished", []):
-            click.echo(f"finished forgetting {name}/{_shown(left)} (left half removed by a "
-                       "killed run)")
+            click.echo(
+                f"finished forgetting {name}/{_shown(left)} (left half removed by a killed run)"
+            )
         for entry in got.get("forgotten", []):
             going += 1
             size += entry["bytes"]
-            click.echo(f"{verb} {name}/{_shown(entry['id'])} (last active {_when(entry['last'])}, "
-                       f"{entry['bytes']} bytes on disk)")
+            click.echo(
+                f"{verb} {name}/{_shown(entry['id'])} (last active {_when(entry['last'])}, "
+                f"{entry['bytes']} bytes on disk)"
+            )
         for entry in got.get("kept", []):
             kept += 1
             if verbose:
@@ -441,21 +615,34 @@ def _prune_records(records: str, older_than: float, dry_run: bool, verbose: bool
         for error in got.get("errors", []):
             failed = True
             click.echo(f"dispatch-admin: {name}: {_shown(error)}", err=True)
-    click.echo(f"{verb} {going} records ({size} bytes on disk) of cluster {cluster} last "
-               f"active before {_when(before)}; kept {kept}")
+    click.echo(
+        f"{verb} {going} records ({size} bytes on disk) of cluster {cluster} last "
+        f"active before {_when(before)}; kept {kept}"
+    )
     for error in unfound:
         click.echo(f"dispatch-admin: {error}", err=True)
     return failed
 
 
 @main.command()
-@click.option("--user", "-u", multiple=True, metavar="NAME",
-              help="Only this user's records (repeatable; default: every user with records).")
-@click.option("--records", default=DEFAULT_RECORDS, show_default=False,
-              metavar="PATTERN", help=RECORDS_HELP)
-@click.option("--config", "config_path", default=None, metavar="FILE",
-              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
-                   "beside slurm.conf).")
+@click.option(
+    "--user",
+    "-u",
+    multiple=True,
+    metavar="NAME",
+    help="Only this user's records (repeatable; default: every user with records).",
+)
+@click.option(
+    "--records", default=DEFAULT_RECORDS, show_default=False, metavar="PATTERN", help=RECORDS_HELP
+)
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    metavar="FILE",
+    help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
+    "beside slurm.conf).",
+)
 def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> int:
     """Write the users' records' numbers for a dashboard into MetricsDir (run from cron).
 
@@ -477,14 +664,17 @@ def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> 
     from ..control import dashboard, siteview
     from ..errors import ConfigError
     from ..node import metrics as metrics_module
+
     _root()
     cfg = config_module.load(config_path)
     if cfg.problems:
         raise ConfigError(config_module.refusal(cfg, "--config" if config_path else ""))
     if not cfg.metrics_dir:
-        raise UsageError("MetricsDir is not set in "
-                         f"{cfg.path or config_module.config_path()}: say where "
-                         "node_exporter's textfile collector reads")
+        raise UsageError(
+            "MetricsDir is not set in "
+            f"{cfg.path or config_module.config_path()}: say where "
+            "node_exporter's textfile collector reads"
+        )
     now = time.time()
     values: dict[str, float] = {}
     chosen, unfound = _chosen(user, records, cfg.state_dir)
@@ -505,13 +695,15 @@ def metrics(user: tuple[str, ...], records: str, config_path: Optional[str]) -> 
         values[series("slurm_dispatch_holds_standing", {"user": name})] = got["holds"]
         values[series("slurm_dispatch_holds_expiring", {"user": name})] = got["expiring"]
         for verdict, count in got["answers"].items():
-            values[series("slurm_dispatch_cessation_answers_total",
-                          {"user": name, "verdict": verdict})] = count
+            values[
+                series("slurm_dispatch_cessation_answers_total", {"user": name, "verdict": verdict})
+            ] = count
         for cluster, seen in got["passes"].items():
             labels = {"user": name, "cluster": cluster}
             if seen["time"] is not None:
-                values[series("slurm_dispatch_supervisor_last_pass_timestamp_seconds",
-                              labels)] = seen["time"]
+                values[series("slurm_dispatch_supervisor_last_pass_timestamp_seconds", labels)] = (
+                    seen["time"]
+                )
             values[series("slurm_dispatch_supervisor_failed_passes", labels)] = seen["failures"]
             values[series("slurm_dispatch_supervisor_interval_seconds", labels)] = seen["every"]
         values.update(_cost_series(name, got["costs"]))
@@ -524,27 +716,32 @@ def _cost_series(user: str, costs: dict[str, Any]) -> dict[str, float]:
     """The series of one user's job costs (dashboard.job_costs); every label from a bounded
     set (the causes, the hold ages)."""
     from ..node.metrics import series
+
     mine = {"user": user}
-    values = {series("slurm_dispatch_restarts_total", {**mine, "cause": cause}): count
-              for cause, count in costs["restarts"].items()}
+    values = {
+        series("slurm_dispatch_restarts_total", {**mine, "cause": cause}): count
+        for cause, count in costs["restarts"].items()
+    }
     values[series("slurm_dispatch_allocated_seconds_total", mine)] = costs["allocated"]
     values[series("slurm_dispatch_lost_seconds_total", mine)] = costs["lost"]
     values[series("slurm_dispatch_steps_redone_total", mine)] = costs["redone"]
-    for family, key in (("slurm_dispatch_restore_seconds", "restore"),
-                        ("slurm_dispatch_save_latency_seconds", "save_latency"),
-                        ("slurm_dispatch_ceased_after_end_seconds", "to_ceased")):
+    for family, key in (
+        ("slurm_dispatch_restore_seconds", "restore"),
+        ("slurm_dispatch_save_latency_seconds", "save_latency"),
+        ("slurm_dispatch_ceased_after_end_seconds", "to_ceased"),
+    ):
         values[series(family + "_sum", mine)] = costs[key]["sum"]
         values[series(family + "_count", mine)] = costs[key]["count"]
     values[series("slurm_dispatch_jobs_active", mine)] = costs["active"]
-    values[series("slurm_dispatch_jobs_stopped_no_progress", mine)] = \
-        costs["stopped_no_progress"]
+    values[series("slurm_dispatch_jobs_stopped_no_progress", mine)] = costs["stopped_no_progress"]
     if costs["progress_age"] is not None:
         values[series("slurm_dispatch_progress_age_seconds", mine)] = costs["progress_age"]
     for age, count in costs["hold_ages"].items():
         values[series("slurm_dispatch_holds_by_age", {**mine, "age": age})] = count
     if costs["next_deadline"] is not None:
-        values[series("slurm_dispatch_hold_next_deadline_timestamp_seconds", mine)] = \
-            costs["next_deadline"]
+        values[series("slurm_dispatch_hold_next_deadline_timestamp_seconds", mine)] = costs[
+            "next_deadline"
+        ]
     return values
 
 

@@ -24,19 +24,39 @@ class _Shell(ClickShell, click.Command):
 
 @click.command(cls=_Shell, context_settings=CONTEXT)
 @click.argument("jobid")
-@click.option("--restart", "-r", type=click.IntRange(min=0), default=None, metavar="R",
-              help="The execution to judge: Slurm's restart count (default: the latest).")
-@click.option("--sluid", default=None, metavar="SLUID",
-              help="Slurm 26.05 and later: the run to judge by its SLUID (SLURM_JOB_SLUID; a "
-                   "requeue draws a new one), where the job id was used twice once slurmctld's "
-                   "state started anew (default: the latest run of the restart count).")
+@click.option(
+    "--restart",
+    "-r",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="R",
+    help="The execution to judge: Slurm's restart count (default: the latest).",
+)
+@click.option(
+    "--sluid",
+    default=None,
+    metavar="SLUID",
+    help="Slurm 26.05 and later: the run to judge by its SLUID (SLURM_JOB_SLUID; a "
+    "requeue draws a new one), where the job id was used twice once slurmctld's "
+    "state started anew (default: the latest run of the restart count).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--config", "config_path", default=None, metavar="FILE",
-              help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
-                   "beside slurm.conf: the folder of $SLURM_CONF, else /etc/slurm).")
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    metavar="FILE",
+    help="dispatch.conf to read (default: $SLURM_DISPATCH_CONF, else dispatch.conf "
+    "beside slurm.conf: the folder of $SLURM_CONF, else /etc/slurm).",
+)
 @click.version_option(package_name="slurm-dispatch", prog_name="dispatch-cease")
-def main(jobid: str, restart: Optional[int], sluid: Optional[str], as_json: bool,
-         config_path: Optional[str]) -> int:
+def main(
+    jobid: str,
+    restart: Optional[int],
+    sluid: Optional[str],
+    as_json: bool,
+    config_path: Optional[str],
+) -> int:
     """Prove that an ended Slurm execution's processes are gone on every node it ran on.
 
     Evidence that proves, per node: the node's Epilog (run after slurmd killed the job) found no
@@ -47,6 +67,7 @@ def main(jobid: str, restart: Optional[int], sluid: Optional[str], as_json: bool
     Exit 0 ceased, 1 not proven, 2 error.  Example: `dispatch-cease 1234 --restart 0`
     """
     from ..node import cease
+
     verdict = cease.cessation(jobid, restart, cfg=cease.load_config(config_path), sluid=sluid)
     if as_json:
         click.echo(json.dumps(verdict.as_json(), sort_keys=True))

@@ -20,9 +20,13 @@ NOHEADER_HELP = "Leave out the header line (as squeue -h)."
 def table_options(json_is: str) -> Callable[[F], F]:
     """``--json`` (printing ``json_is``, "one JSON list") and ``--noheader``/``-H``, passed
     to the command as ``as_json`` and ``noheader``."""
+
     def add(command: F) -> F:
-        command = click.option("--noheader", "-H", "noheader", is_flag=True,
-                               help=NOHEADER_HELP)(command)
-        return click.option("--json", "as_json", is_flag=True,
-                            help=f"Print {json_is} instead of the table.")(command)
+        command = click.option("--noheader", "-H", "noheader", is_flag=True, help=NOHEADER_HELP)(
+            command
+        )
+        return click.option(
+            "--json", "as_json", is_flag=True, help=f"Print {json_is} instead of the table."
+        )(command)
+
     return add

@@ -40,15 +40,23 @@ class _Shell(ClickShell, click.Group):
 def _dir_option(func: F) -> F:
     """--dir and --slurm; the command gets ``directory`` (None when neither is given)."""
     func = click.option(
-        "--slurm", "release", metavar="RELEASE", default=None,
+        "--slurm",
+        "release",
+        metavar="RELEASE",
+        default=None,
         help=f"Slurm release: {sandbox_root.choices()}; "
-             f"chooses the default folder (default: ${sandbox_layout.RELEASE_ENV}, else "
-             "host).")(func)
+        f"chooses the default folder (default: ${sandbox_layout.RELEASE_ENV}, else "
+        "host).",
+    )(func)
     return click.option(
-        "--dir", "directory", metavar="DIR", default=None,
+        "--dir",
+        "directory",
+        metavar="DIR",
+        default=None,
         help=f"State folder of the sandbox (default: ${sandbox_layout.DIR_ENV}, else "
-             f"{sandbox_layout.DEFAULT_DIR} for the host's Slurm, "
-             f"{sandbox_layout.DEFAULT_DIR}-RELEASE for another).")(func)
+        f"{sandbox_layout.DEFAULT_DIR} for the host's Slurm, "
+        f"{sandbox_layout.DEFAULT_DIR}-RELEASE for another).",
+    )(func)
 
 
 def _folder(directory: Optional[str], release: Optional[str]) -> Optional[str]:
@@ -59,8 +67,9 @@ def _folder(directory: Optional[str], release: Optional[str]) -> Optional[str]:
     return os.environ.get(sandbox_layout.DIR_ENV) or str(sandbox_layout.default_dir(release))
 
 
-@click.group(cls=_Shell,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=_Shell, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(package_name="slurm-dispatch", prog_name=PROG)
 def cli() -> None:
     """A real multi-node Slurm cluster on this machine, for demos and tests.
@@ -82,17 +91,36 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--nodes", type=click.IntRange(1, sandbox_layout.MAX_NODE_COUNT), default=None,
-              metavar="N", help="Number of nodes n1..nN (default: as running, else 3).")
-@click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds to wait for every node to be idle.")
-@click.option("--user", metavar="USER", default=None,
-              help=f"The job user, created when missing; never root (default: "
-                   f"${sandbox_layout.USER_ENV}, else the sandbox's, else "
-                   f"{sandbox_layout.DEFAULT_USER}).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, sandbox_layout.MAX_NODE_COUNT),
+    default=None,
+    metavar="N",
+    help="Number of nodes n1..nN (default: as running, else 3).",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for every node to be idle.",
+)
+@click.option(
+    "--user",
+    metavar="USER",
+    default=None,
+    help=f"The job user, created when missing; never root (default: "
+    f"${sandbox_layout.USER_ENV}, else the sandbox's, else "
+    f"{sandbox_layout.DEFAULT_USER}).",
+)
 @_dir_option
-def up(nodes: Optional[int], timeout: float, user: Optional[str], directory: Optional[str],
-       release: Optional[str]) -> None:
+def up(
+    nodes: Optional[int],
+    timeout: float,
+    user: Optional[str],
+    directory: Optional[str],
+    release: Optional[str],
+) -> None:
     """Start the sandbox (or repair it) and wait until every node is idle.
 
     Installs slurm-wlm and munge with apt-get when missing, creates the job user (--user), installs
@@ -116,20 +144,27 @@ def up(nodes: Optional[int], timeout: float, user: Optional[str], directory: Opt
     Its last lines are commands to paste: they name the folder (--dir) unless it is the
     default one, and this command as it was run (bin/dispatch-sandbox from a clone).
     """
-    report = sandbox.up(_folder(directory, release), nodes=nodes, timeout=timeout,
-                        slurm=release, user=user)
+    report = sandbox.up(
+        _folder(directory, release), nodes=nodes, timeout=timeout, slurm=release, user=user
+    )
     for action in report.actions:
         click.echo(action)
     for node in report.partitioned:
         click.echo(f"{node} is partitioned: left so (undo with: {PROG} heal {node})")
     names = " ".join(n.name for n in report.status.nodes)
     verb = "up" if report.actions else "already up"
-    slurm = "" if report.status.slurm == sandbox_layout.HOST_RELEASE else \
-        f" on Slurm {report.status.slurm}"
-    click.echo(f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
-               f"({names}){slurm} in {report.status.dir}")
-    for line in use_lines(invoked_as(sys.argv[0]), report.status.dir, report.status.user,
-                          bool(report.status.rootfs)):
+    slurm = (
+        ""
+        if report.status.slurm == sandbox_layout.HOST_RELEASE
+        else f" on Slurm {report.status.slurm}"
+    )
+    click.echo(
+        f"sandbox {verb} in {report.seconds:.1f} s: {len(report.status.nodes)} nodes "
+        f"({names}){slurm} in {report.status.dir}"
+    )
+    for line in use_lines(
+        invoked_as(sys.argv[0]), report.status.dir, report.status.user, bool(report.status.rootfs)
+    ):
         click.echo(line)
 
 
@@ -152,12 +187,15 @@ def use_lines(prog: str, folder: str, user: str, in_root: bool) -> list[str]:
     and submit a job as its job ``user``."""
     where = "" if Path(folder) == sandbox_layout.DEFAULT_DIR else f" --dir {shlex.quote(folder)}"
     if in_root:
-        return [f"use it with: {prog} exec{where} -- sinfo -N",
-                f"jobs run as {user}: {prog} exec{where} --user {shlex.quote(user)} -- "
-                "sbatch --wrap hostname"]
-    return [f'use it with: eval "$({prog} env{where})"',
-            f'jobs run as {user}: runuser -u "${sandbox_layout.USER_ENV}" -- '
-            "sbatch --wrap hostname"]
+        return [
+            f"use it with: {prog} exec{where} -- sinfo -N",
+            f"jobs run as {user}: {prog} exec{where} --user {shlex.quote(user)} -- "
+            "sbatch --wrap hostname",
+        ]
+    return [
+        f'use it with: eval "$({prog} env{where})"',
+        f'jobs run as {user}: runuser -u "${sandbox_layout.USER_ENV}" -- sbatch --wrap hostname',
+    ]
 
 
 @cli.command()
@@ -209,8 +247,10 @@ def remove(directory: Optional[str], release: Optional[str]) -> None:
         return
     for action in actions:
         click.echo(action)
-    click.echo(f"the job user {user} stays (other sandboxes may use it; remove it with: "
-               f"userdel -r {shlex.quote(user)})")
+    click.echo(
+        f"the job user {user} stays (other sandboxes may use it; remove it with: "
+        f"userdel -r {shlex.quote(user)})"
+    )
 
 
 @cli.command()
@@ -244,8 +284,7 @@ def status(as_json: bool, directory: Optional[str], release: Optional[str]) -> N
                 what = "not running"
             elif daemon.stopped:
                 what = f"pid {daemon.pid}, stopped (partitioned)"
-            elif daemon.name.startswith("slurmd ") and \
-                    daemon.name.split()[1] in report.partitioned:
+            elif daemon.name.startswith("slurmd ") and daemon.name.split()[1] in report.partitioned:
                 what = f"pid {daemon.pid}, running, cut off the network (partitioned)"
             else:
                 what = f"pid {daemon.pid}, running"
@@ -294,19 +333,25 @@ def partition(node: str, directory: Optional[str], release: Optional[str]) -> No
       dispatch-sandbox partition n1; sleep 40; squeue; dispatch-sandbox heal n1
     """
     pid = sandbox.partition(node, _folder(directory, release))
-    click.echo(f"partitioned {node} (its network is cut; slurmd pid {pid} runs on); undo "
-               f"with: {PROG} heal {node}")
+    click.echo(
+        f"partitioned {node} (its network is cut; slurmd pid {pid} runs on); undo "
+        f"with: {PROG} heal {node}"
+    )
 
 
 @cli.command()
 @click.argument("node")
-@click.option("--no-register", is_flag=True,
-              help="Do not make slurmd re-register at once; let the controller find the node "
-                   "again by itself (about 40 s).")
+@click.option(
+    "--no-register",
+    is_flag=True,
+    help="Do not make slurmd re-register at once; let the controller find the node "
+    "again by itself (about 40 s).",
+)
 @click.option("--no-wait", is_flag=True, help="Return without waiting for NODE to be idle.")
 @_dir_option
-def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str],
-         release: Optional[str]) -> None:
+def heal(
+    node: str, no_register: bool, no_wait: bool, directory: Optional[str], release: Optional[str]
+) -> None:
     """Reconnect NODE after `partition`, and wait until it is idle again.
 
     Brings NODE's link up again (its slurmd then kills what is left of the jobs that were
@@ -319,16 +364,22 @@ def heal(node: str, no_register: bool, no_wait: bool, directory: Optional[str],
     Example:
       dispatch-sandbox heal n1
     """
-    actions = sandbox.heal(node, _folder(directory, release), wait=not no_wait,
-                           register=not no_register)
+    actions = sandbox.heal(
+        node, _folder(directory, release), wait=not no_wait, register=not no_register
+    )
     for action in actions:
         click.echo(action)
     click.echo(f"{node} healed" if actions else f"{node} was not partitioned")
 
 
 @cli.command(name="build-root")
-@click.option("--slurm", "release", metavar="RELEASE", required=True,
-              help=f"The release whose Debian root to build: {sandbox_root.choices(host=False)}.")
+@click.option(
+    "--slurm",
+    "release",
+    metavar="RELEASE",
+    required=True,
+    help=f"The release whose Debian root to build: {sandbox_root.choices(host=False)}.",
+)
 def build_root(release: str) -> None:
     """Build the Debian root of a Slurm release now (up --slurm builds it when missing).
 
@@ -344,18 +395,30 @@ def build_root(release: str) -> None:
     for action in actions:
         click.echo(action)
     verb = "built" if actions else "already built"
-    click.echo(f"Debian root for Slurm {release} (holding {sandbox_root.held(root)}) {verb} in "
-               f"{time.monotonic() - started:.1f} s: {root}")
+    click.echo(
+        f"Debian root for Slurm {release} (holding {sandbox_root.held(root)}) {verb} in "
+        f"{time.monotonic() - started:.1f} s: {root}"
+    )
 
 
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})
-@click.option("--user", "-u", metavar="USER", default=None,
-              help="Run as USER (runuser), in USER's home unless --cwd says otherwise.")
+@click.option(
+    "--user",
+    "-u",
+    metavar="USER",
+    default=None,
+    help="Run as USER (runuser), in USER's home unless --cwd says otherwise.",
+)
 @click.option("--cwd", metavar="DIR", default=None, help="Folder to run in.")
 @_dir_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_(user: Optional[str], cwd: Optional[str], directory: Optional[str],
-          release: Optional[str], command: tuple[str, ...]) -> None:
+def exec_(
+    user: Optional[str],
+    cwd: Optional[str],
+    directory: Optional[str],
+    release: Optional[str],
+    command: tuple[str, ...],
+) -> None:
     """Run COMMAND against the sandbox: its Slurm tools and venv first on PATH.
 
     For the host's Slurm this is COMMAND with the variables of `env`; for a sandbox in a

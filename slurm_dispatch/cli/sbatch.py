@@ -34,7 +34,8 @@ Publish a complete save with `dispatch publish --step S PATH`; resume with `disp
 Dispatch options (also as `#DISPATCH` lines in the script's header, like `#SBATCH`;
 the command line wins):
   --checkpoint DIR      the checkpoint root (required), the same for every submission: a
-                        folder or s3://bucket/prefix (s3:// needs the 's3' extra, boto3);
+                        folder, s3://bucket/prefix or az://container/prefix (each needs
+                        its extra: 's3' or 'azure');
                         %a expands to the array task id (one root per task: an array of
                         several tasks must have it, a job without --array must not)
   --resubmit N          resubmit up to N times after failure, timeout or out-of-memory
@@ -48,7 +49,8 @@ the command line wins):
                         (sets sbatch's --signal=B:SIGNAL@TIME)
   --max-no-progress N   stop restarting after N executions in a row that published
                         nothing past the save they resumed from (default 3; 0: never):
-                        Slurm's requeued job is held, an ended one not resubmitted
+                        Slurm's requeued job is held (where it starts before a pass,
+                        at its start, before the script), an ended one not resubmitted
   --quarantine-after N  quarantine a save after N executions in a row resumed from it and
                         failed before publishing anything (default 2; 0: never): the
                         next execution resumes from the publication below it
@@ -57,7 +59,16 @@ the command line wins):
                         restart after one of CODES without spending the --resubmit budget
                         (default for both: none)
   --max-requeues N      past N of Slurm's requeues (node failure, preemption), hold the
-                        requeued job for a person; apart from --resubmit (default: none)
+                        requeued job for a person (where it starts before a pass, at its
+                        start, before the script); apart from --resubmit (default: none)
+  --avoid-bad-nodes N   keep a node off the job's next submission and requeued job once N
+                        of its executions failed there, or one ended NODE_FAIL; never so
+                        many that the job cannot run (default: the site's AvoidBadNodes, 0
+                        unless it sets one: never)
+  --stall-timeout TIME  ask the job to save (its --warn-before signal, USR1 without one)
+                        and end it, a failure, when its progress stops for TIME (seconds
+                        or [HH:]MM:SS) outside a save, counted from its first progress
+                        record (default: the site's StallTimeout, off unless it sets one)
   --plan                print the plan (rules, holds) and submit nothing
   -h, --help            print this help;  -V, --version  print the version
 
@@ -87,6 +98,7 @@ def version() -> str:
         return metadata.version("slurm-dispatch")
     except metadata.PackageNotFoundError:  # a checkout run without installing
         from .. import __version__
+
         return __version__
 
 
@@ -122,6 +134,7 @@ def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
             sys.exit(checked.returncode)
         if request.options.plan:
             from ..control.plan import describe  # the plan is printed, nothing submitted
+
             sys.stdout.write(describe(request))
             return
         try:
@@ -137,8 +150,10 @@ def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
         if done.result.stderr:
             sys.stderr.write(done.result.stderr)
         spec = done.job.spec
-        line = (f"Dispatch job {done.job.id} (generation {spec['generation']}, submission "
-                f"{done.submission}, checkpoint {spec['checkpoint']})\n")
+        line = (
+            f"Dispatch job {done.job.id} (generation {spec['generation']}, submission "
+            f"{done.submission}, checkpoint {spec['checkpoint']})\n"
+        )
         (sys.stderr if request.parsable else sys.stdout).write(line)
         sys.stdout.flush()
         unsupervised = _no_supervisor(request, done.job)
@@ -151,16 +166,21 @@ def main(argv: Optional[list[str]] = None, fast_exit: bool = False) -> None:
 def _no_supervisor(request: submit.Request, job: record.JobRecord) -> Optional[str]:
     """--resubmit and --shared-checkpoint act only through `dispatch supervise`: say so when no
     supervisor of this user has passed lately (its heartbeat in the dispatch home)."""
-    used = ([f"--resubmit {request.options.resubmit}"] if request.options.resubmit else []) \
-        + (["--shared-checkpoint"] if request.options.shared_checkpoint else [])
+    used = ([f"--resubmit {request.options.resubmit}"] if request.options.resubmit else []) + (
+        ["--shared-checkpoint"] if request.options.shared_checkpoint else []
+    )
     if not used:
         return None
     import os
 
     from ..control.heartbeat import missing_warning
+
     cluster = job.spec.get("cluster")
-    return missing_warning(os.path.dirname(os.path.dirname(job.path)),
-                           cluster if isinstance(cluster, str) else None, used)
+    return missing_warning(
+        os.path.dirname(os.path.dirname(job.path)),
+        cluster if isinstance(cluster, str) else None,
+        used,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

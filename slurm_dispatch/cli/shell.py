@@ -27,8 +27,12 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-
 BROKEN_PIPE = 1
 
 
-def run(body: Callable[[], Optional[int]], prog: str,
-        error_code: Optional[int] = None, fast_exit: bool = False) -> NoReturn:
+def run(
+    body: Callable[[], Optional[int]],
+    prog: str,
+    error_code: Optional[int] = None,
+    fast_exit: bool = False,
+) -> NoReturn:
     """Run a command's body and end the process as the module docstring says.
 
     ``error_code``, when given, replaces every error class's own exit code and the closed
@@ -89,9 +93,15 @@ class ClickShell:
     prog = "dispatch"
     error_code: Optional[int] = None
 
-    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None,
-             complete_var: Optional[str] = None, standalone_mode: bool = True,
-             windows_expand_args: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Optional[Sequence[str]] = None,
+        prog_name: Optional[str] = None,
+        complete_var: Optional[str] = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         import click
 
         argv = list(sys.argv[1:] if args is None else args)
@@ -102,6 +112,7 @@ class ClickShell:
         instruction = os.environ.get(variable)
         if instruction:
             from click.shell_completion import shell_complete
+
             sys.exit(shell_complete(command, extra, self.prog, variable, instruction))
 
         def body() -> Optional[int]:

@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 from ..errors import DispatchError
-from . import events, goodput, heartbeat, record, status, submit
+from . import events, goodput, heartbeat, record, sbatch_words, status
 
 VERDICTS = ("ceased", "not ceased", "error")  # what holds.ask records; anything else: other
 MAX_CLUSTERS = 64
@@ -51,11 +51,19 @@ def job_costs(home: str, now: float) -> dict[str, Any]:
     their user; one job whose record cannot be read is named in ``errors``, the rest are
     counted)."""
     costs: dict[str, Any] = {
-        "restarts": {cause: 0 for cause in goodput.CAUSES}, "allocated": 0.0, "lost": 0.0,
-        "redone": 0, "restore": _summary(), "save_latency": _summary(),
-        "to_ceased": _summary(), "stopped_no_progress": 0, "progress_age": None,
-        "hold_ages": {name: 0 for name, _ in HOLD_AGES}, "next_deadline": None,
-        "active": 0}
+        "restarts": {cause: 0 for cause in goodput.CAUSES},
+        "allocated": 0.0,
+        "lost": 0.0,
+        "redone": 0,
+        "restore": _summary(),
+        "save_latency": _summary(),
+        "to_ceased": _summary(),
+        "stopped_no_progress": 0,
+        "progress_age": None,
+        "hold_ages": {name: 0 for name, _ in HOLD_AGES},
+        "next_deadline": None,
+        "active": 0,
+    }
     errors: list[str] = []
     for job in record.all_jobs(home):
         try:
@@ -67,7 +75,7 @@ def job_costs(home: str, now: float) -> dict[str, Any]:
             errors.append(f"{job.id}: {exc}")
             continue
         _add_job(costs, got, now)
-        tasks = submit.array_tasks(job)
+        tasks = sbatch_words.array_tasks(job)
         lines = [history.lineage(t) for t in tasks] if tasks else [history.lineage()]
         costs["active"] += sum(1 for line in lines if not line.settled)
         for line in lines:
@@ -77,8 +85,9 @@ def job_costs(home: str, now: float) -> dict[str, Any]:
             if hold is not None:
                 costs["hold_ages"][_age_label(max(0.0, now - hold.time))] += 1
                 soonest = costs["next_deadline"]
-                costs["next_deadline"] = hold.deadline if soonest is None else \
-                    min(soonest, hold.deadline)
+                costs["next_deadline"] = (
+                    hold.deadline if soonest is None else min(soonest, hold.deadline)
+                )
     if errors:
         costs["errors"] = errors
     return costs
@@ -111,7 +120,7 @@ def numbers(home: str, warning: float, now: float) -> dict[str, Any]:
     answers: dict[str, int] = {}
     for job in record.all_jobs(home):
         history = job.history()
-        tasks = submit.array_tasks(job)
+        tasks = sbatch_words.array_tasks(job)
         for line in [history.lineage()] + [history.lineage(t) for t in tasks or []]:
             hold = line.hold
             if hold is not None:
@@ -126,27 +135,35 @@ def numbers(home: str, warning: float, now: float) -> dict[str, Any]:
         if name == heartbeat.PASS_FILE:
             clusters.append("")
         elif name.startswith("supervisor-pass@") and name.endswith(".json"):
-            cluster = name[len("supervisor-pass@"):-len(".json")]
+            cluster = name[len("supervisor-pass@") : -len(".json")]
             if cluster and heartbeat.path(home, cluster) == os.path.join(home, name):
                 clusters.append(cluster)  # a name the supervisor writes, nothing else
     errors = []
     if len(clusters) > MAX_CLUSTERS:
-        errors.append(f"{len(clusters)} supervisor-pass@<cluster>.json files in {home}, more "
-                      f"than {MAX_CLUSTERS} clusters: only the first {MAX_CLUSTERS} by name "
-                      "are read")
+        errors.append(
+            f"{len(clusters)} supervisor-pass@<cluster>.json files in {home}, more "
+            f"than {MAX_CLUSTERS} clusters: only the first {MAX_CLUSTERS} by name "
+            "are read"
+        )
     for cluster in clusters[:MAX_CLUSTERS]:
         seen = heartbeat.read(home, cluster or None)
         if seen is not None:
             every = seen.get("every")
-            passes[cluster] = {"time": seen.get("time"),
-                               "failures": int(seen.get("failures") or 0),
-                               # A timer's or scrontab's pass (no --loop) comes every minute.
-                               "every": float(every) if isinstance(every, (int, float))
-                               and every > 0 else 60.0}
+            passes[cluster] = {
+                "time": seen.get("time"),
+                "failures": int(seen.get("failures") or 0),
+                # A timer's or scrontab's pass (no --loop) comes every minute.
+                "every": float(every) if isinstance(every, (int, float)) and every > 0 else 60.0,
+            }
     costs = job_costs(home, now)
     errors += costs.pop("errors", [])
-    found: dict[str, Any] = {"holds": standing, "expiring": expiring, "answers": answers,
-                             "passes": passes, "costs": costs}
+    found: dict[str, Any] = {
+        "holds": standing,
+        "expiring": expiring,
+        "answers": answers,
+        "passes": passes,
+        "costs": costs,
+    }
     if errors:
         found["errors"] = errors
     return found

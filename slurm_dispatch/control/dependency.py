@@ -39,7 +39,7 @@ from .. import _clock
 from ..errors import DispatchError, UsageError
 from ..slurm.adapter import Slurm
 from ..slurm.jobs import Job
-from . import events, record
+from . import events, naming, record, sbatch_words
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed (dispatch-sbatch)
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def dependency_value(words: list[str]) -> Optional[tuple[int, int, str]]:
     while i < len(words):
         word = words[i]
         if word.startswith("--dependency=") or word.startswith("--dependenc") and "=" in word:
-            found = (i, word.index("=") + 1, word[word.index("=") + 1:])
+            found = (i, word.index("=") + 1, word[word.index("=") + 1 :])
         elif word in ("--dependency", "-d") and i + 1 < len(words):
             found = (i + 1, 0, words[i + 1])
             i += 1
@@ -129,8 +129,9 @@ def rewrite(value: str, lookup: Lookup) -> str:
             kept.append(parts[index - 1])
         kept.append(term)
     if never and not kept:
-        raise UsageError(f"--dependency {value!r}: no alternative can ever be satisfied: "
-                         + "; ".join(never))
+        raise UsageError(
+            f"--dependency {value!r}: no alternative can ever be satisfied: " + "; ".join(never)
+        )
     return "".join(kept)
 
 
@@ -138,15 +139,16 @@ OK_ONLY = {"afterok", "aftercorr"}  # satisfied only by a success
 ANY_END = {"afterany", "afterburstbuffer"}  # satisfied by any end
 
 
-def judge(kind: str, ident: str, outcome: str, started: float, delay: str,
-          now: float) -> None:
+def judge(kind: str, ident: str, outcome: str, started: float, delay: str, now: float) -> None:
     """Whether a term of ``kind`` on dispatch job ``ident`` is satisfied, its Slurm job having
     ended with ``outcome`` for good (started, or was cancelled, at ``started``) and been
     forgotten: returns when it is; raises :class:`Never` when it can never be, and
     UsageError when it is not yet (an ``after`` delay still running) or ``kind`` is unknown."""
-    never = (f"{kind}:{ident} can never be satisfied: dispatch job {ident} ended {outcome} "
-             "for good (and Slurm has forgotten its job), so sbatch would leave this job "
-             "pending for ever with reason DependencyNeverSatisfied")
+    never = (
+        f"{kind}:{ident} can never be satisfied: dispatch job {ident} ended {outcome} "
+        "for good (and Slurm has forgotten its job), so sbatch would leave this job "
+        "pending for ever with reason DependencyNeverSatisfied"
+    )
     success = outcome == "completed"
     if kind in ANY_END:
         return
@@ -157,8 +159,9 @@ def judge(kind: str, ident: str, outcome: str, started: float, delay: str,
     if kind == "after":
         minutes = delay[1:]
         if minutes and not minutes.isdigit():
-            raise UsageError(f"--dependency {kind}:{ident}{delay}: {minutes!r} is not a "
-                             "number of minutes")
+            raise UsageError(
+                f"--dependency {kind}:{ident}{delay}: {minutes!r} is not a number of minutes"
+            )
         due = started + 60 * int(minutes or 0)
         if now < due:
             when = _clock.instant(due)
@@ -167,22 +170,24 @@ def judge(kind: str, ident: str, outcome: str, started: float, delay: str,
                 f"--dependency {kind}:{ident}{delay}: dispatch job {ident} started (or was "
                 f"cancelled) at {began} and Slurm has forgotten its job, so the wait cannot "
                 f"be left to Slurm; it ends at {when}: submit then, or give --begin={when} "
-                "instead of this term")
+                "instead of this term"
+            )
         return
-    raise UsageError(f"--dependency {kind}:{ident}: unknown dependency type {kind!r} (sbatch "
-                     "knows after, afterany, afterburstbuffer, aftercorr, afternotok, "
-                     "afterok and singleton)")
+    raise UsageError(
+        f"--dependency {kind}:{ident}: unknown dependency type {kind!r} (sbatch "
+        "knows after, afterany, afterburstbuffer, aftercorr, afternotok, "
+        "afterok and singleton)"
+    )
 
 
 def _final_outcome(upstream: record.JobRecord) -> Optional[tuple[str, float]]:
     """How a dispatch job ended for good (``completed``, or the other ends of its lineages:
     an array's tasks each have one) and when its last submission started (or, never started,
     ended); None while the record does not say for every lineage."""
-    from . import submit  # submit imports this module
 
     history = upstream.history()
     whole = history.lineage()
-    tasks = submit.array_tasks(upstream)
+    tasks = sbatch_words.array_tasks(upstream)
     lines = [whole] if not tasks or whole.settled else [history.lineage(t) for t in tasks]
     outcomes, started = [], 0.0
     for line in lines:
@@ -198,8 +203,12 @@ def _final_outcome(upstream: record.JobRecord) -> Optional[tuple[str, float]]:
     return (", ".join(failed) if failed else "completed"), started
 
 
-def resolve(words: list[str], home: Optional[str] = None,
-            jobs: Optional[dict[str, Job]] = None, cluster: Optional[str] = None) -> list[str]:
+def resolve(
+    words: list[str],
+    home: Optional[str] = None,
+    jobs: Optional[dict[str, Job]] = None,
+    cluster: Optional[str] = None,
+) -> list[str]:
     """sbatch words with the dispatch job ids of ``--dependency`` replaced by their current
     Slurm job ids.  An upstream job whose Slurm job Slurm has forgotten is judged by its final
     outcome and the term's type (:func:`judge`): satisfied, its term goes; never satisfiable,
@@ -216,8 +225,9 @@ def resolve(words: list[str], home: Optional[str] = None,
             line = upstream.history().lineage()
             current = line.current
             if current is None:
-                raise UsageError(f"--dependency {value!r}: dispatch job {ident} has no "
-                                 "submission yet")
+                raise UsageError(
+                    f"--dependency {value!r}: dispatch job {ident} has no submission yet"
+                )
             if jobs is None or _known(upstream, current, jobs):
                 return current.slurm_job_id  # Slurm knows it: Slurm judges the term
             outcome = _final_outcome(upstream)
@@ -228,9 +238,11 @@ def resolve(words: list[str], home: Optional[str] = None,
                 f"--dependency {value!r}: dispatch job {ident}'s Slurm job "
                 f"{current.slurm_job_id} has ended and Slurm has forgotten it, and how it "
                 "ended for good is not known yet (no supervisor pass has judged it since; it "
-                "may still be resubmitted): run `dispatch supervise`, then submit again")
+                "may still be resubmitted): run `dispatch supervise`, then submit again"
+            )
         judge(kind, ident, outcome[0], outcome[1], delay, time.time())
         return None
+
     new = list(words)
     new[index] = new[index][:offset] + rewrite(value, lookup)
     if new[index] == new[index][:offset]:  # every term satisfied: no dependency left
@@ -265,9 +277,14 @@ class Moved:
         self.refused: list[str] = []
 
 
-def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
-           home: Optional[str] = None, jobs: Optional[dict[str, Job]] = None,
-           waiting: Optional[list[record.JobRecord]] = None) -> Moved:
+def follow(
+    slurm: Slurm,
+    upstream: record.JobRecord,
+    new_slurm_id: str,
+    home: Optional[str] = None,
+    jobs: Optional[dict[str, Job]] = None,
+    waiting: Optional[list[record.JobRecord]] = None,
+) -> Moved:
     """After ``upstream`` was resubmitted as ``new_slurm_id``: rewrite the dependency of every
     pending Slurm job of the caller's dispatch jobs that names ``upstream``.  ``waiting``
     (from :func:`dependents`) and ``jobs`` (a supervisor pass's) save reading them again;
@@ -295,14 +312,19 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
         if info is None or not info.is_pending or not _known(job, current, jobs):
             continue
         try:
-            value = rewrite(where[2], lambda ident, kind, delay: new_slurm_id
-                            if ident == upstream.id else _current(ident, home))
+            value = rewrite(
+                where[2],
+                lambda ident, kind, delay: (
+                    new_slurm_id if ident == upstream.id else _current(ident, home)
+                ),
+            )
         except DispatchError as exc:
             moved.refused.append(
                 f"Slurm job {info.job_id} (dispatch job {job.id}) keeps its dependency as "
                 f"Slurm has it, still naming {upstream.id}'s ended job, not its new Slurm job "
                 f"{new_slurm_id}: {exc}; once that reads again, `scontrol update "
-                f"jobid={info.job_id} dependency=...` with {new_slurm_id} for {upstream.id}")
+                f"jobid={info.job_id} dependency=...` with {new_slurm_id} for {upstream.id}"
+            )
             continue
         slurm.set_dependency(info.job_id, value)
         moved.updated.append(info.job_id)
@@ -312,10 +334,8 @@ def follow(slurm: Slurm, upstream: record.JobRecord, new_slurm_id: str,
 def _known(job: record.JobRecord, current: events.Submitted, jobs: dict[str, Job]) -> bool:
     """Slurm's job under the submission's id is that submission (its marker; ids start again
     when slurmctld loses its state: a plain job of the user's may have it now)."""
-    from .submit import is_submission  # submit imports this module
-
     found = jobs.get(current.slurm_job_id)
-    return found is not None and is_submission(job, current, found)
+    return found is not None and naming.is_submission(job, current, found)
 
 
 def _current(ident: str, home: Optional[str]) -> str:

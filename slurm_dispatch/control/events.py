@@ -43,7 +43,7 @@ def _kind_of(annotation: str) -> tuple[str, bool]:
     """(check, nullable) for an annotation string such as ``Optional[dict[str, Any]]``."""
     nullable = annotation.startswith("Optional[")
     if nullable:
-        annotation = annotation[len("Optional["):-1]
+        annotation = annotation[len("Optional[") : -1]
     outer = annotation.split("[", 1)[0]
     if outer in ("list", "dict"):
         return outer, nullable
@@ -94,8 +94,11 @@ class _Frozen:
             elif f.required:
                 raise TypeError(f"{type(self).__name__} needs {f.name!r}")
             else:
-                value = list(f.default) if isinstance(f.default, list) else (
-                    dict(f.default) if isinstance(f.default, dict) else f.default)
+                value = (
+                    list(f.default)
+                    if isinstance(f.default, list)
+                    else (dict(f.default) if isinstance(f.default, dict) else f.default)
+                )
             object.__setattr__(self, f.name, value)
         if values:
             raise TypeError(f"{type(self).__name__} has no field {sorted(values)[0]!r}")
@@ -118,8 +121,9 @@ class _Frozen:
         return hash((type(self).__name__, repr(self._compared())))
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in self._fields
-                          if f.name != "raw")
+        shown = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in self._fields if f.name != "raw"
+        )
         return f"{type(self).__name__}({shown})"
 
     def as_dict(self) -> dict[str, Any]:
@@ -200,8 +204,12 @@ class SubmitLost(Event):
 
 class Hold(Event):
     kind: ClassVar[str] = "hold"
-    required: ClassVar[tuple[str, ...]] = ("submission", "slurm_job_id", "ended_slurm_job_id",
-                                           "deadline")
+    required: ClassVar[tuple[str, ...]] = (
+        "submission",
+        "slurm_job_id",
+        "ended_slurm_job_id",
+        "deadline",
+    )
     submission: int = 0
     slurm_job_id: str = ""
     ended_slurm_job_id: str = ""
@@ -320,6 +328,9 @@ class NoProgress(Event):
     limit: int = 0
     action: str = ""
     end_state: str = ""
+    # The restart count of the execution the launcher stopped at its start (Slurm started the
+    # requeued job before a pass could hold it; the launcher requeued it held), else None.
+    at_start: Optional[int] = None
 
     @property
     def last_attempt(self) -> str:
@@ -354,14 +365,104 @@ class RequeuesSpent(Event):
     restarts: int = 0
     used: int = 0
     budget: int = 0
+    # The restart count of the execution the launcher stopped at its start (its own
+    # ``scontrol requeuehold`` made ``restarts`` one more), else None: the supervisor's hold.
+    at_start: Optional[int] = None
 
 
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Submitted, SubmitFailed, SubmitLost, Hold, Released, Expired, Cessation, Notified,
-    Finished, Superseded, Started, NoProgress, Quarantined, RequeuesSpent)}
+class NodeAvoided(Event):
+    """The supervisor decided that the lineage's next executions avoid ``node``
+    (``--avoid-bad-nodes``): ``why`` ``node failure`` (an execution ended by the node's
+    failure there) or ``failed`` (that many of its executions failed on it);
+    ``executions``: [submission, restart, Slurm job id] each, oldest first.  Recorded once
+    per node (:mod:`slurm_dispatch.control.badnodes`)."""
+
+    kind: ClassVar[str] = "node-avoided"
+    required: ClassVar[tuple[str, ...]] = ("node", "why")
+    node: str = ""
+    why: str = ""
+    executions: list[list[Any]] = []
+
+
+class NodesExcluded(Event):
+    """The supervisor kept the lineage's bad ``nodes`` off Slurm job ``slurm_job_id``:
+    ``how`` ``resubmission`` (its submission ``submission``, ``sbatch --exclude``) or
+    ``requeued`` (Slurm's requeued pending job, restart ``restarts``: ``ExcNodeList``),
+    merged with the owner's own (``submission``: the one it is either way); ``kept``: bad
+    nodes left in so that the job's ``node_count`` nodes of a partition stay usable;
+    ``asked``: bad nodes left in because the job asks for them (``--nodelist``);
+    ``refused``: bad nodes left in because sbatch refused the job without them (Slurm's
+    words: ``refusal``; a constraint, GRES or memory only they have).  Recorded once per
+    Slurm job and restart."""
+
+    kind: ClassVar[str] = "nodes-excluded"
+    required: ClassVar[tuple[str, ...]] = ("slurm_job_id", "how")
+    slurm_job_id: str = ""
+    how: str = ""
+    submission: int = 1
+    restarts: int = 0
+    nodes: list[str] = []
+    kept: list[str] = []
+    node_count: int = 0
+    asked: list[str] = []
+    refused: list[str] = []
+    refusal: str = ""
+    given: list[str] = []  # the exclusion list Slurm got (the owner's, then ours)
+    partitions: list[str] = []  # where the job may run, as slurmctld had it
+
+
+class Stalled(Event):
+    """Written inside the job, as the job's user, by the launcher's stall watcher
+    (:mod:`slurm_dispatch.execution.stall`): the execution ``attempt`` (Slurm job
+    ``slurm_job_id``) made no progress for ``seconds`` (its ``--stall-timeout``,
+    ``timeout``) since step ``step`` (None: none recorded), not counting time inside a save;
+    it was sent ``signal`` (its warning signal, to save) and then ended.  Its end counts as a
+    failure, whatever its exit status."""
+
+    kind: ClassVar[str] = "stalled"
+    required: ClassVar[tuple[str, ...]] = ("submission", "attempt")
+    submission: int = 0
+    slurm_job_id: str = ""
+    attempt: str = ""
+    seconds: int = 0
+    timeout: int = 0
+    step: Optional[int] = None
+    signal: str = ""
+
+    @property
+    def reason(self) -> str:
+        """The reason in words, as the supervisor and ``dispatch status`` show it."""
+        return f"stalled: no progress for {self.seconds} s since " + (
+            f"step {self.step}" if self.step is not None else "its last record"
+        )
+
+
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        Submitted,
+        SubmitFailed,
+        SubmitLost,
+        Hold,
+        Released,
+        Expired,
+        Cessation,
+        Notified,
+        Finished,
+        Superseded,
+        Started,
+        NoProgress,
+        Quarantined,
+        RequeuesSpent,
+        NodeAvoided,
+        NodesExcluded,
+        Stalled,
+    )
+}
 
 
 # -- reading -----------------------------------------------------------------------------
+
 
 def _check(f: _Field, value: Any) -> Any:
     """``value`` if it has the field's JSON type (an int is a float), else EventError."""
@@ -402,8 +503,10 @@ def parse(data: Any) -> Event:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise EventError(f"format version 'v' is {version!r}, not an integer from 1")
     if version > VERSION:
-        raise EventError(f"{kind!r} event is format version {version}, newer than this "
-                         f"slurm-dispatch reads ({VERSION}): upgrade slurm-dispatch here")
+        raise EventError(
+            f"{kind!r} event is format version {version}, newer than this "
+            f"slurm-dispatch reads ({VERSION}): upgrade slurm-dispatch here"
+        )
     cls = KINDS.get(kind)
     if cls is None:
         raise EventError(f"unknown event kind {kind!r} (known: {', '.join(sorted(KINDS))})")
@@ -427,8 +530,10 @@ def parse(data: Any) -> Event:
         intent(values["hold"])  # checked here, so a reader never meets a bad one later
     event = cls(**values, raw=data)
     if getattr(event, "submission", 1) < 1:
-        raise EventError(f"field 'submission' is {event.submission!r}, "  # type: ignore
-                         "not a number from 1")
+        raise EventError(
+            f"field 'submission' is {event.submission!r}, "  # type: ignore
+            "not a number from 1"
+        )
     return event
 
 
@@ -447,23 +552,38 @@ def intent(data: Any) -> HoldIntent:
 
 def new(cls: type[Event], now_ns: int, **values: Any) -> Event:
     """A new event of this format version, stamped ``now_ns``; checked like a stored one."""
-    data = {"event": cls.kind, "v": VERSION, "time": round(now_ns / 1e9, 3), "ns": now_ns,
-            **{k: v for k, v in values.items() if not (k == "task" and v is None)}}
+    data = {
+        "event": cls.kind,
+        "v": VERSION,
+        "time": round(now_ns / 1e9, 3),
+        "ns": now_ns,
+        **{k: v for k, v in values.items() if not (k == "task" and v is None)},
+    }
     return parse(data)
 
 
 # -- the history -------------------------------------------------------------------------
 
+
 class Lineage:
     """One lineage of submissions: the whole job, or one array task (``task``)."""
 
-    def __init__(self, task: Optional[int], submissions: list[Submitted], holds: list[Hold],
-                 ends: list[Union[Released, Expired]], answers: list[Cessation],
-                 started: list[Started], finished: Optional[Finished],
-                 superseded: Optional[Superseded],
-                 no_progress: Optional[list[NoProgress]] = None,
-                 quarantined: Optional[list[Quarantined]] = None,
-                 requeues_spent: Optional[list[RequeuesSpent]] = None) -> None:
+    def __init__(
+        self,
+        task: Optional[int],
+        submissions: list[Submitted],
+        holds: list[Hold],
+        ends: list[Union[Released, Expired]],
+        answers: list[Cessation],
+        started: list[Started],
+        finished: Optional[Finished],
+        superseded: Optional[Superseded],
+        no_progress: Optional[list[NoProgress]] = None,
+        quarantined: Optional[list[Quarantined]] = None,
+        requeues_spent: Optional[list[RequeuesSpent]] = None,
+        avoided: Optional[list[NodeAvoided]] = None,
+        excluded: Optional[list[NodesExcluded]] = None,
+    ) -> None:
         self.task = task
         self.submissions = submissions
         self.holds = holds
@@ -475,6 +595,8 @@ class Lineage:
         self.no_progress = list(no_progress or [])
         self.quarantined = list(quarantined or [])
         self.requeues_spent = list(requeues_spent or [])
+        self.avoided = list(avoided or [])  # bad nodes, once each (--avoid-bad-nodes)
+        self.excluded = list(excluded or [])  # where they were kept off
 
     @property
     def spent(self) -> Optional[RequeuesSpent]:
@@ -535,11 +657,21 @@ class Lineage:
         if sub is None or sub.hold is None:
             return None
         wanted = intent(sub.hold)
-        return Hold(time=sub.time, ns=sub.ns, v=sub.v, task=sub.task, submission=number,
-                    slurm_job_id=sub.slurm_job_id, ended_slurm_job_id=wanted.ended_slurm_job_id,
-                    ended_restart=wanted.ended_restart, end_state=wanted.end_state,
-                    deadline=wanted.deadline, instead_of=wanted.instead_of,
-                    ended_tasks=wanted.ended_tasks, recovered=True)
+        return Hold(
+            time=sub.time,
+            ns=sub.ns,
+            v=sub.v,
+            task=sub.task,
+            submission=number,
+            slurm_job_id=sub.slurm_job_id,
+            ended_slurm_job_id=wanted.ended_slurm_job_id,
+            ended_restart=wanted.ended_restart,
+            end_state=wanted.end_state,
+            deadline=wanted.deadline,
+            instead_of=wanted.instead_of,
+            ended_tasks=wanted.ended_tasks,
+            recovered=True,
+        )
 
     def lifted(self, slurm_job_id: str) -> Optional[Union[Released, Expired]]:
         """How the hold on ``slurm_job_id`` ended (released or expired), if it did."""
@@ -584,8 +716,10 @@ class History:
     def lineage(self, task: Optional[int] = None) -> Lineage:
         """The whole job (``task`` None) or one array task: whole-job events count for
         every task, a task's own events only for it."""
+
         def mine(e: Event) -> bool:
             return e.task is None or e.task == task
+
         superseded = self.of(Superseded)
         finished = [e for e in self.of(Finished) if e.task is None or e.task == task]
         return Lineage(
@@ -600,12 +734,16 @@ class History:
             superseded=superseded[0] if superseded else None,
             no_progress=[e for e in self.of(NoProgress) if mine(e)],
             quarantined=[e for e in self.of(Quarantined) if mine(e)],
-            requeues_spent=[e for e in self.of(RequeuesSpent) if mine(e)])
+            requeues_spent=[e for e in self.of(RequeuesSpent) if mine(e)],
+            avoided=[e for e in self.of(NodeAvoided) if mine(e)],
+            excluded=[e for e in self.of(NodesExcluded) if mine(e)],
+        )
 
     def settled_tasks(self, tasks: list[int]) -> bool:
         """Every one of an array's ``tasks`` is settled (or the whole job is)."""
         return self.lineage().settled or (
-            bool(tasks) and all(self.lineage(t).settled for t in tasks))
+            bool(tasks) and all(self.lineage(t).settled for t in tasks)
+        )
 
     # The whole job's answers, for callers that do not deal in tasks.
     @property
@@ -634,8 +772,9 @@ class History:
                 return sub
         for start in self.of(Started):  # a task's own job id (98 for 97_1)
             if start.slurm_job_id == base and start.array_job_id:
-                return next((s for s in self.of(Submitted)
-                             if s.slurm_job_id == start.array_job_id), None)
+                return next(
+                    (s for s in self.of(Submitted) if s.slurm_job_id == start.array_job_id), None
+                )
         return None
 
     def decisions(self) -> list[Event]:

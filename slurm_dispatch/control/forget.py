@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from .. import _fsio
 from ..errors import DispatchError, RecordError
 from ..slurm.jobs import Job, unique_jobs
-from . import events, record, submit
+from . import events, record, sbatch_words
 
 _CLAIM = re.compile(r"submission-(\d+)(?:-t(\d+))?(?:\.|$)")
 GOING = ".forgetting-"
@@ -35,7 +35,7 @@ GOING = ".forgetting-"
 def settled(job: record.JobRecord) -> bool:
     """Nothing more is decided for it: finished, superseded, or every array task so."""
     history = job.history()
-    tasks = submit.array_tasks(job)
+    tasks = sbatch_words.array_tasks(job)
     return history.settled or (tasks is not None and history.settled_tasks(tasks))
 
 
@@ -61,8 +61,11 @@ def ended_attempts(job: record.JobRecord) -> frozenset[str]:
         for event in history.events:  # the record's order: the starts before that end
             if event is end:
                 break
-            if isinstance(event, events.Started) and event.attempt \
-                    and (line.task is None or event.task == line.task):
+            if (
+                isinstance(event, events.Started)
+                and event.attempt
+                and (line.task is None or event.task == line.task)
+            ):
                 out.add(event.attempt)
     return frozenset(out)
 
@@ -76,8 +79,12 @@ def ended_executions(home: Optional[str] = None) -> Callable[[str], frozenset[st
 
     def ended(job_id: str) -> frozenset[str]:
         path = os.path.join(base, job_id)
-        if not job_id or "/" in job_id or job_id.startswith(".") \
-                or not os.path.isfile(os.path.join(path, "job.json")):
+        if (
+            not job_id
+            or "/" in job_id
+            or job_id.startswith(".")
+            or not os.path.isfile(os.path.join(path, "job.json"))
+        ):
             return frozenset()
         return ended_attempts(record.JobRecord(path))
 
@@ -91,13 +98,16 @@ def symlinked(job: record.JobRecord) -> Optional[str]:
         target = os.readlink(job.path)
     except OSError:
         return None  # not a symlink (or gone: the readers say so)
-    return (f"a symlink to {target!r}, not a record folder: dispatch forget never follows "
-            f"one; remove the link {job.path!r} by hand (or move the record back in its "
-            "place)")
+    return (
+        f"a symlink to {target!r}, not a record folder: dispatch forget never follows "
+        f"one; remove the link {job.path!r} by hand (or move the record back in its "
+        "place)"
+    )
 
 
-def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
-             waiting: dict[str, list[record.JobRecord]]) -> Optional[str]:
+def why_kept(
+    job: record.JobRecord, slurm_jobs: dict[str, Job], waiting: dict[str, list[record.JobRecord]]
+) -> Optional[str]:
     """Why ``job``'s record must stay, or None when it may be forgotten.  ``slurm_jobs`` is
     this cluster's view of the caller's jobs, ``waiting`` :func:`dependency.dependents`."""
     link = symlinked(job)
@@ -105,7 +115,7 @@ def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
         return link
     try:
         history = job.history()
-        tasks = submit.array_tasks(job)
+        tasks = sbatch_words.array_tasks(job)
     except DispatchError as exc:
         return f"unreadable ({exc}): remove it by hand if it is garbage"
     ids = {s.slurm_job_id for s in history.submissions}
@@ -115,8 +125,10 @@ def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
             return f"still known to Slurm (Slurm job {view.display_id}, {view.state})"
     for line in [history.lineage()] + [history.lineage(t) for t in tasks or []]:
         if line.hold is not None:
-            return (f"a standing hold (Slurm job {line.hold.slurm_job_id}): release it "
-                    "(dispatch release) or let it expire first")
+            return (
+                f"a standing hold (Slurm job {line.hold.slurm_job_id}): release it "
+                "(dispatch release) or let it expire first"
+            )
     made = {(s.submission, s.task) for s in history.submissions}
     for name in _claim_names(job):
         found = _CLAIM.match(name)
@@ -125,8 +137,10 @@ def why_kept(job: record.JobRecord, slurm_jobs: dict[str, Job],
             if key not in made and (key[0], None) not in made:
                 return f"submission {key[0]} is being made (claim {name})"
     if not settled(job):
-        return ("not settled: dispatch supervise has not decided its end yet (it may be "
-                "resubmitted); run a pass first")
+        return (
+            "not settled: dispatch supervise has not decided its end yet (it may be "
+            "resubmitted); run a pass first"
+        )
     others = []
     for other in waiting.get(job.id, []):
         try:
@@ -193,12 +207,16 @@ def forget(job: record.JobRecord) -> None:
         raise RecordError(f"cannot remove the record {job.path!r}: {exc.strerror}") from None
     if os.path.islink(going):  # made a symlink after the check: only the link goes
         os.unlink(going)
-        raise RecordError(f"not removing the record {job.path!r}: it became a symlink while "
-                          "it was being forgotten; the link is removed, nothing it led to")
+        raise RecordError(
+            f"not removing the record {job.path!r}: it became a symlink while "
+            "it was being forgotten; the link is removed, nothing it led to"
+        )
     why = _remove_tree(going)
     if why:
-        raise RecordError(f"cannot remove the record {job.path!r} whole (renamed out of sight "
-                          f"as {os.path.basename(going)}; the next run tries again): {why}")
+        raise RecordError(
+            f"cannot remove the record {job.path!r} whole (renamed out of sight "
+            f"as {os.path.basename(going)}; the next run tries again): {why}"
+        )
 
 
 def _remove_tree(path: str) -> str:
@@ -251,20 +269,23 @@ def finish_earlier(home: Optional[str] = None) -> tuple[list[str], list[str]]:
     for name in left:
         path = os.path.join(base, name)
         if os.path.islink(path):  # an earlier release renamed a symlinked record: the link
-            os.unlink(path)       # alone goes, never what it leads to
+            os.unlink(path)  # alone goes, never what it leads to
             finished.append(name)
             continue
         why = _remove_tree(path)
         if why:
-            stuck.append(f"cannot finish removing {path!r}, a record an earlier run renamed out "
-                         f"of sight: {why}")
+            stuck.append(
+                f"cannot finish removing {path!r}, a record an earlier run renamed out "
+                f"of sight: {why}"
+            )
         else:
             finished.append(name)
     return finished, stuck
 
 
-def forget_planned(jobs: list[record.JobRecord], going: list[dict[str, Any]],
-                   home: Optional[str] = None) -> list[str]:
+def forget_planned(
+    jobs: list[record.JobRecord], going: list[dict[str, Any]], home: Optional[str] = None
+) -> list[str]:
     """Forget the records :func:`plan` let go (``going``, from ``jobs``), after finishing what
     a killed run left half removed under ``home``; returns those names.  What both
     ``dispatch forget`` and ``dispatch-admin prune`` (as the user) do.  A leftover that
@@ -278,9 +299,12 @@ def forget_planned(jobs: list[record.JobRecord], going: list[dict[str, Any]],
     return left
 
 
-def plan(jobs: list[record.JobRecord], slurm_jobs: dict[str, Job],
-         waiting: dict[str, list[record.JobRecord]], before: Optional[float]
-         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def plan(
+    jobs: list[record.JobRecord],
+    slurm_jobs: dict[str, Job],
+    waiting: dict[str, list[record.JobRecord]],
+    before: Optional[float],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the records to forget, those kept with why), for ``jobs`` last active before
     ``before`` (every one given, with None)."""
     going: list[dict[str, Any]] = []

@@ -58,12 +58,25 @@ from ..checkpoint import progress
 from ..slurm.jobs import END_STATES, is_running
 
 # Why an execution was followed by another one; the metrics' ``cause`` label values.
-CAUSES = ("preempted", "node failure", "failed", "timeout", "out of memory", "no progress",
-          "by hand", "unknown")
+CAUSES = (
+    "preempted",
+    "node failure",
+    "failed",
+    "timeout",
+    "out of memory",
+    "no progress",
+    "by hand",
+    "unknown",
+)
 # A rule's end names (rules.ORDER) and the cause each counts as.
-_RULE_CAUSES = {"node failure": "node failure", "preempted": "preempted", "failed": "failed",
-                "timeout": "timeout", "out of memory": "out of memory",
-                "no progress": "no progress"}
+_RULE_CAUSES = {
+    "node failure": "node failure",
+    "preempted": "preempted",
+    "failed": "failed",
+    "timeout": "timeout",
+    "out of memory": "out of memory",
+    "no progress": "no progress",
+}
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,7 @@ def marks(root: str, found: Optional[Iterable[Any]] = None) -> list[Mark]:
     entry was made and the time its save was last written (a POSIX root's; an S3 root's have
     none and are left out)."""
     from ..checkpoint import publish as store
+
     listed = list(store.list_publications(root) if found is None else found)
     best = max(listed, key=lambda f: (f.epoch, f.step, f.name), default=None)
     out = []
@@ -152,8 +166,9 @@ def _begun(execution: dict[str, Any]) -> bool:
         if not isinstance(fact, dict):
             continue
         if (fact.get("controller") or {}).get("start") or any(
-                isinstance(seen, dict) and seen.get("start")
-                for seen in (fact.get("nodes") or {}).values()):
+            isinstance(seen, dict) and seen.get("start")
+            for seen in (fact.get("nodes") or {}).values()
+        ):
             return True
     return False
 
@@ -172,8 +187,7 @@ def _node_ends(execution: dict[str, Any]) -> Optional[list[Optional[float]]]:
 
 def _slurm_end_state(execution: dict[str, Any]) -> Optional[str]:
     for fact in execution.get("facts") or []:
-        end = ((fact.get("controller") or {}).get("end") or {}) if isinstance(fact, dict) \
-            else {}
+        end = ((fact.get("controller") or {}).get("end") or {}) if isinstance(fact, dict) else {}
         state = str((end.get("slurm") or {}).get("SLURM_JOB_STATE") or "").split(" ")[0]
         # Slurm's end state in a controller's end record (releases that give hooks
         # SLURM_JOB_STATE), as the rules name it, where that is a cause.
@@ -202,9 +216,15 @@ def _task_of(event: dict[str, Any]) -> str:
 class _Lane:
     """One lineage's executions, oldest first, with what the record says about them."""
 
-    def __init__(self, executions: list[dict[str, Any]], events: list[dict[str, Any]],
-                 submissions: list[dict[str, Any]], owned: dict[str, list[Mark]],
-                 by_path: dict[str, Mark], now: float) -> None:
+    def __init__(
+        self,
+        executions: list[dict[str, Any]],
+        events: list[dict[str, Any]],
+        submissions: list[dict[str, Any]],
+        owned: dict[str, list[Mark]],
+        by_path: dict[str, Mark],
+        now: float,
+    ) -> None:
         self.executions = sorted(executions, key=lambda e: float(e.get("started") or 0))
         self.now = now
         self.events = events
@@ -216,9 +236,12 @@ class _Lane:
         """Each hold's span, from when it was made to its release or expiry (or now)."""
         spans = []
         for hold in (e for e in self.events if e.get("event") == "hold"):
-            lifted = [float(e["time"]) for e in self.events
-                      if e.get("event") in ("released", "expired")
-                      and str(e.get("slurm_job_id")) == str(hold.get("slurm_job_id"))]
+            lifted = [
+                float(e["time"])
+                for e in self.events
+                if e.get("event") in ("released", "expired")
+                and str(e.get("slurm_job_id")) == str(hold.get("slurm_job_id"))
+            ]
             spans.append((float(hold.get("time") or 0), min(lifted) if lifted else self.now))
         return spans
 
@@ -227,8 +250,7 @@ def _folder(execution: dict[str, Any]) -> str:
     return str(execution.get("exec_dir") or "").rstrip("/")
 
 
-def owned(executions: Iterable[dict[str, Any]], found: Iterable[Mark]
-          ) -> dict[str, list[Mark]]:
+def owned(executions: Iterable[dict[str, Any]], found: Iterable[Mark]) -> dict[str, list[Mark]]:
     """Each execution folder's publications (those below it), in ``found``'s order: one walk
     up each publication's path, so an array of thousands of tasks costs no more per task."""
     out: dict[str, list[Mark]] = {f: [] for f in map(_folder, executions) if f}
@@ -291,8 +313,14 @@ def _cause(lane: _Lane, i: int) -> Optional[str]:
     reason = str(sub.get("reason") or "")
     if reason == "manual":
         return "by hand"
-    hold = next((e for e in lane.events if e.get("event") == "hold"
-                 and e.get("submission") == after.get("submission")), None)
+    hold = next(
+        (
+            e
+            for e in lane.events
+            if e.get("event") == "hold" and e.get("submission") == after.get("submission")
+        ),
+        None,
+    )
     found = _rule_cause(str((hold or {}).get("end_state") or "")) or _rule_cause(reason)
     return found or "unknown"
 
@@ -303,12 +331,13 @@ def _last_cause(lane: _Lane) -> Optional[str]:
     return str(done[-1].get("end_state") or "") or None if done else None
 
 
-def _restore(execution: dict[str, Any], own: list[Mark], resumed: Optional[int]
-             ) -> Optional[float]:
+def _restore(execution: dict[str, Any], own: list[Mark], resumed: Optional[int]) -> Optional[float]:
     """The estimated time from the start to the first step after resuming: the time to the
     first save less the steps to it at the pace of the later saves."""
-    timed = sorted((m for m in own if m.time >= float(execution.get("started") or 0)),
-                   key=lambda m: (m.time, m.step))
+    timed = sorted(
+        (m for m in own if m.time >= float(execution.get("started") or 0)),
+        key=lambda m: (m.time, m.step),
+    )
     if len(timed) < 2:
         return None
     first, last = timed[0], timed[-1]
@@ -323,8 +352,12 @@ def _latency(own: list[Mark]) -> Optional[dict[str, Any]]:
     spans = [max(0.0, m.time - m.saved) for m in own if m.saved is not None]
     if not spans:
         return None
-    return {"median": round(statistics.median(spans), 3), "max": round(max(spans), 3),
-            "sum": round(sum(spans), 3), "count": len(spans)}
+    return {
+        "median": round(statistics.median(spans), 3),
+        "max": round(max(spans), 3),
+        "sum": round(sum(spans), 3),
+        "count": len(spans),
+    }
 
 
 def _overlap(lo: float, hi: float, spans: list[tuple[float, float]]) -> float:
@@ -353,8 +386,13 @@ def _lane_figures(lane: _Lane) -> list[dict[str, Any]]:
         # node cut off for good records no end, and the execution would age for ever.
         said_ended = str(execution.get("state") or "").split(" ")[0] in END_STATES
         finished = any(e.get("event") == "finished" for e in lane.events)
-        is_open = after is None and ended is None and not said_ended and not finished and \
-            (running or _begun(execution))
+        is_open = (
+            after is None
+            and ended is None
+            and not said_ended
+            and not finished
+            and (running or _begun(execution))
+        )
         if ended is None and after is not None:
             ended = _allocated_at(after)
         if ended is None and running:
@@ -374,18 +412,30 @@ def _lane_figures(lane: _Lane) -> list[dict[str, Any]]:
         held = _overlap(float(since), allocated, holds) if since is not None else 0.0
         redone = None
         if i > 0:
-            redone = None if resumed is None else 0 if reached_before is None else \
-                max(0, reached_before - resumed)
+            redone = (
+                None
+                if resumed is None
+                else 0
+                if reached_before is None
+                else max(0, reached_before - resumed)
+            )
         restore = _restore(execution, own, resumed)
         first = min((m.time for m in own if m.time >= started), default=None)
         figure: dict[str, Any] = {
-            "submission": execution.get("submission"), "restart": execution.get("restart"),
+            "submission": execution.get("submission"),
+            "restart": execution.get("restart"),
             "array_task_id": execution.get("array_task_id") or "",
-            "display_id": execution.get("display_id"), "node": execution.get("node"),
-            "allocated": allocated, "started": started, "ended": ended,
+            "display_id": execution.get("display_id"),
+            "node": execution.get("node"),
+            "allocated": allocated,
+            "started": started,
+            "ended": ended,
             "ceased": ceased_at(execution),
-            "waited_s": _round(waited), "held_s": _round(held),
-            "resumed_step": resumed, "reached_step": reached, "redone_steps": redone,
+            "waited_s": _round(waited),
+            "held_s": _round(held),
+            "resumed_step": resumed,
+            "reached_step": reached,
+            "redone_steps": redone,
             "steps_known": all(progress.step_known(m.path) for m in own),
             "first_save_s": _round(None if first is None else first - started),
             "restore_s": _round(restore),
@@ -407,8 +457,13 @@ def _lane_figures(lane: _Lane) -> list[dict[str, Any]]:
     return out
 
 
-def _time(execution: dict[str, Any], figure: dict[str, Any], after: Optional[dict[str, Any]],
-          own: list[Mark], lane: _Lane) -> dict[str, Any]:
+def _time(
+    execution: dict[str, Any],
+    figure: dict[str, Any],
+    after: Optional[dict[str, Any]],
+    own: list[Mark],
+    lane: _Lane,
+) -> dict[str, Any]:
     """The allocation's seconds and the part the lineage did not keep."""
     ended, allocated = figure["ended"], figure["allocated"]
     if ended is None:
@@ -418,8 +473,7 @@ def _time(execution: dict[str, Any], figure: dict[str, Any], after: Optional[dic
         kept_until = ended
     else:
         taken = lane.by_path.get(_source(after))
-        kept_until = min(taken.time, ended) if taken is not None and taken in own \
-            else allocated
+        kept_until = min(taken.time, ended) if taken is not None and taken in own else allocated
     useful_from = figure["started"] + (figure["restore_s"] or 0.0)
     kept = max(0.0, kept_until - useful_from)
     return {"allocated_s": _round(held), "lost_s": _round(max(0.0, held - kept))}
@@ -434,15 +488,23 @@ def figures(data: dict[str, Any], found: list[Mark], now: float) -> dict[str, An
     all_events, lane_events = _by_lane(data.get("events") or [], _task_of)
     all_subs, lane_subs = _by_lane(
         data.get("submissions") or [],
-        lambda s: str(s.get("task") if s.get("task") is not None else ""))
+        lambda s: str(s.get("task") if s.get("task") is not None else ""),
+    )
     folders = owned(data.get("executions") or [], found)
     by_path = {m.path: m for m in found}
     executions: list[dict[str, Any]] = []
     causes = {cause: 0 for cause in CAUSES}
     for lane in sorted(by_lane):
-        these = _lane_figures(_Lane(
-            by_lane[lane], _merged(all_events, lane_events.get(lane, [])),
-            _merged(all_subs, lane_subs.get(lane, [])), folders, by_path, now))
+        these = _lane_figures(
+            _Lane(
+                by_lane[lane],
+                _merged(all_events, lane_events.get(lane, [])),
+                _merged(all_subs, lane_subs.get(lane, [])),
+                folders,
+                by_path,
+                now,
+            )
+        )
         # The last execution's cause is how the lineage ended, no restart.
         for e in these[:-1]:
             if e["cause"] is not None:
@@ -455,10 +517,10 @@ def figures(data: dict[str, Any], found: list[Mark], now: float) -> dict[str, An
         "executions": executions,
         "restarts": sum(causes.values()),
         "restarts_by_cause": causes,
-        "allocated_s": round(allocated, 3), "lost_s": round(lost, 3),
+        "allocated_s": round(allocated, 3),
+        "lost_s": round(lost, 3),
         "goodput": round((allocated - lost) / allocated, 4) if allocated > 0 else None,
         "redone_steps": sum(redone),
         "waited_s": round(sum(e["waited_s"] or 0.0 for e in executions), 3),
         "held_s": round(sum(e["held_s"] or 0.0 for e in executions), 3),
     }
-

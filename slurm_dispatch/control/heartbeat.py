@@ -28,8 +28,10 @@ PASS_FILE = "supervisor-pass.json"
 # A supervisor that passed within this long runs (a timer passes every minute, a --loop every
 # interval: then three of its intervals, if longer).
 RECENT = 600.0
-WAYS = ("`systemctl --user enable --now dispatch-supervise.timer` (contrib/systemd), a "
-        "scrontab line `* * * * * dispatch supervise -q`, or `dispatch supervise --loop`")
+WAYS = (
+    "`systemctl --user enable --now dispatch-supervise.timer` (contrib/systemd), a "
+    "scrontab line `* * * * * dispatch supervise -q`, or `dispatch supervise --loop`"
+)
 
 
 def path(home: Optional[str] = None, cluster: Optional[str] = None) -> str:
@@ -40,8 +42,7 @@ def path(home: Optional[str] = None, cluster: Optional[str] = None) -> str:
     return os.path.join(home or record.home_dir(), name)
 
 
-def read(home: Optional[str] = None, cluster: Optional[str] = None
-         ) -> Optional[dict[str, Any]]:
+def read(home: Optional[str] = None, cluster: Optional[str] = None) -> Optional[dict[str, Any]]:
     """What the last pass wrote, or None (no supervisor has passed, or unreadable).
     ``time``: the last good pass (None if none was); ``failing_since``, ``failures``,
     ``failed_at``, ``error``: present while passes fail; ``every``: a loop's interval."""
@@ -56,17 +57,35 @@ def read(home: Optional[str] = None, cluster: Optional[str] = None
     return found if good or failing else None
 
 
-def good(home: Optional[str], cluster: Optional[str], jobs: int, actions: int, errors: int,
-         every: Optional[float] = None) -> None:
+def good(
+    home: Optional[str],
+    cluster: Optional[str],
+    jobs: int,
+    actions: int,
+    errors: int,
+    every: Optional[float] = None,
+) -> None:
     """A pass over the user's jobs was made (its own jobs' errors included): it ends a run of
     failed passes."""
-    _write(home, cluster, {"time": round(time.time(), 3), "host": os.uname().nodename,
-                           "pid": os.getpid(), "cluster": cluster, "jobs": jobs,
-                           "actions": actions, "errors": errors, "every": every})
+    _write(
+        home,
+        cluster,
+        {
+            "time": round(time.time(), 3),
+            "host": os.uname().nodename,
+            "pid": os.getpid(),
+            "cluster": cluster,
+            "jobs": jobs,
+            "actions": actions,
+            "errors": errors,
+            "every": every,
+        },
+    )
 
 
-def failed(home: Optional[str], cluster: Optional[str], cause: str,
-           every: Optional[float] = None) -> dict[str, Any]:
+def failed(
+    home: Optional[str], cluster: Optional[str], cause: str, every: Optional[float] = None
+) -> dict[str, Any]:
     """A pass failed as a whole (the controller did not answer): the last good pass stays
     (``time``, None if there was none), with since when passes fail, how many did and the
     latest cause.  Returns what was written."""
@@ -74,11 +93,17 @@ def failed(home: Optional[str], cluster: Optional[str], cause: str,
     now = round(time.time(), 3)
     since = before.get("failing_since")
     last_good = before.get("time")
-    body = {"time": last_good if isinstance(last_good, (int, float)) else None,
-            "host": os.uname().nodename, "pid": os.getpid(), "cluster": cluster,
-            "failing_since": since if isinstance(since, (int, float)) else now,
-            "failures": int(before.get("failures") or 0) + 1 if since else 1,
-            "failed_at": now, "error": cause, "every": every}
+    body = {
+        "time": last_good if isinstance(last_good, (int, float)) else None,
+        "host": os.uname().nodename,
+        "pid": os.getpid(),
+        "cluster": cluster,
+        "failing_since": since if isinstance(since, (int, float)) else now,
+        "failures": int(before.get("failures") or 0) + 1 if since else 1,
+        "failed_at": now,
+        "error": cause,
+        "every": every,
+    }
     _write(home, cluster, body)
     return body
 
@@ -98,8 +123,9 @@ def _write(home: Optional[str], cluster: Optional[str], body: dict[str, Any]) ->
             pass
 
 
-def missing_warning(home: Optional[str], cluster: Optional[str], options: list[str],
-                    now: Optional[float] = None) -> Optional[str]:
+def missing_warning(
+    home: Optional[str], cluster: Optional[str], options: list[str], now: Optional[float] = None
+) -> Optional[str]:
     """The submission-time warning: ``options`` (``--resubmit 3``, ``--shared-checkpoint``)
     act only through a supervisor, and none of this user's has passed lately; or None."""
     seen = read(home, cluster)
@@ -117,6 +143,8 @@ def missing_warning(home: Optional[str], cluster: Optional[str], options: list[s
     else:
         said = "none has passed yet"
     verb = "act" if len(options) > 1 else "acts"
-    return (f"{' and '.join(options)} {verb} only while `dispatch supervise` runs, and no "
-            f"supervisor of yours has passed in the last {window / 60:.0f} min ({said}); "
-            f"run one: {WAYS}")
+    return (
+        f"{' and '.join(options)} {verb} only while `dispatch supervise` runs, and no "
+        f"supervisor of yours has passed in the last {window / 60:.0f} min ({said}); "
+        f"run one: {WAYS}"
+    )

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .. import _clock
 from ..errors import RecordError, RefusedError, SlurmError
-from . import events, record, submit
+from . import events, naming, record, sbatch_words
 
 if TYPE_CHECKING:
     from ..slurm.adapter import Slurm
-    from .supervisor import Settings
+    from .settings import Settings
 
 
 @dataclass
@@ -75,14 +75,19 @@ def ask_signal(argv: list[str], timeout: float) -> Answer:
     anything else an error."""
     where = locate(argv[0])
     if where is None:
-        return Answer("error", None, f"{argv[0]!r} not found on PATH "
-                                     f"({os.environ.get('PATH', os.defpath)}) nor beside "
-                                     f"{sys.executable}: set CessationSignal= to its absolute "
-                                     "path in dispatch.conf")
+        return Answer(
+            "error",
+            None,
+            f"{argv[0]!r} not found on PATH "
+            f"({os.environ.get('PATH', os.defpath)}) nor beside "
+            f"{sys.executable}: set CessationSignal= to its absolute "
+            "path in dispatch.conf",
+        )
     try:
         # errors="replace": bytes that are not UTF-8 are still an answer, read as far as text.
-        proc = subprocess.run([where, *argv[1:]], capture_output=True, text=True,
-                              errors="replace", timeout=timeout)
+        proc = subprocess.run(
+            [where, *argv[1:]], capture_output=True, text=True, errors="replace", timeout=timeout
+        )
     except FileNotFoundError:
         return Answer("error", None, f"{argv[0]!r} not found")
     except OSError as exc:  # not executable, a folder: the site's signal cannot be run
@@ -112,26 +117,36 @@ def why(answer: Answer) -> str:
 @dataclass(frozen=True)
 class Asked:
     """One ended execution the hold waits for, and what the signal said about it."""
+
     target: str
     answer: Answer
 
 
-def ask_one(signal: str, target: str, restart: object, timeout: float,
-            runner: SignalRunner) -> tuple[list[str], Answer]:
+def ask_one(
+    signal: str, target: str, restart: object, timeout: float, runner: SignalRunner
+) -> tuple[list[str], Answer]:
     """Ask ``signal`` about one ended execution: the argv run (or, when the setting does not
     split into words, the setting as written before the usual target) and the answer."""
     tail = [target, "--restart", str(restart), "--json"]
     try:
         argv = [*shlex.split(signal), *tail]
     except ValueError as exc:  # an unbalanced quote: nothing can be run, which is an answer
-        return [signal, *tail], Answer("error", None, f"CessationSignal {signal!r} does not "
-                                                      f"split into words: {exc}")
+        return [signal, *tail], Answer(
+            "error", None, f"CessationSignal {signal!r} does not split into words: {exc}"
+        )
     return argv, runner(argv, timeout)
 
 
-def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
-        runner: SignalRunner, clock: Callable[[], float], task: Optional[int],
-        heard: Optional[Callable[[Asked], None]] = None) -> list[Asked]:
+def ask(
+    job: record.JobRecord,
+    hold: events.Hold,
+    signal: str,
+    timeout: float,
+    runner: SignalRunner,
+    clock: Callable[[], float],
+    task: Optional[int],
+    heard: Optional[Callable[[Asked], None]] = None,
+) -> list[Asked]:
     """Ask ``signal`` about every ended execution ``hold`` waits for (an array hold: each
     task's), recording each answer as a cessation fact of ``task``'s lineage as it comes,
     then telling ``heard`` (so a caller's report has every answer recorded before a later
@@ -141,10 +156,17 @@ def ask(job: record.JobRecord, hold: events.Hold, signal: str, timeout: float,
     for target, restart in hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]]:
         argv, answer = ask_one(signal, str(target), restart, timeout, runner)
         answer = owned(answer, str(target), sluid=_sluid_of(history, str(target), restart))
-        job.append(events.Cessation, asked_at=round(clock(), 3),
-                   held_slurm_job_id=hold.slurm_job_id, ended_slurm_job_id=str(target),
-                   verdict=answer.verdict, code=answer.code, evidence=answer.evidence,
-                   command=argv, task=task)
+        job.append(
+            events.Cessation,
+            asked_at=round(clock(), 3),
+            held_slurm_job_id=hold.slurm_job_id,
+            ended_slurm_job_id=str(target),
+            verdict=answer.verdict,
+            code=answer.code,
+            evidence=answer.evidence,
+            command=argv,
+            task=task,
+        )
         asked.append(Asked(str(target), answer))
         if heard is not None:
             heard(asked[-1])
@@ -155,8 +177,11 @@ def _sluid_of(history: events.History, target: str, restart: Optional[int]) -> s
     """The SLUID the launcher recorded for execution ``restart`` of Slurm job ``target`` (a
     plain id or an array task's ``A_T``), '' where none was."""
     for start in history.of(events.Started):
-        key = (f"{start.array_job_id}_{start.array_task_id}" if start.array_task_id
-               else start.slurm_job_id)
+        key = (
+            f"{start.array_job_id}_{start.array_task_id}"
+            if start.array_task_id
+            else start.slurm_job_id
+        )
         if target in (key, start.slurm_job_id) and start.restart == restart and start.sluid:
             return start.sluid
     return ""
@@ -172,22 +197,36 @@ def owned(answer: Answer, target: str, uid: Optional[int] = None, sluid: str = "
     evidence = answer.evidence if isinstance(answer.evidence, dict) else {}
     judged, run = evidence.get("uid"), evidence.get("sluid")
     if answer.verdict == "ceased" and sluid and isinstance(run, str) and run and run != sluid:
-        return Answer("error", answer.code, {
-            "output": answer.evidence,
-            "problem": f"Slurm job {target} was judged from the facts of its run {run}, not "
-                       f"of this execution's, {sluid}: the job id was used twice (slurmctld's "
-                       "state started anew), so that run's end proves nothing about this "
-                       f"one; `dispatch-cease {target} --sluid {sluid}` judges this one"})
+        return Answer(
+            "error",
+            answer.code,
+            {
+                "output": answer.evidence,
+                "problem": f"Slurm job {target} was judged from the facts of its run {run}, not "
+                f"of this execution's, {sluid}: the job id was used twice (slurmctld's "
+                "state started anew), so that run's end proves nothing about this "
+                f"one; `dispatch-cease {target} --sluid {sluid}` judges this one",
+            },
+        )
     mine = os.getuid() if uid is None else uid
-    if answer.verdict != "ceased" or not isinstance(judged, int) or isinstance(judged, bool) \
-            or judged == mine:
+    if (
+        answer.verdict != "ceased"
+        or not isinstance(judged, int)
+        or isinstance(judged, bool)
+        or judged == mine
+    ):
         return answer
-    return Answer("error", answer.code, {
-        "output": answer.evidence,
-        "problem": f"Slurm job {target} was judged from uid {judged}'s facts, not uid "
-                   f"{mine}'s: the job id now names another user's job (job ids used twice: "
-                   "slurmctld's state started anew, or MaxJobId wrapped), so its end proves "
-                   "nothing about this one; release it by hand once you know"})
+    return Answer(
+        "error",
+        answer.code,
+        {
+            "output": answer.evidence,
+            "problem": f"Slurm job {target} was judged from uid {judged}'s facts, not uid "
+            f"{mine}'s: the job id now names another user's job (job ids used twice: "
+            "slurmctld's state started anew, or MaxJobId wrapped), so its end proves "
+            "nothing about this one; release it by hand once you know",
+        },
+    )
 
 
 def ceased(asked: list[Asked]) -> bool:
@@ -197,13 +236,22 @@ def ceased(asked: list[Asked]) -> bool:
 
 def unproven(asked: list[Asked]) -> list[str]:
     """One line of evidence per ended execution not proven gone."""
-    return [f"{a.target}: {a.answer.verdict}: {_evidence_text(a.answer)}"
-            for a in asked if a.answer.verdict != "ceased"]
+    return [
+        f"{a.target}: {a.answer.verdict}: {_evidence_text(a.answer)}"
+        for a in asked
+        if a.answer.verdict != "ceased"
+    ]
 
 
-def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = None,
-            force: bool = False, signal_runner: SignalRunner = ask_signal,
-            clock: Callable[[], float] = time.time, task: Optional[int] = None) -> str:
+def release(
+    slurm: Slurm,
+    job: record.JobRecord,
+    settings: Optional[Settings] = None,
+    force: bool = False,
+    signal_runner: SignalRunner = ask_signal,
+    clock: Callable[[], float] = time.time,
+    task: Optional[int] = None,
+) -> str:
     """A person lifts the standing hold of ``job`` (of an array: every task's standing
     hold, or with ``task`` that task's only); returns the released Slurm job id(s),
     comma-separated.
@@ -213,19 +261,27 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
     refused with the evidence (:class:`RefusedError`), unless ``force`` (the person's call).
     """
     history = job.history()
-    tasks = submit.array_tasks(job) or []
-    lines = [history.lineage()] + [history.lineage(t) for t in tasks] if task is None \
+    tasks = sbatch_words.array_tasks(job) or []
+    lines = (
+        [history.lineage()] + [history.lineage(t) for t in tasks]
+        if task is None
         else [history.lineage(task)]
+    )
     standing: list[tuple[events.Lineage, events.Hold]] = []
     for line in lines:
         hold = line.hold
-        if hold is not None and (line.task is None or hold.task is not None) \
-                and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}:
+        if (
+            hold is not None
+            and (line.task is None or hold.task is not None)
+            and hold.slurm_job_id not in {h.slurm_job_id for _, h in standing}
+        ):
             standing.append((line, hold))
     if not standing:
         stopped: list[Union[events.NoProgress, events.RequeuesSpent]] = [
-            line.stopped for line in lines if line.stopped is not None
-            and line.stopped.action == "held"]
+            line.stopped
+            for line in lines
+            if line.stopped is not None and line.stopped.action == "held"
+        ]
         stopped += [line.spent for line in lines if line.spent is not None]
         if stopped:
             return _release_stopped(slurm, job, stopped)
@@ -233,31 +289,49 @@ def release(slurm: Slurm, job: record.JobRecord, settings: Optional[Settings] = 
         last = line.holds[-1] if line.holds else None
         lifted = line.lifted(last.slurm_job_id) if last is not None else None
         if last is not None and lifted is not None:
-            raise RecordError(f"the hold on Slurm job {last.slurm_job_id} of {job.id} is "
-                              f"already {lifted.kind}")
+            raise RecordError(
+                f"the hold on Slurm job {last.slurm_job_id} of {job.id} is already {lifted.kind}"
+            )
         raise RecordError(f"dispatch job {job.id} has no hold to release")
     if settings is not None and settings.signal and not force:
         refused = []
         for _, hold in standing:
-            refused += unproven(ask(job, hold, settings.signal, settings.signal_timeout,
-                                    signal_runner, clock, hold.task))
+            refused += unproven(
+                ask(
+                    job,
+                    hold,
+                    settings.signal,
+                    settings.signal_timeout,
+                    signal_runner,
+                    clock,
+                    hold.task,
+                )
+            )
         if refused:
             raise RefusedError(
                 f"the ended execution the hold of {job.id} waits for is not proven gone, so "
-                "its processes may still write the shared checkpoint: " + "; ".join(refused)
-                + f".  Release anyway with `dispatch release --force {job.id}`")
+                "its processes may still write the shared checkpoint: "
+                + "; ".join(refused)
+                + f".  Release anyway with `dispatch release --force {job.id}`"
+            )
     held_ids = [hold.slurm_job_id for _, hold in standing]
     slurm.release(held_ids)
     for _, hold in standing:
-        job.append(events.Released, slurm_job_id=hold.slurm_job_id,
-                   by="a person (dispatch release" + (" --force)" if force else ")"),
-                   task=hold.task)
+        job.append(
+            events.Released,
+            slurm_job_id=hold.slurm_job_id,
+            by="a person (dispatch release" + (" --force)" if force else ")"),
+            task=hold.task,
+        )
         mark_released(slurm, job, hold, "by a person")
     return ",".join(held_ids)
 
 
-def _release_stopped(slurm: Slurm, job: record.JobRecord,
-                     stopped: list[Union[events.NoProgress, events.RequeuesSpent]]) -> str:
+def _release_stopped(
+    slurm: Slurm,
+    job: record.JobRecord,
+    stopped: list[Union[events.NoProgress, events.RequeuesSpent]],
+) -> str:
     """A person lifts the supervisor's hold of Slurm's requeued job made for want of progress
     (--max-no-progress) or past --max-requeues: no cessation to prove, the job is
     isolated (Slurm requeued it)."""
@@ -265,15 +339,23 @@ def _release_stopped(slurm: Slurm, job: record.JobRecord,
     slurm.release(held_ids)
     for stop in stopped:
         why = "no progress" if isinstance(stop, events.NoProgress) else "requeue budget"
-        job.append(events.Released, slurm_job_id=stop.slurm_job_id,
-                   by=f"a person (dispatch release), after {why}", task=stop.task)
+        job.append(
+            events.Released,
+            slurm_job_id=stop.slurm_job_id,
+            by=f"a person (dispatch release), after {why}",
+            task=stop.task,
+        )
     return ",".join(held_ids)
 
 
-def refuse_unproven_restart(job: record.JobRecord, settings: Optional[Settings],
-                            force: bool = False, signal_runner: SignalRunner = ask_signal,
-                            clock: Callable[[], float] = time.time,
-                            task: Optional[int] = None) -> None:
+def refuse_unproven_restart(
+    job: record.JobRecord,
+    settings: Optional[Settings],
+    force: bool = False,
+    signal_runner: SignalRunner = ask_signal,
+    clock: Callable[[], float] = time.time,
+    task: Optional[int] = None,
+) -> None:
     """A person's resubmission of a shared-checkpoint job starts it again on the shared
     checkpoint, as a lifted hold does, so it is held to the same proof: the CessationSignal
     is asked about the job's last execution (of each array task's lineage, or of ``task``'s),
@@ -281,54 +363,77 @@ def refuse_unproven_restart(job: record.JobRecord, settings: Optional[Settings],
     evidence, naming that execution (:class:`RefusedError`), unless ``force`` (the person's
     call).  An isolated job, a site without a signal, or a job none of whose executions
     recorded a start is not asked about."""
-    if force or not job.spec.get("shared_checkpoint") or settings is None \
-            or not settings.signal:
+    if force or not job.spec.get("shared_checkpoint") or settings is None or not settings.signal:
         return
     history = job.history()
-    tasks = submit.array_tasks(job)
-    lines = [history.lineage(task)] if task is not None else (
-        [history.lineage(t) for t in tasks] if tasks else [history.lineage()])
+    tasks = sbatch_words.array_tasks(job)
+    lines = (
+        [history.lineage(task)]
+        if task is not None
+        else ([history.lineage(t) for t in tasks] if tasks else [history.lineage()])
+    )
     refused = []
     for line in lines:
         if not line.started:
             continue
         last = line.started[-1]
-        target = (f"{last.array_job_id}_{last.array_task_id}"
-                  if last.array_job_id and last.array_task_id else last.slurm_job_id)
-        argv, answer = ask_one(settings.signal, target, last.restart, settings.signal_timeout,
-                               signal_runner)
+        target = (
+            f"{last.array_job_id}_{last.array_task_id}"
+            if last.array_job_id and last.array_task_id
+            else last.slurm_job_id
+        )
+        argv, answer = ask_one(
+            settings.signal, target, last.restart, settings.signal_timeout, signal_runner
+        )
         answer = owned(answer, target)
-        job.append(events.Cessation, asked_at=round(clock(), 3), held_slurm_job_id="",
-                   ended_slurm_job_id=target, verdict=answer.verdict, code=answer.code,
-                   evidence=answer.evidence, command=argv, task=line.task)
+        job.append(
+            events.Cessation,
+            asked_at=round(clock(), 3),
+            held_slurm_job_id="",
+            ended_slurm_job_id=target,
+            verdict=answer.verdict,
+            code=answer.code,
+            evidence=answer.evidence,
+            command=argv,
+            task=line.task,
+        )
         if answer.verdict != "ceased":
-            refused.append(f"Slurm job {target} restart {last.restart} on "
-                           f"{last.node or last.host or '?'}: {answer.verdict}: "
-                           f"{_evidence_text(answer)}")
+            refused.append(
+                f"Slurm job {target} restart {last.restart} on "
+                f"{last.node or last.host or '?'}: {answer.verdict}: "
+                f"{_evidence_text(answer)}"
+            )
     if refused:
         raise RefusedError(
             f"the last execution of {job.id} (a shared-checkpoint job) is not proven gone, so "
             "a resubmission now could run beside its processes on the shared checkpoint: "
-            + "; ".join(refused) + f".  Resubmit once the site's signal ({settings.signal}) "
+            + "; ".join(refused)
+            + f".  Resubmit once the site's signal ({settings.signal}) "
             "answers ceased, or anyway with `dispatch resubmit --force "
-            + ("" if task is None else f"--task {task} ") + f"{job.id}`")
+            + ("" if task is None else f"--task {task} ")
+            + f"{job.id}`"
+        )
 
 
 # -- the held job's comment, through its hold ---------------------------------------------
 
-def hold_comment(job: record.JobRecord, submission: int, task: Optional[int], why: str,
-                 deadline: float) -> str:
+
+def hold_comment(
+    job: record.JobRecord, submission: int, task: Optional[int], why: str, deadline: float
+) -> str:
     """The ``--comment=`` option of a held submission: its marker first, then why and until
     when (a date, so squeue shows when the hold expires)."""
-    return (f"--comment={submit.marker(job, submission, task)} held: shared checkpoint; "
-            f"{why}; waits until its processes are proven gone or a person releases it; "
-            f"expires {_clock.with_zone(deadline)}")
+    return (
+        f"--comment={naming.marker(job, submission, task)} held: shared checkpoint; "
+        f"{why}; waits until its processes are proven gone or a person releases it; "
+        f"expires {_clock.with_zone(deadline)}"
+    )
 
 
 def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: str) -> None:
     """Say in the released job's comment that the hold is over (its marker stays first, so
     the job is still found by it); best effort: the release itself is what matters."""
-    text = f"{submit.marker(job, hold.submission, hold.task)} released {by} {_clock.with_zone()}"
+    text = f"{naming.marker(job, hold.submission, hold.task)} released {by} {_clock.with_zone()}"
     try:
         slurm.set_comment(hold.slurm_job_id, text)
     except SlurmError:
@@ -337,15 +442,17 @@ def mark_released(slurm: Slurm, job: record.JobRecord, hold: events.Hold, by: st
 
 def started_comment(job: record.JobRecord, submission: int, task: Optional[int]) -> str:
     """The comment of a once-held submission whose execution started: the hold is over."""
-    return f"{submit.marker(job, submission, task)} hold over: started {_clock.with_zone()}"
+    return f"{naming.marker(job, submission, task)} hold over: started {_clock.with_zone()}"
 
 
 def _evidence_text(answer: Answer) -> str:
     evidence = answer.evidence
     if isinstance(evidence, dict):
-        reason = evidence.get("reason") or evidence.get("problem") or \
-            evidence.get("stderr") or ""
-        nodes = [f"{n.get('node')}: {n.get('evidence')}" for n in evidence.get("nodes") or []
-                 if isinstance(n, dict) and not n.get("proven")]
+        reason = evidence.get("reason") or evidence.get("problem") or evidence.get("stderr") or ""
+        nodes = [
+            f"{n.get('node')}: {n.get('evidence')}"
+            for n in evidence.get("nodes") or []
+            if isinstance(n, dict) and not n.get("proven")
+        ]
         return "; ".join([str(reason), *nodes[:4]]).strip("; ")
     return str(evidence)[:300]

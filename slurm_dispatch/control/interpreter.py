@@ -34,8 +34,7 @@ def recorded(job: record.JobRecord) -> str:
     except FileNotFoundError:
         chosen = ""
     except OSError as exc:
-        raise RecordError(f"cannot read {os.path.join(job.path, FILE)!r}: {exc.strerror}") \
-            from None
+        raise RecordError(f"cannot read {os.path.join(job.path, FILE)!r}: {exc.strerror}") from None
     return chosen or str(job.spec["python"])
 
 
@@ -50,18 +49,29 @@ def missing(python: str) -> Optional[str]:
     # There, but perhaps a venv made again without slurm-dispatch, or another Python: the
     # launcher's import fails as surely.  Asked without importing it (tens of ms).
     import subprocess
+
     try:
         found = subprocess.run(
-            [python, "-c", "import importlib.util, sys; "
-             "sys.exit(importlib.util.find_spec('slurm_dispatch') is None)"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=FIND_TIMEOUT, cwd="/")
+            [
+                python,
+                "-c",
+                "import importlib.util, sys; "
+                "sys.exit(importlib.util.find_spec('slurm_dispatch') is None)",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=FIND_TIMEOUT,
+            cwd="/",
+        )
     except subprocess.TimeoutExpired:
         return None  # a slow file system is no proof: the launcher will say
     except OSError as exc:
         return f"the interpreter {python} cannot be run ({exc.strerror})"
     if found.returncode == 1:
-        return (f"the interpreter {python} cannot import slurm_dispatch (slurm-dispatch is not "
-                "installed for it)")
+        return (
+            f"the interpreter {python} cannot import slurm_dispatch (slurm-dispatch is not "
+            "installed for it)"
+        )
     return None
 
 
@@ -72,9 +82,11 @@ def problem(job: record.JobRecord) -> Optional[str]:
     why = missing(python)
     if why is None:
         return None
-    return (f"{why} (the launcher of every submission of {job.id} runs with it; was its venv "
-            "moved or removed?): reinstall slurm-dispatch there, or resubmit by hand with "
-            f"another: `dispatch resubmit --python PATH {job.id}` (later submissions keep it)")
+    return (
+        f"{why} (the launcher of every submission of {job.id} runs with it; was its venv "
+        "moved or removed?): reinstall slurm-dispatch there, or resubmit by hand with "
+        f"another: `dispatch resubmit --python PATH {job.id}` (later submissions keep it)"
+    )
 
 
 def choose(job: record.JobRecord, python: str) -> None:
@@ -82,7 +94,7 @@ def choose(job: record.JobRecord, python: str) -> None:
     python = os.path.abspath(os.path.expanduser(python))
     why = missing(python)
     if why is not None:
-        raise UsageError(f"--python {python}: {why[len('the '):]}")
+        raise UsageError(f"--python {python}: {why[len('the ') :]}")
     path = os.path.join(job.path, FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:

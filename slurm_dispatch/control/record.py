@@ -45,8 +45,9 @@ def home_dir() -> str:
     explicit = os.environ.get("DISPATCH_HOME")
     if explicit:
         return os.path.abspath(explicit)
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                             ".local", "state")
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
     return os.path.join(state, "slurm-dispatch")
 
 
@@ -120,8 +121,9 @@ class JobRecord:
         suffix = "" if task is None else f"-t{task}"
         return os.path.join(self.path, f"batch-{submission}{suffix}.sh")
 
-    def append(self, kind: str | type[schema.Event], once: Optional[str] = None,
-               **fields: Any) -> Optional[schema.Event]:
+    def append(
+        self, kind: str | type[schema.Event], once: Optional[str] = None, **fields: Any
+    ) -> Optional[schema.Event]:
         """Add an event of ``kind`` (a schema class, or its kind name) to the history.
 
         The event is checked against the schema first: a caller's mistake is an error here,
@@ -136,11 +138,15 @@ class JobRecord:
         try:
             event = schema.new(cls, now, **fields)
         except schema.EventError as exc:
-            raise RecordError(f"{self.id}: refusing to record a bad {cls.kind!r} event: "
-                              f"{exc}") from None
+            raise RecordError(
+                f"{self.id}: refusing to record a bad {cls.kind!r} event: {exc}"
+            ) from None
         events = os.path.join(self.path, "events")
-        name = (f"{cls.kind}-{once}.json" if once is not None
-                else f"{now:020d}-{cls.kind}-{_random_suffix()}.json")
+        name = (
+            f"{cls.kind}-{once}.json"
+            if once is not None
+            else f"{now:020d}-{cls.kind}-{_random_suffix()}.json"
+        )
         data = (json.dumps(event.fields(), sort_keys=True) + "\n").encode()
         try:
             if not _link_new(events, name, data):
@@ -148,8 +154,7 @@ class JobRecord:
                     raise FileExistsError(17, "File exists")
                 return None
         except OSError as exc:
-            raise RecordError(f"cannot record {cls.kind!r} in {events!r}: "
-                              f"{exc.strerror}") from None
+            raise RecordError(f"cannot record {cls.kind!r} in {events!r}: {exc.strerror}") from None
         return event
 
     def events(self) -> list[dict[str, Any]]:
@@ -170,18 +175,26 @@ class JobRecord:
         found.sort(key=lambda e: (e.ns, e.kind))
         return schema.History(self.id, found)
 
-    def claim(self, name: str, intent: Optional[dict[str, Any]] = None,
-              now: Optional[float] = None) -> bool:
+    def claim(
+        self, name: str, intent: Optional[dict[str, Any]] = None, now: Optional[float] = None
+    ) -> bool:
         """Create claim ``name`` once, holding ``intent``; True for the one caller that did.
 
         The claim appears whole (written aside, then linked), so whoever finds it can read what
         its maker meant to do; ``now`` is the maker's clock (the supervisor's, in tests).
         """
-        body = {"v": schema.VERSION, "pid": os.getpid(),
-                "time": round(time.time() if now is None else now, 3), **(intent or {})}
+        body = {
+            "v": schema.VERSION,
+            "pid": os.getpid(),
+            "time": round(time.time() if now is None else now, 3),
+            **(intent or {}),
+        }
         try:
-            return _link_new(os.path.join(self.path, "claims"), name,
-                             (json.dumps(body, sort_keys=True) + "\n").encode())
+            return _link_new(
+                os.path.join(self.path, "claims"),
+                name,
+                (json.dumps(body, sort_keys=True) + "\n").encode(),
+            )
         except OSError as exc:
             raise RecordError(f"cannot claim {name!r} in {self.path!r}: {exc.strerror}") from None
 
@@ -265,8 +278,7 @@ def read_json(path: str) -> Any:
         raise RecordError(f"cannot read {path!r}: {exc}") from None
 
 
-def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = None
-               ) -> JobRecord:
+def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = None) -> JobRecord:
     """Create a new job folder with its spec and script snapshot."""
     base = jobs_dir(home)
     try:
@@ -290,9 +302,11 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
         os.mkdir(os.path.join(path, "events"), 0o700)
         os.mkdir(os.path.join(path, "claims"), 0o700)
         _fsio.write_new(os.path.join(path, "script"), script_bytes, 0o555)
-        _fsio.write_new(os.path.join(path, "job.json"),
-                   (json.dumps({**spec, "id": job_id}, indent=2, sort_keys=True) + "\n").encode(),
-                   0o444)
+        _fsio.write_new(
+            os.path.join(path, "job.json"),
+            (json.dumps({**spec, "id": job_id}, indent=2, sort_keys=True) + "\n").encode(),
+            0o444,
+        )
     except OSError as exc:
         remove_unsubmitted(JobRecord(path))
         raise RecordError(f"cannot write the record {path!r}: {exc.strerror}") from None
@@ -305,36 +319,53 @@ def create_job(spec: dict[str, Any], script_bytes: bytes, home: Optional[str] = 
 def remove_unsubmitted(job: JobRecord) -> None:
     """Remove a job whose first submission failed: no half-made job survives."""
     import shutil  # only here: its import costs every submission 2 ms
+
     shutil.rmtree(job.path, ignore_errors=True)
 
 
-def open_job(ident: str, home: Optional[str] = None,
-             cluster: Optional[str] = None) -> JobRecord:
-    """Find a dispatch job by its id, or by the Slurm job id of one of its submissions.
+def open_job(ident: str, home: Optional[str] = None, cluster: Optional[str] = None) -> JobRecord:
+    """Find a dispatch job by its id, or by the Slurm job id of one of its submissions (the
+    newest record of those that made it: :func:`made_as`).
 
     With ``cluster`` (this cluster's name), only that cluster's jobs: a Slurm job id names a
     job of its own cluster (ids repeat across clusters), and a job of another cluster is an
     error naming it (Slurm here knows nothing of it)."""
+    return max(made_as(ident, home, cluster), key=lambda j: j.created)
+
+
+def made_as(
+    ident: str, home: Optional[str] = None, cluster: Optional[str] = None
+) -> list[JobRecord]:
+    """The dispatch job ``ident`` names (its id), else those of ``cluster`` that made a
+    submission as Slurm job ``ident``: more than one where slurmctld lost its state and
+    numbered jobs from its FirstJobId again.  None is an error naming ``ident``."""
     base = jobs_dir(home)
     if ident and "/" not in ident and os.path.isfile(os.path.join(base, ident, "job.json")):
         job = JobRecord(os.path.join(base, ident))
         if not job.of_cluster(cluster):
-            raise UsageError(f"dispatch job {ident} was submitted to cluster {job.cluster!r}, "
-                             f"not this one ({cluster!r}): run this command on "
-                             f"{job.cluster!r}")
-        return job
+            raise UsageError(
+                f"dispatch job {ident} was submitted to cluster {job.cluster!r}, "
+                f"not this one ({cluster!r}): run this command on "
+                f"{job.cluster!r}"
+            )
+        return [job]
     if ident.split("_")[0].isdigit():
         matches = [job for job in all_jobs(home) if _made(job, ident)]
         mine = [job for job in matches if job.of_cluster(cluster)]
         if mine:
-            return max(mine, key=lambda j: j.created)
+            return mine
         if matches:
-            named = ", ".join(sorted(f"dispatch job {j.id} of cluster {j.cluster!r}"
-                                     for j in matches))
-            raise UsageError(f"Slurm job {ident} of this cluster ({cluster!r}) is no dispatch "
-                             f"job's; on another cluster it is {named}")
-    raise UsageError(f"no dispatch job {ident!r} in {base!r} "
-                     "(give a dispatch job id like dab2cd3e, or a Slurm job id)")
+            named = ", ".join(
+                sorted(f"dispatch job {j.id} of cluster {j.cluster!r}" for j in matches)
+            )
+            raise UsageError(
+                f"Slurm job {ident} of this cluster ({cluster!r}) is no dispatch "
+                f"job's; on another cluster it is {named}"
+            )
+    raise UsageError(
+        f"no dispatch job {ident!r} in {base!r} "
+        "(give a dispatch job id like dab2cd3e, or a Slurm job id)"
+    )
 
 
 def _made(job: JobRecord, slurm_job_id: str) -> bool:
@@ -353,8 +384,11 @@ def all_jobs(home: Optional[str] = None) -> list[JobRecord]:
     except OSError as exc:
         raise RecordError(f"cannot list {base!r}: {exc.strerror}") from None
     # A dot name is a record being removed whole (dispatch forget): no reader sees it.
-    return [JobRecord(os.path.join(base, n)) for n in names
-            if not n.startswith(".") and os.path.isfile(os.path.join(base, n, "job.json"))]
+    return [
+        JobRecord(os.path.join(base, n))
+        for n in names
+        if not n.startswith(".") and os.path.isfile(os.path.join(base, n, "job.json"))
+    ]
 
 
 def cluster_jobs(cluster: Optional[str], home: Optional[str] = None) -> list[JobRecord]:

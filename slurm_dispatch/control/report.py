@@ -60,8 +60,28 @@ _LEGEND = {
     "published": "a publication (ringed: the latest)",
     "hold": "held for a person",
 }
-_TICKS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
-          86400, 172800, 604800)
+_TICKS = (
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    172800,
+    604800,
+)
 
 
 @dataclass
@@ -125,8 +145,13 @@ def _node_facts(execution: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _taken_at(execution: dict[str, Any], successor: dict[str, Any], own: list[Mark],
-              figures: dict[tuple[Any, Any, str], dict[str, Any]], started: float) -> float:
+def _taken_at(
+    execution: dict[str, Any],
+    successor: dict[str, Any],
+    own: list[Mark],
+    figures: dict[tuple[Any, Any, str], dict[str, Any]],
+    started: float,
+) -> float:
     """When ``execution`` published the save its ``successor`` loaded (everything after it
     was done again), or its start where the successor took up nothing of it."""
     source = str(successor.get("loaded", successor.get("resume_from")) or "")
@@ -135,19 +160,30 @@ def _taken_at(execution: dict[str, Any], successor: dict[str, Any], own: list[Ma
         return started
     by_path = [m for m in own if m.path == source]
     if not by_path:
-        figure = figures.get((successor.get("submission"), successor.get("restart"),
-                              successor.get("array_task_id") or "")) or {}
+        figure = (
+            figures.get(
+                (
+                    successor.get("submission"),
+                    successor.get("restart"),
+                    successor.get("array_task_id") or "",
+                )
+            )
+            or {}
+        )
         by_path = [m for m in own if m.step == figure.get("resumed_step")]
     return max((m.time for m in by_path), default=started)
 
 
-def layout(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
-           width: int = 1100) -> Drawing:
+def layout(
+    data: dict[str, Any], marks: list[Mark], now: Optional[float] = None, width: int = 1100
+) -> Drawing:
     """The lanes of the job the status ``data`` describes, with ``marks`` its publications."""
     now = time.time() if now is None else now
     executions = sorted(data.get("executions") or [], key=lambda e: e.get("started") or 0)
-    figures = {(f.get("submission"), f.get("restart"), f.get("array_task_id") or ""): f
-               for f in (data.get("goodput") or {}).get("executions") or []}
+    figures = {
+        (f.get("submission"), f.get("restart"), f.get("array_task_id") or ""): f
+        for f in (data.get("goodput") or {}).get("executions") or []
+    }
     lanes: list[Lane] = []
     folders = owned(executions, marks)
     # Each execution's successor in its lineage (the next one of its array task).
@@ -159,8 +195,9 @@ def layout(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
         after[task] = executions[i]
     for i, e in enumerate(executions):
         own = folders.get(str(e.get("exec_dir") or "").rstrip("/"), [])
-        figure = figures.get((e.get("submission"), e.get("restart"),
-                              e.get("array_task_id") or "")) or {}
+        figure = (
+            figures.get((e.get("submission"), e.get("restart"), e.get("array_task_id") or "")) or {}
+        )
         started = float(figure.get("allocated") or e.get("started") or now)
         running = is_running(str(e.get("state") or ""))
         end = ended_at(e)
@@ -179,20 +216,39 @@ def layout(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
             # Slurm's end (the controller's record) where there is one: a cut-off node's own
             # end record comes only when it rejoins, after the overlap.
             node_end = end if end is not None else seen.get("end")
-            lanes.append(Lane(
-                label=f"{label} {node}", kind="execution", y=0.0,
-                start=min(seen.get("start", started), started), end=node_end,
-                open=running and node_end is None, ceased=seen.get("ceased"),
-                redone_from=redone_from, marks=own,
-                note=str(e.get("state") or "").split(" ")[0]))
+            lanes.append(
+                Lane(
+                    label=f"{label} {node}",
+                    kind="execution",
+                    y=0.0,
+                    start=min(seen.get("start", started), started),
+                    end=node_end,
+                    open=running and node_end is None,
+                    ceased=seen.get("ceased"),
+                    redone_from=redone_from,
+                    marks=own,
+                    note=str(e.get("state") or "").split(" ")[0],
+                )
+            )
     events = data.get("events") or []
     for hold in (h for h in events if h.get("event") == "hold"):
-        lifted = [x for x in events if x.get("event") in ("released", "expired")
-                  and str(x.get("slurm_job_id")) == str(hold.get("slurm_job_id"))]
-        lanes.append(Lane(label=f"hold S{hold.get('submission')}", kind="hold", y=0.0,
-                          start=float(hold.get("time") or now),
-                          end=float(lifted[0]["time"]) if lifted else None,
-                          open=not lifted, note=lifted[0]["event"] if lifted else "holding"))
+        lifted = [
+            x
+            for x in events
+            if x.get("event") in ("released", "expired")
+            and str(x.get("slurm_job_id")) == str(hold.get("slurm_job_id"))
+        ]
+        lanes.append(
+            Lane(
+                label=f"hold S{hold.get('submission')}",
+                kind="hold",
+                y=0.0,
+                start=float(hold.get("time") or now),
+                end=float(lifted[0]["time"]) if lifted else None,
+                open=not lifted,
+                note=lifted[0]["event"] if lifted else "holding",
+            )
+        )
     for n, lane in enumerate(lanes):
         lane.y = TOP + LANE * n + LANE / 2
     moments = [lane.start for lane in lanes] + [m.time for m in marks]
@@ -210,8 +266,7 @@ def _ticks(view: Drawing) -> list[float]:
         return []
     span = max(view.last - view.first, 1.0)
     # Past a week per tick (a hand-edited time far off): as many weeks as keep it to nine.
-    step = next((s for s in _TICKS if span / s <= 8),
-                _TICKS[-1] * math.ceil(span / 8 / _TICKS[-1]))
+    step = next((s for s in _TICKS if span / s <= 8), _TICKS[-1] * math.ceil(span / 8 / _TICKS[-1]))
     first = (int(view.first) // step + 1) * step
     return [float(t) for t in range(first, int(view.last) + 1, step)]
 
@@ -229,79 +284,132 @@ def _tick_text(moment: float, step_hint: float) -> str:
     return shown[11:] if step_hint < 86400 else shown[:16].replace("T", " ")
 
 
-def _rect(kind: str, lane: int, x0: float, x1: float, y: float, h: float,
-          title: str, extra: str = "") -> str:
-    return (f'<rect data-kind="{kind}" data-lane="{lane}" x="{x0:.1f}" y="{y - h / 2:.1f}" '
-            f'width="{max(x1 - x0, 2.0):.1f}" height="{h:.1f}" fill="{COLOURS[kind]}"{extra}>'
-            f"<title>{html.escape(title)}</title></rect>")
+def _rect(
+    kind: str, lane: int, x0: float, x1: float, y: float, h: float, title: str, extra: str = ""
+) -> str:
+    return (
+        f'<rect data-kind="{kind}" data-lane="{lane}" x="{x0:.1f}" y="{y - h / 2:.1f}" '
+        f'width="{max(x1 - x0, 2.0):.1f}" height="{h:.1f}" fill="{COLOURS[kind]}"{extra}>'
+        f"<title>{html.escape(title)}</title></rect>"
+    )
 
 
 def _svg(view: Drawing, now: float) -> str:
     e = html.escape
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{view.width}" '
-           f'height="{view.height}" viewBox="0 0 {view.width} {view.height}" role="img" '
-           'aria-label="the job over time">']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{view.width}" '
+        f'height="{view.height}" viewBox="0 0 {view.width} {view.height}" role="img" '
+        'aria-label="the job over time">'
+    ]
     axis_y = TOP + LANE * len(view.lanes) + 4
     ticks = _ticks(view)
     step = ticks[1] - ticks[0] if len(ticks) > 1 else 60.0
     for t in ticks:
         x = view.x(t)
-        out.append(f'<line x1="{x:.1f}" y1="{TOP - 6}" x2="{x:.1f}" y2="{axis_y}" '
-                   'class="grid"/>')
-        out.append(f'<text x="{x:.1f}" y="{axis_y + 14}" text-anchor="middle" class="tick">'
-                   f"{e(_tick_text(t, step))}</text>")
+        out.append(f'<line x1="{x:.1f}" y1="{TOP - 6}" x2="{x:.1f}" y2="{axis_y}" class="grid"/>')
+        out.append(
+            f'<text x="{x:.1f}" y="{axis_y + 14}" text-anchor="middle" class="tick">'
+            f"{e(_tick_text(t, step))}</text>"
+        )
     for n, lane in enumerate(view.lanes):
         y = lane.y
         if n % 2:
-            out.append(f'<rect x="0" y="{y - LANE / 2:.1f}" width="{view.width}" '
-                       f'height="{LANE}" class="band"/>')
+            out.append(
+                f'<rect x="0" y="{y - LANE / 2:.1f}" width="{view.width}" '
+                f'height="{LANE}" class="band"/>'
+            )
         out.append(f'<text x="8" y="{y + 4:.1f}" class="label">{e(lane.label)}</text>')
         x0 = view.x(lane.start)
         until = lane.end if lane.end is not None else (now if lane.open else view.last)
         x1 = view.x(until)
         if lane.kind == "hold":
-            out.append(_rect("hold", n, x0, x1, y, BAR * 0.6,
-                             f"{lane.label}: {_instant(lane.start)} to "
-                             f"{_instant(lane.end) if lane.end else 'now'} ({lane.note})"))
+            out.append(
+                _rect(
+                    "hold",
+                    n,
+                    x0,
+                    x1,
+                    y,
+                    BAR * 0.6,
+                    f"{lane.label}: {_instant(lane.start)} to "
+                    f"{_instant(lane.end) if lane.end else 'now'} ({lane.note})",
+                )
+            )
             continue
-        out.append(_rect("running", n, x0, x1, y, BAR,
-                         f"{lane.label}: running {_instant(lane.start)} to "
-                         f"{_instant(lane.end) if lane.end else 'now'}"))
+        out.append(
+            _rect(
+                "running",
+                n,
+                x0,
+                x1,
+                y,
+                BAR,
+                f"{lane.label}: running {_instant(lane.start)} to "
+                f"{_instant(lane.end) if lane.end else 'now'}",
+            )
+        )
         # Done again: from the save its successor took up to the run's last sign of work
         # (Slurm's end, or a later publication of a cut-off run).
         redone_to = max([m.time for m in lane.marks] + [lane.end or 0.0])
-        if lane.redone_from is not None and lane.end is not None and \
-                lane.redone_from < redone_to:
-            out.append(_rect("redone", n, view.x(lane.redone_from), view.x(redone_to), y, BAR,
-                             f"{lane.label}: done again by its successor after "
-                             f"{_instant(lane.redone_from)}"))
+        if lane.redone_from is not None and lane.end is not None and lane.redone_from < redone_to:
+            out.append(
+                _rect(
+                    "redone",
+                    n,
+                    view.x(lane.redone_from),
+                    view.x(redone_to),
+                    y,
+                    BAR,
+                    f"{lane.label}: done again by its successor after {_instant(lane.redone_from)}",
+                )
+            )
         if lane.end is not None and not lane.open:
             proven = lane.ceased if lane.ceased is not None else view.last
             if proven > lane.end:
-                out.append(_rect("overlap", n, x1, view.x(proven), y, BAR * 0.5,
-                                 f"{lane.label}: ended {_instant(lane.end)}, "
-                                 + (f"proven ceased {_instant(lane.ceased)}"
-                                    if lane.ceased is not None else "not proven gone")))
+                out.append(
+                    _rect(
+                        "overlap",
+                        n,
+                        x1,
+                        view.x(proven),
+                        y,
+                        BAR * 0.5,
+                        f"{lane.label}: ended {_instant(lane.end)}, "
+                        + (
+                            f"proven ceased {_instant(lane.ceased)}"
+                            if lane.ceased is not None
+                            else "not proven gone"
+                        ),
+                    )
+                )
             if lane.ceased is not None:
                 xc = view.x(lane.ceased)
-                out.append(f'<rect data-kind="ceased" data-lane="{n}" x="{xc - 1.5:.1f}" '
-                           f'y="{y - BAR:.1f}" width="3" height="{BAR * 2}" '
-                           f'fill="{COLOURS["ceased"]}"><title>{e(lane.label)}: proven ceased '
-                           f"{e(_instant(lane.ceased))}</title></rect>")
+                out.append(
+                    f'<rect data-kind="ceased" data-lane="{n}" x="{xc - 1.5:.1f}" '
+                    f'y="{y - BAR:.1f}" width="3" height="{BAR * 2}" '
+                    f'fill="{COLOURS["ceased"]}"><title>{e(lane.label)}: proven ceased '
+                    f"{e(_instant(lane.ceased))}</title></rect>"
+                )
         labelled = -1e9
         for m in sorted(lane.marks, key=lambda m: m.time):
             xm = view.x(m.time)
             ring = ' stroke="#d4a017" stroke-width="3"' if m.latest else ""
-            out.append(f'<circle data-kind="published" data-lane="{n}" data-step="{m.step}" '
-                       f'cx="{xm:.1f}" cy="{y:.1f}" r="5" fill="{COLOURS["published"]}"{ring}>'
-                       f"<title>{e(lane.label)}: step {m.step} published "
-                       f"{e(_instant(m.time))} ({e(m.path)})</title></circle>")
+            out.append(
+                f'<circle data-kind="published" data-lane="{n}" data-step="{m.step}" '
+                f'cx="{xm:.1f}" cy="{y:.1f}" r="5" fill="{COLOURS["published"]}"{ring}>'
+                f"<title>{e(lane.label)}: step {m.step} published "
+                f"{e(_instant(m.time))} ({e(m.path)})</title></circle>"
+            )
             if xm - labelled >= 34:
-                out.append(f'<text x="{xm:.1f}" y="{y - 8:.1f}" text-anchor="middle" '
-                           f'class="step">{m.step}</text>')
+                out.append(
+                    f'<text x="{xm:.1f}" y="{y - 8:.1f}" text-anchor="middle" '
+                    f'class="step">{m.step}</text>'
+                )
                 labelled = xm
-        out.append(f'<text x="{view.width - RIGHT + 4}" y="{y + 4:.1f}" class="note">'
-                   f"{'★' if any(m.latest for m in lane.marks) else ''}</text>")
+        out.append(
+            f'<text x="{view.width - RIGHT + 4}" y="{y + 4:.1f}" class="note">'
+            f"{'★' if any(m.latest for m in lane.marks) else ''}</text>"
+        )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -309,15 +417,22 @@ def _svg(view: Drawing, now: float) -> str:
 def _legend() -> str:
     items = []
     for kind, text in _LEGEND.items():
-        items.append(f'<li><svg width="22" height="12" aria-hidden="true"><rect x="0" y="1" '
-                     f'width="22" height="10" fill="{COLOURS[kind]}"/></svg> '
-                     f"{html.escape(text)}</li>")
+        items.append(
+            f'<li><svg width="22" height="12" aria-hidden="true"><rect x="0" y="1" '
+            f'width="22" height="10" fill="{COLOURS[kind]}"/></svg> '
+            f"{html.escape(text)}</li>"
+        )
     return '<ul class="legend">' + "".join(items) + "</ul>"
 
 
 def _seconds(value: Any) -> str:
-    return "-" if not isinstance(value, (int, float)) else _clock.duration(float(value)) \
-        if value >= 60 else f"{value:.1f} s"
+    return (
+        "-"
+        if not isinstance(value, (int, float))
+        else _clock.duration(float(value))
+        if value >= 60
+        else f"{value:.1f} s"
+    )
 
 
 def _cell(value: Any) -> str:
@@ -325,39 +440,75 @@ def _cell(value: Any) -> str:
 
 
 def _summary(figures: dict[str, Any]) -> str:
-    causes = ", ".join(f"{cause} {count}" for cause, count in
-                       (figures.get("restarts_by_cause") or {}).items() if count) or "none"
+    causes = (
+        ", ".join(
+            f"{cause} {count}"
+            for cause, count in (figures.get("restarts_by_cause") or {}).items()
+            if count
+        )
+        or "none"
+    )
     share = figures.get("goodput")
-    rows = [("Goodput", "-" if share is None else f"{share * 100:.1f}% of the allocations' "
-             "time kept"),
-            ("Restarts", f"{figures.get('restarts', 0)} ({causes})"),
-            ("Allocated", _seconds(figures.get("allocated_s"))),
-            ("Lost", _seconds(figures.get("lost_s"))),
-            ("Steps redone", _cell(figures.get("redone_steps"))),
-            ("Waited (of it held)", f"{_seconds(figures.get('waited_s'))} "
-                                    f"({_seconds(figures.get('held_s'))})")]
-    return '<table class="summary">' + "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows) + \
-        "</table>"
+    rows = [
+        ("Goodput", "-" if share is None else f"{share * 100:.1f}% of the allocations' time kept"),
+        ("Restarts", f"{figures.get('restarts', 0)} ({causes})"),
+        ("Allocated", _seconds(figures.get("allocated_s"))),
+        ("Lost", _seconds(figures.get("lost_s"))),
+        ("Steps redone", _cell(figures.get("redone_steps"))),
+        (
+            "Waited (of it held)",
+            f"{_seconds(figures.get('waited_s'))} ({_seconds(figures.get('held_s'))})",
+        ),
+    ]
+    return (
+        '<table class="summary">'
+        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
 
 
 def _executions_table(data: dict[str, Any]) -> str:
     figures = (data.get("goodput") or {}).get("executions") or []
-    head = ["execution", "node", "allocated", "waited", "held", "resumed at", "redone",
-            "restore", "first save", "save latency", "ended by", "lost"]
+    head = [
+        "execution",
+        "node",
+        "allocated",
+        "waited",
+        "held",
+        "resumed at",
+        "redone",
+        "restore",
+        "first save",
+        "save latency",
+        "ended by",
+        "lost",
+    ]
     rows = []
     for f in figures:
         latency = f.get("save_latency_s") or {}
-        rows.append([status_text.execution_label(f), _cell(f.get("node")),
-                     html.escape(_instant(f["allocated"])) if f.get("allocated") else "-",
-                     _seconds(f.get("waited_s")), _seconds(f.get("held_s")),
-                     _cell(f.get("resumed_step")), _cell(f.get("redone_steps")),
-                     _seconds(f.get("restore_s")), _seconds(f.get("first_save_s")),
-                     _seconds(latency.get("median")), _cell(f.get("cause")),
-                     _seconds(f.get("lost_s"))])
-    return ('<table class="executions"><tr>' + "".join(f"<th>{h}</th>" for h in head)
-            + "</tr>" + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
-                                for row in rows) + "</table>")
+        rows.append(
+            [
+                status_text.execution_label(f),
+                _cell(f.get("node")),
+                html.escape(_instant(f["allocated"])) if f.get("allocated") else "-",
+                _seconds(f.get("waited_s")),
+                _seconds(f.get("held_s")),
+                _cell(f.get("resumed_step")),
+                _cell(f.get("redone_steps")),
+                _seconds(f.get("restore_s")),
+                _seconds(f.get("first_save_s")),
+                _seconds(latency.get("median")),
+                _cell(f.get("cause")),
+                _seconds(f.get("lost_s")),
+            ]
+        )
+    return (
+        '<table class="executions"><tr>'
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+        + "</table>"
+    )
 
 
 _STYLE = """
@@ -378,8 +529,9 @@ svg rect.band { fill: #f6f6f6; }
 """
 
 
-def render(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
-           width: int = 1100) -> str:
+def render(
+    data: dict[str, Any], marks: list[Mark], now: Optional[float] = None, width: int = 1100
+) -> str:
     """The page for the status ``data`` (:func:`slurm_dispatch.control.status.collect`, with
     its ``goodput``) and ``marks`` (:func:`slurm_dispatch.control.goodput.marks`)."""
     now = time.time() if now is None else now
@@ -389,19 +541,44 @@ def render(data: dict[str, Any], marks: list[Mark], now: Optional[float] = None,
     root = str(data.get("checkpoint") or "")
     lineage = "".join(
         f"<li>{e(status_text.execution_label(x))} "
-        + e(("started " if status_text.resumed_text(x, executions, root).startswith("fresh")
-             else "resumed from ") + status_text.resumed_text(x, executions, root)) + "</li>"
-        for x in executions)
+        + e(
+            (
+                "started "
+                if status_text.resumed_text(x, executions, root).startswith("fresh")
+                else "resumed from "
+            )
+            + status_text.resumed_text(x, executions, root)
+        )
+        + "</li>"
+        for x in executions
+    )
     title = f"Dispatch job {data.get('id')}"
-    meta = " · ".join(e(str(v)) for v in (data.get("script"), data.get("cluster"),
-                                           data.get("checkpoint"), data.get("state")) if v)
-    body = (f"<h1>{e(title)}</h1><p class=\"meta\">{meta}<br>made "
-            f"{e(_clock.with_zone(now))} by dispatch report; times are in that zone</p>"
-            + _summary(data.get("goodput") or {}) + _legend()
-            + (f'<div class="scroll">{_svg(view, now)}</div>' if view.lanes else
-               "<p>No execution has started yet.</p>")
-            + "<h2>Executions</h2>" + _executions_table(data)
-            + f"<h2>Where each started from</h2><ul>{lineage}</ul>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{e(title)}</title><style>{_STYLE}</style></head><body>{body}</body>"
-            "</html>\n")
+    meta = " · ".join(
+        e(str(v))
+        for v in (
+            data.get("script"),
+            data.get("cluster"),
+            data.get("checkpoint"),
+            data.get("state"),
+        )
+        if v
+    )
+    body = (
+        f'<h1>{e(title)}</h1><p class="meta">{meta}<br>made '
+        f"{e(_clock.with_zone(now))} by dispatch report; times are in that zone</p>"
+        + _summary(data.get("goodput") or {})
+        + _legend()
+        + (
+            f'<div class="scroll">{_svg(view, now)}</div>'
+            if view.lanes
+            else "<p>No execution has started yet.</p>"
+        )
+        + "<h2>Executions</h2>"
+        + _executions_table(data)
+        + f"<h2>Where each started from</h2><ul>{lineage}</ul>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(title)}</title><style>{_STYLE}</style></head><body>{body}</body>"
+        "</html>\n"
+    )

@@ -29,7 +29,7 @@ import pwd
 from typing import Any, Iterator, Optional
 
 from ..errors import DispatchError
-from . import events, forget, record, submit
+from . import events, forget, record, sbatch_words
 
 
 def needed_slurm_jobs(home: str) -> set[str]:
@@ -38,7 +38,7 @@ def needed_slurm_jobs(home: str) -> set[str]:
     needed: set[str] = set()
     for job in record.all_jobs(home):
         history = job.history()
-        tasks = submit.array_tasks(job)
+        tasks = sbatch_words.array_tasks(job)
         lines = [history.lineage()] + [history.lineage(t) for t in tasks or []]
         standing = [line.hold for line in lines if line.hold is not None]
         if standing or not forget.settled(job):
@@ -60,6 +60,7 @@ def user_needs(uid: int, pattern: Optional[str] = None) -> Optional[set[str]]:
     never opens a user's record: :func:`siteview.as_user`); ``None`` when they cannot be read
     (so that every fact of theirs is kept); an empty set for a user with no records."""
     from . import siteview
+
     try:
         user = pwd.getpwuid(uid)
     except KeyError:
@@ -83,35 +84,38 @@ def user_needs(uid: int, pattern: Optional[str] = None) -> Optional[set[str]]:
     return {str(i) for i in needed}
 
 
-def expire_records(home: str, cluster: Optional[str], before: float,
-                   dry_run: bool) -> dict[str, Any]:
+def expire_records(
+    home: str, cluster: Optional[str], before: float, dry_run: bool
+) -> dict[str, Any]:
     """What :func:`forget_old`'s child does, as the user: forget (or, ``dry_run``, only judge)
     the records in ``home`` of ``cluster`` last active before ``before``."""
     from ..slurm.adapter import Slurm
     from . import dependency
+
     mine = record.cluster_jobs(cluster, home)
     old = [job for job in mine if forget.last_activity(job) < before]
     going: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     if old:  # Slurm is asked only for a user with something to judge
-        going, kept = forget.plan(old, Slurm().own_jobs(), dependency.dependents(mine),
-                                  before)
+        going, kept = forget.plan(old, Slurm().own_jobs(), dependency.dependents(mine), before)
     if dry_run:
         return {"forgotten": going, "kept": kept, "finished": []}
     try:
         finished = forget.forget_planned(old, going, home)
     except DispatchError as exc:  # one could not be removed: say which went before it
-        gone = [e for e in going if not os.path.lexists(os.path.join(record.jobs_dir(home),
-                                                                     e["id"]))]
+        gone = [
+            e for e in going if not os.path.lexists(os.path.join(record.jobs_dir(home), e["id"]))
+        ]
         return {"forgotten": gone, "kept": kept, "finished": [], "errors": [str(exc)]}
     return {"forgotten": going, "kept": kept, "finished": finished}
 
 
-def forget_old(chosen: list[tuple[pwd.struct_passwd, str]], cluster: str, before: float,
-               dry_run: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+def forget_old(
+    chosen: list[tuple[pwd.struct_passwd, str]], cluster: str, before: float, dry_run: bool
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """(user name, :func:`expire_records`' answer) for each chosen user, run as that user
     (``errors`` in an answer: nothing of that user was judged, or forgetting one failed)."""
     from . import siteview
+
     for user, home in chosen:
-        yield user.pw_name, siteview.as_user(user, home, expire_records, cluster, before,
-                                             dry_run)
+        yield user.pw_name, siteview.as_user(user, home, expire_records, cluster, before, dry_run)

@@ -14,8 +14,12 @@ Dispatch options (also as ``#DISPATCH`` lines in the script's header, like ``#SB
 ``--warn-before TIME[:SIGNAL]``, ``--max-no-progress N`` (default :data:`MAX_NO_PROGRESS`),
 ``--quarantine-after N`` (default :data:`QUARANTINE_AFTER`), ``--stop-on-exit CODES``,
 ``--restart-on-exit CODES`` (exit statuses, ``3,5-7``: :func:`parse_codes`),
-``--max-requeues N`` (Slurm's requeues; default none: unbudgeted), ``--plan``.  The
-command line wins over directives.
+``--max-requeues N`` (Slurm's requeues; default none: unbudgeted), ``--avoid-bad-nodes N``
+(failed executions on a node before it is excluded; default none: the site's
+``AvoidBadNodes``, 0 unless it sets one), ``--stall-timeout TIME`` (the time without progress
+before an execution is asked to save and ended: :func:`parse_stall_timeout`; default none: the
+site's ``StallTimeout``, off unless it sets one), ``--plan``.  The command line wins over
+directives.
 """
 
 from __future__ import annotations
@@ -37,8 +41,19 @@ SHORT_OPTIONAL_ARG = {c for c, o in _SHORT.items() if o.value == sbatch_options.
 LONG_WITH_ARG = {name for name, o in _LONG.items() if o.value == sbatch_options.REQUIRED}
 LONG_FLAGS = set(_LONG) - LONG_WITH_ARG  # no value, or one only as --name=value
 
-DISPATCH_WITH_ARG = {"checkpoint", "resubmit", "supersede", "warn-before", "max-no-progress",
-                     "quarantine-after", "stop-on-exit", "restart-on-exit", "max-requeues"}
+DISPATCH_WITH_ARG = {
+    "checkpoint",
+    "resubmit",
+    "supersede",
+    "warn-before",
+    "max-no-progress",
+    "quarantine-after",
+    "stop-on-exit",
+    "restart-on-exit",
+    "max-requeues",
+    "avoid-bad-nodes",
+    "stall-timeout",
+}
 # --max-no-progress's default: executions in a row without progress before restarts stop.
 MAX_NO_PROGRESS = 3
 # --quarantine-after's default: failed executions in a row from one save before it is passed over.
@@ -49,9 +64,22 @@ DISPATCH_FLAGS = {"shared-checkpoint", "plan"}
 class DispatchOptions:
     """The dispatch options given, and which of them were given (``given``)."""
 
-    __slots__ = ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
-                 "warn_before", "max_no_progress", "quarantine_after", "stop_on_exit",
-                 "restart_on_exit", "max_requeues", "given")
+    __slots__ = (
+        "checkpoint",
+        "resubmit",
+        "shared_checkpoint",
+        "supersede",
+        "plan",
+        "warn_before",
+        "max_no_progress",
+        "quarantine_after",
+        "stop_on_exit",
+        "restart_on_exit",
+        "max_requeues",
+        "avoid_bad_nodes",
+        "stall_timeout",
+        "given",
+    )
 
     def __init__(self, given: Optional[set[str]] = None) -> None:
         self.checkpoint: Optional[str] = None
@@ -65,29 +93,67 @@ class DispatchOptions:
         self.stop_on_exit: list[int] = []  # exit statuses after which nothing restarts
         self.restart_on_exit: list[int] = []  # ... restarted without spending the budget
         self.max_requeues: Optional[int] = None  # Slurm's requeues; None: unbudgeted
+        self.avoid_bad_nodes: Optional[int] = None  # None: the site's AvoidBadNodes
+        self.stall_timeout: Optional[int] = None  # seconds, 0 off; None: the site's StallTimeout
         self.given: set[str] = set(given or ())
 
     def merged_over(self, directives: DispatchOptions) -> DispatchOptions:
         """These options (the command line) over ``directives`` (the script's)."""
         out = DispatchOptions(given=self.given | directives.given)
-        for name in ("checkpoint", "resubmit", "shared_checkpoint", "supersede", "plan",
-                     "warn_before", "max_no_progress", "quarantine_after", "stop_on_exit",
-                     "restart_on_exit", "max_requeues"):
+        for name in (
+            "checkpoint",
+            "resubmit",
+            "shared_checkpoint",
+            "supersede",
+            "plan",
+            "warn_before",
+            "max_no_progress",
+            "quarantine_after",
+            "stop_on_exit",
+            "restart_on_exit",
+            "max_requeues",
+            "avoid_bad_nodes",
+            "stall_timeout",
+        ):
             source = self if name in self.given else directives
             setattr(out, name, getattr(source, name))
+        both = sorted(set(out.stop_on_exit) & set(out.restart_on_exit))
+        if both:  # each list from its own source: one in each (a source's own is refused)
+
+            def said(name: str) -> str:
+                return "the command line" if name in self.given else "the script's #DISPATCH lines"
+
+            raise UsageError(
+                f"exit code(s) {', '.join(map(str, both))} given to both "
+                f"--stop-on-exit ({said('stop_on_exit')}) and --restart-on-exit "
+                f"({said('restart_on_exit')}): a code means one of them"
+            )
         return out
 
 
 class CommandLine:
     """A dispatch-sbatch command line, split into its parts."""
 
-    __slots__ = ("dispatch", "sbatch", "script", "script_args", "long_names", "warnings",
-                 "unknown_before_script")
+    __slots__ = (
+        "dispatch",
+        "sbatch",
+        "script",
+        "script_args",
+        "long_names",
+        "warnings",
+        "unknown_before_script",
+    )
 
-    def __init__(self, dispatch: DispatchOptions, sbatch: list[str], script: Optional[str],
-                 script_args: list[str], long_names: set[str],
-                 warnings: Optional[list[str]] = None,
-                 unknown_before_script: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        dispatch: DispatchOptions,
+        sbatch: list[str],
+        script: Optional[str],
+        script_args: list[str],
+        long_names: set[str],
+        warnings: Optional[list[str]] = None,
+        unknown_before_script: Optional[str] = None,
+    ) -> None:
         self.dispatch = dispatch
         self.sbatch = sbatch  # sbatch's own options, in order, as given
         self.script = script
@@ -118,15 +184,36 @@ def resolve_long(name: str, where: str) -> str:
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
-        raise UsageError(f"option '--{name}'{where} is ambiguous: "
-                         + ", ".join("--" + c for c in candidates))
+        raise UsageError(
+            f"option '--{name}'{where} is ambiguous: " + ", ".join("--" + c for c in candidates)
+        )
     import difflib  # only on this path: dispatch-sbatch's start-up stays small
+
     close = difflib.get_close_matches(name, sorted(set(_LONG) | ours), n=1, cutoff=0.8)
     if close:
         # A typo: left alone, its value would be taken for the script (`--checkpont X`).
-        raise UsageError(f"unrecognized option '--{name}'{where} (did you mean "
-                         f"--{close[0]}?)")
+        raise UsageError(f"unrecognized option '--{name}'{where} (did you mean --{close[0]}?)")
     return name  # unknown and like nothing we know: a newer sbatch's option, sbatch judges it
+
+
+# Options counting something, each with no default of its own: what they count, their bound.
+_COUNTS = {
+    "max-requeues": ("Slurm's requeues", 999_999),
+    "avoid-bad-nodes": ("failed executions on a node (0 never avoids one)", 999),
+}
+# Every dispatch option whose value is a whole number (_set_count checks each).
+_COUNTED = {"resubmit", *_COUNTS, "max-no-progress", "quarantine-after"}
+
+
+def _whole(value: Optional[str]) -> int:
+    """A count as written: ASCII digits, a ``-`` before them at most (said as outside its
+    range); ValueError for anything else int() would take ('1_0', '+2', other scripts'
+    digits), as dispatch.conf's counts are read."""
+    text = (value or "").strip()
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(text)
+    return int(text)
 
 
 def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where: str) -> None:
@@ -135,49 +222,62 @@ def _set_dispatch(opts: DispatchOptions, name: str, value: Optional[str], where:
         if not value:
             raise UsageError(f"--checkpoint{where} needs a directory")
         opts.checkpoint = value
-    elif name == "resubmit":
-        try:
-            opts.resubmit = int(value or "")
-        except ValueError:
-            raise UsageError(f"--resubmit {value!r}{where} is not a number of resubmissions"
-                             ) from None
-        if not 0 <= opts.resubmit <= 999_998:
-            raise UsageError(f"--resubmit {opts.resubmit}{where} is outside 0..999998")
-    elif name == "max-requeues":
-        try:
-            opts.max_requeues = int(value or "")
-        except ValueError:
-            raise UsageError(f"--max-requeues {value!r}{where} is not a number of Slurm's "
-                             "requeues") from None
-        if not 0 <= opts.max_requeues <= 999_999:
-            raise UsageError(f"--max-requeues {opts.max_requeues}{where} is outside "
-                             "0..999999")
-    elif name in ("max-no-progress", "quarantine-after"):
-        try:
-            count = int(value or "")
-        except ValueError:
-            raise UsageError(f"--{name} {value!r}{where} is not a number of executions (0 "
-                             "turns the check off)") from None
-        if not 0 <= count <= 999_999:
-            raise UsageError(f"--{name} {count}{where} is outside 0..999999 (0 turns the "
-                             "check off)")
-        setattr(opts, name.replace("-", "_"), count)
+    elif name in _COUNTED:
+        _set_count(opts, name, value, where)
     elif name in ("stop-on-exit", "restart-on-exit"):
         setattr(opts, name.replace("-", "_"), parse_codes(value or "", f"--{name}", where))
         both = sorted(set(opts.stop_on_exit) & set(opts.restart_on_exit))
         if both:
-            raise UsageError(f"exit code(s) {', '.join(map(str, both))}{where} given to both "
-                             "--stop-on-exit and --restart-on-exit: a code means one of them")
+            raise UsageError(
+                f"exit code(s) {', '.join(map(str, both))}{where} given to both "
+                "--stop-on-exit and --restart-on-exit: a code means one of them"
+            )
     elif name == "supersede":
         if not value:
             raise UsageError(f"--supersede{where} needs a dispatch job id")
         opts.supersede = value
     elif name == "warn-before":
         opts.warn_before = parse_warning(value or "", where)
+    elif name == "stall-timeout":
+        opts.stall_timeout = parse_stall_timeout(value or "", where)
     elif name == "shared-checkpoint":
         opts.shared_checkpoint = True
     elif name == "plan":
         opts.plan = True
+
+
+def _set_count(opts: DispatchOptions, name: str, value: Optional[str], where: str) -> None:
+    """The dispatch options that take a whole number, each checked against its range."""
+    if name == "resubmit":
+        try:
+            opts.resubmit = _whole(value)
+        except ValueError:
+            raise UsageError(
+                f"--resubmit {value!r}{where} is not a number of resubmissions"
+            ) from None
+        if not 0 <= opts.resubmit <= 999_998:
+            raise UsageError(f"--resubmit {opts.resubmit}{where} is outside 0..999998")
+    elif name in _COUNTS:
+        what, high = _COUNTS[name]
+        try:
+            count = _whole(value)
+        except ValueError:
+            raise UsageError(f"--{name} {value!r}{where} is not a number of {what}") from None
+        if not 0 <= count <= high:
+            raise UsageError(f"--{name} {count}{where} is outside 0..{high}")
+        setattr(opts, name.replace("-", "_"), count)
+    elif name in ("max-no-progress", "quarantine-after"):
+        try:
+            count = _whole(value)
+        except ValueError:
+            raise UsageError(
+                f"--{name} {value!r}{where} is not a number of executions (0 turns the check off)"
+            ) from None
+        if not 0 <= count <= 999_999:
+            raise UsageError(
+                f"--{name} {count}{where} is outside 0..999999 (0 turns the check off)"
+            )
+        setattr(opts, name.replace("-", "_"), count)
 
 
 def parse_codes(value: str, option: str, where: str = "") -> list[int]:
@@ -189,11 +289,15 @@ def parse_codes(value: str, option: str, where: str = "") -> list[int]:
         try:
             low, high = int(first), int(last if dash else first)
         except ValueError:
-            raise UsageError(f"{option} {value!r}{where}: {part.strip()!r} is not an exit code "
-                             "or a range of them (give e.g. 3 or 3,5-7)") from None
+            raise UsageError(
+                f"{option} {value!r}{where}: {part.strip()!r} is not an exit code "
+                "or a range of them (give e.g. 3 or 3,5-7)"
+            ) from None
         if not 1 <= low <= high <= 255:
-            raise UsageError(f"{option} {value!r}{where}: {part.strip()!r} is outside 1..255 "
-                             "(a script's own exit status; 0 is a completion)")
+            raise UsageError(
+                f"{option} {value!r}{where}: {part.strip()!r} is outside 1..255 "
+                "(a script's own exit status; 0 is a completion)"
+            )
         codes.update(range(low, high + 1))
     return sorted(codes)
 
@@ -209,25 +313,61 @@ def parse_warning(value: str, where: str = "") -> tuple[str, int]:
     if len(parts) > 1 and not parts[-1].isdigit():
         signal = parts.pop().upper().removeprefix("SIG")
     if signal not in SIGNALS:
-        raise UsageError(f"--warn-before {value!r}{where}: unknown signal {signal!r} "
-                         f"(one of {', '.join(sorted(SIGNALS))})")
+        raise UsageError(
+            f"--warn-before {value!r}{where}: unknown signal {signal!r} "
+            f"(one of {', '.join(sorted(SIGNALS))})"
+        )
     try:
         if len(parts) > 2:
             raise ValueError(value)
         total = int(parts[-1]) + (60 * int(parts[0]) if len(parts) == 2 else 0)
     except ValueError:
-        raise UsageError(f"--warn-before {value!r}{where}: give the time before the limit as "
-                         "seconds or MM:SS, then :SIGNAL if not USR1 (e.g. 300, 5:00, "
-                         "120:TERM)") from None
+        raise UsageError(
+            f"--warn-before {value!r}{where}: give the time before the limit as "
+            "seconds or MM:SS, then :SIGNAL if not USR1 (e.g. 300, 5:00, "
+            "120:TERM)"
+        ) from None
     if not 1 <= total <= 65535:
-        raise UsageError(f"--warn-before {value!r}{where}: {total} s is outside 1..65535 "
-                         "(what sbatch --signal accepts)")
+        raise UsageError(
+            f"--warn-before {value!r}{where}: {total} s is outside 1..65535 "
+            "(what sbatch --signal accepts)"
+        )
     return signal, total
 
 
-def parse_options(words: list[str], *, stop_at_script: bool, where: str = "",
-                  values: Optional[list[tuple[str, Optional[str]]]] = None
-                  ) -> tuple[DispatchOptions, list[str], int, set[str]]:
+STALL_TIMEOUT_MAX = 7 * 24 * 3600
+
+
+def parse_stall_timeout(value: str, where: str = "") -> int:
+    """``--stall-timeout TIME``: the time without progress before the execution is asked to
+    save and ended, as seconds, MM:SS, HH:MM:SS or D-HH:MM:SS; ``0`` (or ``off``) is off."""
+    if value.strip().lower() in ("0", "off"):
+        return 0
+    from ..config import parse_duration
+
+    try:
+        total = parse_duration(value)
+    except ValueError:
+        raise UsageError(
+            f"--stall-timeout {value!r}{where}: give the time without progress "
+            "as seconds, MM:SS or HH:MM:SS (e.g. 600, 10:00, 1:30:00), or 0 for "
+            "off"
+        ) from None
+    if not 1 <= total <= STALL_TIMEOUT_MAX or total != int(total):
+        raise UsageError(
+            f"--stall-timeout {value!r}{where}: {total:g} s is not a whole number "
+            f"of seconds from 1 to {STALL_TIMEOUT_MAX} (a week; 0 turns it off)"
+        )
+    return int(total)
+
+
+def parse_options(
+    words: list[str],
+    *,
+    stop_at_script: bool,
+    where: str = "",
+    values: Optional[list[tuple[str, Optional[str]]]] = None,
+) -> tuple[DispatchOptions, list[str], int, set[str]]:
     """Walk ``words``; return (dispatch options, sbatch words, index of the script, long names).
     ``values``, where given, gets each sbatch option's (long name, value or None) in order."""
     opts = DispatchOptions()
@@ -267,32 +407,47 @@ def parse_options(words: list[str], *, stop_at_script: bool, where: str = "",
             i += 1
             continue
         if word.startswith("-") and len(word) > 1:
-            sbatch.append(word)
-            for j, letter in enumerate(word[1:], start=1):
-                name = _SHORT[letter].canonical if letter in _SHORT else letter
-                if letter in _SHORT:
-                    names.add(name)
-                if letter in SHORT_OPTIONAL_ARG:
-                    # the rest of the word is its value (-kyes), never the next word
-                    values.append((name, word[j + 1:] or None))
-                    break
-                if letter in SHORT_WITH_ARG:
-                    if j == len(word) - 1:
-                        if i + 1 >= len(words):
-                            raise UsageError(f"sbatch option -{letter}{where} needs a value")
-                        sbatch.append(words[i + 1])
-                        values.append((name, words[i + 1]))
-                        i += 1
-                    else:
-                        values.append((name, word[j + 1:]))
-                    break
-                values.append((name, None))
-            i += 1
+            i = _short_word(words, i, where, sbatch, names, values) + 1
             continue
         if stop_at_script:
             break
         raise UsageError(f"unexpected word {word!r}{where}: directives hold options only")
     return opts, sbatch, i, names
+
+
+def _short_word(
+    words: list[str],
+    i: int,
+    where: str,
+    sbatch: list[str],
+    names: set[str],
+    values: list[tuple[str, Optional[str]]],
+) -> int:
+    """Read the short options of ``words[i]`` (``-N2``, ``-vv``, ``-t 5``) into ``sbatch``,
+    ``names`` and ``values`` as :func:`parse_options` does; the index of the last word read
+    (``i + 1`` where the last letter took the next word as its value)."""
+    word = words[i]
+    sbatch.append(word)
+    for j, letter in enumerate(word[1:], start=1):
+        name = _SHORT[letter].canonical if letter in _SHORT else letter
+        if letter in _SHORT:
+            names.add(name)
+        if letter in SHORT_OPTIONAL_ARG:
+            # the rest of the word is its value (-kyes), never the next word
+            values.append((name, word[j + 1 :] or None))
+            break
+        if letter in SHORT_WITH_ARG:
+            if j == len(word) - 1:
+                if i + 1 >= len(words):
+                    raise UsageError(f"sbatch option -{letter}{where} needs a value")
+                sbatch.append(words[i + 1])
+                values.append((name, words[i + 1]))
+                i += 1
+            else:
+                values.append((name, word[j + 1 :]))
+            break
+        values.append((name, None))
+    return i
 
 
 def expedited_requeue(words: list[str]) -> bool:
@@ -308,17 +463,28 @@ def expedited_requeue(words: list[str]) -> bool:
 def parse_command_line(argv: list[str]) -> CommandLine:
     opts, sbatch, index, names = parse_options(argv, stop_at_script=True)
     script = argv[index] if index < len(argv) else None
-    script_args = list(argv[index + 1:])
+    script_args = list(argv[index + 1 :])
     ours = DISPATCH_WITH_ARG | DISPATCH_FLAGS
-    late = [w.split("=", 1)[0] for w in script_args
-            if w.startswith("--") and w[2:].split("=", 1)[0] in ours]
+    late = [
+        w.split("=", 1)[0]
+        for w in script_args
+        if w.startswith("--") and w[2:].split("=", 1)[0] in ours
+    ]
     warnings = []
     if late:
-        warnings.append(f"{', '.join(late)} after the script {script} go to the script, as "
-                        "with sbatch; dispatch options go before the script name")
+        warnings.append(
+            f"{', '.join(late)} after the script {script} go to the script, as "
+            "with sbatch; dispatch options go before the script name"
+        )
     unknown = None
-    if sbatch and index > 0 and sbatch[-1] == argv[index - 1] and "=" not in sbatch[-1] \
-            and sbatch[-1].startswith("--") and len(sbatch[-1]) > 2:
+    if (
+        sbatch
+        and index > 0
+        and sbatch[-1] == argv[index - 1]
+        and "=" not in sbatch[-1]
+        and sbatch[-1].startswith("--")
+        and len(sbatch[-1]) > 2
+    ):
         name = resolve_long(sbatch[-1][2:], "")
         if name not in _LONG:
             unknown = sbatch[-1]
@@ -330,8 +496,14 @@ class ScriptHeader:
 
     __slots__ = ("shebang", "sbatch_lines", "sbatch_words", "dispatch", "long_names")
 
-    def __init__(self, shebang: str, sbatch_lines: list[str], sbatch_words: list[str],
-                 dispatch: DispatchOptions, long_names: set[str]) -> None:
+    def __init__(
+        self,
+        shebang: str,
+        sbatch_lines: list[str],
+        sbatch_words: list[str],
+        dispatch: DispatchOptions,
+        long_names: set[str],
+    ) -> None:
         self.shebang = shebang
         self.sbatch_lines = sbatch_lines  # the directive block after the shebang, verbatim
         self.sbatch_words = sbatch_words  # the words of the #SBATCH directives
@@ -345,12 +517,16 @@ def read_header(text: str, script_name: str) -> ScriptHeader:
     sbatch stops reading directives at the first line that is neither blank nor a comment.
     """
     if "\r\n" in text:
-        raise UsageError(f"script {script_name!r} has DOS line breaks (\\r\\n); sbatch refuses "
-                         "such scripts: convert it with `dos2unix` or `sed -i 's/\\r$//'`")
+        raise UsageError(
+            f"script {script_name!r} has DOS line breaks (\\r\\n); sbatch refuses "
+            "such scripts: convert it with `dos2unix` or `sed -i 's/\\r$//'`"
+        )
     lines = text.split("\n")
     if not lines or not lines[0].startswith("#!"):
-        raise UsageError(f"script {script_name!r} does not start with '#!': a batch script's "
-                         "first line must name its interpreter (e.g. #!/bin/bash)")
+        raise UsageError(
+            f"script {script_name!r} does not start with '#!': a batch script's "
+            "first line must name its interpreter (e.g. #!/bin/bash)"
+        )
     block: list[str] = []
     sbatch_words: list[str] = []
     dispatch_words: list[str] = []
@@ -360,17 +536,21 @@ def read_header(text: str, script_name: str) -> ScriptHeader:
             break
         block.append(line)
         for tag, sink in (("#SBATCH", sbatch_words), ("#DISPATCH", dispatch_words)):
-            if stripped.startswith(tag) and (len(stripped) == len(tag)
-                                             or stripped[len(tag)].isspace()):
-                words = directive_words(stripped[len(tag):], script_name, number)
+            if stripped.startswith(tag) and (
+                len(stripped) == len(tag) or stripped[len(tag)].isspace()
+            ):
+                words = directive_words(stripped[len(tag) :], script_name, number)
                 sink.extend(words)
     where = f" (in {script_name}'s #DISPATCH lines)"
     dispatch, stray, _, _ = parse_options(dispatch_words, stop_at_script=False, where=where)
     if stray:
-        raise UsageError(f"{script_name}: #DISPATCH lines hold dispatch options only; "
-                         f"{' '.join(stray)!r} belongs on an #SBATCH line")
-    _, _, _, names = parse_options(sbatch_words, stop_at_script=False,
-                                   where=f" (in {script_name}'s #SBATCH lines)")
+        raise UsageError(
+            f"{script_name}: #DISPATCH lines hold dispatch options only; "
+            f"{' '.join(stray)!r} belongs on an #SBATCH line"
+        )
+    _, _, _, names = parse_options(
+        sbatch_words, stop_at_script=False, where=f" (in {script_name}'s #SBATCH lines)"
+    )
     return ScriptHeader(lines[0], block, sbatch_words, dispatch, names)
 
 
@@ -385,8 +565,9 @@ def directive_words(rest: str, script_name: str, number: int) -> list[str]:
     return words
 
 
-def render_batch_script(*, header: ScriptHeader, python: str, job_path: str,
-                        submission: int) -> str:
+def render_batch_script(
+    *, header: ScriptHeader, python: str, job_path: str, submission: int
+) -> str:
     """The batch script sbatch receives: the user's directives, then the launcher.
 
     The user's shebang is replaced by bash (the launcher is exec'd from bash); the user's own
@@ -395,7 +576,20 @@ def render_batch_script(*, header: ScriptHeader, python: str, job_path: str,
     lines = ["#!/bin/bash"]
     lines.extend(header.sbatch_lines)
     lines.append("# slurm-dispatch: give this execution its identity, then run the script.")
-    lines.append(" ".join([
-        "exec", shlex.quote(python), "-m", "slurm_dispatch.launch",
-        "--job", shlex.quote(job_path), "--submission", str(submission), "--", '"$@"']))
+    lines.append(
+        " ".join(
+            [
+                "exec",
+                shlex.quote(python),
+                "-m",
+                "slurm_dispatch.launch",
+                "--job",
+                shlex.quote(job_path),
+                "--submission",
+                str(submission),
+                "--",
+                '"$@"',
+            ]
+        )
+    )
     return "\n".join(lines) + "\n"

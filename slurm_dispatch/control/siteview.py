@@ -50,22 +50,28 @@ DEFAULT_RECORDS = "%h/.local/state/slurm-dispatch"
 CHILD_TIMEOUT = 300.0  # seconds a user's child may take
 ANSWER_LIMIT = _account.LIMIT  # bytes a user's child may answer (it holds what the user wrote)
 _TARGET = re.compile(r"^[0-9]+(_[0-9]+)?$")  # a Slurm job id, or an array task's A_T
-_UNANSWERED = ("the account database does not answer for it (an account gone, or a directory "
-               "service down): its records are not read")
+_UNANSWERED = (
+    "the account database does not answer for it (an account gone, or a directory "
+    "service down): its records are not read"
+)
 
 
 def records_of(pattern: str, user: pwd.struct_passwd) -> str:
     """A user's record home: ``pattern`` with ``%u`` the user's name, ``%h`` their home."""
-    if "%" not in pattern.replace("%u", "").replace("%h", "").replace("%%", "") \
-            and os.path.isabs(pattern.replace("%h", "/")):
+    if "%" not in pattern.replace("%u", "").replace("%h", "").replace("%%", "") and os.path.isabs(
+        pattern.replace("%h", "/")
+    ):
         out = pattern.replace("%%", "\0").replace("%u", user.pw_name)
         return out.replace("%h", user.pw_dir).replace("\0", "%")
-    raise UsageError(f"--records {pattern!r}: give an absolute path in which %u stands for the "
-                     f"user's name and %h for their home (default {DEFAULT_RECORDS})")
+    raise UsageError(
+        f"--records {pattern!r}: give an absolute path in which %u stands for the "
+        f"user's name and %h for their home (default {DEFAULT_RECORDS})"
+    )
 
 
-def users(names: Sequence[str], pattern: str, state_dir: Optional[str] = None
-          ) -> tuple[list[tuple[pwd.struct_passwd, str]], list[str]]:
+def users(
+    names: Sequence[str], pattern: str, state_dir: Optional[str] = None
+) -> tuple[list[tuple[pwd.struct_passwd, str]], list[str]]:
     """The users to look at with their record homes, and what stopped one being looked at.
 
     ``names``, else every account whose record home exists or that root cannot look into (a
@@ -116,6 +122,7 @@ def users(names: Sequence[str], pattern: str, state_dir: Optional[str] = None
 def _named_uids(state_dir: str, errors: list[str]) -> list[tuple[int, str]]:
     """(uid, where it was found) for every uid with facts under ``state_dir``."""
     from ..node import factstore
+
     try:
         uids = factstore.fact_uids(state_dir)
     except DispatchError as exc:
@@ -136,8 +143,9 @@ def _named_users(state_dir: str, errors: list[str]) -> list[tuple[str, str]]:
         errors.append(f"{exc}: the users it names are not all looked at")
         return []
     holds = seen.get("holds")
-    named = {h.get("user") for h in holds if isinstance(h, dict)} \
-        if isinstance(holds, list) else set()
+    named = (
+        {h.get("user") for h in holds if isinstance(h, dict)} if isinstance(holds, list) else set()
+    )
     names = sorted(n for n in named if isinstance(n, str))
     return [(name, f"a standing hold in {path}") for name in names]
 
@@ -156,9 +164,12 @@ def _may_hold_records(home: str) -> bool:
 
 # -- what a user's child does, as that user ----------------------------------------------
 
+
 def _targets(hold: Any) -> list[list[Any]]:
-    return [[str(t), int(r)] for t, r in
-            (hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]])]
+    return [
+        [str(t), int(r)]
+        for t, r in (hold.ended_tasks or [[hold.ended_slurm_job_id, hold.ended_restart]])
+    ]
 
 
 def _answered(answers: Sequence[Any]) -> Optional[float]:
@@ -172,6 +183,7 @@ def _answered(answers: Sequence[Any]) -> Optional[float]:
 def standing(home: str) -> dict[str, Any]:
     """Every standing hold of the records in ``home`` (run as their user)."""
     from . import record
+
     holds: list[dict[str, Any]] = []
     errors: list[str] = []
     try:
@@ -185,8 +197,11 @@ def standing(home: str) -> dict[str, Any]:
             seen: set[str] = set()
             for line in [history.lineage()] + [history.lineage(t) for t in tasks]:
                 hold = line.hold
-                if hold is None or hold.slurm_job_id + f"/{hold.task}" in seen \
-                        or (line.task is not None and hold.task is None):
+                if (
+                    hold is None
+                    or hold.slurm_job_id + f"/{hold.task}" in seen
+                    or (line.task is not None and hold.task is None)
+                ):
                     continue
                 seen.add(hold.slurm_job_id + f"/{hold.task}")
                 answers = line.answers_for(hold.slurm_job_id)
@@ -194,23 +209,42 @@ def standing(home: str) -> dict[str, Any]:
                 for target, restart in _targets(hold):
                     mine = [a for a in answers if a.ended_slurm_job_id == target]
                     last = mine[-1] if mine else None
-                    ended.append({"slurm_job_id": target, "restart": restart,
-                                  "verdict": last.verdict if last else "not asked",
-                                  "asked_at": last.asked if last else None,
-                                  "evidence": last.evidence if last else None})
+                    ended.append(
+                        {
+                            "slurm_job_id": target,
+                            "restart": restart,
+                            "verdict": last.verdict if last else "not asked",
+                            "asked_at": last.asked if last else None,
+                            "evidence": last.evidence if last else None,
+                        }
+                    )
                 answered = _answered(answers)
-                holds.append({"answered_at": answered, "dispatch_job": job.id,
-                              "held_slurm_job_id": hold.slurm_job_id,
-                              "task": hold.task, "submission": hold.submission,
-                              "end_state": hold.end_state, "held_since": hold.time,
-                              "deadline": hold.deadline, "ended": ended})
+                holds.append(
+                    {
+                        "answered_at": answered,
+                        "dispatch_job": job.id,
+                        "held_slurm_job_id": hold.slurm_job_id,
+                        "task": hold.task,
+                        "submission": hold.submission,
+                        "end_state": hold.end_state,
+                        "held_since": hold.time,
+                        "deadline": hold.deadline,
+                        "ended": ended,
+                    }
+                )
         except (DispatchError, OSError) as exc:
             errors.append(f"{job.id}: {exc}")
     return {"holds": holds, "errors": errors}
 
 
-def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: float,
-         interval: float, now: float) -> dict[str, Any]:
+def lift(
+    home: str,
+    answers: dict[str, dict[str, Any]],
+    signal: str,
+    timeout: float,
+    interval: float,
+    now: float,
+) -> dict[str, Any]:
     """Record root's ``answers`` (keyed ``target:restart``) on every standing hold of the
     records in ``home`` and lift those proven ceased (run as their user, who owns the held
     jobs)."""
@@ -234,26 +268,35 @@ def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: fl
             history = job.history()
             for line in [history.lineage()] + [history.lineage(t) for t in history.tasks]:
                 hold = line.hold
-                if hold is None or (line.task is not None and hold.task is None) \
-                        or now >= hold.deadline:
+                if (
+                    hold is None
+                    or (line.task is not None and hold.task is None)
+                    or now >= hold.deadline
+                ):
                     continue  # an expired hold is the owner's supervisor's to end
                 answered = _answered(line.answers_for(hold.slurm_job_id))
                 if answered is not None and now - answered < interval:
                     continue
-                if not asking.ceased(asking.ask(job, hold, signal, timeout, runner,
-                                                lambda: now, hold.task)):
+                if not asking.ceased(
+                    asking.ask(job, hold, signal, timeout, runner, lambda: now, hold.task)
+                ):
                     continue
                 try:
                     slurm.release([hold.slurm_job_id])
                 except SlurmError as exc:
-                    errors.append(f"{job.id}: cannot release Slurm job {hold.slurm_job_id} "
-                                  f"(the hold stands): {exc}")
+                    errors.append(
+                        f"{job.id}: cannot release Slurm job {hold.slurm_job_id} "
+                        f"(the hold stands): {exc}"
+                    )
                     continue
-                job.append(Released, slurm_job_id=hold.slurm_job_id,
-                           by="the site's release service (ceased)", task=hold.task)
+                job.append(
+                    Released,
+                    slurm_job_id=hold.slurm_job_id,
+                    by="the site's release service (ceased)",
+                    task=hold.task,
+                )
                 asking.mark_released(slurm, job, hold, "(ceased, site)")
-                actions.append(f"{job.id}: hold on Slurm job {hold.slurm_job_id} lifted: "
-                               "ceased")
+                actions.append(f"{job.id}: hold on Slurm job {hold.slurm_job_id} lifted: ceased")
                 history = job.history()
         except (DispatchError, OSError) as exc:
             errors.append(f"{job.id}: {exc}")
@@ -262,15 +305,22 @@ def lift(home: str, answers: dict[str, dict[str, Any]], signal: str, timeout: fl
 
 # -- root's side -------------------------------------------------------------------------
 
-def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, Any]],
-             *args: Any) -> dict[str, Any]:
+
+def as_user(
+    user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, Any]], *args: Any
+) -> dict[str, Any]:
     """``work(home, *args)`` in a forked child running as ``user`` (their uid, gid and groups,
     a scrubbed environment, cwd /): its JSON answer, or one error naming what failed.  The
     child is the user's to stop: past CHILD_TIMEOUT (and _account.GRACE) root kills it and
     that user alone is reported, so a caller's pass over every user goes on."""
-    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name,
-           "PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
-           "DISPATCH_HOME": home}
+    env = {
+        "HOME": user.pw_dir,
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "PATH": os.environ.get("PATH", os.defpath),
+        "LANG": "C.UTF-8",
+        "DISPATCH_HOME": home,
+    }
     for name in ("SLURM_CONF", "SLURM_DISPATCH_CONF", "DISPATCH_SLURM_BACKEND"):
         if name in os.environ:
             env[name] = os.environ[name]
@@ -283,24 +333,34 @@ def as_user(user: pwd.struct_passwd, home: str, work: Callable[..., dict[str, An
 
     try:
         # The alarm: a hung file system ends the child.  The limit: the answer is the user's.
-        data, status = _account.run_as(user, answer, failed, alarm=int(CHILD_TIMEOUT), env=env,
-                                       cwd="/", limit=ANSWER_LIMIT)
+        data, status = _account.run_as(
+            user, answer, failed, alarm=int(CHILD_TIMEOUT), env=env, cwd="/", limit=ANSWER_LIMIT
+        )
     except OverflowError:
-        return {"errors": [f"reading {home} as {user.pw_name}: the answer passed "
-                           f"{ANSWER_LIMIT} bytes; not read further (its records hold more "
-                           "than a site view shows)"]}
+        return {
+            "errors": [
+                f"reading {home} as {user.pw_name}: the answer passed "
+                f"{ANSWER_LIMIT} bytes; not read further (its records hold more "
+                "than a site view shows)"
+            ]
+        }
     except TimeoutError:  # the user stopped their child (SIGSTOP), or it hung past its alarm
-        return {"errors": [f"reading {home} as {user.pw_name}: no answer within "
-                           f"{CHILD_TIMEOUT:g} s (the child was stopped, or hung): ended with "
-                           "SIGKILL"]}
+        return {
+            "errors": [
+                f"reading {home} as {user.pw_name}: no answer within "
+                f"{CHILD_TIMEOUT:g} s (the child was stopped, or hung): ended with "
+                "SIGKILL"
+            ]
+        }
     try:
         got = json.loads(data.decode("utf-8", "replace"))
         if not isinstance(got, dict):
             raise ValueError("not an object")
         return got
     except ValueError:
-        return {"errors": [f"reading {home} as {user.pw_name} gave no answer (wait status "
-                           f"{status})"]}
+        return {
+            "errors": [f"reading {home} as {user.pw_name} gave no answer (wait status {status})"]
+        }
 
 
 def view(chosen: list[tuple[pwd.struct_passwd, str]]) -> dict[str, Any]:
@@ -316,13 +376,22 @@ def view(chosen: list[tuple[pwd.struct_passwd, str]]) -> dict[str, Any]:
     return {"holds": holds, "errors": errors}
 
 
-def ask_as_root(signal: str, timeout: float, target: str, restart: int,
-                runner: Optional[Callable[[list[str], float], Any]] = None) -> dict[str, Any]:
+def ask_as_root(
+    signal: str,
+    timeout: float,
+    target: str,
+    restart: int,
+    runner: Optional[Callable[[list[str], float], Any]] = None,
+) -> dict[str, Any]:
     """The CessationSignal's answer about one ended execution a user's record names."""
     from . import holds as asking
+
     if not _TARGET.match(target):
-        return {"verdict": "error", "code": None,
-                "evidence": f"{target!r} is not a Slurm job id; not asked"}
+        return {
+            "verdict": "error",
+            "code": None,
+            "evidence": f"{target!r} is not a Slurm job id; not asked",
+        }
     _, answer = asking.ask_one(signal, target, restart, timeout, runner or asking.ask_signal)
     return {"verdict": answer.verdict, "code": answer.code, "evidence": answer.evidence}
 
@@ -337,6 +406,7 @@ def job_owners(target: str, state_dir: str, slurm: Any) -> tuple[set[int], str]:
     Accounting that cannot answer (slurmdbd down) leaves it to the facts, as a site without
     accounting does."""
     from ..errors import SlurmError
+
     uids = {job.uid for job in slurm.jobs(target) if job.uid >= 0}
     if uids:
         return uids, "the controller says"
@@ -354,6 +424,7 @@ def _fact_owners(target: str, state_dir: str) -> list[int]:
     uids whose facts of array A name task T, under whatever job id it ran)."""
     from ..errors import FactError
     from ..node import facts
+
     array, sep, task = target.partition("_")
     if not sep:
         return facts.job_uids(state_dir, target)
@@ -376,6 +447,7 @@ class _Owners:
 
     def __init__(self, state_dir: str) -> None:
         from ..slurm.adapter import Slurm
+
         self.state_dir = state_dir
         self.slurm = Slurm()
         self.known: dict[str, tuple[set[int], str]] = {}
@@ -390,20 +462,27 @@ def _not_theirs(target: str, user: pwd.struct_passwd, owners: _Owners) -> Option
     """Why root does not ask about Slurm job ``target`` for ``user``'s hold (naming no other
     user), or None when it is ``user``'s own."""
     from ..errors import SlurmError
+
     if not _TARGET.match(target):
         return None  # ask_as_root refuses it, saying so
     try:
         uids, source = owners.of(target)
     except SlurmError as exc:
-        return (f"whose job Slurm job {target} is cannot be learnt now ({exc}): not asked; the "
-                "site's release service asks only about a user's own jobs")
+        return (
+            f"whose job Slurm job {target} is cannot be learnt now ({exc}): not asked; the "
+            "site's release service asks only about a user's own jobs"
+        )
     if not uids:
-        return (f"whose job it is, neither the controller, Slurm's accounting nor the facts "
-                f"under {owners.state_dir} say (Slurm job {target}): not asked; the site's "
-                "release service asks only about a user's own jobs")
+        return (
+            f"whose job it is, neither the controller, Slurm's accounting nor the facts "
+            f"under {owners.state_dir} say (Slurm job {target}): not asked; the site's "
+            "release service asks only about a user's own jobs"
+        )
     if uids != {user.pw_uid}:
-        return (f"Slurm job {target} is not {user.pw_name}'s, as {source}: not asked; the "
-                "site's release service asks only about a user's own jobs")
+        return (
+            f"Slurm job {target} is not {user.pw_name}'s, as {source}: not asked; the "
+            "site's release service asks only about a user's own jobs"
+        )
     return None
 
 
@@ -420,25 +499,34 @@ def _judged(evidence: Any) -> set[int]:
     return found
 
 
-def _theirs_only(answer: dict[str, Any], target: str, user: pwd.struct_passwd
-                 ) -> dict[str, Any]:
+def _theirs_only(answer: dict[str, Any], target: str, user: pwd.struct_passwd) -> dict[str, Any]:
     """``answer``, unless it was judged from another uid's facts: then an error without it."""
     if _judged(answer.get("evidence")) <= {user.pw_uid}:
         return answer
-    return {"verdict": "error", "code": answer.get("code"),
-            "evidence": f"the CessationSignal judged Slurm job {target} from another user's "
-                        "facts (a job id used twice: slurmctld's state started anew, or "
-                        "MaxJobId wrapped): its answer is not recorded here; release the hold "
-                        "by hand once you know"}
+    return {
+        "verdict": "error",
+        "code": answer.get("code"),
+        "evidence": f"the CessationSignal judged Slurm job {target} from another user's "
+        "facts (a job id used twice: slurmctld's state started anew, or "
+        "MaxJobId wrapped): its answer is not recorded here; release the hold "
+        "by hand once you know",
+    }
 
 
-def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeout: float,
-                 interval: float, now: Optional[float] = None, *,
-                 state_dir: Optional[str] = None) -> dict[str, Any]:
+def release_pass(
+    chosen: list[tuple[pwd.struct_passwd, str]],
+    signal: str,
+    timeout: float,
+    interval: float,
+    now: Optional[float] = None,
+    *,
+    state_dir: Optional[str] = None,
+) -> dict[str, Any]:
     """One pass of the site's release service over the chosen users (``state_dir``: the
     site's StateDir, whose facts say whose a job the controller forgot was)."""
     if state_dir is None:
         from .. import config as config_module
+
         state_dir = config_module.load().state_dir
     owners = _Owners(state_dir)
     now = time.time() if now is None else now
@@ -464,9 +552,9 @@ def release_pass(chosen: list[tuple[pwd.struct_passwd, str]], signal: str, timeo
                 if why is not None:
                     answers[key] = {"verdict": "error", "code": None, "evidence": why}
                     continue
-                answers[key] = _theirs_only(ask_as_root(signal, timeout, target,
-                                                        int(ended.get("restart", 0))),
-                                            target, user)
+                answers[key] = _theirs_only(
+                    ask_as_root(signal, timeout, target, int(ended.get("restart", 0))), target, user
+                )
         if not answers:
             continue
         done = as_user(user, home, lift, answers, signal, timeout, interval, now)
@@ -492,12 +580,15 @@ def site_group(name: str, where: str) -> grp.struct_group:
     try:
         return grp.getgrnam(name)
     except KeyError:
-        raise UsageError(f"SiteViewGroup={name} ({where}): no such group (or the directory "
-                         "service does not answer for it now)") from None
+        raise UsageError(
+            f"SiteViewGroup={name} ({where}): no such group (or the directory "
+            "service does not answer for it now)"
+        ) from None
 
 
-def write_snapshot(state_dir: str, group: grp.struct_group, seen: dict[str, Any],
-                   now: float) -> str:
+def write_snapshot(
+    state_dir: str, group: grp.struct_group, seen: dict[str, Any], now: float
+) -> str:
     """Replace the group's copy of the view with ``seen`` (root only): StateDir/siteview/ is
     made 0750 root:group (or set so, never through a symlink), holds.json in it 0640
     root:group, whole; the path written."""
@@ -505,8 +596,10 @@ def write_snapshot(state_dir: str, group: grp.struct_group, seen: dict[str, Any]
     try:
         state_fd = _fsio.open_dir(state_dir)
     except OSError as exc:
-        raise UsageError(f"StateDir {state_dir!r}: cannot open it ({exc.strerror}): the "
-                         "site view's snapshot lives there") from None
+        raise UsageError(
+            f"StateDir {state_dir!r}: cannot open it ({exc.strerror}): the "
+            "site view's snapshot lives there"
+        ) from None
     try:
         try:
             os.mkdir(SNAPSHOT_DIR, 0o700, dir_fd=state_fd)
@@ -515,24 +608,29 @@ def write_snapshot(state_dir: str, group: grp.struct_group, seen: dict[str, Any]
         try:
             fd = _fsio.open_dir(SNAPSHOT_DIR, state_fd)
         except OSError as exc:
-            raise RefusedError(f"{folder}: {exc.strerror} (a symlink is refused): not "
-                               "written") from None
+            raise RefusedError(
+                f"{folder}: {exc.strerror} (a symlink is refused): not written"
+            ) from None
     finally:
         os.close(state_fd)
     try:
         info = os.fstat(fd)
         if info.st_uid != 0:
-            raise RefusedError(f"{folder} is owned by uid {info.st_uid}, not root: the site "
-                               "view is not written there; remove it")
+            raise RefusedError(
+                f"{folder} is owned by uid {info.st_uid}, not root: the site "
+                "view is not written there; remove it"
+            )
         os.fchown(fd, 0, group.gr_gid)
         os.fchmod(fd, 0o750)
-        data = json.dumps({"version": SNAPSHOT_VERSION, "written_at": now, **seen},
-                          sort_keys=True).encode()
+        data = json.dumps(
+            {"version": SNAPSHOT_VERSION, "written_at": now, **seen}, sort_keys=True
+        ).encode()
         try:
             _fsio.replace(SNAPSHOT, data, 0o640, dir_fd=fd, gid=group.gr_gid)
         except OSError as exc:
-            raise RefusedError(f"cannot write {folder}/{SNAPSHOT}: {exc.strerror}; the last "
-                               "snapshot stands") from None
+            raise RefusedError(
+                f"cannot write {folder}/{SNAPSHOT}: {exc.strerror}; the last snapshot stands"
+            ) from None
     finally:
         os.close(fd)
     return os.path.join(folder, SNAPSHOT)
@@ -575,9 +673,11 @@ def read_snapshot(state_dir: str, group: grp.struct_group, where: str) -> dict[s
             who = pwd.getpwuid(os.geteuid()).pw_name
         except KeyError:
             who = f"uid {os.geteuid()}"
-        raise RefusedError(f"{who} is not root and not in SiteViewGroup {group.gr_name} "
-                           f"({where}): only root and members of {group.gr_name} see other "
-                           "users' holds")
+        raise RefusedError(
+            f"{who} is not root and not in SiteViewGroup {group.gr_name} "
+            f"({where}): only root and members of {group.gr_name} see other "
+            "users' holds"
+        )
     return load_snapshot(snapshot_path(state_dir))
 
 
@@ -586,16 +686,20 @@ def load_snapshot(path: str) -> dict[str, Any]:
     try:
         fd = _fsio.open_file(path, nonblock=True)
     except FileNotFoundError:
-        raise RefusedError(f"no site view at {path}: root's dispatch-admin release-service "
-                           "writes it on each pass (its timer, contrib/systemd/"
-                           "dispatch-release.timer); is it running?") from None
+        raise RefusedError(
+            f"no site view at {path}: root's dispatch-admin release-service "
+            "writes it on each pass (its timer, contrib/systemd/"
+            "dispatch-release.timer); is it running?"
+        ) from None
     except OSError as exc:
         raise RefusedError(f"cannot read the site view {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if info.st_uid != 0 or not stat.S_ISREG(info.st_mode) or info.st_mode & 0o002:
-            raise RefusedError(f"{path} is not root's file (uid {info.st_uid}, mode "
-                               f"{stat.S_IMODE(info.st_mode):04o}): not trusted")
+            raise RefusedError(
+                f"{path} is not root's file (uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):04o}): not trusted"
+            )
         chunks = []
         while True:
             chunk = os.read(fd, 1 << 16)
@@ -606,10 +710,12 @@ def load_snapshot(path: str) -> dict[str, Any]:
         os.close(fd)
     try:
         seen = json.loads(b"".join(chunks))
-        if not isinstance(seen, dict) or seen.get("version") != SNAPSHOT_VERSION \
-                or not isinstance(seen.get("written_at"), (int, float)):
+        if (
+            not isinstance(seen, dict)
+            or seen.get("version") != SNAPSHOT_VERSION
+            or not isinstance(seen.get("written_at"), (int, float))
+        ):
             raise ValueError("not a site view")
     except ValueError as exc:
         raise RefusedError(f"{path}: {exc}") from None
     return seen
-

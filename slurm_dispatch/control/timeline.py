@@ -14,8 +14,10 @@ checkpoint-500``, or ``started fresh``).
 The execution whose publication is the latest gets ``<- latest``: the lineage that won.
 :func:`render` is pure over its inputs (the status data and the publications with their times):
 ASCII only, so it reads the same on a terminal, in a log or in a mail; it fits ``width``
-columns.  :func:`marks` reads the publications (names and pub/ entry times, never a save), as
-:mod:`slurm_dispatch.control.goodput` does for the figures.
+columns, each line one line (a save a user named with a line break or a terminal escape is
+shown escaped, as status's cells are).  :func:`marks` reads the publications (names and
+pub/ entry times, never a save), as :mod:`slurm_dispatch.control.goodput` does for the
+figures.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from typing import Any, Optional
 
 from .. import _clock
+from .._table import one_line
 from ..slurm.jobs import is_running
 from . import status_text
 from .goodput import Mark, ceased_at, ended_at, marks
@@ -33,8 +36,9 @@ __all__ = ["LABEL", "Mark", "marks", "render"]
 LABEL = 16
 
 
-def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
-           now: Optional[float] = None) -> str:
+def render(
+    data: dict[str, Any], marks: list[Mark], width: int = 80, now: Optional[float] = None
+) -> str:
     """The timeline of the status ``data`` (:func:`slurm_dispatch.control.status.collect`)."""
     now = time.time() if now is None else now
     executions = sorted(data.get("executions") or [], key=lambda e: e.get("started") or 0)
@@ -53,9 +57,11 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
     def column(moment: float) -> int:
         return min(bar - 1, max(0, int((moment - first) / span * (bar - 1) + 0.5)))
 
-    lines = [f"Dispatch job {data.get('id')}: {len(executions)} execution(s), "
-             f"{_clock.instant(first)} to {_clock.instant(last)[11:]} "
-             f"({_clock.duration(span)})"]
+    lines = [
+        f"Dispatch job {data.get('id')}: {len(executions)} execution(s), "
+        f"{_clock.instant(first)} to {_clock.instant(last)[11:]} "
+        f"({_clock.duration(span)})"
+    ]
     for e in executions:
         cells = [" "] * bar
         start = column(float(e.get("started") or first))
@@ -70,39 +76,45 @@ def render(data: dict[str, Any], marks: list[Mark], width: int = 80,
                 cells[i] = "~"
             if ceased is not None:
                 cells[proven] = "|"
-        mine = [m for m in marks if e.get("exec_dir") and
-                m.path.startswith(str(e["exec_dir"]).rstrip("/") + "/")]
+        mine = [
+            m
+            for m in marks
+            if e.get("exec_dir") and m.path.startswith(str(e["exec_dir"]).rstrip("/") + "/")
+        ]
         for m in mine:
             cells[column(m.time)] = "*"
-        label = f"{status_text.execution_label(e)} {e.get('node') or '?'}"[:LABEL - 1]
+        label = f"{status_text.execution_label(e)} {e.get('node') or '?'}"[: LABEL - 1]
         state = str(e.get("state") or "").split(" ")[0]
         note = "<- latest" if any(m.latest for m in mine) else state[:10]
         lines.append(f"{label:<{LABEL}}{''.join(cells)} {note}".rstrip())
     for hold in holds:
         cells = [" "] * bar
         made = column(float(hold.get("time") or first))
-        lifted = [e for e in data.get("events") or []
-                  if e.get("event") in ("released", "expired")
-                  and str(e.get("slurm_job_id")) == str(hold.get("slurm_job_id"))]
+        lifted = [
+            e
+            for e in data.get("events") or []
+            if e.get("event") in ("released", "expired")
+            and str(e.get("slurm_job_id")) == str(hold.get("slurm_job_id"))
+        ]
         until = column(float(lifted[0]["time"])) if lifted else column(now)
         for i in range(made, until + 1):
             cells[i] = "."
         how = lifted[0]["event"] if lifted else "holding"
-        label = f"hold S{hold.get('submission')}"[:LABEL - 1]
+        label = f"hold S{hold.get('submission')}"[: LABEL - 1]
         lines.append(f"{label:<{LABEL}}{''.join(cells)} {how}".rstrip())
     lines.append("= running  ~ ended, not proven gone  | ceased  * published  . held")
     # Where each execution started from: the lineage a replacement took up.
     root = str(data.get("checkpoint") or "")
     for e in executions:
         source = status_text.resumed_text(e, executions, root)
-        lines.append(f"{status_text.execution_label(e)} "
-                     + (f"started {source}" if source.split(" ")[0] == "fresh"
-                        else f"resumed from {source}"))
-    return "\n".join(line[:width] for line in lines)
+        lines.append(
+            f"{status_text.execution_label(e)} "
+            + (f"started {source}" if source.split(" ")[0] == "fresh" else f"resumed from {source}")
+        )
+    # A save or job name a user chose may hold a line break or a terminal escape: each line is
+    # one line (escaped as status's cells are), then cut to the width.
+    return "\n".join(one_line(line)[:width] for line in lines)
 
 
 def _open(execution: dict[str, Any]) -> bool:
     return is_running(str(execution.get("state") or ""))
-
-
-

@@ -42,8 +42,7 @@ class Publisher:
     def submit(self, work: Callable[[], None]) -> None:
         """Wait for the pending work (raising its failure), then start ``work``."""
         self.wait()
-        thread = threading.Thread(target=self._run, args=(work,), name=THREAD_NAME,
-                                  daemon=False)
+        thread = threading.Thread(target=self._run, args=(work,), name=THREAD_NAME, daemon=False)
         self._thread = thread
         thread.start()
 

@@ -31,8 +31,18 @@ STAGE_DIR = "DISPATCH_STAGE_DIR"
 LOCAL_DIR = "DISPATCH_LOCAL_DIR"
 
 # Everything the launcher sets (and exports through SLURM_EXPORT_ENV), in its order.
-VARIABLES = (JOB, GENERATION, SUBMISSION, EPOCH, ATTEMPT, CHECKPOINT, EXEC_DIR, RESUME_FROM,
-             STAGE_DIR, LOCAL_DIR)
+VARIABLES = (
+    JOB,
+    GENERATION,
+    SUBMISSION,
+    EPOCH,
+    ATTEMPT,
+    CHECKPOINT,
+    EXEC_DIR,
+    RESUME_FROM,
+    STAGE_DIR,
+    LOCAL_DIR,
+)
 # What an execution's identity needs: all of them, or it was not started by the launcher.
 IDENTITY = (JOB, GENERATION, SUBMISSION, EPOCH, ATTEMPT, CHECKPOINT, EXEC_DIR)
 

@@ -22,9 +22,10 @@ import shutil
 from typing import Optional
 
 from ..checkpoint import publish as store
+from ..checkpoint.stores.schemes import label_of
 from ..errors import StoreError, UsageError
-from . import saves
-from .watch_s3 import file_hashes
+from . import saves, staging
+from .saves import file_hashes
 
 FETCHED = "fetched"  # in the staging folder: saves fetched by name (never a save of its own)
 
@@ -37,12 +38,14 @@ def fetch(save: Optional[str] = None, dest: Optional[str] = None) -> Optional[st
     execution = saves.Execution.current()
     if save is None:
         if execution is None:
-            raise UsageError("no SAVE given and not inside a dispatch execution "
-                             "($DISPATCH_EXEC_DIR unset): give the save's path or s3:// URL")
+            raise UsageError(
+                "no SAVE given and not inside a dispatch execution "
+                "($DISPATCH_EXEC_DIR unset): give the save's path, or its URL on a remote root"
+            )
         save = _resume_source(execution, copy_here=dest is None)
-        if save is None or not store.is_s3_root(save) and dest is None:
+        if save is None or not store.is_remote_root(save) and dest is None:
             return save
-    elif not store.is_s3_root(save):
+    elif not store.is_remote_root(save):
         why = saves.why_unloadable(save)
         if why is not None:
             raise StoreError(f"cannot fetch {save}: {why}")
@@ -51,11 +54,12 @@ def fetch(save: Optional[str] = None, dest: Optional[str] = None) -> Optional[st
     if dest is None:
         dest = os.path.join(_local_base(execution), save.rstrip("/").rsplit("/", 1)[-1])
     if os.path.lexists(dest):
-        raise UsageError(f"DEST {dest!r} exists: give a path that does not (nothing is "
-                         "overwritten)")
+        raise UsageError(
+            f"DEST {dest!r} exists: give a path that does not (nothing is overwritten)"
+        )
     try:
-        if store.is_s3_root(save):
-            return _fetch_checked(save, dest)
+        if store.is_remote_root(save):
+            return staging.of(save).fetch_checked(save, dest)
         return _copy_checked(save, dest)
     except BaseException:
         saves.remove_copy(dest)
@@ -63,21 +67,24 @@ def fetch(save: Optional[str] = None, dest: Optional[str] = None) -> Optional[st
 
 
 def _resume_source(execution: saves.Execution, copy_here: bool) -> Optional[str]:
-    if not execution.on_s3:
+    if not execution.remote:
         return saves.choose_resume(execution, framework=FRAMEWORK).path
-    from . import s3saves  # boto3: only on an s3:// root
     if copy_here:
         # Asked again in this execution: the copy it made (checked again), not a second one.
-        made = s3saves.read_json(f"{execution.exec_dir}/{saves.RESUME_RECORD}")
+        made = staging.of(execution.root).read_json(f"{execution.exec_dir}/{saves.RESUME_RECORD}")
         local = made.get("local_copy") if isinstance(made, dict) else None
         if isinstance(local, str) and saves.why_unloadable(local) is None:
             return local
         if isinstance(made, dict) and made.get("resume_from") == "":
             return None
         if not execution.stage_dir:
-            raise UsageError("an s3:// root needs $DISPATCH_STAGE_DIR (the launcher sets it) "
-                             "to fetch into; or give DEST")
-    resume = s3saves.choose_resume(execution, framework=FRAMEWORK, fetch=copy_here)
+            raise UsageError(
+                f"a root on {label_of(execution.root)} needs $DISPATCH_STAGE_DIR (the "
+                "launcher sets it) to fetch into; or give DEST"
+            )
+    resume = staging.of(execution.root).choose_resume(
+        execution, framework=FRAMEWORK, fetch=copy_here
+    )
     return resume.path
 
 
@@ -86,19 +93,6 @@ def _local_base(execution: Optional[saves.Execution]) -> str:
         # Beside the execution's own saves, never among them (watch would publish them).
         return os.path.join(execution.stage_dir, FETCHED)
     return os.getcwd()
-
-
-def _fetch_checked(url: str, dest: str) -> str:
-    from ..checkpoint.stores import transfer
-    from . import s3saves
-    why = s3saves.why_unloadable_remote(url)
-    if why is not None:
-        raise StoreError(f"cannot fetch {url}: {why}")
-    local = transfer.fetch_save(url, dest, store.store_timeout())  # sizes as S3 lists them
-    why = saves.why_unloadable(local) or s3saves.why_copy_differs(url, local)
-    if why is not None:
-        raise StoreError(f"fetched {url} to {dest}, but {why}; the copy was removed")
-    return local
 
 
 def _copy_checked(save: str, dest: str) -> str:
@@ -117,6 +111,8 @@ def _copy_checked(save: str, dest: str) -> str:
 def _differs(expected: dict[str, str], found: dict[str, str], source: str) -> Optional[str]:
     for name in sorted(set(expected) | set(found)):
         if expected.get(name) != found.get(name):
-            return (f"its file {name!r} has sha256 {found.get(name) or 'none'}, "
-                    f"{source} records {expected.get(name) or 'none'}")
+            return (
+                f"its file {name!r} has sha256 {found.get(name) or 'none'}, "
+                f"{source} records {expected.get(name) or 'none'}"
+            )
     return None

@@ -7,7 +7,9 @@ environment contract (``DISPATCH_JOB``, ``DISPATCH_GENERATION``, ``DISPATCH_SUBM
 ``DISPATCH_RESUME_FROM``; ``DISPATCH_LOCAL_DIR``, a local writable folder: the execution's
 folder, or on an ``s3://`` root its staging folder ``DISPATCH_STAGE_DIR``), creates the
 execution's own folder, records the start, and replaces itself with the script so Slurm's
-signals reach the script directly.  ``srun`` steps inherit the environment, so every task on
+signals reach the script directly.  A job with a stall timeout (``--stall-timeout``) gets a
+watcher first, forked beside the script (:mod:`.stall`): it ends the execution once its
+progress record stops for that long.  ``srun`` steps inherit the environment, so every task on
 every node sees the same identity.
 
 Invariant: a fresh attempt token and a fresh ``exec/<attempt>/`` folder for every execution;
@@ -20,6 +22,11 @@ that its source is still published, and starts again in a fresh folder when clea
 it meanwhile.  The source is the latest publication whose save is not quarantined: one passed
 over is said after the execution's header line, and named in its record.  Any failure stops
 the execution with exit 2 rather than letting it run without an identity or its record.
+
+An isolated job's requeued execution whose record already gives a stop (``--max-requeues``
+spent, ``--max-no-progress`` reached: Slurm started the job again before a supervisor pass could
+hold it pending) does not run its script: :mod:`.gate` records the supervisor's stop, requeues
+the execution held and stops with exit 2.
 
 A shared-checkpoint job's submission (of one array task) runs its script once: its first
 execution claims it in the job's record, created once, and any later one (Slurm running the job
@@ -42,7 +49,7 @@ from ..checkpoint import execdir, model, quarantine, roots
 from ..checkpoint import publish as store
 from ..control import record
 from ..errors import DispatchError, RecordError, StoreError, UsageError
-from . import contract
+from . import contract, gate, stall
 
 CONTRACT = contract.VARIABLES
 EXEC_RECORD = execdir.RECORD  # in exec/<attempt>/; a leading dot keeps it out of save patterns
@@ -60,8 +67,9 @@ def restart_count(env: dict[str, str]) -> int:
         raise UsageError(f"SLURM_RESTART_COUNT {raw!r} is not an integer") from None
 
 
-def identity(job: record.JobRecord, submission: int, env: dict[str, str],
-             said: Optional[list[str]] = None) -> dict[str, str]:
+def identity(
+    job: record.JobRecord, submission: int, env: dict[str, str], said: Optional[list[str]] = None
+) -> dict[str, str]:
     """Compute and create this execution's identity; returns the variables to set.  The
     save to resume from is the latest publication not quarantined (``quarantine.choose``);
     what was passed over is added to ``said``, for the job's output."""
@@ -73,7 +81,7 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str],
     for _ in range(START_TRIES):
         attempt = model.new_attempt()
         stage: dict[str, str] = {}
-        if store.is_s3_root(root):
+        if store.is_remote_root(root):
             # The execution's prefix needs no creating; frameworks that write only to local
             # disk get a fresh local folder (its record is kept there, and copied to S3).
             exec_dir = st.exec_dir(attempt)
@@ -85,22 +93,31 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str],
                 os.makedirs(exec_parent, exist_ok=True)
                 os.mkdir(exec_dir, 0o755)
             except OSError as exc:
-                raise RecordError(f"cannot create the execution folder {exec_dir!r}: "
-                                  f"{exc.strerror}") from None
+                raise RecordError(
+                    f"cannot create the execution folder {exec_dir!r}: {exc.strerror}"
+                ) from None
         found, passed = quarantine.choose(st)
         try:
-            path = write_exec_record(record_dir, {
-                "job": job.id, "generation": epoch.generation, "submission": epoch.submission,
-                "restart": epoch.restart, "epoch": epoch.value, "attempt": attempt,
-                "resume_from": found.path if found else None,
-                "resume_publication": found.name if found else None,
-                **({"passed_over_quarantined": [f.path for f in passed]} if passed else {}),
-                "slurm_job_id": env.get("SLURM_JOB_ID", ""),
-                "node": env.get("SLURMD_NODENAME", "") or socket.gethostname()})
+            path = write_exec_record(
+                record_dir,
+                {
+                    "job": job.id,
+                    "generation": epoch.generation,
+                    "submission": epoch.submission,
+                    "restart": epoch.restart,
+                    "epoch": epoch.value,
+                    "attempt": attempt,
+                    "resume_from": found.path if found else None,
+                    "resume_publication": found.name if found else None,
+                    **({"passed_over_quarantined": [f.path for f in passed]} if passed else {}),
+                    "slurm_job_id": env.get("SLURM_JOB_ID", ""),
+                    "node": env.get("SLURMD_NODENAME", "") or socket.gethostname(),
+                },
+            )
         except RecordError:
             os.rmdir(record_dir)  # empty again: no execution folder without its record
             raise
-        if store.is_s3_root(root):  # cleanup (gc) reads it in the execution's prefix
+        if store.is_remote_root(root):  # cleanup (gc) reads it in the execution's prefix
             with open(path, "rb") as handle:
                 st.create_exec_file(attempt, EXEC_RECORD, handle.read())
         # Cleanup removes a publication before its save, then reads the records it had not
@@ -113,8 +130,10 @@ def identity(job: record.JobRecord, submission: int, env: dict[str, str],
             os.unlink(path)
             os.rmdir(record_dir)
     else:
-        raise StoreError(f"the resume source in {root!r} was removed by cleanup (dispatch gc) "
-                         f"while this execution started, {START_TRIES} times running")
+        raise StoreError(
+            f"the resume source in {root!r} was removed by cleanup (dispatch gc) "
+            f"while this execution started, {START_TRIES} times running"
+        )
     if passed and said is not None:
         said.append(quarantine.passed_text(passed))
     return {
@@ -146,8 +165,7 @@ def write_exec_record(exec_dir: str, fields: dict[str, Any]) -> str:
     """Create ``exec_dir/.dispatch`` once with ``fields``, the format version and the start
     time; sync it and its folder.  An existing record is never replaced (FileExistsError)."""
     now_ns = time.time_ns()
-    data = {"format": EXEC_RECORD_FORMAT, **fields, "time": round(now_ns / 1e9, 3),
-            "ns": now_ns}
+    data = {"format": EXEC_RECORD_FORMAT, **fields, "time": round(now_ns / 1e9, 3), "ns": now_ns}
     path = os.path.join(exec_dir, EXEC_RECORD)
     try:
         _fsio.write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444)
@@ -155,8 +173,7 @@ def write_exec_record(exec_dir: str, fields: dict[str, Any]) -> str:
     except FileExistsError:
         raise
     except OSError as exc:  # a full disk, most often: say where, and what was written
-        raise RecordError(f"cannot write the execution record {path!r}: "
-                          f"{exc.strerror}") from None
+        raise RecordError(f"cannot write the execution record {path!r}: {exc.strerror}") from None
     return path
 
 
@@ -166,8 +183,7 @@ def read_exec_record(exec_dir: str) -> dict[str, Any]:
     path = os.path.join(exec_dir, EXEC_RECORD)
     data = record.read_json(path)
     if not isinstance(data, dict) or data.get("format") != EXEC_RECORD_FORMAT:
-        raise RecordError(f"{path!r} is not an execution record of format "
-                          f"{EXEC_RECORD_FORMAT}")
+        raise RecordError(f"{path!r} is not an execution record of format {EXEC_RECORD_FORMAT}")
     return data
 
 
@@ -203,31 +219,89 @@ def execution_sluid(env: dict[str, str]) -> dict[str, str]:
     return {}
 
 
-def launch(job_path: str, submission: int, script_args: list[str],
-           env: Optional[dict[str, str]] = None) -> None:
+def launch(
+    job_path: str,
+    submission: int,
+    script_args: list[str],
+    env: Optional[dict[str, str]] = None,
+    slurm: Any = None,
+) -> None:
     env = dict(os.environ if env is None else env)
     job = record.JobRecord(job_path)
     if job.spec.get("shared_checkpoint"):
         claim_shared(job, submission, env)
+    else:  # a requeued execution the record stops (a spent budget) ends here: gate's
+        gate.check(
+            job,
+            submission,
+            restart_count(env),
+            _task(env),
+            env,
+            execution_sluid(env).get("sluid") or gate.display_id(env, _task(env)),
+            slurm,
+        )
     said: list[str] = []
     values = identity(job, submission, env, said)
     env.update(values)
     export_to_steps(env)
     prepend_own_bin(env)
-    job.append("started", submission=submission,
-               slurm_job_id=env.get("SLURM_JOB_ID", ""),
-               array_job_id=env.get("SLURM_ARRAY_JOB_ID", ""),
-               array_task_id=env.get("SLURM_ARRAY_TASK_ID", ""),
-               restart=restart_count(env), attempt=values["DISPATCH_ATTEMPT"],
-               epoch=int(values["DISPATCH_EPOCH"]), exec_dir=values["DISPATCH_EXEC_DIR"],
-               resume_from=values["DISPATCH_RESUME_FROM"],
-               node=env.get("SLURMD_NODENAME", ""), nodes=env.get("SLURM_JOB_NODELIST", ""),
-               host=socket.gethostname(), pid=os.getpid(), **execution_sluid(env))
+    job.append(
+        "started",
+        submission=submission,
+        slurm_job_id=env.get("SLURM_JOB_ID", ""),
+        array_job_id=env.get("SLURM_ARRAY_JOB_ID", ""),
+        array_task_id=env.get("SLURM_ARRAY_TASK_ID", ""),
+        restart=restart_count(env),
+        attempt=values["DISPATCH_ATTEMPT"],
+        epoch=int(values["DISPATCH_EPOCH"]),
+        exec_dir=values["DISPATCH_EXEC_DIR"],
+        resume_from=values["DISPATCH_RESUME_FROM"],
+        node=env.get("SLURMD_NODENAME", ""),
+        nodes=env.get("SLURM_JOB_NODELIST", ""),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        **execution_sluid(env),
+    )
     end_hold_comment(job, submission, env)
+    timeout = stall.timeout_of(job.spec)
+    if timeout:
+        said.append(
+            f"stall watch: with no progress for {timeout} s (--stall-timeout), "
+            "counted from the first progress record and never inside a save, this "
+            "execution is asked to save, then ended"
+        )
     sys.stdout.write(header_line(job.id, submission, env, values))
     sys.stdout.writelines(f"==> slurm-dispatch: {line} <==\n" for line in said)
     sys.stdout.flush()
+    if timeout:
+        start_stall_watch(job, submission, env, values, timeout)
     os.execve(job.script, [job.script, *script_args], env)
+
+
+def start_stall_watch(
+    job: record.JobRecord,
+    submission: int,
+    env: dict[str, str],
+    values: dict[str, str],
+    timeout: int,
+) -> None:
+    """Fork this execution's stall watcher (:mod:`.stall`), which records a stall as a
+    ``stalled`` event in the job's record."""
+
+    def recorded(facts: dict[str, Any]) -> None:
+        job.append(
+            "stalled",
+            submission=submission,
+            slurm_job_id=env.get("SLURM_JOB_ID", ""),
+            attempt=values["DISPATCH_ATTEMPT"],
+            seconds=facts["seconds"],
+            timeout=facts["timeout"],
+            step=facts["step"],
+            signal=facts["signal"],
+            task=_task(env),
+        )
+
+    stall.start(values["DISPATCH_LOCAL_DIR"], timeout, job.spec, recorded)
 
 
 def _task(env: dict[str, str]) -> Optional[int]:
@@ -250,7 +324,8 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
 
     A start of the submission already recorded (by another execution) counts as the claim held:
     an execution of the release before the claim recorded its start and made no claim."""
-    from ..control.submit import execution_claim_name
+    from ..control.naming import execution_claim_name
+
     task = _task(env)
     name = execution_claim_name(submission, task)
     node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
@@ -260,41 +335,72 @@ def claim_shared(job: record.JobRecord, submission: int, env: dict[str, str]) ->
     earlier = job.history().lineage(task).started_for(submission)
     if earlier:
         first = earlier[0]
-        raise _refusal(job, submission, task, env, {
-            "node": first.node or first.host, "slurm_job_id": first.slurm_job_id,
-            "restart": first.restart, "time": first.time}, first.attempt)
-    mine = {"node": node, "host": socket.gethostname(), "slurm_job_id": slurm_id,
-            "restart": restart, "task": task}
+        raise _refusal(
+            job,
+            submission,
+            task,
+            env,
+            {
+                "node": first.node or first.host,
+                "slurm_job_id": first.slurm_job_id,
+                "restart": first.restart,
+                "time": first.time,
+            },
+            first.attempt,
+        )
+    mine = {
+        "node": node,
+        "host": socket.gethostname(),
+        "slurm_job_id": slurm_id,
+        "restart": restart,
+        "task": task,
+    }
     if job.claim(name, mine):
         return
     claims = job.claims(name)
     held = claims[0][1] if claims else {}
     if held.get("pid") == os.getpid() and all(held.get(k) == v for k, v in mine.items()):
         return  # ours: a link that was made though its answer said otherwise (NFS, retried)
-    attempt = next((s.attempt for s in job.history().lineage(task).started_for(submission)
-                    if s.host == held.get("host") and s.pid == held.get("pid")), "")
+    attempt = next(
+        (
+            s.attempt
+            for s in job.history().lineage(task).started_for(submission)
+            if s.host == held.get("host") and s.pid == held.get("pid")
+        ),
+        "",
+    )
     raise _refusal(job, submission, task, env, held, attempt)
 
 
-def _refusal(job: record.JobRecord, submission: int, task: Optional[int],
-             env: dict[str, str], held: dict[str, Any], attempt: str) -> SharedRefused:
+def _refusal(
+    job: record.JobRecord,
+    submission: int,
+    task: Optional[int],
+    env: dict[str, str],
+    held: dict[str, Any],
+    attempt: str,
+) -> SharedRefused:
     """The refusal of a second execution, naming the first (``held``: its claim, or its
     recorded start) and saying what follows."""
     node = env.get("SLURMD_NODENAME", "") or socket.gethostname()
     slurm_id = env.get("SLURM_JOB_ID", "")
     restart = restart_count(env)
     what = f"dispatch job {job.id} submission {submission}" + (
-        "" if task is None else f" task {task}")
+        "" if task is None else f" task {task}"
+    )
     when = held.get("time")
     array = env.get("SLURM_ARRAY_JOB_ID", "")
 
     def shown(own: object) -> str:  # an array task as squeue and the job's output show it
         return f"{array}_{task}" if array and task is not None else str(own or "?")
-    first = (f"on {held.get('node') or '?'} (Slurm job {shown(held.get('slurm_job_id'))} "
-             f"restart {held.get('restart', '?')}"
-             + (f", attempt {attempt}" if attempt else ", its start not recorded (yet)")
-             + (f", at {_clock.instant(float(when))}" if isinstance(when, (int, float)) else "")
-             + ")")
+
+    first = (
+        f"on {held.get('node') or '?'} (Slurm job {shown(held.get('slurm_job_id'))} "
+        f"restart {held.get('restart', '?')}"
+        + (f", attempt {attempt}" if attempt else ", its start not recorded (yet)")
+        + (f", at {_clock.instant(float(when))}" if isinstance(when, (int, float)) else "")
+        + ")"
+    )
     return SharedRefused(
         f"{what} already started {first}; this is a second execution of it (Slurm job "
         f"{shown(slurm_id)} restart {restart} on {node}), which Slurm started behind dispatch "
@@ -303,7 +409,8 @@ def _refusal(job: record.JobRecord, submission: int, task: Optional[int],
         "stops here without running the script.  This end is the job's like any other: with "
         "--resubmit budget left, `dispatch supervise` holds the next submission until the "
         "site's signal (dispatch-cease) proves both gone; with none left, the job stops there "
-        f"(`dispatch status {job.id}` shows which)")
+        f"(`dispatch status {job.id}` shows which)"
+    )
 
 
 class SharedRefused(DispatchError):
@@ -318,28 +425,31 @@ def end_hold_comment(job: record.JobRecord, submission: int, env: dict[str, str]
     slurm_id = env.get("SLURM_JOB_ID", "")
     if not job.spec.get("shared_checkpoint") or not slurm_id:
         return  # only a shared-checkpoint job is ever submitted held
-    from ..control import submit
+    from ..control import naming
+
     task = _task(env)
     own: Optional[int] = None
     claims: list[tuple[str, dict[str, Any]]] = []
     for own in ([task] if task is not None else []) + [None]:  # a task's own, else the job's
-        claims = job.claims(submit.claim_name(submission, own))
+        claims = job.claims(naming.claim_name(submission, own))
         if claims:
             break
     if not claims or not claims[-1][1].get("hold"):
         return
     from ..control.holds import started_comment
+
     text = started_comment(job, submission, own)
     try:
         from ..slurm.adapter import Slurm
+
         Slurm(attempts=1, timeout=10).set_comment(slurm_id, text)  # a hung controller: 10 s
     except DispatchError as exc:
-        sys.stderr.write(f"dispatch-launch: warning: the job's comment still says it is held: "
-                         f"{exc}\n")
+        sys.stderr.write(
+            f"dispatch-launch: warning: the job's comment still says it is held: {exc}\n"
+        )
 
 
-def header_line(job_id: str, submission: int, env: dict[str, str],
-                values: dict[str, str]) -> str:
+def header_line(job_id: str, submission: int, env: dict[str, str], values: dict[str, str]) -> str:
     """The line that starts each execution's output: with ``--open-mode=append`` (the
     default dispatch-sbatch gives), one output file holds every execution, each headed so."""
     when = _clock.instant()
@@ -347,21 +457,24 @@ def header_line(job_id: str, submission: int, env: dict[str, str],
     # An array task as Slurm shows it (squeue, sacct, dispatch status): 18_0, not its own 19.
     array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
     slurm_id = f"{array}_{task}" if array and task.isdigit() else env.get("SLURM_JOB_ID", "?")
-    return (f"==> slurm-dispatch: {when} dispatch job {job_id} submission {submission}, "
-            f"Slurm job {slurm_id} restart {restart_count(env)} on "
-            f"{env.get('SLURMD_NODENAME', socket.gethostname())}: epoch "
-            f"{values['DISPATCH_EPOCH']}, attempt {values['DISPATCH_ATTEMPT']}, resuming "
-            f"from {resume} <==\n")
+    return (
+        f"==> slurm-dispatch: {when} dispatch job {job_id} submission {submission}, "
+        f"Slurm job {slurm_id} restart {restart_count(env)} on "
+        f"{env.get('SLURMD_NODENAME', socket.gethostname())}: epoch "
+        f"{values['DISPATCH_EPOCH']}, attempt {values['DISPATCH_ATTEMPT']}, resuming "
+        f"from {resume} <==\n"
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if "--" not in args:
-            raise UsageError("usage: python -m slurm_dispatch.launch --job PATH "
-                             "--submission N -- [script args]")
+            raise UsageError(
+                "usage: python -m slurm_dispatch.launch --job PATH --submission N -- [script args]"
+            )
         split = args.index("--")
-        head, script_args = args[:split], args[split + 1:]
+        head, script_args = args[:split], args[split + 1 :]
         opts = dict(zip(head[::2], head[1::2]))
         if set(opts) != {"--job", "--submission"} or len(head) != 4:
             raise UsageError(f"launcher options {head!r} are not --job PATH --submission N")

@@ -33,15 +33,17 @@ recorded create-once (on S3: an object under the execution's prefix, made with
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ..checkpoint import publish as store
-from ..checkpoint.stores import transfer
+from ..checkpoint import quarantine
+from ..checkpoint.stores import remote
+from ..checkpoint.stores.schemes import label_of
 from ..errors import AlreadyPublished, StoreError
+from . import stage
 from .saves import (
     LAUNCH_RECORD,
     MANIFEST_FORMAT,
@@ -50,6 +52,7 @@ from .saves import (
     Execution,
     Resume,
     apply_limit,
+    file_hashes,
     file_sizes,
     lineage_before,
     manifest_path,
@@ -59,7 +62,25 @@ from .saves import (
     why_unloadable,
     write_create_once,
 )
-from .watch_s3 import Uploader, copy_own, file_hashes, stage_copy
+from .watch_s3 import DOWNLOADS, Uploader, copy_own, stage_copy
+
+__all__ = [
+    "DOWNLOADS",
+    "uploader",
+    "watch_uploader",
+    "clear_stage",
+    "publish_local_save",
+    "seal_remote_save",
+    "record_keep",
+    "choose_resume",
+    "read_json",
+    "why_unloadable_remote",
+    "why_copy_differs",
+    "fetch_checked",
+    "put_once",
+    "local_copy",
+    "own_copy",
+]
 
 RESUME_FOLDER = "resume"  # in the staging folder: fetched resume sources
 SHA256_KEY = "sha256"  # in the manifest of a save uploaded from local disk: each file's hash
@@ -70,58 +91,28 @@ def _timeout() -> float:
     return store.store_timeout()
 
 
-def _client() -> Any:
-    from ..checkpoint.stores.s3 import client_for
-
-    return client_for(_timeout())
-
-
 def put_once(url: str, data: dict[str, Any]) -> bool:
     """Create the object ``url`` holding ``data`` as JSON, once (``If-None-Match: *``); False
     when it exists."""
-    from botocore.exceptions import ClientError
-
-    place = transfer.Place.of(url)
-    try:
-        _client().put_object(Bucket=place.bucket, Key=place.key, IfNoneMatch="*",
-                             Body=(json.dumps(data, sort_keys=True) + "\n").encode())
-    except ClientError as exc:
-        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
-            return False
-        from ..checkpoint.stores.s3 import store_error
-
-        raise store_error(exc, "writing", url) from None
-    return True
+    return remote.put_json_once(url, data, _timeout())
 
 
 def read_json(url: str) -> Optional[Any]:
     """The JSON object at ``url``; None when there is none or it does not parse."""
-    from botocore.exceptions import ClientError
-
-    place = transfer.Place.of(url)
-    try:
-        body = _client().get_object(Bucket=place.bucket, Key=place.key)["Body"].read()
-        return json.loads(body)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            return None
-        from ..checkpoint.stores.s3 import store_error
-
-        raise store_error(exc, "reading", url) from None
-    except ValueError:
-        return None
+    return remote.read_json(url, _timeout())
 
 
-def record_keep(execution: Execution, framework: str, setting: str, value: Any,
-                every: bool = False) -> None:
+def record_keep(
+    execution: Execution, framework: str, setting: str, value: Any, every: bool = False
+) -> None:
     """The framework's rotation limit, for dispatch's cleanup: an object under the prefix."""
     from .saves import KEEP_RECORD, keep_record
 
-    put_once(f"{execution.exec_dir}/{KEEP_RECORD}", keep_record(framework, setting, value,
-                                                                 every))
+    put_once(f"{execution.exec_dir}/{KEEP_RECORD}", keep_record(framework, setting, value, every))
 
 
 # --- saving ----------------------------------------------------------------------------------
+
 
 def _say(line: str) -> None:
     sys.stderr.write(f"dispatch: {line}\n")
@@ -131,18 +122,44 @@ def _say(line: str) -> None:
 def uploader(execution: Execution, report: Callable[[str], None] = _say) -> Uploader:
     """The uploader of this execution's staging folder to its prefix."""
     if not execution.stage_dir:
-        raise StoreError("an s3:// root needs $DISPATCH_STAGE_DIR (the launcher sets it) for a "
-                         "framework that writes only to local disk")
+        raise StoreError(
+            f"a root on {label_of(execution.root)} needs $DISPATCH_STAGE_DIR (the launcher "
+            "sets it) for a framework that writes only to local disk"
+        )
     return Uploader(execution.root, execution.stage_dir, execution.exec_dir, _timeout(), report)
 
 
-def publish_local_save(execution: Execution, up: Uploader, step: int, save: str,
-                       bests: Optional[list[str]] = None) -> str:
+def watch_uploader(
+    root: str,
+    folder: str,
+    upload_to: Optional[str],
+    timeout: float,
+    report: Callable[[str], None],
+    may_be_absent: bool = False,
+) -> Uploader:
+    """``dispatch watch``'s uploader of the staging ``folder`` to the prefix ``upload_to``."""
+    return Uploader(root, folder, upload_to, timeout, report, may_be_absent=may_be_absent)
+
+
+def clear_stage(
+    root: str, stage_dir: str, prefix: str, timeout: float, report: Callable[[str], None]
+) -> bool:
+    """Remove what of ``stage_dir`` is on S3, then the folder if nothing else is left
+    (:func:`.stage.clear`); True when the folder is gone."""
+    return stage.clear(root, stage_dir, prefix, timeout, report)
+
+
+def publish_local_save(
+    execution: Execution, up: Uploader, step: int, save: str, bests: Optional[list[str]] = None
+) -> str:
     """Write the manifest of the local ``save``, upload the save, then publish it; remove the
     older local copies (the newest stays).  Returns the publication's name."""
     # No fsync: the local copy is not what the publication promises; the uploaded one is.
-    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": file_sizes(save),
-                                SHA256_KEY: file_hashes(save, MANIFEST_SUFFIX[1:])}
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "files": file_sizes(save),
+        SHA256_KEY: file_hashes(save, MANIFEST_SUFFIX[1:]),
+    }
     if bests:
         manifest["bests"] = bests  # relative to the root (saves.relative_saves)
     write_create_once(manifest_path(save), manifest, sync=False)
@@ -159,13 +176,15 @@ def publish_local_save(execution: Execution, up: Uploader, step: int, save: str,
 def seal_remote_save(url: str, bests: Optional[list[str]] = None) -> None:
     """Write the manifest object of a file save that the framework wrote to ``url``
     (``bests``: the saves the framework keeps as its best now, relative to the root)."""
-    folder, listed = transfer.save_listing(url, _timeout())
+    folder, listed = remote.save_listing(url, _timeout())
     if not listed:
-        raise StoreError(f"the save {url} is not on S3 after it was written")
+        raise StoreError(f"the save {url} is not on {label_of(url)} after it was written")
     target = f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX
-    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT,
-                                "files": {name: size for name, (size, _) in listed.items()},
-                                ETAG_KEY: {name: etag for name, (_, etag) in listed.items()}}
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "files": {name: size for name, (size, _) in listed.items()},
+        ETAG_KEY: {name: etag for name, (_, etag) in listed.items()},
+    }
     if bests:
         manifest["bests"] = bests
     put_once(target, manifest)
@@ -173,13 +192,14 @@ def seal_remote_save(url: str, bests: Optional[list[str]] = None) -> None:
 
 # --- loading ---------------------------------------------------------------------------------
 
+
 def why_unloadable_remote(url: str, required: tuple[str, ...] = ()) -> Optional[str]:
     """Why the save at ``url`` cannot be loaded from S3, or None when it looks whole: each
     object the manifest lists at its size, and at the ETag it records when it records them
     (:func:`seal_remote_save` does)."""
-    folder, found = transfer.save_listing(url, _timeout())
+    folder, found = remote.save_listing(url, _timeout())
     if not found:
-        return f"save {url} does not exist on S3 (deleted?)"
+        return f"save {url} does not exist on {label_of(url)} (deleted?)"
     listed = read_json(f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX)
     if not isinstance(listed, dict):
         missing = [name for name in required if folder and name not in found]
@@ -193,8 +213,10 @@ def why_unloadable_remote(url: str, required: tuple[str, ...] = ()) -> Optional[
         if actual != size:
             return f"object {name!r} of the save {url} is {actual} bytes; its manifest says {size}"
         if name in etags and etags[name] != etag:
-            return (f"object {name!r} of the save {url} was replaced on S3 since it was saved "
-                    f"(ETag {etag}; its manifest records {etags[name]})")
+            return (
+                f"object {name!r} of the save {url} was replaced on {label_of(url)} since it "
+                f"was saved (ETag {etag}; its manifest records {etags[name]})"
+            )
     return None
 
 
@@ -205,15 +227,16 @@ def local_copy(execution: Execution, url: str, number: int) -> str:
     manifest records (:func:`why_copy_differs`; a copy that differs is removed and a
     :class:`StoreError` says why)."""
     assert execution.stage_dir is not None
-    target = os.path.join(execution.stage_dir, f"{RESUME_FOLDER}-{number}",
-                          url.rstrip("/").rsplit("/", 1)[-1])
+    target = os.path.join(
+        execution.stage_dir, f"{RESUME_FOLDER}-{number}", url.rstrip("/").rsplit("/", 1)[-1]
+    )
     near = stage_copy(url, execution.stage_dir)
     if near is not None:
         why = own_copy(url, near, target)
         if why is None:
             return target
-        _say(f"not using the local copy {near}: {why}; fetching {url} from S3 instead")
-    local = transfer.fetch_save(url, target, _timeout())
+        _say(f"not using the local copy {near}: {why}; fetching {url} from {label_of(url)} instead")
+    local = remote.fetch_save(url, target, _timeout())
     why = why_unloadable(local) or why_copy_differs(url, local)  # sizes said first
     if why is not None:
         remove_copy(local)
@@ -226,8 +249,7 @@ def why_copy_differs(url: str, local: str) -> Optional[str]:
     whose sha256 is not the one the save's manifest on S3 records (when it records them:
     saves uploaded from local disk do; ``dispatch watch``'s and Lightning's record sizes
     only, which the fetch compares).  None when it is."""
-    manifest_url = f"{url}/{MANIFEST_SUFFIX[1:]}" if os.path.isdir(local) else \
-        url + MANIFEST_SUFFIX
+    manifest_url = f"{url}/{MANIFEST_SUFFIX[1:]}" if os.path.isdir(local) else url + MANIFEST_SUFFIX
     manifest = read_json(manifest_url)
     hashes = manifest.get(SHA256_KEY) if isinstance(manifest, dict) else None
     if not isinstance(hashes, dict) or not hashes:
@@ -235,9 +257,24 @@ def why_copy_differs(url: str, local: str) -> Optional[str]:
     found = file_hashes(local, MANIFEST_SUFFIX[1:])
     for name in sorted(set(hashes) | set(found)):
         if hashes.get(name) != found.get(name):
-            return (f"its file {name!r} has sha256 {found.get(name) or 'none'}; its manifest "
-                    f"records {hashes.get(name) or 'none'} ({manifest_url})")
+            return (
+                f"its file {name!r} has sha256 {found.get(name) or 'none'}; its manifest "
+                f"records {hashes.get(name) or 'none'} ({manifest_url})"
+            )
     return None
+
+
+def fetch_checked(url: str, dest: str) -> str:
+    """``dispatch fetch``'s copy of the save at ``url`` in ``dest``, checked as a resume copy
+    is (:func:`why_unloadable_remote` before, the sizes and sha256 after)."""
+    why = why_unloadable_remote(url)
+    if why is not None:
+        raise StoreError(f"cannot fetch {url}: {why}")
+    local = remote.fetch_save(url, dest, _timeout())  # sizes as S3 lists them
+    why = why_unloadable(local) or why_copy_differs(url, local)
+    if why is not None:
+        raise StoreError(f"fetched {url} to {dest}, but {why}; the copy was removed")
+    return local
 
 
 def own_copy(url: str, near: str, target: str) -> Optional[str]:
@@ -245,21 +282,27 @@ def own_copy(url: str, near: str, target: str) -> Optional[str]:
     S3's objects at its listed size with the sha256 its manifest recorded at upload (folders
     and files this user's own, no link: :func:`watch_s3.copy_own`).  None when copied, else why
     not."""
-    folder, objects = transfer.save_objects(url, _timeout())
+    folder, objects = remote.save_objects(url, _timeout())
     manifest_url = f"{url}/{MANIFEST_SUFFIX[1:]}" if folder else url + MANIFEST_SUFFIX
     manifest = read_json(manifest_url)
     hashes = manifest.get(SHA256_KEY) if isinstance(manifest, dict) else None
     if not isinstance(hashes, dict) or not hashes:
-        return (f"the uploaded save's manifest ({manifest_url}) records no sha256 of its files "
-                "(uploaded by dispatch watch or an older release), so the copy cannot be "
-                "checked")
-    uploaded = {name: size for name, size in objects.items()
-                if not (folder and name == MANIFEST_SUFFIX[1:])}
+        return (
+            f"the uploaded save's manifest ({manifest_url}) records no sha256 of its files "
+            "(uploaded by dispatch watch or an older release), so the copy cannot be "
+            "checked"
+        )
+    uploaded = {
+        name: size for name, size in objects.items() if not (folder and name == MANIFEST_SUFFIX[1:])
+    }
     if set(uploaded) != set(hashes):
-        return (f"S3 holds {sorted(uploaded)} but the manifest {manifest_url} records the "
-                f"sha256 of {sorted(hashes)}")
-    why = copy_own(near, target, {name: (size, str(hashes[name]))
-                                  for name, size in uploaded.items()}, folder)
+        return (
+            f"{label_of(url)} holds {sorted(uploaded)} but the manifest {manifest_url} records the "
+            f"sha256 of {sorted(hashes)}"
+        )
+    why = copy_own(
+        near, target, {name: (size, str(hashes[name])) for name, size in uploaded.items()}, folder
+    )
     if why is None and folder and isinstance(manifest, dict):  # as uploaded, not the local one
         write_create_once(manifest_path(target), manifest, sync=False)
     return why
@@ -269,7 +312,7 @@ def _exec_prefix(root: str, url: str) -> Optional[str]:
     head = root.rstrip("/") + f"/{store.EXEC}/"
     if not url.startswith(head):
         return None
-    attempt = url[len(head):].split("/", 1)[0]
+    attempt = url[len(head) :].split("/", 1)[0]
     return head + attempt
 
 
@@ -284,12 +327,13 @@ def _recorded_source(prefix: str) -> Optional[str]:
     return None
 
 
-def choose_resume(execution: Execution, required: tuple[str, ...] = (), framework: str = "",
-                  fetch: bool = False) -> Resume:
+def choose_resume(
+    execution: Execution, required: tuple[str, ...] = (), framework: str = "", fetch: bool = False
+) -> Resume:
     """The save this execution resumes from: its URL, or with ``fetch`` a local copy of it.
     A save that cannot be loaded is passed over for the previous one of its lineage."""
     if execution.resume_from is None:
-        latest = store.latest(execution.root)
+        latest = quarantine.resumable(execution.root)  # passing over a quarantined save
         start = latest.path if latest is not None else ""
     else:
         start = execution.resume_from
@@ -305,15 +349,21 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (), framewor
             if found is not None or not start:
                 break
             found = store.list_publications(execution.root)
-            candidates = lineage_before(execution.root, start, found,
-                                         folder_of=_exec_prefix, recorded=_recorded_source)
+            candidates = lineage_before(
+                execution.root, start, found, folder_of=_exec_prefix, recorded=_recorded_source
+            )
             continue
         number += 1
         if url != execution.resume_from:  # the launcher's record protects its own choice
             listing = found or listing or store.list_publications(execution.root)
             if not record_choice(execution, url, listing, f"resuming (first choice {start})"):
-                resume.passed_over.append({"path": url, "why": "its publication was removed "
-                                           "by cleanup while this execution chose it"})
+                resume.passed_over.append(
+                    {
+                        "path": url,
+                        "why": "its publication was removed "
+                        "by cleanup while this execution chose it",
+                    }
+                )
                 continue
         try:
             if fetch:
@@ -327,13 +377,20 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (), framewor
             resume.path, source_url = local, url
             break
         resume.passed_over.append({"path": url, "why": why})
-    record = {"resume_from": source_url, "local_copy": resume.path if fetch else None,
-              "passed_over": resume.passed_over,
-              "launcher_resume_from": execution.resume_from, "framework": framework,
-              "attempt": execution.attempt, "epoch": execution.epoch}
+    record = {
+        "resume_from": source_url,
+        "local_copy": resume.path if fetch else None,
+        "passed_over": resume.passed_over,
+        "launcher_resume_from": execution.resume_from,
+        "framework": framework,
+        "attempt": execution.attempt,
+        "epoch": execution.epoch,
+    }
     if put_once(f"{execution.exec_dir}/{RESUME_RECORD}", record):
         for skipped in resume.passed_over:
             instead = source_url or "nothing (a fresh start)"
-            _say(f"not resuming from {skipped['path']}: {skipped['why']}; trying the previous "
-                 f"save of its lineage (resuming from {instead})")
+            _say(
+                f"not resuming from {skipped['path']}: {skipped['why']}; trying the previous "
+                f"save of its lineage (resuming from {instead})"
+            )
     return resume

@@ -7,7 +7,10 @@ once its ready file is whole (accelerate's ``checkpoint_<N>`` once its RNG state
 after them, as the saves of the same trainer that the watcher knows: :func:`registered_objects`;
 their number is the trainer's, so only ``--ready`` can name the last for its very first save);
 a ``.ckpt`` file whose name
-holds ``step=<N>`` once it is in place and whole; or, with a pattern, every name matching a
+holds ``step=<N>`` once it is in place and whole; Lightning's ``hpc_ckpt_<n>.ckpt`` (the save
+its own SLURM auto-requeue makes at the requeue signal, in ``default_root_dir``) on the same
+terms, its step read from it (:func:`step_inside`: the name holds none, and ``<n>`` counts the
+folder's hpc saves from 1 in every execution); or, with a pattern, every name matching a
 glob with one ``{step}``.  Watch applies them to every name at most :data:`SCAN_DEPTH` names
 below its folder (Lightning's default layout is 4 deep).  A
 folder holding ``.metadata`` is a ``torch.distributed.checkpoint`` (DCP) save, whatever its
@@ -45,7 +48,8 @@ node holding one of its files open for writing or mapped shared and writable.  T
 applies that rule; this module gives its parts.
 
 Invariants: a name's meaning depends on the name alone (so a name decided once never needs
-deciding again); nothing here follows a symlink (but :func:`step_named`, which only lists
+deciding again; for ``hpc_ckpt_<n>.ckpt`` the name says its step is inside it, read once it
+looks whole); nothing here follows a symlink (but :func:`step_named`, which only lists
 through one, to name saves no scan could see), blocks on a FIFO, or writes; reading
 ``/proc`` touches no other file system (links are read, never followed).
 """
@@ -58,32 +62,49 @@ import pickle
 import re
 import stat
 import struct
+import zipfile
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .. import _fsio
+from ..checkpoint import frameworks
+from ..checkpoint.model import STEP_LIMIT
 from ..errors import UsageError
 
-DEFAULT_READY = "trainer_state.json"  # Hugging Face Trainer writes it last into checkpoint-N/
+_WATCHED = frameworks.rows("watch")  # the saves table's rows watch publishes by
+DEFAULT_READY = frameworks.TRAINER.ready  # written last into checkpoint-N/
 FOLDER, FILE, EITHER = "folder", "file", "either"  # what kind of entry a save's name must be
+INSIDE = "file, step inside"  # a save file whose name holds no step: step_inside reads it
+STEP_INSIDE = -1  # the step step_of gives an INSIDE name: not known from the name
 
-_FOLDER_NAME = re.compile(r"checkpoint-([0-9]+)")
-_STEP_FOLDER = re.compile(r"step-([0-9]+)")  # torchtitan's CheckpointManager: step-<N>/
-# accelerate's automatic naming (ProjectConfiguration(automatic_checkpoint_naming=True)):
-# <project_dir>/checkpoints/checkpoint_<i>/; save_state writes the RNG states last but for the
-# registered objects (custom_checkpoint_<k>.pkl), as many in each save of one trainer.
-_ACCELERATE_FOLDER = re.compile(r"checkpoint_([0-9]+)")
-ACCELERATE_READY = "random_states_0.pkl"
-_ACCELERATE_OBJECT = re.compile(r"custom_checkpoint_([0-9]+)\.pkl")  # after the RNG states
-DCP_METADATA = ".metadata"  # the DCP coordinator renames it into place last
-DCP_METADATA_TMP = ".metadata.tmp"  # what it writes first
-LIGHTNING_SHARDED_META = "meta.pt"  # Lightning's FSDP sharded .ckpt folder: rank 0, after
+# The table's names (module docstring): save folders (the Trainer's checkpoint-<N>,
+# torchtitan's step-<N>, accelerate's checkpoint_<i>), save files with their step in the
+# name (Lightning's *step=<N>*.ckpt) and with it inside (hpc_ckpt_<n>.ckpt).
+_FOLDER_NAMES = frameworks.compiled([row.folder for row in _WATCHED])
+_DCP_FOLDERS = frameworks.compiled([row.folder for row in _WATCHED if row.dcp])
+_FILE_STEPS = frameworks.compiled([row.file for row in _WATCHED])
+_INSIDE_FILES = frameworks.compiled([row.step_inside for row in _WATCHED])
+# A folder whose framework writes registered objects after its ready file (accelerate's
+# custom_checkpoint_<k>.pkl after random_states_0.pkl): (its name, its ready file).
+_COUNTED = tuple(
+    (re.compile(row.folder), row.ready)
+    for row in _WATCHED
+    if row.folder is not None and row.objects is not None
+)
+_OBJECTS = frameworks.compiled([row.objects for row in _WATCHED])
+ACCELERATE_READY = frameworks.ACCELERATE.ready
+DCP_METADATA = frameworks.DCP_METADATA  # the DCP coordinator renames it into place last
+DCP_METADATA_TMP = frameworks.DCP_METADATA_TMP  # what it writes first
+# A DCP folder of a framework's save suffix (Lightning's FSDP sharded .ckpt folder) -> the
+# file rank 0 writes after the shards
+_SHARDED_META = {
+    row.suffix: row.sharded_meta
+    for row in _WATCHED
+    if row.suffix is not None and row.sharded_meta is not None
+}
+LIGHTNING_SHARDED_META = frameworks.LIGHTNING.sharded_meta or ""
 DCP_METADATA_LIMIT = 1 << 30  # a .metadata larger than this is not read (bytes)
-# Lightning's default file name is epoch=<E>-step=<S>.ckpt (-v<k> when a name repeats);
-# "last.ckpt" and "hpc_ckpt_<n>.ckpt" carry no step and are not saves here.  "step=" must start
-# the name or follow a character that is not a letter, digit or "_" (so "global_step=" is not
-# it), and the name must end in ".ckpt" (so a manifest beside a save is not one).
-_FILE_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=([0-9]+)(?=.*\.ckpt$)")
+PICKLE_LIMIT = 1 << 28  # a torch.save zip's data.pkl larger than this is not read (bytes)
 # A save's path below the watched folder holds at most this many names: Lightning's default
 # lightning_logs/version_<N>/checkpoints/epoch=E-step=S.ckpt is 4.
 SCAN_DEPTH = 4
@@ -102,10 +123,12 @@ class SaveRule:
     Without a pattern: a folder ``checkpoint-<N>`` (whole once its ready file is) or
     ``step-<N>`` (a DCP save), or a ``.ckpt`` file whose name holds ``step=<N>`` (whole once
     in place, non-empty and, for a zip, ended by its end record; a ``.ckpt`` folder is
-    Lightning's sharded save, a DCP one).  Any folder save holding ``.metadata`` is whole
-    once :func:`dcp_problem` says nothing.  With a pattern (a glob over names in the folder with one
-    ``{step}`` standing for the digits), every matching name is a save: a folder needs its
-    ready file, a file is whole on the same terms.  Names starting with "." are never saves.
+    Lightning's sharded save, a DCP one), or Lightning's ``hpc_ckpt_<n>.ckpt`` file, whole
+    on the same terms, its step (:data:`STEP_INSIDE` from the name) read from it.  Any
+    folder save holding ``.metadata`` is whole once :func:`dcp_problem` says nothing.  With a
+    pattern (a glob over names in the folder with one ``{step}`` standing for the digits),
+    every matching name is a save: a folder needs its ready file, a file is whole on the same
+    terms.  Names starting with "." are never saves.
     Complete also needs the save unchanged and unwritten (the module's docstring).
     """
 
@@ -127,36 +150,48 @@ class SaveRule:
     def ready_for(self, name: str) -> str:
         """The ready file of a save folder of this name: --ready's, else what the framework
         that names its saves so writes last."""
-        return ACCELERATE_READY if self.counts_objects(name) else self.ready
+        return self._counted(name) or self.ready
 
     def counts_objects(self, name: str) -> bool:
         """A save folder of this name is accelerate's, judged by its RNG states (no --ready):
         whole only with as many registered objects as its kin (:func:`registered_objects`)."""
-        return not self.ready_given and self.regex is None \
-            and _ACCELERATE_FOLDER.fullmatch(name) is not None
+        return self._counted(name) is not None
+
+    def _counted(self, name: str) -> Optional[str]:
+        """The ready file of a framework that writes registered objects after it, when a
+        save folder of this name is that framework's (and no --ready or pattern rules)."""
+        if self.ready_given or self.regex is not None:
+            return None
+        return next((ready for folder, ready in _COUNTED if folder.fullmatch(name)), None)
 
     def describe(self) -> str:
         """The names this rule takes for saves, in words."""
         if self.pattern is not None:
             return f"as --pattern {self.pattern!r} says"
-        return (f"checkpoint-<N>/ (holding its --ready file, {self.ready!r}), "
-                f"checkpoint_<N>/ (accelerate's, holding {self.ready_for('checkpoint_0')!r}), "
-                "step-<N>/ (a torch.distributed.checkpoint save) or *step=<N>*.ckpt")
+        return (
+            f"checkpoint-<N>/ (holding its --ready file, {self.ready!r}), "
+            f"checkpoint_<N>/ (accelerate's, holding {self.ready_for('checkpoint_0')!r}), "
+            "step-<N>/ (a torch.distributed.checkpoint save), *step=<N>*.ckpt or "
+            "hpc_ckpt_<n>.ckpt (Lightning's save at the requeue signal)"
+        )
 
     def step_of(self, name: str) -> Optional[tuple[int, str]]:
-        """(step, kind) of a save's name, kind being FOLDER, FILE or EITHER; None when the
-        name is no save."""
+        """(step, kind) of a save's name, kind being FOLDER, FILE, EITHER or INSIDE (a file
+        whose step, :data:`STEP_INSIDE` here, :func:`step_inside` reads); None when the name
+        is no save."""
         if name.startswith("."):
             return None
         if self.regex is not None:
             match = self.regex.fullmatch(name)
             return (int(match.group(1)), EITHER) if match else None
-        match = (_FOLDER_NAME.fullmatch(name) or _STEP_FOLDER.fullmatch(name)
-                 or _ACCELERATE_FOLDER.fullmatch(name))
-        if match:
-            return int(match.group(1)), FOLDER
-        match = _FILE_STEP.search(name)
-        return (int(match.group(1)), FILE) if match else None
+        step = frameworks.first_step(name, _FOLDER_NAMES)
+        if step is not None:
+            return step, FOLDER
+        step = frameworks.first_step(name, _FILE_STEPS, search=True)
+        if step is not None:
+            return step, FILE
+        inside = frameworks.first_step(name, _INSIDE_FILES)
+        return (STEP_INSIDE, INSIDE) if inside is not None else None
 
 
 def step_named(folder: str) -> list[str]:
@@ -220,11 +255,15 @@ def symlink_on(path: str, base: str) -> Optional[str]:
 def compile_pattern(pattern: str) -> re.Pattern[str]:
     """A glob over one name (``*``, ``?``, ``[...]``) with exactly one ``{step}``."""
     if pattern.count("{step}") != 1:
-        raise UsageError(f"--pattern {pattern!r} must hold {{step}} exactly once, where the "
-                         "step's digits are (e.g. 'model_{step}.pt')")
+        raise UsageError(
+            f"--pattern {pattern!r} must hold {{step}} exactly once, where the "
+            "step's digits are (e.g. 'model_{step}.pt')"
+        )
     if "/" in pattern or pattern.startswith("."):
-        raise UsageError(f"--pattern {pattern!r} must match names directly in the folder "
-                         "(no '/', not starting with '.')")
+        raise UsageError(
+            f"--pattern {pattern!r} must match names directly in the folder "
+            "(no '/', not starting with '.')"
+        )
     head, tail = pattern.split("{step}")
     return re.compile(_glob(head, pattern) + "([0-9]+)" + _glob(tail, pattern))
 
@@ -238,10 +277,10 @@ def _glob(text: str, pattern: str) -> str:
         elif char == "?":
             out.append(".")
         elif char == "[":
-            end = text.find("]", i + 2 if text[i + 1:i + 2] in ("!", "]") else i + 1)
+            end = text.find("]", i + 2 if text[i + 1 : i + 2] in ("!", "]") else i + 1)
             if end < 0:
                 raise UsageError(f"--pattern {pattern!r} has a '[' without its ']'")
-            body = text[i + 1:end]
+            body = text[i + 1 : end]
             negate = body.startswith("!")
             body = body[1:] if negate else body
             out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\") + "]")
@@ -270,7 +309,9 @@ def registered_objects(path: str) -> int:
         names = os.listdir(path)
     except OSError:
         return 0
-    found = {int(m[1]) for m in map(_ACCELERATE_OBJECT.fullmatch, names) if m is not None}
+    found = {
+        int(m[1]) for pattern in _OBJECTS for m in map(pattern.fullmatch, names) if m is not None
+    }
     count = 0
     while count in found:
         count += 1
@@ -280,7 +321,7 @@ def registered_objects(path: str) -> int:
 def dcp_only(name: str, kind: str) -> bool:
     """A folder of this name is a save only as a DCP one: ``step-<N>`` (torchtitan's), or a
     name that is a file's (a ``.ckpt`` folder is Lightning's sharded save)."""
-    return kind == FILE or _STEP_FOLDER.fullmatch(name) is not None
+    return kind == FILE or frameworks.first_step(name, _DCP_FOLDERS) is not None
 
 
 def folder_complete(path: str, ready: str) -> bool:
@@ -289,8 +330,9 @@ def folder_complete(path: str, ready: str) -> bool:
     folder (:func:`is_dcp_save`) once :func:`dcp_problem` finds nothing missing."""
     if is_dcp_save(path):
         return dcp_problem(path) is None
-    return _regular_and(os.path.join(path, ready),
-                        _json_whole if ready.endswith(".json") else lambda fd, size: True)
+    return _regular_and(
+        os.path.join(path, ready), _json_whole if ready.endswith(".json") else lambda fd, size: True
+    )
 
 
 def file_complete(path: str) -> bool:
@@ -301,8 +343,9 @@ def file_complete(path: str) -> bool:
     on a local disk, the checkpoint on a shared one) is a copy into the final name, which is
     visible while it grows; the zip's end record is written last.
     """
-    return _regular_and(path, lambda fd, size: os.pread(fd, 4, 0) != _ZIP_LOCAL
-                        or _zip_whole(fd, size))
+    return _regular_and(
+        path, lambda fd, size: os.pread(fd, 4, 0) != _ZIP_LOCAL or _zip_whole(fd, size)
+    )
 
 
 def _regular_and(path: str, whole: Callable[[int, int], bool]) -> bool:
@@ -322,8 +365,9 @@ def _regular_and(path: str, whole: Callable[[int, int], bool]) -> bool:
 def is_dcp_save(path: str) -> bool:
     """The folder at ``path`` is a ``torch.distributed.checkpoint`` save: it holds (or is
     about to hold) ``.metadata`` (no symlink followed)."""
-    return (os.path.lexists(os.path.join(path, DCP_METADATA))
-            or os.path.lexists(os.path.join(path, DCP_METADATA_TMP)))
+    return os.path.lexists(os.path.join(path, DCP_METADATA)) or os.path.lexists(
+        os.path.join(path, DCP_METADATA_TMP)
+    )
 
 
 def dcp_problem(path: str) -> Optional[str]:
@@ -362,11 +406,16 @@ def dcp_problem(path: str) -> Optional[str]:
         if not stat.S_ISREG(shard.st_mode):
             return f"{DCP_METADATA} names {name}, which is not a regular file"
         if shard.st_size < end:
-            return (f"{DCP_METADATA} names {end} bytes of {name}, which holds "
-                    f"{shard.st_size}")
-    if path.rstrip("/").endswith(".ckpt") and not file_complete(
-            os.path.join(path, LIGHTNING_SHARDED_META)):
-        return f"{LIGHTNING_SHARDED_META} (Lightning writes it after the shards) is not whole"
+            return f"{DCP_METADATA} names {end} bytes of {name}, which holds {shard.st_size}"
+    return _sharded_problem(path)
+
+
+def _sharded_problem(path: str) -> Optional[str]:
+    """For a DCP folder named as a framework's save file (Lightning's sharded ``.ckpt``
+    folder): why the file its rank 0 writes after the shards is not whole, or None."""
+    for suffix, meta in _SHARDED_META.items():
+        if path.rstrip("/").endswith(suffix) and not file_complete(os.path.join(path, meta)):
+            return f"{meta} (Lightning writes it after the shards) is not whole"
     return None
 
 
@@ -390,7 +439,23 @@ class _Stand:
         self.state = state
 
 
+class _Contents(_Stand):
+    """What every class a torch.save pickle names becomes: a stand-in that also takes the
+    items and elements a dict or list subclass is given (an OrderedDict of tensors)."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def append(self, value: object) -> None:
+        pass
+
+    def extend(self, values: object) -> None:
+        pass
+
+
 class _StandInUnpickler(pickle.Unpickler):
+    stand: type[_Stand] = _Stand  # what every class named becomes a subclass of
+
     def __init__(self, data: bytes) -> None:
         import io
 
@@ -400,9 +465,58 @@ class _StandInUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> type:
         made = self._made.get((module, name))
         if made is None:
-            made = type(name, (_Stand,), {"where": (module, name)})
+            made = type(name, (self.stand,), {"where": (module, name)})
             self._made[(module, name)] = made
         return made
+
+
+class _TorchUnpickler(_StandInUnpickler):
+    """A torch.save ``data.pkl``: tensors' storages are persistent ids (other members of the
+    zip), never read."""
+
+    stand = _Contents
+
+    def persistent_load(self, pid: object) -> None:
+        return None
+
+
+def step_inside(path: str) -> int | str:
+    """The ``global_step`` a Lightning save file at ``path`` holds, or why it cannot be
+    read, as words (a damaged zip, a pickle that does not read, a global_step that is no
+    step the store takes: a bool, a float, negative, past :data:`model.STEP_LIMIT`; never an
+    exception).  The file is torch.save's zip; its ``<archive>/data.pkl`` is a pickle of
+    Lightning's checkpoint dict, read with stand-ins for every class it names (nothing in it
+    is run, torch is not imported, no storage is read).  No symlink is followed."""
+    try:
+        fd = _fsio.open_file(path, nonblock=True)
+    except OSError as exc:
+        return f"it cannot be opened: {exc.strerror}"
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            with zipfile.ZipFile(fh) as archive:
+                names = [
+                    info
+                    for info in archive.infolist()
+                    if info.filename.count("/") == 1 and info.filename.endswith("/data.pkl")
+                ]
+                if len(names) != 1:
+                    return "it holds no data.pkl (not torch.save's zip)"
+                if names[0].file_size > PICKLE_LIMIT:
+                    return f"its data.pkl is larger than {PICKLE_LIMIT} bytes"
+                data = archive.read(names[0])
+    except Exception as exc:  # any damaged zip: zlib's, lzma's, an encrypted member's...
+        return f"it is not a whole zip ({type(exc).__name__}: {exc})"
+    try:
+        top = _TorchUnpickler(data).load()
+    except Exception as exc:  # any malformed pickle: truncated, garbage, a stand-in misused
+        return f"its data.pkl does not read as a pickle ({type(exc).__name__}: {exc})"
+    if not (isinstance(top, dict) and "global_step" in top):
+        return "it holds no global_step (not a Lightning checkpoint)"
+    step = top["global_step"]
+    if type(step) is not int or not 0 <= step < STEP_LIMIT:
+        shown = repr(step) if isinstance(step, (bool, int, float, str)) else type(step).__name__
+        return f"its global_step {shown[:60]} is not a step (a whole number from 0)"
+    return step
 
 
 def dcp_files(data: bytes) -> dict[str, int] | str:
@@ -414,8 +528,12 @@ def dcp_files(data: bytes) -> dict[str, int] | str:
     except Exception as exc:  # any malformed pickle: truncated, garbage, a stand-in misused
         return f"does not read as a pickle ({type(exc).__name__}: {exc})"
     state = top.state if isinstance(top, _Stand) else None
-    if not (isinstance(top, _Stand) and top.where[1] == "Metadata" and isinstance(state, dict)
-            and isinstance(state.get("storage_data"), dict)):
+    if not (
+        isinstance(top, _Stand)
+        and top.where[1] == "Metadata"
+        and isinstance(state, dict)
+        and isinstance(state.get("storage_data"), dict)
+    ):
         return "is not torch.distributed.checkpoint's Metadata with its storage_data"
     files: dict[str, int] = {}
     for info in state["storage_data"].values():
@@ -424,10 +542,18 @@ def dcp_files(data: bytes) -> dict[str, int] | str:
             fields = fields[0]  # (dict, slots) where a class has both
         if not isinstance(fields, dict):
             return "has a storage_data entry that is not a file, offset and length"
-        name, offset, length = (fields.get("relative_path"), fields.get("offset"),
-                                fields.get("length"))
-        if not (isinstance(name, str) and type(offset) is int and type(length) is int
-                and offset >= 0 and length >= 0):
+        name, offset, length = (
+            fields.get("relative_path"),
+            fields.get("offset"),
+            fields.get("length"),
+        )
+        if not (
+            isinstance(name, str)
+            and type(offset) is int
+            and type(length) is int
+            and offset >= 0
+            and length >= 0
+        ):
             return "has a storage_data entry that is not a file, offset and length"
         if name in ("", ".", "..") or "/" in name or "\0" in name or name.startswith("."):
             return f"names {name!r}, which is not a file of the save's own folder"
@@ -450,8 +576,9 @@ def _zip_whole(fd: int, size: int) -> bool:
     tail = os.pread(fd, tail_len, size - tail_len)
     at = tail.rfind(_ZIP_END)
     while at >= 0:  # the end record whose comment ends the file (the comment may hold "PK")
-        if at + 22 <= len(tail) and at + 22 + struct.unpack_from("<H", tail, at + 20)[0] \
-                == len(tail):
+        if at + 22 <= len(tail) and at + 22 + struct.unpack_from("<H", tail, at + 20)[0] == len(
+            tail
+        ):
             break
         at = tail.rfind(_ZIP_END, 0, at)
     if at < 0:
@@ -519,8 +646,9 @@ def snapshot(path: str) -> Optional[tuple[Entry, ...]]:
         kind = stat.S_IFMT(st.st_mode)
         if kind not in _KINDS:
             raise NotASave(full)
-        entries.append((rel, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                        st.st_ino, st.st_dev))
+        entries.append(
+            (rel, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        )
         if kind == stat.S_IFDIR:
             try:
                 names = os.listdir(full)
@@ -534,8 +662,9 @@ def snapshot(path: str) -> Optional[tuple[Entry, ...]]:
 def files_of(path: str, entries: tuple[Entry, ...]) -> set[str]:
     """The real paths of the regular files a :func:`snapshot` of ``path`` lists."""
     real = os.path.realpath(path)
-    return {os.path.join(real, rel) if rel else real
-            for rel, mode, *_ in entries if stat.S_ISREG(mode)}
+    return {
+        os.path.join(real, rel) if rel else real for rel, mode, *_ in entries if stat.S_ISREG(mode)
+    }
 
 
 _ACCMODE = os.O_WRONLY | os.O_RDWR  # O_ACCMODE: 0 read, 1 write, 2 read and write
@@ -576,8 +705,7 @@ def open_for_writing(paths: set[str], proc: str = "/proc") -> list[tuple[int, st
                 continue
             if target in paths and _writable_fd(f"{base}/fdinfo/{fd}"):
                 found.add((pid, target))
-        found.update((pid, target)
-                     for target in _mapped_writable(f"{base}/maps", paths, common))
+        found.update((pid, target) for target in _mapped_writable(f"{base}/maps", paths, common))
     return sorted(found)
 
 

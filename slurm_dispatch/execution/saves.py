@@ -33,6 +33,7 @@ returns ``None`` and the integrations leave the framework alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -42,8 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .. import _fsio
-from ..checkpoint import execdir
+from ..checkpoint import execdir, quarantine
 from ..checkpoint import publish as store
+from ..checkpoint.stores.schemes import SCHEMES
 from ..errors import DispatchError, UsageError
 from . import contract
 
@@ -66,12 +68,27 @@ class Execution:
     job: str
     # None: the variable is absent (ask the store); "": the launcher found nothing to resume.
     resume_from: Optional[str]
-    # On an s3:// root: exec_dir is the execution's prefix, and this its local staging folder.
+    # On a remote root (s3://): exec_dir is the execution's prefix, and this its local
+    # staging folder.
     stage_dir: Optional[str] = None
 
     @property
+    def remote(self) -> bool:
+        """True on a remote root (the table of stores says which): saves are staged locally."""
+        return store.is_remote_root(self.root)
+
+    @property
     def on_s3(self) -> bool:
-        return store.is_s3_root(self.root)
+        """0.1.0's name of :attr:`remote`; kept in 0.2.0, removed in 0.3.0 (CHANGELOG.md)."""
+        import warnings
+
+        warnings.warn(
+            "Execution.on_s3 is Execution.remote (true for every remote store of the table, "
+            "s3:// and az://); the old name goes in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.remote
 
     @classmethod
     def current(cls, env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
@@ -80,19 +97,49 @@ class Execution:
         exec_dir, root = found.text("exec_dir"), found.text("checkpoint")
         if not exec_dir or not root:
             return None
-        if "://" in root and not store.is_s3_root(root):
-            raise UsageError(f"checkpoint root {root!r}: the framework integrations publish "
-                             "under a folder or an s3:// root only")
+        if "://" in root and store.scheme_of(root) is None:
+            kinds = ["a folder", *(f"an {row.prefix} root" for row in SCHEMES)]
+            raise UsageError(
+                f"checkpoint root {root!r}: the framework integrations publish "
+                f"under {', '.join(kinds[:-1])} or {kinds[-1]} only"
+            )
         try:
             epoch = found.number("epoch")
         except contract.NotANumber as exc:
             raise UsageError(f"{exc.name} {exc.raw!r} is not an integer") from None
-        return cls(root=root, exec_dir=exec_dir, epoch=epoch, attempt=found.text("attempt"),
-                   job=found.text("job"), resume_from=found.resume_from,
-                   stage_dir=found.stage_dir or None)
+        return cls(
+            root=root,
+            exec_dir=exec_dir,
+            epoch=epoch,
+            attempt=found.text("attempt"),
+            job=found.text("job"),
+            resume_from=found.resume_from,
+            stage_dir=found.stage_dir or None,
+        )
 
 
 # --- durability ---------------------------------------------------------------------------
+
+
+def file_hashes(save: str, skip: str = "") -> dict[str, str]:
+    """The sha256 of each regular file of a local save (as :func:`remote.local_files` names
+    them; ``skip``: a name left out), for its manifest at upload and to check a copy."""
+    from ..checkpoint.stores import remote  # local_files: the same walk as an upload's
+
+    out: dict[str, str] = {}
+    for relative, full in remote.local_files(save):
+        if relative == skip:
+            continue
+        hashed = hashlib.sha256()
+        with open(full, "rb") as source:
+            while True:
+                chunk = source.read(1 << 20)
+                if not chunk:
+                    break
+                hashed.update(chunk)
+        out[relative] = hashed.hexdigest()
+    return out
+
 
 def sync_save(path: str) -> None:
     """fsync every regular file of the save at ``path`` (a file or a folder), then its folders
@@ -136,8 +183,13 @@ def write_create_once(path: str, data: dict[str, Any], sync: bool = True) -> boo
     try:
         # A failed write leaves what it wrote (discard_partial=False), as it always has: the
         # name is the claim, and a later writer must not take it over.
-        _fsio.write_new(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o444,
-                        sync=sync, discard_partial=False)
+        _fsio.write_new(
+            path,
+            (json.dumps(data, sort_keys=True) + "\n").encode(),
+            0o444,
+            sync=sync,
+            discard_partial=False,
+        )
     except FileExistsError:
         return False
     if sync:
@@ -149,13 +201,13 @@ def relative_saves(execution: Execution, paths: list[str]) -> list[str]:
     """``paths`` (absolute paths or URLs of saves) relative to the execution's root, for a
     manifest's ``bests``; a path outside the root is left out."""
     base = execution.root.rstrip("/") + "/"
-    if not execution.on_s3:
+    if not execution.remote:
         base = os.path.abspath(execution.root).rstrip("/") + "/"
     out = []
     for path in paths:
-        full = path if execution.on_s3 else os.path.abspath(path)
+        full = path if execution.remote else os.path.abspath(path)
         if full.startswith(base) and full.rstrip("/") != base.rstrip("/"):
-            out.append(full[len(base):].rstrip("/"))
+            out.append(full[len(base) :].rstrip("/"))
     return sorted(set(out))
 
 
@@ -202,8 +254,9 @@ def apply_limit(execution: Execution) -> None:
     failure is said once and ends this process's cleanup, never its training."""
     if execution.exec_dir not in _LIMITS:
         try:
-            _LIMITS[execution.exec_dir] = execdir.keep_of(store.open_store(
-                execution.root).read_exec_file(_attempt_of(execution), KEEP_RECORD))
+            _LIMITS[execution.exec_dir] = execdir.keep_of(
+                store.open_store(execution.root).read_exec_file(_attempt_of(execution), KEEP_RECORD)
+            )
         except DispatchError:
             _LIMITS[execution.exec_dir] = None
     keep = _LIMITS[execution.exec_dir]
@@ -219,25 +272,28 @@ def _attempt_of(execution: Execution) -> str:
     return execution.attempt or execution.exec_dir.rstrip("/").rsplit("/", 1)[-1]
 
 
-def record_choice(execution: Execution, path: str, found: list[store.Found],
-                  why: str) -> bool:
+def record_choice(execution: Execution, path: str, found: list[store.Found], why: str) -> bool:
     """Record, before loading it, that this execution chose the save at ``path`` (a path or
     URL under the root), then say whether a publication of it is still there: when it is,
     cleanup spares it (it reads the choices again after unpublishing); when not, it may be
     going, and the caller passes it over."""
     st = store.open_store(execution.root)
     base = st.locate("")
-    full = path if execution.on_s3 else os.path.abspath(path)
-    relative = full[len(base):].rstrip("/") if full.startswith(base) else full
+    full = path if execution.remote else os.path.abspath(path)
+    relative = full[len(base) :].rstrip("/") if full.startswith(base) else full
     try:
-        st.create_exec_file(_attempt_of(execution), execdir.choice_name(relative),
-                            execdir.choice_bytes(relative, _attempt_of(execution), why))
+        st.create_exec_file(
+            _attempt_of(execution),
+            execdir.choice_name(relative),
+            execdir.choice_bytes(relative, _attempt_of(execution), why),
+        )
     except FileExistsError:
         pass  # another rank chose it too
     return any(st.has_publication(f.name) for f in found if f.path.rstrip("/") == path.rstrip("/"))
 
 
 # --- loading ---------------------------------------------------------------------------------
+
 
 def why_unloadable(save: str, required: tuple[str, ...] = ()) -> Optional[str]:
     """Why the save at ``save`` cannot be loaded, or ``None`` when it looks whole.
@@ -314,10 +370,13 @@ def _recorded_source(exec_folder: str) -> Optional[str]:
     return None
 
 
-def lineage_before(root: str, bad: str, found: list[store.Found],
-                    folder_of: Callable[[str, str], Optional[str]] = _exec_folder,
-                    recorded: Callable[[str], Optional[str]] = _recorded_source
-                    ) -> Iterator[str]:
+def lineage_before(
+    root: str,
+    bad: str,
+    found: list[store.Found],
+    folder_of: Callable[[str, str], Optional[str]] = _exec_folder,
+    recorded: Callable[[str], Optional[str]] = _recorded_source,
+) -> Iterator[str]:
     """The saves to try after ``bad``, nearest first, along its lineage.  ``folder_of`` gives
     a save's execution folder (on S3: its prefix), ``recorded`` what that execution resumed
     from."""
@@ -327,8 +386,14 @@ def lineage_before(root: str, bad: str, found: list[store.Found],
     while True:
         mine = by_path.get(current)
         folder = folder_of(root, current)
-        own = [f for f in found if folder is not None and folder_of(root, f.path) == folder
-               and mine is not None and (f.epoch, f.step) < (mine.epoch, mine.step)]
+        own = [
+            f
+            for f in found
+            if folder is not None
+            and folder_of(root, f.path) == folder
+            and mine is not None
+            and (f.epoch, f.step) < (mine.epoch, mine.step)
+        ]
         for each in sorted(own, key=lambda f: f.name, reverse=True):
             if each.path not in seen:
                 seen.add(each.path)
@@ -352,8 +417,9 @@ def lineage_before(root: str, bad: str, found: list[store.Found],
         return
 
 
-def choose_resume(execution: Execution, required: tuple[str, ...] = (),
-                  framework: str = "") -> Resume:
+def choose_resume(
+    execution: Execution, required: tuple[str, ...] = (), framework: str = ""
+) -> Resume:
     """The save this execution resumes from, passing over saves that cannot be loaded.
 
     The choice is recorded in the execution's folder; the first process to record it also says
@@ -361,7 +427,7 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
     """
     launcher_choice = execution.resume_from
     if launcher_choice is None:
-        latest = store.latest(execution.root)
+        latest = quarantine.resumable(execution.root)  # passing over a quarantined save
         start = latest.path if latest is not None else ""
     else:
         start = launcher_choice
@@ -371,8 +437,12 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
         # Not the launcher's choice (its record already protects that one): record it.
         found = store.list_publications(execution.root)
         if not record_choice(execution, start, found, "the latest publication"):
-            resume.passed_over.append({"path": start, "why": "its publication was removed "
-                                       "by cleanup while this execution chose it"})
+            resume.passed_over.append(
+                {
+                    "path": start,
+                    "why": "its publication was removed by cleanup while this execution chose it",
+                }
+            )
             resume.path = None
     if start:
         why = why_unloadable(start, required) if resume.path else "passed over"
@@ -383,23 +453,31 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
             found = store.list_publications(execution.root) if found is None else found
             for candidate in lineage_before(execution.root, start, found):
                 why = why_unloadable(candidate, required)
-                if why is None and not record_choice(execution, candidate, found,
-                                                     f"fallback from {start}"):
+                if why is None and not record_choice(
+                    execution, candidate, found, f"fallback from {start}"
+                ):
                     why = "its publication was removed by cleanup while this execution chose it"
                 if why is None:
                     resume.path = candidate
                     break
                 resume.passed_over.append({"path": candidate, "why": why})
-    record = {"resume_from": resume.path or "", "passed_over": resume.passed_over,
-              "launcher_resume_from": launcher_choice, "framework": framework,
-              "attempt": execution.attempt, "epoch": execution.epoch}
+    record = {
+        "resume_from": resume.path or "",
+        "passed_over": resume.passed_over,
+        "launcher_resume_from": launcher_choice,
+        "framework": framework,
+        "attempt": execution.attempt,
+        "epoch": execution.epoch,
+    }
     path = os.path.join(execution.exec_dir, RESUME_RECORD)
     if write_create_once(path, record):
         for skipped in resume.passed_over:
             instead = resume.path or "nothing (a fresh start)"
-            sys.stderr.write(f"dispatch: not resuming from {skipped['path']}: {skipped['why']}; "
-                             f"trying the previous save of its lineage (resuming from "
-                             f"{instead})\n")
+            sys.stderr.write(
+                f"dispatch: not resuming from {skipped['path']}: {skipped['why']}; "
+                f"trying the previous save of its lineage (resuming from "
+                f"{instead})\n"
+            )
         sys.stderr.flush()
     else:
         # Another rank recorded the resume first: load what it chose, so the ranks agree.
@@ -413,13 +491,15 @@ def choose_resume(execution: Execution, required: tuple[str, ...] = (),
     return resume
 
 
-def record_keep(execution: Execution, framework: str, setting: str, value: Any,
-                every: bool = False) -> None:
+def record_keep(
+    execution: Execution, framework: str, setting: str, value: Any, every: bool = False
+) -> None:
     """Record the framework's own rotation limit, turned off here, for dispatch's cleanup
     (``every``: one of its checkpoint callbacks keeps every save, so no limit applies)."""
     # Every rank may record it; the first one does, the others find it there.
-    write_create_once(os.path.join(execution.exec_dir, KEEP_RECORD), keep_record(
-        framework, setting, value, every))
+    write_create_once(
+        os.path.join(execution.exec_dir, KEEP_RECORD), keep_record(framework, setting, value, every)
+    )
 
 
 def keep_record(framework: str, setting: str, value: Any, every: bool) -> dict[str, Any]:

@@ -7,10 +7,13 @@ coordinator renames ``.metadata`` into place only after every rank has written i
 publish through the integrations, after a barrier.  A
 :class:`Watcher` scans the folder, and below it where the frameworks put their saves by
 default (Lightning's ``lightning_logs/version_N/checkpoints/``, accelerate's
-``checkpoints/checkpoint_<i>``, torchtitan's ``checkpoint/step-<N>``): every folder whose name
-is not a save's, at most SCAN_DEPTH names deep, never a save's insides (a DCP folder stays one
-save), a symlink, a name starting with "." or, on S3, the staging folder's copies dispatch
-fetched (``resume-<n>/``, ``fetched/``: saves already published, watch_s3.DOWNLOADS);
+``checkpoints/checkpoint_<i>``, torchtitan's ``checkpoint/step-<N>``; Lightning's own SLURM
+auto-requeue saves ``hpc_ckpt_<n>.ckpt`` into ``default_root_dir`` at the requeue signal, then
+requeues: published at the step read from it, so the requeued execution resumes from it):
+every folder whose name is not a save's, at most SCAN_DEPTH names deep, never a save's
+insides (a DCP folder stays one save), a symlink, a name starting with "." or, on S3, the
+staging folder's copies dispatch fetched (``resume-<n>/``, ``fetched/``: saves already
+published, staging.Staging.DOWNLOADS);
 :class:`WatchLoop` repeats the scan every interval, runs the user's command as its child,
 forwards Slurm's signals to it and scans a last time when it exits.
 
@@ -37,6 +40,14 @@ Invariants:
   the durable copy.)
 * The first error stops publishing for good: nothing is published after it, and the run
   ends non-zero.
+* Publishing Lightning's save at the requeue signal (``hpc_ckpt_<n>.ckpt``, which Lightning
+  follows with its own ``scontrol requeue``) marks the execution's folder as the callbacks'
+  requeue does (``.dispatch-requeued.json``, on a folder root): ``--max-requeues`` budgets
+  Slurm's requeues, not the job going on past its time limit.  So does such a save whose
+  step, read from it, is already published (the signal came right after a periodic save of
+  that step): it is not published, but Lightning requeues all the same.
+* A command killed by the USR1 or USR2 that watch forwarded to it (the warning signal) had
+  no handler for it: watch says so, naming what installs Lightning's (srun), as the job fails.
 * A command that watch forwarded TERM to and that then exits 0 has not finished its work
   (Lightning turns TERM into a clean exit; ``--signal=B:TERM@150`` sends it before the limit):
   watch says so and exits 128+15, so Slurm records a failure and the resubmit rule applies,
@@ -47,12 +58,16 @@ Invariants:
   goes after it appeared is a store error.  A folder inside the execution's only once symlinks
   are resolved (a relative ``--dir`` under a root reached through a symlink) is spelled below
   it as the launcher spells it (:func:`spelled_as_own`).
+* Lightning's save at the requeue signal (``hpc_ckpt_<n>.ckpt``, in its ``default_root_dir``)
+  found in the execution's folder outside the watched one and never published is named at
+  the end, and the run ends non-zero, as for a run that published nothing.
 * A run that ends without an error having published nothing of the execution's folder (by
   watch or an integration) is never quiet: it says so, naming the folder watched and the names
   saves must have.  Entries of the execution's folder that the frameworks' default names call
   saves with a step (:func:`step_named`) and that were not published are named each with what
-  would have found it (``--dir``, ``--pattern``, ``--ready``; behind a symlink, which watch
-  never follows, writing them into the execution's folder), and the run ends non-zero (2
+  would have found it (``--dir``, ``--pattern``, ``--ready``; behind a symlink or one
+  itself, which watch never follows, writing them into the execution's folder), and the run
+  ends non-zero (2
   when the command succeeded): a job whose saves nobody can resume is a failure.  A save
   still being written at the end is said as such and not counted.
 * A resumed execution ($DISPATCH_RESUME_FROM) that publishes a step at or below the step of
@@ -82,43 +97,57 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..checkpoint import model, progress
+from ..checkpoint import execdir, model, progress
 from ..checkpoint import publish as store
 from ..checkpoint.stores.open import check_root_scheme
 from ..errors import AlreadyPublished, DispatchError, OutsideRoot, StoreError, UsageError
+from . import staging, steps
 from .saverules import (
     ACCELERATE_READY,
     DCP_METADATA,
     DCP_METADATA_TMP,
     FOLDER,
+    INSIDE,
     SCAN_DEPTH,
+    STEP_INSIDE,
     Entry,
     NotASave,
     SaveRule,
     dcp_only,
     dcp_problem,
+    file_complete,
     files_of,
     is_dcp_save,
     looks_whole,
     open_for_writing,
     registered_objects,
     snapshot,
+    step_inside,
     step_named,
     symlink_on,
 )
 from .saves import sync_save
-from .watch_s3 import DOWNLOADS, Uploader
+from .staging import StagedUploader
 
 DEFAULT_INTERVAL = 2.0
 LAST_GAP = 1.0  # after the command exits: the most seconds between the last scans
 DEFAULT_TIMEOUT = 300.0
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
-             signal.SIGCONT)
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGHUP,
+    signal.SIGCONT,
+)
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # without a command: scan, then stop
+_DEFAULT_RULE = SaveRule.make()  # the frameworks' names, whatever --pattern says
+_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # --warn-before's: a trainer must handle them
 STOPPED_CODE = 2  # watch stopped at an error (and the command, if any, succeeded)
 # A command that exits 0 after watch forwarded it TERM did not finish its work (Lightning turns
 # TERM into SystemExit with no code): watch exits as if TERM had killed it.
 TERMED_CODE = 128 + signal.SIGTERM
+
 
 @dataclass(frozen=True)
 class Published:
@@ -134,26 +163,38 @@ class Watcher:
     # to the root (gc.py); None: no cleanup.  Cleanup's errors are said and end cleanup only.
     keep: Optional[int] = None
 
-    def __init__(self, root: str, folder: str, epoch: int, rule: SaveRule,
-                 report: Callable[[str], None] = lambda line: None,
-                 upload_to: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
-                 exec_dir: Optional[str] = None, resume_from: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        folder: str,
+        epoch: int,
+        rule: SaveRule,
+        report: Callable[[str], None] = lambda line: None,
+        upload_to: Optional[str] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        exec_dir: Optional[str] = None,
+        resume_from: Optional[str] = None,
+    ) -> None:
         # On an s3:// root, ``folder`` is the local staging folder and each complete save is
-        # uploaded under ``upload_to`` (the execution's prefix), then published (watch_s3).
+        # uploaded under ``upload_to`` (the execution's prefix), then published (staging.of).
         # ``exec_dir``: the execution's own folder (its staging folder on S3), when known.
-        self.uploader: Optional[Uploader] = None
+        self.uploader: Optional[StagedUploader] = None
+        self.staging: Optional[staging.Staging] = None  # a remote root's (staging.of)
         self.phase: Optional[tuple[float, str]] = None  # (since, what) of a long step in a scan
         self.folder = os.path.abspath(folder)
         self.exec_dir = os.path.abspath(exec_dir) if exec_dir else None
         # A folder inside the execution's own may be made by the framework at its first save
         # (Lightning's ModelCheckpoint(dirpath=...), accelerate's checkpoints/, torchtitan's
         # checkpoint/): until it first appears, its absence is the normal start of a run.
-        self.may_be_absent = self.exec_dir is not None \
-            and self.folder.startswith(self.exec_dir.rstrip("/") + "/")
+        self.may_be_absent = self.exec_dir is not None and self.folder.startswith(
+            self.exec_dir.rstrip("/") + "/"
+        )
         self.appeared = False
-        if store.is_s3_root(root):
-            self.uploader = Uploader(root, folder, upload_to, timeout, report,
-                                     may_be_absent=self.may_be_absent)
+        if store.is_remote_root(root):
+            self.staging = staging.of(root)
+            self.uploader = self.staging.watch_uploader(
+                root, folder, upload_to, timeout, report, may_be_absent=self.may_be_absent
+            )
         check_root_scheme(root)  # gs://, file://...: refused, never taken for a folder's name
         self.root = root if self.uploader else os.path.abspath(root)
         if self.uploader is None and not os.path.isdir(self.root):
@@ -162,8 +203,10 @@ class Watcher:
             if self.uploader is None:
                 model.relative_inside(self.root, self.folder)
         except OutsideRoot:
-            raise UsageError(f"folder {folder!r} is not inside the checkpoint root {root!r}; "
-                             "publications name saves under the root") from None
+            raise UsageError(
+                f"folder {folder!r} is not inside the checkpoint root {root!r}; "
+                "publications name saves under the root"
+            ) from None
         self.epoch = model.check_epoch_value(epoch)
         self.rule = rule
         self.report = report
@@ -176,6 +219,11 @@ class Watcher:
         self._held: set[str] = set()  # names whose writer has been said once
         self._told: set[str] = set()  # saves whose missing part was said once (DCP, accelerate)
         self._unlisted: set[str] = set()  # folders under it that could not be listed (said)
+        # name -> ((size, mtime_ns, inode), step or why unreadable) of a save file whose name
+        # holds no step (Lightning's hpc_ckpt_<n>.ckpt), read once it looks whole; and the
+        # names whose step could not be read (said once, named at the end).
+        self._inside: dict[str, tuple[tuple[int, int, int], int | str]] = {}
+        self._unreadable: dict[str, str] = {}
         # The save this execution resumed from ($DISPATCH_RESUME_FROM) and its published step,
         # read at the first publication; a publication at or below it is said once (progress).
         self.resume_from = resume_from or None
@@ -212,8 +260,12 @@ class Watcher:
                 path = f"{rel}/{name}" if rel else name
                 if path in self._settled or not rel and self._fetched(entry.path):
                     continue
-                if depth < SCAN_DEPTH and not name.startswith(".") \
-                        and self.rule.step_of(name) is None and _is_folder(entry):
+                if (
+                    depth < SCAN_DEPTH
+                    and not name.startswith(".")
+                    and self.rule.step_of(name) is None
+                    and _is_folder(entry)
+                ):
                     pending.append((path, depth + 1))
                 else:
                     out.append(path)
@@ -222,10 +274,10 @@ class Watcher:
     def _fetched(self, path: str) -> bool:
         """``path`` is (or is in) a copy dispatch fetched into the staging folder (resume-<n>/,
         fetched/): a save already published, never one of this execution's, nor removed."""
-        if self.uploader is None:
+        if self.uploader is None or self.staging is None:
             return False
         first = os.path.relpath(path, self.exec_dir or self.folder).split("/", 1)[0]
-        return DOWNLOADS.fullmatch(first) is not None
+        return self.staging.DOWNLOADS.fullmatch(first) is not None
 
     def _entries(self, rel: str) -> list[os.DirEntry[str]]:
         """The entries of the folder (``rel`` "") or of a folder under it."""
@@ -236,16 +288,17 @@ class Watcher:
         except FileNotFoundError as exc:
             if rel or (self.may_be_absent and not self.appeared):
                 return []  # not made yet, or removed meanwhile: the next scan looks again
-            raise StoreError(f"cannot list the watched folder {self.folder!r}: "
-                             f"{exc.strerror}") from None
+            raise StoreError(
+                f"cannot list the watched folder {self.folder!r}: {exc.strerror}"
+            ) from None
         except OSError as exc:
             if not rel:
-                raise StoreError(f"cannot list the watched folder {self.folder!r}: "
-                                 f"{exc.strerror}") from None
+                raise StoreError(
+                    f"cannot list the watched folder {self.folder!r}: {exc.strerror}"
+                ) from None
             if rel not in self._unlisted:
                 self._unlisted.add(rel)
-                self.report(f"cannot list {path}: {exc.strerror} (saves under it are not "
-                            "seen)")
+                self.report(f"cannot list {path}: {exc.strerror} (saves under it are not seen)")
             return []
         if not rel:
             self.appeared = True
@@ -256,10 +309,22 @@ class Watcher:
         first = self.mark is None
         mark = self._own_mark() if self.mark is None else self.mark
         self.mark = mark
-        stable: list[tuple[int, str]] = []
-        settled = self._settled
         listed = self._listing()
         self._say_newest_gone()
+        stable = self._stable(listed, mark, first)
+        for name in set(self._seen) - set(listed):
+            del self._seen[name]  # removed before it was published
+        published = self._publish_stable(stable) if stable else []
+        if published and self.keep is not None and not self.cancelled:
+            self._clean(self.keep)
+        return published
+
+    def _stable(self, listed: list[str], mark: int, first: bool) -> list[tuple[int, str]]:
+        """(step, name) of each listed save above ``mark`` found unchanged since the last
+        scan; a name that is no save, or a save at or below the mark, is settled (said unless
+        this is the first scan)."""
+        stable: list[tuple[int, str]] = []
+        settled = self._settled
         for name in listed:
             if name in settled:
                 continue
@@ -268,49 +333,90 @@ class Watcher:
                 settled.add(name)
                 continue
             step, kind = found
+            if kind == INSIDE:
+                inside = self._step_inside(name)
+                if inside is None:
+                    continue
+                step = inside
             if step <= mark:
                 self._settle(name)
+                if kind == INSIDE:  # Lightning requeues after it all the same
+                    self._mark_own_requeue(os.path.join(self.folder, name))
                 if not first:
-                    self.report(f"not publishing step {step}: {os.path.join(self.folder, name)} "
-                                f"(step {mark} is already published)")
+                    self.report(
+                        f"not publishing step {step}: {os.path.join(self.folder, name)} "
+                        f"(step {mark} is already published)"
+                    )
                 continue
             if self._unchanged(name, step, kind):
                 stable.append((step, name))
-        for name in set(self._seen) - set(listed):
-            del self._seen[name]  # removed before it was published
+        return stable
+
+    def _publish_stable(self, stable: list[tuple[int, str]]) -> list[Published]:
+        """Publish the stable saves in step order, but none a process still has open for
+        writing (said once per save)."""
         published = []
-        if stable:
-            writers = self._writers([name for _, name in stable])
-            for step, name in sorted(stable):
-                if name in writers:
-                    if name not in self._held:
-                        self._held.add(name)
-                        pid, path = writers[name]
-                        self.report(f"not publishing step {step} yet: process {pid} has "
-                                    f"{path} open for writing")
-                    continue
-                done = self._publish(step, name)
-                if done is not None:
-                    published.append(done)
-        if published and self.keep is not None and not self.cancelled:
-            self._clean(self.keep)
+        writers = self._writers([name for _, name in stable])
+        for step, name in sorted(stable):
+            if name in writers:
+                if name not in self._held:
+                    self._held.add(name)
+                    pid, path = writers[name]
+                    self.report(
+                        f"not publishing step {step} yet: process {pid} has {path} open for writing"
+                    )
+                continue
+            done = self._publish(step, name)
+            if done is not None:
+                published.append(done)
         return published
+
+    def _step_inside(self, name: str) -> Optional[int]:
+        """The step read from a save file whose name holds none (Lightning's save at the
+        requeue signal, ``hpc_ckpt_<n>.ckpt``) once it looks whole; None before that, or when
+        it cannot be read (said once, and named at the end: never published)."""
+        path = os.path.join(self.folder, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is None or not file_complete(path):
+            self._seen.pop(name, None)
+            return None
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        known = self._inside.get(name)
+        found = known[1] if known is not None and known[0] == key else step_inside(path)
+        self._inside[name] = (key, found)
+        if isinstance(found, int):
+            self._unreadable.pop(name, None)
+            return found
+        self._seen.pop(name, None)
+        if name not in self._unreadable:
+            self.report(f"not publishing {path}: its step cannot be read from it: {found}")
+        self._unreadable[name] = found
+        return None
 
     def _say_newest_gone(self) -> None:
         """Once per run: the save this watch published last is gone (POSIX; on S3 the upload
         is the save).  A framework's own rotation deletes a save as soon as it has written the
         next (Lightning's save_top_k is 1 by default), before watch can confirm that one: a
         replacement started then resumes from a save that is not there."""
-        if self._newest is None or self._gone_said or self.uploader is not None \
-                or os.path.lexists(self._newest):
+        if (
+            self._newest is None
+            or self._gone_said
+            or self.uploader is not None
+            or os.path.lexists(self._newest)
+        ):
             return
         self._gone_said = True
-        self.report(f"the newest published save {self._newest} was deleted before a newer one "
-                    "was published (the trainer's own rotation?): a replacement started now "
-                    "would resume from a save that is gone; keep every save (Lightning's "
-                    "save_top_k -1, accelerate's total_limit unset, torchtitan's "
-                    "--checkpoint.keep-latest-k 0, Hugging Face's save_total_limit unset) and "
-                    "let dispatch clean up (--keep)")
+        self.report(
+            f"the newest published save {self._newest} was deleted before a newer one "
+            "was published (the trainer's own rotation?): a replacement started now "
+            "would resume from a save that is gone; keep every save (Lightning's "
+            "save_top_k -1, accelerate's total_limit unset, torchtitan's "
+            "--checkpoint.keep-latest-k 0, Hugging Face's save_total_limit unset) and "
+            "let dispatch clean up (--keep)"
+        )
 
     def published_anything(self) -> bool:
         """A publication names a save of this execution's folder (of the watched folder when
@@ -340,14 +446,43 @@ class Watcher:
                 out.append((path, option))
         return out
 
+    def requeue_saves_outside(self) -> list[str]:
+        """Lightning's saves at the requeue signal (``hpc_ckpt_<n>.ckpt``, in its
+        ``default_root_dir``) in the execution's folder but outside the watched one, which no
+        publication names: Lightning requeues the job right after such a save, and the next
+        execution resumes from an older one.  On a folder root."""
+        if self.uploader is not None or self.exec_dir is None:
+            return []
+        inside = self.folder.rstrip("/") + "/"
+        found = [
+            path
+            for path in step_named(self.exec_dir)
+            if _DEFAULT_RULE.step_of(os.path.basename(path)) == (STEP_INSIDE, INSIDE)
+            and not path.startswith(inside)
+        ]
+        if not found:
+            return []
+        try:
+            published = {f.path for f in store.list_publications(self.root)}
+        except DispatchError:
+            return []
+        return [path for path in found if path not in published]
+
     def _option_for(self, path: str) -> Optional[str]:
         """What would have made watch publish the save at ``path``; None for a save that
         watch took for one and decided on (said already)."""
         parent, name = os.path.split(path)
         link = symlink_on(path, self.exec_dir or self.folder)
         if link is not None:
-            return (f"behind the symlink {link} -> {os.readlink(link)}, which watch never "
-                    "follows: write the saves into the execution's folder itself")
+            return (
+                f"behind the symlink {link} -> {os.readlink(link)}, which watch never "
+                "follows: write the saves into the execution's folder itself"
+            )
+        if os.path.islink(path):
+            return (
+                f"a symlink to {os.readlink(path)}, which watch never follows: write the "
+                "save itself into the execution's folder"
+            )
         inside = (path + "/").startswith(self.folder.rstrip("/") + "/")
         if not inside or (path.count("/") - self.folder.rstrip("/").count("/") > SCAN_DEPTH):
             return f"--dir {parent} would have found it"
@@ -355,20 +490,28 @@ class Watcher:
         if any(rel.startswith(f"{folder}/") for folder in self._unlisted):
             return None  # said: a folder above it could not be listed
         found = self.rule.step_of(name)
+        if rel in self._unreadable:
+            return f"its step could not be read from it: {self._unreadable[rel]}"
         if found is None:
-            return (f"--pattern {self.rule.pattern!r} does not match it; without --pattern "
-                    "watch takes it for a save")
+            return (
+                f"--pattern {self.rule.pattern!r} does not match it; without --pattern "
+                "watch takes it for a save"
+            )
         if rel in self._settled:
             if found[1] == FOLDER and os.path.isfile(path) and not os.path.islink(path):
                 pattern = name.replace(str(found[0]), "{step}", 1)
-                return (f"a file, where watch takes a folder of that name for a save: "
-                        f"--pattern {pattern!r} takes it")
+                return (
+                    f"a file, where watch takes a folder of that name for a save: "
+                    f"--pattern {pattern!r} takes it"
+                )
             return None  # decided on and said (a FIFO in it, a step already published)
         if os.path.isdir(path) and not os.path.islink(path):
             if dcp_only(name, found[1]) or is_dcp_save(path):
                 return "it never was a complete torch.distributed.checkpoint save"
-            return (f"it never held a whole {self.rule.ready_for(name)}: --ready NAME names "
-                    "the file its writer writes last")
+            return (
+                f"it never held a whole {self.rule.ready_for(name)}: --ready NAME names "
+                "the file its writer writes last"
+            )
         return "it never looked whole: a non-empty file, a zip ended by its end record"
 
     def waiting(self) -> list[str]:
@@ -388,8 +531,9 @@ class Watcher:
         base = os.path.basename(name)
         is_folder = self._kind(name, kind)
         only_dcp = dcp_only(base, kind)
-        if is_folder is None or not looks_whole(path, is_folder, self.rule.ready_for(base),
-                                                only_dcp):
+        if is_folder is None or not looks_whole(
+            path, is_folder, self.rule.ready_for(base), only_dcp
+        ):
             self._seen.pop(name, None)
             if is_folder:
                 self._say_dcp_problem(name, step, path)
@@ -412,20 +556,28 @@ class Watcher:
         when it does not."""
         if self._resumed_objects is None:
             source = self.resume_from or ""
-            self._resumed_objects = registered_objects(source) if \
-                self.rule.counts_objects(os.path.basename(source.rstrip("/"))) else 0
+            self._resumed_objects = (
+                registered_objects(source)
+                if self.rule.counts_objects(os.path.basename(source.rstrip("/")))
+                else 0
+            )
         kin = self._objects.get(os.path.dirname(name), 0)
         want, have = max(kin, self._resumed_objects), registered_objects(path)
         if have >= want:
             return True
         if name not in self._told:
             self._told.add(name)
-            where = ("the other saves of its folder hold" if kin == want else
-                     f"the save this execution resumed from holds ({self.resume_from})")
-            self.report(f"not publishing step {step} yet: {path} holds {have} of the {want} "
-                        f"objects registered for checkpointing that {where} "
-                        f"(custom_checkpoint_<k>.pkl, which accelerate writes after "
-                        f"{ACCELERATE_READY})")
+            where = (
+                "the other saves of its folder hold"
+                if kin == want
+                else f"the save this execution resumed from holds ({self.resume_from})"
+            )
+            self.report(
+                f"not publishing step {step} yet: {path} holds {have} of the {want} "
+                f"objects registered for checkpointing that {where} "
+                f"(custom_checkpoint_<k>.pkl, which accelerate writes after "
+                f"{ACCELERATE_READY})"
+            )
         return False
 
     def _say_dcp_problem(self, name: str, step: int, path: str) -> None:
@@ -444,8 +596,10 @@ class Watcher:
             return snapshot(path)
         except NotASave as exc:
             self._settle(name)
-            self.report(f"not publishing step {step}: {path} holds {exc.path}, which is not a "
-                        "regular file, folder or symlink")
+            self.report(
+                f"not publishing step {step}: {path} holds {exc.path}, which is not a "
+                "regular file, folder or symlink"
+            )
             return None
         except OSError as exc:
             raise StoreError(f"cannot inspect {path!r}: {exc.strerror}") from None
@@ -511,8 +665,9 @@ class Watcher:
                 self._seen.pop(name, None)  # a part went meanwhile: it is not what was seen
                 return False
             except OSError as exc:
-                raise StoreError(f"cannot sync {path!r} before publishing it: "
-                                 f"{exc.strerror}") from None
+                raise StoreError(
+                    f"cannot sync {path!r} before publishing it: {exc.strerror}"
+                ) from None
         seen = self._seen.get(name)
         now = self._snapshot(name, step)
         if seen is None or now is None or seen[1] != now:
@@ -526,8 +681,11 @@ class Watcher:
         assert self.mark is not None
         if step <= self.mark:  # a second save of a step just published
             self._settle(name)
-            self.report(f"not publishing step {step}: {path} (step {self.mark} is already "
-                        "published)")
+            if self.rule.step_of(os.path.basename(name)) == (STEP_INSIDE, INSIDE):
+                self._mark_own_requeue(path)
+            self.report(
+                f"not publishing step {step}: {path} (step {self.mark} is already published)"
+            )
             return None
         if self.cancelled or not self._durable(step, name):
             return None
@@ -547,16 +705,42 @@ class Watcher:
         self.mark = step
         self._newest = path
         self._settle(name)
+        progress = steps.recorder()  # a published save is progress (the stall watcher's)
+        if progress is not None and progress.another_pauses():
+            progress = None  # the loop under watch is in a save of its own: leave its mark
+        if progress is not None:
+            progress.step(step)
+            progress.flush()
         if self.rule.counts_objects(os.path.basename(name)):
             folder = os.path.dirname(name)
             self._objects[folder] = max(self._objects.get(folder, 0), registered_objects(path))
         if pub:
-            self.report(f"published step {step}: "
-                        f"{self.uploader.url_of(path) if self.uploader else path}")
+            self.report(
+                f"published step {step}: {self.uploader.url_of(path) if self.uploader else path}"
+            )
         if self.uploader is not None:
             self.uploader.published(path)
         self._say_progress(step, path)
+        if self.rule.step_of(os.path.basename(name)) == (STEP_INSIDE, INSIDE):
+            self._mark_own_requeue(path)
         return Published(step, path, pub)
+
+    def _mark_own_requeue(self, save: str) -> None:
+        """Lightning runs ``scontrol requeue`` right after its save at the requeue signal:
+        mark the execution's folder as the callbacks do before their requeue
+        (``.dispatch-requeued.json``), so ``--max-requeues``, which budgets Slurm's requeues,
+        does not count the job going on past its time limit.  On a folder root; a mark that
+        cannot be written is said, and the requeue then counts as Slurm's."""
+        if self.uploader is not None or self.exec_dir is None:
+            return
+        attempt = os.path.basename(self.exec_dir.rstrip("/"))
+        try:
+            execdir.mark_requeued(store.open_store(self.root), attempt, save)
+        except (DispatchError, OSError) as exc:
+            self.report(
+                f"cannot mark this execution's own requeue in its folder ({exc}): "
+                "--max-requeues counts Lightning's requeue as Slurm's"
+            )
 
     def _say_progress(self, step: int, path: str) -> None:
         """Once per run: a publication at or below the step of the save this execution
@@ -566,8 +750,9 @@ class Watcher:
             return
         if self._resumed_step is None:
             try:
-                steps = [f.step for f in store.list_publications(self.root)
-                         if f.path == self.resume_from]
+                steps = [
+                    f.step for f in store.list_publications(self.root) if f.path == self.resume_from
+                ]
             except DispatchError:
                 steps = []
             self._resumed_step = max(steps, default=-1)
@@ -575,7 +760,8 @@ class Watcher:
             return  # its publication is gone: nothing to compare with
         shown = self.uploader.url_of(path) if self.uploader else path
         said = progress.index_note(shown) or progress.went_backwards(
-            self.resume_from, self._resumed_step, [(shown, step)])
+            self.resume_from, self._resumed_step, [(shown, step)]
+        )
         if said:
             self._progress_said = True
             self.report(said)
@@ -636,8 +822,14 @@ class WatchLoop:
     (:data:`TERMED_CODE`, said).
     """
 
-    def __init__(self, watcher: Watcher, command: Optional[list[str]], interval: float,
-                 timeout: float, report: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        watcher: Watcher,
+        command: Optional[list[str]],
+        interval: float,
+        timeout: float,
+        report: Callable[[str], None],
+    ) -> None:
         for label, value in (("--interval", interval), ("--timeout", timeout)):
             if not (math.isfinite(value) and value > 0):
                 raise UsageError(f"{label} {value!r} must be a positive number of seconds")
@@ -651,6 +843,7 @@ class WatchLoop:
         self._pending: list[int] = []
         self._ending = False
         self.termed = False  # a TERM was forwarded to the running command
+        self.forwarded: set[int] = set()  # the signals forwarded to it
         self.missed = 0  # saves on disk never published, in a run that published nothing
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
@@ -672,6 +865,7 @@ class WatchLoop:
             except ProcessLookupError:
                 return  # it has just exited; the loop sees that next
             self.termed = self.termed or signum == signal.SIGTERM
+            self.forwarded.add(signum)
 
     def _wait(self, seconds: Optional[float]) -> None:
         """Sleep until a signal, the child's exit, a scan's end, or ``seconds`` pass."""
@@ -713,8 +907,9 @@ class WatchLoop:
             left = max(since, started) + self.timeout - time.monotonic()
             if left <= 0:
                 self.watcher.cancelled = True
-                self._fail(StoreError(f"{what} did not finish within {self.timeout:g} s "
-                                      "(--timeout)"))
+                self._fail(
+                    StoreError(f"{what} did not finish within {self.timeout:g} s (--timeout)")
+                )
                 return
             self._wait(left)
         error = outcome.get("error")
@@ -770,9 +965,11 @@ class WatchLoop:
                 return
             if time.monotonic() + gap > deadline:
                 for name in self.watcher.waiting():
-                    self.report(f"not publishing {os.path.join(self.watcher.folder, name)}: "
-                                f"still being written {self.timeout:g} s (--timeout) after "
-                                "the end")
+                    self.report(
+                        f"not publishing {os.path.join(self.watcher.folder, name)}: "
+                        f"still being written {self.timeout:g} s (--timeout) after "
+                        "the end"
+                    )
                 self._say_the_end()
                 return
             end = time.monotonic() + gap
@@ -786,24 +983,40 @@ class WatchLoop:
             return  # said already, and the run ends non-zero
         watcher = self.watcher
         if watcher.may_be_absent and not watcher.appeared:
-            self.report(f"the watched folder {watcher.folder} never appeared: nothing was "
-                        "saved there")
+            self.report(
+                f"the watched folder {watcher.folder} never appeared: nothing was saved there"
+            )
         if watcher.published_anything():
+            outside = watcher.requeue_saves_outside()
+            for path in outside:
+                self.report(
+                    f"never published: {path} (Lightning's save at the requeue signal, "
+                    f"outside the watched folder {watcher.folder}: without --dir watch "
+                    "publishes it)"
+                )
+            self.missed = len(outside)
             return
-        inside = "" if watcher.exec_dir in (None, watcher.folder) else (
-            f", inside this execution's folder {watcher.exec_dir}")
-        self.report(f"published nothing: no complete save was found in {watcher.folder}; "
-                    f"saves must be written there (at most {SCAN_DEPTH} names below it){inside}, "
-                    f"named {watcher.rule.describe()}")
+        inside = (
+            ""
+            if watcher.exec_dir in (None, watcher.folder)
+            else (f", inside this execution's folder {watcher.exec_dir}")
+        )
+        self.report(
+            f"published nothing: no complete save was found in {watcher.folder}; "
+            f"saves must be written there (at most {SCAN_DEPTH} names below it){inside}, "
+            f"named {watcher.rule.describe()}"
+        )
         missed = watcher.missed()
         for path, option in missed:
             self.report(f"never published: {path} ({option})")
         if missed:
             self.missed = len(missed)
-            self.report(f"{len(missed)} save(s) above were never published: watch exits "
-                        f"non-zero ({STOPPED_CODE} when the command succeeded), so the job is a "
-                        "failure (the resubmit rule applies), not a completed job whose work "
-                        "nobody can resume")
+            self.report(
+                f"{len(missed)} save(s) above were never published: watch exits "
+                f"non-zero ({STOPPED_CODE} when the command succeeded), so the job is a "
+                "failure (the resubmit rule applies), not a completed job whose work "
+                "nobody can resume"
+            )
 
     def _loop(self) -> None:
         next_scan = time.monotonic()
@@ -823,11 +1036,22 @@ class WatchLoop:
         code = 0
         if self.child is not None:
             code = exit_status(self.child.wait())
+        warned = [s for s in _WARNINGS if s in self.forwarded and code == 128 + s]
+        if warned:
+            self.report(
+                f"the command was killed by {signal.Signals(warned[0]).name}, which "
+                "watch forwarded to it (the warning signal): it has no handler for "
+                "it.  Lightning installs its own (save hpc_ckpt_<n>.ckpt, requeue) "
+                "only where it detects Slurm: run it under srun (exec dispatch watch "
+                "-- srun python ...), or add DispatchCallback"
+            )
         if (self.error is not None or self.missed) and code == 0:
             return STOPPED_CODE
         if code == 0 and self.termed:
-            self.report(f"the command exited 0 after watch forwarded it TERM: its work is not "
-                        f"done, so watch exits {TERMED_CODE} (a failure: the job's resubmit rule "
-                        "applies, its next execution resumes from the newest published save)")
+            self.report(
+                f"the command exited 0 after watch forwarded it TERM: its work is not "
+                f"done, so watch exits {TERMED_CODE} (a failure: the job's resubmit rule "
+                "applies, its next execution resumes from the newest published save)"
+            )
             return TERMED_CODE
         return code

@@ -39,7 +39,8 @@ from typing import Callable, Optional
 from .. import _fsio
 from ..checkpoint import model
 from ..checkpoint import publish as store
-from ..checkpoint.stores import transfer
+from ..checkpoint.stores import remote
+from ..checkpoint.stores.schemes import label_of
 from ..errors import OutOfBounds, OutsideRoot, UsageError
 
 # The staging folder's folders of copies dispatch fetched from S3 (s3saves' resume-<n>/, the
@@ -52,22 +53,32 @@ DOWNLOADS = re.compile(r"resume-[0-9]+|fetched")
 class Uploader:
     """Uploads and publishes the saves of one local staging folder under one S3 prefix."""
 
-    def __init__(self, root: str, folder: str, upload_to: Optional[str], timeout: float,
-                 report: Callable[[str], None], may_be_absent: bool = False) -> None:
-        from ..checkpoint.stores.s3 import S3Store
+    def __init__(
+        self,
+        root: str,
+        folder: str,
+        upload_to: Optional[str],
+        timeout: float,
+        report: Callable[[str], None],
+        may_be_absent: bool = False,
+    ) -> None:
+        from ..checkpoint.stores.base import RemoteStore
 
         self.store = store.open_store(root, timeout)
-        assert isinstance(self.store, S3Store)
+        assert isinstance(self.store, RemoteStore)
         if not upload_to:
-            raise UsageError(f"checkpoint root {root!r} is on S3: watch needs the execution's "
-                             "prefix to upload to (--to, or $DISPATCH_EXEC_DIR as the launcher "
-                             "sets it)")
+            raise UsageError(
+                f"checkpoint root {root!r} is on {label_of(root)}: watch needs the execution's "
+                "prefix to upload to (--to, or $DISPATCH_EXEC_DIR as the launcher "
+                "sets it)"
+            )
         prefix = upload_to.rstrip("/")
         try:
             self.store.relative(prefix)
         except OutsideRoot:
-            raise UsageError(f"--to {upload_to!r} is not under the checkpoint root "
-                             f"{root!r}") from None
+            raise UsageError(
+                f"--to {upload_to!r} is not under the checkpoint root {root!r}"
+            ) from None
         if not os.path.isdir(folder) and not (may_be_absent and not os.path.lexists(folder)):
             # (a folder inside the staging folder that the framework makes at its first save
             # may be absent: the watcher waits for it)
@@ -86,15 +97,16 @@ class Uploader:
     def own_mark(self) -> int:
         """The greatest step published from this prefix (-1: none)."""
         mine = self.prefix + "/"
-        return max((f.step for f in self.store.list_publications() if f.path.startswith(mine)),
-                   default=-1)
+        return max(
+            (f.step for f in self.store.list_publications() if f.path.startswith(mine)), default=-1
+        )
 
     def put(self, epoch: int, step: int, path: str, cancelled: Callable[[], bool]) -> str:
         """Upload the save at ``path``, then publish it; return the publication's name ("" when
         cancelled meanwhile: nothing published)."""
         url = self.url_of(path)
         try:
-            transfer.upload_save(path, url, self.timeout)
+            remote.upload_save(path, url, self.timeout)
         except Exception:
             if not os.path.lexists(path):
                 # The watcher's branch for a save deleted before it could be published.
@@ -134,8 +146,9 @@ def stage_copy(url: str, stage_dir: str) -> Optional[str]:
     except OutOfBounds:  # not an execution's folder: nothing to look for
         return None
     # The launcher names each execution's staging folder so (launch.make_stage_dir).
-    candidate = os.path.join(os.path.dirname(os.path.abspath(stage_dir)),
-                             f"dispatch-stage-{attempt}", name)
+    candidate = os.path.join(
+        os.path.dirname(os.path.abspath(stage_dir)), f"dispatch-stage-{attempt}", name
+    )
     return candidate if os.path.lexists(candidate) else None
 
 
@@ -147,12 +160,14 @@ def _open_checked(name: str, dir_fd: Optional[int], shown: str, folder: bool) ->
     """Open ``name`` (relative to ``dir_fd``) without following a link; check its owner and
     mode on the open descriptor."""
     try:
-        fd = (_fsio.open_dir(name, dir_fd) if folder
-              else _fsio.open_file(name, dir_fd, nonblock=True))  # a FIFO never blocks
+        fd = (
+            _fsio.open_dir(name, dir_fd) if folder else _fsio.open_file(name, dir_fd, nonblock=True)
+        )  # a FIFO never blocks
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise NotOwn(f"{shown} is a symlink (or not a {'folder' if folder else 'file'})"
-                         ) from None
+            raise NotOwn(
+                f"{shown} is a symlink (or not a {'folder' if folder else 'file'})"
+            ) from None
         raise NotOwn(f"cannot open {shown}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
@@ -160,8 +175,9 @@ def _open_checked(name: str, dir_fd: Optional[int], shown: str, folder: bool) ->
         if st.st_uid != uid:
             raise NotOwn(f"{shown} is owned by uid {st.st_uid}, not this user (uid {uid})")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise NotOwn(f"{shown} is writable by group or others (mode "
-                         f"{stat.S_IMODE(st.st_mode):04o})")
+            raise NotOwn(
+                f"{shown} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+            )
         if not folder and not stat.S_ISREG(st.st_mode):
             raise NotOwn(f"{shown} is not a regular file")
     except BaseException:
@@ -170,8 +186,9 @@ def _open_checked(name: str, dir_fd: Optional[int], shown: str, folder: bool) ->
     return fd
 
 
-def copy_own(candidate: str, target: str, expected: dict[str, tuple[int, str]],
-             folder: bool) -> Optional[str]:
+def copy_own(
+    candidate: str, target: str, expected: dict[str, tuple[int, str]], folder: bool
+) -> Optional[str]:
     """Copy the local save ``candidate`` to ``target`` (which must not exist) when it is this
     user's own and holds what was uploaded; ``expected``: each file's name (relative to a
     folder save; a file save: its base name) with its size and sha256.  Returns None when
@@ -190,8 +207,9 @@ def copy_own(candidate: str, target: str, expected: dict[str, tuple[int, str]],
             if folder:
                 fds.append(_open_checked(name, fds[-1], candidate, folder=True))
             for relative, (size, digest) in sorted(expected.items()):
-                _copy_one(fds[-1], candidate, relative if folder else name, target, folder,
-                          size, digest)
+                _copy_one(
+                    fds[-1], candidate, relative if folder else name, target, folder, size, digest
+                )
         except NotOwn as exc:
             if os.path.lexists(target):
                 if os.path.isdir(target) and not os.path.islink(target):
@@ -205,8 +223,9 @@ def copy_own(candidate: str, target: str, expected: dict[str, tuple[int, str]],
             os.close(fd)
 
 
-def _copy_one(top_fd: int, candidate: str, relative: str, target: str, folder: bool,
-              size: int, digest: str) -> None:
+def _copy_one(
+    top_fd: int, candidate: str, relative: str, target: str, folder: bool, size: int, digest: str
+) -> None:
     """Copy one file of the save, from under the open ``top_fd``, checking each folder on the
     way, the file, its size and its sha256 (NotOwn otherwise)."""
     parts = relative.split("/")
@@ -236,26 +255,10 @@ def _copy_one(top_fd: int, candidate: str, relative: str, target: str, folder: b
                 hashed.update(chunk)
                 sink.write(chunk)
         if hashed.hexdigest() != digest:
-            raise NotOwn(f"{shown} differs from what was uploaded (sha256 {hashed.hexdigest()}, "
-                         f"recorded at upload {digest})")
+            raise NotOwn(
+                f"{shown} differs from what was uploaded (sha256 {hashed.hexdigest()}, "
+                f"recorded at upload {digest})"
+            )
     finally:
         for each in opened:
             os.close(each)
-
-
-def file_hashes(save: str, skip: str = "") -> dict[str, str]:
-    """The sha256 of each regular file of a local save (as :func:`transfer.local_files` names
-    them; ``skip``: a name left out), for its manifest at upload."""
-    out: dict[str, str] = {}
-    for relative, full in transfer.local_files(save):
-        if relative == skip:
-            continue
-        hashed = hashlib.sha256()
-        with open(full, "rb") as source:
-            while True:
-                chunk = source.read(1 << 20)
-                if not chunk:
-                    break
-                hashed.update(chunk)
-        out[relative] = hashed.hexdigest()
-    return out

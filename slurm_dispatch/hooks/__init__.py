@@ -72,6 +72,7 @@ def log(message: str, error: bool = True, detached: bool = False) -> None:
 def _syslog(message: str, error: bool) -> None:
     try:
         import syslog
+
         syslog.openlog(IDENT, syslog.LOG_PID, syslog.LOG_DAEMON)
         syslog.syslog(syslog.LOG_ERR if error else syslog.LOG_INFO, message)
     except Exception:  # noqa: S110 - logging must not fail the hook
@@ -84,6 +85,7 @@ def _exit_at(deadline: float) -> None:
     The timer repeats, so a system call that retries after an interruption is interrupted
     again until Python can run the handler.  (Timers are not inherited by a forked child.)"""
     import _signal  # type: ignore[import-not-found]  # not signal: it imports enum (slow start)
+
     _signal.signal(_signal.SIGALRM, lambda *_: os._exit(0))
     _signal.setitimer(_signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()), 0.05)
 
@@ -94,18 +96,20 @@ def hook_kind(hint: str = "", environ: dict[str, str] | None = None) -> str:
     context = env.get("SLURM_SCRIPT_CONTEXT", "")
     if context in CONTEXTS:
         return CONTEXTS[context]
-    if hint in ("prolog", "epilog") and "SLURMD_NODENAME" not in env \
-            and "SLURM_JOB_ID" in env:
+    if hint in ("prolog", "epilog") and "SLURMD_NODENAME" not in env and "SLURM_JOB_ID" in env:
         return f"{hint}-slurmctld"
     if hint in HOOKS:
         return hint
-    raise ValueError(f"cannot tell which hook to run (SLURM_SCRIPT_CONTEXT={context!r}, "
-                     f"hint {hint!r}); valid hints: {', '.join(HOOKS)}")
+    raise ValueError(
+        f"cannot tell which hook to run (SLURM_SCRIPT_CONTEXT={context!r}, "
+        f"hint {hint!r}); valid hints: {', '.join(HOOKS)}"
+    )
 
 
 def run(hint: str = "", config_path: str | None = None) -> None:
     """Run one hook and end the process with exit status 0, within the hook timeout."""
     from .. import config as config_module
+
     started = time.monotonic()
     job = os.environ.get("SLURM_JOB_ID", "?")
     _exit_at(started + config_module.DEFAULT_HOOK_TIMEOUT + _GRACE)
@@ -133,6 +137,7 @@ def run(hint: str = "", config_path: str | None = None) -> None:
                 return
             _start_child_watchdog(started + cfg.hook_timeout, kind, job)
             from . import evidence
+
             evidence.HANDLERS[kind](cfg)
         except BaseException as exc:
             fault = type(exc).__name__
@@ -155,32 +160,44 @@ def _unconfigured(cfg: object, kind: str, job: str) -> bool:
     /etc/slurm/slurm.conf, and Slurm gives PrologSlurmctld, EpilogSlurmctld and
     HealthCheckProgram no SLURM_CONF (only the node's Prolog and Epilog get it)."""
     from .. import config as config_module
+
     if getattr(cfg, "path", None) is not None:
         return False
     state_dir = getattr(cfg, "state_dir", config_module.DEFAULT_STATE_DIR)
     if os.path.isdir(state_dir):
         return False
     from ..node import metrics
+
     counted = f"(counted in {metrics.unconfigured_dir()}/{metrics.UNCONFIGURED_FILE})"
     named = os.environ.get(config_module.ENV_VAR)
     if named:
         # The part's DISPATCH_CONF was set: the file it names is the fault, not Slurm's
         # environment (a typo, or a file the hook's user may not read).
         problems = [p for p in getattr(cfg, "problems", []) if p.startswith(f"{named}: ")]
-        why = (problems[0][len(named) + 2:].split("; using the defaults")[0]
-               .split(" (named by")[0] if problems else "unreadable")
-        log(f"{kind} job {job}: DISPATCH_CONF ({config_module.ENV_VAR}) names {named}, which "
+        why = (
+            problems[0][len(named) + 2 :].split("; using the defaults")[0].split(" (named by")[0]
+            if problems
+            else "unreadable"
+        )
+        log(
+            f"{kind} job {job}: DISPATCH_CONF ({config_module.ENV_VAR}) names {named}, which "
             f"cannot be read ({why}), and the default StateDir {state_dir} does not exist: "
             "recording nothing; correct DISPATCH_CONF= at the top of this hook part, or let "
-            f"the user this hook runs as (uid {os.geteuid()}) read that file {counted}")
+            f"the user this hook runs as (uid {os.geteuid()}) read that file {counted}"
+        )
         return True
     searched = config_module.config_path()
     given = os.environ.get("SLURM_CONF")
-    why = (f"beside $SLURM_CONF={given}" if given else
-           f"Slurm gives {kind} no SLURM_CONF, so beside {config_module.SLURM_CONF_DEFAULT}")
-    log(f"{kind} job {job}: found no dispatch.conf (looked for {searched}: {why}) and the "
+    why = (
+        f"beside $SLURM_CONF={given}"
+        if given
+        else f"Slurm gives {kind} no SLURM_CONF, so beside {config_module.SLURM_CONF_DEFAULT}"
+    )
+    log(
+        f"{kind} job {job}: found no dispatch.conf (looked for {searched}: {why}) and the "
         f"default StateDir {state_dir} does not exist: recording nothing; set DISPATCH_CONF= "
-        f"at the top of this hook part to the site's dispatch.conf {counted}")
+        f"at the top of this hook part to the site's dispatch.conf {counted}"
+    )
     return True
 
 
@@ -188,6 +205,7 @@ def _count_unconfigured(hook: str, job: str) -> None:
     """Count an unconfigured run in metrics.unconfigured_dir() (made 0755 if missing; one
     another user made, or a symlink, is refused by the metrics module and logged)."""
     from ..node import metrics
+
     folder = metrics.unconfigured_dir()
     try:
         try:
@@ -206,9 +224,12 @@ def _count(metrics_dir: str, hook: str, fault: str | None, job: str) -> None:
     """Add this run to the node's metrics (MetricsDir); a fault here is logged, never raised."""
     try:
         from ..node import metrics
+
         tally = metrics.TALLY
-        tally.add("slurm_dispatch_hook_runs_total",
-                  {"hook": hook, "outcome": "ok" if fault is None else "fault"})
+        tally.add(
+            "slurm_dispatch_hook_runs_total",
+            {"hook": hook, "outcome": "ok" if fault is None else "fault"},
+        )
         if fault is not None:
             tally.add("slurm_dispatch_hook_faults_total", {"hook": hook, "kind": fault})
         tally.set("slurm_dispatch_hook_last_run_timestamp_seconds", {"hook": hook}, time.time())
@@ -240,6 +261,7 @@ def _wait_child(pid: int, read_end: int, started: float, hint: str, job: str) ->
     import select
 
     from ..config import DEFAULT_HOOK_TIMEOUT
+
     # Until the child has read the site's HookTimeout, the default applies.
     deadline = started + DEFAULT_HOOK_TIMEOUT
     buffered = b""
@@ -251,9 +273,11 @@ def _wait_child(pid: int, read_end: int, started: float, hint: str, job: str) ->
                 os.kill(pid, 9)
             except OSError:
                 pass
-            log(f"{hint or 'hook'} job {job}: gave up after {time.monotonic() - started:.1f} s "
+            log(
+                f"{hint or 'hook'} job {job}: gave up after {time.monotonic() - started:.1f} s "
                 "(HookTimeout); the node and the job go on, this execution has no record",
-                detached=True)
+                detached=True,
+            )
             return
         try:
             ready, _, _ = select.select([read_end], [], [], remaining)

@@ -35,16 +35,50 @@ from ..node import factstore as store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the scan is imported where a hook scans (the Epilog, a re-check with work)
+    from typing import Mapping, Optional, TypedDict
+
     from ..node import procscan
+    from ..node.factstore import Fact
+    from ..node.procscan import Process
+
+    class WatchEntry(TypedDict, total=False):
+        """A node's watch of one execution's survivors (``StateDir/watch/``), which each
+        re-check scans again until they are gone; read from a file, like a fact."""
+
+        v: int
+        job_id: str
+        uid: int
+        gid: int
+        node: str
+        restart: object
+        end_token: str  # the end whose survivors these are
+        sluid: str
+        boot_id: Optional[str]
+        time: float
+        survivors: list[Process]
+        end: Fact  # the end its Epilog was writing (the first entry only), but its survivors
+        _name: str  # its file's name, once read
+
 
 # This run's survivor scans, for the node's metrics: (hook, seconds, complete, survivors).
 SCANS: list[tuple[str, float, bool, int]] = []
 
 # Variables of the job's end that EpilogSlurmctld and Epilog may carry (22.05 and later).
-_END_VARIABLES = ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERIVED_EC",
-                  "SLURM_JOB_STATE", "SLURM_JOB_REASON", "SLURM_JOB_PARTITION",
-                  "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME", "SLURM_JOB_NODELIST",
-                  "SLURM_JOB_ACCOUNT", "SLURM_JOB_NAME", "SLURM_JOB_USER", "SLURM_SCRIPT_CONTEXT")
+_END_VARIABLES = (
+    "SLURM_JOB_EXIT_CODE",
+    "SLURM_JOB_EXIT_CODE2",
+    "SLURM_JOB_DERIVED_EC",
+    "SLURM_JOB_STATE",
+    "SLURM_JOB_REASON",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_START_TIME",
+    "SLURM_JOB_END_TIME",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_ACCOUNT",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_USER",
+    "SLURM_SCRIPT_CONTEXT",
+)
 
 
 def _require(name: str) -> str:
@@ -86,8 +120,10 @@ def _array_task() -> dict[str, str]:
     is ASCII digits (a job id's at most 10): anything else is recorded as absent, and the
     hook records the rest as ever (a bad value only loses the tie, never the fact)."""
     found = {}
-    for key, name in (("array_job_id", "SLURM_ARRAY_JOB_ID"),
-                      ("array_task_id", "SLURM_ARRAY_TASK_ID")):
+    for key, name in (
+        ("array_job_id", "SLURM_ARRAY_JOB_ID"),
+        ("array_task_id", "SLURM_ARRAY_TASK_ID"),
+    ):
         value = os.environ.get(name, "")
         if 0 < len(value) <= 10 and value.isascii() and value.isdigit():
             found[key] = value
@@ -112,16 +148,36 @@ def prolog(cfg: Config) -> None:
     job_id, uid, gid = _job()
     node = _node()
     restart, raw = _restart_env()
-    store.write_fact(cfg.state_dir, uid, gid, job_id, "start", node, {
-        "time": time.time(), "restart": restart, "restart_env": raw,
-        "boot_id": store.boot_id(), "boot_time": store.boot_time(),
-        "hostname": os.uname().nodename, **_array_task(), **_sluid(),
-    })
+    store.write_fact(
+        cfg.state_dir,
+        uid,
+        gid,
+        job_id,
+        "start",
+        node,
+        {
+            "time": time.time(),
+            "restart": restart,
+            "restart_env": raw,
+            "boot_id": store.boot_id(),
+            "boot_time": store.boot_time(),
+            "hostname": os.uname().nodename,
+            **_array_task(),
+            **_sluid(),
+        },
+    )
 
 
-def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
-                   restart: int, kinds: tuple[str, str] = ("start", "end"),
-                   oldest: bool = False, sluid: str = "") -> tuple[str, int] | None:
+def _unended_start(
+    cfg: Config,
+    uid: int,
+    job_id: str,
+    node: str,
+    restart: int,
+    kinds: tuple[str, str] = ("start", "end"),
+    oldest: bool = False,
+    sluid: str = "",
+) -> tuple[str, int] | None:
     """(token, restart) of the start ``node`` recorded for the job with no end tied to it yet.
 
     Read from the file names alone: an end carries the token of its start.  A node prefers the
@@ -153,8 +209,9 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     if not open_starts:
         return None
     if sluid and len(open_starts) > 1:
-        open_starts = _of_sluid(cfg, uid, job_id, f"{kinds[0]}.{node}.", sluid,
-                                open_starts) or open_starts
+        open_starts = (
+            _of_sluid(cfg, uid, job_id, f"{kinds[0]}.{node}.", sluid, open_starts) or open_starts
+        )
     if oldest:
         token, restart_text = open_starts[0]
         return token, int(restart_text)
@@ -163,16 +220,18 @@ def _unended_start(cfg: Config, uid: int, job_id: str, node: str,
     return token, int(restart_text)
 
 
-def _of_sluid(cfg: Config, uid: int, job_id: str, prefix: str, sluid: str,
-              candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def _of_sluid(
+    cfg: Config, uid: int, job_id: str, prefix: str, sluid: str, candidates: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
     """The ``candidates`` (token, restart) whose start fact records ``sluid``."""
     facts, _problems = store.read_job_facts(cfg.state_dir, uid, job_id, (prefix,))
     tokens = {str(f.get("token")) for f in facts if f.get("sluid") == sluid}
     return [c for c in candidates if c[0] in tokens]
 
 
-def _orphans_start(cfg: Config, job_id: str, node: str, sluid: str
-                   ) -> tuple[int, int, str, int] | None:
+def _orphans_start(
+    cfg: Config, job_id: str, node: str, sluid: str
+) -> tuple[int, int, str, int] | None:
     """(uid, gid, token, restart) of the start with no end yet that ``node`` recorded for the
     execution ``sluid``, in whichever user's folder holds it, or None.
 
@@ -184,20 +243,27 @@ def _orphans_start(cfg: Config, job_id: str, node: str, sluid: str
     """
     for uid in store.job_uids(cfg.state_dir, job_id):
         names = store.list_job(cfg.state_dir, uid, job_id)
-        ended = {parsed[3] for parsed in map(store.parse_name, names)
-                 if parsed is not None and parsed[0] == "end" and parsed[1] == node}
-        starts, _problems = store.read_job_facts(cfg.state_dir, uid, job_id,
-                                                 (f"start.{node}.",))
+        ended = {
+            parsed[3]
+            for parsed in map(store.parse_name, names)
+            if parsed is not None and parsed[0] == "end" and parsed[1] == node
+        }
+        starts, _problems = store.read_job_facts(cfg.state_dir, uid, job_id, (f"start.{node}.",))
         for fact in starts:
             restart, gid = fact.get("restart"), fact.get("gid")
-            if (fact.get("sluid") == sluid and fact.get("node") == node
-                    and fact.get("token") not in ended and fact.get("uid") == uid
-                    and isinstance(restart, int) and isinstance(gid, int)):
+            if (
+                fact.get("sluid") == sluid
+                and fact.get("node") == node
+                and fact.get("token") not in ended
+                and fact.get("uid") == uid
+                and isinstance(restart, int)
+                and isinstance(gid, int)
+            ):
                 return uid, gid, str(fact["token"]), restart
     return None
 
 
-def _belongs(process: dict, node: str, restart: object) -> bool:
+def _belongs(process: Process, node: str, restart: object) -> bool:
     """Whether a process found for a job belongs to the execution this node ran: its
     environment names this node (or no node) and this restart count.  Where nodes share a
     machine (the sandbox), another node's processes of the same job are its own business."""
@@ -206,20 +272,37 @@ def _belongs(process: dict, node: str, restart: object) -> bool:
     return process.get("env_node") in (None, node) and process.get("restart") == restart
 
 
-def _unresolved(scan: procscan.Scan, restart: object) -> list[dict]:
+def _unresolved(scan: procscan.Scan, restart: object) -> list[Process]:
     """PIDs the scan could not read, as survivors: not knowing is not proof."""
-    return [{"pid": pid, "ppid": None, "state": "?", "starttime": None, "uid": None,
-             "restart": restart, "env_node": None, "unresolved": True,
-             "cmdline": f"(not readable within {scan.seconds:.1f} s: vanished and replaced "
-                        "faster than the scan, or stuck; not known to be gone)"}
-            for pid in scan.unresolved]
+    return [
+        {
+            "pid": pid,
+            "ppid": None,
+            "state": "?",
+            "starttime": None,
+            "uid": None,
+            "restart": restart,
+            "env_node": None,
+            "unresolved": True,
+            "cmdline": f"(not readable within {scan.seconds:.1f} s: vanished and replaced "
+            "faster than the scan, or stuck; not known to be gone)",
+        }
+        for pid in scan.unresolved
+    ]
 
 
-def _execution_survivors(cfg: Config, scan: procscan.Scan, job_id: str, uid: int, node: str,
-                         restart: object, sluid: str | None = None
-                         ) -> tuple[list[dict], procscan.CgroupLook]:
+def _execution_survivors(
+    cfg: Config,
+    scan: procscan.Scan,
+    job_id: str,
+    uid: int,
+    node: str,
+    restart: object,
+    sluid: str | None = None,
+) -> tuple[list[Process], procscan.CgroupLook]:
     """The execution's survivors, and where its cgroup was looked for."""
     from ..node import procscan
+
     survivors = [p for p in scan.found.get(job_id, []) if _belongs(p, node, restart)]
     if not scan.complete:
         survivors += _unresolved(scan, restart)
@@ -237,15 +320,22 @@ def _cgroup_evidence(cfg: Config, look: procscan.CgroupLook) -> dict[str, object
     /proc alone, and the evidence says so instead of going quiet.  A scope without the job's
     folder is Slurm's own word that the job's cgroup emptied (it removes it then)."""
     from ..node import slurmconf
+
     proctrack = slurmconf.setting("ProctrackType")
-    said: dict[str, object] = {"proctrack": proctrack, "scopes": look.scopes,
-                               "folders": look.folders, "names": look.names}
+    said: dict[str, object] = {
+        "proctrack": proctrack,
+        "scopes": look.scopes,
+        "folders": look.folders,
+        "names": look.names,
+    }
     if proctrack is not None and proctrack.strip() == "proctrack/cgroup" and not look.scopes:
-        said["missing"] = (f"ProctrackType=proctrack/cgroup in {slurmconf.slurm_conf_path()}, "
-                           f"but {cfg.cgroup_root} holds no slurmstepd scope (cgroup v2, in any "
-                           "slice) nor a slurm folder (cgroup v1): the job's cgroup was not "
-                           "read; set CgroupRoot in dispatch.conf to cgroup.conf's "
-                           "CgroupMountpoint")
+        said["missing"] = (
+            f"ProctrackType=proctrack/cgroup in {slurmconf.slurm_conf_path()}, "
+            f"but {cfg.cgroup_root} holds no slurmstepd scope (cgroup v2, in any "
+            "slice) nor a slurm folder (cgroup v1): the job's cgroup was not "
+            "read; set CgroupRoot in dispatch.conf to cgroup.conf's "
+            "CgroupMountpoint"
+        )
     return said
 
 
@@ -259,8 +349,7 @@ def epilog(cfg: Config) -> None:
     node = _node()
     restart_now, raw = _restart_env()
     sluid = _sluid()
-    start = _unended_start(cfg, uid, job_id, node, restart_now,
-                           sluid=sluid.get("sluid", ""))
+    start = _unended_start(cfg, uid, job_id, node, restart_now, sluid=sluid.get("sluid", ""))
     orphan = None
     if start is None and sluid:
         # An orphan's Epilog (given uid 0): its end is the owner's, tied to the start of its
@@ -280,24 +369,35 @@ def epilog(cfg: Config) -> None:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
     scan_error = None
     from ..node import procscan
+
     cgroup: dict[str, object] | None = None
     try:
         scan = procscan.scan_within(jobs, _scan_budget(cfg))
-        survivors, look = _execution_survivors(cfg, scan, job_id, uid, node, restart,
-                                               sluid.get("sluid"))
+        survivors, look = _execution_survivors(
+            cfg, scan, job_id, uid, node, restart, sluid.get("sluid")
+        )
         cgroup = _cgroup_evidence(cfg, look)
     except OSError as exc:
         scan, survivors = None, []
         scan_error = f"cannot scan /proc: {exc.strerror}"
     boot = (store.boot_id(), store.boot_time())  # read once: /proc/stat is long on big nodes
     body: dict[str, object] = {
-        "time": time.time(), "restart": restart, "restart_env": raw,
+        "time": time.time(),
+        "restart": restart,
+        "restart_env": raw,
         "start_token": start[0] if start is not None else None,
-        "boot_id": boot[0], "boot_time": boot[1],
-        "hostname": os.uname().nodename, "survivors": survivors, "scan_error": scan_error,
-        "scan": None if scan is None else {"rounds": scan.rounds, "complete": scan.complete,
-                                           "seconds": round(scan.seconds, 4)},
-        "cgroup_root": cfg.cgroup_root, "cgroup": cgroup, "slurm": _end_variables(), **sluid,
+        "boot_id": boot[0],
+        "boot_time": boot[1],
+        "hostname": os.uname().nodename,
+        "survivors": survivors,
+        "scan_error": scan_error,
+        "scan": None
+        if scan is None
+        else {"rounds": scan.rounds, "complete": scan.complete, "seconds": round(scan.seconds, 4)},
+        "cgroup_root": cfg.cgroup_root,
+        "cgroup": cgroup,
+        "slurm": _end_variables(),
+        **sluid,
     }
     if orphan is not None:
         body["orphan"] = True  # Slurm gave its Epilog uid 0 (see _orphans_start)
@@ -311,11 +411,22 @@ def epilog(cfg: Config) -> None:
         try:
             # The entry carries the end itself, but for the survivors it holds already (a
             # fact or an entry is at most MAX_FACT_BYTES): a re-check records it where missing.
-            _add_watch(cfg, {"job_id": job_id, "uid": uid, "gid": gid, "node": node,
-                             "restart": restart, "end_token": token, **sluid,
-                             "boot_id": body["boot_id"], "time": body["time"],
-                             "survivors": survivors,
-                             "end": {k: v for k, v in body.items() if k != "survivors"}})
+            _add_watch(
+                cfg,
+                {
+                    "job_id": job_id,
+                    "uid": uid,
+                    "gid": gid,
+                    "node": node,
+                    "restart": restart,
+                    "end_token": token,
+                    **sluid,
+                    "boot_id": body["boot_id"],
+                    "time": body["time"],
+                    "survivors": survivors,
+                    "end": {k: v for k, v in body.items() if k != "survivors"},
+                },
+            )
         except FactError as exc:
             unwatched = exc
     store.write_fact(cfg.state_dir, uid, gid, job_id, "end", node, body, token=token)
@@ -336,13 +447,15 @@ def recheck(cfg: Config) -> None:
     for entry in watched:
         jobs.setdefault(str(entry["job_id"]), int(entry["uid"]))
     from ..node import procscan
+
     scan = procscan.scan_within(jobs, _scan_budget(cfg))
-    SCANS.append(("recheck", scan.seconds, scan.complete,
-                  sum(len(found) for found in scan.found.values())))
+    SCANS.append(
+        ("recheck", scan.seconds, scan.complete, sum(len(found) for found in scan.found.values()))
+    )
     _settle(cfg, watched, scan)
 
 
-def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
+def _controller_fact(cfg: Config, kind: str, extra: Mapping[str, object]) -> None:
     """What the controller saw of one execution: its nodes, and for an end, Slurm's words.
 
     An end is tied to the controller's start it closes, the way a node's end is (it takes the
@@ -353,18 +466,40 @@ def _controller_fact(cfg: Config, kind: str, extra: dict) -> None:
     token = None
     sluid = _sluid()
     if kind == "ctld-end":
-        start = _unended_start(cfg, uid, job_id, CONTROLLER, restart,
-                               ("ctld-start", "ctld-end"), oldest=True,
-                               sluid=sluid.get("sluid", ""))
+        start = _unended_start(
+            cfg,
+            uid,
+            job_id,
+            CONTROLLER,
+            restart,
+            ("ctld-start", "ctld-end"),
+            oldest=True,
+            sluid=sluid.get("sluid", ""),
+        )
         if start is not None:
             token, restart = start
             extra = {**extra, "start_token": token}
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
     from ..slurm import hostlist
-    store.write_fact(cfg.state_dir, uid, gid, job_id, kind, CONTROLLER, {
-        "time": time.time(), "restart": restart, "restart_env": raw,
-        "nodelist": nodelist, "nodes": hostlist.expand_hostlist(nodelist), **extra, **sluid,
-    }, token=token)
+
+    store.write_fact(
+        cfg.state_dir,
+        uid,
+        gid,
+        job_id,
+        kind,
+        CONTROLLER,
+        {
+            "time": time.time(),
+            "restart": restart,
+            "restart_env": raw,
+            "nodelist": nodelist,
+            "nodes": hostlist.expand_hostlist(nodelist),
+            **extra,
+            **sluid,
+        },
+        token=token,
+    )
 
 
 CONTROLLER = "slurmctld"  # the node name the controller's facts are recorded under
@@ -414,7 +549,7 @@ def _watch_dir(cfg: Config, create: bool) -> int | None:
         os.close(base)
 
 
-def _watched(cfg: Config) -> list[dict]:
+def _watched(cfg: Config) -> list[WatchEntry]:
     fd = _watch_dir(cfg, create=False)
     if fd is None:
         return []
@@ -437,13 +572,14 @@ def _watched(cfg: Config) -> list[dict]:
                 entries.append(entry)
             except (FactError, ValueError, KeyError, TypeError) as exc:
                 from . import log
+
                 log(f"watch entry {name}: {exc}; ignored")
     finally:
         os.close(fd)
     return entries
 
 
-def _add_watch(cfg: Config, entry: dict) -> None:
+def _add_watch(cfg: Config, entry: Mapping[str, object]) -> None:
     fd = _watch_dir(cfg, create=True)
     assert fd is not None
     try:
@@ -466,7 +602,7 @@ def _drop_watch(cfg: Config, name: str) -> None:
         os.close(fd)
 
 
-def _entry_time(entry: dict) -> float | None:
+def _entry_time(entry: WatchEntry) -> float | None:
     """When a watch entry was made: its ``time``, else its name's token (nanoseconds, hex)."""
     value = entry.get("time")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -478,7 +614,7 @@ def _entry_time(entry: dict) -> float | None:
         return None
 
 
-def _end_left_unwritten(cfg: Config, entry: dict) -> bool:
+def _end_left_unwritten(cfg: Config, entry: WatchEntry) -> bool:
     """Record the end an Epilog ended between its watch entry and its end did not, from the
     entry (``end``: the end as that Epilog was writing it, whose survivors are the entry's):
     without it the re-check recorded next ties to no end, and the execution would never be
@@ -497,18 +633,32 @@ def _end_left_unwritten(cfg: Config, entry: dict) -> bool:
     if made is not None and time.time() - made < cfg.hook_timeout:
         return False
     try:
-        store.write_fact(cfg.state_dir, uid, int(entry["gid"]), job_id, "end", node,
-                         {**body, "survivors": entry.get("survivors") or [],
-                          "recorded_by": "recheck: the Epilog was ended before it"},
-                         token=token)
+        store.write_fact(
+            cfg.state_dir,
+            uid,
+            int(entry["gid"]),
+            job_id,
+            "end",
+            node,
+            {
+                **body,
+                "survivors": entry.get("survivors") or [],
+                "recorded_by": "recheck: the Epilog was ended before it",
+            },
+            token=token,
+        )
     except FactError:
         if name not in store.list_job(cfg.state_dir, uid, job_id):
             raise  # else the Epilog itself, slow, wrote it in between
     return True
 
 
-def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
-            boot: tuple[str, float | None] | None = None) -> None:
+def _settle(
+    cfg: Config,
+    watched: list[WatchEntry],
+    scan: procscan.Scan,
+    boot: tuple[str, float | None] | None = None,
+) -> None:
     """Record what became of watched survivors; stop watching those that are all gone.
 
     Each entry is one execution on one node (its end's token): its survivors are the processes
@@ -526,15 +676,21 @@ def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
             made = _entry_time(entry)
             if booted is None or made is None or booted <= made:
                 continue
-            now: list[dict] = []
+            now: list[Process] = []
             reason = "the machine rebooted"
         elif not scan.complete and scan.unresolved:
             continue  # not knowing is no news: keep watching
         else:
             sluid = entry.get("sluid")
-            now, _ = _execution_survivors(cfg, scan, job_id, int(entry["uid"]),
-                                          str(entry["node"]), entry.get("restart"),
-                                          sluid if isinstance(sluid, str) else None)
+            now, _ = _execution_survivors(
+                cfg,
+                scan,
+                job_id,
+                int(entry["uid"]),
+                str(entry["node"]),
+                entry.get("restart"),
+                sluid if isinstance(sluid, str) else None,
+            )
             reason = "re-scanned /proc"
         before = {(s.get("pid"), s.get("starttime")) for s in entry.get("survivors", [])}
         after = {(s.get("pid"), s.get("starttime")) for s in now}
@@ -542,11 +698,22 @@ def _settle(cfg: Config, watched: list[dict], scan: procscan.Scan,
             continue
         if not _end_left_unwritten(cfg, entry):
             continue  # its Epilog may be writing the end still: settled by a later re-check
-        store.write_fact(cfg.state_dir, int(entry["uid"]), int(entry["gid"]), job_id,
-                         "recheck", str(entry["node"]), {
-                             "time": time.time(), "restart": entry.get("restart"),
-                             "end_token": entry.get("end_token"), "boot_id": current_boot,
-                             "survivors": now, "reason": reason})
+        store.write_fact(
+            cfg.state_dir,
+            int(entry["uid"]),
+            int(entry["gid"]),
+            job_id,
+            "recheck",
+            str(entry["node"]),
+            {
+                "time": time.time(),
+                "restart": entry.get("restart"),
+                "end_token": entry.get("end_token"),
+                "boot_id": current_boot,
+                "survivors": now,
+                "reason": reason,
+            },
+        )
         if now:
             # The new entry first: a hook ended in between leaves two (re-checked alike),
             # never none (the survivors left would be watched no more, never proven gone).

@@ -76,7 +76,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from contextlib import nullcontext
+from typing import Any, ContextManager, Optional
 
 import torch
 import torch.distributed as dist
@@ -97,35 +98,49 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from .. import _fsio
 from ..checkpoint import publish as store
 from ..errors import UsageError
-from ..execution import saverules
+from ..execution import saverules, steps
 from ..execution.saves import (
     Execution,
     choose_resume,
     lineage_before,
-    publish_save,
     record_choice,
-    seal_save,
     why_unloadable,
 )
+from .sequence import seal_and_publish
 
 FRAMEWORK = "dcp"
 METADATA = ".metadata"  # DCP's coordinator writes it last (a temporary name, then a rename)
 STEP_FOLDER = "step-{step}"
 
-__all__ = ["save", "async_save", "load", "save_folder", "METADATA", "FRAMEWORK",
-           "DurableWriter", "StagedLoad", "PartlyLoaded"]
+__all__ = [
+    "save",
+    "async_save",
+    "load",
+    "save_folder",
+    "METADATA",
+    "FRAMEWORK",
+    "DurableWriter",
+    "StagedLoad",
+    "PartlyLoaded",
+]
 
 
 def _execution(env: Optional[Mapping[str, str]] = None) -> Optional[Execution]:
     execution = Execution.current(env)
-    if execution is not None and execution.on_s3:
-        raise UsageError(f"checkpoint root {execution.root!r}: the DCP integration publishes "
-                         "under a folder root only (not s3:// yet)")
+    if execution is not None and execution.remote:
+        from ..checkpoint.stores.schemes import SCHEMES
+
+        remote = " or ".join(row.prefix for row in SCHEMES if row.remote)
+        raise UsageError(
+            f"checkpoint root {execution.root!r}: the DCP integration publishes "
+            f"under a folder root only (not a remote one such as {remote} yet)"
+        )
     return execution
 
 
-def save_folder(step: int, checkpoint_id: Any = None,
-                env: Optional[Mapping[str, str]] = None) -> str:
+def save_folder(
+    step: int, checkpoint_id: Any = None, env: Optional[Mapping[str, str]] = None
+) -> str:
     """The folder a save of ``step`` goes to inside the current execution: ``checkpoint_id``
     (relative to the execution's folder, or an absolute path inside it), else ``step-<step>``."""
     execution = _execution(env)
@@ -134,16 +149,19 @@ def save_folder(step: int, checkpoint_id: Any = None,
     return _folder(execution, step, checkpoint_id)
 
 
-def _folder(execution: Execution, step: int, checkpoint_id: Any,
-            named: str = "checkpoint_id") -> str:
+def _folder(
+    execution: Execution, step: int, checkpoint_id: Any, named: str = "checkpoint_id"
+) -> str:
     exec_dir = os.path.abspath(execution.exec_dir)
     if checkpoint_id is None:
         return os.path.join(exec_dir, STEP_FOLDER.format(step=step))
     given = os.fspath(checkpoint_id)
     full = os.path.abspath(os.path.join(exec_dir, given))
     if "://" in str(given) or not full.startswith(exec_dir.rstrip("/") + "/"):
-        raise UsageError(f"{named} {given!r} is outside the execution's folder "
-                         f"{exec_dir!r}: give a name inside it (e.g. 'step-{step}'), or none")
+        raise UsageError(
+            f"{named} {given!r} is outside the execution's folder "
+            f"{exec_dir!r}: give a name inside it (e.g. 'step-{step}'), or none"
+        )
     return full
 
 
@@ -161,8 +179,7 @@ class DurableWriter(StorageWriter):
     each rank's files durable before DCP gathers the ranks' results, and, on the coordinator,
     after DCP's ``finish``, makes ``.metadata`` durable and publishes the save."""
 
-    def __init__(self, inner: StorageWriter, execution: Execution, step: int,
-                 folder: str) -> None:
+    def __init__(self, inner: StorageWriter, execution: Execution, step: int, folder: str) -> None:
         super().__init__()
         self.inner = inner
         self.execution = execution
@@ -209,8 +226,9 @@ class DurableWriter(StorageWriter):
         # DCP's writer fsyncs .metadata's bytes before the rename; the rename lives in the folder.
         _fsio.fsync_path(os.path.join(self.folder, METADATA), directory=False)
         _fsio.fsync_path(self.folder, directory=True)
-        seal_save(self.folder, single_writer=False)
-        self.publication = publish_save(self.execution, self.step, self.folder)
+        self.publication = seal_and_publish(
+            self.execution, self.folder, self.step, single=False, bests=[]
+        )
         self.timings["published"] = time.monotonic()
 
     def storage_meta(self) -> Any:
@@ -221,8 +239,9 @@ class DurableWriter(StorageWriter):
         return torch_dcp.FileSystemWriter.validate_checkpoint_id(checkpoint_id)
 
 
-def _writer(execution: Execution, step: int, checkpoint_id: Any,
-            storage_writer: Optional[StorageWriter]) -> tuple[str, DurableWriter]:
+def _writer(
+    execution: Execution, step: int, checkpoint_id: Any, storage_writer: Optional[StorageWriter]
+) -> tuple[str, DurableWriter]:
     folder = _folder(execution, step, checkpoint_id)
     # DCP would reset a writer made for another folder to ours without a word: a writer aimed
     # outside the execution is refused as such a checkpoint_id is, and one aimed inside names
@@ -233,74 +252,140 @@ def _writer(execution: Execution, step: int, checkpoint_id: Any,
         if checkpoint_id is None:
             folder = mine
         elif mine != folder:
-            raise UsageError(f"storage_writer is aimed at {aimed!r} but checkpoint_id "
-                             f"{os.fspath(checkpoint_id)!r} names {folder!r}: give one of them")
+            raise UsageError(
+                f"storage_writer is aimed at {aimed!r} but checkpoint_id "
+                f"{os.fspath(checkpoint_id)!r} names {folder!r}: give one of them"
+            )
     # A symlink planted as the folder (or above it) would take every rank's shards outside the
     # execution's folder; DCP then failed on our folder fsync with its own traceback.
     real_exec = os.path.realpath(execution.exec_dir).rstrip("/") + "/"
     if os.path.islink(folder) or not os.path.realpath(folder).startswith(real_exec):
-        raise UsageError(f"save folder {folder!r} is a symlink or under one "
-                         f"(to {os.path.realpath(folder)!r}): a save is written only in the "
-                         "execution's own folder; remove the link or give another step")
+        raise UsageError(
+            f"save folder {folder!r} is a symlink or under one "
+            f"(to {os.path.realpath(folder)!r}): a save is written only in the "
+            "execution's own folder; remove the link or give another step"
+        )
     # DCP's writer overwrites a folder's files in place: a save made (and maybe published and
     # being loaded) is never rewritten.  A folder without .metadata is a save that never
     # finished: writing it again is fine (nothing published it).
     if os.path.lexists(os.path.join(folder, METADATA)):
-        raise UsageError(f"{folder!r} holds a save already (its {METADATA} is there): a "
-                         "save is never rewritten; give each save its own step or "
-                         "checkpoint_id")
+        raise UsageError(
+            f"{folder!r} holds a save already (its {METADATA} is there): a "
+            "save is never rewritten; give each save its own step or "
+            "checkpoint_id"
+        )
     os.makedirs(folder, exist_ok=True)
     inner = storage_writer if storage_writer is not None else torch_dcp.FileSystemWriter(folder)
     return folder, DurableWriter(inner, execution, step, folder)
 
 
-def save(state_dict: dict[str, Any], *, step: Optional[int] = None, checkpoint_id: Any = None,
-         storage_writer: Optional[StorageWriter] = None, planner: Optional[SavePlanner] = None,
-         process_group: Optional[dist.ProcessGroup] = None, no_dist: bool = False,
-         env: Optional[Mapping[str, str]] = None) -> Metadata:
+def save(
+    state_dict: dict[str, Any],
+    *,
+    step: Optional[int] = None,
+    checkpoint_id: Any = None,
+    storage_writer: Optional[StorageWriter] = None,
+    planner: Optional[SavePlanner] = None,
+    process_group: Optional[dist.ProcessGroup] = None,
+    no_dist: bool = False,
+    env: Optional[Mapping[str, str]] = None,
+) -> Metadata:
     """DCP's ``save`` into the execution's folder, published once durable on every rank
     (collective: every rank calls it).  ``step`` is required inside an execution."""
     execution = _execution(env)
     if execution is None:
-        return torch_dcp.save(state_dict, checkpoint_id=checkpoint_id,
-                              storage_writer=storage_writer, planner=planner,
-                              process_group=process_group, no_dist=no_dist)
+        return torch_dcp.save(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            storage_writer=storage_writer,
+            planner=planner,
+            process_group=process_group,
+            no_dist=no_dist,
+        )
     folder, writer = _writer(execution, _step(step), checkpoint_id, storage_writer)
-    return torch_dcp.save(state_dict, checkpoint_id=folder, storage_writer=writer,
-                          planner=planner, process_group=process_group, no_dist=no_dist)
+    with _save_mark(env, step):  # no stall meanwhile
+        return torch_dcp.save(
+            state_dict,
+            checkpoint_id=folder,
+            storage_writer=writer,
+            planner=planner,
+            process_group=process_group,
+            no_dist=no_dist,
+        )
 
 
-def async_save(state_dict: dict[str, Any], *, step: Optional[int] = None,
-               checkpoint_id: Any = None, storage_writer: Optional[StorageWriter] = None,
-               planner: Optional[SavePlanner] = None,
-               process_group: Optional[dist.ProcessGroup] = None,
-               no_dist: bool = False, env: Optional[Mapping[str, str]] = None,
-               **options: Any) -> Any:
+def async_save(
+    state_dict: dict[str, Any],
+    *,
+    step: Optional[int] = None,
+    checkpoint_id: Any = None,
+    storage_writer: Optional[StorageWriter] = None,
+    planner: Optional[SavePlanner] = None,
+    process_group: Optional[dist.ProcessGroup] = None,
+    no_dist: bool = False,
+    env: Optional[Mapping[str, str]] = None,
+    **options: Any,
+) -> Any:
     """DCP's ``async_save`` into the execution's folder: staged now, persisted in the background,
     published there once every rank's part is durable.  Give it a process group of its own
     (gloo) if training runs collectives meanwhile, as DCP asks; ``options``:
     ``async_checkpointer_type``, ``async_stager``."""
     execution = _execution(env)
     if execution is None:
-        return torch_dcp.async_save(state_dict, checkpoint_id=checkpoint_id,
-                                    storage_writer=storage_writer, planner=planner,
-                                    process_group=process_group, no_dist=no_dist, **options)
+        return torch_dcp.async_save(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            storage_writer=storage_writer,
+            planner=planner,
+            process_group=process_group,
+            no_dist=no_dist,
+            **options,
+        )
     folder, writer = _writer(execution, _step(step), checkpoint_id, storage_writer)
-    return torch_dcp.async_save(state_dict, checkpoint_id=folder, storage_writer=writer,
-                                planner=planner, process_group=process_group, no_dist=no_dist,
-                                **options)
+    # Marked while staging (training waits for it); the background persistence is not.
+    with _save_mark(env, step):
+        return torch_dcp.async_save(
+            state_dict,
+            checkpoint_id=folder,
+            storage_writer=writer,
+            planner=planner,
+            process_group=process_group,
+            no_dist=no_dist,
+            **options,
+        )
+
+
+def _save_mark(env: Optional[Mapping[str, str]], step: Optional[int]) -> ContextManager[None]:
+    """The block as a save in the progress record the stall watcher reads
+    (:mod:`..execution.steps`), on rank 0; nothing elsewhere or outside an execution."""
+    found = steps.recorder(env) if _records() else None
+    return found.saving(step) if found is not None else nullcontext()
+
+
+def _records() -> bool:
+    """Whether this rank records progress: rank 0 (or a process without ranks)."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def _step(step: Optional[int]) -> int:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise UsageError(f"step {step!r}: inside a dispatch execution a save needs its "
-                         "training step (an integer, 0 or more), which names its publication")
+        raise UsageError(
+            f"step {step!r}: inside a dispatch execution a save needs its "
+            "training step (an integer, 0 or more), which names its publication"
+        )
     return step
 
 
-def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reader: Any = None,
-         planner: Any = None, process_group: Optional[dist.ProcessGroup] = None,
-         no_dist: bool = False, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def load(
+    state_dict: dict[str, Any],
+    *,
+    checkpoint_id: Any = None,
+    storage_reader: Any = None,
+    planner: Any = None,
+    process_group: Optional[dist.ProcessGroup] = None,
+    no_dist: bool = False,
+    env: Optional[Mapping[str, str]] = None,
+) -> Optional[str]:
     """Load the save to resume from into ``state_dict`` (in place); returns its folder, or
     ``None`` for a fresh start.  With ``checkpoint_id``, DCP's own load of that one.
 
@@ -311,8 +396,14 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     memory), and one more copy of each tensor, into the caller's."""
     execution = _execution(env)
     if checkpoint_id is not None:
-        torch_dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=storage_reader,
-                       planner=planner, process_group=process_group, no_dist=no_dist)
+        torch_dcp.load(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            storage_reader=storage_reader,
+            planner=planner,
+            process_group=process_group,
+            no_dist=no_dist,
+        )
         return os.fspath(checkpoint_id)
     if execution is None:
         return None
@@ -331,8 +422,7 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     for candidate in lineage_before(execution.root, start, found):
         _say(tried, why, candidate)
         why = why_unloadable(candidate, (METADATA,))
-        if why is None and not record_choice(execution, candidate, found,
-                                             f"fallback from {start}"):
+        if why is None and not record_choice(execution, candidate, found, f"fallback from {start}"):
             why = "its publication was removed by cleanup while this execution chose it"
         if why is None:
             why = _loaded(attempt, candidate)
@@ -349,16 +439,30 @@ class PartlyLoaded(RuntimeError):
     tried over it."""
 
 
-def _staged_load(state_dict: dict[str, Any], path: str, storage_reader: Any, planner: Any,
-                 process_group: Optional[dist.ProcessGroup], no_dist: bool) -> None:
+def _staged_load(
+    state_dict: dict[str, Any],
+    path: str,
+    storage_reader: Any,
+    planner: Any,
+    process_group: Optional[dist.ProcessGroup],
+    no_dist: bool,
+) -> None:
     """DCP's load of ``path`` into ``state_dict``, which is changed only once every rank has
     read the save whole.  As DCP's own load, a ``Stateful`` entry is read through its
     ``state_dict()`` and given the result with ``load_state_dict``; here only after that."""
-    plain = {key: value.state_dict() if isinstance(value, Stateful) else value
-             for key, value in state_dict.items()}
+    plain = {
+        key: value.state_dict() if isinstance(value, Stateful) else value
+        for key, value in state_dict.items()
+    }
     staged = StagedLoad(planner if planner is not None else DefaultLoadPlanner())
-    torch_dcp.load(plain, checkpoint_id=path, storage_reader=storage_reader, planner=staged,
-                   process_group=process_group, no_dist=no_dist)
+    torch_dcp.load(
+        plain,
+        checkpoint_id=path,
+        storage_reader=storage_reader,
+        planner=staged,
+        process_group=process_group,
+        no_dist=no_dist,
+    )
     # DCP's read step gathers every rank's result and raises on all of them if one failed.
     # From here the caller's tensors change (a Stateful's state_dict() views its parameters):
     # a failure cannot leave them as they were, and must not pass for a save not loaded.
@@ -394,8 +498,12 @@ class StagedLoad(LoadPlanner):
         self.resolved: dict[int, tuple[ReadItem, torch.Tensor]] = {}
         self.read: list[tuple[ReadItem, torch.Tensor, torch.Tensor]] = []
 
-    def set_up_planner(self, state_dict: dict[str, Any], metadata: Optional[Metadata] = None,
-                       is_coordinator: bool = False) -> None:
+    def set_up_planner(
+        self,
+        state_dict: dict[str, Any],
+        metadata: Optional[Metadata] = None,
+        is_coordinator: bool = False,
+    ) -> None:
         self.original, self.shadow = state_dict, _shadow(state_dict)
         self.resolved, self.read = {}, []
         self.inner.set_up_planner(self.shadow, metadata, is_coordinator)
@@ -459,8 +567,11 @@ def _write_back(target: Any, shadow: Any) -> None:
         new = shadow[key]
         if new is now:
             continue
-        if isinstance(now, (dict, list)) and type(now) is type(new) and (
-                isinstance(now, dict) or len(now) == len(new)):
+        if (
+            isinstance(now, (dict, list))
+            and type(now) is type(new)
+            and (isinstance(now, dict) or len(now) == len(new))
+        ):
             _write_back(now, new)
         elif isinstance(now, io.BytesIO) and isinstance(new, io.BytesIO):
             now.seek(0)
@@ -495,6 +606,8 @@ def _short(exc: BaseException) -> str:
 def _say(bad: str, why: str, instead: Optional[str]) -> None:
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if rank == 0:
-        sys.stderr.write(f"dispatch: not resuming from {bad}: {why}; trying the previous save "
-                         f"of its lineage ({instead or 'none left: a fresh start'})\n")
+        sys.stderr.write(
+            f"dispatch: not resuming from {bad}: {why}; trying the previous save "
+            f"of its lineage ({instead or 'none left: a fresh start'})\n"
+        )
         sys.stderr.flush()

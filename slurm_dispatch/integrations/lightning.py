@@ -23,21 +23,30 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
   end of the next training batch every rank saves, the save is published, and the job is
   requeued (``scontrol requeue``) and stopped.  A ``--shared-checkpoint`` job (or one whose
   record cannot be read) saves and publishes but is never requeued: such a job restarts only
-  after a proof or a person (DESIGN invariant 6).
+  after a proof or a person (docs/invariants.md, 6).
 * A job that stopped at the signal and was not requeued (a shared checkpoint, or a requeue
   Slurm refused: ``--no-requeue``, ``JobRequeue=0``) never ends as if it had finished: once its
   save is published and the loop has stopped, ``fit`` raises :class:`NotRequeued` on every
   rank, so the job ends FAILED and dispatch's rule for a failed job applies (a resubmission
   while the budget lasts; a hold for a shared checkpoint), never COMPLETED, where the
   supervisor stops for good.
+* A stop at ``max_time`` (Lightning's ``Timer``) before ``max_steps`` or ``max_epochs`` is the
+  end of the run's time budget, counted across executions (each save carries the Timer's
+  elapsed time, and a run resumed from it stops at once): it is not requeued, and the job ends
+  COMPLETED as Lightning means it.  But it is never quiet, and what was trained since the last
+  save is not lost: every rank saves ``max_time-step=<N>.ckpt`` (unless a save of that step
+  was just made), it is published, and global zero says what happened and how to stop before
+  Slurm's limit and go on instead (the warning signal) or train on (``--supersede`` with a
+  larger ``max_time``).
 * A process that Lightning stops at SIGTERM never exits 0 (Lightning raises ``SystemExit``
   with no code, and ``--signal=TERM@`` sends TERM before the limit: the job would end
   COMPLETED, its training unfinished): the callback makes the exit 128+15 and says so, so
   the job ends FAILED and the resubmit rule applies.
 
-On an ``s3://`` root Lightning writes its saves under the execution's prefix itself (fsspec,
-which needs s3fs); each is published once its manifest object is written, and
-``resume_from_checkpoint()`` gives the URL, checked on S3 (:mod:`.s3saves`).
+On a remote root (``s3://``, ``az://``) Lightning writes its saves under the execution's
+prefix itself (fsspec, which needs s3fs or adlfs: the ``lightning-s3`` and ``lightning-azure``
+extras); each is published once its manifest object is written, and
+``resume_from_checkpoint()`` gives the URL, checked on the store (:mod:`..execution.staging`).
 
 Outside a dispatch execution the callback does nothing (Lightning's own SLURM support stays as
 it was) and ``resume_from_checkpoint(default)`` returns ``default``.
@@ -50,34 +59,29 @@ import re
 import signal
 import sys
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, Optional
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ..errors import NotRequeued
-from ..execution.background import Publisher
-from ..execution.saves import (
-    Execution,
-    choose_resume,
-    publish_save,
-    record_keep,
-    relative_saves,
-    seal_save,
-    sync_save,
-)
-from .requeue import SignalFlag, is_shared_checkpoint, requeue
+from ..execution import staging
+from ..execution.saves import Execution, publish_save, relative_saves
+from .requeue import is_shared_checkpoint
+from .sequence import Sequence, resume_path
 
 FRAMEWORK = "lightning"
 REQUEUE_SAVE = "requeue-step={step}.ckpt"
+MAX_TIME_SAVE = "max_time-step={step}.ckpt"  # the state at a stop at max_time
 CHECKPOINTS = "checkpoints"  # under the execution's folder
 TERMED_CODE = 128 + signal.SIGTERM  # the exit of a process stopped at SIGTERM, as a shell says
 
 
-def resume_from_checkpoint(default: Optional[str] = None,
-                           env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def resume_from_checkpoint(
+    default: Optional[str] = None, env: Optional[Mapping[str, str]] = None
+) -> Optional[str]:
     """What to pass to ``Trainer.fit(ckpt_path=...)``.
 
     Inside a dispatch execution: the save to resume from, or ``None`` for a fresh start.
@@ -86,11 +90,8 @@ def resume_from_checkpoint(default: Optional[str] = None,
     execution = Execution.current(env)
     if execution is None:
         return default
-    if execution.on_s3:  # Lightning loads s3:// itself (fsspec): the URL, checked on S3
-        from ..execution import s3saves
-
-        return s3saves.choose_resume(execution, framework=FRAMEWORK).path
-    return choose_resume(execution, framework=FRAMEWORK).path
+    # Lightning loads s3:// itself (fsspec): on S3 the URL, checked there.
+    return resume_path(execution, FRAMEWORK)
 
 
 def _last_pattern(callback: ModelCheckpoint) -> re.Pattern[str]:
@@ -98,8 +99,10 @@ def _last_pattern(callback: ModelCheckpoint) -> re.Pattern[str]:
     formatted name such as ``{epoch}-last``)."""
     parts = re.split(r"\{[^}]*\}", callback.CHECKPOINT_NAME_LAST)
     body = ".*".join(re.escape(p) for p in parts)
-    return re.compile(f"(?:.*{re.escape(callback.CHECKPOINT_JOIN_CHAR)})?{body}"
-                      rf"(?:-v[0-9]+)?{re.escape(callback.FILE_EXTENSION)}")
+    return re.compile(
+        f"(?:.*{re.escape(callback.CHECKPOINT_JOIN_CHAR)})?{body}"
+        rf"(?:-v[0-9]+)?{re.escape(callback.FILE_EXTENSION)}"
+    )
 
 
 class DispatchCallback(Callback):  # type: ignore[misc]
@@ -109,18 +112,24 @@ class DispatchCallback(Callback):  # type: ignore[misc]
     ``publications`` lists the names this process published (global zero only).
     """
 
-    def __init__(self, env: Optional[Mapping[str, str]] = None,
-                 requeue_command: Optional[list[str]] = None) -> None:
+    def __init__(
+        self, env: Optional[Mapping[str, str]] = None, requeue_command: Optional[list[str]] = None
+    ) -> None:
         self.execution = Execution.current(env)
-        self.publications: list[str] = []
-        self.requeued = False
-        self._requeue_command = requeue_command
-        self._signal = SignalFlag()  # the requeue signal, taken as a flag
+        self._sequence = Sequence(self.execution, env, requeue_command)
+        self.publications = self._sequence.publications
+        self._signal = self._sequence.signal  # the requeue signal, taken as a flag
         self._last_names: list[re.Pattern[str]] = []
         self._published_paths: set[str] = set()
         self._shared: Optional[bool] = None
         self._tops: dict[int, int] = {}  # each ModelCheckpoint's own save_top_k
-        self._publisher = Publisher()  # seals and publishes each save off the training thread
+        self._publisher = self._sequence.publisher
+        self._progress = self._sequence.progress
+
+    @property
+    def requeued(self) -> bool:
+        """The job was requeued at the signal."""
+        return self._sequence.requeued
 
     # --- set-up and tear-down ---------------------------------------------------------------
 
@@ -130,11 +139,6 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         # A folder of their own: Lightning warns about a non-empty one, and the execution's
         # folder holds dispatch's records.
         ckpt_dir = os.path.join(self.execution.exec_dir, CHECKPOINTS)  # s3://... on S3
-        keep = record_keep
-        if self.execution.on_s3:
-            from ..execution import s3saves
-
-            keep = s3saves.record_keep
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
         tops = [c.save_top_k for c in checkpoints]
         if any(top != -1 for top in tops):
@@ -142,7 +146,7 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             # (each one's bests go into every manifest and stay: _bests).
             every = -1 in tops
             limit = None if every else max(tops)
-            keep(self.execution, FRAMEWORK, "save_top_k", limit if limit else None, every)
+            self._sequence.keep(FRAMEWORK, "save_top_k", limit if limit else None, every)
         for callback in checkpoints:
             self._tops[id(callback)] = callback.save_top_k
             callback.save_top_k = -1
@@ -166,10 +170,22 @@ class DispatchCallback(Callback):  # type: ignore[misc]
     def _wrap_save(self, trainer: pl.Trainer) -> None:
         original = trainer.save_checkpoint
 
-        def save_and_publish(filepath: Any, weights_only: Optional[bool] = None,
-                             storage_options: Optional[Any] = None) -> None:
-            original(filepath, weights_only, storage_options)
-            self._publish(trainer, os.fspath(filepath))
+        def save_and_publish(
+            filepath: Any,
+            weights_only: Optional[bool] = None,
+            storage_options: Optional[Any] = None,
+        ) -> None:
+            progress = self._progress if trainer.is_global_zero else None
+            if progress is not None:
+                progress.save_began(trainer.global_step)  # a save's time is no stall
+            try:
+                original(filepath, weights_only, storage_options)
+                # Its publication's part in this thread too (the wait for the last one's
+                # seal, every rank's sync, an S3 seal): a busy file system's slow save.
+                self._publish(trainer, os.fspath(filepath))
+            finally:
+                if progress is not None:
+                    progress.save_ended(trainer.global_step)
 
         # Every save goes through Trainer.save_checkpoint, which ends with the strategy's
         # barrier: after it, every rank's part is written.  Lightning's Callback API has no
@@ -180,72 +196,68 @@ class DispatchCallback(Callback):  # type: ignore[misc]
         if self.execution is None or stage != "fit":
             return
         trainer.__dict__.pop("save_checkpoint", None)
-        try:
-            self._publisher.wait()  # the last save's publication, before fit returns
-        finally:
-            self._signal.hand_back()
-        if self._not_requeued is not None:
-            # Last, once everything above is undone: fit returning would end the job
-            # COMPLETED, and the supervisor stops a completed job for good.
-            why, self._not_requeued = self._not_requeued, None
-            raise NotRequeued(why)
+        self._sequence.finish()  # the last save's publication, before fit returns
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                     exception: BaseException) -> None:
-        if self.execution is None or not isinstance(exception, SIGTERMException) \
-                or exception.code not in (None, 0):
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if (
+            self.execution is None
+            or not isinstance(exception, SIGTERMException)
+            or exception.code not in (None, 0)
+        ):
             return
         # Lightning re-raises this very exception once the hooks have run: its code is the
         # process's exit status.
         exception.code = TERMED_CODE
-        sys.stderr.write(f"dispatch: the trainer stopped at SIGTERM with status 0: its work is "
-                         f"not done, so the process exits {TERMED_CODE} (a failure: the job's "
-                         "resubmit rule applies, its next execution resumes from the newest "
-                         "published save)\n")
+        sys.stderr.write(
+            f"dispatch: the trainer stopped at SIGTERM with status 0: its work is "
+            f"not done, so the process exits {TERMED_CODE} (a failure: the job's "
+            "resubmit rule applies, its next execution resumes from the newest "
+            "published save)\n"
+        )
         sys.stderr.flush()
 
     # --- publication ----------------------------------------------------------------------
 
     def _publish(self, trainer: pl.Trainer, path: str) -> None:
         assert self.execution is not None
-        on_s3 = self.execution.on_s3
+        remote = self.execution.remote
         # On S3 the save is an s3:// URL Lightning wrote through fsspec; no local path.
-        absolute = path.rstrip("/") if on_s3 else os.path.abspath(path)
-        exec_dir = self.execution.exec_dir if on_s3 else os.path.abspath(
-            self.execution.exec_dir)
+        absolute = path.rstrip("/") if remote else os.path.abspath(path)
+        exec_dir = self.execution.exec_dir if remote else os.path.abspath(self.execution.exec_dir)
         inside = absolute.startswith(exec_dir.rstrip("/") + "/")
         name = absolute.rsplit("/", 1)[-1]
-        if (not inside or absolute in self._published_paths
-                or any(p.fullmatch(name) for p in self._last_names)):
+        if (
+            not inside
+            or absolute in self._published_paths
+            or any(p.fullmatch(name) for p in self._last_names)
+        ):
             return  # not ours to publish, or a name Lightning rewrites in place
-        if on_s3:
+        if remote:
             if trainer.world_size > 1:  # every rank's part is written once all are here
                 trainer.strategy.barrier("dispatch.publish")
             self._published_paths.add(absolute)
+            self._saved = (trainer.global_step, absolute)
             if trainer.is_global_zero:
-                from ..execution import s3saves
-
-                s3saves.seal_remote_save(absolute, relative_saves(self.execution,
-                                                                  self._bests(trainer)))
+                staging.of(absolute).seal_remote_save(
+                    absolute, relative_saves(self.execution, self._bests(trainer))
+                )
                 self.publications.append(
-                    publish_save(self.execution, trainer.global_step, absolute))
+                    publish_save(self.execution, trainer.global_step, absolute)
+                )
             return
-        single = trainer.world_size <= 1
-        if not single:
-            if os.path.exists(absolute):  # each rank syncs what it wrote
-                sync_save(absolute)
-            trainer.strategy.barrier("dispatch.publish")
+        execution = self.execution
+        self._sequence.publish(
+            absolute,
+            trainer.global_step,
+            ranks=trainer.world_size,
+            main=trainer.is_global_zero,
+            barrier=lambda: trainer.strategy.barrier("dispatch.publish"),
+            bests=lambda: relative_saves(execution, self._bests(trainer)),
+        )
         self._published_paths.add(absolute)
-        if trainer.is_global_zero:
-            bests = relative_saves(self.execution, self._bests(trainer))
-            step = trainer.global_step
-            self._publisher.submit(lambda: self._seal_and_publish(absolute, single, bests, step))
-
-    def _seal_and_publish(self, save: str, single: bool, bests: list[str], step: int) -> None:
-        """On the publisher's thread: make the save durable, then publish it."""
-        assert self.execution is not None
-        seal_save(save, single_writer=single, bests=bests)
-        self.publications.append(publish_save(self.execution, step, save))
+        self._saved = (trainer.global_step, absolute)
 
     def _bests(self, trainer: pl.Trainer) -> list[str]:
         """The saves Lightning keeps as its best now: each monitoring ModelCheckpoint's top k
@@ -257,38 +269,113 @@ class DispatchCallback(Callback):  # type: ignore[misc]
             if not isinstance(callback, ModelCheckpoint) or not callback.monitor:
                 continue
             if top > 0:
-                ranked = sorted(((float(v), os.fspath(p)) for p, v in
-                                 callback.best_k_models.items() if float(v) == float(v)),
-                                reverse=callback.mode == "max")
+                ranked = sorted(
+                    (
+                        (float(v), os.fspath(p))
+                        for p, v in callback.best_k_models.items()
+                        if float(v) == float(v)
+                    ),
+                    reverse=callback.mode == "max",
+                )
                 found.extend(path for _value, path in ranked[:top])
             if callback.best_model_path:
                 found.append(os.fspath(callback.best_model_path))
         return found
 
+    # --- a stop at max_time -----------------------------------------------------------------
+
+    _saved: Optional[tuple[int, str]] = None  # (step, path) of the last save published
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._progress is not None and trainer.is_global_zero:
+            # What the script does after fit() (trainer.test(), an export) is no stall.
+            self._progress.ended(trainer.global_step)
+        if self.execution is None or self._stopped:
+            return
+        timer = next((c for c in getattr(trainer, "callbacks", ()) if isinstance(c, Timer)), None)
+        remaining = timer.time_remaining() if timer is not None else None
+        # The Timer's duration: what has passed plus what remains (negative after the stop).
+        budget = (
+            timedelta(seconds=round(timer.time_elapsed() + remaining))
+            if timer is not None and remaining is not None
+            else None
+        )
+        # Each rank's Timer reads its own clock: the ranks take global zero's answer.
+        spent = trainer.strategy.broadcast(remaining is not None and remaining <= 0, src=0)
+        if not spent or _limit_reached(trainer):
+            return
+        step = trainer.global_step
+        if self._saved is not None and self._saved[0] == step:
+            path = self._saved[1]
+        else:
+            path = os.path.join(
+                self.execution.exec_dir, CHECKPOINTS, MAX_TIME_SAVE.format(step=step)
+            )
+            trainer.save_checkpoint(path)
+        if not trainer.is_global_zero:
+            return
+        self._publisher.wait()  # published before it is said
+        sys.stderr.write(
+            f"dispatch: training stopped at max_time (Lightning's Timer, {budget} of training "
+            f"counted across executions) at step {step}, before max_steps or max_epochs: its "
+            f"state is saved and published ({path}).  The job ends done (COMPLETED) and is "
+            "not resubmitted: every save carries the Timer's time, so a next execution would "
+            "stop at once.  To stop before Slurm's time limit and go on in a new execution, "
+            "leave max_time out and submit with --warn-before (or #SBATCH --signal=USR1@90): "
+            "the callback saves, publishes and requeues at the signal; to train longer, "
+            "submit again with a larger max_time (dispatch-sbatch --supersede), which resumes "
+            "from this save\n"
+        )
+        sys.stderr.flush()
+
     # --- the requeue signal -----------------------------------------------------------------
 
-    # Why a job that stopped at the requeue signal was not requeued (raised at teardown).
-    _not_requeued: Optional[str] = None
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._progress is not None and trainer.is_global_zero and not trainer.sanity_checking:
+            self._progress.save_began(trainer.global_step, "evaluation")  # no stall either
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._progress is not None and trainer.is_global_zero and not trainer.sanity_checking:
+            self._progress.save_ended(trainer.global_step)
+
     _stopped = False  # the loop was stopped at the requeue signal
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self._progress is not None and trainer.is_global_zero:
+            self._progress.step(trainer.global_step)
         if self.execution is None or self._stopped:
             return
         # Every rank must take part in the save, so the ranks agree on "any rank signalled".
         if not trainer.strategy.reduce_boolean_decision(self._signal.raised, all=False):
             return
         self._signal.raised = False
-        path = os.path.join(self.execution.exec_dir, CHECKPOINTS,
-                            REQUEUE_SAVE.format(step=trainer.global_step))
+        path = os.path.join(
+            self.execution.exec_dir, CHECKPOINTS, REQUEUE_SAVE.format(step=trainer.global_step)
+        )
         trainer.save_checkpoint(path)
-        if trainer.is_global_zero:
-            self._publisher.wait()  # requeued only once this save is published
         self._stopped = True
-        why = requeue(path, self._shared, self._requeue_command) if trainer.is_global_zero \
-            else None
-        # Every rank ends the same way: all with NotRequeued, or all requeued.
-        why = trainer.strategy.broadcast(why, src=0)
-        self.requeued = why is None
-        self._not_requeued = why
+        # Requeued only once this save is published; every rank ends the same way: all with
+        # NotRequeued (raised at teardown), or all requeued.
+        self._sequence.requeue_at_signal(
+            path,
+            lambda: self._shared,
+            trainer.is_global_zero,
+            lambda why: trainer.strategy.broadcast(why, src=0),
+        )
         trainer.should_stop = True
+
+
+def _limit_reached(trainer: pl.Trainer) -> bool:
+    """The fit reached ``max_steps`` or ``max_epochs`` (-1 or None: no limit)."""
+    loop = trainer.fit_loop
+    steps, epochs = loop.max_steps, loop.max_epochs
+    return (steps not in (None, -1) and trainer.global_step >= steps) or (
+        epochs not in (None, -1) and trainer.current_epoch >= epochs
+    )

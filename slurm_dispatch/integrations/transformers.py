@@ -33,7 +33,7 @@ Invariants, inside a dispatch execution (``$DISPATCH_EXEC_DIR`` set):
 
 On an ``s3://`` root the Trainer's saves go to the local staging folder (``$DISPATCH_STAGE_DIR``);
 each is uploaded under the execution's prefix, then published, and the resume source is a local
-copy of the S3 save (:mod:`.s3saves`).  Its ranks must then share one node.
+copy of the S3 save (:mod:`..execution.staging`).  Its ranks must then share one node.
 
 Outside a dispatch execution the callback does nothing and ``resume_from_checkpoint(default)``
 returns ``default``: the same script runs unchanged.
@@ -47,26 +47,21 @@ from typing import Any, Optional, Union
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ..errors import NotRequeued, UsageError
-from ..execution.background import Publisher
-from ..execution.saves import (
-    Execution,
-    choose_resume,
-    publish_save,
-    record_keep,
-    relative_saves,
-    seal_save,
-    sync_save,
-)
-from .requeue import SignalFlag, is_shared_checkpoint, requeue, warning_signal
+from ..checkpoint.stores.schemes import label_of
+from ..errors import UsageError
+from ..execution import staging
+from ..execution.saves import Execution, relative_saves, sync_save
+from .requeue import is_shared_checkpoint, warning_signal
+from .sequence import Sequence, resume_path
 
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint folder
 CHECKPOINT_PREFIX = "checkpoint"
 FRAMEWORK = "transformers"
 
 
-def resume_from_checkpoint(default: Union[str, bool, None] = None,
-                           env: Optional[Mapping[str, str]] = None) -> Union[str, bool, None]:
+def resume_from_checkpoint(
+    default: Union[str, bool, None] = None, env: Optional[Mapping[str, str]] = None
+) -> Union[str, bool, None]:
     """What to pass to ``Trainer.train(resume_from_checkpoint=...)``.
 
     Inside a dispatch execution: the save to resume from, or ``None`` for a fresh start.
@@ -75,12 +70,8 @@ def resume_from_checkpoint(default: Union[str, bool, None] = None,
     execution = Execution.current(env)
     if execution is None:
         return default
-    if execution.on_s3:  # the Trainer loads from local disk: a local copy of the S3 save
-        from ..execution import s3saves
-
-        return s3saves.choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK,
-                                     fetch=True).path
-    return choose_resume(execution, required=(TRAINER_STATE,), framework=FRAMEWORK).path
+    # The Trainer loads from local disk: on S3, a local copy of the save.
+    return resume_path(execution, FRAMEWORK, required=(TRAINER_STATE,), fetch=True)
 
 
 def _barrier(args: TrainingArguments) -> None:
@@ -101,49 +92,56 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
     ``publications`` lists the names this process published (the main process only).
     """
 
-    def __init__(self, env: Optional[Mapping[str, str]] = None,
-                 requeue_command: Optional[list[str]] = None,
-                 requeue_signal: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        env: Optional[Mapping[str, str]] = None,
+        requeue_command: Optional[list[str]] = None,
+        requeue_signal: Optional[int] = None,
+    ) -> None:
         self.execution = Execution.current(env)
-        self.publications: list[str] = []
+        self._sequence = Sequence(self.execution, env, requeue_command)
+        self.publications = self._sequence.publications
         self.user_output_dir: Optional[str] = None
         self.user_save_total_limit: Optional[int] = None
-        self.requeued = False
         self._uploader: Any = None  # on an s3:// root: the staging folder's uploader
-        self._requeue_command = requeue_command
         self._requeue_signal = requeue_signal  # None: the job's --warn-before signal
-        self._signal = SignalFlag()
+        self._signal = self._sequence.signal
         self._stopping = False  # a save was asked for at the signal; requeue after it
-        self._not_requeued: Optional[str] = None
-        self._publisher = Publisher()  # seals and publishes each save off the training thread
+        self._publisher = self._sequence.publisher
+        self._progress = self._sequence.progress
+        self._paused = False  # a save or evaluation is marked in the record
 
-    def on_init_end(self, args: TrainingArguments, state: TrainerState,
-                    control: TrainerControl, **kwargs: Any) -> None:
+    @property
+    def requeued(self) -> bool:
+        """The job was requeued at the signal."""
+        return self._sequence.requeued
+
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self.execution is None:
             return
         self.user_output_dir = args.output_dir
         args.output_dir = self.execution.exec_dir
         self.user_save_total_limit = args.save_total_limit
-        keep = record_keep
-        if self.execution.on_s3:
+        if self.execution.remote:
             # The Trainer writes local disk only: its saves go to the staging folder, each is
             # uploaded under the execution's prefix, then published.  That folder is the
             # node's own, so every rank must be on one node.
-            from ..execution import s3saves
-
             ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
             if args.world_size > ranks_here:
                 raise UsageError(
-                    f"an s3:// root with {args.world_size} ranks over several nodes: the "
-                    "staging folder is each node's own, so a save would be split across "
-                    "nodes; run on one node, or use a folder root on a shared file system")
-            self._uploader = s3saves.uploader(self.execution)
+                    f"a root on {label_of(self.execution.root)} with {args.world_size} ranks "
+                    "over several nodes: the staging folder is each node's own, so a save "
+                    "would be split across nodes; run on one node, or use a folder root on a "
+                    "shared file system"
+                )
+            self._uploader = staging.of(self.execution.root).uploader(self.execution)
             args.output_dir = self.execution.stage_dir
-            keep = s3saves.record_keep
         if args.save_total_limit is not None and args.save_total_limit > 0:
             # The Trainer's rotation keeps its best_model_checkpoint too: each manifest names
             # it, and cleanup keeps it while this execution's lineage is live.
-            keep(self.execution, FRAMEWORK, "save_total_limit", args.save_total_limit)
+            self._sequence.keep(FRAMEWORK, "save_total_limit", args.save_total_limit)
         args.save_total_limit = None
         # The handler goes in as early as the Trainer exists: a signal before it would end
         # the process (the default action) without a save.
@@ -155,43 +153,98 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
         best = state.best_model_checkpoint
         return relative_saves(self.execution, [best]) if best else []
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                **kwargs: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self.execution is None:
             return
-        save = os.path.join(args.output_dir or self.execution.exec_dir,
-                            f"{CHECKPOINT_PREFIX}-{state.global_step}")
-        single = args.world_size <= 1
-        if not single:
+        save = os.path.join(
+            args.output_dir or self.execution.exec_dir, f"{CHECKPOINT_PREFIX}-{state.global_step}"
+        )
+        if self._uploader is not None:
+            self._upload(args, state, save)
+        else:
+            self._sequence.publish(
+                save,
+                state.global_step,
+                ranks=args.world_size,
+                main=state.is_world_process_zero,
+                barrier=lambda: _barrier(args),
+                bests=lambda: self._bests(state),
+            )
+        self._resume(state)
+        if self._stopping:
+            self._requeue_after(args, state, save)
+
+    def _upload(self, args: TrainingArguments, state: TrainerState, save: str) -> None:
+        """On an s3:// root: the save in the staging folder, uploaded and published."""
+        assert self.execution is not None
+        if args.world_size > 1:
             if os.path.isdir(save):  # each rank syncs what it wrote (none on a node apart)
                 sync_save(save)
             _barrier(args)
         if state.is_world_process_zero:
-            if self._uploader is not None:
-                from ..execution import s3saves
-
-                best = state.best_model_checkpoint
-                bests = relative_saves(self.execution, [self._uploader.url_of(best)]) \
-                    if best else []
-                self.publications.append(s3saves.publish_local_save(
-                    self.execution, self._uploader, state.global_step, save, bests))
-            else:
-                bests, step = self._bests(state), state.global_step
-                self._publisher.submit(lambda: self._seal_and_publish(save, single, bests, step))
-        if self._stopping:
-            self._publisher.wait()  # requeued only once the save made at the signal is published
-            self._requeue_after(args, state, save)
-
-    def _seal_and_publish(self, save: str, single: bool, bests: list[str], step: int) -> None:
-        """On the publisher's thread: make the save durable, then publish it."""
-        assert self.execution is not None
-        seal_save(save, single_writer=single, bests=bests)
-        self.publications.append(publish_save(self.execution, step, save))
+            best = state.best_model_checkpoint
+            bests = relative_saves(self.execution, [self._uploader.url_of(best)]) if best else []
+            self.publications.append(
+                staging.of(self.execution.root).publish_local_save(
+                    self.execution, self._uploader, state.global_step, save, bests
+                )
+            )
 
     # --- the requeue signal -----------------------------------------------------------------
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState,
-                    control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._answer_signal(args, control)
+        progress = self._progress
+        if progress is not None and state.is_world_process_zero:
+            progress.step(state.global_step)
+            # The Trainer evaluates and saves right after this hook (DefaultFlowCallback,
+            # first of the callbacks, has decided): that time is no stall.
+            if control.should_save or control.should_evaluate:
+                self._pause(state, control)
+
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        # A micro-batch of gradient accumulation (the last one ends the step): progress too.
+        if self._progress is not None and state.is_world_process_zero:
+            self._progress.step(state.global_step)
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        progress = self._progress
+        # save_strategy/eval_strategy "epoch": decided here, made right after.
+        if (
+            progress is not None
+            and state.is_world_process_zero
+            and (control.should_save or control.should_evaluate)
+        ):
+            self._pause(state, control)
+
+    def _pause(self, state: TrainerState, control: TrainerControl) -> None:
+        """The save or evaluation the Trainer decided is marked, once until it ends."""
+        if self._progress is not None and not self._paused:
+            self._paused = True
+            self._progress.save_began(
+                state.global_step, "save" if control.should_save else "evaluation"
+            )
+
+    def _resume(self, state: TrainerState) -> None:
+        if self._progress is not None and self._paused:
+            self._paused = False
+            self._progress.save_ended(state.global_step)
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if not control.should_save:
+            self._resume(state)  # no save follows the evaluation
+
+    def _answer_signal(self, args: TrainingArguments, control: TrainerControl) -> None:
         if self.execution is None or self._stopping:
             return
         # Every rank must take part in the save, so the ranks agree on "any rank signalled".
@@ -205,27 +258,24 @@ class DispatchCallback(TrainerCallback):  # type: ignore[misc]
     def _requeue_after(self, args: TrainingArguments, state: TrainerState, save: str) -> None:
         """The save made at the signal is published (on every rank's side of the barrier):
         requeue the job from the main process; every rank learns the outcome."""
-        assert self.execution is not None
+        execution = self.execution
+        assert execution is not None
         self._stopping = False
         published = self._uploader.url_of(save) if self._uploader is not None else save
-        why = None
-        if state.is_world_process_zero:
-            why = requeue(published, is_shared_checkpoint(self.execution),
-                          self._requeue_command)
-        why = _from_rank_zero(why, args)
-        self.requeued = why is None
-        self._not_requeued = why
+        self._sequence.requeue_at_signal(
+            published,
+            lambda: is_shared_checkpoint(execution),
+            state.is_world_process_zero,
+            lambda why: _from_rank_zero(why, args),
+        )
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState,
-                     control: TrainerControl, **kwargs: Any) -> None:
-        try:
-            self._publisher.wait()  # the last save's publication, before train() returns
-        finally:
-            self._signal.hand_back()
-        if self._not_requeued is not None:
-            # train() returning would end the job COMPLETED, where the supervisor stops.
-            why, self._not_requeued = self._not_requeued, None
-            raise NotRequeued(why)
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._progress is not None and state.is_world_process_zero:
+            # What the script does after train() (evaluate, save_model, an export) is no stall.
+            self._progress.ended(state.global_step)
+        self._sequence.finish()  # the last save's publication, before train() returns
 
 
 def _distributed(args: TrainingArguments) -> Any:

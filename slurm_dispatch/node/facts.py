@@ -45,8 +45,32 @@ from .factstore import (
 )
 from .procscan import ancestors, scan_survivors
 
-__all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH", "ancestors",
-           "array_starts", "array_task_job", "boot_id", "boot_time", "check_name", "collect",
-           "dumps", "execution_facts", "expand_hostlist", "fact_uids", "group_executions",
-           "job_uids", "list_job", "new_token", "node_activity", "open_state_dir", "parse_name",
-           "read_job_facts", "scan_survivors", "write_fact"]
+__all__ = [
+    "FACTS",
+    "FORMAT_VERSION",
+    "FactError",
+    "KINDS",
+    "MAX_FACT_BYTES",
+    "WATCH",
+    "ancestors",
+    "array_starts",
+    "array_task_job",
+    "boot_id",
+    "boot_time",
+    "check_name",
+    "collect",
+    "dumps",
+    "execution_facts",
+    "expand_hostlist",
+    "fact_uids",
+    "group_executions",
+    "job_uids",
+    "list_job",
+    "new_token",
+    "node_activity",
+    "open_state_dir",
+    "parse_name",
+    "read_job_facts",
+    "scan_survivors",
+    "write_fact",
+]

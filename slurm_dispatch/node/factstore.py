@@ -53,6 +53,55 @@ import stat
 from .. import __version__, _fsio
 from ..errors import FactError
 
+TYPE_CHECKING = False  # typing is not imported at run time: the hooks import this module
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional, TypedDict
+
+    from .procscan import Process
+
+    class Fact(TypedDict, total=False):
+        """A fact as :func:`write_fact` writes it and :func:`read_job_facts` reads it back.
+
+        Read from a file an older or newer hook wrote, so a reader asks for each key with
+        ``.get`` and checks its type; the keys of each kind are those its hook writes
+        (hooks/evidence.py)."""
+
+        # Every fact: what write_fact adds, and the moment and restart count it is about.
+        v: int  # FORMAT_VERSION
+        kind: str  # one of KINDS
+        job_id: str
+        node: str  # "slurmctld" for the controller's
+        uid: int
+        gid: int
+        token: str  # 24 hex digits; a node's end shares its start's
+        release: str  # the release that wrote it
+        time: float
+        restart: Optional[int]  # the execution's restart count (None: not known)
+        restart_env: Optional[str]  # SLURM_RESTART_COUNT as the hook was given it
+        sluid: str  # Slurm's id of the run (26.05)
+        boot_id: Optional[str]
+        # A node's start (Prolog) and the controller's start (PrologSlurmctld).
+        boot_time: Optional[float]
+        hostname: str
+        array_job_id: str
+        array_task_id: str
+        # A node's end (Epilog); a re-check (the survivors found again, tied by end_token).
+        start_token: Optional[str]  # the start an end closes (a controller's end too)
+        end_token: str
+        survivors: list[Process]
+        scan_error: Optional[str]
+        scan: Optional[dict[str, Any]]  # rounds, complete, seconds
+        cgroup_root: str
+        cgroup: Optional[dict[str, object]]  # where the job's cgroup was looked for
+        slurm: dict[str, str]  # the end's SLURM_JOB_* variables
+        orphan: bool
+        recorded_by: str
+        reason: str
+        # The controller's start and end.
+        nodelist: str
+        nodes: list[str]
+
+
 FACTS = "facts"
 WATCH = "watch"
 KINDS = ("start", "end", "recheck", "ctld-start", "ctld-end")
@@ -62,11 +111,35 @@ MAX_FACT_BYTES = 1 << 20
 WRITTEN: dict[str, int] = {}
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
-__all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "WATCH",
-           "array_starts", "array_task_job", "boot_id", "boot_time", "check_name", "create_file",
-           "dumps", "fact_name", "fact_uids", "format_problem", "job_uids", "list_job", "new_token",
-           "node_activity", "open_state_dir", "open_subdir", "parse_name", "read_job_facts",
-           "read_regular", "token_time", "write_fact"]
+__all__ = [
+    "FACTS",
+    "FORMAT_VERSION",
+    "FactError",
+    "KINDS",
+    "MAX_FACT_BYTES",
+    "WATCH",
+    "array_starts",
+    "array_task_job",
+    "boot_id",
+    "boot_time",
+    "check_name",
+    "create_file",
+    "dumps",
+    "fact_name",
+    "fact_uids",
+    "format_problem",
+    "job_uids",
+    "list_job",
+    "new_token",
+    "node_activity",
+    "open_state_dir",
+    "open_subdir",
+    "parse_name",
+    "read_job_facts",
+    "read_regular",
+    "token_time",
+    "write_fact",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,8 +149,9 @@ __all__ = ["FACTS", "FORMAT_VERSION", "FactError", "KINDS", "MAX_FACT_BYTES", "W
 def check_name(value: str, what: str) -> str:
     """A node name or job id usable as one path component: ``[A-Za-z0-9._-]``, not ``.``-first."""
     if not value or value[0] == "." or len(value) > 200 or not set(value) <= _NAME_CHARS:
-        raise FactError(f"{what} {value!r} is not a plain name ([A-Za-z0-9._-], not starting "
-                        "with '.')")
+        raise FactError(
+            f"{what} {value!r} is not a plain name ([A-Za-z0-9._-], not starting with '.')"
+        )
     return value
 
 
@@ -141,6 +215,7 @@ def dumps(value: object) -> str:
 
 def new_token() -> str:
     import time
+
     return f"{time.time_ns():016x}{os.urandom(4).hex()}"
 
 
@@ -173,8 +248,10 @@ def _check_private_dir(fd: int, where: str, owner: int) -> os.stat_result:
     if info.st_uid != owner:
         raise FactError(f"{where} is owned by uid {info.st_uid}, not {owner}; refusing to use it")
     if info.st_mode & 0o022:
-        raise FactError(f"{where} is writable by group or others "
-                        f"(mode {stat.S_IMODE(info.st_mode):04o}); refusing to use it")
+        raise FactError(
+            f"{where} is writable by group or others "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}); refusing to use it"
+        )
     return info
 
 
@@ -225,8 +302,9 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
         except OSError as exc:
             raise FactError(f"cannot open {where}: {exc.strerror}") from None
     except OSError as exc:
-        raise FactError(f"cannot open {where}: {exc.strerror} (a symlink or a non-directory "
-                        "is refused)") from None
+        raise FactError(
+            f"cannot open {where}: {exc.strerror} (a symlink or a non-directory is refused)"
+        ) from None
     try:
         info = _check_private_dir(fd, where, owner)
         if grouped and stat.S_IMODE(info.st_mode) & 0o077 == 0 and mode & 0o077:
@@ -242,8 +320,7 @@ def open_subdir(parent: int, name: str, where: str, mode: int, gid: int = -1) ->
     return fd
 
 
-def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
-                gid: int = -1) -> None:
+def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int, gid: int = -1) -> None:
     """Put a new file ``name`` with ``data`` in ``dir_fd``, whole or not at all, and only once
     (FactError when ``name`` exists: a fact is written once).
 
@@ -273,19 +350,26 @@ def create_file(dir_fd: int, name: str, data: bytes, where: str, mode: int,
         except OSError:
             pass
         if isinstance(exc, FileExistsError):
-            raise FactError(f"cannot write {where}/{name}: it exists (a fact is written "
-                            "once)") from None
+            raise FactError(
+                f"cannot write {where}/{name}: it exists (a fact is written once)"
+            ) from None
         raise FactError(f"cannot write {where}/{name}: {exc.strerror}") from None
 
 
 def _name_once(dir_fd: int, temp: str, name: str) -> None:
     """Give ``temp`` the name ``name``, FileExistsError if that exists, then drop ``temp``."""
     import errno
+
     try:
         os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK,
-                             errno.ENOSYS):
+        if exc.errno not in (
+            errno.EPERM,
+            errno.EOPNOTSUPP,
+            errno.ENOTSUP,
+            errno.EMLINK,
+            errno.ENOSYS,
+        ):
             raise
         # A file system without hard links (the kernel's EPERM; ENOSYS from a FUSE daemon
         # without a link operation): look, then rename (no other writer of the same name runs
@@ -304,8 +388,16 @@ def fact_name(kind: str, node: str, restart: object, token: str) -> str:
     return f"{kind}.{node}.{restart if isinstance(restart, int) else 'x'}.{token}"
 
 
-def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node: str,
-               body: dict[str, object], token: str | None = None) -> str:
+def write_fact(
+    state_dir: str,
+    uid: int,
+    gid: int,
+    job_id: str,
+    kind: str,
+    node: str,
+    body: dict[str, object],
+    token: str | None = None,
+) -> str:
     """Write one fact of ``kind`` about ``job_id``; return its file name."""
     check_name(job_id, "job id")
     check_name(node, "node name")
@@ -316,8 +408,17 @@ def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node:
     record = dict(body)
     # The release that wrote it: dispatch-admin doctor compares the nodes' and the controller's.
     record.setdefault("release", __version__)
-    record.update({"v": FORMAT_VERSION, "kind": kind, "job_id": job_id, "node": node,
-                   "uid": uid, "gid": gid, "token": token})
+    record.update(
+        {
+            "v": FORMAT_VERSION,
+            "kind": kind,
+            "job_id": job_id,
+            "node": node,
+            "uid": uid,
+            "gid": gid,
+            "token": token,
+        }
+    )
     data = dumps(record).encode() + b"\n"
     base = open_state_dir(state_dir)
     fds = [base]
@@ -341,15 +442,17 @@ def write_fact(state_dir: str, uid: int, gid: int, job_id: str, kind: str, node:
 # Reading
 
 
-def format_problem(record: dict) -> str | None:
+def format_problem(record: Mapping[str, Any]) -> str | None:
     """Why a fact or watch entry of another format version cannot be read, or None.
 
     No ``v`` means version 1 (written before versions existed)."""
     version = record.get("v", 1)
     if version == FORMAT_VERSION and not isinstance(version, bool):
         return None
-    return (f"format version {version!r}: written by a newer slurm-dispatch (this reader knows "
-            f"{FORMAT_VERSION}); upgrade slurm-dispatch where the facts are read")
+    return (
+        f"format version {version!r}: written by a newer slurm-dispatch (this reader knows "
+        f"{FORMAT_VERSION}); upgrade slurm-dispatch where the facts are read"
+    )
 
 
 def list_job(state_dir: str, uid: int, job_id: str) -> list[str]:
@@ -362,8 +465,9 @@ def list_job(state_dir: str, uid: int, job_id: str) -> list[str]:
         where = f"{state_dir}/{FACTS}"
         fds.append(_open_trusted_dir(fds[-1], FACTS, where, trusted))
         fds.append(_open_trusted_dir(fds[-1], str(uid), f"{where}/{uid}", trusted))
-        fds.append(_open_trusted_dir(fds[-1], job_id, f"{where}/{uid}/{job_id}", trusted,
-                                     listable=True))
+        fds.append(
+            _open_trusted_dir(fds[-1], job_id, f"{where}/{uid}/{job_id}", trusted, listable=True)
+        )
         return os.listdir(fds[-1])
     except FileNotFoundError:
         return []
@@ -382,8 +486,10 @@ def read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise FactError(f"{name}: not a regular file")
         if info.st_uid not in trusted or info.st_mode & 0o022:
-            raise FactError(f"{name}: owned by uid {info.st_uid} with mode "
-                            f"{stat.S_IMODE(info.st_mode):04o}; not trusted")
+            raise FactError(
+                f"{name}: owned by uid {info.st_uid} with mode "
+                f"{stat.S_IMODE(info.st_mode):04o}; not trusted"
+            )
         chunks = []
         total = 0
         while True:
@@ -399,8 +505,9 @@ def read_regular(dir_fd: int, name: str, trusted: set[int]) -> bytes:
         os.close(fd)
 
 
-def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[int],
-                      listable: bool = False) -> int:
+def _open_trusted_dir(
+    parent: int | None, name: str, where: str, trusted: set[int], listable: bool = False
+) -> int:
     # O_PATH: a user may pass through facts/ (mode 0711) without the right to open it.
     try:
         # The first folder (the StateDir as configured) may be a symlink; none below it may.
@@ -412,8 +519,10 @@ def _open_trusted_dir(parent: int | None, name: str, where: str, trusted: set[in
     info = os.fstat(fd)
     if info.st_uid not in trusted or info.st_mode & 0o022:
         os.close(fd)
-        raise FactError(f"{where} is owned by uid {info.st_uid} with mode "
-                        f"{stat.S_IMODE(info.st_mode):04o}; its facts are not trusted")
+        raise FactError(
+            f"{where} is owned by uid {info.st_uid} with mode "
+            f"{stat.S_IMODE(info.st_mode):04o}; its facts are not trusted"
+        )
     return fd
 
 
@@ -432,21 +541,22 @@ def _open_chain(state_dir: str, names: tuple[str, ...], fds: list[int]) -> set[i
     where = state_dir
     for i, name in enumerate(names):
         where = f"{where}/{name}"
-        fds.append(_open_trusted_dir(fds[-1], name, where, trusted,
-                                     listable=i == len(names) - 1))
+        fds.append(_open_trusted_dir(fds[-1], name, where, trusted, listable=i == len(names) - 1))
     return trusted
 
 
-def read_job_facts(state_dir: str, uid: int, job_id: str,
-                   prefixes: tuple[str, ...] = ()) -> tuple[list[dict], list[str]]:
+def read_job_facts(
+    state_dir: str, uid: int, job_id: str, prefixes: tuple[str, ...] = ()
+) -> tuple[list[Fact], list[str]]:
     """Every trusted fact recorded about ``job_id`` of user ``uid``, oldest first, and problems.
 
     ``prefixes`` limits the files read to names starting with one of them (``"start.n1."``).
     No folder for the job means no facts (not a problem).
     """
     import json
+
     check_name(job_id, "job id")
-    facts: list[dict] = []
+    facts: list[Fact] = []
     problems: list[str] = []
     fds: list[int] = []
     try:
@@ -458,22 +568,24 @@ def read_job_facts(state_dir: str, uid: int, job_id: str,
                 continue  # a dot-name is a fact not yet written whole (create_file)
             try:
                 data = read_regular(job, name, trusted)
-                record = json.loads(data)
+                record: Fact = json.loads(data)  # checked next: a JSON object of a kind
                 if not isinstance(record, dict) or record.get("kind") not in KINDS:
                     raise FactError(f"{name}: not a fact")
                 problem = format_problem(record)
                 if problem:
                     raise FactError(f"{name}: {problem}")
             except (FactError, ValueError) as exc:
-                problems.append(f"{where}/{exc}" if isinstance(exc, FactError)
-                                else f"{where}/{name}: garbled ({exc})")
+                problems.append(
+                    f"{where}/{exc}"
+                    if isinstance(exc, FactError)
+                    else f"{where}/{name}: garbled ({exc})"
+                )
                 continue
             facts.append(record)
     except FileNotFoundError:
         pass
     except PermissionError as exc:
-        problems.append(f"cannot read the facts of job {job_id} under {state_dir}: "
-                        f"{exc.strerror}")
+        problems.append(f"cannot read the facts of job {job_id} under {state_dir}: {exc.strerror}")
     except (FactError, OSError) as exc:
         problems.append(str(exc))
     finally:
@@ -490,14 +602,16 @@ def token_time(token: str) -> float | None:
         return None
 
 
-def node_activity(state_dir: str, nodes: set[str], since: float) -> dict[str, dict] | None:
+def node_activity(
+    state_dir: str, nodes: set[str], since: float
+) -> dict[str, dict[str, list[float]]] | None:
     """For each of ``nodes``: when it recorded ``start`` and ``end`` facts, for any job, since
     ``since`` (``{"start": [times], "end": [times]}``), read from the file names of the job
     folders changed since then; None when ``facts/`` cannot be listed (not root).
 
     What it is for: a node that records starts and never an end has an Epilog that does not
     run (``dispatch-cease`` says so)."""
-    found: dict[str, dict] = {node: {"start": [], "end": []} for node in nodes}
+    found: dict[str, dict[str, list[float]]] = {node: {"start": [], "end": []} for node in nodes}
     top = os.path.join(state_dir, FACTS)
     try:
         users = os.listdir(top)
@@ -513,16 +627,21 @@ def node_activity(state_dir: str, nodes: set[str], since: float) -> dict[str, di
         with jobs:
             for job in jobs:
                 try:
-                    if not job.is_dir(follow_symlinks=False) \
-                            or job.stat(follow_symlinks=False).st_mtime < since - 1:
+                    if (
+                        not job.is_dir(follow_symlinks=False)
+                        or job.stat(follow_symlinks=False).st_mtime < since - 1
+                    ):
                         continue
                     names = os.listdir(job.path)
                 except OSError:
                     continue
                 for name in names:
                     parsed = parse_name(name)
-                    if parsed is None or parsed[0] not in ("start", "end") \
-                            or parsed[1] not in found:
+                    if (
+                        parsed is None
+                        or parsed[0] not in ("start", "end")
+                        or parsed[1] not in found
+                    ):
                         continue
                     made = token_time(parsed[3])
                     if made is not None and made >= since:
@@ -580,12 +699,21 @@ def array_starts(state_dir: str, uid: int, array: str) -> list[tuple[str, set[tu
             os.close(fd)
     first = int(array)
     found = []
-    for name in sorted((n for n in names if n.isascii() and n.isdigit() and int(n) >= first),
-                       key=int):
+    for name in sorted(
+        (n for n in names if n.isascii() and n.isdigit() and int(n) >= first), key=int
+    ):
         starts, _ = read_job_facts(state_dir, uid, name, ("ctld-start.",))
-        found.append((name, {(f["array_job_id"], f["array_task_id"]) for f in starts
-                             if isinstance(f.get("array_job_id"), str)
-                             and isinstance(f.get("array_task_id"), str)}))
+        found.append(
+            (
+                name,
+                {
+                    (f["array_job_id"], f["array_task_id"])
+                    for f in starts
+                    if isinstance(f.get("array_job_id"), str)
+                    and isinstance(f.get("array_task_id"), str)
+                },
+            )
+        )
     return found
 
 
@@ -606,14 +734,19 @@ def array_task_job(state_dir: str, uid: int, array: str, task: str) -> str | Non
             continue
         others = sorted(f"array {a} task {t}" for a, t in named - {(array, task)})
         if others:
-            raise FactError(f"the facts of job {name} (under {state_dir}/{FACTS}/{uid}) name "
-                            f"array {array} task {task}, and job {name} also has a controller "
-                            f"start of {', '.join(others)}: job id {name} was used twice "
-                            "(slurmctld's state started anew, or MaxJobId wrapped)")
+            raise FactError(
+                f"the facts of job {name} (under {state_dir}/{FACTS}/{uid}) name "
+                f"array {array} task {task}, and job {name} also has a controller "
+                f"start of {', '.join(others)}: job id {name} was used twice "
+                "(slurmctld's state started anew, or MaxJobId wrapped)"
+            )
         found.append(name)
     if len(found) > 1:
-        raise FactError("the facts of " + " and ".join(f"job {n}" for n in found)
-                        + f" (under {state_dir}/{FACTS}/{uid}) each name array {array} task "
-                        f"{task}: job ids were used twice (slurmctld's state started anew, or "
-                        "MaxJobId wrapped)")
+        raise FactError(
+            "the facts of "
+            + " and ".join(f"job {n}" for n in found)
+            + f" (under {state_dir}/{FACTS}/{uid}) each name array {array} task "
+            f"{task}: job ids were used twice (slurmctld's state started anew, or "
+            "MaxJobId wrapped)"
+        )
     return found[0] if found else None

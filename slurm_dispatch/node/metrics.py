@@ -46,77 +46,126 @@ MAX_BYTES = 1 << 20
 # name -> (type, help), in the order they are written.
 FAMILIES = {
     "slurm_dispatch_hook_runs_total": (
-        "counter", "Hook runs on this node, by hook and outcome (ok: recorded; fault: logged "
-        "to syslog, nothing or part recorded)."),
+        "counter",
+        "Hook runs on this node, by hook and outcome (ok: recorded; fault: logged "
+        "to syslog, nothing or part recorded).",
+    ),
     "slurm_dispatch_hook_faults_total": (
-        "counter", "Faults the hooks logged on this node, by hook and kind (the error's class)."),
+        "counter",
+        "Faults the hooks logged on this node, by hook and kind (the error's class).",
+    ),
     "slurm_dispatch_hook_last_run_timestamp_seconds": (
-        "gauge", "When each hook last ran on this node (Unix time)."),
+        "gauge",
+        "When each hook last ran on this node (Unix time).",
+    ),
     # Counted in unconfigured_dir(), which needs no dispatch.conf:
     "slurm_dispatch_hook_runs_unconfigured_total": (
-        "counter", "Hook runs on this node that found no dispatch.conf and no StateDir, by hook "
-        "(nothing recorded: set DISPATCH_CONF in the hook part)."),
+        "counter",
+        "Hook runs on this node that found no dispatch.conf and no StateDir, by hook "
+        "(nothing recorded: set DISPATCH_CONF in the hook part).",
+    ),
     "slurm_dispatch_facts_written_total": (
-        "counter", "Facts the hooks wrote from this node, by kind (start, end, recheck, "
-        "ctld-start, ctld-end)."),
+        "counter",
+        "Facts the hooks wrote from this node, by kind (start, end, recheck, "
+        "ctld-start, ctld-end).",
+    ),
     "slurm_dispatch_proc_scan_seconds": (
-        "summary", "Seconds of the survivor scans over /proc, by hook (epilog, recheck)."),
+        "summary",
+        "Seconds of the survivor scans over /proc, by hook (epilog, recheck).",
+    ),
     "slurm_dispatch_proc_scans_incomplete_total": (
-        "counter", "Survivor scans that met their deadline with processes not read (not proof "
-        "of cessation), by hook."),
+        "counter",
+        "Survivor scans that met their deadline with processes not read (not proof "
+        "of cessation), by hook.",
+    ),
     "slurm_dispatch_survivors_found_total": (
-        "counter", "Processes of ended jobs found alive by the scans, by hook."),
+        "counter",
+        "Processes of ended jobs found alive by the scans, by hook.",
+    ),
     # dispatch-admin metrics, from the users' records (RECORDS_FILE):
-    "slurm_dispatch_holds_standing": (
-        "gauge", "Standing shared-checkpoint holds, by user."),
+    "slurm_dispatch_holds_standing": ("gauge", "Standing shared-checkpoint holds, by user."),
     "slurm_dispatch_holds_expiring": (
-        "gauge", "Standing holds that expire within HoldWarning, by user."),
+        "gauge",
+        "Standing holds that expire within HoldWarning, by user.",
+    ),
     "slurm_dispatch_cessation_answers_total": (
-        "counter", "The CessationSignal's answers the records hold, by user and verdict (not "
-        "ceased: not proven)."),
+        "counter",
+        "The CessationSignal's answers the records hold, by user and verdict (not "
+        "ceased: not proven).",
+    ),
     "slurm_dispatch_supervisor_last_pass_timestamp_seconds": (
-        "gauge", "The supervisor's last good pass (Unix time), by user and cluster."),
+        "gauge",
+        "The supervisor's last good pass (Unix time), by user and cluster.",
+    ),
     "slurm_dispatch_supervisor_failed_passes": (
-        "gauge", "Supervisor passes failed since its last good one, by user and cluster."),
+        "gauge",
+        "Supervisor passes failed since its last good one, by user and cluster.",
+    ),
     "slurm_dispatch_supervisor_interval_seconds": (
-        "gauge", "Seconds between the supervisor's passes (--loop's interval, else a timer's "
-        "minute), by user and cluster."),
+        "gauge",
+        "Seconds between the supervisor's passes (--loop's interval, else a timer's "
+        "minute), by user and cluster.",
+    ),
     "slurm_dispatch_jobs_active": (
-        "gauge", "Jobs (or array tasks) the supervisor still acts for (not finished, not "
-        "superseded), by user."),
+        "gauge",
+        "Jobs (or array tasks) the supervisor still acts for (not finished, not "
+        "superseded), by user.",
+    ),
     "slurm_dispatch_restarts_total": (
-        "counter", "Restarts of the users' dispatch jobs the records hold, by user and cause "
+        "counter",
+        "Restarts of the users' dispatch jobs the records hold, by user and cause "
         "(preempted, node failure, failed, timeout, out of memory, no progress, by hand, "
-        "unknown)."),
+        "unknown).",
+    ),
     "slurm_dispatch_allocated_seconds_total": (
-        "counter", "Seconds the ended executions' allocations held, by user."),
+        "counter",
+        "Seconds the ended executions' allocations held, by user.",
+    ),
     "slurm_dispatch_lost_seconds_total": (
-        "counter", "Seconds of those allocations the jobs did not keep (start-up, restore, "
-        "work after the save a replacement resumed from), by user."),
+        "counter",
+        "Seconds of those allocations the jobs did not keep (start-up, restore, "
+        "work after the save a replacement resumed from), by user.",
+    ),
     "slurm_dispatch_steps_redone_total": (
-        "counter", "Steps replacements did again (from the save they resumed from to the last "
-        "step their predecessor published), by user."),
+        "counter",
+        "Steps replacements did again (from the save they resumed from to the last "
+        "step their predecessor published), by user.",
+    ),
     "slurm_dispatch_restore_seconds": (
-        "summary", "Estimated seconds from an execution's start to its first step, by user."),
+        "summary",
+        "Estimated seconds from an execution's start to its first step, by user.",
+    ),
     "slurm_dispatch_save_latency_seconds": (
-        "summary", "Seconds from a save's last write to its publication, by user."),
+        "summary",
+        "Seconds from a save's last write to its publication, by user.",
+    ),
     "slurm_dispatch_ceased_after_end_seconds": (
-        "summary", "Seconds from an execution's end to the proof its processes were gone, by "
-        "user."),
+        "summary",
+        "Seconds from an execution's end to the proof its processes were gone, by user.",
+    ),
     "slurm_dispatch_jobs_stopped_no_progress": (
-        "gauge", "Jobs (or array tasks) the supervisor stopped restarting for lack of progress "
-        "(--max-no-progress), while the stop stands, by user."),
+        "gauge",
+        "Jobs (or array tasks) the supervisor stopped restarting for lack of progress "
+        "(--max-no-progress), while the stop stands, by user.",
+    ),
     "slurm_dispatch_progress_age_seconds": (
-        "gauge", "The longest a running execution has gone without a publication (since its "
-        "start where it has none), by user."),
+        "gauge",
+        "The longest a running execution has gone without a publication (since its "
+        "start where it has none), by user.",
+    ),
     "slurm_dispatch_holds_by_age": (
-        "gauge", "Standing holds by age (under 1h, 6h, 24h; more), by user."),
+        "gauge",
+        "Standing holds by age (under 1h, 6h, 24h; more), by user.",
+    ),
     "slurm_dispatch_hold_next_deadline_timestamp_seconds": (
-        "gauge", "The soonest deadline of a user's standing holds (Unix time)."),
-    "slurm_dispatch_records_unreadable": (
-        "gauge", "1 for a user whose records could not be read."),
+        "gauge",
+        "The soonest deadline of a user's standing holds (Unix time).",
+    ),
+    "slurm_dispatch_records_unreadable": ("gauge", "1 for a user whose records could not be read."),
     "slurm_dispatch_records_read_timestamp_seconds": (
-        "gauge", "When dispatch-admin metrics last read the users' records (Unix time)."),
+        "gauge",
+        "When dispatch-admin metrics last read the users' records (Unix time).",
+    ),
 }
 RECORDS_FILE = "slurm-dispatch-records.prom"
 # Where a hook that found no dispatch.conf (and no StateDir) counts its run: a place that needs
@@ -205,8 +254,8 @@ def parse(text: str) -> dict[str, float]:
 def _family(key: str) -> str:
     name = key.partition("{")[0]
     for suffix in ("_sum", "_count"):
-        if name.endswith(suffix) and name[:-len(suffix)] in FAMILIES:
-            return name[:-len(suffix)]
+        if name.endswith(suffix) and name[: -len(suffix)] in FAMILIES:
+            return name[: -len(suffix)]
     return name
 
 
@@ -239,14 +288,17 @@ def _open_dir(metrics_dir: str, owner: int | None = None) -> int:
     try:
         fd = _fsio.open_dir(metrics_dir)
     except OSError as exc:
-        raise MetricsError(f"cannot open MetricsDir {metrics_dir!r}: {exc.strerror} (a "
-                           "symlink is refused)") from None
+        raise MetricsError(
+            f"cannot open MetricsDir {metrics_dir!r}: {exc.strerror} (a symlink is refused)"
+        ) from None
     info = os.fstat(fd)
     if info.st_uid != owner or info.st_mode & 0o022:
         os.close(fd)
-        raise MetricsError(f"MetricsDir {metrics_dir!r} is owned by uid {info.st_uid} with mode "
-                           f"{stat.S_IMODE(info.st_mode):04o}; it must be owned by uid "
-                           f"{owner} and writable by nobody else")
+        raise MetricsError(
+            f"MetricsDir {metrics_dir!r} is owned by uid {info.st_uid} with mode "
+            f"{stat.S_IMODE(info.st_mode):04o}; it must be owned by uid "
+            f"{owner} and writable by nobody else"
+        )
     return fd
 
 
@@ -266,6 +318,7 @@ def check_dir(metrics_dir: str) -> None:
 
 def _lock(dir_fd: int, metrics_dir: str, wait: float) -> int:
     import fcntl
+
     try:
         # Made once, then opened again (never through a symlink); flock needs no read access.
         fd = _fsio.create_new(LOCK, 0o600, dir_fd=dir_fd, exclusive=False)
@@ -279,16 +332,19 @@ def _lock(dir_fd: int, metrics_dir: str, wait: float) -> int:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 os.close(fd)
-                raise MetricsError(f"{metrics_dir}/{LOCK} still locked after {wait:g} s; this "
-                                   "run's counts were not added") from None
+                raise MetricsError(
+                    f"{metrics_dir}/{LOCK} still locked after {wait:g} s; this "
+                    "run's counts were not added"
+                ) from None
             time.sleep(0.002)
         except OSError as exc:
             os.close(fd)
             raise MetricsError(f"cannot lock {metrics_dir}/{LOCK}: {exc.strerror}") from None
 
 
-def _read(dir_fd: int, metrics_dir: str, name: str = FILE,
-          owner: int | None = None) -> dict[str, float]:
+def _read(
+    dir_fd: int, metrics_dir: str, name: str = FILE, owner: int | None = None
+) -> dict[str, float]:
     try:
         fd = _fsio.open_file(name, dir_fd, nonblock=True)
     except FileNotFoundError:
@@ -297,8 +353,9 @@ def _read(dir_fd: int, metrics_dir: str, name: str = FILE,
         return {}  # a symlink planted in its place: not read, replaced by the rename
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or \
-                info.st_uid != (os.geteuid() if owner is None else owner):
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != (
+            os.geteuid() if owner is None else owner
+        ):
             return {}
         data = os.read(fd, MAX_BYTES + 1)
     finally:

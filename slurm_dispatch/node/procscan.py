@@ -43,9 +43,39 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # collections.abc costs a hook's start-up 1.5 ms; only mypy needs it
     from collections.abc import Collection, Iterable, Iterator
+    from typing import Optional, TypedDict
 
-__all__ = ["CgroupLook", "Scan", "ancestors", "cgroup_look", "cgroup_names", "cgroup_processes",
-           "cgroup_scopes", "environ_facts", "scan", "scan_survivors", "scan_within"]
+    class _ProcessSeen(TypedDict):
+        pid: int
+        ppid: Optional[int]
+        state: str  # /proc/PID/stat's state letter ("?" where it could not be read)
+        starttime: Optional[int]  # clock ticks after boot: with the PID, the process's identity
+        uid: Optional[int]
+        restart: object  # SLURM_RESTART_COUNT in its environment (0 where absent)
+        env_node: Optional[str]  # SLURMD_NODENAME in its environment
+        cmdline: str  # at most 512 characters
+
+    class Process(_ProcessSeen, total=False):
+        """A process a scan found for a job (a survivor, once the job has ended), as the
+        Epilog and the re-checks record it in a fact's ``survivors``."""
+
+        source: str  # "cgroup": found in the job's cgroup, whatever its environment says
+        unresolved: bool  # a PID the scan could not read: not known to be gone
+
+
+__all__ = [
+    "CgroupLook",
+    "Scan",
+    "ancestors",
+    "cgroup_look",
+    "cgroup_names",
+    "cgroup_processes",
+    "cgroup_scopes",
+    "environ_facts",
+    "scan",
+    "scan_survivors",
+    "scan_within",
+]
 
 # Variables read from a process's environment besides SLURM_JOB_ID (first occurrence wins).
 _RESTART, _NODE, _CONTEXT = b"SLURM_RESTART_COUNT", b"SLURMD_NODENAME", b"SLURM_SCRIPT_CONTEXT"
@@ -64,7 +94,7 @@ class Scan:
     __slots__ = ("found", "unresolved", "rounds", "seconds", "complete", "current")
 
     def __init__(self, jobs: Iterable[str]) -> None:
-        self.found: dict[str, list[dict]] = {job: [] for job in jobs}
+        self.found: dict[str, list[Process]] = {job: [] for job in jobs}
         self.unresolved: list[int] = []
         self.rounds = 0
         self.seconds = 0.0
@@ -72,8 +102,9 @@ class Scan:
         self.current: int | None = None  # the PID being read (for a read that never returns)
 
 
-def environ_facts(chunks: Iterable[bytes],
-                  jobs: Collection[str]) -> tuple[set[str], dict[bytes, bytes]]:
+def environ_facts(
+    chunks: Iterable[bytes], jobs: Collection[str]
+) -> tuple[set[str], dict[bytes, bytes]]:
     """The ``jobs`` whose ``SLURM_JOB_ID`` an environment holds, and the values of
     ``SLURM_RESTART_COUNT``, ``SLURMD_NODENAME`` and ``SLURM_SCRIPT_CONTEXT`` in it.
 
@@ -90,7 +121,7 @@ def environ_facts(chunks: Iterable[bytes],
             end = data.find(b"\0", at + 1)
             if end < 0:
                 break
-            name, sep, value = data[at + 1:end].partition(b"=")
+            name, sep, value = data[at + 1 : end].partition(b"=")
             if sep:
                 if name == b"SLURM_JOB_ID":
                     if value in wanted:
@@ -161,7 +192,7 @@ def _stat_fields(path: str) -> list[str]:
     finally:
         os.close(fd)
     # The command name is in parentheses and may contain anything, spaces included.
-    return raw[raw.rfind(")") + 2:].split()
+    return raw[raw.rfind(")") + 2 :].split()
 
 
 def _uids(path: str) -> list[int]:
@@ -229,8 +260,9 @@ def _read_fd(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def _examine(pid: str, jobs: dict[str, int | None],
-             kernel: set[str] | frozenset[str] = frozenset()) -> tuple[str, list[tuple[str, dict]]]:
+def _examine(
+    pid: str, jobs: dict[str, int | None], kernel: set[str] | frozenset[str] = frozenset()
+) -> tuple[str, list[tuple[str, Process]]]:
     """(outcome, [(job, process)]) for one PID; outcome is ``_GONE`` (vanished before it could be
     read), ``_DEAD`` (a zombie: it may have forked just before), or ``_OTHER`` (read alive)."""
     path = f"/proc/{pid}"
@@ -277,19 +309,30 @@ def _examine(pid: str, jobs: dict[str, int | None],
         return _OTHER, []
     restart_raw = values.get(_RESTART, b"")
     node = values.get(_NODE)
-    process = {
-        "pid": int(pid), "ppid": int(fields[1]), "state": fields[0], "starttime": int(fields[19]),
-        "uid": uids[0], "restart": int(restart_raw) if restart_raw.isdigit() else 0,
+    process: Process = {
+        "pid": int(pid),
+        "ppid": int(fields[1]),
+        "state": fields[0],
+        "starttime": int(fields[19]),
+        "uid": uids[0],
+        "restart": int(restart_raw) if restart_raw.isdigit() else 0,
         "env_node": node.decode("utf-8", "replace") if node is not None else None,
         "cmdline": cmdline.replace(b"\0", b" ").decode("utf-8", "replace")[:512],
     }
-    mine = [(job, process) for job in sorted(matched)
-            if jobs[job] is None or jobs[job] in uids or 0 in uids]
+    mine = [
+        (job, process)
+        for job in sorted(matched)
+        if jobs[job] is None or jobs[job] in uids or 0 in uids
+    ]
     return _OTHER, mine
 
 
-def scan(jobs: dict[str, int | None], exclude: set[int] | None = None,
-         seconds: float = 2.0, result: Scan | None = None) -> Scan:
+def scan(
+    jobs: dict[str, int | None],
+    exclude: set[int] | None = None,
+    seconds: float = 2.0,
+    result: Scan | None = None,
+) -> Scan:
     """Processes of ``jobs`` (job id -> the job's uid, None: any uid) alive on this machine.
 
     Rounds over /proc until one in which every PID examined was read alive, or ``seconds``
@@ -299,6 +342,7 @@ def scan(jobs: dict[str, int | None], exclude: set[int] | None = None,
     that gives up on a read that never returns keeps what was found).
     """
     import time
+
     started = time.monotonic()
     skip = ancestors() if exclude is None else exclude
     out = result if result is not None else Scan(jobs)
@@ -340,7 +384,7 @@ def scan(jobs: dict[str, int | None], exclude: set[int] | None = None,
 _SIGKILL_BIT = 1 << 8  # signal 9 in the pending masks of /proc/PID/status
 
 
-def _now(process: dict) -> str:
+def _now(process: Process) -> str:
     """``gone`` (PID missing, reused, or a zombie with no live thread), ``dying`` (exiting or
     SIGKILL pending) or ``alive``, for a process found earlier."""
     path = f"/proc/{process['pid']}"
@@ -356,8 +400,10 @@ def _now(process: dict) -> str:
         if int(fields[6]) & _PF_EXITING:
             return "dying"
         for line in _read(f"{path}/status").splitlines():
-            if line.startswith((b"SigPnd:", b"ShdPnd:")) and \
-                    int(line.split()[1], 16) & _SIGKILL_BIT:
+            if (
+                line.startswith((b"SigPnd:", b"ShdPnd:"))
+                and int(line.split()[1], 16) & _SIGKILL_BIT
+            ):
                 return "dying"
     except (OSError, IndexError, ValueError):
         return "gone"
@@ -381,13 +427,15 @@ def _settle(out: Scan) -> str | None:
     return "gone" if dropped else "dying" if dying else None
 
 
-def scan_within(jobs: dict[str, int | None], seconds: float,
-                exclude: set[int] | None = None) -> Scan:
+def scan_within(
+    jobs: dict[str, int | None], seconds: float, exclude: set[int] | None = None
+) -> Scan:
     """:func:`scan`, given up after ``seconds`` even if a read never returns (a process stuck in
     uninterruptible sleep can block a read of its /proc files): then what was found so far, and
     the PID that could not be read as ``unresolved``."""
     import _thread
     import time
+
     out = Scan(jobs)
     done = _thread.allocate_lock()
     done.acquire()
@@ -415,8 +463,12 @@ def scan_within(jobs: dict[str, int | None], seconds: float,
     return out
 
 
-def scan_survivors(job_ids: dict[str, int | None], exclude: set[int] | None = None, *,
-                   uids: dict[str, int] | None = None) -> dict[str, list[dict]]:
+def scan_survivors(
+    job_ids: dict[str, int | None],
+    exclude: set[int] | None = None,
+    *,
+    uids: dict[str, int] | None = None,
+) -> dict[str, list[Process]]:
     """Processes whose environment says they belong to one of ``job_ids``.
 
     ``job_ids`` maps a Slurm job id to the restart count of the execution wanted (None: any):
@@ -427,8 +479,10 @@ def scan_survivors(job_ids: dict[str, int | None], exclude: set[int] | None = No
     :func:`scan` to know.
     """
     result = scan({job: (uids or {}).get(job) for job in job_ids}, exclude)
-    return {job: [p for p in found if job_ids[job] is None or p["restart"] == job_ids[job]]
-            for job, found in result.found.items()}
+    return {
+        job: [p for p in found if job_ids[job] is None or p["restart"] == job_ids[job]]
+        for job, found in result.found.items()
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,8 +527,11 @@ def cgroup_scopes(root: str, node: str) -> list[str]:
                 if os.path.isdir(path) and path not in found:
                     found.append(path)
     for controller in _V1_CONTROLLERS:
-        found += [p for p in (f"{root}/{controller}/{top}" for top in (f"slurm_{node}", "slurm"))
-                  if os.path.isdir(p)]
+        found += [
+            p
+            for p in (f"{root}/{controller}/{top}" for top in (f"slurm_{node}", "slurm"))
+            if os.path.isdir(p)
+        ]
     return found
 
 
@@ -503,14 +560,20 @@ class CgroupLook:
 
     __slots__ = ("scopes", "folders", "names", "processes")
 
-    def __init__(self, scopes: list[str], folders: list[str], names: list[str],
-                 processes: list[dict] | None) -> None:
+    def __init__(
+        self,
+        scopes: list[str],
+        folders: list[str],
+        names: list[str],
+        processes: list[Process] | None,
+    ) -> None:
         self.scopes, self.folders, self.names = scopes, folders, names
         self.processes = processes
 
 
-def cgroup_look(root: str, job_id: str, uid: int, node: str,
-                sluid: str | None = None) -> CgroupLook:
+def cgroup_look(
+    root: str, job_id: str, uid: int, node: str, sluid: str | None = None
+) -> CgroupLook:
     """:class:`CgroupLook` of the job's cgroup under every naming and slice a release uses
     (:func:`cgroup_scopes`, :func:`cgroup_names`).  ``sluid``: the execution's
     (``SLURM_JOB_SLUID``), without which a 26.05 job's folder is not found."""
@@ -522,14 +585,15 @@ def cgroup_look(root: str, job_id: str, uid: int, node: str,
     return CgroupLook(scopes, places, names, _cgroup_members(places))
 
 
-def cgroup_processes(root: str, job_id: str, uid: int, node: str,
-                     sluid: str | None = None) -> list[dict] | None:
+def cgroup_processes(
+    root: str, job_id: str, uid: int, node: str, sluid: str | None = None
+) -> list[Process] | None:
     """Processes in the job's cgroup, whatever their environment; None when the job has none
     (no proctrack/cgroup, or Slurm already removed it): then there is no cgroup evidence."""
     return cgroup_look(root, job_id, uid, node, sluid).processes
 
 
-def _cgroup_members(places: list[str]) -> list[dict]:
+def _cgroup_members(places: list[str]) -> list[Process]:
     pids: set[int] = set()
     for top in places:
         for folder, _, files in os.walk(top):
@@ -540,7 +604,7 @@ def _cgroup_members(places: list[str]) -> list[dict]:
             except OSError:
                 continue
             pids.update(int(p) for p in text.split() if p.isdigit())
-    found = []
+    found: list[Process] = []
     for pid in sorted(pids):
         path = f"/proc/{pid}"
         try:
@@ -551,8 +615,17 @@ def _cgroup_members(places: list[str]) -> list[dict]:
             continue  # listed, gone since
         if fields[0] in ("Z", "X"):
             continue
-        found.append({"pid": pid, "ppid": int(fields[1]), "state": fields[0],
-                      "starttime": int(fields[19]), "uid": owner, "restart": None,
-                      "env_node": None, "source": "cgroup",
-                      "cmdline": cmdline.replace(b"\0", b" ").decode("utf-8", "replace")[:512]})
+        found.append(
+            {
+                "pid": pid,
+                "ppid": int(fields[1]),
+                "state": fields[0],
+                "starttime": int(fields[19]),
+                "uid": owner,
+                "restart": None,
+                "env_node": None,
+                "source": "cgroup",
+                "cmdline": cmdline.replace(b"\0", b" ").decode("utf-8", "replace")[:512],
+            }
+        )
     return found

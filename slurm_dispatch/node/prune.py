@@ -47,14 +47,26 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from .. import _fsio
 from ..errors import FactError
 from . import factstore
 
+if TYPE_CHECKING:
+    from .factstore import Fact
+
 #: Why a folder is kept, as the summary counts them.
-REASONS = ("recent", "from the future", "not readable", "not proven ceased", "watched",
-           "needed by a record", "records unreadable", "not ours")
+REASONS = (
+    "recent",
+    "from the future",
+    "not readable",
+    "not proven ceased",
+    "watched",
+    "needed by a record",
+    "records unreadable",
+    "not ours",
+)
 
 
 #: How far a fact's time may be ahead of this host's clock before it is "from the future".
@@ -64,8 +76,17 @@ AHEAD = 300.0
 class Judged:
     """One job folder and the verdict: ``reason`` None means it may go."""
 
-    __slots__ = ("uid", "job_id", "names", "leftovers", "size", "reason", "detail",
-                 "array_ids", "hidden")
+    __slots__ = (
+        "uid",
+        "job_id",
+        "names",
+        "leftovers",
+        "size",
+        "reason",
+        "detail",
+        "array_ids",
+        "hidden",
+    )
 
     def __init__(self, uid: str, job_id: str, hidden: str = "") -> None:
         self.uid = uid
@@ -98,7 +119,7 @@ def _hidden_parts(name: str) -> tuple[str, int] | None:
     """(job id, when it was hidden, ns) of a hidden folder's name, or None."""
     if not name.startswith(GOING):
         return None
-    job_id, _, when = name[len(GOING):].rpartition("-")
+    job_id, _, when = name[len(GOING) :].rpartition("-")
     try:
         return (job_id, int(when, 16)) if job_id and len(when) == 16 else None
     except ValueError:
@@ -118,13 +139,16 @@ def _open_ours(parent: int, name: str, where: str) -> int:
     try:
         fd = _fsio.open_dir(name, parent)
     except OSError as exc:
-        raise FactError(f"{where}: {exc.strerror} (a symlink or a non-folder is left alone)") \
-            from None
+        raise FactError(
+            f"{where}: {exc.strerror} (a symlink or a non-folder is left alone)"
+        ) from None
     info = os.fstat(fd)
     if info.st_uid != os.geteuid() or info.st_mode & 0o022:
         os.close(fd)
-        raise FactError(f"{where}: owned by uid {info.st_uid} with mode "
-                        f"{stat.S_IMODE(info.st_mode):04o}; left alone")
+        raise FactError(
+            f"{where}: owned by uid {info.st_uid} with mode "
+            f"{stat.S_IMODE(info.st_mode):04o}; left alone"
+        )
     return fd
 
 
@@ -148,10 +172,10 @@ def watched_jobs(state_dir: str) -> set[tuple[str, str]]:
     return found
 
 
-def _proof_problem(facts: list[dict]) -> str:
+def _proof_problem(facts: list[Fact]) -> str:
     """Why these facts do not prove every execution ceased, or ''."""
-    ends: dict[tuple[str, str], dict] = {}
-    rechecks: dict[tuple[str, str], dict] = {}
+    ends: dict[tuple[str, str], Fact] = {}
+    rechecks: dict[tuple[str, str], Fact] = {}
     ctld_ended = set()
     for fact in facts:
         kind, node, token = fact.get("kind"), str(fact.get("node")), str(fact.get("token"))
@@ -178,7 +202,7 @@ def _proof_problem(facts: list[dict]) -> str:
     return ""
 
 
-def _array_ids(facts: list[dict]) -> list[str]:
+def _array_ids(facts: list[Fact]) -> list[str]:
     """``A_T`` and ``A`` of the array task these facts' starts say they are, or []."""
     found: list[str] = []
     for fact in facts:
@@ -195,7 +219,7 @@ def _array_ids(facts: list[dict]) -> list[str]:
 
 def _judge(job_fd: int, judged: Judged, cutoff: float, now: float) -> None:
     trusted = {os.geteuid()}
-    facts = []
+    facts: list[Fact] = []
     for name in sorted(os.listdir(job_fd)):
         info = os.stat(name, dir_fd=job_fd, follow_symlinks=False)
         if not stat.S_ISREG(info.st_mode) or info.st_uid not in trusted:
@@ -218,16 +242,19 @@ def _judge(job_fd: int, judged: Judged, cutoff: float, now: float) -> None:
             return
         if max(written, info.st_mtime) > now + AHEAD:
             from .._clock import instant
+
             judged.reason = "from the future"
-            judged.detail = (f"{name} was written at {instant(max(written, info.st_mtime))}, "
-                             "ahead of this host's clock: a clock ahead where it was written; "
-                             "kept until then (remove it by hand once that clock is right)")
+            judged.detail = (
+                f"{name} was written at {instant(max(written, info.st_mtime))}, "
+                "ahead of this host's clock: a clock ahead where it was written; "
+                "kept until then (remove it by hand once that clock is right)"
+            )
             return
         if written > cutoff or info.st_mtime > cutoff:
             judged.reason, judged.detail = "recent", f"{name} is newer than the retention"
             return
         try:
-            record = json.loads(factstore.read_regular(job_fd, name, trusted))
+            record: Fact = json.loads(factstore.read_regular(job_fd, name, trusted))
             if not isinstance(record, dict) or record.get("kind") not in factstore.KINDS:
                 raise ValueError("not a fact")
             problem = factstore.format_problem(record)
@@ -243,8 +270,12 @@ def _judge(job_fd: int, judged: Judged, cutoff: float, now: float) -> None:
         judged.reason, judged.detail = "not proven ceased", problem
 
 
-def plan(state_dir: str, retention: float, needed: Callable[[int], set[str] | None],
-         now: float | None = None) -> Iterator[Judged]:
+def plan(
+    state_dir: str,
+    retention: float,
+    needed: Callable[[int], set[str] | None],
+    now: float | None = None,
+) -> Iterator[Judged]:
     """Judge every job folder under ``StateDir/facts`` (see the module's rules), in uid then
     job order; FactError when ``StateDir`` or ``facts/`` cannot be used."""
     now = time.time() if now is None else now
@@ -267,9 +298,15 @@ def plan(state_dir: str, retention: float, needed: Callable[[int], set[str] | No
         os.close(base)
 
 
-def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
-               watched: set[tuple[str, str]],
-               needed: Callable[[int], set[str] | None], now: float) -> Iterator[Judged]:
+def _plan_user(
+    facts: int,
+    uid: str,
+    state_dir: str,
+    cutoff: float,
+    watched: set[tuple[str, str]],
+    needed: Callable[[int], set[str] | None],
+    now: float,
+) -> Iterator[Judged]:
     where = f"{state_dir}/{factstore.FACTS}/{uid}"
     try:
         user = _open_ours(facts, uid, where)
@@ -309,17 +346,22 @@ def _plan_user(facts: int, uid: str, state_dir: str, cutoff: float,
             if judged.reason is None and (uid, job_id) in watched:
                 judged.reason, judged.detail = "watched", "a machine still re-checks survivors"
             if judged.reason is None and wanted is None:
-                judged.reason, judged.detail = "records unreadable", \
-                    f"the records of uid {uid} could not be read"
+                judged.reason, judged.detail = (
+                    "records unreadable",
+                    f"the records of uid {uid} could not be read",
+                )
             elif judged.reason is None and wanted is not None and job_id in wanted:
-                judged.reason, judged.detail = "needed by a record", \
-                    "a standing hold or an unsettled record names it"
-            elif judged.reason is None and wanted is not None and \
-                    set(judged.array_ids) & wanted:
+                judged.reason, judged.detail = (
+                    "needed by a record",
+                    "a standing hold or an unsettled record names it",
+                )
+            elif judged.reason is None and wanted is not None and set(judged.array_ids) & wanted:
                 named = next(i for i in judged.array_ids if i in wanted)
                 what = "array task" if "_" in named else "array"
-                judged.reason, judged.detail = "needed by a record", \
-                    f"a standing hold or an unsettled record names its {what}, {named}"
+                judged.reason, judged.detail = (
+                    "needed by a record",
+                    f"a standing hold or an unsettled record names its {what}, {named}",
+                )
             yield judged
     finally:
         os.close(user)
@@ -345,8 +387,7 @@ def _list_hidden(user: int, judged: Judged, since_ns: int, where: str) -> None:
         os.close(job)
 
 
-def remove(state_dir: str, judged: Judged,
-           step: Callable[[str], None] = lambda where: None) -> int:
+def remove(state_dir: str, judged: Judged, step: Callable[[str], None] = lambda where: None) -> int:
     """Remove a folder :func:`plan` let go (or finish one a killed prune hid): hide it, unlink
     only the names it judged, then remove it; a fact written since is put back in sight in
     the job's folder.  Returns the facts removed.  ``step(where)`` is called after each
@@ -356,8 +397,7 @@ def remove(state_dir: str, judged: Judged,
     removed = 0
     try:
         fds.append(_open_ours(fds[-1], factstore.FACTS, f"{state_dir}/{factstore.FACTS}"))
-        fds.append(_open_ours(fds[-1], judged.uid,
-                              f"{state_dir}/{factstore.FACTS}/{judged.uid}"))
+        fds.append(_open_ours(fds[-1], judged.uid, f"{state_dir}/{factstore.FACTS}/{judged.uid}"))
         user = fds[-1]
         hidden = judged.hidden
         if not hidden:
@@ -401,8 +441,7 @@ def _put_back(user: int, hidden_fd: int, hidden: str, job_id: str) -> None:
     try:
         for name in os.listdir(hidden_fd):
             try:
-                os.link(name, name, src_dir_fd=hidden_fd, dst_dir_fd=target,
-                        follow_symlinks=False)
+                os.link(name, name, src_dir_fd=hidden_fd, dst_dir_fd=target, follow_symlinks=False)
             except FileExistsError:
                 there = os.stat(name, dir_fd=target, follow_symlinks=False)
                 here = os.stat(name, dir_fd=hidden_fd, follow_symlinks=False)

@@ -58,6 +58,7 @@ def _expand(target: str) -> list[str]:
     if not any(c in target for c in "*?["):
         return [target]
     import glob  # only for a wildcard Include: it imports re, which a hook need not pay for
+
     return sorted(glob.glob(target)) or [target]
 
 

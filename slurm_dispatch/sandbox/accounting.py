@@ -46,10 +46,17 @@ DATABASE = "slurm_acct_db"
 # A small server: a sandbox's accounting holds a few thousand jobs, and several sandboxes run
 # side by side on one machine (about 90 MB resident each with these).  Durability is not
 # wanted (a crash of the machine loses the sandbox anyway): no doublewrite, no flush per commit.
-SERVER_OPTIONS = ("--skip-networking", "--skip-name-resolve", "--performance-schema=0",
-                  "--innodb-buffer-pool-size=16M", "--innodb-log-file-size=8M",
-                  "--innodb-doublewrite=0", "--innodb-flush-log-at-trx-commit=0",
-                  "--innodb-lock-wait-timeout=900", "--max-connections=50")
+SERVER_OPTIONS = (
+    "--skip-networking",
+    "--skip-name-resolve",
+    "--performance-schema=0",
+    "--innodb-buffer-pool-size=16M",
+    "--innodb-log-file-size=8M",
+    "--innodb-doublewrite=0",
+    "--innodb-flush-log-at-trx-commit=0",
+    "--innodb-lock-wait-timeout=900",
+    "--max-connections=50",
+)
 
 
 def wanted(root: Optional[Path]) -> str:
@@ -59,12 +66,16 @@ def wanted(root: Optional[Path]) -> str:
     raw = os.environ.get(ACCOUNTING_ENV, "").strip()
     if raw in (SLURMDBD, NONE):
         if raw == SLURMDBD and root is not None and not has_slurmdbd(root):
-            raise SandboxError(f"${ACCOUNTING_ENV}=slurmdbd, but the Debian root {root} holds "
-                               "no slurmdbd: its release's row lists no slurmdbd package")
+            raise SandboxError(
+                f"${ACCOUNTING_ENV}=slurmdbd, but the Debian root {root} holds "
+                "no slurmdbd: its release's row lists no slurmdbd package"
+            )
         return raw
     if raw:
-        raise SandboxError(f"${ACCOUNTING_ENV}={raw!r}: choose {SLURMDBD} (slurmdbd on a "
-                           f"MariaDB server of the sandbox's own) or {NONE} (no accounting)")
+        raise SandboxError(
+            f"${ACCOUNTING_ENV}={raw!r}: choose {SLURMDBD} (slurmdbd on a "
+            f"MariaDB server of the sandbox's own) or {NONE} (no accounting)"
+        )
     return SLURMDBD if root is None or has_slurmdbd(root) else NONE
 
 
@@ -79,31 +90,38 @@ def slurm_conf_lines(layout: Layout, accounting: str) -> list[str]:
     socket, which is the machine's, not the sandbox's)."""
     if accounting != SLURMDBD:
         return ["AccountingStorageType=accounting_storage/none"]
-    return ["AccountingStorageType=accounting_storage/slurmdbd",
-            f"AccountingStorageHost={network.net_of(layout).host_address}",
-            f"AccountingStoragePort={layout.dbd_port}",
-            f"AccountingStoragePass={layout.munge_socket}"]
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={network.net_of(layout).host_address}",
+        f"AccountingStoragePort={layout.dbd_port}",
+        f"AccountingStoragePass={layout.munge_socket}",
+    ]
 
 
 def render_slurmdbd_conf(layout: Layout, hostname: str) -> str:
     """slurmdbd.conf: root's (SlurmUser=root, as slurmctld), the sandbox's munged, its own
     port, and the sandbox's server through its socket (``MYSQL_UNIX_PORT``, set by
     :func:`.daemons.slurmdbd`) as the database's root."""
-    return "\n".join([
-        "# slurmdbd.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`.",
-        f"DbdHost={hostname}",
-        f"DbdPort={layout.dbd_port}",
-        "SlurmUser=root",
-        "AuthType=auth/munge",
-        f"AuthInfo=socket={layout.munge_socket}",
-        f"PidFile={layout.slurmdbd_pid_file}",
-        f"LogFile={layout.slurmdbd_log}",
-        "DebugLevel=info",
-        "StorageType=accounting_storage/mysql",
-        "StorageHost=localhost",
-        "StorageUser=root",
-        f"StorageLoc={DATABASE}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "# slurmdbd.conf of the slurm-dispatch sandbox, written by `dispatch-sandbox up`.",
+                f"DbdHost={hostname}",
+                f"DbdPort={layout.dbd_port}",
+                "SlurmUser=root",
+                "AuthType=auth/munge",
+                f"AuthInfo=socket={layout.munge_socket}",
+                f"PidFile={layout.slurmdbd_pid_file}",
+                f"LogFile={layout.slurmdbd_log}",
+                "DebugLevel=info",
+                "StorageType=accounting_storage/mysql",
+                "StorageHost=localhost",
+                "StorageUser=root",
+                f"StorageLoc={DATABASE}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def ensure_database(layout: Layout) -> list[str]:
@@ -116,18 +134,28 @@ def ensure_database(layout: Layout) -> list[str]:
         return _forget_cluster_id(layout)
     started = time.monotonic()
     log = layout.log_dir / "install-db.log"
-    argv = [program("mariadb-install-db"), "--no-defaults", f"--datadir={layout.db_data}",
-            f"--user={DB_USER}", "--auth-root-authentication-method=socket", "--skip-test-db",
-            *SERVER_OPTIONS]
+    argv = [
+        program("mariadb-install-db"),
+        "--no-defaults",
+        f"--datadir={layout.db_data}",
+        f"--user={DB_USER}",
+        "--auth-root-authentication-method=socket",
+        "--skip-test-db",
+        *SERVER_OPTIONS,
+    ]
     shutil.rmtree(layout.db_data, ignore_errors=True)  # an interrupted one: links not followed
     with append(log) as out:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, cwd="/")
+        proc = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/"
+        )
     if proc.returncode != 0:
         raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}):\n" + tail(log))
     write_text(layout.db_made, f"{DATABASE}\n")
-    return [f"made the accounting database's server in {layout.db_dir} "
-            f"({time.monotonic() - started:.1f} s)", *_forget_cluster_id(layout)]
+    return [
+        f"made the accounting database's server in {layout.db_dir} "
+        f"({time.monotonic() - started:.1f} s)",
+        *_forget_cluster_id(layout),
+    ]
 
 
 def _forget_cluster_id(layout: Layout) -> list[str]:
@@ -169,8 +197,14 @@ def ensure_certificate(layout: Layout, major: str) -> list[str]:
         removed = [path for path in (layout.db_cert, layout.db_key) if path.exists()]
         for path in removed:
             path.unlink()
-        return [f"removed the accounting server's TLS certificate: Slurm {major}'s slurmdbd "
-                "fails over TLS to this MariaDB"] if removed else []
+        return (
+            [
+                f"removed the accounting server's TLS certificate: Slurm {major}'s slurmdbd "
+                "fails over TLS to this MariaDB"
+            ]
+            if removed
+            else []
+        )
     if layout.db_key.exists() and layout.db_cert.exists():
         return []
     openssl = program("openssl")
@@ -178,14 +212,34 @@ def ensure_certificate(layout: Layout, major: str) -> list[str]:
         return []
     made = layout.etc / ".db-key.new"
     made.unlink(missing_ok=True)
-    proc = subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                           "-keyout", str(made), "-out", str(layout.db_cert), "-days", "3650",
-                           "-subj", "/CN=dispatch-sandbox-accounting"],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, umask=0o077)
+    proc = subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(made),
+            "-out",
+            str(layout.db_cert),
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=dispatch-sandbox-accounting",
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        umask=0o077,
+    )
     if proc.returncode != 0:
         made.unlink(missing_ok=True)
-        raise SandboxError(f"openssl could not make the accounting server's certificate: "
-                           f"{(proc.stderr or proc.stdout).strip()}")
+        raise SandboxError(
+            f"openssl could not make the accounting server's certificate: "
+            f"{(proc.stderr or proc.stdout).strip()}"
+        )
     os.chown(made, 0, pwd.getpwnam(DB_USER).pw_gid)
     os.chmod(made, 0o640)
     os.chmod(layout.db_cert, 0o644)

@@ -26,8 +26,11 @@ from . import root as sandbox_root
 from .layout import DEFAULT_USER, DIR_ENV, USER_ENV, Layout, PathLike, read_manifest, state_dir
 
 
-def environment(directory: Optional[PathLike] = None, user: Optional[str] = None,
-                base_path: Optional[str] = None) -> dict[str, str]:
+def environment(
+    directory: Optional[PathLike] = None,
+    user: Optional[str] = None,
+    base_path: Optional[str] = None,
+) -> dict[str, str]:
     """The variables that point Slurm clients and ``dispatch`` at the sandbox.
 
     Only the sandbox's own variables (``SLURM_CONF``, ``DISPATCH_SANDBOX_DIR``,
@@ -36,8 +39,11 @@ def environment(directory: Optional[PathLike] = None, user: Optional[str] = None
     """
     layout = Layout(state_dir(directory))
     if user is None:
-        user = read_manifest(layout).get("user", DEFAULT_USER) if layout.manifest.exists() \
+        user = (
+            read_manifest(layout).get("user", DEFAULT_USER)
+            if layout.manifest.exists()
             else DEFAULT_USER
+        )
     path = base_path if base_path is not None else os.environ.get("PATH", os.defpath)
     return {
         "SLURM_CONF": str(layout.slurm_conf),
@@ -58,18 +64,23 @@ def env_lines(directory: Optional[PathLike] = None) -> list[str]:
         raise SandboxError(
             f"the sandbox in {layout.root} runs Slurm {release} from its Debian root; its "
             "clients and venv do not run on this machine: run them with `dispatch-sandbox "
-            "exec [--user USER] -- COMMAND`")
+            "exec [--user USER] -- COMMAND`"
+        )
     env = environment(directory, base_path="")
-    lines = [f"export {name}={shlex.quote(env[name])}"
-             for name in ("SLURM_CONF", DIR_ENV, USER_ENV)]
+    lines = [
+        f"export {name}={shlex.quote(env[name])}" for name in ("SLURM_CONF", DIR_ENV, USER_ENV)
+    ]
     venv_bin = Layout(state_dir(directory)).venv_bin
     lines.append(f'export PATH={shlex.quote(str(venv_bin))}:"$PATH"')
     return lines
 
 
 def _client_env(layout: Layout) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"))
+    }
     env["SLURM_CONF"] = str(layout.slurm_conf)
     return env
 
@@ -79,14 +90,21 @@ def run_slurm(layout: Layout, argv: list[str], timeout: float = 30) -> str:
     root = root_of(layout)
     full = [program(argv[0], root), *argv[1:]]
     try:
-        proc = subprocess.run(wrap(layout, full, root=root), capture_output=True, text=True,
-                              env=_client_env(layout), timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            wrap(layout, full, root=root),
+            capture_output=True,
+            text=True,
+            env=_client_env(layout),
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as exc:
         raise SandboxError(f"{shlex.join(full)} did not answer within {timeout:.0f} s") from exc
     if proc.returncode != 0:
-        raise SandboxError(f"{shlex.join(full)} failed (exit {proc.returncode}): "
-                           + (proc.stderr + proc.stdout).strip())
+        raise SandboxError(
+            f"{shlex.join(full)} failed (exit {proc.returncode}): "
+            + (proc.stderr + proc.stdout).strip()
+        )
     return proc.stdout
 
 
@@ -107,8 +125,13 @@ def root_of(layout: Layout) -> Optional[Path]:
     return Path(rootfs) if rootfs else None
 
 
-def wrap(layout: Layout, argv: Sequence[str], user: Optional[str] = None,
-          cwd: Optional[str] = None, root: Optional[Path] = None) -> list[str]:
+def wrap(
+    layout: Layout,
+    argv: Sequence[str],
+    user: Optional[str] = None,
+    cwd: Optional[str] = None,
+    root: Optional[Path] = None,
+) -> list[str]:
     """``argv`` as run against this sandbox: unchanged for the host's Slurm (``user`` and
     ``cwd`` are then the caller's to apply), entered into the Debian root otherwise."""
     root = root if root is not None else root_of(layout)
@@ -117,8 +140,12 @@ def wrap(layout: Layout, argv: Sequence[str], user: Optional[str] = None,
     return sandbox_root.enter_argv(root, layout.root, argv, user=user, cwd=cwd)
 
 
-def command(argv: Sequence[str], directory: Optional[PathLike] = None,
-            user: Optional[str] = None, cwd: Optional[PathLike] = None) -> list[str]:
+def command(
+    argv: Sequence[str],
+    directory: Optional[PathLike] = None,
+    user: Optional[str] = None,
+    cwd: Optional[PathLike] = None,
+) -> list[str]:
     """The command line that runs ``argv`` on the sandbox's side, as ``user`` in ``cwd``.
 
     For the host's Slurm: ``runuser -u USER -- env -C CWD ARGV`` (or less).  For a sandbox
@@ -134,4 +161,3 @@ def command(argv: Sequence[str], directory: Optional[PathLike] = None,
     if where is not None:
         prefix += ["env", "-C", where]
     return [*prefix, *argv]
-

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import time
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,7 @@ from .layout import (
     DEFAULT_USER,
     DIR_ENV,
     HOST_RELEASE,
+    MUNGE_USER,
     RELEASE_ENV,
     Layout,
     PathLike,
@@ -108,8 +110,12 @@ class SandboxStatus:
     @property
     def running(self) -> bool:
         """Every daemon alive and answering, every node usable."""
-        return (bool(self.daemons) and all(d.alive and not d.stopped for d in self.daemons)
-                and bool(self.nodes) and all(n.usable for n in self.nodes))
+        return (
+            bool(self.daemons)
+            and all(d.alive and not d.stopped for d in self.daemons)
+            and bool(self.nodes)
+            and all(n.usable for n in self.nodes)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -130,9 +136,14 @@ class UpReport:
     partitioned: list[str] = field(default_factory=list)
 
 
-def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
-       user: Optional[str] = None, source: Optional[PathLike] = None,
-       timeout: float = 120.0, slurm: Optional[str] = None) -> UpReport:
+def up(
+    directory: Optional[PathLike] = None,
+    nodes: Optional[int] = None,
+    user: Optional[str] = None,
+    source: Optional[PathLike] = None,
+    timeout: float = 120.0,
+    slurm: Optional[str] = None,
+) -> UpReport:
     """Start the sandbox, or make a running one whole; return when every node is usable.
 
     Usable means idle, or running jobs (``mixed``/``allocated``) that someone left running.
@@ -159,14 +170,20 @@ def up(directory: Optional[PathLike] = None, nodes: Optional[int] = None,
     layout, release = _claim_folder(directory, slurm)
     actions: list[str] = []
     root, keeps = _prepare_machine(layout, release, actions)
-    state_folder.make_folders(layout)
+    _make_folders(layout)
     with state_folder.locked(layout.lock_file):
-        old_nodes, wanted, changed = _prepare_folder(layout, release, root, nodes, user,
-                                                     source, keeps, actions)
-        partitioned = _start_daemons(layout, old_nodes, wanted, changed, keeps,
-                                     time.monotonic() + timeout, actions)
-    return UpReport(status=status(layout.root), actions=actions,
-                    seconds=round(time.monotonic() - started, 2), partitioned=partitioned)
+        old_nodes, wanted, changed = _prepare_folder(
+            layout, release, root, nodes, user, source, keeps, actions
+        )
+        partitioned = _start_daemons(
+            layout, old_nodes, wanted, changed, keeps, time.monotonic() + timeout, actions
+        )
+    return UpReport(
+        status=status(layout.root),
+        actions=actions,
+        seconds=round(time.monotonic() - started, 2),
+        partitioned=partitioned,
+    )
 
 
 def _claim_folder(directory: Optional[PathLike], slurm: Optional[str]) -> tuple[Layout, str]:
@@ -175,21 +192,39 @@ def _claim_folder(directory: Optional[PathLike], slurm: Optional[str]) -> tuple[
     wanted_release = slurm if slurm is not None else os.environ.get(RELEASE_ENV)
     if directory is None or directory == "":
         directory = os.environ.get(DIR_ENV) or default_dir(wanted_release)
-    layout = Layout(state_folder.claim_state_folder(directory))
+    layout = Layout(state_dir(directory))
+    state_folder.claim(layout.root, create=True)
     old_manifest = read_manifest(layout) if layout.manifest.exists() else {}
     release = sandbox_root.normalize(
-        wanted_release if wanted_release is not None
-        else old_manifest.get("slurm", HOST_RELEASE))
+        wanted_release if wanted_release is not None else old_manifest.get("slurm", HOST_RELEASE)
+    )
     if old_manifest and old_manifest.get("slurm", HOST_RELEASE) != release:
         raise SandboxError(
             f"the sandbox in {layout.root} runs Slurm "
             f"{old_manifest.get('slurm', HOST_RELEASE)}, not {release}: its state cannot change "
-            f"release; choose another folder (--dir) or remove {layout.root}")
+            f"release; choose another folder (--dir) or remove {layout.root}"
+        )
     return layout, release
 
 
-def _prepare_machine(layout: Layout, release: str, actions: list[str]
-                     ) -> tuple[Optional[Path], str]:
+def _make_folders(layout: Layout) -> None:
+    """The folders of a claimed state folder, each root's (munge/ the munge user's)."""
+    for folder in (
+        layout.root,
+        layout.etc,
+        layout.state_save,
+        layout.spool,
+        layout.log_dir,
+        layout.run_dir,
+    ):
+        state_folder.own_folder(folder)
+    munge = pwd.getpwnam(MUNGE_USER)
+    state_folder.own_folder(layout.munge_dir, munge.pw_uid, munge.pw_gid)
+
+
+def _prepare_machine(
+    layout: Layout, release: str, actions: list[str]
+) -> tuple[Optional[Path], str]:
     """What the release needs on this machine: Debian's Slurm and munge for the host's, the
     munge user and the Debian root (built when missing) for another, and MariaDB's server
     (and the host's slurmdbd) where the sandbox keeps accounting; that root (or None) and
@@ -201,9 +236,11 @@ def _prepare_machine(layout: Layout, release: str, actions: list[str]
         return None, keeps
     actions += ensure_munge_user(layout)
     root, built = sandbox_root.ensure_root(
-        sandbox_root.RELEASES[release], sandbox_root.cache_folder(),
+        sandbox_root.RELEASES[release],
+        sandbox_root.cache_folder(),
         lambda folder: state_folder.claim(folder, create=True),
-        lambda packages: apt_install(layout, packages))
+        lambda packages: apt_install(layout, packages),
+    )
     actions += built
     point = sandbox_root.mount_point(root, layout.root)
     if point is not None:
@@ -214,9 +251,16 @@ def _prepare_machine(layout: Layout, release: str, actions: list[str]
     return root, keeps
 
 
-def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: Optional[int],
-                    user: Optional[str], source: Optional[PathLike], keeps: str,
-                    actions: list[str]) -> tuple[list[str], list[str], list[str]]:
+def _prepare_folder(
+    layout: Layout,
+    release: str,
+    root: Optional[Path],
+    nodes: Optional[int],
+    user: Optional[str],
+    source: Optional[PathLike],
+    keeps: str,
+    actions: list[str],
+) -> tuple[list[str], list[str], list[str]]:
     """Under the lock: the job user, the venv, the munge key, the accounting database, the
     configuration and the manifest, each made or changed only when it differs.  Returns the
     nodes the manifest named before, the nodes wanted now, and the configuration files
@@ -237,9 +281,10 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     elif not (layout.venv_bin / "python").exists():
         raise SandboxError(
             f"no venv in {layout.venv} and no source checkout to install from: run "
-            "`dispatch-sandbox up` from a checkout (bin/dispatch-sandbox) once")
+            "`dispatch-sandbox up` from a checkout (bin/dispatch-sandbox) once"
+        )
     actions += daemons.ensure_munge_key(layout)
-    major = (sandbox_root.held(root) if root is not None else sandbox_root.host_release())
+    major = sandbox_root.held(root) if root is not None else sandbox_root.host_release()
     if keeps == accounting_lib.SLURMDBD:
         actions += accounting_lib.ensure_database(layout)
         changed = accounting_lib.ensure_certificate(layout, major)
@@ -257,9 +302,15 @@ def _prepare_folder(layout: Layout, release: str, root: Optional[Path], nodes: O
     return old_nodes, wanted, changed
 
 
-def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str],
-                   changed_files: list[str], keeps: str, deadline: float, actions: list[str]
-                   ) -> list[str]:
+def _start_daemons(
+    layout: Layout,
+    old_nodes: list[str],
+    wanted: list[str],
+    changed_files: list[str],
+    keeps: str,
+    deadline: float,
+    actions: list[str],
+) -> list[str]:
     """munged, then (with accounting, ``keeps``) the database server and slurmdbd, then
     slurmctld, then a slurmd per wanted node, each started unless running (slurmctld and the
     slurmds restarted when slurm.conf or what it includes changed, slurmdbd when its own file
@@ -269,10 +320,10 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str],
     munged = daemons.munged(layout)
     if not daemons.alive(munged):
         actions += daemons.start(munged, layout)
-        daemons.wait_until(lambda: daemons.munge_works(layout), deadline, "munged to answer",
-                           layout, wanted)
-    _start_accounting(layout, keeps, layout.slurmdbd_conf.name in changed_files, deadline,
-                      actions)
+        daemons.wait_until(
+            lambda: daemons.munge_works(layout), deadline, "munged to answer", layout, wanted
+        )
+    _start_accounting(layout, keeps, layout.slurmdbd_conf.name in changed_files, deadline, actions)
     changed = any(name != layout.slurmdbd_conf.name for name in changed_files)
 
     slurmds = {node: daemons.slurmd(layout, node) for node in sorted(set(wanted) | set(old_nodes))}
@@ -292,8 +343,13 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str],
             actions += daemons.stop(slurmds[node])
     if not daemons.alive(slurmctld):
         actions += daemons.start(slurmctld, layout)
-        daemons.wait_until(lambda: daemons.controller_answers(layout), deadline,
-                           "slurmctld to answer", layout, wanted)
+        daemons.wait_until(
+            lambda: daemons.controller_answers(layout),
+            deadline,
+            "slurmctld to answer",
+            layout,
+            wanted,
+        )
     partitioned = []
     for node in wanted:
         daemon = slurmds[node]
@@ -307,8 +363,9 @@ def _start_daemons(layout: Layout, old_nodes: list[str], wanted: list[str],
     return partitioned
 
 
-def _start_accounting(layout: Layout, keeps: str, changed: bool, deadline: float,
-                      actions: list[str]) -> None:
+def _start_accounting(
+    layout: Layout, keeps: str, changed: bool, deadline: float, actions: list[str]
+) -> None:
     """The database server, then slurmdbd (restarted when its file ``changed``), each waited
     for until it answers; both stopped where the sandbox keeps no accounting (now)."""
     server, dbd = daemons.mariadbd(layout), daemons.slurmdbd(layout)
@@ -318,14 +375,20 @@ def _start_accounting(layout: Layout, keeps: str, changed: bool, deadline: float
         return
     if not daemons.alive(server):
         actions += daemons.start(server, layout)
-    daemons.wait_until(lambda: daemons.database_answers(layout), deadline,
-                       "the accounting database's server to answer", layout, [])
+    daemons.wait_until(
+        lambda: daemons.database_answers(layout),
+        deadline,
+        "the accounting database's server to answer",
+        layout,
+        [],
+    )
     if changed:
         actions += daemons.stop(dbd)
     if not daemons.alive(dbd):
         actions += daemons.start(dbd, layout)
-        daemons.wait_until(lambda: daemons.dbd_answers(layout), deadline,
-                           "slurmdbd to answer", layout, [])
+        daemons.wait_until(
+            lambda: daemons.dbd_answers(layout), deadline, "slurmdbd to answer", layout, []
+        )
 
 
 def _accounting_daemons(layout: Layout, manifest: dict[str, Any]) -> list[daemons.Daemon]:
@@ -349,8 +412,9 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
         return []
     actions: list[str] = []
     with state_folder.locked(layout.lock_file):
-        slurmd_nodes = sorted(p.name[len("slurmd-"):-len(".pid")]
-                              for p in layout.run_dir.glob("slurmd-*.pid"))
+        slurmd_nodes = sorted(
+            p.name[len("slurmd-") : -len(".pid")] for p in layout.run_dir.glob("slurmd-*.pid")
+        )
         for node in slurmd_nodes:
             actions += daemons.stop(daemons.slurmd(layout, node), timeout)
         actions += daemons.stop(daemons.slurmctld(layout), timeout)
@@ -360,13 +424,15 @@ def down(directory: Optional[PathLike] = None, timeout: float = 30.0) -> list[st
         actions += daemons.stop(daemons.munged(layout), timeout)
         manifest = read_manifest(layout) if layout.manifest.exists() else {}
         if slots.holder(layout.port_slot) in (None, layout.root):  # never another's network
-            actions += network.remove(layout, sorted(set(slurmd_nodes)
-                                                     | set(manifest.get("nodes", []))))
+            actions += network.remove(
+                layout, sorted(set(slurmd_nodes) | set(manifest.get("nodes", [])))
+            )
     return actions
 
 
-def remove_sandbox(directory: Optional[PathLike] = None, timeout: float = 30.0
-                   ) -> tuple[list[str], Optional[str]]:
+def remove_sandbox(
+    directory: Optional[PathLike] = None, timeout: float = 30.0
+) -> tuple[list[str], Optional[str]]:
     """Stop the sandbox (as :func:`down`) and remove what ``up`` made for its folder: the
     network, the port slot's claim, the mount point in its Debian root, and the folder.
 
@@ -385,8 +451,7 @@ def remove_sandbox(directory: Optional[PathLike] = None, timeout: float = 30.0
     actions += slots.release(layout)
     rootfs = manifest.get("rootfs")
     point = sandbox_root.mount_point(Path(rootfs), layout.root) if rootfs else None
-    if point is not None and point.is_dir() and not point.is_symlink() \
-            and not any(point.iterdir()):
+    if point is not None and point.is_dir() and not point.is_symlink() and not any(point.iterdir()):
         point.rmdir()
         actions.append(f"removed mount point {point}")
     with state_folder.locked(layout.lock_file):
@@ -399,9 +464,11 @@ def _sandbox_manifest(layout: Layout) -> dict[str, Any]:
     before writing it, but whose port slot this machine records); raises for a folder that
     is not a sandbox's, or may not be removed as one."""
     if layout.root.is_symlink():
-        raise SandboxError(f"{layout.root} is a symlink (to {os.readlink(layout.root)}), not a "
-                           "sandbox folder: nothing was removed (remove the link itself with rm, "
-                           "or name the folder it points to)")
+        raise SandboxError(
+            f"{layout.root} is a symlink (to {os.readlink(layout.root)}), not a "
+            "sandbox folder: nothing was removed (remove the link itself with rm, "
+            "or name the folder it points to)"
+        )
     if not layout.root.is_dir():
         raise SandboxError(f"{layout.root} is not a folder: nothing was removed")
     state_folder.claim(layout.root, create=False)
@@ -415,9 +482,11 @@ def _sandbox_manifest(layout: Layout) -> dict[str, Any]:
     slot = layout.recorded_slot()
     if slot is not None and slots.holder(slot) == layout.root:
         return {}
-    raise SandboxError(f"{layout.root} is not a sandbox folder (no {layout.manifest.name} that "
-                       "`dispatch-sandbox up` writes, and no port slot of this machine names "
-                       "it): nothing was removed")
+    raise SandboxError(
+        f"{layout.root} is not a sandbox folder (no {layout.manifest.name} that "
+        "`dispatch-sandbox up` writes, and no port slot of this machine names "
+        "it): nothing was removed"
+    )
 
 
 def status(directory: Optional[PathLike] = None) -> SandboxStatus:
@@ -425,24 +494,38 @@ def status(directory: Optional[PathLike] = None) -> SandboxStatus:
     layout = Layout(state_dir(directory))
     manifest = read_manifest(layout) if layout.manifest.exists() else {}
     nodes: list[str] = list(manifest.get("nodes", []))
-    report = SandboxStatus(dir=str(layout.root), slurm_conf=str(layout.slurm_conf),
-                           user=str(manifest.get("user", DEFAULT_USER)),
-                           venv_bin=str(layout.venv_bin),
-                           slurm=str(manifest.get("slurm", HOST_RELEASE)),
-                           rootfs=str(manifest.get("rootfs", "")),
-                           accounting=str(manifest.get("accounting", accounting_lib.NONE)))
+    report = SandboxStatus(
+        dir=str(layout.root),
+        slurm_conf=str(layout.slurm_conf),
+        user=str(manifest.get("user", DEFAULT_USER)),
+        venv_bin=str(layout.venv_bin),
+        slurm=str(manifest.get("slurm", HOST_RELEASE)),
+        rootfs=str(manifest.get("rootfs", "")),
+        accounting=str(manifest.get("accounting", accounting_lib.NONE)),
+    )
     if not manifest:
         report.controller_error = f"no sandbox in {layout.root} (run `dispatch-sandbox up`)"
         return report
-    for daemon in [daemons.munged(layout), *_accounting_daemons(layout, manifest),
-                   daemons.slurmctld(layout), *(daemons.slurmd(layout, n) for n in nodes)]:
+    for daemon in [
+        daemons.munged(layout),
+        *_accounting_daemons(layout, manifest),
+        daemons.slurmctld(layout),
+        *(daemons.slurmd(layout, n) for n in nodes),
+    ]:
         pid = daemons.live_pid(daemon)
-        report.daemons.append(DaemonStatus(
-            name=daemon.name, pid=pid, alive=pid is not None,
-            stopped=pid is not None and daemons.is_stopped(pid),
-            pid_file=str(daemon.pid_file), log=str(daemon.log)))
-        if daemon.node is not None and (network.is_cut(layout, daemon.node)
-                                        or report.daemons[-1].stopped):
+        report.daemons.append(
+            DaemonStatus(
+                name=daemon.name,
+                pid=pid,
+                alive=pid is not None,
+                stopped=pid is not None and daemons.is_stopped(pid),
+                pid_file=str(daemon.pid_file),
+                log=str(daemon.log),
+            )
+        )
+        if daemon.node is not None and (
+            network.is_cut(layout, daemon.node) or report.daemons[-1].stopped
+        ):
             report.partitioned.append(daemon.node)
     try:
         states = node_states(layout.root)
@@ -467,14 +550,21 @@ def partition(node: str, directory: Optional[PathLike] = None) -> int:
     name = known_node(layout, node)
     pid = daemons.checked_pid(daemons.slurmd(layout, name))
     if not network.in_netns(pid, layout, name):
-        raise SandboxError(f"slurmd {name} (pid {pid}) does not run in its network namespace "
-                           f"{network.net_of(layout).netns(name)}: run `dispatch-sandbox up`")
+        raise SandboxError(
+            f"slurmd {name} (pid {pid}) does not run in its network namespace "
+            f"{network.net_of(layout).netns(name)}: run `dispatch-sandbox up`"
+        )
     network.cut(layout, name)
     return pid
 
 
-def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
-         wait: bool = True, register: bool = True) -> list[str]:
+def heal(
+    node: str,
+    directory: Optional[PathLike] = None,
+    timeout: float = 60.0,
+    wait: bool = True,
+    register: bool = True,
+) -> list[str]:
     """Undo :func:`partition`: reconnect the node and (with ``wait``) wait until it is usable.
 
     A slurmd found stopped (SIGSTOP, as an older sandbox's ``partition`` left it) is
@@ -521,8 +611,9 @@ def heal(node: str, directory: Optional[PathLike] = None, timeout: float = 60.0,
     return actions
 
 
-def _register_past(layout: Layout, daemon: daemons.Daemon, name: str, moment: float,
-                   timeout: float) -> str:
+def _register_past(
+    layout: Layout, daemon: daemons.Daemon, name: str, moment: float, timeout: float
+) -> str:
     """Once node ``name`` is usable (its first registration came), wait until the epoch time
     ``moment`` and make its slurmd (``daemon``) register again; what it did ("" if nothing)."""
     wait_until_usable(layout, [name], time.monotonic() + timeout)
@@ -531,8 +622,10 @@ def _register_past(layout: Layout, daemon: daemons.Daemon, name: str, moment: fl
     if pid is None:
         return ""
     os.kill(pid, signal.SIGHUP)
-    return (f"registered {name} again past MessageTimeout after it went down (the jobs its "
-            "failure ended are killed now)")
+    return (
+        f"registered {name} again past MessageTimeout after it went down (the jobs its "
+        "failure ended are killed now)"
+    )
 
 
 def stop_controller(directory: Optional[PathLike] = None) -> list[str]:
@@ -545,8 +638,7 @@ def stop_controller(directory: Optional[PathLike] = None) -> list[str]:
         return daemons.stop(daemons.slurmctld(layout))
 
 
-def start_controller(directory: Optional[PathLike] = None, timeout: float = 60.0
-                     ) -> list[str]:
+def start_controller(directory: Optional[PathLike] = None, timeout: float = 60.0) -> list[str]:
     """Start slurmctld again after :func:`stop_controller` (it reads its saved state) and wait
     until it answers.  Returns what it did."""
     require_root("start the controller")
@@ -555,8 +647,13 @@ def start_controller(directory: Optional[PathLike] = None, timeout: float = 60.0
     with state_folder.locked(layout.lock_file):
         daemon = daemons.slurmctld(layout)
         actions = [] if daemons.alive(daemon) else daemons.start(daemon, layout)
-        daemons.wait_until(lambda: daemons.controller_answers(layout),
-                           time.monotonic() + timeout, "slurmctld to answer", layout, [])
+        daemons.wait_until(
+            lambda: daemons.controller_answers(layout),
+            time.monotonic() + timeout,
+            "slurmctld to answer",
+            layout,
+            [],
+        )
     return actions
 
 
@@ -569,10 +666,13 @@ def set_job_requeue(enabled: bool, directory: Optional[PathLike] = None) -> None
     state_folder.claim(layout.root, create=False)
     text = state_folder.read_own(layout.slurm_conf)
     if text is None or "\nJobRequeue=" not in text:
-        raise SandboxError(f"{layout.slurm_conf} has no JobRequeue line: run "
-                           "`dispatch-sandbox up` first")
-    lines = [f"JobRequeue={1 if enabled else 0}" if line.startswith("JobRequeue=") else line
-             for line in text.split("\n")]
+        raise SandboxError(
+            f"{layout.slurm_conf} has no JobRequeue line: run `dispatch-sandbox up` first"
+        )
+    lines = [
+        f"JobRequeue={1 if enabled else 0}" if line.startswith("JobRequeue=") else line
+        for line in text.split("\n")
+    ]
     state_folder.write_text(layout.slurm_conf, "\n".join(lines))
     run_slurm(layout, ["scontrol", "reconfigure"])
 
@@ -584,12 +684,15 @@ def build_root(release: str) -> tuple[Path, list[str]]:
     require_root("build-root")
     chosen = sandbox_root.normalize(release)
     if chosen == HOST_RELEASE:
-        raise SandboxError("the host's Slurm needs no Debian root: name a release of "
-                           + ", ".join(sandbox_root.RELEASES))
+        raise SandboxError(
+            "the host's Slurm needs no Debian root: name a release of "
+            + ", ".join(sandbox_root.RELEASES)
+        )
     cache = sandbox_root.cache_folder()
     state_folder.claim(cache, create=True)
     return sandbox_root.ensure_root(
-        sandbox_root.RELEASES[chosen], cache,
+        sandbox_root.RELEASES[chosen],
+        cache,
         lambda folder: state_folder.claim(folder, create=True),
-        lambda packages: apt_install(Layout(cache), packages))
-
+        lambda packages: apt_install(Layout(cache), packages),
+    )

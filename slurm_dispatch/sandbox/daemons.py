@@ -62,29 +62,47 @@ class Daemon:
 def munged(layout: Layout) -> Daemon:
     socket_arg = f"--socket={layout.munge_socket}"
     return Daemon(
-        name="munged", program="munged",
-        argv=(program("munged", root_of(layout)), f"--key-file={layout.munge_key}", socket_arg,
-              f"--pid-file={layout.munge_pid_file}", f"--log-file={layout.munge_log}",
-              f"--seed-file={layout.munge_seed}", "--num-threads=4"),
-        marks=(socket_arg,), pid_file=layout.munge_pid_file, log=layout.munge_log,
-        run_as=MUNGE_USER)
+        name="munged",
+        program="munged",
+        argv=(
+            program("munged", root_of(layout)),
+            f"--key-file={layout.munge_key}",
+            socket_arg,
+            f"--pid-file={layout.munge_pid_file}",
+            f"--log-file={layout.munge_log}",
+            f"--seed-file={layout.munge_seed}",
+            "--num-threads=4",
+        ),
+        marks=(socket_arg,),
+        pid_file=layout.munge_pid_file,
+        log=layout.munge_log,
+        run_as=MUNGE_USER,
+    )
 
 
 def slurmctld(layout: Layout) -> Daemon:
     conf = str(layout.slurm_conf)
-    return Daemon(name="slurmctld", program="slurmctld",
-                   argv=(program("slurmctld", root_of(layout)), "-f", conf),
-                   marks=("-f", conf),
-                   pid_file=layout.slurmctld_pid_file, log=layout.slurmctld_log)
+    return Daemon(
+        name="slurmctld",
+        program="slurmctld",
+        argv=(program("slurmctld", root_of(layout)), "-f", conf),
+        marks=("-f", conf),
+        pid_file=layout.slurmctld_pid_file,
+        log=layout.slurmctld_log,
+    )
 
 
 def slurmd(layout: Layout, node: str) -> Daemon:
     conf = str(layout.slurm_conf)
-    return Daemon(name=f"slurmd {node}", program="slurmd",
-                   argv=(program("slurmd", root_of(layout)), "-f", conf, "-N", node),
-                   marks=("-f", conf, "-N", node),
-                   pid_file=layout.slurmd_pid_file(node), log=layout.slurmd_log(node),
-                   node=node)
+    return Daemon(
+        name=f"slurmd {node}",
+        program="slurmd",
+        argv=(program("slurmd", root_of(layout)), "-f", conf, "-N", node),
+        marks=("-f", conf, "-N", node),
+        pid_file=layout.slurmd_pid_file(node),
+        log=layout.slurmd_log(node),
+        node=node,
+    )
 
 
 def mariadbd(layout: Layout) -> Daemon:
@@ -92,23 +110,43 @@ def mariadbd(layout: Layout) -> Daemon:
     ``<state>/db``, as the mysql user (it drops to it itself)."""
     socket_arg = f"--socket={layout.db_socket}"
     return Daemon(
-        name="mariadbd", program="mariadbd",
-        argv=(program("mariadbd"), "--no-defaults", f"--datadir={layout.db_data}", socket_arg,
-              f"--pid-file={layout.db_pid_file}", f"--log-error={layout.db_log}",
-              f"--user={DB_USER}", *SERVER_OPTIONS,
-              *((f"--ssl-cert={layout.db_cert}", f"--ssl-key={layout.db_key}")
-                if layout.db_key.exists() else ())),
-        marks=(socket_arg,), pid_file=layout.db_pid_file, log=layout.db_log, on_host=True,
-        foreground=True)
+        name="mariadbd",
+        program="mariadbd",
+        argv=(
+            program("mariadbd"),
+            "--no-defaults",
+            f"--datadir={layout.db_data}",
+            socket_arg,
+            f"--pid-file={layout.db_pid_file}",
+            f"--log-error={layout.db_log}",
+            f"--user={DB_USER}",
+            *SERVER_OPTIONS,
+            *(
+                (f"--ssl-cert={layout.db_cert}", f"--ssl-key={layout.db_key}")
+                if layout.db_key.exists()
+                else ()
+            ),
+        ),
+        marks=(socket_arg,),
+        pid_file=layout.db_pid_file,
+        log=layout.db_log,
+        on_host=True,
+        foreground=True,
+    )
 
 
 def slurmdbd(layout: Layout) -> Daemon:
     """slurmdbd reads ``slurmdbd.conf`` beside ``$SLURM_CONF`` and reaches the server through
     ``$MYSQL_UNIX_PORT`` (:func:`_daemon_env`): its environment tells it apart."""
-    return Daemon(name="slurmdbd", program="slurmdbd",
-                  argv=(program("slurmdbd", root_of(layout)),), marks=(),
-                  pid_file=layout.slurmdbd_pid_file, log=layout.slurmdbd_log,
-                  environ_marks=(f"SLURM_CONF={layout.slurm_conf}",))
+    return Daemon(
+        name="slurmdbd",
+        program="slurmdbd",
+        argv=(program("slurmdbd", root_of(layout)),),
+        marks=(),
+        pid_file=layout.slurmdbd_pid_file,
+        log=layout.slurmdbd_log,
+        environ_marks=(f"SLURM_CONF={layout.slurm_conf}",),
+    )
 
 
 def _read_pid(pid_file: Path) -> Optional[int]:
@@ -157,8 +195,10 @@ def _is_ours(pid: int, daemon: Daemon) -> bool:
     if daemon.environ_marks and not _environ_has(pid, daemon.environ_marks):
         return False
     return all(mark in argv for mark in daemon.marks) and (
-        "-N" not in daemon.marks or argv[argv.index("-N") + 1:argv.index("-N") + 2]
-        == [daemon.marks[daemon.marks.index("-N") + 1]])
+        "-N" not in daemon.marks
+        or argv[argv.index("-N") + 1 : argv.index("-N") + 2]
+        == [daemon.marks[daemon.marks.index("-N") + 1]]
+    )
 
 
 def live_pid(daemon: Daemon) -> Optional[int]:
@@ -176,8 +216,9 @@ def alive(daemon: Daemon) -> bool:
 def checked_pid(daemon: Daemon) -> int:
     pid = live_pid(daemon)
     if pid is None:
-        raise SandboxError(f"{daemon.name} is not running (pid file {daemon.pid_file}); "
-                           "run `dispatch-sandbox up`")
+        raise SandboxError(
+            f"{daemon.name} is not running (pid file {daemon.pid_file}); run `dispatch-sandbox up`"
+        )
     return pid
 
 
@@ -197,23 +238,35 @@ def start(daemon: Daemon, layout: Layout) -> list[str]:
     if daemon.node is not None:
         argv = network.netns_argv(layout, daemon.node, argv)
     with append(start_log) as out:
-        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n"
-                  .encode())
+        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(daemon.argv)}\n".encode())
         out.flush()
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, env=_daemon_env(layout),
-                                  cwd="/", start_new_session=True, timeout=60, **extra)
+            proc = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_daemon_env(layout),
+                cwd="/",
+                start_new_session=True,
+                timeout=60,
+                **extra,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxError(f"could not start {daemon.name}: {exc}") from exc
     if proc.returncode != 0:
-        raise SandboxError(f"{daemon.name} exited {proc.returncode} at start:\n"
-                           + tail(start_log) + tail(daemon.log))
+        raise SandboxError(
+            f"{daemon.name} exited {proc.returncode} at start:\n"
+            + tail(start_log)
+            + tail(daemon.log)
+        )
     deadline = time.monotonic() + 15
     while not alive(daemon):
         if time.monotonic() > deadline:
-            raise SandboxError(f"{daemon.name} did not stay up (no live pid in "
-                               f"{daemon.pid_file}):\n" + tail(start_log) + tail(daemon.log))
+            raise SandboxError(
+                f"{daemon.name} did not stay up (no live pid in "
+                f"{daemon.pid_file}):\n" + tail(start_log) + tail(daemon.log)
+            )
         time.sleep(0.05)
     return [f"started {daemon.name} (pid {live_pid(daemon)})"]
 
@@ -235,24 +288,35 @@ def stop(daemon: Daemon, timeout: float = 30.0) -> list[str]:
 
 
 def _daemon_env(layout: Layout) -> dict[str, str]:
-    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(layout.slurm_conf),
-            "LANG": "C.UTF-8", "MYSQL_UNIX_PORT": str(layout.db_socket),
-            # mariadbd's files (its pid file above all) readable by all, as every other pid
-            # file here: `dispatch-sandbox status` runs as any user (its default is 0660).
-            "UMASK": "0644"}
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "SLURM_CONF": str(layout.slurm_conf),
+        "LANG": "C.UTF-8",
+        "MYSQL_UNIX_PORT": str(layout.db_socket),
+        # mariadbd's files (its pid file above all) readable by all, as every other pid
+        # file here: `dispatch-sandbox status` runs as any user (its default is 0660).
+        "UMASK": "0644",
+    }
 
 
 def munge_works(layout: Layout) -> bool:
     sock = f"--socket={layout.munge_socket}"
     root = root_of(layout)
     try:
-        cred = subprocess.run(wrap(layout, [program("munge", root), sock, "-n"], root=root),
-                              capture_output=True, timeout=5, stdin=subprocess.DEVNULL)
+        cred = subprocess.run(
+            wrap(layout, [program("munge", root), sock, "-n"], root=root),
+            capture_output=True,
+            timeout=5,
+            stdin=subprocess.DEVNULL,
+        )
         if cred.returncode != 0:
             return False
-        check = subprocess.run(wrap(layout, [program("unmunge", root), sock], root=root),
-                               input=cred.stdout,
-                               capture_output=True, timeout=5)
+        check = subprocess.run(
+            wrap(layout, [program("unmunge", root), sock], root=root),
+            input=cred.stdout,
+            capture_output=True,
+            timeout=5,
+        )
     except subprocess.TimeoutExpired:
         return False
     return check.returncode == 0
@@ -272,8 +336,7 @@ def database_answers(layout: Layout) -> bool:
 def dbd_answers(layout: Layout) -> bool:
     """slurmdbd answers a client (``sacctmgr show cluster``: it has reached its database)."""
     try:
-        run_slurm(layout, ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
-                  timeout=10)
+        run_slurm(layout, ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], timeout=10)
     except SandboxError:
         return False
     return True
@@ -286,8 +349,9 @@ def controller_answers(layout: Layout) -> bool:
         return False
 
 
-def wait_until(predicate: Any, deadline: float, what: str, layout: Layout,
-          nodes: Sequence[str]) -> None:
+def wait_until(
+    predicate: Any, deadline: float, what: str, layout: Layout, nodes: Sequence[str]
+) -> None:
     while not predicate():
         if time.monotonic() > deadline:
             raise SandboxError(f"timed out waiting for {what}:\n" + logs_tail(layout, nodes))
@@ -295,8 +359,13 @@ def wait_until(predicate: Any, deadline: float, what: str, layout: Layout,
 
 
 def logs_tail(layout: Layout, nodes: Sequence[str]) -> str:
-    paths = [layout.munge_log, layout.db_log, layout.slurmdbd_log, layout.slurmctld_log,
-             *(layout.slurmd_log(n) for n in nodes)]
+    paths = [
+        layout.munge_log,
+        layout.db_log,
+        layout.slurmdbd_log,
+        layout.slurmctld_log,
+        *(layout.slurmd_log(n) for n in nodes),
+    ]
     return "".join(tail(p) for p in paths) or f"(no logs yet in {layout.log_dir})"
 
 

@@ -48,12 +48,24 @@ def source_digest(repo: Path) -> str:
 
 
 def _source_files(repo: Path) -> list[Path]:
-    files = [repo / name for name in ("pyproject.toml", "README.md", "setup.cfg", "setup.py",
-                                      "MANIFEST.in", "LICENSE")
-             if (repo / name).is_file()]
+    files = [
+        repo / name
+        for name in (
+            "pyproject.toml",
+            "README.md",
+            "setup.cfg",
+            "setup.py",
+            "MANIFEST.in",
+            "LICENSE",
+        )
+        if (repo / name).is_file()
+    ]
     package = repo / "slurm_dispatch"
-    files += sorted(p for p in package.rglob("*")
-                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    files += sorted(
+        p
+        for p in package.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
     return files
 
 
@@ -67,8 +79,8 @@ def ensure_venv(layout: Layout, repo: Path, root: Optional[Path] = None) -> list
     digest = source_digest(repo)
     python = layout.venv_bin / "python"
     works = (python.exists() or python.is_symlink()) and subprocess.run(
-        wrap(layout, [str(python), "-c", ""], root=root), capture_output=True,
-        env=_pip_env(root)).returncode == 0
+        wrap(layout, [str(python), "-c", ""], root=root), capture_output=True, env=_pip_env(root)
+    ).returncode == 0
     try:
         installed = layout.source_hash_file.read_text().strip()
     except OSError:
@@ -79,8 +91,12 @@ def ensure_venv(layout: Layout, repo: Path, root: Optional[Path] = None) -> list
     log = layout.log_dir / "venv.log"
     if not works:
         shutil.rmtree(layout.venv, ignore_errors=True)
-        _logged_run(wrap(layout, [SYSTEM_PYTHON, "-m", "venv", str(layout.venv)], root=root),
-                    log, "creating the venv", env=_pip_env(root))
+        _logged_run(
+            wrap(layout, [SYSTEM_PYTHON, "-m", "venv", str(layout.venv)], root=root),
+            log,
+            "creating the venv",
+            env=_pip_env(root),
+        )
         actions.append(f"created {layout.venv}")
     # Build from a copy: an in-tree build would write build/ and *.egg-info into the checkout,
     # and a non-editable install keeps working when the checkout is not readable by the job user.
@@ -94,10 +110,25 @@ def ensure_venv(layout: Layout, repo: Path, root: Optional[Path] = None) -> list
             (copy / "README.md").write_text("slurm-dispatch\n")
         layout.source_hash_file.unlink(missing_ok=True)
         # pip always reinstalls a project given as a folder; dependencies only when missing.
-        _logged_run(wrap(layout, [str(python), "-m", "pip", "install",
-                                   "--disable-pip-version-check", "--no-input", "--quiet",
-                                   str(copy)], root=root),
-                    log, f"installing {repo} into the venv", env=_pip_env(root))
+        _logged_run(
+            wrap(
+                layout,
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "--quiet",
+                    str(copy),
+                ],
+                root=root,
+            ),
+            log,
+            f"installing {repo} into the venv",
+            env=_pip_env(root),
+        )
     write_text(layout.source_hash_file, digest + "\n")
     actions.append(f"installed {repo} into {layout.venv}")
     return actions
@@ -116,13 +147,19 @@ def _pip_env(root: Optional[Path]) -> Optional[dict[str, str]]:
     return env
 
 
-def _logged_run(argv: list[str], log: Path, what: str,
-                env: Optional[dict[str, str]] = None) -> None:
+def _logged_run(
+    argv: list[str], log: Path, what: str, env: Optional[dict[str, str]] = None
+) -> None:
     with append(log) as out:
         out.write(f"--- {shlex.join(argv)}\n".encode())
         out.flush()
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, umask=0o022, env=env)
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            umask=0o022,
+            env=env,
+        )
     if proc.returncode != 0:
         raise SandboxError(f"{what} failed (exit {proc.returncode}):\n" + tail(log, 30))
-

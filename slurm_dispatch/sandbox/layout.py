@@ -235,8 +235,7 @@ class Layout:
 def default_dir(release: Optional[str] = None) -> Path:
     """The default state folder of ``release`` (default ``$DISPATCH_SANDBOX_SLURM``, else the
     host's): DEFAULT_DIR for the host's Slurm, ``DEFAULT_DIR-<release>`` for another."""
-    chosen = sandbox_root.normalize(release if release is not None
-                                    else os.environ.get(RELEASE_ENV))
+    chosen = sandbox_root.normalize(release if release is not None else os.environ.get(RELEASE_ENV))
     return DEFAULT_DIR if chosen == HOST_RELEASE else Path(f"{DEFAULT_DIR}-{chosen}")
 
 
@@ -244,18 +243,20 @@ def state_dir(override: Optional[PathLike] = None) -> Path:
     """The sandbox state folder: ``override``, else ``$DISPATCH_SANDBOX_DIR``, else the default
     folder of ``$DISPATCH_SANDBOX_SLURM``'s release (:func:`default_dir`)."""
     # An empty value (DISPATCH_SANDBOX_DIR= from a Makefile) means the default, not ".".
-    chosen = override if override not in (None, "") else \
-        os.environ.get(DIR_ENV) or default_dir()
+    chosen = override if override not in (None, "") else os.environ.get(DIR_ENV) or default_dir()
     path = Path(os.path.abspath(os.fspath(chosen)))
     bad = [c for c in " \t\n,=\"'#" if c in str(path)]
     if bad:
         raise SandboxError(
             f"sandbox folder {str(path)!r} contains {''.join(bad)!r}; slurm.conf cannot quote "
-            "that: choose a folder whose path has no spaces, commas, '=', quotes or '#'")
+            "that: choose a folder whose path has no spaces, commas, '=', quotes or '#'"
+        )
     # A unix socket path must fit in 108 bytes.
     if len(str(Layout(path).munge_socket)) > 100:
-        raise SandboxError(f"sandbox folder {str(path)!r} is too long for a unix socket path "
-                           "(keep it under about 80 characters)")
+        raise SandboxError(
+            f"sandbox folder {str(path)!r} is too long for a unix socket path "
+            "(keep it under about 80 characters)"
+        )
     return path
 
 
@@ -289,4 +290,3 @@ def known_node(layout: Layout, node: str) -> str:
     if node not in nodes:
         raise SandboxError(f"unknown node {node!r}: valid nodes are {', '.join(nodes)}")
     return node
-

@@ -26,14 +26,26 @@ from .layout import MUNGE_USER, USER_ENV, Layout
 from .state_folder import append, tail
 
 APT_PACKAGES = ("slurm-wlm", "munge")
-SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "munge", "unmunge", "sinfo", "scontrol",
-                  "sbatch", "squeue", "scancel")
+SLURM_PROGRAMS = (
+    "slurmctld",
+    "slurmd",
+    "munged",
+    "munge",
+    "unmunge",
+    "sinfo",
+    "scontrol",
+    "sbatch",
+    "squeue",
+    "scancel",
+)
 
 
 def require_root(verb: str) -> None:
     if os.geteuid() != 0:
-        raise SandboxError(f"`dispatch-sandbox {verb}` must run as root: the sandbox's "
-                           f"daemons run as root; try: sudo dispatch-sandbox {verb}")
+        raise SandboxError(
+            f"`dispatch-sandbox {verb}` must run as root: the sandbox's "
+            f"daemons run as root; try: sudo dispatch-sandbox {verb}"
+        )
 
 
 def _missing_programs() -> list[str]:
@@ -42,8 +54,9 @@ def _missing_programs() -> list[str]:
 
 def _venv_missing() -> bool:
     try:
-        proc = subprocess.run([SYSTEM_PYTHON, "-c", "import venv, ensurepip"],
-                              capture_output=True, timeout=30)
+        proc = subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import venv, ensurepip"], capture_output=True, timeout=30
+        )
     except OSError:
         return True
     return proc.returncode != 0
@@ -53,8 +66,9 @@ DATABASE_PROGRAMS = {"mariadbd": "mariadb-server", "mariadb-install-db": "mariad
 
 
 def _missing_database(programs: dict[str, str]) -> list[str]:
-    return sorted({package for name, package in programs.items()
-                   if not os.path.isabs(program(name))})
+    return sorted(
+        {package for name, package in programs.items() if not os.path.isabs(program(name))}
+    )
 
 
 def ensure_database_server(layout: Layout) -> list[str]:
@@ -74,15 +88,22 @@ def ensure_packages(layout: Layout, accounting: bool = False) -> list[str]:
     if _venv_missing():
         packages.append("python3-venv")
     if accounting:
-        packages += _missing_database({**DATABASE_PROGRAMS, "slurmdbd": "slurmdbd",
-                                       "sacct": "slurm-client", "sacctmgr": "slurm-client"})
+        packages += _missing_database(
+            {
+                **DATABASE_PROGRAMS,
+                "slurmdbd": "slurmdbd",
+                "sacct": "slurm-client",
+                "sacctmgr": "slurm-client",
+            }
+        )
     if not packages:
         return []
     apt_install(layout, packages)
     still = _missing_programs()
     if still:
-        raise SandboxError(f"after installing {' '.join(packages)}, still missing: "
-                           + ", ".join(still))
+        raise SandboxError(
+            f"after installing {' '.join(packages)}, still missing: " + ", ".join(still)
+        )
     return [f"installed {' '.join(packages)}"]
 
 
@@ -91,11 +112,11 @@ def apt_install(layout: Layout, packages: list[str]) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *packages]):
         with append(log) as out:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
+            )
         if proc.returncode != 0:
-            raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}):\n"
-                               + tail(log))
+            raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}):\n" + tail(log))
 
 
 def ensure_munge_user(layout: Layout) -> list[str]:
@@ -125,10 +146,12 @@ def ensure_user(user: str) -> list[str]:
     if entry is not None and entry.pw_uid == 0:
         raise SandboxError(
             f"job user {user!r} is root (uid 0): the sandbox's jobs run unprivileged, as a "
-            f"cluster's do; choose another user (--user, or ${USER_ENV})")
+            f"cluster's do; choose another user (--user, or ${USER_ENV})"
+        )
     if entry is None:
-        proc = subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            ["useradd", "-m", "-s", "/bin/bash", user], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise SandboxError(f"useradd -m {user} failed: {(proc.stderr + proc.stdout).strip()}")
         return [f"created user {user}"]
@@ -138,4 +161,3 @@ def ensure_user(user: str) -> list[str]:
         os.chown(home, entry.pw_uid, entry.pw_gid)
         return [f"created home {home} of {user}"]
     return []
-

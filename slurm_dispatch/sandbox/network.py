@@ -85,24 +85,38 @@ def net_of(layout: Layout) -> Net:
     try:
         subnet = ipaddress.IPv4Network(raw, strict=True)
     except ValueError as exc:
-        raise SandboxError(f"${SUBNET_ENV}={raw!r} is not a network: {exc} "
-                           "(give a private /24 such as 10.99.3.0/24)") from None
+        raise SandboxError(
+            f"${SUBNET_ENV}={raw!r} is not a network: {exc} "
+            "(give a private /24 such as 10.99.3.0/24)"
+        ) from None
     if subnet.prefixlen != 24 or not subnet.is_private:
-        raise SandboxError(f"${SUBNET_ENV}={raw!r} must be a private /24 (such as "
-                           "10.99.3.0/24): the sandbox gives each node an address in it")
+        raise SandboxError(
+            f"${SUBNET_ENV}={raw!r} must be a private /24 (such as "
+            "10.99.3.0/24): the sandbox gives each node an address in it"
+        )
     return Net(layout.port_slot, subnet)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     try:
-        proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
-                              env={"PATH": _PATH, "LANG": "C"}, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            ["ip", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={"PATH": _PATH, "LANG": "C"},
+            stdin=subprocess.DEVNULL,
+        )
     except FileNotFoundError:
-        raise SandboxError("`ip` (iproute2) is not installed: the sandbox's nodes each get "
-                           "a network namespace with it") from None
+        raise SandboxError(
+            "`ip` (iproute2) is not installed: the sandbox's nodes each get "
+            "a network namespace with it"
+        ) from None
     if check and proc.returncode != 0:
-        raise SandboxError(f"ip {' '.join(args)} failed (exit {proc.returncode}): "
-                           + (proc.stderr + proc.stdout).strip())
+        raise SandboxError(
+            f"ip {' '.join(args)} failed (exit {proc.returncode}): "
+            + (proc.stderr + proc.stdout).strip()
+        )
     return proc
 
 
@@ -134,8 +148,16 @@ def _taken_by(net: Net) -> Optional[str]:
                 return f"address {iface} on {words[1].rstrip(':')}"
     for line in _ip("-4", "route", "show", "table", "all").stdout.splitlines():
         words = line.split()
-        if not words or words[0] in ("default", "local", "broadcast", "unreachable",
-                                     "blackhole", "prohibit", "throw", "multicast"):
+        if not words or words[0] in (
+            "default",
+            "local",
+            "broadcast",
+            "unreachable",
+            "blackhole",
+            "prohibit",
+            "throw",
+            "multicast",
+        ):
             continue
         try:
             route = ipaddress.IPv4Network(words[0], strict=False)
@@ -178,12 +200,25 @@ def ensure(layout: Layout, nodes: Sequence[str]) -> list[str]:
             raise SandboxError(
                 f"the sandbox's network {net.subnet} is taken on this machine ({taken}): set "
                 f"${SUBNET_ENV} to a free private /24 (such as 10.99.3.0/24), or use another "
-                "--dir")
+                "--dir"
+            )
         _ip("link", "add", net.bridge, "type", "bridge")
         actions.append(f"created bridge {net.bridge} ({net.subnet})")
     # Bridged traffic between nodes must not meet this machine's firewall (br_netfilter).
-    _ip("link", "set", net.bridge, "type", "bridge", "nf_call_iptables", "0",
-        "nf_call_ip6tables", "0", "nf_call_arptables", "0", check=False)
+    _ip(
+        "link",
+        "set",
+        net.bridge,
+        "type",
+        "bridge",
+        "nf_call_iptables",
+        "0",
+        "nf_call_ip6tables",
+        "0",
+        "nf_call_arptables",
+        "0",
+        check=False,
+    )
     host = f"{net.host_address}/24"
     if host not in _ip("-o", "-4", "addr", "show", "dev", net.bridge).stdout.split():
         _ip("addr", "add", host, "dev", net.bridge)
@@ -252,7 +287,7 @@ def remove(layout: Layout, nodes: Sequence[str] = ()) -> list[str]:
     names = set(nodes)
     prefix = f"dsb{net.slot}-"
     if NETNS_DIR.is_dir():
-        names |= {p.name[len(prefix):] for p in NETNS_DIR.iterdir() if p.name.startswith(prefix)}
+        names |= {p.name[len(prefix) :] for p in NETNS_DIR.iterdir() if p.name.startswith(prefix)}
     for node in sorted(names):
         if link_exists(net.veth(node)):
             _ip("link", "delete", net.veth(node), check=False)

@@ -103,17 +103,23 @@ def wait_until_usable(layout: Layout, nodes: Sequence[str], deadline: float) -> 
             # resume only if it has not after a few seconds.  Drained nodes too (a hook that
             # failed in some test): the promise is a usable cluster, and the reason is kept
             # in the returned actions.
-            if base in ("down", "drained", "draining", "drain", "fail", "failing") or \
-                    base.startswith("drain"):
+            if base in (
+                "down",
+                "drained",
+                "draining",
+                "drain",
+                "fail",
+                "failing",
+            ) or base.startswith("drain"):
                 first = seen_down_responding.setdefault(name, now)
                 if now - first >= 5:
                     run_slurm(layout, ["scontrol", "update", f"nodename={name}", "state=resume"])
                     resumed.add(name)
-                    actions.append(f"resumed {name} (was {node.state}"
-                                   + (f": {node.reason})" if node.reason else ")"))
+                    actions.append(
+                        f"resumed {name} (was {node.state}"
+                        + (f": {node.reason})" if node.reason else ")")
+                    )
         if now > deadline:
             states = ", ".join(f"{n}={last[n].state}" if n in last else f"{n}=?" for n in nodes)
-            raise SandboxError(f"nodes not usable in time ({states}):\n"
-                               + logs_tail(layout, nodes))
+            raise SandboxError(f"nodes not usable in time ({states}):\n" + logs_tail(layout, nodes))
         time.sleep(0.2)
-

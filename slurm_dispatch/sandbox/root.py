@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import SandboxError
+from . import state_folder
 
 HOST = "host"
 CACHE_ENV = "DISPATCH_SANDBOX_ROOTFS"
@@ -48,8 +49,14 @@ BOUND_FOLDERS = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", "/home", "/etc/ssl
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # The host's accounts (uids of the job user, the munge user, test users made on the fly) and
 # name resolution (pip reaches the package index from inside).
-BOUND_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/hosts",
-               "/etc/resolv.conf")
+BOUND_FILES = (
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/hosts",
+    "/etc/resolv.conf",
+)
 
 
 NEWEST = "newest"
@@ -117,14 +124,25 @@ _ACCOUNTING_PACKAGES = ("slurmdbd",)
 # the release has expedited requeue (25.11), test_ids_restart where it gives SLUIDs (26.05);
 # each skips, naming the release, where it has none.
 REAL_ON_ROOTS = (
-    "tests/real/test_release.py", "tests/real/test_hooks.py", "tests/real/test_cease.py",
-    "tests/real/test_supervisor.py", "tests/real/test_dispatch_sbatch.py",
-    "tests/real/test_arrays.py", "tests/real/test_survivors.py", "tests/real/test_trust.py",
-    "tests/real/test_watch.py", "tests/real/test_adapter_contract.py",
-    "tests/real/test_upgrade_in_place.py", "tests/real/test_controller_bill.py",
-    "tests/real/test_preemption.py", "tests/real/test_doctor.py",
-    "tests/real/test_sbatch_grammar.py", "tests/real/test_expedite.py",
-    "tests/real/test_self_requeue.py", "tests/real/test_ids_restart.py",
+    "tests/real/test_release.py",
+    "tests/real/test_hooks.py",
+    "tests/real/test_cease.py",
+    "tests/real/test_supervisor.py",
+    "tests/real/test_dispatch_sbatch.py",
+    "tests/real/test_arrays.py",
+    "tests/real/test_survivors.py",
+    "tests/real/test_trust.py",
+    "tests/real/test_watch.py",
+    "tests/real/test_adapter_contract.py",
+    "tests/real/test_upgrade_in_place.py",
+    "tests/real/test_controller_bill.py",
+    "tests/real/test_preemption.py",
+    "tests/real/test_doctor.py",
+    "tests/real/test_sbatch_grammar.py",
+    "tests/real/test_expedite.py",
+    "tests/real/test_self_requeue.py",
+    "tests/real/test_ids_restart.py",
+    "tests/real/test_expedite_gate.py",
 )
 
 RELEASES = {
@@ -132,16 +150,28 @@ RELEASES = {
     # recommendation of gcc that debootstrap does not follow) and libpython3-dev (Python.h,
     # without python3-dev's documentation): what building pyslurm 24.11 in the root needs
     # (tests/real/pyslurm_build.py), about 240 MB more.
-    "24.11": Release(name="24.11", suite="trixie", debian="Debian 13",
-                     packages=(*_SLURM_PACKAGES, "libslurm-dev", "gcc", "libc6-dev",
-                               "libpython3-dev"),
-                     tested=True, job_user="dispatchuser2", extras=_ACCOUNTING_PACKAGES),
+    "24.11": Release(
+        name="24.11",
+        suite="trixie",
+        debian="Debian 13",
+        packages=(*_SLURM_PACKAGES, "libslurm-dev", "gcc", "libc6-dev", "libpython3-dev"),
+        tested=True,
+        job_user="dispatchuser2",
+        extras=_ACCOUNTING_PACKAGES,
+    ),
     # Debian's testing (and unstable) ship 26.05 today; no pyslurm supports it (the adapter's
     # SlurmBackend=auto falls back to Slurm's tools), so nothing to build pyslurm with.  Tested:
     # make test runs REAL_ON_ROOTS on it too, after 24.11, beside the host's real tier.
-    NEWEST: Release(name=NEWEST, suite="testing", debian="Debian testing",
-                    packages=_SLURM_PACKAGES, expects="26.05", tested=True,
-                    job_user="dispatchuser3", extras=_ACCOUNTING_PACKAGES),
+    NEWEST: Release(
+        name=NEWEST,
+        suite="testing",
+        debian="Debian testing",
+        packages=_SLURM_PACKAGES,
+        expects="26.05",
+        tested=True,
+        job_user="dispatchuser3",
+        extras=_ACCOUNTING_PACKAGES,
+    ),
 }
 
 
@@ -155,8 +185,12 @@ def tier_plan() -> str:
 
 def choices(host: bool = True) -> str:
     """The releases ``--slurm`` takes, in words (for help texts); ``host`` too unless not."""
-    rows = [f"{r.name} (Debian {r.suite}'s, {r.expects} today)" if r.moving
-            else f"{r.name} (from a {r.debian} root)" for r in RELEASES.values()]
+    rows = [
+        f"{r.name} (Debian {r.suite}'s, {r.expects} today)"
+        if r.moving
+        else f"{r.name} (from a {r.debian} root)"
+        for r in RELEASES.values()
+    ]
     return (f"{HOST} (this machine's), " if host else "") + ", ".join(rows)
 
 
@@ -199,9 +233,11 @@ def normalize(value: Optional[str]) -> str:
     if value == newest.expected or value == held(cache_folder() / newest.folder):
         return NEWEST
     choices = ", ".join([HOST, *RELEASES, newest.expected])
-    raise SandboxError(f"unknown Slurm release {value!r} for the sandbox: choose one of "
-                       f"{choices} (host is this machine's own Slurm; {NEWEST} is "
-                       f"{newest.debian}'s, {newest.expected} when this was written)")
+    raise SandboxError(
+        f"unknown Slurm release {value!r} for the sandbox: choose one of "
+        f"{choices} (host is this machine's own Slurm; {NEWEST} is "
+        f"{newest.debian}'s, {newest.expected} when this was written)"
+    )
 
 
 def held(path: Path) -> str:
@@ -219,12 +255,19 @@ def root_complete(path: Path, release: Release) -> bool:
         marker = json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return (isinstance(marker, dict) and marker.get("release") == release.name
-            and marker.get("packages") == list(release.packages))
+    return (
+        isinstance(marker, dict)
+        and marker.get("release") == release.name
+        and marker.get("packages") == list(release.packages)
+    )
 
 
-def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
-                install: Callable[[list[str]], object]) -> tuple[Path, list[str]]:
+def ensure_root(
+    release: Release,
+    cache: Path,
+    claim: Callable[[Path], object],
+    install: Callable[[list[str]], object],
+) -> tuple[Path, list[str]]:
     """The finished root of ``release`` under ``cache``, built now when missing.
 
     ``claim`` makes a folder root's and closed to others (the sandbox's rule), ``install``
@@ -232,16 +275,12 @@ def ensure_root(release: Release, cache: Path, claim: Callable[[Path], object],
     lock in ``cache`` (two releases build side by side); an interrupted build is thrown away
     and redone.  Returns the root and what was done.
     """
-    # Here, not at the top: state_folder imports this module (through layout).
-    from . import state_folder
-
     claim(cache)
     target = cache / release.folder
     if root_complete(target, release) and not missing_extras(target, release):
         return target, []
     with state_folder.locked(cache / f".{release.folder}.lock"):
-        actions = [] if root_complete(target, release) else \
-            _build(release, cache, target, install)
+        actions = [] if root_complete(target, release) else _build(release, cache, target, install)
         missing = missing_extras(target, release)
         if missing:
             actions += _add_extras(release, cache, target, missing)
@@ -264,47 +303,63 @@ def _add_extras(release: Release, cache: Path, target: Path, missing: list[str])
     pinned to the version of the root's slurmctld: a suite that moved on since the root was
     built would otherwise bring a newer slurmdbd and, with it, newer plugins under the
     root's older daemons (apt-get then fails instead, naming the version it lacks)."""
-    from . import state_folder  # as in ensure_root
-
     started = time.monotonic()
     policy = target / "usr" / "sbin" / "policy-rc.d"
     if not policy.exists():
-        state_folder.write_text(policy, "#!/bin/sh\n# No service starts in a sandbox root.\n"
-                                "exit 101\n", 0o755)
+        state_folder.write_text(
+            policy, "#!/bin/sh\n# No service starts in a sandbox root.\nexit 101\n", 0o755
+        )
     log = cache / f"{release.folder}.log"
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
-           "LANG": "C.UTF-8"}
-    version = subprocess.run(["chroot", str(target), "dpkg-query", "-W", "-f", "${Version}",
-                              "slurmctld"], capture_output=True, text=True, env=env,
-                             timeout=60).stdout.strip()
-    wanted = [f"{name}={version}" if version and name.startswith("slurm") else name
-              for name in missing]
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "DEBIAN_FRONTEND": "noninteractive",
+        "LANG": "C.UTF-8",
+    }
+    version = subprocess.run(
+        ["chroot", str(target), "dpkg-query", "-W", "-f", "${Version}", "slurmctld"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    ).stdout.strip()
+    wanted = [
+        f"{name}={version}" if version and name.startswith("slurm") else name for name in missing
+    ]
     # A moving suite's Release file is valid for a week or so, and this machine's mirror (or
     # clock) may be past it: "Release file ... is expired" made apt-get update fail (its
     # signature is still checked).
-    for argv in (["apt-get", "-o", "Acquire::Check-Valid-Until=false", "update"],
-                 ["apt-get", "install", "-y", "--no-install-recommends", *wanted]):
+    for argv in (
+        ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "update"],
+        ["apt-get", "install", "-y", "--no-install-recommends", *wanted],
+    ):
         full = ["chroot", str(target), *argv]
         with state_folder.append(log) as out:
-            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(full)}\n"
-                      .encode())
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(full)}\n".encode())
             out.flush()
-            proc = subprocess.run(full, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, umask=0o022)
+            proc = subprocess.run(
+                full,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                umask=0o022,
+            )
         if proc.returncode != 0:
-            raise SandboxError(f"{shlex.join(full)} failed (exit {proc.returncode}); see "
-                               f"{log}:\n" + _tail(log))
+            raise SandboxError(
+                f"{shlex.join(full)} failed (exit {proc.returncode}); see {log}:\n" + _tail(log)
+            )
     marker = json.loads((target / MARKER).read_text())
     marker["extras"] = sorted({*marker.get("extras", []), *missing})
     state_folder.write_text(target / MARKER, json.dumps(marker, indent=2) + "\n")
-    return [f"installed {' '.join(missing)} into the {release.debian} root {target} "
-            f"({time.monotonic() - started:.0f} s)"]
+    return [
+        f"installed {' '.join(missing)} into the {release.debian} root {target} "
+        f"({time.monotonic() - started:.0f} s)"
+    ]
 
 
-def _build(release: Release, cache: Path, target: Path,
-           install: Callable[[list[str]], object]) -> list[str]:
-    from . import state_folder  # as in ensure_root
-
+def _build(
+    release: Release, cache: Path, target: Path, install: Callable[[list[str]], object]
+) -> list[str]:
     actions = []
     if shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
         install(["debootstrap"])
@@ -315,30 +370,45 @@ def _build(release: Release, cache: Path, target: Path,
     shutil.rmtree(build, ignore_errors=True)
     log = cache / f"{release.folder}.log"
     included = [*release.packages, *release.extras]
-    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(included)}",
-            release.suite, str(build)]
+    argv = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(included)}",
+        release.suite,
+        str(build),
+    ]
     with state_folder.append(log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
         out.flush()
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, umask=0o022)
+        proc = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, umask=0o022
+        )
     if proc.returncode != 0:
-        raise SandboxError(f"{shlex.join(argv)} failed (exit {proc.returncode}); see {log}:\n"
-                           + _tail(log))
-    version = subprocess.run(["chroot", str(build), "/usr/sbin/slurmctld", "-V"],
-                             capture_output=True, text=True, timeout=60).stdout.strip()
+        raise SandboxError(
+            f"{shlex.join(argv)} failed (exit {proc.returncode}); see {log}:\n" + _tail(log)
+        )
+    version = subprocess.run(
+        ["chroot", str(build), "/usr/sbin/slurmctld", "-V"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     check_holds(release, version, build)
     seconds = round(time.monotonic() - started, 1)
-    marker = {"release": release.name, "packages": list(release.packages),
-              "extras": list(release.extras), "slurm": version, "suite": release.suite,
-              "seconds": seconds}
+    marker = {
+        "release": release.name,
+        "packages": list(release.packages),
+        "extras": list(release.extras),
+        "slurm": version,
+        "suite": release.suite,
+        "seconds": seconds,
+    }
     (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     os.chmod(build, 0o755)
     if target.exists() or target.is_symlink():
         shutil.rmtree(target)  # an older or unfinished root: ours, like the cache
     os.rename(build, target)
-    actions.append(f"built the {release.debian} root with {version} in {target} "
-                   f"({seconds:.0f} s)")
+    actions.append(f"built the {release.debian} root with {version} in {target} ({seconds:.0f} s)")
     return actions
 
 
@@ -348,8 +418,10 @@ def check_holds(release: Release, version: str, where: Path) -> None:
     whatever its suite ships)."""
     major = _major(version)
     if not major or (not release.moving and major != release.name):
-        raise SandboxError(f"the {release.debian} root built in {where} has {version!r}, not "
-                           f"Slurm {release.expected}")
+        raise SandboxError(
+            f"the {release.debian} root built in {where} has {version!r}, not "
+            f"Slurm {release.expected}"
+        )
 
 
 def mount_point(root: Path, state: Path) -> Optional[Path]:
@@ -359,8 +431,13 @@ def mount_point(root: Path, state: Path) -> Optional[Path]:
     return root / state.relative_to("/")
 
 
-def enter_argv(root: Path, state: Path, argv: Sequence[str], user: Optional[str] = None,
-               cwd: Optional[str] = None) -> list[str]:
+def enter_argv(
+    root: Path,
+    state: Path,
+    argv: Sequence[str],
+    user: Optional[str] = None,
+    cwd: Optional[str] = None,
+) -> list[str]:
     """A command line that runs ``argv`` inside ``root`` (as ``user`` when given, in ``cwd``).
 
     Must itself run as root (it mounts); the environment passes through unchanged.  The mount
@@ -370,11 +447,15 @@ def enter_argv(root: Path, state: Path, argv: Sequence[str], user: Optional[str]
     quoted = shlex.quote(str(root))
     lines = ["set -e"]
     for folder in BOUND_FOLDERS:
-        lines.append(f"if [ -d {folder} ]; then mkdir -p {quoted}{folder}; "
-                     f"mount --rbind {folder} {quoted}{folder}; fi")
+        lines.append(
+            f"if [ -d {folder} ]; then mkdir -p {quoted}{folder}; "
+            f"mount --rbind {folder} {quoted}{folder}; fi"
+        )
     for name in BOUND_FILES:
-        lines.append(f"if [ -f {name} ] && [ -f {quoted}{name} ]; then "
-                     f"mount --bind {name} {quoted}{name}; fi")
+        lines.append(
+            f"if [ -f {name} ] && [ -f {quoted}{name} ]; then "
+            f"mount --bind {name} {quoted}{name}; fi"
+        )
     point = mount_point(root, state)
     if point is not None:
         lines.append(f"mount --bind {shlex.quote(str(state))} {shlex.quote(str(point))}")
@@ -383,17 +464,30 @@ def enter_argv(root: Path, state: Path, argv: Sequence[str], user: Optional[str]
         inner += ["runuser", "-u", user, "--"]
     if cwd is not None:
         inner += ["env", "-C", cwd]
-    lines.append(f"exec chroot {quoted} {shlex.join(inner)} \"$@\"" if inner
-                 else f"exec chroot {quoted} \"$@\"")
-    return [_host_program("unshare"), "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", "\n".join(lines), "in-root", *argv]
+    lines.append(
+        f'exec chroot {quoted} {shlex.join(inner)} "$@"' if inner else f'exec chroot {quoted} "$@"'
+    )
+    return [
+        _host_program("unshare"),
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        "\n".join(lines),
+        "in-root",
+        *argv,
+    ]
 
 
 def _host_program(name: str) -> str:
     found = shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
     if found is None:
-        raise SandboxError(f"{name} is not installed on this machine (util-linux): the "
-                           "sandbox's Debian root is entered with it")
+        raise SandboxError(
+            f"{name} is not installed on this machine (util-linux): the "
+            "sandbox's Debian root is entered with it"
+        )
     return found
 
 

@@ -67,14 +67,19 @@ def take(layout: Layout, claims: Optional[Path] = None) -> list[str]:
             if owner is None or owner == layout.root:
                 state_folder.write_text(claims / str(slot), f"{layout.root}\n")
                 state_folder.write_text(layout.port_slot_file, f"{slot}\n")
-                moved = "" if slot == layout.preferred_slot else \
-                    f" ({layout.preferred_slot} is {held[layout.preferred_slot]}'s)"
+                moved = (
+                    ""
+                    if slot == layout.preferred_slot
+                    else f" ({layout.preferred_slot} is {held[layout.preferred_slot]}'s)"
+                )
                 return [f"took port slot {slot}{moved}"]
             held[slot] = owner
     names = ", ".join(f"{slot}: {folder}" for slot, folder in sorted(held.items()))
-    raise SandboxError(f"no free port slot for the sandbox in {layout.root}: every one is "
-                       f"held ({names}); remove a sandbox folder you no longer use "
-                       "(`dispatch-sandbox remove --dir DIR`)")
+    raise SandboxError(
+        f"no free port slot for the sandbox in {layout.root}: every one is "
+        f"held ({names}); remove a sandbox folder you no longer use "
+        "(`dispatch-sandbox remove --dir DIR`)"
+    )
 
 
 def release(layout: Layout, claims: Optional[Path] = None) -> list[str]:

@@ -166,8 +166,9 @@ def proctrack() -> str:
     return value
 
 
-def cgroup_mount(plugin: str, mounts: str = "/proc/self/mounts",
-                 own: str = "/proc/self/cgroup") -> str:
+def cgroup_mount(
+    plugin: str, mounts: str = "/proc/self/mounts", own: str = "/proc/self/cgroup"
+) -> str:
     """cgroup.conf's CgroupMountpoint for Slurm's ``plugin`` (``cgroup/v2``, ``cgroup/v1``) on
     this machine, or an error saying why Slurm cannot run it here."""
     found: dict[str, list[str]] = {"cgroup2": [], "cgroup": []}
@@ -178,8 +179,10 @@ def cgroup_mount(plugin: str, mounts: str = "/proc/self/mounts",
                 found[fields[2]].append(fields[1])
     if plugin == "cgroup/v1":
         if not any(p.endswith("/freezer") for p in found["cgroup"]):
-            raise SandboxError(f"{PROCTRACK_ENV}=cgroup/v1: {mounts} mounts no cgroup v1 "
-                               "freezer hierarchy, which Slurm's proctrack/cgroup needs there")
+            raise SandboxError(
+                f"{PROCTRACK_ENV}=cgroup/v1: {mounts} mounts no cgroup v1 "
+                "freezer hierarchy, which Slurm's proctrack/cgroup needs there"
+            )
         return "/sys/fs/cgroup"
     with open(own, encoding="utf-8") as handle:
         hierarchies = handle.read().splitlines()
@@ -189,26 +192,37 @@ def cgroup_mount(plugin: str, mounts: str = "/proc/self/mounts",
             f"{PROCTRACK_ENV}=cgroup/v2: Slurm's cgroup/v2 needs a host with cgroup v2 alone "
             f"and this one {'mounts no cgroup2' if not found['cgroup2'] else 'is hybrid'}: "
             f"{own} lists v1 hierarchies ({', '.join(v1)}), which slurmd refuses ('Hybrid "
-            "mode is not supported', every release); use cgroup/v1 here")
+            "mode is not supported', every release); use cgroup/v1 here"
+        )
     return "/sys/fs/cgroup" if "/sys/fs/cgroup" in found["cgroup2"] else found["cgroup2"][0]
 
 
 def render_cgroup_conf(plugin: str, mount: str = "") -> str:
     """cgroup.conf for the sandbox's process tracking (:func:`proctrack`)."""
     if plugin.startswith("cgroup/"):
-        return (f"# cgroup.conf of the slurm-dispatch sandbox: proctrack/cgroup on {plugin}, its\n"
-                "# cgroups made by slurmd itself (no systemd on these machines).\n"
-                f"CgroupPlugin={plugin}\nIgnoreSystemd=yes\nCgroupMountpoint={mount}\n")
-    return ("# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
-            "CgroupPlugin=disabled\n")
+        return (
+            f"# cgroup.conf of the slurm-dispatch sandbox: proctrack/cgroup on {plugin}, its\n"
+            "# cgroups made by slurmd itself (no systemd on these machines).\n"
+            f"CgroupPlugin={plugin}\nIgnoreSystemd=yes\nCgroupMountpoint={mount}\n"
+        )
+    return (
+        "# cgroup.conf of the slurm-dispatch sandbox: plain processes, no cgroups.\n"
+        "CgroupPlugin=disabled\n"
+    )
 
 
-def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
-                      release: str = HOST_RELEASE, cluster: str = CLUSTER_NAME,
-                      min_job_age: int = MIN_JOB_AGE, major: str = "",
-                      requeue_delay: int | None = None,
-                      accounting: str = accounting_lib.NONE,
-                      tracking: str = PROCTRACKS[0]) -> str:
+def render_slurm_conf(
+    layout: Layout,
+    nodes: Sequence[str],
+    hostname: str,
+    release: str = HOST_RELEASE,
+    cluster: str = CLUSTER_NAME,
+    min_job_age: int = MIN_JOB_AGE,
+    major: str = "",
+    requeue_delay: int | None = None,
+    accounting: str = accounting_lib.NONE,
+    tracking: str = PROCTRACKS[0],
+) -> str:
     """The sandbox's slurm.conf: nodes on its bridge (:mod:`.network`), fast timers,
     slurmdbd's accounting (``accounting``: :data:`.accounting.SLURMDBD`) or none, no hooks,
     and two partitions over the nodes: the default one, whose jobs an urgent partition's job
@@ -246,10 +260,17 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "CredType=cred/munge",
         f"AuthInfo=socket={layout.munge_socket},cred_expire={cred_expire}",
         "",
-        *(["# Plain processes: no cgroups on these machines.",
-           "ProctrackType=proctrack/linuxproc"] if tracking == "linuxproc" else
-          [f"# The job's processes in its cgroup (cgroup.conf: {tracking}).",
-           "ProctrackType=proctrack/cgroup"]),
+        *(
+            [
+                "# Plain processes: no cgroups on these machines.",
+                "ProctrackType=proctrack/linuxproc",
+            ]
+            if tracking == "linuxproc"
+            else [
+                f"# The job's processes in its cgroup (cgroup.conf: {tracking}).",
+                "ProctrackType=proctrack/cgroup",
+            ]
+        ),
         "TaskPlugin=task/none",
         "MpiDefault=none",
         "SwitchType=switch/none",
@@ -262,9 +283,16 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "",
         "# Scheduling: start work within about a second of it becoming eligible.",
         "SchedulerType=sched/backfill",
-        "SchedulerParameters=" + ",".join(["bf_interval=1", "sched_interval=1",
-                                           "sched_min_interval=0", "batch_sched_delay=0",
-                                           *delay]),
+        "SchedulerParameters="
+        + ",".join(
+            [
+                "bf_interval=1",
+                "sched_interval=1",
+                "sched_min_interval=0",
+                "batch_sched_delay=0",
+                *delay,
+            ]
+        ),
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "",
@@ -274,10 +302,16 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "# with their restart count one higher.",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
-        *(["",
-           "# Expedited requeue (25.11): a job submitted --requeue=expedite is requeued on a",
-           "# node failure to start again at once, first in the queue, with no requeue delay.",
-           "SlurmctldParameters=enable_expedited_requeue"] if expedite else []),
+        *(
+            [
+                "",
+                "# Expedited requeue (25.11): a job submitted --requeue=expedite is requeued on a",
+                "# node failure to start again at once, first in the queue, with no requeue delay.",
+                "SlurmctldParameters=enable_expedited_requeue",
+            ]
+            if expedite
+            else []
+        ),
         "",
         "# Timers: fail fast, requeue fast, keep ended jobs visible for ten minutes.",
         "SlurmdTimeout=10",
@@ -309,8 +343,10 @@ def render_slurm_conf(layout: Layout, nodes: Sequence[str], hostname: str,
         "SlurmdParameters=config_overrides",
     ]
     for index, node in enumerate(nodes):
-        lines.append(f"NodeName={node} NodeHostname={hostname} NodeAddr={net.node_address(index)} "
-                     f"Port={layout.node_port(index)} CPUs=2 RealMemory=1000 State=UNKNOWN")
+        lines.append(
+            f"NodeName={node} NodeHostname={hostname} NodeAddr={net.node_address(index)} "
+            f"Port={layout.node_port(index)} CPUs=2 RealMemory=1000 State=UNKNOWN"
+        )
     lines += [
         f"PartitionName={PARTITION_NAME} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "
         "State=UP PriorityTier=1",
@@ -346,8 +382,13 @@ def _env_int(name: str, default: int) -> int:
     return int(raw)
 
 
-def write_config(layout: Layout, nodes: Sequence[str], release: str = HOST_RELEASE,
-                 major: str = "", accounting: str = accounting_lib.NONE) -> list[str]:
+def write_config(
+    layout: Layout,
+    nodes: Sequence[str],
+    release: str = HOST_RELEASE,
+    major: str = "",
+    accounting: str = accounting_lib.NONE,
+) -> list[str]:
     """Write the config files that differ; return the names of those written (slurmdbd.conf,
     root's alone, with ``accounting``).  ``major``: the Slurm release the sandbox runs
     (``26.05``), '' where not known."""
@@ -356,11 +397,17 @@ def write_config(layout: Layout, nodes: Sequence[str], release: str = HOST_RELEA
     tracking = proctrack()
     wanted = {
         layout.slurm_conf: render_slurm_conf(
-            layout, nodes, hostname, release,
+            layout,
+            nodes,
+            hostname,
+            release,
             cluster=os.environ.get(CLUSTER_ENV) or CLUSTER_NAME,
-            min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE), major=major,
+            min_job_age=_env_int(MIN_JOB_AGE_ENV, MIN_JOB_AGE),
+            major=major,
             requeue_delay=_env_int(REQUEUE_DELAY_ENV, 0) if delay else None,
-            accounting=accounting, tracking=tracking),
+            accounting=accounting,
+            tracking=tracking,
+        ),
         layout.site_conf: render_site_conf(layout),
         layout.plugstack_conf: "# No SPANK plugins in the sandbox.\n",
     }
@@ -378,7 +425,7 @@ def write_config(layout: Layout, nodes: Sequence[str], release: str = HOST_RELEA
     if write_if_changed(layout.etc / "task-prolog", TASK_PROLOG, 0o755):
         written.append("task-prolog")
     if accounting == accounting_lib.SLURMDBD and write_if_changed(
-            layout.slurmdbd_conf, accounting_lib.render_slurmdbd_conf(layout, hostname), 0o600):
+        layout.slurmdbd_conf, accounting_lib.render_slurmdbd_conf(layout, hostname), 0o600
+    ):
         written.append(layout.slurmdbd_conf.name)  # slurmdbd refuses one others may read
     return written
-

@@ -1,9 +1,9 @@
 """Root's writes under a state folder that another local user may have made first.
 
 The state folder's path is predictable (``/var/tmp/slurm-dispatch-sandbox``), so another local
-user may have made it, or a folder above it, first.  Before root writes there
-(:func:`claim_state_folder`, run by every root verb) the path is walked from ``/`` one opened
-folder at a time, never following a link it has not checked: every folder on the way must be
+user may have made it, or a folder above it, first.  Before root writes there (:func:`claim`,
+run by every root verb) the path is walked from ``/`` one opened folder at a time, never
+following a link it has not checked: every folder on the way must be
 root's and closed to others (or sticky, like ``/var/tmp``), the state folder is made with an
 exclusive ``mkdir`` or accepted only when root's and writable by nobody else, and so is each
 folder the sandbox makes in it (``munge/`` is the munge user's).  No other user can then place a
@@ -21,7 +21,10 @@ part of the path and says whose folder broke the rule.
 it are removed, never followed, and a folder with a mount in it is left whole.
 
 Invariant: nothing is written under a folder before it is claimed; a symlink in the state
-folder is never written through or read as a file of the sandbox's.
+folder is never written through or read as a file of the sandbox's.  Nothing here knows the
+sandbox's layout (no module of this package is imported): which folder is the state folder and
+what it holds are :mod:`.layout`'s, and the roots' cache (:mod:`.root`) and the slots' claims
+(:mod:`.slots`) are written through here too.
 """
 
 from __future__ import annotations
@@ -39,25 +42,8 @@ from typing import Any, Optional
 
 from .. import _fsio
 from ..errors import SandboxError
-from .layout import DIR_ENV, MUNGE_USER, Layout, PathLike, state_dir
 
 _MAX_LINKS = 40  # as the kernel's own limit on links followed in one path
-
-
-def claim_state_folder(directory: Optional[PathLike] = None) -> Path:
-    """Make sure root may write into the sandbox's state folder; return the folder.
-
-    Every folder from ``/`` down is opened relative to the one before (``O_NOFOLLOW``) and
-    checked on the open descriptor: it must be root's and not writable by group or others,
-    except that a folder above the state folder may be sticky (``/var/tmp``: others may add
-    names there but not move root's).  A symlink on the way must be root's; its target is
-    walked the same way.  A missing folder is made by root with ``mkdir`` (exclusive: one
-    that appears meanwhile is checked like any other).  Raises :class:`SandboxError` naming
-    the folder and its owner otherwise, before anything is written.
-    """
-    path = state_dir(directory)
-    claim(path, create=True)
-    return path
 
 
 def _owner(uid: int) -> str:
@@ -71,7 +57,8 @@ def _refuse(folder: Path, problem: str) -> SandboxError:
     return SandboxError(
         f"{problem}: another user could plant links or programs there that root would write "
         f"through or run; refusing to use {folder} as the sandbox folder (remove it, or choose "
-        f"another with --dir or ${DIR_ENV})")
+        "another with --dir or $DISPATCH_SANDBOX_DIR)"
+    )
 
 
 def _check_folder(fd: int, where: str, folder: Path, last: bool) -> None:
@@ -80,13 +67,21 @@ def _check_folder(fd: int, where: str, folder: Path, last: bool) -> None:
     if st.st_uid != 0:
         raise _refuse(folder, f"{what} is owned by {_owner(st.st_uid)}, not root")
     if st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX):
-        raise _refuse(folder, f"{what} is writable by others (mode "
-                              f"{stat.S_IMODE(st.st_mode):o})")
+        raise _refuse(folder, f"{what} is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
 
 
 def claim(folder: Path, create: bool) -> bool:
-    """Walk ``folder`` (absolute) as :func:`claim_state_folder` says; False when it is missing
-    and ``create`` is false."""
+    """Make sure root may write into ``folder`` (absolute); False when it is missing and
+    ``create`` is false.
+
+    Every folder from ``/`` down is opened relative to the one before (``O_NOFOLLOW``) and
+    checked on the open descriptor: it must be root's and not writable by group or others,
+    except that a folder above ``folder`` may be sticky (``/var/tmp``: others may add names
+    there but not move root's).  A symlink on the way must be root's; its target is walked the
+    same way.  A missing folder is made by root with ``mkdir`` when ``create`` (exclusive: one
+    that appears meanwhile is checked like any other).  Raises :class:`SandboxError` naming the
+    folder and its owner otherwise, before anything is written.
+    """
     todo = list(folder.parts[1:])
     fd = _fsio.open_dir("/")
     where = "/"
@@ -150,9 +145,11 @@ def own_folder(path: Path, uid: int = 0, gid: int = 0, mode: int = 0o755) -> Non
     try:
         fd = _fsio.open_dir(os.fspath(path))
     except OSError as exc:
-        raise SandboxError(f"{path} is a symlink or not a folder ({exc.strerror}); refusing to "
-                           "write into it as root: remove it and run `dispatch-sandbox up` "
-                           "again") from None
+        raise SandboxError(
+            f"{path} is a symlink or not a folder ({exc.strerror}); refusing to "
+            "write into it as root: remove it and run `dispatch-sandbox up` "
+            "again"
+        ) from None
     try:
         st = os.fstat(fd)
         if st.st_uid not in (0, uid) or st.st_mode & 0o022:
@@ -160,7 +157,8 @@ def own_folder(path: Path, uid: int = 0, gid: int = 0, mode: int = 0o755) -> Non
                 f"{path} is owned by {_owner(st.st_uid)} with mode "
                 f"{stat.S_IMODE(st.st_mode):o}, not root's and closed to others: another user "
                 "could have planted links there; refusing to write into it as root (remove it "
-                "and run `dispatch-sandbox up` again)")
+                "and run `dispatch-sandbox up` again)"
+            )
         os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
     finally:
@@ -244,15 +242,6 @@ def tail(path: Path, lines: int = 15) -> str:
     return f"--- {path} (last {len(text)} lines)\n" + "\n".join(text) + "\n"
 
 
-def make_folders(layout: Layout) -> None:
-    """The folders of a claimed state folder, each root's (munge/ the munge user's)."""
-    for folder in (layout.root, layout.etc, layout.state_save, layout.spool, layout.log_dir,
-                   layout.run_dir):
-        own_folder(folder)
-    munge = pwd.getpwnam(MUNGE_USER)
-    own_folder(layout.munge_dir, munge.pw_uid, munge.pw_gid)
-
-
 def mounts_under(folder: Path) -> list[Path]:
     """The mount points at or under ``folder`` (from ``/proc/self/mountinfo``)."""
     found = []
@@ -274,8 +263,9 @@ def delete_folder(folder: Path) -> str:
         raise SandboxError(f"this platform's rmtree may follow a link: not removing {folder}")
     mounts = mounts_under(folder)
     if mounts:
-        raise SandboxError(f"{mounts[0]} is mounted in {folder}: unmount it first; nothing "
-                           "was removed")
+        raise SandboxError(
+            f"{mounts[0]} is mounted in {folder}: unmount it first; nothing was removed"
+        )
     count = size = 0
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in dirnames + filenames:

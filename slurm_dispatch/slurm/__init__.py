@@ -3,8 +3,9 @@
 
 :mod:`.jobs` holds the typed views of jobs and nodes and the job-state vocabulary (and
 :class:`~.jobs.Snapshot`, Slurm's view of one submission in one read); :mod:`.adapter` the reads,
-actions, retries and the choice of backend; :mod:`.select` chooses pyslurm or the command-line
-tools; :mod:`.pyslurm_backend` is the libslurm way; :mod:`.arrays` reads Slurm's array ranges;
+actions, retries and the choice of backend; :mod:`.result` what one command did; :mod:`.select`
+chooses pyslurm or the command-line tools (:mod:`.release` compares their releases);
+:mod:`.pyslurm_backend` is the libslurm way; :mod:`.arrays` reads Slurm's array ranges;
 :mod:`.hostlist` reads Slurm's host lists (standard library only: the hooks use it).
 
 Imports nothing at import time: ``slurm_dispatch.slurm.Slurm`` (the documented path of the
@@ -29,6 +30,7 @@ def __getattr__(name: str) -> object:
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
+
     value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value  # resolved once
     return value

@@ -14,7 +14,7 @@ jobs before it submits again.
 Invariants:
 
 * **Nobody else parses Slurm's output**, and no module outside this package runs Slurm's
-  tools or imports pyslurm (``tests/unit/test_slurm_boundary.py``).
+  tools or imports pyslurm (``tests/house/test_slurm_boundary.py``).
 * **The controller's cost follows the caller's jobs.**  :meth:`Slurm.own_jobs` asks for the
   caller's jobs only, and :meth:`Slurm.jobs` for one job id.
 * **One vocabulary for states**, kept in :mod:`.jobs`.
@@ -43,7 +43,8 @@ import time
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
 from .backend import is_transient
 from .cli_backend import CliBackend, submitted_id
-from .jobs import Job, Node, index_jobs
+from .jobs import Job, Node, Placement, index_jobs
+from .result import Result
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -73,49 +74,54 @@ def default_attempts() -> int:
     return int(_env_number("DISPATCH_SLURM_ATTEMPTS", "4", int))
 
 
-class Result:
-    """What one Slurm command did."""
-
-    __slots__ = ("argv", "returncode", "stdout", "stderr")
-
-    def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str) -> None:
-        self.argv = argv
-        self.returncode = returncode
-        self.stdout = stdout
-        self.stderr = stderr
-
-
 if TYPE_CHECKING:
-    Runner = Callable[[Sequence[str], Optional[Mapping[str, str]], Optional[str], float],
-                      Result]
+    Runner = Callable[[Sequence[str], Optional[Mapping[str, str]], Optional[str], float], Result]
 
 
-def run_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-                cwd: Optional[str] = None, timeout: Optional[float] = None) -> Result:
+def run_command(
+    argv: Sequence[str],
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    timeout: Optional[float] = None,
+) -> Result:
     """Run one Slurm command in ``cwd`` (sbatch takes the job's default directory from it)."""
     timeout = default_timeout() if timeout is None else timeout
     try:
-        proc = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd,
-                              stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            list(argv),
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
     except OSError as exc:
         if cwd is not None and exc.filename == cwd:
             # sbatch runs in the job's submission folder (its default working folder), which
             # the user may have removed since: not a missing Slurm.
             what = {errno.ENOENT: "does not exist", errno.ENOTDIR: "is not a folder"}.get(
-                exc.errno or 0, f"cannot be entered ({exc.strerror})")
-            raise SlurmError(f"cannot run {argv[0]} in {cwd!r}, the folder the job was "
-                             f"submitted from: it {what} (it is the job's working folder: "
-                             "make it again, or give sbatch --chdir)", argv=list(argv)) from None
+                exc.errno or 0, f"cannot be entered ({exc.strerror})"
+            )
+            raise SlurmError(
+                f"cannot run {argv[0]} in {cwd!r}, the folder the job was "
+                f"submitted from: it {what} (it is the job's working folder: "
+                "make it again, or give sbatch --chdir)",
+                argv=list(argv),
+            ) from None
         if not isinstance(exc, FileNotFoundError):
             raise SlurmError(f"cannot run {argv[0]!r}: {exc.strerror}", argv=list(argv)) from None
         path = (os.environ if env is None else env).get("PATH", os.defpath)
-        raise SlurmError(f"{argv[0]!r} not found on PATH ({path}); is Slurm's client "
-                         "installed? (a systemd unit's PATH is its own Environment=PATH=)",
-                         argv=list(argv)) from None
+        raise SlurmError(
+            f"{argv[0]!r} not found on PATH ({path}); is Slurm's client "
+            "installed? (a systemd unit's PATH is its own Environment=PATH=)",
+            argv=list(argv),
+        ) from None
     except subprocess.TimeoutExpired as exc:
-        raise SlurmUnavailable(f"{' '.join(argv[:2])} did not answer within {timeout:g} s",
-                               argv=list(argv), output=_text(exc.stderr)) from None
+        raise SlurmUnavailable(
+            f"{' '.join(argv[:2])} did not answer within {timeout:g} s",
+            argv=list(argv),
+            output=_text(exc.stderr),
+        ) from None
     # A job's comment may hold any bytes: decode without failing, keep them visible.
     return Result(list(argv), proc.returncode, _text(proc.stdout), _text(proc.stderr))
 
@@ -146,8 +152,7 @@ def _conf_value(path: str, name: str) -> Optional[str]:
 
 
 def _conf_paths(env: Mapping[str, str]) -> list[str]:
-    return [env["SLURM_CONF"]] if env.get("SLURM_CONF") else \
-        ["/etc/slurm/slurm.conf", *CONF_CACHES]
+    return [env["SLURM_CONF"]] if env.get("SLURM_CONF") else ["/etc/slurm/slurm.conf", *CONF_CACHES]
 
 
 def conf_value(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -159,7 +164,7 @@ def conf_value(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[s
 
 def controller_name(env: Optional[Mapping[str, str]] = None) -> str:
     """``slurmctld on HOST`` (slurm.conf's first SlurmctldHost), or ``slurmctld``."""
-    host = (conf_value("SlurmctldHost", env) or conf_value("ControlMachine", env) or "")
+    host = conf_value("SlurmctldHost", env) or conf_value("ControlMachine", env) or ""
     host = host.split("(")[0].split(",")[0].strip()
     return f"slurmctld on {host}" if host else "slurmctld"
 
@@ -202,10 +207,15 @@ class Slurm:
     than :func:`run_command` (a test's fake controller) means the command-line tools.
     """
 
-    def __init__(self, runner: Runner = run_command, attempts: Optional[int] = None,
-                 wait: float = 1.0, backend: Optional[str] = None,
-                 timeout: Optional[float] = None,
-                 notice: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self,
+        runner: Runner = run_command,
+        attempts: Optional[int] = None,
+        wait: float = 1.0,
+        backend: Optional[str] = None,
+        timeout: Optional[float] = None,
+        notice: Optional[Callable[[str], None]] = None,
+    ) -> None:
         self.runner = runner
         self.attempts = default_attempts() if attempts is None else attempts
         self.wait = wait
@@ -227,9 +237,13 @@ class Slurm:
                 self._chosen = None
             else:
                 from .select import select
+
                 self._chosen = select(self._setting, default_timeout())
-        if self._chosen is not None and env is not None \
-                and env.get("SLURM_CONF") != os.environ.get("SLURM_CONF"):
+        if (
+            self._chosen is not None
+            and env is not None
+            and env.get("SLURM_CONF") != os.environ.get("SLURM_CONF")
+        ):
             return None  # pyslurm loaded this process's configuration, not that one
         return self._chosen
 
@@ -250,8 +264,9 @@ class Slurm:
         return self._cluster  # type: ignore[return-value]
 
     @classmethod
-    def for_people(cls, say: Callable[[str], None],
-                   env: Optional[Mapping[str, str]] = None) -> Slurm:
+    def for_people(
+        cls, say: Callable[[str], None], env: Optional[Mapping[str, str]] = None
+    ) -> Slurm:
         """An adapter for a person at a terminal (``dispatch jobs``, ``status``, ``cancel``):
         bounded near Slurm's own MessageTimeout, one try and at most one retry (a client
         itself waits MessageTimeout for the controller), a word on stderr (``say``) after
@@ -266,11 +281,13 @@ class Slurm:
 
     def _retrying(self, attempts: Optional[int] = None) -> Any:
         import tenacity  # only the retried calls need it: keeps dispatch-sbatch's start fast
+
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(SlurmUnavailable),
             stop=tenacity.stop_after_attempt(attempts or self.attempts),
             wait=tenacity.wait_exponential(multiplier=self.wait, max=8 * self.wait),
-            reraise=True)
+            reraise=True,
+        )
 
     def call(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> Result:
         """Run a read-only or idempotent command, retrying transient errors."""
@@ -297,22 +314,32 @@ class Slurm:
                 f"{controller_name()} did not answer {exc.argv[0] if exc.argv else 'Slurm'} "
                 f"({attempts} tries in {time.monotonic() - started:.0f} s): "
                 f"{said[-1] if said else str(exc).splitlines()[0]}",
-                argv=exc.argv, returncode=exc.returncode) from None
+                argv=exc.argv,
+                returncode=exc.returncode,
+            ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _once(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-              cwd: Optional[str] = None) -> Result:
+    def _once(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> Result:
         timeout = default_timeout() if self.timeout is None else self.timeout
         if self.notice is None or self._told:
             result = self.runner(argv, env, cwd, timeout)
         else:
             import threading
+
             notice = self.notice
 
             def tell() -> None:
                 self._told = True  # once: the person knows what the wait is for
-                notice(f"waiting for {controller_name(env)} to answer {argv[0]} (at most "
-                       f"{timeout:g} s a try, {self.attempts} tries)")
+                notice(
+                    f"waiting for {controller_name(env)} to answer {argv[0]} (at most "
+                    f"{timeout:g} s a try, {self.attempts} tries)"
+                )
+
             told = threading.Timer(NOTICE_AFTER, tell)
             told.daemon = True
             told.start()
@@ -324,8 +351,12 @@ class Slurm:
         if result.returncode != 0:
             output = (result.stderr + result.stdout).strip()
             cls = SlurmUnavailable if is_transient(output) else SlurmError
-            raise cls(f"{argv[0]} failed (exit {result.returncode})", argv=list(argv),
-                      output=output, returncode=result.returncode)
+            raise cls(
+                f"{argv[0]} failed (exit {result.returncode})",
+                argv=list(argv),
+                output=output,
+                returncode=result.returncode,
+            )
         return result
 
     # -- the backend of each call ----------------------------------------------------------
@@ -339,8 +370,9 @@ class Slurm:
             self._sluids = CliBackend(lambda argv: self._once(argv, env)).has_sluids()
         return self._sluids
 
-    def _backend(self, env: Optional[Mapping[str, str]] = None,
-                 job_ids: Sequence[str] = ()) -> Backend:
+    def _backend(
+        self, env: Optional[Mapping[str, str]] = None, job_ids: Sequence[str] = ()
+    ) -> Backend:
         """The backend for a call made with ``env`` on ``job_ids``: pyslurm where it was chosen
         and serves them (whole job ids: pyslurm acts on those; scontrol splits a pending task
         ``A_T`` off its array), else the tools."""
@@ -351,8 +383,9 @@ class Slurm:
         return chosen
 
     # -- reads -----------------------------------------------------------------------------
-    def own_jobs(self, env: Optional[Mapping[str, str]] = None,
-                 retry: bool = True, sluids: bool = False) -> dict[str, Job]:
+    def own_jobs(
+        self, env: Optional[Mapping[str, str]] = None, retry: bool = True, sluids: bool = False
+    ) -> dict[str, Job]:
         """The caller's own jobs (every array task), in one call the controller filters.
 
         Keyed by ``display_id`` (``97_1``) and, where one job has it alone, by ``job_id``.
@@ -364,11 +397,13 @@ class Slurm:
         backend = self._backend(env)
         if sluids and self._has_sluids(env):
             tools = self._tools(env)
-            listed: list[Job] = self._with_retries(lambda: tools.user_jobs(me, True),
-                                                   self.attempts if retry else 1)
+            listed: list[Job] = self._with_retries(
+                lambda: tools.user_jobs(me, True), self.attempts if retry else 1
+            )
         else:
-            listed = self._with_retries(lambda: backend.user_jobs(me),
-                                        self.attempts if retry else 1)
+            listed = self._with_retries(
+                lambda: backend.user_jobs(me), self.attempts if retry else 1
+            )
         return index_jobs(j for j in listed if j.uid == me)
 
     def jobs(self, job_id: str, env: Optional[Mapping[str, str]] = None) -> list[Job]:
@@ -380,40 +415,63 @@ class Slurm:
         found: list[Job] = self._with_retries(lambda: backend.jobs(job_id), self.attempts)
         # Task order on every backend: squeue prints an array pending remainder first, by
         # priority; pyslurm 24.11 reads the owner's jobs in the controller's order.
-        return sorted(found, key=lambda j: (-1 if j.array_task_id is None else j.array_task_id,
-                                            int(j.job_id)))
+        return sorted(
+            found, key=lambda j: (-1 if j.array_task_id is None else j.array_task_id, int(j.job_id))
+        )
 
-    def nodes(self, names: Sequence[str], env: Optional[Mapping[str, str]] = None
-              ) -> dict[str, Node]:
+    def nodes(
+        self, names: Sequence[str], env: Optional[Mapping[str, str]] = None
+    ) -> dict[str, Node]:
         """Each named node, in one call; a node the controller does not know is absent."""
         if not names:
             return {}
         backend = self._backend(env)
-        loaded: dict[str, Node] = self._with_retries(lambda: backend.nodes(list(names)),
-                                                     self.attempts)
+        loaded: dict[str, Node] = self._with_retries(
+            lambda: backend.nodes(list(names)), self.attempts
+        )
         return loaded
 
-    def config_value(self, key: str, env: Optional[Mapping[str, str]] = None
-                     ) -> Optional[str]:
+    def placement(
+        self, job_id: str, env: Optional[Mapping[str, str]] = None
+    ) -> Optional[Placement]:
+        """Where job ``job_id`` (``123``, ``97_1``) may run: its partitions, node count and
+        excluded nodes; None when the controller does not know it.  Through the tools."""
+        tools = self._tools(env)
+        found: Optional[Placement] = self._with_retries(
+            lambda: tools.placement(job_id), self.attempts
+        )
+        return found
+
+    def partition_nodes(
+        self, partitions: Sequence[str], env: Optional[Mapping[str, str]] = None
+    ) -> dict[str, list[str]]:
+        """Each of ``partitions``' nodes (name -> nodes, each once).  Through the tools."""
+        tools = self._tools(env)
+        found: dict[str, list[str]] = self._with_retries(
+            lambda: tools.partition_nodes(partitions), self.attempts
+        )
+        return found
+
+    def config_value(self, key: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
         """One setting of the controller's ``scontrol show config`` (``MailProg``), or None
         when it is unset (``(null)``) or absent."""
         tools = self._tools(env)
-        found: Optional[str] = self._with_retries(lambda: tools.config_value(key),
-                                                  self.attempts)
+        found: Optional[str] = self._with_retries(lambda: tools.config_value(key), self.attempts)
         return found
 
-    def accounting(self, job_id: str, env: Optional[Mapping[str, str]] = None
-                   ) -> Optional[list[Job]]:
+    def accounting(
+        self, job_id: str, env: Optional[Mapping[str, str]] = None
+    ) -> Optional[list[Job]]:
         """Job ``job_id`` (an array's id: every task) as Slurm's accounting keeps it
         (``sacct``), for jobs slurmctld has forgotten (MinJobAge); None where the site keeps
         no accounting."""
         tools = self._tools(env)
-        found: Optional[list[Job]] = self._with_retries(lambda: tools.accounting(job_id),
-                                                        self.attempts)
+        found: Optional[list[Job]] = self._with_retries(
+            lambda: tools.accounting(job_id), self.attempts
+        )
         return found
 
-    def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None
-                       ) -> Optional[str]:
+    def find_by_marker(self, marker: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
         """The id of the caller's own job whose comment carries ``marker``, if any."""
         try:
             jobs = self.own_jobs(env, retry=False)  # the caller's loop is the retry
@@ -435,31 +493,35 @@ class Slurm:
         if not tools.has_sluids():
             return ""
         try:
-            found: list[Job] = self._with_retries(lambda: tools.jobs(job_id, True),
-                                                  self.attempts)
+            found: list[Job] = self._with_retries(lambda: tools.jobs(job_id, True), self.attempts)
         except SlurmError:
             return ""
-        return next((j.sluid for j in found
-                     if j.job_id == job_id and j.array_task_id is None), "")
+        return next((j.sluid for j in found if j.job_id == job_id and j.array_task_id is None), "")
 
     # -- actions ---------------------------------------------------------------------------
-    def sbatch(self, argv: Sequence[str], marker: str,
-               env: Optional[Mapping[str, str]] = None,
-               cwd: Optional[str] = None) -> tuple[str, Result]:
+    def sbatch(
+        self,
+        argv: Sequence[str],
+        marker: str,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> tuple[str, Result]:
         """Submit once; return (job id, result).  ``marker`` must be in the job's comment.
 
         On a transient failure the job may have landed anyway, so look for ``marker`` among
         the caller's jobs before trying again: never two jobs for one submission.  Without a
         marker there is one attempt only.
         """
+
         def once() -> tuple[str, Result]:
             try:
                 result = self._once(argv, env, cwd)
             except SlurmUnavailable:
                 found = self.find_by_marker(marker, env) if marker else None
                 if found:
-                    line = f"{found}\n" if "--parsable" in argv else \
-                        f"Submitted batch job {found}\n"
+                    line = (
+                        f"{found}\n" if "--parsable" in argv else f"Submitted batch job {found}\n"
+                    )
                     return found, Result(list(argv), 0, line, "")
                 raise
             return submitted_id(result), result
@@ -483,17 +545,31 @@ class Slurm:
             backend = self._backend(env, jobids)
             self._with_retries(lambda: backend.requeue(list(jobids)), self.attempts)
 
-    def set_comment(self, jobid: str, text: str,
-                    env: Optional[Mapping[str, str]] = None) -> None:
+    def requeue_hold(self, jobid: str, env: Optional[Mapping[str, str]] = None) -> None:
+        """Requeue a running job held (``scontrol requeuehold``; a job id, ``A_T`` or, from
+        26.05, an execution's SLUID): its execution ends, it waits for a release.  Through
+        the tools, one try (a second would find it pending)."""
+        tools = self._tools(env)
+        self._with_retries(lambda: tools.requeue_hold(jobid), 1)
+
+    def set_comment(self, jobid: str, text: str, env: Optional[Mapping[str, str]] = None) -> None:
         """Replace a job's comment (the owner's own free text; ours starts with its marker)."""
         backend = self._backend(env, [jobid])
         self._with_retries(lambda: backend.set_comment(jobid, text), self.attempts)
 
-    def set_dependency(self, jobid: str, value: str,
-                       env: Optional[Mapping[str, str]] = None) -> None:
+    def set_dependency(
+        self, jobid: str, value: str, env: Optional[Mapping[str, str]] = None
+    ) -> None:
         """Replace a pending job's dependency (``afterany:123``); through the tools."""
         tools = self._tools(env)
         self._with_retries(lambda: tools.set_dependency(jobid, value), self.attempts)
+
+    def set_excluded(
+        self, jobid: str, nodes: Sequence[str], env: Optional[Mapping[str, str]] = None
+    ) -> None:
+        """Replace a pending job's excluded nodes (``ExcNodeList``); through the tools."""
+        tools = self._tools(env)
+        self._with_retries(lambda: tools.set_excluded(jobid, nodes), self.attempts)
 
     def hold(self, jobids: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
         if jobids:

@@ -24,8 +24,11 @@ class ArrayRangeError(ValueError):
     ``too_large`` when it parsed but names an id above :data:`MAX_TASK_ID`."""
 
     def __init__(self, value: str, part: str, too_large: bool = False) -> None:
-        super().__init__(f"{value!r}: {part!r} is not N, N-M or N-M:S" if not too_large
-                         else f"{value!r}: {part!r} names a task id above {MAX_TASK_ID}")
+        super().__init__(
+            f"{value!r}: {part!r} is not N, N-M or N-M:S"
+            if not too_large
+            else f"{value!r}: {part!r} names a task id above {MAX_TASK_ID}"
+        )
         self.value = value
         self.part = part
         self.too_large = too_large

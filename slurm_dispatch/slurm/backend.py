@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 _TRANSIENT = re.compile(
     r"Unable to contact slurm controller|Socket timed out|Connection refused|"
     r"Resource temporarily unavailable|Slurm temporarily unavailable|try again|"
-    r"Communication connection failure|Zero Bytes were transmitted", re.IGNORECASE)
+    r"Communication connection failure|Zero Bytes were transmitted",
+    re.IGNORECASE,
+)
 
 
 def is_transient(text: str) -> bool:

@@ -45,7 +45,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
     if open_at < 0:
         return [item]
     close_at = item.find("]", open_at)
-    prefix, body, rest = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
+    prefix, body, rest = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
     values: list[str] = []
     for part in body.split(","):
         low, sep, high = part.partition("-")
@@ -60,4 +60,3 @@ def _expand_one(item: str, whole: str) -> list[str]:
         values += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
     tails = _expand_one(rest, whole) if rest else [""]
     return [prefix + value + tail for value in values for tail in tails]
-

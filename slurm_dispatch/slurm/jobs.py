@@ -24,10 +24,19 @@ if TYPE_CHECKING:
 
 PENDING = "PENDING"
 # Final: the job is over; nothing of it will run again without a new submission.
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE",
-})
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 # Not final, but the current execution was ended by Slurm: requeued (and perhaps held, as
 # SPECIAL_EXIT is), the next execution has not started.
 #   EXPEDITING (25.11, a job submitted --requeue=expedite where SlurmctldParameters has
@@ -41,8 +50,9 @@ FINAL_STATES = frozenset({
 #     again only once released (`scontrol release`; by its owner too where the reason is
 #     JobHeldUser), and reads REQUEUE_HOLD until it next starts, released or not: its reason
 #     says whether it is still held (Job.is_held).
-REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT",
-                            "EXPEDITING"})
+REQUEUE_STATES = frozenset(
+    {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "EXPEDITING"}
+)
 # A job in these states waits to start (Slurm's base state is PENDING; the name shown is its
 # flag's): no execution of it runs now.
 WAITING_STATES = frozenset({"PENDING", "EXPEDITING", "REQUEUE_HOLD", "SPECIAL_EXIT"})
@@ -52,9 +62,13 @@ HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
 # Slurm's own words for the hold it puts on a job it requeues (the job's reason once Slurm has
 # set its text; pyslurm writes "_" for the spaces): REQUEUE_HOLD's, SPECIAL_EXIT's, and the
 # launch-failure limit's (MaxBatchRequeue).  A release clears them.
-REQUEUE_HOLD_REASONS = frozenset({"job requeued in held state",
-                                  "job requeued in special exit state",
-                                  "launch failure limit exceeded requeued held"})
+REQUEUE_HOLD_REASONS = frozenset(
+    {
+        "job requeued in held state",
+        "job requeued in special exit state",
+        "launch failure limit exceeded requeued held",
+    }
+)
 # Slurm's own hold after a batch launch failed (a Prolog that failed; a rejoining node that
 # refused a second launch of a job id it still ran, "Duplicate jobid"): the job is requeued
 # with priority 0 and runs only once released, by its owner too (``scontrol release``).
@@ -64,12 +78,31 @@ MARKER_PREFIX = "dispatch:"
 
 # squeue's compact state codes (squeue(1), JOB STATE CODES): every state squeue -t takes.
 STATE_CODES = {
-    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
-    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
-    "OOM": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED", "R": "RUNNING",
-    "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD", "RQ": "REQUEUED",
-    "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING", "SE": "SPECIAL_EXIT",
-    "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED", "TO": "TIMEOUT"}
+    "BF": "BOOT_FAIL",
+    "CA": "CANCELLED",
+    "CD": "COMPLETED",
+    "CF": "CONFIGURING",
+    "CG": "COMPLETING",
+    "DL": "DEADLINE",
+    "F": "FAILED",
+    "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY",
+    "PD": "PENDING",
+    "PR": "PREEMPTED",
+    "R": "RUNNING",
+    "RD": "RESV_DEL_HOLD",
+    "RF": "REQUEUE_FED",
+    "RH": "REQUEUE_HOLD",
+    "RQ": "REQUEUED",
+    "RS": "RESIZING",
+    "RV": "REVOKED",
+    "SI": "SIGNALING",
+    "SE": "SPECIAL_EXIT",
+    "SO": "STAGE_OUT",
+    "ST": "STOPPED",
+    "S": "SUSPENDED",
+    "TO": "TIMEOUT",
+}
 # Every state name Slurm shows: squeue's codes' and EXPEDITING (25.11), which has no code
 # (squeue's %t shows its base state, PD).
 STATE_NAMES = frozenset(STATE_CODES.values()) | {"EXPEDITING"}
@@ -87,9 +120,15 @@ END_STATES = {
     "CANCELLED": "cancelled",
 }
 # The rules' names for ends, back to Slurm's (as sacct prints them): the first of each above.
-SLURM_END = {"completed": "COMPLETED", "failed": "FAILED", "timeout": "TIMEOUT",
-             "node failure": "NODE_FAIL", "preempted": "PREEMPTED",
-             "out of memory": "OUT_OF_MEMORY", "cancelled": "CANCELLED"}
+SLURM_END = {
+    "completed": "COMPLETED",
+    "failed": "FAILED",
+    "timeout": "TIMEOUT",
+    "node failure": "NODE_FAIL",
+    "preempted": "PREEMPTED",
+    "out of memory": "OUT_OF_MEMORY",
+    "cancelled": "CANCELLED",
+}
 
 
 def is_final(state: str) -> bool:
@@ -163,16 +202,41 @@ class Job:
     else ''.
     """
 
-    __slots__ = ("job_id", "array_job_id", "array_task_id", "state", "reason", "restarts",
-                 "nodes", "uid", "comment", "submit_time", "start_time", "end_time",
-                 "exit_code", "sluid")
+    __slots__ = (
+        "job_id",
+        "array_job_id",
+        "array_task_id",
+        "state",
+        "reason",
+        "restarts",
+        "nodes",
+        "uid",
+        "comment",
+        "submit_time",
+        "start_time",
+        "end_time",
+        "exit_code",
+        "sluid",
+    )
 
-    def __init__(self, job_id: str, state: str, *, array_job_id: Optional[str] = None,
-                 array_task_id: Optional[int] = None, reason: str = "", restarts: int = 0,
-                 nodes: Iterable[str] = (), uid: int = -1, comment: str = "",
-                 submit_time: Optional[float] = None, start_time: Optional[float] = None,
-                 end_time: Optional[float] = None, exit_code: Optional[str] = None,
-                 sluid: str = "") -> None:
+    def __init__(
+        self,
+        job_id: str,
+        state: str,
+        *,
+        array_job_id: Optional[str] = None,
+        array_task_id: Optional[int] = None,
+        reason: str = "",
+        restarts: int = 0,
+        nodes: Iterable[str] = (),
+        uid: int = -1,
+        comment: str = "",
+        submit_time: Optional[float] = None,
+        start_time: Optional[float] = None,
+        end_time: Optional[float] = None,
+        exit_code: Optional[str] = None,
+        sluid: str = "",
+    ) -> None:
         self.job_id = job_id
         self.sluid = sluid
         self.array_job_id = array_job_id
@@ -223,7 +287,8 @@ class Job:
         (:attr:`held_after_failed_launch`)."""
         return self.is_pending and (
             self.reason in HOLD_REASONS
-            or self.reason.replace("_", " ").lower() in REQUEUE_HOLD_REASONS)
+            or self.reason.replace("_", " ").lower() in REQUEUE_HOLD_REASONS
+        )
 
     @property
     def held_after_failed_launch(self) -> bool:
@@ -251,8 +316,49 @@ class Job:
         return bool(self.markers) and not self.marks(dispatch_id)
 
     def __repr__(self) -> str:
-        return (f"Job({self.display_id} {self.state} restarts={self.restarts} "
-                f"nodes={','.join(self.nodes) or '-'})")
+        return (
+            f"Job({self.display_id} {self.state} restarts={self.restarts} "
+            f"nodes={','.join(self.nodes) or '-'})"
+        )
+
+
+# The words of a node's state (``DOWN+NOT_RESPONDING``, ``IDLE*``) that say the controller
+# lost it: down, not answering, or failing.
+NODE_LOST_FLAGS = ("DOWN", "NOT_RESPONDING", "FAIL")
+
+
+def node_lost(state: str) -> bool:
+    """The controller lost the node whose state is ``state`` (``DOWN``, ``IDLE*``: not
+    responding, ``FAIL``, ``FAILING``, in any of its ``+`` words)."""
+    words = state.upper().replace("*", "+NOT_RESPONDING").split("+")
+    return any(word.startswith(flag) for word in words for flag in NODE_LOST_FLAGS)
+
+
+class Placement:
+    """Where one job may run, as the controller has it: its partitions (``debug``, or
+    several), its node count (the least it asks for), the nodes it excludes
+    (``ExcNodeList``: the owner's ``--exclude`` and any update since) and those it asks for
+    (``ReqNodeList``: ``--nodelist``)."""
+
+    __slots__ = ("partitions", "node_count", "excluded", "required")
+
+    def __init__(
+        self,
+        partitions: Iterable[str],
+        node_count: int,
+        excluded: Iterable[str] = (),
+        required: Iterable[str] = (),
+    ) -> None:
+        self.partitions = tuple(partitions)
+        self.node_count = node_count
+        self.excluded = tuple(excluded)
+        self.required = tuple(required)
+
+    def __repr__(self) -> str:
+        return (
+            f"Placement({','.join(self.partitions) or '-'} x{self.node_count} "
+            f"excluding {','.join(self.excluded) or '-'})"
+        )
 
 
 class Node:
@@ -260,12 +366,18 @@ class Node:
 
     __slots__ = ("name", "state", "reason", "boot_time")
 
-    def __init__(self, name: str, state: str, reason: str = "",
-                 boot_time: Optional[float] = None) -> None:
+    def __init__(
+        self, name: str, state: str, reason: str = "", boot_time: Optional[float] = None
+    ) -> None:
         self.name = name
         self.state = state
         self.reason = reason
         self.boot_time = boot_time
+
+    @property
+    def lost(self) -> bool:
+        """The controller lost it (:func:`node_lost`)."""
+        return node_lost(self.state)
 
     def __repr__(self) -> str:
         return f"Node({self.name} {self.state})"
@@ -325,8 +437,9 @@ class Snapshot:
                 if job.array_job_id and job.array_task_id is not None:
                     index.setdefault(job.array_job_id, []).append(job)
             self._arrays = index
-        found = [j for j in self._arrays.get(array_id, [])
-                 if task is None or j.array_task_id == task]
+        found = [
+            j for j in self._arrays.get(array_id, []) if task is None or j.array_task_id == task
+        ]
         return sorted(found, key=lambda j: j.array_task_id or 0)
 
     def views(self, slurm_id: str, task: Optional[int] = None) -> list[Job]:

@@ -28,13 +28,13 @@ from . import arrays
 from .backend import is_transient
 from .hostlist import expand_hostlist
 from .jobs import WAITING_STATES, Job, Node, execution_ended, exit_code_text
-from .select import major_release
+from .release import major_release
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Optional, Sequence
 
-    from .select import Probe
+    from .release import Probe
 
 
 _NO_VAL = 0xFFFFFFFE  # Slurm's "no value" for a 32-bit field (an array task id never set)
@@ -46,8 +46,9 @@ def task_ids(text: str) -> list[int]:
     try:
         return [task for span in arrays.spans(text) for task in span]
     except arrays.ArrayRangeError:
-        raise SlurmError(f"pyslurm gave the array task string {text!r}, which does not "
-                         "parse") from None
+        raise SlurmError(
+            f"pyslurm gave the array task string {text!r}, which does not parse"
+        ) from None
 
 
 def _time(value: Any) -> Optional[float]:
@@ -58,23 +59,24 @@ def jobs_from_record(record: dict[str, Any]) -> list[Job]:
     """One record of pyslurm's job dictionary as Jobs (a pending array's remainder: one per
     task)."""
     state = str(record.get("job_state") or "").split(" ")[0]
-    common = dict(state=state,
-                  reason=str(record.get("state_reason") or ""),
-                  restarts=int(record.get("restart_cnt") or 0),
-                  nodes=expand_hostlist(record.get("nodes") or ""),
-                  uid=int(record.get("user_id", -1)),
-                  comment=str(record.get("comment") or ""),
-                  submit_time=_time(record.get("submit_time")),
-                  # A waiting job's start_time is the scheduler's estimate: not a start.
-                  start_time=None if state in WAITING_STATES
-                  else _time(record.get("start_time")),
-                  # Before the execution ends, end_time is the controller's estimate.
-                  end_time=_time(record.get("end_time")) if execution_ended(state) else None,
-                  # "3:0" as the dictionary API gives it; anything else is not known.
-                  # none before the execution ended (the library's is then not one).
-                  exit_code=exit_code_text(record["exit_code"])
-                  if isinstance(record.get("exit_code"), str) and execution_ended(state)
-                  else None)
+    common = dict(
+        state=state,
+        reason=str(record.get("state_reason") or ""),
+        restarts=int(record.get("restart_cnt") or 0),
+        nodes=expand_hostlist(record.get("nodes") or ""),
+        uid=int(record.get("user_id", -1)),
+        comment=str(record.get("comment") or ""),
+        submit_time=_time(record.get("submit_time")),
+        # A waiting job's start_time is the scheduler's estimate: not a start.
+        start_time=None if state in WAITING_STATES else _time(record.get("start_time")),
+        # Before the execution ends, end_time is the controller's estimate.
+        end_time=_time(record.get("end_time")) if execution_ended(state) else None,
+        # "3:0" as the dictionary API gives it; anything else is not known.
+        # none before the execution ended (the library's is then not one).
+        exit_code=exit_code_text(record["exit_code"])
+        if isinstance(record.get("exit_code"), str) and execution_ended(state)
+        else None,
+    )
     job_id = str(record["job_id"])
     array = record.get("array_job_id")
     task = record.get("array_task_id")
@@ -84,8 +86,7 @@ def jobs_from_record(record: dict[str, Any]) -> list[Job]:
         tasks = [task]
     else:  # not an array, or an array's remainder ended before it was spread (squeue: N/A)
         return [Job(job_id, **common)]  # type: ignore[arg-type]
-    return [Job(job_id, array_job_id=str(array), array_task_id=task,
-                **common) for task in tasks]  # type: ignore[arg-type]
+    return [Job(job_id, array_job_id=str(array), array_task_id=task, **common) for task in tasks]  # type: ignore[arg-type]
 
 
 def record_of(job: Any) -> dict[str, Any]:
@@ -94,11 +95,19 @@ def record_of(job: Any) -> dict[str, Any]:
     (an array's records come from ``find_user``)."""
     # The dictionary API writes a state description's spaces as "_" (a reason has none).
     reason = (job.state_reason or "").replace(" ", "_")
-    return {"job_id": job.id, "job_state": job.state, "state_reason": reason,
-            "restart_cnt": job.requeue_count, "nodes": job.allocated_nodes,
-            "user_id": job.user_id, "comment": job.comment,
-            "submit_time": job.submit_time, "start_time": job.start_time,
-            "end_time": job.end_time, "exit_code": _exit_code(job)}
+    return {
+        "job_id": job.id,
+        "job_state": job.state,
+        "state_reason": reason,
+        "restart_cnt": job.requeue_count,
+        "nodes": job.allocated_nodes,
+        "user_id": job.user_id,
+        "comment": job.comment,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "exit_code": _exit_code(job),
+    }
 
 
 def _exit_code(job: Any) -> Optional[str]:
@@ -126,8 +135,9 @@ class PyslurmBackend:
         # and every call is a TypeError ("an integer is required"; PySlurm/pyslurm#357: that
         # dictionary API is deprecated).  Its object API's Job.load keeps one record of an
         # array only, so there it tells the owner, whose jobs are then loaded.
-        self._load_one = (self._find_id if release is not None and release[0] < 23
-                          else self._find_via_owner)
+        self._load_one = (
+            self._find_id if release is not None and release[0] < 23 else self._find_via_owner
+        )
 
     def _rpc(self, what: str, target: str, call: Callable[[], Any]) -> Any:
         try:
@@ -137,8 +147,9 @@ class PyslurmBackend:
         except Exception as exc:  # noqa: BLE001 - whatever else pyslurm raises is this call's
             said = f"{type(exc).__name__}: {exc}"  # (24.11.0's old API: TypeError)
         cls = SlurmUnavailable if is_transient(said) else SlurmError
-        raise cls(f"pyslurm {what} {target} failed: {said}",
-                  argv=["pyslurm", what, target], output=said) from None
+        raise cls(
+            f"pyslurm {what} {target} failed: {said}", argv=["pyslurm", what, target], output=said
+        ) from None
 
     # -- reads -----------------------------------------------------------------------------
     def user_jobs(self, uid: int) -> list[Job]:
@@ -155,14 +166,16 @@ class PyslurmBackend:
         records = self._load_one(array)
         jobs = [job for record in records for job in jobs_from_record(record)]
         if task:
-            jobs = [job for job in jobs
-                    if job.array_task_id == int(task) and job.array_job_id == array]
+            jobs = [
+                job for job in jobs if job.array_task_id == int(task) and job.array_job_id == array
+            ]
         return jobs
 
     def _find_id(self, array: str) -> list[dict[str, Any]]:
         """The records of job ``array`` (every record of an array), [] if unknown."""
         found: Optional[list[dict[str, Any]]] = self._rpc_known(
-            "find_id", array, lambda: pyslurm.job().find_id(array))
+            "find_id", array, lambda: pyslurm.job().find_id(array)
+        )
         return found or []
 
     def _rpc_known(self, what: str, target: str, call: Callable[[], Any]) -> Any:
@@ -192,8 +205,11 @@ class PyslurmBackend:
             return [record_of(first)]
         uid = int(first.user_id)
         loaded = self._rpc("find_user", str(uid), lambda: pyslurm.job().find_user(uid))
-        return [record for record in (loaded or {}).values()
-                if record.get("job_id") == wanted or record.get("array_job_id") == wanted]
+        return [
+            record
+            for record in (loaded or {}).values()
+            if record.get("job_id") == wanted or record.get("array_job_id") == wanted
+        ]
 
     def nodes(self, names: Sequence[str]) -> dict[str, Node]:
         """Each named node that the controller knows (one load of every node)."""
@@ -202,8 +218,9 @@ class PyslurmBackend:
         found = {}
         for node in loaded.values():
             if node.name in wanted:
-                found[node.name] = Node(node.name, node.state or "", node.reason or "",
-                                        _time(node.boot_time))
+                found[node.name] = Node(
+                    node.name, node.state or "", node.reason or "", _time(node.boot_time)
+                )
         return found
 
     # -- actions (whole job ids; the adapter sends an array task A_T through scontrol) ------

@@ -202,8 +202,9 @@ def _tables() -> dict[str, dict[str, Option]]:
     tables: dict[str, dict[str, Option]] = {release: {} for release in RELEASES}
     for line in _ROWS.strip().splitlines():
         name, value, short, span, *alias = line.split()
-        option = Option(name, _VALUES[value], "" if short == "-" else short,
-                        alias[0][1:] if alias else name)
+        option = Option(
+            name, _VALUES[value], "" if short == "-" else short, alias[0][1:] if alias else name
+        )
         for release in _span(span):
             tables[release][name] = option
     return tables

@@ -25,6 +25,7 @@ import sys
 
 from .. import config as config_module
 from ..errors import ConfigError
+from .release import Probe, major_release
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up speed
 if TYPE_CHECKING:
@@ -50,36 +51,6 @@ sys.stdout.write(json.dumps({"pyslurm": pyslurm.__version__, "slurm": version}) 
 """
 
 
-class Probe:
-    """What the probe found: ``usable``, or ``why`` not; the two versions when known."""
-
-    __slots__ = ("usable", "why", "pyslurm_version", "slurm_version")
-
-    def __init__(self, usable: bool, why: str = "", pyslurm_version: str = "",
-                 slurm_version: str = "") -> None:
-        self.usable = usable
-        self.why = why
-        self.pyslurm_version = pyslurm_version
-        self.slurm_version = slurm_version
-
-    def __repr__(self) -> str:
-        return (f"Probe(usable={self.usable}, pyslurm={self.pyslurm_version!r}, "
-                f"slurm={self.slurm_version!r}, why={self.why!r})")
-
-
-def major_release(version: str) -> Optional[tuple[int, int]]:
-    """``22.05.8`` and ``22.5.3`` are both (22, 5); None when ``version`` does not start so."""
-    parts = version.strip().split(".")
-    if len(parts) < 2 or not parts[0].isdigit():
-        return None
-    minor = ""
-    for char in parts[1]:
-        if not char.isdigit():
-            break
-        minor += char
-    return (int(parts[0]), int(minor)) if minor else None
-
-
 def setting(environ: Optional[Mapping[str, str]] = None) -> tuple[str, str]:
     """(backend, where it was set): ``$DISPATCH_SLURM_BACKEND`` if set, else dispatch.conf's
     ``SlurmBackend`` (its default ``auto``).  A bad value in the environment is an error
@@ -92,15 +63,17 @@ def setting(environ: Optional[Mapping[str, str]] = None) -> tuple[str, str]:
         except ValueError as exc:
             raise ConfigError(f"${ENV_VAR}: {exc}") from None
     loaded = config_module.load(environ=dict(env))
-    return loaded.slurm_backend, (f"SlurmBackend in {loaded.path}" if loaded.path
-                                  else "the default")
+    return loaded.slurm_backend, (
+        f"SlurmBackend in {loaded.path}" if loaded.path else "the default"
+    )
 
 
 _probes: dict[tuple[str, str, str], Probe] = {}
 
 
-def probe(environ: Optional[Mapping[str, str]] = None, timeout: float = 30.0,
-          python: Optional[str] = None) -> Probe:
+def probe(
+    environ: Optional[Mapping[str, str]] = None, timeout: float = 30.0, python: Optional[str] = None
+) -> Probe:
     """Can pyslurm be used here, against the running controller?  Never risks this process:
     the import runs in a child interpreter (``python``, default this one).  Cached."""
     env = dict(os.environ if environ is None else environ)
@@ -114,14 +87,23 @@ def probe(environ: Optional[Mapping[str, str]] = None, timeout: float = 30.0,
 def _probe(env: dict[str, str], timeout: float, python: Optional[str]) -> Probe:
     if python is None:
         import importlib.util
+
         if importlib.util.find_spec("pyslurm") is None:
             return Probe(False, f"pyslurm is not installed for {sys.executable}")
     import json
     import subprocess
+
     argv = [python or sys.executable, "-c", PROBE]
     try:
-        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=timeout)
+        proc = subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return Probe(False, f"importing pyslurm did not finish within {timeout:g} s")
     except OSError as exc:
@@ -131,16 +113,24 @@ def _probe(env: dict[str, str], timeout: float, python: Optional[str]) -> Probe:
         last = said[-1] if said else "no message"
         if "No module named 'pyslurm'" in proc.stderr:
             return Probe(False, f"pyslurm is not installed for {argv[0]}")
-        return Probe(False, f"importing pyslurm and loading Slurm's configuration failed "
-                            f"(exit {proc.returncode}): {last}")
+        return Probe(
+            False,
+            f"importing pyslurm and loading Slurm's configuration failed "
+            f"(exit {proc.returncode}): {last}",
+        )
     try:
         answer = json.loads(proc.stdout.strip().splitlines()[-1])
         ours, theirs = str(answer["pyslurm"]), str(answer["slurm"])
     except (ValueError, KeyError, IndexError, TypeError):
         return Probe(False, f"the pyslurm probe printed {proc.stdout[-200:]!r}")
     if major_release(ours) is None or major_release(ours) != major_release(theirs):
-        return Probe(False, f"pyslurm {ours} does not match the running Slurm {theirs} "
-                            "(pyslurm's release must be Slurm's major release)", ours, theirs)
+        return Probe(
+            False,
+            f"pyslurm {ours} does not match the running Slurm {theirs} "
+            "(pyslurm's release must be Slurm's major release)",
+            ours,
+            theirs,
+        )
     return Probe(True, "", ours, theirs)
 
 
@@ -162,8 +152,8 @@ def select(name: Optional[str] = None, timeout: float = 30.0) -> Any:
     found = probe(None, timeout)
     if not found.usable:
         if name == "pyslurm":
-            raise ConfigError(f"SlurmBackend=pyslurm (from {source}) cannot be used: "
-                              f"{found.why}")
+            raise ConfigError(f"SlurmBackend=pyslurm (from {source}) cannot be used: {found.why}")
         return None
     from .pyslurm_backend import PyslurmBackend  # imports pyslurm: the child survived it
+
     return PyslurmBackend(found)

@@ -18,9 +18,9 @@ import pytest
 from slurm_dispatch.config import Config
 from slurm_dispatch.node import cease
 
+from ..fakes.hooks import FakeController, node
+from ..fakes.hooks import job as slurm_job
 from . import test_procscan_recheck as recheck_tests
-from .fakes import FakeController, node
-from .fakes import job as slurm_job
 from .test_controller_facts import controller_hook
 from .test_procscan_recheck import UID, _job, hook, survivor
 
@@ -41,14 +41,18 @@ cfg, spawned = recheck_tests.cfg, recheck_tests.spawned  # the fixtures
 
 def cut_off(job: str) -> FakeController:
     """The controller after execution 1 ended with n1 cut off (its Epilog never ran)."""
-    return FakeController(slurm_job(job, state="NODE_FAIL", restarts=1, uid=UID,
-                                    start=time.time() - 5, end=time.time()),
-                          {"n1": node("n1", state="DOWN+NOT_RESPONDING")})
+    return FakeController(
+        slurm_job(
+            job, state="NODE_FAIL", restarts=1, uid=UID, start=time.time() - 5, end=time.time()
+        ),
+        {"n1": node("n1", state="DOWN+NOT_RESPONDING")},
+    )
 
 
 @pytest.mark.parametrize("skew", [0.0, -30.0, -600.0])
 def test_a_stray_end_never_proves_the_next_execution_whatever_the_controllers_clock(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float
+) -> None:
     # Execution 0 on n1 ends; a second Epilog of it (a part installed twice) is given the next
     # count (24.11 after a requeue) and, finding no open start, records an end tied to no
     # start under restart 1.  Execution 1 starts on n1, whose Prolog records nothing (ended at
@@ -76,7 +80,8 @@ def test_a_stray_end_never_proves_the_next_execution_whatever_the_controllers_cl
 
 @pytest.mark.parametrize("skew", [0.0, -30.0, 30.0])
 def test_a_stray_end_never_proves_the_next_execution_no_start_of_which_was_recorded(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float
+) -> None:
     # As above, where execution 0's Prolog on n1 and both of execution 1's (n1's and
     # PrologSlurmctld) recorded nothing: execution 0's Epilog, given the next count, records
     # an end tied to no start under restart 1, and no start of execution 1 is read at all.
@@ -95,7 +100,8 @@ def test_a_stray_end_never_proves_the_next_execution_no_start_of_which_was_recor
 
 @pytest.mark.parametrize("skew", [0.0, 30.0, 600.0])
 def test_an_execution_whose_prolog_recorded_nothing_is_proven_whatever_the_controllers_clock(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float
+) -> None:
     # Execution 0's Prolog on n1 records nothing (ended at its HookTimeout); its Epilog finds
     # a survivor and records an end tied to no start, under the count Slurm gives it (22.05:
     # its own).  The survivor goes and a re-check records it.  With the controller's clock
@@ -111,9 +117,12 @@ def test_an_execution_whose_prolog_recorded_nothing_is_proven_whatever_the_contr
     hook(monkeypatch, cfg, "epilog", job, "n1", 0)
     with clock(monkeypatch, skew):
         controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 0, "n1")
-    ctl = FakeController(slurm_job(job, state="COMPLETED", restarts=0, uid=UID,
-                                   start=time.time() - 5, end=time.time()),
-                         {"n1": node("n1")})
+    ctl = FakeController(
+        slurm_job(
+            job, state="COMPLETED", restarts=0, uid=UID, start=time.time() - 5, end=time.time()
+        ),
+        {"n1": node("n1")},
+    )
     alive = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert not alive.ceased, (pid, cease.render(alive))
     spawned[0].kill()
@@ -125,7 +134,8 @@ def test_an_execution_whose_prolog_recorded_nothing_is_proven_whatever_the_contr
 
 @pytest.mark.parametrize("skew", [0.0, 300.0])
 def test_a_reboot_before_the_end_never_proves_a_node_that_recorded_nothing_whatever_its_clock(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, skew: float
+) -> None:
     # n1 booted a minute before the execution's end (power saving resumed it for the job), its
     # Prolog recorded nothing, and it was cut off: its processes run on.  Its BootTime is its
     # own clock's, the execution's end the controller's: with n1's clock 5 minutes ahead, the
@@ -134,8 +144,9 @@ def test_a_reboot_before_the_end_never_proves_a_node_that_recorded_nothing_whate
     controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 0, "n1")
     survivor(spawned, job, "n1", 0)
     end = time.time()
-    ctl = FakeController(slurm_job(job, state="NODE_FAIL", restarts=0, uid=UID,
-                                   start=end - 30, end=end),
-                         {"n1": node("n1", state="DOWN+NOT_RESPONDING", boot=end - 60 + skew)})
+    ctl = FakeController(
+        slurm_job(job, state="NODE_FAIL", restarts=0, uid=UID, start=end - 30, end=end),
+        {"n1": node("n1", state="DOWN+NOT_RESPONDING", boot=end - 60 + skew)},
+    )
     verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert not verdict.ceased, (skew, cease.render(verdict))

@@ -32,9 +32,9 @@ from slurm_dispatch.config import Config
 from slurm_dispatch.hooks import evidence as work
 from slurm_dispatch.node import cease, facts
 
+from ..fakes.hooks import FakeController, node
+from ..fakes.hooks import job as slurm_job
 from . import test_procscan_recheck as recheck_tests
-from .fakes import FakeController, node
-from .fakes import job as slurm_job
 from .test_cease_clocks import clock
 from .test_controller_facts import controller_hook
 from .test_procscan_recheck import UID, _age_entries, _job, _Killed, hook, survivor
@@ -45,8 +45,9 @@ HISTORIES = int(os.environ.get("ATTACK_HISTORIES", "60"))
 NODES = ["n1", "n2", "n3"]
 
 
-def _epilog(monkeypatch: pytest.MonkeyPatch, cfg: Config, job: str, name: str, count: int,
-            killed: str) -> None:
+def _epilog(
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, job: str, name: str, count: int, killed: str
+) -> None:
     """The Epilog, ended (``killed``) before its watch entry or before its end, or not."""
     with monkeypatch.context() as patch:
         if killed == "before-entry":
@@ -63,8 +64,13 @@ def _raise(*args: object) -> None:
     raise _Killed()
 
 
-def _proven_once_gone(monkeypatch: pytest.MonkeyPatch, cfg: Config, job: str,
-                      ctl: FakeController, proc: subprocess.Popen) -> cease.Verdict:
+def _proven_once_gone(
+    monkeypatch: pytest.MonkeyPatch,
+    cfg: Config,
+    job: str,
+    ctl: FakeController,
+    proc: subprocess.Popen,
+) -> cease.Verdict:
     """The survivor ``proc`` ended and re-checked: the verdict, which must be "ceased"."""
     proc.kill()
     proc.wait()
@@ -78,8 +84,9 @@ def _stopped_at_end(kept: list[tuple]) -> Callable[..., str]:
     """``write_fact`` for an Epilog stopped as it writes its end (kept: what it was writing)."""
     real = facts.write_fact
 
-    def write(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
-              **kwargs: object) -> str:
+    def write(
+        state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object, **kwargs: object
+    ) -> str:
         if kind == "end":
             kept.append((state, uid, gid, job_id, kind, *rest, kwargs))
             raise _Killed()
@@ -89,7 +96,8 @@ def _stopped_at_end(kept: list[tuple]) -> Callable[..., str]:
 
 
 def test_the_execution_befores_controller_end_gives_no_allocation(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # Found by the histories below (seed 711 of 3000): execution 1 ran on n3, execution 2 on
     # n2, and neither's PrologSlurmctld recorded.  Execution 1's EpilogSlurmctld, given the
     # next count after the requeue, closed no start: its end was filed under execution 2 and
@@ -103,9 +111,18 @@ def test_the_execution_befores_controller_end_gives_no_allocation(
     survivor(spawned, job, "n2", 2)
     hook(monkeypatch, cfg, "epilog", job, "n2", 2)
     controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 2, "n2")
-    ctl = FakeController(slurm_job(job, state="COMPLETED", restarts=2, uid=UID, nodelist="n2",
-                                   start=time.time() - 5, end=time.time()),
-                         {"n2": node("n2"), "n3": node("n3", state="DOWN+NOT_RESPONDING")})
+    ctl = FakeController(
+        slurm_job(
+            job,
+            state="COMPLETED",
+            restarts=2,
+            uid=UID,
+            nodelist="n2",
+            start=time.time() - 5,
+            end=time.time(),
+        ),
+        {"n2": node("n2"), "n3": node("n3", state="DOWN+NOT_RESPONDING")},
+    )
     assert not cease.cessation(job, cfg=cfg, controller=ctl, uid=UID).ceased
     verdict = _proven_once_gone(monkeypatch, cfg, job, ctl, spawned[0])
     assert [n.node for n in verdict.nodes] == ["n2"]
@@ -113,7 +130,8 @@ def test_the_execution_befores_controller_end_gives_no_allocation(
 
 @pytest.mark.parametrize("seed", range(HISTORIES))
 def test_a_random_history_never_proves_a_live_survivor(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, seed: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, seed: int
+) -> None:
     rng = random.Random(seed * 7919 + 17)
     job = _job()
     booted = {n: time.time() - rng.uniform(2, 120) for n in NODES}
@@ -196,8 +214,9 @@ def test_a_random_history_never_proves_a_live_survivor(
                 maybe_recheck()
             clean[r] = clean[r] and recorded
         with clock(monkeypatch, skew):
-            controller_hook(monkeypatch, cfg, "epilog-slurmctld", job,
-                            r if last else r + 1, ",".join(nodes))
+            controller_hook(
+                monkeypatch, cfg, "epilog-slurmctld", job, r if last else r + 1, ",".join(nodes)
+            )
         story.append(f"ctld-end {r}")
         maybe_recheck()
 
@@ -206,25 +225,40 @@ def test_a_random_history_never_proves_a_live_survivor(
         # shortly before the history began (a node resumed for the job, never rebooted since).
         state = "NODE_FAIL" if cut_off else "COMPLETED"
         return FakeController(
-            slurm_job(job, state=state, restarts=executions - 1, uid=UID,
-                      nodelist=",".join(allocations[-1]), start=time.time() + skew - 5,
-                      end=time.time() + skew),
-            {n: node(n, state="DOWN+NOT_RESPONDING" if n in cut_off else "IDLE",
-                     boot=booted[n]) for n in NODES})
+            slurm_job(
+                job,
+                state=state,
+                restarts=executions - 1,
+                uid=UID,
+                nodelist=",".join(allocations[-1]),
+                start=time.time() + skew - 5,
+                end=time.time() + skew,
+            ),
+            {
+                n: node(n, state="DOWN+NOT_RESPONDING" if n in cut_off else "IDLE", boot=booted[n])
+                for n in NODES
+            },
+        )
 
     def check_safe(when: str) -> None:
-        views = {(e["restart"], n): v for e in facts.execution_facts(job, cfg.state_dir, UID)
-                 for n, v in e["nodes"].items()}
+        views = {
+            (e["restart"], n): v
+            for e in facts.execution_facts(job, cfg.state_dir, UID)
+            for n, v in e["nodes"].items()
+        }
         for r in range(executions):
             running = [(p.pid, n) for p, rr, n in alive if rr == r and p.poll() is None]
             if not running:
                 continue
             verdict = cease.cessation(job, r, cfg=cfg, controller=controller(), uid=UID)
-            assert not verdict.ceased, \
+            assert not verdict.ceased, (
                 f"seed {seed} {when} {r} {running}: {story}\n{cease.render(verdict)}"
+            )
             for _, n in running:
-                assert (views.get((r, n)) or {}).get("ceased") is not True, \
-                    f"seed {seed} {when} {r}@{n}: {story}\n{views.get((r, n))}"
+                view = views.get((r, n))
+                assert view is None or view["ceased"] is not True, (
+                    f"seed {seed} {when} {r}@{n}: {story}\n{view}"
+                )
 
     check_safe("after the history")
     maybe_recheck()
@@ -243,7 +277,8 @@ def test_a_random_history_never_proves_a_live_survivor(
 
 
 def test_an_end_a_recheck_recorded_is_the_one_its_late_epilog_would_have_written(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # The Epilog writes its watch entry and is stopped before its end (stuck on a hung
     # StateDir past HookTimeout).  A re-check records the end from the entry (recorded_by).
     # The stuck Epilog, woken, then writes its own end under the same name: refused (a fact is
@@ -263,7 +298,7 @@ def test_an_end_a_recheck_recorded_is_the_one_its_late_epilog_would_have_written
     spawned[0].wait()
     _age_entries(cfg)
     hook(monkeypatch, cfg, "recheck")
-    (state, uid, gid, job_id, kind, name, body, kwargs), = late
+    ((state, uid, gid, job_id, kind, name, body, kwargs),) = late
     with pytest.raises(facts.FactError, match="exists"):
         facts.write_fact(state, uid, gid, job_id, kind, name, body, **kwargs)
     (execution,) = facts.execution_facts(job, cfg.state_dir, UID)

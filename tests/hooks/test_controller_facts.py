@@ -1,4 +1,4 @@
-"""The controller's records are tied to executions the way a node's are (issue 9 item 5):
+"""The controller's records are tied to executions the way a node's are:
 after `scontrol requeue`, EpilogSlurmctld of restart 0 runs with the next execution's count,
 and its end was filed under restart 1, so the running execution read "ended exit 0:0"."""
 
@@ -13,13 +13,20 @@ from slurm_dispatch.config import Config
 from slurm_dispatch.hooks import evidence as work
 from slurm_dispatch.node import facts
 
-from .fakes import state_dir
+from ..fakes.hooks import state_dir
 
 UID = os.getuid()
 
 
-def controller_hook(monkeypatch: pytest.MonkeyPatch, cfg: Config, kind: str, job: str,
-                    restart: int, nodes: str, exit_code: str = "0:0") -> None:
+def controller_hook(
+    monkeypatch: pytest.MonkeyPatch,
+    cfg: Config,
+    kind: str,
+    job: str,
+    restart: int,
+    nodes: str,
+    exit_code: str = "0:0",
+) -> None:
     for name in list(os.environ):
         if name.startswith("SLURM"):
             monkeypatch.delenv(name)
@@ -32,8 +39,9 @@ def controller_hook(monkeypatch: pytest.MonkeyPatch, cfg: Config, kind: str, job
     work.HANDLERS[kind](cfg)
 
 
-def test_a_requeued_executions_controller_end_is_its_own(monkeypatch: pytest.MonkeyPatch,
-                                                         tmp_path: Path) -> None:
+def test_a_requeued_executions_controller_end_is_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     cfg = state_dir(tmp_path)[1]
     job = "4242"
     controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 0, "n1")
@@ -53,15 +61,19 @@ def test_a_requeued_executions_controller_end_is_its_own(monkeypatch: pytest.Mon
 
 
 def test_an_end_without_a_recorded_start_keeps_the_count_it_was_given(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     cfg = state_dir(tmp_path)[1]
     controller_hook(monkeypatch, cfg, "epilog-slurmctld", "77", 2, "n3")
     (only,) = facts.execution_facts("77", cfg.state_dir, UID)
-    assert only["restart"] == 2 and "start_token" not in only["controller"]["end"]
+    end = only["controller"]["end"]
+    assert end is not None, only
+    assert only["restart"] == 2 and "start_token" not in end
 
 
 def test_a_killed_epilogslurmctlds_leftover_never_stops_the_next_ends(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # An EpilogSlurmctld ended while it wrote its fact leaves .ctld-end.slurmctld.0.<token>
     # (factstore.create_file), and its start stays open.  The next one ends the oldest open
     # start, the same name: a leftover under that temporary name must not refuse it (it did,
@@ -84,7 +96,8 @@ def test_a_killed_epilogslurmctlds_leftover_never_stops_the_next_ends(
 
 
 def test_a_controller_end_no_start_ties_never_ends_an_execution_started_after_it(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # A PrologSlurmctld ended before it recorded its start (HookTimeout on a slow StateDir;
     # it leaves at most a dot-name): the requeued execution's EpilogSlurmctld, given the next
     # count, finds no open start and records an end tied to none under execution 1, before

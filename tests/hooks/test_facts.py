@@ -15,14 +15,22 @@ import pytest
 
 from slurm_dispatch.node import facts
 
-from .fakes import dying_after, record, state_dir
+from ..fakes.hooks import dying_after, record, state_dir
 
 
-@pytest.mark.parametrize("text,names", [
-    ("n1", ["n1"]), ("n[1-3]", ["n1", "n2", "n3"]), ("n[1-2,5],gpu01", ["n1", "n2", "n5", "gpu01"]),
-    ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]), ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("(null)", []), ("", []), ("a,b", ["a", "b"]),
-])
+@pytest.mark.parametrize(
+    "text,names",
+    [
+        ("n1", ["n1"]),
+        ("n[1-3]", ["n1", "n2", "n3"]),
+        ("n[1-2,5],gpu01", ["n1", "n2", "n5", "gpu01"]),
+        ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("(null)", []),
+        ("", []),
+        ("a,b", ["a", "b"]),
+    ],
+)
 def test_expand_hostlist(text: str, names: list[str]) -> None:
     assert facts.expand_hostlist(text) == names
 
@@ -37,9 +45,12 @@ def test_written_fact_modes_owners_and_reading(tmp_path: Path) -> None:
     state, _ = state_dir(tmp_path)
     name = facts.write_fact(state, 1234, 2345, "77", "start", "n1", {"time": 1.0, "restart": 0})
     base = Path(state)
-    for path, mode, gid in ((base / "facts", 0o711, 0), (base / "facts/1234", 0o750, 2345),
-                            (base / "facts/1234/77", 0o750, 2345),
-                            (base / "facts/1234/77" / name, 0o640, 2345)):
+    for path, mode, gid in (
+        (base / "facts", 0o711, 0),
+        (base / "facts/1234", 0o750, 2345),
+        (base / "facts/1234/77", 0o750, 2345),
+        (base / "facts/1234/77" / name, 0o640, 2345),
+    ):
         info = path.lstat()
         assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (mode, 0, gid), path
     found, problems = facts.read_job_facts(state, 1234, "77")
@@ -92,11 +103,26 @@ def test_group_executions_ties_end_to_start_not_to_restart_variable(tmp_path: Pa
     state, _ = state_dir(tmp_path)
     start = record(state, "start", "n1", time=1.0, restart=0)
     # The late Epilog of a rejoined node reports restart 1; its start says 0.
-    record(state, "end", "n1", time=5.0, restart=1, start_token=start.split(".")[-1],
-           survivors=[], scan_error=None)
+    record(
+        state,
+        "end",
+        "n1",
+        time=5.0,
+        restart=1,
+        start_token=start.split(".")[-1],
+        survivors=[],
+        scan_error=None,
+    )
     record(state, "ctld-start", "slurmctld", time=0.5, restart=0, nodes=["n1"])
-    record(state, "ctld-end", "slurmctld", time=3.0, restart=0, nodes=["n1"],
-           slurm={"SLURM_JOB_EXIT_CODE2": "0:0"})
+    record(
+        state,
+        "ctld-end",
+        "slurmctld",
+        time=3.0,
+        restart=0,
+        nodes=["n1"],
+        slurm={"SLURM_JOB_EXIT_CODE2": "0:0"},
+    )
     record(state, "ctld-start", "slurmctld", time=4.0, restart=1, nodes=["n2"])
     executions = facts.execution_facts("100", state, 1000)
     assert [e["restart"] for e in executions] == [0, 1]
@@ -111,8 +137,13 @@ def _spawn_escaped(job_id: str, restart: str | None) -> int:
     env = {"SLURM_JOB_ID": job_id, "PATH": "/usr/bin:/bin"}
     if restart is not None:
         env["SLURM_RESTART_COUNT"] = restart
-    out = subprocess.run(["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
-                         env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.strip())
 
 
@@ -142,10 +173,17 @@ def test_scan_ignores_slurm_hooks_running_as_root_and_itself() -> None:
     finally:
         proc.kill()
         proc.wait()
-    code = ("import os, json; from slurm_dispatch.node import facts; "
-            f"print(json.dumps(facts.scan_survivors({{'{job_id}': None}})))")
-    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                         env={"SLURM_JOB_ID": job_id}, check=True).stdout
+    code = (
+        "import os, json; from slurm_dispatch.node import facts; "
+        f"print(json.dumps(facts.scan_survivors({{'{job_id}': None}})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        env={"SLURM_JOB_ID": job_id},
+        check=True,
+    ).stdout
     assert json.loads(out) == {job_id: []}
 
 
@@ -154,20 +192,21 @@ def test_dumps_equals_json_dumps() -> None:
     from hypothesis import strategies as st
 
     values = st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False,
-                                                               allow_infinity=False)
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
         | st.text(st.characters(exclude_categories=["Cs"])),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
-                                                                     max_size=4),
-        max_leaves=20)
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+        max_leaves=20,
+    )
 
     @settings(max_examples=300, deadline=None)
     @given(values)
     def check(value: object) -> None:
         text = facts.dumps(value)
         assert json.loads(text) == value
-        assert text == json.dumps(value, sort_keys=True, separators=(",", ":"),
-                                  ensure_ascii=False)
+        assert text == json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     check()
 
@@ -199,6 +238,7 @@ def test_facts_carry_a_format_version_and_older_facts_read_as_version_1(tmp_path
 def test_fact_error_is_in_the_one_error_tree() -> None:
     from slurm_dispatch import errors
     from slurm_dispatch.node import factstore
+
     assert facts.FactError is errors.FactError is factstore.FactError
     assert issubclass(facts.FactError, errors.DispatchError)
 
@@ -211,15 +251,21 @@ def test_fact_error_is_in_the_one_error_tree() -> None:
 # the user could read none of its facts again (dispatch-cease: "cannot open .../facts/1008:
 # Permission denied", 19 tests of the 24.11 tier).
 
-_CRASHING_WRITER = """
+_CRASHING_WRITER = (
+    """
 import os, sys
 from slurm_dispatch.node import factstore
 state, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-""" + dying_after("int(sys.argv[4])", ("mkdir", "open", "fchown", "fchmod", "write", "rename",
-                                       "link", "unlink")) + """
+"""
+    + dying_after(
+        "int(sys.argv[4])",
+        ("mkdir", "open", "fchown", "fchmod", "write", "rename", "link", "unlink"),
+    )
+    + """
 factstore.write_fact(state, uid, gid, "77", "start", "n1", {"time": 1.0, "restart": 0})
 os._exit(0)
 """
+)
 
 _USER_READER = """
 import json, os, sys
@@ -232,15 +278,20 @@ print(json.dumps({"nodes": sorted(f["node"] for f in found), "problems": problem
 
 
 def _as_subprocess(program: str, *args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", program, *map(str, args)], text=True,
-                          capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    return subprocess.run(
+        [sys.executable, "-c", program, *map(str, args)],
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="writes facts as root and reads them as a user")
 def test_a_writer_killed_at_any_step_leaves_the_facts_whole_and_the_users_to_read() -> None:
     import shutil
     import tempfile
+
     uid, gid = 54321, 54322
     step = 1
     while True:
@@ -254,9 +305,11 @@ def test_a_writer_killed_at_any_step_leaves_the_facts_whole_and_the_users_to_rea
             # The next hook for the job writes as ever, and the user reads every whole fact.
             facts.write_fact(state, uid, gid, "77", "end", "n2", {"time": 2.0, "restart": 0})
             root = Path(state)
-            for path, mode, group in ((root / "facts", 0o711, 0),
-                                      (root / "facts/54321", 0o750, gid),
-                                      (root / "facts/54321/77", 0o750, gid)):
+            for path, mode, group in (
+                (root / "facts", 0o711, 0),
+                (root / "facts/54321", 0o750, gid),
+                (root / "facts/54321/77", 0o750, gid),
+            ):
                 info = path.lstat()
                 assert (stat.S_IMODE(info.st_mode), info.st_gid) == (mode, group), (step, path)
             reader = _as_subprocess(_USER_READER, state, uid, gid)
@@ -264,8 +317,9 @@ def test_a_writer_killed_at_any_step_leaves_the_facts_whole_and_the_users_to_rea
             read = json.loads(reader.stdout)
             whole = ["n1", "n2"] if writer.returncode == 0 else None
             assert read["problems"] == [], (step, read)
-            assert read["nodes"] in (["n2"], ["n1", "n2"]) and (whole is None
-                                                                or read["nodes"] == whole), read
+            assert read["nodes"] in (["n2"], ["n1", "n2"]) and (
+                whole is None or read["nodes"] == whole
+            ), read
         finally:
             shutil.rmtree(base, ignore_errors=True)
         if writer.returncode == 0:
@@ -284,18 +338,21 @@ def test_a_second_fact_of_the_same_name_is_refused_and_the_first_kept(tmp_path: 
 def _second_end_refused_first_kept(state: str) -> None:
     token = facts.new_token()
     body = {"time": 1.0, "restart": 0}
-    facts.write_fact(state, 1234, 2345, "77", "end", "n1",
-                     {**body, "survivors": [{"pid": 4242}]}, token=token)
+    facts.write_fact(
+        state, 1234, 2345, "77", "end", "n1", {**body, "survivors": [{"pid": 4242}]}, token=token
+    )
     with pytest.raises(facts.FactError, match="exists"):
-        facts.write_fact(state, 1234, 2345, "77", "end", "n1", {**body, "survivors": []},
-                         token=token)
+        facts.write_fact(
+            state, 1234, 2345, "77", "end", "n1", {**body, "survivors": []}, token=token
+        )
     found, problems = facts.read_job_facts(state, 1234, "77")
     assert problems == [] and [f["survivors"] for f in found] == [[{"pid": 4242}]]
     assert sorted(os.listdir(Path(state) / "facts/1234/77")) == [f"end.n1.0.{token}"]
 
 
 def test_a_sites_private_facts_folder_stays_private_whatever_the_writers_find_below_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # The admin guide's privacy choice: facts/ 0700, dispatch-cease only as root.  The repair
     # of a half-made folder (private, where it should be open to the job's group) is for the
     # per-user and per-job folders a killed writer left; it must never open facts/ itself.
@@ -318,12 +375,14 @@ def test_a_sites_private_facts_folder_stays_private_whatever_the_writers_find_be
 
 @pytest.mark.parametrize("refusal", ["EPERM", "EOPNOTSUPP", "EMLINK", "ENOSYS"])
 def test_a_file_system_without_hard_links_still_takes_each_fact_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
     # StateDir on a file system that has no hard links: the kernel's answer for one without
     # a link operation is EPERM; a FUSE file system whose daemon has none answers ENOSYS
     # (libfuse's default for an operation not implemented), where the fact was refused, and every
     # fact of that node.
     import errno
+
     state, _ = state_dir(tmp_path)
 
     def no_link(*args: object, **kwargs: object) -> None:

@@ -1,5 +1,5 @@
-"""What a hook run costs beyond the interpreter's own start (issue 22 item 2: every hook <= 1.5x a
-bare interpreter, bench/bench_hooks.py): what the child loads, the threads it starts, the
+"""What a hook run costs beyond the interpreter's own start (the hooks' target: every hook <= 1.5x
+a bare interpreter, bench/bench_hooks.py): what the child loads, the threads it starts, the
 wake-ups of the waiting parent, and the reads it makes, checked by property, not by the clock.
 
 Hooks run as Slurm runs them (a fresh ``-I`` interpreter, only Slurm's variables); the probe
@@ -13,14 +13,19 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 UID, GID = 4321, 4322
-CONTEXT = {"prolog": "prolog_slurmd", "epilog": "epilog_slurmd",
-           "prolog-slurmctld": "prolog_slurmctld", "epilog-slurmctld": "epilog_slurmctld"}
+CONTEXT = {
+    "prolog": "prolog_slurmd",
+    "epilog": "epilog_slurmd",
+    "prolog-slurmctld": "prolog_slurmctld",
+    "epilog-slurmctld": "epilog_slurmctld",
+}
 
 # At its end, each process prints: child or parent, whether the survivor scan is loaded, the
 # threads it started that still run, and every os.write of a HookTimeout line it made.
@@ -64,14 +69,22 @@ def conf_file(tmp_path: Path, extra: str = "") -> Path:
 def probe(conf: Path, hook: str) -> dict[str, list[str]]:
     env = {"SLURM_DISPATCH_CONF": str(conf)}
     if hook in CONTEXT:
-        env.update({"SLURM_JOB_ID": "500", "SLURM_JOB_UID": str(UID), "SLURM_JOB_GID": str(GID),
-                    "SLURM_JOB_RESTART_COUNT": "0", "SLURM_SCRIPT_CONTEXT": CONTEXT[hook],
-                    "SLURM_JOB_NODELIST": "n1"})
+        env.update(
+            {
+                "SLURM_JOB_ID": "500",
+                "SLURM_JOB_UID": str(UID),
+                "SLURM_JOB_GID": str(GID),
+                "SLURM_JOB_RESTART_COUNT": "0",
+                "SLURM_SCRIPT_CONTEXT": CONTEXT[hook],
+                "SLURM_JOB_NODELIST": "n1",
+            }
+        )
         if not hook.endswith("slurmctld"):
             env["SLURMD_NODENAME"] = "n1"
     code = PROBE.format(repo=str(REPO), hint=hook.split("-")[0])
-    done = subprocess.run([sys.executable, "-I", "-c", code], env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done
     said = {line.split()[0]: line.split(maxsplit=3)[1:] for line in done.stdout.splitlines()}
     assert set(said) == {"child", "parent"}, done
@@ -79,8 +92,9 @@ def probe(conf: Path, hook: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("hook", ["prolog", "prolog-slurmctld", "epilog-slurmctld", "recheck"])
-def test_a_hook_that_does_not_scan_loads_no_scan_and_starts_no_thread(tmp_path: Path,
-                                                                      hook: str) -> None:
+def test_a_hook_that_does_not_scan_loads_no_scan_and_starts_no_thread(
+    tmp_path: Path, hook: str
+) -> None:
     # The survivor scan is the Epilog's (and a re-check's with survivors to watch): the other
     # hooks paid its import (about 1 M instructions) and a watchdog thread (its start and a
     # handover of the interpreter's lock) on every run.
@@ -93,8 +107,7 @@ def test_the_epilog_loads_the_scan_and_records(tmp_path: Path) -> None:
     conf = conf_file(tmp_path)
     said = probe(conf, "epilog")
     assert said["child"][0] == "True", said
-    assert [p.name.split(".")[0] for p in (tmp_path / "state/facts/4321/500").iterdir()] \
-        == ["end"]
+    assert [p.name.split(".")[0] for p in (tmp_path / "state/facts/4321/500").iterdir()] == ["end"]
 
 
 def test_the_default_hook_timeout_wakes_no_parent(tmp_path: Path) -> None:
@@ -109,19 +122,22 @@ def test_the_default_hook_timeout_wakes_no_parent(tmp_path: Path) -> None:
     assert said["child"][2] == repr(["20.0\n"]), said
 
 
-@pytest.mark.parametrize("blocked", ["time.sleep(30)",
-                                     "l = _thread.allocate_lock(); l.acquire(); "
-                                     "l.acquire(timeout=30)"])
+@pytest.mark.parametrize(
+    "blocked", ["time.sleep(30)", "l = _thread.allocate_lock(); l.acquire(); l.acquire(timeout=30)"]
+)
 def test_the_childs_watchdog_logs_and_ends_it_at_its_deadline(blocked: str) -> None:
     # In Python code or waiting on a lock (as the Epilog waits on its scan), the child's own
     # timer ends it at HookTimeout with its words; where no signal reaches it (uninterruptible
     # sleep), the parent's kill does (test_hook_faults.test_hung_file_system).
-    code = (f"import sys, time, _thread; sys.path.insert(0, {str(REPO)!r}); "
-            "import slurm_dispatch.hooks as h; "
-            "h._start_child_watchdog(time.monotonic() + 0.3, 'prolog', '77'); " + blocked)
+    code = (
+        f"import sys, time, _thread; sys.path.insert(0, {str(REPO)!r}); "
+        "import slurm_dispatch.hooks as h; "
+        "h._start_child_watchdog(time.monotonic() + 0.3, 'prolog', '77'); " + blocked
+    )
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60
+    )
     took = time.monotonic() - started
     assert done.returncode == 0, done
     assert "prolog job 77: still running at HookTimeout; stopped" in done.stderr, done
@@ -136,13 +152,23 @@ def test_the_epilog_reads_the_boot_once(tmp_path: Path, monkeypatch: pytest.Monk
     from slurm_dispatch.node import factstore
 
     reads: list[str] = []
+
+    def counted(name: str, real: Callable[[], object]) -> Callable[[], object]:
+        def call() -> object:
+            reads.append(name)
+            return real()
+
+        return call
+
     for name in ("boot_id", "boot_time"):
-        real = getattr(factstore, name)
-        monkeypatch.setattr(factstore, name,
-                            lambda real=real, name=name: reads.append(name) or real())
-    for key, value in {"SLURM_JOB_ID": "500", "SLURM_JOB_UID": str(UID),
-                       "SLURM_JOB_GID": str(GID), "SLURM_JOB_RESTART_COUNT": "0",
-                       "SLURMD_NODENAME": "n1"}.items():
+        monkeypatch.setattr(factstore, name, counted(name, getattr(factstore, name)))
+    for key, value in {
+        "SLURM_JOB_ID": "500",
+        "SLURM_JOB_UID": str(UID),
+        "SLURM_JOB_GID": str(GID),
+        "SLURM_JOB_RESTART_COUNT": "0",
+        "SLURMD_NODENAME": "n1",
+    }.items():
         monkeypatch.setenv(key, value)
     cfg = config.load(str(conf_file(tmp_path)))
     evidence.epilog(cfg)
@@ -152,8 +178,9 @@ def test_the_epilog_reads_the_boot_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert f'"boot_id":"{factstore.boot_id()}"' in end.read_text()
 
 
-def test_the_epilog_parses_only_its_own_nodes_names(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_epilog_parses_only_its_own_nodes_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A job's folder holds every node's facts: the Epilog parsed all of them to find its own
     # node's open start (2,000 parses for a 1,000-node job), where a prefix tells.
     from slurm_dispatch import config
@@ -165,7 +192,12 @@ def test_the_epilog_parses_only_its_own_nodes_names(tmp_path: Path,
         factstore.write_fact(cfg.state_dir, UID, GID, "500", "start", node, {"restart": 0})
     parsed: list[str] = []
     real = factstore.parse_name
-    monkeypatch.setattr(factstore, "parse_name", lambda name: parsed.append(name) or real(name))
+
+    def counted(name: str) -> tuple[str, str, str, str] | None:
+        parsed.append(name)
+        return real(name)
+
+    monkeypatch.setattr(factstore, "parse_name", counted)
     start = evidence._unended_start(cfg, UID, "500", "n1", 0)
     # n1's own and n1.x's (which the prefix of n1 lets through and the parse tells apart)
     assert start is not None and sorted(n.split(".")[1] for n in parsed) == ["n1", "n1"], parsed

@@ -26,9 +26,13 @@ TIMEOUT = 1.0  # HookTimeout in these tests
 BOUND = TIMEOUT + 1.5  # what a hook may take at most, interpreter start included
 UID, GID = 4321, 4322
 
-CONTEXT = {"prolog": "prolog_slurmd", "epilog": "epilog_slurmd",
-           "prolog-slurmctld": "prolog_slurmctld", "epilog-slurmctld": "epilog_slurmctld",
-           "recheck": None}
+CONTEXT = {
+    "prolog": "prolog_slurmd",
+    "epilog": "epilog_slurmd",
+    "prolog-slurmctld": "prolog_slurmctld",
+    "epilog-slurmctld": "epilog_slurmctld",
+    "recheck": None,
+}
 HOOKS = list(CONTEXT)
 
 
@@ -43,8 +47,11 @@ def code_dir() -> Iterator[Path]:
     """A world-readable copy of the package, so hooks can run as an unprivileged user."""
     top = Path(tempfile.mkdtemp(prefix="dispatch-hooks-code-"))
     os.chmod(top, 0o755)
-    shutil.copytree(REPO / "slurm_dispatch", top / "slurm_dispatch",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "slurm_dispatch",
+        top / "slurm_dispatch",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     for folder, _, files in os.walk(top):
         os.chmod(folder, 0o755)
         for name in files:
@@ -71,15 +78,23 @@ class World:
     code: Path
 
     def write_conf(self, text: str | None = None) -> None:
-        self.conf.write_text(text if text is not None else
-                             f"StateDir={self.state}\nHookTimeout={TIMEOUT}\n")
+        self.conf.write_text(
+            text if text is not None else f"StateDir={self.state}\nHookTimeout={TIMEOUT}\n"
+        )
 
     def env(self, hook: str, **extra: str) -> dict[str, str]:
         env = {"SLURM_DISPATCH_CONF": str(self.conf)}
         if hook != "recheck":
-            env.update({"SLURM_JOB_ID": "500", "SLURM_JOB_UID": str(UID),
-                        "SLURM_JOB_GID": str(GID), "SLURM_JOB_USER": "someone",
-                        "SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"})
+            env.update(
+                {
+                    "SLURM_JOB_ID": "500",
+                    "SLURM_JOB_UID": str(UID),
+                    "SLURM_JOB_GID": str(GID),
+                    "SLURM_JOB_USER": "someone",
+                    "SLURM_JOB_RESTART_COUNT": "0",
+                    "SLURM_JOB_NODELIST": "n[1-2]",
+                }
+            )
             if hook in ("prolog", "epilog"):
                 env["SLURMD_NODENAME"] = "n1"
         context = CONTEXT[hook]
@@ -88,24 +103,39 @@ class World:
         env.update(extra)
         return {k: v for k, v in env.items() if v != "<unset>"}
 
-    def run(self, hook: str, env: dict[str, str] | None = None, user: str | None = None,
-            hint: str | None = None, wrap: list[str] | None = None) -> Outcome:
-        program = (f"import sys; sys.path.insert(0, {str(self.code)!r}); "
-                   f"from slurm_dispatch.hooks import run; run({(hint or hook.split('-')[0])!r})")
+    def run(
+        self,
+        hook: str,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        hint: str | None = None,
+        wrap: list[str] | None = None,
+    ) -> Outcome:
+        program = (
+            f"import sys; sys.path.insert(0, {str(self.code)!r}); "
+            f"from slurm_dispatch.hooks import run; run({(hint or hook.split('-')[0])!r})"
+        )
         log_path = self.root / f"hook-{time.monotonic_ns()}.log"
         started = time.monotonic()
         with open(log_path, "wb") as log:
             # stderr to a file, not a pipe: a child stuck on a hung file system keeps it open.
-            proc = subprocess.run([*(wrap or []), PYTHON, "-I", "-c", program],
-                                  stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=log, env=env or self.env(hook),
-                                  cwd="/", timeout=BOUND + 10, user=user)
+            proc = subprocess.run(
+                [*(wrap or []), PYTHON, "-I", "-c", program],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env or self.env(hook),
+                cwd="/",
+                timeout=BOUND + 10,
+                user=user,
+            )
         seconds = time.monotonic() - started
         return Outcome(proc.returncode, seconds, log_path.read_text(errors="replace"))
 
     def files(self, folder: Path) -> list[str]:
-        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) \
-            if folder.exists() else []
+        return (
+            sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+        )
 
 
 @pytest.fixture()
@@ -158,8 +188,9 @@ def test_missing_config_file(world: World, hook: str) -> None:
 
 
 @pytest.mark.parametrize("hook", HOOKS)
-@pytest.mark.parametrize("text", ["\xff\xfe garbage \x00", "StateDir=relative\nHookTimeout=x\n",
-                                  "Nonsense=1\n=\n"])
+@pytest.mark.parametrize(
+    "text", ["\xff\xfe garbage \x00", "StateDir=relative\nHookTimeout=x\n", "Nonsense=1\n=\n"]
+)
 def test_garbled_config(world: World, hook: str, text: str) -> None:
     world.conf.write_bytes(text.encode("latin-1"))
     outcome = world.run(hook)
@@ -194,8 +225,9 @@ def test_state_dir_a_user_could_write_is_refused(world: World, hook: str, how: s
 
 @pytest.mark.parametrize("hook", HOOKS)
 def test_read_only_store(world: World, hook: str) -> None:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs",
-                    str(world.state)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(world.state)], check=True
+    )
     subprocess.run(["mount", "-o", "remount,ro", str(world.state)], check=True)
     outcome = world.run(hook)
     settled(outcome)
@@ -205,8 +237,9 @@ def test_read_only_store(world: World, hook: str) -> None:
 
 @pytest.mark.parametrize("hook", ["prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld"])
 def test_full_store_leaves_no_partial_fact(world: World, hook: str) -> None:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k,mode=0755", "tmpfs",
-                    str(world.state)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k,mode=0755", "tmpfs", str(world.state)], check=True
+    )
     fd = os.open(world.state / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         while True:
@@ -222,18 +255,22 @@ def test_full_store_leaves_no_partial_fact(world: World, hook: str) -> None:
 
 
 @pytest.mark.parametrize("hook", ["prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld"])
-@pytest.mark.parametrize("variable,value,words", [
-    ("SLURM_JOB_ID", "<unset>", "$SLURM_JOB_ID is not set"),
-    ("SLURM_JOB_UID", "<unset>", "$SLURM_JOB_UID is not set"),
-    ("SLURM_JOB_GID", "abc", "is not a number"),
-    ("SLURM_JOB_ID", "../../outside/x", "is not a plain name"),
-    ("SLURM_JOB_RESTART_COUNT", "-1", "is not a number"),
-    # Digits of another script: str.isdigit() says yes and int() reads them (4321, 1).
-    ("SLURM_JOB_UID", "\u0664\u0663\u0662\u0661", "is not a number"),
-    ("SLURM_JOB_RESTART_COUNT", "\u0661", "is not a number"),
-])
-def test_missing_or_bad_variables(world: World, hook: str, variable: str, value: str,
-                                  words: str) -> None:
+@pytest.mark.parametrize(
+    "variable,value,words",
+    [
+        ("SLURM_JOB_ID", "<unset>", "$SLURM_JOB_ID is not set"),
+        ("SLURM_JOB_UID", "<unset>", "$SLURM_JOB_UID is not set"),
+        ("SLURM_JOB_GID", "abc", "is not a number"),
+        ("SLURM_JOB_ID", "../../outside/x", "is not a plain name"),
+        ("SLURM_JOB_RESTART_COUNT", "-1", "is not a number"),
+        # Digits of another script: str.isdigit() says yes and int() reads them (4321, 1).
+        ("SLURM_JOB_UID", "\u0664\u0663\u0662\u0661", "is not a number"),
+        ("SLURM_JOB_RESTART_COUNT", "\u0661", "is not a number"),
+    ],
+)
+def test_missing_or_bad_variables(
+    world: World, hook: str, variable: str, value: str, words: str
+) -> None:
     outcome = world.run(hook, world.env(hook, **{variable: value}))
     settled(outcome)
     assert words in outcome.log
@@ -249,25 +286,29 @@ def test_missing_node_name(world: World, hook: str) -> None:
 
 def start_fact(w: World) -> dict:
     import json
+
     (name,) = [f for f in fact_files(w) if f.split("/")[-1].split(".")[0].endswith("start")]
     return json.loads((w.state / "facts" / name).read_text())
 
 
 @pytest.mark.parametrize("hook", ["prolog", "prolog-slurmctld"])
-@pytest.mark.parametrize("array,task,recorded", [
-    ("97", "1", {"array_job_id": "97", "array_task_id": "1"}),
-    ("<unset>", "<unset>", {}),  # not an array's task: nothing said
-    ("9 7", "1", {"array_task_id": "1"}),
-    ("97", "-1", {"array_job_id": "97"}),
-    ("\u0669\u0667", "1/..", {}),  # Arabic-Indic digits are digits to str.isdigit
-    ("12345678901", "", {}),  # longer than any uint32 job id; an empty task id
-])
+@pytest.mark.parametrize(
+    "array,task,recorded",
+    [
+        ("97", "1", {"array_job_id": "97", "array_task_id": "1"}),
+        ("<unset>", "<unset>", {}),  # not an array's task: nothing said
+        ("9 7", "1", {"array_task_id": "1"}),
+        ("97", "-1", {"array_job_id": "97"}),
+        ("\u0669\u0667", "1/..", {}),  # Arabic-Indic digits are digits to str.isdigit
+        ("12345678901", "", {}),  # longer than any uint32 job id; an empty task id
+    ],
+)
 def test_an_array_tasks_start_names_its_array_and_a_bad_value_is_absent(
-        world: World, hook: str, array: str, task: str, recorded: dict[str, str]) -> None:
+    world: World, hook: str, array: str, task: str, recorded: dict[str, str]
+) -> None:
     # Facts are filed under the task's own SLURM_JOB_ID (500 here); the records name the
     # array and A_T, which these two fields tie the folder to (node/prune.py).
-    outcome = world.run(hook, world.env(hook, SLURM_ARRAY_JOB_ID=array,
-                                        SLURM_ARRAY_TASK_ID=task))
+    outcome = world.run(hook, world.env(hook, SLURM_ARRAY_JOB_ID=array, SLURM_ARRAY_TASK_ID=task))
     settled(outcome)
     fact = start_fact(world)
     assert fact["job_id"] == "500"
@@ -294,8 +335,9 @@ def test_run_as_the_jobs_user(world: World, hook: str) -> None:
 
 
 @pytest.mark.parametrize("hook", ["prolog", "epilog", "epilog-slurmctld"])
-@pytest.mark.parametrize("where", ["facts", f"facts/{UID}", f"facts/{UID}/500",
-                                   "watch", "state-itself"])
+@pytest.mark.parametrize(
+    "where", ["facts", f"facts/{UID}", f"facts/{UID}/500", "watch", "state-itself"]
+)
 def test_planted_symlinks_are_not_followed(world: World, hook: str, where: str) -> None:
     if where == "state-itself":
         world.state.rmdir()
@@ -321,6 +363,7 @@ def test_planted_fifo_in_the_job_folder_does_not_hang_the_epilog(world: World) -
     # Readers open facts with O_NONBLOCK and name what is not a regular file.
     sys.path.insert(0, str(world.code))
     from slurm_dispatch.node import facts
+
     _, problems = facts.read_job_facts(str(world.state), UID, "500")
     assert any("not a regular file" in p for p in problems)
 
@@ -357,6 +400,7 @@ def full_syslog(world: World) -> Iterator[list[str]]:
     """A /dev/log whose queue is full, so that every syslog call blocks: the hook runs in a
     mount namespace of its own where /dev/log is this test's datagram socket, never read."""
     import socket
+
     path = world.root / "log.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(path))
@@ -367,9 +411,11 @@ def full_syslog(world: World) -> Iterator[list[str]]:
             client.sendto(b"<3>filler", str(path))
     except BlockingIOError:
         pass
-    script = ("mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev && "
-              "mknod -m 666 /dev/null c 1 3 && : > /dev/log && "
-              f"mount --bind {path} /dev/log && exec \"$@\"")
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev && "
+        "mknod -m 666 /dev/null c 1 3 && : > /dev/log && "
+        f'mount --bind {path} /dev/log && exec "$@"'
+    )
     try:
         yield ["unshare", "-m", "sh", "-c", script, "hook"]
     finally:
@@ -378,8 +424,9 @@ def full_syslog(world: World) -> Iterator[list[str]]:
 
 
 @pytest.mark.parametrize("hook", ["prolog", "epilog-slurmctld"])
-def test_a_blocking_syslog_does_not_hold_the_hook(frozen: World, full_syslog: list[str],
-                                                  hook: str) -> None:
+def test_a_blocking_syslog_does_not_hold_the_hook(
+    frozen: World, full_syslog: list[str], hook: str
+) -> None:
     # The child hangs on the frozen store; at the deadline the parent logs "gave up", and
     # syslog blocks on the full /dev/log: the parent must still exit 0 in time.
     outcome = frozen.run(hook, wrap=full_syslog)
@@ -405,9 +452,8 @@ def test_an_epilog_records_its_end_whatever_watch_is(world: World, planted: str)
 
 
 @pytest.mark.parametrize("hook", ["prolog-slurmctld", "epilog-slurmctld", "recheck"])
-def test_a_hook_that_finds_no_configuration_says_so_and_is_counted(world: World,
-                                                                   hook: str) -> None:
-    """Issue 31 item 1: slurmctld gives PrologSlurmctld and EpilogSlurmctld no SLURM_CONF and
+def test_a_hook_that_finds_no_configuration_says_so_and_is_counted(world: World, hook: str) -> None:
+    """slurmctld gives PrologSlurmctld and EpilogSlurmctld no SLURM_CONF and
     slurmd gives HealthCheckProgram none, so a part with DISPATCH_CONF empty on a site whose
     slurm.conf is not /etc/slurm/slurm.conf found no dispatch.conf, took the defaults, failed on
     the missing StateDir, and was counted nowhere (MetricsDir is unset in the defaults).  It now
@@ -416,9 +462,11 @@ def test_a_hook_that_finds_no_configuration_says_so_and_is_counted(world: World,
     default StateDir, if any, is out of sight) and /run is this test's folder."""
     run = world.root / "run"
     run.mkdir(mode=0o755)
-    script = ("mount --make-rprivate / && mount -t tmpfs tmpfs /var/lib && "
-              "{ [ ! -d /etc/slurm ] || mount -t tmpfs tmpfs /etc/slurm; } && "
-              f"mount --bind {run} /run && exec \"$@\"")
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs tmpfs /var/lib && "
+        "{ [ ! -d /etc/slurm ] || mount -t tmpfs tmpfs /etc/slurm; } && "
+        f'mount --bind {run} /run && exec "$@"'
+    )
     wrap = ["unshare", "-m", "sh", "-c", script, "hook"]
     env = world.env(hook, SLURM_DISPATCH_CONF="<unset>")
     if hook == "recheck":
@@ -427,27 +475,34 @@ def test_a_hook_that_finds_no_configuration_says_so_and_is_counted(world: World,
     for count in (1, 2):
         outcome = world.run(hook, env=env, wrap=wrap)
         settled(outcome)
-        assert (f"{hook} job {'500' if hook != 'recheck' else '?'}: found no dispatch.conf "
-                f"(looked for /etc/slurm/dispatch.conf: Slurm gives {hook} no SLURM_CONF, so "
-                "beside /etc/slurm/slurm.conf) and the default StateDir /var/lib/slurm-dispatch "
-                "does not exist: recording nothing; set DISPATCH_CONF= at the top of this hook "
-                "part to the site's dispatch.conf") in outcome.log, outcome.log
+        assert (
+            f"{hook} job {'500' if hook != 'recheck' else '?'}: found no dispatch.conf "
+            f"(looked for /etc/slurm/dispatch.conf: Slurm gives {hook} no SLURM_CONF, so "
+            "beside /etc/slurm/slurm.conf) and the default StateDir /var/lib/slurm-dispatch "
+            "does not exist: recording nothing; set DISPATCH_CONF= at the top of this hook "
+            "part to the site's dispatch.conf"
+        ) in outcome.log, outcome.log
         counted = (run / "slurm-dispatch/slurm-dispatch-unconfigured.prom").read_text()
-        assert f'slurm_dispatch_hook_runs_unconfigured_total{{hook="{hook}"}} {count}\n' in \
-            counted, counted
+        assert (
+            f'slurm_dispatch_hook_runs_unconfigured_total{{hook="{hook}"}} {count}\n' in counted
+        ), counted
     assert fact_files(world) == []
 
 
 @pytest.mark.parametrize("hook", ["prolog-slurmctld", "recheck"])
-def test_a_hook_whose_dispatch_conf_knob_names_a_missing_file_says_that(world: World,
-                                                                        hook: str) -> None:
-    """Attack on issue 31 item 1: the part's DISPATCH_CONF set, with a typo (/etc/slrum/...):
-    the hook said it found no dispatch.conf because 'Slurm gives <hook> no SLURM_CONF' and
-    told the admin to set DISPATCH_CONF=, which they had.  It names the file the knob gave."""
+def test_a_hook_whose_dispatch_conf_knob_names_a_missing_file_says_that(
+    world: World, hook: str
+) -> None:
+    """Attack on a slurm.conf outside /etc/slurm: the part's DISPATCH_CONF set, with a typo
+    (/etc/slrum/...): the hook said it found no dispatch.conf because 'Slurm gives <hook> no
+    SLURM_CONF' and told the admin to set DISPATCH_CONF=, which they had.  It names the file the
+    knob gave."""
     run = world.root / "run"
     run.mkdir(mode=0o755)
-    script = ("mount --make-rprivate / && mount -t tmpfs tmpfs /var/lib && "
-              f"mount --bind {run} /run && exec \"$@\"")
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs tmpfs /var/lib && "
+        f'mount --bind {run} /run && exec "$@"'
+    )
     wrap = ["unshare", "-m", "sh", "-c", script, "hook"]
     typo = str(world.root / "etc" / "slrum" / "dispatch.conf")
     env = world.env(hook, SLURM_DISPATCH_CONF=typo)
@@ -455,10 +510,12 @@ def test_a_hook_whose_dispatch_conf_knob_names_a_missing_file_says_that(world: W
         env["SLURMD_NODENAME"] = "n1"
     outcome = world.run(hook, env=env, wrap=wrap)
     settled(outcome)
-    assert "no SLURM_CONF" not in outcome.log and "set DISPATCH_CONF= at" not in outcome.log, \
+    assert "no SLURM_CONF" not in outcome.log and "set DISPATCH_CONF= at" not in outcome.log, (
         outcome.log
-    assert (f"DISPATCH_CONF (SLURM_DISPATCH_CONF) names {typo}, which cannot be read (no such "
-            "file)") in outcome.log, outcome.log
+    )
+    assert (
+        f"DISPATCH_CONF (SLURM_DISPATCH_CONF) names {typo}, which cannot be read (no such file)"
+    ) in outcome.log, outcome.log
     counted = (run / "slurm-dispatch/slurm-dispatch-unconfigured.prom").read_text()
     assert f'slurm_dispatch_hook_runs_unconfigured_total{{hook="{hook}"}} 1\n' in counted
     assert fact_files(world) == []

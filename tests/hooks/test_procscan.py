@@ -57,9 +57,15 @@ def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
 
 
 def _start(code: str, env: dict[str, str], user: str | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-I", "-c", code], env={**PATH, **env},
-                            stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            user=user, cwd="/")
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", code],
+        env={**PATH, **env},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        user=user,
+        cwd="/",
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     return proc
 
@@ -111,8 +117,9 @@ def test_a_pid_hopper_is_found_every_time(reaper: list) -> None:
         if found:
             found_in += 1
             # (A process read just as it exits has an empty command line.)
-            assert all(s["cmdline"].startswith(sys.executable) or not s["cmdline"]
-                       for s in found), found
+            assert all(
+                s["cmdline"].startswith(sys.executable) or not s["cmdline"] for s in found
+            ), found
         # A scan that met its deadline (a loaded machine: other processes came and went in
         # every round) says it is not complete and names what it could not read.
         assert result.complete or result.unresolved, result
@@ -147,8 +154,13 @@ def test_the_needle_is_found_across_a_read_boundary() -> None:
 
 def test_another_users_process_claiming_the_job_is_not_counted(reaper: list) -> None:
     job = job_id()
-    proc = subprocess.Popen(["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job}, user="nobody",
-                            start_new_session=True, cwd="/")
+    proc = subprocess.Popen(
+        ["sleep", "600"],
+        env={**PATH, "SLURM_JOB_ID": job},
+        user="nobody",
+        start_new_session=True,
+        cwd="/",
+    )
     reaper.append(proc)
     _wait(lambda: b"sleep" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 5, "exec")
     victim_uid = 4321
@@ -202,6 +214,7 @@ def c_hopper() -> Iterator[Path]:
     """The hopper in C (thousands of new PIDs a second), where another user may run it."""
     import shutil
     import tempfile
+
     folder = Path(tempfile.mkdtemp(prefix="dispatch-hopper-", dir="/var/tmp"))
     os.chmod(folder, 0o755)
     (folder / "hop.c").write_text(C_HOPPER)
@@ -216,9 +229,15 @@ def test_another_users_hopper_is_never_counted(reaper: list, c_hopper: Path) -> 
     whose they were): those scans leave the job "not proven", the safe direction, and the
     admin guide says so.  How often depends on the machine's load, so it is not asserted."""
     job = job_id()
-    proc = subprocess.Popen([str(c_hopper)], env={**PATH, "SLURM_JOB_ID": job},
-                            stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            user="nobody", cwd="/")
+    proc = subprocess.Popen(
+        [str(c_hopper)],
+        env={**PATH, "SLURM_JOB_ID": job},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        user="nobody",
+        cwd="/",
+    )
     reaper.append(proc)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     results = [procscan.scan({job: 4321}) for _ in range(30)]
@@ -227,13 +246,15 @@ def test_another_users_hopper_is_never_counted(reaper: list, c_hopper: Path) -> 
 
 
 def test_a_process_killed_while_the_scan_runs_is_not_a_survivor(
-        reaper: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    reaper: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """slurmd's SIGKILL reaches a process the Epilog's scan has just read (a trap's child that
     was reparented, on a loaded node): by the end of the scan it is gone, so it is no survivor
     (the CI run that found a job killed at KillWait proven only by the later re-check)."""
     job = job_id()
-    proc = subprocess.Popen(["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job},
-                            start_new_session=True, cwd="/")
+    proc = subprocess.Popen(
+        ["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job}, start_new_session=True, cwd="/"
+    )
     reaper.append(proc)
     _wait(lambda: b"sleep" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 5, "exec")
     real = procscan._examine
@@ -252,8 +273,9 @@ def test_a_process_killed_while_the_scan_runs_is_not_a_survivor(
 def test_a_process_that_stays_through_the_scan_is_a_survivor(reaper: list) -> None:
     """A stopped process (as one stuck would be) is still there at the scan's end: counted."""
     job = job_id()
-    proc = subprocess.Popen(["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job},
-                            start_new_session=True, cwd="/")
+    proc = subprocess.Popen(
+        ["sleep", "600"], env={**PATH, "SLURM_JOB_ID": job}, start_new_session=True, cwd="/"
+    )
     reaper.append(proc)
     _wait(lambda: b"sleep" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 5, "exec")
     os.kill(proc.pid, signal.SIGSTOP)

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,7 +24,10 @@ from slurm_dispatch.config import Config
 from slurm_dispatch.hooks import evidence as work
 from slurm_dispatch.node import facts
 
-from .fakes import dying_after, state_dir
+from ..fakes.hooks import dying_after, state_dir
+
+if TYPE_CHECKING:
+    from slurm_dispatch.node.executions import NodeFacts
 
 UID = os.getuid()
 
@@ -47,14 +51,21 @@ def spawned() -> Iterator[list[subprocess.Popen]]:
         proc.wait()
 
 
-def survivor(procs: list[subprocess.Popen], job: str, node: str, restart: int,
-             user: int | None = None) -> int:
+def survivor(
+    procs: list[subprocess.Popen], job: str, node: str, restart: int, user: int | None = None
+) -> int:
     """A process of the job left on ``node`` (as ``user`` when given: the tests run as root)."""
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job, "SLURMD_NODENAME": node}
     if restart:
         env["SLURM_RESTART_COUNT"] = str(restart)
-    ids = {} if user is None else {"user": user, "group": user, "extra_groups": []}
-    proc = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True, **ids)
+    proc = subprocess.Popen(
+        ["sleep", "300"],
+        env=env,
+        start_new_session=True,
+        user=user,
+        group=user,
+        extra_groups=None if user is None else [],
+    )
     procs.append(proc)
     deadline = time.monotonic() + 5
     while b"SLURM_JOB_ID" not in Path(f"/proc/{proc.pid}/environ").read_bytes():
@@ -63,8 +74,14 @@ def survivor(procs: list[subprocess.Popen], job: str, node: str, restart: int,
     return proc.pid
 
 
-def hook(monkeypatch: pytest.MonkeyPatch, cfg: Config, kind: str, job: str = "",
-         node: str = "", restart: int = 0) -> None:
+def hook(
+    monkeypatch: pytest.MonkeyPatch,
+    cfg: Config,
+    kind: str,
+    job: str = "",
+    node: str = "",
+    restart: int = 0,
+) -> None:
     for name in list(os.environ):
         if name.startswith("SLURM"):
             monkeypatch.delenv(name)
@@ -77,13 +94,17 @@ def hook(monkeypatch: pytest.MonkeyPatch, cfg: Config, kind: str, job: str = "",
     work.HANDLERS[kind](cfg)
 
 
-def node_view(cfg: Config, job: str) -> dict[tuple[int, str], dict]:
-    return {(e["restart"], name): n for e in facts.execution_facts(job, cfg.state_dir, UID)
-            for name, n in e["nodes"].items()}
+def node_view(cfg: Config, job: str) -> dict[tuple[int, str], NodeFacts]:
+    return {
+        (e["restart"], name): n
+        for e in facts.execution_facts(job, cfg.state_dir, UID)
+        for name, n in e["nodes"].items()
+    }
 
 
-def test_recheck_keys_survivors_by_execution(monkeypatch: pytest.MonkeyPatch, cfg: Config,
-                                             spawned: list) -> None:
+def test_recheck_keys_survivors_by_execution(
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     job = _job()
     hook(monkeypatch, cfg, "prolog", job, "n1", 0)
     first = survivor(spawned, job, "n1", 0)
@@ -109,7 +130,8 @@ def test_recheck_keys_survivors_by_execution(monkeypatch: pytest.MonkeyPatch, cf
 
 
 def test_a_later_epilog_of_the_same_job_settles_its_earlier_executions(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     job = _job()
     hook(monkeypatch, cfg, "prolog", job, "n1", 0)
     first = survivor(spawned, job, "n1", 0)
@@ -136,7 +158,8 @@ def _age_entries(cfg: Config) -> None:
 
 
 def test_a_watch_entry_of_another_machine_with_this_host_name_is_left_alone(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     job = _job()
     hook(monkeypatch, cfg, "prolog", job, "n1", 0)
     survivor(spawned, job, "n1", 0)
@@ -155,7 +178,8 @@ def test_a_watch_entry_of_another_machine_with_this_host_name_is_left_alone(
 
 
 def test_the_epilog_counts_the_jobs_cgroup_whatever_the_environment(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list, tmp_path: Path
+) -> None:
     job = _job()
     # A process that scrubbed its environment: only the job's cgroup (proctrack/cgroup) has it.
     scrubbed = subprocess.Popen(["sleep", "300"], env={"PATH": "/usr/bin:/bin"})
@@ -182,7 +206,8 @@ class _Killed(BaseException):
 
 
 def test_a_recheck_killed_while_it_renews_a_watch_entry_keeps_the_execution_watched(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # One of two survivors goes: the re-check records it and renews the entry with the one
     # left.  Ended between dropping the old entry and writing the new one, it watched nothing
     # more: the last survivor's end was never recorded, and the execution never proven.
@@ -211,7 +236,8 @@ def test_a_recheck_killed_while_it_renews_a_watch_entry_keeps_the_execution_watc
 
 
 def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_survivors_unwatched(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # The Epilog records the end with its survivors and a watch entry for them.  Ended after
     # the first of the two, it must never leave an end with survivors nothing re-checks (it
     # did: the end first, so the survivors' going was never recorded, the execution never
@@ -228,6 +254,7 @@ def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_surv
                     raise _Killed()
                 done.append(what)
             return call(*args, **kwargs)
+
         return wrapper
 
     with monkeypatch.context() as patch:
@@ -245,7 +272,8 @@ def test_an_epilog_killed_between_its_end_and_its_watch_entry_never_records_surv
 
 
 def test_an_epilog_whose_watch_entry_cannot_be_written_still_records_its_end(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # The watch entry is written before the end: one refused (a full watch/, say) must not
     # cost the end and the survivors it names.
     job = _job()
@@ -264,7 +292,8 @@ def test_an_epilog_whose_watch_entry_cannot_be_written_still_records_its_end(
 
 
 def test_an_end_no_start_ties_never_closes_a_start_recorded_after_it(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # An Epilog that finds no open start of its node (a second Epilog of an ended start: a
     # part installed twice, say; or a start its Prolog never wrote) records an end tied to no
     # start, under the count Slurm gives it: after a requeue, 24.11's Epilog is given the
@@ -273,32 +302,38 @@ def test_an_end_no_start_ties_never_closes_a_start_recorded_after_it(
     # controller (its Epilog never runs, its processes run on), dispatch-cease said "ceased".
     from slurm_dispatch.node import cease
 
-    from .fakes import FakeController, node
-    from .fakes import job as slurm_job
+    from ..fakes.hooks import FakeController, node
+    from ..fakes.hooks import job as slurm_job
+
     job = _job()
     hook(monkeypatch, cfg, "prolog", job, "n1", 0)
     hook(monkeypatch, cfg, "epilog", job, "n1", 0)
     hook(monkeypatch, cfg, "epilog", job, "n1", 1)  # the same Epilog again, the next count
     hook(monkeypatch, cfg, "prolog", job, "n1", 1)
     pid = survivor(spawned, job, "n1", 1)  # execution 1 runs on; n1 records no end of it
-    ctl = FakeController(slurm_job(job, state="NODE_FAIL", restarts=1, uid=UID,
-                                   start=time.time() - 5, end=time.time()),
-                         {"n1": node("n1", state="DOWN+NOT_RESPONDING")})
+    ctl = FakeController(
+        slurm_job(
+            job, state="NODE_FAIL", restarts=1, uid=UID, start=time.time() - 5, end=time.time()
+        ),
+        {"n1": node("n1", state="DOWN+NOT_RESPONDING")},
+    )
     verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert verdict.restart == 1
     assert not verdict.ceased, (pid, cease.render(verdict))
 
 
 def test_an_end_no_start_ties_never_proves_an_execution_the_controller_started_after_it(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # As above, where execution 1's Prolog on n1 recorded nothing either (ended at its
     # HookTimeout on a slow StateDir): the controller's start of execution 1, recorded after
     # that end, names n1, and an end older than the execution is none of its.
     from slurm_dispatch.node import cease
 
-    from .fakes import FakeController, node
-    from .fakes import job as slurm_job
+    from ..fakes.hooks import FakeController, node
+    from ..fakes.hooks import job as slurm_job
     from .test_controller_facts import controller_hook
+
     job = _job()
     controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 0, "n1")
     hook(monkeypatch, cfg, "prolog", job, "n1", 0)
@@ -307,9 +342,12 @@ def test_an_end_no_start_ties_never_proves_an_execution_the_controller_started_a
     controller_hook(monkeypatch, cfg, "epilog-slurmctld", job, 1, "n1")
     controller_hook(monkeypatch, cfg, "prolog-slurmctld", job, 1, "n1")
     survivor(spawned, job, "n1", 1)  # execution 1 runs on; n1 records neither start nor end
-    ctl = FakeController(slurm_job(job, state="NODE_FAIL", restarts=1, uid=UID,
-                                   start=time.time() - 5, end=time.time()),
-                         {"n1": node("n1", state="DOWN+NOT_RESPONDING")})
+    ctl = FakeController(
+        slurm_job(
+            job, state="NODE_FAIL", restarts=1, uid=UID, start=time.time() - 5, end=time.time()
+        ),
+        {"n1": node("n1", state="DOWN+NOT_RESPONDING")},
+    )
     verdict = cease.cessation(job, cfg=cfg, controller=ctl, uid=UID)
     assert verdict.restart == 1
     assert not verdict.ceased, cease.render(verdict)
@@ -318,7 +356,8 @@ def test_an_end_no_start_ties_never_proves_an_execution_the_controller_started_a
 
 
 def test_an_epilog_ended_between_its_watch_entry_and_its_end_is_proven_once_they_are_gone(
-        monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, cfg: Config, spawned: list
+) -> None:
     # The Epilog writes its watch entry, then its end (4c64f89).  Ended in between (its
     # HookTimeout on a slow StateDir), it left survivors watched and no end: the re-check saw
     # them go and recorded it, but tied to no end, and the node had no post-kill record, so
@@ -326,14 +365,16 @@ def test_an_epilog_ended_between_its_watch_entry_and_its_end_is_proven_once_they
     # The watch entry holds what the end would have said: the re-check records it.
     from slurm_dispatch.node import cease
 
-    from .fakes import FakeController, node
-    from .fakes import job as slurm_job
+    from ..fakes.hooks import FakeController, node
+    from ..fakes.hooks import job as slurm_job
+
     job = _job()
     hook(monkeypatch, cfg, "prolog", job, "n1", 0)
     found = sorted([survivor(spawned, job, "n1", 0), survivor(spawned, job, "n1", 0)])
 
-    def ended(state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object,
-              **kwargs: object) -> str:
+    def ended(
+        state: str, uid: int, gid: int, job_id: str, kind: str, *rest: object, **kwargs: object
+    ) -> str:
         if kind == "end":
             raise _Killed()
         return facts.write_fact(state, uid, gid, job_id, kind, *rest, **kwargs)  # type: ignore[arg-type]
@@ -363,21 +404,27 @@ def test_an_epilog_ended_between_its_watch_entry_and_its_end_is_proven_once_they
 
 # An Epilog run as its own process, ended (os._exit, as its watchdog ends it) after its Nth
 # write to StateDir: every step of its watch entry and its end in turn.
-_DYING_EPILOG = """
+_DYING_EPILOG = (
+    """
 import os, sys
 from slurm_dispatch.config import Config
 from slurm_dispatch.hooks import evidence
 cfg = Config()
 cfg.state_dir = sys.argv[1]
-""" + dying_after("int(sys.argv[2])", ("mkdir", "fchown", "fchmod", "write", "rename", "link",
-                                       "unlink")) + """
+"""
+    + dying_after(
+        "int(sys.argv[2])", ("mkdir", "fchown", "fchmod", "write", "rename", "link", "unlink")
+    )
+    + """
 evidence.HANDLERS["epilog"](cfg)
 os._exit(0)
 """
+)
 
 
-def _started_with_survivors(monkeypatch: pytest.MonkeyPatch, folder: Path, spawned: list,
-                            count: int) -> tuple:
+def _started_with_survivors(
+    monkeypatch: pytest.MonkeyPatch, folder: Path, spawned: list, count: int
+) -> tuple:
     """A fresh StateDir in ``folder``, a job whose Prolog ran on n1, and ``count`` of its
     processes running there: the (config, job id) a sweep ends its hooks against."""
     folder.mkdir()
@@ -390,13 +437,15 @@ def _started_with_survivors(monkeypatch: pytest.MonkeyPatch, folder: Path, spawn
 
 
 def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list
+) -> None:
     # Whatever step it was ended at, a survivor that runs on is never proven gone; once it is
     # gone and re-checked, the execution is proven unless the Epilog left no record at all.
     from slurm_dispatch.node import cease
 
-    from .fakes import FakeController, node
-    from .fakes import job as slurm_job
+    from ..fakes.hooks import FakeController, node
+    from ..fakes.hooks import job as slurm_job
+
     repo = str(Path(__file__).parents[2])
     unproven = []
     step = 1
@@ -404,7 +453,11 @@ def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
         cfg, job = _started_with_survivors(monkeypatch, tmp_path / str(step), spawned, 1)
         epilog = subprocess.run(
             [sys.executable, "-c", _DYING_EPILOG, cfg.state_dir, str(step)],
-            env={**os.environ, "PYTHONPATH": repo}, capture_output=True, text=True, timeout=60)
+            env={**os.environ, "PYTHONPATH": repo},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert epilog.returncode in (0, 3), epilog.stderr
         ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
         _age_entries(cfg)  # past the entry's HookTimeout
@@ -425,18 +478,22 @@ def test_an_epilog_ended_at_any_step_never_proves_a_survivor_and_proves_it_gone(
         step += 1
     # Unproven only while its watch entry is not yet named (watch/, its host folder, the
     # entry's mode, its bytes): once it is, the end is recorded, by the Epilog or the re-check.
-    assert step > 8 and unproven == list(range(1, len(unproven) + 1)) and len(unproven) <= 4, \
-        (step, unproven)
+    assert step > 8 and unproven == list(range(1, len(unproven) + 1)) and len(unproven) <= 4, (
+        step,
+        unproven,
+    )
 
 
 def test_a_recheck_ended_at_any_step_keeps_the_survivor_left_watched_and_proves_it_gone(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spawned: list
+) -> None:
     # One of two survivors goes; the re-check that records it (its end where missing, the
     # recheck, the renewed entry, the old one dropped) is ended after each of its writes.
     from slurm_dispatch.node import cease
 
-    from .fakes import FakeController, node
-    from .fakes import job as slurm_job
+    from ..fakes.hooks import FakeController, node
+    from ..fakes.hooks import job as slurm_job
+
     program = _DYING_EPILOG.replace('HANDLERS["epilog"]', 'HANDLERS["recheck"]')
     step = 1
     while True:
@@ -447,7 +504,10 @@ def test_a_recheck_ended_at_any_step_keeps_the_survivor_left_watched_and_proves_
         ended = subprocess.run(
             [sys.executable, "-c", program, cfg.state_dir, str(step)],
             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-            capture_output=True, text=True, timeout=60)
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert ended.returncode in (0, 3), ended.stderr
         ctl = FakeController(slurm_job(job, uid=UID), {"n1": node("n1")})
         hook(monkeypatch, cfg, "recheck")

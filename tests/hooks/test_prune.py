@@ -1,4 +1,4 @@
-"""Retention of facts/ (issue 22, item 3): ``dispatch-admin prune`` removes what nothing needs
+"""Retention of facts/ (docs/admin-guide.md): ``dispatch-admin prune`` removes what nothing needs
 and is made to try to remove what something does: a job not proven gone, a fact being written,
 a symlink a user planted, a hold standing in a user's record, records it cannot read, survivors
 still watched, and facts newer than the retention.  Needs root (a root-owned StateDir)."""
@@ -6,6 +6,7 @@ still watched, and facts newer than the retention.  Needs root (a root-owned Sta
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +17,7 @@ from slurm_dispatch.cli import admin
 from slurm_dispatch.control import retention
 from slurm_dispatch.node import factstore
 
-from .fakes import dying_after, record, state_dir
+from ..fakes.hooks import dying_after, record, state_dir
 
 UID = 1000
 
@@ -27,25 +28,52 @@ def _root() -> None:
         pytest.fail("the prune tests need root (a root-owned StateDir)")
 
 
-def clean_job(state: str, job_id: str, uid: int = UID, ctld: Optional[dict[str, str]] = None,
-              **start: str) -> None:
+def clean_job(
+    state: str, job_id: str, uid: int = UID, ctld: Optional[dict[str, str]] = None, **start: str
+) -> None:
     """A job whose every execution is proven gone; ``start`` adds to the nodes' starts and
     ``ctld`` (default: the same) to the controller's."""
     for node in ("n1", "n2"):
         start_name = record(state, "start", node, job_id, uid, time=1.0, restart=0, **start)
-        factstore.write_fact(state, uid, uid, job_id, "end", node,
-                             {"time": 2.0, "restart": 0, "survivors": [], "scan_error": None},
-                             token=start_name.rpartition(".")[2])
-    ctld_name = record(state, "ctld-start", "slurmctld", job_id, uid, time=1.0, restart=0,
-                       **(start if ctld is None else ctld))
-    record(state, "ctld-end", "slurmctld", job_id, uid, time=2.0, restart=0,
-           start_token=ctld_name.rpartition(".")[2])
+        factstore.write_fact(
+            state,
+            uid,
+            uid,
+            job_id,
+            "end",
+            node,
+            {"time": 2.0, "restart": 0, "survivors": [], "scan_error": None},
+            token=start_name.rpartition(".")[2],
+        )
+    ctld_name = record(
+        state,
+        "ctld-start",
+        "slurmctld",
+        job_id,
+        uid,
+        time=1.0,
+        restart=0,
+        **(start if ctld is None else ctld),
+    )
+    record(
+        state,
+        "ctld-end",
+        "slurmctld",
+        job_id,
+        uid,
+        time=2.0,
+        restart=0,
+        start_token=ctld_name.rpartition(".")[2],
+    )
 
 
-def prune(tmp_path: Path, *args: str, needs: Optional[dict[int, Optional[set[str]]]] = None,
-          monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    monkeypatch.setattr(retention, "user_needs",
-                        lambda uid, pattern: (needs or {}).get(uid, set()))
+def prune(
+    tmp_path: Path,
+    *args: str,
+    needs: Optional[Mapping[int, Optional[set[str]]]] = None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[int, str]:
+    monkeypatch.setattr(retention, "user_needs", lambda uid, pattern: (needs or {}).get(uid, set()))
     conf = tmp_path / "dispatch.conf"
     if not conf.exists():
         conf.write_text(f"StateDir={tmp_path / 'state'}\n")
@@ -65,7 +93,8 @@ def folder(state: str, job_id: str, uid: int = UID) -> Path:
 
 
 def test_a_proven_job_goes_after_a_dry_run_that_removes_nothing(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clean_job(state, "100")
     code, out = prune(tmp_path, "--older-than", "0", "--dry-run", monkeypatch=monkeypatch)
     assert code == 0, out
@@ -77,23 +106,90 @@ def test_a_proven_job_goes_after_a_dry_run_that_removes_nothing(
     assert not folder(state, "100").exists()
 
 
+def test_progress_is_said_every_thousand_folders_judged(
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_dispatch.node import prune as prune_module
+
+    def plan(state_dir: str, keep_for: float, needed: object) -> list[prune_module.Judged]:
+        judged = [prune_module.Judged(str(UID), str(job)) for job in range(2500)]
+        for one in judged:
+            one.reason, one.detail = "recent", "newer than the retention"
+        return judged
+
+    monkeypatch.setattr(prune_module, "plan", plan)
+    done = CliRunner().invoke(
+        admin.main, ["prune", "--config", str(_conf(tmp_path)), "--older-than", "0"]
+    )
+    assert done.exit_code == 0, done.output
+    assert done.stderr.splitlines() == [
+        "dispatch-admin prune: 1000 job folders judged",
+        "dispatch-admin prune: 2000 job folders judged",
+    ]
+    assert done.stdout.splitlines() == [
+        f"removed 0 job folders (0 facts, 0 bytes) older than 0 s under {state}/facts; "
+        "kept 2500: 2500 recent"
+    ]
+
+
+def test_a_dispatch_conf_with_problems_is_refused(tmp_path: Path, state: str) -> None:
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text(f"StateDir={state}\nFactRetention=soon\n")
+    done = CliRunner().invoke(admin.main, ["prune", "--config", str(conf)])
+    assert done.exit_code == 2 and "FactRetention" in done.output, done.output
+    assert "soon" in done.output
+
+
+def _conf(tmp_path: Path) -> Path:
+    conf = tmp_path / "dispatch.conf"
+    conf.write_text(f"StateDir={tmp_path / 'state'}\n")
+    return conf
+
+
 def test_what_is_still_needed_is_kept_and_says_why(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A node's start with no end: its execution is not proven gone.
     record(state, "start", "n1", "201", time=1.0, restart=0)
     # Survivors found and never since found gone.
     start = record(state, "start", "n1", "202", time=1.0, restart=0)
-    factstore.write_fact(state, UID, UID, "202", "end", "n1",
-                         {"time": 2.0, "restart": 0, "scan_error": None,
-                          "survivors": [{"pid": 7, "cmdline": "sleep 600"}]},
-                         token=start.rpartition(".")[2])
+    factstore.write_fact(
+        state,
+        UID,
+        UID,
+        "202",
+        "end",
+        "n1",
+        {
+            "time": 2.0,
+            "restart": 0,
+            "scan_error": None,
+            "survivors": [{"pid": 7, "cmdline": "sleep 600"}],
+        },
+        token=start.rpartition(".")[2],
+    )
     # The same, then a re-check found them gone: proven, so it goes.
     start = record(state, "start", "n1", "203", time=1.0, restart=0)
-    end = factstore.write_fact(state, UID, UID, "203", "end", "n1",
-                               {"time": 2.0, "restart": 0, "scan_error": None,
-                                "survivors": [{"pid": 7}]}, token=start.rpartition(".")[2])
-    record(state, "recheck", "n1", "203", time=3.0, restart=0, survivors=[],
-           end_token=end.rpartition(".")[2])
+    end = factstore.write_fact(
+        state,
+        UID,
+        UID,
+        "203",
+        "end",
+        "n1",
+        {"time": 2.0, "restart": 0, "scan_error": None, "survivors": [{"pid": 7}]},
+        token=start.rpartition(".")[2],
+    )
+    record(
+        state,
+        "recheck",
+        "n1",
+        "203",
+        time=3.0,
+        restart=0,
+        survivors=[],
+        end_token=end.rpartition(".")[2],
+    )
     # The controller saw it start and never end (still running, or its end was lost).
     record(state, "ctld-start", "slurmctld", "204", time=1.0, restart=0)
     # A fact being written: created under its name, not whole yet.
@@ -110,14 +206,21 @@ def test_what_is_still_needed_is_kept_and_says_why(
     (watch / f"{UID}.208.{factstore.new_token()}").write_text("{}")
     # A user whose records cannot be read keeps everything.
     clean_job(state, "300", uid=2000)
-    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch,
-                      needs={UID: {"206", "207"}, 2000: None})
+    code, out = prune(
+        tmp_path,
+        "--older-than",
+        "0",
+        "-v",
+        monkeypatch=monkeypatch,
+        needs={UID: {"206", "207"}, 2000: None},
+    )
     assert code == 0, out
     said = {line.split()[1]: line for line in out.splitlines() if line.startswith("kept ")}
     assert "not proven ceased (node n1 recorded a start and no end)" in said["facts/1000/201:"]
     assert "recorded survivors not since found gone" in said["facts/1000/202:"]
-    assert "not proven ceased (the controller recorded a start and no end)" \
-        in said["facts/1000/204:"]
+    assert (
+        "not proven ceased (the controller recorded a start and no end)" in said["facts/1000/204:"]
+    )
     assert "not readable" in said["facts/1000/205:"]
     assert "needed by a record" in said["facts/1000/206:"]
     assert "needed by a record" in said["facts/1000/207:"]
@@ -130,15 +233,18 @@ def test_what_is_still_needed_is_kept_and_says_why(
     assert not folder(state, "203").exists()
     assert out.splitlines()[-1].endswith(
         "kept 8: 2 needed by a record, 3 not proven ceased, 1 not readable, "
-        "1 records unreadable, 1 watched")
+        "1 records unreadable, 1 watched"
+    )
 
 
 def test_an_array_tasks_folder_is_needed_by_its_task_and_its_array(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A task's facts are filed under its own job id; records name the array (A, a record
     not settled) and a held task (A_T).  The start facts' array fields tie them."""
-    def task(job_id: str, array: str, task: str, **where: dict[str, str]) -> None:
-        clean_job(state, job_id, array_job_id=array, array_task_id=task, **where)
+
+    def task(job_id: str, array: str, task: str) -> None:
+        clean_job(state, job_id, array_job_id=array, array_task_id=task)
 
     task("601", "90", "1")  # held as 90_1
     task("602", "91", "2")  # array 91's record is not settled
@@ -150,13 +256,14 @@ def test_an_array_tasks_folder_is_needed_by_its_task_and_its_array(
     task("606", "94x", "1")
     task("607", "95", "1 ")
     needs = {UID: {"90_1", "91", "92_4", "93_3", "923", "94x", "94x_1", "93_0", "95_1 "}}
-    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch,
-                      needs=needs)
+    code, out = prune(tmp_path, "--older-than", "0", "-v", monkeypatch=monkeypatch, needs=needs)
     assert code == 0, out
     said = {line.split()[1]: line for line in out.splitlines() if line.startswith("kept ")}
     assert set(said) == {"facts/1000/601:", "facts/1000/602:", "facts/1000/605:"}, out
-    assert "needed by a record (a standing hold or an unsettled record names its array " \
+    assert (
+        "needed by a record (a standing hold or an unsettled record names its array "
         "task, 90_1)" in said["facts/1000/601:"]
+    )
     assert "names its array, 91)" in said["facts/1000/602:"]
     assert "names its array task, 93_0)" in said["facts/1000/605:"]
     for gone in ("603", "604", "606", "607"):
@@ -165,13 +272,13 @@ def test_an_array_tasks_folder_is_needed_by_its_task_and_its_array(
 
 
 def test_a_planted_symlink_is_neither_followed_nor_removed(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_text("keep me\n")
     clean_job(state, "400")
-    (folder(state, "400") / "start.n9.0.0000000000000001deadbeef").symlink_to(
-        victim / "precious")
+    (folder(state, "400") / "start.n9.0.0000000000000001deadbeef").symlink_to(victim / "precious")
     clean_job(state, "401")
     # A whole job folder replaced by a link to the user's own folder.
     os.rename(folder(state, "401"), tmp_path / "moved")
@@ -190,7 +297,8 @@ def test_a_planted_symlink_is_neither_followed_nor_removed(
 
 
 def test_recent_facts_stay_and_a_retention_is_required(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clean_job(state, "500")
     code, out = prune(tmp_path, monkeypatch=monkeypatch)
     assert code == 2 and "give --older-than DURATION or set FactRetention in" in out, out
@@ -206,12 +314,14 @@ def test_admin_records_default() -> None:
     # dispatch-admin spells the users' record home itself (it loads no control side before a
     # command needs it): the same default the site view reads.
     from slurm_dispatch.control import siteview
+
     assert admin.DEFAULT_RECORDS == siteview.DEFAULT_RECORDS
 
 
 def test_facts_from_a_clock_ahead_are_kept_and_said_to_be_from_the_future(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 22 attack: a node booted with its clock a year ahead (an RTC not yet corrected by
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: a node booted with its clock a year ahead (an RTC not yet corrected by
     NTP) names its facts by that clock; prune kept them as 'recent' (newer than the
     retention) for a year, counted with the jobs that are merely young, and said no more."""
     import time as time_module
@@ -230,8 +340,9 @@ def test_facts_from_a_clock_ahead_are_kept_and_said_to_be_from_the_future(
 
 
 def test_a_fact_written_between_the_judgement_and_the_removal_stays_with_its_folder(
-        state: str) -> None:
-    """Issue 22 attack (a fact being written during prune): what was judged goes, a fact the
+    state: str,
+) -> None:
+    """Attack (a fact being written during prune): what was judged goes, a fact the
     hooks wrote after the judgement (a late Epilog, a re-check) stays, and so does its folder."""
     from slurm_dispatch.node import prune as prune_module
 
@@ -244,7 +355,8 @@ def test_a_fact_written_between_the_judgement_and_the_removal_stays_with_its_fol
 
 
 def test_a_killed_writers_leftover_goes_with_its_folder_and_never_keeps_it(
-        tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A hook ended between creating a fact and naming it leaves only ".<name>"
     # (factstore.create_file), which no reader counts: it neither keeps a proven job's folder
     # forever ("not a fact's name") nor stays behind once that folder goes.
@@ -263,24 +375,28 @@ def test_a_killed_writers_leftover_goes_with_its_folder_and_never_keeps_it(
     assert code == 0 and folder(state, "101").exists() and young.exists(), out
 
 
-# -- a prune killed at any point (issue 30, item 14) ----------------------------------------
+# -- a prune killed at any point ------------------------------------------------------------
 #
 # Before the fix, a prune killed after its first unlink left a start's end without its start
 # (or the controller's end without its start): every later prune kept the folder as "not
 # proven ceased", and dispatch-cease read that execution as unproven.  Now the folder is
 # moved out of sight first, and the next prune finishes what a killed one hid.
 
-_KILLED_PRUNE = """
+_KILLED_PRUNE = (
+    """
 import os, sys
 from slurm_dispatch.cli import admin
 from slurm_dispatch.control import retention
 retention.user_needs = lambda uid, pattern: set()  # the users' records: none needs it
-""" + dying_after("int(sys.argv[2])", ("rename", "unlink", "rmdir", "link")) + """
+"""
+    + dying_after("int(sys.argv[2])", ("rename", "unlink", "rmdir", "link"))
+    + """
 try:
     admin.main(["prune", "--config", sys.argv[1], "--older-than", "0"])
 except SystemExit as done:
     os._exit(done.code or 0)
 """
+)
 
 
 def _visible(state: str) -> list[str]:
@@ -291,15 +407,21 @@ def _visible(state: str) -> list[str]:
 
 def _hidden(state: str) -> list[str]:
     user = Path(state) / "facts" / str(UID)
-    return sorted(p.name for p in user.iterdir() if p.name.startswith(".")) \
-        if user.exists() else []
+    return sorted(p.name for p in user.iterdir() if p.name.startswith(".")) if user.exists() else []
 
 
 def test_a_prune_killed_at_any_point_leaves_what_was_proven_proven(tmp_path: Path) -> None:
     import subprocess
     import sys
-    whole = ["ctld-end.slurmctld", "ctld-start.slurmctld", "end.n1", "end.n2",
-             "start.n1", "start.n2"]
+
+    whole = [
+        "ctld-end.slurmctld",
+        "ctld-start.slurmctld",
+        "end.n1",
+        "end.n2",
+        "start.n1",
+        "start.n2",
+    ]
     step = 1
     while True:
         base = tmp_path / f"step{step}"
@@ -309,16 +431,20 @@ def test_a_prune_killed_at_any_point_leaves_what_was_proven_proven(tmp_path: Pat
         conf = base / "dispatch.conf"
         conf.write_text(f"StateDir={state}\n")
         killed = subprocess.run(
-            [sys.executable, "-c", _KILLED_PRUNE, str(conf), str(step)], text=True,
-            capture_output=True, timeout=60,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+            [sys.executable, "-c", _KILLED_PRUNE, str(conf), str(step)],
+            text=True,
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        )
         assert killed.returncode in (0, 3), killed.stderr
         # Whatever a reader (dispatch-cease) sees is the folder whole or nothing at all:
         # never an end without its start.
         assert _visible(state) in (whole, []), (step, _visible(state))
         # The next prune finishes it: nothing left, in sight or hidden.
-        again = CliRunner().invoke(admin.main, ["prune", "--config", str(conf),
-                                                "--older-than", "0"])
+        again = CliRunner().invoke(
+            admin.main, ["prune", "--config", str(conf), "--older-than", "0"]
+        )
         assert again.exit_code == 0, again.output
         assert _visible(state) == [] and _hidden(state) == [], (step, again.output)
         assert not folder(state, "100").exists(), step
@@ -338,8 +464,7 @@ def _prune_with_a_late_fact(state: str, kill_at: Optional[int]) -> list[str]:
     next one finishes.  Returns the late fact's name."""
     from slurm_dispatch.node import prune as prune_module
 
-    [judged] = [j for j in prune_module.plan(state, 0, lambda uid: set())
-                if j.job_id == "100"]
+    [judged] = [j for j in prune_module.plan(state, 0, lambda uid: set()) if j.job_id == "100"]
     late: list[str] = []
     steps = [0]
 
@@ -365,8 +490,7 @@ def _prune_with_a_late_fact(state: str, kill_at: Optional[int]) -> list[str]:
     return late
 
 
-def test_a_fact_written_into_a_hidden_folder_is_put_back_even_after_a_kill(
-        state: str) -> None:
+def test_a_fact_written_into_a_hidden_folder_is_put_back_even_after_a_kill(state: str) -> None:
     """A late Epilog that opened the job's folder before prune hid it names its fact there.
     Prune puts it back in sight; when prune was killed before it could, the next one does."""
     for kill_at in (None, 3):

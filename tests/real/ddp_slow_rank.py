@@ -44,13 +44,15 @@ def _parts_lightning() -> None:
     folder = os.path.join(os.environ["PARTS_DIR"], os.environ.get("DISPATCH_ATTEMPT", "-"))
     os.makedirs(folder, exist_ok=True)
 
-    def save_checkpoint(self: Any, checkpoint: dict[str, Any], filepath: Any,
-                        storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
         original(self, checkpoint, filepath, storage_options)  # rank 0 writes the .ckpt
         if self.global_rank == SLOW_RANK:
             time.sleep(DELAY)
-        part = os.path.join(folder, f"{os.path.basename(os.fspath(filepath))}.rank"
-                                    f"{self.global_rank}")
+        part = os.path.join(
+            folder, f"{os.path.basename(os.fspath(filepath))}.rank{self.global_rank}"
+        )
         with open(part, "w", encoding="utf-8") as handle:
             handle.write(f"{self.global_rank}\n")
             handle.flush()

@@ -64,12 +64,15 @@ def source_for(release: tuple[int, int]) -> Path:
     """The vendored source release for Slurm ``release`` (22, 5); an error naming both."""
     name = SOURCES.get(release)
     if name is None:
-        raise RuntimeError(f"no vendored pyslurm for Slurm {release[0]}.{release[1]:02d} "
-                           f"(have {sorted(SOURCES)})")
+        raise RuntimeError(
+            f"no vendored pyslurm for Slurm {release[0]}.{release[1]:02d} (have {sorted(SOURCES)})"
+        )
     path = vendor_dir() / name
     if not path.is_file():
-        raise RuntimeError(f"{path} is missing: the pyslurm source releases are expected in "
-                           f"{vendor_dir()} ($DISPATCH_VENDOR_DIR)")
+        raise RuntimeError(
+            f"{path} is missing: the pyslurm source releases are expected in "
+            f"{vendor_dir()} ($DISPATCH_VENDOR_DIR)"
+        )
     return path
 
 
@@ -79,20 +82,28 @@ def _local(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
 
 def tag_of(python: str, run: Run = _local) -> str:
     """``python``'s wheel tag (``cp313``), asked where ``run`` runs."""
-    return _checked(run([python, "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"]),
-                    f"asking {python} its tag").stdout.strip()
+    return _checked(
+        run([python, "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"]),
+        f"asking {python} its tag",
+    ).stdout.strip()
 
 
-def cached_wheel(release: tuple[int, int], tag: str,
-                 cache: Optional[Path] = None) -> Optional[Path]:
+def cached_wheel(
+    release: tuple[int, int], tag: str, cache: Optional[Path] = None
+) -> Optional[Path]:
     """The cached wheel of the pyslurm matching Slurm ``release`` for ``tag``, if built."""
-    version = source_for(release).name[len("pyslurm-"):-len(".tar.gz")]
+    version = source_for(release).name[len("pyslurm-") : -len(".tar.gz")]
     found = sorted((cache or cache_dir()).glob(f"pyslurm-{version}-{tag}-{tag}-*.whl"))
     return found[-1] if found else None
 
 
-def wheel_for(release: tuple[int, int], python: str = sys.executable, run: Run = _local,
-              cache: Optional[Path] = None, staging: Optional[Path] = None) -> Path:
+def wheel_for(
+    release: tuple[int, int],
+    python: str = sys.executable,
+    run: Run = _local,
+    cache: Optional[Path] = None,
+    staging: Optional[Path] = None,
+) -> Path:
     """The wheel of the pyslurm matching Slurm ``release`` for ``python`` (its cpXY tag),
     built into ``cache`` unless there already.  ``run`` runs a command where ``python`` and
     libslurm live: this machine, or a sandbox's Debian root, which does not see ``cache``;
@@ -106,8 +117,9 @@ def wheel_for(release: tuple[int, int], python: str = sys.executable, run: Run =
         return found
     cache.mkdir(parents=True, exist_ok=True)
     if run(["test", "-f", "/usr/include/slurm/slurm.h"]).returncode != 0:
-        _checked(run(["apt-get", "install", "-y", "-qq", "libslurm-dev"]),
-                 "installing libslurm-dev")
+        _checked(
+            run(["apt-get", "install", "-y", "-qq", "libslurm-dev"]), "installing libslurm-dev"
+        )
     where = staging or cache
     where.mkdir(parents=True, exist_ok=True)
     local_source = where / source.name  # visible where `run` runs
@@ -126,13 +138,29 @@ def wheel_for(release: tuple[int, int], python: str = sys.executable, run: Run =
         constraints.write_text("".join(f"{line}\n" for line in BUILD_CONSTRAINTS[release]))
         env.append(f"PIP_CONSTRAINT={constraints}")
     out = where / f"built-{os.getpid()}"
-    _checked(run(["env", *env, python, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                  str(out), str(local_source)]),
-             f"building {source.name}")
+    _checked(
+        run(
+            [
+                "env",
+                *env,
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "-w",
+                str(out),
+                str(local_source),
+            ]
+        ),
+        f"building {source.name}",
+    )
     built = sorted(out.glob("pyslurm-*.whl"))
     if not built:
-        raise RuntimeError(f"pip built no {source.name[:-len('.tar.gz')]} wheel for {tag} "
-                           f"in {out}")
+        raise RuntimeError(
+            f"pip built no {source.name[: -len('.tar.gz')]} wheel for {tag} in {out}"
+        )
     # Into the cache under its own name in one rename: a concurrent reader never sees half.
     part = cache / f".{built[-1].name}.{os.getpid()}"
     shutil.copyfile(built[-1], part)
@@ -144,8 +172,9 @@ def wheel_for(release: tuple[int, int], python: str = sys.executable, run: Run =
     return found
 
 
-def install_into(target: Path, wheel: Path, python: str, run: Run = _local,
-                 staging: Optional[Path] = None) -> Path:
+def install_into(
+    target: Path, wheel: Path, python: str, run: Run = _local, staging: Optional[Path] = None
+) -> Path:
     """Install ``wheel`` into the folder ``target`` (``pip --target``), readable by everyone:
     put it on ``PYTHONPATH`` to use it.  Kept when already there.  ``staging``: a folder
     where ``run`` sees files, when it does not see the wheel's own (a Debian root)."""
@@ -155,9 +184,24 @@ def install_into(target: Path, wheel: Path, python: str, run: Run = _local,
     if staging is not None:
         staging.mkdir(parents=True, exist_ok=True)
         wheel = Path(shutil.copy(wheel, staging / wheel.name))
-    _checked(run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                  "--upgrade", "--target", str(target), str(wheel)]),
-             f"installing {wheel.name} into {target}")
+    _checked(
+        run(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-index",
+                "--upgrade",
+                "--target",
+                str(target),
+                str(wheel),
+            ]
+        ),
+        f"installing {wheel.name} into {target}",
+    )
     marker.touch()
     for folder, _dirs, files in os.walk(target):
         os.chmod(folder, 0o755)
@@ -166,11 +210,11 @@ def install_into(target: Path, wheel: Path, python: str, run: Run = _local,
     return target
 
 
-def _checked(proc: subprocess.CompletedProcess[str], what: str
-             ) -> subprocess.CompletedProcess[str]:
+def _checked(proc: subprocess.CompletedProcess[str], what: str) -> subprocess.CompletedProcess[str]:
     if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout)[-2000:]}")
+        raise RuntimeError(
+            f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}"
+        )
     return proc
 
 
@@ -203,9 +247,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Build (or find) the wheel for this machine's Slurm and Python, or with ``--slurm
     RELEASE`` for the sandbox's Debian root of that release; print its path and the time."""
     parser = argparse.ArgumentParser(prog="python3 -m tests.real.pyslurm_build")
-    parser.add_argument("--slurm", default="host",
-                        help="host (this machine's Slurm, default) or a release the sandbox "
-                             "runs from a Debian root (24.11)")
+    parser.add_argument(
+        "--slurm",
+        default="host",
+        help="host (this machine's Slurm, default) or a release the sandbox "
+        "runs from a Debian root (24.11)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.slurm in ("", "host"):

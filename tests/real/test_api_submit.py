@@ -32,8 +32,7 @@ print(json.dumps({"seconds": seconds, "jobs": [dataclasses.asdict(d) for d in do
 """
 
 
-def test_a_sweep_from_one_process_runs_and_publishes_like_dispatch_sbatch(
-        work: Workdir) -> None:
+def test_a_sweep_from_one_process_runs_and_publishes_like_dispatch_sbatch(work: Workdir) -> None:
     work.write("sweep.py", DRIVER, mode=0o644)
     python = str(work.sandbox.venv_bin / "python")
     started = time.monotonic()
@@ -42,17 +41,30 @@ def test_a_sweep_from_one_process_runs_and_publishes_like_dispatch_sbatch(
     jobs: list[dict[str, Any]] = out["jobs"]
     assert len({j["job"] for j in jobs}) == SWEEP
     # Beside it, the same job through the command: what the sweep's jobs must match.
-    cli_job, cli_slurm = work.submit("--checkpoint", "cli", "-o", "out-cli.txt", "--time=5",
-                                     "--resubmit", "1", "trainer.sh", "run-cli", env=TOY)
+    cli_job, cli_slurm = work.submit(
+        "--checkpoint",
+        "cli",
+        "-o",
+        "out-cli.txt",
+        "--time=5",
+        "--resubmit",
+        "1",
+        "trainer.sh",
+        "run-cli",
+        env=TOY,
+    )
     try:
         for j in [*jobs, {"job": cli_job, "slurm_job_id": cli_slurm}]:
-            assert wait_state(work, j["slurm_job_id"], {"COMPLETED", "FAILED", "CANCELLED"},
-                              timeout=180) == "COMPLETED", j
+            assert (
+                wait_state(
+                    work, j["slurm_job_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180
+                )
+                == "COMPLETED"
+            ), j
         cli = work.status(cli_job)
         for i, j in enumerate(jobs):
             status = work.status(j["job"])
-            assert status["checkpoint"] == j["checkpoint"] == str(work.path / "sweep" /
-                                                                 f"lr{i}")
+            assert status["checkpoint"] == j["checkpoint"] == str(work.path / "sweep" / f"lr{i}")
             (run,) = status["executions"]
             assert (run["epoch"], run["submission"]) == (j["epoch"], 1) == (1_000_000, 1)
             assert run["exec_dir"].startswith(j["checkpoint"] + "/exec/")
@@ -64,10 +76,13 @@ def test_a_sweep_from_one_process_runs_and_publishes_like_dispatch_sbatch(
             assert j["record"].endswith("/" + j["job"])
         (cli_run,) = cli["executions"]
         assert published_steps(cli_run["exec_dir"]) == [5, 10]
-        names = {work.sandbox.job_state(i).get("JobName") for i in (jobs[0]["slurm_job_id"],
-                                                                    cli_slurm)}
+        names = {
+            work.sandbox.job_state(i).get("JobName") for i in (jobs[0]["slurm_job_id"], cli_slurm)
+        }
         assert names == {"toy-trainer"}, "the job name as the script's #SBATCH line gives it"
     finally:
         work.run("scancel", *[j["slurm_job_id"] for j in jobs], cli_slurm, check=False)
-    print(f"{SWEEP} submissions from one process: {out['seconds']:.2f} s in api.submit, "
-          f"{one_process:.2f} s with the interpreter's start")
+    print(
+        f"{SWEEP} submissions from one process: {out['seconds']:.2f} s in api.submit, "
+        f"{one_process:.2f} s with the interpreter's start"
+    )

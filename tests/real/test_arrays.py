@@ -1,8 +1,8 @@
-"""Array jobs and jobs Slurm has forgotten, on the real sandbox (issue 9 items 1 and 7).
+"""Array jobs and jobs Slurm has forgotten, on the real sandbox.
 
-Item 1: a failed array task is resubmitted on its own (``--array=<task>``), numbered in its own
+Arrays: a failed array task is resubmitted on its own (``--array=<task>``), numbered in its own
 lineage, and resumes from its own task root's latest publication; the other tasks are left
-alone.  Item 7: a job that failed while no supervisor ran and then aged out of slurmctld
+alone.  Forgotten jobs: a job that failed while no supervisor ran and then aged out of slurmctld
 (MinJobAge) is resubmitted by the next pass from Slurm's accounting (``sacct``: the sandbox runs
 slurmdbd), or, where the sandbox keeps none (``DISPATCH_SANDBOX_ACCOUNTING=none``), from the
 controller hook's end record.
@@ -50,11 +50,16 @@ def state(sandbox: Any, jobid: str) -> str:
 def test_a_failed_task_is_resubmitted_alone_and_resumes_from_its_own_root(user: User) -> None:
     sandbox = user.sandbox
     write_script(user, "tasks.sh", TASK_SCRIPT)
-    job, array = user.submit("--checkpoint", "ck/%a", "--array=0-2", "--resubmit", "1",
-                             "tasks.sh")
+    job, array = user.submit("--checkpoint", "ck/%a", "--array=0-2", "--resubmit", "1", "tasks.sh")
     array = array.split(";")[0]
-    sandbox.wait_for(lambda: [state(sandbox, f"{array}_{t}") for t in range(3)] == [
-        "COMPLETED", "FAILED", "COMPLETED"], 90, "tasks 0 and 2 to complete, task 1 to fail")
+    sandbox.wait_for(
+        lambda: (
+            [state(sandbox, f"{array}_{t}") for t in range(3)]
+            == ["COMPLETED", "FAILED", "COMPLETED"]
+        ),
+        90,
+        "tasks 0 and 2 to complete, task 1 to fail",
+    )
     said = user.supervise()
     assert f"{job} task 0: completed: stop (done)" in said
     assert f"{job} task 2: completed: stop (done)" in said
@@ -62,15 +67,20 @@ def test_a_failed_task_is_resubmitted_alone_and_resumes_from_its_own_root(user: 
     data = user.status(job)
     (again,) = [s for s in data["submissions"] if s["task"] == 1]
     assert again["submission"] == 2 and again["display_id"] == f"{again['slurm_job_id']}_1"
-    argv = user.run("squeue", "-h", "--states=all", "-r", "-j", again["slurm_job_id"],
-                    "-o", "%i").stdout.split()
+    argv = user.run(
+        "squeue", "-h", "--states=all", "-r", "-j", again["slurm_job_id"], "-o", "%i"
+    ).stdout.split()
     assert argv == [f"{again['slurm_job_id']}_1"], "only task 1 was submitted again"
-    sandbox.wait_for(lambda: state(sandbox, again["display_id"]) == "COMPLETED", 90,
-                     "task 1's own submission to complete")
+    sandbox.wait_for(
+        lambda: state(sandbox, again["display_id"]) == "COMPLETED",
+        90,
+        "task 1's own submission to complete",
+    )
 
     def settled() -> bool:
         user.supervise()
         return all(t["settled"] for t in user.status(job)["tasks"])
+
     sandbox.wait_for(settled, 60, "every task settled", interval=1)
     first, second = (user.path / "run-1.log").read_text().splitlines()
     assert "submission=1 epoch=1000000" in first
@@ -115,16 +125,19 @@ def known(sandbox: Any, jobid: str) -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def test_a_job_that_failed_and_aged_out_unseen_is_resubmitted(user: User,
-                                                              short_min_job_age: None) -> None:
+def test_a_job_that_failed_and_aged_out_unseen_is_resubmitted(
+    user: User, short_min_job_age: None
+) -> None:
     sandbox = user.sandbox
     job, first = user.submit("--checkpoint", "ck", "--resubmit", "1", "failing.sh")
     first = first.split(";")[0]
     # No supervisor runs while it fails and slurmctld forgets it (MinJobAge, then its purge).
-    sandbox.wait_for(lambda: not known(sandbox, first), 200,
-                     f"slurmctld to forget job {first}", interval=2)
-    kept = sandbox.run(["sacct", "-X", "-n", "-P", "-j", first, "-o", "State"],
-                       user=sandbox.user, check=False)
+    sandbox.wait_for(
+        lambda: not known(sandbox, first), 200, f"slurmctld to forget job {first}", interval=2
+    )
+    kept = sandbox.run(
+        ["sacct", "-X", "-n", "-P", "-j", first, "-o", "State"], user=sandbox.user, check=False
+    )
     if sandbox.accounting == "slurmdbd":
         # As at a site: Slurm's accounting keeps what slurmctld forgot, and the pass reads it.
         assert kept.returncode == 0 and kept.stdout.split() == ["FAILED"], kept
@@ -140,21 +153,35 @@ def test_a_job_that_failed_and_aged_out_unseen_is_resubmitted(user: User,
 
 
 def test_a_task_the_controller_forgot_is_judged_from_its_own_facts(
-        sandbox: Any, short_min_job_age: None) -> None:
-    """Issue 22 item 3: dispatch-cease A_T once slurmctld has forgotten the task (MinJobAge):
+    sandbox: Any, short_min_job_age: None
+) -> None:
+    """dispatch-cease A_T once slurmctld has forgotten the task (MinJobAge):
     its facts are filed under its own job id, which the controller's start names as array A
     task T, so the answer is a verdict from them, not 'unknown to the controller'."""
     array = sandbox.submit("#!/bin/sh\nexit 0\n", "--array=0-1", "-o", "/dev/null")
     own = sandbox.wait_for(
         lambda: (lambda f: f.get("JobId") if f.get("JobState") == "COMPLETED" else None)(
-            sandbox.job_state(f"{array}_1")), 60, "task 1 to complete", interval=1)
-    sandbox.wait_for(lambda: not known(sandbox, array) and not known(sandbox, own), 200,
-                     f"slurmctld to forget array {array}", interval=2)
+            sandbox.job_state(f"{array}_1")
+        ),
+        60,
+        "task 1 to complete",
+        interval=1,
+    )
+    sandbox.wait_for(
+        lambda: not known(sandbox, array) and not known(sandbox, own),
+        200,
+        f"slurmctld to forget array {array}",
+        interval=2,
+    )
     cease = str(sandbox.venv_bin / "dispatch-cease")
-    proc = sandbox.run([cease, f"{array}_1", "--restart", "0", "--json"], user=sandbox.user,
-                       check=False)
+    proc = sandbox.run(
+        [cease, f"{array}_1", "--restart", "0", "--json"], user=sandbox.user, check=False
+    )
     assert proc.returncode == 0, proc
     verdict = json.loads(proc.stdout)
     assert (verdict["job_id"], verdict["slurm_job_id"], verdict["ceased"]) == (
-        f"{array}_1", own, True), verdict
+        f"{array}_1",
+        own,
+        True,
+    ), verdict
     assert verdict["job_state"] == "unknown to the controller"

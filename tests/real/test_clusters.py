@@ -1,4 +1,4 @@
-"""Two clusters over one home (issue 18, items 4 and 8), on two real sandboxes.
+"""Two clusters over one home, on two real sandboxes.
 
 The session's sandbox is one cluster (ClusterName dispatch-sandbox); a second sandbox in the
 folder beside it (``<dir>2``, or ``$DISPATCH_OTHER_SANDBOX_DIR``: its ports are derived from its
@@ -39,17 +39,25 @@ FAILING = "#!/bin/bash\n#SBATCH --time=5\necho failing on purpose; exit 3\n"
 @pytest.fixture(scope="module")
 def other(sandbox: Sandbox) -> Iterator[Sandbox]:
     """The second cluster: its own sandbox, the same job user (so the same home)."""
-    saved = {k: os.environ.get(k) for k in (sandbox_slurm_conf.CLUSTER_ENV,
-                                           sandbox_slurm_conf.MIN_JOB_AGE_ENV,
-                                           sandbox_accounting.ACCOUNTING_ENV)}
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            sandbox_slurm_conf.CLUSTER_ENV,
+            sandbox_slurm_conf.MIN_JOB_AGE_ENV,
+            sandbox_accounting.ACCOUNTING_ENV,
+        )
+    }
     os.environ[sandbox_slurm_conf.CLUSTER_ENV] = OTHER
     os.environ[sandbox_slurm_conf.MIN_JOB_AGE_ENV] = "2"
     # A cluster without accounting beside one with it: its forgotten job's end is the record's.
     os.environ[sandbox_accounting.ACCOUNTING_ENV] = sandbox_accounting.NONE
     try:
-        report = sandbox_lib.up(os.environ.get("DISPATCH_OTHER_SANDBOX_DIR")
-                                or f"{sandbox.dir}2", nodes=1, source=REPO_ROOT,
-                                slurm=sandbox.slurm)
+        report = sandbox_lib.up(
+            os.environ.get("DISPATCH_OTHER_SANDBOX_DIR") or f"{sandbox.dir}2",
+            nodes=1,
+            source=REPO_ROOT,
+            slurm=sandbox.slurm,
+        )
     finally:
         for key, value in saved.items():
             if value is None:
@@ -72,8 +80,12 @@ class On:
     def run(self, *argv: str, check: bool = True) -> Any:
         words = list(argv)
         words[0] = str(self.cluster.venv_bin / words[0])
-        return self.cluster.run(["env", "-C", str(self.folder), f"DISPATCH_HOME={self.home}",
-                                 *words], user=self.cluster.user, check=check, timeout=120)
+        return self.cluster.run(
+            ["env", "-C", str(self.folder), f"DISPATCH_HOME={self.home}", *words],
+            user=self.cluster.user,
+            check=check,
+            timeout=120,
+        )
 
     def submit(self, *argv: str) -> tuple[str, str]:
         proc = self.run("dispatch-sbatch", "--parsable", *argv)
@@ -94,17 +106,19 @@ def both(sandbox: Sandbox, other: Sandbox) -> tuple[On, On]:
     return On(sandbox, folder, home), On(other, folder, home)
 
 
-def test_each_clusters_commands_act_on_its_own_jobs_over_one_home(
-        both: tuple[On, On]) -> None:
+def test_each_clusters_commands_act_on_its_own_jobs_over_one_home(both: tuple[On, On]) -> None:
     here, there = both
     ours, our_slurm = here.submit("--checkpoint", "ck-a", "long.sh")
     theirs, their_slurm = there.submit("--checkpoint", "ck-b", "failing.sh")
-    assert json.loads(here.run("dispatch", "status", "--json", ours).stdout)["cluster"] \
+    assert (
+        json.loads(here.run("dispatch", "status", "--json", ours).stdout)["cluster"]
         == sandbox_slurm_conf.CLUSTER_NAME
+    )
 
     def failed() -> bool:
         found = there.cluster.job_state(their_slurm)
         return found.get("JobState") == "FAILED"
+
     there.cluster.wait_for(failed, 60, f"Slurm job {their_slurm} to fail on {OTHER}")
     # Each supervisor: its own job only, and not a word about the other cluster's.
     mine = here.run("dispatch", "supervise")
@@ -125,14 +139,13 @@ def test_each_clusters_commands_act_on_its_own_jobs_over_one_home(
         assert len(refused.stderr.strip().splitlines()) == 1
     assert here.run("dispatch", "cancel", theirs, check=False).returncode == 2
 
-    # Item 8: the other cluster forgets the failed job (MinJobAge 2 s, no accounting); its
+    # The other cluster forgets the failed job (MinJobAge 2 s, no accounting); its
     # recorded end is shown as sacct would, not UNKNOWN.
     def forgotten() -> bool:
-        proc = there.cluster.run(["squeue", "-h", "--states=all", "-j", their_slurm],
-                                 check=False)
+        proc = there.cluster.run(["squeue", "-h", "--states=all", "-j", their_slurm], check=False)
         return proc.returncode != 0 or not proc.stdout.strip()
-    there.cluster.wait_for(forgotten, 240, f"{OTHER} to forget Slurm job {their_slurm}",
-                           interval=2)
+
+    there.cluster.wait_for(forgotten, 240, f"{OTHER} to forget Slurm job {their_slurm}", interval=2)
     shown = json.loads(there.run("dispatch", "status", "--json", theirs).stdout)
     assert shown["submissions"][0]["state"] == "FAILED (recorded)", shown["submissions"]
     listed = there.run("dispatch", "jobs").stdout

@@ -1,6 +1,7 @@
 """A torchtitan-style loop saving with torch.distributed.checkpoint (DCP), unmodified, as a
-real 2-node job on the sandbox under ``dispatch watch`` (issue 21): ``examples/dcp/job-ddp.sh``
-(``-N 2 --ntasks-per-node=1``, one rank per node through srun, gloo on the CPU).
+real 2-node job on the sandbox under ``dispatch watch`` (docs/user-guide.md, DCP):
+``examples/dcp/job-ddp.sh`` (``-N 2 --ntasks-per-node=1``, one rank per node through srun, gloo on
+the CPU).
 
 What it asserts, in one job (the partition scenario with a DCP trainer):
 
@@ -16,7 +17,7 @@ What it asserts, in one job (the partition scenario with a DCP trainer):
 
 And the same loop saving in torchtitan's layout (``<dump_folder>/checkpoint/step-<N>/``, the
 folder made at the first save), found by watch with no option, its ranks killed and the job
-resubmitted: the replacement loads the newest published save, bit for bit (issue 36).
+resubmitted: the replacement loads the newest published save, bit for bit.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from tests.real.test_frameworks import (  # noqa: F401  (frameworks: a fixture)
     frameworks,
 )
 
-pytestmark = [pytest.mark.real,
-              pytest.mark.usefixtures("frameworks"),  # torch in the sandbox venv
-              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.usefixtures("frameworks"),  # torch in the sandbox venv
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dcp"
 RANKS = 2
@@ -58,13 +61,13 @@ def _said(output: Path, attempt: str, word: str) -> dict[int, list[dict[str, str
     out: dict[int, list[dict[str, str]]] = {}
     for who, rank, rest in _lines(output):
         if who == attempt and rest.split()[0].split("=")[0] == word:
-            out.setdefault(rank, []).append(dict(f.split("=", 1) for f in rest.split()
-                                                 if "=" in f))
+            out.setdefault(rank, []).append(dict(f.split("=", 1) for f in rest.split() if "=" in f))
     return out
 
 
 def test_a_dcp_loop_on_two_nodes_under_watch_is_published_once_per_save_and_resumes(
-        sandbox: Any) -> None:
+    sandbox: Any,
+) -> None:
     home = Path(f"~{sandbox.user}").expanduser()
     path = home / "tests" / f"dcp-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
@@ -78,8 +81,11 @@ def test_a_dcp_loop_on_two_nodes_under_watch_is_published_once_per_save_and_resu
     job, _slurm_id = work.submit("--checkpoint", "ck", "-o", "out.txt", "job-ddp.sh", env=env)
     root, output = path / "ck", path / "out.txt"
     old = wait_executions(work, job, 1)[0]
-    sandbox.wait_for(lambda: any(f.path.startswith(old["exec_dir"] + "/")
-                                 for f in _published(root)), 180, "a first published save")
+    sandbox.wait_for(
+        lambda: any(f.path.startswith(old["exec_dir"] + "/") for f in _published(root)),
+        180,
+        "a first published save",
+    )
     started = _said(output, old["attempt"], "world")
     assert sorted(started) == list(range(RANKS)), started
     assert {s[0]["backend"] for s in started.values()} == {"gloo"}
@@ -87,25 +93,37 @@ def test_a_dcp_loop_on_two_nodes_under_watch_is_published_once_per_save_and_resu
     sandbox_lib.partition(old["node"], sandbox.dir)
     try:
         new = wait_executions(work, job, 2, timeout=150)[1]
-        sandbox.wait_for(lambda: _said(output, new["attempt"], "world").keys()
-                         == set(range(RANKS)), 150, "the replacement's ranks")
+        sandbox.wait_for(
+            lambda: _said(output, new["attempt"], "world").keys() == set(range(RANKS)),
+            150,
+            "the replacement's ranks",
+        )
     finally:
         sandbox_lib.heal(old["node"], sandbox.dir)
-    sandbox.wait_for(lambda: _said(output, new["attempt"], "done").keys() == set(range(RANKS)),
-                     240, "the replacement's end")
+    sandbox.wait_for(
+        lambda: _said(output, new["attempt"], "done").keys() == set(range(RANKS)),
+        240,
+        "the replacement's end",
+    )
     # Watch publishes the last save in its last scans, after the ranks have exited.
-    sandbox.wait_for(lambda: any(f.path == f"{new['exec_dir']}/step-40"
-                                 for f in _published(root)), 60, "the last save's publication")
-    assert old["node"] not in {s[0]["node"] for s in
-                               _said(output, new["attempt"], "world").values()}
+    sandbox.wait_for(
+        lambda: any(f.path == f"{new['exec_dir']}/step-40" for f in _published(root)),
+        60,
+        "the last save's publication",
+    )
+    assert old["node"] not in {
+        s[0]["node"] for s in _said(output, new["attempt"], "world").values()
+    }
 
     found = _published(root)
     assert len({f.path for f in found}) == len(found)  # never two publications of one save
     by_folder: dict[str, list[int]] = {}
     for f in found:
         by_folder.setdefault(str(Path(f.path).parent), []).append(f.step)
-        assert sorted(p.name for p in Path(f.path).iterdir()) == \
-            [".metadata", *(f"__{r}_0.distcp" for r in range(RANKS))], f.path
+        assert sorted(p.name for p in Path(f.path).iterdir()) == [
+            ".metadata",
+            *(f"__{r}_0.distcp" for r in range(RANKS)),
+        ], f.path
         made = (root / "pub" / f.name).stat().st_mtime_ns
         assert all(p.stat().st_mtime_ns <= made for p in Path(f.path).iterdir()), f.path
     # The replacement resumed the old execution's latest publication when it started...
@@ -132,7 +150,8 @@ def test_a_dcp_loop_on_two_nodes_under_watch_is_published_once_per_save_and_resu
 
 
 def test_a_dcp_loop_in_torchtitans_layout_killed_resumes_from_the_newest_published_save(
-        sandbox: Any) -> None:
+    sandbox: Any,
+) -> None:
     """The same loop saving where torchtitan's CheckpointManager does, ``<dump_folder>/
     checkpoint/step-<N>/`` with ``--job.dump-folder "$DISPATCH_EXEC_DIR"`` (the folder made
     at the first save), under ``dispatch watch`` with no option naming it: every rank is
@@ -149,26 +168,42 @@ def test_a_dcp_loop_in_torchtitans_layout_killed_resumes_from_the_newest_publish
     work = Workdir(sandbox, path)
     job_text = (EXAMPLE / "job-ddp.sh").read_text()
     assert job_text.count("set -euo pipefail\n") == 1
-    work.write("job.sh", job_text.replace(
-        "set -euo pipefail\n",
-        'set -euo pipefail\nexport DCP_OUT="$DISPATCH_EXEC_DIR/checkpoint"  # torchtitan\'s\n'))
+    work.write(
+        "job.sh",
+        job_text.replace(
+            "set -euo pipefail\n",
+            'set -euo pipefail\nexport DCP_OUT="$DISPATCH_EXEC_DIR/checkpoint"  # torchtitan\'s\n',
+        ),
+    )
     env = {"DCP_STEPS": "100000", "DCP_SAVE_EVERY": "4", "DCP_INTERVAL": "0.3"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt",
-                                "job.sh", env=env)
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt", "job.sh", env=env
+    )
     root, output = path / "ck", path / "out.txt"
     try:
         old = wait_executions(work, job, 1)[0]
         sandbox.wait_for(lambda: len(_published(root)) >= 2, 240, "two published saves")
-        ranks = sandbox.wait_for(lambda: len(_running(path, "train.py")) == RANKS
-                                 and _running(path, "train.py"), 30, "both ranks' pids")
+        ranks = sandbox.wait_for(
+            lambda: len(_running(path, "train.py")) == RANKS and _running(path, "train.py"),
+            30,
+            "both ranks' pids",
+        )
         published, new = _kill_and_resubmit(sandbox, work, job, slurm_id, ranks, root)
-        assert all(re.fullmatch(re.escape(old["exec_dir"]) + r"/checkpoint/step-(\d+)", f.path)
-                   and f.path.endswith(f"/step-{f.step}") for f in published), published
+        assert all(
+            re.fullmatch(re.escape(old["exec_dir"]) + r"/checkpoint/step-(\d+)", f.path)
+            and f.path.endswith(f"/step-{f.step}")
+            for f in published
+        ), published
         newest = max(published, key=lambda f: (f.epoch, f.step))
         assert new["resume_from"] == newest.path
         resumed = sandbox.wait_for(
-            lambda: _said(output, new["attempt"], "resumed").keys() == set(range(RANKS))
-            and _said(output, new["attempt"], "resumed"), 180, "both ranks' resumed lines")
+            lambda: (
+                _said(output, new["attempt"], "resumed").keys() == set(range(RANKS))
+                and _said(output, new["attempt"], "resumed")
+            ),
+            180,
+            "both ranks' resumed lines",
+        )
         saved = _said(output, old["attempt"], "saved")
         for rank in range(RANKS):
             assert resumed[rank][0]["from"] == newest.path
@@ -177,7 +212,9 @@ def test_a_dcp_loop_in_torchtitans_layout_killed_resumes_from_the_newest_publish
             assert resumed[rank][0]["hash"] == made[newest.step], (rank, newest.step)
         later = sandbox.wait_for(
             lambda: [f for f in _published(root) if f.path.startswith(new["exec_dir"] + "/")],
-            180, "a save of the replacement published")
+            180,
+            "a save of the replacement published",
+        )
         assert later[0].path == f"{new['exec_dir']}/checkpoint/step-{newest.step + 4}", later
         assert "went backwards" not in output.read_text()
     finally:

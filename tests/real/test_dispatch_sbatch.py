@@ -50,14 +50,18 @@ class Workdir:
         shutil.chown(target, self.sandbox.user)
         return target
 
-    def run(self, *argv: str, check: bool = True, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *argv: str, check: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         words = list(argv)
         if words[0].startswith("dispatch"):
             words[0] = str(Path(self.sandbox.venv_bin) / words[0])
         extra = [f"{k}={v}" for k, v in (env or {}).items()]
-        cmd = ["env", "-C", str(self.path), *extra, *words] if extra else \
-            ["env", "-C", str(self.path), *words]
+        cmd = (
+            ["env", "-C", str(self.path), *extra, *words]
+            if extra
+            else ["env", "-C", str(self.path), *words]
+        )
         return self.sandbox.run(cmd, user=self.sandbox.user, check=check)
 
     def submit(self, *argv: str, env: dict[str, str] | None = None) -> tuple[str, str]:
@@ -94,6 +98,7 @@ def wait_executions(work: Workdir, job: str, count: int, timeout: float = 90) ->
     def enough() -> bool:
         found[:] = executions(work, job)
         return len(found) >= count
+
     work.sandbox.wait_for(enough, timeout, f"{count} execution(s) of {job}")
     return found
 
@@ -104,6 +109,7 @@ def wait_state(work: Workdir, slurm_id: str, states: set[str], timeout: float = 
     def reached() -> bool:
         seen[:] = [work.sandbox.job_state(slurm_id).get("JobState", "")]
         return seen[0] in states
+
     work.sandbox.wait_for(reached, timeout, f"job {slurm_id} in {sorted(states)}")
     return seen[0]
 
@@ -118,14 +124,16 @@ def printed(out: Path) -> str:
 def published_steps(exec_dir: str) -> list[int]:
     """Steps of the saves under ``exec_dir`` that are published (not merely written)."""
     root = os.path.dirname(os.path.dirname(exec_dir))
-    return sorted(f.step for f in store.list_publications(root)
-                  if f.path.startswith(exec_dir + "/"))
+    return sorted(
+        f.step for f in store.list_publications(root) if f.path.startswith(exec_dir + "/")
+    )
 
 
 def test_requeue_gives_new_attempt_and_epoch(work: Workdir) -> None:
     long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.1", "TOY_SAVE_EVERY": "5"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j-%s.txt", "trainer.sh",
-                                env=long_run)
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "-o", "out-%j-%s.txt", "trainer.sh", env=long_run
+    )
     first = wait_executions(work, job, 1)[0]
     work.sandbox.wait_for(lambda: published_steps(first["exec_dir"]), 60, "a first save")
     work.sandbox.run(["scontrol", "requeue", slurm_id])
@@ -148,8 +156,9 @@ def test_requeue_gives_new_attempt_and_epoch(work: Workdir) -> None:
 def test_partitioned_node_overlap_is_harmless(work: Workdir) -> None:
     sandbox = work.sandbox
     long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.1", "TOY_SAVE_EVERY": "5"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "trainer.sh",
-                                env=long_run)
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "-o", "out-%j.txt", "trainer.sh", env=long_run
+    )
     old = wait_executions(work, job, 1)[0]
     node = old["node"]
     sandbox.wait_for(lambda: published_steps(old["exec_dir"]), 60, f"a first save on {node}")
@@ -160,8 +169,11 @@ def test_partitioned_node_overlap_is_harmless(work: Workdir) -> None:
         assert new["attempt"] != old["attempt"]
         # The old execution is still writing its own folder while the replacement runs.
         before = published_steps(old["exec_dir"])
-        sandbox.wait_for(lambda: published_steps(old["exec_dir"])[-1:] > before[-1:], 60,
-                         "the partitioned execution saving again")
+        sandbox.wait_for(
+            lambda: published_steps(old["exec_dir"])[-1:] > before[-1:],
+            60,
+            "the partitioned execution saving again",
+        )
         sandbox.wait_for(lambda: published_steps(new["exec_dir"]), 60, "a replacement save")
         latest = json.loads(work.run("dispatch", "latest", "--json", "--root", "ck").stdout)
         assert latest["epoch"] == 1_000_001, "an old run's late save outranked the replacement"
@@ -192,8 +204,9 @@ def test_supersede_raises_generation_and_resumes_from_old_saves(work: Workdir) -
     old = wait_executions(work, old_job, 1)[0]
     work.sandbox.wait_for(lambda: published_steps(old["exec_dir"]), 60, "an old save")
     work.write("trainer2.sh", TRAINER.read_text())
-    new_job, _ = work.submit("--supersede", old_job, "trainer2.sh",
-                             env={**long_run, "TOY_STEPS": "10000"})
+    new_job, _ = work.submit(
+        "--supersede", old_job, "trainer2.sh", env={**long_run, "TOY_STEPS": "10000"}
+    )
     new = wait_executions(work, new_job, 1)[0]
     try:
         assert new["epoch"] == 1_000_000_000_000 + 1_000_000  # G=1, N=1, R=0
@@ -208,8 +221,17 @@ def test_supersede_raises_generation_and_resumes_from_old_saves(work: Workdir) -
 def test_two_node_job_every_task_sees_one_attempt(work: Workdir, export: list[str]) -> None:
     """srun steps on every node carry the identity, also when the job exports nothing."""
     work.write("tasks.sh", TASKS_SCRIPT)
-    job, slurm_id = work.submit("--checkpoint", "ck", "-N", "2", "--ntasks-per-node=2",
-                                *export, "-o", "tasks.out", "tasks.sh")
+    job, slurm_id = work.submit(
+        "--checkpoint",
+        "ck",
+        "-N",
+        "2",
+        "--ntasks-per-node=2",
+        *export,
+        "-o",
+        "tasks.out",
+        "tasks.sh",
+    )
     wait_state(work, slurm_id, {"COMPLETED"})
     lines = (work.path / "tasks.out").read_text().split("\n")
     tasks = [line for line in lines if line.startswith("task ")]
@@ -223,22 +245,25 @@ def test_two_node_job_every_task_sees_one_attempt(work: Workdir, export: list[st
 
 def test_array_job_each_task_has_its_own_identity_and_root(work: Workdir) -> None:
     work.write("py.py", PYTHON_SCRIPT)
-    job, slurm_id = work.submit("--checkpoint", "ck/%a", "--array=0-2", "-o", "arr-%a.out",
-                                "py.py", "x")
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck/%a", "--array=0-2", "-o", "arr-%a.out", "py.py", "x"
+    )
     runs = wait_executions(work, job, 3)
     for task in range(3):
         wait_state(work, f"{slurm_id}_{task}", {"COMPLETED"})
     seen = [json.loads(printed(work.path / f"arr-{t}.out")) for t in range(3)]
     assert len({s["DISPATCH_ATTEMPT"] for s in seen}) == 3
-    assert [s["DISPATCH_CHECKPOINT"] for s in seen] == [str(work.path / "ck" / str(t))
-                                                        for t in range(3)]
+    assert [s["DISPATCH_CHECKPOINT"] for s in seen] == [
+        str(work.path / "ck" / str(t)) for t in range(3)
+    ]
     assert {r["array_task_id"] for r in runs} == {"0", "1", "2"}
 
 
 def test_python_script_with_export_none_and_arguments(work: Workdir) -> None:
     work.write("py.py", PYTHON_SCRIPT)
-    job, slurm_id = work.submit("--checkpoint", "ck", "--export=NONE", "-o", "py.out",
-                                "py.py", "a b", "--flag")
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "--export=NONE", "-o", "py.out", "py.py", "a b", "--flag"
+    )
     wait_state(work, slurm_id, {"COMPLETED"})
     seen = json.loads(printed(work.path / "py.out"))
     assert seen["argv"] == ["a b", "--flag"]
@@ -249,8 +274,7 @@ def test_python_script_with_export_none_and_arguments(work: Workdir) -> None:
 
 
 def test_parsable_output_is_exactly_sbatchs(work: Workdir) -> None:
-    proc = work.run("dispatch-sbatch", "--parsable", "--checkpoint", "ck", "--hold",
-                    "trainer.sh")
+    proc = work.run("dispatch-sbatch", "--parsable", "--checkpoint", "ck", "--hold", "trainer.sh")
     assert proc.stdout.strip().isdigit() and proc.stdout.count("\n") == 1
     plain = work.run("sbatch", "--parsable", "--hold", "trainer.sh")
     assert plain.stdout.strip().isdigit()
@@ -260,8 +284,9 @@ def test_parsable_output_is_exactly_sbatchs(work: Workdir) -> None:
 def test_sbatch_refusal_comes_through_and_leaves_no_job(work: Workdir) -> None:
     home = Path(os.path.expanduser(f"~{work.sandbox.user}")) / ".local/state/slurm-dispatch/jobs"
     before = set(os.listdir(home)) if home.exists() else set()
-    ours = work.run("dispatch-sbatch", "--checkpoint", "ck", "-p", "nosuchpartition",
-                    "trainer.sh", check=False)
+    ours = work.run(
+        "dispatch-sbatch", "--checkpoint", "ck", "-p", "nosuchpartition", "trainer.sh", check=False
+    )
     theirs = work.run("sbatch", "-p", "nosuchpartition", "trainer.sh", check=False)
     assert ours.returncode == theirs.returncode != 0
     assert ours.stderr.strip() == theirs.stderr.strip()
@@ -284,14 +309,23 @@ def test_bad_input_errors(work: Workdir) -> None:
 
 
 def test_controller_down_is_a_clear_error(work: Workdir, tmp_path: Path) -> None:
-    conf = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1",  # nothing listens there
-                  Path(work.sandbox.env["SLURM_CONF"]).read_text())
+    conf = re.sub(
+        r"(?m)^SlurmctldPort=\d+",
+        "SlurmctldPort=1",  # nothing listens there
+        Path(work.sandbox.env["SLURM_CONF"]).read_text(),
+    )
     down_conf = work.path / "down.conf"
     down_conf.write_text(conf)
     down_conf.chmod(0o644)
     started = time.monotonic()
-    proc = work.run("dispatch-sbatch", "--checkpoint", "ck", "trainer.sh", check=False,
-                    env={"SLURM_CONF": str(down_conf), "DISPATCH_SLURM_ATTEMPTS": "1"})
+    proc = work.run(
+        "dispatch-sbatch",
+        "--checkpoint",
+        "ck",
+        "trainer.sh",
+        check=False,
+        env={"SLURM_CONF": str(down_conf), "DISPATCH_SLURM_ATTEMPTS": "1"},
+    )
     assert proc.returncode != 0
     assert "Unable to contact slurm controller" in proc.stderr
     assert time.monotonic() - started < 120
@@ -300,19 +334,26 @@ def test_controller_down_is_a_clear_error(work: Workdir, tmp_path: Path) -> None
 
 
 def test_every_executions_output_is_kept_with_a_header(work: Workdir) -> None:
-    """Issue 9 item 9: Slurm truncates `-o slurm-%j.out` when it requeues a job, so only the
+    """Slurm truncates `-o slurm-%j.out` when it requeues a job, so only the
     last execution's output survived.  Appended by default, each execution headed."""
-    script = work.write("talk.sh", "#!/bin/bash\n#SBATCH --time=5\n"
-                        "echo \"said by restart ${SLURM_RESTART_COUNT:-0}\"\n"
-                        f"while [ ! -e {work.path}/stop.${{SLURM_RESTART_COUNT:-0}} ]; do "
-                        "sleep 0.2; done\n")
+    script = work.write(
+        "talk.sh",
+        "#!/bin/bash\n#SBATCH --time=5\n"
+        'echo "said by restart ${SLURM_RESTART_COUNT:-0}"\n'
+        f"while [ ! -e {work.path}/stop.${{SLURM_RESTART_COUNT:-0}} ]; do "
+        "sleep 0.2; done\n",
+    )
     job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", script.name)
     out = work.path / f"out-{slurm_id}.txt"
-    work.sandbox.wait_for(lambda: out.exists() and "said by restart 0" in out.read_text(), 60,
-                          "the first execution's output")
+    work.sandbox.wait_for(
+        lambda: out.exists() and "said by restart 0" in out.read_text(),
+        60,
+        "the first execution's output",
+    )
     work.sandbox.run(["scontrol", "requeue", slurm_id])
-    work.sandbox.wait_for(lambda: "said by restart 1" in out.read_text(), 90,
-                          "the second execution's output")
+    work.sandbox.wait_for(
+        lambda: "said by restart 1" in out.read_text(), 90, "the second execution's output"
+    )
     (work.path / "stop.1").touch()
     wait_state(work, slurm_id, {"COMPLETED"})
     text = out.read_text()
@@ -320,35 +361,50 @@ def test_every_executions_output_is_kept_with_a_header(work: Workdir) -> None:
     assert len(headers) == 2, text
     assert "restart 0" in headers[0] and "restart 1" in headers[1]
     assert f"dispatch job {job}" in headers[0]
-    assert text.index("said by restart 0") < text.index(headers[1]) < \
-        text.index("said by restart 1")
+    assert (
+        text.index("said by restart 0") < text.index(headers[1]) < text.index("said by restart 1")
+    )
 
 
 def test_warn_before_reaches_the_job_script_ahead_of_its_time_limit(work: Workdir) -> None:
     """`--warn-before`: the job script itself gets the signal (a plain `--signal` reaches only
     srun steps), so a trainer run by the script can save before the time limit."""
-    script = work.write("warned.sh", "#!/bin/bash\n#SBATCH --time=2\n"
-                        f"trap 'date +%s > {work.path}/warned; exit 0' USR1\n"
-                        "while true; do sleep 0.2; done\n")
+    script = work.write(
+        "warned.sh",
+        "#!/bin/bash\n#SBATCH --time=2\n"
+        f"trap 'date +%s > {work.path}/warned; exit 0' USR1\n"
+        "while true; do sleep 0.2; done\n",
+    )
     started = time.time()
     job, slurm_id = work.submit("--checkpoint", "ck", "--warn-before", "100", script.name)
     warned = work.path / "warned"
     # The shell makes the file before date writes into it: wait for its line, not its name.
-    work.sandbox.wait_for(lambda: warned.exists() and warned.read_text().endswith("\n"), 110,
-                          "the warning signal in the job script")
+    work.sandbox.wait_for(
+        lambda: warned.exists() and warned.read_text().endswith("\n"),
+        110,
+        "the warning signal in the job script",
+    )
     assert int(warned.read_text()) < started + 100  # well before the limit
     wait_state(work, slurm_id, {"COMPLETED"})
 
 
 def test_a_root_that_would_change_per_submission_is_refused(work: Workdir) -> None:
-    """Issue 9 item 2: `--checkpoint 'ck/%j'` gave the resubmission a fresh root, which then
+    """`--checkpoint 'ck/%j'` gave the resubmission a fresh root, which then
     started from scratch; refused with why and what to write instead, nothing made."""
     for root in ("ck/%j", "ck-%A"):
         proc = work.run("dispatch-sbatch", "--checkpoint", root, "trainer.sh", check=False)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "every submission" in proc.stderr and "%a" in proc.stderr
     assert sorted(p.name for p in work.path.iterdir()) == ["trainer.sh"]
-    work.submit("--checkpoint", "ck-%a", "--array=0-1", "trainer.sh",
-                               env={"TOY_STEPS": "3", "TOY_INTERVAL": "0.05"})
-    work.sandbox.wait_for(lambda: (work.path / "ck-0").is_dir() and (work.path / "ck-1").is_dir(),
-                          60, "a root per task")
+    work.submit(
+        "--checkpoint",
+        "ck-%a",
+        "--array=0-1",
+        "trainer.sh",
+        env={"TOY_STEPS": "3", "TOY_INTERVAL": "0.05"},
+    )
+    work.sandbox.wait_for(
+        lambda: (work.path / "ck-0").is_dir() and (work.path / "ck-1").is_dir(),
+        60,
+        "a root per task",
+    )

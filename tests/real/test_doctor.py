@@ -1,7 +1,7 @@
 """dispatch-admin doctor on the real sandbox, whose hooks are installed as an admin installs them,
-then broken the ways a site breaks them (issue 22 item 1): the Epilog's DISPATCH_PYTHON a Python
-without the package (real jobs then record starts and no end, and dispatch-cease says so), a
-missing part, an unwritable StateDir, mixed versions.  Each break is undone in a ``finally``.
+then broken the ways a site breaks them (docs/admin-guide.md, verify): the Epilog's DISPATCH_PYTHON
+a Python without the package (real jobs then record starts and no end, and dispatch-cease says so),
+a missing part, an unwritable StateDir, mixed versions.  Each break is undone in a ``finally``.
 """
 
 from __future__ import annotations
@@ -32,16 +32,30 @@ REPO = Path(__file__).resolve().parents[2]
 UNCONFIGURED = metrics.UNCONFIGURED_FILE  # where parts that find no dispatch.conf count runs
 
 
-def doctor(sandbox: Sandbox, node: str, *args: str,
-           prefix: tuple[str, ...] = ()) -> tuple[int, dict]:
+def doctor(
+    sandbox: Sandbox, node: str, *args: str, prefix: tuple[str, ...] = ()
+) -> tuple[int, dict]:
     """The doctor's report, run as sandbox.run runs a command (after ``prefix`` when given,
     which this machine runs before the command enters the sandbox's Debian root, if any)."""
-    argv = [str(sandbox.venv_bin / "dispatch-admin"), "doctor", "--json", "--node", node,
-            "--slurm-conf", sandbox.env["SLURM_CONF"], *args]
+    argv = [
+        str(sandbox.venv_bin / "dispatch-admin"),
+        "doctor",
+        "--json",
+        "--node",
+        node,
+        "--slurm-conf",
+        sandbox.env["SLURM_CONF"],
+        *args,
+    ]
     if prefix:
-        proc = subprocess.run([*prefix, *sandbox_clients.command(argv, sandbox.dir)],
-                              env=sandbox.env, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [*prefix, *sandbox_clients.command(argv, sandbox.dir)],
+            env=sandbox.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     else:
         proc = sandbox.run(argv, check=False, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
@@ -51,8 +65,9 @@ def doctor(sandbox: Sandbox, node: str, *args: str,
 def venv(sandbox: Sandbox, path: Path) -> None:
     """A bare venv of the Python the sandbox's jobs and hooks have (the Debian root's on
     24.11: a venv of this test's own Python would not run there)."""
-    sandbox.run([sandbox_install.SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(path)],
-                timeout=120)
+    sandbox.run(
+        [sandbox_install.SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(path)], timeout=120
+    )
 
 
 def check(report: dict, name: str) -> dict:
@@ -92,8 +107,9 @@ def test_the_sandbox_as_installed_passes(sandbox: Sandbox) -> None:
     assert not list((sandbox.dir / "dispatch-state/facts/0").glob("doctor-*"))
 
 
-def test_a_python_without_the_package_records_no_end_and_is_named(sandbox: Sandbox,
-                                                                   tmp_path: Path) -> None:
+def test_a_python_without_the_package_records_no_end_and_is_named(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
     bare = Path("/var/tmp") / f"doctor-bare-{sandbox.dir.name}"
     if not (bare / "bin/python").exists():
         venv(sandbox, bare)
@@ -106,11 +122,15 @@ def test_a_python_without_the_package_records_no_end_and_is_named(sandbox: Sandb
         assert code == 1 and failures(report) == ["Epilog python"], report
         assert "cannot import slurm_dispatch" in check(report, "Epilog python")["detail"]
         assert check(report, "Epilog python")["fix"].startswith(
-            f"set DISPATCH_PYTHON= in {part} to the Python that has slurm-dispatch")
+            f"set DISPATCH_PYTHON= in {part} to the Python that has slurm-dispatch"
+        )
         # Real jobs on that node now record a start and never an end.
         first = sandbox.submit("#!/bin/sh\nexit 0\n", "-w", node)
-        sandbox.wait_for(lambda: sandbox.job_state(first).get("JobState") == "COMPLETED",
-                         60, "the first job ended (its Epilog run)")
+        sandbox.wait_for(
+            lambda: sandbox.job_state(first).get("JobState") == "COMPLETED",
+            60,
+            "the first job ended (its Epilog run)",
+        )
         second = sandbox.submit("#!/bin/sh\nexit 0\n", "-w", node)
 
         def second_started() -> bool:
@@ -119,8 +139,9 @@ def test_a_python_without_the_package_records_no_end_and_is_named(sandbox: Sandb
 
         sandbox.wait_for(second_started, 60, "the second job's start recorded")
         sandbox.settle()
-        ceased = sandbox.run([str(sandbox.venv_bin / "dispatch-cease"), first, "--json"],
-                             check=False, timeout=120)
+        ceased = sandbox.run(
+            [str(sandbox.venv_bin / "dispatch-cease"), first, "--json"], check=False, timeout=120
+        )
         assert ceased.returncode == 1, (ceased.stdout, ceased.stderr)
         evidence = json.loads(ceased.stdout)["nodes"][0]["evidence"]
         assert evidence.startswith("no post-kill record"), evidence
@@ -140,8 +161,10 @@ def test_a_missing_part_is_named(sandbox: Sandbox) -> None:
         shutil.move(aside, part)
     assert code == 1
     assert failures(report) == ["Epilog", "EpilogSlurmctld"]
-    assert "runs no slurm-dispatch part (the glob matches nothing)" in \
-        check(report, "Epilog")["detail"]
+    assert (
+        "runs no slurm-dispatch part (the glob matches nothing)"
+        in check(report, "Epilog")["detail"]
+    )
     assert f"{part} is missing" in check(report, "EpilogSlurmctld")["detail"]
     assert check(report, "Epilog")["fix"].startswith("install contrib/epilog.d/05-dispatch as ")
 
@@ -165,14 +188,18 @@ def test_mixed_versions_are_named(sandbox: Sandbox) -> None:
     old = Path("/var/tmp") / f"doctor-old-{sandbox.dir.name}"
     if old.exists():
         shutil.rmtree(old)
-    shutil.copytree(REPO / "slurm_dispatch", old / "src/slurm_dispatch",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "slurm_dispatch",
+        old / "src/slurm_dispatch",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     init = old / "src/slurm_dispatch/__init__.py"
     text = init.read_text()
     init.write_text(text.replace('__version__ = "', '__version__ = "0.0.9-', 1))
     venv(sandbox, old / "venv")
     (next((old / "venv/lib").glob("python3*")) / "site-packages/old.pth").write_text(
-        f"{old / 'src'}\n")
+        f"{old / 'src'}\n"
+    )
     part = sandbox.dir / "etc/prolog.d/05-dispatch"
     python = f"DISPATCH_PYTHON={sandbox.venv_bin / 'python'}"
     try:
@@ -186,8 +213,9 @@ def test_mixed_versions_are_named(sandbox: Sandbox) -> None:
 
 
 def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_records(
-        sandbox: Sandbox) -> None:
-    """Issue 31 item 1: the sandbox's slurm.conf is not /etc/slurm/slurm.conf (as with Slurm
+    sandbox: Sandbox,
+) -> None:
+    """The sandbox's slurm.conf is not /etc/slurm/slurm.conf (as with Slurm
     built from source), and dispatch.conf is beside it.  With DISPATCH_CONF left empty in the
     parts (the admin guide allowed it: "only if dispatch.conf is elsewhere"), slurmctld's
     PrologSlurmctld and EpilogSlurmctld and slurmd's HealthCheckProgram, which Slurm gives no
@@ -210,8 +238,11 @@ def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_
 
     def controllers() -> list[str]:  # the series only the doctor's runs count in this window
         text = seen.read_text() if seen.exists() else ""
-        return [line for line in text.splitlines() if '{hook="prolog-slurmctld"}' in line
-                or '{hook="epilog-slurmctld"}' in line]
+        return [
+            line
+            for line in text.splitlines()
+            if '{hook="prolog-slurmctld"}' in line or '{hook="epilog-slurmctld"}' in line
+        ]
 
     counted_before = controllers()
     counts = sandbox.dir / "unconfigured-counts"
@@ -222,10 +253,8 @@ def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_
         with ExitStack() as stack:
             for part in parts:
                 stack.enter_context(edited(part, f"DISPATCH_CONF={conf}\n", "DISPATCH_CONF=\n"))
-            prefix = stack.enter_context(counting_in(counts,
-                                                     sandbox.seen("/run/slurm-dispatch")))
-            code, report = doctor(sandbox, sandbox.nodes[0], "--controller",
-                                  prefix=tuple(prefix))
+            prefix = stack.enter_context(counting_in(counts, sandbox.seen("/run/slurm-dispatch")))
+            code, report = doctor(sandbox, sandbox.nodes[0], "--controller", prefix=tuple(prefix))
         # Nothing of the doctor's left where the nodes count (a count there failed the next
         # doctor run's test).
         assert controllers() == counted_before
@@ -238,23 +267,33 @@ def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_
         # root): once none of the runs started before the part was put back is left, what
         # they counted is taken back.
         restored = _since_boot()
-        sandbox.wait_for(lambda: not any(str(parts[2]) in _cmdline(p) and _started(p) <= restored
-                                         for p in Path("/proc").iterdir() if p.name.isdigit()),
-                         60, "slurmd's runs of the edited re-check to end")
+        sandbox.wait_for(
+            lambda: (
+                not any(
+                    str(parts[2]) in _cmdline(p) and _started(p) <= restored
+                    for p in Path("/proc").iterdir()
+                    if p.name.isdigit()
+                )
+            ),
+            60,
+            "slurmd's runs of the edited re-check to end",
+        )
         if before is None:
             seen.unlink(missing_ok=True)
         else:
             seen.write_text(before)
     if not existed:
-        assert "slurm_dispatch_hook_runs_unconfigured_total" in \
-            (counts / UNCONFIGURED).read_text()
+        assert "slurm_dispatch_hook_runs_unconfigured_total" in (counts / UNCONFIGURED).read_text()
     assert code == 1, report
-    assert {"PrologSlurmctld config", "EpilogSlurmctld config",
-            "HealthCheckProgram config"} <= set(failures(report)), report
+    assert {"PrologSlurmctld config", "EpilogSlurmctld config", "HealthCheckProgram config"} <= set(
+        failures(report)
+    ), report
     assert "Prolog config" not in failures(report)  # slurmd gives the Prolog SLURM_CONF
     found = check(report, "PrologSlurmctld config")
-    assert "slurmctld gives PrologSlurmctld no SLURM_CONF, so it reads " \
-           "/etc/slurm/dispatch.conf" in found["detail"], found
+    assert (
+        "slurmctld gives PrologSlurmctld no SLURM_CONF, so it reads "
+        "/etc/slurm/dispatch.conf" in found["detail"]
+    ), found
     assert found["fix"] == f"set DISPATCH_CONF={conf} at the top of {parts[0]}", found
     # As installed (DISPATCH_CONF set): the doctor passes, and a real job is recorded by the
     # controller and its survivor proven gone by the node's re-check.
@@ -262,20 +301,28 @@ def test_parts_that_find_no_dispatch_conf_fail_and_an_install_as_the_guide_says_
     assert code == 0, report
     node = sandbox.nodes[0]
     marker = 60000 + os.getpid() % 5000  # the survivor's sleep, this test's own
-    job = sandbox.submit(f"#!/bin/sh\n(setsid sleep {marker} </dev/null >/dev/null 2>&1 &)\n"
-                         "exit 0\n", "-w", node)
-    sandbox.wait_for(lambda: sandbox.job_state(job).get("JobState") == "COMPLETED", 60,
-                     "the job ended")
+    job = sandbox.submit(
+        f"#!/bin/sh\n(setsid sleep {marker} </dev/null >/dev/null 2>&1 &)\nexit 0\n", "-w", node
+    )
+    sandbox.wait_for(
+        lambda: sandbox.job_state(job).get("JobState") == "COMPLETED", 60, "the job ended"
+    )
     folder = sandbox.dir / "dispatch-state/facts" / str(sandbox.uid) / job
 
     def recorded() -> list[str]:
         names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
         return sorted(n.split(".")[0] for n in names if n.startswith("ctld-"))
 
-    sandbox.wait_for(lambda: recorded() == ["ctld-end", "ctld-start"], 60,
-                     "the controller's start and end of the job")
-    survivors = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                 and _cmdline(p) == f"sleep\0{marker}\0"]
+    sandbox.wait_for(
+        lambda: recorded() == ["ctld-end", "ctld-start"],
+        60,
+        "the controller's start and end of the job",
+    )
+    survivors = [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _cmdline(p) == f"sleep\0{marker}\0"
+    ]
     assert survivors, "the job's escaped sleep is not running"
     rc, verdict = cease(sandbox, job)
     assert rc == 1 and verdict["nodes"][0]["survivors"], verdict

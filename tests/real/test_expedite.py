@@ -57,7 +57,8 @@ def _no_resubmission(work: Workdir, job: str) -> None:
 
 
 def test_an_expedited_job_off_a_failed_node_waits_as_expediting_and_starts_first(
-        work: Workdir) -> None:
+    work: Workdir,
+) -> None:
     """A --requeue=expedite job whose node fails is requeued by Slurm and shown EXPEDITING
     while no node is free: dispatch jobs and status show it so (a submission waiting to start
     again, its execution REQUEUED), the supervisor resubmits nothing, and once a node frees it
@@ -66,19 +67,35 @@ def test_an_expedited_job_off_a_failed_node_waits_as_expediting_and_starts_first
     _expedite_or_skip(sandbox)
     node, others = sandbox.nodes[0], sandbox.nodes[1:]
     # The other nodes busy, so the job lands on the first and, requeued, waits for a node.
-    blockers = [sandbox.submit(BLOCKER, "-w", other, "--exclusive", "-o", "/dev/null")
-                for other in others]
-    sandbox.wait_for(lambda: all(_squeue(sandbox, b)[0] == "RUNNING" for b in blockers), 60,
-                     "the blockers running")
-    job, slurm_id = work.submit("--requeue=expedite", "--checkpoint", "ck", "--resubmit", "1",
-                                "-o", "out-%j.txt", "trainer.sh", env=TOY)
+    blockers = [
+        sandbox.submit(BLOCKER, "-w", other, "--exclusive", "-o", "/dev/null") for other in others
+    ]
+    sandbox.wait_for(
+        lambda: all(_squeue(sandbox, b)[0] == "RUNNING" for b in blockers),
+        60,
+        "the blockers running",
+    )
+    job, slurm_id = work.submit(
+        "--requeue=expedite",
+        "--checkpoint",
+        "ck",
+        "--resubmit",
+        "1",
+        "-o",
+        "out-%j.txt",
+        "trainer.sh",
+        env=TOY,
+    )
     first = wait_executions(work, job, 1)[0]
     assert first["node"] == node
     sandbox.wait_for(lambda: store.latest(str(work.path / "ck")), 60, "a first save")
     sandbox_lib.partition(node, sandbox.dir)
     try:
-        sandbox.wait_for(lambda: _squeue(sandbox, slurm_id)[0] == "EXPEDITING", 90,
-                         "Slurm's expedited requeue off the failed node")
+        sandbox.wait_for(
+            lambda: _squeue(sandbox, slurm_id)[0] == "EXPEDITING",
+            90,
+            "Slurm's expedited requeue off the failed node",
+        )
         assert sandbox.job_state(slurm_id)["Restarts"] == "1"
         listed = work.run("dispatch", "jobs", "--state=EXPEDITING").stdout
         assert job in listed and "EXPEDITING" in listed, listed
@@ -99,18 +116,28 @@ def test_an_expedited_job_off_a_failed_node_waits_as_expediting_and_starts_first
     assert [s["submission"] for s in work.status(job)["submissions"]] == [1]
 
 
-def test_an_expedited_job_that_fails_is_held_by_slurm_and_not_resubmitted(
-        work: Workdir) -> None:
+def test_an_expedited_job_that_fails_is_held_by_slurm_and_not_resubmitted(work: Workdir) -> None:
     """A --requeue=expedite job's non-zero exit is Slurm's requeue, held (REQUEUE_HOLD, 'job
     requeued in held state'): dispatch shows it held and the supervisor leaves it to Slurm (no
     resubmission, budget kept); `scontrol release` runs it again, restart 1."""
     sandbox: Any = work.sandbox
     _expedite_or_skip(sandbox)
     work.write("failing.sh", FAILING)
-    job, slurm_id = work.submit("--requeue=expedite", "--checkpoint", "ck", "--resubmit", "1",
-                                "-o", "out-%j.txt", "failing.sh")
-    sandbox.wait_for(lambda: _squeue(sandbox, slurm_id)[0] == "REQUEUE_HOLD", 60,
-                     "Slurm's held requeue of the failed job")
+    job, slurm_id = work.submit(
+        "--requeue=expedite",
+        "--checkpoint",
+        "ck",
+        "--resubmit",
+        "1",
+        "-o",
+        "out-%j.txt",
+        "failing.sh",
+    )
+    sandbox.wait_for(
+        lambda: _squeue(sandbox, slurm_id)[0] == "REQUEUE_HOLD",
+        60,
+        "Slurm's held requeue of the failed job",
+    )
     _no_resubmission(work, job)
     status = work.status(job)
     [submission] = status["submissions"]

@@ -1,5 +1,5 @@
 """A job Slurm held after a failed launch: said by ``dispatch jobs`` and ``dispatch status``,
-and released by the supervisor (the soak's finding, issue 20).
+and released by the supervisor (the soak's finding).
 
 How the soak met it: a node is cut off while it runs a job; Slurm requeues the job (restart
 1) and it waits for the node (``-w``); the node rejoins while the old execution still runs
@@ -41,8 +41,7 @@ exit 0
 def test_a_job_held_after_a_failed_launch_is_said_and_released(sandbox: Sandbox) -> None:
     work = sandbox.workdir("launch-held")
     user = ["env", f"DISPATCH_HOME={work / 'dispatch-home'}"]
-    sandbox.run(["tee", str(work / "job.sh")], user=sandbox.user,
-                input="#!/bin/bash\nsleep 300\n")
+    sandbox.run(["tee", str(work / "job.sh")], user=sandbox.user, input="#!/bin/bash\nsleep 300\n")
     node = sandbox.nodes[0]
     part = sandbox.dir / "etc" / "prolog.d" / "01-fails-once"
     flag = sandbox.dir / "fail-next-prolog"
@@ -50,14 +49,27 @@ def test_a_job_held_after_a_failed_launch_is_said_and_released(sandbox: Sandbox)
     part.chmod(0o755)
     flag.touch()
     try:
-        out = sandbox.run([*user, str(sandbox.venv_bin / "dispatch-sbatch"), "--parsable",
-                           "-w", node, "--checkpoint", "ck", "job.sh"],
-                          user=sandbox.user, cwd=work).stdout
+        out = sandbox.run(
+            [
+                *user,
+                str(sandbox.venv_bin / "dispatch-sbatch"),
+                "--parsable",
+                "-w",
+                node,
+                "--checkpoint",
+                "ck",
+                "job.sh",
+            ],
+            user=sandbox.user,
+            cwd=work,
+        ).stdout
         job = out.strip().split(";")[0]
 
         def held() -> bool:
-            return sandbox.run(["squeue", "-h", "-j", job, "-o", "%T|%r"]).stdout.strip() \
+            return (
+                sandbox.run(["squeue", "-h", "-j", job, "-o", "%T|%r"]).stdout.strip()
                 == f"PENDING|{HELD_REASON}"
+            )
 
         sandbox.wait_for(held, 60, f"Slurm to hold job {job} after its failed launch")
     finally:
@@ -67,19 +79,24 @@ def test_a_job_held_after_a_failed_launch_is_said_and_released(sandbox: Sandbox)
     sandbox.run(["scontrol", "update", f"nodename={node}", "state=resume"])
 
     dispatch = [*user, str(sandbox.venv_bin / "dispatch")]
-    lines = json.loads(sandbox.run([*dispatch, "jobs", "--json"], user=sandbox.user,
-                                   cwd=work).stdout)
+    lines = json.loads(
+        sandbox.run([*dispatch, "jobs", "--json"], user=sandbox.user, cwd=work).stdout
+    )
     assert [line["state"] for line in lines] == ["HELD (Slurm: launch failed)"], lines
-    table = sandbox.run([*dispatch, "jobs", "--state", "HELD"], user=sandbox.user,
-                        cwd=work).stdout
+    table = sandbox.run([*dispatch, "jobs", "--state", "HELD"], user=sandbox.user, cwd=work).stdout
     assert job in table, table
     text = sandbox.run([*dispatch, "status", job], user=sandbox.user, cwd=work).stdout
-    assert (f"Slurm holds job {job} after a failed launch ({HELD_REASON})" in text
-            and f"scontrol release {job}" in text), text
+    assert (
+        f"Slurm holds job {job} after a failed launch ({HELD_REASON})" in text
+        and f"scontrol release {job}" in text
+    ), text
 
     passed = sandbox.run([*dispatch, "supervise"], user=sandbox.user, cwd=work)
     assert f"lifted Slurm's hold on job {job}" in passed.stdout, passed.stdout + passed.stderr
-    sandbox.wait_for(lambda: sandbox.job_state(job).get("JobState") == "RUNNING", 60,
-                     f"job {job} to run again once released")
+    sandbox.wait_for(
+        lambda: sandbox.job_state(job).get("JobState") == "RUNNING",
+        60,
+        f"job {job} to run again once released",
+    )
     text = sandbox.run([*dispatch, "status", job], user=sandbox.user, cwd=work).stdout
     assert f"RELEASED Slurm job {job} by dispatch supervise" in text, text

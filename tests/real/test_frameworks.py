@@ -31,10 +31,12 @@ from slurm_dispatch.sandbox import cluster as sandbox_lib
 from tests.real.conftest import ENDED_STATES
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions
 
-pytestmark = [pytest.mark.real,
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -59,16 +61,19 @@ def frameworks(sandbox: Any) -> Path:
     if subprocess.run(probe, capture_output=True).returncode != 0:
         started = time.monotonic()
         for step in ([TORCH], _extras()):
-            subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(CONSTRAINTS),
-                            *step], check=True,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        sys.stderr.write(f"frameworks installed into the sandbox venv in "
-                         f"{time.monotonic() - started:.0f} s\n")
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", "-c", str(CONSTRAINTS), *step],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
+        sys.stderr.write(
+            f"frameworks installed into the sandbox venv in {time.monotonic() - started:.0f} s\n"
+        )
     return python
 
 
-def _work(sandbox: Any, example: str, names: tuple[str, ...] = ("train.py", "job.sh")
-          ) -> Workdir:
+def _work(sandbox: Any, example: str, names: tuple[str, ...] = ("train.py", "job.sh")) -> Workdir:
     home = Path(os.path.expanduser(f"~{sandbox.user}"))
     path = home / "tests" / f"{example}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
@@ -81,8 +86,9 @@ def _work(sandbox: Any, example: str, names: tuple[str, ...] = ("train.py", "job
 
 
 def _load_example(example: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"example_{example}",
-                                                  EXAMPLES / example / "train.py")
+    spec = importlib.util.spec_from_file_location(
+        f"example_{example}", EXAMPLES / example / "train.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -112,28 +118,36 @@ def _running(path: Path, *words: str) -> list[int]:
             cwd = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
             continue
-        if argv[1:1 + len(want)] == want and cwd == str(path):
+        if argv[1 : 1 + len(want)] == want and cwd == str(path):
             found.append(int(entry))
     return found
 
 
-def _kill_and_resubmit(sandbox: Any, work: Workdir, job: str, slurm_id: str, pids: list[int],
-                       root: Path) -> tuple[list[store.Found], dict[str, Any]]:
+def _kill_and_resubmit(
+    sandbox: Any, work: Workdir, job: str, slurm_id: str, pids: list[int], root: Path
+) -> tuple[list[store.Found], dict[str, Any]]:
     """SIGKILL the trainer's processes: the job must end FAILED and ``dispatch supervise``
     resubmit it.  Returns what was published once it had ended, and submission 2's execution
     once it has started."""
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     ended = sandbox.wait_for(
-        lambda: sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
-        and sandbox.job_state(slurm_id), 120, f"job {slurm_id} to end at the kill")
+        lambda: (
+            sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
+            and sandbox.job_state(slurm_id)
+        ),
+        120,
+        f"job {slurm_id} to end at the kill",
+    )
     assert ended["JobState"] == "FAILED", ended
     published = _published(root)
     supervised = work.run("dispatch", "supervise", check=False)
     assert "resubmitted as submission 2" in supervised.stdout, supervised
     second = sandbox.wait_for(
-        lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2], 90,
-        "submission 2 to start")[0]
+        lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2],
+        90,
+        "submission 2 to start",
+    )[0]
     return published, second
 
 
@@ -142,27 +156,40 @@ def _published(root: Path) -> list[store.Found]:
 
 
 def test_hf_job_partitioned_mid_training_resumes_its_own_lineage(
-        sandbox: Any, frameworks: Path) -> None:
+    sandbox: Any, frameworks: Path
+) -> None:
     work = _work(sandbox, "hf")
     env = {"TRAIN_STEPS": "60", "SAVE_EVERY": "5", "SAVE_LIMIT": "1", "STEP_SECONDS": "1"}
     job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out.txt", "job.sh", env=env)
     root, output = work.path / "ck", work.path / "out.txt"
     old = wait_executions(work, job, 1)[0]
-    sandbox.wait_for(lambda: any(f.path.startswith(old["exec_dir"] + "/")
-                                 for f in _published(root)), 120, "a first published save")
+    sandbox.wait_for(
+        lambda: any(f.path.startswith(old["exec_dir"] + "/") for f in _published(root)),
+        120,
+        "a first published save",
+    )
     sandbox_lib.partition(old["node"], sandbox.dir)
     try:
         new = wait_executions(work, job, 2, timeout=120)[1]
-        starts = sandbox.wait_for(lambda: new["attempt"] in _starts(output) and _starts(output),
-                                  120, "the replacement's start line")
+        starts = sandbox.wait_for(
+            lambda: new["attempt"] in _starts(output) and _starts(output),
+            120,
+            "the replacement's start line",
+        )
         late_before_heal = sandbox.wait_for(
-            lambda: [f for f in _published(root)
-                     if f.epoch == old["epoch"] and f.step > starts[new["attempt"]][0]],
-            60, "a late save of the old execution while the replacement runs")
+            lambda: [
+                f
+                for f in _published(root)
+                if f.epoch == old["epoch"] and f.step > starts[new["attempt"]][0]
+            ],
+            60,
+            "a late save of the old execution while the replacement runs",
+        )
     finally:
         sandbox_lib.heal(old["node"], sandbox.dir)
-    ends = sandbox.wait_for(lambda: new["attempt"] in _ends(output) and _ends(output), 180,
-                            "the replacement's end line")
+    ends = sandbox.wait_for(
+        lambda: new["attempt"] in _ends(output) and _ends(output), 180, "the replacement's end line"
+    )
     start_step, start_weights = starts[new["attempt"]]
     source = new["resume_from"]
     # The replacement resumed from the latest save of its lineage when it started (the old
@@ -181,10 +208,15 @@ def test_hf_job_partitioned_mid_training_resumes_its_own_lineage(
     assert ends[new["attempt"]] == 60
     mine = [f.step for f in _published(root) if f.epoch == new["epoch"]]
     # save_total_limit=1 is applied by dispatch across the store after each publication
-    # (issue 17, item 8): the replacement's older saves were published, then removed, each
-    # said on stderr; one publication per save all the same.
-    removed = [int(step) for step in re.findall(
-        rf"dispatch: removed save exec/{new['attempt']}/checkpoint-([0-9]+) ", output.read_text())]
+    # (docs/user-guide.md, the frameworks' settings): the replacement's older saves were published,
+    # then removed, each said on stderr; one publication per save all the same.
+    removed = [
+        int(step)
+        for step in re.findall(
+            rf"dispatch: removed save exec/{new['attempt']}/checkpoint-([0-9]+) ",
+            output.read_text(),
+        )
+    ]
     assert mine == [60]
     assert sorted(removed + mine) == list(range(start_step + 5, 61, 5))
     assert os.path.isdir(source)  # the live execution's resume source stays
@@ -195,7 +227,8 @@ def test_hf_job_partitioned_mid_training_resumes_its_own_lineage(
 
 
 def test_lightning_requeue_signal_saves_publishes_requeues_and_resumes(
-        sandbox: Any, frameworks: Path) -> None:
+    sandbox: Any, frameworks: Path
+) -> None:
     work = _work(sandbox, "lightning")
     env = {"TRAIN_STEPS": "80", "SAVE_EVERY": "10", "STEP_SECONDS": "0.3"}
     job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out.txt", "job.sh", env=env)
@@ -206,13 +239,17 @@ def test_lightning_requeue_signal_saves_publishes_requeues_and_resumes(
     # What Slurm sends --signal=USR1@T before the time limit, sent now.
     sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
     second = wait_executions(work, job, 2, timeout=120)[1]
-    ends = sandbox.wait_for(lambda: second["attempt"] in _ends(output) and _ends(output), 180,
-                            "the requeued execution's end line")
+    ends = sandbox.wait_for(
+        lambda: second["attempt"] in _ends(output) and _ends(output),
+        180,
+        "the requeued execution's end line",
+    )
     starts = _starts(output)
     source = second["resume_from"]
     assert second["restart"] == 1
-    assert re.fullmatch(re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt",
-                        source), source
+    assert re.fullmatch(
+        re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt", source
+    ), source
     step = int(source.rsplit("=", 1)[1].split(".")[0])
     assert starts[second["attempt"]][0] == step
     import torch
@@ -227,8 +264,9 @@ def test_lightning_requeue_signal_saves_publishes_requeues_and_resumes(
 
 @pytest.mark.parametrize("not_requeueable", ["--no-requeue", "JobRequeue=0"])
 def test_lightning_job_slurm_will_not_requeue_ends_failed_and_is_resubmitted(
-        sandbox: Any, frameworks: Path, not_requeueable: str) -> None:
-    """Issue 17 item 14: a job Slurm will not requeue (``--no-requeue``, ``JobRequeue=0``) gets
+    sandbox: Any, frameworks: Path, not_requeueable: str
+) -> None:
+    """A job Slurm will not requeue (``--no-requeue``, ``JobRequeue=0``) gets
     the requeue signal; the callback saves and publishes, ``scontrol requeue`` is refused, and
     the job must end FAILED (had it ended COMPLETED, the supervisor would stop for good): then
     the resubmit rule applies and submission 2 resumes from the save made at the signal."""
@@ -238,8 +276,9 @@ def test_lightning_job_slurm_will_not_requeue_ends_failed_and_is_resubmitted(
     if not options:
         sandbox_lib.set_job_requeue(False, sandbox.dir)  # jobs take it at submission
     try:
-        job, slurm_id = work.submit("--checkpoint", "ck", "--resubmit", "1", *options,
-                                    "-o", "out.txt", "job.sh", env=env)
+        job, slurm_id = work.submit(
+            "--checkpoint", "ck", "--resubmit", "1", *options, "-o", "out.txt", "job.sh", env=env
+        )
     finally:
         if not options:
             sandbox_lib.set_job_requeue(True, sandbox.dir)
@@ -249,8 +288,13 @@ def test_lightning_job_slurm_will_not_requeue_ends_failed_and_is_resubmitted(
     sandbox.wait_for(lambda: _published(root), 120, "a first published save")
     sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
     ended = sandbox.wait_for(
-        lambda: sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
-        and sandbox.job_state(slurm_id), 120, f"job {slurm_id} to end")
+        lambda: (
+            sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
+            and sandbox.job_state(slurm_id)
+        ),
+        120,
+        f"job {slurm_id} to end",
+    )
     assert ended["JobState"] == "FAILED" and ended["Restarts"] == "0", ended
     assert ended["ExitCode"] != "0:0", ended
     text = output.read_text()
@@ -264,7 +308,9 @@ def test_lightning_job_slurm_will_not_requeue_ends_failed_and_is_resubmitted(
     supervised = work.run("dispatch", "supervise", check=False)
     assert "resubmitted as submission 2" in supervised.stdout, supervised
     second = sandbox.wait_for(
-        lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2], 90,
-        "submission 2 to start")[0]
+        lambda: [e for e in work.status(job)["executions"] if e["submission"] == 2],
+        90,
+        "submission 2 to start",
+    )[0]
     assert second["resume_from"] == saved[0] and second["epoch"] == 2_000_000
     sandbox.run(["scancel", str(second["slurm_job_id"])], check=False)

@@ -1,4 +1,4 @@
-"""A custom accelerate loop as accelerate's docs write it, as a real Slurm job (issue 36):
+"""A custom accelerate loop as accelerate's docs write it, as a real Slurm job:
 ``examples/accelerate/`` (``ProjectConfiguration(automatic_checkpoint_naming=True)``,
 ``register_for_checkpointing``, ``save_state()``, ``load_state(path)``) run by
 ``exec dispatch watch -- python3 train.py ...`` with no option: watch finds the saves where
@@ -26,15 +26,18 @@ from tests.real.test_frameworks import (  # noqa: F401  (frameworks: the fixture
     pytestmark,  # the real tier's mark, the frameworks' own warnings left out
 )
 
-_LINE = re.compile(r"accelerate-example: attempt=(\S+) (start|saved) step=(\d+) "
-                   r"(?:from|path)=(\S+) weights=([0-9a-f]{64})")
+_LINE = re.compile(
+    r"accelerate-example: attempt=(\S+) (start|saved) step=(\d+) "
+    r"(?:from|path)=(\S+) weights=([0-9a-f]{64})"
+)
 
 
 def _lines(output: Path, attempt: str, word: str) -> dict[str, tuple[int, str]]:
     """path -> (step, weights) of the attempt's lines saying ``word`` (start: from; saved)."""
     text = output.read_text() if output.exists() else ""
-    return {m[4]: (int(m[3]), m[5]) for m in _LINE.finditer(text)
-            if m[1] == attempt and m[2] == word}
+    return {
+        m[4]: (int(m[3]), m[5]) for m in _LINE.finditer(text) if m[1] == attempt and m[2] == word
+    }
 
 
 def _trainer_pid(work: Workdir) -> Optional[int]:
@@ -44,15 +47,18 @@ def _trainer_pid(work: Workdir) -> Optional[int]:
 
 
 def test_accelerate_loop_killed_resumes_from_the_newest_published_save(
-        sandbox: Any, frameworks: Path) -> None:  # noqa: F811
+    sandbox: Any, frameworks: Path
+) -> None:  # noqa: F811
     work = _work(sandbox, "accelerate")
     env = {"TRAIN_STEPS": "1000000", "SAVE_EVERY": "20", "STEP_SECONDS": "0.02"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt",
-                                "job.sh", env=env)
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt", "job.sh", env=env
+    )
     root, output = work.path / "ck", work.path / "out.txt"
     try:
-        first = sandbox.wait_for(lambda: work.status(job)["executions"], 90,
-                                 "the first execution")[0]
+        first = sandbox.wait_for(lambda: work.status(job)["executions"], 90, "the first execution")[
+            0
+        ]
         sandbox.wait_for(lambda: len(_published(root)) >= 2, 240, "two published saves")
         pid = sandbox.wait_for(lambda: _trainer_pid(work), 30, "the trainer's pid")
         published, second = _kill_and_resubmit(sandbox, work, job, slurm_id, [pid], root)
@@ -64,14 +70,16 @@ def test_accelerate_loop_killed_resumes_from_the_newest_published_save(
         assert {f.path for f in published} <= set(saved), (published, output.read_text())
         newest = max(published, key=lambda f: (f.epoch, f.step))
         assert second["resume_from"] == newest.path
-        started = sandbox.wait_for(lambda: _lines(output, second["attempt"], "start"), 180,
-                                   "the replacement's start line")
+        started = sandbox.wait_for(
+            lambda: _lines(output, second["attempt"], "start"), 180, "the replacement's start line"
+        )
         # It loaded that save whole: the step and the weights it had when it was saved.
         assert started == {newest.path: saved[newest.path]}, (started, saved)
         later = sandbox.wait_for(
-            lambda: [f for f in _published(root)
-                     if f.path.startswith(second["exec_dir"] + "/")], 240,
-            "a save of the replacement published")
+            lambda: [f for f in _published(root) if f.path.startswith(second["exec_dir"] + "/")],
+            240,
+            "a save of the replacement published",
+        )
         assert later[0].path == f"{second['exec_dir']}/checkpoints/checkpoint_0", later
         mine = _lines(output, second["attempt"], "saved")
         assert mine[later[0].path][0] > saved[newest.path][0], (mine, saved)  # went on

@@ -1,4 +1,4 @@
-"""Lightning's ``LightningCLI`` example as a real Slurm job (issue 36 item 5):
+"""Lightning's ``LightningCLI`` example as a real Slurm job:
 ``examples/lightning-cli/`` runs ``LightningCLI(DemoModel, BoringDataModule)`` unchanged, under
 ``exec dispatch watch`` with Lightning's default layout (``lightning_logs/version_0/
 checkpoints/``), with ``ModelCheckpoint``'s ``dirpath`` a folder Lightning makes at its first
@@ -38,12 +38,27 @@ CALLBACK = "slurm_dispatch.integrations.lightning.DispatchCallback"
 @pytest.fixture(scope="module")
 def lightning_cli(frameworks: Path) -> Path:  # noqa: F811
     """The frameworks' venv with LightningCLI's own requirement, jsonargparse."""
-    probe = [str(frameworks), "-c", "import lightning.pytorch.cli as c; c._JSONARGPARSE_"
-             "SIGNATURES_AVAILABLE or exit(1)"]
+    probe = [
+        str(frameworks),
+        "-c",
+        "import lightning.pytorch.cli as c; c._JSONARGPARSE_SIGNATURES_AVAILABLE or exit(1)",
+    ]
     if subprocess.run(probe, capture_output=True).returncode != 0:
-        subprocess.run([str(frameworks), "-m", "pip", "install", "-q", "-c", str(CONSTRAINTS),
-                        "jsonargparse[signatures]"], check=True, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(frameworks),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-c",
+                str(CONSTRAINTS),
+                "jsonargparse[signatures]",
+            ],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
     return frameworks
 
 
@@ -54,23 +69,31 @@ def _work(sandbox: Any, route: str) -> Workdir:
         # The Python route's twin: no watch, the callback added from the command line.
         text = (path / "job.sh").read_text()
         start = text.index("exec dispatch watch -- ")
-        work.write("job.sh", text[:start] + (
-            'exec python3 main.py fit --trainer.default_root_dir "$DISPATCH_EXEC_DIR" '
-            '--trainer.max_steps "$TRAIN_STEPS" '
-            f"--trainer.callbacks+={CALLBACK} "
-            "--trainer.callbacks+=ModelCheckpoint "
-            '--trainer.callbacks.every_n_train_steps "$SAVE_EVERY" '
-            "--trainer.callbacks.save_top_k -1 "
-            '--ckpt_path "${DISPATCH_RESUME_FROM:-null}"\n'))
+        work.write(
+            "job.sh",
+            text[:start]
+            + (
+                'exec python3 main.py fit --trainer.default_root_dir "$DISPATCH_EXEC_DIR" '
+                '--trainer.max_steps "$TRAIN_STEPS" '
+                f"--trainer.callbacks+={CALLBACK} "
+                "--trainer.callbacks+=ModelCheckpoint "
+                '--trainer.callbacks.every_n_train_steps "$SAVE_EVERY" '
+                "--trainer.callbacks.save_top_k -1 "
+                '--ckpt_path "${DISPATCH_RESUME_FROM:-null}"\n'
+            ),
+        )
     elif route == "dirpath":
         # ModelCheckpoint(dirpath=...) makes its folder at the first save: watch --dir waits.
         text = (path / "job.sh").read_text()
         late = '"$DISPATCH_EXEC_DIR/ckpts"'
         keep = "--trainer.callbacks.save_top_k -1"
         assert text.count("exec dispatch watch -- ") == 1 and text.count(keep) == 1
-        work.write("job.sh", text.replace(
-            "exec dispatch watch -- ", f"exec dispatch watch --dir {late} -- ").replace(
-            keep, f"{keep} --trainer.callbacks.dirpath {late}"))
+        work.write(
+            "job.sh",
+            text.replace(
+                "exec dispatch watch -- ", f"exec dispatch watch --dir {late} -- "
+            ).replace(keep, f"{keep} --trainer.callbacks.dirpath {late}"),
+        )
     return work
 
 
@@ -88,18 +111,22 @@ def _trainer_pid(work: Workdir) -> Optional[int]:
 
 @pytest.mark.parametrize("route", ["watch", "dirpath", "callback"])
 def test_lightning_cli_killed_resumes_from_the_newest_whole_save(
-        sandbox: Any, lightning_cli: Path, route: str) -> None:
+    sandbox: Any, lightning_cli: Path, route: str
+) -> None:
     work = _work(sandbox, route)
     env = {"TRAIN_STEPS": "1000000", "SAVE_EVERY": "200"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt",
-                                "job.sh", env=env)
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "--resubmit", "1", "-o", "out.txt", "job.sh", env=env
+    )
     root, output = work.path / "ck", work.path / "out.txt"
     try:
+
         def saved_or_ended() -> str:
             if len(_published(root)) >= 2:
                 return "saved"
             ended = sandbox.job_state(slurm_id).get("JobState") in ENDED_STATES
             return "ended" if ended else ""
+
         # A fresh start given --ckpt_path "" ends at once ('found no path for the best weights').
         got = sandbox.wait_for(saved_or_ended, 240, "two published saves")
         assert got == "saved", output.read_text() if output.exists() else "no output"
@@ -107,19 +134,22 @@ def test_lightning_cli_killed_resumes_from_the_newest_whole_save(
         published, second = _kill_and_resubmit(sandbox, work, job, slurm_id, [pid], root)
         first = work.status(job)["executions"][0]
         if route != "callback":  # where Lightning put them, found by watch
-            assert all(re.fullmatch(_layout(route, first["exec_dir"]), f.path)
-                       for f in published), published
+            assert all(
+                re.fullmatch(_layout(route, first["exec_dir"]), f.path) for f in published
+            ), published
         newest = max(published, key=lambda f: (f.epoch, f.step))
         assert second["resume_from"] == newest.path
         later = sandbox.wait_for(
-            lambda: [f for f in _published(root)
-                     if f.path.startswith(second["exec_dir"] + "/")], 240,
-            "a save of the replacement published")
+            lambda: [f for f in _published(root) if f.path.startswith(second["exec_dir"] + "/")],
+            240,
+            "a save of the replacement published",
+        )
         # It resumed from that save: Lightning restored its step, so its saves go on from it.
         assert min(f.step for f in later) > newest.step, (later, newest)
         if route != "callback":
-            assert all(re.fullmatch(_layout(route, second["exec_dir"]), f.path)
-                       for f in later), later
+            assert all(re.fullmatch(_layout(route, second["exec_dir"]), f.path) for f in later), (
+                later
+            )
         text = output.read_text()
         assert f"Restoring states from the checkpoint path at {newest.path}" in text, text
         assert text.count("Restoring states from the checkpoint") == 1, text  # A's was fresh

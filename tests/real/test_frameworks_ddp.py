@@ -46,11 +46,13 @@ from tests.real.test_frameworks import (  # noqa: F401  (frameworks: a fixture)
 )
 from tests.real.test_frameworks import _work as _example_work
 
-pytestmark = [pytest.mark.real,
-              pytest.mark.usefixtures("frameworks"),  # torch and the extras in the venv
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.usefixtures("frameworks"),  # torch and the extras in the venv
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -87,25 +89,37 @@ def _pub_mtime(root: Path, found: store.Found) -> int:
     return os.stat(root / store.PUB / found.name).st_mtime_ns
 
 
-def _partitioned_run(sandbox: Any, example: str, env: dict[str, str],
-                     ) -> tuple[Workdir, dict[str, Any], dict[str, Any]]:
+def _partitioned_run(
+    sandbox: Any,
+    example: str,
+    env: dict[str, str],
+) -> tuple[Workdir, dict[str, Any], dict[str, Any]]:
     """Submit the example's 2-node job, partition rank 0's node once the job has published a
     save, heal it once the replacement has started, and wait for the replacement's end."""
     work = _work(sandbox, example)
-    env = {"TRAIN_SCRIPT": HARNESS.name, "SLOW_RANK": "1", "SLOW_RANK_SECONDS": "1",
-           "PARTS_DIR": str(work.path / "parts"), **env}
+    env = {
+        "TRAIN_SCRIPT": HARNESS.name,
+        "SLOW_RANK": "1",
+        "SLOW_RANK_SECONDS": "1",
+        "PARTS_DIR": str(work.path / "parts"),
+        **env,
+    }
     job, _slurm_id = work.submit("--checkpoint", "ck", "-o", "out.txt", "job-ddp.sh", env=env)
     root, output = work.path / "ck", work.path / "out.txt"
     old = wait_executions(work, job, 1)[0]
-    sandbox.wait_for(lambda: any(f.path.startswith(old["exec_dir"] + "/")
-                                 for f in _published(root)), 180, "a first published save")
+    sandbox.wait_for(
+        lambda: any(f.path.startswith(old["exec_dir"] + "/") for f in _published(root)),
+        180,
+        "a first published save",
+    )
     nodes = _assert_two_ranks_on_two_nodes(output, old["attempt"])
     assert old["node"] in nodes  # the batch script, and rank 0, run on the first node
     sandbox_lib.partition(old["node"], sandbox.dir)
     try:
         new = wait_executions(work, job, 2, timeout=150)[1]
-        sandbox.wait_for(lambda: new["attempt"] in _starts(output), 150,
-                         "the replacement's start line")
+        sandbox.wait_for(
+            lambda: new["attempt"] in _starts(output), 150, "the replacement's start line"
+        )
     finally:
         sandbox_lib.heal(old["node"], sandbox.dir)
     sandbox.wait_for(lambda: new["attempt"] in _ends(output), 240, "the replacement's end line")
@@ -123,9 +137,15 @@ def _steps_by_execution(root: Path) -> dict[str, list[int]]:
     return published
 
 
-def _assert_one_publication_per_save(root: Path, saved: dict[str, list[int]],
-                                     old: dict[str, Any], new: dict[str, Any], steps: int,
-                                     every: int, start: int) -> None:
+def _assert_one_publication_per_save(
+    root: Path,
+    saved: dict[str, list[int]],
+    old: dict[str, Any],
+    new: dict[str, Any],
+    steps: int,
+    every: int,
+    start: int,
+) -> None:
     """Every save of the replacement is published once; the old execution's saves are
     published once each, in order, but for at most the save it was writing when cut off."""
     found = _published(root)
@@ -141,7 +161,7 @@ def _assert_one_publication_per_save(root: Path, saved: dict[str, list[int]],
     # rank was killed when Slurm requeued the job: the replacement, started after that, resumed
     # the old execution's last publication.
     assert start == old_steps[-1], (start, old_steps)
-    assert saved[old["exec_dir"]][:len(old_steps)] == old_steps
+    assert saved[old["exec_dir"]][: len(old_steps)] == old_steps
     assert len(saved[old["exec_dir"]]) - len(old_steps) <= 1, saved[old["exec_dir"]]
 
 
@@ -153,18 +173,28 @@ def _assert_published_after_every_part(work: Workdir) -> None:
         assert saves.why_unloadable(found.path) is None, found
         attempt = found.path.split(f"/{store.EXEC}/", 1)[1].split("/", 1)[0]
         made = _pub_mtime(root, found)
-        parts = [work.path / "parts" / attempt / f"{os.path.basename(found.path)}.rank{rank}"
-                 for rank in range(RANKS)]
+        parts = [
+            work.path / "parts" / attempt / f"{os.path.basename(found.path)}.rank{rank}"
+            for rank in range(RANKS)
+        ]
         for written in [Path(found.path), *parts]:
             assert written.stat().st_mtime_ns <= made, (found.path, written)
 
 
 def test_hf_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_resumes(
-        sandbox: Any) -> None:
+    sandbox: Any,
+) -> None:
     steps, every = 40, 5
-    work, old, new = _partitioned_run(sandbox, "hf", {
-        "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "SAVE_LIMIT": "0",
-        "STEP_SECONDS": "1"})  # no limit: every save's publication is there to count
+    work, old, new = _partitioned_run(
+        sandbox,
+        "hf",
+        {
+            "TRAIN_STEPS": str(steps),
+            "SAVE_EVERY": str(every),
+            "SAVE_LIMIT": "0",
+            "STEP_SECONDS": "1",
+        },
+    )  # no limit: every save's publication is there to count
     root, output = work.path / "ck", work.path / "out.txt"
     rank_parts = {f"rng_state_{rank}.pth" for rank in range(RANKS)}
     # Each publication promises every rank's part: listed in the manifest with its size, on
@@ -178,8 +208,10 @@ def test_hf_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_resumes(
         for name in listed:
             written = os.stat(os.path.join(found.path, name)).st_mtime_ns
             assert written <= made, (found.path, name, written, made)
-    saved = {folder: sorted(int(p.name.split("-")[1]) for p in Path(folder).glob("checkpoint-*"))
-             for folder in (old["exec_dir"], new["exec_dir"])}
+    saved = {
+        folder: sorted(int(p.name.split("-")[1]) for p in Path(folder).glob("checkpoint-*"))
+        for folder in (old["exec_dir"], new["exec_dir"])
+    }
     start_step, start_weights = _starts(output)[new["attempt"]]
     _assert_one_publication_per_save(root, saved, old, new, steps, every, start_step)
     # The replacement resumed the save the launcher chose: the old execution's latest
@@ -195,17 +227,30 @@ def test_hf_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_resumes(
 
 
 def test_lightning_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_resumes(
-        sandbox: Any) -> None:
+    sandbox: Any,
+) -> None:
     steps, every = 60, 5
-    work, old, new = _partitioned_run(sandbox, "lightning", {
-        "TRAIN_STEPS": str(steps), "SAVE_EVERY": str(every), "STEP_SECONDS": "1",
-        "SAVE_TOP_K": "-1"})  # keep every save: every publication is there to count
+    work, old, new = _partitioned_run(
+        sandbox,
+        "lightning",
+        {
+            "TRAIN_STEPS": str(steps),
+            "SAVE_EVERY": str(every),
+            "STEP_SECONDS": "1",
+            "SAVE_TOP_K": "-1",
+        },
+    )  # keep every save: every publication is there to count
     root, output = work.path / "ck", work.path / "out.txt"
     _assert_published_after_every_part(work)
     step_of = re.compile(r"step=(\d+)\.ckpt")
-    saved = {folder: sorted(int(m[1]) for p in Path(folder, "checkpoints").glob("*.ckpt")
-                            if (m := step_of.search(p.name)))
-             for folder in (old["exec_dir"], new["exec_dir"])}
+    saved = {
+        folder: sorted(
+            int(m[1])
+            for p in Path(folder, "checkpoints").glob("*.ckpt")
+            if (m := step_of.search(p.name))
+        )
+        for folder in (old["exec_dir"], new["exec_dir"])
+    }
     start_step, start_weights = _starts(output)[new["attempt"]]
     _assert_one_publication_per_save(root, saved, old, new, steps, every, start_step)
     source = new["resume_from"]
@@ -223,11 +268,17 @@ def test_lightning_ddp_two_nodes_publishes_each_save_once_after_every_rank_and_r
 
 
 def test_lightning_ddp_requeue_signal_on_two_nodes_saves_once_publishes_and_resumes(
-        sandbox: Any) -> None:
+    sandbox: Any,
+) -> None:
     steps = 60
     work = _work(sandbox, "lightning")
-    env = {"TRAIN_SCRIPT": HARNESS.name, "PARTS_DIR": str(work.path / "parts"),
-           "TRAIN_STEPS": str(steps), "SAVE_EVERY": "10", "STEP_SECONDS": "0.3"}
+    env = {
+        "TRAIN_SCRIPT": HARNESS.name,
+        "PARTS_DIR": str(work.path / "parts"),
+        "TRAIN_STEPS": str(steps),
+        "SAVE_EVERY": "10",
+        "STEP_SECONDS": "0.3",
+    }
     job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out.txt", "job-ddp.sh", env=env)
     root, output = work.path / "ck", work.path / "out.txt"
     first = wait_executions(work, job, 1)[0]
@@ -236,22 +287,23 @@ def test_lightning_ddp_requeue_signal_on_two_nodes_saves_once_publishes_and_resu
     # What Slurm sends --signal=USR1@T before the time limit, sent now: to every rank.
     sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
     second = wait_executions(work, job, 2, timeout=150)[1]
-    sandbox.wait_for(lambda: second["attempt"] in _ends(output), 240,
-                     "the requeued execution's end line")
+    sandbox.wait_for(
+        lambda: second["attempt"] in _ends(output), 240, "the requeued execution's end line"
+    )
     _assert_two_ranks_on_two_nodes(output, second["attempt"])
     assert second["restart"] == 1
     # The ranks saved together once at the signal; that save was published once, after every
     # rank's part, and the requeued execution resumed it.
     source = second["resume_from"]
-    assert re.fullmatch(re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt",
-                        source), source
+    assert re.fullmatch(
+        re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt", source
+    ), source
     _assert_published_after_every_part(work)
     found = _published(root)
     assert len({f.path for f in found}) == len(found)
     for execution in (first, second):  # every save of each execution published, once
         written = {str(p) for p in Path(execution["exec_dir"], "checkpoints").glob("*.ckpt")}
-        assert {f.path for f in found if f.path.startswith(execution["exec_dir"] + "/")} \
-            == written
+        assert {f.path for f in found if f.path.startswith(execution["exec_dir"] + "/")} == written
     assert not list(work.path.rglob("hpc_ckpt_*.ckpt"))  # Lightning's own handler never ran
     start_step, start_weights = _starts(output)[second["attempt"]]
     assert start_step == int(source.rsplit("=", 1)[1].split(".")[0])

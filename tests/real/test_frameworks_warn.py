@@ -1,4 +1,5 @@
-"""Save before the limit with the Hugging Face Trainer, as a real Slurm job (issue 18, item 17):
+"""Save before the limit with the Hugging Face Trainer, as a real Slurm job
+(docs/user-guide.md, saving before the time limit):
 ``dispatch-sbatch --warn-before`` with a short ``--time``; Slurm signals the job script
 (``exec srun`` in examples/hf/job.sh hands it to the trainer), the callback saves at the next
 step, publishes, requeues, and the requeued execution resumes from that save.  No save of the
@@ -24,33 +25,52 @@ from tests.real.test_frameworks import (  # noqa: F401  (frameworks: the fixture
     frameworks,
 )
 
-pytestmark = [pytest.mark.real,
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 LIMIT_S = 120  # --time=2
 WARN_S = 45  # Slurm sends it up to its 30 s check early: 45 to 75 s after the start
 
 
 def test_hf_job_saves_at_the_warning_publishes_requeues_and_resumes_before_its_limit(
-        sandbox: Any, frameworks: Path) -> None:  # noqa: F811
+    sandbox: Any, frameworks: Path
+) -> None:  # noqa: F811
     work = _work(sandbox, "hf")
-    env = {"TRAIN_STEPS": "100000", "SAVE_EVERY": "100000", "SAVE_LIMIT": "0",
-           "STEP_SECONDS": "0.2"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "--warn-before", str(WARN_S),
-                                "--time=2", "-o", "out.txt", "job.sh", env=env)
+    env = {
+        "TRAIN_STEPS": "100000",
+        "SAVE_EVERY": "100000",
+        "SAVE_LIMIT": "0",
+        "STEP_SECONDS": "0.2",
+    }
+    job, slurm_id = work.submit(
+        "--checkpoint",
+        "ck",
+        "--warn-before",
+        str(WARN_S),
+        "--time=2",
+        "-o",
+        "out.txt",
+        "job.sh",
+        env=env,
+    )
     root, output = work.path / "ck", work.path / "out.txt"
     try:
         first = wait_executions(work, job, 1)[0]
         second = wait_executions(work, job, 2, timeout=LIMIT_S + 60)[1]
-        sandbox.wait_for(lambda: second["attempt"] in _starts(output), 120,
-                         "the requeued execution's start line")
+        sandbox.wait_for(
+            lambda: second["attempt"] in _starts(output), 120, "the requeued execution's start line"
+        )
     finally:
         sandbox.run(["scancel", slurm_id], check=False)
     text = output.read_text()
     assert second["restart"] == 1 and second["submission"] == 1  # Slurm's requeue
     assert "requeued the job" in text, text
+    # Its own requeue is marked, so --max-requeues does not count it.
+    assert (Path(first["exec_dir"]) / ".dispatch-requeued.json").exists()
     # Requeued before the limit: the replacement started within the first one's time.
     assert second["started"] - first["started"] < LIMIT_S, (first, second)
     published = _published(root)

@@ -1,5 +1,5 @@
-"""Cleanup in real Slurm jobs on the sandbox (issue 13): a trainer run under ``dispatch watch
---keep 2`` requeued several times keeps the disk bounded and resumes from its own lineage; and
+"""Cleanup in real Slurm jobs on the sandbox (docs/invariants.md, 9): a trainer run under ``dispatch
+watch --keep 2`` requeued several times keeps the disk bounded and resumes from its own lineage; and
 ``dispatch gc`` run as the job's user on a folder it cannot remove is an error that removes
 nothing."""
 
@@ -28,11 +28,12 @@ REQUEUES = 3
 def keep_trainer() -> str:
     """The example trainer, under `watch --keep 2`, each save carrying ballast."""
     text = WATCH_TRAINER.read_text()
-    text = text.replace("exec dispatch watch --interval",
-                        "exec dispatch watch --keep 2 --interval")
-    text = text.replace('        echo "$step" > "$save/weights"\n',
-                        f'        head -c {SAVE_BYTES} /dev/zero > "$save/ballast"\n'
-                        '        echo "$step" > "$save/weights"\n')
+    text = text.replace("exec dispatch watch --interval", "exec dispatch watch --keep 2 --interval")
+    text = text.replace(
+        '        echo "$step" > "$save/weights"\n',
+        f'        head -c {SAVE_BYTES} /dev/zero > "$save/ballast"\n'
+        '        echo "$step" > "$save/weights"\n',
+    )
     assert "--keep 2" in text and "ballast" in text
     return text
 
@@ -53,10 +54,15 @@ def test_watch_keep_bounds_the_disk_across_requeues(work: Workdir) -> None:
     work.write("keep-trainer.sh", keep_trainer())
     # A save every 0.2 s, the watch's own interval: a loaded machine that stalls the watch
     # for a scan or two must not pile saves beyond the bound.
-    long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.04", "TOY_SAVE_EVERY": "5",
-                "TOY_WATCH_INTERVAL": "0.2"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "keep-trainer.sh",
-                                env=long_run)
+    long_run = {
+        "TOY_STEPS": "100000",
+        "TOY_INTERVAL": "0.04",
+        "TOY_SAVE_EVERY": "5",
+        "TOY_WATCH_INTERVAL": "0.2",
+    }
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "-o", "out-%j.txt", "keep-trainer.sh", env=long_run
+    )
     root = work.path / "ck"
     # Bound: the K=2 latest saves, the resume source, a save or two being written and
     # published meanwhile, an older execution's last saves until the next cleanup, records.
@@ -76,8 +82,11 @@ def test_watch_keep_bounds_the_disk_across_requeues(work: Workdir) -> None:
                 peak = max(peak, disk_bytes(root))
                 latest = store.latest(str(root))
                 # Six saves of its own published (cleanup removes the older ones meanwhile).
-                return (latest is not None and latest.path.startswith(mine)
-                        and latest.step >= start + 30)
+                return (
+                    latest is not None
+                    and latest.path.startswith(mine)
+                    and latest.step >= start + 30
+                )
 
             sandbox.wait_for(published_enough, 90, f"execution {n} publishing six saves")
             if n < REQUEUES:
@@ -92,12 +101,15 @@ def test_watch_keep_bounds_the_disk_across_requeues(work: Workdir) -> None:
         assert resumed.startswith(before["exec_dir"] + "/checkpoint-"), (resumed, before)
     last = executions[-1]
     record = json.loads((Path(last["exec_dir"]) / ".dispatch").read_text())
-    assert model.parse_name(record["resume_publication"]).path == \
-        os.path.relpath(last["resume_from"], root)
+    assert model.parse_name(record["resume_publication"]).path == os.path.relpath(
+        last["resume_from"], root
+    )
     assert os.path.isdir(last["resume_from"])  # its source stays while it is the live lineage
     out = (work.path / f"out-{slurm_id}.txt").read_text()
-    assert f"resuming at step {last['resume_from'].rsplit('-', 1)[1]} from " \
-           f"{last['resume_from']}" in out
+    assert (
+        f"resuming at step {last['resume_from'].rsplit('-', 1)[1]} from "
+        f"{last['resume_from']}" in out
+    )
     assert "dispatch watch: removed " in out
     assert "cleanup stopped" not in out
     latest = store.latest(str(root))
@@ -120,8 +132,11 @@ def test_gc_as_the_user_on_a_folder_it_cannot_remove_removes_nothing(work: Workd
     for attempt, epoch, steps in ((old, 1_000_000, (1, 2, 3)), (new, 2_000_000, (4, 5))):
         folder = root / "exec" / attempt
         folder.mkdir(parents=True)
-        (folder / ".dispatch").write_text(json.dumps(
-            {"format": 1, "epoch": epoch, "attempt": attempt, "resume_publication": None}))
+        (folder / ".dispatch").write_text(
+            json.dumps(
+                {"format": 1, "epoch": epoch, "attempt": attempt, "resume_publication": None}
+            )
+        )
         for step in steps:
             (folder / f"checkpoint-{step}").mkdir()
             (folder / f"checkpoint-{step}" / "w").write_text("x")
@@ -134,9 +149,16 @@ def test_gc_as_the_user_on_a_folder_it_cannot_remove_removes_nothing(work: Workd
     os.chmod(locked, 0o755)
     for attempt, epoch, steps in ((old, 1_000_000, (1, 2, 3)), (new, 2_000_000, (4, 5))):
         for step in steps:
-            code, _, err = as_user("publish", "--root", str(root), "--epoch", str(epoch),
-                                   "--step", str(step),
-                                   str(root / "exec" / attempt / f"checkpoint-{step}"))
+            code, _, err = as_user(
+                "publish",
+                "--root",
+                str(root),
+                "--epoch",
+                str(epoch),
+                "--step",
+                str(step),
+                str(root / "exec" / attempt / f"checkpoint-{step}"),
+            )
             assert code == 0, err
     before = sorted(p.name for p in (root / "pub").iterdir())
     code, out, err = as_user("gc", "--root", str(root), "--keep", "1")

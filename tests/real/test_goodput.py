@@ -1,5 +1,5 @@
-"""A job's goodput on the real sandbox (issue 34 item 1): a partition and a preemption made by
-the test, and ``dispatch status --json``'s figures say what happened, within one save
+"""A job's goodput on the real sandbox (docs/user-guide.md, goodput): a partition and a preemption
+made by the test, and ``dispatch status --json``'s figures say what happened, within one save
 interval.
 
 The toy trainer prints every save; the test makes the restarts happen: its node cut off (Slurm
@@ -32,14 +32,19 @@ RUN = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.1", "TOY_SAVE_EVERY": str(SAVE_
 def _saved(out: Path, attempt: str) -> list[int]:
     """The steps execution ``attempt`` printed as saved and published."""
     text = out.read_text() if out.exists() else ""
-    return [int(m) for m in re.findall(rf"\[{attempt}\] epoch \d+ saved and published step "
-                                       r"(\d+)", text)]
+    return [
+        int(m)
+        for m in re.findall(
+            rf"\[{attempt}\] epoch \d+ saved and published step "
+            r"(\d+)",
+            text,
+        )
+    ]
 
 
 def test_a_partition_then_a_preemption_give_the_figures_that_happened(work: Workdir) -> None:
     sandbox: Any = work.sandbox
-    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "trainer.sh",
-                                env=RUN)
+    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "trainer.sh", env=RUN)
     out = work.path / f"out-{slurm_id}.txt"
     first = wait_executions(work, job, 1)[0]
     cut = first["node"]
@@ -52,15 +57,27 @@ def test_a_partition_then_a_preemption_give_the_figures_that_happened(work: Work
         assert second["restart"] == 1 and second["node"] != cut
         # The cut-off execution publishes past its replacement's start.
         before = published_steps(first["exec_dir"])
-        sandbox.wait_for(lambda: published_steps(first["exec_dir"])[-1:] > before[-1:], 60,
-                         "the cut-off execution saving again")
+        sandbox.wait_for(
+            lambda: published_steps(first["exec_dir"])[-1:] > before[-1:],
+            60,
+            "the cut-off execution saving again",
+        )
         sandbox.wait_for(lambda: published_steps(second["exec_dir"]), 60, "a replacement save")
         sandbox_lib.heal(cut, sandbox.dir)
         healed = True
         # Preemption: an urgent job needs the whole node the replacement runs on.
-        urgent = sandbox.submit("#!/bin/sh\nsleep 10\n", "-p",
-                                sandbox_slurm_conf.URGENT_PARTITION, "--exclusive", "-w",
-                                second["node"], "-t", "2", "-o", "/dev/null")
+        urgent = sandbox.submit(
+            "#!/bin/sh\nsleep 10\n",
+            "-p",
+            sandbox_slurm_conf.URGENT_PARTITION,
+            "--exclusive",
+            "-w",
+            second["node"],
+            "-t",
+            "2",
+            "-o",
+            "/dev/null",
+        )
         third = wait_executions(work, job, 3, timeout=180)[2]
         assert third["restart"] == 2
         sandbox.wait_for(lambda: published_steps(third["exec_dir"]), 60, "a third save")
@@ -86,8 +103,21 @@ def test_a_partition_then_a_preemption_give_the_figures_that_happened(work: Work
         assert mid["waited_s"] is not None and mid["waited_s"] >= 0
         text = work.run("dispatch", "status", job).stdout
         print(next(line for line in text.splitlines() if line.startswith("Goodput")))
-        print([(e["cause"], e["resumed_step"], e["redone_steps"], e["waited_s"],
-                e["restore_s"], e["lost_s"]) for e in got["executions"]], reached_0, reached_1)
+        print(
+            [
+                (
+                    e["cause"],
+                    e["resumed_step"],
+                    e["redone_steps"],
+                    e["waited_s"],
+                    e["restore_s"],
+                    e["lost_s"],
+                )
+                for e in got["executions"]
+            ],
+            reached_0,
+            reached_1,
+        )
         assert "restarts (" in text and "node failure 1" in text and "preempted 1" in text
         _the_report_draws_it(work, job)
     finally:
@@ -99,7 +129,7 @@ def test_a_partition_then_a_preemption_give_the_figures_that_happened(work: Work
 
 
 def _the_report_draws_it(work: Workdir, job: str) -> None:
-    """``dispatch report`` of that job (issue 34 item 2): the cut-off execution's lane shows
+    """``dispatch report`` of that job: the cut-off execution's lane shows
     its overlap and its publications after Slurm ended it; a real browser renders the page
     (kept as ``TEST_REPORT_SHOT``, the user guide's picture, where that is set)."""
     import os
@@ -127,8 +157,10 @@ def _the_report_draws_it(work: Workdir, job: str) -> None:
     shot = screenshot(page, work.path / "job.png", 1200, 900)
     pixels = Image.open(shot).convert("RGB").getcolors(1 << 20) or []
     colours = {colour for _, colour in pixels}
-    wanted = {k: tuple(int(report.COLOURS[k][i:i + 2], 16) for i in (1, 3, 5))
-              for k in ("running", "overlap", "published", "redone", "ceased")}
+    wanted = {
+        k: tuple(int(report.COLOURS[k][i : i + 2], 16) for i in (1, 3, 5))
+        for k in ("running", "overlap", "published", "redone", "ceased")
+    }
     assert all(c in colours for c in wanted.values()), wanted
     keep = os.environ.get("TEST_REPORT_SHOT")
     if keep:

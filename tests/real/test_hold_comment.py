@@ -1,4 +1,4 @@
-"""A held job's comment on the real sandbox (issue 18, item 9): squeue shows why a held job
+"""A held job's comment on the real sandbox: squeue shows why a held job
 waits ("held: shared checkpoint; ...; expires ..."); once a person's `scontrol release` lets
 it run, the comment no longer says it is held."""
 
@@ -25,9 +25,11 @@ def test_a_released_hold_that_ran_no_longer_reads_held(user: User) -> None:
 
     def ran() -> bool:
         return any(str(e["slurm_job_id"]) == held for e in user.status(job)["executions"])
+
     user.sandbox.wait_for(ran, 60, "the released submission to start")
-    user.sandbox.wait_for(lambda: "hold over" in comment_of(user, held), 30,
-                          "the comment to say the hold is over")
+    user.sandbox.wait_for(
+        lambda: "hold over" in comment_of(user, held), 30, "the comment to say the hold is over"
+    )
     shown = comment_of(user, held)
     assert shown.startswith(f"dispatch:{job}/2 hold over: started ") and "held" not in shown
     user.supervise()  # the pass still finds the submission by its marker, and records its end

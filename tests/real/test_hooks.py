@@ -6,6 +6,7 @@ recorded too, and an array task's starts name its array and task.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ import pytest
 from slurm_dispatch.node import facts
 
 if TYPE_CHECKING:
+    from slurm_dispatch.node.executions import ExecutionFacts
     from tests.real.conftest import Sandbox
 
 pytestmark = pytest.mark.real
@@ -23,9 +25,13 @@ pytestmark = pytest.mark.real
 def test_installed_like_an_admin(sandbox: Sandbox) -> None:
     etc = sandbox.dir / "etc"
     site = (etc / "site.conf").read_text()
-    for line in (f"Prolog={etc}/prolog.d/*", f"Epilog={etc}/epilog.d/*",
-                 f"PrologSlurmctld={etc}/prolog.d/05-dispatch",
-                 f"EpilogSlurmctld={etc}/epilog.d/05-dispatch", "PrologFlags=Alloc"):
+    for line in (
+        f"Prolog={etc}/prolog.d/*",
+        f"Epilog={etc}/epilog.d/*",
+        f"PrologSlurmctld={etc}/prolog.d/05-dispatch",
+        f"EpilogSlurmctld={etc}/epilog.d/05-dispatch",
+        "PrologFlags=Alloc",
+    ):
         assert line in site.splitlines(), site
     part = (etc / "prolog.d/05-dispatch").read_text()
     assert f"DISPATCH_PYTHON={sandbox.venv_bin / 'python'}" in part.splitlines()
@@ -33,14 +39,19 @@ def test_installed_like_an_admin(sandbox: Sandbox) -> None:
 
 
 def test_every_node_records_and_only_the_user_reads(sandbox: Sandbox) -> None:
-    jobid = sandbox.submit("#!/bin/sh\nsrun -l hostname >/dev/null\nexit 0\n",
-                           "-N", str(len(sandbox.nodes)))
+    jobid = sandbox.submit(
+        "#!/bin/sh\nsrun -l hostname >/dev/null\nexit 0\n", "-N", str(len(sandbox.nodes))
+    )
     state = str(sandbox.dir / "dispatch-state")
 
-    def ended_everywhere() -> list[dict] | None:
+    def ended_everywhere() -> list[ExecutionFacts] | None:
         found = facts.execution_facts(jobid, state, sandbox.uid)
-        if found and sorted(found[0]["nodes"]) == sorted(sandbox.nodes) and all(
-                n["end"] for n in found[0]["nodes"].values()) and found[0]["controller"]["end"]:
+        if (
+            found
+            and sorted(found[0]["nodes"]) == sorted(sandbox.nodes)
+            and all(n["end"] for n in found[0]["nodes"].values())
+            and found[0]["controller"]["end"]
+        ):
             return found
         return None
 
@@ -48,35 +59,54 @@ def test_every_node_records_and_only_the_user_reads(sandbox: Sandbox) -> None:
     execution = found[0]
     assert execution["allocated"] == sandbox.nodes
     for name, node in execution["nodes"].items():
-        assert node["start"]["node"] == name and node["end"]["start_token"] == \
-            node["start"]["token"]
+        assert (
+            node["start"]["node"] == name and node["end"]["start_token"] == node["start"]["token"]
+        )
         assert node["ceased"] is True and node["survivors"] == []
     assert execution["end"]["exit_code"] == "0:0"
     # The job's user reads its own facts (through facts/, mode 0711, and its group's folders).
-    program = ("import json, sys; from slurm_dispatch.node import facts; "
-               f"print(json.dumps(facts.execution_facts({jobid!r}, {state!r})))")
+    program = (
+        "import json, sys; from slurm_dispatch.node import facts; "
+        f"print(json.dumps(facts.execution_facts({jobid!r}, {state!r})))"
+    )
     mine = sandbox.run([str(sandbox.venv_bin / "python"), "-c", program], user=sandbox.user)
     assert json.loads(mine.stdout)[0]["restart"] == 0
     # Another user reads nothing of it, and cannot write there.
-    theirs = ("import json, sys; from slurm_dispatch.node import facts; print(json.dumps("
-              f"facts.execution_facts({jobid!r}, {state!r}, uid={sandbox.uid})))")
-    other = sandbox.run([str(sandbox.venv_bin / "python"), "-c", theirs], user="nobody",
-                        cwd=Path("/"), check=False)
+    theirs = (
+        "import json, sys; from slurm_dispatch.node import facts; print(json.dumps("
+        f"facts.execution_facts({jobid!r}, {state!r}, uid={sandbox.uid})))"
+    )
+    other = sandbox.run(
+        [str(sandbox.venv_bin / "python"), "-c", theirs], user="nobody", cwd=Path("/"), check=False
+    )
     assert other.returncode != 0 and "Permission denied" in other.stderr, other
-    touch = sandbox.run(["touch", f"{state}/facts/{sandbox.uid}/{jobid}/forged"],
-                        user=sandbox.user, cwd=Path("/"), check=False)
+    touch = sandbox.run(
+        ["touch", f"{state}/facts/{sandbox.uid}/{jobid}/forged"],
+        user=sandbox.user,
+        cwd=Path("/"),
+        check=False,
+    )
     assert touch.returncode != 0
 
 
 def test_timed_out_job_end_is_recorded(sandbox: Sandbox) -> None:
     jobid = sandbox.submit("#!/bin/sh\nsleep 300\n", "--time=1")
-    sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "TIMEOUT", 150,
-                     "the job to time out", interval=1)
+    sandbox.wait_for(
+        lambda: sandbox.job_state(jobid).get("JobState") == "TIMEOUT",
+        150,
+        "the job to time out",
+        interval=1,
+    )
     state = str(sandbox.dir / "dispatch-state")
     found = sandbox.wait_for(
-        lambda: (lambda f: f if f and f[0]["end"] and all(
-            n["end"] for n in f[0]["nodes"].values()) else None)(
-            facts.execution_facts(jobid, state, sandbox.uid)), 30, "the end recorded")
+        lambda: (
+            lambda f: (
+                f if f and f[0]["end"] and all(n["end"] for n in f[0]["nodes"].values()) else None
+            )
+        )(facts.execution_facts(jobid, state, sandbox.uid)),
+        30,
+        "the end recorded",
+    )
     assert found[0]["end"]["source"] == "controller"
     for name, node in found[0]["nodes"].items():
         # The Epilog's scan found nothing of the job; on a loaded machine (CI runs the fast
@@ -88,30 +118,38 @@ def test_timed_out_job_end_is_recorded(sandbox: Sandbox) -> None:
     # Such a node is settled by the next re-check (HealthCheckProgram, every 5 s here).
     found = sandbox.wait_for(
         lambda: (lambda f: f if all(n["ceased"] for n in f[0]["nodes"].values()) else None)(
-            facts.execution_facts(jobid, state, sandbox.uid)), 60, "every node ceased")
-    proc = sandbox.run([str(sandbox.venv_bin / "dispatch-cease"), jobid, "--json"],
-                       user=sandbox.user, check=False)
+            facts.execution_facts(jobid, state, sandbox.uid)
+        ),
+        60,
+        "every node ceased",
+    )
+    proc = sandbox.run(
+        [str(sandbox.venv_bin / "dispatch-cease"), jobid, "--json"], user=sandbox.user, check=False
+    )
     verdict = json.loads(proc.stdout)
     assert proc.returncode == 0 and verdict["job_state"] == "TIMEOUT", verdict
 
 
 def test_a_requeued_executions_ends_are_its_own(sandbox: Sandbox) -> None:
-    """Issue 9 item 5: after `scontrol requeue`, the controller's end record of restart 0 was
+    """After `scontrol requeue`, the controller's end record of restart 0 was
     filed under restart 1 (Slurm gives EpilogSlurmctld the next count), so the running
     execution read "ended exit 0:0".  Ends are tied to the starts they close."""
     workdir = sandbox.workdir("requeue-ends")
-    script = ("#!/bin/bash\n"
-              f"touch {workdir}/running.${{SLURM_RESTART_COUNT:-0}}\n"
-              f"while [ ! -e {workdir}/stop ]; do sleep 0.2; done\n")
+    script = (
+        "#!/bin/bash\n"
+        f"touch {workdir}/running.${{SLURM_RESTART_COUNT:-0}}\n"
+        f"while [ ! -e {workdir}/stop ]; do sleep 0.2; done\n"
+    )
     jobid = sandbox.submit(script, f"--chdir={workdir}", "-o", "/dev/null")
     state = str(sandbox.dir / "dispatch-state")
     sandbox.wait_for(lambda: (workdir / "running.0").exists(), 60, "the first execution")
     sandbox.run(["scontrol", "requeue", jobid])
     sandbox.wait_for(lambda: (workdir / "running.1").exists(), 90, "the second execution")
 
-    def both() -> list[dict] | None:
+    def both() -> list[ExecutionFacts] | None:
         found = facts.execution_facts(jobid, state, sandbox.uid)
         return found if len(found) == 2 and found[1]["controller"]["start"] else None
+
     first, second = sandbox.wait_for(both, 30, "both executions recorded")
     assert first["controller"]["end"] is not None and first["end"]["requeued"]
     assert all(n["end"] for n in first["nodes"].values())
@@ -119,16 +157,23 @@ def test_a_requeued_executions_ends_are_its_own(sandbox: Sandbox) -> None:
     assert second["controller"]["end"] is None and second["end"] is None, second
     assert all(n["end"] is None for n in second["nodes"].values())
     (workdir / "stop").touch()
-    sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 60,
-                     "the second execution to complete")
+    sandbox.wait_for(
+        lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED",
+        60,
+        "the second execution to complete",
+    )
     second = sandbox.wait_for(
         lambda: (lambda f: f[1] if len(f) == 2 and f[1]["controller"]["end"] else None)(
-            facts.execution_facts(jobid, state, sandbox.uid)), 30, "its end recorded")
+            facts.execution_facts(jobid, state, sandbox.uid)
+        ),
+        30,
+        "its end recorded",
+    )
     assert second["end"]["exit_code"] == "0:0" and not second["end"]["requeued"]
 
 
 def test_an_array_tasks_starts_name_its_array_and_task(sandbox: Sandbox) -> None:
-    """Issue 22 item 3: a task's facts are filed under its own job id (SLURM_JOB_ID) while the
+    """A task's facts are filed under its own job id (SLURM_JOB_ID) while the
     records name the array and A_T.  PrologSlurmctld is given SLURM_ARRAY_JOB_ID and
     SLURM_ARRAY_TASK_ID, and the controller's start carries them, which ties the folder.  The
     node's Prolog (PrologFlags=Alloc) is given neither on 22.05 or 24.11 (its environment,
@@ -142,19 +187,30 @@ def test_an_array_tasks_starts_name_its_array_and_task(sandbox: Sandbox) -> None
         if any(f.get("JobState") != "COMPLETED" for f in shown.values()):
             return None
         return {t: f["JobId"] for t, f in shown.items()}
+
     own = sandbox.wait_for(own_ids, 90, "every task to complete", interval=1)
     assert len(set(own.values())) == 3 and array in own.values(), own
 
-    def started(job_id: str) -> dict | None:
+    def started(job_id: str) -> ExecutionFacts | None:
         found = facts.execution_facts(job_id, state, sandbox.uid)
-        if found and found[0]["controller"]["start"] and found[0]["nodes"] and all(
-                n["start"] for n in found[0]["nodes"].values()):
+        if (
+            found
+            and found[0]["controller"]["start"]
+            and found[0]["nodes"]
+            and all(n["start"] for n in found[0]["nodes"].values())
+        ):
             return found[0]
         return None
+
     for task, job_id in own.items():
-        execution = sandbox.wait_for(lambda j=job_id: started(j), 30, f"task {task}'s starts")
+        execution = sandbox.wait_for(
+            functools.partial(started, job_id), 30, f"task {task}'s starts"
+        )
         named = {"array_job_id": array, "array_task_id": str(task)}
         ctld = execution["controller"]["start"]
         assert {k: ctld.get(k) for k in named} == named, ctld
         for node in execution["nodes"].values():
-            assert all(node["start"].get(k) in (None, v) for k, v in named.items()), node
+            start = node["start"]
+            assert start is not None and all(start.get(k) in (None, v) for k, v in named.items()), (
+                node
+            )

@@ -1,4 +1,4 @@
-"""Real tier: job ids that start again (issue 29 item 8), on a release with SLUIDs (26.05).
+"""Real tier: job ids that start again (docs/invariants.md, 1), on a release with SLUIDs (26.05).
 
 A controller restarted with its StateSaveLocation wiped numbers jobs from its FirstJobId again,
 so the Slurm job id a dispatch record holds names another job, and a node's facts under that
@@ -12,15 +12,18 @@ job under its id alone.  On a release without SLUIDs (before 26.05) the tests sa
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from slurm_dispatch.sandbox import cluster as sandbox_lib
-from slurm_dispatch.sandbox import layout as sandbox_layout
 from tests.real import test_dispatch_sbatch as sbatch_tests
+from tests.real.conftest import (
+    empty_controller_state,
+    next_job_id,
+    recorded_job_ids,
+    restore_controller_state,
+)
 from tests.real.test_dispatch_sbatch import Workdir, wait_executions
 
 pytestmark = pytest.mark.real
@@ -37,19 +40,21 @@ def _sluid_or_skip(sandbox: Any) -> None:
         pytest.skip(f"Slurm {version} gives no SLUID (26.05 does)")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _state_put_back(sandbox: Any) -> Iterator[None]:
+    """After this module the controller numbers jobs on from where it was before the first
+    test emptied its state: every job id the folder's records hold stays behind it, so the
+    next session in this folder (CI keeps them) never reads another job's facts as its own."""
+    yield
+    restore_controller_state(sandbox)
+    probe, recorded = next_job_id(sandbox), max(recorded_job_ids(sandbox), default=0)
+    assert probe > recorded, (probe, recorded)
+
+
 def _controller_state_lost(sandbox: Any) -> None:
-    """slurmctld restarted with its StateSaveLocation emptied: it knows no job and numbers
-    new ones from FirstJobId again."""
-    sandbox_lib.stop_controller(sandbox.dir)
-    state = sandbox_layout.Layout(Path(sandbox.dir)).state_save
-    for entry in state.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    sandbox_lib.start_controller(sandbox.dir)
-    sandbox.wait_for(lambda: sorted(sandbox.node_states()) == sorted(sandbox.nodes) and all(
-        s == "idle" for s in sandbox.node_states().values()), 90, "every node idle again")
+    """slurmctld restarted with its StateSaveLocation emptied (kept aside until the module's
+    end): it knows no job and numbers new ones from FirstJobId again."""
+    empty_controller_state(sandbox)
 
 
 def _ids_from_the_start(work: Workdir) -> tuple[Any, str]:
@@ -68,11 +73,11 @@ def _cease(work: Workdir, slurm_id: str, *extra: str) -> tuple[int, dict[str, An
 
 
 def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its_sluid(
-        work: Workdir) -> None:
+    work: Workdir,
+) -> None:
     sandbox, node = _ids_from_the_start(work)
     work.write("quick.sh", QUICK)
-    job, slurm_id = work.submit("--checkpoint", "ck", "-w", node, "-o", "out-%j.txt",
-                                "quick.sh")
+    job, slurm_id = work.submit("--checkpoint", "ck", "-w", node, "-o", "out-%j.txt", "quick.sh")
     [first] = wait_executions(work, job, 1)
     ours = first["sluid"]
     assert ours.startswith("s") and ours.isalnum(), first
@@ -84,20 +89,27 @@ def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its
     # A plain job of the same user, under the same id, on the same node: still running.
     other = sandbox.submit(SLEEPER, "-w", node, "-o", "/dev/null")
     assert other == slurm_id
-    sandbox.wait_for(lambda: sandbox.job_state(other).get("JobState") == "RUNNING", 60,
-                     "the other job running")
+    sandbox.wait_for(
+        lambda: sandbox.job_state(other).get("JobState") == "RUNNING", 60, "the other job running"
+    )
     theirs = sandbox.run(["squeue", "-h", "-o", "%s", "-j", other]).stdout.strip()
     assert theirs and theirs != ours
 
     def facts_seen() -> list[Any]:
         [execution] = work.status(job)["executions"]
         return [f for f in execution["facts"] if f.get("nodes", {}).get(node, {}).get("start")]
-    sandbox.wait_for(lambda: _cease(work, slurm_id)[1].get("sluid") == theirs, 60,
-                     "the other job's run recorded under the id")
+
+    sandbox.wait_for(
+        lambda: _cease(work, slurm_id)[1].get("sluid") == theirs,
+        60,
+        "the other job's run recorded under the id",
+    )
     [facts] = facts_seen()
     assert facts["sluid"] == ours and facts["nodes"][node]["ceased"] is True, facts
     [execution] = work.status(job)["executions"]
     assert execution["sluid"] == ours and execution["state"] != "RUNNING", execution
+    # The SLUID squeue showed names the dispatch job's run, whatever the job ids did.
+    assert work.status(ours)["id"] == job
     # dispatch-cease judges the run asked about; without --sluid, the id's latest (running).
     code, verdict = _cease(work, slurm_id, "--sluid", ours)
     assert code == 0 and verdict["sluid"] == ours, verdict
@@ -109,23 +121,26 @@ def test_after_the_controller_lost_its_state_each_run_of_a_job_id_is_told_by_its
 
 
 def test_a_submission_with_the_users_own_comment_is_told_by_its_sluid_after_ids_restart(
-        work: Workdir) -> None:
+    work: Workdir,
+) -> None:
     """Without a marker (the user's own --comment) the submission records its job's SLUID,
     read right after sbatch; once the controller lost its state and another job of the
     user's got the id, dispatch cancel leaves that job alone and dispatch jobs does not show
     its state as the dispatch job's."""
     sandbox, node = _ids_from_the_start(work)
     work.write("sleeper.sh", SLEEPER)
-    job, slurm_id = work.submit("--checkpoint", "ck", "-w", node, "-o", "/dev/null",
-                                "--comment=my own note", "sleeper.sh")
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "-w", node, "-o", "/dev/null", "--comment=my own note", "sleeper.sh"
+    )
     ours = sandbox.run(["squeue", "-h", "-O", "SLUID", "-j", slurm_id]).stdout.strip()
     [made] = work.status(job)["submissions"]
     assert ours and made.get("sluid") == ours, made
     _controller_state_lost(sandbox)
     other = sandbox.submit(SLEEPER, "-w", node, "-o", "/dev/null", "--comment=my own note")
     assert other == slurm_id
-    sandbox.wait_for(lambda: sandbox.job_state(other).get("JobState") == "RUNNING", 60,
-                     "the other job running")
+    sandbox.wait_for(
+        lambda: sandbox.job_state(other).get("JobState") == "RUNNING", 60, "the other job running"
+    )
     cancelled = work.run("dispatch", "cancel", job)
     assert "has no active Slurm job" in cancelled.stdout, cancelled.stdout
     assert sandbox.job_state(other).get("JobState") == "RUNNING"

@@ -114,7 +114,8 @@ def _pubs(root: Path) -> list[Found]:
 
 
 def test_a_preempted_job_is_requeued_resumes_its_term_save_and_outranks_late_saves(
-        work: Workdir) -> None:
+    work: Workdir,
+) -> None:
     sandbox: Any = work.sandbox
     work.write("trainer.sh", TRAINER)
     work.write("straggler.sh", STRAGGLER)
@@ -126,8 +127,18 @@ def test_a_preempted_job_is_requeued_resumes_its_term_save_and_outranks_late_sav
         node = old["node"]
         sandbox.wait_for(lambda: [p for p in _pubs(root) if p.step >= 3], 60, "a first save")
         # The urgent job needs the whole node the dispatch job runs on.
-        urgent = sandbox.submit("#!/bin/sh\nsleep 15\n", "-p", sandbox_slurm_conf.URGENT_PARTITION,
-                                "--exclusive", "-w", node, "-t", "2", "-o", "/dev/null")
+        urgent = sandbox.submit(
+            "#!/bin/sh\nsleep 15\n",
+            "-p",
+            sandbox_slurm_conf.URGENT_PARTITION,
+            "--exclusive",
+            "-w",
+            node,
+            "-t",
+            "2",
+            "-o",
+            "/dev/null",
+        )
         first_log, second_log = work.path / "trainer-0.log", work.path / "trainer-1.log"
         sandbox.wait_for(lambda: _said(first_log, "sigterm"), 60, "SIGTERM to the preempted job")
         new = wait_executions(work, job, 2, timeout=120)[1]
@@ -140,17 +151,21 @@ def test_a_preempted_job_is_requeued_resumes_its_term_save_and_outranks_late_sav
 
         # The window: the old execution got SIGTERM, saved and published step+1000 while it
         # ran on, and was killed KillWait later, before the replacement started.
-        (term_at, _), = _said(first_log, "sigterm")
-        term_save = max((p for p in _pubs(root) if p.epoch == 1_000_000 and p.step < 1_000_000),
-                         key=lambda p: p.step)
+        ((term_at, _),) = _said(first_log, "sigterm")
+        term_save = max(
+            (p for p in _pubs(root) if p.epoch == 1_000_000 and p.step < 1_000_000),
+            key=lambda p: p.step,
+        )
         assert term_save.step >= 1003 and term_save.path.startswith(old["exec_dir"] + "/")
         last_alive = max(t for t, _ in _said(first_log, "alive"))
         ran_on = last_alive - term_at
         wait = sandbox_slurm_conf.KILL_WAIT
-        assert wait - 1.5 <= ran_on <= wait + 2, \
+        assert wait - 1.5 <= ran_on <= wait + 2, (
             f"the preempted execution ran {ran_on:.1f} s after SIGTERM (KillWait {wait} s)"
-        (started_at, resumed), = sandbox.wait_for(
-            lambda: _said(second_log, "resumed"), 30, "the replacement's first line")
+        )
+        ((started_at, resumed),) = sandbox.wait_for(
+            lambda: _said(second_log, "resumed"), 30, "the replacement's first line"
+        )
         assert started_at > last_alive
 
         # The replacement resumed from its job's latest publication when it started: the
@@ -161,11 +176,15 @@ def test_a_preempted_job_is_requeued_resumes_its_term_save_and_outranks_late_sav
         # The straggler's save, published after the replacement's first, names a far higher
         # step; the replacement's saves still rank first.
         stray = sandbox.wait_for(
-            lambda: [p for p in _pubs(root) if p.step >= 1_000_000], 60, "the straggler's save")
+            lambda: [p for p in _pubs(root) if p.step >= 1_000_000], 60, "the straggler's save"
+        )
         assert stray[0].epoch == 1_000_000 and stray[0].path.startswith(old["exec_dir"] + "/")
         before = max(p.step for p in _pubs(root) if p.epoch == 1_000_001)
-        sandbox.wait_for(lambda: max(p.step for p in _pubs(root) if p.epoch == 1_000_001) > before,
-                         30, "the replacement saving after the straggler")
+        sandbox.wait_for(
+            lambda: max(p.step for p in _pubs(root) if p.epoch == 1_000_001) > before,
+            30,
+            "the replacement saving after the straggler",
+        )
         latest = json.loads(work.run("dispatch", "latest", "--json", "--root", "ck").stdout)
         assert latest["epoch"] == 1_000_001, f"a late save outranked the replacement: {latest}"
         assert latest["path"].startswith(new["exec_dir"] + "/")
@@ -184,10 +203,13 @@ def test_a_preempted_job_is_requeued_resumes_its_term_save_and_outranks_late_sav
 
 
 def test_jobs_of_the_default_partition_are_preemptable_and_urgent_ones_rank_higher(
-        sandbox: Any) -> None:
+    sandbox: Any,
+) -> None:
     config = sandbox.run(["scontrol", "show", "config"]).stdout
-    settings = {k.strip(): v.strip() for k, _, v in
-                (line.partition("=") for line in config.splitlines() if " = " in line)}
+    settings = {
+        k.strip(): v.strip()
+        for k, _, v in (line.partition("=") for line in config.splitlines() if " = " in line)
+    }
     assert settings["PreemptType"] == "preempt/partition_prio"
     assert settings["PreemptMode"] == "REQUEUE"
     parts = {}

@@ -76,9 +76,21 @@ def s3_server(sandbox: Any) -> Iterator[SeaweedServer]:
     it (a node's loopback is its own), and boto3 in the sandbox's venv (once)."""
     python = Path(sandbox.venv_bin) / "python"
     if subprocess.run([str(python), "-c", "import boto3"], capture_output=True).returncode:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c",
-                        str(frameworks_tests.CONSTRAINTS), "boto3>=1.35"], check=True,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-c",
+                str(frameworks_tests.CONSTRAINTS),
+                "boto3>=1.35",
+            ],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
     address = sandbox_network.net_of(Layout(Path(sandbox.dir))).host_address
     server = SeaweedServer(os.environ.get("DISPATCH_S3_TEST_DIR") or None, address).start()
     try:
@@ -89,8 +101,7 @@ def s3_server(sandbox: Any) -> Iterator[SeaweedServer]:
 
 
 @pytest.fixture
-def s3(s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch,
-       tmp_path: Path) -> SeaweedServer:
+def s3(s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SeaweedServer:
     point_boto3_at(monkeypatch, s3_server, tmp_path)
     return s3_server
 
@@ -106,21 +117,27 @@ def stage_of(out: str, execution: int) -> Path:
 
 
 def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
-        work: Workdir, s3: SeaweedServer) -> None:
+    work: Workdir, s3: SeaweedServer
+) -> None:
     sandbox = work.sandbox
     work.write("train.sh", TRAINER)
     root = f"s3://{BUCKET}/run-{uuid.uuid4().hex[:8]}"
-    job, slurm_id = work.submit("--checkpoint", root, "-o", "out-%j.txt", "train.sh",
-                                env=s3.env())
+    job, slurm_id = work.submit("--checkpoint", root, "-o", "out-%j.txt", "train.sh", env=s3.env())
     first = wait_executions(work, job, 1)[0]
     assert first["exec_dir"].startswith(f"{root}/exec/")
-    sandbox.wait_for(lambda: len(publications(root, first["exec_dir"])) >= 2, 90,
-                     "two saves uploaded and published by watch")
+    sandbox.wait_for(
+        lambda: len(publications(root, first["exec_dir"])) >= 2,
+        90,
+        "two saves uploaded and published by watch",
+    )
     sandbox.run(["scontrol", "requeue", slurm_id])
     second = wait_executions(work, job, 2)[1]
     try:
-        sandbox.wait_for(lambda: len(publications(root, second["exec_dir"])) >= 2, 90,
-                         "two saves of the replacement published")
+        sandbox.wait_for(
+            lambda: len(publications(root, second["exec_dir"])) >= 2,
+            90,
+            "two saves of the replacement published",
+        )
     finally:
         sandbox.run(["scancel", slurm_id], check=False)
     wait_state(work, slurm_id, {"CANCELLED"})
@@ -128,8 +145,9 @@ def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
     old = publications(root, first["exec_dir"])
     new = publications(root, second["exec_dir"])
     steps = [f.step for f in old]
-    assert steps == sorted(steps) and steps == list(range(5, 5 * len(steps) + 1, 5)), \
+    assert steps == sorted(steps) and steps == list(range(5, 5 * len(steps) + 1, 5)), (
         "each save published once, in step order, none skipped"
+    )
     assert {f.epoch for f in old} == {1_000_000} and {f.epoch for f in new} == {1_000_001}
     # The replacement resumed from its lineage's latest, on S3, and went on from its step.
     assert second["resume_from"] == old[-1].path
@@ -142,15 +160,18 @@ def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
 
     out = printed(work.path / f"out-{slurm_id}.txt")
     name = old[-1].path.rsplit("/", 1)[-1]
-    assert (f"resuming at step {old[-1].step} from {old[-1].path}, copied to "
-            f"{stage_of(out, 1)}/resume-1/{name}") in out, out
+    assert (
+        f"resuming at step {old[-1].step} from {old[-1].path}, copied to "
+        f"{stage_of(out, 1)}/resume-1/{name}"
+    ) in out, out
     lines = [line for line in out.splitlines() if line.startswith("dispatch watch: published")]
     assert lines == [f"dispatch watch: published step {f.step}: {f.path}" for f in old + new]
     # Uploaded and published: each execution's older local copies are gone, its newest kept.
     for number, pubs in ((0, old), (1, new)):
         stage = stage_of(out, number)
-        kept = sorted(p.name for p in stage.glob("checkpoint-*")
-                      if (p / "trainer_state.json").exists())
+        kept = sorted(
+            p.name for p in stage.glob("checkpoint-*") if (p / "trainer_state.json").exists()
+        )
         assert f"checkpoint-{pubs[-1].step}" in kept and len(kept) <= 2, kept
         assert not any(f"checkpoint-{f.step}" in kept for f in pubs[:-1])
         record = json.loads((stage / ".dispatch").read_text())
@@ -158,34 +179,56 @@ def test_an_hf_shaped_job_on_s3_is_requeued_and_resumes_from_its_own_lineage(
 
 
 def test_a_lightning_job_writes_s3_itself_and_resumes_after_the_requeue_signal(
-        sandbox: Any, frameworks: Path, s3: SeaweedServer, tmp_path: Path) -> None:
+    sandbox: Any, frameworks: Path, s3: SeaweedServer, tmp_path: Path
+) -> None:
     """The Lightning example job with an s3:// root: Lightning writes its saves to the
     execution's prefix (fsspec, s3fs), the callback publishes each; at the requeue signal it
     saves, publishes and requeues, and the requeued execution resumes from that URL."""
     python = Path(sandbox.venv_bin) / "python"
     if subprocess.run([str(python), "-c", "import s3fs"], capture_output=True).returncode:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c",
-                        str(frameworks_tests.CONSTRAINTS), "s3fs>=2024.6"], check=True,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-c",
+                str(frameworks_tests.CONSTRAINTS),
+                "s3fs>=2024.6",
+            ],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
     work = frameworks_tests._work(sandbox, "lightning")
     root = f"s3://{BUCKET}/pl-{uuid.uuid4().hex[:8]}"
     env = {**s3.env(), "TRAIN_STEPS": "80", "SAVE_EVERY": "10", "STEP_SECONDS": "0.3"}
     job, slurm_id = work.submit("--checkpoint", root, "-o", "out.txt", "job.sh", env=env)
     output = work.path / "out.txt"
     first = wait_executions(work, job, 1)[0]
-    sandbox.wait_for(lambda: first["attempt"] in frameworks_tests._starts(output), 180,
-                     "training to start")
-    sandbox.wait_for(lambda: publications(root, first["exec_dir"]), 120,
-                     "a first save written to S3 by Lightning and published")
+    sandbox.wait_for(
+        lambda: first["attempt"] in frameworks_tests._starts(output), 180, "training to start"
+    )
+    sandbox.wait_for(
+        lambda: publications(root, first["exec_dir"]),
+        120,
+        "a first save written to S3 by Lightning and published",
+    )
     sandbox.run(["scancel", "--signal=USR1", slurm_id], user=sandbox.user)
     second = wait_executions(work, job, 2, timeout=120)[1]
     ends = sandbox.wait_for(
-        lambda: second["attempt"] in frameworks_tests._ends(output)
-        and frameworks_tests._ends(output), 240, "the requeued execution's end line")
+        lambda: (
+            second["attempt"] in frameworks_tests._ends(output) and frameworks_tests._ends(output)
+        ),
+        240,
+        "the requeued execution's end line",
+    )
     source = second["resume_from"]
     assert second["restart"] == 1
-    assert re.fullmatch(re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt",
-                        source), source
+    assert re.fullmatch(
+        re.escape(first["exec_dir"]) + r"/checkpoints/requeue-step=\d+\.ckpt", source
+    ), source
     step = int(source.rsplit("=", 1)[1].split(".")[0])
     starts = frameworks_tests._starts(output)
     assert starts[second["attempt"]][0] == step

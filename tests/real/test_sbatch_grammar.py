@@ -55,18 +55,29 @@ class Probe:
             pytest.fail(f"{folder} is not in a folder the root shares (/tmp)")
         (folder / "slurm.conf").write_text(CONF)
         self.folder = folder
-        self.env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C",
-                    "SLURM_CONF": str(folder / "slurm.conf")}
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "LC_ALL": "C",
+            "SLURM_CONF": str(folder / "slurm.conf"),
+        }
 
     def many(self, argvs: list[tuple[str, ...]]) -> list[str]:
         """What sbatch printed for each argv (stdout and stderr together)."""
-        script = "\n".join(f"echo {MARK}; {shlex.join([self.sbatch, *argv])} </dev/null 2>&1"
-                           for argv in argvs)
+        script = "\n".join(
+            f"echo {MARK}; {shlex.join([self.sbatch, *argv])} </dev/null 2>&1" for argv in argvs
+        )
         command = ["/bin/sh", "-c", script]
         if self.root is not None:
             command = sandbox_root.enter_argv(self.root, self.folder, command)
-        out = subprocess.run(command, env=self.env, cwd=self.folder, text=True,
-                             stdin=subprocess.DEVNULL, capture_output=True, timeout=600).stdout
+        out = subprocess.run(
+            command,
+            env=self.env,
+            cwd=self.folder,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=600,
+        ).stdout
         parts = out.split(MARK + "\n")[1:]
         assert len(parts) == len(argvs), out[-2000:]
         return parts
@@ -90,7 +101,8 @@ def release(probe: Probe) -> str:
     name = f"{int(found[1]):02d}.{int(found[2]):02d}"
     assert name in sbatch_options.RELEASES, (
         f"this machine runs Slurm {name}, a release slurm/sbatch_options.py has no rows for: "
-        "add its rows (tools/sbatch_options.py prints them from Slurm's source)")
+        "add its rows (tools/sbatch_options.py prints them from Slurm's source)"
+    )
     return name
 
 
@@ -107,11 +119,16 @@ def test_every_long_option_takes_the_value_the_table_says(probe: Probe, release:
             "needs": f"option '--{name}' requires an argument" in alone,
             "refuses": f"option '--{name}' doesn't allow an argument" in with_value,
         }
-        expected = {"unknown": False, "needs": value == sbatch_options.REQUIRED,
-                    "refuses": value == sbatch_options.NONE}
+        expected = {
+            "unknown": False,
+            "needs": value == sbatch_options.REQUIRED,
+            "refuses": value == sbatch_options.NONE,
+        }
         if seen != expected:
-            wrong.append(f"--{name} ({value}): sbatch said {alone.strip()!r} alone, "
-                         f"{with_value.strip()!r} with =1")
+            wrong.append(
+                f"--{name} ({value}): sbatch said {alone.strip()!r} alone, "
+                f"{with_value.strip()!r} with =1"
+            )
     assert wrong == [], f"Slurm {release}: " + "\n".join(wrong)
 
 
@@ -131,13 +148,16 @@ def test_every_short_letter_is_the_tables(probe: Probe, release: str) -> None:
         # -h and -V print and exit at once: what follows them is never read
         read_on = option is not None and option.canonical not in ("help", "version")
         seen = (known, needs, takes_rest if read_on else None)
-        expected = (option is not None,
-                    option is not None and option.value == sbatch_options.REQUIRED,
-                    None if option is None or not read_on
-                    else option.value != sbatch_options.NONE)
+        expected = (
+            option is not None,
+            option is not None and option.value == sbatch_options.REQUIRED,
+            None if option is None or not read_on else option.value != sbatch_options.NONE,
+        )
         if seen != expected:
-            wrong.append(f"-{letter} ({option}): sbatch said {out.strip()!r}, then "
-                         f"{out_spare.strip()!r} for -{letter}{spare}")
+            wrong.append(
+                f"-{letter} ({option}): sbatch said {out.strip()!r}, then "
+                f"{out_spare.strip()!r} for -{letter}{spare}"
+            )
     assert wrong == [], f"Slurm {release}: " + "\n".join(wrong)
 
 

@@ -45,12 +45,14 @@ os.rename(os.path.join(work, "late.part"), os.path.join(work, "late.json"))
 def _script(sandbox: Sandbox, work: Path) -> str:
     python = shlex.quote(str(sandbox.venv_bin / "python"))
     folder = shlex.quote(str(work))
-    return ("#!/bin/sh\n"
-            f"echo \"${{SLURM_RESTART_COUNT:-0}} ${{SLURM_JOB_SLUID:--}}\" >> {folder}/executions\n"
-            "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
-            f"  (setsid {python} {folder}/late.py {folder} </dev/null >{folder}/late.log 2>&1 &)\n"
-            "fi\n"
-            "exec sleep 600\n")
+    return (
+        "#!/bin/sh\n"
+        f'echo "${{SLURM_RESTART_COUNT:-0}} ${{SLURM_JOB_SLUID:--}}" >> {folder}/executions\n'
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
+        f"  (setsid {python} {folder}/late.py {folder} </dev/null >{folder}/late.log 2>&1 &)\n"
+        "fi\n"
+        "exec sleep 600\n"
+    )
 
 
 def _executions(work: Path) -> list[list[str]]:
@@ -65,9 +67,14 @@ def test_an_old_executions_late_requeue_spares_its_replacement(sandbox: Sandbox)
     try:
         first = sandbox.wait_for(lambda: _executions(work), 30, f"job {jobid} to start")[0]
         sandbox.run(["scontrol", "requeue", jobid])  # as a node failure or a person would
-        sandbox.wait_for(lambda: len(_executions(work)) >= 2
-                         and sandbox.job_state(jobid).get("JobState") == "RUNNING", 90,
-                         "the replacement to run")
+        sandbox.wait_for(
+            lambda: (
+                len(_executions(work)) >= 2
+                and sandbox.job_state(jobid).get("JobState") == "RUNNING"
+            ),
+            90,
+            "the replacement to run",
+        )
         (work / "go").write_text("")
         late = work / "late.json"
         sandbox.wait_for(late.exists, 60, f"the late call's answer ({work}/late.log)")

@@ -53,8 +53,9 @@ def saved_after(path: Path, since_ns: int) -> bool:
 
 def beats(folder: Path) -> dict[str, list[str]]:
     """Each execution that ran the script: the lines it wrote (node, time)."""
-    return {p.name[len("beats-"):]: p.read_text().splitlines()
-            for p in sorted(folder.glob("beats-*"))}
+    return {
+        p.name[len("beats-") :]: p.read_text().splitlines() for p in sorted(folder.glob("beats-*"))
+    }
 
 
 def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> None:
@@ -70,16 +71,33 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
     try:
         sandbox.run([*scontrol, f"partitionname={PARTITION_NAME}", "state=down"])
         since = time.time_ns()
-        job, slurm_id = user.submit("--checkpoint", "ck", "--shared-checkpoint",
-                                    "--resubmit", "1", "-o", "out-%j.txt", "beating.sh")
+        job, slurm_id = user.submit(
+            "--checkpoint",
+            "ck",
+            "--shared-checkpoint",
+            "--resubmit",
+            "1",
+            "-o",
+            "out-%j.txt",
+            "beating.sh",
+        )
         assert state_of(sandbox, slurm_id)[0] == "PENDING"
-        sandbox.wait_for(lambda: saved_after(saved, since), 30,
-                         "slurmctld to save its job state with the job pending")
+        sandbox.wait_for(
+            lambda: saved_after(saved, since),
+            30,
+            "slurmctld to save its job state with the job pending",
+        )
         shutil.copy2(saved, kept)
 
         # It starts on the first node only.
-        sandbox.run([*scontrol, f"nodename={second_node},{spare}", "state=drain",
-                     "reason=test_shared_relaunch"])
+        sandbox.run(
+            [
+                *scontrol,
+                f"nodename={second_node},{spare}",
+                "state=drain",
+                "reason=test_shared_relaunch",
+            ]
+        )
         sandbox.run([*scontrol, f"partitionname={PARTITION_NAME}", "state=up"])
         first = sandbox.wait_for(lambda: beats(user.path), 60, "the first execution's beats")
         (attempt,) = first
@@ -90,16 +108,19 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
         sandbox_lib.partition(first_node, sandbox.dir)
         nodes_saved = layout.state_save / "node_state"
         since = time.time_ns()
-        sandbox.run([*scontrol, f"nodename={first_node}", "state=drain",
-                     "reason=test_shared_relaunch"])
+        sandbox.run(
+            [*scontrol, f"nodename={first_node}", "state=drain", "reason=test_shared_relaunch"]
+        )
         sandbox.run([*scontrol, f"nodename={second_node}", "state=resume"])
-        sandbox.wait_for(lambda: saved_after(nodes_saved, since), 30,
-                         "slurmctld to save the nodes' state")
+        sandbox.wait_for(
+            lambda: saved_after(nodes_saved, since), 30, "slurmctld to save the nodes' state"
+        )
         pid = daemons.live_pid(daemons.slurmctld(layout))
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        sandbox.wait_for(lambda: daemons.live_pid(daemons.slurmctld(layout)) is None, 30,
-                         "slurmctld to be gone")
+        sandbox.wait_for(
+            lambda: daemons.live_pid(daemons.slurmctld(layout)) is None, 30, "slurmctld to be gone"
+        )
         shutil.copy2(kept, saved)
         sandbox_lib.start_controller(sandbox.dir)
 
@@ -111,12 +132,15 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
             assert list(twice) == [attempt], f"a second execution ran the script: {twice}"
             text = out.read_text() if out.exists() else ""
             return text if "already started" in text else ""
+
         said = sandbox.wait_for(refused, 90, "the second execution's launcher to refuse")
         assert f"submission 1 already started on {first_node}" in said, said
         assert f"restart 0 on {second_node}" in said, said
+
         def ended() -> Any:
             state = state_of(sandbox, slurm_id)
             return state if state[0] not in ("PENDING", "RUNNING", "COMPLETING", "") else None
+
         info = sandbox.wait_for(ended, 60, "the second execution to end")
         assert info[0] == "FAILED", info
         assert sandbox.job_state(slurm_id).get("NodeList") == second_node
@@ -124,8 +148,11 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
         ran = beats(user.path)
         assert list(ran) == [attempt], ran
         count = len(ran[attempt])
-        sandbox.wait_for(lambda: len(beats(user.path)[attempt]) > count + 2, 30,
-                         "the cut-off execution to beat on")
+        sandbox.wait_for(
+            lambda: len(beats(user.path)[attempt]) > count + 2,
+            30,
+            "the cut-off execution to beat on",
+        )
         started = user.status(job)["executions"]
         assert [(e["node"], e["attempt"]) for e in started] == [(first_node, attempt)]
 
@@ -141,20 +168,22 @@ def test_a_shared_job_the_controller_runs_again_never_runs_twice(user: User) -> 
     finally:
         sandbox_lib.heal(first_node, sandbox.dir)
         sandbox.run([*scontrol, f"partitionname={PARTITION_NAME}", "state=up"], check=False)
-        sandbox.run([*scontrol, f"nodename={','.join(sandbox.nodes)}", "state=resume"],
-                    check=False)
+        sandbox.run([*scontrol, f"nodename={','.join(sandbox.nodes)}", "state=resume"], check=False)
 
     # Once the node is back, slurmd kills what the controller no longer runs there, its
     # Epilog records it, and the hold lifts: submission 2 runs alone.
     def lifted() -> bool:
         user.supervise()
         return bool(user.events(job, "released"))
+
     sandbox.wait_for(lifted, 180, "dispatch-cease to prove both executions gone", interval=1)
     last_beat = max(float(line.split()[1]) for line in beats(user.path)[attempt])
     (release,) = user.events(job, "released")
     assert release["time"] > last_beat
     second = sandbox.wait_for(
-        lambda: [e for e in user.status(job)["executions"] if e["submission"] == 2], 60,
-        "submission 2 to start")
+        lambda: [e for e in user.status(job)["executions"] if e["submission"] == 2],
+        60,
+        "submission 2 to start",
+    )
     sandbox.run(["scancel", held], check=False)
     assert second[0]["attempt"] != attempt

@@ -9,6 +9,7 @@ from the job is named by the Epilog.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import re
@@ -76,8 +77,10 @@ def _script(workdir: Path, name: str, code: str, marker: str) -> str:
     program.write_text(code)
     os.chmod(program, 0o644)
     out = workdir / f"{name}.out"
-    return (f"#!/bin/sh\n(setsid {PYTHON} {program} {out} {marker} </dev/null >/dev/null 2>&1 &)\n"
-            "sleep 300\n")
+    return (
+        f"#!/bin/sh\n(setsid {PYTHON} {program} {out} {marker} </dev/null >/dev/null 2>&1 &)\n"
+        "sleep 300\n"
+    )
 
 
 def test_hopper_and_thread_leader_are_not_proven_until_killed(sandbox: Sandbox) -> None:
@@ -86,13 +89,17 @@ def test_hopper_and_thread_leader_are_not_proven_until_killed(sandbox: Sandbox) 
     hopper = sandbox.submit(_script(workdir, "hopper", HOPPER, marker), "-w", "n1")
     leader = sandbox.submit(_script(workdir, "leader", LEADER, marker), "-w", "n2")
     hop_out, lead_out = workdir / "hopper.out", workdir / "leader.out"
-    sandbox.wait_for(lambda: _writing(hop_out, 1) and _writing(lead_out, 1), 60,
-                     "both jobs' hiders writing")
+    sandbox.wait_for(
+        lambda: _writing(hop_out, 1) and _writing(lead_out, 1), 60, "both jobs' hiders writing"
+    )
     sandbox.run(["scancel", hopper, leader])
     try:
         for jobid, out in ((hopper, hop_out), (leader, lead_out)):
-            sandbox.wait_for(lambda j=jobid: _unproven_with_survivors(sandbox, j), 60,
-                             f"job {jobid} not proven, its survivors named")
+            sandbox.wait_for(
+                functools.partial(_unproven_with_survivors, sandbox, jobid),
+                60,
+                f"job {jobid} not proven, its survivors named",
+            )
             assert _writing(out), f"{out} stopped: nothing to find"
             # Still unproven while they write, across re-checks (every 5 s in the sandbox).
             time.sleep(6)
@@ -110,8 +117,11 @@ def test_hopper_and_thread_leader_are_not_proven_until_killed(sandbox: Sandbox) 
 
 def _unproven_with_survivors(sandbox: Sandbox, jobid: str) -> dict | None:
     rc, verdict = cease(sandbox, jobid)
-    if rc == 1 and verdict["job_state"] == "CANCELLED" and any(
-            n["survivors"] for n in verdict["nodes"]):
+    if (
+        rc == 1
+        and verdict["job_state"] == "CANCELLED"
+        and any(n["survivors"] for n in verdict["nodes"])
+    ):
         return verdict
     return None
 
@@ -143,22 +153,44 @@ def other_user() -> str:
     try:
         pwd.getpwnam(OTHER_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
-                        OTHER_USER], check=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", OTHER_USER],
+            check=True,
+        )
     return OTHER_USER
 
 
-def test_another_users_impostor_does_not_keep_the_job_unproven(sandbox: Sandbox,
-                                                               other_user: str) -> None:
+def test_another_users_impostor_does_not_keep_the_job_unproven(
+    sandbox: Sandbox, other_user: str
+) -> None:
     workdir = sandbox.workdir("impostor")
     jobid = sandbox.submit(f"#!/bin/sh\ntouch {workdir}/ready\nsleep 300\n", "-w", "n1")
     sandbox.wait_for(lambda: (workdir / "ready").exists(), 60, "the victim running")
     impostor = subprocess.Popen(
-        ["runuser", "-u", other_user, "--", "env", "-i", f"SLURM_JOB_ID={jobid}",
-         "SLURMD_NODENAME=n1", "sleep", "600"], start_new_session=True, cwd="/")
+        [
+            "runuser",
+            "-u",
+            other_user,
+            "--",
+            "env",
+            "-i",
+            f"SLURM_JOB_ID={jobid}",
+            "SLURMD_NODENAME=n1",
+            "sleep",
+            "600",
+        ],
+        start_new_session=True,
+        cwd="/",
+    )
     try:
-        sandbox.wait_for(lambda: f"SLURM_JOB_ID={jobid}".encode() in b"".join(
-            _environ(p) for p in _children(impostor.pid)), 30, "the impostor's sleep")
+        sandbox.wait_for(
+            lambda: (
+                f"SLURM_JOB_ID={jobid}".encode()
+                in b"".join(_environ(p) for p in _children(impostor.pid))
+            ),
+            30,
+            "the impostor's sleep",
+        )
         sandbox.run(["scancel", jobid])
         verdict = wait_cease(sandbox, jobid, 0, timeout=60)
         assert verdict["job_state"] == "CANCELLED"
@@ -171,8 +203,10 @@ def test_another_users_impostor_does_not_keep_the_job_unproven(sandbox: Sandbox,
 
 def _children(pid: int) -> list[int]:
     try:
-        return [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text()
-                       .split())]
+        return [
+            pid,
+            *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()),
+        ]
     except OSError:
         return [pid]
 
@@ -187,7 +221,7 @@ def _environ(pid: int) -> bytes:
 def _container_filter() -> str:
     """The command the user guide's container section feeds ``--env-file`` (``env | grep ...``)."""
     guide = (REPO / "docs/user-guide.md").read_text()
-    section = guide[guide.index("## Jobs whose steps run in a container"):]
+    section = guide[guide.index("## Jobs whose steps run in a container") :]
     found = re.search(r"--env-file <\((env \| grep .+?)\)[\s\\]*image\.sif", section)
     assert found, "the container section no longer gives an --env-file <(env | grep ...) filter"
     return found.group(1)
@@ -201,30 +235,41 @@ def test_container_advice_keeps_an_escaped_process_visible(sandbox: Sandbox) -> 
     runs (a shared job's hold stays).  With ``grep ^DISPATCH_`` alone it was proven ceased."""
     workdir = sandbox.workdir("container")
     marker = f"contained-{os.getpid()}-{time.monotonic_ns()}"
-    script = ("#!/bin/bash\n"
-              "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
-              f"  touch {workdir}/running.0; exec sleep 300\n"
-              "fi\n"
-              f"{_container_filter()} > {workdir}/env.$SLURM_JOB_ID\n"
-              f"mapfile -t kept < {workdir}/env.$SLURM_JOB_ID\n"
-              f"env -i \"${{kept[@]}}\" /usr/bin/setsid /bin/sh -c '{PYTHON} -c "
-              f"\"import time; time.sleep(300)\" {marker} </dev/null >/dev/null 2>&1 &'\n"
-              "sleep 1\n")
+    script = (
+        "#!/bin/bash\n"
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
+        f"  touch {workdir}/running.0; exec sleep 300\n"
+        "fi\n"
+        f"{_container_filter()} > {workdir}/env.$SLURM_JOB_ID\n"
+        f"mapfile -t kept < {workdir}/env.$SLURM_JOB_ID\n"
+        f'env -i "${{kept[@]}}" /usr/bin/setsid /bin/sh -c \'{PYTHON} -c '
+        f'"import time; time.sleep(300)" {marker} </dev/null >/dev/null 2>&1 &\'\n'
+        "sleep 1\n"
+    )
     jobid = sandbox.submit(script, "--requeue", "-w", "n1")
     try:
         sandbox.wait_for(lambda: (workdir / "running.0").exists(), 60, "the first execution")
         sandbox.run(["scontrol", "requeue", jobid])
-        sandbox.wait_for(lambda: _pids_with_marker(marker), 90,
-                         "the second execution's contained process running")
-        sandbox.wait_for(lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30,
-                         "the job completed")
+        sandbox.wait_for(
+            lambda: _pids_with_marker(marker),
+            90,
+            "the second execution's contained process running",
+        )
+        sandbox.wait_for(
+            lambda: sandbox.job_state(jobid).get("JobState") == "COMPLETED", 30, "the job completed"
+        )
         rc, verdict = sandbox.wait_for(
-            lambda: (lambda r: r if r[0] == 0 or any(n["survivors"] for n in r[1]["nodes"])
-                     else None)(cease(sandbox, jobid, 1)), 60, "the Epilog's answer")
+            lambda: (
+                lambda r: r if r[0] == 0 or any(n["survivors"] for n in r[1]["nodes"]) else None
+            )(cease(sandbox, jobid, 1)),
+            60,
+            "the Epilog's answer",
+        )
         kept = (workdir / f"env.{jobid}").read_text().split()
         assert _pids_with_marker(marker), "the contained process ended: nothing to find"
-        assert rc == 1, (f"the Epilog did not see the process the advice started; it kept "
-                         f"{kept}: {verdict}")
+        assert rc == 1, (
+            f"the Epilog did not see the process the advice started; it kept {kept}: {verdict}"
+        )
         assert "SLURM_RESTART_COUNT=1" in kept and f"SLURM_JOB_ID={jobid}" in kept, kept
         survivors = [s for n in verdict["nodes"] for s in n["survivors"]]
         assert any(marker in s["cmdline"] for s in survivors), verdict

@@ -1,6 +1,6 @@
-"""A site upgrading in place across the layout move (issue 19): the sandbox's venv gets the wheel
-of the last commit before the move, the old ``dispatch-sbatch`` submits two dispatch jobs, then
-the new wheel (this checkout) is installed over it while one of them is pending (held) and the
+"""A site upgrading in place across the layout move (docs/architecture.md): the sandbox's venv gets
+the wheel of the last commit before the move, the old ``dispatch-sbatch`` submits two dispatch jobs,
+then the new wheel (this checkout) is installed over it while one of them is pending (held) and the
 other running.  What the old version wrote keeps working under the new one: its batch scripts
 exec ``python -m slurm_dispatch.launch`` and start the new launcher (the requeued job, the held
 one once released), the new hooks record their facts beside the old hooks' ones, ``dispatch
@@ -72,9 +72,23 @@ while [ ! -e "stop.$n" ]; do sleep 0.2; done
 
 def build_wheel(source: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                            "--disable-pip-version-check", "-w", str(out), str(source)],
-                           capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = out.glob("slurm_dispatch-*.whl")
     return wheel
@@ -87,10 +101,15 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("upgrade-wheels")
     old = base / "old-src"
     old.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, *WHEEL_SOURCES],
-                             capture_output=True, timeout=120)
-    assert archive.returncode == 0, (f"the upgrade test needs the commit {OLD_COMMIT} in "
-                                     f"{REPO}'s history: {archive.stderr.decode()}")
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", OLD_COMMIT, *WHEEL_SOURCES],
+        capture_output=True,
+        timeout=120,
+    )
+    assert archive.returncode == 0, (
+        f"the upgrade test needs the commit {OLD_COMMIT} in "
+        f"{REPO}'s history: {archive.stderr.decode()}"
+    )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(old)  # noqa: S202 - our own repository's tree
     new = base / "new-src"
@@ -98,13 +117,19 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name in WHEEL_SOURCES:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, new / name, ignore=shutil.ignore_patterns(
-                "__pycache__", "*.pyc", "*.egg-info"))
+            shutil.copytree(
+                source,
+                new / name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+            )
         else:
             (new / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, new / name)
-    return {"old": build_wheel(old, base / "old"), "new": build_wheel(new, base / "new"),
-            "new_digest": digest}
+    return {
+        "old": build_wheel(old, base / "old"),
+        "new": build_wheel(new, base / "new"),
+        "new_digest": digest,
+    }
 
 
 class Site:
@@ -121,16 +146,34 @@ class Site:
         target = folder / wheel.name
         shutil.copy2(wheel, target)
         target.chmod(0o644)
-        self.sandbox.run([self.sandbox.venv_bin / "python", "-m", "pip", "install", "-q",
-                          "--disable-pip-version-check", "--no-input", "--no-deps",
-                          "--force-reinstall", str(target)], timeout=300)
+        self.sandbox.run(
+            [
+                self.sandbox.venv_bin / "python",
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--no-deps",
+                "--force-reinstall",
+                str(target),
+            ],
+            timeout=300,
+        )
 
     def has_layout(self) -> bool:
         """Whether the venv's slurm_dispatch is the new layout (it has the checkpoint side)."""
-        proc = self.sandbox.run([self.sandbox.venv_bin / "python", "-I", "-c",
-                                 "import importlib.util as u; "
-                                 "print(u.find_spec('slurm_dispatch.checkpoint') is not None)"],
-                                cwd=Path("/"))
+        proc = self.sandbox.run(
+            [
+                self.sandbox.venv_bin / "python",
+                "-I",
+                "-c",
+                "import importlib.util as u; "
+                "print(u.find_spec('slurm_dispatch.checkpoint') is not None)",
+            ],
+            cwd=Path("/"),
+        )
         return proc.stdout.strip() == "True"
 
     def write(self, name: str, text: str) -> None:
@@ -143,8 +186,9 @@ class Site:
         words = list(argv)
         if words[0].startswith("dispatch"):
             words[0] = str(self.sandbox.venv_bin / words[0])
-        return self.sandbox.run(["env", "-C", str(self.path), *words], user=self.sandbox.user,
-                                check=check, timeout=180)
+        return self.sandbox.run(
+            ["env", "-C", str(self.path), *words], user=self.sandbox.user, check=check, timeout=180
+        )
 
     def submit(self, *argv: str) -> tuple[str, str]:
         proc = self.run("dispatch-sbatch", "--parsable", *argv)
@@ -167,12 +211,14 @@ class Site:
         def enough() -> bool:
             found[:] = self.status(job)["executions"]
             return len(found) >= count
+
         self.sandbox.wait_for(enough, timeout, f"{count} execution(s) of {job}", interval=0.5)
         return found
 
 
 def test_jobs_written_by_the_old_version_keep_working_after_an_in_place_upgrade(
-        sandbox: Sandbox, wheels: dict[str, Any]) -> None:
+    sandbox: Sandbox, wheels: dict[str, Any]
+) -> None:
     site = Site(sandbox, sandbox.workdir("upgrade"), Path(sandbox.dir) / "upgrade-wheels")
     restored = False
     try:
@@ -183,12 +229,24 @@ def test_jobs_written_by_the_old_version_keep_working_after_an_in_place_upgrade(
         site.write("per-restart.sh", PER_RESTART)
 
         # Written by the old version: one held (pending), one running.
-        held_job, held_first = site.submit("--checkpoint", "ck-held", "--resubmit", "1",
-                                           "--hold", "-o", "held-%j.txt", "fail-once.sh")
-        run_job, run_slurm = site.submit("--checkpoint", "ck-run", "-o", "run-%j.txt",
-                                         "per-restart.sh")
-        sandbox.wait_for(lambda: (site.path / "ready.0").exists(), 90,
-                         "the old version's launcher to start the running job")
+        held_job, held_first = site.submit(
+            "--checkpoint",
+            "ck-held",
+            "--resubmit",
+            "1",
+            "--hold",
+            "-o",
+            "held-%j.txt",
+            "fail-once.sh",
+        )
+        run_job, run_slurm = site.submit(
+            "--checkpoint", "ck-run", "-o", "run-%j.txt", "per-restart.sh"
+        )
+        sandbox.wait_for(
+            lambda: (site.path / "ready.0").exists(),
+            90,
+            "the old version's launcher to start the running job",
+        )
         assert site.slurm_state(held_first) == "PENDING"
         old_latest = site.latest(run_job)
         assert old_latest["step"] == 1, old_latest
@@ -206,8 +264,11 @@ def test_jobs_written_by_the_old_version_keep_working_after_an_in_place_upgrade(
         # new launcher now; it resumes from the save the old version published.
         sandbox.run(["scontrol", "requeue", run_slurm])
         first, second = site.executions(run_job, 2)[:2]
-        sandbox.wait_for(lambda: (site.path / "ready.1").exists(), 120,
-                         "the new launcher to start the requeued job")
+        sandbox.wait_for(
+            lambda: (site.path / "ready.1").exists(),
+            120,
+            "the new launcher to start the requeued job",
+        )
         assert (first["restart"], second["restart"]) == (0, 1)
         assert (first["epoch"], second["epoch"]) == (1_000_000, 1_000_001)
         assert second["resume_from"] == old_latest["path"]
@@ -216,37 +277,48 @@ def test_jobs_written_by_the_old_version_keep_working_after_an_in_place_upgrade(
         assert (new_latest["epoch"], new_latest["step"]) == (1_000_001, 2), new_latest
         assert new_latest["path"].startswith(second["exec_dir"] + "/")
         (site.path / "stop.1").touch()
-        sandbox.wait_for(lambda: site.slurm_state(run_slurm) == "COMPLETED", 90,
-                         f"job {run_slurm} to complete")
+        sandbox.wait_for(
+            lambda: site.slurm_state(run_slurm) == "COMPLETED", 90, f"job {run_slurm} to complete"
+        )
 
         # The old prolog's start record and the new hooks' records read as one history.
         state_dir = str(Path(sandbox.dir) / "dispatch-state")
         recorded = sandbox.wait_for(
             lambda: (lambda ex: ex if len(ex) == 2 and all(e.get("end") for e in ex) else None)(
-                execution_facts(run_slurm, state_dir, sandbox.uid)), 60,
-            "both executions' start and end facts")
+                execution_facts(run_slurm, state_dir, sandbox.uid)
+            ),
+            60,
+            "both executions' start and end facts",
+        )
         assert recorded[0]["end"]["requeued"] is True
         assert [e["restart"] for e in recorded] == [0, 1]
         assert all(node["start"] for e in recorded for node in e["nodes"].values()), recorded
 
         # dispatch-cease answers for the old version's job.
         def ceased() -> dict[str, Any] | None:
-            proc = sandbox.run([sandbox.venv_bin / "dispatch-cease", run_slurm, "--json"],
-                               user=sandbox.user, check=False)
+            proc = sandbox.run(
+                [sandbox.venv_bin / "dispatch-cease", run_slurm, "--json"],
+                user=sandbox.user,
+                check=False,
+            )
             assert proc.returncode in (0, 1), proc.stderr
             verdict: dict[str, Any] = json.loads(proc.stdout)
             return verdict if proc.returncode == 0 else None
-        verdict = sandbox.wait_for(ceased, 60, f"dispatch-cease {run_slurm} to prove cessation",
-                                   interval=0.5)
+
+        verdict = sandbox.wait_for(
+            ceased, 60, f"dispatch-cease {run_slurm} to prove cessation", interval=0.5
+        )
         assert verdict["ceased"] and verdict["job_state"] == "COMPLETED", verdict
 
         # The held job, released: the new launcher and hooks run it; it fails, and the new
         # supervisor resubmits the old record's job, which resumes from its save.
         sandbox.run(["scontrol", "release", held_first])
-        sandbox.wait_for(lambda: site.slurm_state(held_first) == "FAILED", 90,
-                         f"job {held_first} to fail")
-        assert execution_facts(held_first, state_dir, sandbox.uid), \
+        sandbox.wait_for(
+            lambda: site.slurm_state(held_first) == "FAILED", 90, f"job {held_first} to fail"
+        )
+        assert execution_facts(held_first, state_dir, sandbox.uid), (
             "the new hooks recorded nothing for the released job"
+        )
         passed = site.run("dispatch", "supervise", check=False)
         assert "resubmitted as submission 2" in passed.stdout, passed.stdout + passed.stderr
         # The old record's sbatch arguments hold --hold, and a resubmission takes them as
@@ -258,6 +330,7 @@ def test_jobs_written_by_the_old_version_keep_working_after_an_in_place_upgrade(
         def finished() -> list[dict[str, Any]]:
             subs: list[dict[str, Any]] = site.status(held_job)["submissions"]
             return subs if len(subs) == 2 and subs[1]["state"] == "COMPLETED" else []
+
         subs = sandbox.wait_for(finished, 90, "the resubmission to complete", interval=1)
         assert subs[0]["state"] == "FAILED" and subs[1]["reason"] == "failed (budget 1)"
         executions = site.status(held_job)["executions"]

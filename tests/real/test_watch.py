@@ -25,9 +25,12 @@ WATCH_TRAINER = Path(__file__).resolve().parents[2] / "examples" / "watch-traine
 
 def complete_saves(exec_dir: str) -> list[int]:
     """Steps of the saves the trainer finished (trainer_state.json is written last)."""
-    return sorted(int(name.split("-")[1]) for name in os.listdir(exec_dir)
-                  if name.startswith("checkpoint-")
-                  and os.path.exists(os.path.join(exec_dir, name, "trainer_state.json")))
+    return sorted(
+        int(name.split("-")[1])
+        for name in os.listdir(exec_dir)
+        if name.startswith("checkpoint-")
+        and os.path.exists(os.path.join(exec_dir, name, "trainer_state.json"))
+    )
 
 
 def publications(root: Path, exec_dir: str) -> list[store.Found]:
@@ -39,19 +42,28 @@ def publications(root: Path, exec_dir: str) -> list[store.Found]:
 def test_watch_publishes_each_save_once_across_a_requeue(work: Workdir) -> None:
     sandbox = work.sandbox
     work.write("watch-trainer.sh", WATCH_TRAINER.read_text())
-    long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.05", "TOY_SAVE_EVERY": "5",
-                "TOY_WATCH_INTERVAL": "0.2"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "watch-trainer.sh",
-                                env=long_run)
+    long_run = {
+        "TOY_STEPS": "100000",
+        "TOY_INTERVAL": "0.05",
+        "TOY_SAVE_EVERY": "5",
+        "TOY_WATCH_INTERVAL": "0.2",
+    }
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "-o", "out-%j.txt", "watch-trainer.sh", env=long_run
+    )
     root = work.path / "ck"
     first = wait_executions(work, job, 1)[0]
-    sandbox.wait_for(lambda: len(publications(root, first["exec_dir"])) >= 2, 60,
-                     "two saves published by watch")
+    sandbox.wait_for(
+        lambda: len(publications(root, first["exec_dir"])) >= 2, 60, "two saves published by watch"
+    )
     sandbox.run(["scontrol", "requeue", slurm_id])
     second = wait_executions(work, job, 2)[1]
     try:
-        sandbox.wait_for(lambda: len(publications(root, second["exec_dir"])) >= 2, 60,
-                         "two saves of the replacement published")
+        sandbox.wait_for(
+            lambda: len(publications(root, second["exec_dir"])) >= 2,
+            60,
+            "two saves of the replacement published",
+        )
     finally:
         sandbox.run(["scancel", slurm_id], check=False)
     wait_state(work, slurm_id, {"CANCELLED"})
@@ -62,9 +74,13 @@ def test_watch_publishes_each_save_once_across_a_requeue(work: Workdir) -> None:
     # CANCELLED: they are waited for, not assumed done.  The first one's last save is the
     # resume source.
     for execution in (first, second):
-        sandbox.wait_for(lambda e=execution: [f.step for f in publications(root, e["exec_dir"])]
-                         == complete_saves(e["exec_dir"]), 30,
-                         f"watch's last scans in {execution['exec_dir']}")
+        sandbox.wait_for(
+            lambda e=execution: (
+                [f.step for f in publications(root, e["exec_dir"])] == complete_saves(e["exec_dir"])
+            ),
+            30,
+            f"watch's last scans in {execution['exec_dir']}",
+        )
     old = publications(root, first["exec_dir"])
     assert [f.step for f in old] == complete_saves(first["exec_dir"])
     assert {f.epoch for f in old} == {1_000_000}
@@ -80,14 +96,18 @@ def test_watch_publishes_each_save_once_across_a_requeue(work: Workdir) -> None:
     out = (work.path / f"out-{slurm_id}.txt").read_text()
     assert f"resuming at step {old[-1].step} from {resumed}" in out
     for execution, pubs in ((first, old), (second, new)):
-        lines = [line for line in out.splitlines()
-                 if line.startswith("dispatch watch: published step ")
-                 and execution["exec_dir"] + "/" in line]
+        lines = [
+            line
+            for line in out.splitlines()
+            if line.startswith("dispatch watch: published step ")
+            and execution["exec_dir"] + "/" in line
+        ]
         assert lines == [f"dispatch watch: published step {f.step}: {f.path}" for f in pubs]
         record = json.loads((Path(execution["exec_dir"]) / ".dispatch").read_text())
         assert (record["attempt"], record["epoch"]) == (execution["attempt"], execution["epoch"])
-    assert json.loads((Path(second["exec_dir"]) / ".dispatch").read_text())["resume_from"] \
-        == resumed
+    assert (
+        json.loads((Path(second["exec_dir"]) / ".dispatch").read_text())["resume_from"] == resumed
+    )
 
 
 def test_a_partitioned_watch_keeps_publishing_its_own_lineage_harmlessly(work: Workdir) -> None:
@@ -96,10 +116,15 @@ def test_a_partitioned_watch_keeps_publishing_its_own_lineage_harmlessly(work: W
     replacement resumed from what was published when it started."""
     sandbox = work.sandbox
     work.write("watch-trainer.sh", WATCH_TRAINER.read_text())
-    long_run = {"TOY_STEPS": "100000", "TOY_INTERVAL": "0.05", "TOY_SAVE_EVERY": "5",
-                "TOY_WATCH_INTERVAL": "0.2"}
-    job, slurm_id = work.submit("--checkpoint", "ck", "-o", "out-%j.txt", "watch-trainer.sh",
-                                env=long_run)
+    long_run = {
+        "TOY_STEPS": "100000",
+        "TOY_INTERVAL": "0.05",
+        "TOY_SAVE_EVERY": "5",
+        "TOY_WATCH_INTERVAL": "0.2",
+    }
+    job, slurm_id = work.submit(
+        "--checkpoint", "ck", "-o", "out-%j.txt", "watch-trainer.sh", env=long_run
+    )
     root = work.path / "ck"
     old = wait_executions(work, job, 1)[0]
     node = old["node"]
@@ -108,11 +133,17 @@ def test_a_partitioned_watch_keeps_publishing_its_own_lineage_harmlessly(work: W
     try:
         new = wait_executions(work, job, 2, timeout=150)[1]
         assert new["node"] != node and new["restart"] == 1
-        sandbox.wait_for(lambda: len(publications(root, new["exec_dir"])) >= 2, 60,
-                         "the replacement's saves published")
+        sandbox.wait_for(
+            lambda: len(publications(root, new["exec_dir"])) >= 2,
+            60,
+            "the replacement's saves published",
+        )
         at_start = len(publications(root, old["exec_dir"]))
-        sandbox.wait_for(lambda: len(publications(root, old["exec_dir"])) > at_start, 60,
-                         "the cut-off execution's watch publishing again")
+        sandbox.wait_for(
+            lambda: len(publications(root, old["exec_dir"])) > at_start,
+            60,
+            "the cut-off execution's watch publishing again",
+        )
         # The old lineage leads in steps by the replacement's start-up (its resume source was
         # the old's latest publication then), but both train at one pace on a loaded machine,
         # so the lead is watched for, not assumed at one instant: a moment where a published
@@ -130,11 +161,13 @@ def test_a_partitioned_watch_keeps_publishing_its_own_lineage_harmlessly(work: W
             return late.step > latest.step
 
         try:
-            sandbox.wait_for(old_ahead_yet_not_latest, 60,
-                             "a late save of the old lineage ahead in steps yet not the latest")
+            sandbox.wait_for(
+                old_ahead_yet_not_latest,
+                60,
+                "a late save of the old lineage ahead in steps yet not the latest",
+            )
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; (old step, latest step) last seen: {seen[-5:]}") \
-                from None
+            raise AssertionError(f"{exc}; (old step, latest step) last seen: {seen[-5:]}") from None
         resumed = new["resume_from"]
         assert resumed.startswith(old["exec_dir"] + "/checkpoint-")
         first_new = publications(root, new["exec_dir"])[0]

@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("mutant", mutants.MUTANTS, ids=lambda m: m.name)
-def test_each_mutant_applies_once_and_changes_its_files(mutant: mutants.Mutant,
-                                                        tmp_path: Path) -> None:
+def test_each_mutant_applies_once_and_changes_its_files(
+    mutant: mutants.Mutant, tmp_path: Path
+) -> None:
     paths = sorted({edit.path for edit in mutant.edits})
     for path in paths:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -29,8 +30,7 @@ def test_each_mutant_applies_once_and_changes_its_files(mutant: mutants.Mutant,
 
 
 def test_a_mutant_whose_text_moved_is_refused_by_name(tmp_path: Path) -> None:
-    moved = mutants.Mutant("gone", (mutants.Edit("x.py", "old text\n", "new\n"),),
-                           ("resume",), "")
+    moved = mutants.Mutant("gone", (mutants.Edit("x.py", "old text\n", "new\n"),), ("resume",), "")
     (tmp_path / "x.py").write_text("something else\n")
     with pytest.raises(ValueError, match="mutant gone: its text is in x.py 0 times"):
         mutants.apply(moved, tmp_path)
@@ -38,9 +38,12 @@ def test_a_mutant_whose_text_moved_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_the_four_builds_the_soak_once_passed_are_mutants() -> None:
-    assert {"latest-ignores-epoch", "gc-spares-no-resume-choice",
-            "launcher-skips-shared-claim", "ended-counted-as-ceased"} <= \
-        {m.name for m in mutants.MUTANTS}
+    assert {
+        "latest-ignores-epoch",
+        "gc-spares-no-resume-choice",
+        "launcher-skips-shared-claim",
+        "ended-counted-as-ceased",
+    } <= {m.name for m in mutants.MUTANTS}
 
 
 def test_every_invariant_of_the_checker_has_a_mutant_meant_for_it() -> None:

@@ -39,9 +39,10 @@ class FaultyProxy:
                 fault = proxy._take(self.command)
                 if fault is not None:
                     status, code = fault
-                    payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}'
-                               f"</Code><Message>injected by the test proxy</Message></Error>"
-                               ).encode()
+                    payload = (
+                        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}'
+                        f"</Code><Message>injected by the test proxy</Message></Error>"
+                    ).encode()
                     self._answer(status, {"Content-Type": "application/xml"}, payload)
                     return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
@@ -55,9 +56,11 @@ class FaultyProxy:
                             proxy.seen.append((self.command, self.path, 0))
                         self.close_connection = True  # applied upstream, never answered
                         return
-                    kept = {k: v for k, v in response.getheaders()
-                            if k.lower() not in ("transfer-encoding", "connection",
-                                                 "content-length")}
+                    kept = {
+                        k: v
+                        for k, v in response.getheaders()
+                        if k.lower() not in ("transfer-encoding", "connection", "content-length")
+                    }
                     self._answer(response.status, kept, data)
                 finally:
                     conn.close()

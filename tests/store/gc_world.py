@@ -18,6 +18,8 @@ from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores.open import open_store
 from slurm_dispatch.execution import launch
 
+from .worlds import PosixRaw, Raw
+
 BUCKET = "dispatch-tests"
 
 
@@ -26,29 +28,31 @@ def epoch(n: int, r: int = 0) -> int:
 
 
 class World:
-    def __init__(self, root: str, client: Any = None) -> None:
-        self.root = root
-        self.client = client  # boto3 client on S3
-        self.store = open_store(root)
-        self.s3 = store.is_s3_root(root)
-        self.prefix = root[len(f"s3://{BUCKET}/"):] if self.s3 else ""
+    def __init__(self, raw: Raw) -> None:
+        self.raw = raw  # the root's bytes, around the store
+        self.root = raw.root
+        self.store = open_store(self.root)
+        self.remote = store.is_remote_root(self.root)
 
     # making things ----------------------------------------------------------------------
 
-    def execution(self, epoch_value: int, resume: Optional[str] = None,
-                  record: bool = True, job: str = "j") -> str:
+    def execution(
+        self, epoch_value: int, resume: Optional[str] = None, record: bool = True, job: str = "j"
+    ) -> str:
         """A new execution folder (with the launcher's record unless ``record`` is False) of
         dispatch job ``job``; ``resume`` is the publication name it resumed from."""
         attempt = model.new_attempt()
         fields: dict[str, Any] = {
-            "job": job, "epoch": epoch_value, "attempt": attempt,
+            "job": job,
+            "epoch": epoch_value,
+            "attempt": attempt,
             "resume_from": self.locate(model.parse_name(resume).path) if resume else None,
-            "resume_publication": resume}
-        if self.s3:
+            "resume_publication": resume,
+        }
+        if self.remote:
             if record:
                 data = {"format": launch.EXEC_RECORD_FORMAT, **fields, "ns": time.time_ns()}
-                self.store.create_exec_file(attempt, launch.EXEC_RECORD,
-                                            json.dumps(data).encode())
+                self.store.create_exec_file(attempt, launch.EXEC_RECORD, json.dumps(data).encode())
             else:
                 self.put(f"exec/{attempt}/stray.log", 3)
         else:
@@ -59,13 +63,7 @@ class World:
         return attempt
 
     def put(self, relative: str, size: int, body: bytes = b"") -> None:
-        data = body or b"x" * size
-        if self.s3:
-            self.client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{relative}", Body=data)
-        else:
-            path = Path(self.root, relative)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+        self.raw.put(relative, body or b"x" * size)
 
     def save(self, attempt: str, step: int, size: int = 100) -> str:
         """A folder save checkpoint-<step> of ``size`` bytes in two files; its relative path."""
@@ -77,8 +75,13 @@ class World:
     def publish(self, epoch_value: int, step: int, relative: str) -> str:
         return store.publish(self.root, epoch_value, step, self.locate(relative))
 
-    def lightning_saved(self, attempt: str, epoch_value: int, steps: tuple[int, ...],
-                        name: str = "epoch={step}.ckpt") -> None:
+    def lightning_saved(
+        self,
+        attempt: str,
+        epoch_value: int,
+        steps: tuple[int, ...],
+        name: str = "epoch={step}.ckpt",
+    ) -> None:
         """Lightning's file saves in the execution's checkpoints/, 30 bytes each, published."""
         for step in steps:
             relative = f"exec/{attempt}/checkpoints/{name.format(step=step)}"
@@ -98,12 +101,7 @@ class World:
         return sorted(self.store.publication_names())
 
     def exists(self, relative: str) -> bool:
-        if self.s3:
-            key = f"{self.prefix}/{relative}"
-            page = self.client.list_objects_v2(Bucket=BUCKET, Prefix=key)
-            return any(o["Key"] == key or o["Key"].startswith(key + "/")
-                       for o in page.get("Contents", ()))
-        return os.path.lexists(os.path.join(self.root, relative))
+        return self.raw.exists(relative)
 
     def folders(self) -> set[str]:
         # SeaweedFS may still list a "folder" whose objects are gone: only what holds keys.
@@ -118,6 +116,4 @@ class World:
 
 
 def posix_world(tmp_path: Path) -> World:
-    root = tmp_path / "root"
-    root.mkdir(parents=True, exist_ok=True)
-    return World(str(root))
+    return World(PosixRaw(tmp_path / "root"))

@@ -1,7 +1,7 @@
-"""`dispatch fetch` (issue 18, item 19) against a real SeaweedFS server and on a folder root,
-run as a shell trainer runs it: the resume source (an s3:// URL) becomes a checked local copy
-in the staging folder, asked twice it is the same copy, a fresh start prints nothing, a copy
-that differs from what was uploaded is refused and removed, SAVE and DEST can be named; on a
+"""`dispatch fetch` (docs/user-guide.md, checkpoints on S3) against a real SeaweedFS server and on a
+folder root, run as a shell trainer runs it: the resume source (an s3:// URL) becomes a checked
+local copy in the staging folder, asked twice it is the same copy, a fresh start prints nothing, a
+copy that differs from what was uploaded is refused and removed, SAVE and DEST can be named; on a
 folder root the save's own path is printed, or a checked copy made where DEST asks."""
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ DISPATCH = shutil.which("dispatch") or "dispatch"
 
 
 def fetch(*args: str, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DISPATCH, "fetch", *args], capture_output=True, text=True,
-                          env=env or dict(os.environ), timeout=120)
+    return subprocess.run(
+        [DISPATCH, "fetch", *args],
+        capture_output=True,
+        text=True,
+        env=env or dict(os.environ),
+        timeout=120,
+    )
 
 
 def a_save(folder: Path, step: int) -> Path:
@@ -44,7 +49,9 @@ def uploaded(root: str, stage: Path, exec_dir: str, step: int, hashes: bool = Tr
     save = a_save(stage, step)
     up = Uploader(root, str(stage), exec_dir, 30, lambda line: None)
     if hashes:
-        s3saves.publish_local_save(saves.Execution.current(), up, step, str(save))
+        execution = saves.Execution.current()
+        assert execution is not None, "the environment names no execution"
+        s3saves.publish_local_save(execution, up, step, str(save))
     else:
         up.put(E1, step, str(save), lambda: False)
     return up.url_of(str(save))
@@ -52,15 +59,23 @@ def uploaded(root: str, stage: Path, exec_dir: str, step: int, hashes: bool = Tr
 
 def same_files(a: Path, b: Path) -> bool:
     def files(p: Path) -> dict[str, bytes]:
-        return {str(f.relative_to(p)): f.read_bytes() for f in p.rglob("*") if f.is_file()
-                and f.name != "dispatch-manifest.json"}
+        return {
+            str(f.relative_to(p)): f.read_bytes()
+            for f in p.rglob("*")
+            if f.is_file() and f.name != "dispatch-manifest.json"
+        }
+
     return files(a) == files(b)
 
 
 @pytest.mark.parametrize("hashes", [True, False], ids=["manifest-sha256", "watch-upload"])
 def test_the_resume_source_on_s3_becomes_a_checked_local_copy_once(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        hashes: bool) -> None:
+    s3_env: SeaweedServer,
+    s3_root: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hashes: bool,
+) -> None:
     exec_a, stage_a = dispatch_env(s3_root, tmp_path, A, E1, "", monkeypatch)
     url = uploaded(s3_root, stage_a, exec_a, 4, hashes)
     kept = tmp_path / "kept"
@@ -78,16 +93,17 @@ def test_the_resume_source_on_s3_becomes_a_checked_local_copy_once(
     assert record["framework"] == "shell"
 
 
-def test_a_fresh_start_prints_nothing(s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fresh_start_prints_nothing(
+    s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dispatch_env(s3_root, tmp_path, B, E2, "", monkeypatch)
     done = fetch()
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
 
 
 def test_a_copy_that_differs_from_what_was_uploaded_is_refused_and_removed(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exec_a, stage_a = dispatch_env(s3_root, tmp_path, A, E1, "", monkeypatch)
     url = uploaded(s3_root, stage_a, exec_a, 4)
     where = parse_root(f"{url}/weights")
@@ -101,8 +117,8 @@ def test_a_copy_that_differs_from_what_was_uploaded_is_refused_and_removed(
 
 
 def test_a_named_save_goes_to_dest_and_dest_is_never_overwritten(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exec_a, stage_a = dispatch_env(s3_root, tmp_path, A, E1, "", monkeypatch)
     url = uploaded(s3_root, stage_a, exec_a, 4)
     for name in [n for n in os.environ if n.startswith("DISPATCH_")]:
@@ -118,16 +134,21 @@ def test_a_named_save_goes_to_dest_and_dest_is_never_overwritten(
 
 
 def test_on_a_folder_root_the_save_is_printed_or_copied_checked(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     save = a_save(root / "exec" / "a", 4)
     saves.seal_save(str(save), single_writer=True)  # its manifest, as the integrations write
     store.publish(str(root), E1, 4, str(save))
     exec_b = root / "exec" / "b"
     exec_b.mkdir()
-    for name, value in (("DISPATCH_CHECKPOINT", str(root)), ("DISPATCH_EXEC_DIR", str(exec_b)),
-                        ("DISPATCH_EPOCH", str(E2)), ("DISPATCH_ATTEMPT", "b"),
-                        ("DISPATCH_RESUME_FROM", str(save))):
+    for name, value in (
+        ("DISPATCH_CHECKPOINT", str(root)),
+        ("DISPATCH_EXEC_DIR", str(exec_b)),
+        ("DISPATCH_EPOCH", str(E2)),
+        ("DISPATCH_ATTEMPT", "b"),
+        ("DISPATCH_RESUME_FROM", str(save)),
+    ):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DISPATCH_STAGE_DIR", raising=False)
     printed = fetch()

@@ -1,5 +1,5 @@
-"""Cleanup's rule (issue 13) on both stores: what stays, what goes, in what order, and the
-refusals that remove nothing.  Every test runs on a folder and on a real SeaweedFS server."""
+"""Cleanup's rule (docs/invariants.md, 9) on both stores: what stays, what goes, in what order, and
+the refusals that remove nothing.  Every test runs on a folder and on a real SeaweedFS server."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def test_keeps_the_k_latest_the_live_lineage_and_its_resume_source(world: World)
     assert world.exists(f"exec/{a}/checkpoint-5") and world.exists(f"exec/{a}/.dispatch")
     assert world.exists(f"exec/{b}/checkpoint-6")
     assert [(r.kind, r.path) for r in report.removals] == [
-        ("save", f"exec/{a}/checkpoint-{step}") for step in (1, 2, 3, 4)]
+        ("save", f"exec/{a}/checkpoint-{step}") for step in (1, 2, 3, 4)
+    ]
     assert report.freed == 400
     assert world.store.list_intents() == []
     assert world.latest_exists() and world.every_published_save_exists()
@@ -58,14 +59,12 @@ def test_an_older_folder_that_holds_nothing_kept_goes_whole_record_last(world: W
     assert kinds[f"exec/{a}"] == "folder"
     # (and the mark cleanup made first, naming the saves it unpublished)
     folder = next(r for r in report.removals if r.path == f"exec/{a}")
-    mark = len(gc.mark_of(model.parse_name(n).path.split("/", 2)[2]
-                          for n in folder.publications))
+    mark = len(gc.mark_of(model.parse_name(n).path.split("/", 2)[2] for n in folder.publications))
     assert report.freed == 5 * 100 + record + 100 + mark
     assert world.folders() == {b, c}
 
 
-def test_a_live_execution_that_has_not_published_keeps_its_folder_and_source(
-        world: World) -> None:
+def test_a_live_execution_that_has_not_published_keeps_its_folder_and_source(world: World) -> None:
     a, a_pubs, b, b_pubs = lineage(world)
     # C started (epoch above every publication) from B's step 6, saved, published nothing.
     c = world.execution(E3, resume=b_pubs[0])
@@ -125,7 +124,7 @@ def test_keep_zero_is_refused_and_nothing_goes(world: World) -> None:
 
 
 def test_a_root_that_is_not_a_store_is_refused(world: World, tmp_path: Path) -> None:
-    if world.s3:
+    if world.remote:
         with pytest.raises(StoreError, match="not a checkpoint root"):
             gc.collect(world.root + "-empty", 1)
         return
@@ -184,8 +183,9 @@ def test_an_execution_starting_meanwhile_keeps_its_source(world: World) -> None:
 
     report = gc.collect(world.root, 2, pause=start_d)
     assert world.exists(f"exec/{a}/checkpoint-4")
-    assert [r.skipped.split(" (")[0] for r in report.removals
-            if r.path.endswith("checkpoint-4")] == ["a starting execution resumes from it"]
+    assert [
+        r.skipped.split(" (")[0] for r in report.removals if r.path.endswith("checkpoint-4")
+    ] == ["a starting execution resumes from it"]
     assert not world.exists(f"exec/{a}/checkpoint-3")
     # D's launcher, checking after its record, sees its source unpublished: it starts again.
     assert not world.store.has_publication(a_pubs[3])
@@ -211,12 +211,16 @@ def test_publication_names_decode_the_folder_of_long_and_short_paths(world: Worl
 
 
 def test_the_launcher_records_on_the_store_and_starts_again_when_its_source_goes(
-        world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The other half of the starting race: cleanup unpublishes the launcher's choice between
     its read of the latest and its record; the launcher sees it and starts afresh."""
     a, a_pubs, b, b_pubs = lineage(world)
-    job = record.create_job({"generation": 0, "checkpoint": world.root, "script": "job.py"},
-                            b"#!/bin/sh\n", home=str(tmp_path / "home"))
+    job = record.create_job(
+        {"generation": 0, "checkpoint": world.root, "script": "job.py"},
+        b"#!/bin/sh\n",
+        home=str(tmp_path / "home"),
+    )
     real_choose = launch.quarantine.choose
     seen: list[str] = []
 
@@ -241,7 +245,8 @@ def test_the_launcher_records_on_the_store_and_starts_again_when_its_source_goes
 
 
 def test_the_live_lineage_keeps_its_folder_and_unpublished_saves_not_old_published_ones(
-        world: World) -> None:
+    world: World,
+) -> None:
     """A long execution under `watch --keep`: its disk stays bounded."""
     a, a_pubs, b, b_pubs = lineage(world)
     more = [world.saved(b, E2, step) for step in (8, 9, 10)]

@@ -1,4 +1,4 @@
-"""A hostile review of cleanup (issue 17's fix): each test is a way `dispatch gc` / the
+"""A hostile review of cleanup (docs/invariants.md, 9): each test is a way `dispatch gc` / the
 integrations' limit still removes something a user needs.  On a folder and on SeaweedFS where
 the store has the thing attacked; POSIX only where it needs symlinks."""
 
@@ -18,19 +18,26 @@ E1, E2, E3 = epoch(1), epoch(1, 1), epoch(2)
 
 
 def keep_record(world: World, attempt: str, keep: int, top: int) -> None:
-    world.store.create_exec_file(attempt, execdir.KEEP, json.dumps(
-        {"framework": "lightning", "setting": "save_top_k", "keep": keep}).encode())
+    world.store.create_exec_file(
+        attempt,
+        execdir.KEEP,
+        json.dumps({"framework": "lightning", "setting": "save_top_k", "keep": keep}).encode(),
+    )
 
 
 def with_bests(world: World, attempt: str, ep: int, step: int, best: str) -> str:
     """A save whose manifest names what its framework keeps as best when it was made."""
     relative = world.save(attempt, step)
-    world.put(f"{relative}/{execdir.MANIFEST_NAME}", 0, json.dumps(
-        {"format": 1, "files": {}, "bests": [best]}).encode())
+    world.put(
+        f"{relative}/{execdir.MANIFEST_NAME}",
+        0,
+        json.dumps({"format": 1, "files": {}, "bests": [best]}).encode(),
+    )
     return world.publish(ep, step, relative)
 
 
 # --- races -------------------------------------------------------------------------------
+
 
 def test_a_pin_made_while_gc_runs_is_honoured(world: World) -> None:
     """`dispatch pin` succeeds (returns True, the pin is in pins/) while a `dispatch gc` (or an
@@ -67,12 +74,17 @@ def test_a_choice_file_another_rank_is_still_writing_protects_the_save(tmp_path:
     b = w.execution(E2, resume=pubs[-1])
     w.saved(a, E1, 4)  # the old run publishes once more
     fallback = f"exec/{a}/checkpoint-2"
-    execution = saves.Execution(root=w.root, exec_dir=os.path.join(w.root, "exec", b),
-                                epoch=E2, attempt=b, job="j", resume_from=w.locate(pubs[-1]))
+    execution = saves.Execution(
+        root=w.root,
+        exec_dir=os.path.join(w.root, "exec", b),
+        epoch=E2,
+        attempt=b,
+        job="j",
+        resume_from=w.locate(pubs[-1]),
+    )
     # rank 0: still writing (a choice file is written under a temporary name, then linked
     # into place whole, so no reader ever sees it empty)
-    open(os.path.join(w.root, "exec", b, execdir.choice_name(fallback) + ".99.1.tmp"),
-         "x").close()
+    open(os.path.join(w.root, "exec", b, execdir.choice_name(fallback) + ".99.1.tmp"), "x").close()
     found = store.list_publications(w.root)
     assert saves.record_choice(execution, w.locate(fallback), found, "fallback")  # rank 1 loads
     gc.collect(w.root, 1)
@@ -80,6 +92,7 @@ def test_a_choice_file_another_rank_is_still_writing_protects_the_save(tmp_path:
 
 
 # --- the framework's bests ---------------------------------------------------------------
+
 
 def test_the_live_lineages_best_stays_when_an_old_run_scores_better(world: World) -> None:
     """Lightning save_top_k=1 by val_loss.  B (a requeue) resumed from A's step 3; its
@@ -91,20 +104,22 @@ def test_the_live_lineages_best_stays_when_an_old_run_scores_better(world: World
     a = world.execution(E1)
     keep_record(world, a, 1, 1)
     a2 = f"exec/{a}/checkpoint-2"
-    a_pubs = [with_bests(world, a, E1, step, best)
-              for step, best in ((1, f"exec/{a}/checkpoint-1"), (2, a2), (3, a2))]
+    a_pubs = [
+        with_bests(world, a, E1, step, best)
+        for step, best in ((1, f"exec/{a}/checkpoint-1"), (2, a2), (3, a2))
+    ]
     b = world.execution(E2, resume=a_pubs[-1])
     keep_record(world, b, 1, 1)
     with_bests(world, b, E2, 4, a2)  # B's framework state: the best is still A's step 2
     with_bests(world, a, E1, 4, f"exec/{a}/checkpoint-4")  # the old run's late "best"
     with_bests(world, b, E2, 5, a2)
     gc.collect(world.root, None)
-    assert world.exists(a2), \
-        "the live lineage's best (what B's ModelCheckpoint names) was removed"
+    assert world.exists(a2), "the live lineage's best (what B's ModelCheckpoint names) was removed"
     assert not world.exists(f"exec/{a}/checkpoint-4")  # the old run's late save goes
 
 
 # --- files that are not saves --------------------------------------------------------------
+
 
 def test_a_users_file_named_like_dispatchs_own_stays(world: World) -> None:
     """The old-folder rule keeps files that are not saves unless --all-files; but every entry
@@ -134,12 +149,12 @@ def test_non_checkpoint_files_in_checkpoints_folder_stay(world: World) -> None:
     [world.saved(b, E2, step) for step in (3, 4)]
     gc.collect(world.root, 1)
     assert not world.exists(f"exec/{a}/checkpoints/epoch=1.ckpt")
-    assert world.exists(f"exec/{a}/checkpoints/model.onnx"), \
+    assert world.exists(f"exec/{a}/checkpoints/model.onnx"), (
         "a file that is not a save was removed without --all-files"
+    )
 
 
-def test_a_whole_execution_folder_published_as_a_save_keeps_its_other_files(
-        world: World) -> None:
+def test_a_whole_execution_folder_published_as_a_save_keeps_its_other_files(world: World) -> None:
     """A user's script (or `dispatch watch` pointed at it) publishes the execution's folder
     itself as a save (exec/<attempt>).  Once older than K, cleanup removes it as one save:
     the folder's TensorBoard events and logs go with it, without --all-files."""
@@ -150,11 +165,11 @@ def test_a_whole_execution_folder_published_as_a_save_keeps_its_other_files(
     b = world.execution(E2)
     [world.saved(b, E2, step) for step in (3, 4)]
     gc.collect(world.root, 1)
-    assert world.exists(f"exec/{a}/train.log"), \
-        "a log (not a save) was removed without --all-files"
+    assert world.exists(f"exec/{a}/train.log"), "a log (not a save) was removed without --all-files"
 
 
 # --- symlinks (POSIX) ------------------------------------------------------------------------
+
 
 def test_a_symlink_chain_keeps_every_link_on_the_way(tmp_path: Path) -> None:
     """latest -> exec/B/best.ckpt (a link) -> exec/A/last.ckpt (a published link, older than
@@ -172,8 +187,9 @@ def test_a_symlink_chain_keeps_every_link_on_the_way(tmp_path: Path) -> None:
     os.symlink(f"../{a}/last.ckpt", os.path.join(w.root, "exec", b, "best.ckpt"))
     w.publish(E2, 6, f"exec/{b}/best.ckpt")
     gc.collect(w.root, 1)
-    assert os.path.exists(os.path.join(w.root, "exec", b, "best.ckpt")), \
+    assert os.path.exists(os.path.join(w.root, "exec", b, "best.ckpt")), (
         "the latest publication names a dangling symlink"
+    )
     assert w.latest_exists() and w.every_published_save_exists()
 
 
@@ -187,12 +203,14 @@ def test_a_folder_save_holding_a_symlink_keeps_its_target(tmp_path: Path) -> Non
     [w.saved(a, E1, step) for step in range(1, 3)]
     b = w.execution(E2)
     latest = w.save(b, 3)
-    os.symlink(f"../../{a}/checkpoint-1/model.bin",
-               os.path.join(w.root, latest, "frozen_encoder.bin"))
+    os.symlink(
+        f"../../{a}/checkpoint-1/model.bin", os.path.join(w.root, latest, "frozen_encoder.bin")
+    )
     w.publish(E2, 3, latest)
     gc.collect(w.root, 1)
-    assert os.path.exists(os.path.join(w.root, latest, "frozen_encoder.bin")), \
+    assert os.path.exists(os.path.join(w.root, latest, "frozen_encoder.bin")), (
         "a file of the latest save dangles"
+    )
 
 
 def test_a_save_named_with_odd_characters_is_found(world: World) -> None:

@@ -22,8 +22,9 @@ E1, E2 = epoch(1), epoch(1, 1)
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), env={"DISPATCH_CHECKPOINT": ""},
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, list(args), env={"DISPATCH_CHECKPOINT": ""}, catch_exceptions=False
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -42,11 +43,18 @@ def test_gc_prints_what_it_removed_with_the_bytes(tmp_path: Path) -> None:
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].split() == ["ACTION", "KIND", "BYTES", "PUBLICATIONS", "PATH"]
-    assert lines[1].split() == ["removed", "save", "100", "1",
-                                f"{world.root}/exec/{a}/checkpoint-1"]
+    assert lines[1].split() == [
+        "removed",
+        "save",
+        "100",
+        "1",
+        f"{world.root}/exec/{a}/checkpoint-1",
+    ]
     assert lines[2].split()[-1] == f"{world.root}/exec/{a}/checkpoint-2"
-    assert lines[-1] == ("removed 2 save(s) or folder(s), 2 publication(s), 200 bytes; "
-                         "keeping the 2 latest publication(s)")
+    assert lines[-1] == (
+        "removed 2 save(s) or folder(s), 2 publication(s), 200 bytes; "
+        "keeping the 2 latest publication(s)"
+    )
 
 
 def test_a_dry_run_with_sizes_measures_each_folder_and_removes_nothing(tmp_path: Path) -> None:
@@ -65,8 +73,10 @@ def test_a_dry_run_with_sizes_measures_each_folder_and_removes_nothing(tmp_path:
     code, out, _ = run("gc", "--root", world.root, "--keep", "2", "--dry-run", "--json")
     data = json.loads(out)
     assert data["dry_run"] is True and data["freed"] is None  # not measured without --sizes
-    assert [r["path"] for r in data["removals"]] == [f"exec/{a}/checkpoint-1",
-                                                      f"exec/{a}/checkpoint-2"]
+    assert [r["path"] for r in data["removals"]] == [
+        f"exec/{a}/checkpoint-1",
+        f"exec/{a}/checkpoint-2",
+    ]
 
 
 def test_bad_input_is_a_clear_error_and_removes_nothing(tmp_path: Path) -> None:
@@ -85,8 +95,7 @@ def test_bad_input_is_a_clear_error_and_removes_nothing(tmp_path: Path) -> None:
     assert code == 2 and "--root is required" in err
 
 
-def test_a_symlink_on_the_way_to_a_save_is_refused_before_anything_goes(tmp_path: Path
-                                                                         ) -> None:
+def test_a_symlink_on_the_way_to_a_save_is_refused_before_anything_goes(tmp_path: Path) -> None:
     world = posix_world(tmp_path)
     a, b, pubs = two_lineages(world)
     elsewhere = Path(world.root, "elsewhere")
@@ -119,8 +128,9 @@ def test_watch_keep_bounds_the_disk_while_it_publishes(tmp_path: Path) -> None:
     old = [world.saved(a, E1, step) for step in (1, 2)]
     b = world.execution(E2, resume=old[-1])
     lines: list[str] = []
-    watcher = Watcher(world.root, str(Path(world.root, "exec", b)), E2, SaveRule.make(),
-                      lines.append)
+    watcher = Watcher(
+        world.root, str(Path(world.root, "exec", b)), E2, SaveRule.make(), lines.append
+    )
     watcher.keep = 2
     for step in range(3, 9):
         world.save(b, step)
@@ -133,22 +143,32 @@ def test_watch_keep_bounds_the_disk_while_it_publishes(tmp_path: Path) -> None:
     # B's epoch is the latest's and B resumed from A's step 2: that save stays, step 1 goes.
     assert world.exists(f"exec/{a}/checkpoint-2") and not world.exists(f"exec/{a}/checkpoint-1")
     assert sorted(p.name for p in Path(world.root, "exec", b).iterdir()) == [
-        ".dispatch", "checkpoint-7", "checkpoint-8"]
+        ".dispatch",
+        "checkpoint-7",
+        "checkpoint-8",
+    ]
     assert len(world.names()) == 3
     assert any(f"removed save exec/{a}/checkpoint-1 (100 bytes)" in line for line in lines)
 
 
 def test_watch_refuses_keep_zero() -> None:
-    out = subprocess.run([*DISPATCH, "watch", "--keep", "0"],
-                         capture_output=True, text=True,
-                         env={"DISPATCH_CHECKPOINT": "/tmp", "DISPATCH_EXEC_DIR": "/tmp",
-                              "DISPATCH_EPOCH": "1000000", "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [*DISPATCH, "watch", "--keep", "0"],
+        capture_output=True,
+        text=True,
+        env={
+            "DISPATCH_CHECKPOINT": "/tmp",
+            "DISPATCH_EXEC_DIR": "/tmp",
+            "DISPATCH_EPOCH": "1000000",
+            "PATH": "/usr/bin:/bin",
+        },
+    )
     assert out.returncode == 2 and "--keep 0 must be at least 1" in out.stderr
 
 
 def test_pin_unpin_and_a_dry_run_that_says_what_stays_and_why(tmp_path: Path) -> None:
-    """Issue 17, item 4 and 7 as a user runs them: pin, list pins, the dry run's reasons and
-    the files it would leave."""
+    """Pins and files that are not saves, as a user runs them: pin, list pins, the dry run's reasons
+    and the files it would leave."""
     world = posix_world(tmp_path)
     a, b, pubs = two_lineages(world)
     old = world.execution(E1)
@@ -163,14 +183,35 @@ def test_pin_unpin_and_a_dry_run_that_says_what_stays_and_why(tmp_path: Path) ->
     assert code == 2 and "is not a published save" in err and "nothing" in err
     code, out, _ = run("gc", "--root", world.root, "--keep", "1", "--dry-run")
     assert code == 0
-    assert f"{target}  pinned (dispatch pin)" in " ".join(out.split("  ")) or \
-        any(line.split()[:2] == [target, "pinned"] for line in out.splitlines())
-    assert ("would leave (not a save; --all-files removes it): "
-            f"{world.root}/exec/{old}/train.log") in out
+    assert f"{target}  pinned (dispatch pin)" in " ".join(out.split("  ")) or any(
+        line.split()[:2] == [target, "pinned"] for line in out.splitlines()
+    )
+    assert (
+        f"would leave (not a save; --all-files removes it): {world.root}/exec/{old}/train.log"
+    ) in out
     assert any(line.startswith(old) and "not saves" in line for line in out.splitlines())
-    assert any(line.startswith(a) and "holds a save that stays" in line
-               for line in out.splitlines())
+    assert any(
+        line.startswith(a) and "holds a save that stays" in line for line in out.splitlines()
+    )
     code, out, _ = run("unpin", "--root", world.root, target)
     assert (code, out.strip()) == (0, f"unpinned {target}")
     code, out, _ = run("unpin", "--root", world.root, target)
     assert out.strip() == f"{target} was not pinned"
+
+
+def test_a_dry_run_names_a_whole_folder_and_what_in_it_is_not_a_save(tmp_path: Path) -> None:
+    world = posix_world(tmp_path)
+    a = world.execution(E1)
+    second = [world.saved(a, E1, step) for step in (1, 2)][-1]
+    b = world.execution(E2, resume=second)
+    fourth = [world.saved(b, E2, step) for step in (3, 4)][-1]
+    c = world.execution(epoch(1, 2), resume=fourth)
+    world.saved(c, epoch(1, 2), 5)
+    (Path(world.root) / "exec" / a / "events.log").write_text("x")
+    code, out, _ = run("gc", "--root", world.root, "--keep", "1", "--dry-run", "--all-files")
+    assert code == 0
+    folder = f"{world.root}/exec/{a}"
+    assert "would remove folder - 2 " + folder in " ".join(out.split())
+    assert f"  would remove {folder}: 4 entries, 1 not named like saves\n" in out
+    assert f"  would remove {folder}/events.log\n" in out
+    assert world.exists(f"exec/{a}/events.log")

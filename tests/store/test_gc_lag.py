@@ -1,4 +1,4 @@
-"""Cleanup's handshake with a starting execution when listings lag (issue 17, item 16): each
+"""Cleanup's handshake with a starting execution when listings lag (docs/invariants.md, 9): each
 side's view of ``exec/`` and ``pub/`` may be up to ``ListingLag`` old (NFS caches directory
 contents and lookups; some S3 implementations list late).  The views here are served from a
 cache that old (a fake at the store's boundary, on a folder and on SeaweedFS), on a clock the
@@ -7,11 +7,12 @@ cleanup's wait moves."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from slurm_dispatch.checkpoint import execdir, gc
+from slurm_dispatch.checkpoint.stores.base import Store
 from slurm_dispatch.errors import UsageError
 
 from .gc_world import World, epoch
@@ -32,8 +33,17 @@ class LaggingView:
     """A node's view of a store: every read answered from a cache up to ``lag`` old (as an NFS
     client's attribute and directory caches answer); writes go straight through."""
 
-    READS = ("list_exec", "list_exec_entries", "exec_entries", "read_exec_file", "has_publication",
-             "publication_names", "list_intents", "list_pins", "exists")
+    READS = (
+        "list_exec",
+        "list_exec_entries",
+        "exec_entries",
+        "read_exec_file",
+        "has_publication",
+        "publication_names",
+        "list_intents",
+        "list_pins",
+        "exists",
+    )
 
     def __init__(self, store: Any, clock: Clock, lag: float) -> None:
         self._store, self._clock, self._lag = store, clock, lag
@@ -57,25 +67,31 @@ class LaggingView:
         return read
 
 
-def scene(world: World, clock: Clock) -> tuple[str, str, LaggingView, LaggingView]:
+def lagging(store: Store, clock: Clock, lag: float) -> Store:
+    """A :class:`LaggingView` of ``store``, passed where a Store is taken.  It is no Store (it
+    answers each method by delegating to ``store``), so the type checker is told by a cast."""
+    return cast(Store, LaggingView(store, clock, lag))
+
+
+def scene(world: World, clock: Clock) -> tuple[str, str, Store, Store]:
     """A published 1..3; B (live) was started from A's step 3, which it cannot load, and is
     about to fall back to step 2.  Both views have read the root a moment ago."""
     a = world.execution(E1)
     pubs = [world.saved(a, E1, step) for step in (1, 2, 3)]
     b = world.execution(E2, resume=pubs[-1])
-    gc_view = LaggingView(world.store, clock, LAG)
-    b_view = LaggingView(world.store, clock, LAG)
+    gc_view = lagging(world.store, clock, LAG)
+    b_view = lagging(world.store, clock, LAG)
     assert b_view.has_publication(pubs[1])  # B's node looked at pub/ a moment ago
     return a, b, gc_view, b_view
 
 
-def fall_back_during(world: World, a: str, b: str, b_view: LaggingView,
-                     name: str) -> Any:
+def fall_back_during(world: World, a: str, b: str, b_view: Store, name: str) -> Any:
     def pause(where: str) -> None:
         if where == "unpublished":
             save = f"exec/{a}/checkpoint-2"
-            world.store.create_exec_file(b, execdir.choice_name(save),
-                                         execdir.choice_bytes(save, b, "fallback"))
+            world.store.create_exec_file(
+                b, execdir.choice_name(save), execdir.choice_bytes(save, b, "fallback")
+            )
             # B's check after its record: its stale view still shows the publication, so it
             # goes on to load the save.
             assert b_view.has_publication(name)
@@ -88,8 +104,15 @@ def test_with_the_wait_a_choice_seen_late_is_spared(world: World) -> None:
     a, b, gc_view, b_view = scene(world, clock)
     name = sorted(world.names())[1]
     said: list[str] = []
-    gc.collect(world.root, 1, store=gc_view, lag=LAG, wait=clock.wait, say=said.append,
-               pause=fall_back_during(world, a, b, b_view, name))
+    gc.collect(
+        world.root,
+        1,
+        store=gc_view,
+        lag=LAG,
+        wait=clock.wait,
+        say=said.append,
+        pause=fall_back_during(world, a, b, b_view, name),
+    )
     assert world.exists(f"exec/{a}/checkpoint-2")  # B loads it: it stays
     assert not world.exists(f"exec/{a}/checkpoint-1")
     assert clock.now == 2 * LAG and "twice ListingLag" in said[0]
@@ -100,13 +123,20 @@ def test_without_the_wait_a_lagging_view_loses_the_save(world: World) -> None:
     clock = Clock()
     a, b, gc_view, b_view = scene(world, clock)
     name = sorted(world.names())[1]
-    gc.collect(world.root, 1, store=gc_view, lag=0, wait=clock.wait,
-               pause=fall_back_during(world, a, b, b_view, name))
+    gc.collect(
+        world.root,
+        1,
+        store=gc_view,
+        lag=0,
+        wait=clock.wait,
+        pause=fall_back_during(world, a, b, b_view, name),
+    )
     assert not world.exists(f"exec/{a}/checkpoint-2")
 
 
-def test_the_lag_defaults_to_nfs_s_and_is_configurable(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lag_defaults_to_nfs_s_and_is_configurable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("DISPATCH_LISTING_LAG", raising=False)
     conf = tmp_path / "dispatch.conf"
     conf.write_text("")
@@ -121,8 +151,9 @@ def test_the_lag_defaults_to_nfs_s_and_is_configurable(tmp_path: Path,
         gc.listing_lag()
 
 
-def test_watch_keep_waits_out_the_lag_beside_its_scans(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_watch_keep_waits_out_the_lag_beside_its_scans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With a listing lag, `watch --keep`'s cleanup runs beside the scans: a scan returns at
     once (it is not held for twice the lag), and the cleanup removes what it should after."""
     import threading
@@ -137,8 +168,9 @@ def test_watch_keep_waits_out_the_lag_beside_its_scans(tmp_path: Path,
     a = world.execution(E1)
     world.saved(a, E1, 1)
     lines: list[str] = []
-    watcher = Watcher(world.root, str(tmp_path / "root" / "exec" / a), E1, SaveRule.make(),
-                      lines.append)
+    watcher = Watcher(
+        world.root, str(tmp_path / "root" / "exec" / a), E1, SaveRule.make(), lines.append
+    )
     watcher.keep = 1
     world.save(a, 2)
     watcher.scan()

@@ -1,4 +1,4 @@
-"""Cleanup never removes a save someone needs (issue 17, items 1-4, 6 and 7), on a folder and on
+"""Cleanup never removes a save someone needs (docs/invariants.md, 9), on a folder and on
 a real SeaweedFS server: a fallback an execution chose, a published symlink, a save published
 twice, pins and the framework's bests, a killed run finished with another K, and files that
 are not saves."""
@@ -20,12 +20,13 @@ E1, E2, E3 = epoch(1), epoch(1, 1), epoch(2)
 
 def choose(world: World, attempt: str, relative: str) -> None:
     """What an integration records before it loads a fallback (execdir's choice file)."""
-    world.store.create_exec_file(attempt, execdir.choice_name(relative),
-                                 execdir.choice_bytes(relative, attempt, "fallback"))
+    world.store.create_exec_file(
+        attempt, execdir.choice_name(relative), execdir.choice_bytes(relative, attempt, "fallback")
+    )
 
 
 def test_a_fallback_an_execution_chose_stays_while_the_old_one_publishes(world: World) -> None:
-    """Item 1: B's launcher chose A's step 5, which cannot be loaded; B fell back to A's step
+    """A fallback: B's launcher chose A's step 5, which cannot be loaded; B fell back to A's step
     4 and is loading it.  A still publishes at its lower epoch; gc --keep 1 keeps step 4."""
     a = world.execution(E1)
     a_pubs = [world.saved(a, E1, step) for step in range(1, 6)]
@@ -41,7 +42,8 @@ def test_a_fallback_an_execution_chose_stays_while_the_old_one_publishes(world: 
 
 
 def test_a_fallback_chosen_while_cleanup_runs_is_spared(world: World) -> None:
-    """Item 1, the handshake: the choice is recorded after cleanup planned, before it removes."""
+    """A fallback, the handshake: the choice is recorded after cleanup planned, before it
+    removes."""
     a = world.execution(E1)
     a_pubs = [world.saved(a, E1, step) for step in range(1, 6)]
     b = world.execution(E2, resume=a_pubs[-1])
@@ -52,14 +54,15 @@ def test_a_fallback_chosen_while_cleanup_runs_is_spared(world: World) -> None:
 
     report = gc.collect(world.root, 1, pause=fall_back)
     assert world.exists(f"exec/{a}/checkpoint-2")
-    assert [r.skipped.split(" (")[0] for r in report.removals
-            if r.path.endswith("checkpoint-2")] == ["a starting execution resumes from it"]
+    assert [
+        r.skipped.split(" (")[0] for r in report.removals if r.path.endswith("checkpoint-2")
+    ] == ["a starting execution resumes from it"]
     assert not world.exists(f"exec/{a}/checkpoint-1")
 
 
 def test_one_save_published_twice_goes_with_both_names(world: World) -> None:
-    """Item 3: A's step 5 re-published by its replacement C at C's epoch; both names go
-    together, or the save stays."""
+    """A save published twice: A's step 5 re-published by its replacement C at C's epoch; both names
+    go together, or the save stays."""
     a = world.execution(E1)
     a_pubs = [world.saved(a, E1, step) for step in range(1, 6)]
     c = world.execution(E3)  # its record names no source: nothing chose A's step 5
@@ -84,7 +87,8 @@ def test_one_save_published_twice_stays_while_the_newer_name_is_kept(world: Worl
 
 
 def test_a_published_symlink_keeps_what_it_leads_to(tmp_path: Path) -> None:
-    """Item 2 (POSIX: S3 has no symlinks): best -> exec/A/checkpoint-10 published as latest."""
+    """A published symlink (POSIX: S3 has no symlinks): best -> exec/A/checkpoint-10 published as
+    latest."""
     w = posix_world(tmp_path)
     a = w.execution(E1)
     for step in range(8, 11):
@@ -100,7 +104,7 @@ def test_a_published_symlink_keeps_what_it_leads_to(tmp_path: Path) -> None:
 
 
 def test_a_killed_run_is_finished_by_a_rerun_with_a_larger_k(world: World) -> None:
-    """Item 6: killed after unpublishing; the rerun with a larger K removes those saves, so
+    """A killed run: killed after unpublishing; the rerun with a larger K removes those saves, so
     nothing is left with neither publication nor intent."""
     a = world.execution(E1)
     [world.saved(a, E1, step) for step in range(1, 4)]
@@ -124,13 +128,12 @@ def test_a_killed_run_is_finished_by_a_rerun_with_a_larger_k(world: World) -> No
                 path = f"exec/{attempt}/{entry.rstrip('/')}"
                 # (SeaweedFS may list a "folder" whose objects are gone: exists() says.)
                 named = any(model.parse_name(n).path == path for n in world.names())
-                assert named or not world.exists(path), \
-                    f"{path} has neither publication nor intent"
+                assert named or not world.exists(path), f"{path} has neither publication nor intent"
     assert world.every_published_save_exists()
 
 
 def test_pinned_saves_stay_and_unpinned_ones_go(world: World) -> None:
-    """Item 4: a pin keeps a save whatever K; unpinned, it goes."""
+    """Pins: a pin keeps a save whatever K; unpinned, it goes."""
     a = world.execution(E1)
     [world.saved(a, E1, step) for step in range(1, 4)]
     b = world.execution(E2)
@@ -156,21 +159,26 @@ def test_pin_refuses_what_is_not_a_published_save(world: World) -> None:
     assert world.store.list_pins() == []
 
 
-def saved_with_bests(world: World, attempt: str, ep: int, step: int,
-                     bests: list[str]) -> str:
+def saved_with_bests(world: World, attempt: str, ep: int, step: int, bests: list[str]) -> str:
     """A save whose manifest lists what the framework keeps as best when it was made."""
     relative = world.save(attempt, step)
-    world.put(f"{relative}/{execdir.MANIFEST_NAME}", 0, json.dumps(
-        {"format": 1, "files": {}, "bests": bests}).encode())
+    world.put(
+        f"{relative}/{execdir.MANIFEST_NAME}",
+        0,
+        json.dumps({"format": 1, "files": {}, "bests": bests}).encode(),
+    )
     return world.publish(ep, step, relative)
 
 
 def test_the_frameworks_best_saves_stay_as_well_as_the_k_latest(world: World) -> None:
-    """Item 4: save_top_k=2 by val_loss (min): the two best the framework names in the live
-    execution's latest manifest stay with the 2 latest."""
+    """The framework's bests: save_top_k=2 by val_loss (min): the two best the framework names in
+    the live execution's latest manifest stay with the 2 latest."""
     a = world.execution(E1)
-    world.store.create_exec_file(a, execdir.KEEP, json.dumps(
-        {"framework": "lightning", "setting": "save_top_k", "keep": 2}).encode())
+    world.store.create_exec_file(
+        a,
+        execdir.KEEP,
+        json.dumps({"framework": "lightning", "setting": "save_top_k", "keep": 2}).encode(),
+    )
     losses = [0.9, 0.2, 0.8, 0.1, 0.7, 0.6, 0.95, 0.99]
     made: dict[int, float] = {}
     for step, loss in enumerate(losses, start=1):
@@ -185,8 +193,8 @@ def test_the_frameworks_best_saves_stay_as_well_as_the_k_latest(world: World) ->
 
 
 def test_files_that_are_not_saves_stay(world: World) -> None:
-    """Item 7: an old execution's TensorBoard events and log stay; its saves go; the dry run
-    lists everything a whole-folder removal takes."""
+    """Files that are not saves: an old execution's TensorBoard events and log stay; its saves go;
+    the dry run lists everything a whole-folder removal takes."""
     a = world.execution(E1)
     [world.saved(a, E1, step) for step in range(1, 4)]
     world.put(f"exec/{a}/runs/Dec01/events.out.tfevents.1", 50)

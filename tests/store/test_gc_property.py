@@ -1,5 +1,5 @@
-"""A property test of cleanup (issue 17): random interleavings of executions starting (with
-and without the launcher's source), falling back to an older save, saving and publishing (old
+"""A property test of cleanup (docs/invariants.md, 9): random interleavings of executions starting
+(with and without the launcher's source), falling back to an older save, saving and publishing (old
 executions late, at their lower epoch, too), saves published twice, symlinked saves, pins,
 the framework's bests changing, and gc with a random K, killed at a random stage or not; on a
 folder and on SeaweedFS.  After every step the invariants are checked:
@@ -29,6 +29,7 @@ from slurm_dispatch.checkpoint import execdir, gc, model
 from tests.s3server import SeaweedServer
 
 from .gc_world import World, epoch, posix_world
+from .worlds import S3Raw
 
 STAGES = ("checked", "intents", "unpublished", "removed")
 
@@ -85,8 +86,9 @@ class Model:
             return
         attempt, save = self.rng.choice(live), self.rng.choice(candidates)
         try:
-            self.world.store.create_exec_file(attempt, execdir.choice_name(save),
-                                              execdir.choice_bytes(save, attempt, "test"))
+            self.world.store.create_exec_file(
+                attempt, execdir.choice_name(save), execdir.choice_bytes(save, attempt, "test")
+            )
         except FileExistsError:
             return
         # The integration takes it only while a publication of it is still there.
@@ -109,15 +111,20 @@ class Model:
         if self.ranked == attempt:
             # The framework's bests (top 2 by a score) as its manifest would list them.
             self.scored[relative] = round(self.rng.random(), 3)
-            self.world.put(f"{relative}/{execdir.MANIFEST_NAME}", 0, json.dumps(
-                {"format": 1, "files": {}, "bests": sorted(self.bests())}).encode())
+            self.world.put(
+                f"{relative}/{execdir.MANIFEST_NAME}",
+                0,
+                json.dumps({"format": 1, "files": {}, "bests": sorted(self.bests())}).encode(),
+            )
         self.world.publish(self.execs[attempt], self.step, relative)
         self.log.append(f"publish {relative}")
 
     def publish_twice(self) -> None:
         """A replacement re-publishes an existing published save at its own epoch."""
-        saves, live = self.published(), [a for a, e in self.execs.items()
-                                          if e >= self.latest_epoch()]
+        saves, live = (
+            self.published(),
+            [a for a, e in self.execs.items() if e >= self.latest_epoch()],
+        )
         if not saves or not live:
             return
         save = self.rng.choice(saves)
@@ -129,7 +136,7 @@ class Model:
         self.log.append(f"publish {save} again")
 
     def symlink(self) -> None:
-        if self.world.s3:
+        if self.world.remote:
             return
         saves = [s for s in self.published() if s.startswith("exec/")]
         live = [a for a, e in self.execs.items() if e >= self.latest_epoch()]
@@ -183,8 +190,9 @@ class Model:
         # is left, as an intent, for a later run; nothing is left with neither name.
         for intent in self.world.store.list_intents():
             path = model.parse_name(intent).path
-            assert any(gc._overlap(path, kept) for kept in report.kept), \
+            assert any(gc._overlap(path, kept) for kept in report.kept), (
                 f"a finished gc left the intent {intent} of {path}, which nothing needs"
+            )
         self.killed = False
         self.kept_by_k = {model.parse_name(n).path for n in self.world.names()[-keep:]}
 
@@ -213,9 +221,17 @@ class Model:
 def run_case(world: World, seed: int, steps: int) -> None:
     rng = random.Random(seed)
     m = Model(world, rng)
-    actions = [(m.start, 2), (m.fall_back, 2), (m.save, 8),
-               (lambda: m.save(publish=False), 1), (m.publish_twice, 1), (m.symlink, 1),
-               (m.pin, 2), (m.rank, 1), (m.clean, 4)]
+    actions = [
+        (m.start, 2),
+        (m.fall_back, 2),
+        (m.save, 8),
+        (lambda: m.save(publish=False), 1),
+        (m.publish_twice, 1),
+        (m.symlink, 1),
+        (m.pin, 2),
+        (m.rank, 1),
+        (m.clean, 4),
+    ]
     weights = [w for _a, w in actions]
     m.start()
     try:
@@ -237,6 +253,7 @@ def test_cleanup_keeps_every_needed_save_on_a_folder(tmp_path: Path, seed: int) 
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_cleanup_keeps_every_needed_save_on_s3(s3_env: SeaweedServer, s3_root: str,
-                                              seed: int) -> None:
-    run_case(World(s3_root, s3_env.client()), 100 + seed, 40)
+def test_cleanup_keeps_every_needed_save_on_s3(
+    s3_env: SeaweedServer, s3_root: str, seed: int
+) -> None:
+    run_case(World(S3Raw(s3_root, s3_env.client())), 100 + seed, 40)

@@ -179,8 +179,9 @@ def tiny_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.fail("the full-file-system test mounts a tmpfs and must run as root")
     mount = tmp_path / "tiny"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=12", "tmpfs", str(mount)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=12", "tmpfs", str(mount)], check=True
+    )
     try:
         yield mount
     finally:
@@ -218,8 +219,10 @@ def test_concurrent_publishers_lose_nothing_and_never_collide(tmp_path: Path) ->
     workers, count = 8, 500
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_publisher, args=(str(tmp_path), w, count, queue))
-             for w in range(workers)]
+    procs = [
+        ctx.Process(target=_publisher, args=(str(tmp_path), w, count, queue))
+        for w in range(workers)
+    ]
     for p in procs:
         p.start()
     results = [queue.get(timeout=120) for _ in procs]
@@ -233,7 +236,8 @@ def test_concurrent_publishers_lose_nothing_and_never_collide(tmp_path: Path) ->
     shared = count // 2
     assert len(on_disk) == shared + workers * (count - shared)
     assert store.latest(str(tmp_path)).step == max(  # type: ignore[union-attr]
-        model.parse_name(n).step for n in won)
+        model.parse_name(n).step for n in won
+    )
 
 
 KILL_SCRIPT = r"""
@@ -254,8 +258,10 @@ def test_sigkill_leaves_only_whole_publications(tmp_path: Path) -> None:
     rng = random.Random(1234)
     reported: list[str] = []
     for round_ in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path),
-                                 str(round_ * 1_000_000)], stdout=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILL_SCRIPT, str(tmp_path), str(round_ * 1_000_000)],
+            stdout=subprocess.PIPE,
+        )
         # Its first publication says it runs (its start alone can take longer than the window
         # on a loaded machine, which left nothing published); then a random moment to kill at.
         first = proc.stdout.readline() if proc.stdout is not None else b""
@@ -273,12 +279,15 @@ def test_sigkill_leaves_only_whole_publications(tmp_path: Path) -> None:
     assert len(store.list_publications(str(tmp_path))) == len(names)
 
 
-@pytest.mark.parametrize("bad", [
-    # Two valid names joined by a newline: one file whose name is not a publication.
-    model.format_name(E1, 1, "a") + "\n" + model.format_name(E1, 2, "a"),
-    f"{999_999:020d}-{1:020d}-ME",  # an epoch no (G, N, R) makes, not the greatest name
-    f"{E1:020d}-{1:020d}-MEA",  # a base32 length no path has
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        # Two valid names joined by a newline: one file whose name is not a publication.
+        model.format_name(E1, 1, "a") + "\n" + model.format_name(E1, 2, "a"),
+        f"{999_999:020d}-{1:020d}-ME",  # an epoch no (G, N, R) makes, not the greatest name
+        f"{E1:020d}-{1:020d}-MEA",  # a base32 length no path has
+    ],
+)
 def test_latest_refuses_every_bad_name_not_only_the_winner(tmp_path: Path, bad: str) -> None:
     store.publish(str(tmp_path), E2, 5, str(save(tmp_path, "exec/a/c1")))
     (tmp_path / "pub" / bad).touch()
@@ -342,4 +351,3 @@ def test_latest_accepts_a_link_that_stays_inside_and_a_pruned_save(tmp_path: Pat
     store.publish(str(root), E2, 1, str(save(root, "exec/c/c1")))
     (root / "exec/c/c1").rmdir()
     assert store.latest(str(root)).path == str(root / "exec/c/c1")  # type: ignore[union-attr]
-

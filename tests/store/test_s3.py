@@ -1,4 +1,4 @@
-"""The S3 store against a real SeaweedFS server: races, a server that stops answering,
+"""The S3 store against a real SeaweedFS server: a server that stops answering,
 wrong credentials, a missing bucket, keys that are not publications, paging, boto3 absent.
 
 The contract both stores keep is in test_contract.py; these are the S3 store's own promises.
@@ -44,68 +44,25 @@ def prefix_of(root: str) -> str:
 
 def run_cli(*args: str, timeout: float = 60) -> tuple[int, str, str, float]:
     start = time.monotonic()
-    proc = subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+    proc = subprocess.run(
+        CLI + list(args), capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
-
-
-# --------------------------------------------------------------------------- races
-
-RACER = r"""
-import sys
-from slurm_dispatch.checkpoint import publish as store
-from slurm_dispatch.errors import AlreadyPublished
-root, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-store.latest(root)  # a warm client, so the start line is a real starting gun
-sys.stdout.write("ready\n"); sys.stdout.flush()
-sys.stdin.readline()
-won = []
-for i in range(count):
-    # Every worker tries the same shared names as well as its own: exactly one may win each.
-    step = i // 2 if i % 2 == 0 else 10_000 + worker * count + i
-    try:
-        won.append(store.publish(root, 1000000, step, root + "/exec/a/c"))
-    except AlreadyPublished:
-        pass
-print("\n".join(won))
-"""
-
-
-def test_eight_processes_racing_on_shared_names_have_exactly_one_winner_each(
-        s3_root: str) -> None:
-    workers, count = 8, 200
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, s3_root, str(w), str(count)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
-             for w in range(workers)]
-    for p in procs:
-        assert p.stdout is not None and p.stdout.readline() == "ready\n"
-    for p in procs:  # all waiting: let them go together
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * workers
-    won = [name for out in outputs for name in out.split()]
-    assert len(won) == len(set(won)), "two publishers both created one name"
-    shared = count // 2
-    listed = [f.name for f in store.list_publications(s3_root)]
-    assert set(listed) == set(won), "a publication was lost or appeared unreported"
-    assert len(listed) == shared + workers * (count - shared)
-    shared_names = {model.format_name(E1, step, "exec/a/c") for step in range(shared)}
-    assert shared_names <= set(won)
-    assert store.latest(s3_root).step == max(  # type: ignore[union-attr]
-        model.parse_name(n).step for n in won)
 
 
 # --------------------------------------------------------------------------- timeouts
 
 
 def test_latest_on_a_stopped_server_fails_within_the_timeout(
-        s3_env: SeaweedServer, s3_root: str) -> None:
+    s3_env: SeaweedServer, s3_root: str
+) -> None:
     store.publish(s3_root, E1, 1, s3_root + "/exec/a/c1")
     with s3_env.frozen():
-        for command in (["latest"], ["list"], ["publish", "--epoch", str(E1), "--step", "2",
-                                               s3_root + "/exec/a/c2"]):
+        for command in (
+            ["latest"],
+            ["list"],
+            ["publish", "--epoch", str(E1), "--step", "2", s3_root + "/exec/a/c2"],
+        ):
             code, out, err, took = run_cli(*command, "--root", s3_root, "--timeout", "2")
             assert code == 2, (command, out, err)
             print(f"{command[0]} gave up after {took:.2f} s")
@@ -124,8 +81,8 @@ def test_latest_on_a_stopped_server_fails_within_the_timeout(
 
 
 def test_the_timeout_comes_from_the_environment_then_dispatch_conf(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_env: SeaweedServer, s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     conf = tmp_path / "dispatch.conf"
     conf.write_text("StoreTimeout=1\n")
     monkeypatch.setenv("SLURM_DISPATCH_CONF", str(conf))
@@ -143,14 +100,15 @@ def test_the_timeout_comes_from_the_environment_then_dispatch_conf(
 # --------------------------------------------------------------------------- errors
 
 
-def test_wrong_credentials_are_a_clear_error(s3_root: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrong_credentials_are_a_clear_error(s3_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     with pytest.raises(StoreError, match=r"SignatureDoesNotMatch \(HTTP 403\).*credentials"):
         store.latest(s3_root)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
-    with pytest.raises(StoreError, match=re.escape(f"s3://{BUCKET}/{prefix_of(s3_root)}/pub/")
-                       + r".*InvalidAccessKeyId"):
+    with pytest.raises(
+        StoreError,
+        match=re.escape(f"s3://{BUCKET}/{prefix_of(s3_root)}/pub/") + r".*InvalidAccessKeyId",
+    ):
         store.publish(s3_root, E1, 1, s3_root + "/exec/a/c1")
     code, _, err, _ = run_cli("list", "--root", s3_root)
     assert code == 2 and err.startswith("dispatch: listing s3://") and "InvalidAccessKeyId" in err
@@ -158,8 +116,11 @@ def test_wrong_credentials_are_a_clear_error(s3_root: str,
 
 def test_a_missing_bucket_is_a_clear_error(s3_env: SeaweedServer) -> None:
     root = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/runs/x"
-    for call in (lambda: store.latest(root), lambda: store.list_publications(root),
-                 lambda: store.publish(root, E1, 1, root + "/exec/a/c1")):
+    for call in (
+        lambda: store.latest(root),
+        lambda: store.list_publications(root),
+        lambda: store.publish(root, E1, 1, root + "/exec/a/c1"),
+    ):
         with pytest.raises(StoreError, match=r"NoSuchBucket.*the bucket 'no-such-bucket-"):
             call()
     code, _, err, _ = run_cli("latest", "--root", root)
@@ -167,11 +128,11 @@ def test_a_missing_bucket_is_a_clear_error(s3_env: SeaweedServer) -> None:
 
 
 def test_a_key_in_a_deeper_folder_of_pub_is_an_error_naming_it(
-        s3_env: SeaweedServer, s3_root: str) -> None:
+    s3_env: SeaweedServer, s3_root: str
+) -> None:
     store.publish(s3_root, E1, 1, s3_root + "/exec/a/c1")
     good = model.format_name(E2, 1, "exec/b/c1")
-    s3_env.client().put_object(Bucket=BUCKET, Key=f"{prefix_of(s3_root)}/pub/old/{good}",
-                               Body=b"")
+    s3_env.client().put_object(Bucket=BUCKET, Key=f"{prefix_of(s3_root)}/pub/old/{good}", Body=b"")
     for read in (store.latest, store.list_publications):
         with pytest.raises(BadPublicationName, match=re.escape(repr("old/" + good))):
             read(s3_root)
@@ -186,8 +147,9 @@ def test_the_folder_marker_of_pub_is_not_an_entry(s3_env: SeaweedServer, s3_root
     assert [f.step for f in store.list_publications(s3_root)] == [3]
 
 
-def test_a_conflict_on_a_concurrent_create_is_retried(s3_env: SeaweedServer, s3_root: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_conflict_on_a_concurrent_create_is_retried(
+    s3_env: SeaweedServer, s3_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with FaultyProxy(s3_env.endpoint) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         proxy.fail_next("PUT", 409, "ConditionalRequestConflict", times=3)
@@ -201,7 +163,8 @@ def test_a_conflict_on_a_concurrent_create_is_retried(s3_env: SeaweedServer, s3_
 
 
 def test_any_other_server_error_names_bucket_key_and_code(
-        s3_env: SeaweedServer, s3_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_env: SeaweedServer, s3_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with FaultyProxy(s3_env.endpoint) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         proxy.fail_next("PUT", 403, "AccessDenied")
@@ -217,9 +180,13 @@ def test_any_other_server_error_names_bucket_key_and_code(
 
 
 def test_bad_roots_are_refused_naming_them() -> None:
-    for root, why in (("s3://", "names no bucket"), ("s3:///x", "names no bucket"),
-                      ("s3://b/a//c", "normal form"), ("s3://b/a/../c", "climbs"),
-                      ("gs://bucket/x", "not supported")):
+    for root, why in (
+        ("s3://", "names no bucket"),
+        ("s3:///x", "names no bucket"),
+        ("s3://b/a//c", "normal form"),
+        ("s3://b/a/../c", "climbs"),
+        ("gs://bucket/x", "not supported"),
+    ):
         with pytest.raises(UsageError, match=re.escape(repr(root)) + ".*" + why):
             store.latest(root)
 
@@ -227,14 +194,18 @@ def test_bad_roots_are_refused_naming_them() -> None:
 # --------------------------------------------------------------------------- paging
 
 
-def test_latest_pages_through_thousands_of_publications(s3_env: SeaweedServer,
-                                                        s3_root: str) -> None:
+def test_latest_pages_through_thousands_of_publications(
+    s3_env: SeaweedServer, s3_root: str
+) -> None:
     client = s3_env.client()
     prefix = prefix_of(s3_root)
     names = [model.format_name(E1 + (i % 3), i, f"exec/a/checkpoint-{i}") for i in range(2345)]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda n: client.put_object(Bucket=BUCKET, Key=f"{prefix}/pub/{n}",
-                                                  Body=b""), names))
+        list(
+            pool.map(
+                lambda n: client.put_object(Bucket=BUCKET, Key=f"{prefix}/pub/{n}", Body=b""), names
+            )
+        )
     found = store.list_publications(s3_root)
     assert [f.name for f in found] == sorted(names)
     assert store.latest(s3_root).name == max(names)  # type: ignore[union-attr]
@@ -269,23 +240,45 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("boto3", "botocore", 
 
 
 def test_a_missing_boto3_is_an_error_naming_the_extra() -> None:
-    out = subprocess.run([sys.executable, "-c", NO_BOTO3], capture_output=True, text=True,
-                         cwd=REPO, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", NO_BOTO3], capture_output=True, text=True, cwd=REPO, check=True
+    ).stdout
     assert "the 's3' extra" in out and ".whl[s3]" in out and "boto3" in out
 
 
 def test_the_core_and_a_folder_root_never_import_boto3(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", CORE_IMPORTS, str(tmp_path)],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CORE_IMPORTS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
     assert out.strip() == "[]"
 
 
 def test_cli_round_trip_on_s3(s3_root: str) -> None:
-    code, out, _, _ = run_cli("publish", "--root", s3_root, "--epoch", str(E1), "--step", "9",
-                              s3_root + "/exec/a/checkpoint-9")
+    code, out, _, _ = run_cli(
+        "publish",
+        "--root",
+        s3_root,
+        "--epoch",
+        str(E1),
+        "--step",
+        "9",
+        s3_root + "/exec/a/checkpoint-9",
+    )
     assert code == 0 and out.strip() == model.format_name(E1, 9, "exec/a/checkpoint-9")
-    code, out, err, _ = run_cli("publish", "--root", s3_root, "--epoch", str(E1), "--step", "9",
-                                s3_root + "/exec/a/checkpoint-9")
+    code, out, err, _ = run_cli(
+        "publish",
+        "--root",
+        s3_root,
+        "--epoch",
+        str(E1),
+        "--step",
+        "9",
+        s3_root + "/exec/a/checkpoint-9",
+    )
     assert code == 0 and "already published, nothing to do" in err  # the same save's
     code, out, _, _ = run_cli("latest", "--root", s3_root)
     assert code == 0 and out.strip() == s3_root + "/exec/a/checkpoint-9"

@@ -5,6 +5,7 @@ from the root's latest publication on the real server."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from slurm_dispatch.checkpoint import model
 from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores.schemes import SCHEMES
 from slurm_dispatch.control import record, sbatch_args, submit
 from slurm_dispatch.errors import UsageError
 from slurm_dispatch.execution import launch
@@ -36,18 +38,34 @@ def test_submission_keeps_an_s3_root_as_a_url_and_makes_nothing(tmp_path: Path) 
         submit.checkpoint_root(options("s3://bucket/a/../b"), str(tmp_path))
 
 
+@pytest.mark.parametrize("given", ["/scratch/run://1", "./a://b", "1a://x", "-://x"])
+def test_a_root_holding_a_scheme_no_store_serves_is_refused_by_name(
+    tmp_path: Path, given: str
+) -> None:
+    # "://" past a scheme's place (a folder's name, a word no scheme starts with) is no URL
+    # of any store: refused naming the root and the stores' schemes, as before the table of
+    # stores, not an assert.
+    said = f"{given!r} is not an {' or '.join(row.prefix for row in SCHEMES)} URL"
+    with pytest.raises(UsageError, match=re.escape(said) + "$"):
+        submit.checkpoint_root(options(given), str(tmp_path))
+
+
 def test_submission_never_imports_boto3() -> None:
-    code = ("import sys\nfrom slurm_dispatch.control import submit, sbatch_args\n"
-            "o = sbatch_args.DispatchOptions(); o.checkpoint = 's3://b/p'\n"
-            "submit.prepare_root(submit.checkpoint_root(o, '/'))\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('boto', 'botocore'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=REPO, check=True).stdout
+    code = (
+        "import sys\nfrom slurm_dispatch.control import submit, sbatch_args\n"
+        "o = sbatch_args.DispatchOptions(); o.checkpoint = 's3://b/p'\n"
+        "submit.prepare_root(submit.checkpoint_root(o, '/'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('boto', 'botocore'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
-def test_launcher_on_an_s3_root(s3_root: str, tmp_path: Path,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_launcher_on_an_s3_root(
+    s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = {"generation": 0, "checkpoint": s3_root, "script": "job.py"}
     job = record.create_job(spec, b"#!/bin/sh\n", home=str(tmp_path / "home"))
     stage_base = tmp_path / "scratch"

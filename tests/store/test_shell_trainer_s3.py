@@ -1,6 +1,6 @@
-"""A shell trainer on an ``s3://`` root (issue 18, item 19), against a real SeaweedFS server:
-``examples/watch-trainer.sh`` run with the launcher's own environment, twice, as a requeue
-runs it.  It writes its saves under ``$DISPATCH_LOCAL_DIR`` (the staging folder there),
+"""A shell trainer on an ``s3://`` root (docs/user-guide.md, checkpoints on S3), against a real
+SeaweedFS server: ``examples/watch-trainer.sh`` run with the launcher's own environment, twice, as a
+requeue runs it.  It writes its saves under ``$DISPATCH_LOCAL_DIR`` (the staging folder there),
 ``dispatch watch`` uploads and publishes them, and the second execution resumes from the first
 one's ``s3://`` save through ``dispatch fetch``.  A staging folder goes once its execution's
 command ended with 0 and everything in it is on S3; a file that is not keeps it."""
@@ -22,28 +22,49 @@ TRAINER = Path(__file__).resolve().parents[2] / "examples" / "watch-trainer.sh"
 
 
 def execution(job: record.JobRecord, restart: int, stage_base: Path) -> dict[str, str]:
-    return launch.identity(job, 1, {**os.environ, "TMPDIR": str(stage_base),
-                                    "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": str(restart)})
+    return launch.identity(
+        job,
+        1,
+        {
+            **os.environ,
+            "TMPDIR": str(stage_base),
+            "SLURM_JOB_ID": "7",
+            "SLURM_RESTART_COUNT": str(restart),
+        },
+    )
 
 
 def train(values: dict[str, str], steps: int, extra: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **values, "TOY_STEPS": str(steps), "TOY_SAVE_EVERY": "5",
-           "TOY_INTERVAL": "0.02", "TOY_WATCH_INTERVAL": "0.2"}
+    env = {
+        **os.environ,
+        **values,
+        "TOY_STEPS": str(steps),
+        "TOY_SAVE_EVERY": "5",
+        "TOY_INTERVAL": "0.02",
+        "TOY_WATCH_INTERVAL": "0.2",
+    }
     script = f"{extra}exec bash {TRAINER}" if extra else f"exec bash {TRAINER}"
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
-                          timeout=180)
+    return subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=180
+    )
 
 
 def test_a_shell_trainer_resumes_from_s3_through_dispatch_fetch(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path) -> None:
-    job = record.create_job({"generation": 0, "checkpoint": s3_root, "script": "job.sh"},
-                            b"#!/bin/bash\n", home=str(tmp_path / "home"))
+    s3_env: SeaweedServer, s3_root: str, tmp_path: Path
+) -> None:
+    job = record.create_job(
+        {"generation": 0, "checkpoint": s3_root, "script": "job.sh"},
+        b"#!/bin/bash\n",
+        home=str(tmp_path / "home"),
+    )
     base = tmp_path / "scratch"
     base.mkdir()
     first = execution(job, 0, base)
     assert first["DISPATCH_LOCAL_DIR"] == first["DISPATCH_STAGE_DIR"]
-    assert Path(first["DISPATCH_LOCAL_DIR"]).is_dir() and first["DISPATCH_EXEC_DIR"] != \
-        first["DISPATCH_LOCAL_DIR"]
+    assert (
+        Path(first["DISPATCH_LOCAL_DIR"]).is_dir()
+        and first["DISPATCH_EXEC_DIR"] != first["DISPATCH_LOCAL_DIR"]
+    )
     done = train(first, 10)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "starting from scratch" in done.stdout
@@ -60,27 +81,46 @@ def test_a_shell_trainer_resumes_from_s3_through_dispatch_fetch(
     assert done.returncode == 0, done.stdout + done.stderr
     stage = Path(second["DISPATCH_STAGE_DIR"])
     assert f"resuming at step 10 from {stage}/resume-1/checkpoint-10" in done.stdout, done.stdout
-    assert [f.step for f in store.list_publications(s3_root)
-            if f.path.startswith(second["DISPATCH_EXEC_DIR"] + "/")] == [15, 20]
+    assert [
+        f.step
+        for f in store.list_publications(s3_root)
+        if f.path.startswith(second["DISPATCH_EXEC_DIR"] + "/")
+    ] == [15, 20]
     assert sorted(p.name for p in stage.iterdir()) == ["notes.txt"]
     assert f"kept the staging folder {stage}: notes.txt (not published)" in done.stderr
 
 
 @pytest.mark.parametrize("status", [3])
 def test_a_run_that_failed_keeps_its_staging_folder(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path, status: int) -> None:
-    job = record.create_job({"generation": 0, "checkpoint": s3_root, "script": "job.sh"},
-                            b"#!/bin/bash\n", home=str(tmp_path / "home"))
+    s3_env: SeaweedServer, s3_root: str, tmp_path: Path, status: int
+) -> None:
+    job = record.create_job(
+        {"generation": 0, "checkpoint": s3_root, "script": "job.sh"},
+        b"#!/bin/bash\n",
+        home=str(tmp_path / "home"),
+    )
     base = tmp_path / "scratch"
     base.mkdir()
     first = execution(job, 0, base)
     env = {**os.environ, **first}
     done = subprocess.run(
-        ["dispatch", "watch", "--interval", "0.2", "--", "bash", "-c",
-         f'mkdir "$DISPATCH_LOCAL_DIR/checkpoint-5"; echo 5 > "$DISPATCH_LOCAL_DIR/'
-         f'checkpoint-5/weights"; echo {{}} > "$DISPATCH_LOCAL_DIR/checkpoint-5/'
-         f'trainer_state.json"; sleep 1; exit {status}'],
-        capture_output=True, text=True, env=env, timeout=120)
+        [
+            "dispatch",
+            "watch",
+            "--interval",
+            "0.2",
+            "--",
+            "bash",
+            "-c",
+            f'mkdir "$DISPATCH_LOCAL_DIR/checkpoint-5"; echo 5 > "$DISPATCH_LOCAL_DIR/'
+            f'checkpoint-5/weights"; echo {{}} > "$DISPATCH_LOCAL_DIR/checkpoint-5/'
+            f'trainer_state.json"; sleep 1; exit {status}',
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == status, done.stderr
     assert [f.step for f in store.list_publications(s3_root)] == [5]
     # Stopped early: the newest save stays for a replacement on this node.

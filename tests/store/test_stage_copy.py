@@ -1,5 +1,5 @@
 """A local copy left in an earlier execution's staging folder is a resume source only when it
-is this user's own and holds what was uploaded (issue 17, item 13), against a real SeaweedFS
+is this user's own and holds what was uploaded, against a real SeaweedFS
 server with the real Trainer on the CPU.
 
 Execution A trains and uploads through its staging folder (``dispatch-stage-A`` beside B's);
@@ -27,9 +27,11 @@ from tests.s3server import SeaweedServer
 from .faulty_proxy import FaultyProxy
 from .test_integrations_s3 import E1, E2, A, B, dispatch_env, put_object
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 STRANGER = 65534  # nobody
 
@@ -79,29 +81,41 @@ def plant(kind: str, stage_a: Path, tmp_path: Path) -> str:
 
 def weights_read_from_s3(proxy: FaultyProxy) -> int:
     wanted = "/checkpoint-4/model.safetensors"
-    return sum(1 for method, path, _status in proxy.seen
-               if method == "GET" and path.split("?")[0].endswith(wanted))
+    return sum(
+        1
+        for method, path, _status in proxy.seen
+        if method == "GET" and path.split("?")[0].endswith(wanted)
+    )
 
 
-def first_execution(s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                    ) -> tuple[str, Path]:
+def first_execution(
+    s3_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, Path]:
     from slurm_dispatch.integrations.transformers import DispatchCallback, resume_from_checkpoint
     from tests.unit.test_integrations_transformers import make_trainer
 
     _exec_a, stage_a = dispatch_env(s3_root, tmp_path, A, E1, "", monkeypatch)
     make_trainer(tmp_path / "o", 4, [DispatchCallback()]).train(
-        resume_from_checkpoint=resume_from_checkpoint())
+        resume_from_checkpoint=resume_from_checkpoint()
+    )
     source = store.latest(s3_root)
     assert source is not None and source.step == 4
     assert (stage_a / "checkpoint-4" / "model.safetensors").is_file()  # the newest stays
     return source.path, stage_a
 
 
-@pytest.mark.parametrize("kind", ["stranger", "own-altered", "group-writable", "linked-folder",
-                                  "linked-file", "no-hashes"])
+@pytest.mark.parametrize(
+    "kind",
+    ["stranger", "own-altered", "group-writable", "linked-folder", "linked-file", "no-hashes"],
+)
 def test_a_local_copy_not_the_users_own_or_not_what_was_uploaded_is_fetched_afresh(
-        kind: str, s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    kind: str,
+    s3_env: SeaweedServer,
+    s3_root: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     from slurm_dispatch.integrations.transformers import resume_from_checkpoint
     from tests.unit.test_integrations_transformers import saved_weights_hash
 
@@ -126,8 +140,12 @@ def test_a_local_copy_not_the_users_own_or_not_what_was_uploaded_is_fetched_afre
 
 
 def test_an_intact_copy_of_the_users_own_is_copied_not_fetched(
-        s3_env: SeaweedServer, s3_root: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    s3_env: SeaweedServer,
+    s3_root: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     from slurm_dispatch.integrations.transformers import resume_from_checkpoint
     from tests.unit.test_integrations_transformers import saved_weights_hash
 
@@ -136,7 +154,8 @@ def test_an_intact_copy_of_the_users_own_is_copied_not_fetched(
     # The hashes recorded at upload are the content's, whatever the ETags of a multipart upload.
     assert manifest["sha256"] == {
         name: hashlib.sha256((stage_a / "checkpoint-4" / name).read_bytes()).hexdigest()
-        for name in manifest["files"]}
+        for name in manifest["files"]
+    }
     _exec_b, stage_b = dispatch_env(s3_root, tmp_path, B, E2, source, monkeypatch)
     capfd.readouterr()
     with FaultyProxy(s3_env.endpoint) as proxy:

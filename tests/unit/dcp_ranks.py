@@ -37,8 +37,10 @@ def state(step: int, mesh: DeviceMesh, empty: bool = False) -> dict[str, Any]:
     if empty:
         emb.zero_()
         bias.zero_()
-    return {"model": {"emb": distribute_tensor(emb, mesh, [Shard(0)]), "bias": bias},
-            "step": -1 if empty else step}
+    return {
+        "model": {"emb": distribute_tensor(emb, mesh, [Shard(0)]), "bias": bias},
+        "step": -1 if empty else step,
+    }
 
 
 def hashes(sd: dict[str, Any]) -> dict[str, str]:
@@ -56,8 +58,7 @@ def block(out: str, where: str) -> None:
 
 
 class FaultyWriter(FileSystemWriter):  # type: ignore[misc]
-    def __init__(self, path: str, at: str, out: str,
-                 gate: threading.Event | str | None) -> None:
+    def __init__(self, path: str, at: str, out: str, gate: threading.Event | str | None) -> None:
         super().__init__(path)
         self.at, self.out, self.gate = at, out, gate
 
@@ -82,8 +83,14 @@ def published(root: str, step: int) -> bool:
     return any(f.step == step for f in store.list_publications(root))
 
 
-def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[str, Any]],
-              env: dict[str, str]) -> None:
+def rank_main(
+    rank: int,
+    world: int,
+    store_file: str,
+    out: str,
+    plan: list[dict[str, Any]],
+    env: dict[str, str],
+) -> None:
     os.environ.update(env)
     err = os.open(os.path.join(out, f"stderr-{rank}"), os.O_WRONLY | os.O_CREAT, 0o644)
     os.dup2(err, 2)
@@ -91,8 +98,7 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
     sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     warnings.simplefilter("ignore")  # DCP's and DTensor's notices, not the test's matter
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     persist = dist.new_group(backend="gloo")  # async persistence's own group, as DCP asks
     root = os.environ["DISPATCH_CHECKPOINT"]
@@ -112,12 +118,16 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
         gate: threading.Event | str | None = None
         if action.get("overlap") and rank == world - 1:
             # DCP's PROCESS mode pickles the writer into a process of its own: a file then.
-            gate = os.path.join(out, f"trained-{step}") if action.get("mode") == "process" \
+            gate = (
+                os.path.join(out, f"trained-{step}")
+                if action.get("mode") == "process"
                 else threading.Event()
+            )
         writer = None
         if faulty or gate is not None:
-            writer = FaultyWriter(dcp.save_folder(step), action.get("fault", "") if faulty
-                                  else "", out, gate)
+            writer = FaultyWriter(
+                dcp.save_folder(step), action.get("fault", "") if faulty else "", out, gate
+            )
         sd = state(step, mesh)
         saved = hashes(sd)
         say(do="saving", step=step, hashes=saved)
@@ -130,8 +140,9 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
             options["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
-        future = dcp.async_save(sd, step=step, storage_writer=writer, process_group=persist,
-                                **options)
+        future = dcp.async_save(
+            sd, step=step, storage_writer=writer, process_group=persist, **options
+        )
         seen = []
         for _ in range(action.get("overlap", 0)):  # training goes on meanwhile
             for value in sd["model"].values():
@@ -150,4 +161,3 @@ def rank_main(rank: int, world: int, store_file: str, out: str, plan: list[dict[
         say(do="saved", step=step, published=published(root, step))
     dist.barrier()
     dist.destroy_process_group()
-

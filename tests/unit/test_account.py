@@ -11,6 +11,7 @@ import pwd
 import signal
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -26,9 +27,18 @@ def said(exc: BaseException) -> bytes:
 
 def test_the_child_is_the_account_and_says_what_it_returned() -> None:
     def ids() -> bytes:
-        return json.dumps([os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
-                           sorted(os.getgroups()), os.getcwd(), os.environ.get("MARK")]
-                          ).encode()
+        return json.dumps(
+            [
+                os.getuid(),
+                os.geteuid(),
+                os.getgid(),
+                os.getegid(),
+                sorted(os.getgroups()),
+                os.getcwd(),
+                os.environ.get("MARK"),
+            ]
+        ).encode()
+
     os.environ["MARK"] = "root's"
     try:
         data, status = _account.run_as(NOBODY, ids, said)
@@ -46,8 +56,8 @@ def test_the_child_is_the_account_and_says_what_it_returned() -> None:
 def test_an_environment_and_folder_asked_for_are_all_the_child_has() -> None:
     def where() -> bytes:
         return json.dumps([dict(os.environ), os.getcwd()]).encode()
-    data, _ = _account.run_as(NOBODY, where, said, env={"HOME": "/nonexistent", "A": "b"},
-                              cwd="/")
+
+    data, _ = _account.run_as(NOBODY, where, said, env={"HOME": "/nonexistent", "A": "b"}, cwd="/")
     assert json.loads(data) == [{"HOME": "/nonexistent", "A": "b"}, "/"]
 
 
@@ -55,12 +65,14 @@ def test_what_the_child_raised_comes_back_in_the_callers_words() -> None:
     def refused() -> bytes:
         os.setuid(0)  # nobody cannot become root again
         return b"root again"
+
     data, status = _account.run_as(NOBODY, refused, said)
     assert data == b"PermissionError: [Errno 1] Operation not permitted"
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
     def leaves() -> bytes:
         raise SystemExit(3)  # never runs the caller's code on: reported like the rest
+
     data, status = _account.run_as(NOBODY, leaves, said)
     assert (data, os.WEXITSTATUS(status)) == (b"SystemExit: 3", 0)
 
@@ -69,6 +81,7 @@ def test_an_alarm_ends_a_child_that_hangs() -> None:
     def hangs() -> bytes:
         time.sleep(60)
         return b"woke"
+
     began = time.monotonic()
     data, status = _account.run_as(NOBODY, hangs, said, alarm=1)
     assert time.monotonic() - began < 30
@@ -76,14 +89,14 @@ def test_an_alarm_ends_a_child_that_hangs() -> None:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
 
 
-def test_an_alarm_ends_a_child_whose_group_lookup_hangs(monkeypatch: pytest.MonkeyPatch
-                                                        ) -> None:
+def test_an_alarm_ends_a_child_whose_group_lookup_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
     # The account's groups come from the directory service (sssd, LDAP), which can hang: the
     # lookup is the child's, under its alarm, so root's prune or release service never waits
     # on it (it ran in the caller before, outside any alarm).
     def hangs(name: str, gid: int) -> list[int]:
         time.sleep(40)
         return [gid]
+
     monkeypatch.setattr(os, "getgrouplist", hangs)
     began = time.monotonic()
     data, status = _account.run_as(NOBODY, lambda: b"ran", said, alarm=1)
@@ -104,9 +117,11 @@ def test_an_alarm_ends_a_child_that_hangs_whatever_the_caller_did_with_sigalrm(h
     `trap '' ALRM`, a supervisor's signal mask: both survive exec) forked children that
     inherited it, so the alarm meant to end a child hung on a user's file system did nothing
     and root's pass over every user waited on that one child."""
+
     def hangs() -> bytes:
         time.sleep(20)
         return b"woke"
+
     if how == "ignored":
         before = signal.signal(signal.SIGALRM, signal.SIG_IGN)
     else:
@@ -136,13 +151,19 @@ def test_an_answer_past_the_limit_ends_the_child_and_is_refused() -> None:
 
 
 def test_the_site_view_names_a_user_whose_answer_is_too_large(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from slurm_dispatch.control import siteview
+
     monkeypatch.setattr(siteview, "ANSWER_LIMIT", 1 << 16)
     got = siteview.as_user(NOBODY, "/nonexistent", lambda home: {"holds": ["x" * (1 << 20)]})
-    assert got == {"errors": [f"reading /nonexistent as nobody: the answer passed "
-                              f"{1 << 16} bytes; not read further (its records hold more than "
-                              "a site view shows)"]}
+    assert got == {
+        "errors": [
+            f"reading /nonexistent as nobody: the answer passed "
+            f"{1 << 16} bytes; not read further (its records hold more than "
+            "a site view shows)"
+        ]
+    }
 
 
 def children() -> list[tuple[int, str, int]]:
@@ -172,21 +193,26 @@ def children_as(uid: int) -> list[int]:
     return [pid for pid, _, owner in children() if owner == uid]
 
 
-def rescued(call: Callable[[], object], after: float = 40.0) -> tuple[object, float]:
+T = TypeVar("T")
+
+
+def rescued(call: Callable[[], T], after: float = 40.0) -> tuple[T | Exception, float]:
     """``call()``'s result (or what it raised) and how long it took; a child of ours still
     stopped ``after`` seconds on is continued, so that a caller waiting on it for ever makes
     the test fail on the time taken rather than hang."""
     import threading
+
     done = threading.Event()
 
     def rescue() -> None:
         if not done.wait(after):
             for pid in stopped_children():
                 os.kill(pid, signal.SIGCONT)
+
     threading.Thread(target=rescue, daemon=True).start()
     began = time.monotonic()
     try:
-        got: object = call()
+        got: T | Exception = call()
     except Exception as exc:  # noqa: BLE001 - what it raised is the result
         got = exc
     finally:
@@ -195,7 +221,7 @@ def rescued(call: Callable[[], object], after: float = 40.0) -> tuple[object, fl
 
 
 def test_a_child_its_account_stopped_is_killed_at_the_deadline() -> None:
-    """The child runs as the account, so the account may SIGSTOP it (issue 30 item 12): its
+    """The child runs as the account, so the account may SIGSTOP it: its
     alarm then stays pending, and root's parent read the pipe for ever (the release service,
     prune, metrics and holds stopped for every user).  The parent keeps the bound itself: past
     the alarm (and a short grace) it kills the child, reaps it and raises TimeoutError."""
@@ -205,6 +231,7 @@ def test_a_child_its_account_stopped_is_killed_at_the_deadline() -> None:
         # A process of the account's own (not root's) stops the child: the account can.
         subprocess.run(["kill", "-STOP", str(os.getpid())], check=True)
         return b"woke"
+
     got, took = rescued(lambda: _account.run_as(NOBODY, stops, said, alarm=1))
     assert isinstance(got, TimeoutError), got
     assert took < 1 + _account.GRACE + 10, took

@@ -1,5 +1,5 @@
-"""The Prometheus alerting rules shipped in contrib/ (issue 34 item 4): valid for promtool,
-each unit-tested firing and not firing, and naming only metrics slurm-dispatch writes.
+"""The Prometheus alerting rules shipped in contrib/ (docs/admin-guide.md, alerts): valid for
+promtool, each unit-tested firing and not firing, and naming only metrics slurm-dispatch writes.
 
 promtool comes from Debian's ``prometheus`` package (``.ci/run`` installs it).  Each rule's
 tests bite: with its expression replaced by one that always fires, or never does, the unit
@@ -20,9 +20,15 @@ from slurm_dispatch.node import metrics
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "contrib" / "prometheus" / "slurm-dispatch-alerts.yml"
 TESTS = Path(__file__).parent / "alerts" / "slurm-dispatch-alerts.test.yml"
-ALERTS = ("SlurmDispatchRestartStorm", "SlurmDispatchNoProgress", "SlurmDispatchHoldExpiring",
-          "SlurmDispatchSupervisorSilent", "SlurmDispatchHooksFailing",
-          "SlurmDispatchNodeSurvivors", "SlurmDispatchMetricsStale")
+ALERTS = (
+    "SlurmDispatchRestartStorm",
+    "SlurmDispatchNoProgress",
+    "SlurmDispatchHoldExpiring",
+    "SlurmDispatchSupervisorSilent",
+    "SlurmDispatchHooksFailing",
+    "SlurmDispatchNodeSurvivors",
+    "SlurmDispatchMetricsStale",
+)
 
 
 def promtool(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -32,8 +38,9 @@ def promtool(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def rules() -> list[dict]:
-    return [rule for group in yaml.safe_load(RULES.read_text())["groups"]
-            for rule in group["rules"]]
+    return [
+        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    ]
 
 
 def test_the_rules_are_valid_and_pass_their_unit_tests() -> None:
@@ -46,13 +53,17 @@ def test_the_rules_are_valid_and_pass_their_unit_tests() -> None:
 
 
 def test_each_alert_is_tested_firing_and_not_firing() -> None:
-    cases = [case for test in yaml.safe_load(TESTS.read_text())["tests"]
-             for case in test.get("alert_rule_test", [])]
+    cases = [
+        case
+        for test in yaml.safe_load(TESTS.read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+    ]
     for alert in ALERTS:
         mine = [case for case in cases if case["alertname"] == alert]
         assert any(case["exp_alerts"] for case in mine), f"{alert} never tested firing"
-        assert any(not case["exp_alerts"] for case in mine), \
+        assert any(not case["exp_alerts"] for case in mine), (
             f"{alert} never tested at a time it must not fire"
+        )
 
 
 @pytest.mark.parametrize("alert", ALERTS)

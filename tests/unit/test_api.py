@@ -21,10 +21,16 @@ def contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     attempt = model.new_attempt()
     exec_dir = root / "exec" / attempt
     exec_dir.mkdir(parents=True)
-    for name, value in {"DISPATCH_JOB": "dabcdefg", "DISPATCH_GENERATION": "1",
-                        "DISPATCH_SUBMISSION": "2", "DISPATCH_EPOCH": str(1_000_002_000_003),
-                        "DISPATCH_ATTEMPT": attempt, "DISPATCH_CHECKPOINT": str(root),
-                        "DISPATCH_EXEC_DIR": str(exec_dir), "DISPATCH_RESUME_FROM": ""}.items():
+    for name, value in {
+        "DISPATCH_JOB": "dabcdefg",
+        "DISPATCH_GENERATION": "1",
+        "DISPATCH_SUBMISSION": "2",
+        "DISPATCH_EPOCH": str(1_000_002_000_003),
+        "DISPATCH_ATTEMPT": attempt,
+        "DISPATCH_CHECKPOINT": str(root),
+        "DISPATCH_EXEC_DIR": str(exec_dir),
+        "DISPATCH_RESUME_FROM": "",
+    }.items():
         monkeypatch.setenv(name, value)
     return exec_dir
 
@@ -63,7 +69,8 @@ def test_a_path_outside_the_root_is_refused(contract: Path, tmp_path: Path) -> N
 
 
 def test_a_partial_or_garbled_contract_names_the_variable(
-        contract: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    contract: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DISPATCH_EPOCH", "12x")
     with pytest.raises(UsageError, match="DISPATCH_EPOCH='12x'"):
         api.execution()
@@ -78,9 +85,16 @@ def test_no_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_api_imports_no_click_and_no_training_library() -> None:
-    code = ("import sys, slurm_dispatch.api; "
-            "print(','.join(m for m in ('click', 'torch', 'transformers', 'lightning') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={k: v for k, v in os.environ.items()}).stdout
+    code = (
+        "import sys, slurm_dispatch.api; "
+        "print(','.join(m for m in ('click', 'torch', 'transformers', 'lightning') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items()},
+    ).stdout
     assert out.strip() == ""

@@ -15,19 +15,19 @@ import pytest
 
 from slurm_dispatch import api
 from slurm_dispatch.checkpoint import model
-from slurm_dispatch.control import record, submit
+from slurm_dispatch.control import environment, record, root_setup, submit
 from slurm_dispatch.errors import SlurmError, UsageError
-from slurm_dispatch.slurm.adapter import Result, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.result import Result
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH -N 1\necho hi\n")
-    return tmp_path
+def home(home: Path) -> Path:
+    """tests/unit/conftest.py's, its job.sh asking for one node."""
+    (home / "job.sh").write_text("#!/bin/bash\n#SBATCH -N 1\necho hi\n")
+    return home
 
 
 class Recording(FakeCluster):
@@ -38,8 +38,13 @@ class Recording(FakeCluster):
         self.envs: list[dict[str, str]] = []
         self.cwds: list[Optional[str]] = []
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         self.envs.append(dict(env or {}))
         self.cwds.append(cwd)
         return super().__call__(argv, env, cwd, timeout)
@@ -54,12 +59,36 @@ def comparable(job: record.JobRecord, argv: list[str]) -> tuple[dict[str, Any], 
 
 def test_submit_makes_the_job_dispatch_sbatch_makes(home: Path) -> None:
     cluster = Recording()
-    done = api.submit("job.sh", "-t", "5", "--partition=debug", args=["a b", "--lr=3"],
-                      checkpoint="ck", resubmit=2, warn_before="2:00",
-                      slurm=Slurm(cluster, wait=0))
-    by_cli = submit.submit_new(submit.read_request(
-        ["--checkpoint", "ck-cli", "--resubmit", "2", "--warn-before", "2:00", "-t", "5",
-         "--partition=debug", "job.sh", "a b", "--lr=3"]), Slurm(cluster, wait=0))
+    done = api.submit(
+        "job.sh",
+        "-t",
+        "5",
+        "--partition=debug",
+        args=["a b", "--lr=3"],
+        checkpoint="ck",
+        resubmit=2,
+        warn_before="2:00",
+        slurm=Slurm(cluster, wait=0),
+    )
+    by_cli = submit.submit_new(
+        submit.read_request(
+            [
+                "--checkpoint",
+                "ck-cli",
+                "--resubmit",
+                "2",
+                "--warn-before",
+                "2:00",
+                "-t",
+                "5",
+                "--partition=debug",
+                "job.sh",
+                "a b",
+                "--lr=3",
+            ]
+        ),
+        Slurm(cluster, wait=0),
+    )
     job = record.open_job(done.job)
     spec, argv = comparable(job, cluster.sbatch_calls()[0])
     cli_spec, cli_argv = comparable(by_cli.job, cluster.sbatch_calls()[1])
@@ -70,8 +99,10 @@ def test_submit_makes_the_job_dispatch_sbatch_makes(home: Path) -> None:
     assert (done.slurm_job_id, done.submission, done.generation) == ("100", 1, 0)
     assert done.epoch == model.Epoch(0, 1, 0).value
     assert done.checkpoint == str(home / "ck") and (home / "ck").is_dir()
-    assert done.record == job.path and Path(job.script).read_bytes() == b"#!/bin/bash\n" \
-        b"#SBATCH -N 1\necho hi\n"
+    assert (
+        done.record == job.path
+        and Path(job.script).read_bytes() == b"#!/bin/bash\n#SBATCH -N 1\necho hi\n"
+    )
     assert done.sbatch_output == "Submitted batch job 100\n"
     assert cluster.cwds[0] == str(home), "sbatch runs where the caller is, as the command does"
 
@@ -79,8 +110,12 @@ def test_submit_makes_the_job_dispatch_sbatch_makes(home: Path) -> None:
 def test_a_sweep_submits_many_jobs_from_one_process(home: Path) -> None:
     cluster = FakeCluster()
     slurm = Slurm(cluster, wait=0)
-    done = [api.submit(home / "job.sh", args=[f"--lr={i}"], checkpoint=home / "sweep" / str(i),
-                       slurm=slurm) for i in range(30)]
+    done = [
+        api.submit(
+            home / "job.sh", args=[f"--lr={i}"], checkpoint=home / "sweep" / str(i), slurm=slurm
+        )
+        for i in range(30)
+    ]
     assert len({d.job for d in done}) == 30
     assert [d.slurm_job_id for d in done] == [str(100 + i) for i in range(30)]
     assert sorted(j.id for j in record.all_jobs()) == sorted(d.job for d in done)
@@ -88,37 +123,50 @@ def test_a_sweep_submits_many_jobs_from_one_process(home: Path) -> None:
 
 
 def test_script_arguments_like_dispatch_options_go_to_the_script_without_a_warning(
-        home: Path) -> None:
+    home: Path,
+) -> None:
     cluster = FakeCluster()  # pytest turns a warning into an error here (filterwarnings)
-    done = api.submit("job.sh", args=["--resubmit", "3", "--", "-N"], checkpoint="ck",
-                      slurm=Slurm(cluster, wait=0))
+    done = api.submit(
+        "job.sh",
+        args=["--resubmit", "3", "--", "-N"],
+        checkpoint="ck",
+        slurm=Slurm(cluster, wait=0),
+    )
     assert cluster.sbatch_calls()[0][-4:] == ["--resubmit", "3", "--", "-N"]
     assert record.open_job(done.job).spec["resubmit"] == 0 and done.warnings == ()
 
 
 def test_env_is_set_over_the_callers_environment_for_this_job(
-        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KEPT", "1")
     monkeypatch.setenv("SBATCH_PARTITION", "elsewhere")
     cluster = Recording()
-    done = api.submit("job.sh", checkpoint="ck", env={"LR": "0.1", "SBATCH_PARTITION": None},
-                      slurm=Slurm(cluster, wait=0))
+    done = api.submit(
+        "job.sh",
+        checkpoint="ck",
+        env={"LR": "0.1", "SBATCH_PARTITION": None},
+        slurm=Slurm(cluster, wait=0),
+    )
     seen = cluster.envs[cluster.calls.index(cluster.sbatch_calls()[0])]
     assert seen["LR"] == "0.1" and seen["KEPT"] == "1" and "SBATCH_PARTITION" not in seen
-    kept = submit.submission_environment(record.open_job(done.job))
-    assert kept["LR"] == "0.1" and "SBATCH_PARTITION" not in kept, \
+    kept = environment.submission_environment(record.open_job(done.job))
+    assert kept["LR"] == "0.1" and "SBATCH_PARTITION" not in kept, (
         "every resubmission gets the first submission's environment"
+    )
     assert os.environ["SBATCH_PARTITION"] == "elsewhere", "the caller's own is left alone"
 
 
 def test_array_and_shared_checkpoint_keywords(home: Path) -> None:
     cluster = FakeCluster()
-    done = api.submit("job.sh", checkpoint="ck/task%a", array=[0, 1, 2],
-                      slurm=Slurm(cluster, wait=0))
+    done = api.submit(
+        "job.sh", checkpoint="ck/task%a", array=[0, 1, 2], slurm=Slurm(cluster, wait=0)
+    )
     assert "--array=0,1,2" in cluster.sbatch_calls()[0]
     assert record.open_job(done.job).spec["array_tasks"] == [0, 1, 2]
-    shared = api.submit("job.sh", checkpoint="shared", shared_checkpoint=True,
-                        slurm=Slurm(cluster, wait=0))
+    shared = api.submit(
+        "job.sh", checkpoint="shared", shared_checkpoint=True, slurm=Slurm(cluster, wait=0)
+    )
     assert record.open_job(shared.job).spec["shared_checkpoint"] is True
     assert "--no-requeue" in cluster.sbatch_calls()[1]
 
@@ -128,39 +176,52 @@ def test_supersede_keyword_raises_the_generation_and_cancels_the_old(home: Path)
     slurm = Slurm(cluster, wait=0)
     old = api.submit("job.sh", checkpoint="ck", slurm=slurm)
     new = api.submit("job.sh", supersede=old.job, slurm=slurm)
-    assert (new.generation, new.checkpoint, new.epoch) == (1, old.checkpoint,
-                                                          model.Epoch(1, 1, 0).value)
+    assert (new.generation, new.checkpoint, new.epoch) == (
+        1,
+        old.checkpoint,
+        model.Epoch(1, 1, 0).value,
+    )
     assert cluster.jobs[old.slurm_job_id]["JobState"] == "CANCELLED"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({}, "no checkpoint root"),
-    ({"checkpoint": "ck", "resubmit": -1}, "--resubmit -1"),
-    ({"checkpoint": "ck", "resubmit": "3"}, "resubmit='3' is not an int"),
-    ({"checkpoint": "ck", "resubmit": True}, "resubmit=True is not an int"),
-    ({"checkpoint": "ck", "warn_before": "soon"}, "--warn-before 'soon'"),
-    ({"checkpoint": "ck", "warn_before": 0}, "--warn-before '0'"),
-    ({"checkpoint": "ck/%j"}, "--checkpoint 'ck/%j'"),
-    ({"checkpoint": "ck", "array": "0-3"}, "one root for all 4 tasks"),
-    ({"checkpoint": "ck", "array": "x"}, "--array 'x'"),
-    ({"checkpoint": "ck", "array": []}, "array=[] names no task"),
-    ({"checkpoint": "ck", "env": {"A": 1}}, "env={'A': 1}"),
-    ({"checkpoint": "ck", "shared_checkpoint": "no"}, "shared_checkpoint='no' is not a bool"),
-    ({"checkpoint": "ck", "args": "--lr 3"}, "args='--lr 3' is one string"),
-    ({"checkpoint": "ck", "sbatch": ["--checkpoint", "other"]},
-     "--checkpoint among the sbatch options: give it as checkpoint="),
-    ({"checkpoint": "ck", "sbatch": ["--plan"]}, "--plan among the sbatch options"),
-    ({"checkpoint": "ck", "sbatch": ["-N", "2", "train"]},
-     "'train' among the sbatch options is not an option"),
-    ({"checkpoint": "ck", "sbatch": ["--wrap=hostname"]}, "--wrap is"),
-    ({"checkpoint": "ck", "sbatch": ["--", "x"]}, "'--' among the sbatch options"),
-    ({"checkpoint": "ck", "sbatch": ["--test-only"]}, "--test-only submits nothing"),
-    ({"checkpoint": "ck", "sbatch": ["--requeue"], "shared_checkpoint": True},
-     "--requeue contradicts --shared-checkpoint"),
-    ({"checkpoint": "ck", "script": "missing.sh"}, "cannot read script 'missing.sh'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "no checkpoint root"),
+        ({"checkpoint": "ck", "resubmit": -1}, "--resubmit -1"),
+        ({"checkpoint": "ck", "resubmit": "3"}, "resubmit='3' is not an int"),
+        ({"checkpoint": "ck", "resubmit": True}, "resubmit=True is not an int"),
+        ({"checkpoint": "ck", "warn_before": "soon"}, "--warn-before 'soon'"),
+        ({"checkpoint": "ck", "warn_before": 0}, "--warn-before '0'"),
+        ({"checkpoint": "ck/%j"}, "--checkpoint 'ck/%j'"),
+        ({"checkpoint": "ck", "array": "0-3"}, "one root for all 4 tasks"),
+        ({"checkpoint": "ck", "array": "x"}, "--array 'x'"),
+        ({"checkpoint": "ck", "array": []}, "array=[] names no task"),
+        ({"checkpoint": "ck", "env": {"A": 1}}, "env={'A': 1}"),
+        ({"checkpoint": "ck", "shared_checkpoint": "no"}, "shared_checkpoint='no' is not a bool"),
+        ({"checkpoint": "ck", "args": "--lr 3"}, "args='--lr 3' is one string"),
+        (
+            {"checkpoint": "ck", "sbatch": ["--checkpoint", "other"]},
+            "--checkpoint among the sbatch options: give it as checkpoint=",
+        ),
+        ({"checkpoint": "ck", "sbatch": ["--plan"]}, "--plan among the sbatch options"),
+        (
+            {"checkpoint": "ck", "sbatch": ["-N", "2", "train"]},
+            "'train' among the sbatch options is not an option",
+        ),
+        ({"checkpoint": "ck", "sbatch": ["--wrap=hostname"]}, "--wrap is"),
+        ({"checkpoint": "ck", "sbatch": ["--", "x"]}, "'--' among the sbatch options"),
+        ({"checkpoint": "ck", "sbatch": ["--test-only"]}, "--test-only submits nothing"),
+        (
+            {"checkpoint": "ck", "sbatch": ["--requeue"], "shared_checkpoint": True},
+            "--requeue contradicts --shared-checkpoint",
+        ),
+        ({"checkpoint": "ck", "script": "missing.sh"}, "cannot read script 'missing.sh'"),
+    ],
+)
 def test_bad_input_is_a_usage_error_naming_the_value_with_nothing_made(
-        home: Path, kwargs: dict[str, Any], message: str) -> None:
+    home: Path, kwargs: dict[str, Any], message: str
+) -> None:
     cluster = FakeCluster()
     script = kwargs.pop("script", "job.sh")
     words = kwargs.pop("sbatch", [])
@@ -173,8 +234,9 @@ def test_bad_input_is_a_usage_error_naming_the_value_with_nothing_made(
 
 
 def test_sbatchs_refusal_is_a_slurm_error_with_its_words_and_nothing_kept(home: Path) -> None:
-    def refuse(argv: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str],
-               timeout: float) -> Result:
+    def refuse(
+        argv: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str], timeout: float
+    ) -> Result:
         assert argv[0] == "sbatch", argv
         return Result(list(argv), 1, "", "sbatch: error: invalid partition specified: nope\n")
 
@@ -200,16 +262,20 @@ def test_submission_is_a_readable_value(home: Path) -> None:
 
 
 def test_submitting_imports_no_click() -> None:
-    code = ("import sys, slurm_dispatch.api, slurm_dispatch.control.submit, "
-            "slurm_dispatch.slurm.adapter; "
-            "print(','.join(m for m in ('click', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys, slurm_dispatch.api, slurm_dispatch.control.submit, "
+        "slurm_dispatch.slurm.adapter; "
+        "print(','.join(m for m in ('click', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == ""
 
 
 def test_a_sweep_reads_each_record_once_for_the_root_in_use_check(
-        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The check lists the caller's records at every submission; a record's spec never
     changes once written, so one process reads each once (linear, not quadratic, in jobs)."""
     reads: list[str] = []
@@ -242,19 +308,21 @@ def test_a_record_made_again_under_its_id_is_read_again(home: Path) -> None:
 
 
 def test_the_user_guides_example_submits_its_sweep(
-        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
     section = guide.split("\n## Submitting from Python\n", 1)[1].split("\n## ", 1)[0]
     example = section.split("```python\n", 1)[1].split("```", 1)[0]
-    (home / "train.sh").write_text("#!/bin/bash\npython3 train.py \"$@\"\n")
+    (home / "train.sh").write_text('#!/bin/bash\npython3 train.py "$@"\n')
     cluster = Recording()
     monkeypatch.setattr(api, "_ADAPTER", [Slurm(cluster, wait=0)])  # the process's adapter
     exec(compile(example, "user-guide.md", "exec"), {})
     jobs = {j.spec["checkpoint"]: j for j in record.all_jobs()}
     assert sorted(jobs) == [str(home / "sweep" / f"lr{lr}") for lr in ("1e-3", "1e-4", "3e-4")]
-    assert [c[-2:] for c in cluster.sbatch_calls()] == [["--lr", lr]
-                                                        for lr in ("1e-4", "3e-4", "1e-3")]
-    assert submit.submission_environment(jobs[str(home / "sweep" / "lr3e-4")])["LR"] == "3e-4"
+    assert [c[-2:] for c in cluster.sbatch_calls()] == [
+        ["--lr", lr] for lr in ("1e-4", "3e-4", "1e-3")
+    ]
+    assert environment.submission_environment(jobs[str(home / "sweep" / "lr3e-4")])["LR"] == "3e-4"
 
 
 def test_cwd_is_where_the_script_and_root_are_found_and_sbatch_runs(home: Path) -> None:
@@ -278,9 +346,12 @@ def test_a_sweep_may_submit_from_threads_each_job_on_its_own_root(home: Path) ->
     cluster = FakeCluster()
     slurm = Slurm(cluster, wait=0)
     with ThreadPoolExecutor(8) as pool:
-        done = list(pool.map(lambda i: api.submit("job.sh", args=[str(i)],
-                                                  checkpoint=f"sweep/{i}", slurm=slurm),
-                             range(40)))
+        done = list(
+            pool.map(
+                lambda i: api.submit("job.sh", args=[str(i)], checkpoint=f"sweep/{i}", slurm=slurm),
+                range(40),
+            )
+        )
     assert len({d.job for d in done}) == len({d.slurm_job_id for d in done}) == 40
     for i, d in enumerate(done):
         job = record.open_job(d.job)
@@ -300,8 +371,13 @@ class HeldSbatch(FakeCluster):
         self.inside = __import__("threading").Event()
         self.go = __import__("threading").Event()
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         if argv[0] == "sbatch" and not self.inside.is_set():
             self.inside.set()
             assert self.go.wait(30), "the test never let the first sbatch answer"
@@ -329,7 +405,8 @@ def test_a_root_being_submitted_by_another_thread_is_refused(home: Path) -> None
 
 
 def test_two_submissions_that_both_checked_before_either_was_recorded_never_both_run(
-        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both looked at the root before either had a record: each checks again once its own
     record exists, so the second to check gives way (both may, never neither)."""
     import threading
@@ -346,41 +423,52 @@ def test_two_submissions_that_both_checked_before_either_was_recorded_never_both
     cluster = FakeCluster()
     slurm = Slurm(cluster, wait=0)
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(api.submit, "job.sh", checkpoint="ck", slurm=slurm)
-                   for _ in range(2)]
+        futures = [
+            pool.submit(api.submit, "job.sh", checkpoint="ck", slurm=slurm) for _ in range(2)
+        ]
         outcomes = [f.exception(30) or f.result() for f in futures]
     refused = [o for o in outcomes if isinstance(o, UsageError)]
     kept = [o for o in outcomes if isinstance(o, api.Submission)]
     assert len(kept) <= 1 and len(refused) + len(kept) == 2, outcomes
     # The one refused saw the other's record either before its sbatch or after (a loaded
     # machine lets the other finish first): both name the root and the other job.
-    assert all(re.search(r"checkpoint root '.*ck' is (being submitted by|in use by) your "
-                         r"dispatch job \S+", str(r)) for r in refused), refused
+    assert all(
+        re.search(
+            r"checkpoint root '.*ck' is (being submitted by|in use by) your "
+            r"dispatch job \S+",
+            str(r),
+        )
+        for r in refused
+    ), refused
     assert [j.id for j in record.all_jobs()] == [k.job for k in kept]
     assert len(cluster.sbatch_calls()) == len(kept)
 
 
-def test_a_record_left_without_a_submission_long_ago_does_not_hold_its_root(
-        home: Path) -> None:
+def test_a_record_left_without_a_submission_long_ago_does_not_hold_its_root(home: Path) -> None:
     """A submission killed between its record and sbatch leaves a record with no submission:
     it holds the root for BEING_SUBMITTED_FOR only."""
     import time
 
-    spec = {"checkpoint": str(home / "ck"), "created": time.time() - submit.BEING_SUBMITTED_FOR
-            - 1}
+    spec = {
+        "checkpoint": str(home / "ck"),
+        "created": time.time() - root_setup.BEING_SUBMITTED_FOR - 1,
+    }
     record.create_job(spec, b"#!/bin/bash\n")
     done = api.submit("job.sh", checkpoint="ck", slurm=Slurm(FakeCluster(), wait=0))
     assert done.slurm_job_id == "100"
-    record.create_job({**spec, "checkpoint": str(home / "ck2"), "created": time.time()},
-                      b"#!/bin/bash\n")
+    record.create_job(
+        {**spec, "checkpoint": str(home / "ck2"), "created": time.time()}, b"#!/bin/bash\n"
+    )
     with pytest.raises(UsageError, match="ck2' is being submitted by your dispatch job"):
         api.submit("job.sh", checkpoint="ck2", slurm=Slurm(FakeCluster(), wait=0))
-    assert not any(j.spec.get("script_name") for j in record.all_jobs()
-                   if j.spec["checkpoint"].endswith("ck2"))
+    assert not any(
+        j.spec.get("script_name") for j in record.all_jobs() if j.spec["checkpoint"].endswith("ck2")
+    )
 
 
 def test_a_dispatch_lines_root_expands_from_the_environment_given(
-        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A script's `#DISPATCH --checkpoint ck/$RUN` expands from the environment the job is
     submitted with (env=, over the caller's), as sbatch sees it; it read the caller's own, so
     RUN given in env= was 'not set' (or the caller's RUN taken)."""

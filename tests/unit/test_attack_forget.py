@@ -1,4 +1,4 @@
-"""Issue 18 attack on item 20: `dispatch forget --before` as an unlucky user types it."""
+"""Attack: `dispatch forget --before` as an unlucky user types it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import RecordError
 from slurm_dispatch.slurm.adapter import Slurm
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
 
 
@@ -41,9 +41,8 @@ def test_now_alone_is_a_time_as_sacct_reads_it() -> None:
     assert cli.parse_since("NOW", 1000.0) == 1000.0
 
 
-def test_a_record_whose_created_is_not_a_number_does_not_stop_forget(
-        cluster: FakeCluster) -> None:  # noqa: F811
-    # Issue 22 attack: job.json's "created" as text (a hand edit, a tool of the user's) made
+def test_a_record_whose_created_is_not_a_number_does_not_stop_forget(cluster: FakeCluster) -> None:  # noqa: F811
+    # Attack: job.json's "created" as text (a hand edit, a tool of the user's) made
     # last_activity raise ValueError, so `dispatch forget --before` ended in a traceback and
     # dispatch-admin prune's child for that user failed on every run, pruning none of them.
     import json
@@ -60,17 +59,18 @@ def test_a_record_whose_created_is_not_a_number_does_not_stop_forget(
     spec["created"] = "abc"
     with open(spec_path, "w") as handle:
         json.dump(spec, handle)
-    done = CliRunner().invoke(cli.main, ["forget", "--before", "now"])
-    assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
-    assert done.exit_code == 0, (done.output, done.stderr)
+    forgot = CliRunner().invoke(cli.main, ["forget", "--before", "now"])
+    assert forgot.exception is None or isinstance(forgot.exception, SystemExit), forgot.exception
+    assert forgot.exit_code == 0, (forgot.output, forgot.stderr)
     assert not os.path.exists(plain.job.path)
     # Its events still say when it was last active: it is judged by them, and forgotten too.
     assert not os.path.exists(odd.job.path)
 
 
 def test_dispatch_forget_refuses_a_symlinked_record_and_an_old_leftover_link_goes(
-        cluster: FakeCluster, tmp_path: Path) -> None:  # noqa: F811
-    # Issue 22 attack: jobs/<id> a symlink to a settled record elsewhere was 'forgotten' by
+    cluster: FakeCluster, tmp_path: Path
+) -> None:  # noqa: F811
+    # Attack: jobs/<id> a symlink to a settled record elsewhere was 'forgotten' by
     # renaming the link to .forgetting-<id>-..., which rmtree then could not remove (it does
     # not remove a symlink), so every later run said it finished it, and it stayed.
     from slurm_dispatch.control import forget, record
@@ -85,8 +85,7 @@ def test_dispatch_forget_refuses_a_symlinked_record_and_an_old_leftover_link_goe
     os.symlink(target, done.job.path)
     refused = CliRunner().invoke(cli.main, ["forget", done.job.id])
     assert refused.exit_code == 1, (refused.output, refused.stderr)
-    assert f"{done.job.id} stays: a symlink to {str(target)!r}" in refused.stderr, \
-        refused.stderr
+    assert f"{done.job.id} stays: a symlink to {str(target)!r}" in refused.stderr, refused.stderr
     assert os.path.islink(done.job.path) and (target / "job.json").is_file()
     with pytest.raises(RecordError, match="a symlink to"):
         forget.forget(record.JobRecord(done.job.path))

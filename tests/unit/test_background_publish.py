@@ -1,4 +1,4 @@
-"""Issue 33 item 7: the Trainer and Lightning callbacks make a save durable and publish it off
+"""The Trainer and Lightning callbacks make a save durable and publish it off
 the training thread.  Training goes on while a save is synced (the real ``transformers`` and
 ``lightning`` trainers on the CPU, the disk's fsync made slow at the system-call boundary), a
 save is published only once every file of it is synced, at most one is pending, and a process
@@ -63,7 +63,8 @@ class HeldSync:
 
 
 def test_the_trainer_trains_on_while_its_save_is_synced_and_publishes_it_after(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
     held = HeldSync(root, "checkpoint-2")
@@ -82,14 +83,18 @@ def test_the_trainer_trains_on_while_its_save_is_synced_and_publishes_it_after(
     # Before: the training thread synced the save itself, so step 3 never came while it waited.
     assert all(went_on for _path, went_on, _published in held.seen), held.seen
     assert not any(published for _path, _went_on, published in held.seen)
-    assert [(f.step, Path(f.path).name) for f in store.list_publications(str(root))] == \
-        [(2, "checkpoint-2"), (4, "checkpoint-4")]
-    assert callback.publications and all(saves.why_unloadable(str(exec_dir / f"checkpoint-{s}"))
-                                         is None for s in (2, 4))
+    assert [(f.step, Path(f.path).name) for f in store.list_publications(str(root))] == [
+        (2, "checkpoint-2"),
+        (4, "checkpoint-4"),
+    ]
+    assert callback.publications and all(
+        saves.why_unloadable(str(exec_dir / f"checkpoint-{s}")) is None for s in (2, 4)
+    )
 
 
 def test_lightning_trains_on_while_its_save_is_synced_and_publishes_it_after(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     dispatch_env(root, "a", E1, "", monkeypatch)
     held = HeldSync(root, "step=2.ckpt")
@@ -147,7 +152,8 @@ KILLED_CHILD = textwrap.dedent("""
 
 
 def test_a_process_killed_while_its_save_is_pending_leaves_it_whole_and_kept(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_a = dispatch_env(root, "a", E1, "", monkeypatch)
     launcher_record(exec_a, E1)

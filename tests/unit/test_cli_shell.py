@@ -31,15 +31,23 @@ def as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def command(prog: str, *args: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*COMMANDS[prog], *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=60,
-                          stdin=subprocess.DEVNULL)
+def command(
+    prog: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*COMMANDS[prog], *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-def one_error_line(proc: subprocess.CompletedProcess[str], prog: str, code: int,
-                   words: str) -> None:
+def one_error_line(
+    proc: subprocess.CompletedProcess[str], prog: str, code: int, words: str
+) -> None:
     assert (proc.returncode, proc.stdout) == (code, ""), (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
@@ -47,41 +55,69 @@ def one_error_line(proc: subprocess.CompletedProcess[str], prog: str, code: int,
 
 
 def test_dispatch_errors_end_with_their_class_code(tmp_path: Path) -> None:
-    one_error_line(command("dispatch", "latest", "--root", str(tmp_path / "missing")),
-                   "dispatch", 2, "missing")
+    one_error_line(
+        command("dispatch", "latest", "--root", str(tmp_path / "missing")), "dispatch", 2, "missing"
+    )
     save = tmp_path / "exec" / "a" / "c"
     save.mkdir(parents=True)
-    refused = command("dispatch", "publish", "--root", str(tmp_path), "--epoch", "1000000",
-                      "--step", "1", "/etc")
+    refused = command(
+        "dispatch", "publish", "--root", str(tmp_path), "--epoch", "1000000", "--step", "1", "/etc"
+    )
     one_error_line(refused, "dispatch", 1, "'/etc'")
 
 
 def test_dispatch_sbatch_errors_end_in_one_line(tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\ntrue\n")
-    one_error_line(command("dispatch-sbatch", str(script), cwd=tmp_path),
-                   "dispatch-sbatch", 2, "no checkpoint root")
-    one_error_line(command("dispatch-sbatch", "--checkpoint", str(tmp_path), "--resubmit",
-                           "lots", str(script), cwd=tmp_path),
-                   "dispatch-sbatch", 2, "'lots'")
+    one_error_line(
+        command("dispatch-sbatch", str(script), cwd=tmp_path),
+        "dispatch-sbatch",
+        2,
+        "no checkpoint root",
+    )
+    one_error_line(
+        command(
+            "dispatch-sbatch",
+            "--checkpoint",
+            str(tmp_path),
+            "--resubmit",
+            "lots",
+            str(script),
+            cwd=tmp_path,
+        ),
+        "dispatch-sbatch",
+        2,
+        "'lots'",
+    )
 
 
 def test_dispatch_cease_errors_end_with_2(tmp_path: Path) -> None:
     conf = tmp_path / "dispatch.conf"
     conf.write_text("Colour=blue\n")
-    one_error_line(command("dispatch-cease", "100", env={"SLURM_DISPATCH_CONF": str(conf)}),
-                   "dispatch-cease", 2, "unknown key 'Colour'")
+    one_error_line(
+        command("dispatch-cease", "100", env={"SLURM_DISPATCH_CONF": str(conf)}),
+        "dispatch-cease",
+        2,
+        "unknown key 'Colour'",
+    )
     usage = command("dispatch-cease")
     assert usage.returncode == 2 and "Missing argument 'JOBID'" in usage.stderr
     assert "Traceback" not in usage.stderr
 
 
 def test_dispatch_sandbox_errors_end_in_one_line(tmp_path: Path) -> None:
-    one_error_line(command("dispatch-sandbox", "status", "--dir", str(tmp_path / "a b")),
-                   "dispatch-sandbox", 2, "contains ' '")
-    one_error_line(command("dispatch-sandbox", "partition", "n1", "--dir",
-                           str(tmp_path / "none")),
-                   "dispatch-sandbox", 2, "no sandbox in")
+    one_error_line(
+        command("dispatch-sandbox", "status", "--dir", str(tmp_path / "a b")),
+        "dispatch-sandbox",
+        2,
+        "contains ' '",
+    )
+    one_error_line(
+        command("dispatch-sandbox", "partition", "n1", "--dir", str(tmp_path / "none")),
+        "dispatch-sandbox",
+        2,
+        "no sandbox in",
+    )
 
 
 @pytest.mark.parametrize("fast_exit", [False, True])
@@ -111,9 +147,13 @@ run(body, "prog", 2 if case.endswith("-as-2") else None, fast_exit=fast)
 """
 
     def end(case: str) -> tuple[int, str, str]:
-        proc = subprocess.run([sys.executable, "-c", program, case, str(fast_exit)],
-                              capture_output=True, text=True, timeout=60,
-                              preexec_fn=as_at_a_terminal)
+        proc = subprocess.run(
+            [sys.executable, "-c", program, case, str(fast_exit)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=as_at_a_terminal,
+        )
         return proc.returncode, proc.stdout, proc.stderr
 
     assert end("refused") == (1, "", "prog: no, 'x' is refused\n")
@@ -125,17 +165,23 @@ run(body, "prog", 2 if case.endswith("-as-2") else None, fast_exit=fast)
     assert end("big") == (0, "x" * 1_000_000, "y" * 10_000)
 
 
-@pytest.mark.parametrize("prog,code", [
-    ("dispatch", 1), ("dispatch-sbatch", 1), ("dispatch-sandbox", 1),
-    ("dispatch-cease", 2),  # its 1 would say "not proven"
-])
+@pytest.mark.parametrize(
+    "prog,code",
+    [
+        ("dispatch", 1),
+        ("dispatch-sbatch", 1),
+        ("dispatch-sandbox", 1),
+        ("dispatch-cease", 2),  # its 1 would say "not proven"
+    ],
+)
 def test_a_closed_pipe_is_quiet(prog: str, code: int) -> None:
     # The reader goes away before the command writes: every write then meets a closed pipe.
     read, write = os.pipe()
     os.close(read)
     try:
-        proc = subprocess.run([*COMMANDS[prog], "--help"], stdout=write,
-                              stderr=subprocess.PIPE, text=True, timeout=60)
+        proc = subprocess.run(
+            [*COMMANDS[prog], "--help"], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60
+        )
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (code, "")
@@ -151,10 +197,18 @@ def test_ctrl_c_while_waiting_for_slurm_ends_130(tmp_path: Path) -> None:
     conf = tmp_path / "dispatch.conf"
     conf.write_text(f"StateDir={tmp_path / 'state'}\n")
     with subprocess.Popen(
-            [*COMMANDS["dispatch-cease"], "100"], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, preexec_fn=as_at_a_terminal,
-            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-                 "SLURM_DISPATCH_CONF": str(conf), "DISPATCH_SLURM_ATTEMPTS": "1"}) as proc:
+        [*COMMANDS["dispatch-cease"], "100"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=as_at_a_terminal,
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "SLURM_DISPATCH_CONF": str(conf),
+            "DISPATCH_SLURM_ATTEMPTS": "1",
+        },
+    ) as proc:
         try:
             deadline = time.monotonic() + 30
             while not started.exists():
@@ -172,11 +226,14 @@ def test_dispatch_sbatch_imports_nothing_it_can_do_without() -> None:
     """Its start-up is most of its cost over sbatch (bench/bench_sbatch.py): no click, no
     typing nor dataclasses (about 15 ms when the events were dataclasses), no shutil.  (Only
     what its import adds counts: a site's .pth files may load some at interpreter start.)"""
-    program = ("import sys\nat_start = set(sys.modules)\nimport slurm_dispatch.cli.sbatch\n"
-               "print(sorted({'click', 'typing', 'dataclasses', 'shutil', 'tenacity'}"
-               " & (set(sys.modules) - at_start)))\n")
-    out = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True,
-                         text=True, check=True).stdout
+    program = (
+        "import sys\nat_start = set(sys.modules)\nimport slurm_dispatch.cli.sbatch\n"
+        "print(sorted({'click', 'typing', 'dataclasses', 'shutil', 'tenacity'}"
+        " & (set(sys.modules) - at_start)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", program], capture_output=True, text=True, check=True
+    ).stdout
     assert out == "[]\n"
 
 
@@ -187,14 +244,22 @@ def test_every_dispatch_command_is_its_own_body() -> None:
     import ast
 
     tree = ast.parse((REPO / "slurm_dispatch" / "cli" / "dispatch.py").read_text())
-    commands = [f for f in tree.body if isinstance(f, ast.FunctionDef)
-                and any("command" in ast.unparse(d) for d in f.decorator_list)]
+    commands = [
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
+        and any("command" in ast.unparse(d) for d in f.decorator_list)
+    ]
     assert len(commands) >= 16
     wrapped = []
     for func in commands:
-        inner = {n.name for n in ast.walk(func)
-                 if isinstance(n, ast.FunctionDef) and n is not func}
-        called = {n.value.func.id for n in ast.walk(func) if isinstance(n, ast.Expr)
-                  and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)}
+        inner = {n.name for n in ast.walk(func) if isinstance(n, ast.FunctionDef) and n is not func}
+        called = {
+            n.value.func.id
+            for n in ast.walk(func)
+            if isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Name)
+        }
         wrapped += [f"{func.name}: {name}()" for name in inner & called]
     assert not wrapped, f"commands wrapping their body in a closure: {wrapped}"

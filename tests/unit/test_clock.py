@@ -21,9 +21,14 @@ def test_strftime_appears_only_in_clock() -> None:
         if str(relative) == "_clock.py" or relative.parts[0] in EXCEPT_FOLDERS:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Attribute) and node.attr == "strftime"
-                    or isinstance(node, ast.Name) and node.id == "strftime"
-                    or isinstance(node, ast.alias) and node.name == "strftime"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "strftime"
+                or isinstance(node, ast.Name)
+                and node.id == "strftime"
+                or isinstance(node, ast.alias)
+                and node.name == "strftime"
+            ):
                 found.append(f"{relative}:{getattr(node, 'lineno', '?')}")
     assert not found, f"format times with slurm_dispatch._clock instead: {found}"
 
@@ -36,7 +41,11 @@ def test_each_kind_of_time_reads_as_it_always_has() -> None:
     assert _clock.for_program(moment)[19] in "+-"
     assert [_clock.duration(s) for s in (0, 247, 3600 + 300)] == ["0m00s", "4m07s", "1h05m"]
     now = 10_000.0
-    assert [_clock.ago(now - s, now) for s in (40, 720, 3 * 3600, -5)] == \
-        ["40 s", "12 min", "3 h", "0 s"]
+    assert [_clock.ago(now - s, now) for s in (40, 720, 3 * 3600, -5)] == [
+        "40 s",
+        "12 min",
+        "3 h",
+        "0 s",
+    ]
     assert _clock.ago(None) == "?"
     assert len(_clock.instant()) == 19  # now

@@ -1,4 +1,4 @@
-"""Two clusters, one home (issue 18, item 4): records carry the cluster they were submitted
+"""Two clusters, one home: records carry the cluster they were submitted
 to, and every command acts on its own cluster's jobs only.
 
 Two fake controllers stand for the two clusters; the cluster a command runs on is named the
@@ -19,7 +19,7 @@ from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.errors import SlurmError, UsageError
 from slurm_dispatch.slurm.adapter import Slurm, local_cluster_name
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 
 
 @pytest.fixture
@@ -32,7 +32,9 @@ def two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeCluste
 
     def init(self: Slurm, runner: object = None, **kwargs: object) -> None:
         import os
+
         original(self, fakes[os.environ["SLURM_CLUSTER_NAME"]], wait=0)  # type: ignore
+
     monkeypatch.setattr(Slurm, "__init__", init)
     return fakes
 
@@ -42,12 +44,12 @@ def on(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 
 
 def submit_one(root: str) -> submit.SubmissionMade:
-    return submit.submit_new(submit.read_request(["--checkpoint", root, "--resubmit", "1",
-                                                  "job.sh"]), Slurm())
+    return submit.submit_new(
+        submit.read_request(["--checkpoint", root, "--resubmit", "1", "job.sh"]), Slurm()
+    )
 
 
-def test_the_cluster_is_read_from_the_job_environment_then_slurm_conf(
-        tmp_path: Path) -> None:
+def test_the_cluster_is_read_from_the_job_environment_then_slurm_conf(tmp_path: Path) -> None:
     conf = tmp_path / "slurm.conf"
     conf.write_text("# ClusterName=commented\nclustername = Alpha  # comment\n")
     assert local_cluster_name({"SLURM_CONF": str(conf)}) == "alpha"
@@ -56,7 +58,8 @@ def test_the_cluster_is_read_from_the_job_environment_then_slurm_conf(
 
 
 def test_a_supervisor_never_touches_nor_warns_about_another_clusters_jobs(
-        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
     on(monkeypatch, "alpha")
     a = submit_one("ck-a")
     assert a.job.cluster == "alpha"
@@ -77,7 +80,8 @@ def test_a_supervisor_never_touches_nor_warns_about_another_clusters_jobs(
 
 
 def test_commands_act_on_their_own_clusters_jobs_and_name_the_other(
-        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
     on(monkeypatch, "alpha")
     a = submit_one("ck-a")
     other = submit_one("ck-a2")
@@ -105,7 +109,8 @@ def test_commands_act_on_their_own_clusters_jobs_and_name_the_other(
 
 
 def test_an_old_record_without_a_cluster_is_the_current_clusters(
-        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
     on(monkeypatch, "alpha")
     a = submit_one("ck-a")
     spec = Path(a.job.path) / "job.json"
@@ -122,7 +127,8 @@ def test_an_old_record_without_a_cluster_is_the_current_clusters(
 
 
 def test_a_job_of_another_cluster_is_not_superseded_from_this_one(
-        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
     on(monkeypatch, "alpha")
     a = submit_one("ck-a")
     on(monkeypatch, "beta")
@@ -133,26 +139,31 @@ def test_a_job_of_another_cluster_is_not_superseded_from_this_one(
 
 
 def test_a_dependency_on_another_clusters_job_is_refused(
-        two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    two: dict[str, FakeCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its Slurm job ids are another controller's: here they name other jobs, or none."""
     on(monkeypatch, "alpha")
     a = submit_one("ck-a")
     on(monkeypatch, "beta")
     submit_one("ck-b")  # beta's own job with the same Slurm id as alpha's
     with pytest.raises(UsageError, match="submitted to cluster 'alpha'"):
-        submit.submit_new(submit.read_request(
-            ["--checkpoint", "ck-c", f"--dependency=afterok:{a.job.id}", "job.sh"]), Slurm())
+        submit.submit_new(
+            submit.read_request(
+                ["--checkpoint", "ck-c", f"--dependency=afterok:{a.job.id}", "job.sh"]
+            ),
+            Slurm(),
+        )
     assert not [c for c in two["beta"].sbatch_calls() if any("afterok" in w for w in c)]
 
 
 def test_a_controller_down_at_the_first_ask_is_asked_again_for_the_cluster(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A configless site (no slurm.conf here, no job environment): the cluster comes from the
     # controller.  One that is down at a supervisor's first pass must not leave that supervisor
     # without a cluster for life (it would then take every cluster's records for its own).
     env = {"SLURM_CONF": str(tmp_path / "no-slurm.conf")}
-    answers: list[object] = [SlurmError("scontrol show config failed: Socket timed out"),
-                             "Alpha"]
+    answers: list[object] = [SlurmError("scontrol show config failed: Socket timed out"), "Alpha"]
 
     def config_value(self: Slurm, key: str, env: object = None) -> object:
         assert key == "ClusterName"

@@ -1,6 +1,6 @@
-"""The shipped systemd user units (issue 18, item 7): systemd accepts them, the timer starts
-the service every minute, and the service's command makes a supervisor pass (run here against
-the fake controller, with the unit's own %h spelled out)."""
+"""The shipped systemd user units (docs/user-guide.md, running the supervisor): systemd
+accepts them, the timer starts the service every minute, and the service's command makes a
+supervisor pass (run here against the fake controller, with the unit's own %h spelled out)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from slurm_dispatch.control import heartbeat
 
-from .fake_controller import CLUSTER, Controller
+from ..fakes.controller import CLUSTER, Controller
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "contrib" / "systemd"
@@ -39,7 +39,7 @@ def installed(home: Path) -> Path:
         shutil.copy(UNITS / name, folder / name)
     dispatch = home / ".venvs" / "dispatch" / "bin" / "dispatch"
     dispatch.parent.mkdir(parents=True)
-    dispatch.write_text(f"#!/bin/sh\nexec {sys.executable} -m slurm_dispatch.cli.dispatch \"$@\"\n")
+    dispatch.write_text(f'#!/bin/sh\nexec {sys.executable} -m slurm_dispatch.cli.dispatch "$@"\n')
     dispatch.chmod(0o755)
     return folder
 
@@ -54,10 +54,13 @@ def test_the_timer_starts_a_one_shot_pass_every_minute() -> None:
 def test_the_services_command_makes_a_pass(tmp_path: Path) -> None:
     folder = installed(tmp_path)
     controller = Controller(tmp_path / "slurm")
-    argv = [w.replace("%h", str(tmp_path)) for w in shlex.split(unit(
-        "dispatch-supervise.service")["ExecStart"])]
-    env = controller.env(HOME=str(tmp_path), XDG_STATE_HOME="", PYTHONPATH=str(REPO),
-                         DISPATCH_SLURM_BACKEND="cli")
+    argv = [
+        w.replace("%h", str(tmp_path))
+        for w in shlex.split(unit("dispatch-supervise.service")["ExecStart"])
+    ]
+    env = controller.env(
+        HOME=str(tmp_path), XDG_STATE_HOME="", PYTHONPATH=str(REPO), DISPATCH_SLURM_BACKEND="cli"
+    )
     env.pop("DISPATCH_HOME", None)
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -71,22 +74,37 @@ def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     folder = installed(tmp_path)
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(runtime),
-           "XDG_CONFIG_HOME": str(tmp_path / ".config")}
-    proc = subprocess.run(["systemd-analyze", "verify", "--user",
-                           str(folder / "dispatch-supervise.timer"),
-                           str(folder / "dispatch-supervise.service")],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "XDG_CONFIG_HOME": str(tmp_path / ".config"),
+    }
+    proc = subprocess.run(
+        [
+            "systemd-analyze",
+            "verify",
+            "--user",
+            str(folder / "dispatch-supervise.timer"),
+            str(folder / "dispatch-supervise.service"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
 
 
-def test_the_default_signal_is_found_with_the_units_path(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 31 item 2: the unit sets its own PATH, without the venv's bin/, so every pass
+def test_the_default_signal_is_found_with_the_units_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit sets its own PATH, without the venv's bin/, so every pass
     got "'dispatch-cease' not found" with the default CessationSignal.  The supervisor finds
     it on PATH, else beside its own interpreter (where the wheel installs it)."""
     from slurm_dispatch import config
     from slurm_dispatch.control.holds import ask_signal
+
     path = unit("dispatch-supervise.service")["Environment"].removeprefix("PATH=")
     monkeypatch.setenv("PATH", path.replace("%h", str(tmp_path)))
     assert Path(sys.executable).parent.joinpath("dispatch-cease").is_file()
@@ -95,7 +113,7 @@ def test_the_default_signal_is_found_with_the_units_path(tmp_path: Path,
 
 
 def test_the_units_agree_with_the_user_guides_install_path() -> None:
-    """Issue 31 items 2 and 12: the service ran %h/slurm-dispatch/.venv/bin/dispatch, a venv
+    """The service ran %h/slurm-dispatch/.venv/bin/dispatch, a venv
     the user guide never makes (it makes ~/.venvs/dispatch)."""
     guide = (REPO / "docs/user-guide.md").read_text()
     (venv,) = set(re.findall(r"python3 -m venv (~/\S+)", guide))

@@ -1,4 +1,4 @@
-"""`make demo-protocol` on a loaded machine (issue 18, as a newcomer ran it on a fresh clone with
+"""`make demo-protocol` on a loaded machine (as a newcomer ran it on a fresh clone with
 Debian's python3): the replacement execution ran to a fixed step 20, and when it started after the
 old execution had already passed step 20, it resumed there, had nothing left to do, published
 nothing, and the demo ended "demo: wrong lineage", exit 1.
@@ -31,8 +31,13 @@ exec {real} "$@"
 """)
     shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{shim.parent}:{Path(real).parent}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(REPO / "demo/protocol.sh")], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", str(REPO / "demo/protocol.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     assert "== ok: the overlap was harmless" in done.stdout
     assert (tmp_path / "late").is_dir()  # the replacement did start late
@@ -46,8 +51,14 @@ def test_the_protocol_demo_ends_when_dispatch_cannot_run(tmp_path: Path) -> None
     broken.write_text("#!/nonexistent/python\n")
     broken.chmod(0o755)
     env = {**os.environ, "PATH": f"{broken.parent}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(REPO / "demo/protocol.sh")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", str(REPO / "demo/protocol.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
-    assert "demo: the first execution ended before it published twice" in done.stderr, \
-        done.stderr[-2000:]
+    assert "demo: the first execution ended before it published twice" in done.stderr, done.stderr[
+        -2000:
+    ]

@@ -1,5 +1,5 @@
-"""The launcher's create-once execution record ``exec/<attempt>/.dispatch`` (issue 10): written
-before the script runs, with the execution's identity and resume source, never replaced."""
+"""The launcher's create-once execution record ``exec/<attempt>/.dispatch`` (docs/invariants.md, 9):
+written before the script runs, with the execution's identity and resume source, never replaced."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ print(json.dumps(json.load(open(path))))
 """
 
 
-def make_job(tmp_path: Path, script: str = "#!/bin/sh\n", generation: int = 0
-             ) -> record.JobRecord:
+def make_job(tmp_path: Path, script: str = "#!/bin/sh\n", generation: int = 0) -> record.JobRecord:
     spec = {"generation": generation, "checkpoint": str(tmp_path / "ck"), "script": "job.py"}
     return record.create_job(spec, script.encode(), home=str(tmp_path / "home"))
 
@@ -36,12 +35,34 @@ def test_identity_writes_the_record_once_with_the_resume_source(tmp_path: Path) 
     env = {"SLURM_RESTART_COUNT": "3", "SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "41"}
     first = launch.identity(job, 5, env)
     data = launch.read_exec_record(first["DISPATCH_EXEC_DIR"])
-    assert {k: data[k] for k in ("format", "job", "generation", "submission", "restart",
-                                 "epoch", "attempt", "resume_from", "resume_publication",
-                                 "node", "slurm_job_id")} == {
-        "format": 1, "job": job.id, "generation": 2, "submission": 5, "restart": 3,
-        "epoch": model.Epoch(2, 5, 3).value, "attempt": first["DISPATCH_ATTEMPT"],
-        "resume_from": None, "resume_publication": None, "node": "n7", "slurm_job_id": "41"}
+    assert {
+        k: data[k]
+        for k in (
+            "format",
+            "job",
+            "generation",
+            "submission",
+            "restart",
+            "epoch",
+            "attempt",
+            "resume_from",
+            "resume_publication",
+            "node",
+            "slurm_job_id",
+        )
+    } == {
+        "format": 1,
+        "job": job.id,
+        "generation": 2,
+        "submission": 5,
+        "restart": 3,
+        "epoch": model.Epoch(2, 5, 3).value,
+        "attempt": first["DISPATCH_ATTEMPT"],
+        "resume_from": None,
+        "resume_publication": None,
+        "node": "n7",
+        "slurm_job_id": "41",
+    }
     assert isinstance(data["time"], float) and isinstance(data["ns"], int)
     path = Path(first["DISPATCH_EXEC_DIR"]) / ".dispatch"
     assert stat.S_IMODE(path.stat().st_mode) == 0o444
@@ -62,15 +83,31 @@ def test_identity_writes_the_record_once_with_the_resume_source(tmp_path: Path) 
 
 def test_record_exists_before_the_script_runs(tmp_path: Path) -> None:
     job = make_job(tmp_path, SEES_RECORD)
-    env = {**os.environ, "DISPATCH_HOME": str(tmp_path / "home"), "SLURM_JOB_ID": "9",
-           "SLURMD_NODENAME": "n2"}
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
-                           "--submission", "1", "--"], env=env, capture_output=True, text=True,
-                          check=True)
+    env = {
+        **os.environ,
+        "DISPATCH_HOME": str(tmp_path / "home"),
+        "SLURM_JOB_ID": "9",
+        "SLURMD_NODENAME": "n2",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_dispatch.launch",
+            "--job",
+            job.path,
+            "--submission",
+            "1",
+            "--",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     seen = json.loads(proc.stdout.splitlines()[1])
     (started,) = [e for e in job.events() if e["event"] == "started"]
-    assert (seen["attempt"], seen["epoch"], seen["node"]) == (started["attempt"], 1_000_000,
-                                                             "n2")
+    assert (seen["attempt"], seen["epoch"], seen["node"]) == (started["attempt"], 1_000_000, "n2")
 
 
 def test_a_garbled_record_is_an_error_naming_it(tmp_path: Path) -> None:

@@ -20,9 +20,12 @@ EXCEPT_FOLDERS: set[str] = set()
 
 
 def _sources() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if str(p.relative_to(PACKAGE)) not in EXCEPT
-            and p.relative_to(PACKAGE).parts[0] not in EXCEPT_FOLDERS]
+    return [
+        p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if str(p.relative_to(PACKAGE)) not in EXCEPT
+        and p.relative_to(PACKAGE).parts[0] not in EXCEPT_FOLDERS
+    ]
 
 
 def test_the_safety_flags_are_spelled_only_in_fsio() -> None:
@@ -32,13 +35,17 @@ def test_the_safety_flags_are_spelled_only_in_fsio() -> None:
             if isinstance(node, ast.Attribute) and node.attr in FLAGS:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.attr}")
             elif isinstance(node, ast.ImportFrom) and node.module == "os":
-                found += [f"{path.relative_to(PACKAGE)}:{node.lineno} {a.name}"
-                          for a in node.names if a.name in FLAGS]
+                found += [
+                    f"{path.relative_to(PACKAGE)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name in FLAGS
+                ]
     assert not found, f"use slurm_dispatch._fsio instead: {found}"
 
 
 def test_write_new_creates_once_and_leaves_no_partial_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "f"
     _fsio.write_new(str(target), b"data", 0o444)
     assert target.read_bytes() == b"data" and (target.stat().st_mode & 0o777) == 0o444
@@ -51,6 +58,7 @@ def test_write_new_creates_once_and_leaves_no_partial_file(
 
     def full(fd: int, data: bytes) -> int:
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(OSError, match="No space"):
         _fsio.write_new(str(tmp_path / "g"), b"data")

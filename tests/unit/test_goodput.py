@@ -1,6 +1,6 @@
-"""A job's goodput from recorded histories (issue 34 item 1): per execution the gap before it
-ran, the steps it redid, its restore and save latency; per job the restarts by cause, the time
-lost and the kept share of its allocations.  Every figure below is worked out by hand from the
+"""A job's goodput from recorded histories (docs/user-guide.md, goodput): per execution the gap
+before it ran, the steps it redid, its restore and save latency; per job the restarts by cause, the
+time lost and the kept share of its allocations.  Every figure below is worked out by hand from the
 moments the history records."""
 
 from __future__ import annotations
@@ -22,16 +22,26 @@ from .test_status import fresh_job
 T0 = 1_800_000_000.0
 
 
-def facts(alloc: float, end: float, nodes: dict[str, float | None],
-          ceased: float | None = None) -> list[dict]:
+def facts(
+    alloc: float, end: float, nodes: dict[str, float | None], ceased: float | None = None
+) -> list[dict]:
     """One execution's facts: the controller's start and end, each node's start at the
     allocation and its end (None: the node recorded none)."""
-    return [{"restart": 0, "end": {"time": end},
-             "controller": {"start": {"time": alloc}, "end": {"time": end}},
-             "nodes": {node: {"start": {"time": alloc + 1},
-                              "end": None if at is None else {"time": at},
-                              "ceased": None if at is None else True}
-                       for node, at in nodes.items()}}]
+    return [
+        {
+            "restart": 0,
+            "end": {"time": end},
+            "controller": {"start": {"time": alloc}, "end": {"time": end}},
+            "nodes": {
+                node: {
+                    "start": {"time": alloc + 1},
+                    "end": None if at is None else {"time": at},
+                    "ceased": None if at is None else True,
+                }
+                for node, at in nodes.items()
+            },
+        }
+    ]
 
 
 def mark(at: float, folder: str, step: int) -> Mark:
@@ -44,29 +54,62 @@ def mark(at: float, folder: str, step: int) -> Mark:
 # resumes from step 30 and is preempted at +700 (its node's end at +702, before the next
 # allocation); S1 R2 on n3 resumes from R1's step 50 and completes at +1000.
 PARTITION = {
-    "id": "dabcdefg", "checkpoint": "/ck",
-    "submissions": [{"submission": 1, "slurm_job_id": "7", "task": None,
-                     "submitted": T0 - 30, "reason": "first"}],
-    "executions": [
-        {"submission": 1, "restart": 0, "node": "n1", "started": T0, "state": "REQUEUED",
-         "exec_dir": "/ck/exec/A", "resume_from": "",
-         "facts": facts(T0 - 2, T0 + 350, {"n1": T0 + 600})},
-        {"submission": 1, "restart": 1, "node": "n2", "started": T0 + 372,
-         "state": "REQUEUED", "exec_dir": "/ck/exec/B",
-         "resume_from": "/ck/exec/A/checkpoint-30",
-         "facts": facts(T0 + 370, T0 + 700, {"n2": T0 + 702})},
-        {"submission": 1, "restart": 2, "node": "n3", "started": T0 + 722,
-         "state": "COMPLETED (recorded)", "exec_dir": "/ck/exec/C",
-         "resume_from": "/ck/exec/B/checkpoint-50",
-         "facts": facts(T0 + 720, T0 + 1000, {"n3": T0 + 1001})},
+    "id": "dabcdefg",
+    "checkpoint": "/ck",
+    "submissions": [
+        {
+            "submission": 1,
+            "slurm_job_id": "7",
+            "task": None,
+            "submitted": T0 - 30,
+            "reason": "first",
+        }
     ],
-    "events": [{"event": "finished", "time": T0 + 1010, "submission": 1,
-                "end_state": "completed"}],
+    "executions": [
+        {
+            "submission": 1,
+            "restart": 0,
+            "node": "n1",
+            "started": T0,
+            "state": "REQUEUED",
+            "exec_dir": "/ck/exec/A",
+            "resume_from": "",
+            "facts": facts(T0 - 2, T0 + 350, {"n1": T0 + 600}),
+        },
+        {
+            "submission": 1,
+            "restart": 1,
+            "node": "n2",
+            "started": T0 + 372,
+            "state": "REQUEUED",
+            "exec_dir": "/ck/exec/B",
+            "resume_from": "/ck/exec/A/checkpoint-30",
+            "facts": facts(T0 + 370, T0 + 700, {"n2": T0 + 702}),
+        },
+        {
+            "submission": 1,
+            "restart": 2,
+            "node": "n3",
+            "started": T0 + 722,
+            "state": "COMPLETED (recorded)",
+            "exec_dir": "/ck/exec/C",
+            "resume_from": "/ck/exec/B/checkpoint-50",
+            "facts": facts(T0 + 720, T0 + 1000, {"n3": T0 + 1001}),
+        },
+    ],
+    "events": [{"event": "finished", "time": T0 + 1010, "submission": 1, "end_state": "completed"}],
 }
-PARTITION_MARKS = [mark(100, "A", 10), mark(200, "A", 20), mark(300, "A", 30),
-                   mark(400, "A", 40), mark(500, "A", 50),
-                   mark(482, "B", 40), mark(582, "B", 50),
-                   mark(822, "C", 60), mark(922, "C", 70)]
+PARTITION_MARKS = [
+    mark(100, "A", 10),
+    mark(200, "A", 20),
+    mark(300, "A", 30),
+    mark(400, "A", 40),
+    mark(500, "A", 50),
+    mark(482, "B", 40),
+    mark(582, "B", 50),
+    mark(822, "C", 60),
+    mark(922, "C", 70),
+]
 
 
 def test_a_cut_off_execution_publishing_past_its_replacements_start() -> None:
@@ -74,8 +117,11 @@ def test_a_cut_off_execution_publishing_past_its_replacements_start() -> None:
     old, mid, new = got["executions"]
     # Slurm requeued R0 without its node's Epilog (the node was cut off): a node failure.
     # Its two publications after Slurm ended it (steps 40, 50) are steps R1 did again.
-    assert (old["cause"], old["published_after_end"], old["reached_step"]) == \
-        ("node failure", 2, 50)
+    assert (old["cause"], old["published_after_end"], old["reached_step"]) == (
+        "node failure",
+        2,
+        50,
+    )
     assert (mid["resumed_step"], mid["redone_steps"]) == (30, 20)
     # R1's node recorded its end before R2's allocation: Slurm's preemption.
     assert mid["cause"] == "preempted"
@@ -105,22 +151,54 @@ def test_a_cut_off_execution_publishing_past_its_replacements_start() -> None:
 # submission 2 (+230) until a person releases it (+830); it starts at +850 from step 10 and
 # is still running.
 HELD = {
-    "id": "dheld", "checkpoint": "/ck",
-    "submissions": [{"submission": 1, "slurm_job_id": "7", "task": None, "submitted": T0 - 5,
-                     "reason": "first"},
-                    {"submission": 2, "slurm_job_id": "8", "task": None,
-                     "submitted": T0 + 230, "reason": "failed: held (shared checkpoint)"}],
+    "id": "dheld",
+    "checkpoint": "/ck",
+    "submissions": [
+        {
+            "submission": 1,
+            "slurm_job_id": "7",
+            "task": None,
+            "submitted": T0 - 5,
+            "reason": "first",
+        },
+        {
+            "submission": 2,
+            "slurm_job_id": "8",
+            "task": None,
+            "submitted": T0 + 230,
+            "reason": "failed: held (shared checkpoint)",
+        },
+    ],
     "executions": [
-        {"submission": 1, "restart": 0, "node": "n1", "started": T0 + 1,
-         "state": "FAILED (recorded)", "exec_dir": "/ck/exec/A", "resume_from": "",
-         "facts": facts(T0, T0 + 200, {"n1": T0 + 201})},
-        {"submission": 2, "restart": 0, "node": "n2", "started": T0 + 852,
-         "state": "RUNNING", "exec_dir": "/ck/exec/B",
-         "resume_from": "/ck/exec/A/checkpoint-10", "facts": []},
+        {
+            "submission": 1,
+            "restart": 0,
+            "node": "n1",
+            "started": T0 + 1,
+            "state": "FAILED (recorded)",
+            "exec_dir": "/ck/exec/A",
+            "resume_from": "",
+            "facts": facts(T0, T0 + 200, {"n1": T0 + 201}),
+        },
+        {
+            "submission": 2,
+            "restart": 0,
+            "node": "n2",
+            "started": T0 + 852,
+            "state": "RUNNING",
+            "exec_dir": "/ck/exec/B",
+            "resume_from": "/ck/exec/A/checkpoint-10",
+            "facts": [],
+        },
     ],
     "events": [
-        {"event": "hold", "time": T0 + 230, "submission": 2, "slurm_job_id": "8",
-         "end_state": "failed"},
+        {
+            "event": "hold",
+            "time": T0 + 230,
+            "submission": 2,
+            "slurm_job_id": "8",
+            "end_state": "failed",
+        },
         {"event": "released", "time": T0 + 830, "slurm_job_id": "8", "by": "alice"},
     ],
 }
@@ -144,12 +222,29 @@ def test_a_job_held_then_released() -> None:
 def test_a_job_with_no_execution_and_a_requeue_without_facts() -> None:
     empty = goodput.figures({"executions": [], "events": []}, [], now=T0)
     assert (empty["restarts"], empty["goodput"], empty["executions"]) == (0, None, [])
-    bare = {"executions": [
-        {"submission": 1, "restart": 0, "started": T0, "state": "REQUEUED (recorded)",
-         "exec_dir": "/ck/exec/A", "facts": []},
-        {"submission": 1, "restart": 1, "started": T0 + 60, "state": "RUNNING",
-         "exec_dir": "/ck/exec/B", "resume_from": "/ck/exec/gone/checkpoint-3", "facts": []}],
-        "events": [], "submissions": []}
+    bare = {
+        "executions": [
+            {
+                "submission": 1,
+                "restart": 0,
+                "started": T0,
+                "state": "REQUEUED (recorded)",
+                "exec_dir": "/ck/exec/A",
+                "facts": [],
+            },
+            {
+                "submission": 1,
+                "restart": 1,
+                "started": T0 + 60,
+                "state": "RUNNING",
+                "exec_dir": "/ck/exec/B",
+                "resume_from": "/ck/exec/gone/checkpoint-3",
+                "facts": [],
+            },
+        ],
+        "events": [],
+        "submissions": [],
+    }
     got = goodput.figures(bare, [], now=T0 + 100)
     first, second = got["executions"]
     # No hooks' record: the cause of Slurm's requeue is not known, and never guessed; a
@@ -160,16 +255,34 @@ def test_a_job_with_no_execution_and_a_requeue_without_facts() -> None:
 
 
 def test_a_restart_after_a_stop_for_want_of_progress_counts_as_no_progress() -> None:
-    """--max-no-progress (issue 33): the supervisor held Slurm's requeued job after S1 R0;
+    """--max-no-progress: the supervisor held Slurm's requeued job after S1 R0;
     a person released it, S1 R1 ran and is stopped again: both count as no progress."""
-    data = {"executions": [
-        {"submission": 1, "restart": r, "attempt": f"a{r}", "started": T0 + 100 * r,
-         "state": "REQUEUED (recorded)", "exec_dir": f"/ck/exec/a{r}", "facts": []}
-        for r in (0, 1)],
-        "events": [{"event": "no-progress", "time": T0 + 50 + 100 * r, "submission": 1,
-                    "slurm_job_id": "7", "executions": [[1, r, f"a{r}"]], "action": "held"}
-                   for r in (0, 1)],
-        "submissions": []}
+    data = {
+        "executions": [
+            {
+                "submission": 1,
+                "restart": r,
+                "attempt": f"a{r}",
+                "started": T0 + 100 * r,
+                "state": "REQUEUED (recorded)",
+                "exec_dir": f"/ck/exec/a{r}",
+                "facts": [],
+            }
+            for r in (0, 1)
+        ],
+        "events": [
+            {
+                "event": "no-progress",
+                "time": T0 + 50 + 100 * r,
+                "submission": 1,
+                "slurm_job_id": "7",
+                "executions": [[1, r, f"a{r}"]],
+                "action": "held",
+            }
+            for r in (0, 1)
+        ],
+        "submissions": [],
+    }
     got = goodput.figures(data, [], now=T0 + 300)
     assert [e["cause"] for e in got["executions"]] == ["no progress", "no progress"]
     assert got["restarts_by_cause"]["no progress"] == 1 and got["restarts"] == 1
@@ -194,16 +307,28 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> record.JobRecord:
         save = folder / f"checkpoint-{10 * (restart + 1)}"
         save.mkdir(parents=True)
         store.publish(str(ck), 1_000_000 + restart, 10 * (restart + 1), str(save))
-        done.job.append("started", submission=1, slurm_job_id="7", array_job_id="",
-                        array_task_id="", restart=restart, attempt=f"a{restart}",
-                        epoch=1_000_000 + restart, exec_dir=str(folder),
-                        resume_from=str(ck / "exec" / "a0" / "checkpoint-10") if restart
-                        else "", node="n1", nodes="n1", host="h", pid=1)
+        done.job.append(
+            "started",
+            submission=1,
+            slurm_job_id="7",
+            array_job_id="",
+            array_task_id="",
+            restart=restart,
+            attempt=f"a{restart}",
+            epoch=1_000_000 + restart,
+            exec_dir=str(folder),
+            resume_from=str(ck / "exec" / "a0" / "checkpoint-10") if restart else "",
+            node="n1",
+            nodes="n1",
+            host="h",
+            pid=1,
+        )
     return done.job
 
 
-def test_status_shows_the_summary_and_json_has_it_all(job: record.JobRecord,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_shows_the_summary_and_json_has_it_all(
+    job: record.JobRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = status.collect(job, {}, facts_reader=lambda jobid: [])
     got = data["goodput"]
     assert [e["resumed_step"] for e in got["executions"]] == [0, 10]
@@ -211,13 +336,20 @@ def test_status_shows_the_summary_and_json_has_it_all(job: record.JobRecord,
     line = next(x for x in status_text.render(data).splitlines() if x.startswith("Goodput"))
     assert "1 restart (unknown 1)" in line and "0 steps redone" in line
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
-    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self, **kw: {})
     result = CliRunner().invoke(cli.main, ["status", "--json", job.id])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)["goodput"]
     assert set(shown) >= {"executions", "restarts_by_cause", "lost_s", "goodput"}
-    assert set(shown["executions"][1]) >= {"waited_s", "held_s", "redone_steps", "restore_s",
-                                           "save_latency_s", "cause", "lost_s"}
+    assert set(shown["executions"][1]) >= {
+        "waited_s",
+        "held_s",
+        "redone_steps",
+        "restore_s",
+        "save_latency_s",
+        "cause",
+        "lost_s",
+    }
 
 
 @pytest.mark.parametrize("state", ["COMPLETED (recorded)", "RUNNING"])
@@ -225,13 +357,27 @@ def test_a_finished_execution_whose_node_recorded_no_end_is_not_open(state: str)
     """A node cut off for good never records its end: the execution stayed open for ever,
     its progress age grew for ever and SlurmDispatchNoProgress fired for a job long done.
     An end state Slurm gave, or the lineage's finished event, closes it."""
-    data = {"id": "dfinish", "checkpoint": "/ck",
-            "submissions": [{"submission": 1, "task": None, "submitted": T0 - 5}],
-            "events": [{"event": "finished", "time": T0 + 100, "submission": 1,
-                        "end_state": "completed"}] if state == "RUNNING" else [],
-            "executions": [{"submission": 1, "restart": 0, "node": "n1", "started": T0,
-                            "state": state, "exec_dir": "/ck/exec/A", "resume_from": "",
-                            "facts": [{"restart": 0,
-                                       "nodes": {"n1": {"start": {"time": T0}}}}]}]}
+    data = {
+        "id": "dfinish",
+        "checkpoint": "/ck",
+        "submissions": [{"submission": 1, "task": None, "submitted": T0 - 5}],
+        "events": [
+            {"event": "finished", "time": T0 + 100, "submission": 1, "end_state": "completed"}
+        ]
+        if state == "RUNNING"
+        else [],
+        "executions": [
+            {
+                "submission": 1,
+                "restart": 0,
+                "node": "n1",
+                "started": T0,
+                "state": state,
+                "exec_dir": "/ck/exec/A",
+                "resume_from": "",
+                "facts": [{"restart": 0, "nodes": {"n1": {"start": {"time": T0}}}}],
+            }
+        ],
+    }
     (got,) = goodput.figures(data, [], T0 + 86400)["executions"]
     assert got["open"] is False

@@ -51,16 +51,23 @@ class TwoMetrics(L.LightningModule):
 
 def _fit(tmp_path: Path, callbacks: list[Any]) -> None:
     data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4)
-    trainer = L.Trainer(max_steps=12, accelerator="cpu", logger=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(tmp_path / "user"),
-                        callbacks=[*callbacks, dl.DispatchCallback()])
+        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4
+    )
+    trainer = L.Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path / "user"),
+        callbacks=[*callbacks, dl.DispatchCallback()],
+    )
     trainer.fit(TwoMetrics(), data)
 
 
 def test_two_model_checkpoints_with_different_monitors_keep_both_bests(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A common Lightning setup: one ModelCheckpoint keeps the best by val_loss, another the
     best by val_acc.  The keep record is create-once, so only the first callback's ranking is
     recorded; the val_acc callback's best (`by_acc.best_model_path`, what the user exports at
@@ -69,20 +76,22 @@ def test_two_model_checkpoints_with_different_monitors_keep_both_bests(
     root = tmp_path / "ck"
     exec_a = dispatch_env(root, "a", E1, "", monkeypatch)
     launcher_record(exec_a, E1)
-    by_loss = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1,
-                              every_n_train_steps=2, filename="loss-{step}")
-    by_acc = ModelCheckpoint(monitor="val_acc", mode="max", save_top_k=1,
-                             every_n_train_steps=2, filename="acc-{step}")
+    by_loss = ModelCheckpoint(
+        monitor="val_loss", mode="min", save_top_k=1, every_n_train_steps=2, filename="loss-{step}"
+    )
+    by_acc = ModelCheckpoint(
+        monitor="val_acc", mode="max", save_top_k=1, every_n_train_steps=2, filename="acc-{step}"
+    )
     _fit(tmp_path, [by_loss, by_acc])
     gc.collect(str(root), None)
     assert os.path.exists(by_loss.best_model_path)
     assert by_acc.best_model_path.endswith("acc-step=4.ckpt")
-    assert os.path.exists(by_acc.best_model_path), \
-        "the val_acc ModelCheckpoint's best was deleted"
+    assert os.path.exists(by_acc.best_model_path), "the val_acc ModelCheckpoint's best was deleted"
 
 
 def test_a_keep_every_save_model_checkpoint_is_not_rotated_by_another_ones_limit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A ModelCheckpoint(save_top_k=-1) asks Lightning to keep every save it makes (a
     per-epoch archive), next to a top-1 one.  dispatch records K=1 from the top-1 callback
     and applies it to the whole store, so the archive callback's saves are deleted: Lightning
@@ -90,11 +99,13 @@ def test_a_keep_every_save_model_checkpoint_is_not_rotated_by_another_ones_limit
     root = tmp_path / "ck"
     exec_a = dispatch_env(root, "a", E1, "", monkeypatch)
     launcher_record(exec_a, E1)
-    top1 = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1,
-                           every_n_train_steps=2, filename="loss-{step}")
+    top1 = ModelCheckpoint(
+        monitor="val_loss", mode="min", save_top_k=1, every_n_train_steps=2, filename="loss-{step}"
+    )
     archive = ModelCheckpoint(save_top_k=-1, every_n_train_steps=4, filename="all-{step}")
     _fit(tmp_path, [top1, archive])
     gc.collect(str(root), None)
     left = sorted(p.name for p in (exec_a / "checkpoints").glob("all-*.ckpt"))
-    assert left == ["all-step=12.ckpt", "all-step=4.ckpt", "all-step=8.ckpt"], \
+    assert left == ["all-step=12.ckpt", "all-step=4.ckpt", "all-step=8.ckpt"], (
         "saves of a save_top_k=-1 ModelCheckpoint were deleted"
+    )

@@ -1,4 +1,4 @@
-"""The integrations and cleanup (issue 17, items 1, 4 and 8) with the real Lightning and
+"""The integrations and cleanup (docs/invariants.md, 9) with the real Lightning and
 Hugging Face Trainer on the CPU: the fallback an execution loads is recorded before the load
 and cleanup spares it; the framework's bests survive cleanup; the user's limit is applied
 during the run, so the disk stays bounded without `dispatch gc` by hand."""
@@ -38,15 +38,22 @@ def launcher_record(exec_dir: Path, epoch: int, resume: str = "") -> None:
     """The record the launcher writes before the script runs (cleanup reads it)."""
     root = exec_dir.parent.parent
     found = [f for f in store.list_publications(str(root)) if f.path == resume]
-    launch.write_exec_record(str(exec_dir), {
-        "job": "j", "epoch": epoch, "attempt": exec_dir.name, "resume_from": resume or None,
-        "resume_publication": found[-1].name if found else None})
+    launch.write_exec_record(
+        str(exec_dir),
+        {
+            "job": "j",
+            "epoch": epoch,
+            "attempt": exec_dir.name,
+            "resume_from": resume or None,
+            "resume_publication": found[-1].name if found else None,
+        },
+    )
 
 
-# --- item 1: the fallback is a choice, recorded before the load ------------------------------
+# --- the fallback is a choice, recorded before the load --------------------------------------
 
-def test_the_fallback_is_recorded_before_the_load_and_cleanup_spares_it(
-        tmp_path: Path) -> None:
+
+def test_the_fallback_is_recorded_before_the_load_and_cleanup_spares_it(tmp_path: Path) -> None:
     a = _execution(tmp_path, "a", E1, "")
     launcher_record(Path(a.exec_dir), E1)
     first, second = _save(a, 2), _save(a, 4)
@@ -56,15 +63,18 @@ def test_the_fallback_is_recorded_before_the_load_and_cleanup_spares_it(
     chosen = saves.choose_resume(b, required=("trainer_state.json",))
     assert chosen.path == first
     relative = "exec/a/checkpoint-2"
-    assert execdir.chosen_in_choice(
-        Path(b.exec_dir, execdir.choice_name(relative)).read_bytes()) == relative
+    assert (
+        execdir.chosen_in_choice(Path(b.exec_dir, execdir.choice_name(relative)).read_bytes())
+        == relative
+    )
     _save(a, 6)  # the old execution goes on publishing at its lower epoch
     gc.collect(str(tmp_path), 1)
     assert os.path.isdir(first) and saves.why_unloadable(first) is None
 
 
 def test_a_fallback_unpublished_while_chosen_is_passed_over(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The other half of the handshake: cleanup unpublished the fallback before the choice was
     recorded; the execution sees it and takes the one before."""
     a = _execution(tmp_path, "a", E1, "")
@@ -87,7 +97,8 @@ def test_a_fallback_unpublished_while_chosen_is_passed_over(
 
 
 def test_the_trainer_resumes_from_its_recorded_fallback_and_gc_spares_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_a = dispatch_env(root, "a", E1, "", monkeypatch)
     launcher_record(exec_a, E1)
@@ -114,7 +125,8 @@ def test_the_trainer_resumes_from_its_recorded_fallback_and_gc_spares_it(
     assert probe.step == 2
 
 
-# --- items 4 and 8 with Lightning: its top-k by monitor survives, its limit is applied -------
+# --- Lightning: its top-k by monitor survives, its limit is applied --------------------------
+
 
 class Scored(L.LightningModule):
     """Logs a made-up ``val_loss`` per step, so which saves are best is known beforehand."""
@@ -135,28 +147,37 @@ class Scored(L.LightningModule):
 
 
 def test_lightning_top_k_by_monitor_survives_and_the_limit_bounds_the_disk(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_a = dispatch_env(root, "a", E1, "", monkeypatch)
     launcher_record(exec_a, E1)
-    checkpoint = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=2,
-                                 every_n_train_steps=2)
+    checkpoint = ModelCheckpoint(
+        monitor="val_loss", mode="min", save_top_k=2, every_n_train_steps=2
+    )
     data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4)
-    trainer = L.Trainer(max_steps=16, accelerator="cpu", logger=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(tmp_path / "user"),
-                        callbacks=[checkpoint, dl.DispatchCallback()])
+        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4
+    )
+    trainer = L.Trainer(
+        max_steps=16,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path / "user"),
+        callbacks=[checkpoint, dl.DispatchCallback()],
+    )
     trainer.fit(Scored(), data)
-    on_disk = sorted(int(p.name.split("step=")[1].split(".")[0])
-                     for p in (exec_a / "checkpoints").glob("*step=*.ckpt"))
+    on_disk = sorted(
+        int(p.name.split("step=")[1].split(".")[0])
+        for p in (exec_a / "checkpoints").glob("*step=*.ckpt")
+    )
     # The two best by val_loss (steps 8 and 4) and the two latest (14, 16), nothing else.
     assert on_disk == [4, 8, 14, 16]
     assert os.path.exists(checkpoint.best_model_path)  # it never dangles
     keep = json.loads((exec_a / execdir.KEEP).read_text())
     assert keep == {"framework": "lightning", "setting": "save_top_k", "keep": 2}
-    manifest = json.loads(Path(checkpoint.best_model_path + execdir.MANIFEST_SUFFIX)
-                          .read_text())
+    manifest = json.loads(Path(checkpoint.best_model_path + execdir.MANIFEST_SUFFIX).read_text())
     assert sorted(manifest["bests"])[:1] == ["exec/a/checkpoints/epoch=0-step=4.ckpt"]
     # A later `dispatch gc` by hand keeps them too.
     gc.collect(str(root), None)
@@ -164,10 +185,12 @@ def test_lightning_top_k_by_monitor_survives_and_the_limit_bounds_the_disk(
     assert all(os.path.exists(f.path) for f in store.list_publications(str(root)))
 
 
-# --- items 4 and 8 with the Trainer: save_total_limit across executions, best model kept ------
+# --- the Trainer: save_total_limit across executions, best model kept -------------------------
+
 
 def test_the_trainer_limit_is_applied_during_the_run_across_executions(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """save_total_limit=2 over three executions: the disk holds the 2 latest saves (and the
     live lineage's source), not every save of every execution."""
     root = tmp_path / "ck"
@@ -175,8 +198,7 @@ def test_the_trainer_limit_is_applied_during_the_run_across_executions(
     for attempt, ep, steps in (("a", E1, 6), ("b", E2, 12), ("c", E3, 18)):
         exec_dir = dispatch_env(root, attempt, ep, source, monkeypatch)
         launcher_record(exec_dir, ep, source)
-        trainer = make_trainer(tmp_path / "o", steps, [dt.DispatchCallback()],
-                               save_total_limit=2)
+        trainer = make_trainer(tmp_path / "o", steps, [dt.DispatchCallback()], save_total_limit=2)
         trainer.train(resume_from_checkpoint=dt.resume_from_checkpoint())
         found = store.latest(str(root))
         assert found is not None
@@ -187,28 +209,55 @@ def test_the_trainer_limit_is_applied_during_the_run_across_executions(
 
 
 def test_the_trainer_best_model_survives_its_limit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_a = dispatch_env(root, "a", E1, "", monkeypatch)
     launcher_record(exec_a, E1)
     torch.manual_seed(0)
-    net = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16))
+    net = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16)
+    )
     generator = torch.Generator().manual_seed(1)
-    data = [{"input_ids": torch.randint(0, 32, (8,), generator=generator),
-             "labels": torch.randint(0, 32, (8,), generator=generator)} for _ in range(64)]
+    data = [
+        {
+            "input_ids": torch.randint(0, 32, (8,), generator=generator),
+            "labels": torch.randint(0, 32, (8,), generator=generator),
+        }
+        for _ in range(64)
+    ]
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "o"), max_steps=12, save_steps=2, eval_steps=2,
-        eval_strategy="steps", save_total_limit=1, load_best_model_at_end=True,
-        metric_for_best_model="loss", per_device_train_batch_size=4, report_to=[],
-        use_cpu=True, logging_steps=1000, disable_tqdm=True, seed=0, learning_rate=0.5)
-    trainer = transformers.Trainer(model=net, args=args, train_dataset=data,
-                                   eval_dataset=data[:8], callbacks=[dt.DispatchCallback()])
+        output_dir=str(tmp_path / "o"),
+        max_steps=12,
+        save_steps=2,
+        eval_steps=2,
+        eval_strategy="steps",
+        save_total_limit=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="loss",
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        logging_steps=1000,
+        disable_tqdm=True,
+        seed=0,
+        learning_rate=0.5,
+    )
+    trainer = transformers.Trainer(
+        model=net,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data[:8],
+        callbacks=[dt.DispatchCallback()],
+    )
     trainer.train()
     best = trainer.state.best_model_checkpoint
     assert best is not None and os.path.isdir(best)
-    losses = {entry["step"]: entry["eval_loss"] for entry in trainer.state.log_history
-              if "eval_loss" in entry}
+    losses = {
+        entry["step"]: entry["eval_loss"]
+        for entry in trainer.state.log_history
+        if "eval_loss" in entry
+    }
     assert best.endswith(f"checkpoint-{min(losses, key=losses.__getitem__)}")
     assert len(list(exec_a.glob("checkpoint-*"))) <= 2  # the latest and the best
     assert model.parse_name(store.latest(str(root)).name).step == 12  # type: ignore[union-attr]

@@ -26,12 +26,12 @@ E1, E2 = 1_000_000, 1_000_001
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-
-
 def state(step: int) -> dict[str, object]:
     g = torch.Generator().manual_seed(step)
-    return {"model": {"w": torch.randn(6, 3, generator=g), "b": torch.randn(4, generator=g)},
-            "step": step}
+    return {
+        "model": {"w": torch.randn(6, 3, generator=g), "b": torch.randn(4, generator=g)},
+        "step": step,
+    }
 
 
 def empty() -> dict[str, object]:
@@ -42,7 +42,8 @@ def hashes(sd: dict[str, object]) -> dict[str, str]:
     model = sd["model"]
     assert isinstance(model, dict)
     return {k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in model.items()} | {
-        "step": str(sd["step"])}
+        "step": str(sd["step"])
+    }
 
 
 def steps(root: Path) -> list[int]:
@@ -50,7 +51,8 @@ def steps(root: Path) -> list[int]:
 
 
 def test_sync_and_async_saves_are_published_once_each_and_load_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
     fresh = empty()
@@ -72,8 +74,9 @@ def test_sync_and_async_saves_are_published_once_each_and_load_back(
     assert hashes(loaded) == hashes(state(2))
 
 
-def two_saves_then_resume(root: Path, monkeypatch: pytest.MonkeyPatch,
-                          spoil: Callable[[Path], None]) -> tuple[Path, dict[str, object]]:
+def two_saves_then_resume(
+    root: Path, monkeypatch: pytest.MonkeyPatch, spoil: Callable[[Path], None]
+) -> tuple[Path, dict[str, object]]:
     """Execution a saves steps 1 and 2, ``spoil`` harms step 2, and execution b, told to
     resume from step 2, loads: its folder and the state it loaded."""
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
@@ -88,8 +91,8 @@ def two_saves_then_resume(root: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_save_dcp_cannot_load_is_passed_over_for_the_previous_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     def zero_the_shard(save: Path) -> None:
         shard = save / "__0_0.distcp"
         shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: the manifest cannot tell
@@ -101,7 +104,8 @@ def test_a_save_dcp_cannot_load_is_passed_over_for_the_previous_one(
 
 
 def test_a_checkpoint_id_outside_the_execution_is_refused_by_name(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
     with pytest.raises(UsageError, match="checkpoint_id '/elsewhere/step-1' is outside"):
         dcp.save(state(1), step=1, checkpoint_id="/elsewhere/step-1")
@@ -110,16 +114,35 @@ def test_a_checkpoint_id_outside_the_execution_is_refused_by_name(
     assert not (tmp_path / "ck" / "pub").exists() or steps(tmp_path / "ck") == []
 
 
+@pytest.mark.parametrize("root", ["s3://bucket/run", "az://container/run"])
+def test_a_remote_root_is_refused_naming_it_whatever_its_store(
+    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in (
+        ("DISPATCH_CHECKPOINT", root),
+        ("DISPATCH_EXEC_DIR", f"{root}/exec/a"),
+        ("DISPATCH_STAGE_DIR", str(tmp_path)),
+        ("DISPATCH_EPOCH", str(E1)),
+        ("DISPATCH_ATTEMPT", "a"),
+    ):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError) as refused:
+        dcp.save(state(1), step=1)
+    assert str(refused.value) == (
+        f"checkpoint root {root!r}: the DCP integration publishes under a folder root "
+        "only (not a remote one such as s3:// or az:// yet)"
+    )
+
+
 def test_a_torn_save_without_a_manifest_is_passed_over_before_dcp_reads_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     def tear_as_watch_published(save: Path) -> None:
         (save / "dispatch-manifest.json").unlink()  # as dispatch watch publishes a DCP folder
         with open(save / "__0_0.distcp", "r+b") as handle:
             handle.truncate(8)
 
-    exec_dir, loaded = two_saves_then_resume(tmp_path / "ck", monkeypatch,
-                                             tear_as_watch_published)
+    exec_dir, loaded = two_saves_then_resume(tmp_path / "ck", monkeypatch, tear_as_watch_published)
     assert hashes(loaded) == hashes(state(1))
     err = capfd.readouterr().err
     assert f"not resuming from {exec_dir / 'step-2'}: " in err
@@ -127,13 +150,16 @@ def test_a_torn_save_without_a_manifest_is_passed_over_before_dcp_reads_it(
 
 
 def test_a_second_save_into_a_published_folder_is_refused_and_the_first_stays(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
     dcp.save(state(1), step=1)
     before = {p.name: p.read_bytes() for p in (exec_dir / "step-1").iterdir()}
-    for again in (lambda: dcp.save(state(2), step=1),
-                  lambda: dcp.async_save(state(2), step=2, checkpoint_id="step-1")):
+    for again in (
+        lambda: dcp.save(state(2), step=1),
+        lambda: dcp.async_save(state(2), step=2, checkpoint_id="step-1"),
+    ):
         with pytest.raises(UsageError, match="step-1' holds a save already"):
             again()
     assert {p.name: p.read_bytes() for p in (exec_dir / "step-1").iterdir()} == before
@@ -141,7 +167,8 @@ def test_a_second_save_into_a_published_folder_is_refused_and_the_first_stays(
 
 
 def test_a_step_folder_that_is_a_symlink_is_refused_before_anything_is_written(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -153,13 +180,18 @@ def test_a_step_folder_that_is_a_symlink_is_refused_before_anything_is_written(
 
 
 def test_a_storage_writer_aimed_outside_the_execution_is_refused_by_its_folder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
     elsewhere = tmp_path / "elsewhere"
     for call in (dcp.save, dcp.async_save):
         writer = torch_dcp.FileSystemWriter(str(elsewhere))
-        with pytest.raises(UsageError, match=re.escape(f"storage_writer's folder '{elsewhere}' is "
-                                                       "outside the execution's folder")):
+        with pytest.raises(
+            UsageError,
+            match=re.escape(
+                f"storage_writer's folder '{elsewhere}' is outside the execution's folder"
+            ),
+        ):
             call(state(1), step=1, storage_writer=writer)
     assert not elsewhere.exists() and not (exec_dir / "step-1").exists()
     assert steps(tmp_path / "ck") == []
@@ -168,18 +200,27 @@ def test_a_storage_writer_aimed_outside_the_execution_is_refused_by_its_folder(
     dcp.save(state(3), step=3, storage_writer=inside)
     assert (exec_dir / "mine" / ".metadata").exists() and steps(tmp_path / "ck") == [3]
     with pytest.raises(UsageError, match="aimed at .*mine2.* but checkpoint_id"):
-        dcp.save(state(4), step=4, checkpoint_id="step-4",
-                 storage_writer=torch_dcp.FileSystemWriter(str(exec_dir / "mine2")))
+        dcp.save(
+            state(4),
+            step=4,
+            checkpoint_id="step-4",
+            storage_writer=torch_dcp.FileSystemWriter(str(exec_dir / "mine2")),
+        )
 
 
-def test_env_names_the_execution_a_save_goes_to(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_names_the_execution_a_save_goes_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     other = dispatch_env(tmp_path / "other", "x", E1, "", monkeypatch)  # os.environ's
     root = tmp_path / "ck"
     exec_dir = root / "exec" / "a"
     exec_dir.mkdir(parents=True)
-    env = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": str(exec_dir),
-           "DISPATCH_EPOCH": str(E2), "DISPATCH_ATTEMPT": "a"}
+    env = {
+        "DISPATCH_CHECKPOINT": str(root),
+        "DISPATCH_EXEC_DIR": str(exec_dir),
+        "DISPATCH_EPOCH": str(E2),
+        "DISPATCH_ATTEMPT": "a",
+    }
     dcp.save(state(1), step=1, env=env)
     dcp.async_save(state(2), step=2, env=env).result()
     assert sorted(os.listdir(exec_dir)) == ["step-1", "step-2"] and os.listdir(other) == []
@@ -198,7 +239,8 @@ def spoil_item(save: Path, fqn: str) -> None:
 
 
 def test_a_save_that_fails_part_way_leaves_the_callers_values_as_they_were(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Whichever item is the damaged one, DCP reads some before it in one of the cases.
     for n, fqn in enumerate(("model.w", "model.b", "step")):
         root = tmp_path / f"ck{n}"
@@ -214,7 +256,8 @@ def test_a_save_that_fails_part_way_leaves_the_callers_values_as_they_were(
 
 
 def test_a_fallback_without_a_key_leaves_no_value_of_the_broken_save_under_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     partial = DefaultLoadPlanner(allow_partial_load=True)
     for n, fqn in enumerate(("model.w", "model.b", "extra")):
         root = tmp_path / f"ck{n}"
@@ -252,7 +295,8 @@ class Net:
 
 
 def test_a_stateful_entry_is_given_a_save_only_once_it_was_read_whole(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for n, fqn in enumerate(("net.weight", "net.bias", "")):
         root = tmp_path / f"ck{n}"
         exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
@@ -289,7 +333,8 @@ class Loader:
 
 
 def test_a_save_the_state_refuses_after_part_of_it_took_its_values_raises(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Saved on 4 data-parallel ranks, resumed on 2: the net (a Stateful before the loader)
     took the save's weights, then the loader refused it.  load returned None, a fresh start,
     with the net holding the save's weights (and the step as it was): a mixture no caller can
@@ -300,6 +345,37 @@ def test_a_save_the_state_refuses_after_part_of_it_took_its_values_raises(
     monkeypatch.undo()
     dispatch_env(root, "b", E2, str(exec_dir / "step-1"), monkeypatch)
     loaded: dict[str, object] = {"net": Net(0), "loader": Loader(2), "step": -1}
-    with pytest.raises(dcp.PartlyLoaded, match=r"step-1 was read whole and given to net "
-                       r"before AssertionError: dp degree changed"):
+    with pytest.raises(
+        dcp.PartlyLoaded,
+        match=r"step-1 was read whole and given to net "
+        r"before AssertionError: dp degree changed",
+    ):
         dcp.load(loaded)
+
+
+def test_each_save_is_marked_in_the_progress_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled job (docs/user-guide.md): a save's time is no stall; its end is progress at its
+    step."""
+    from slurm_dispatch.execution import steps as progress
+
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    monkeypatch.setattr(progress, "_current", progress._UNSET)
+    inside: list[object] = []
+    real_save = torch_dcp.save
+
+    def looking(*args: object, **kwargs: object) -> object:
+        inside.append(progress.read(str(exec_dir)))
+        return real_save(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch_dcp, "save", looking)
+    dcp.save(state(3), step=3)
+    assert [(r["step"], r["saving"]) for r in inside] == [(3, True)]  # type: ignore[index]
+    after = progress.read(str(exec_dir))
+    assert after is not None and (after["step"], after["saving"], after["saves"]) == (3, False, 1)
+    dcp.async_save(state(4), step=4).result()
+    after = progress.read(str(exec_dir))
+    assert after is not None and (after["step"], after["saving"], after["saves"]) == (4, False, 2)
+    monkeypatch.setattr(progress, "_current", progress._UNSET)

@@ -48,8 +48,13 @@ def _lines(out: Path, world: int) -> list[list[dict[str, Any]]]:
     return found
 
 
-def launch(root: Path, attempt: str, world: int, plan: list[dict[str, Any]],
-           kill_when: Optional[Any] = None) -> Run:
+def launch(
+    root: Path,
+    attempt: str,
+    world: int,
+    plan: list[dict[str, Any]],
+    kill_when: Optional[Any] = None,
+) -> Run:
     """Run the ranks of one execution (resuming as the launcher would: from the latest
     publication); with ``kill_when(out)``, SIGKILL every rank once it holds (the job killed)."""
     exec_dir = root / "exec" / attempt
@@ -58,11 +63,19 @@ def launch(root: Path, attempt: str, world: int, plan: list[dict[str, Any]],
     out.mkdir()
     latest = store.latest(str(root))
     resume = latest.path if latest is not None else ""
-    env = dict(DISPATCH_CHECKPOINT=str(root), DISPATCH_EXEC_DIR=str(exec_dir),
-               DISPATCH_EPOCH=str(EPOCHS[attempt]), DISPATCH_ATTEMPT=attempt,
-               DISPATCH_RESUME_FROM=resume)
-    procs = [FORKS.Process(target=dcp_ranks.rank_main, args=(
-        rank, world, str(out / "store"), str(out), plan, env)) for rank in range(world)]
+    env = dict(
+        DISPATCH_CHECKPOINT=str(root),
+        DISPATCH_EXEC_DIR=str(exec_dir),
+        DISPATCH_EPOCH=str(EPOCHS[attempt]),
+        DISPATCH_ATTEMPT=attempt,
+        DISPATCH_RESUME_FROM=resume,
+    )
+    procs = [
+        FORKS.Process(
+            target=dcp_ranks.rank_main, args=(rank, world, str(out / "store"), str(out), plan, env)
+        )
+        for rank in range(world)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + DEADLINE
@@ -81,8 +94,9 @@ def launch(root: Path, attempt: str, world: int, plan: list[dict[str, Any]],
             if p.is_alive():
                 p.kill()
                 p.join()
-    errors = {r: (out / f"stderr-{r}").read_text()[-3000:] for r, p in enumerate(procs)
-              if p.exitcode != 0}
+    errors = {
+        r: (out / f"stderr-{r}").read_text()[-3000:] for r, p in enumerate(procs) if p.exitcode != 0
+    }
     assert not errors, errors
     assert kill_when is None, f"execution {attempt} ended before it could be killed"
     return Run(_lines(out, world), exec_dir, resume)
@@ -92,7 +106,8 @@ def blocked_and_trained(out: Path, world: int) -> bool:
     """The blocking rank is blocked and every rank's loop trained on after async_save."""
     lines = _lines(out, world)
     return (out / "blocked").exists() and all(
-        any(line["do"] == "trained" for line in rank) for rank in lines)
+        any(line["do"] == "trained" for line in rank) for rank in lines
+    )
 
 
 def blocked(out: Path, world: int) -> bool:
@@ -104,35 +119,57 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("dcp") / "ck"
     root.mkdir()
     runs: dict[str, Any] = {"root": root}
-    runs["a"] = launch(root, "a", 4, [{"do": "load"}, {"do": "save", "step": 1},
-                                      {"do": "save", "step": 2, "async": True, "overlap": 3}])
+    runs["a"] = launch(
+        root,
+        "a",
+        4,
+        [
+            {"do": "load"},
+            {"do": "save", "step": 1},
+            {"do": "save", "step": 2, "async": True, "overlap": 3},
+        ],
+    )
     runs["a_pubs"] = store.list_publications(str(root))
-    b_plan = [{"do": "load"}, {"do": "save", "step": 3},
-              {"do": "save", "step": 4, "async": True, "overlap": 2, "fault": "write",
-               "fault_rank": 1}]
+    b_plan: list[dict[str, Any]] = [
+        {"do": "load"},
+        {"do": "save", "step": 3},
+        {"do": "save", "step": 4, "async": True, "overlap": 2, "fault": "write", "fault_rank": 1},
+    ]
     runs["b"] = launch(root, "b", 2, b_plan, kill_when=blocked_and_trained)
     runs["b_pubs"] = store.list_publications(str(root))
-    runs["c"] = launch(root, "c", 2, [{"do": "load"}, {"do": "save", "step": 5,
-                                                       "fault": "finish", "fault_rank": 0}],
-                       kill_when=blocked)
+    runs["c"] = launch(
+        root,
+        "c",
+        2,
+        [{"do": "load"}, {"do": "save", "step": 5, "fault": "finish", "fault_rank": 0}],
+        kill_when=blocked,
+    )
     runs["c_pubs"] = store.list_publications(str(root))
-    runs["d"] = launch(root, "d", 1, [
-        {"do": "load"}, {"do": "load", "checkpoint_id": str(root / "exec" / "a" / "step-2")}])
+    runs["d"] = launch(
+        root,
+        "d",
+        1,
+        [{"do": "load"}, {"do": "load", "checkpoint_id": str(root / "exec" / "a" / "step-2")}],
+    )
     return runs
 
 
 def saved(run: Run, step: int) -> dict[str, str]:
-    found = [line["hashes"] for line in run.lines[0] if line["do"] == "saving"
-             and line["step"] == step]
+    found = [
+        line["hashes"] for line in run.lines[0] if line["do"] == "saving" and line["step"] == step
+    ]
     assert len(found) == 1
     return found[0]
 
 
 def test_four_ranks_each_save_is_published_once_after_every_shard_and_the_metadata(
-        story: dict[str, Any]) -> None:
+    story: dict[str, Any],
+) -> None:
     a = story["a"]
     assert [(f.step, f.path) for f in story["a_pubs"]] == [
-        (1, str(a.exec_dir / "step-1")), (2, str(a.exec_dir / "step-2"))]
+        (1, str(a.exec_dir / "step-1")),
+        (2, str(a.exec_dir / "step-2")),
+    ]
     for step in (1, 2):
         folder = a.exec_dir / f"step-{step}"
         shards = {f"__{rank}_0.distcp" for rank in range(4)}
@@ -158,7 +195,8 @@ def test_resuming_on_two_ranks_from_four_gives_the_same_values(story: dict[str, 
 
 
 def test_a_job_killed_while_its_async_save_persists_resumes_the_previous_one_bit_for_bit(
-        story: dict[str, Any]) -> None:
+    story: dict[str, Any],
+) -> None:
     b, c = story["b"], story["c"]
     assert [f.step for f in story["b_pubs"]] == [1, 2, 3]  # no publication of step 4
     assert not (b.exec_dir / "step-4" / ".metadata").exists()
@@ -170,7 +208,8 @@ def test_a_job_killed_while_its_async_save_persists_resumes_the_previous_one_bit
 
 
 def test_a_job_killed_past_the_metadata_rename_publishes_nothing_and_resumes_the_previous(
-        story: dict[str, Any]) -> None:
+    story: dict[str, Any],
+) -> None:
     c, d = story["c"], story["d"]
     assert (c.exec_dir / "step-5" / ".metadata").exists()  # DCP's folder looks complete
     assert [f.step for f in story["c_pubs"]] == [1, 2, 3]
@@ -185,20 +224,22 @@ def test_resuming_on_one_rank_from_four_gives_the_same_values(story: dict[str, A
     assert d.lines[0][1]["hashes"] == saved(story["a"], 2)
 
 
-def test_process_mode_async_save_is_published_once_persisted_on_every_rank(
-        tmp_path: Path) -> None:
+def test_process_mode_async_save_is_published_once_persisted_on_every_rank(tmp_path: Path) -> None:
     """AsyncCheckpointerType.PROCESS (torchtitan's async_with_pinned_mem): DCP persists in a
     process of its own; the save is published, once, with every rank's shard in its manifest,
     and no rank saw it published before its future was done."""
     root = tmp_path / "ck"
     root.mkdir()
-    run = launch(root, "a", 2, [{"do": "save", "step": 1, "async": True, "mode": "process",
-                                 "overlap": 2}])
+    run = launch(
+        root, "a", 2, [{"do": "save", "step": 1, "async": True, "mode": "process", "overlap": 2}]
+    )
     assert [(f.step, f.path) for f in store.list_publications(str(root))] == [
-        (1, str(run.exec_dir / "step-1"))]
+        (1, str(run.exec_dir / "step-1"))
+    ]
     manifest = json.loads((run.exec_dir / "step-1" / "dispatch-manifest.json").read_text())
     assert set(manifest["files"]) == {"__0_0.distcp", "__1_0.distcp", ".metadata"}
     for rank in run.lines:  # rank 1's persistence waited until every rank trained on
         assert [line["published"] for line in rank if line["do"] == "saved"] == [True]
-        assert [line["published_meanwhile"] for line in rank if line["do"] == "trained"] == \
-            [[False, False]]
+        assert [line["published_meanwhile"] for line in rank if line["do"] == "trained"] == [
+            [False, False]
+        ]

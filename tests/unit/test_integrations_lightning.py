@@ -42,8 +42,9 @@ def weights_hash(state: dict[str, Any]) -> str:
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, signal_at: Optional[int] = None,
-                 signum: signal.Signals = signal.SIGUSR1) -> None:
+    def __init__(
+        self, signal_at: Optional[int] = None, signum: signal.Signals = signal.SIGUSR1
+    ) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
         self.signal_at = signal_at
@@ -68,23 +69,34 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(tmp_path: Path, max_steps: int, callbacks: list[Any], model: Optional[Tiny] = None,
-        ckpt_path: Optional[str] = None) -> tuple[Any, Tiny]:
+def fit(
+    tmp_path: Path,
+    max_steps: int,
+    callbacks: list[Any],
+    model: Optional[Tiny] = None,
+    ckpt_path: Optional[str] = None,
+) -> tuple[Any, Tiny]:
     torch.manual_seed(0)
     model = model or Tiny()
     data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4)
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(tmp_path / "user"), callbacks=callbacks)
+        torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1)), batch_size=4
+    )
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path / "user"),
+        callbacks=callbacks,
+    )
     trainer.fit(model, data, ckpt_path=ckpt_path)
     return trainer, model
 
 
-
-
 def test_each_save_is_published_once_and_top_k_deletes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
     checkpoint = ModelCheckpoint(every_n_train_steps=2, save_top_k=1, save_last=True)
@@ -94,8 +106,9 @@ def test_each_save_is_published_once_and_top_k_deletes_nothing(
     found = store.list_publications(str(root))
     assert [(f.epoch, f.step) for f in found] == [(E1, 2), (E1, 4), (E1, 6)]
     assert [Path(f.path).name for f in found] == [f"epoch=0-step={s}.ckpt" for s in (2, 4, 6)]
-    assert all(Path(f.path).parent == folder and saves.why_unloadable(f.path) is None
-               for f in found)
+    assert all(
+        Path(f.path).parent == folder and saves.why_unloadable(f.path) is None for f in found
+    )
     assert (folder / "last.ckpt").exists()  # written, never published
     assert json.loads((exec_dir / saves.KEEP_RECORD).read_text())["keep"] == 1
 
@@ -110,11 +123,13 @@ def test_outside_dispatch_lightning_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_requeue_signal_saves_at_the_next_batch_end_publishes_and_requeues(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
-    monkeypatch.setattr("slurm_dispatch.integrations.lightning.is_shared_checkpoint",
-                        lambda execution: False)
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.lightning.is_shared_checkpoint", lambda execution: False
+    )
     marker = tmp_path / "requeued"
     callback = DispatchCallback(requeue_command=["touch", str(marker)])
     trainer, model = fit(tmp_path, 50, [callback], model=Tiny(signal_at=5))
@@ -136,12 +151,13 @@ def test_requeue_signal_saves_at_the_next_batch_end_publishes_and_requeues(
 
 
 def test_a_shared_checkpoint_job_is_never_requeued(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "ck"
     dispatch_env(root, "a", E1, "", monkeypatch)
-    monkeypatch.setattr("slurm_dispatch.integrations.lightning.is_shared_checkpoint",
-                        lambda execution: True)
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.lightning.is_shared_checkpoint", lambda execution: True
+    )
     marker = tmp_path / "requeued"
     callback = DispatchCallback(requeue_command=["touch", str(marker)])
     # Stopped at the signal and not requeued: it must not end COMPLETED (the supervisor would
@@ -154,20 +170,29 @@ def test_a_shared_checkpoint_job_is_never_requeued(
     assert "it shares its checkpoint" in str(stopped.value) and "hold" in str(stopped.value)
 
 
-@pytest.mark.parametrize("command", [
-    ["sh", "-c", "echo 'scontrol: error: Requested operation is presently disabled' >&2; "
-     "exit 1"],
-    ["/nonexistent/scontrol", "requeue", "42"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [
+            "sh",
+            "-c",
+            "echo 'scontrol: error: Requested operation is presently disabled' >&2; exit 1",
+        ],
+        ["/nonexistent/scontrol", "requeue", "42"],
+    ],
+)
 def test_a_requeue_slurm_refuses_ends_the_job_failed_after_publishing_the_save(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
-    """Issue 17 item 14: a job Slurm will not requeue (``--no-requeue``, ``JobRequeue=0``)
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """A job Slurm will not requeue (``--no-requeue``, ``JobRequeue=0``)
     stopped at the signal; had ``fit`` returned, the job would exit 0, COMPLETED, and the
     supervisor would stop for good.  The save is published, then ``fit`` raises, saying what
     happened and what the resubmit rule will do, so the job ends FAILED."""
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
-    monkeypatch.setattr("slurm_dispatch.integrations.lightning.is_shared_checkpoint",
-                        lambda execution: False)
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.lightning.is_shared_checkpoint", lambda execution: False
+    )
     callback = DispatchCallback(requeue_command=command)
     model = Tiny(signal_at=5)
     with pytest.raises(NotRequeued) as stopped:
@@ -178,8 +203,11 @@ def test_a_requeue_slurm_refuses_ends_the_job_failed_after_publishing_the_save(
     assert saves.why_unloadable(str(save)) is None
     text = str(stopped.value)
     assert " ".join(command) in text and str(save) in text, text
-    assert ("Requested operation is presently disabled" in text if command[0] == "sh"
-            else "No such file" in text), text
+    assert (
+        "Requested operation is presently disabled" in text
+        if command[0] == "sh"
+        else "No such file" in text
+    ), text
     assert "resubmit" in text and "FAILED" in text
     assert not callback.requeued
     assert signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None)  # handed back
@@ -188,9 +216,9 @@ def test_a_requeue_slurm_refuses_ends_the_job_failed_after_publishing_the_save(
 
 @pytest.mark.parametrize("inside", [True, False])
 def test_a_sigterm_never_ends_the_process_0_inside_dispatch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-        inside: bool) -> None:
-    """Issue 36 item 6: Lightning turns SIGTERM into SystemExit with no code (status 0), so
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], inside: bool
+) -> None:
+    """Lightning turns SIGTERM into SystemExit with no code (status 0), so
     with `--signal=TERM@` the job would end COMPLETED, training unfinished, and the supervisor
     would stop for good.  Inside dispatch the callback makes the exit 128+15, said on
     stderr; outside, Lightning's own exit is left as it is."""
@@ -199,15 +227,107 @@ def test_a_sigterm_never_ends_the_process_0_inside_dispatch(
     previous = signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(SystemExit) as stopped:
-            fit(tmp_path, 50, [DispatchCallback()],
-                model=Tiny(signal_at=3, signum=signal.SIGTERM))
+            fit(tmp_path, 50, [DispatchCallback()], model=Tiny(signal_at=3, signum=signal.SIGTERM))
     finally:
         signal.signal(signal.SIGTERM, previous)
     err = capfd.readouterr().err
     if inside:
         assert stopped.value.code == 128 + signal.SIGTERM
-        assert ("dispatch: the trainer stopped at SIGTERM with status 0: its work is not done, "
-                "so the process exits 143") in err, err
+        assert (
+            "dispatch: the trainer stopped at SIGTERM with status 0: its work is not done, "
+            "so the process exits 143"
+        ) in err, err
     else:
         assert stopped.value.code is None
         assert "dispatch:" not in err
+
+
+def test_the_callback_records_progress_and_marks_each_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled job (docs/user-guide.md): each batch's end is progress, each save no stall."""
+    from slurm_dispatch.execution import steps
+
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    seen: list[Any] = []
+
+    class Probe(L.Callback):  # type: ignore[misc]
+        def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: Any) -> None:
+            seen.append(steps.read(str(exec_dir)))  # inside Trainer.save_checkpoint
+
+    checkpoint = ModelCheckpoint(every_n_train_steps=2, save_top_k=-1)
+    fit(tmp_path, 4, [checkpoint, DispatchCallback(), Probe()])
+    assert [(r["step"], r["saving"]) for r in seen] == [(2, True), (4, True)]
+    last = steps.read(str(exec_dir))
+    assert last is not None and (last["step"], last["saving"], last["saves"]) == (4, False, 2)
+    # fit() returned: a trainer.test() or an export after it is no stall, however long.
+    assert last.get("ended") is True
+
+
+def test_the_wait_for_the_last_publication_is_inside_the_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After Lightning's save the callback waits for the previous save's
+    background seal and publication (and syncs every rank's files on several ranks): on a
+    busy file system that is a slow save, never a stall; the record says saving meanwhile."""
+    from slurm_dispatch.execution import steps
+
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    callback = DispatchCallback()
+    seen: list[Any] = []
+    original = callback._publisher.submit
+
+    def submit(work: Any) -> None:  # the training thread, before it waits for the last one
+        seen.append(steps.read(str(exec_dir)))
+        original(work)
+
+    monkeypatch.setattr(callback._publisher, "submit", submit)
+    checkpoint = ModelCheckpoint(
+        dirpath=str(exec_dir / "checkpoints"), every_n_train_steps=2, save_top_k=-1
+    )
+    fit(tmp_path, 4, [checkpoint, callback])
+    assert [(r["step"], r["saving"]) for r in seen] == [(2, True), (4, True)], seen
+
+
+def test_a_validation_run_is_marked_and_its_end_is_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long validation is no stall (the sanity check before the first step
+    is not marked: before the first record nothing counts)."""
+    from slurm_dispatch.execution import steps
+
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    seen: list[Any] = []
+
+    class Validated(Tiny):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            seen.append(steps.read(str(exec_dir)))
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4
+    )
+    trainer = L.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path / "user"),
+        val_check_interval=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=1,
+        callbacks=[DispatchCallback()],
+    )
+    trainer.fit(Validated(), data, data)
+    assert seen[0] is None  # the sanity check: no record yet, nothing marked
+    assert [(r["step"], r["saving"], r["what"]) for r in seen[1:]] == [
+        (2, True, "evaluation"),
+        (4, True, "evaluation"),
+    ]
+    last = steps.read(str(exec_dir))
+    assert last is not None and last["saving"] is False and last["saves"] == 2

@@ -20,8 +20,14 @@ E1, E2, E3 = 1_000_000, 1_000_001, 1_000_002
 def _execution(root: Path, attempt: str, epoch: int, resume_from: str | None) -> saves.Execution:
     exec_dir = root / "exec" / attempt
     exec_dir.mkdir(parents=True, exist_ok=True)
-    return saves.Execution(root=str(root), exec_dir=str(exec_dir), epoch=epoch, attempt=attempt,
-                           job="", resume_from=resume_from)
+    return saves.Execution(
+        root=str(root),
+        exec_dir=str(exec_dir),
+        epoch=epoch,
+        attempt=attempt,
+        job="",
+        resume_from=resume_from,
+    )
 
 
 def _save(execution: saves.Execution, step: int, publish: bool = True) -> str:
@@ -60,11 +66,13 @@ def test_a_truncated_or_deleted_save_is_unloadable_and_says_why(tmp_path: Path) 
     bare = Path(a.exec_dir) / "checkpoint-9"
     bare.mkdir()
     assert "has no 'trainer_state.json'" in (
-        saves.why_unloadable(str(bare), ("trainer_state.json",)) or "")
+        saves.why_unloadable(str(bare), ("trainer_state.json",)) or ""
+    )
 
 
 def test_resume_falls_back_to_the_previous_save_and_records_why(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     a = _execution(tmp_path, "a", E1, "")
     first, second = _save(a, 2), _save(a, 4)
     _truncate(second)
@@ -128,14 +136,23 @@ def test_absent_resume_variable_asks_the_store(tmp_path: Path) -> None:
 
 def test_execution_from_the_environment(tmp_path: Path) -> None:
     assert saves.Execution.current({}) is None
-    env = {"DISPATCH_EXEC_DIR": str(tmp_path / "exec" / "x"), "DISPATCH_CHECKPOINT": str(tmp_path),
-           "DISPATCH_EPOCH": str(E2), "DISPATCH_RESUME_FROM": ""}
+    env = {
+        "DISPATCH_EXEC_DIR": str(tmp_path / "exec" / "x"),
+        "DISPATCH_CHECKPOINT": str(tmp_path),
+        "DISPATCH_EPOCH": str(E2),
+        "DISPATCH_RESUME_FROM": "",
+    }
     execution = saves.Execution.current(env)
     assert execution is not None and execution.epoch == E2 and execution.resume_from == ""
-    on_s3 = saves.Execution.current({**env, "DISPATCH_CHECKPOINT": "s3://bucket/run",
-                                     "DISPATCH_STAGE_DIR": str(tmp_path / "stage")})
-    assert on_s3 is not None and on_s3.on_s3 and on_s3.stage_dir == str(tmp_path / "stage")
-    assert not execution.on_s3 and execution.stage_dir is None
+    on_s3 = saves.Execution.current(
+        {
+            **env,
+            "DISPATCH_CHECKPOINT": "s3://bucket/run",
+            "DISPATCH_STAGE_DIR": str(tmp_path / "stage"),
+        }
+    )
+    assert on_s3 is not None and on_s3.remote and on_s3.stage_dir == str(tmp_path / "stage")
+    assert not execution.remote and execution.stage_dir is None
     with pytest.raises(Exception, match="'gs://bucket/run'"):
         saves.Execution.current({**env, "DISPATCH_CHECKPOINT": "gs://bucket/run"})
     with pytest.raises(Exception, match="'soon'"):
@@ -152,9 +169,11 @@ def test_the_core_never_imports_a_training_library(tmp_path: Path) -> None:
         "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'transformers', 'lightning', 'pytorch_lightning', 'accelerate'))\n"
-        "print('imported:' + ','.join(bad))\n")
-    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True,
-                         text=True, check=True).stdout
+        "print('imported:' + ','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip().splitlines()[-1] == "imported:", out
 
 
@@ -170,3 +189,16 @@ def test_the_launchers_record_of_a_fresh_start_ends_the_lineage(tmp_path: Path) 
     after = _execution(tmp_path, "after", E3, bad)
     resume = saves.choose_resume(after)
     assert resume.path is None and [p["path"] for p in resume.passed_over] == [bad]
+
+
+def test_the_name_of_0_1_0_for_a_remote_root_is_kept_with_a_warning(tmp_path: Path) -> None:
+    # Execution.on_s3 (0.1.0, reached through the public slurm_dispatch.integrations.saves) is
+    # Execution.remote since the table of stores; it is kept for 0.2.0 as the changelog says.
+    import dataclasses
+
+    folder = _execution(tmp_path, "a1", E1, None)
+    remote = dataclasses.replace(folder, root="s3://bucket/ck")
+    for execution, expected in ((folder, False), (remote, True)):
+        with pytest.warns(DeprecationWarning, match="Execution.remote"):
+            assert execution.on_s3 is expected
+        assert execution.remote is expected

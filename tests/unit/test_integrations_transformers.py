@@ -58,26 +58,39 @@ class StartProbe(transformers.TrainerCallback):  # type: ignore[misc]
         self.step: Optional[int] = None
         self.weights: Optional[str] = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+    ) -> None:
         self.step = state.global_step
         self.weights = weights_hash(model)
 
 
-def make_trainer(output_dir: Path, max_steps: int, callbacks: list[Any],
-                 save_total_limit: Optional[int] = 1) -> Any:
+def make_trainer(
+    output_dir: Path, max_steps: int, callbacks: list[Any], save_total_limit: Optional[int] = 1
+) -> Any:
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(_config())
     generator = torch.Generator().manual_seed(1)
-    data = [{"input_ids": torch.randint(0, 32, (8,), generator=generator),
-             "labels": torch.randint(0, 32, (8,), generator=generator)} for _ in range(256)]
+    data = [
+        {
+            "input_ids": torch.randint(0, 32, (8,), generator=generator),
+            "labels": torch.randint(0, 32, (8,), generator=generator),
+        }
+        for _ in range(256)
+    ]
     args = transformers.TrainingArguments(
-        output_dir=str(output_dir), max_steps=max_steps, save_steps=2,
-        save_total_limit=save_total_limit, per_device_train_batch_size=4, report_to=[],
-        use_cpu=True, logging_steps=1000, disable_tqdm=True, seed=0)
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        save_steps=2,
+        save_total_limit=save_total_limit,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        logging_steps=1000,
+        disable_tqdm=True,
+        seed=0,
+    )
     return transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
-
-
 
 
 def published(root: Path) -> list[tuple[int, int, str]]:
@@ -85,7 +98,8 @@ def published(root: Path) -> list[tuple[int, int, str]]:
 
 
 def test_each_save_is_published_once_and_rotation_deletes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
     callback = DispatchCallback()
@@ -109,18 +123,21 @@ def test_outside_dispatch_the_trainer_is_left_alone(tmp_path: Path) -> None:
     assert resume_from_checkpoint() is None
     assert resume_from_checkpoint(True) is True
     trainer.train(resume_from_checkpoint=resume_from_checkpoint())
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == \
-        ["checkpoint-6"]  # the user's own rotation, as before
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == [
+        "checkpoint-6"
+    ]  # the user's own rotation, as before
     assert callback.publications == []
     assert not (tmp_path / "pub").exists()
 
 
 def test_resume_starts_from_the_published_save_with_its_weights_and_step(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "ck"
     dispatch_env(root, "a", E1, "", monkeypatch)
     make_trainer(tmp_path / "o", 4, [DispatchCallback()]).train(
-        resume_from_checkpoint=resume_from_checkpoint())
+        resume_from_checkpoint=resume_from_checkpoint()
+    )
     source = store.latest(str(root))
     assert source is not None and source.step == 4
     exec_b = dispatch_env(root, "b", E2, source.path, monkeypatch)
@@ -135,8 +152,8 @@ def test_resume_starts_from_the_published_save_with_its_weights_and_step(
 
 
 def test_a_truncated_latest_save_falls_back_to_the_previous_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "ck"
     dispatch_env(root, "a", E1, "", monkeypatch)
     make_trainer(tmp_path / "o", 4, [DispatchCallback()]).train()
@@ -178,22 +195,30 @@ OLD_RUN = textwrap.dedent("""
 
 @pytest.mark.parametrize("integrated", [True, False], ids=["integration", "without"])
 def test_rotation_of_an_old_execution_never_deletes_the_resume_source(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, integrated: bool) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, integrated: bool
+) -> None:
     """The old execution keeps training with save_total_limit=1 while the replacement loads,
     slowly, the save it resumes from; without the integration (both in one folder, as before
     dispatch) the old run's rotation deletes that save under the loader."""
     root = tmp_path / "ck"
     old_exec = root / "exec" / "old"
     old_exec.mkdir(parents=True)
-    env = {**os.environ, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": str(old_exec),
-           "DISPATCH_EPOCH": str(E1), "DISPATCH_RESUME_FROM": ""}
+    env = {
+        **os.environ,
+        "DISPATCH_CHECKPOINT": str(root),
+        "DISPATCH_EXEC_DIR": str(old_exec),
+        "DISPATCH_EPOCH": str(E1),
+        "DISPATCH_RESUME_FROM": "",
+    }
     out = old_exec if not integrated else tmp_path / "unused"
-    script = OLD_RUN.format(tests=str(Path(__file__).resolve().parents[2]),
-                            integrated=integrated, out=str(out))
+    script = OLD_RUN.format(
+        tests=str(Path(__file__).resolve().parents[2]), integrated=integrated, out=str(out)
+    )
     err = tmp_path / "old.err"
     with open(err, "w") as err_file:
-        old = subprocess.Popen([sys.executable, "-c", script], env=env,
-                               stdout=subprocess.DEVNULL, stderr=err_file)
+        old = subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=err_file
+        )
     try:
         deadline = time.monotonic() + 120
         while not list(old_exec.glob("checkpoint-*/trainer_state.json")):
@@ -213,8 +238,11 @@ def test_rotation_of_an_old_execution_never_deletes_the_resume_source(
         # A slow load: the old execution saves several times while the files are read.
         files = sorted(Path(source).iterdir()) if os.path.isdir(source) else []
         for _ in range(40):
-            if any(int(p.name.rsplit("-", 1)[1]) >= steps_then + 6
-                   for p in old_exec.glob("checkpoint-*") if p.name[11:].isdigit()):
+            if any(
+                int(p.name.rsplit("-", 1)[1]) >= steps_then + 6
+                for p in old_exec.glob("checkpoint-*")
+                if p.name[11:].isdigit()
+            ):
                 break
             time.sleep(0.1)
         loaded = all(p.exists() for p in files) and os.path.isdir(source)
@@ -223,10 +251,77 @@ def test_rotation_of_an_old_execution_never_deletes_the_resume_source(
             assert loaded
             probe = StartProbe()
             make_trainer(tmp_path / "o", steps_then + 2, [DispatchCallback(), probe]).train(
-                resume_from_checkpoint=chosen)
+                resume_from_checkpoint=chosen
+            )
             assert probe.step == steps_then
         else:
             assert not loaded, "the old run's rotation was expected to delete the source"
     finally:
         old.kill()
         old.wait()
+
+
+class ProgressProbe(transformers.TrainerCallback):  # type: ignore[misc]
+    """The progress record as each save is made (before the dispatch callback's on_save)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = str(folder)
+        self.at_save: list[Any] = []
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        from slurm_dispatch.execution import steps
+
+        self.at_save.append(steps.read(self.folder))
+
+
+def test_the_callback_records_progress_and_marks_each_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled job (docs/user-guide.md): each step's end is progress, the save after it no
+    stall."""
+    from slurm_dispatch.execution import steps
+
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    probe = ProgressProbe(exec_dir)
+    trainer = make_trainer(tmp_path / "out", 4, [probe, DispatchCallback()])
+    trainer.train()
+    assert [(r["step"], r["saving"], r.get("what")) for r in probe.at_save] == [
+        (2, True, "save"),
+        (4, True, "save"),
+    ]
+    last = steps.read(str(exec_dir))
+    assert last is not None and (last["step"], last["saving"], last["saves"]) == (4, False, 2)
+    # train() returned: what the script does next (trainer.evaluate() on the test set, a final
+    # save_model, an export) is no stall, however long it takes.
+    assert last.get("ended") is True
+
+
+def test_each_micro_batch_of_gradient_accumulation_is_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With gradient_accumulation_steps the Trainer's step is many batches;
+    each substep's end is progress too (the record's calls), so a long optimizer step of
+    micro-batches is no stall."""
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    callback = DispatchCallback()
+    trainer = make_trainer(tmp_path / "out", 2, [callback])
+    trainer.args.gradient_accumulation_steps = 3
+    trainer.train()
+    assert callback._progress is not None
+    assert callback._progress.calls == 6  # 2 steps of 3 micro-batches each
+
+
+def test_a_save_at_an_epochs_end_is_marked_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_strategy="epoch": the Trainer decides the save at the epoch's end, not a step's."""
+    exec_dir = dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(exec_dir))
+    probe = ProgressProbe(exec_dir)
+    trainer = make_trainer(tmp_path / "out", 4, [probe, DispatchCallback()])
+    trainer.args.save_strategy = transformers.IntervalStrategy.EPOCH
+    trainer.args.per_device_train_batch_size = 64  # one epoch of 4 steps
+    trainer.train()
+    assert [(r["step"], r["saving"]) for r in probe.at_save] == [(4, True)]

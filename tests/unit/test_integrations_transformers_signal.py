@@ -1,4 +1,5 @@
-"""Save before the limit with the real ``transformers.Trainer`` on the CPU (issue 18, item 17):
+"""Save before the limit with the real ``transformers.Trainer`` on the CPU
+(docs/user-guide.md, saving before the time limit):
 the warning signal arrives mid-epoch, between two ``save_steps``; the callback has the Trainer
 save at the next step boundary, publishes that save, then requeues by the Lightning path's rules
 (never a shared-checkpoint job; a refused requeue ends ``train()`` with ``NotRequeued``), hands
@@ -45,14 +46,16 @@ class Warn(transformers.TrainerCallback):  # type: ignore[misc]
             self.saved_in_handler = set(folder.rglob("*")) != before
 
 
-def stopped_at_the_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Any,
-                          command: list[str]) -> tuple[str, NotRequeued]:
+def stopped_at_the_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Any, command: list[str]
+) -> tuple[str, NotRequeued]:
     """Train with the warning signal in step SIGNAL_IN_STEP until it raises NotRequeued;
     checks the save made at the signal is published; returns it and the error."""
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
-    monkeypatch.setattr("slurm_dispatch.integrations.transformers.is_shared_checkpoint",
-                        lambda execution: shared)
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.transformers.is_shared_checkpoint", lambda execution: shared
+    )
     callback = DispatchCallback(requeue_command=command)
     trainer = make_trainer(tmp_path / "o", 50, [Warn(), callback])
     with pytest.raises(NotRequeued) as stopped:
@@ -75,11 +78,13 @@ def previous_handler() -> Any:
 
 
 def test_the_signal_mid_epoch_saves_at_the_next_step_publishes_requeues_and_resumes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous_handler: list[int]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous_handler: list[int]
+) -> None:
     root = tmp_path / "ck"
     exec_dir = dispatch_env(root, "a", E1, "", monkeypatch)
-    monkeypatch.setattr("slurm_dispatch.integrations.transformers.is_shared_checkpoint",
-                        lambda execution: False)
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.transformers.is_shared_checkpoint", lambda execution: False
+    )
     marker = tmp_path / "requeued"
     callback, warn = DispatchCallback(requeue_command=["touch", str(marker)]), Warn()
     trainer = make_trainer(tmp_path / "o", 50, [warn, callback])
@@ -88,10 +93,14 @@ def test_the_signal_mid_epoch_saves_at_the_next_step_publishes_requeues_and_resu
     assert warn.saved_in_handler is False and previous_handler == []
     assert trainer.state.global_step == SIGNAL_IN_STEP  # stopped at the step's end
     assert [(f.epoch, f.step, f.path) for f in store.list_publications(str(root))] == [
-        (E1, 2, str(exec_dir / "checkpoint-2")), (E1, 4, str(exec_dir / "checkpoint-4")),
-        (E1, SIGNAL_IN_STEP, str(save))]
+        (E1, 2, str(exec_dir / "checkpoint-2")),
+        (E1, 4, str(exec_dir / "checkpoint-4")),
+        (E1, SIGNAL_IN_STEP, str(save)),
+    ]
     assert saves.why_unloadable(str(save), ("trainer_state.json",)) is None
     assert marker.exists() and callback.requeued
+    # Its own requeue, marked for --max-requeues (not one of Slurm's).
+    assert (exec_dir / ".dispatch-requeued.json").exists()
     os.kill(os.getpid(), signal.SIGUSR1)
     assert previous_handler == [signal.SIGUSR1]  # handed back
 
@@ -105,16 +114,23 @@ def test_the_signal_mid_epoch_saves_at_the_next_step_publishes_requeues_and_resu
 
 
 def test_the_signal_the_job_names_is_the_one_taken(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--warn-before 60:USR2``: USR2 is answered (read from the job's record)."""
     dispatch_env(tmp_path / "ck", "a", E1, "", monkeypatch)
-    monkeypatch.setattr("slurm_dispatch.integrations.requeue.job_spec",
-                        lambda execution: {"warn_before": ["USR2", 60]})
-    monkeypatch.setattr("slurm_dispatch.integrations.transformers.is_shared_checkpoint",
-                        lambda execution: False)
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.requeue.job_spec",
+        lambda execution: {"warn_before": ["USR2", 60]},
+    )
+    monkeypatch.setattr(
+        "slurm_dispatch.integrations.transformers.is_shared_checkpoint", lambda execution: False
+    )
     marker = tmp_path / "requeued"
-    trainer = make_trainer(tmp_path / "o", 50, [
-        Warn(signal.SIGUSR2), DispatchCallback(requeue_command=["touch", str(marker)])])
+    trainer = make_trainer(
+        tmp_path / "o",
+        50,
+        [Warn(signal.SIGUSR2), DispatchCallback(requeue_command=["touch", str(marker)])],
+    )
     trainer.train()
     assert trainer.state.global_step == SIGNAL_IN_STEP and marker.exists()
     assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None)
@@ -122,11 +138,14 @@ def test_the_signal_the_job_names_is_the_one_taken(
 
 @pytest.mark.parametrize("shared", [True, None], ids=["shared", "record-unreadable"])
 def test_a_shared_checkpoint_job_saves_publishes_and_ends_failed_never_requeued(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-        previous_handler: list[int], shared: Any) -> None:
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    previous_handler: list[int],
+    shared: Any,
+) -> None:
     marker = tmp_path / "requeued"
-    _save, stopped = stopped_at_the_signal(tmp_path, monkeypatch, shared,
-                                           ["touch", str(marker)])
+    _save, stopped = stopped_at_the_signal(tmp_path, monkeypatch, shared, ["touch", str(marker)])
     assert not marker.exists()
     why = "it shares its checkpoint" if shared else "its dispatch record could not be read"
     assert f"not requeuing the job: {why}" in capfd.readouterr().err
@@ -134,9 +153,13 @@ def test_a_shared_checkpoint_job_saves_publishes_and_ends_failed_never_requeued(
 
 
 def test_a_requeue_slurm_refuses_ends_train_with_not_requeued(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous_handler: list[int]) -> None:
-    command = ["sh", "-c", "echo 'scontrol: error: Requested operation is presently disabled'"
-               " >&2; exit 1"]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous_handler: list[int]
+) -> None:
+    command = [
+        "sh",
+        "-c",
+        "echo 'scontrol: error: Requested operation is presently disabled' >&2; exit 1",
+    ]
     _save, stopped = stopped_at_the_signal(tmp_path, monkeypatch, False, command)
     text = str(stopped)
     assert "Requested operation is presently disabled" in text
@@ -145,8 +168,9 @@ def test_a_requeue_slurm_refuses_ends_train_with_not_requeued(
     assert previous_handler == [signal.SIGUSR1]  # handed back before the error
 
 
-def test_outside_dispatch_the_signal_is_not_taken(tmp_path: Path,
-                                                  previous_handler: list[int]) -> None:
+def test_outside_dispatch_the_signal_is_not_taken(
+    tmp_path: Path, previous_handler: list[int]
+) -> None:
     trainer = make_trainer(tmp_path / "o", 8, [Warn(), DispatchCallback()])
     trainer.train()
     assert trainer.state.global_step == 8 and previous_handler == [signal.SIGUSR1]

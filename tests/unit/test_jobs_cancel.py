@@ -1,5 +1,5 @@
 """dispatch jobs and dispatch cancel: one line per dispatch job, whichever Slurm job is current
-cancelled (issue 9, what users ask for first)."""
+cancelled (what users ask for first)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from slurm_dispatch.cli import dispatch as cli
 from slurm_dispatch.control import record, status, submit
 from slurm_dispatch.slurm.adapter import Slurm
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 
 
 @pytest.fixture
@@ -27,13 +27,13 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
 
     def init(self: Slurm, runner: object = fake, **kwargs: object) -> None:
         original(self, fake, wait=0)  # type: ignore[arg-type]
+
     monkeypatch.setattr(Slurm, "__init__", init)
     return fake
 
 
 def submit_one(root: str, *extra: str) -> submit.SubmissionMade:
-    return submit.submit_new(submit.read_request(["--checkpoint", root, *extra, "job.sh"]),
-                             Slurm())
+    return submit.submit_new(submit.read_request(["--checkpoint", root, *extra, "job.sh"]), Slurm())
 
 
 def test_jobs_lists_each_dispatch_job_with_its_current_state(cluster: FakeCluster) -> None:
@@ -45,8 +45,7 @@ def test_jobs_lists_each_dispatch_job_with_its_current_state(cluster: FakeCluste
     result = CliRunner().invoke(cli.main, ["jobs"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE",
-                                "CHECKPOINT"]
+    assert lines[0].split() == ["DISPATCH_JOB", "SCRIPT", "G/N", "SLURM_JOB", "STATE", "CHECKPOINT"]
     by_id = {line.split()[0]: line.split() for line in lines[1:]}
     assert by_id[running.job.id][1:5] == ["job.sh", "0/1", running.slurm_job_id, "RUNNING"]
     assert by_id[ended.job.id][4] == "FAILED"
@@ -57,8 +56,10 @@ def test_jobs_lists_each_dispatch_job_with_its_current_state(cluster: FakeCluste
         assert CliRunner().invoke(cli.main, ["jobs", flag]).output.count("\n") == 3
 
 
-@pytest.mark.parametrize("command", [["jobs"], ["list"], ["status"], ["cancel"], ["latest"],
-                                     ["supervise"], ["resubmit"], []])
+@pytest.mark.parametrize(
+    "command",
+    [["jobs"], ["list"], ["status"], ["cancel"], ["latest"], ["supervise"], ["resubmit"], []],
+)
 def test_dash_h_is_help_on_every_command(cluster: FakeCluster, command: list[str]) -> None:
     """-h is help everywhere, as on every other dispatch command (squeue's -h is its
     --noheader; ours is -H, as `dispatch list` has it)."""
@@ -95,6 +96,7 @@ def test_cancel_cancels_whichever_slurm_job_is_current(cluster: FakeCluster) -> 
 def test_latest_of_a_job_needs_no_root(cluster: FakeCluster, tmp_path: Path) -> None:
     from slurm_dispatch.checkpoint import model
     from slurm_dispatch.checkpoint import publish as store
+
     done = submit_one("ck-a")
     save = tmp_path / "ck-a" / "exec" / model.new_attempt() / "checkpoint-3"
     save.mkdir(parents=True)
@@ -110,14 +112,16 @@ def publish_save(root: Path, step: int) -> Path:
     """A save at ``step`` in a new execution folder of ``root``, published at epoch 10^6."""
     from slurm_dispatch.checkpoint import model
     from slurm_dispatch.checkpoint import publish as store
+
     save = root / "exec" / model.new_attempt() / f"checkpoint-{step}"
     save.mkdir(parents=True)
     store.publish(str(root), 1_000_000, step, str(save))
     return save
 
 
-def test_latest_of_an_array_job_looks_in_the_tasks_root(cluster: FakeCluster,
-                                                        tmp_path: Path) -> None:
+def test_latest_of_an_array_job_looks_in_the_tasks_root(
+    cluster: FakeCluster, tmp_path: Path
+) -> None:
     done = submit_one("ck-t%a", "--array=0-1")
     save = publish_save(tmp_path / "ck-t1", 8)
     result = CliRunner().invoke(cli.main, ["latest", done.job.id, "--task", "1"])
@@ -128,7 +132,8 @@ def test_latest_of_an_array_job_looks_in_the_tasks_root(cluster: FakeCluster,
 
 
 def test_an_array_is_live_while_any_task_runs_and_a_task_resubmits_alone(
-        cluster: FakeCluster) -> None:
+    cluster: FakeCluster,
+) -> None:
     """An array's id alone says nothing of its tasks (a started task has an id of its own):
     `dispatch resubmit` is refused while any task runs; `--task T` looks at that task only
     and resubmits it on its own (--array=T)."""

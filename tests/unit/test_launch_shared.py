@@ -32,16 +32,30 @@ echo "$SLURMD_NODENAME $DISPATCH_SUBMISSION $DISPATCH_ATTEMPT" >> "$RAN"
 
 
 def make_job(tmp_path: Path, shared: bool) -> record.JobRecord:
-    spec = {"generation": 0, "checkpoint": str(tmp_path / "ck"), "script": "job.sh",
-            "shared_checkpoint": shared}
+    spec = {
+        "generation": 0,
+        "checkpoint": str(tmp_path / "ck"),
+        "script": "job.sh",
+        "shared_checkpoint": shared,
+    }
     return record.create_job(spec, SCRIPT.encode(), home=str(tmp_path / "home"))
 
 
-def launch(tmp_path: Path, job: record.JobRecord, submission: int, node: str,
-           restart: Optional[int] = None, task: Optional[int] = None
-           ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DISPATCH_HOME": str(tmp_path / "home"), "SLURM_JOB_ID": "41",
-           "SLURMD_NODENAME": node, "RAN": str(tmp_path / "ran")}
+def launch(
+    tmp_path: Path,
+    job: record.JobRecord,
+    submission: int,
+    node: str,
+    restart: Optional[int] = None,
+    task: Optional[int] = None,
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "DISPATCH_HOME": str(tmp_path / "home"),
+        "SLURM_JOB_ID": "41",
+        "SLURMD_NODENAME": node,
+        "RAN": str(tmp_path / "ran"),
+    }
     if restart is not None:
         env["SLURM_RESTART_COUNT"] = str(restart)
     if task is not None:
@@ -49,9 +63,22 @@ def launch(tmp_path: Path, job: record.JobRecord, submission: int, node: str,
     # The launcher's dispatch commands: a held submission's comment is best effort, and the
     # test has no controller, so no scontrol is on PATH.
     env["PATH"] = os.path.dirname(sys.executable) + ":/usr/bin:/bin"
-    return subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
-                           "--submission", str(submission), "--"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_dispatch.launch",
+            "--job",
+            job.path,
+            "--submission",
+            str(submission),
+            "--",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def ran(tmp_path: Path) -> list[str]:
@@ -59,8 +86,7 @@ def ran(tmp_path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_a_second_execution_of_a_shared_submission_never_runs_its_script(tmp_path: Path
-                                                                          ) -> None:
+def test_a_second_execution_of_a_shared_submission_never_runs_its_script(tmp_path: Path) -> None:
     job = make_job(tmp_path, shared=True)
     first = launch(tmp_path, job, 1, "n1")
     assert first.returncode == 0, first.stderr
@@ -118,21 +144,26 @@ def test_what_follows_a_refusal_is_said_as_the_jobs_budget_has_it(tmp_path: Path
     job = make_job(tmp_path, shared=True)
     assert launch(tmp_path, job, 1, "n1").returncode == 0
     said = " ".join(launch(tmp_path, job, 1, "n2").stderr.split())
-    assert "with --resubmit budget left, `dispatch supervise` holds the next submission" \
-        in said and "with none left, the job stops there" in said, said
+    assert (
+        "with --resubmit budget left, `dispatch supervise` holds the next submission" in said
+        and "with none left, the job stops there" in said
+    ), said
 
 
-def test_a_claim_the_execution_itself_made_is_its_own(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_claim_the_execution_itself_made_is_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On NFS a LINK that succeeded but whose reply was lost is retried and answered EEXIST:
     the one execution finds its own claim and runs (found by the attack on 865ad2b)."""
     from slurm_dispatch.execution import launch as launcher
+
     job = make_job(tmp_path, shared=True)
     link = os.link
 
     def linked_then_exists(src: str, dst: str) -> None:
         link(src, dst)
         raise FileExistsError(17, "File exists", dst)
+
     monkeypatch.setattr(os, "link", linked_then_exists)
     env = {"SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n1"}
     launcher.claim_shared(job, 1, env)  # no SharedRefused
@@ -141,20 +172,31 @@ def test_a_claim_the_execution_itself_made_is_its_own(tmp_path: Path,
         launcher.claim_shared(job, 1, {**env, "SLURMD_NODENAME": "n2"})
 
 
-def started_by_the_release_before(job: record.JobRecord, submission: int, node: str,
-                                  task: Optional[int] = None) -> str:
+def started_by_the_release_before(
+    job: record.JobRecord, submission: int, node: str, task: Optional[int] = None
+) -> str:
     """What an execution of the release before the claim left: a start, and no claim."""
     attempt = "0" * 25 + node[-1]
-    job.append("started", submission=submission, slurm_job_id="41",
-               array_job_id="40" if task is not None else "",
-               array_task_id="" if task is None else str(task), restart=0, attempt=attempt,
-               epoch=submission * 1_000_000, exec_dir="/x", node=node, nodes=node,
-               host="h-" + node, pid=4242)
+    job.append(
+        "started",
+        submission=submission,
+        slurm_job_id="41",
+        array_job_id="40" if task is not None else "",
+        array_task_id="" if task is None else str(task),
+        restart=0,
+        attempt=attempt,
+        epoch=submission * 1_000_000,
+        exec_dir="/x",
+        node=node,
+        nodes=node,
+        host="h-" + node,
+        pid=4242,
+    )
     return attempt
 
 
 def test_a_start_recorded_without_a_claim_counts_as_the_claim(tmp_path: Path) -> None:
-    """Issue 30 item 3: a shared job's first execution, started by the release before the
+    """A shared job's first execution, started by the release before the
     claim existed, recorded its start and no claim.  A second execution of the same
     submission (a controller back from a lost launch, after an upgrade in place) stops before
     its script, naming it; other submissions and other tasks run."""
@@ -172,7 +214,6 @@ def test_a_start_recorded_without_a_claim_counts_as_the_claim(tmp_path: Path) ->
     array = make_job(tmp_path, shared=True)
     started_by_the_release_before(array, 1, "n1", task=0)
     refused = launch(tmp_path, array, 1, "n2", task=0)
-    assert refused.returncode == 2 and "(Slurm job 40_0 restart 0" in refused.stderr, \
-        refused.stderr
+    assert refused.returncode == 2 and "(Slurm job 40_0 restart 0" in refused.stderr, refused.stderr
     assert launch(tmp_path, array, 1, "n4", task=1).returncode == 0
     assert [r.split()[:2] for r in ran(tmp_path)] == [["n3", "2"], ["n4", "1"]]

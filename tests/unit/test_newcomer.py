@@ -1,4 +1,4 @@
-"""What a newcomer hits on the command line (issue 9): roots that would change between
+"""What a newcomer hits on the command line: roots that would change between
 submissions, typos in option names, and dispatch options given after the script."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.parametrize("root", ["ck/%j", "ck/%A", "ck-%A_%a", "/scratch/%j/run"])
 def test_a_root_that_changes_between_submissions_is_refused(script: Path, root: str) -> None:
-    """Item 2: with --checkpoint 'ck/%j' a resubmission got a fresh root and started from
+    """With --checkpoint 'ck/%j' a resubmission got a fresh root and started from
     scratch, although resubmission promises to resume from the latest publication."""
     request = submit.read_request(["--checkpoint", root, "job.sh"])
     with pytest.raises(UsageError) as info:
@@ -38,14 +38,17 @@ def test_fixed_roots_and_per_task_roots_are_fine(script: Path, root: str) -> Non
     assert submit.checkpoint_root(request.options, request.cwd).endswith(root.split("/")[-1])
 
 
-@pytest.mark.parametrize("argv,wrong,right", [
-    (["--checkpont", "X", "job.sh"], "--checkpont", "--checkpoint"),
-    (["--resubmt", "2", "job.sh"], "--resubmit", "--resubmit"),
-    (["--shared-chekpoint", "job.sh"], "--shared-chekpoint", "--shared-checkpoint"),
-    (["--partitoin=debug", "job.sh"], "--partitoin", "--partition"),
-])
+@pytest.mark.parametrize(
+    "argv,wrong,right",
+    [
+        (["--checkpont", "X", "job.sh"], "--checkpont", "--checkpoint"),
+        (["--resubmt", "2", "job.sh"], "--resubmit", "--resubmit"),
+        (["--shared-chekpoint", "job.sh"], "--shared-chekpoint", "--shared-checkpoint"),
+        (["--partitoin=debug", "job.sh"], "--partitoin", "--partition"),
+    ],
+)
 def test_typos_name_the_option_and_suggest(argv: list[str], wrong: str, right: str) -> None:
-    """Item 11: `--checkpont X` said "cannot read script '.../X'"."""
+    """`--checkpont X` said "cannot read script '.../X'"."""
     with pytest.raises(UsageError) as info:
         sbatch_args.parse_command_line(argv)
     text = str(info.value)
@@ -55,8 +58,11 @@ def test_typos_name_the_option_and_suggest(argv: list[str], wrong: str, right: s
 
 def test_a_typo_in_a_dispatch_directive_is_named() -> None:
     text = "#!/bin/bash\n#DISPATCH --chekpoint /tmp/x\necho\n"
-    with pytest.raises(UsageError, match=r"unrecognized option '--chekpoint'.*did you mean "
-                                         r"--checkpoint\?"):
+    with pytest.raises(
+        UsageError,
+        match=r"unrecognized option '--chekpoint'.*did you mean "
+        r"--checkpoint\?",
+    ):
         sbatch_args.read_header(text, "job.sh")
 
 
@@ -67,21 +73,23 @@ def test_options_sbatch_may_know_and_we_do_not_still_reach_sbatch() -> None:
 
 
 def test_dispatch_options_after_the_script_go_to_it_with_a_warning() -> None:
-    """Item 12: as with sbatch, words after the script are the script's; ours look like a
+    """As with sbatch, words after the script are the script's; ours look like a
     mistake, so say so."""
-    line = sbatch_args.parse_command_line(["--checkpoint", "ck", "job.sh", "--resubmit", "2",
-                                           "--lr", "3e-4", "--checkpoint=x"])
+    line = sbatch_args.parse_command_line(
+        ["--checkpoint", "ck", "job.sh", "--resubmit", "2", "--lr", "3e-4", "--checkpoint=x"]
+    )
     assert line.script_args == ["--resubmit", "2", "--lr", "3e-4", "--checkpoint=x"]
     assert line.dispatch.resubmit == 0
     assert len(line.warnings) == 1
-    assert "--resubmit, --checkpoint after the script job.sh go to the script" in \
-        line.warnings[0]
+    assert "--resubmit, --checkpoint after the script job.sh go to the script" in line.warnings[0]
     assert sbatch_args.parse_command_line(["job.sh", "--lr", "1"]).warnings == []
 
 
-def test_dispatch_sbatch_prints_the_warning(script: Path, capsys: pytest.CaptureFixture[str]
-                                            ) -> None:
+def test_dispatch_sbatch_prints_the_warning(
+    script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from slurm_dispatch.cli import sbatch as cli_sbatch
+
     with pytest.raises(SystemExit) as info:
         cli_sbatch.main(["--checkpoint", "ck", "--plan", "job.sh", "--resubmit", "3"])
     assert info.value.code in (0, None)
@@ -97,35 +105,43 @@ class OneAnswer:
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
-        from slurm_dispatch.slurm.adapter import Result
+        from slurm_dispatch.slurm.result import Result
+
         self.calls.append(list(argv))
         assert argv[0] == "sbatch", argv
         return Result(list(argv), *self.answer)
 
 
 def test_a_refused_submission_leaves_no_folder_behind(script: Path) -> None:
-    """Item 10: `--partition=nope` left the newly made (empty) checkpoint folders behind."""
+    """`--partition=nope` left the newly made (empty) checkpoint folders behind."""
     from slurm_dispatch.control import record
     from slurm_dispatch.errors import SlurmError
     from slurm_dispatch.slurm.adapter import Slurm
+
     (script.parent / "runs").mkdir()
     fake = OneAnswer(1, stderr="sbatch: error: invalid partition specified: nope\n")
     with pytest.raises(SlurmError):
-        submit.submit_new(submit.read_request(
-            ["--checkpoint", "runs/a/b/ck", "-p", "nope", "job.sh"]), Slurm(fake, wait=0))
+        submit.submit_new(
+            submit.read_request(["--checkpoint", "runs/a/b/ck", "-p", "nope", "job.sh"]),
+            Slurm(fake, wait=0),
+        )
     assert list((script.parent / "runs").iterdir()) == []  # runs/ was there: it stays
     assert record.all_jobs() == []
 
 
 def test_test_only_is_passed_through_and_records_nothing(script: Path) -> None:
-    """Item 10: `--test-only` failed with "sbatch printed no job id" and left folders."""
+    """`--test-only` failed with "sbatch printed no job id" and left folders."""
     from slurm_dispatch.control import record
     from slurm_dispatch.slurm.adapter import Slurm
-    estimate = ("sbatch: Job 77 to start at 2026-11-30T15:00:00 using 1 processors on nodes "
-                "n1 in partition debug\n")
+
+    estimate = (
+        "sbatch: Job 77 to start at 2026-11-30T15:00:00 using 1 processors on nodes "
+        "n1 in partition debug\n"
+    )
     fake = OneAnswer(0, stderr=estimate)
-    result = submit.test_only(submit.read_request(["--checkpoint", "ck", "--test-only",
-                                                   "job.sh"]), Slurm(fake, wait=0))
+    result = submit.test_only(
+        submit.read_request(["--checkpoint", "ck", "--test-only", "job.sh"]), Slurm(fake, wait=0)
+    )
     assert result.returncode == 0 and result.stderr == estimate
     assert fake.calls[0][:2] == ["sbatch", "--test-only"]
     assert fake.calls[0][-1] == str(script)
@@ -133,44 +149,53 @@ def test_test_only_is_passed_through_and_records_nothing(script: Path) -> None:
 
 
 def test_a_root_another_live_job_of_yours_uses_is_refused(script: Path) -> None:
-    """Item 4: two `dispatch-sbatch --checkpoint ck-dup` went in side by side, both at epoch
+    """Two `dispatch-sbatch --checkpoint ck-dup` went in side by side, both at epoch
     1000000, and their publications interleaved."""
     from slurm_dispatch.control import record
     from slurm_dispatch.slurm.adapter import Slurm
 
-    from .fake_cluster import FakeCluster
+    from ..fakes.cluster import FakeCluster
+
     cluster = FakeCluster(first_id=20)
-    first = submit.submit_new(submit.read_request(["--checkpoint", "ck-dup", "job.sh"]),
-                              Slurm(cluster, wait=0))
+    first = submit.submit_new(
+        submit.read_request(["--checkpoint", "ck-dup", "job.sh"]), Slurm(cluster, wait=0)
+    )
     with pytest.raises(UsageError) as info:
-        submit.submit_new(submit.read_request(["--checkpoint", "./ck-dup/", "job.sh"]),
-                          Slurm(cluster, wait=0))
+        submit.submit_new(
+            submit.read_request(["--checkpoint", "./ck-dup/", "job.sh"]), Slurm(cluster, wait=0)
+        )
     text = str(info.value)
     assert first.job.id in text and "--supersede" in text and "ck-dup" in text
     assert "RUNNING" in text and len(record.all_jobs()) == 1
     # Once its Slurm job has ended, the root is free again.
     cluster.set(first.slurm_job_id, JobState="COMPLETED")
-    again = submit.submit_new(submit.read_request(["--checkpoint", "ck-dup", "job.sh"]),
-                              Slurm(cluster, wait=0))
+    again = submit.submit_new(
+        submit.read_request(["--checkpoint", "ck-dup", "job.sh"]), Slurm(cluster, wait=0)
+    )
     assert again.job.id != first.job.id
 
 
 def test_every_submission_runs_with_the_first_submissions_environment(
-        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Item 3: submitted with TOY_STEPS=10, then `TOY_STEPS=20 dispatch resubmit` ran to step
+    script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted with TOY_STEPS=10, then `TOY_STEPS=20 dispatch resubmit` ran to step
     20; the supervisor, run from scrontab or a timer, has none of the user's environment."""
     import stat
 
-    from slurm_dispatch.slurm.adapter import Result, Slurm
+    from slurm_dispatch.slurm.adapter import Slurm
+    from slurm_dispatch.slurm.result import Result
+
     seen: list[dict[str, str]] = []
 
     def sbatch(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         seen.append(dict(env))
         return Result(list(argv), 0, f"Submitted batch job {30 + len(seen)}\n", "")
+
     monkeypatch.setenv("TOY_STEPS", "10")
     monkeypatch.setenv("ODD", "a=b\nc")
-    first = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
-                              Slurm(sbatch, wait=0))
+    first = submit.submit_new(
+        submit.read_request(["--checkpoint", "ck", "job.sh"]), Slurm(sbatch, wait=0)
+    )
     saved = Path(first.job.path) / "environment"
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
     monkeypatch.setenv("TOY_STEPS", "20")
@@ -183,17 +208,19 @@ def test_every_submission_runs_with_the_first_submissions_environment(
 
 
 def test_resubmit_while_a_submission_runs_is_refused_without_force(script: Path) -> None:
-    """Item 8: `dispatch resubmit` while a submission was still running made a second copy
+    """`dispatch resubmit` while a submission was still running made a second copy
     (status then read "resubmits 1 of 0")."""
     from click.testing import CliRunner
 
     from slurm_dispatch.cli import dispatch as cli
     from slurm_dispatch.slurm.adapter import Slurm
 
-    from .fake_cluster import FakeCluster
+    from ..fakes.cluster import FakeCluster
+
     cluster = FakeCluster(first_id=40)
-    first = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
-                              Slurm(cluster, wait=0))
+    first = submit.submit_new(
+        submit.read_request(["--checkpoint", "ck", "job.sh"]), Slurm(cluster, wait=0)
+    )
     with pytest.raises(UsageError, match=r"still has Slurm job\(s\) 40 \(RUNNING\).*--force"):
         submit.refuse_while_live(Slurm(cluster, wait=0), first.job)
     cluster.set("40", JobState="FAILED")
@@ -203,30 +230,45 @@ def test_resubmit_while_a_submission_runs_is_refused_without_force(script: Path)
     assert "--force" in result.output
 
 
-@pytest.mark.parametrize("value,signal,seconds", [
-    ("300", "USR1", 300), ("5:00", "USR1", 300), ("120:TERM", "TERM", 120),
-    ("5:00:usr2", "USR2", 300), ("10:SIGINT", "INT", 10)])
+@pytest.mark.parametrize(
+    "value,signal,seconds",
+    [
+        ("300", "USR1", 300),
+        ("5:00", "USR1", 300),
+        ("120:TERM", "TERM", 120),
+        ("5:00:usr2", "USR2", 300),
+        ("10:SIGINT", "INT", 10),
+    ],
+)
 def test_warn_before_reads_time_and_signal(value: str, signal: str, seconds: int) -> None:
     assert sbatch_args.parse_warning(value) == (signal, seconds)
 
 
-@pytest.mark.parametrize("value,words", [
-    ("0", "outside 1..65535"), ("70000", "outside 1..65535"), ("x", "seconds or MM:SS"),
-    ("10:KILLME", "unknown signal 'KILLME'"), ("1:2:3", "seconds or MM:SS")])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("0", "outside 1..65535"),
+        ("70000", "outside 1..65535"),
+        ("x", "seconds or MM:SS"),
+        ("10:KILLME", "unknown signal 'KILLME'"),
+        ("1:2:3", "seconds or MM:SS"),
+    ],
+)
 def test_warn_before_refuses_bad_values(value: str, words: str) -> None:
     with pytest.raises(UsageError, match=f"--warn-before '{value}'.*{words}"):
         sbatch_args.parse_warning(value)
 
 
 def test_warn_before_signals_the_job_script_before_its_time_limit(script: Path) -> None:
-    """Issue 9: save before the time limit.  sbatch's plain --signal reaches srun steps only,
-    never a trainer the job script runs itself, so the warning goes to the batch shell."""
+    """Save before the time limit (docs/user-guide.md).  sbatch's plain --signal reaches srun steps
+    only, never a trainer the job script runs itself, so the warning goes to the batch shell."""
     fake = OneAnswer(0, "Submitted batch job 60\n")
     from slurm_dispatch.slurm.adapter import Slurm
+
     script.write_text("#!/bin/bash\n#DISPATCH --warn-before 2:00\necho hi\n")
-    submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
-                      Slurm(fake, wait=0))
+    submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]), Slurm(fake, wait=0))
     assert "--signal=B:USR1@120" in fake.calls[0]
     with pytest.raises(UsageError, match="both were given"):
-        submit.read_request(["--checkpoint", "ck", "--warn-before", "60", "--signal=USR2@30",
-                             "job.sh"])
+        submit.read_request(
+            ["--checkpoint", "ck", "--warn-before", "60", "--signal=USR2@30", "job.sh"]
+        )

@@ -1,4 +1,4 @@
-"""Retention of users' job records (issue 22, item 3): ``dispatch-admin prune`` with
+"""Retention of users' job records (docs/admin-guide.md): ``dispatch-admin prune`` with
 RecordRetention (or --records-older-than) forgets, for every user with records, the settled
 records last active before it, by ``dispatch forget``'s own rules, read and removed by a child
 running as the user (nobody, a real account), never by root.  Slurm is the fake controller
@@ -24,7 +24,7 @@ from slurm_dispatch.control import record
 from slurm_dispatch.control.supervisor import Settings, Supervisor
 from slurm_dispatch.slurm.adapter import Slurm
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
 from .test_siteview import (  # noqa: F401 - the fixture
     UNKNOWN_UID,
@@ -59,33 +59,37 @@ def prune(base: Path, *args: str) -> tuple[int, str, str]:
     conf = base / "dispatch.conf"
     if not conf.exists():
         conf.write_text(f"StateDir={base / 'state'}\n")
-    result = CliRunner().invoke(admin.main, ["prune", "--config", str(conf),
-                                             "--records", f"{base}/%u", *args])
+    result = CliRunner().invoke(
+        admin.main, ["prune", "--config", str(conf), "--records", f"{base}/%u", *args]
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
-def test_old_settled_records_go_and_what_forget_keeps_stays(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+def test_old_settled_records_go_and_what_forget_keeps_stays(site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
     fake, base = site
     old = [settled(fake, base, f"ck-old{i}") for i in range(2)]
-    hold_job, ended, held_id = held(fake, base)         # a standing hold
-    del fake.jobs[held_id], fake.jobs[ended]             # (Slurm has forgotten both)
-    unsettled = submit_one(str(base / "ck-unsettled"))   # ended, no pass has judged it
+    hold_job, ended, held_id = held(fake, base)  # a standing hold
+    del fake.jobs[held_id], fake.jobs[ended]  # (Slurm has forgotten both)
+    unsettled = submit_one(str(base / "ck-unsettled"))  # ended, no pass has judged it
     del fake.jobs[unsettled.slurm_job_id]
-    known = submit_one(str(base / "ck-known"))           # Slurm still knows it
+    known = submit_one(str(base / "ck-known"))  # Slurm still knows it
     fake.set(known.slurm_job_id, JobState="COMPLETED")
-    upstream = settled(fake, base, "ck-up")              # a kept job waits for it
+    upstream = settled(fake, base, "ck-up")  # a kept job waits for it
     down = submit_one(str(base / "ck-down"), f"--dependency=afterok:{upstream.id}")
     owned_by_nobody(base)
     code, out, err = prune(base, "--records-older-than", "0", "--dry-run", "-v")
     assert (code, err) == (0, ""), out + err
-    assert {line.split()[2] for line in out.splitlines()
-            if line.startswith("would forget nobody/")} == {f"nobody/{j.id}" for j in old}
+    assert {
+        line.split()[2] for line in out.splitlines() if line.startswith("would forget nobody/")
+    } == {f"nobody/{j.id}" for j in old}
     assert all(os.path.isdir(j.path) for j in old)  # a dry run removes nothing
     code, out, err = prune(base, "--records-older-than", "0", "-v")
     assert (code, err) == (0, ""), out + err
-    said = {line.split()[1].rstrip(":"): line for line in out.splitlines()
-            if line.split()[0] in ("forgot", "kept")}
+    said = {
+        line.split()[1].rstrip(":"): line
+        for line in out.splitlines()
+        if line.split()[0] in ("forgot", "kept")
+    }
     for job in old:
         assert said[f"nobody/{job.id}"].startswith(f"forgot nobody/{job.id} (last active ")
         assert not os.path.lexists(job.path)
@@ -95,19 +99,20 @@ def test_old_settled_records_go_and_what_forget_keeps_stays(
     assert f"{down.job.id} wait for it" in said[f"nobody/{upstream.id}"]
     for job in (hold_job, unsettled.job, known.job, upstream, down.job):
         assert os.path.isfile(os.path.join(job.path, "job.json")), job.id
-    assert out.splitlines()[-1].startswith(
-        "forgot 2 records (") and out.splitlines()[-1].endswith("; kept 5")
+    assert out.splitlines()[-1].startswith("forgot 2 records (") and out.splitlines()[-1].endswith(
+        "; kept 5"
+    )
     assert "cluster fake" in out.splitlines()[-1]
     assert not list((base / "nobody" / "jobs").glob(".*"))  # nothing left half removed
 
 
 def test_recent_records_stay_and_without_a_retention_records_are_left_alone(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path],
+) -> None:  # noqa: F811
     fake, base = site
     job = settled(fake, base, "ck")
     owned_by_nobody(base)
-    (base / "dispatch.conf").write_text(f"StateDir={base / 'state'}\n"
-                                        "RecordRetention=1-00:00:00\n")
+    (base / "dispatch.conf").write_text(f"StateDir={base / 'state'}\nRecordRetention=1-00:00:00\n")
     code, out, err = prune(base, "-v")
     assert (code, err) == (0, ""), out + err
     assert out.splitlines()[-1].startswith("forgot 0 records (0 bytes on disk)")
@@ -122,7 +127,8 @@ def test_recent_records_stay_and_without_a_retention_records_are_left_alone(
 
 
 def test_a_user_the_account_list_does_not_enumerate_has_old_records_forgotten(
-        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: F811
     """Where sssd does not enumerate (getpwall lists only local accounts), a user whose jobs
     ran under the hooks is found through facts/<uid>/, and a uid there that the account
     database does not answer for is named, its records left alone."""
@@ -135,13 +141,16 @@ def test_a_user_the_account_list_does_not_enumerate_has_old_records_forgotten(
     assert code == 1, out + err
     assert out.splitlines()[0].startswith(f"forgot nobody/{old.id} (last active "), out
     assert not os.path.exists(old.path)
-    assert err == (f"dispatch-admin: uid {UNKNOWN_UID} (facts in {state}/facts/{UNKNOWN_UID}): "
-                   "the account database does not answer for it (an account gone, or a "
-                   "directory service down): its records are not read\n"), err
+    assert err == (
+        f"dispatch-admin: uid {UNKNOWN_UID} (facts in {state}/facts/{UNKNOWN_UID}): "
+        "the account database does not answer for it (an account gone, or a "
+        "directory service down): its records are not read\n"
+    ), err
 
 
 def test_a_symlinked_jobs_folder_leads_the_child_only_where_the_user_may_go(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path],
+) -> None:  # noqa: F811
     """nobody points jobs/ at a folder of root's holding a settled, old record: root
     following it would rename and remove root's record; nobody may not."""
     fake, base = site
@@ -173,21 +182,25 @@ admin.main()
 
 
 def test_a_prune_killed_at_a_random_point_leaves_each_record_whole_or_gone(
-        site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: F811
     fake, base = site
     jobs = [settled(fake, base, f"ck{i}") for i in range(40)]
     owned_by_nobody(base)
-    whole = {j.id: sorted(str(p.relative_to(j.path)) for p in Path(j.path).rglob("*"))
-             for j in jobs}
+    whole = {
+        j.id: sorted(str(p.relative_to(j.path)) for p in Path(j.path).rglob("*")) for j in jobs
+    }
     tools = base / "bin"
     tools.mkdir(mode=0o755)
     log = base / "squeue.log"
     log.touch()
     log.chmod(0o666)
     # Slurm knows none of the jobs any more; anything but the user's own listing is a fault.
-    (tools / "squeue").write_text(f'#!/bin/sh\necho "$(id -u) $*" >>{log}\n'
-                                  'case " $* " in *" --me "*) exit 0;; esac\n'
-                                  'echo "unexpected squeue $*" >&2; exit 1\n')
+    (tools / "squeue").write_text(
+        f'#!/bin/sh\necho "$(id -u) $*" >>{log}\n'
+        'case " $* " in *" --me "*) exit 0;; esac\n'
+        'echo "unexpected squeue $*" >&2; exit 1\n'
+    )
     (tools / "squeue").chmod(0o755)
     conf = base / "dispatch.conf"
     conf.write_text(f"StateDir={base / 'state'}\nSlurmBackend=cli\n")
@@ -200,9 +213,13 @@ def test_a_prune_killed_at_a_random_point_leaves_each_record_whole_or_gone(
         left = [n for n in os.listdir(folder) if not n.startswith(".")]
         if len(left) < 2:
             break
-        run = subprocess.Popen([sys.executable, "-c", script], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+        run = subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         # Kill it once it has begun forgetting: once 1 to 5 records (a random number) have
         # gone, a random moment into the next.  Counted in records, not in time: under load
         # a fixed window let the first run forget all 40 before its kill (kills == 0).
@@ -221,11 +238,14 @@ def test_a_prune_killed_at_a_random_point_leaves_each_record_whole_or_gone(
         for name in os.listdir(folder):
             if name.startswith("."):
                 continue  # renamed out of every reader's sight: the next run finishes it
-            assert sorted(str(p.relative_to(folder / name))
-                          for p in (folder / name).rglob("*")) == whole[name], name
+            assert (
+                sorted(str(p.relative_to(folder / name)) for p in (folder / name).rglob("*"))
+                == whole[name]
+            ), name
     assert kills >= 1
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert os.listdir(folder) == []  # every record gone, none left half removed
     asked = [line.split() for line in log.read_text().splitlines()]
@@ -234,7 +254,8 @@ def test_a_prune_killed_at_a_random_point_leaves_each_record_whole_or_gone(
 
 
 def test_a_symlinked_record_is_refused_once_never_followed_and_leaves_nothing_behind(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path],
+) -> None:  # noqa: F811
     """nobody's jobs/<id> is a symlink to a settled, old record kept elsewhere (a hostile
     user plants one, an unlucky one moved a record and linked it back).  It is no record
     folder of jobs/: prune refuses it, naming it, and neither judges nor removes through it;
@@ -267,7 +288,8 @@ def test_a_symlinked_record_is_refused_once_never_followed_and_leaves_nothing_be
 
 
 def test_a_record_with_a_folder_its_user_made_read_only_goes_whole(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path],
+) -> None:  # noqa: F811
     """An unlucky user made a record's events/ read-only (chmod -R a-w, to 'protect' it): the
     record was renamed out of sight, rmtree could not empty events/ and said nothing
     (ignore_errors), and every later run said it finished forgetting it while it stayed."""
@@ -284,7 +306,8 @@ def test_a_record_with_a_folder_its_user_made_read_only_goes_whole(
 
 
 def test_a_leftover_that_cannot_be_removed_is_named_not_said_finished(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path],
+) -> None:  # noqa: F811
     """What nobody cannot remove in a record renamed out of sight (a file of root's in it):
     an error naming it, on each run, never 'finished forgetting'; the other records go."""
     fake, base = site

@@ -1,4 +1,4 @@
-"""``dispatch report``: a job's life as one self-contained page (issue 34 item 2).  The shapes
+"""``dispatch report``: a job's life as one self-contained page (docs/user-guide.md).  The shapes
 are read back from the page itself (an HTML parser, as a browser would) and compared with the
 moments the recorded history holds; test_report_browser.py renders it in a real browser."""
 
@@ -86,7 +86,8 @@ def test_shapes_sit_where_the_records_put_them() -> None:
     # R0's five publications at their pub/ entries' times, two of them after Slurm's end.
     dots = of(found, "published", 0)
     assert [(d["data-step"], float(d["cx"])) for d in dots] == [
-        (str(s), pytest.approx(view.x(T0 + 100 * s / 10), abs=0.11)) for s in (10, 20, 30, 40, 50)]
+        (str(s), pytest.approx(view.x(T0 + 100 * s / 10), abs=0.11)) for s in (10, 20, 30, 40, 50)
+    ]
     # The last execution completed: nothing of it was redone; its latest save is ringed.
     assert of(found, "redone", 2) == []
     assert [d["data-step"] for d in of(found, "published", 2) if "stroke" in d] == ["70"]
@@ -125,19 +126,41 @@ def test_fifty_executions_render_fast_and_stay_readable() -> None:
     executions, marks = [], []
     for r in range(50):
         start = T0 + 600 * r
-        executions.append({
-            "submission": 1, "restart": r, "node": f"n{r % 7}", "started": start,
-            "state": "REQUEUED" if r < 49 else "RUNNING", "exec_dir": f"/ck/exec/a{r}",
-            "resume_from": f"/ck/exec/a{r - 1}/checkpoint-{r * 100 - 20}" if r else "",
-            "facts": [] if r == 49 else [{"restart": r, "end": {"time": start + 580},
-                                          "controller": {"start": {"time": start},
-                                                         "end": {"time": start + 580}},
-                                          "nodes": {f"n{r % 7}": {"start": {"time": start},
-                                                                 "end": {"time": start + 581},
-                                                                 "ceased": True}}}]})
+        executions.append(
+            {
+                "submission": 1,
+                "restart": r,
+                "node": f"n{r % 7}",
+                "started": start,
+                "state": "REQUEUED" if r < 49 else "RUNNING",
+                "exec_dir": f"/ck/exec/a{r}",
+                "resume_from": f"/ck/exec/a{r - 1}/checkpoint-{r * 100 - 20}" if r else "",
+                "facts": []
+                if r == 49
+                else [
+                    {
+                        "restart": r,
+                        "end": {"time": start + 580},
+                        "controller": {"start": {"time": start}, "end": {"time": start + 580}},
+                        "nodes": {
+                            f"n{r % 7}": {
+                                "start": {"time": start},
+                                "end": {"time": start + 581},
+                                "ceased": True,
+                            }
+                        },
+                    }
+                ],
+            }
+        )
         marks += [mark(600 * r + 100 * k, f"a{r}", r * 100 + 20 * k - 20) for k in (1, 2, 3, 4, 5)]
-    data = {"id": "dmany", "checkpoint": "/ck", "submissions": [], "events": [],
-            "executions": executions}
+    data = {
+        "id": "dmany",
+        "checkpoint": "/ck",
+        "submissions": [],
+        "events": [],
+        "executions": executions,
+    }
     now = T0 + 600 * 50
     started = time.perf_counter()
     page = report.render(with_figures(data, marks, now), marks, now=now)
@@ -150,10 +173,13 @@ def test_fifty_executions_render_fast_and_stay_readable() -> None:
     assert len([s for s in found.shapes if s["data-kind"] == "published"]) == 250
 
 
-def test_dispatch_report_writes_the_page(job, tmp_path: Path,  # noqa: F811
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dispatch_report_writes_the_page(
+    job,
+    tmp_path: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
-    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self, **kw: {})
     target = tmp_path / "out" / "job.html"
     result = CliRunner().invoke(cli.main, ["report", job.id, "-o", str(target)])
     assert result.exit_code != 0 and str(target) in result.output  # no such folder: named
@@ -176,8 +202,9 @@ def test_a_time_edited_far_off_renders_at_once(where: str) -> None:
     data = json.loads(json.dumps(PARTITION))
     found_marks = list(PARTITION_MARKS)
     if where == "hold":
-        data["events"].append({"event": "hold", "time": 1e300, "submission": 1,
-                               "slurm_job_id": "7"})
+        data["events"].append(
+            {"event": "hold", "time": 1e300, "submission": 1, "slurm_job_id": "7"}
+        )
     elif where == "end":
         data["executions"][1]["facts"][0]["end"] = {"time": 1e300}
     else:
@@ -198,15 +225,30 @@ def test_an_array_of_thousands_of_tasks_is_figured_and_drawn_in_linear_time() ->
     dispatch status and report.  Now one pass groups them."""
     executions, marks, events = [], [], []
     for t in range(2000):
-        executions.append({"submission": 1, "restart": 0, "node": "n1", "started": T0 + t,
-                           "state": "COMPLETED", "exec_dir": f"/ck/exec/t{t}",
-                           "resume_from": "", "array_task_id": str(t),
-                           "facts": [{"end": {"time": T0 + t + 100}}]})
+        executions.append(
+            {
+                "submission": 1,
+                "restart": 0,
+                "node": "n1",
+                "started": T0 + t,
+                "state": "COMPLETED",
+                "exec_dir": f"/ck/exec/t{t}",
+                "resume_from": "",
+                "array_task_id": str(t),
+                "facts": [{"end": {"time": T0 + t + 100}}],
+            }
+        )
         events.append({"event": "started", "time": T0 + t, "task": t, "submission": 1})
-        marks += [goodput.Mark(T0 + t + 10 * k, f"/ck/exec/t{t}/checkpoint-{k}", k)
-                  for k in range(1, 6)]
-    data = {"id": "darray", "checkpoint": "/ck", "events": events, "executions": executions,
-            "submissions": [{"submission": 1, "task": None, "submitted": T0 - 5}]}
+        marks += [
+            goodput.Mark(T0 + t + 10 * k, f"/ck/exec/t{t}/checkpoint-{k}", k) for k in range(1, 6)
+        ]
+    data = {
+        "id": "darray",
+        "checkpoint": "/ck",
+        "events": events,
+        "executions": executions,
+        "submissions": [{"submission": 1, "task": None, "submitted": T0 - 5}],
+    }
     now = T0 + 5000
     started = time.perf_counter()
     page = report.render(with_figures(data, marks, now), marks, now=now)
@@ -219,27 +261,32 @@ def test_an_array_of_thousands_of_tasks_is_figured_and_drawn_in_linear_time() ->
 
 
 def test_a_root_per_array_task_has_its_publications_drawn(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A root with %a (each task its own) was drawn with no publication at all, and no work
     done again, while the page's own goodput table (status's, which lists each task's root)
     counted them: the page now draws the publications its figures were made from."""
     done = per_task_job(tmp_path, monkeypatch)
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
-    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self, **kw: {})
     result = CliRunner().invoke(cli.main, ["report", done.job.id, "-o", "-"])
     assert result.exit_code == 0, result.output
     drawn = [s for s in shapes(result.output).shapes if s["data-kind"] == "published"]
     assert sorted(s["data-step"] for s in drawn) == ["10", "11"]
 
 
-def test_a_page_written_onto_a_device_goes_through_it(job, tmp_path: Path,  # noqa: F811
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_page_written_onto_a_device_goes_through_it(
+    job,
+    tmp_path: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """-o onto what is not a regular file (a terminal, /dev/stdout, /dev/null) writes through
     it.  The page replaced whatever had the name: run as root, -o /dev/null left a regular
     file as /dev/null (seen), and -o /dev/stdout replaced the link."""
     import os
+
     monkeypatch.setattr(status, "_facts_reader", lambda: None)
-    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self: {})
+    monkeypatch.setattr("slurm_dispatch.slurm.adapter.Slurm.own_jobs", lambda self, **kw: {})
     reader, writer = os.openpty()
     try:
         os.set_blocking(reader, False)
@@ -269,19 +316,35 @@ def per_task_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from slurm_dispatch.control import submit
     from slurm_dispatch.slurm.adapter import Slurm
 
-    from .fake_cluster import FakeCluster
+    from ..fakes.cluster import FakeCluster
+
     monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
-    done = submit.submit_new(submit.read_request(["--checkpoint", "ck/%a", "--array=0-1",
-                                                  "job.sh"]), Slurm(FakeCluster(), wait=0))
+    done = submit.submit_new(
+        submit.read_request(["--checkpoint", "ck/%a", "--array=0-1", "job.sh"]),
+        Slurm(FakeCluster(), wait=0),
+    )
     for task in (0, 1):
         exec_dir = tmp_path / "ck" / str(task) / "exec" / f"e{task}"
         (exec_dir / "save").mkdir(parents=True)
-        done.job.append("started", submission=1, slurm_job_id=str(1 + task),
-                        array_job_id="1", array_task_id=str(task), restart=0,
-                        attempt=f"a{task}", epoch=1_000_000, exec_dir=str(exec_dir),
-                        resume_from="", node="n1", nodes="n1", host="h", pid=1)
-        store.publish(str(tmp_path / "ck" / str(task)), 1_000_000, 10 + task,
-                      str(exec_dir / "save"))
+        done.job.append(
+            "started",
+            submission=1,
+            slurm_job_id=str(1 + task),
+            array_job_id="1",
+            array_task_id=str(task),
+            restart=0,
+            attempt=f"a{task}",
+            epoch=1_000_000,
+            exec_dir=str(exec_dir),
+            resume_from="",
+            node="n1",
+            nodes="n1",
+            host="h",
+            pid=1,
+        )
+        store.publish(
+            str(tmp_path / "ck" / str(task)), 1_000_000, 10 + task, str(exec_dir / "save")
+        )
     return done

@@ -14,13 +14,14 @@ from ..browser import browser, screenshot
 from .test_goodput import T0
 from .test_report import MARKS, PARTITION, with_figures
 
-pytestmark = pytest.mark.skipif(browser() is None,
-                                reason="no headless Chromium (apt-get install "
-                                       "chromium-headless-shell; .ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    browser() is None,
+    reason="no headless Chromium (apt-get install chromium-headless-shell; .ci/run installs it)",
+)
 
 
 def rgb(hex_colour: str) -> tuple[int, int, int]:
-    return tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+    return tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
 
 
 def near(got: tuple[int, ...], want: tuple[int, int, int], slack: int = 24) -> bool:
@@ -42,9 +43,15 @@ def test_the_page_renders_and_each_shape_is_where_the_records_say(tmp_path: Path
     # top-left corner is at (x of its allocation, the lane's middle less half a bar).
     running = rgb(report.COLOURS["running"])
     # (The legend's swatch has that colour too, but is 22 pixels wide.)
-    first = next(((x, y) for y in range(shot.height) for x in range(shot.width - 60)
-                  if near(pixels[x, y], running, 4) and near(pixels[x + 60, y], running, 4)),
-                 None)
+    first = next(
+        (
+            (x, y)
+            for y in range(shot.height)
+            for x in range(shot.width - 60)
+            if near(pixels[x, y], running, 4) and near(pixels[x + 60, y], running, 4)
+        ),
+        None,
+    )
     assert first is not None, "no running bar drawn"
     lane0 = view.lanes[0]
     ox, oy = first[0] - view.x(lane0.start), first[1] - (lane0.y - report.BAR / 2)
@@ -66,8 +73,11 @@ def test_the_page_renders_and_each_shape_is_where_the_records_say(tmp_path: Path
         "R1 step 50 published at +582": (view.x(T0 + 582), view.lanes[1].y, "published"),
         "R2 running at +950": (view.x(T0 + 950), view.lanes[2].y + 4, "running"),
     }
-    wrong = {name: colour_at(x, y)[:3] for name, (x, y, kind) in checks.items()
-             if not near(colour_at(x, y), rgb(report.COLOURS[kind]))}
+    wrong = {
+        name: colour_at(x, y)[:3]
+        for name, (x, y, kind) in checks.items()
+        if not near(colour_at(x, y), rgb(report.COLOURS[kind]))
+    }
     assert wrong == {}, wrong
     # And where nothing is: between R2's allocation and the axis' start, its lane is blank.
     blank = colour_at(view.x(T0 + 100), view.lanes[2].y)

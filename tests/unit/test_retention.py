@@ -17,7 +17,7 @@ import pytest
 from slurm_dispatch.control import record, retention, siteview
 from slurm_dispatch.control.supervisor import Settings
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 from .test_holds import held_job
 from .test_jobs_cancel import cluster, submit_one  # noqa: F401 - the fixture
 from .test_siteview import SQUASHED, USER, site  # noqa: F401 - the fixture
@@ -25,7 +25,8 @@ from .test_supervisor import Clock, Signal
 
 
 def test_a_standing_hold_and_an_unsettled_record_are_needed_a_settled_one_is_not(
-        cluster: FakeCluster) -> None:  # noqa: F811
+    cluster: FakeCluster,
+) -> None:  # noqa: F811
     clock, signal = Clock(), Signal("not ceased")
     job, ended, held, sup = held_job(cluster, clock, signal, Settings(interval=60))
     done = submit_one("ck-done")
@@ -39,7 +40,8 @@ def test_a_standing_hold_and_an_unsettled_record_are_needed_a_settled_one_is_not
 
 
 def test_records_are_read_as_their_user_and_unreadable_ones_need_everything(
-        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: F811
     if os.geteuid() != 0:
         pytest.skip("reads records in a child that takes the user's uid: needs root")
     home = tmp_path / "user"
@@ -79,7 +81,8 @@ print(json.dumps({"looked": looked, "needed": None if needed is None else sorted
 
 
 def test_a_home_root_cannot_look_into_is_read_by_the_user_and_its_needs_kept(
-        site: tuple[FakeCluster, Path]) -> None:  # noqa: F811
+    site: tuple[FakeCluster, Path],
+) -> None:  # noqa: F811
     """A 0700 home on a root-squashed file system: root cannot tell whether there are
     records, so only the user's own child may say (it was asked as root, which saw no jobs/
     folder and answered 'nothing needed': every fact of the user's could go)."""
@@ -93,27 +96,42 @@ def test_a_home_root_cannot_look_into_is_read_by_the_user_and_its_needs_kept(
             os.lchown(name, USER.pw_uid, USER.pw_gid)
     home.chmod(0o700)
     repo = str(Path(__file__).resolve().parents[2])
-    done = subprocess.run([*SQUASHED, sys.executable, "-c", NEEDS_AS_SQUASHED_ROOT, str(home),
-                           str(USER.pw_uid), f"{base}/%u"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": repo}, timeout=120)
+    done = subprocess.run(
+        [
+            *SQUASHED,
+            sys.executable,
+            "-c",
+            NEEDS_AS_SQUASHED_ROOT,
+            str(home),
+            str(USER.pw_uid),
+            f"{base}/%u",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)
     assert said["looked"] == "root cannot look in"  # the premise: root is squashed here
     assert said["needed"] == [made.slurm_job_id]
 
 
-@pytest.mark.parametrize("launcher,hooks,kept", [
-    ("recorded", "without array fields", "needed by a record"),
-    # Task 1's launcher recorded nothing (the interpreter the batch script execs was gone,
-    # say): no record names job 98; the controller's start names array 97 and task 1.
-    ("lost", "with array fields", "needed by a record"),
-    # The same, with facts of hooks that did not record arrays: nothing ties job 98 to 97_1,
-    # so its facts can go while the hold stands (the admin guide says so).
-    ("lost", "without array fields", None),
-])
+@pytest.mark.parametrize(
+    "launcher,hooks,kept",
+    [
+        ("recorded", "without array fields", "needed by a record"),
+        # Task 1's launcher recorded nothing (the interpreter the batch script execs was gone,
+        # say): no record names job 98; the controller's start names array 97 and task 1.
+        ("lost", "with array fields", "needed by a record"),
+        # The same, with facts of hooks that did not record arrays: nothing ties job 98 to 97_1,
+        # so its facts can go while the hold stands (the admin guide says so).
+        ("lost", "without array fields", None),
+    ],
+)
 def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, hooks: str,
-        kept: str | None) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, hooks: str, kept: str | None
+) -> None:
     """Facts are filed under each task's own Slurm job id (SLURM_JOB_ID in the hooks: task 1
     of array 97 is job 98), while the record names the array (97) and the held task as 97_1.
     The launcher's start of each task names its own id; the hooks' starts name the task's
@@ -137,9 +155,22 @@ def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
 
     def started(submission: int, task: int, own: str, of: str = array) -> None:
         # As the launcher records it.
-        job.append("started", submission=submission, slurm_job_id=own, array_job_id=of,
-                   array_task_id=str(task), restart=0, attempt="a" * 26, epoch=1_000_000,
-                   exec_dir="/x", resume_from="", node="n1", nodes="n1", host="h", pid=1)
+        job.append(
+            "started",
+            submission=submission,
+            slurm_job_id=own,
+            array_job_id=of,
+            array_task_id=str(task),
+            restart=0,
+            attempt="a" * 26,
+            epoch=1_000_000,
+            exec_dir="/x",
+            resume_from="",
+            node="n1",
+            nodes="n1",
+            host="h",
+            pid=1,
+        )
 
     def facts_of(own: str, of: str, task: int) -> None:
         if hooks == "with array fields":
@@ -176,8 +207,7 @@ def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
     sup.run_pass()
     assert job.history().settled_tasks([0, 1])
     facts_of("99", "99", 1)
-    going = list(prune.plan(state, 0, lambda uid: retention.needed_slurm_jobs(
-        record.home_dir())))
+    going = list(prune.plan(state, 0, lambda uid: retention.needed_slurm_jobs(record.home_dir())))
     assert {j.job_id: j.reason for j in going} == {"97": None, "98": None, "99": None}
     for judged in going:
         prune.remove(state, judged)
@@ -187,8 +217,9 @@ def test_an_array_tasks_facts_stay_while_its_hold_stands_and_go_once_settled(
 TASK_UID = 4321  # nobody's here: the test's facts are its own
 
 
-def task_facts(state: str, own: str, array: str, task: int,
-               monkeypatch: pytest.MonkeyPatch) -> None:
+def task_facts(
+    state: str, own: str, array: str, task: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One array task's facts, each execution proven ceased: the node's and the controller's
     starts are written by the Prolog and PrologSlurmctld themselves, given the variables Slurm
     gives them (the task's own SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID); each is
@@ -197,18 +228,23 @@ def task_facts(state: str, own: str, array: str, task: int,
     from slurm_dispatch.hooks import evidence
     from slurm_dispatch.node import factstore
 
-    from ..hooks.fakes import record as fact
+    from ..fakes.hooks import record as fact
 
     cfg = Config()
     cfg.state_dir = state
     with monkeypatch.context() as env:
         for name in [n for n in os.environ if n.startswith("SLURM")]:
             env.delenv(name)
-        for name, value in {"SLURM_JOB_ID": own, "SLURM_JOB_UID": str(TASK_UID),
-                            "SLURM_JOB_GID": str(TASK_UID), "SLURM_JOB_RESTART_COUNT": "0",
-                            "SLURM_JOB_NODELIST": "n1", "SLURMD_NODENAME": "n1",
-                            "SLURM_ARRAY_JOB_ID": array,
-                            "SLURM_ARRAY_TASK_ID": str(task)}.items():
+        for name, value in {
+            "SLURM_JOB_ID": own,
+            "SLURM_JOB_UID": str(TASK_UID),
+            "SLURM_JOB_GID": str(TASK_UID),
+            "SLURM_JOB_RESTART_COUNT": "0",
+            "SLURM_JOB_NODELIST": "n1",
+            "SLURMD_NODENAME": "n1",
+            "SLURM_ARRAY_JOB_ID": array,
+            "SLURM_ARRAY_TASK_ID": str(task),
+        }.items():
             env.setenv(name, value)
         evidence.prolog(cfg)
         evidence.prolog_slurmctld(cfg)
@@ -217,9 +253,15 @@ def task_facts(state: str, own: str, array: str, task: int,
         assert parsed is not None
         kind, node, _, token = parsed
         if kind == "start":
-            factstore.write_fact(state, TASK_UID, TASK_UID, own, "end", node,
-                                 {"time": 2.0, "restart": 0, "survivors": [],
-                                  "scan_error": None}, token=token)
+            factstore.write_fact(
+                state,
+                TASK_UID,
+                TASK_UID,
+                own,
+                "end",
+                node,
+                {"time": 2.0, "restart": 0, "survivors": [], "scan_error": None},
+                token=token,
+            )
         elif kind == "ctld-start":
-            fact(state, "ctld-end", node, own, TASK_UID, time=2.0, restart=0,
-                 start_token=token)
+            fact(state, "ctld-end", node, own, TASK_UID, time=2.0, restart=0, start_token=token)

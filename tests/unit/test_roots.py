@@ -42,8 +42,9 @@ def test_patterns_expand_left_to_right() -> None:
     assert roots.expand("ck/t%a/%A/%j/%%a/%x/%", env) == "ck/t3/40/43/%a/%x/%"
     assert roots.expand("ck/%A", {"SLURM_JOB_ID": "7"}) == "ck/7"
     assert roots.for_task("ck/t%a", 5) == "ck/t5" and roots.one_root("ck/100%%") == "ck/100%"
-    assert [roots.per_task(r) for r in ("ck/%a", "ck/%%a", "ck/%%%a", "ck/%x%a", "ck/a%", "ck")] \
-        == [True, False, True, True, False, False]
+    assert [
+        roots.per_task(r) for r in ("ck/%a", "ck/%%a", "ck/%%%a", "ck/%x%a", "ck/a%", "ck")
+    ] == [True, False, True, True, False, False]
     assert roots.fixed_folder("/s/ck/task%a") == "/s/ck"
     assert roots.fixed_folder("/s/ck%a") == "/s" and roots.fixed_folder("/s/ck") == "/s/ck"
     assert roots.fixed_folder("%a") == "/"
@@ -52,6 +53,9 @@ def test_patterns_expand_left_to_right() -> None:
 
 def test_a_changing_root_is_refused_in_the_same_words() -> None:
     roots.refuse_changing("ck/%%j/t%a")
-    with pytest.raises(UsageError, match=r"'ck/%j-%A': %j and %A would give every submission "
-                                         r"a new root"):
+    with pytest.raises(
+        UsageError,
+        match=r"'ck/%j-%A': %j and %A would give every submission "
+        r"a new root",
+    ):
         roots.refuse_changing("ck/%j-%A")

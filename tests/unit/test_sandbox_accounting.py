@@ -15,7 +15,8 @@ from slurm_dispatch.sandbox.layout import Layout
 
 
 def test_accounting_is_on_by_default_where_the_release_has_slurmdbd(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(accounting.ACCOUNTING_ENV, raising=False)
     assert accounting.wanted(None) == accounting.SLURMDBD  # the host's: installed by up
     root = tmp_path / "root"
@@ -37,8 +38,7 @@ def test_accounting_is_on_by_default_where_the_release_has_slurmdbd(
 
 def test_slurm_conf_points_at_the_folders_own_slurmdbd_and_munged(tmp_path: Path) -> None:
     layout = Layout(tmp_path / "sb")
-    text = slurm_conf.render_slurm_conf(layout, ["n1"], "host",
-                                        accounting=accounting.SLURMDBD)
+    text = slurm_conf.render_slurm_conf(layout, ["n1"], "host", accounting=accounting.SLURMDBD)
     assert "AccountingStorageType=accounting_storage/slurmdbd\n" in text
     assert f"AccountingStoragePort={layout.dbd_port}\n" in text
     # Without it a client's connection to slurmdbd used the machine's munged, not the sandbox's.

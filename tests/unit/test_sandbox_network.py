@@ -15,14 +15,16 @@ from slurm_dispatch.sandbox import network
 from slurm_dispatch.sandbox.layout import MAX_NODE_COUNT, PORT_SLOTS, Layout, node_names
 
 
-def test_names_fit_the_kernel_and_no_two_slots_share_one(monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
+def test_names_fit_the_kernel_and_no_two_slots_share_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(network.SUBNET_ENV, raising=False)
     seen: dict[str, int] = {}
     for slot in range(PORT_SLOTS):
         net = network.Net(slot, network.net_of(Layout(Path("/x"))).subnet)
-        names = [net.bridge, *(net.veth(n) for n in node_names(MAX_NODE_COUNT)),
-                 *(net.netns(n) for n in node_names(MAX_NODE_COUNT))]
+        names = [
+            net.bridge,
+            *(net.veth(n) for n in node_names(MAX_NODE_COUNT)),
+            *(net.netns(n) for n in node_names(MAX_NODE_COUNT)),
+        ]
         for name in names:
             assert len(name.encode()) <= 15, name
             assert seen.setdefault(name, slot) == slot, name
@@ -31,7 +33,8 @@ def test_names_fit_the_kernel_and_no_two_slots_share_one(monkeypatch: pytest.Mon
 
 
 def test_each_node_has_its_own_address_and_the_controller_the_first(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(network.SUBNET_ENV, raising=False)
     layout = Layout(Path("/var/tmp/some-sandbox"))
     net = network.net_of(layout)
@@ -44,14 +47,18 @@ def test_each_node_has_its_own_address_and_the_controller_the_first(
     assert network.net_of(layout).node_address(0) == "10.99.3.11"
 
 
-@pytest.mark.parametrize("value, words", [
-    ("10.99.3.7/24", "has host bits set"),
-    ("banana", "not a network"),
-    ("10.99.0.0/16", "must be a private /24"),
-    ("8.8.8.0/24", "must be a private /24"),
-])
-def test_a_bad_subnet_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, value: str,
-                                           words: str) -> None:
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("10.99.3.7/24", "has host bits set"),
+        ("banana", "not a network"),
+        ("10.99.0.0/16", "must be a private /24"),
+        ("8.8.8.0/24", "must be a private /24"),
+    ],
+)
+def test_a_bad_subnet_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, value: str, words: str
+) -> None:
     monkeypatch.setenv(network.SUBNET_ENV, value)
     with pytest.raises(SandboxError, match=words) as refused:
         network.net_of(Layout(Path("/var/tmp/some-sandbox")))

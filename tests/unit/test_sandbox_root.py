@@ -60,8 +60,9 @@ def test_a_root_without_its_extras_keeps_its_build_and_gets_them_added(tmp_path:
     marker.write_text(json.dumps({"release": "24.11", "packages": list(release.packages)}))
     assert sandbox_root.root_complete(tmp_path, release)
     assert sandbox_root.missing_extras(tmp_path, release) == ["slurmdbd"]
-    marker.write_text(json.dumps({"release": "24.11", "packages": list(release.packages),
-                                  "extras": ["slurmdbd"]}))
+    marker.write_text(
+        json.dumps({"release": "24.11", "packages": list(release.packages), "extras": ["slurmdbd"]})
+    )
     assert sandbox_root.missing_extras(tmp_path, release) == []
 
 
@@ -73,8 +74,9 @@ def test_a_state_folder_under_a_bound_folder_needs_no_mount_point() -> None:
 
 
 def test_enter_argv_mounts_in_a_namespace_of_its_own_then_chroots() -> None:
-    argv = sandbox_root.enter_argv(ROOT, Path("/srv/sb"), ["sbatch", "--wrap", "a b"],
-                                   user="u", cwd="/home/u")
+    argv = sandbox_root.enter_argv(
+        ROOT, Path("/srv/sb"), ["sbatch", "--wrap", "a b"], user="u", cwd="/home/u"
+    )
     assert argv[1:5] == ["--mount", "--propagation", "private", "--"]
     script = argv[argv.index("-c") + 1]
     assert argv[-3:] == ["sbatch", "--wrap", "a b"]
@@ -94,12 +96,21 @@ def test_command_on_the_hosts_slurm_is_runuser_and_env(tmp_path: Path) -> None:
     folder = tmp_path / "sb"
     folder.mkdir()
     assert sandbox_clients.command(["sinfo"], folder) == ["sinfo"]
-    assert sandbox_clients.command(["sinfo"], folder, user="u", cwd="/w") == \
-        ["runuser", "-u", "u", "--", "env", "-C", "/w", "sinfo"]
+    assert sandbox_clients.command(["sinfo"], folder, user="u", cwd="/w") == [
+        "runuser",
+        "-u",
+        "u",
+        "--",
+        "env",
+        "-C",
+        "/w",
+        "sinfo",
+    ]
 
 
 def test_the_newest_row_is_named_by_what_it_expects_and_by_what_its_root_holds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     newest = sandbox_root.RELEASES[sandbox_root.NEWEST]
     assert newest.moving and newest.expected == "26.05"
     assert not sandbox_root.RELEASES["24.11"].moving
@@ -111,8 +122,9 @@ def test_the_newest_row_is_named_by_what_it_expects_and_by_what_its_root_holds(
     root = tmp_path / newest.folder
     root.mkdir()
     assert sandbox_root.held(root) == ""
-    (root / sandbox_root.MARKER).write_text(json.dumps({"release": "newest",
-                                                        "slurm": "slurm 26.11.1"}))
+    (root / sandbox_root.MARKER).write_text(
+        json.dumps({"release": "newest", "slurm": "slurm 26.11.1"})
+    )
     assert sandbox_root.held(root) == "26.11"
     assert sandbox_root.normalize("26.11") == sandbox_root.normalize("26.05") == "newest"
 

@@ -1,4 +1,4 @@
-"""A port slot belongs to one sandbox folder (issue 29.12).
+"""A port slot belongs to one sandbox folder.
 
 Two folders whose paths hash to one slot ran on one bridge and one set of namespaces: the second
 died on "Address already in use" and either one's ``down`` removed the other's network.  Here
@@ -52,8 +52,7 @@ def test_two_folders_that_hash_alike_get_two_slots(tmp_path: Path, claims: Path)
     said = slots.take(second, claims)
     assert first.port_slot == first.preferred_slot
     assert second.port_slot != first.port_slot
-    assert said == [f"took port slot {second.port_slot} ({first.preferred_slot} is "
-                    f"{first.root}'s)"]
+    assert said == [f"took port slot {second.port_slot} ({first.preferred_slot} is {first.root}'s)"]
     assert slots.holder(first.port_slot, claims) == first.root
     assert slots.holder(second.port_slot, claims) == second.root
     # Claimed again (every `up`), each keeps its own and nothing changes.
@@ -88,7 +87,10 @@ def test_no_free_slot_names_the_holders(tmp_path: Path, claims: Path) -> None:
         slots.take(layout, claims)
     assert len({layout.port_slot for layout in layouts}) == PORT_SLOTS - 1
     late = folder(tmp_path, "late")
-    with pytest.raises(SandboxError, match=f"no free port slot for the sandbox in {late.root}"
-                                           f": every one is held.*1: {tmp_path}/sb"):
+    with pytest.raises(
+        SandboxError,
+        match=f"no free port slot for the sandbox in {late.root}"
+        f": every one is held.*1: {tmp_path}/sb",
+    ):
         slots.take(late, claims)
     assert late.recorded_slot() is None

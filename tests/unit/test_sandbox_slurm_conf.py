@@ -12,8 +12,9 @@ from slurm_dispatch.sandbox.layout import Layout
 
 
 def render(tmp_path: Path, major: str, delay: int | None = None) -> list[str]:
-    text = slurm_conf.render_slurm_conf(Layout(tmp_path), ["n1", "n2"], "host", "newest",
-                                        major=major, requeue_delay=delay)
+    text = slurm_conf.render_slurm_conf(
+        Layout(tmp_path), ["n1", "n2"], "host", "newest", major=major, requeue_delay=delay
+    )
     return text.splitlines()
 
 
@@ -23,7 +24,7 @@ def scheduler_parameters(lines: list[str]) -> list[str]:
 
 
 def test_expedited_requeue_is_enabled_from_25_11_and_nowhere_before(tmp_path: Path) -> None:
-    """Issue 29 item 4: a --requeue=expedite job is requeued at once only where slurmctld has
+    """A --requeue=expedite job is requeued at once only where slurmctld has
     enable_expedited_requeue; a release before 25.11 would not know the parameter."""
     for major in ("25.11", "26.05", "26.11"):
         assert "SlurmctldParameters=enable_expedited_requeue" in render(tmp_path, major), major
@@ -47,27 +48,34 @@ def test_the_requeue_delay_is_cred_expire_unless_given(tmp_path: Path) -> None:
 
 
 def test_a_requeue_delay_that_is_not_a_number_is_named(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(slurm_conf.REQUEUE_DELAY_ENV, "2m")
     with pytest.raises(SandboxError, match=r"DISPATCH_SANDBOX_REQUEUE_DELAY='2m' is not a whole"):
         slurm_conf.write_config(Layout(tmp_path), ["n1"], "newest", "26.05")
 
 
 HYBRID = "9:name=systemd:/\n6:freezer:/\n4:memory:/process_api/x\n0::/\n"
-MOUNTS = ("cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0\n"
-          "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+MOUNTS = (
+    "cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0\n"
+    "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+)
 
 
 def test_proctrack_cgroup_is_chosen_by_its_plugin_and_refused_where_slurm_cannot_run_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mounts, own = tmp_path / "mounts", tmp_path / "cgroup"
     mounts.write_text(MOUNTS)
     own.write_text(HYBRID)
     # A hybrid host (these VMs): slurmd's cgroup/v2 refuses it on every release, so the
     # sandbox says so before starting one; cgroup/v1 runs on its freezer hierarchy.
-    with pytest.raises(SandboxError, match=r"Slurm's cgroup/v2 needs a host with cgroup v2 "
-                                           r"alone and this one is hybrid: .* lists v1 "
-                                           r"hierarchies \(9:name=systemd:/, 6:freezer:/"):
+    with pytest.raises(
+        SandboxError,
+        match=r"Slurm's cgroup/v2 needs a host with cgroup v2 "
+        r"alone and this one is hybrid: .* lists v1 "
+        r"hierarchies \(9:name=systemd:/, 6:freezer:/",
+    ):
         slurm_conf.cgroup_mount("cgroup/v2", str(mounts), str(own))
     assert slurm_conf.cgroup_mount("cgroup/v1", str(mounts), str(own)) == "/sys/fs/cgroup"
     # A cgroup v2 host: its one mount.
@@ -76,13 +84,18 @@ def test_proctrack_cgroup_is_chosen_by_its_plugin_and_refused_where_slurm_cannot
     assert slurm_conf.cgroup_mount("cgroup/v2", str(mounts), str(own)) == "/sys/fs/cgroup"
     with pytest.raises(SandboxError, match="mounts no cgroup v1 freezer hierarchy"):
         slurm_conf.cgroup_mount("cgroup/v1", str(mounts), str(own))
-    assert "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n" in \
-        slurm_conf.render_cgroup_conf("cgroup/v1", "/sys/fs/cgroup")
+    assert (
+        "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n"
+        in slurm_conf.render_cgroup_conf("cgroup/v1", "/sys/fs/cgroup")
+    )
     monkeypatch.setenv(slurm_conf.PROCTRACK_ENV, "cgroup")
     with pytest.raises(SandboxError, match="is not one of linuxproc, cgroup/v2, cgroup/v1"):
         slurm_conf.proctrack()
-    lines = slurm_conf.render_slurm_conf(Layout(tmp_path), ["n1"], "host",
-                                         tracking="cgroup/v1").splitlines()
+    lines = slurm_conf.render_slurm_conf(
+        Layout(tmp_path), ["n1"], "host", tracking="cgroup/v1"
+    ).splitlines()
     assert "ProctrackType=proctrack/cgroup" in lines
-    assert "ProctrackType=proctrack/linuxproc" in slurm_conf.render_slurm_conf(
-        Layout(tmp_path), ["n1"], "host").splitlines()
+    assert (
+        "ProctrackType=proctrack/linuxproc"
+        in slurm_conf.render_slurm_conf(Layout(tmp_path), ["n1"], "host").splitlines()
+    )

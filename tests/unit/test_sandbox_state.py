@@ -20,6 +20,7 @@ import pytest
 
 from slurm_dispatch.errors import SandboxError
 from slurm_dispatch.sandbox import cluster as sandbox
+from slurm_dispatch.sandbox import layout as sandbox_layout
 from slurm_dispatch.sandbox import state_folder as sandbox_state_folder
 
 NOBODY = 65534
@@ -76,8 +77,9 @@ def no_checkout(tmp_path: Path) -> Path:
     return tmp_path / "not-a-checkout"
 
 
-def test_up_refuses_a_folder_another_user_created(shared: Path, victim: Path,
-                                                  tmp_path: Path) -> None:
+def test_up_refuses_a_folder_another_user_created(
+    shared: Path, victim: Path, tmp_path: Path
+) -> None:
     folder = shared / "sandbox"
 
     def plant() -> None:
@@ -93,8 +95,9 @@ def test_up_refuses_a_folder_another_user_created(shared: Path, victim: Path,
     untouched(victim)
 
 
-def test_up_refuses_a_folder_planted_as_a_symlink(shared: Path, victim: Path,
-                                                  tmp_path: Path) -> None:
+def test_up_refuses_a_folder_planted_as_a_symlink(
+    shared: Path, victim: Path, tmp_path: Path
+) -> None:
     folder = shared / "sandbox"
     as_nobody(lambda: folder.symlink_to(victim))
     with pytest.raises(SandboxError, match=r"nobody") as info:
@@ -103,8 +106,9 @@ def test_up_refuses_a_folder_planted_as_a_symlink(shared: Path, victim: Path,
     untouched(victim)
 
 
-def test_up_refuses_a_folder_whose_parent_another_user_can_swap(shared: Path, victim: Path,
-                                                                tmp_path: Path) -> None:
+def test_up_refuses_a_folder_whose_parent_another_user_can_swap(
+    shared: Path, victim: Path, tmp_path: Path
+) -> None:
     parent = shared / "alice"
     as_nobody(lambda: parent.mkdir(mode=0o755))
     with pytest.raises(SandboxError) as info:
@@ -114,8 +118,7 @@ def test_up_refuses_a_folder_whose_parent_another_user_can_swap(shared: Path, vi
     assert not (parent / "sandbox").exists()
 
 
-def test_up_refuses_a_subfolder_of_another_user(shared: Path, victim: Path,
-                                                tmp_path: Path) -> None:
+def test_up_refuses_a_subfolder_of_another_user(shared: Path, victim: Path, tmp_path: Path) -> None:
     folder = shared / "sandbox"
     folder.mkdir(mode=0o755)
     etc = folder / "etc"
@@ -138,19 +141,20 @@ def test_up_refuses_a_subfolder_of_another_user(shared: Path, victim: Path,
 
 def test_a_fresh_folder_is_made_by_root_and_accepted_again(shared: Path) -> None:
     folder = shared / "a" / "sandbox"
-    assert sandbox_state_folder.claim_state_folder(folder) == folder
+    assert sandbox_state_folder.claim(folder, create=True)
     for made in (folder, folder.parent):
         st = made.stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
-    assert sandbox_state_folder.claim_state_folder(folder) == folder
+    assert sandbox_state_folder.claim(folder, create=True)
 
 
 def test_a_folder_others_may_write_to_is_refused(shared: Path) -> None:
     folder = shared / "sandbox"
     folder.mkdir()
     folder.chmod(0o1777)  # root's, but anyone may add a name (sticky or not)
-    with pytest.raises(SandboxError, match="writable by others"):
-        sandbox_state_folder.claim_state_folder(folder)
+    with pytest.raises(SandboxError, match="writable by others") as info:
+        sandbox_state_folder.claim(folder, create=True)
+    assert f"choose another with --dir or ${sandbox_layout.DIR_ENV})" in str(info.value)
 
 
 def test_a_missing_folder_is_not_made_by_down(shared: Path) -> None:
@@ -173,23 +177,22 @@ def test_writes_never_follow_a_link(tmp_path: Path, victim: Path) -> None:
     untouched(victim)
 
 
-def test_a_link_on_the_way_is_followed_only_when_roots_and_its_target_checked(
-        shared: Path) -> None:
+def test_a_link_on_the_way_is_followed_only_when_roots_and_its_target_checked(shared: Path) -> None:
     real = shared / "real"
     real.mkdir(mode=0o755)
     (shared / "link").symlink_to("real")  # root's, relative
     linked = shared / "link" / "sandbox"
-    assert sandbox_state_folder.claim_state_folder(linked) == linked
+    assert sandbox_state_folder.claim(linked, create=True)
     assert (real / "sandbox").stat().st_uid == 0
     theirs = shared / "theirs"
     as_nobody(lambda: theirs.mkdir(mode=0o755))
     (shared / "to-theirs").symlink_to(theirs)  # root's link, but into nobody's folder
     with pytest.raises(SandboxError, match=f"{theirs}.*nobody"):
-        sandbox_state_folder.claim_state_folder(shared / "to-theirs" / "sandbox")
+        sandbox_state_folder.claim(shared / "to-theirs" / "sandbox", create=True)
     assert not (theirs / "sandbox").exists()
 
 
-# --- dispatch-sandbox remove: only a sandbox's folder, never through a link (issue 31 item 15) --
+# --- dispatch-sandbox remove: only a sandbox's folder, never through a link ---------------------
 
 
 def a_sandbox_folder(folder: Path) -> Path:
@@ -214,8 +217,11 @@ def test_remove_refuses_a_folder_that_is_not_a_sandbox(shared: Path, no_claims: 
     folder.mkdir(mode=0o755)
     (folder / "results.csv").write_text("1,2\n")
     (folder / "port-slot").write_text("7\n")  # a slot no claim of this machine gives it
-    with pytest.raises(SandboxError, match=rf"{folder} is not a sandbox folder \(no "
-                                           r"sandbox.json.*nothing was removed"):
+    with pytest.raises(
+        SandboxError,
+        match=rf"{folder} is not a sandbox folder \(no "
+        r"sandbox.json.*nothing was removed",
+    ):
         sandbox.remove_sandbox(folder)
     assert sorted(p.name for p in folder.iterdir()) == ["port-slot", "results.csv"]
 
@@ -231,18 +237,23 @@ def test_remove_refuses_a_manifest_that_is_a_link(shared: Path, no_claims: Path)
 
 
 def test_remove_refuses_a_symlink_to_a_sandbox_and_names_its_target(
-        shared: Path, no_claims: Path) -> None:
+    shared: Path, no_claims: Path
+) -> None:
     target = a_sandbox_folder(shared / "real")
     link = shared / "link"
     link.symlink_to(target)  # root's own link: still not followed
-    with pytest.raises(SandboxError, match=rf"{link} is a symlink \(to {target}\).*nothing was "
-                                           "removed"):
+    with pytest.raises(
+        SandboxError,
+        match=rf"{link} is a symlink \(to {target}\).*nothing was "
+        "removed",
+    ):
         sandbox.remove_sandbox(link)
     assert link.is_symlink() and (target / "log" / "slurmctld.log").is_file()
 
 
-def test_remove_refuses_a_sandbox_folder_another_user_made(shared: Path, victim: Path,
-                                                           no_claims: Path) -> None:
+def test_remove_refuses_a_sandbox_folder_another_user_made(
+    shared: Path, victim: Path, no_claims: Path
+) -> None:
     folder = shared / "sandbox"
 
     def plant() -> None:
@@ -261,8 +272,7 @@ def test_remove_of_a_missing_folder_removes_nothing(shared: Path) -> None:
     assert sandbox.remove_sandbox(shared / "never") == ([], None)
 
 
-def test_a_removed_folder_takes_its_links_never_their_targets(shared: Path,
-                                                              victim: Path) -> None:
+def test_a_removed_folder_takes_its_links_never_their_targets(shared: Path, victim: Path) -> None:
     folder = a_sandbox_folder(shared / "sandbox")
     (folder / "log" / "to-victim").symlink_to(victim)
     (folder / "secret").symlink_to(victim / "secret")
@@ -276,12 +286,16 @@ def test_a_folder_with_a_mount_in_it_is_not_removed(shared: Path) -> None:
     folder = a_sandbox_folder(shared / "sandbox")
     point = folder / "spool"
     point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "dispatch-test", str(point)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "dispatch-test", str(point)], check=True
+    )
     try:
         (point / "job-file").write_text("another file system's\n")
-        with pytest.raises(SandboxError, match=rf"{point} is mounted in {folder}: unmount it "
-                                               "first; nothing was removed"):
+        with pytest.raises(
+            SandboxError,
+            match=rf"{point} is mounted in {folder}: unmount it "
+            "first; nothing was removed",
+        ):
             sandbox_state_folder.delete_folder(folder)
         assert (point / "job-file").is_file() and (folder / "sandbox.json").is_file()
     finally:

@@ -42,8 +42,10 @@ def test_every_long_option_of_every_release_leaves_the_script_found(release: str
         cases.append(([f"{name}=v1", "job.sh", "a"], ([f"{name}=v1"], "job.sh", ["a"], names)))
         if option.value == sbatch_options.REQUIRED:
             # the next word is the value, whatever it looks like (getopt's required argument)
-            cases += [([name, value, "job.sh", "a"], ([name, value], "job.sh", ["a"], names))
-                      for value in ("v1", "-v1", "job.sh")]
+            cases += [
+                ([name, value, "job.sh", "a"], ([name, value], "job.sh", ["a"], names))
+                for value in ("v1", "-v1", "job.sh")
+            ]
         else:
             # an optional value is only ever --name=value: the next word is the script
             cases.append(([name, "job.sh", "a"], ([name], "job.sh", ["a"], names)))
@@ -61,16 +63,25 @@ def test_every_short_option_of_every_release_leaves_the_script_found(release: st
                 ([short, "-v", "job.sh"], ([short, "-v"], "job.sh", [], names)),
                 ([f"{short}v1", "job.sh"], ([f"{short}v1"], "job.sh", [], names)),
                 # after a letter without a value, in one word (-HN 2)
-                ([f"-H{letter}", "v1", "job.sh"], ([f"-H{letter}", "v1"], "job.sh", [],
-                                                   names | {"hold"}))]
+                (
+                    [f"-H{letter}", "v1", "job.sh"],
+                    ([f"-H{letter}", "v1"], "job.sh", [], names | {"hold"}),
+                ),
+            ]
         elif option.value == sbatch_options.OPTIONAL:
             # the rest of the word is its value (never more options), the next word the script
-            cases += [([f"{short}Hx", "job.sh"], ([f"{short}Hx"], "job.sh", [], names)),
-                      ([short, "job.sh"], ([short], "job.sh", [], names))]
+            cases += [
+                ([f"{short}Hx", "job.sh"], ([f"{short}Hx"], "job.sh", [], names)),
+                ([short, "job.sh"], ([short], "job.sh", [], names)),
+            ]
         else:
-            cases += [([short, "job.sh", "x"], ([short], "job.sh", ["x"], names)),
-                      ([f"{short}N", "2", "job.sh"], ([f"{short}N", "2"], "job.sh", [],
-                                                      names | {"nodes"}))]
+            cases += [
+                ([short, "job.sh", "x"], ([short], "job.sh", ["x"], names)),
+                (
+                    [f"{short}N", "2", "job.sh"],
+                    ([f"{short}N", "2"], "job.sh", [], names | {"nodes"}),
+                ),
+            ]
     assert mismatches(cases) == []
 
 
@@ -86,20 +97,23 @@ def test_every_option_of_every_release_reads_the_same_in_sbatch_lines(release: s
     assert wrong == []
 
 
-@pytest.mark.parametrize("argv,sbatch,names", [
-    # Issue 29 item 7, seen on 22.05: each value was taken for the script, or refused.
-    (["--wait-all-nodes", "1"], ["--wait-all-nodes", "1"], {"wait-all-nodes"}),
-    (["--segment", "4"], ["--segment", "4"], {"segment"}),
-    (["--mem-update", "10@600"], ["--mem-update", "10@600"], {"mem-update"}),
-    (["--tres-bind", "gres/gpu:verbose"], ["--tres-bind", "gres/gpu:verbose"], {"tres-bind"}),
-    (["--cluster=x"], ["--cluster=x"], {"clusters"}),  # an alias, not an ambiguous prefix
-    (["--container-id", "5"], ["--container-id", "5"], {"container-id"}),
-    # -k takes its value only in its own word: "es" of -kyes was read as -e's value
-    (["-kyes"], ["-kyes"], {"no-kill"}),
-    (["--tasks-per-node", "2"], ["--tasks-per-node", "2"], {"ntasks-per-node"}),
-    (["--requeue=expedite"], ["--requeue=expedite"], {"requeue"}),  # 25.11's expedited requeue
-    (["--mem-u", "1@2"], ["--mem-u", "1@2"], {"mem-update"}),  # a prefix of a 26.05 option
-])
+@pytest.mark.parametrize(
+    "argv,sbatch,names",
+    [
+        # Seen on 22.05: each value was taken for the script, or refused.
+        (["--wait-all-nodes", "1"], ["--wait-all-nodes", "1"], {"wait-all-nodes"}),
+        (["--segment", "4"], ["--segment", "4"], {"segment"}),
+        (["--mem-update", "10@600"], ["--mem-update", "10@600"], {"mem-update"}),
+        (["--tres-bind", "gres/gpu:verbose"], ["--tres-bind", "gres/gpu:verbose"], {"tres-bind"}),
+        (["--cluster=x"], ["--cluster=x"], {"clusters"}),  # an alias, not an ambiguous prefix
+        (["--container-id", "5"], ["--container-id", "5"], {"container-id"}),
+        # -k takes its value only in its own word: "es" of -kyes was read as -e's value
+        (["-kyes"], ["-kyes"], {"no-kill"}),
+        (["--tasks-per-node", "2"], ["--tasks-per-node", "2"], {"ntasks-per-node"}),
+        (["--requeue=expedite"], ["--requeue=expedite"], {"requeue"}),  # 25.11's expedited requeue
+        (["--mem-u", "1@2"], ["--mem-u", "1@2"], {"mem-update"}),  # a prefix of a 26.05 option
+    ],
+)
 def test_the_issues_command_lines(argv: list[str], sbatch: list[str], names: set[str]) -> None:
     assert split([*argv, "job.sh", "a"]) == (sbatch, "job.sh", ["a"], names)
 
@@ -131,14 +145,17 @@ def test_the_releases_differ_where_slurms_sources_do() -> None:
     assert len(old) == 106 and len(new) == 120
 
 
-@pytest.mark.parametrize("given,found,candidates", [
-    ("job", "job-name", []),
-    ("cluster", "clusters", []),
-    ("tasks-per", "ntasks-per-node", []),
-    ("seg", "segment", []),  # 24.11 on; 22.05's sbatch refuses it itself
-    ("clus", None, ["cluster", "cluster-constraint", "clusters"]),
-    ("zzz", None, []),
-])
+@pytest.mark.parametrize(
+    "given,found,candidates",
+    [
+        ("job", "job-name", []),
+        ("cluster", "clusters", []),
+        ("tasks-per", "ntasks-per-node", []),
+        ("seg", "segment", []),  # 24.11 on; 22.05's sbatch refuses it itself
+        ("clus", None, ["cluster", "cluster-constraint", "clusters"]),
+        ("zzz", None, []),
+    ],
+)
 def test_find_long(given: str, found: str | None, candidates: list[str]) -> None:
     option, others = sbatch_options.find_long(given)
     assert (option.canonical if option else None, others) == (found, candidates)
@@ -151,7 +168,11 @@ def test_an_unknown_option_takes_no_value_and_the_error_says_so(tmp_path: Path) 
 
     line = sbatch_args.parse_command_line(["--zzz-new", "5", "job.sh"])
     assert (line.sbatch, line.script, line.script_args) == (["--zzz-new"], "5", ["job.sh"])
-    with pytest.raises(UsageError, match=r"cannot read script '5'.*--zzz-new.*"
-                                         r"--zzz-new=VALUE"):
-        submit.read_request(["--checkpoint", str(tmp_path), "--zzz-new", "5", "job.sh"],
-                            cwd=str(tmp_path), env={})
+    with pytest.raises(
+        UsageError,
+        match=r"cannot read script '5'.*--zzz-new.*"
+        r"--zzz-new=VALUE",
+    ):
+        submit.read_request(
+            ["--checkpoint", str(tmp_path), "--zzz-new", "5", "job.sh"], cwd=str(tmp_path), env={}
+        )

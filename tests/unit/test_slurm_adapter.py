@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from slurm_dispatch.errors import ConfigError, SlurmError
 from slurm_dispatch.slurm import cli_backend
 from slurm_dispatch.slurm import jobs as slurm_jobs
-from slurm_dispatch.slurm.adapter import Result, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.result import Result
 
-from .. import squeue_fake
+from ..fakes import squeue
 
 HOSTILE = [
     "JobState=COMPLETED Restarts=3 NodeList=(null)",
@@ -34,14 +35,21 @@ class FakeSqueue:
     def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         self.calls.append(list(argv))
         assert argv[0] == "squeue", argv
-        shown = squeue_fake.selected(argv, self.jobs, os.getuid())
-        return Result(list(argv), 0, squeue_fake.render(argv, shown), "")
+        shown = squeue.selected(argv, self.jobs, os.getuid())
+        return Result(list(argv), 0, squeue.render(argv, shown), "")
 
 
 def running(comment: str, **fields: str) -> dict[str, str]:
-    return {"JobId": "7", "JobState": "RUNNING", "Restarts": "0", "NodeList": "n[1-2]",
-            "UserId": f"me({os.getuid()})", "StartTime": "2026-11-30T10:00:00",
-            "Comment": comment, **fields}
+    return {
+        "JobId": "7",
+        "JobState": "RUNNING",
+        "Restarts": "0",
+        "NodeList": "n[1-2]",
+        "UserId": f"me({os.getuid()})",
+        "StartTime": "2026-11-30T10:00:00",
+        "Comment": comment,
+        **fields,
+    }
 
 
 @pytest.mark.parametrize("comment", HOSTILE)
@@ -64,7 +72,7 @@ def test_any_comment_round_trips(comment: str) -> None:
     if comment == "(null)":
         return  # squeue's word for no comment: a comment of these six letters reads as none
     argv = ["squeue", "--Format", cli_backend.squeue_format(nonces)]
-    text = squeue_fake.render(argv, [running(comment), running("x", JobId="8")])
+    text = squeue.render(argv, [running(comment), running("x", JobId="8")])
     jobs = cli_backend.parse_squeue(text, nonces, argv)
     assert [j.job_id for j in jobs] == ["7", "8"]
     assert jobs[0].comment == comment and jobs[0].state == "RUNNING"
@@ -84,20 +92,25 @@ def test_own_jobs_asks_for_mine_only_and_drops_others() -> None:
     theirs = running("dispatch:dvictim1/2", JobId="9", UserId="mallory(4242)")
     fake = FakeSqueue([running("dispatch:dvictim1/1"), theirs])
     jobs = Slurm(fake, wait=0).own_jobs()
-    assert "--me" in fake.calls[0] and "9" not in jobs and jobs["7"].markers == [
-        "dispatch:dvictim1/1"]
+    assert (
+        "--me" in fake.calls[0] and "9" not in jobs and jobs["7"].markers == ["dispatch:dvictim1/1"]
+    )
     # Even a controller that ignored --me cannot hand us another uid's job.
     fake.calls.clear()
-    leaky = Slurm(lambda argv, env, cwd, timeout: Result(
-        list(argv), 0, squeue_fake.render(argv, [theirs]), ""), wait=0)
+    leaky = Slurm(
+        lambda argv, env, cwd, timeout: Result(list(argv), 0, squeue.render(argv, [theirs]), ""),
+        wait=0,
+    )
     assert leaky.own_jobs() == {}
 
 
 def test_array_tasks_are_jobs_of_their_own() -> None:
-    tasks = [running("", JobId="98", ArrayJobId="97", ArrayTaskId="1", JobState="FAILED"),
-             running("", JobId="97", ArrayJobId="97", ArrayTaskId="0"),
-             running("", JobId="97", ArrayJobId="97", ArrayTaskId="2", JobState="PENDING"),
-             running("", JobId="97", ArrayJobId="97", ArrayTaskId="3", JobState="PENDING")]
+    tasks = [
+        running("", JobId="98", ArrayJobId="97", ArrayTaskId="1", JobState="FAILED"),
+        running("", JobId="97", ArrayJobId="97", ArrayTaskId="0"),
+        running("", JobId="97", ArrayJobId="97", ArrayTaskId="2", JobState="PENDING"),
+        running("", JobId="97", ArrayJobId="97", ArrayTaskId="3", JobState="PENDING"),
+    ]
     jobs = Slurm(FakeSqueue(tasks), wait=0).own_jobs()
     assert jobs["97_1"].job_id == "98" and jobs["98"].display_id == "97_1"
     assert jobs["97_1"].is_final and jobs["97_0"].is_active
@@ -105,8 +118,17 @@ def test_array_tasks_are_jobs_of_their_own() -> None:
 
 
 def test_one_state_vocabulary() -> None:
-    for state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                  "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
+    for state in (
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    ):
         assert slurm_jobs.is_final(state) and not slurm_jobs.is_active(state)
         assert slurm_jobs.execution_ended(state)
     for state in ("SPECIAL_EXIT", "REQUEUED", "REQUEUE_HOLD"):
@@ -130,6 +152,7 @@ def test_unterminated_or_garbled_output_is_an_error() -> None:
 def test_unknown_job_is_empty_and_bad_ids_are_refused() -> None:
     def answer(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         return Result(list(argv), 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+
     assert Slurm(answer, wait=0).jobs("123") == []
     with pytest.raises(SlurmError, match="not a Slurm job id"):
         Slurm(answer, wait=0).jobs("123; rm")
@@ -144,21 +167,28 @@ def test_environment_knobs_are_checked(monkeypatch: pytest.MonkeyPatch, value: s
 
 def test_an_unknown_node_is_absent_not_an_error() -> None:
     """scontrol exits 1 ("Node nx9 not found") after printing the nodes it knows."""
+
     def answer(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
-        return Result(list(argv), 1, "NodeName=n1 State=IDLE BootTime=2026-11-30T10:00:00\n",
-                      "Node nx9 not found\n")
+        return Result(
+            list(argv),
+            1,
+            "NodeName=n1 State=IDLE BootTime=2026-11-30T10:00:00\n",
+            "Node nx9 not found\n",
+        )
+
     nodes = Slurm(answer, wait=0).nodes(["n1", "nx9"])
     assert list(nodes) == ["n1"] and nodes["n1"].boot_time == cli_backend.slurm_time(
-        "2026-11-30T10:00:00")
+        "2026-11-30T10:00:00"
+    )
 
     def broken(argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         return Result(list(argv), 1, "", "slurm_load_node error: Access denied\n")
+
     with pytest.raises(SlurmError, match="scontrol failed"):
         Slurm(broken, wait=0).nodes(["n1"])
 
 
-def test_a_fake_controller_means_the_tools_and_no_probe(monkeypatch: pytest.MonkeyPatch
-                                                        ) -> None:
+def test_a_fake_controller_means_the_tools_and_no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test's runner is the controller: the backend setting is not even read."""
     monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "pyslurm")
     fake = FakeSqueue([running("x")])
@@ -169,10 +199,12 @@ def test_a_fake_controller_means_the_tools_and_no_probe(monkeypatch: pytest.Monk
 def test_an_arrays_tasks_come_in_task_order() -> None:
     """squeue prints an array's pending remainder first (by priority); pyslurm 24.11's backend
     reads the controller's order: the adapter hands both over in task order."""
-    tasks = [running("", JobId="97", ArrayJobId="97", ArrayTaskId="3", JobState="PENDING"),
-             running("", JobId="97", ArrayJobId="97", ArrayTaskId="2", JobState="PENDING"),
-             running("", JobId="99", ArrayJobId="97", ArrayTaskId="1"),
-             running("", JobId="98", ArrayJobId="97", ArrayTaskId="0")]
+    tasks = [
+        running("", JobId="97", ArrayJobId="97", ArrayTaskId="3", JobState="PENDING"),
+        running("", JobId="97", ArrayJobId="97", ArrayTaskId="2", JobState="PENDING"),
+        running("", JobId="99", ArrayJobId="97", ArrayTaskId="1"),
+        running("", JobId="98", ArrayJobId="97", ArrayTaskId="0"),
+    ]
     jobs = Slurm(FakeSqueue(tasks), wait=0).jobs("97")
     assert [j.display_id for j in jobs] == ["97_0", "97_1", "97_2", "97_3"]
 
@@ -192,6 +224,7 @@ def test_a_submission_folder_that_is_gone_is_not_called_a_missing_slurm(tmp_path
     since was reported as "'sbatch' not found on PATH; is Slurm's client installed?"; a folder
     that became a file raised NotADirectoryError out of the adapter."""
     from slurm_dispatch.slurm.adapter import run_command
+
     with pytest.raises(SlurmError) as info:
         run_command(["true"], cwd=str(tmp_path / "gone"))
     text = str(info.value)
@@ -205,6 +238,7 @@ def test_a_submission_folder_that_is_gone_is_not_called_a_missing_slurm(tmp_path
 def test_a_slurm_command_not_on_path_names_the_path(tmp_path) -> None:
     """Under a systemd unit the PATH is the unit's, not the shell's: the error names it."""
     from slurm_dispatch.slurm.adapter import run_command
+
     with pytest.raises(SlurmError) as info:
         run_command(["squeue"], env={"PATH": str(tmp_path / "bin")})
     assert f"'squeue' not found on PATH ({tmp_path / 'bin'})" in str(info.value)

@@ -12,17 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch.control import submit
+from slurm_dispatch.control import sbatch_words
 from slurm_dispatch.errors import SlurmError, UsageError
 from slurm_dispatch.slurm import arrays
 
 
-@pytest.mark.parametrize("value, tasks", [
-    ("0-15,20%4", [*range(16), 20]), ("1-7:2", [1, 3, 5, 7]), ("3", [3]),
-    ("0-15:4%2", [0, 4, 8, 12]), ("5,1,3-4", [1, 3, 4, 5]), ("2-2", [2]), ("1,1", [1]),
-])
+@pytest.mark.parametrize(
+    "value, tasks",
+    [
+        ("0-15,20%4", [*range(16), 20]),
+        ("1-7:2", [1, 3, 5, 7]),
+        ("3", [3]),
+        ("0-15:4%2", [0, 4, 8, 12]),
+        ("5,1,3-4", [1, 3, 4, 5]),
+        ("2-2", [2]),
+        ("1,1", [1]),
+    ],
+)
 def test_task_ids(value: str, tasks: list[int]) -> None:
-    assert arrays.task_ids(value) == tasks == submit.parse_array(value)
+    assert arrays.task_ids(value) == tasks == sbatch_words.parse_array(value)
 
 
 @pytest.mark.parametrize("value", ["", "a", "3-1", "-1", "1-3:0", "1,,2", "1-3:x", "%4"])
@@ -31,9 +39,10 @@ def test_a_bad_value_names_itself(value: str) -> None:
         arrays.task_ids(value)
     assert caught.value.value == value
     with pytest.raises(UsageError) as user:
-        submit.parse_array(value)
-    assert str(user.value) == (f"--array {value!r} is not a list of task ids (like 0-15:4%2 "
-                               "or 1,3,5-7)")
+        sbatch_words.parse_array(value)
+    assert str(user.value) == (
+        f"--array {value!r} is not a list of task ids (like 0-15:4%2 or 1,3,5-7)"
+    )
 
 
 def test_spans_keep_the_order_written() -> None:
@@ -50,17 +59,22 @@ def test_the_pyslurm_backend_reads_task_strings_with_it(monkeypatch: pytest.Monk
         with pytest.raises(SlurmError) as caught:
             backend.task_ids("2-x")
         assert str(caught.value).startswith(
-            "pyslurm gave the array task string '2-x', which does not parse")
+            "pyslurm gave the array task string '2-x', which does not parse"
+        )
     finally:
         monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm.pyslurm_backend")
 
 
 def _splits(func: ast.AST) -> set[str]:
-    return {arg.value for node in ast.walk(func) if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("split", "partition", "rpartition")
-            for arg in node.args[:1] if isinstance(arg, ast.Constant)
-            and isinstance(arg.value, str)}
+    return {
+        arg.value
+        for node in ast.walk(func)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("split", "partition", "rpartition")
+        for arg in node.args[:1]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    }
 
 
 def test_no_other_range_parser() -> None:
@@ -73,8 +87,11 @@ def test_no_other_range_parser() -> None:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for func in ast.walk(tree):
-            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                    and {",", "-", ":"} <= _splits(func):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and {
+                ",",
+                "-",
+                ":",
+            } <= _splits(func):
                 found.append(f"{path.relative_to(package)}:{func.lineno} {func.name}")
     assert found == [], "array ranges are parsed by slurm_dispatch/slurm/arrays.py only"
 
@@ -92,7 +109,8 @@ def test_an_id_beyond_any_slurms_max_array_size_is_refused_at_once() -> None:
             arrays.spans(value)
         assert caught.value.value == value
         with pytest.raises(UsageError) as user:
-            submit.parse_array(value)
+            sbatch_words.parse_array(value)
         assert str(user.value) == (
             f"--array {value!r}: a task id above 4000000 is beyond every Slurm's "
-            "MaxArraySize (at most 4000001), so sbatch would refuse it")
+            "MaxArraySize (at most 4000001), so sbatch would refuse it"
+        )

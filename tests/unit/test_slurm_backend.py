@@ -13,13 +13,24 @@ from slurm_dispatch import config
 from slurm_dispatch.errors import ConfigError
 from slurm_dispatch.slurm import select as slurm_backend
 from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.release import major_release
 
 
-@pytest.mark.parametrize(("version", "release"), [
-    ("22.05.8", (22, 5)), ("22.5.3", (22, 5)), ("24.11.0", (24, 11)), ("24.11.5-1", (24, 11)),
-    ("25.11", (25, 11)), ("slurm", None), ("22", None), ("", None)])
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [
+        ("22.05.8", (22, 5)),
+        ("22.5.3", (22, 5)),
+        ("24.11.0", (24, 11)),
+        ("24.11.5-1", (24, 11)),
+        ("25.11", (25, 11)),
+        ("slurm", None),
+        ("22", None),
+        ("", None),
+    ],
+)
 def test_major_release(version: str, release: tuple[int, int] | None) -> None:
-    assert slurm_backend.major_release(version) == release
+    assert major_release(version) == release
 
 
 def test_setting_from_the_environment_then_the_file(tmp_path: Path) -> None:
@@ -28,7 +39,9 @@ def test_setting_from_the_environment_then_the_file(tmp_path: Path) -> None:
     env = {"SLURM_DISPATCH_CONF": str(conf)}
     assert slurm_backend.setting(env) == ("cli", f"SlurmBackend in {conf}")
     assert slurm_backend.setting({**env, "DISPATCH_SLURM_BACKEND": "pyslurm"}) == (
-        "pyslurm", "$DISPATCH_SLURM_BACKEND")
+        "pyslurm",
+        "$DISPATCH_SLURM_BACKEND",
+    )
     with pytest.raises(ConfigError, match=r"DISPATCH_SLURM_BACKEND: 'fast' is not one of auto"):
         slurm_backend.setting({**env, "DISPATCH_SLURM_BACKEND": "fast"})
     conf.write_text("SlurmBackend=fast\n")
@@ -44,8 +57,11 @@ def test_pyslurm_missing_is_seen_without_a_child(monkeypatch: pytest.MonkeyPatch
     found = slurm_backend.probe()
     assert not found.usable and "pyslurm is not installed" in found.why
     monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "pyslurm")
-    with pytest.raises(ConfigError, match=r"SlurmBackend=pyslurm \(from \$DISPATCH_SLURM_"
-                                          r"BACKEND\) cannot be used: pyslurm is not installed"):
+    with pytest.raises(
+        ConfigError,
+        match=r"SlurmBackend=pyslurm \(from \$DISPATCH_SLURM_"
+        r"BACKEND\) cannot be used: pyslurm is not installed",
+    ):
         Slurm().own_jobs()
     monkeypatch.setenv("DISPATCH_SLURM_BACKEND", "auto")
     assert Slurm().backend == "cli"
@@ -73,14 +89,16 @@ class config:
 
 
 def test_the_probe_asks_the_controller_once(tmp_path: Path) -> None:
-    """Issue 20, the controller's bill: pyslurm.config().get() read the configuration twice
+    """The controller's bill (bench/README.md): pyslurm.config().get() read the configuration twice
     (constructor and get), so every process of the pyslurm backend cost slurmctld two
     REQUEST_BUILD_INFO before its first question (sdiag: a pass 4 RPCs, squeue --me 3)."""
     (tmp_path / "pyslurm.py").write_text(FAKE_PYSLURM)
     loads = tmp_path / "loads"
     import sys
-    found = slurm_backend._probe({"PYTHONPATH": str(tmp_path), "LOADS": str(loads)}, 30,
-                                 sys.executable)
+
+    found = slurm_backend._probe(
+        {"PYTHONPATH": str(tmp_path), "LOADS": str(loads)}, 30, sys.executable
+    )
     assert found.usable, found
     assert (found.pyslurm_version, found.slurm_version) == ("22.5.3", "22.05.8")
     assert loads.read_text().split() == ["BUILD_INFO"]

@@ -28,9 +28,11 @@ def _state_names(node: ast.AST) -> set[str]:
         items = list(node.elts)
     else:
         return set()
-    return {item.value for item in items
-            if isinstance(item, ast.Constant) and isinstance(item.value, str)
-            and item.value in WORDS}
+    return {
+        item.value
+        for item in items
+        if isinstance(item, ast.Constant) and isinstance(item.value, str) and item.value in WORDS
+    }
 
 
 def second_copies(root: Path = PACKAGE) -> list[str]:
@@ -50,14 +52,16 @@ def second_copies(root: Path = PACKAGE) -> list[str]:
 def test_no_state_vocabulary_outside_its_home() -> None:
     assert second_copies() == [], (
         "Slurm job-state names are collected outside slurm_dispatch/slurm/jobs.py; "
-        "name the set there and import it")
+        "name the set there and import it"
+    )
 
 
 def test_the_scan_sees_a_copy(tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text(
         'OPEN = ("RUNNING", "COMPLETING")\nok = x == "PENDING"\n'
-        'ENDS = {"failed": "FAILED", "timeout": "TIMEOUT"}\n')
+        'ENDS = {"failed": "FAILED", "timeout": "TIMEOUT"}\n'
+    )
     found = second_copies(tmp_path / "pkg")
     assert [line.split(":")[1] for line in found] == ["1", "3"]
 
@@ -77,15 +81,21 @@ def test_the_vocabulary_agrees_with_itself() -> None:
     assert jobs.Job("1", "PENDING").is_pending and not jobs.Job("1", "RUNNING").is_pending
 
 
-def _task(job_id: str, array: str, task: int, state: str = "RUNNING",
-          comment: str = "") -> jobs.Job:
+def _task(
+    job_id: str, array: str, task: int, state: str = "RUNNING", comment: str = ""
+) -> jobs.Job:
     return jobs.Job(job_id, state, array_job_id=array, array_task_id=task, comment=comment)
 
 
 def test_one_submissions_view_in_one_read() -> None:
-    read = jobs.index_jobs([_task("98", "97", 1, "FAILED"), _task("97", "97", 2, "PENDING"),
-                            _task("97", "97", 0), jobs.Job("50", "RUNNING",
-                                                           comment="dispatch:dabc/1")])
+    read = jobs.index_jobs(
+        [
+            _task("98", "97", 1, "FAILED"),
+            _task("97", "97", 2, "PENDING"),
+            _task("97", "97", 0),
+            jobs.Job("50", "RUNNING", comment="dispatch:dabc/1"),
+        ]
+    )
     seen = jobs.Snapshot(read)
     assert [j.display_id for j in seen.views("97")] == ["97_0", "97_1", "97_2"]
     assert [j.display_id for j in seen.views("97", 1)] == ["97_1"]
@@ -99,8 +109,9 @@ def test_one_submissions_view_in_one_read() -> None:
 
 def test_the_array_index_lives_with_its_read() -> None:
     first = jobs.Snapshot(jobs.index_jobs([_task("97", "97", 0)]))
-    second = jobs.Snapshot(jobs.index_jobs([_task("97", "97", 0, "COMPLETED"),
-                                            _task("97", "97", 1, "COMPLETED")]))
+    second = jobs.Snapshot(
+        jobs.index_jobs([_task("97", "97", 0, "COMPLETED"), _task("97", "97", 1, "COMPLETED")])
+    )
     assert [j.state for j in first.views("97")] == ["RUNNING"]
     assert [j.state for j in second.views("97")] == ["COMPLETED", "COMPLETED"]
     assert [j.state for j in first.views("97")] == ["RUNNING"]  # not the later read's
@@ -111,13 +122,18 @@ def test_no_module_level_cache_of_slurm_reads() -> None:
     read's own: no module of the control side keeps one keyed by object identity."""
     for path in sorted((PACKAGE / "control").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        calls = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
-                 and isinstance(node.func, ast.Name) and node.func.id == "id"]
+        calls = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "id"
+        ]
         assert calls == [], f"{path}: id() at lines {calls}: use slurm.jobs.Snapshot"
 
 
 def test_expediting_means_requeued_to_start_at_once() -> None:
-    """Issue 29 item 4: 25.11's EXPEDITING (--requeue=expedite) is a job whose execution ended
+    """25.11's EXPEDITING (--requeue=expedite) is a job whose execution ended
     (node failure, non-zero exit) and that Slurm requeued to start again at once, first in the
     queue: ended, not final, waiting, not held.  It read as an execution still under way."""
     job = jobs.Job("7", "EXPEDITING", restarts=1)
@@ -127,14 +143,17 @@ def test_expediting_means_requeued_to_start_at_once() -> None:
     assert "EXPEDITING" in jobs.STATE_NAMES and "EXPEDITING" in jobs.REQUEUE_STATES
 
 
-@pytest.mark.parametrize("reason,held", [
-    ("job requeued in held state", True),  # scontrol show job, squeue
-    ("job_requeued_in_held_state", True),  # pyslurm
-    ("launch failure limit exceeded requeued held", True),  # MaxBatchRequeue
-    ("JobHeldUser", True),
-    ("None", False),  # released: REQUEUE_HOLD until it next starts
-    ("BeginTime", False),
-])
+@pytest.mark.parametrize(
+    "reason,held",
+    [
+        ("job requeued in held state", True),  # scontrol show job, squeue
+        ("job_requeued_in_held_state", True),  # pyslurm
+        ("launch failure limit exceeded requeued held", True),  # MaxBatchRequeue
+        ("JobHeldUser", True),
+        ("None", False),  # released: REQUEUE_HOLD until it next starts
+        ("BeginTime", False),
+    ],
+)
 def test_requeue_hold_is_held_until_released(reason: str, held: bool) -> None:
     """REQUEUE_HOLD (scontrol requeuehold; from 25.11 an expedited requeue after a non-zero exit
     with no Epilog failed) waits with priority 0 until released, and keeps its name after the

@@ -17,9 +17,10 @@ import pytest
 
 from slurm_dispatch.control import record, submit
 from slurm_dispatch.errors import RecordError, SlurmError, SlurmUnavailable, UsageError
-from slurm_dispatch.slurm.adapter import Result, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.result import Result
 
-from .. import squeue_fake
+from ..fakes import squeue
 
 
 class FakeController:
@@ -30,23 +31,34 @@ class FakeController:
         self.calls: list[list[str]] = []
         self.cwds: list[Optional[str]] = []
 
-    def expect(self, prefix: list[str], stdout: str = "", rc: int = 0, stderr: str = "",
-               jobs: Optional[list[dict[str, str]]] = None) -> None:
+    def expect(
+        self,
+        prefix: list[str],
+        stdout: str = "",
+        rc: int = 0,
+        stderr: str = "",
+        jobs: Optional[list[dict[str, str]]] = None,
+    ) -> None:
         """Queue an answer; ``jobs`` (scontrol-style fields) answers a squeue read."""
         self.expected.append((prefix, Result(prefix, rc, stdout, stderr), jobs))
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         argv = list(argv)
         self.calls.append(argv)
         self.cwds.append(cwd)
         if not self.expected:
             raise AssertionError(f"unexpected Slurm call {argv}")
         prefix, result, jobs = self.expected.pop(0)
-        if argv[:len(prefix)] != prefix:
+        if argv[: len(prefix)] != prefix:
             raise AssertionError(f"expected a call starting {prefix}, got {argv}")
         if jobs is not None:
-            return Result(argv, 0, squeue_fake.render(argv, jobs), "")
+            return Result(argv, 0, squeue.render(argv, jobs), "")
         return result
 
     def done(self) -> None:
@@ -90,8 +102,9 @@ def test_user_job_name_and_comment_are_kept(env: Path) -> None:
     fake.expect(["squeue", "--version"], "slurm 24.11.5\n")
     done = make(["--checkpoint", "ck", "-J", "mine", "--comment=c", "job.sh"], fake)
     assert done.slurm_job_id == "7"
-    assert not any(a.startswith("--job-name=") or a.startswith("--comment=dispatch")
-                   for a in fake.calls[0])
+    assert not any(
+        a.startswith("--job-name=") or a.startswith("--comment=dispatch") for a in fake.calls[0]
+    )
     assert fake.calls[1:] == [["squeue", "--version"]]
 
 
@@ -125,10 +138,11 @@ def test_transient_failure_finds_the_landed_job_instead_of_resubmitting(env: Pat
             return Result(argv, 0, "", "")  # the first timed-out sbatch had not landed
         marker = [a for a in calls[-2] if a.startswith("--comment=")][0].split("=", 1)[1]
         jobs = [{"JobId": "98", "Comment": "other"}, {"JobId": "99", "Comment": marker}]
-        return Result(argv, 0, squeue_fake.render(argv, jobs), "")  # the second one had
+        return Result(argv, 0, squeue.render(argv, jobs), "")  # the second one had
 
-    done = submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
-                             Slurm(answer, wait=0))
+    done = submit.submit_new(
+        submit.read_request(["--checkpoint", "ck", "job.sh"]), Slurm(answer, wait=0)
+    )
     assert done.slurm_job_id == "99"
     assert [c[0] for c in calls] == ["sbatch", "squeue", "sbatch", "squeue"]
     assert [e["slurm_job_id"] for e in done.job.submissions()] == ["99"]
@@ -137,28 +151,39 @@ def test_transient_failure_finds_the_landed_job_instead_of_resubmitting(env: Pat
 def test_controller_down_is_clear_and_leaves_no_job(env: Path) -> None:
     fake = FakeController()
     for _ in range(2):
-        fake.expect(["sbatch"], rc=1,
-                    stderr="sbatch: error: Batch job submission failed: Unable to contact "
-                           "slurm controller (connect failure)\n")
+        fake.expect(
+            ["sbatch"],
+            rc=1,
+            stderr="sbatch: error: Batch job submission failed: Unable to contact "
+            "slurm controller (connect failure)\n",
+        )
         fake.expect(["squeue"], rc=1, stderr="squeue: error: Unable to contact slurm controller")
     with pytest.raises(SlurmUnavailable, match="Unable to contact slurm controller"):
-        submit.submit_new(submit.read_request(["--checkpoint", "ck", "job.sh"]),
-                          Slurm(fake, attempts=2, wait=0))
+        submit.submit_new(
+            submit.read_request(["--checkpoint", "ck", "job.sh"]), Slurm(fake, attempts=2, wait=0)
+        )
     fake.done()
     assert record.all_jobs() == []
 
 
-@pytest.mark.parametrize("argv,content,word", [
-    (["--checkpoint", "ck"], None, "no batch script"),
-    (["--checkpoint", "ck", "missing.sh"], None, "'missing.sh'"),
-    (["job.sh"], None, "no checkpoint root"),
-    (["--checkpoint", "ck", "crlf.sh"], "#!/bin/bash\r\necho\r\n", "DOS line breaks"),
-    (["--checkpoint", "ck", "--wrap=hostname"], None, "--wrap"),
-    (["--checkpoint", "ck", "--shared-checkpoint", "--requeue", "job.sh"], None,
-     "--requeue contradicts --shared-checkpoint"),
-])
-def test_bad_input_is_refused_before_anything_is_made(env: Path, argv: list[str],
-                                                      content: Optional[str], word: str) -> None:
+@pytest.mark.parametrize(
+    "argv,content,word",
+    [
+        (["--checkpoint", "ck"], None, "no batch script"),
+        (["--checkpoint", "ck", "missing.sh"], None, "'missing.sh'"),
+        (["job.sh"], None, "no checkpoint root"),
+        (["--checkpoint", "ck", "crlf.sh"], "#!/bin/bash\r\necho\r\n", "DOS line breaks"),
+        (["--checkpoint", "ck", "--wrap=hostname"], None, "--wrap"),
+        (
+            ["--checkpoint", "ck", "--shared-checkpoint", "--requeue", "job.sh"],
+            None,
+            "--requeue contradicts --shared-checkpoint",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_made(
+    env: Path, argv: list[str], content: Optional[str], word: str
+) -> None:
     if content is not None:
         (env / argv[-1]).write_text(content)
     with pytest.raises(UsageError, match=word):
@@ -166,11 +191,16 @@ def test_bad_input_is_refused_before_anything_is_made(env: Path, argv: list[str]
     assert record.all_jobs() == []
 
 
-@pytest.mark.parametrize("given,named", [
-    ("afile", "checkpoint root '.*/afile' is a file, not a folder"),
-    ("afile/run1",
-     "checkpoint root '.*/afile/run1': its folder '.*/afile' is a file, not a folder"),
-])
+@pytest.mark.parametrize(
+    "given,named",
+    [
+        ("afile", "checkpoint root '.*/afile' is a file, not a folder"),
+        (
+            "afile/run1",
+            "checkpoint root '.*/afile/run1': its folder '.*/afile' is a file, not a folder",
+        ),
+    ],
+)
 def test_a_root_that_is_a_file_is_named_so(env: Path, given: str, named: str) -> None:
     (env / "afile").write_text("notes\n")
     with pytest.raises(UsageError, match=named):
@@ -226,8 +256,7 @@ def test_resubmit_runs_sbatch_from_the_first_submissions_directory(env: Path) ->
     assert fake.cwds == [str(env), str(env)] and os.getcwd() == "/"
 
 
-def test_resubmit_refuses_when_the_submission_directory_is_gone(tmp_path: Path,
-                                                                env: Path) -> None:
+def test_resubmit_refuses_when_the_submission_directory_is_gone(tmp_path: Path, env: Path) -> None:
     sub = env / "sub"
     sub.mkdir()
     (sub / "job.sh").write_text("#!/bin/bash\necho hi\n")
@@ -248,8 +277,10 @@ def test_supersede_raises_generation_and_cancels_old(env: Path) -> None:
     fake.expect(["sbatch"], "Submitted batch job 10\n")
     old = make(["--checkpoint", "ck", "job.sh"], fake).job
     # The old job carries its submission's marker, as sbatch gave it.
-    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING",
-                                           "Comment": f"dispatch:{old.id}/1"}])
+    fake.expect(
+        ["squeue", "--me"],
+        jobs=[{"JobId": "10", "JobState": "RUNNING", "Comment": f"dispatch:{old.id}/1"}],
+    )
     fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job
@@ -271,13 +302,33 @@ def test_launcher_gives_identity_and_execs_script(env: Path) -> None:
     fake = FakeController()
     fake.expect(["sbatch"], "Submitted batch job 5\n")
     job = make(["--checkpoint", "ck", "job.py"], fake).job
-    run_env = {**os.environ, "SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "2",
-               "SLURMD_NODENAME": "n9", "SLURM_EXPORT_ENV": "NONE"}
+    run_env = {
+        **os.environ,
+        "SLURM_JOB_ID": "5",
+        "SLURM_RESTART_COUNT": "2",
+        "SLURMD_NODENAME": "n9",
+        "SLURM_EXPORT_ENV": "NONE",
+    }
     outs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
-                               "--submission", "1", "--", "x", "y z"], env=run_env,
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "slurm_dispatch.launch",
+                "--job",
+                job.path,
+                "--submission",
+                "1",
+                "--",
+                "x",
+                "y z",
+            ],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         header, _, printed = proc.stdout.partition("\n")
         assert header.startswith("==> slurm-dispatch: ") and header.endswith(" <==")
         assert f"dispatch job {job.id} submission 1, Slurm job 5 restart 2 on n9" in header
@@ -301,8 +352,20 @@ def test_launcher_refuses_a_garbled_store(env: Path) -> None:
     job = make(["--checkpoint", "ck", "job.py"], fake).job
     (env / "ck" / "pub").mkdir()
     (env / "ck" / "pub" / "junk").touch()
-    proc = subprocess.run([sys.executable, "-m", "slurm_dispatch.launch", "--job", job.path,
-                           "--submission", "1", "--"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_dispatch.launch",
+            "--job",
+            job.path,
+            "--submission",
+            "1",
+            "--",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "'junk'" in proc.stderr and proc.stdout == ""
 
 
@@ -312,11 +375,12 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
     checkpoint.  The superseding job is held like any other restart of a shared job."""
     fake = FakeController()
     fake.expect(["sbatch"], "Submitted batch job 10\n")
-    old = make(["--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1", "job.sh"],
-               fake).job
+    old = make(["--checkpoint", "ck", "--shared-checkpoint", "--resubmit", "1", "job.sh"], fake).job
     # The old job carries its submission's marker, as sbatch gave it.
-    fake.expect(["squeue", "--me"], jobs=[{"JobId": "10", "JobState": "RUNNING",
-                                           "Comment": f"dispatch:{old.id}/1"}])
+    fake.expect(
+        ["squeue", "--me"],
+        jobs=[{"JobId": "10", "JobState": "RUNNING", "Comment": f"dispatch:{old.id}/1"}],
+    )
     fake.expect(["sbatch"], "Submitted batch job 11\n")
     fake.expect(["scancel", "10"])
     new = make(["--supersede", old.id, "job.sh"], fake).job
@@ -327,8 +391,7 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
     holds = [e for e in new.events() if e["event"] == "hold"]
     assert len(holds) == 1
     hold = holds[0]
-    assert (hold["submission"], hold["slurm_job_id"], hold["ended_slurm_job_id"]) == (
-        1, "11", "10")
+    assert (hold["submission"], hold["slurm_job_id"], hold["ended_slurm_job_id"]) == (1, "11", "10")
     assert hold["deadline"] > time.time() + 23 * 3600
     assert new.spec["shared_checkpoint"] is True  # the new generation shares it too
     # Killed between sbatch and the hold event: the submission carries the hold it was made
@@ -342,7 +405,8 @@ def test_superseding_a_shared_job_is_held_until_the_old_one_ceased(env: Path) ->
 
 
 def test_a_dispatch_lines_root_expands_variables_as_the_command_line_would(
-        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The user guide's `/scratch/$USER/run1`, written in a `#DISPATCH` line (which no shell
     reads), is the same root as on the command line, not a folder named `$USER`."""
     monkeypatch.setenv("USER", "alice")
@@ -352,12 +416,16 @@ def test_a_dispatch_lines_root_expands_variables_as_the_command_line_would(
     assert submit.checkpoint_root(request.options, request.cwd) == str(env / "ck/alice/run1")
 
 
-@pytest.mark.parametrize("root,named", [
-    ("ck/$NOT_SET_HERE/r", r"\$NOT_SET_HERE is not set"),
-    ("ck/a$/r", "a '\\$' that names no variable"),
-])
-def test_a_root_with_a_variable_that_cannot_expand_is_refused(env: Path, root: str,
-                                                               named: str) -> None:
+@pytest.mark.parametrize(
+    "root,named",
+    [
+        ("ck/$NOT_SET_HERE/r", r"\$NOT_SET_HERE is not set"),
+        ("ck/a$/r", "a '\\$' that names no variable"),
+    ],
+)
+def test_a_root_with_a_variable_that_cannot_expand_is_refused(
+    env: Path, root: str, named: str
+) -> None:
     (env / "job.sh").write_text(f"#!/bin/bash\n#DISPATCH --checkpoint {root}\necho\n")
     with pytest.raises(UsageError, match=named):
         make(["job.sh"], FakeController())
@@ -375,12 +443,14 @@ def test_a_root_with_a_control_character_is_refused(env: Path, root: str) -> Non
 
 def test_every_table_shows_a_cell_on_one_line() -> None:
     from slurm_dispatch._table import render_table
+
     text = render_table(["JOBID", "ROOT"], [["1", "/ck\nfake-row"], ["2", "/ck\x1b[2J"]])
     assert text.splitlines() == ["JOBID ROOT", "1     /ck\\nfake-row", "2     /ck\\x1b[2J"]
 
 
 def test_a_command_line_root_is_taken_as_the_shell_left_it(
-        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The shell expanded the command line already: a '$' still in it is one the user quoted
     (a folder named so), never expanded a second time nor refused."""
     monkeypatch.setenv("B", "expanded")
@@ -392,8 +462,10 @@ def test_a_command_line_root_is_taken_as_the_shell_left_it(
     assert submit.checkpoint_root(request.options, request.cwd) == str(env / "ck/x$B")
 
 
-@pytest.mark.parametrize("root", ["ck\x85run", "ck\u2028run", "ck\u2029run", "ck\x9b2Jrun",
-                                  "ck\u202etxt.run", "ck\u2066run"])
+@pytest.mark.parametrize(
+    "root",
+    ["ck\x85run", "ck\u2028run", "ck\u2029run", "ck\x9b2Jrun", "ck\u202etxt.run", "ck\u2066run"],
+)
 def test_a_root_that_breaks_a_line_or_turns_text_is_refused(env: Path, root: str) -> None:
     """What str.splitlines() splits on (NEL, the Unicode line and paragraph separators), C1
     controls (CSI) and the bidi controls that show a name reversed ('Trojan source') are
@@ -421,8 +493,8 @@ def test_a_root_through_a_dangling_symlink_is_not_called_a_file(env: Path, below
 @pytest.mark.parametrize("name,hint", [("SLURM_ARRAY_TASK_ID", "%a"), ("SLURM_JOB_ID", "%j")])
 @pytest.mark.parametrize("outer", [None, "4242"])
 def test_a_dispatch_lines_root_with_a_jobs_slurm_variable_is_refused(
-        env: Path, monkeypatch: pytest.MonkeyPatch, name: str, hint: str,
-        outer: str | None) -> None:
+    env: Path, monkeypatch: pytest.MonkeyPatch, name: str, hint: str, outer: str | None
+) -> None:
     """`#DISPATCH --checkpoint ck/run_$SLURM_ARRAY_TASK_ID`: the job's variable, as the script
     would read it; at submission it is unset (refused as 'not set', no word of %a), or, where
     dispatch-sbatch runs inside another job (a driver job), the outer job's value, so every task
@@ -441,7 +513,8 @@ def test_a_dispatch_lines_root_with_a_jobs_slurm_variable_is_refused(
 
 
 def test_a_dispatch_lines_root_that_expands_to_nothing_is_named(
-        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`#DISPATCH --checkpoint $SCRATCH_RUN` with SCRATCH_RUN set but empty: it said 'no
     checkpoint root: give --checkpoint DIR', though the line gives one."""
     monkeypatch.setenv("SCRATCH_RUN", "")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_dispatch.control import events, record, submit
+from slurm_dispatch.control import events, naming, record, submit
 from slurm_dispatch.control.holds import Answer, release
 from slurm_dispatch.control.supervisor import (
     LAUNCH_RELEASED_BY,
@@ -19,9 +19,10 @@ from slurm_dispatch.control.supervisor import (
     Settings,
     Supervisor,
 )
-from slurm_dispatch.slurm.adapter import Result, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.result import Result
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 
 
 class Clock:
@@ -42,16 +43,11 @@ class Signal:
     def __call__(self, argv: list[str], timeout: float) -> Answer:
         self.asked.append(argv)
         verdict = self.verdicts.pop(0)
-        return Answer(verdict, {"ceased": 0, "not ceased": 1}.get(verdict, 2),
-                      {"nodes": [{"node": "n1", "evidence": verdict}]})
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
-    return tmp_path
+        return Answer(
+            verdict,
+            {"ceased": 0, "not ceased": 1}.get(verdict, 2),
+            {"nodes": [{"node": "n1", "evidence": verdict}]},
+        )
 
 
 ROOTS = itertools.count()
@@ -61,8 +57,9 @@ def new_job(cluster: FakeCluster, *options: str) -> tuple[record.JobRecord, str]
     root = f"ck-{next(ROOTS)}"  # a root of its own: one live dispatch job per root
     if any(o.startswith("--array") for o in options):
         root += "/t%a"  # and one per task of an array
-    done = submit.submit_new(submit.read_request(["--checkpoint", root, *options, "job.sh"]),
-                             Slurm(cluster, wait=0))
+    done = submit.submit_new(
+        submit.read_request(["--checkpoint", root, *options, "job.sh"]), Slurm(cluster, wait=0)
+    )
     return done.job, done.slurm_job_id
 
 
@@ -120,8 +117,9 @@ def shared_job(cluster: FakeCluster) -> tuple[record.JobRecord, str]:
 def test_shared_job_is_held_and_ceased_answer_lifts_the_hold(home: Path) -> None:
     cluster, clock, signal = FakeCluster(), Clock(), Signal("not ceased", "ceased")
     job, ended = shared_job(cluster)
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal,
-                     clock=clock)
+    sup = Supervisor(
+        Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal, clock=clock
+    )
     sup.run_pass()
     held = last_slurm_id(job)
     assert "--hold" in cluster.sbatch_calls()[-1]
@@ -129,7 +127,7 @@ def test_shared_job_is_held_and_ceased_answer_lifts_the_hold(home: Path) -> None
     assert "held: shared checkpoint" in cluster.jobs[held]["Comment"]
     hold = [e for e in job.events() if e["event"] == "hold"][0]
     assert hold["deadline"] == clock.now + 24 * 3600 and hold["ended_slurm_job_id"] == ended
-    # Asked in the pass that made the hold (issue 31 item 7), then every CessationInterval.
+    # Asked in the pass that made the hold, then every CessationInterval.
     assert signal.asked == [["dispatch-cease", ended, "--restart", "0", "--json"]]
     sup.run_pass()
     assert len(signal.asked) == 1, "asked again before CessationInterval"
@@ -149,13 +147,14 @@ def test_shared_job_is_held_and_ceased_answer_lifts_the_hold(home: Path) -> None
 
 
 def test_a_hold_already_proven_ceased_is_lifted_in_the_pass_that_made_it(home: Path) -> None:
-    """Issue 31 item 7: the ended execution's node had proven it gone before the pass; the
+    """The ended execution's node had proven it gone before the pass; the
     held submission no longer waits a whole pass (the loop's interval) for its first
     question."""
     cluster, clock, signal = FakeCluster(), Clock(), Signal("ceased")
     job, ended = shared_job(cluster)
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal,
-                     clock=clock)
+    sup = Supervisor(
+        Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal, clock=clock
+    )
     report = sup.run_pass()
     held = last_slurm_id(job)
     assert signal.asked == [["dispatch-cease", ended, "--restart", "0", "--json"]]
@@ -175,7 +174,8 @@ def test_hold_without_signal_waits_for_a_person(home: Path) -> None:
     assert cluster.jobs[last_slurm_id(job)]["JobState"] == "RUNNING"
     sup.run_pass()
     assert [e["by"] for e in job.events() if e["event"] == "released"] == [
-        "a person (dispatch release)"]
+        "a person (dispatch release)"
+    ]
 
 
 def test_scontrol_release_by_a_person_is_recorded(home: Path) -> None:
@@ -186,7 +186,8 @@ def test_scontrol_release_by_a_person_is_recorded(home: Path) -> None:
     cluster.set(last_slurm_id(job), JobState="RUNNING", Reason="None")
     sup.run_pass()
     assert [e["by"] for e in job.events() if e["event"] == "released"] == [
-        "a person (scontrol release)"]
+        "a person (scontrol release)"
+    ]
 
 
 def test_hold_expires_and_nothing_more_starts(home: Path) -> None:
@@ -207,8 +208,7 @@ def test_hold_expires_and_nothing_more_starts(home: Path) -> None:
 def test_signal_error_is_recorded_and_hold_stands(home: Path) -> None:
     cluster, clock = FakeCluster(), Clock()
     job, _ = shared_job(cluster)
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=Signal("error"),
-                     clock=clock)
+    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=Signal("error"), clock=clock)
     sup.run_pass()
     sup.run_pass()
     assert [e["verdict"] for e in job.events() if e["event"] == "cessation"] == ["error"]
@@ -230,7 +230,7 @@ def test_killed_after_claim_is_finished_by_next_pass(home: Path) -> None:
     cluster.set(slurm_id, JobState="FAILED")
     # A pass died after claiming submission 2 and running sbatch, before recording it.
     assert job.claim("submission-2")
-    cluster.add("RUNNING", comment=submit.marker(job, 2))
+    cluster.add("RUNNING", comment=naming.marker(job, 2))
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert "recorded submission 2" in report.actions[0]
     assert len(cluster.sbatch_calls()) == 1
@@ -267,6 +267,7 @@ class FileCluster(FakeCluster):
     def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         import fcntl
         import json
+
         with open(self.path + ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             state = json.loads(Path(self.path).read_text())
@@ -289,6 +290,7 @@ def _supervise_many(home: str, state_file: str, passes: int) -> None:
 
 def test_two_supervisors_never_double_submit(home: Path) -> None:
     import json
+
     cluster = FakeCluster()
     jobs = [new_job(cluster, "--resubmit", "5")[0] for _ in range(10)]
     for jobid in cluster.jobs:
@@ -296,9 +298,10 @@ def test_two_supervisors_never_double_submit(home: Path) -> None:
     state = home / "cluster.json"
     state.write_text(json.dumps({"jobs": cluster.jobs, "calls": [], "next": 1000}))
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_supervise_many,
-                         args=(os.environ["DISPATCH_HOME"], str(state), 15))
-             for _ in range(2)]
+    procs = [
+        ctx.Process(target=_supervise_many, args=(os.environ["DISPATCH_HOME"], str(state), 15))
+        for _ in range(2)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -318,12 +321,14 @@ def test_another_users_job_carrying_our_marker_is_never_adopted(home: Path) -> N
     class WholeQueue(FakeCluster):  # a controller that ignores --me: the uid check remains
         def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
             return super().__call__([a for a in argv if a != "--me"], env, cwd, timeout)
+
     for cluster in (FakeCluster(), WholeQueue()):
         job, slurm_id = new_job(cluster, "--resubmit", "1")
         cluster.set(slurm_id, JobState="FAILED")
         assert job.claim("submission-2")  # our pass died before its sbatch
-        planted = cluster.add("PENDING", comment=submit.marker(job, 2), Reason="JobHeldUser",
-                              UserId="mallory(4242)")
+        planted = cluster.add(
+            "PENDING", comment=naming.marker(job, 2), Reason="JobHeldUser", UserId="mallory(4242)"
+        )
         report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
         assert [s["slurm_job_id"] for s in job.submissions()] == [slurm_id], report
         assert planted not in " ".join(report.actions)
@@ -332,8 +337,9 @@ def test_another_users_job_carrying_our_marker_is_never_adopted(home: Path) -> N
 def test_a_released_hold_lets_the_rules_apply_again(home: Path) -> None:
     cluster, clock = FakeCluster(), Clock()
     job, _ = shared_job(cluster)
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(), signal_runner=Signal("ceased"),
-                     clock=clock)
+    sup = Supervisor(
+        Slurm(cluster, wait=0), Settings(), signal_runner=Signal("ceased"), clock=clock
+    )
     sup.run_pass()
     clock.now += 61
     sup.run_pass()
@@ -349,9 +355,14 @@ class MailingCluster(FakeCluster):
     def __call__(self, argv, env, cwd, timeout):  # type: ignore[no-untyped-def]
         if list(argv) == ["scontrol", "show", "config"]:
             self.calls.append(list(argv))
-            return Result(list(argv), 0, "Configuration data as of 2026-01-01T00:00:00\n"
-                          "MailDomain              = (null)\n"
-                          "MailProg                = /usr/bin/mail\n", "")
+            return Result(
+                list(argv),
+                0,
+                "Configuration data as of 2026-01-01T00:00:00\n"
+                "MailDomain              = (null)\n"
+                "MailProg                = /usr/bin/mail\n",
+                "",
+            )
         return super().__call__(argv, env, cwd, timeout)
 
 
@@ -369,11 +380,13 @@ class Notifier:
 
 def test_a_hold_is_told_when_made_and_before_it_expires(home: Path) -> None:
     cluster, clock, notifier = MailingCluster(), Clock(), Notifier()
-    job, ended = new_job(cluster, "--shared-checkpoint", "--resubmit", "1",
-                         "--mail-user=ann@example.org")
+    job, ended = new_job(
+        cluster, "--shared-checkpoint", "--resubmit", "1", "--mail-user=ann@example.org"
+    )
     cluster.set(ended, JobState="NODE_FAIL")
-    settings = Settings(signal=None, hold_for=10 * 3600, mail=True, notify="/site/tell -v",
-                        warn_before=2 * 3600)
+    settings = Settings(
+        signal=None, hold_for=10 * 3600, mail=True, notify="/site/tell -v", warn_before=2 * 3600
+    )
     sup = Supervisor(Slurm(cluster, wait=0), settings, clock=clock, notifier=notifier)
     report = sup.run_pass()
     held = last_slurm_id(job)
@@ -383,11 +396,18 @@ def test_a_hold_is_told_when_made_and_before_it_expires(home: Path) -> None:
     assert f"expires {day} " in cluster.jobs[held]["Comment"]  # what squeue shows
     mail, site = notifier.sent
     assert mail[:2] == ["/usr/bin/mail", "-s"] and mail[3] == "ann@example.org"
-    assert held in mail[2] and day in mail[2] and f"dispatch release {job.id}" in \
-        notifier.texts[0]
+    assert held in mail[2] and day in mail[2] and f"dispatch release {job.id}" in notifier.texts[0]
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(deadline))
-    assert site == ["/site/tell", "-v", "made", job.id, held, stamp, job.spec["user"],
-                    "ann@example.org"]
+    assert site == [
+        "/site/tell",
+        "-v",
+        "made",
+        job.id,
+        held,
+        stamp,
+        job.spec["user"],
+        "ann@example.org",
+    ]
     for _ in range(2):
         clock.now += 3600
         sup.run_pass()
@@ -397,15 +417,21 @@ def test_a_hold_is_told_when_made_and_before_it_expires(home: Path) -> None:
     sup.run_pass()
     assert [a[2] for a in notifier.sent[2:]][1:] == ["expiring"] and len(notifier.sent) == 4
     assert "expires" in notifier.sent[2][2]
-    assert [c for c in cluster.calls if c[:2] == ["scontrol", "show"]] == \
-        [["scontrol", "show", "config"]] * 2  # once per pass that mailed, not per job
+    assert [c for c in cluster.calls if c[:2] == ["scontrol", "show"]] == [
+        ["scontrol", "show", "config"]
+    ] * 2  # once per pass that mailed, not per job
 
 
 def test_a_failing_mailer_is_reported_and_never_blocks_the_pass(home: Path) -> None:
     cluster, clock, signal = MailingCluster(), Clock(), Signal("not ceased", "not ceased")
     job, ended = shared_job(cluster)
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(mail=True), signal_runner=signal,
-                     clock=clock, notifier=Notifier(ok=False))
+    sup = Supervisor(
+        Slurm(cluster, wait=0),
+        Settings(mail=True),
+        signal_runner=signal,
+        clock=clock,
+        notifier=Notifier(ok=False),
+    )
     report = sup.run_pass()
     assert "held" in " ".join(report.actions)
     assert any("could not tell" in e and "mail: cannot send" in e for e in report.errors)
@@ -417,9 +443,10 @@ def test_a_failing_mailer_is_reported_and_never_blocks_the_pass(home: Path) -> N
 
 
 def test_release_by_a_person_shows_the_evidence_and_asks_for_force(home: Path) -> None:
-    """Issue 9 item 14: `dispatch release` of a job whose old execution still has survivors
+    """`dispatch release` of a job whose old execution still has survivors
     released it silently; now the evidence is shown and --force asked for."""
     from slurm_dispatch.errors import RefusedError
+
     cluster = FakeCluster()
     job, ended = shared_job(cluster)
     Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
@@ -436,10 +463,9 @@ def test_release_by_a_person_shows_the_evidence_and_asks_for_force(home: Path) -
     assert cluster.jobs[held]["JobState"] == "RUNNING"
     released = [e for e in job.events() if e["event"] == "released"]
     assert released[-1]["by"] == "a person (dispatch release --force)"
-    # Issue 9 item 15: the comment no longer says "held" once the hold is over.
+    # The comment no longer says "held" once the hold is over.
     comment = cluster.jobs[held]["Comment"]
-    assert comment.startswith(f"dispatch:{job.id}/2 released by a person") and "held" not in \
-        comment
+    assert comment.startswith(f"dispatch:{job.id}/2 released by a person") and "held" not in comment
 
 
 def test_a_ceased_answer_lets_a_person_release_without_force(home: Path) -> None:
@@ -447,12 +473,11 @@ def test_a_ceased_answer_lets_a_person_release_without_force(home: Path) -> None
     job, _ = shared_job(cluster)
     Supervisor(Slurm(cluster, wait=0), Settings(signal=None)).run_pass()
     held = last_slurm_id(job)
-    assert release(Slurm(cluster, wait=0), job, Settings(), signal_runner=Signal("ceased")) \
-        == held
+    assert release(Slurm(cluster, wait=0), job, Settings(), signal_runner=Signal("ceased")) == held
 
 
 def test_a_held_job_cancelled_is_not_a_release_and_the_job_finishes(home: Path) -> None:
-    """Issue 9 item 6: `scancel` of a held job was logged "hold lifted by a person (scontrol
+    """`scancel` of a held job was logged "hold lifted by a person (scontrol
     release)" and the job never got a finished record."""
     cluster = FakeCluster()
     job, _ = shared_job(cluster)
@@ -483,15 +508,20 @@ def test_slurms_hold_after_a_failed_launch_is_released_a_few_times(home: Path) -
         report = sup.run_pass()
         assert report.actions == [
             f"{job.id}: lifted Slurm's hold on job {slurm_id}, made after a failed launch "
-            f"(launch failed requeued held, restart {restart})"], report
+            f"(launch failed requeued held, restart {restart})"
+        ], report
         assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
     cluster.set(slurm_id, **LAUNCH_HELD, Restarts=str(LAUNCH_RELEASES + 1))
     report = sup.run_pass()
     assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
-    assert f"after {LAUNCH_RELEASES} releases by dispatch, so dispatch leaves it to you" in \
-        report.errors[0] and f"scontrol release {slurm_id}" in report.errors[0], report
-    assert [e["by"] for e in job.events() if e["event"] == "released"] == \
-        [LAUNCH_RELEASED_BY] * LAUNCH_RELEASES
+    assert (
+        f"after {LAUNCH_RELEASES} releases by dispatch, so dispatch leaves it to you"
+        in report.errors[0]
+        and f"scontrol release {slurm_id}" in report.errors[0]
+    ), report
+    assert [e["by"] for e in job.events() if e["event"] == "released"] == [
+        LAUNCH_RELEASED_BY
+    ] * LAUNCH_RELEASES
     assert len(cluster.sbatch_calls()) == 1  # Slurm's requeue, never a resubmission
 
 
@@ -501,27 +531,42 @@ def test_a_shared_jobs_hold_after_a_failed_launch_is_left_to_a_person(home: Path
     cluster.set(slurm_id, **LAUNCH_HELD, Restarts="1")
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
-    assert "shared-checkpoint job, so dispatch leaves it to a person" in report.errors[0] \
-        and f"scontrol release {slurm_id}" in report.errors[0], report
+    assert (
+        "shared-checkpoint job, so dispatch leaves it to a person" in report.errors[0]
+        and f"scontrol release {slurm_id}" in report.errors[0]
+    ), report
     assert "released" not in kinds(job)
 
 
 @pytest.mark.parametrize("claimed", [True, False])
 def test_a_launch_held_shared_job_whose_submission_already_ran_is_not_advised_a_release(
-        home: Path, claimed: bool) -> None:
+    home: Path, claimed: bool
+) -> None:
     """Slurm's hold after a failed launch of a job its node still ran ("Duplicate jobid"): the
     submission's first execution claimed it, so a released relaunch would be refused by the
     launcher (it never runs the script twice).  The advice is the way that works: scancel,
     then a resubmission once dispatch-cease proves the first execution gone (found by the
     attack on 865ad2b)."""
     from slurm_dispatch.execution import launch
+
     cluster = FakeCluster()
     job, slurm_id = new_job(cluster, "--shared-checkpoint", "--resubmit", "1")
     if claimed:
         launch.claim_shared(job, 1, {"SLURM_JOB_ID": slurm_id, "SLURMD_NODENAME": "n1"})
     else:  # its execution was the release before the claim's: a recorded start, no claim
-        job.append("started", submission=1, slurm_job_id=slurm_id, restart=0, attempt="a" * 26,
-                   epoch=1_000_000, exec_dir="/x", node="n1", nodes="n1", host="h", pid=1)
+        job.append(
+            "started",
+            submission=1,
+            slurm_job_id=slurm_id,
+            restart=0,
+            attempt="a" * 26,
+            epoch=1_000_000,
+            exec_dir="/x",
+            node="n1",
+            nodes="n1",
+            host="h",
+            pid=1,
+        )
     cluster.set(slurm_id, **LAUNCH_HELD, Restarts="1")
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert report.actions == [] and cluster.jobs[slurm_id]["JobState"] == "PENDING"
@@ -551,16 +596,18 @@ def test_a_ceased_answer_about_another_users_job_lifts_no_hold(home: Path) -> No
     cluster, clock = FakeCluster(), Clock()
     signal = OwnedSignal(os.getuid() + 1, "ceased")
     job, ended = shared_job(cluster)
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal,
-                     clock=clock)
+    sup = Supervisor(
+        Slurm(cluster, wait=0), Settings(interval=60), signal_runner=signal, clock=clock
+    )
     sup.run_pass()
     held = last_slurm_id(job)
     sup.run_pass()
     assert len(signal.asked) == 1
     (fact,) = [e for e in job.events() if e["event"] == "cessation"]
     assert fact["verdict"] == "error"
-    assert (f"Slurm job {ended} was judged from uid {os.getuid() + 1}'s facts, not uid "
-            f"{os.getuid()}'s") in json.dumps(fact["evidence"])
+    assert (
+        f"Slurm job {ended} was judged from uid {os.getuid() + 1}'s facts, not uid {os.getuid()}'s"
+    ) in json.dumps(fact["evidence"])
     assert cluster.jobs[held]["Reason"] == "JobHeldUser" and kinds(job)[-1] != "released"
     # Its own uid's answer lifts it, as any ceased answer does.
     signal.uid, signal.verdicts = os.getuid(), ["ceased"]
@@ -575,39 +622,53 @@ def test_a_ceased_answer_about_another_users_job_lifts_no_hold(home: Path) -> No
 # saved that, recovered 97 as running, found it missing from its node and requeued it.
 # Nothing cancelled it again, and the superseded job ran twice more beside its successor.
 
-@pytest.mark.parametrize("again", [{"JobState": "PENDING", "Reason": "BeginTime",
-                                    "Restarts": "1"},
-                                   {"JobState": "RUNNING", "Restarts": "2"}])
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"},
+        {"JobState": "RUNNING", "Restarts": "2"},
+    ],
+)
 def test_a_superseded_job_that_slurm_runs_again_is_cancelled_again_and_says_why(
-        home: Path, again: dict[str, str]) -> None:
+    home: Path, again: dict[str, str]
+) -> None:
     from slurm_dispatch.control import status_text
+
     cluster = FakeCluster()
     old, slurm_id = new_job(cluster)
-    new = submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
-                            Slurm(cluster, wait=0)).job
+    new = submit.submit_new(
+        submit.read_request(["--supersede", old.id, "job.sh"]), Slurm(cluster, wait=0)
+    ).job
     assert cluster.jobs[slurm_id]["JobState"] == "CANCELLED"
     sup = Supervisor(Slurm(cluster, wait=0), Settings())
     assert sup.run_pass().actions == []  # cancelled and gone: nothing to do
     cluster.set(slurm_id, **again)  # the controller's restart undid the cancel
     report = sup.run_pass()
     assert report.errors == []
-    assert len(report.actions) == 1 and f"cancelled Slurm job {slurm_id} again" in \
-        report.actions[0] and new.id in report.actions[0], report.actions
+    assert (
+        len(report.actions) == 1
+        and f"cancelled Slurm job {slurm_id} again" in report.actions[0]
+        and new.id in report.actions[0]
+    ), report.actions
     assert cluster.jobs[slurm_id]["JobState"] == "CANCELLED"
     assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]] * 2
     assert sup.run_pass().actions == []  # once: the cancel holds now
     # dispatch status says why the superseded job's Slurm job was cancelled a second time.
     lines = [status_text.event_text(e) for e in old.history().decisions()]
-    assert any(f"cancelled Slurm job {slurm_id} again" in line and "active again" in line
-               for line in lines), lines
+    assert any(
+        f"cancelled Slurm job {slurm_id} again" in line and "active again" in line for line in lines
+    ), lines
 
 
 def test_a_superseded_job_still_completing_from_its_cancel_is_not_cancelled_again(
-        home: Path) -> None:
+    home: Path,
+) -> None:
     cluster = FakeCluster()
     old, slurm_id = new_job(cluster)
-    submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
-                      Slurm(cluster, wait=0))
+    submit.submit_new(
+        submit.read_request(["--supersede", old.id, "job.sh"]), Slurm(cluster, wait=0)
+    )
     cluster.set(slurm_id, JobState="COMPLETING")  # its processes are being killed
     assert Supervisor(Slurm(cluster, wait=0), Settings()).run_pass().actions == []
     assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]]
@@ -615,18 +676,25 @@ def test_a_superseded_job_still_completing_from_its_cancel_is_not_cancelled_agai
 
 @pytest.mark.parametrize("comment", ["", "a person's own words"])
 def test_a_superseded_jobs_slurm_id_now_anothers_unmarked_job_is_not_cancelled(
-        home: Path, comment: str) -> None:
+    home: Path, comment: str
+) -> None:
     # Job ids restart when slurmctld loses its state: the superseded record's Slurm job id is
     # then a new job's, one the user submitted with plain sbatch (no dispatch marker).  That
     # job is not the superseded one; the supervisor must never cancel it.
     cluster = FakeCluster()
     old, slurm_id = new_job(cluster)
-    submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
-                      Slurm(cluster, wait=0))
+    submit.submit_new(
+        submit.read_request(["--supersede", old.id, "job.sh"]), Slurm(cluster, wait=0)
+    )
     sup = Supervisor(Slurm(cluster, wait=0), Settings())
     assert sup.run_pass().actions == []
-    cluster.jobs[slurm_id] = {"JobId": slurm_id, "JobState": "RUNNING", "Reason": "None",
-                              "Restarts": "0", "Comment": comment}
+    cluster.jobs[slurm_id] = {
+        "JobId": slurm_id,
+        "JobState": "RUNNING",
+        "Reason": "None",
+        "Restarts": "0",
+        "Comment": comment,
+    }
     report = sup.run_pass()
     assert [c for c in cluster.calls if c[0] == "scancel"] == [["scancel", slurm_id]]
     assert cluster.jobs[slurm_id]["JobState"] == "RUNNING"
@@ -639,8 +707,10 @@ def test_a_superseded_arrays_tasks_all_run_again_are_cancelled_and_recorded(home
     # longer than a file system takes ('File name too long'), so nothing said why.
     cluster = FakeCluster(first_id=1_000_000)
     old, slurm_id = new_job(cluster, "--array=1-40")
-    submit.submit_new(submit.read_request(["--supersede", old.id, "--array=1-40", "job.sh"]),
-                      Slurm(cluster, wait=0))
+    submit.submit_new(
+        submit.read_request(["--supersede", old.id, "--array=1-40", "job.sh"]),
+        Slurm(cluster, wait=0),
+    )
     sup = Supervisor(Slurm(cluster, wait=0), Settings())
     assert sup.run_pass().actions == []
     tasks = [j for j, f in cluster.jobs.items() if f.get("ArrayJobId") == slurm_id]
@@ -662,9 +732,10 @@ def test_a_superseded_jobs_submission_that_landed_unrecorded_is_cancelled(home: 
     cluster = FakeCluster()
     old, slurm_id = new_job(cluster)
     cluster.set(slurm_id, JobState="CANCELLED")
-    landed = cluster.add("RUNNING", submit.marker(old, 2))
-    submit.submit_new(submit.read_request(["--supersede", old.id, "job.sh"]),
-                      Slurm(cluster, wait=0))
+    landed = cluster.add("RUNNING", naming.marker(old, 2))
+    submit.submit_new(
+        submit.read_request(["--supersede", old.id, "job.sh"]), Slurm(cluster, wait=0)
+    )
     assert cluster.jobs[landed]["JobState"] == "RUNNING"  # not one of its submissions
     report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
     assert cluster.jobs[landed]["JobState"] == "CANCELLED", report
@@ -685,9 +756,12 @@ class AccountingCluster(FakeCluster):
             self.calls.append(list(argv))
             wanted = argv[argv.index("-j") + 1]
             found = getattr(self, "accounted", self.jobs).get(wanted)
-            text = (f"{wanted}|{wanted}|{found['JobState']}|{os.getuid()}|"
-                    f"{found.get('SubmitTime', '2026-01-01T00:00:00')}\n"
-                    if found is not None else "")
+            text = (
+                f"{wanted}|{wanted}|{found['JobState']}|{os.getuid()}|"
+                f"{found.get('SubmitTime', '2026-01-01T00:00:00')}\n"
+                if found is not None
+                else ""
+            )
             return Result(list(argv), 0, text, "")
         return super().__call__(argv, env, cwd, timeout)
 
@@ -695,8 +769,9 @@ class AccountingCluster(FakeCluster):
 @pytest.mark.parametrize("comment", ["", "a person's own words"])
 @pytest.mark.parametrize("accounting", [False, True])
 def test_a_reused_slurm_id_of_a_plain_job_never_settles_the_dispatch_job(
-        home: Path, comment: str, accounting: bool) -> None:
-    # Issue 30 item 6: dispatch job D is Slurm job 70; slurmctld loses its state and ids start
+    home: Path, comment: str, accounting: bool
+) -> None:
+    # Dispatch job D is Slurm job 70; slurmctld loses its state and ids start
     # again; the user's plain sbatch job becomes 70 and completes.  It is not D's submission
     # (no marker of D's): D is not recorded completed, and its budget stays; nor is what
     # sacct and the controller's end record say of id 70 (the newest job of the id: the plain
@@ -704,8 +779,14 @@ def test_a_reused_slurm_id_of_a_plain_job_never_settles_the_dispatch_job(
     cluster = (AccountingCluster if accounting else FakeCluster)(first_id=70)
     job, slurm_id = new_job(cluster, "--resubmit", "3")
     assert slurm_id == "70"
-    ends = [{"restart": 0, "end": {"exit_code": "1:0", "source": "controller"},
-             "nodes": {}, "problems": []}]
+    ends = [
+        {
+            "restart": 0,
+            "end": {"exit_code": "1:0", "source": "controller"},
+            "nodes": {},
+            "problems": [],
+        }
+    ]
     sup = Supervisor(Slurm(cluster, wait=0), Settings(), facts_reader=lambda _id: ends)
     assert sup.run_pass().actions == []
     lose_state(cluster, 70)
@@ -746,7 +827,8 @@ def test_a_submission_made_without_a_marker_falls_back_to_times(home: Path) -> N
 
 
 def test_a_reused_slurm_id_of_a_plain_job_is_never_cancelled_nor_live_for_the_record(
-        home: Path) -> None:
+    home: Path,
+) -> None:
     # After slurmctld lost its state, the user's plain sbatch job 70 runs under the id of
     # dispatch job D's submission: `dispatch cancel D` must not cancel it, and a person's
     # resubmission of D is not refused as if D still ran.
@@ -762,16 +844,22 @@ def test_a_reused_slurm_id_of_a_plain_job_is_never_cancelled_nor_live_for_the_re
 
 
 def test_a_hold_lifted_in_the_pass_that_made_it_is_told_to_nobody(home: Path) -> None:
-    """Attack on issue 31 item 7: the hold is asked about in the pass that makes it, but the
+    """Attack on asking at once: the hold is asked about in the pass that makes it, but the
     owner was mailed (and the site's HoldNotify run) 'held until <deadline>; dispatch release
     once...' first, for a hold lifted a moment later: every restart of a shared job whose
     node had proven its execution gone mailed about a hold there never was to act on."""
     cluster, clock, notifier = MailingCluster(), Clock(), Notifier()
-    job, ended = new_job(cluster, "--shared-checkpoint", "--resubmit", "1",
-                         "--mail-user=ann@example.org")
+    job, ended = new_job(
+        cluster, "--shared-checkpoint", "--resubmit", "1", "--mail-user=ann@example.org"
+    )
     cluster.set(ended, JobState="NODE_FAIL")
-    sup = Supervisor(Slurm(cluster, wait=0), Settings(mail=True, notify="/site/tell"),
-                     signal_runner=Signal("ceased"), clock=clock, notifier=notifier)
+    sup = Supervisor(
+        Slurm(cluster, wait=0),
+        Settings(mail=True, notify="/site/tell"),
+        signal_runner=Signal("ceased"),
+        clock=clock,
+        notifier=notifier,
+    )
     report = sup.run_pass()
     assert cluster.jobs[last_slurm_id(job)]["JobState"] == "RUNNING", report.actions
     assert notifier.sent == [], notifier.sent

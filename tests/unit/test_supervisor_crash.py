@@ -1,4 +1,4 @@
-"""The supervisor killed at the worst moment (issue 8, finding 6), against the fake controller.
+"""The supervisor killed at the worst moment, against the fake controller.
 
 First one test per crash window found, with the kill placed by hand; then a property test:
 passes killed by SIGKILL at random steps (a forked pass that ``os._exit``s at its k-th Slurm
@@ -27,12 +27,13 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from slurm_dispatch.control import events, record, submit, supervisor
+from slurm_dispatch.control import events, naming, record, sbatch_words, supervisor
 from slurm_dispatch.control.holds import Answer
 from slurm_dispatch.control.supervisor import Settings, Supervisor
-from slurm_dispatch.slurm.adapter import Result, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.result import Result
 
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 from .test_supervisor import Clock, new_job
 
 
@@ -46,22 +47,19 @@ class KillAt:
     def __init__(self, cluster: FakeCluster, command: str, after: bool) -> None:
         self.cluster, self.command, self.after = cluster, command, after
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         if argv[0] == self.command and not self.after:
             raise Killed()
         result = self.cluster(argv, env, cwd, timeout)
         if argv[0] == self.command:
             raise Killed()
         return result
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DISPATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "job.sh").write_text("#!/bin/bash\necho hi\n")
-    return tmp_path
 
 
 def of_kind(job: record.JobRecord, kind: str) -> list[dict[str, Any]]:
@@ -87,9 +85,14 @@ def test_killed_right_after_a_held_sbatch_keeps_the_hold(home: Path) -> None:
     def signal(argv: list[str], timeout: float) -> Answer:
         asked.append(argv)
         return Answer("not ceased", 1, {})
+
     settings = Settings(hold_for=600, interval=60)
-    killed = Supervisor(Slurm(KillAt(cluster, "sbatch", after=True), wait=0), settings,
-                        signal_runner=signal, clock=clock)
+    killed = Supervisor(
+        Slurm(KillAt(cluster, "sbatch", after=True), wait=0),
+        settings,
+        signal_runner=signal,
+        clock=clock,
+    )
     with pytest.raises(Killed):
         killed.run_pass()
     held = max(cluster.jobs, key=int)
@@ -114,8 +117,9 @@ def test_two_killed_attempts_are_reported_never_silent(home: Path) -> None:
     cluster.set(first, JobState="FAILED")
     clock = Clock(os.stat(Path(job.path) / "claims" / "submission-1").st_mtime)
     for _ in range(2):  # each attempt dies just before its sbatch
-        killer = Supervisor(Slurm(KillAt(cluster, "sbatch", after=False), wait=0), Settings(),
-                            clock=clock)
+        killer = Supervisor(
+            Slurm(KillAt(cluster, "sbatch", after=False), wait=0), Settings(), clock=clock
+        )
         clock.now += 301
         try:
             killer.run_pass()
@@ -135,8 +139,9 @@ def test_a_retry_within_min_job_age_is_made_once(home: Path) -> None:
     job, first = new_job(cluster, "--resubmit", "1")
     cluster.set(first, JobState="FAILED")
     clock = Clock(os.stat(Path(job.path) / "claims" / "submission-1").st_mtime)
-    killer = Supervisor(Slurm(KillAt(cluster, "sbatch", after=False), wait=0), Settings(),
-                        clock=clock)
+    killer = Supervisor(
+        Slurm(KillAt(cluster, "sbatch", after=False), wait=0), Settings(), clock=clock
+    )
     with pytest.raises(Killed):
         killer.run_pass()
     sup = Supervisor(Slurm(cluster, wait=0), Settings(), clock=clock)
@@ -152,15 +157,29 @@ def test_killed_after_sbatch_then_aged_out_is_never_submitted_again(home: Path) 
     job, first = new_job(cluster, "--resubmit", "2")
     cluster.set(first, JobState="FAILED")
     clock = Clock(os.stat(Path(job.path) / "claims" / "submission-1").st_mtime)
-    killer = Supervisor(Slurm(KillAt(cluster, "sbatch", after=True), wait=0), Settings(),
-                        clock=clock)
+    killer = Supervisor(
+        Slurm(KillAt(cluster, "sbatch", after=True), wait=0), Settings(), clock=clock
+    )
     with pytest.raises(Killed):
         killer.run_pass()
     second = max(cluster.jobs, key=int)
     # Submission 2 started (the launcher records it), failed, and aged out of slurmctld.
-    job.append("started", submission=2, slurm_job_id=second, array_job_id="",
-               array_task_id="", restart=0, attempt="b" * 26, epoch=2_000_000,
-               exec_dir="/ck/exec/b", resume_from="", node="n1", nodes="n1", host="h", pid=1)
+    job.append(
+        "started",
+        submission=2,
+        slurm_job_id=second,
+        array_job_id="",
+        array_task_id="",
+        restart=0,
+        attempt="b" * 26,
+        epoch=2_000_000,
+        exec_dir="/ck/exec/b",
+        resume_from="",
+        node="n1",
+        nodes="n1",
+        host="h",
+        pid=1,
+    )
     del cluster.jobs[second]
     sup = Supervisor(Slurm(cluster, wait=0), Settings(), clock=clock)
     for _ in range(3):
@@ -177,8 +196,11 @@ def test_an_event_of_the_wrong_shape_is_an_error_for_its_job_only(home: Path) ->
     good, good_id = new_job(cluster, "--resubmit", "1")
     for jobid in (bad_id, good_id):
         cluster.set(jobid, JobState="FAILED")
-    for data in ([1, 2], {"time": 1, "ns": 1}, {"event": "submitted", "time": 1.0, "ns": 1,
-                                                 "submission": "2a", "slurm_job_id": "9"}):
+    for data in (
+        [1, 2],
+        {"time": 1, "ns": 1},
+        {"event": "submitted", "time": 1.0, "ns": 1, "submission": "2a", "slurm_job_id": "9"},
+    ):
         path = Path(bad.path) / "events" / "00000000000000000002-x.json"
         path.write_text(json.dumps(data))
         report = Supervisor(Slurm(cluster, wait=0), Settings()).run_pass()
@@ -188,6 +210,7 @@ def test_an_event_of_the_wrong_shape_is_an_error_for_its_job_only(home: Path) ->
 
 
 # -- the property test -----------------------------------------------------------------------
+
 
 class World(FakeCluster):
     """The fake controller kept in a file under a lock, so a forked pass and the test share
@@ -214,8 +237,13 @@ class World(FakeCluster):
         tmp.write_text(json.dumps(self.state(next_id)))
         tmp.replace(self.path)
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         with open(str(self.path) + ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             first = self.load()
@@ -252,11 +280,13 @@ class Steps:
                 return fn(*args, **kwargs)
             finally:
                 self.tick()
+
         return wrapped
 
 
-def run_pass_in_child(world: World, now: float, kill_at: Optional[int], seed: int,
-                      out: Path) -> bool:
+def run_pass_in_child(
+    world: World, now: float, kill_at: Optional[int], seed: int, out: Path
+) -> bool:
     """One pass in a forked process, killed at step ``kill_at``; True if it ran to its end."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -270,9 +300,14 @@ def run_pass_in_child(world: World, now: float, kill_at: Optional[int], seed: in
             def signal(argv: list[str], timeout: float) -> Answer:
                 verdict = rng.choice(["ceased", "not ceased", "not ceased", "error"])
                 return Answer(verdict, {"ceased": 0, "not ceased": 1}.get(verdict, 2), {})
-            sup = Supervisor(Slurm(steps.around(world), wait=0),
-                             Settings(hold_for=900, interval=60), signal_runner=signal,
-                             clock=lambda: now, facts_reader=lambda slurm_id: [])
+
+            sup = Supervisor(
+                Slurm(steps.around(world), wait=0),
+                Settings(hold_for=900, interval=60),
+                signal_runner=signal,
+                clock=lambda: now,
+                facts_reader=lambda slurm_id: [],
+            )
             report = sup.run_pass()
             out.write_text(json.dumps({"actions": report.actions, "errors": report.errors}))
             code = 0
@@ -289,15 +324,14 @@ def run_pass_in_child(world: World, now: float, kill_at: Optional[int], seed: in
     return True
 
 
-def evolve(world: World, jobs: dict[str, record.JobRecord], rng: random.Random,
-           now: float) -> None:
+def evolve(world: World, jobs: dict[str, record.JobRecord], rng: random.Random, now: float) -> None:
     """Slurm moves on between passes: jobs start (the launcher records it), end, are
     released by a person now and then, and age out MinJobAge after their end."""
     first = world.load()
     world.now = now
     for jobid, fields in list(world.jobs.items()):
         words = [w for w in fields["Comment"].split() if w.startswith("dispatch:")]
-        ident, _, number = words[0][len("dispatch:"):].partition("/") if words else ("", "", "")
+        ident, _, number = words[0][len("dispatch:") :].partition("/") if words else ("", "", "")
         state = fields["JobState"]
         if state == "PENDING" and fields["Reason"] == "JobHeldUser" and rng.random() < 0.03:
             fields.update(JobState="RUNNING", Reason="None")  # a person's scontrol release
@@ -309,35 +343,54 @@ def evolve(world: World, jobs: dict[str, record.JobRecord], rng: random.Random,
             fields["Started"] = "1"
             task = fields.get("ArrayTaskId", "")  # an array task: its own id, its array's
             submission = int(number.partition("-t")[0])
-            jobs[ident].append("started", submission=submission, slurm_job_id=jobid,
-                               array_job_id=fields.get("ArrayJobId", "") if task else "",
-                               array_task_id=task, restart=0,
-                               attempt="a" * 26, epoch=submission * 10**6, exec_dir="/x",
-                               resume_from="", node="n1", nodes="n1", host="h", pid=1)
+            jobs[ident].append(
+                "started",
+                submission=submission,
+                slurm_job_id=jobid,
+                array_job_id=fields.get("ArrayJobId", "") if task else "",
+                array_task_id=task,
+                restart=0,
+                attempt="a" * 26,
+                epoch=submission * 10**6,
+                exec_dir="/x",
+                resume_from="",
+                node="n1",
+                nodes="n1",
+                host="h",
+                pid=1,
+            )
         elif state == "RUNNING" and rng.random() < 0.3:
-            end = rng.choice(["FAILED", "FAILED", "NODE_FAIL", "NODE_FAIL", "COMPLETED",
-                              "TIMEOUT"])
+            end = rng.choice(["FAILED", "FAILED", "NODE_FAIL", "NODE_FAIL", "COMPLETED", "TIMEOUT"])
             fields.update(JobState=end, Ended=str(now))
         elif fields.get("Ended") and now - float(fields["Ended"]) > 300:
             del world.jobs[jobid]  # aged out of slurmctld (MinJobAge)
     world.save(first)
 
 
-def check(world: World, jobs: dict[str, record.JobRecord], report: Optional[dict[str, Any]],
-          now: float, passed_holds: set[str], figures: dict[str, Any]) -> None:
+def check(
+    world: World,
+    jobs: dict[str, record.JobRecord],
+    report: Optional[dict[str, Any]],
+    now: float,
+    passed_holds: set[str],
+    figures: dict[str, Any],
+) -> None:
     world.load()
     doubled = {m: c for m, c in world.sbatch.items() if c > 1}
     assert not doubled, f"submissions made twice: {doubled}"
     if report is None:
         return
-    held_ids = {j for j, f in world.jobs.items()
-                if f["JobState"] == "PENDING" and f["Reason"] == "JobHeldUser"}
+    held_ids = {
+        j
+        for j, f in world.jobs.items()
+        if f["JobState"] == "PENDING" and f["Reason"] == "JobHeldUser"
+    }
     for ident, job in jobs.items():
         history = job.history()
         said = [e for e in report["errors"] + report["actions"] if e.startswith(ident)]
         if any("STUCK" in e for e in report["errors"] if e.startswith(ident)):
             figures["stuck"].add(ident)
-        tasks = submit.array_tasks(job)
+        tasks = sbatch_words.array_tasks(job)
         # Every lineage: the job's, or each task's of an array (each on its own).
         for task in [None] if tasks is None else tasks:
             line = history.lineage(task)
@@ -345,26 +398,36 @@ def check(world: World, jobs: dict[str, record.JobRecord], report: Optional[dict
                 continue
             current = line.current
             assert current is not None
-            live = any(f["JobState"] in ("PENDING", "RUNNING") for j, f in world.jobs.items()
-                       if (j == current.slurm_job_id if task is None else
-                           f.get("ArrayJobId") == current.slurm_job_id
-                           and f.get("ArrayTaskId") == str(task)))
-            claims = job.claims(submit.claim_name(current.submission + 1, task))
+            live = any(
+                f["JobState"] in ("PENDING", "RUNNING")
+                for j, f in world.jobs.items()
+                if (
+                    j == current.slurm_job_id
+                    if task is None
+                    else f.get("ArrayJobId") == current.slurm_job_id
+                    and f.get("ArrayTaskId") == str(task)
+                )
+            )
+            claims = job.claims(naming.claim_name(current.submission + 1, task))
             in_flight = bool(claims) and now - claims[-1][1]["time"] < supervisor.SBATCH_SETTLE
-            assert live or in_flight, (f"{ident} task {task} silently lost: submission "
-                                       f"{current.submission} ({current.slurm_job_id}); "
-                                       f"{report}")
+            assert live or in_flight, (
+                f"{ident} task {task} silently lost: submission "
+                f"{current.submission} ({current.slurm_job_id}); "
+                f"{report}"
+            )
             hold = line.hold
             if hold is not None:
                 assert hold.deadline > hold.time, hold
                 if hold.slurm_job_id in passed_holds:
-                    assert line.answers_for(hold.slurm_job_id), \
+                    assert line.answers_for(hold.slurm_job_id), (
                         f"{ident} task {task}: hold never asked about"
+                    )
     for jobid in held_ids:
-        ident, _, number = world.jobs[jobid]["Comment"].split()[0][len("dispatch:"):] \
-            .partition("/")
-        n, _, task = number.partition("-t")
-        line = jobs[ident].history().lineage(int(task) if task else None)
+        ident, _, number = (
+            world.jobs[jobid]["Comment"].split()[0][len("dispatch:") :].partition("/")
+        )
+        n, _, task_id = number.partition("-t")
+        line = jobs[ident].history().lineage(int(task_id) if task_id else None)
         hold = line.hold_for(int(n))
         assert hold is not None and hold.deadline > 0, f"held {jobid} unknown to {ident}"
     passed_holds.clear()
@@ -403,11 +466,13 @@ def test_random_sigkills_never_double_nor_lose_a_submission(home: Path, seed: in
         check(world, jobs, report, now, passed_holds, figures)
     world.load()
     figures["sbatch"] = sum(world.sbatch.values())
-    figures["settled"] = sum(j.history().settled_tasks(submit.array_tasks(j) or [])
-                             for j in jobs.values())
+    figures["settled"] = sum(
+        j.history().settled_tasks(sbatch_words.array_tasks(j) or []) for j in jobs.values()
+    )
     figures["holds"] = sum(len(j.history().of(events.Hold)) for j in jobs.values())
-    figures["task submissions"] = sum(s.task is not None for j in jobs.values()
-                                      for s in j.history().submissions)
+    figures["task submissions"] = sum(
+        s.task is not None for j in jobs.values() for s in j.history().submissions
+    )
     figures["stuck"] = len(figures["stuck"])
     print(f"seed {seed}: {figures} over {len(jobs)} jobs")
     assert figures["kills"] > 20 and figures["sbatch"] > 1.5 * len(jobs) and figures["holds"]

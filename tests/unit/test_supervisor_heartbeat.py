@@ -1,5 +1,5 @@
 """dispatch-sbatch warns when --resubmit or --shared-checkpoint is given and no supervisor of
-the user's has passed lately (issue 18, item 7): one stderr line naming the ways to run one,
+the user's has passed lately: one stderr line naming the ways to run one,
 the job submitted all the same.  The supervisor's heartbeat (slurm_dispatch.control.heartbeat) is
 what both this and `dispatch status` read."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from slurm_dispatch.control import heartbeat
 
-from .fake_controller import CLUSTER, Controller
+from ..fakes.controller import CLUSTER, Controller
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -27,16 +27,24 @@ def world(tmp_path: Path) -> dict[str, Any]:
     conf = tmp_path / "dispatch.conf"
     conf.write_text("CessationSignal=\n")
     controller = Controller(tmp_path / "slurm")
-    env = controller.env(DISPATCH_HOME=str(tmp_path / "home"), PYTHONPATH=REPO,
-                         SLURM_DISPATCH_CONF=str(conf), DISPATCH_SLURM_BACKEND="cli")
-    return {"tmp": tmp_path, "env": env, "controller": controller,
-            "home": str(tmp_path / "home")}
+    env = controller.env(
+        DISPATCH_HOME=str(tmp_path / "home"),
+        PYTHONPATH=REPO,
+        SLURM_DISPATCH_CONF=str(conf),
+        DISPATCH_SLURM_BACKEND="cli",
+    )
+    return {"tmp": tmp_path, "env": env, "controller": controller, "home": str(tmp_path / "home")}
 
 
 def run(world: dict[str, Any], module: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", f"slurm_dispatch.{module}", *argv],
-                          env=world["env"], cwd=world["tmp"], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", f"slurm_dispatch.{module}", *argv],
+        env=world["env"],
+        cwd=world["tmp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def submitted(world: dict[str, Any]) -> int:
@@ -47,19 +55,24 @@ def warnings(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in proc.stderr.splitlines() if "warning" in line]
 
 
-@pytest.mark.parametrize("options, named", [
-    (["--resubmit", "2"], "--resubmit 2 acts"),
-    (["--shared-checkpoint"], "--shared-checkpoint acts"),
-    (["--resubmit", "1", "--shared-checkpoint"], "--resubmit 1 and --shared-checkpoint act"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (["--resubmit", "2"], "--resubmit 2 acts"),
+        (["--shared-checkpoint"], "--shared-checkpoint acts"),
+        (["--resubmit", "1", "--shared-checkpoint"], "--resubmit 1 and --shared-checkpoint act"),
+    ],
+)
 def test_no_supervisor_yet_is_one_warning_and_the_job_is_submitted(
-        world: dict[str, Any], options: list[str], named: str) -> None:
+    world: dict[str, Any], options: list[str], named: str
+) -> None:
     proc = run(world, "cli.sbatch", "--checkpoint", "ck", *options, "job.sh")
     assert proc.returncode == 0, proc.stderr
     assert "Submitted batch job" in proc.stdout and submitted(world) == 1
     (line,) = warnings(proc)
-    assert line.startswith(f"dispatch-sbatch: warning: {named} only while `dispatch "
-                           "supervise` runs"), line
+    assert line.startswith(
+        f"dispatch-sbatch: warning: {named} only while `dispatch supervise` runs"
+    ), line
     assert "none has passed yet" in line
     assert "systemctl --user enable --now dispatch-supervise.timer" in line
     assert "* * * * * dispatch supervise -q" in line and "dispatch supervise --loop" in line
@@ -92,6 +105,8 @@ def test_a_slow_loop_counts_by_its_interval(world: dict[str, Any]) -> None:
     body["time"] = time.time() - 1200  # 20 min ago, within three 15-min intervals
     Path(heartbeat.path(world["home"])).write_text(json.dumps(body))
     assert heartbeat.missing_warning(world["home"], None, ["--resubmit 1"]) is None
-    assert heartbeat.missing_warning(world["home"], None, ["--resubmit 1"],
-                                     now=time.time() + 3600) is not None
+    assert (
+        heartbeat.missing_warning(world["home"], None, ["--resubmit 1"], now=time.time() + 3600)
+        is not None
+    )
     assert heartbeat.missing_warning(world["home"], "other", ["--resubmit 1"]) is not None

@@ -1,4 +1,4 @@
-"""One job's failed action is that job's (issue 18, item 5): reported naming the job and the
+"""One job's failed action is that job's: reported naming the job and the
 action, and the pass goes on for the others, as it does for an unreadable record.  Both
 backends' shapes: scontrol's refusal (the command-line tools, at the process boundary) and
 pyslurm's (``RPCError``, and the ``TypeError`` pyslurm 24.11.0's old API raises), the latter
@@ -18,14 +18,13 @@ import pytest
 from slurm_dispatch.control import record
 from slurm_dispatch.control.holds import Answer
 from slurm_dispatch.control.supervisor import Settings, Supervisor
-from slurm_dispatch.slurm.adapter import Result, Slurm
+from slurm_dispatch.slurm.adapter import Slurm
+from slurm_dispatch.slurm.result import Result
 
-from . import test_supervisor
-from .fake_cluster import FakeCluster
+from ..fakes.cluster import FakeCluster
 from .test_supervisor import last_slurm_id, new_job
 
 INVALID = "Invalid job id specified"
-home = test_supervisor.home  # the fixture: DISPATCH_HOME and a job script in a fresh folder
 
 
 def ceased(argv: list[str], timeout: float) -> Answer:
@@ -37,10 +36,16 @@ class Refusing:
     scontrol does for a job slurmctld no longer knows."""
 
     def __init__(self, cluster: FakeCluster) -> None:
-        self.cluster, self.refused = cluster, set()  # type: set[str]
+        self.cluster = cluster
+        self.refused: set[str] = set()
 
-    def __call__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], timeout: float) -> Result:
+    def __call__(
+        self,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        timeout: float,
+    ) -> Result:
         if list(argv[:2]) == ["scontrol", "release"] and set(argv[2].split(",")) & self.refused:
             return Result(list(argv), 1, "", f"scontrol: error: {INVALID}\n")
         return self.cluster(argv, env, cwd, timeout)
@@ -68,10 +73,15 @@ def test_a_refused_release_is_that_jobs_error_and_the_pass_goes_on(home: Path) -
     runner.refused.add(held1)
     report = sup.run_pass()
     (error,) = report.errors
-    assert error.startswith(f"{first.id}: ") and f"release Slurm job {held1}" in error \
-        and INVALID in error and "\n" not in error, error
-    assert any(a.startswith(f"{second.id}: hold on Slurm job {held2} lifted") for a in
-               report.actions), report.actions
+    assert (
+        error.startswith(f"{first.id}: ")
+        and f"release Slurm job {held1}" in error
+        and INVALID in error
+        and "\n" not in error
+    ), error
+    assert any(
+        a.startswith(f"{second.id}: hold on Slurm job {held2} lifted") for a in report.actions
+    ), report.actions
     assert cluster.jobs[held2]["JobState"] == "RUNNING"
     assert [e["event"] for e in first.events()][-1] == "cessation"  # no release recorded
 
@@ -127,34 +137,45 @@ class Hybrid:
 
 
 @pytest.mark.parametrize("shape", ["rpc", "type"])
-def test_pyslurms_failed_release_is_that_jobs_error(home: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    shape: str) -> None:
+def test_pyslurms_failed_release_is_that_jobs_error(
+    home: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
     cluster = FakeCluster()
     stand_in = StandIn(cluster)
     monkeypatch.setitem(sys.modules, "pyslurm", stand_in.module)
     monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm.pyslurm_backend", raising=False)
     backend_module = importlib.import_module("slurm_dispatch.slurm.pyslurm_backend")
-    from slurm_dispatch.slurm.select import Probe
+    from slurm_dispatch.slurm.release import Probe
+
     backend = backend_module.PyslurmBackend(Probe(True, "", "22.5.3", "22.05.8"))
     slurm = Slurm(cluster, wait=0)
     slurm._chosen = Hybrid(cluster, backend)
     sup = Supervisor(slurm, Settings(interval=0), signal_runner=ceased)
     (first, second), (held1, held2) = two_held(cluster, sup)
-    stand_in.failing[held1] = (stand_in.module.RPCError(INVALID) if shape == "rpc"  # type: ignore[attr-defined]
-                               else TypeError("an integer is required"))
+    stand_in.failing[held1] = (
+        stand_in.module.RPCError(INVALID)
+        if shape == "rpc"  # type: ignore[attr-defined]
+        else TypeError("an integer is required")
+    )
     report = sup.run_pass()
     (error,) = report.errors
     said = INVALID if shape == "rpc" else "an integer is required"
-    assert error.startswith(f"{first.id}: ") and f"release Slurm job {held1}" in error \
-        and said in error and "\n" not in error, error
-    assert any(a.startswith(f"{second.id}: hold on Slurm job {held2} lifted") for a in
-               report.actions), report.actions
+    assert (
+        error.startswith(f"{first.id}: ")
+        and f"release Slurm job {held1}" in error
+        and said in error
+        and "\n" not in error
+    ), error
+    assert any(
+        a.startswith(f"{second.id}: hold on Slurm job {held2} lifted") for a in report.actions
+    ), report.actions
     assert cluster.jobs[held2]["JobState"] == "RUNNING"
     monkeypatch.delitem(sys.modules, "slurm_dispatch.slurm.pyslurm_backend")
 
 
-def test_an_unexpected_error_in_one_job_is_that_jobs(home: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unexpected_error_in_one_job_is_that_jobs(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Whatever one job's handling raises (a bug, a full disk) is reported for that job; the
     others are still handled."""
     cluster = FakeCluster()
@@ -171,6 +192,7 @@ def test_an_unexpected_error_in_one_job_is_that_jobs(home: Path,
         if job.id == bad:
             raise OSError(28, "No space left on device")
         original(self, job, *args)
+
     monkeypatch.setattr(Supervisor, "_job", failing)
     report = sup.run_pass()
     (error,) = report.errors

@@ -25,7 +25,7 @@ from typing import Callable
 
 import pytest
 
-from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import execdir, model
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.errors import OutOfBounds, UsageError
 from slurm_dispatch.execution.saverules import SaveRule, compile_pattern, file_complete
@@ -36,19 +36,9 @@ DISPATCH = [sys.executable, "-m", "slurm_dispatch.cli.dispatch"]
 EPOCH = model.Epoch(0, 1, 0).value
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "ck" / "exec" / "a").mkdir(parents=True)
-    return tmp_path / "ck"
-
-
-@pytest.fixture
-def folder(root: Path) -> Path:
-    return root / "exec" / "a"
-
-
-def watcher(root: Path, folder: Path, rule: SaveRule | None = None,
-            lines: list[str] | None = None) -> Watcher:
+def watcher(
+    root: Path, folder: Path, rule: SaveRule | None = None, lines: list[str] | None = None
+) -> Watcher:
     sink = lines if lines is not None else []
     return Watcher(str(root), str(folder), EPOCH, rule or SaveRule.make(), sink.append)
 
@@ -84,6 +74,7 @@ def torch_like_zip(members: int = 3, size: int = 50_000) -> bytes:
 
 # ---- what complete means ---------------------------------------------------------------
 
+
 def test_a_folder_waits_for_its_whole_ready_file(root: Path, folder: Path) -> None:
     w = watcher(root, folder)
     save = folder / "checkpoint-5"
@@ -100,6 +91,19 @@ def test_a_folder_waits_for_its_whole_ready_file(root: Path, folder: Path) -> No
     assert published(root) == [(5, "checkpoint-5")]
 
 
+def test_a_save_removed_before_it_was_published_is_no_longer_waited_for(
+    root: Path, folder: Path
+) -> None:
+    w = watcher(root, folder)
+    save = hf_save(folder, 3)
+    assert w.scan() == [] and w.waiting() == ["checkpoint-3"]
+    (save / "model.safetensors").unlink()
+    (save / "trainer_state.json").unlink()
+    save.rmdir()
+    assert w.scan() == [] and w.waiting() == []
+    assert published(root) == []
+
+
 def test_ready_names_another_last_file(root: Path, folder: Path) -> None:
     w = watcher(root, folder, SaveRule.make(ready="DONE"))
     save = hf_save(folder, 3)
@@ -110,10 +114,15 @@ def test_ready_names_another_last_file(root: Path, folder: Path) -> None:
 
 def test_files_named_by_step_are_saves_when_whole(root: Path, folder: Path) -> None:
     w = watcher(root, folder)
-    for name in ("last.ckpt", "hpc_ckpt_1.ckpt", "global_step=7.ckpt", ".tmp-step=9.ckpt",
-                 "checkpoint-4",  # checkpoint-N must be a folder
-                 "step=3.pt",  # not Lightning's extension: --pattern says what else is a save
-                 "epoch=0-step=5.ckpt.dispatch-manifest.json"):  # the integrations' manifest
+    # (hpc_ckpt_<n>.ckpt is a save whose step is inside it: test_watch_hpc.py)
+    for name in (
+        "last.ckpt",
+        "global_step=7.ckpt",
+        ".tmp-step=9.ckpt",
+        "checkpoint-4",  # checkpoint-N must be a folder
+        "step=3.pt",  # not Lightning's extension: --pattern says what else is a save
+        "epoch=0-step=5.ckpt.dispatch-manifest.json",
+    ):  # the integrations' manifest
         (folder / name).write_bytes(b"x")
     (folder / "epoch=0-step=60.ckpt").write_bytes(b"")  # created, not yet written
     (folder / "epoch=1-step=50.ckpt").mkdir()  # a sharded save (several ranks): not watch's
@@ -123,8 +132,7 @@ def test_files_named_by_step_are_saves_when_whole(root: Path, folder: Path) -> N
     assert published(root) == [(60, "epoch=0-step=60.ckpt")]
 
 
-def test_a_zip_copied_into_place_is_published_only_when_whole(root: Path, folder: Path
-                                                              ) -> None:
+def test_a_zip_copied_into_place_is_published_only_when_whole(root: Path, folder: Path) -> None:
     """fsspec's commit (Lightning's _atomic_save) is a rename on one file system but a copy
     into the final name when $TMPDIR is on another: the .ckpt is visible while it grows.
     A torch.save zip is whole once its end record ends the file."""
@@ -163,10 +171,16 @@ def test_pattern_with_step_placeholder(root: Path, folder: Path) -> None:
     assert two_scans(w) == [8]
 
 
-@pytest.mark.parametrize("pattern, word", [
-    ("model.pt", "{step} exactly once"), ("a{step}b{step}", "{step} exactly once"),
-    ("sub/{step}", "no '/'"), (".hidden{step}", "not starting with '.'"),
-    ("x[{step}", "'[' without its ']'")])
+@pytest.mark.parametrize(
+    "pattern, word",
+    [
+        ("model.pt", "{step} exactly once"),
+        ("a{step}b{step}", "{step} exactly once"),
+        ("sub/{step}", "no '/'"),
+        (".hidden{step}", "not starting with '.'"),
+        ("x[{step}", "'[' without its ']'"),
+    ],
+)
 def test_bad_patterns_are_named(pattern: str, word: str) -> None:
     with pytest.raises(UsageError) as info:
         compile_pattern(pattern)
@@ -181,8 +195,9 @@ def test_bad_values_are_named(root: Path, folder: Path, tmp_path: Path) -> None:
         Watcher(str(root), str(tmp_path / "elsewhere"), EPOCH, SaveRule.make())
     with pytest.raises(UsageError, match="'.*nope' is not a directory"):
         Watcher(str(tmp_path / "nope"), str(folder), EPOCH, SaveRule.make())
-    with pytest.raises(UsageError, match="'s3://b/run' is on S3: watch needs the execution's "
-                       "prefix"):
+    with pytest.raises(
+        UsageError, match="'s3://b/run' is on S3: watch needs the execution's prefix"
+    ):
         Watcher("s3://b/run", str(folder), EPOCH, SaveRule.make())
     with pytest.raises(UsageError, match="'gs://b/run': 'gs://' roots are not supported"):
         Watcher("gs://b/run", str(folder), EPOCH, SaveRule.make())
@@ -196,6 +211,7 @@ def test_bad_values_are_named(root: Path, folder: Path, tmp_path: Path) -> None:
 
 # ---- order, once, restarts --------------------------------------------------------------
 
+
 def test_saves_publish_in_step_order_each_once(root: Path, folder: Path) -> None:
     lines: list[str] = []
     w = watcher(root, folder, lines=lines)
@@ -207,11 +223,12 @@ def test_saves_publish_in_step_order_each_once(root: Path, folder: Path) -> None
     pubs = store.list_publications(str(root))
     made = sorted(pubs, key=lambda f: os.stat(root / "pub" / f.name).st_ctime_ns)
     assert [f.step for f in made] == [10, 20, 30], "created out of step order"
-    assert lines == [f"published step 10: {folder}/checkpoint-10",
-                     f"published step 20: {folder}/checkpoint-20",
-                     f"not publishing step 20: {folder}/epoch=0-step=20.ckpt (step 20 is "
-                     "already published)",
-                     f"published step 30: {folder}/checkpoint-30"]
+    assert lines == [
+        f"published step 10: {folder}/checkpoint-10",
+        f"published step 20: {folder}/checkpoint-20",
+        f"not publishing step 20: {folder}/epoch=0-step=20.ckpt (step 20 is already published)",
+        f"published step 30: {folder}/checkpoint-30",
+    ]
     assert len(pubs) == 3
 
 
@@ -231,8 +248,10 @@ def test_a_restarted_watch_neither_fails_nor_republishes(root: Path, folder: Pat
     hf_save(folder, 15)
     assert two_scans(again) == [15]
     assert again.scan() == []
-    assert lines == [f"not publishing step 7: {folder}/checkpoint-7 (step 10 is already "
-                     "published)", f"published step 15: {folder}/checkpoint-15"]
+    assert lines == [
+        f"not publishing step 7: {folder}/checkpoint-7 (step 10 is already published)",
+        f"published step 15: {folder}/checkpoint-15",
+    ]
     assert [s for s, _ in published(root)] == [5, 10, 15]
 
 
@@ -258,16 +277,24 @@ def test_a_save_published_by_hand_meanwhile_is_not_an_error(root: Path, folder: 
 
 # ---- the process: command, signals, last scan, errors ----------------------------------
 
+
 def watch_env(root: Path, folder: Path) -> dict[str, str]:
-    return {**os.environ, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": str(folder),
-            "DISPATCH_EPOCH": str(EPOCH)}
+    return {
+        **os.environ,
+        "DISPATCH_CHECKPOINT": str(root),
+        "DISPATCH_EXEC_DIR": str(folder),
+        "DISPATCH_EPOCH": str(EPOCH),
+    }
 
 
 def start_watch(root: Path, folder: Path, *args: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as err:
-        return subprocess.Popen([*DISPATCH, "watch", *args],
-                                env=watch_env(root, folder), stderr=err,
-                                stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [*DISPATCH, "watch", *args],
+            env=watch_env(root, folder),
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def poll(condition: Callable[[], object], what: str, timeout: float = 20) -> None:
@@ -309,17 +336,30 @@ def child(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_signals_reach_the_command_and_its_status_is_watchs(
-        root: Path, folder: Path, child: Path, tmp_path: Path) -> None:
+    root: Path, folder: Path, child: Path, tmp_path: Path
+) -> None:
     flag = tmp_path / "flag"
-    proc = start_watch(root, folder, "--interval", "0.05", "--", sys.executable, str(child),
-                       str(flag), "7", log=tmp_path / "err")
+    proc = start_watch(
+        root,
+        folder,
+        "--interval",
+        "0.05",
+        "--",
+        sys.executable,
+        str(child),
+        str(flag),
+        "7",
+        log=tmp_path / "err",
+    )
     try:
         poll(lambda: Path(f"{flag}.started").exists(), "the command to start")
         names = ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGCONT"]
         for name in names:
             proc.send_signal(getattr(signal, name))
-            poll(lambda n=name: n in Path(f"{flag}.signals").read_text().split(),  # type: ignore[misc]
-                 f"{name} forwarded")
+            poll(
+                lambda n=name: n in Path(f"{flag}.signals").read_text().split(),  # type: ignore[misc]
+                f"{name} forwarded",
+            )
         assert proc.poll() is None, "watch ended on a signal meant for its command"
         Path(f"{flag}.go").touch()
         assert proc.wait(timeout=20) == 7
@@ -329,15 +369,26 @@ def test_signals_reach_the_command_and_its_status_is_watchs(
 
 
 def test_the_last_scans_publish_a_save_made_just_before_the_end(
-        root: Path, folder: Path, child: Path, tmp_path: Path) -> None:
+    root: Path, folder: Path, child: Path, tmp_path: Path
+) -> None:
     """With an interval of an hour, only the first scan comes before the command's end, and
     it publishes nothing (it sees step 10 once); the last scans, at most a second apart,
     confirm step 10 and then the save the command wrote last."""
     flag = tmp_path / "flag"
     Path(f"{flag}.late").write_text("20")
     hf_save(folder, 10)
-    proc = start_watch(root, folder, "--interval", "3600", "--", sys.executable, str(child),
-                       str(flag), "0", log=tmp_path / "err")
+    proc = start_watch(
+        root,
+        folder,
+        "--interval",
+        "3600",
+        "--",
+        sys.executable,
+        str(child),
+        str(flag),
+        "0",
+        log=tmp_path / "err",
+    )
     try:
         poll(lambda: Path(f"{flag}.started").exists(), "the command to start")
         assert published(root) == []
@@ -347,13 +398,14 @@ def test_the_last_scans_publish_a_save_made_just_before_the_end(
         proc.kill()
     assert published(root) == [(10, "checkpoint-10"), (20, "checkpoint-20")]
     assert (tmp_path / "err").read_text().splitlines() == [
-        f"dispatch watch: published step {s}: {folder}/checkpoint-{s}" for s in (10, 20)]
+        f"dispatch watch: published step {s}: {folder}/checkpoint-{s}" for s in (10, 20)
+    ]
 
 
-def test_a_command_killed_by_a_signal_gives_128_plus_it(root: Path, folder: Path,
-                                                       tmp_path: Path) -> None:
-    proc = start_watch(root, folder, "--", "/bin/sh", "-c", "kill -KILL $$",
-                       log=tmp_path / "err")
+def test_a_command_killed_by_a_signal_gives_128_plus_it(
+    root: Path, folder: Path, tmp_path: Path
+) -> None:
+    proc = start_watch(root, folder, "--", "/bin/sh", "-c", "kill -KILL $$", log=tmp_path / "err")
     try:
         assert proc.wait(timeout=20) == 128 + signal.SIGKILL
     finally:
@@ -373,12 +425,18 @@ while True:
 """
 
 
-@pytest.mark.parametrize("sent, status, expected", [
-    ("SIGTERM", "none", 128 + signal.SIGTERM), ("SIGTERM", "0", 128 + signal.SIGTERM),
-    ("SIGTERM", "3", 3), ("SIGUSR1", "none", 0)])
+@pytest.mark.parametrize(
+    "sent, status, expected",
+    [
+        ("SIGTERM", "none", 128 + signal.SIGTERM),
+        ("SIGTERM", "0", 128 + signal.SIGTERM),
+        ("SIGTERM", "3", 3),
+        ("SIGUSR1", "none", 0),
+    ],
+)
 def test_a_command_that_exits_0_after_a_forwarded_term_is_not_done(
-        root: Path, folder: Path, tmp_path: Path, sent: str, status: str,
-        expected: int) -> None:
+    root: Path, folder: Path, tmp_path: Path, sent: str, status: str, expected: int
+) -> None:
     """Lightning turns TERM into SystemExit with no code: under `exec dispatch watch` with
     `--signal=B:TERM@150` the job would end COMPLETED, training unfinished, and the supervisor
     would stop for good.  Watch exits 128+15 instead, and says why; a failure status of the
@@ -386,8 +444,18 @@ def test_a_command_that_exits_0_after_a_forwarded_term_is_not_done(
     script = tmp_path / "term.py"
     script.write_text(TERM_ENDS_IT)
     flag, err = tmp_path / "flag", tmp_path / "err"
-    proc = start_watch(root, folder, "--interval", "0.05", "--", sys.executable, str(script),
-                       str(flag), status, log=err)
+    proc = start_watch(
+        root,
+        folder,
+        "--interval",
+        "0.05",
+        "--",
+        sys.executable,
+        str(script),
+        str(flag),
+        status,
+        log=err,
+    )
     try:
         poll(lambda: Path(f"{flag}.started").exists(), "the command to start")
         proc.send_signal(getattr(signal, sent))
@@ -396,10 +464,12 @@ def test_a_command_that_exits_0_after_a_forwarded_term_is_not_done(
         proc.kill()
     said = [line for line in err.read_text().splitlines() if "TERM" in line]
     if expected == 128 + signal.SIGTERM:
-        assert said == ["dispatch watch: the command exited 0 after watch forwarded it TERM: "
-                        "its work is not done, so watch exits 143 (a failure: the job's "
-                        "resubmit rule applies, its next execution resumes from the newest "
-                        "published save)"], err.read_text()
+        assert said == [
+            "dispatch watch: the command exited 0 after watch forwarded it TERM: "
+            "its work is not done, so watch exits 143 (a failure: the job's "
+            "resubmit rule applies, its next execution resumes from the newest "
+            "published save)"
+        ], err.read_text()
     else:
         assert said == [], err.read_text()
 
@@ -412,8 +482,9 @@ def handles(pid: int, signum: int) -> bool:
     return False
 
 
-def test_without_a_command_term_ends_after_the_last_scans(root: Path, folder: Path,
-                                                         tmp_path: Path) -> None:
+def test_without_a_command_term_ends_after_the_last_scans(
+    root: Path, folder: Path, tmp_path: Path
+) -> None:
     hf_save(folder, 1)
     proc = start_watch(root, folder, "--interval", "3600", log=tmp_path / "err")
     try:
@@ -447,15 +518,26 @@ class Unwritable:
 
 @pytest.mark.parametrize("command_status, expected", [(0, 2), (3, 3)])
 def test_a_store_error_stops_publishing_and_fails(
-        root: Path, folder: Path, child: Path, tmp_path: Path, command_status: int,
-        expected: int) -> None:
+    root: Path, folder: Path, child: Path, tmp_path: Path, command_status: int, expected: int
+) -> None:
     pub = Unwritable(root / "pub")
     flag = tmp_path / "flag"
     err = tmp_path / "err"
     Path(f"{flag}.late").write_text("2")
     try:
-        proc = start_watch(root, folder, "--interval", "0.05", "--", sys.executable, str(child),
-                           str(flag), str(command_status), "1", log=err)
+        proc = start_watch(
+            root,
+            folder,
+            "--interval",
+            "0.05",
+            "--",
+            sys.executable,
+            str(child),
+            str(flag),
+            str(command_status),
+            "1",
+            log=err,
+        )
         try:
             poll(lambda: "stopped publishing" in err.read_text(), "the store error")
             pub.undo()  # writable again: watch stays stopped, step 2 is never published
@@ -471,8 +553,9 @@ def test_a_store_error_stops_publishing_and_fails(
     assert stat.S_ISDIR(os.stat(root / "pub").st_mode)
 
 
-def test_without_a_command_a_store_error_exits_2_at_once(root: Path, folder: Path,
-                                                         tmp_path: Path) -> None:
+def test_without_a_command_a_store_error_exits_2_at_once(
+    root: Path, folder: Path, tmp_path: Path
+) -> None:
     hf_save(folder, 1)
     pub = Unwritable(root / "pub")
     try:
@@ -486,21 +569,30 @@ def test_without_a_command_a_store_error_exits_2_at_once(root: Path, folder: Pat
     assert "stopped publishing: cannot create" in (tmp_path / "err").read_text()
 
 
-@pytest.mark.parametrize("args, env, word", [
-    (["--pattern", "model.pt"], {}, "--pattern 'model.pt' must hold {step}"),
-    (["--interval", "0"], {}, "--interval 0.0 must be a positive number"),
-    (["--interval", "soon"], {}, "'soon' is not a valid float"),
-    (["--dir", "/tmp"], {}, "--dir '/tmp' is outside this execution's folder"),
-    (["--", "no-such-command-here"], {}, "command 'no-such-command-here' not found"),
-    ([], {"DISPATCH_EPOCH": ""}, "$DISPATCH_EPOCH is required"),
-    ([], {"DISPATCH_EPOCH": "12x"}, "$DISPATCH_EPOCH '12x' is not an integer"),
-    ([], {"DISPATCH_CHECKPOINT": ""}, "--root is required"),
-])
-def test_bad_input_is_named(root: Path, folder: Path, args: list[str], env: dict[str, str],
-                            word: str) -> None:
-    proc = subprocess.run([*DISPATCH, "watch", *args],
-                          env={**watch_env(root, folder), **env}, capture_output=True,
-                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+@pytest.mark.parametrize(
+    "args, env, word",
+    [
+        (["--pattern", "model.pt"], {}, "--pattern 'model.pt' must hold {step}"),
+        (["--interval", "0"], {}, "--interval 0.0 must be a positive number"),
+        (["--interval", "soon"], {}, "'soon' is not a valid float"),
+        (["--dir", "/tmp"], {}, "--dir '/tmp' is outside this execution's folder"),
+        (["--", "no-such-command-here"], {}, "command 'no-such-command-here' not found"),
+        ([], {"DISPATCH_EPOCH": ""}, "$DISPATCH_EPOCH is required"),
+        ([], {"DISPATCH_EPOCH": "12x"}, "$DISPATCH_EPOCH '12x' is not an integer"),
+        ([], {"DISPATCH_CHECKPOINT": ""}, "--root is required"),
+    ],
+)
+def test_bad_input_is_named(
+    root: Path, folder: Path, args: list[str], env: dict[str, str], word: str
+) -> None:
+    proc = subprocess.run(
+        [*DISPATCH, "watch", *args],
+        env={**watch_env(root, folder), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 2 and word in proc.stderr, proc.stderr
     assert not (root / "pub").exists()
 
@@ -532,10 +624,63 @@ def test_a_scan_longer_than_the_timeout_stops_watch(root: Path, folder: Path) ->
     started = time.monotonic()
     assert WatchLoop(hung, None, 0.05, 0.3, lines.append).run() == 2
     assert time.monotonic() - started < 10
-    assert lines == [f"stopped publishing: a scan of {str(folder)!r} did not finish within "
-                     "0.3 s (--timeout)"]
+    assert lines == [
+        f"stopped publishing: a scan of {str(folder)!r} did not finish within 0.3 s (--timeout)"
+    ]
     hung.release.set()  # the stuck scan resumes late: it must publish nothing
-    poll(lambda: not any(t.name == "dispatch-watch-scan" for t in threading.enumerate()),
-         "the stuck scan to end")
+    poll(
+        lambda: not any(t.name == "dispatch-watch-scan" for t in threading.enumerate()),
+        "the stuck scan to end",
+    )
     assert published(root) == []
 
+
+def test_a_publication_leaves_the_trainers_own_save_marked(
+    root: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that records its own progress (the API, a callback) under watch: watch
+    publishing the last save while the loop is inside its next one must not write 'not
+    saving' over the loop's mark, or the stall watcher counts the rest of that save."""
+    import json
+
+    from slurm_dispatch.execution import steps
+
+    monkeypatch.setattr(steps, "_current", steps._UNSET)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(folder))
+    trainer = {
+        "step": 10,
+        "calls": 10,
+        "time": 1.0,
+        "saving": True,
+        "what": "save",
+        "saves": 0,
+        "pid": os.getpid() + 100000,
+    }
+    (folder / execdir.PROGRESS).write_text(json.dumps(trainer))
+    w = watcher(root, folder)
+    hf_save(folder, 10)
+    assert two_scans(w) == [10]
+    assert steps.read(str(folder)) == trainer
+    (folder / execdir.PROGRESS).write_text(json.dumps({**trainer, "saving": False}))
+    hf_save(folder, 20)
+    assert two_scans(w) == [20]  # the loop is not in a save: the publication is progress
+    assert steps.read(str(folder))["step"] == 20
+
+
+def test_each_published_save_is_progress_for_the_stall_watcher(
+    root: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled job (docs/user-guide.md): watch records the step of each save it publishes, at
+    once."""
+    from slurm_dispatch.execution import steps
+
+    monkeypatch.setattr(steps, "_current", steps._UNSET)
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(folder))
+    w = watcher(root, folder)
+    hf_save(folder, 10)
+    assert two_scans(w) == [10]
+    assert steps.read(str(folder))["step"] == 10
+    hf_save(folder, 20)
+    assert two_scans(w) == [20]
+    assert steps.read(str(folder))["step"] == 20  # written at once, not after the interval
+    monkeypatch.setattr(steps, "_current", steps._UNSET)

@@ -1,5 +1,5 @@
 """``dispatch watch`` publishes a save only once nothing is still writing it, and only once it
-is durable (issue 17, items 9, 10 and 11).
+is durable (docs/invariants.md, 9).
 
 A save is complete when it looks whole (a folder's ready file, a zip's end record), has not
 changed between two consecutive scans, and no process of this user on this node holds one of
@@ -23,30 +23,31 @@ from slurm_dispatch.checkpoint import gc, model
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.execution import launch
 from slurm_dispatch.execution.saverules import SaveRule, open_for_writing
-from slurm_dispatch.execution.watch import Watcher, WatchLoop
+from slurm_dispatch.execution.watch import Published, Watcher, WatchLoop
 
 EPOCH = model.Epoch(0, 1, 0).value
 MB4 = 4 * 1024 * 1024
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "ck" / "exec" / "a").mkdir(parents=True)
-    return tmp_path / "ck"
-
-
-@pytest.fixture
-def folder(root: Path) -> Path:
-    return root / "exec" / "a"
-
-
-def watcher(root: Path, folder: Path, rule: SaveRule | None = None,
-            lines: list[str] | None = None, keep: int | None = None) -> Watcher:
+def watcher(
+    root: Path,
+    folder: Path,
+    rule: SaveRule | None = None,
+    lines: list[str] | None = None,
+    keep: int | None = None,
+) -> Watcher:
     sink = lines if lines is not None else []
     if keep is not None:  # cleanup removes saves only from a folder the launcher recorded
-        launch.write_exec_record(str(folder), {"job": "j", "epoch": EPOCH, "attempt": "a",
-                                               "resume_from": None,
-                                               "resume_publication": None})
+        launch.write_exec_record(
+            str(folder),
+            {
+                "job": "j",
+                "epoch": EPOCH,
+                "attempt": "a",
+                "resume_from": None,
+                "resume_publication": None,
+            },
+        )
     w = Watcher(str(root), str(folder), EPOCH, rule or SaveRule.make(), sink.append)
     w.keep = keep
     return w
@@ -56,14 +57,16 @@ def published(root: Path) -> list[tuple[int, str]]:
     return [(f.step, os.path.basename(f.path)) for f in store.list_publications(str(root))]
 
 
-def steps(found: list[object]) -> list[int]:
-    return [p.step for p in found]  # type: ignore[attr-defined]
+def steps(found: list[Published]) -> list[int]:
+    return [p.step for p in found]
 
 
-# ---- item 9: a file save written in place ------------------------------------------------
+# ---- a file save written in place --------------------------------------------------------
+
 
 def test_a_file_written_in_place_is_published_only_once_its_writer_is_done(
-        root: Path, folder: Path) -> None:
+    root: Path, folder: Path
+) -> None:
     """The report: with --keep 1, an 8-byte partial .ckpt became the only save and the whole
     4 MB one before it was removed."""
     w = watcher(root, folder, keep=1)
@@ -100,8 +103,7 @@ def test_a_preallocated_file_waits_for_its_writer(root: Path, folder: Path) -> N
     assert steps(w.scan()) == [5], "unchanged since the last scan, and its writer is gone"
 
 
-def test_a_file_written_through_a_shared_mapping_waits_for_it(root: Path, folder: Path
-                                                              ) -> None:
+def test_a_file_written_through_a_shared_mapping_waits_for_it(root: Path, folder: Path) -> None:
     """numpy.memmap and friends: the descriptor may be closed while the mapping writes."""
     w = watcher(root, folder, SaveRule.make(pattern="weights_{step}.bin"))
     target = folder / "weights_3.bin"
@@ -129,17 +131,24 @@ def test_a_file_that_grows_between_scans_waits(root: Path, folder: Path) -> None
     assert steps(w.scan()) == [1]
 
 
-def test_a_writer_in_another_process_holds_the_save_back(root: Path, folder: Path,
-                                                         tmp_path: Path) -> None:
+def test_a_writer_in_another_process_holds_the_save_back(
+    root: Path, folder: Path, tmp_path: Path
+) -> None:
     target = folder / "epoch=0-step=4.ckpt"
     target.write_bytes(b"z" * 100)
     go = tmp_path / "go"
-    holder = subprocess.Popen([sys.executable, "-c",
-                               "import os, sys, time\n"
-                               "f = open(sys.argv[1], 'ab')\n"
-                               "open(sys.argv[2] + '.open', 'w').close()\n"
-                               "while not os.path.exists(sys.argv[2]): time.sleep(0.01)\n",
-                               str(target), str(go)])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "f = open(sys.argv[1], 'ab')\n"
+            "open(sys.argv[2] + '.open', 'w').close()\n"
+            "while not os.path.exists(sys.argv[2]): time.sleep(0.01)\n",
+            str(target),
+            str(go),
+        ]
+    )
     try:
         while not Path(f"{go}.open").exists():
             assert holder.poll() is None, "the holder died"
@@ -166,13 +175,16 @@ def test_a_writer_is_said_once(root: Path, folder: Path) -> None:
         for _ in range(4):
             assert w.scan() == []
     assert steps(w.scan()) == [6]
-    assert lines == [f"not publishing step 6 yet: process {os.getpid()} has "
-                     f"{os.path.realpath(target)} open for writing",
-                     f"published step 6: {target}"]
+    assert lines == [
+        f"not publishing step 6 yet: process {os.getpid()} has "
+        f"{os.path.realpath(target)} open for writing",
+        f"published step 6: {target}",
+    ]
 
 
 def test_the_last_scans_give_up_on_a_save_still_written_after_the_timeout(
-        root: Path, folder: Path) -> None:
+    root: Path, folder: Path
+) -> None:
     """The command has ended, but something still holds a save open: watch says so and ends
     within --timeout instead of publishing it or waiting for ever."""
     lines: list[str] = []
@@ -183,8 +195,9 @@ def test_the_last_scans_give_up_on_a_save_still_written_after_the_timeout(
         writer.flush()
         assert WatchLoop(w, ["true"], 0.05, 1.0, lines.append).run() == 0
     assert published(root) == []
-    assert lines[-2] == (f"not publishing {target}: still being written 1 s (--timeout) "
-                         "after the end")
+    assert lines[-2] == (
+        f"not publishing {target}: still being written 1 s (--timeout) after the end"
+    )
     assert lines[-1].startswith("published nothing: ")  # and not counted as a save missed
 
 
@@ -197,10 +210,12 @@ def test_a_reader_does_not_hold_a_save_back(root: Path, folder: Path) -> None:
         assert steps(w.scan()) == [2]
 
 
-# ---- item 10: a folder with a file written after the ready file ---------------------------
+# ---- a folder with a file written after the ready file ------------------------------------
 
-def test_a_file_written_after_the_ready_file_holds_the_folder_back(root: Path, folder: Path
-                                                                   ) -> None:
+
+def test_a_file_written_after_the_ready_file_holds_the_folder_back(
+    root: Path, folder: Path
+) -> None:
     """transformers < 4.36 writes trainer_state.json, then rng_state.pth."""
     w = watcher(root, folder)
     save = folder / "checkpoint-50"
@@ -214,7 +229,8 @@ def test_a_file_written_after_the_ready_file_holds_the_folder_back(root: Path, f
 
 
 def test_a_file_deep_in_a_folder_still_open_for_writing_holds_it_back(
-        root: Path, folder: Path) -> None:
+    root: Path, folder: Path
+) -> None:
     w = watcher(root, folder)
     save = folder / "checkpoint-7"
     (save / "global_step7").mkdir(parents=True)
@@ -252,11 +268,14 @@ def test_a_folder_holding_a_fifo_is_never_published(root: Path, folder: Path) ->
     os.mkfifo(save / "pipe")
     for _ in range(3):
         assert w.scan() == []
-    assert lines == [f"not publishing step 9: {save} holds {save}/pipe, which is not a "
-                     "regular file, folder or symlink"]
+    assert lines == [
+        f"not publishing step 9: {save} holds {save}/pipe, which is not a "
+        "regular file, folder or symlink"
+    ]
 
 
-# ---- item 11: durable before anything older goes ------------------------------------------
+# ---- durable before anything older goes ---------------------------------------------------
+
 
 @pytest.fixture
 def synced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
@@ -281,7 +300,8 @@ def every_part(save: Path) -> set[str]:
 
 
 def test_keep_removes_nothing_before_the_new_save_is_synced(
-        root: Path, folder: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    root: Path, folder: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     at_collect: list[set[str]] = []
     real_collect = gc.collect
 
@@ -309,7 +329,8 @@ def test_keep_removes_nothing_before_the_new_save_is_synced(
 
 
 def test_a_save_is_synced_before_it_is_published(
-        root: Path, folder: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    root: Path, folder: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     at_publish: list[set[str]] = []
     real_publish = store.publish
 
@@ -327,7 +348,8 @@ def test_a_save_is_synced_before_it_is_published(
 
 
 def test_a_save_that_cannot_be_synced_is_not_published(
-        root: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from slurm_dispatch.errors import StoreError
 
     def fsync(fd: int) -> None:

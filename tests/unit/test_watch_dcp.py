@@ -1,6 +1,6 @@
 """``dispatch watch`` publishes a torch.distributed.checkpoint (DCP) folder, which several
 ranks write, once its coordinator's ``.metadata`` is in place and every shard it names is
-there (issue 21); cleanup treats such a folder as one save.
+there (docs/user-guide.md, DCP); cleanup treats such a folder as one save.
 
 The saves are real: ``examples/dcp/train.py`` (a torchtitan-style loop that knows nothing of
 dispatch) run as two gloo ranks on the CPU, under a real :class:`WatchLoop`.  The
@@ -26,9 +26,11 @@ from slurm_dispatch.execution.watch import Watcher, WatchLoop
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 EPOCH = model.Epoch(0, 1, 0).value
 TRAINER = Path(__file__).resolve().parents[2] / "examples" / "dcp" / "train.py"
@@ -44,8 +46,16 @@ def _free_port() -> int:
 
 
 def _record(folder: Path, epoch: int, attempt: str) -> None:
-    launch.write_exec_record(str(folder), {"job": "j", "epoch": epoch, "attempt": attempt,
-                                           "resume_from": None, "resume_publication": None})
+    launch.write_exec_record(
+        str(folder),
+        {
+            "job": "j",
+            "epoch": epoch,
+            "attempt": attempt,
+            "resume_from": None,
+            "resume_publication": None,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +68,39 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], 
     _record(folder, EPOCH, "a")
     lines: list[str] = []
     watcher = Watcher(str(root), str(folder), EPOCH, SaveRule.make(), lines.append)
-    os.environ.update(DCP_OUT=str(folder), DCP_STEPS="6", DCP_SAVE_EVERY="2",
-                      DCP_INTERVAL="0.3", OMP_NUM_THREADS="1")
+    os.environ.update(
+        DCP_OUT=str(folder),
+        DCP_STEPS="6",
+        DCP_SAVE_EVERY="2",
+        DCP_INTERVAL="0.3",
+        OMP_NUM_THREADS="1",
+    )
     try:
         # Two ranks as torchrun would start them (without its own extra torch process).
-        command = ["bash", "-c", 'for r in $(seq 0 $(($1 - 1))); do RANK=$r "$2" "$3" & done; '
-                   'for r in $(seq 1 "$1"); do wait -n || exit 1; done', "ranks", str(RANKS),
-                   sys.executable, str(TRAINER)]
-        os.environ.update(WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+        command = [
+            "bash",
+            "-c",
+            'for r in $(seq 0 $(($1 - 1))); do RANK=$r "$2" "$3" & done; '
+            'for r in $(seq 1 "$1"); do wait -n || exit 1; done',
+            "ranks",
+            str(RANKS),
+            sys.executable,
+            str(TRAINER),
+        ]
+        os.environ.update(
+            WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
         code = WatchLoop(watcher, command, 0.2, 120.0, lines.append).run()
     finally:
-        for name in ("DCP_OUT", "DCP_STEPS", "DCP_SAVE_EVERY", "DCP_INTERVAL", "WORLD_SIZE",
-                     "MASTER_ADDR", "MASTER_PORT"):
+        for name in (
+            "DCP_OUT",
+            "DCP_STEPS",
+            "DCP_SAVE_EVERY",
+            "DCP_INTERVAL",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
             os.environ.pop(name, None)
     return root, lines, code
 
@@ -80,7 +110,8 @@ def published(root: Path) -> list[tuple[int, str]]:
 
 
 def test_an_unmodified_dcp_loop_under_watch_is_published_once_per_save(
-        trained: tuple[Path, list[str], int]) -> None:
+    trained: tuple[Path, list[str], int],
+) -> None:
     root, lines, code = trained
     assert code == 0, lines
     assert published(root) == [(2, "step-2"), (4, "step-4"), (6, "step-6")], lines
@@ -90,14 +121,18 @@ def test_an_unmodified_dcp_loop_under_watch_is_published_once_per_save(
         assert shards == [f"__{rank}_0.distcp" for rank in range(RANKS)]  # one per rank
         assert saverules.dcp_problem(str(save)) is None
         # Every shard was in place before its publication was made.
-        made = os.stat(root / store.PUB / next(
-            f.name for f in store.list_publications(str(root)) if f.step == step)).st_mtime_ns
+        made = os.stat(
+            root
+            / store.PUB
+            / next(f.name for f in store.list_publications(str(root)) if f.step == step)
+        ).st_mtime_ns
         assert all(p.stat().st_mtime_ns <= made for p in save.iterdir())
     assert sum("published step" in line for line in lines) == 3, lines
 
 
-def _copy(trained: tuple[Path, list[str], int], tmp_path: Path, name: str = "step-4"
-          ) -> tuple[Path, Path, Path]:
+def _copy(
+    trained: tuple[Path, list[str], int], tmp_path: Path, name: str = "step-4"
+) -> tuple[Path, Path, Path]:
     root = tmp_path / "ck"
     folder = root / "exec" / "b"
     folder.mkdir(parents=True)
@@ -117,10 +152,11 @@ def _never_published(w: Watcher, scans: int = 3) -> Watcher:
 
 
 def test_no_publication_before_the_coordinator_renames_the_metadata_into_place(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     root, folder, save = _copy(trained, tmp_path)
     os.rename(save / ".metadata", save / ".metadata.tmp")  # every shard there, finish() not
-    w = _watcher(root, folder, lines := [])
+    w = _watcher(root, folder, lines := list[str]())
     for _ in range(3):
         assert w.scan() == []
     os.rename(save / ".metadata.tmp", save / ".metadata")
@@ -130,7 +166,8 @@ def test_no_publication_before_the_coordinator_renames_the_metadata_into_place(
 
 
 def test_a_second_save_into_the_same_folder_is_not_taken_for_the_first(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     """DCP leaves the old .metadata in place until its rename: a .metadata.tmp beside it."""
     root, folder, save = _copy(trained, tmp_path)
     shutil.copy(save / ".metadata", save / ".metadata.tmp")
@@ -139,7 +176,8 @@ def test_a_second_save_into_the_same_folder_is_not_taken_for_the_first(
 
 @pytest.mark.parametrize("tear", ["gone", "short", "folder"])
 def test_a_shard_the_metadata_names_that_is_missing_or_short_holds_the_save_back(
-        trained: tuple[Path, list[str], int], tmp_path: Path, tear: str) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path, tear: str
+) -> None:
     root, folder, save = _copy(trained, tmp_path)
     shard = save / "__1_0.distcp"
     whole = shard.read_bytes()
@@ -150,7 +188,7 @@ def test_a_shard_the_metadata_names_that_is_missing_or_short_holds_the_save_back
     else:
         shard.unlink()
         shard.mkdir()
-    w = _watcher(root, folder, lines := [])
+    w = _watcher(root, folder, lines := list[str]())
     for _ in range(3):
         assert w.scan() == []
     assert published(root) == []
@@ -163,13 +201,16 @@ def test_a_shard_the_metadata_names_that_is_missing_or_short_holds_the_save_back
 
 
 def test_a_metadata_that_is_not_dcp_or_names_a_file_elsewhere_is_never_published(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     root, folder, save = _copy(trained, tmp_path)
     meta = save / ".metadata"
     real = meta.read_bytes()
-    for bad, words in ((real[: len(real) // 2], "does not read as a pickle"),
-                       (pickle.dumps({"storage_data": {}}), "is not torch.distributed"),
-                       (b"", "not a non-empty regular file")):
+    for bad, words in (
+        (real[: len(real) // 2], "does not read as a pickle"),
+        (pickle.dumps({"storage_data": {}}), "is not torch.distributed"),
+        (b"", "not a non-empty regular file"),
+    ):
         meta.write_bytes(bad)
         assert words in str(saverules.dcp_problem(str(save)))
     with open(save / ".metadata", "wb") as fh:
@@ -179,7 +220,7 @@ def test_a_metadata_that_is_not_dcp_or_names_a_file_elsewhere_is_never_published
     info.relative_path = "../../a/step-2/__0_0.distcp"
     meta.write_bytes(pickle.dumps(loaded))
     assert "not a file of the save's own folder" in str(saverules.dcp_problem(str(save)))
-    _never_published(_watcher(root, folder, lines := []))
+    _never_published(_watcher(root, folder, lines := list[str]()))
     assert published(root) == [] and len(lines) == 1
 
 
@@ -197,7 +238,8 @@ def test_the_metadata_is_read_without_running_anything_it_names(tmp_path: Path) 
 
 
 def test_a_save_without_collectives_never_looks_whole(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     """Each rank's own __<rank>.metadata: nothing says how many ranks there were."""
     root, folder, save = _copy(trained, tmp_path)
     os.rename(save / ".metadata", save / "__0.metadata")
@@ -206,7 +248,8 @@ def test_a_save_without_collectives_never_looks_whole(
 
 
 def test_lightnings_sharded_ckpt_folder_waits_for_its_meta_pt(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     """Lightning's FSDP sharded save: a folder epoch=E-step=S.ckpt, DCP shards, then rank 0's
     meta.pt (torch.save, a zip written in place)."""
     root, folder, save = _copy(trained, tmp_path, "epoch=0-step=4.ckpt")
@@ -218,7 +261,8 @@ def test_lightnings_sharded_ckpt_folder_waits_for_its_meta_pt(
 
 
 def test_keep_removes_an_older_dcp_save_whole_and_never_a_shard_alone(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     root = tmp_path / "ck"
     shutil.copytree(trained[0], root)
     live = root / "exec" / "a"
@@ -231,7 +275,8 @@ def test_keep_removes_an_older_dcp_save_whole_and_never_a_shard_alone(
 
 
 def test_gc_removes_an_older_executions_folder_with_its_torn_dcp_save(
-        trained: tuple[Path, list[str], int], tmp_path: Path) -> None:
+    trained: tuple[Path, list[str], int], tmp_path: Path
+) -> None:
     """An older execution cut off mid-save leaves a step-N folder without .metadata: one of
     its saves (never published), not a file that keeps the folder."""
     root = tmp_path / "ck"
@@ -269,8 +314,7 @@ def test_gc_never_takes_a_step_folder_that_is_not_dcp_for_a_save(tmp_path: Path)
     (newer / "epoch=0-step=3.ckpt").write_bytes(b"whole")
     store.publish(str(root), epoch, 3, str(newer / "epoch=0-step=3.ckpt"))
     done = gc.collect(str(root), 1)
-    assert [(r.kind, r.path) for r in done.removals] == [(gc.SAVE, "exec/a/step-8")], \
-        done.removals
+    assert [(r.kind, r.path) for r in done.removals] == [(gc.SAVE, "exec/a/step-8")], done.removals
     assert (old / "step-5" / "samples.txt").read_text() == "the user's own\n"
     assert not (old / "step-8").exists()
     assert "exec/a/step-5/" in done.left

@@ -87,6 +87,12 @@ class Store(abc.ABC):
     def list_publications(self) -> list[Found]:
         """Every publication, oldest first (the order of :meth:`latest`)."""
 
+    @classmethod
+    def checked_root(cls, root: str) -> str:
+        """A remote root in normal form, checked for its shape (and for its SDK's presence,
+        without importing it) and never asked: what ``dispatch-sbatch`` records."""
+        raise NotImplementedError(f"a {cls.__name__} root is a folder, not a URL")
+
     @abc.abstractmethod
     def exec_dir(self, attempt: str) -> str:
         """Where the execution ``attempt`` writes its saves (a path or an ``s3://`` URL)."""
@@ -215,13 +221,23 @@ class Store(abc.ABC):
         return []
 
 
+class RemoteStore(Store):
+    """A store of a remote root (a row of the table of stores with ``remote``): its saves are
+    URLs under the root, uploaded from a staging folder."""
+
+    @abc.abstractmethod
+    def relative(self, path: str) -> str:
+        """The save's path under the root; ``path`` must be a URL inside it (OutsideRoot
+        otherwise)."""
+
+
 # The sibling a framework integration writes beside a file save (checkpoint/execdir.py).
 MANIFEST_SUFFIX = execdir.MANIFEST_SUFFIX
 
 
 def is_s3_root(root: str) -> bool:
     """True for an ``s3://`` root (the scheme in any case)."""
-    return root[:len(S3_SCHEME)].lower() == S3_SCHEME
+    return root[: len(S3_SCHEME)].lower() == S3_SCHEME
 
 
 def _epochs_valid(epochs: Iterable[str]) -> bool:
@@ -245,15 +261,18 @@ def check_names(names: list[str], where: str) -> None:
     if not names:
         return
     joined = "\n".join(names) + "\n"
-    if (_ALL_NAMES_RE.fullmatch(joined) is None or joined.count("\n") != len(names)
-            or any((length - 42) % 8 not in _B32_TAIL_LENGTHS
-                   for length in set(map(len, names)))
-            or not _epochs_valid({name[:20] for name in names})):
+    if (
+        _ALL_NAMES_RE.fullmatch(joined) is None
+        or joined.count("\n") != len(names)
+        or any((length - 42) % 8 not in _B32_TAIL_LENGTHS for length in set(map(len, names)))
+        or not _epochs_valid({name[:20] for name in names})
+    ):
         bad = _first_bad(names)
         raise BadPublicationName(
             f"{bad!r} in {where!r} is not a publication name "
             "(expected <epoch, 20 digits>-<step, 20 digits>-<base32 path>); "
-            "refusing to guess the latest save past it")
+            "refusing to guess the latest save past it"
+        )
 
 
 def found_latest(store: Store, names: list[str], where: str) -> Optional[Found]:
@@ -271,8 +290,7 @@ def found_all(store: Store, names: list[str]) -> list[Found]:
     out = []
     for name in sorted(names):
         publication = model.parse_name(name)
-        out.append(Found(publication.epoch, publication.step, name,
-                         store.locate(publication.path)))
+        out.append(Found(publication.epoch, publication.step, name, store.locate(publication.path)))
     return out
 
 

@@ -1,9 +1,11 @@
-"""Publication stores, chosen by the root's spelling: ``s3://bucket/prefix`` or a folder.
+"""Publication stores, chosen by the root's spelling: a ``scheme://`` of the table of stores
+(:mod:`.schemes`: ``s3://bucket/prefix``) or a folder.
 
 :func:`open_store` is the one place a root becomes a store; :mod:`.base` holds the interface
-both implement.  Invariant: an ``s3://`` root never touches the local file system as a folder,
-and a root with any other ``scheme://`` is refused rather than made into a folder named so.
-The S3 store (and so boto3) is imported only when an ``s3://`` root is opened.
+they all implement.  Invariant: a remote root (``s3://``) never touches the local file system as
+a folder, and a root with any other ``scheme://`` is refused rather than made into a folder
+named so.  A store's module (and so its SDK, boto3 for S3) is imported only when a root of its
+scheme is opened.
 """
 
 from __future__ import annotations
@@ -13,11 +15,22 @@ import re
 from typing import Mapping, Optional
 
 from ...errors import UsageError
-from .base import EXEC, PUB, Found, Store, is_s3_root
+from .base import EXEC, PUB, Found, Store
 from .posix import PosixStore
+from .schemes import SCHEMES, is_remote_root, scheme_of, served
 
-__all__ = ["EXEC", "PUB", "Found", "Store", "open_store", "is_s3_root", "store_timeout",
-           "DEFAULT_TIMEOUT", "TIMEOUT_ENV"]
+__all__ = [
+    "EXEC",
+    "PUB",
+    "Found",
+    "Store",
+    "open_store",
+    "is_remote_root",
+    "scheme_of",
+    "store_timeout",
+    "DEFAULT_TIMEOUT",
+    "TIMEOUT_ENV",
+]
 
 DEFAULT_TIMEOUT = 60.0
 TIMEOUT_ENV = "DISPATCH_STORE_TIMEOUT"
@@ -26,21 +39,27 @@ _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 def check_root_scheme(root: str) -> None:
     """Refuse a URL root of a kind no store serves (``gs://``, ``file://``...)."""
-    if root[:3].lower() == "s3:" and root[3:5] != "//":
-        # One slash (or none) would make a local folder named 's3:' quietly.
-        raise UsageError(f"checkpoint root {root!r} is not an S3 URL, which has two slashes: "
-                         f"s3://{root[3:].lstrip('/')}; for a local folder of that name, "
-                         f"write ./{root}")
+    for row in SCHEMES:
+        head = len(row.name) + 1
+        if root[:head].lower() == row.name + ":" and root[head : head + 2] != "//":
+            # One slash (or none) would make a local folder named 's3:' quietly.
+            raise UsageError(
+                f"checkpoint root {root!r} is not an {row.label} URL, which has "
+                f"two slashes: {row.prefix}{root[head:].lstrip('/')}; for a local "
+                f"folder of that name, write ./{root}"
+            )
     match = _SCHEME_RE.match(root)
-    if match and not is_s3_root(root):
-        raise UsageError(f"checkpoint root {root!r}: {match.group(0)!r} roots are not "
-                         "supported (use a folder or s3://bucket/prefix)")
+    if match and scheme_of(root) is None:
+        raise UsageError(
+            f"checkpoint root {root!r}: {match.group(0)!r} roots are not supported (use {served()})"
+        )
 
 
-def store_timeout(value: Optional[float] = None,
-                  environ: Optional[Mapping[str, str]] = None) -> float:
-    """Seconds an S3 call or scan may take: ``value`` if given, else ``$DISPATCH_STORE_TIMEOUT``,
-    else ``StoreTimeout`` in dispatch.conf, else 60."""
+def store_timeout(
+    value: Optional[float] = None, environ: Optional[Mapping[str, str]] = None
+) -> float:
+    """Seconds a remote store's call or scan (S3's) may take: ``value`` if given, else
+    ``$DISPATCH_STORE_TIMEOUT``, else ``StoreTimeout`` in dispatch.conf, else 60."""
     if value is not None:
         return _positive(value, "--timeout")
     env = os.environ if environ is None else environ
@@ -80,11 +99,10 @@ def _positive(value: float, label: str) -> float:
 
 
 def open_store(root: str, timeout: Optional[float] = None) -> Store:
-    """The store of ``root``.  ``timeout`` bounds every S3 call and scan (see
+    """The store of ``root``.  ``timeout`` bounds every call and scan of a remote store (see
     :func:`store_timeout` for the default); a folder has no timeout."""
-    if is_s3_root(root):
-        from .s3 import S3Store
-
-        return S3Store(root, store_timeout(timeout))
+    row = scheme_of(root)
+    if row is not None:
+        return row.store_class()(root, store_timeout(timeout))  # type: ignore[call-arg]
     check_root_scheme(root)
     return PosixStore(root)

@@ -48,8 +48,16 @@ from .base import (
     mark_part,
 )
 
-__all__ = ["PosixStore", "publish", "latest", "list_publications", "Found", "PUB", "EXEC",
-           "what_stands"]
+__all__ = [
+    "PosixStore",
+    "publish",
+    "latest",
+    "list_publications",
+    "Found",
+    "PUB",
+    "EXEC",
+    "what_stands",
+]
 
 
 def what_stands(path: str) -> Optional[str]:
@@ -61,11 +69,16 @@ def what_stands(path: str) -> Optional[str]:
     except OSError:
         target = None
     if target is not None and not os.path.exists(path):
-        return (f"a symlink to {target!r}, which is not there (a file system not mounted, or "
-                "a folder removed?)")
+        return (
+            f"a symlink to {target!r}, which is not there (a file system not mounted, or "
+            "a folder removed?)"
+        )
     if os.path.lexists(path) and not os.path.isdir(path):
-        return (f"a symlink to {target!r}, a file, not a folder" if target is not None
-                else "a file, not a folder")
+        return (
+            f"a symlink to {target!r}, a file, not a folder"
+            if target is not None
+            else "a file, not a folder"
+        )
     return None
 
 
@@ -73,8 +86,9 @@ def _not_a_root(given: str) -> StoreError:
     """The error for a root that is no folder, naming what is there instead."""
     what = what_stands(given)
     if what is not None:
-        return StoreError(f"checkpoint root {given!r} is {what}: give the folder that holds "
-                          "pub/ and exec/")
+        return StoreError(
+            f"checkpoint root {given!r} is {what}: give the folder that holds pub/ and exec/"
+        )
     return StoreError(f"checkpoint root {given!r} is not a directory")
 
 
@@ -127,7 +141,8 @@ def publish(root: str, epoch: int, step: int, path: str) -> str:
             except FileExistsError:
                 raise AlreadyPublished(
                     f"publication {name!r} already exists in {pub_path!r} "
-                    f"(epoch {epoch}, step {step}, path {relative!r})") from None
+                    f"(epoch {epoch}, step {step}, path {relative!r})"
+                ) from None
             except OSError as exc:
                 _raise_write_error(exc, os.path.join(pub_path, name))
             os.close(fd)
@@ -186,8 +201,10 @@ def _check_inside(root_fd: int, root_abs: str, relative: str, given: str) -> Non
     if linked:
         escape = _escape(root_abs, relative)
         if escape is not None:
-            raise OutsideRoot(f"save {given!r} resolves to {escape[0]!r}, outside the "
-                              f"checkpoint root {escape[1]!r}")
+            raise OutsideRoot(
+                f"save {given!r} resolves to {escape[0]!r}, outside the "
+                f"checkpoint root {escape[1]!r}"
+            )
         if not os.path.exists(os.path.join(root_abs, relative)):
             raise OutsideRoot(f"save {given!r} is a dangling symlink")
 
@@ -204,7 +221,8 @@ def _check_still_inside(root_fd: int, root_abs: str, found: Found) -> None:
             raise OutsideRoot(
                 f"publication {found.name!r}: save {found.path!r} resolves to "
                 f"{escape[0]!r}, outside the checkpoint root {escape[1]!r} (a symlink below "
-                "the root leads out of it); refusing to return it")
+                "the root leads out of it); refusing to return it"
+            )
 
 
 def _open_pub(root_fd: int, pub_path: str) -> int:
@@ -249,8 +267,12 @@ def _list_closing(fd: int, path: str) -> list[str]:
 
 
 def _found(root: str, publication: model.Publication, name: str) -> Found:
-    return Found(publication.epoch, publication.step, name,
-                 os.path.join(os.path.abspath(root), publication.path))
+    return Found(
+        publication.epoch,
+        publication.step,
+        name,
+        os.path.join(os.path.abspath(root), publication.path),
+    )
 
 
 def latest(root: str) -> Found | None:
@@ -301,10 +323,11 @@ def _open_below(root_fd: int, parts: list[str], shown: str) -> Optional[int]:
                 os.close(fd)
                 return None
             except OSError as exc:
-                where = os.path.join(shown, *parts[:i + 1])
+                where = os.path.join(shown, *parts[: i + 1])
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise StoreError(f"{where!r} is a symlink or not a folder; cleanup never "
-                                     "follows one") from None
+                    raise StoreError(
+                        f"{where!r} is a symlink or not a folder; cleanup never follows one"
+                    ) from None
                 raise StoreError(f"cannot open {where!r}: {exc.strerror}") from None
             os.close(fd)
             fd = nxt
@@ -330,8 +353,9 @@ def _tree(parent_fd: int, name: str, shown: str, visit_dir: bool) -> tuple[int, 
         return 0, []
     except OSError as exc:
         return 0, [f"{shown} ({exc.strerror})"]
-    if visit_dir and not os.access(name, os.W_OK | os.X_OK, dir_fd=parent_fd,
-                                   follow_symlinks=False):
+    if visit_dir and not os.access(
+        name, os.W_OK | os.X_OK, dir_fd=parent_fd, follow_symlinks=False
+    ):
         stuck.append(f"{shown} (no write permission)")
     try:
         for entry in os.scandir(fd):
@@ -362,8 +386,7 @@ def _remove(parent_fd: int, name: str, shown: str, last: tuple[str, ...] = ()) -
             # meanwhile is removed too, a few rounds at most.
             for round_ in range(_ROUNDS):
                 names = sorted(entry.name for entry in os.scandir(fd))
-                for child in [n for n in names if n not in last] + [n for n in last
-                                                                     if n in names]:
+                for child in [n for n in names if n not in last] + [n for n in last if n in names]:
                     total += _remove(fd, child, os.path.join(shown, child))
                 try:
                     os.rmdir(name, dir_fd=parent_fd)
@@ -372,8 +395,9 @@ def _remove(parent_fd: int, name: str, shown: str, last: tuple[str, ...] = ()) -
                     if exc.errno != errno.ENOTEMPTY:
                         raise
                     if round_ == _ROUNDS - 1:
-                        raise StillWritten(f"{shown!r} is still being written into: left for "
-                                           "the next cleanup") from None
+                        raise StillWritten(
+                            f"{shown!r} is still being written into: left for the next cleanup"
+                        ) from None
         finally:
             os.close(fd)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -405,8 +429,10 @@ class _Cleanup:
         root_abs = os.path.abspath(self.root)
         os.close(_open_root(root_abs, self.root))
         if not any(os.path.lexists(os.path.join(root_abs, part)) for part in (PUB, EXEC)):
-            raise StoreError(f"{self.root!r} is not a checkpoint root (it holds neither pub/ "
-                             "nor exec/); refusing to clean it")
+            raise StoreError(
+                f"{self.root!r} is not a checkpoint root (it holds neither pub/ "
+                "nor exec/); refusing to clean it"
+            )
 
     def publication_names(self) -> list[str]:
         names = _names(self.root)
@@ -439,8 +465,9 @@ class _Cleanup:
                 except FileNotFoundError:
                     pass  # another cleanup removed it
                 except OSError as exc:
-                    raise StoreError(f"cannot remove {os.path.join(path, name)!r}: "
-                                     f"{exc.strerror}") from None
+                    raise StoreError(
+                        f"cannot remove {os.path.join(path, name)!r}: {exc.strerror}"
+                    ) from None
             _fsync_dir(fd, path)  # one sync makes every removal above durable
         finally:
             os.close(fd)
@@ -519,15 +546,20 @@ class _Cleanup:
                 os.lstat(last, dir_fd=parent)
             except FileNotFoundError:
                 return
-            stuck = [] if os.access(".", os.W_OK | os.X_OK, dir_fd=parent) else [
-                f"{os.path.dirname(shown)} (no write permission)"]
+            stuck = (
+                []
+                if os.access(".", os.W_OK | os.X_OK, dir_fd=parent)
+                else [f"{os.path.dirname(shown)} (no write permission)"]
+            )
             stuck += _tree(parent, last, shown, visit_dir=True)[1]
         finally:
             os.close(parent)
         if stuck:
-            raise StoreError(f"cannot remove {shown!r}: {stuck[0]}"
-                             + (f" and {len(stuck) - 1} more" if len(stuck) > 1 else "")
-                             + "; nothing was removed")
+            raise StoreError(
+                f"cannot remove {shown!r}: {stuck[0]}"
+                + (f" and {len(stuck) - 1} more" if len(stuck) > 1 else "")
+                + "; nothing was removed"
+            )
 
     def remove_save(self, relative: str) -> int:
         parent, last, shown = self._at(relative)
@@ -618,16 +650,18 @@ class _Cleanup:
     def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:
         root_fd = self._root_fd()
         try:
-            fd = _open_below(root_fd, [EXEC, attempt, *[p for p in inside.split("/") if p]],
-                             self.root)
+            fd = _open_below(
+                root_fd, [EXEC, attempt, *[p for p in inside.split("/") if p]], self.root
+            )
         finally:
             os.close(root_fd)
         if fd is None:
             return []
         try:
             with os.scandir(fd) as entries:
-                return [e.name + "/" if e.is_dir(follow_symlinks=False) else e.name
-                        for e in entries]
+                return [
+                    e.name + "/" if e.is_dir(follow_symlinks=False) else e.name for e in entries
+                ]
         finally:
             os.close(fd)
 

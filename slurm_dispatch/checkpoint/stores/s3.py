@@ -38,29 +38,32 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from ...errors import AlreadyPublished, OutsideRoot, StoreError, StoreTimeout, UsageError
+from ...errors import StoreError, StoreTimeout
 from .. import model
 from .base import (
     EXEC,
     GC,
-    MANIFEST_SUFFIX,
     PUB,
     S3_SCHEME,
-    Found,
-    Store,
-    check_names,
-    found_all,
-    found_latest,
-    is_s3_root,
     mark_part,
 )
+from .objects import (
+    PUBLISH_UNFINISHED,
+    ObjectRoot,
+    ObjectStore,
+    already_published,
+    split_root,
+)
+from .schemes import SCHEMES
 
-EXTRA_HINT = ("install the 's3' extra into it: pip install "
-              "'slurm_dispatch-<version>-py3-none-any.whl[s3]' (the wheel make dist builds), "
-              "or pip install boto3")
+_EXTRA = next(row.extra for row in SCHEMES if row.cls == "S3Store")  # the table's row
+EXTRA_HINT = (
+    f"install the '{_EXTRA}' extra into it: pip install "
+    f"'slurm_dispatch-<version>-py3-none-any.whl[{_EXTRA}]' (the wheel make dist "
+    "builds), or pip install boto3"
+)
 SDK = ("boto3", "botocore")
 
 
@@ -88,8 +91,10 @@ def refuse_without_sdk(quick: bool = False) -> None:
             except ImportError:
                 missing = True
         if missing:
-            raise StoreError(f"an s3:// checkpoint root needs {name}, which {sys.executable} "
-                             f"cannot import: {EXTRA_HINT}")
+            raise StoreError(
+                f"an s3:// checkpoint root needs {name}, which {sys.executable} "
+                f"cannot import: {EXTRA_HINT}"
+            )
 
 
 # Codes a server gives for a conditional create that raced another one in flight (AWS S3
@@ -97,46 +102,29 @@ def refuse_without_sdk(quick: bool = False) -> None:
 _CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
 # The metadata key of a publication's call token (boto3 sends it as x-amz-meta-dispatch-call).
 CALL_TOKEN = "dispatch-call"
-_CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
-                               "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed"})
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "InvalidToken",
+        "ExpiredToken",
+        "AuthorizationHeaderMalformed",
+    }
+)
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class S3Root:
-    """A parsed ``s3://bucket/prefix`` root; ``prefix`` has no slash at either end."""
+class S3Root(ObjectRoot):
+    """A parsed ``s3://bucket/prefix`` root."""
 
-    bucket: str
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        base = f"{S3_SCHEME}{self.bucket}"
-        return f"{base}/{self.prefix}" if self.prefix else base
-
-    def key(self, relative: str) -> str:
-        return f"{self.prefix}/{relative}" if self.prefix else relative
+    scheme = S3_SCHEME
 
 
 def parse_root(root: str) -> S3Root:
     """Split ``s3://bucket/prefix``; refuse a root whose keys would not be one clean prefix."""
-    if not is_s3_root(root):
-        raise UsageError(f"checkpoint root {root!r} is not an s3:// URL")
-    rest = root[len(S3_SCHEME):]
-    bucket, _, prefix = rest.partition("/")
-    prefix = prefix.rstrip("/")
-    if not bucket:
-        raise UsageError(f"checkpoint root {root!r} names no bucket (expected s3://bucket/prefix)")
-    if prefix:
-        try:
-            clean = model.normalize_relative(prefix)
-        except OutsideRoot as exc:
-            raise UsageError(f"checkpoint root {root!r}: {exc}") from None
-        if clean != prefix:
-            raise UsageError(f"checkpoint root {root!r}: the prefix {prefix!r} is not in normal "
-                             f"form (expected {clean!r}: no empty, '.' or '..' parts)")
-    return S3Root(bucket, prefix)
+    return S3Root(*split_root(root, S3_SCHEME, "bucket"))
 
 
 # --------------------------------------------------------------------------- boto3
@@ -158,10 +146,14 @@ def client_for(timeout: float) -> Any:
             refuse_without_sdk()
             import boto3
             from botocore.config import Config
+
             socket_timeout = max(0.1, min(timeout, 30.0))
-            config = Config(connect_timeout=socket_timeout, read_timeout=socket_timeout,
-                            retries={"mode": "standard", "max_attempts": 3},
-                            max_pool_connections=4)
+            config = Config(
+                connect_timeout=socket_timeout,
+                read_timeout=socket_timeout,
+                retries={"mode": "standard", "max_attempts": 3},
+                max_pool_connections=4,
+            )
             client = boto3.session.Session().client("s3", config=config)
             _clients[key] = client
         return client
@@ -178,21 +170,29 @@ def store_error(exc: BaseException, action: str, where: str) -> StoreError:
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
         text = f"{action} {where} failed: {code} (HTTP {status}): {error.get('Message', '')}"
         if code == "NoSuchBucket":
-            text += f"; the bucket {where[len(S3_SCHEME):].split('/', 1)[0]!r} does not exist"
+            text += f"; the bucket {where[len(S3_SCHEME) :].split('/', 1)[0]!r} does not exist"
         elif code in _CREDENTIAL_CODES:
-            text += ("; check the credentials boto3 found (AWS_ACCESS_KEY_ID and "
-                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials)")
+            text += (
+                "; check the credentials boto3 found (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials)"
+            )
         return StoreError(text.rstrip(": "))
     name = type(exc).__name__
     if name == "NoCredentialsError":
-        return StoreError(f"{action} {where} failed: no S3 credentials found (set "
-                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
-                          "~/.aws/credentials)")
+        return StoreError(
+            f"{action} {where} failed: no S3 credentials found (set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
+            "~/.aws/credentials)"
+        )
     return StoreError(f"{action} {where} failed: {exc}")
 
 
-def within(timeout: float, what: str, call: Callable[[threading.Event], T],
-           after: str = "an unfinished scan is an error, never a partial answer") -> T:
+def within(
+    timeout: float,
+    what: str,
+    call: Callable[[threading.Event], T],
+    after: str = "an unfinished scan is an error, never a partial answer",
+) -> T:
     """Run ``call(abandoned)`` in a worker thread and wait at most ``timeout`` seconds.
 
     Past the deadline, ``abandoned`` is set (the worker stops at its next page) and
@@ -216,7 +216,8 @@ def within(timeout: float, what: str, call: Callable[[threading.Event], T],
         abandoned.set()
         raise StoreTimeout(
             f"{what} did not finish within the timeout of {timeout:g} s (--timeout, "
-            f"$DISPATCH_STORE_TIMEOUT or StoreTimeout in dispatch.conf); {after}")
+            f"$DISPATCH_STORE_TIMEOUT or StoreTimeout in dispatch.conf); {after}"
+        )
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]
@@ -225,17 +226,11 @@ def within(timeout: float, what: str, call: Callable[[threading.Event], T],
 # --------------------------------------------------------------------------- the store
 
 
-class S3Store(Store):
+class S3Store(ObjectStore):
     """The :class:`~.base.Store` of an ``s3://bucket/prefix`` root."""
 
-    def __init__(self, root: str, timeout: float) -> None:
-        if not timeout > 0:
-            raise UsageError(f"timeout {timeout!r} must be more than 0 seconds")
-        self.root = root
-        self.where = parse_root(root)
-        refuse_without_sdk()
-        self.timeout = float(timeout)
-        self.pub_prefix = self.where.key(PUB) + "/"
+    _parse = staticmethod(parse_root)
+    _refuse_without_sdk = staticmethod(refuse_without_sdk)
 
     # The interface ----------------------------------------------------------
 
@@ -244,39 +239,17 @@ class S3Store(Store):
         name = model.format_name(epoch, step, relative)
         key = self.pub_prefix + name
         url = f"{S3_SCHEME}{self.where.bucket}/{key}"
-        within(self.timeout, f"publishing {url}",
-               lambda _abandoned: self._create_once(key, url, f"(epoch {epoch}, step {step}, "
-                                                               f"path {relative!r})"),
-               after="whether it was published is unknown (`dispatch list` shows)")
+        within(
+            self.timeout,
+            f"publishing {url}",
+            lambda _abandoned: self._create_once(
+                key, url, f"(epoch {epoch}, step {step}, path {relative!r})"
+            ),
+            after=PUBLISH_UNFINISHED,
+        )
         return name
 
-    def latest(self) -> Optional[Found]:
-        names = self._names()
-        return found_latest(self, names, self._pub_url())
-
-    def list_publications(self) -> list[Found]:
-        return found_all(self, self._names())
-
-    def exec_dir(self, attempt: str) -> str:
-        return f"{self.where.url}/{EXEC}/{model.check_attempt(attempt)}"
-
-    def locate(self, relative: str) -> str:
-        return f"{self.where.url}/{relative}"
-
     # S3 ---------------------------------------------------------------------
-
-    def relative(self, path: str) -> str:
-        """The save's path under the root; ``path`` must be an ``s3://`` URL inside it."""
-        base = self.where.url + "/"
-        if not path.startswith(base) or path == base:
-            raise OutsideRoot(f"save {path!r} is not inside the checkpoint root "
-                              f"{self.where.url!r} (an s3:// URL under it is expected)")
-        rest = path[len(base):].rstrip("/")
-        relative = model.normalize_relative(rest)
-        if relative != rest:
-            raise OutsideRoot(f"save {path!r} is not in normal form (expected "
-                              f"{base + relative!r})")
-        return relative
 
     def _pub_url(self) -> str:
         return f"{S3_SCHEME}{self.where.bucket}/{self.pub_prefix}"
@@ -289,12 +262,19 @@ class S3Store(Store):
         token = secrets.token_hex(16)  # this call's own: a 412 on it is our lost answer
 
         def conflict(exc: BaseException) -> bool:
-            return (isinstance(exc, ClientError)
-                    and exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES)
+            return (
+                isinstance(exc, ClientError)
+                and exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES
+            )
 
         def create() -> None:
-            client.put_object(Bucket=self.where.bucket, Key=key, Body=b"", IfNoneMatch="*",
-                              Metadata={CALL_TOKEN: token})
+            client.put_object(
+                Bucket=self.where.bucket,
+                Key=key,
+                Body=b"",
+                IfNoneMatch="*",
+                Metadata={CALL_TOKEN: token},
+            )
 
         try:
             try:
@@ -305,19 +285,17 @@ class S3Store(Store):
                 tenacity.Retrying(
                     retry=tenacity.retry_if_exception(conflict),
                     wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
-                    stop=tenacity.stop_after_delay(self.timeout), reraise=True)(create)
+                    stop=tenacity.stop_after_delay(self.timeout),
+                    reraise=True,
+                )(create)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if error.get("Code") == "PreconditionFailed" or status == 412:
-                whose = self._token_of(client, key)
-                if whose == token:
+                error = already_published(url, what, self._token_of(client, key), token)
+                if error is None:
                     return  # made by this call; botocore retried after its answer was lost
-                raise AlreadyPublished(
-                    f"publication {url!r} already exists {what}: "
-                    + ("published before this call" if whose is not None else
-                       "published before this call, or by it with the answer lost (its "
-                       "owner could not be read)")) from None
+                raise error from None
             raise store_error(exc, "publishing", url) from None
         except BotoCoreError as exc:
             raise store_error(exc, "publishing", url) from None
@@ -331,8 +309,9 @@ class S3Store(Store):
             return None
         return str(head.get("Metadata", {}).get(CALL_TOKEN, ""))
 
-    def _pages(self, client: Any, request: dict[str, Any], url: str,
-               abandoned: threading.Event) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, client: Any, request: dict[str, Any], url: str, abandoned: threading.Event
+    ) -> Iterator[dict[str, Any]]:
         """Each page of a ListObjectsV2 listing, until the last one or ``abandoned``."""
         while not abandoned.is_set():
             page = client.list_objects_v2(**request)
@@ -341,8 +320,10 @@ class S3Store(Store):
                 return
             token = page.get("NextContinuationToken")
             if not token:
-                raise StoreError(f"listing {url}: the server said the listing is truncated "
-                                 "but gave no continuation token")
+                raise StoreError(
+                    f"listing {url}: the server said the listing is truncated "
+                    "but gave no continuation token"
+                )
             request["ContinuationToken"] = token
 
     def _names(self) -> list[str]:
@@ -368,9 +349,6 @@ class S3Store(Store):
 
     # Cleanup's part ------------------------------------------------------------
 
-    def _url(self, key: str) -> str:
-        return f"{S3_SCHEME}{self.where.bucket}/{key}"
-
     def _call(self, what: str, key: str, call: Callable[[Any], T]) -> T:
         """One request against the deadline; client errors name the key."""
         from botocore.exceptions import BotoCoreError, ClientError
@@ -385,8 +363,9 @@ class S3Store(Store):
 
     def _request(self, what: str, key: str, method: str, **kwargs: Any) -> Any:
         """``client.<method>(Bucket=..., **kwargs)`` against the deadline."""
-        return self._call(what, key, lambda client: getattr(client, method)(
-            Bucket=self.where.bucket, **kwargs))
+        return self._call(
+            what, key, lambda client: getattr(client, method)(Bucket=self.where.bucket, **kwargs)
+        )
 
     def _objects(self, prefix: str, delimiter: str = "") -> list[tuple[str, int]]:
         """(key, size) of every object under ``prefix``, one scan against the deadline; with a
@@ -402,10 +381,12 @@ class S3Store(Store):
             found: list[tuple[str, int]] = []
             try:
                 for page in self._pages(client_for(self.timeout), request, url, abandoned):
-                    found.extend((item["Key"], int(item.get("Size", 0)))
-                                 for item in page.get("Contents", ()))
-                    found.extend((common["Prefix"], -1)
-                                 for common in page.get("CommonPrefixes", ()))
+                    found.extend(
+                        (item["Key"], int(item.get("Size", 0))) for item in page.get("Contents", ())
+                    )
+                    found.extend(
+                        (common["Prefix"], -1) for common in page.get("CommonPrefixes", ())
+                    )
             except (ClientError, BotoCoreError) as exc:
                 raise store_error(exc, "listing", url) from None
             return found
@@ -414,37 +395,32 @@ class S3Store(Store):
 
     def _delete_keys(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
-            batch = keys[start:start + 1000]
+            batch = keys[start : start + 1000]
             answer = self._request(
-                "deleting", batch[0], "delete_objects",
-                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True})
+                "deleting",
+                batch[0],
+                "delete_objects",
+                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+            )
             errors = answer.get("Errors") or []
             if errors:
                 first = errors[0]
-                raise StoreError(f"deleting {self._url(first.get('Key', '?'))} failed: "
-                                 f"{first.get('Code', '?')}: {first.get('Message', '')}"
-                                 + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-
-    def _save_objects(self, relative: str) -> list[tuple[str, int]]:
-        key = self.where.key(relative)
-        wanted = {key, key + MANIFEST_SUFFIX}
-        return [(k, size) for k, size in self._objects(key)
-                if k in wanted or k.startswith(key + "/")]
+                raise StoreError(
+                    f"deleting {self._url(first.get('Key', '?'))} failed: "
+                    f"{first.get('Code', '?')}: {first.get('Message', '')}"
+                    + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+                )
 
     def check_store(self) -> None:
         for part in (PUB, EXEC):
             prefix = self.where.key(part) + "/"
-            page = self._request("listing", prefix, "list_objects_v2", Prefix=prefix,
-                                 MaxKeys=1)
+            page = self._request("listing", prefix, "list_objects_v2", Prefix=prefix, MaxKeys=1)
             if page.get("Contents"):
                 return
-        raise StoreError(f"{self.root!r} is not a checkpoint root (nothing under pub/ or "
-                         "exec/); refusing to clean it")
-
-    def publication_names(self) -> list[str]:
-        names = self._names()
-        check_names(names, self._pub_url())
-        return names
+        raise StoreError(
+            f"{self.root!r} is not a checkpoint root (nothing under pub/ or "
+            "exec/); refusing to clean it"
+        )
 
     def has_publication(self, name: str) -> bool:
         from botocore.exceptions import ClientError
@@ -461,14 +437,6 @@ class S3Store(Store):
             return True
 
         return self._call("reading", key, head)
-
-    def delete_publications(self, names: list[str]) -> None:
-        self._delete_keys([self.pub_prefix + name for name in names])
-
-    def list_exec(self) -> list[str]:
-        prefix = self.where.key(EXEC) + "/"
-        return [key[len(prefix):].rstrip("/") for key, size in self._objects(prefix, "/")
-                if size == -1]
 
     def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
         from botocore.exceptions import ClientError
@@ -493,8 +461,7 @@ class S3Store(Store):
 
         def put(client: Any) -> None:
             try:
-                client.put_object(Bucket=self.where.bucket, Key=key, Body=data,
-                                  IfNoneMatch="*")
+                client.put_object(Bucket=self.where.bucket, Key=key, Body=data, IfNoneMatch="*")
             except ClientError as exc:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
                     raise FileExistsError(f"{self._url(key)} already exists") from None
@@ -510,42 +477,10 @@ class S3Store(Store):
         page = self._request("listing", key, "list_objects_v2", Prefix=key, MaxKeys=1)
         return any(item["Key"] == key for item in page.get("Contents", ()))
 
-    def size(self, relative: str) -> int:
-        return sum(size for _key, size in self._save_objects(relative))
-
-    def check_removable(self, relative: str) -> None:
-        return None  # S3 answers only the delete itself
-
-    def remove_save(self, relative: str) -> int:
-        found = self._save_objects(relative)
-        self._delete_keys([key for key, _size in found])
-        return sum(size for _key, size in found)
-
-    def remove_exec(self, attempt: str, record: str, mark: str = "") -> int:
-        prefix = self.where.key(f"{EXEC}/{attempt}") + "/"
-        found = list(self._objects(prefix))
-        last = [prefix + name for name in (mark, record) if name]
-        self._delete_keys([key for key, _size in found if key not in last])
-        for one in last:
-            self._delete_keys([key for key, _size in found if key == one])
-        return sum(size for _key, size in found)
-
-    def list_intents(self) -> list[str]:
-        prefix = self.where.key(GC) + "/"
-        return [key[len(prefix):] for key, _size in self._objects(prefix)
-                if key != prefix]
-
     def create_intents(self, names: list[str]) -> None:
         for name in names:
             key = self.where.key(f"{GC}/{name}")
             self._request("creating", key, "put_object", Key=key, Body=b"")
-
-    def delete_intents(self, names: list[str]) -> None:
-        self._delete_keys([self.where.key(f"{GC}/{name}") for name in names])
-
-    def list_marks(self, part: str) -> list[str]:
-        prefix = self.where.key(mark_part(part)) + "/"
-        return [key[len(prefix):] for key, _size in self._objects(prefix) if key != prefix]
 
     def create_mark(self, part: str, entry: str) -> bool:
         from botocore.exceptions import ClientError
@@ -554,8 +489,7 @@ class S3Store(Store):
 
         def put(client: Any) -> bool:
             try:
-                client.put_object(Bucket=self.where.bucket, Key=key, Body=b"",
-                                  IfNoneMatch="*")
+                client.put_object(Bucket=self.where.bucket, Key=key, Body=b"", IfNoneMatch="*")
             except ClientError as exc:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
                     return False
@@ -564,27 +498,15 @@ class S3Store(Store):
 
         return self._call("creating", key, put)
 
-    def delete_mark(self, part: str, entry: str) -> bool:
-        key = self.where.key(f"{mark_part(part)}/{entry}")
-        there = any(k == key for k, _size in self._objects(key))
-        if there:
-            self._delete_keys([key])
-        return there
-
     def exec_entries(self) -> dict[str, list[str]]:
         # One listing of exec/ (paged) rather than one per folder.
         prefix = self.where.key(EXEC) + "/"
         out: dict[str, set[str]] = {}
         for key, _size in self._objects(prefix):
-            rest = key[len(prefix):]
+            rest = key[len(prefix) :]
             attempt, _, inside = rest.partition("/")
             if not attempt or not inside:
                 continue
             head, slash, _tail = inside.partition("/")
             out.setdefault(attempt, set()).add(head + slash)
         return {attempt: sorted(names) for attempt, names in out.items()}
-
-    def list_exec_entries(self, attempt: str, inside: str = "") -> list[str]:
-        prefix = self.where.key(f"{EXEC}/{attempt}" + (f"/{inside}" if inside else "")) + "/"
-        return [key[len(prefix):] for key, _size in self._objects(prefix, "/")
-                if key != prefix]

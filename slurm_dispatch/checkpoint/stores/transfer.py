@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any, Optional
 
 from ...errors import StoreError, StoreTimeout
 from .base import S3_SCHEME
+from .remote import check_fetched, fetch_targets, local_files
 from .s3 import client_for, parse_root, store_error
 
 # Parts of 8 MiB, four at once: the client keeps four connections (s3.client_for).
@@ -50,20 +52,40 @@ class Place:
         return f"{S3_SCHEME}{self.bucket}/{self.key if key is None else key}"
 
 
-def local_files(path: str) -> list[tuple[str, str]]:
-    """(relative name, absolute path) of each regular file of a save, sorted; a file save is
-    one entry named by its base name.  Symlinks are skipped, never followed."""
-    if os.path.islink(path):
-        return []
-    if not os.path.isdir(path):
-        return [(os.path.basename(path), path)]
-    found = []
-    for folder, _dirs, files in os.walk(path):  # os.walk does not descend into linked folders
-        for name in files:
-            full = os.path.join(folder, name)
-            if not os.path.islink(full):
-                found.append((os.path.relpath(full, path), full))
-    return sorted(found)
+def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
+    """Create the object ``url`` holding ``data`` as JSON, once (``If-None-Match: *``); False
+    when it exists."""
+    from botocore.exceptions import ClientError
+
+    place = Place.of(url)
+    try:
+        client_for(timeout).put_object(
+            Bucket=place.bucket,
+            Key=place.key,
+            IfNoneMatch="*",
+            Body=(json.dumps(data, sort_keys=True) + "\n").encode(),
+        )
+    except ClientError as exc:
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+            return False
+        raise store_error(exc, "writing", url) from None
+    return True
+
+
+def read_json(url: str, timeout: float) -> Optional[Any]:
+    """The JSON object at ``url``; None when there is none or it does not parse."""
+    from botocore.exceptions import ClientError
+
+    place = Place.of(url)
+    try:
+        body = client_for(timeout).get_object(Bucket=place.bucket, Key=place.key)["Body"].read()
+        return json.loads(body)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise store_error(exc, "reading", url) from None
+    except ValueError:
+        return None
 
 
 class _Countdown:
@@ -94,8 +116,12 @@ class _Countdown:
 def _manager(timeout: float) -> Any:
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-    config = TransferConfig(multipart_threshold=PART_SIZE, multipart_chunksize=PART_SIZE,
-                            max_concurrency=CONCURRENCY, use_threads=True)
+    config = TransferConfig(
+        multipart_threshold=PART_SIZE,
+        multipart_chunksize=PART_SIZE,
+        max_concurrency=CONCURRENCY,
+        use_threads=True,
+    )
     return create_transfer_manager(client_for(timeout), config)
 
 
@@ -113,8 +139,10 @@ def _run(what: str, timeout: float, submit: list[tuple[str, Any]]) -> None:
         if not countdown.done.wait(timeout):
             for _label, future in futures:
                 future.cancel()
-            raise StoreTimeout(f"{what} did not finish within the timeout of {timeout:g} s; "
-                               "an unfinished transfer is an error")
+            raise StoreTimeout(
+                f"{what} did not finish within the timeout of {timeout:g} s; "
+                "an unfinished transfer is an error"
+            )
         for label, future in futures:
             try:
                 future.result()
@@ -186,7 +214,7 @@ def save_listing(url: str, timeout: float) -> tuple[bool, dict[str, tuple[int, s
                     if key == place.key:
                         whole[base] = found
                     elif key.startswith(place.key + "/") and not key.endswith("/"):
-                        inside[key[len(place.key) + 1:]] = found
+                        inside[key[len(place.key) + 1 :]] = found
                 if not page.get("IsTruncated"):
                     break
                 request["ContinuationToken"] = page["NextContinuationToken"]
@@ -202,33 +230,15 @@ def fetch_save(url: str, local: str, timeout: float) -> str:
     return ``local`` (a folder, or the file of a file save)."""
     place = Place.of(url)
     folder, objects = save_objects(url, timeout)
-    if not objects:
-        raise StoreError(f"the save {url} holds no object on S3 (deleted?)")
-    targets: list[tuple[str, str, int]] = []  # key, local file, size
-    if folder:
-        os.makedirs(local)
-        for name, size in sorted(objects.items()):
-            if name.startswith("/") or ".." in name.split("/"):
-                raise StoreError(f"the save {url} holds a key {name!r} that would land "
-                                 "outside its folder")
-            target = os.path.join(local, name)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            targets.append((f"{place.key}/{name}", target, size))
-    else:
-        if os.path.lexists(local):
-            raise StoreError(f"cannot fetch {url} to {local!r}: it exists")
-        os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
-        targets.append((place.key, local, next(iter(objects.values()))))
+    targets = fetch_targets(url, local, folder, objects)
     submit = []
-    for key, target, _size in targets:
+    for name, target, _size in targets:
+        key = f"{place.key}/{name}" if name else place.key
+
         def start(manager: Any, subscriber: Any, key: str = key, target: str = target) -> Any:
             return manager.download(place.bucket, key, target, subscribers=[subscriber])
 
         submit.append((place.url(key), start))
     _run(f"fetching {url} to {local}", timeout, submit)
-    for key, target, size in targets:
-        got = os.path.getsize(target)
-        if got != size:
-            raise StoreError(f"fetched {place.url(key)} to {target!r}: {got} bytes, the "
-                             f"object has {size}")
+    check_fetched(url, targets)
     return local

@@ -1,0 +1,367 @@
+"""The Azure Blob publication store: a root ``az://container/prefix``, publications under
+``prefix/pub/``, the same protocol as S3's (:mod:`.s3`) with Azure's primitives:
+
+* A publication is an empty block blob ``<prefix>/pub/<name>`` put with ``If-None-Match: *``
+  (``upload_blob(overwrite=False)``): the service creates it once or answers 409
+  ``BlobAlreadyExists``.  Each call puts a random token of its own in the blob's metadata, so
+  a 409 on a blob holding this call's token is this call's own create whose answer was lost
+  and retried by the SDK: published.  Any other 409 is :class:`AlreadyPublished` (one whose
+  token cannot be read says it may be this call's own, as S3's does).
+* Listing a container is strongly consistent; ``latest`` pages through every blob under
+  ``<prefix>/pub/`` with no delimiter, and any name that is not a publication is an error.
+* Every call runs against one deadline (:func:`.s3.within`), a scan that does not finish in
+  time is :class:`StoreTimeout`, never a partial answer.
+* The account comes from ``$AZURE_STORAGE_CONNECTION_STRING`` (the SDK's own convention);
+  azure-storage-blob is imported only here, when an ``az://`` root is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+from typing import Any, Callable, Optional, TypeVar
+
+from ...errors import StoreError
+from .. import model
+from .base import (
+    EXEC,
+    GC,
+    PUB,
+    mark_part,
+)
+from .objects import (
+    PUBLISH_UNFINISHED,
+    ObjectRoot,
+    ObjectStore,
+    already_published,
+    split_root,
+)
+from .s3 import within
+
+SCHEME = "az://"
+CONNECTION_ENV = "AZURE_STORAGE_CONNECTION_STRING"
+CALL_TOKEN = "dispatch_call"  # metadata names are C# identifiers: no '-'
+SDK = "azure.storage.blob"
+
+T = TypeVar("T")
+
+
+class AzureRoot(ObjectRoot):
+    """A parsed ``az://container/prefix`` root."""
+
+    scheme = SCHEME
+
+
+def parse_root(root: str) -> AzureRoot:
+    """Split ``az://container/prefix``; refuse a prefix that is not in normal form."""
+    return AzureRoot(*split_root(root, SCHEME, "container"))
+
+
+def refuse_without_sdk(quick: bool = False) -> None:
+    """A StoreError naming the extra where azure-storage-blob is missing."""
+    import importlib.util
+
+    try:
+        missing = importlib.util.find_spec(SDK) is None
+    except (ImportError, ValueError):
+        missing = True
+    if missing:
+        raise StoreError(
+            "an az:// checkpoint root needs azure-storage-blob: install the 'azure' extra "
+            "(pip install 'slurm-dispatch[azure]')"
+        )
+
+
+_clients: dict[tuple[object, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def container_for(container: str, timeout: float) -> Any:
+    """A ContainerClient of ``container`` whose sockets give up within ``timeout``."""
+    conn = os.environ.get(CONNECTION_ENV, "")
+    if not conn:
+        raise StoreError(f"an az:// checkpoint root needs ${CONNECTION_ENV} (the account)")
+    key = (container, timeout, conn)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            refuse_without_sdk()
+            from azure.storage.blob import BlobServiceClient
+
+            socket_timeout = max(0.1, min(timeout, 30.0))
+            service = BlobServiceClient.from_connection_string(
+                conn,
+                connection_timeout=socket_timeout,
+                read_timeout=socket_timeout,
+                retry_total=3,
+                # Its retries (a lost answer's among them) wait about 1, 3, then 5 s, not its
+                # default 15, 18, 24: the first lands well inside a short --timeout, not past it.
+                initial_backoff=1,
+                increment_base=2,
+                random_jitter_range=1,
+            )
+            client = service.get_container_client(container)
+            _clients[key] = client
+        return client
+
+
+def store_error(exc: BaseException, action: str, where: str) -> StoreError:
+    code = getattr(exc, "error_code", None)
+    status = getattr(exc, "status_code", None)
+    if code or status:
+        return StoreError(f"{action} {where} failed: {code} (HTTP {status})")
+    return StoreError(f"{action} {where} failed: {exc}")
+
+
+class AzureStore(ObjectStore):
+    """The :class:`~.base.Store` of an ``az://container/prefix`` root."""
+
+    _parse = staticmethod(parse_root)
+    _refuse_without_sdk = staticmethod(refuse_without_sdk)
+
+    def _call(
+        self, what: str, key: str, call: Callable[[Any], T], after: Optional[str] = None
+    ) -> T:
+        """One request against the deadline (``after``: what running past it means, where
+        not the default); service errors name the blob."""
+        from azure.core.exceptions import AzureError
+
+        def run(_abandoned: threading.Event) -> T:
+            try:
+                return call(container_for(self.where.bucket, self.timeout))
+            except AzureError as exc:
+                raise store_error(exc, what, self._url(key)) from None
+
+        if after is None:
+            return within(self.timeout, f"{what} {self._url(key)}", run)
+        return within(self.timeout, f"{what} {self._url(key)}", run, after=after)
+
+    # The interface ----------------------------------------------------------
+
+    def publish(self, epoch: int, step: int, path: str) -> str:
+        relative = self.relative(path)
+        name = model.format_name(epoch, step, relative)
+        key = self.pub_prefix + name
+        token = secrets.token_hex(16)
+        if not self._call(
+            "publishing",
+            key,
+            lambda c: self._put_once(c, key, b"", token),
+            after=PUBLISH_UNFINISHED,
+        ):
+            whose = self._call("reading", key, lambda c: self._token_of(c, key))
+            what = f"(epoch {epoch}, step {step}, path {relative!r})"
+            error = already_published(self._url(key), what, whose, token)
+            if error is not None:
+                raise error
+        return name
+
+    @staticmethod
+    def _put_once(client: Any, key: str, data: bytes, token: str = "") -> bool:
+        """Create the blob ``key`` once; False when it exists (409 BlobAlreadyExists)."""
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            client.upload_blob(
+                key, data, overwrite=False, metadata={CALL_TOKEN: token} if token else None
+            )
+        except ResourceExistsError:
+            return False
+        return True
+
+    @staticmethod
+    def _token_of(client: Any, key: str) -> Optional[str]:
+        try:
+            metadata = client.get_blob_client(key).get_blob_properties().metadata or {}
+        except Exception:  # a lookup that says nothing either way
+            return None
+        return str(metadata.get(CALL_TOKEN, ""))
+
+    # Listings ---------------------------------------------------------------
+
+    def _objects(self, prefix: str, delimiter: str = "") -> list[tuple[str, int]]:
+        """(name, size) of every blob under ``prefix``; with a ``delimiter``, the common
+        prefixes too (size -1).  One scan against the deadline."""
+        from azure.core.exceptions import AzureError
+        from azure.storage.blob import BlobPrefix
+
+        url = self._url(prefix)
+
+        def scan(abandoned: threading.Event) -> list[tuple[str, int]]:
+            client = container_for(self.where.bucket, self.timeout)
+            found: list[tuple[str, int]] = []
+            try:
+                items = (
+                    client.walk_blobs(name_starts_with=prefix, delimiter=delimiter)
+                    if delimiter
+                    else client.list_blobs(name_starts_with=prefix)
+                )
+                for item in items:
+                    if abandoned.is_set():
+                        break
+                    folder = isinstance(item, BlobPrefix)
+                    found.append((item.name, -1 if folder else int(item.size)))
+            except AzureError as exc:
+                raise store_error(exc, "listing", url) from None
+            return found
+
+        return within(self.timeout, f"listing {url}", scan)
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        def delete(client: Any, key: str) -> None:
+            try:
+                client.delete_blob(key)
+            except ResourceNotFoundError:
+                pass
+
+        for key in keys:
+            self._call("deleting", key, lambda c, key=key: delete(c, key))  # type: ignore[misc]
+
+    # Cleanup's part ------------------------------------------------------------
+
+    def check_store(self) -> None:
+        for part in (PUB, EXEC):
+            if self._objects(self.where.key(part) + "/"):
+                return
+        raise StoreError(
+            f"{self.root!r} is not a checkpoint root (nothing under pub/ or exec/); "
+            "refusing to clean it"
+        )
+
+    def has_publication(self, name: str) -> bool:
+        key = self.pub_prefix + name
+        return bool(self._call("reading", key, lambda c: c.get_blob_client(key).exists()))
+
+    def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        key = self.where.key(f"{EXEC}/{attempt}/{name}")
+
+        def get(client: Any) -> Optional[bytes]:
+            try:
+                return bytes(client.download_blob(key).readall())
+            except ResourceNotFoundError:
+                return None
+
+        return self._call("reading", key, get)
+
+    def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
+        key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
+        if not self._call("creating", key, lambda c: self._put_once(c, key, data)):
+            raise FileExistsError(f"{self._url(key)} already exists")
+
+    def exists(self, relative: str) -> bool:
+        key = self.where.key(relative)
+        return any(k == key or k.startswith(key + "/") for k, _size in self._objects(key))
+
+    def create_intents(self, names: list[str]) -> None:
+        for name in names:
+            key = self.where.key(f"{GC}/{name}")
+            self._call("creating", key, lambda c, key=key: c.upload_blob(key, b"", overwrite=True))  # type: ignore[misc]
+
+    def create_mark(self, part: str, entry: str) -> bool:
+        key = self.where.key(f"{mark_part(part)}/{entry}")
+        return self._call("creating", key, lambda c: self._put_once(c, key, b""))
+
+
+# The transfers (stores/remote.py): saves between local disk and an az:// URL ------------
+
+
+def _place(url: str) -> tuple[str, str]:
+    where = parse_root(url)
+    if not where.prefix:
+        raise StoreError(f"{url!r} names a container, not a save under it")
+    return where.bucket, where.prefix
+
+
+def _transfer(url: str, timeout: float, what: str, call: Callable[[Any, str], T]) -> T:
+    """``call(container client, key)`` against the deadline; failures name ``url``."""
+    from azure.core.exceptions import AzureError
+
+    container, key = _place(url)
+
+    def run(_abandoned: threading.Event) -> T:
+        try:
+            return call(container_for(container, timeout), key)
+        except AzureError as exc:
+            raise store_error(exc, what, url) from None
+
+    return within(timeout, f"{what} {url}", run, after="an unfinished transfer is an error")
+
+
+def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
+    body = (json.dumps(data, sort_keys=True) + "\n").encode()
+    return _transfer(url, timeout, "writing", lambda c, key: AzureStore._put_once(c, key, body))
+
+
+def read_json(url: str, timeout: float) -> Optional[Any]:
+    from azure.core.exceptions import ResourceNotFoundError
+
+    def get(client: Any, key: str) -> Optional[bytes]:
+        try:
+            return bytes(client.download_blob(key).readall())
+        except ResourceNotFoundError:
+            return None
+
+    body = _transfer(url, timeout, "reading", get)
+    try:
+        return None if body is None else json.loads(body)
+    except ValueError:
+        return None
+
+
+def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
+    from .remote import local_files
+
+    files = local_files(local)
+    if not files:
+        raise StoreError(f"save {local!r} holds no regular file to upload")
+    folder = os.path.isdir(local)
+
+    def put(client: Any, key: str) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for name, full in files:
+            sizes[name] = os.lstat(full).st_size
+            with open(full, "rb") as data:
+                client.upload_blob(
+                    f"{key}/{name}" if folder else key, data, overwrite=True, max_concurrency=4
+                )
+        return sizes
+
+    return _transfer(url, timeout, f"uploading {local} to", put)
+
+
+def save_listing(url: str, timeout: float) -> tuple[bool, dict[str, tuple[int, str]]]:
+    def scan(client: Any, key: str) -> tuple[bool, dict[str, tuple[int, str]]]:
+        base = key.rsplit("/", 1)[-1]
+        inside: dict[str, tuple[int, str]] = {}
+        whole: dict[str, tuple[int, str]] = {}
+        for item in client.list_blobs(name_starts_with=key):
+            found = (int(item.size), str(item.etag))
+            if item.name == key:
+                whole[base] = found
+            elif item.name.startswith(key + "/") and not item.name.endswith("/"):
+                inside[item.name[len(key) + 1 :]] = found
+        return (True, inside) if inside else (False, whole)
+
+    return _transfer(url, timeout, "listing the save", scan)
+
+
+def fetch_save(url: str, local: str, timeout: float) -> str:
+    from .remote import check_fetched, fetch_targets
+
+    folder, listed = save_listing(url, timeout)
+    targets = fetch_targets(url, local, folder, {name: size for name, (size, _) in listed.items()})
+
+    def get(client: Any, key: str) -> None:
+        for name, target, _size in targets:
+            with open(target, "xb") as out:
+                client.download_blob(f"{key}/{name}" if name else key).readinto(out)
+
+    _transfer(url, timeout, f"fetching to {local}", get)
+    check_fetched(url, targets)
+    return local

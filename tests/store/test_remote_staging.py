@@ -1,0 +1,103 @@
+"""The in-job half on every remote store of the table (S3 on SeaweedFS, Azure Blob on
+Azurite), through ``execution/staging.py``'s one interface and the store's transfers
+(``checkpoint/stores/remote.py``): ``dispatch watch`` uploads each complete save, then
+publishes it; a save is fetched whole and checked; an object replaced since its save was
+sealed is caught; a record is created once.  S3's own cases are in test_watch_s3.py,
+test_integrations_s3.py and test_fetch.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_dispatch.checkpoint import model
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores import remote
+from slurm_dispatch.errors import StoreError
+from slurm_dispatch.execution import staging
+from slurm_dispatch.execution.saverules import SaveRule
+from slurm_dispatch.execution.watch import Watcher
+
+from .worlds import Raw
+
+EPOCH = model.Epoch(0, 1, 0).value
+ATTEMPT = "0" * 26
+
+
+def hf_save(stage: Path, step: int, weights: bytes = b"w" * 1000) -> Path:
+    save = stage / f"checkpoint-{step}"
+    (save / "sub").mkdir(parents=True)
+    (save / "model.safetensors").write_bytes(weights)
+    (save / "sub" / "optimizer.pt").write_bytes(b"o" * 10)
+    (save / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    return save
+
+
+def watched(root: str, stage: Path, lines: list[str]) -> list[int]:
+    """Two scans of a watcher of ``stage`` (a save is published at the second scan that
+    finds it unchanged); the steps published."""
+    w = Watcher(
+        root,
+        str(stage),
+        EPOCH,
+        SaveRule.make(),
+        lines.append,
+        upload_to=f"{root}/exec/{ATTEMPT}",
+        timeout=30,
+    )
+    assert w.scan() == []
+    return [p.step for p in w.scan()]
+
+
+def test_watch_uploads_each_complete_save_then_publishes_it(
+    remote_raw: Raw, tmp_path: Path
+) -> None:
+    root, prefix = remote_raw.root, f"{remote_raw.root}/exec/{ATTEMPT}"
+    hf_save(tmp_path, 10)
+    hf_save(tmp_path, 5)
+    lines: list[str] = []
+    assert watched(root, tmp_path, lines) == [5, 10]
+    assert [(f.step, f.path) for f in store.list_publications(root)] == [
+        (5, f"{prefix}/checkpoint-5"),
+        (10, f"{prefix}/checkpoint-10"),
+    ]
+    assert remote_raw.read(f"exec/{ATTEMPT}/checkpoint-10/model.safetensors") == b"w" * 1000
+    assert remote_raw.read(f"exec/{ATTEMPT}/checkpoint-10/sub/optimizer.pt") == b"o" * 10
+    assert lines[:2] == [
+        f"published step 5: {prefix}/checkpoint-5",
+        f"published step 10: {prefix}/checkpoint-10",
+    ]
+    assert remote.save_objects(f"{prefix}/checkpoint-10", 10) == (
+        True,
+        {"model.safetensors": 1000, "sub/optimizer.pt": 10, "trainer_state.json": 19},
+    )
+
+
+def test_a_fetched_save_is_whole_and_a_replaced_object_is_caught(
+    remote_raw: Raw, tmp_path: Path
+) -> None:
+    root = remote_raw.root
+    hf_save(tmp_path / "stage", 7, weights=b"a" * 5000)
+    assert watched(root, tmp_path / "stage", []) == [7]
+    url = f"{root}/exec/{ATTEMPT}/checkpoint-7"
+    ours = staging.of(root)
+    ours.seal_remote_save(url)  # the manifest with each object's ETag
+    assert ours.why_unloadable_remote(url) is None
+    local = Path(ours.fetch_checked(url, str(tmp_path / "copy")))
+    assert (local / "model.safetensors").read_bytes() == b"a" * 5000
+    assert (local / "sub" / "optimizer.pt").read_bytes() == b"o" * 10
+    # Other bytes of the same size: only the ETag tells.
+    remote_raw.put(f"exec/{ATTEMPT}/checkpoint-7/model.safetensors", b"b" * 5000)
+    why = ours.why_unloadable_remote(url)
+    assert why is not None and "'model.safetensors'" in why and "was replaced" in why
+    with pytest.raises(StoreError, match="was replaced"):
+        ours.fetch_checked(url, str(tmp_path / "again"))
+
+
+def test_a_record_is_created_once_and_read_back(remote_raw: Raw) -> None:
+    url = f"{remote_raw.root}/exec/{ATTEMPT}/keep.json"
+    assert remote.put_json_once(url, {"keep": 2}, 10) is True
+    assert remote.put_json_once(url, {"keep": 3}, 10) is False
+    assert remote.read_json(url, 10) == {"keep": 2}
+    assert remote.read_json(url + ".absent", 10) is None
