@@ -30,6 +30,10 @@ from .gc_world import World, epoch
 from .worlds import raw_of
 
 RUN_SECONDS = 8.0
+# A publisher saves as fast as it can, but at most this many saves past the last cleanup it
+# saw end: on a slow store on loaded cores (Azurite beside make test's real tiers) publishing
+# outran cleanup, each cleanup had more to remove than the last, and the bound ran out.
+AHEAD = 40
 
 
 def _write_save(world: World, attempt: str, epoch_value: int, step: int) -> str:
@@ -48,11 +52,19 @@ def _world(root: str) -> World:
     return World(raw_of(root))
 
 
-def publisher(root: str, epoch_value: int, attempt: str, stop: Any, first: int) -> None:
-    """An execution that keeps saving and publishing in its folder (an old one, or live)."""
+def publisher(root: str, epoch_value: int, attempt: str, stop: Any, first: int, runs: Any) -> None:
+    """An execution that keeps saving and publishing in its folder (an old one, or live), at
+    most AHEAD saves past the last cleanup."""
     world = _world(root)
     step = first
+    seen, made = runs.value, 0
     while not stop.is_set():
+        if runs.value != seen:
+            seen, made = runs.value, 0
+        elif made >= AHEAD:
+            stop.wait(0.05)
+            continue
+        made += 1
         step += 1
         try:
             world.publish(epoch_value, step, _write_save(world, attempt, epoch_value, step))
@@ -118,8 +130,8 @@ def test_cleanup_racing_publishers_and_starting_executions(world: World, tmp_pat
     home = tmp_path / "home"
     home.mkdir()
     procs = [
-        ctx.Process(target=publisher, args=(world.root, old, a, stop, 2)),
-        ctx.Process(target=publisher, args=(world.root, live, b, stop, 3)),
+        ctx.Process(target=publisher, args=(world.root, old, a, stop, 2, runs)),
+        ctx.Process(target=publisher, args=(world.root, live, b, stop, 3, runs)),
         ctx.Process(target=cleaner, args=(world.root, stop, runs)),
         ctx.Process(target=starter, args=(world.root, str(home), stop, failures, starts)),
         ctx.Process(target=checker, args=(world.root, stop, failures, checks)),
@@ -129,8 +141,7 @@ def test_cleanup_racing_publishers_and_starting_executions(world: World, tmp_pat
     # Run for RUN_SECONDS, and on until each side has done enough to overlap the others
     # (a loaded machine runs fewer cleanups in the same time), within a bound.
     started = time.monotonic()
-    # The bound: 30 x RUN_SECONDS, for Azurite beside make test's real tiers (a cleanup there
-    # took 15 to 20 s and more; 80 s gave too few).
+    # The bound: 30 x RUN_SECONDS, for Azurite beside make test's real tiers.
     while all(p.is_alive() for p in procs) and time.monotonic() < started + 30 * RUN_SECONDS:
         if time.monotonic() >= started + RUN_SECONDS and (
             runs.value >= 5 and starts.value >= 3 and checks.value >= 20
@@ -145,10 +156,8 @@ def test_cleanup_racing_publishers_and_starting_executions(world: World, tmp_pat
     while not failures.empty():
         problems.append(failures.get())
     assert problems == []
-    # Each side must have overlapped the others: aimed at 5 cleanups above, at least 3 taken.
-    # On Azurite a cleanup of this growing world takes 15 to 20 s on 2 loaded cores (4 runs,
-    # 81 starts and 204 checks in the bound, in make test's run beside the real tiers).
-    assert runs.value >= 3 and starts.value >= 3 and checks.value >= 20, (
+    # Each side must have overlapped the others.
+    assert runs.value >= 5 and starts.value >= 3 and checks.value >= 20, (
         runs.value,
         starts.value,
         checks.value,

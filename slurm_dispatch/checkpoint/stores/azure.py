@@ -74,6 +74,8 @@ def refuse_without_sdk(quick: bool = False) -> None:
         )
 
 
+BATCH = 256  # the most blobs one Blob Batch request may delete (the service's limit)
+
 _clients: dict[tuple[object, ...], Any] = {}
 _clients_lock = threading.Lock()
 
@@ -210,16 +212,29 @@ class AzureStore(ObjectStore):
         return within(self.timeout, f"listing {url}", scan)
 
     def _delete_keys(self, keys: list[str]) -> None:
-        from azure.core.exceptions import ResourceNotFoundError
+        """Delete in Blob Batch requests of :data:`BATCH` blobs (as the S3 store does in
+        DeleteObjects of 1,000): one request a blob made a cleanup of a big save hundreds of
+        requests.  A blob already gone (404) is fine; any other refusal names the blob, after
+        the rest of its batch is deleted."""
+        for start in range(0, len(keys), BATCH):
+            batch = keys[start : start + BATCH]
 
-        def delete(client: Any, key: str) -> None:
-            try:
-                client.delete_blob(key)
-            except ResourceNotFoundError:
-                pass
+            def delete(client: Any, batch: list[str] = batch) -> list[tuple[str, int, str]]:
+                answers = client.delete_blobs(*batch, raise_on_any_failure=False)
+                return [
+                    (key, int(answer.status_code), answer.headers.get("x-ms-error-code") or "?")
+                    for key, answer in zip(batch, answers)
+                ]
 
-        for key in keys:
-            self._call("deleting", key, lambda c, key=key: delete(c, key))  # type: ignore[misc]
+            refused = [
+                (key, status, code)
+                for key, status, code in self._call("deleting", batch[0], delete)
+                if status not in (200, 202, 204, 404)
+            ]
+            if refused:
+                key, status, code = refused[0]
+                more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+                raise StoreError(f"deleting {self._url(key)} failed: {code} (HTTP {status}){more}")
 
     # Cleanup's part ------------------------------------------------------------
 

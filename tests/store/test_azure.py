@@ -1,0 +1,78 @@
+"""The Azure Blob store's own ways, on Azurite: how cleanup's deletes reach the service.
+
+The contract every store passes is test_contract.py and the gc_* tests; here, what only an
+az:// root does: cleanup removes blobs in Blob Batch requests (256 a request, the service's
+most), as the S3 store does in DeleteObjects requests of 1,000, not one request a blob.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurm_dispatch.checkpoint.stores.open import open_store
+from slurm_dispatch.errors import StoreError
+
+from .worlds import Raw
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The method and URL of every HTTP request the SDK sends, from here on."""
+    from azure.core.pipeline.transport import RequestsTransport
+
+    seen: list[str] = []
+    send = RequestsTransport.send
+
+    def counting(self: Any, request: Any, **kwargs: Any) -> Any:
+        seen.append(f"{request.method} {request.url}")
+        return send(self, request, **kwargs)
+
+    monkeypatch.setattr(RequestsTransport, "send", counting)
+    return seen
+
+
+def _put_save(raw: Raw, relative: str, files: int) -> None:
+    for i in range(files):
+        raw.put(f"{relative}/shard-{i:04d}", b"x" * 10)
+
+
+def test_removing_a_save_of_600_blobs_takes_three_delete_requests(
+    az_raw: Raw, sent: list[str]
+) -> None:
+    relative = "exec/1000000-a/step-5"
+    _put_save(az_raw, relative, 600)
+    store = open_store(az_raw.root, timeout=60)
+    sent.clear()
+    removed = store.remove_save(relative)  # type: ignore[attr-defined]
+    assert removed == 600 * 10
+    assert not az_raw.exists(relative)
+    batches = [line for line in sent if "comp=batch" in line]
+    single = [line for line in sent if line.startswith("DELETE")]
+    # 600 blobs: batches of 256, 256 and 88 (one blob a request was 600 requests).
+    assert (len(batches), len(single)) == (3, 0), sent[:5]
+
+
+def test_a_blob_the_service_refuses_to_delete_is_an_error_naming_it(az_raw: Raw) -> None:
+    relative = "exec/1000000-a/step-7"
+    _put_save(az_raw, relative, 3)
+    leased = f"{az_raw.prefix}/{relative}/shard-0001"  # type: ignore[attr-defined]
+    az_raw.client.get_blob_client(leased).acquire_lease()  # type: ignore[attr-defined]
+    store = open_store(az_raw.root, timeout=60)
+    with pytest.raises(StoreError) as caught:
+        store.remove_save(relative)  # type: ignore[attr-defined]
+    assert leased in str(caught.value) and "(HTTP 412)" in str(caught.value), caught.value
+    assert "LeaseIdMissing" in str(caught.value), caught.value
+    # The others in its batch are gone; the leased one is kept, nothing else touched.
+    assert az_raw.read(f"{relative}/shard-0001") == b"x" * 10
+    assert az_raw.read(f"{relative}/shard-0000") is None
+
+
+def test_deleting_blobs_already_gone_is_fine(az_raw: Raw) -> None:
+    relative = "exec/1000000-a/step-9"
+    _put_save(az_raw, relative, 2)
+    store = open_store(az_raw.root, timeout=60)
+    store.delete_intents(["no-such-intent", "nor-this"])  # type: ignore[attr-defined]
+    assert store.remove_save(relative) == 20  # type: ignore[attr-defined]
+    assert not az_raw.exists(relative)
