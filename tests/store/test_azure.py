@@ -7,13 +7,18 @@ most), as the S3 store does in DeleteObjects requests of 1,000, not one request 
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Any, Callable
 
 import pytest
 
+from slurm_dispatch.checkpoint import publish as store
+from slurm_dispatch.checkpoint.stores.azure import CONNECTION_ENV
 from slurm_dispatch.checkpoint.stores.open import open_store
 from slurm_dispatch.errors import StoreError
+from tests.azurite import KEY, AzuriteServer
 
+from .conftest import BUCKET
 from .worlds import Raw
 
 
@@ -76,3 +81,26 @@ def test_deleting_blobs_already_gone_is_fine(az_raw: Raw) -> None:
     store.delete_intents(["no-such-intent", "nor-this"])  # type: ignore[attr-defined]
     assert store.remove_save(relative) == 20  # type: ignore[attr-defined]
     assert not az_raw.exists(relative)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda conn: "AccountName=x;garbage",  # not a connection string at all
+        lambda conn: conn.replace(KEY, KEY[:-8] + "AAAAAAA="),  # a key the account refuses
+        lambda conn: conn.replace(KEY, "not-base64!"),  # a key that is not one
+    ],
+    ids=["malformed", "wrong-key", "not-base64"],
+)
+def test_a_wrong_connection_string_is_an_error_naming_the_variable(
+    azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch, wrong: Callable[[str], str]
+) -> None:
+    """Each is a StoreError naming $AZURE_STORAGE_CONNECTION_STRING, never the key (a malformed
+    one was the SDK's bare ValueError; a refused key said only its code)."""
+    monkeypatch.setenv(CONNECTION_ENV, wrong(azurite.connection_string))
+    with pytest.raises(StoreError) as caught:
+        store.latest(f"az://{BUCKET}/runs/{uuid.uuid4().hex}", timeout=30)
+    said = str(caught.value)
+    assert f"${CONNECTION_ENV}" in said, said
+    assert KEY[:12] not in said and KEY[-12:] not in said, said
+    assert "StorageErrorCode." not in said, said  # the service's own code, not the SDK's enum

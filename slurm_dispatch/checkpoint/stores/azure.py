@@ -93,28 +93,36 @@ def container_for(container: str, timeout: float) -> Any:
             from azure.storage.blob import BlobServiceClient
 
             socket_timeout = max(0.1, min(timeout, 30.0))
-            service = BlobServiceClient.from_connection_string(
-                conn,
-                connection_timeout=socket_timeout,
-                read_timeout=socket_timeout,
-                retry_total=3,
-                # Its retries (a lost answer's among them) wait about 1, 3, then 5 s, not its
-                # default 15, 18, 24: the first lands well inside a short --timeout, not past it.
-                initial_backoff=1,
-                increment_base=2,
-                random_jitter_range=1,
-            )
+            try:
+                service = BlobServiceClient.from_connection_string(
+                    conn,
+                    connection_timeout=socket_timeout,
+                    read_timeout=socket_timeout,
+                    retry_total=3,
+                    # Its retries (a lost answer's among them) wait about 1, 3, then 5 s, not its
+                    # default 15, 18, 24: the first lands well inside a short --timeout.
+                    initial_backoff=1,
+                    increment_base=2,
+                    random_jitter_range=1,
+                )
+            except ValueError as exc:  # the SDK's words name no variable (nor the key)
+                raise StoreError(f"${CONNECTION_ENV} is not a connection string: {exc}") from None
             client = service.get_container_client(container)
             _clients[key] = client
         return client
 
 
 def store_error(exc: BaseException, action: str, where: str) -> StoreError:
+    from azure.core.exceptions import ClientAuthenticationError
+
     code = getattr(exc, "error_code", None)
+    code = getattr(code, "value", code)  # the service's own code, not the SDK's enum's name
     status = getattr(exc, "status_code", None)
-    if code or status:
-        return StoreError(f"{action} {where} failed: {code} (HTTP {status})")
-    return StoreError(f"{action} {where} failed: {exc}")
+    said = f"{code} (HTTP {status})" if code or status else f"{exc}"
+    text = f"{action} {where} failed: {said}"
+    if status in (401, 403) or isinstance(exc, ClientAuthenticationError):
+        text += f"; check the account name and key in ${CONNECTION_ENV}"
+    return StoreError(text)
 
 
 class AzureStore(ObjectStore):
