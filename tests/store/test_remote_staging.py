@@ -101,3 +101,18 @@ def test_a_record_is_created_once_and_read_back(remote_raw: Raw) -> None:
     assert remote.put_json_once(url, {"keep": 3}, 10) is False
     assert remote.read_json(url, 10) == {"keep": 2}
     assert remote.read_json(url + ".absent", 10) is None
+
+
+def test_a_read_in_a_bucket_that_does_not_exist_is_an_error_not_an_absent_object(
+    remote_raw: Raw,
+) -> None:
+    """A container (a bucket) that is not there is not an object that is not there: an az://
+    root's record reads answered None (no record) for a container that does not exist."""
+    from slurm_dispatch.checkpoint.stores.open import open_store
+
+    scheme, rest = remote_raw.root.split("://", 1)
+    root = f"{scheme}://no-such-bucket-{ATTEMPT[:8]}/{rest.split('/', 1)[1]}"
+    with pytest.raises(StoreError, match="no-such-bucket"):
+        remote.read_json(f"{root}/exec/{ATTEMPT}/keep.json", 10)
+    with pytest.raises(StoreError, match="no-such-bucket"):
+        open_store(root, timeout=10).read_exec_file(ATTEMPT, "dispatch-exec.json")  # type: ignore[attr-defined]

@@ -125,6 +125,20 @@ def store_error(exc: BaseException, action: str, where: str) -> StoreError:
     return StoreError(text)
 
 
+def read_blob(client: Any, key: str) -> Optional[bytes]:
+    """The bytes of the blob ``key``; None when there is no such blob (a container that is
+    not there is an error, as S3's NoSuchBucket is)."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        return bytes(client.download_blob(key).readall())
+    except ResourceNotFoundError as exc:
+        code = getattr(exc, "error_code", None)
+        if getattr(code, "value", code) == "BlobNotFound":
+            return None
+        raise
+
+
 class AzureStore(ObjectStore):
     """The :class:`~.base.Store` of an ``az://container/prefix`` root."""
 
@@ -260,17 +274,8 @@ class AzureStore(ObjectStore):
         return bool(self._call("reading", key, lambda c: c.get_blob_client(key).exists()))
 
     def read_exec_file(self, attempt: str, name: str) -> Optional[bytes]:
-        from azure.core.exceptions import ResourceNotFoundError
-
         key = self.where.key(f"{EXEC}/{attempt}/{name}")
-
-        def get(client: Any) -> Optional[bytes]:
-            try:
-                return bytes(client.download_blob(key).readall())
-            except ResourceNotFoundError:
-                return None
-
-        return self._call("reading", key, get)
+        return self._call("reading", key, lambda c: read_blob(c, key))
 
     def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
         key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
@@ -322,15 +327,7 @@ def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
 
 
 def read_json(url: str, timeout: float) -> Optional[Any]:
-    from azure.core.exceptions import ResourceNotFoundError
-
-    def get(client: Any, key: str) -> Optional[bytes]:
-        try:
-            return bytes(client.download_blob(key).readall())
-        except ResourceNotFoundError:
-            return None
-
-    body = _transfer(url, timeout, "reading", get)
+    body = _transfer(url, timeout, "reading", read_blob)
     try:
         return None if body is None else json.loads(body)
     except ValueError:
