@@ -116,3 +116,33 @@ def test_a_read_in_a_bucket_that_does_not_exist_is_an_error_not_an_absent_object
         remote.read_json(f"{root}/exec/{ATTEMPT}/keep.json", 10)
     with pytest.raises(StoreError, match="no-such-bucket"):
         open_store(root, timeout=10).read_exec_file(ATTEMPT, "dispatch-exec.json")  # type: ignore[attr-defined]
+
+
+def test_a_fetch_that_fails_leaves_nothing_at_its_target(
+    remote_raw: Raw, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object replaced by a shorter one between the listing and its download (the trainer's
+    rotation, a careless hand): the fetch fails and leaves no folder behind, whole-looking or
+    not (both stores left the folder, the replaced file at its new size among the others)."""
+    url = f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-3"
+    remote.upload_save(str(hf_save(tmp_path / "stage", 3)), url, 30)
+    transfers = remote._transfers(url)
+    listing = transfers.save_listing
+
+    def then_replaced(at: str, timeout: float) -> tuple[bool, dict[str, tuple[int, str]]]:
+        found = listing(at, timeout)
+        remote_raw.put(f"exec/{ATTEMPT}/checkpoint-3/model.safetensors", b"short")
+        return found
+
+    monkeypatch.setattr(transfers, "save_listing", then_replaced)
+    target = tmp_path / "copy" / "checkpoint-3"
+    with pytest.raises(StoreError, match="model.safetensors"):
+        remote.fetch_save(url, str(target), 30)
+    assert not target.exists(), sorted(p.name for p in target.rglob("*"))
+    # A target that was there before is refused, and left as it was.
+    target.mkdir(parents=True)
+    (target / "mine").write_text("kept")
+    monkeypatch.setattr(transfers, "save_listing", listing)
+    with pytest.raises((StoreError, OSError)):
+        remote.fetch_save(url, str(target), 30)
+    assert (target / "mine").read_text() == "kept"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 from types import ModuleType
 from typing import Any, Optional
 
@@ -62,8 +63,17 @@ def save_objects(url: str, timeout: float) -> tuple[bool, dict[str, int]]:
 
 def fetch_save(url: str, local: str, timeout: float) -> str:
     """Download the save at ``url`` to ``local`` (which must not exist), every object at its
-    listed size; return ``local`` (a folder, or the file of a file save)."""
-    return str(_transfers(url).fetch_save(url, local, timeout))
+    listed size; return ``local`` (a folder, or the file of a file save).  A fetch that fails
+    leaves nothing at ``local``: no part of a save that could pass for the whole."""
+    there = os.path.lexists(local)
+    try:
+        return str(_transfers(url).fetch_save(url, local, timeout))
+    except BaseException:
+        if not there and os.path.isdir(local) and not os.path.islink(local):
+            shutil.rmtree(local, ignore_errors=True)
+        elif not there and os.path.lexists(local):
+            os.unlink(local)
+        raise
 
 
 def local_files(path: str) -> list[tuple[str, str]]:
