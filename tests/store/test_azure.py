@@ -7,7 +7,9 @@ most), as the S3 store does in DeleteObjects requests of 1,000, not one request 
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores.azure import CONNECTION_ENV
 from slurm_dispatch.checkpoint.stores.open import open_store
-from slurm_dispatch.errors import StoreError
+from slurm_dispatch.errors import StoreError, StoreTimeout
 from tests.azurite import KEY, AzuriteServer
 
 from .conftest import BUCKET
@@ -104,3 +106,33 @@ def test_a_wrong_connection_string_is_an_error_naming_the_variable(
     assert f"${CONNECTION_ENV}" in said, said
     assert KEY[:12] not in said and KEY[-12:] not in said, said
     assert "StorageErrorCode." not in said, said  # the service's own code, not the SDK's enum
+
+
+def test_an_upload_past_its_deadline_stops_there(
+    az_raw: Raw, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After StoreTimeout the upload puts no more blobs: its worker went on putting the save's
+    files one by one after the caller was told it had failed (S3's transfer manager cancels
+    what has not started)."""
+    from azure.core.pipeline.transport import RequestsTransport
+
+    from slurm_dispatch.checkpoint.stores import azure
+
+    send = RequestsTransport.send
+
+    def slow(self: Any, request: Any, **kwargs: Any) -> Any:
+        time.sleep(0.2)
+        return send(self, request, **kwargs)
+
+    save = tmp_path / "checkpoint-1"
+    save.mkdir()
+    for i in range(30):
+        (save / f"shard-{i:02d}").write_bytes(b"x")
+    azure.container_for(BUCKET, 1.0)  # a client made before the clock starts
+    monkeypatch.setattr(RequestsTransport, "send", slow)
+    with pytest.raises(StoreTimeout):
+        azure.upload_save(str(save), f"{az_raw.root}/exec/a/checkpoint-1", 1.0)
+    at_timeout = len(list(az_raw.client.list_blobs(name_starts_with=f"{az_raw.prefix}/")))  # type: ignore[attr-defined]
+    time.sleep(2.0)
+    later = len(list(az_raw.client.list_blobs(name_starts_with=f"{az_raw.prefix}/")))  # type: ignore[attr-defined]
+    assert at_timeout < 30 and later <= at_timeout + 1, (at_timeout, later)

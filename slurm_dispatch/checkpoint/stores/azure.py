@@ -306,15 +306,18 @@ def _place(url: str) -> tuple[str, str]:
     return where.bucket, where.prefix
 
 
-def _transfer(url: str, timeout: float, what: str, call: Callable[[Any, str], T]) -> T:
-    """``call(container client, key)`` against the deadline; failures name ``url``."""
+def _transfer(
+    url: str, timeout: float, what: str, call: Callable[[Any, str, threading.Event], T]
+) -> T:
+    """``call(container client, key, abandoned)`` against the deadline (past it ``abandoned``
+    is set: a call of many requests makes no more); failures name ``url``."""
     from azure.core.exceptions import AzureError
 
     container, key = _place(url)
 
-    def run(_abandoned: threading.Event) -> T:
+    def run(abandoned: threading.Event) -> T:
         try:
-            return call(container_for(container, timeout), key)
+            return call(container_for(container, timeout), key, abandoned)
         except AzureError as exc:
             raise store_error(exc, what, url) from None
 
@@ -323,11 +326,11 @@ def _transfer(url: str, timeout: float, what: str, call: Callable[[Any, str], T]
 
 def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
     body = (json.dumps(data, sort_keys=True) + "\n").encode()
-    return _transfer(url, timeout, "writing", lambda c, key: AzureStore._put_once(c, key, body))
+    return _transfer(url, timeout, "writing", lambda c, key, _: AzureStore._put_once(c, key, body))
 
 
 def read_json(url: str, timeout: float) -> Optional[Any]:
-    body = _transfer(url, timeout, "reading", read_blob)
+    body = _transfer(url, timeout, "reading", lambda c, key, _: read_blob(c, key))
     try:
         return None if body is None else json.loads(body)
     except ValueError:
@@ -342,9 +345,11 @@ def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
         raise StoreError(f"save {local!r} holds no regular file to upload")
     folder = os.path.isdir(local)
 
-    def put(client: Any, key: str) -> dict[str, int]:
+    def put(client: Any, key: str, abandoned: threading.Event) -> dict[str, int]:
         sizes: dict[str, int] = {}
         for name, full in files:
+            if abandoned.is_set():
+                break
             sizes[name] = os.lstat(full).st_size
             with open(full, "rb") as data:
                 client.upload_blob(
@@ -356,7 +361,7 @@ def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
 
 
 def save_listing(url: str, timeout: float) -> tuple[bool, dict[str, tuple[int, str]]]:
-    def scan(client: Any, key: str) -> tuple[bool, dict[str, tuple[int, str]]]:
+    def scan(client: Any, key: str, _: threading.Event) -> tuple[bool, dict[str, tuple[int, str]]]:
         base = key.rsplit("/", 1)[-1]
         inside: dict[str, tuple[int, str]] = {}
         whole: dict[str, tuple[int, str]] = {}
@@ -377,8 +382,10 @@ def fetch_save(url: str, local: str, timeout: float) -> str:
     folder, listed = save_listing(url, timeout)
     targets = fetch_targets(url, local, folder, {name: size for name, (size, _) in listed.items()})
 
-    def get(client: Any, key: str) -> None:
+    def get(client: Any, key: str, abandoned: threading.Event) -> None:
         for name, target, _size in targets:
+            if abandoned.is_set():
+                break
             with open(target, "xb") as out:
                 client.download_blob(f"{key}/{name}" if name else key).readinto(out)
 
