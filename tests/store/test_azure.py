@@ -7,6 +7,7 @@ most), as the S3 store does in DeleteObjects requests of 1,000, not one request 
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores.azure import CONNECTION_ENV
 from slurm_dispatch.checkpoint.stores.open import open_store
-from slurm_dispatch.errors import StoreError, StoreTimeout
+from slurm_dispatch.errors import OutsideRoot, StoreError, StoreTimeout
 from tests.azurite import KEY, AzuriteServer
 
 from .conftest import BUCKET
@@ -136,3 +137,27 @@ def test_an_upload_past_its_deadline_stops_there(
     time.sleep(2.0)
     later = len(list(az_raw.client.list_blobs(name_starts_with=f"{az_raw.prefix}/")))  # type: ignore[attr-defined]
     assert at_timeout < 30 and later <= at_timeout + 1, (at_timeout, later)
+
+
+def test_a_backslash_in_a_save_is_refused_not_stored_under_another_name(
+    az_raw: Raw, tmp_path: Path
+) -> None:
+    """The service stores a '\\' in a blob's name as '/': a save's file 'a\\b' landed as the
+    folder 'a' holding 'b' (the manifest's name no longer found), and a save published at
+    'exec/a/b\\c' was a publication whose save was nowhere, its blobs under 'exec/a/b/c'."""
+    from slurm_dispatch.checkpoint.stores import azure
+
+    save = tmp_path / "checkpoint-1"
+    save.mkdir()
+    (save / "a\\b").write_bytes(b"x")
+    with pytest.raises(StoreError, match=re.escape(repr("a\\b"))):
+        azure.upload_save(str(save), f"{az_raw.root}/exec/a/checkpoint-1", 30)
+    where = f"{az_raw.root}/exec/a/b\\c"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "model.bin").write_bytes(b"x")
+    with pytest.raises(StoreError, match=re.escape(repr(where))):
+        azure.upload_save(str(tmp_path / "plain"), where, 30)
+    assert not az_raw.exists("exec/a")
+    with pytest.raises(OutsideRoot, match=re.escape(repr(where))):
+        store.publish(az_raw.root, 1_000_000, 1, where)
+    assert store.list_publications(az_raw.root) == []

@@ -23,7 +23,7 @@ import secrets
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
-from ...errors import StoreError
+from ...errors import OutsideRoot, StoreError
 from .. import model
 from .base import (
     EXEC,
@@ -73,6 +73,9 @@ def refuse_without_sdk(quick: bool = False) -> None:
             "(pip install 'slurm-dispatch[azure]')"
         )
 
+
+# The service stores a '\' in a blob's name as '/' (Azurite as Azure): refused, not moved.
+BACKSLASH = "Azure Blob stores a '\\' in a blob's name as '/': it would not be found under it"
 
 BATCH = 256  # the most blobs one Blob Batch request may delete (the service's limit)
 
@@ -163,6 +166,12 @@ class AzureStore(ObjectStore):
         return within(self.timeout, f"{what} {self._url(key)}", run, after=after)
 
     # The interface ----------------------------------------------------------
+
+    def relative(self, path: str) -> str:
+        relative = super().relative(path)
+        if "\\" in relative:
+            raise OutsideRoot(f"save {path!r}: {BACKSLASH}")
+        return relative
 
     def publish(self, epoch: int, step: int, path: str) -> str:
         relative = self.relative(path)
@@ -303,6 +312,8 @@ def _place(url: str) -> tuple[str, str]:
     where = parse_root(url)
     if not where.prefix:
         raise StoreError(f"{url!r} names a container, not a save under it")
+    if "\\" in where.prefix:
+        raise StoreError(f"{url!r}: {BACKSLASH}")
     return where.bucket, where.prefix
 
 
@@ -343,6 +354,9 @@ def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
     files = local_files(local)
     if not files:
         raise StoreError(f"save {local!r} holds no regular file to upload")
+    for name, _full in files:
+        if "\\" in name:
+            raise StoreError(f"cannot upload {name!r} of the save {local!r} to {url}: {BACKSLASH}")
     folder = os.path.isdir(local)
 
     def put(client: Any, key: str, abandoned: threading.Event) -> dict[str, int]:
