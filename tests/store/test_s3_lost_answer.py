@@ -9,6 +9,7 @@ says "already published" and exits 0 on every store, and the integrations carry 
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -245,3 +246,25 @@ def test_hf_carries_on_when_its_publication_is_already_there(
     assert trainer.state.global_step == 4
     assert [s for _e, s, _p in published(root)] == [2, 4]
     assert len(callback.publications) == 2
+
+
+def test_an_execution_file_whose_answer_was_lost_is_made_not_called_existing(
+    served: Served,
+) -> None:
+    """The launcher's record of an execution (create-once in its own exec/<attempt>/) whose
+    answer was lost: the SDK's retry met the conflict, and the store said FileExistsError for
+    its own create, which ended the launch; now it is this call's own (its token, as a
+    publication's).  Another call's create of the same file is still refused."""
+    from slurm_dispatch.checkpoint.stores.open import open_store
+
+    attempt, name = "b" * 26, ".dispatch-exec.json"
+    with FaultyProxy(served.upstream) as proxy:
+        served.point_at(proxy.endpoint)
+        proxy.drop_answer_next("PUT", f"/exec/{attempt}/")
+        st = open_store(served.root, timeout=30)
+        st.create_exec_file(attempt, name, b'{"a": 1}')  # type: ignore[attr-defined]
+        puts = [s for m, p, s in proxy.seen if m == "PUT" and f"/exec/{attempt}/" in p]
+        assert puts == [0, served.conflict]
+        assert st.read_exec_file(attempt, name) == b'{"a": 1}'  # type: ignore[attr-defined]
+        with pytest.raises(FileExistsError, match=re.escape(name)):
+            st.create_exec_file(attempt, name, b'{"a": 1}')  # type: ignore[attr-defined]

@@ -288,8 +288,10 @@ class AzureStore(ObjectStore):
 
     def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
         key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
-        if not self._call("creating", key, lambda c: self._put_once(c, key, data)):
-            raise FileExistsError(f"{self._url(key)} already exists")
+        token = secrets.token_hex(16)  # a conflict on a blob holding it: our lost answer
+        if not self._call("creating", key, lambda c: self._put_once(c, key, data, token)):
+            if self._call("reading", key, lambda c: self._token_of(c, key)) != token:
+                raise FileExistsError(f"{self._url(key)} already exists")
 
     def exists(self, relative: str) -> bool:
         key = self.where.key(relative)

@@ -458,14 +458,22 @@ class S3Store(ObjectStore):
         from botocore.exceptions import ClientError
 
         key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
+        token = secrets.token_hex(16)  # a 412 on an object holding it: our lost answer
 
         def put(client: Any) -> None:
             try:
-                client.put_object(Bucket=self.where.bucket, Key=key, Body=data, IfNoneMatch="*")
+                client.put_object(
+                    Bucket=self.where.bucket,
+                    Key=key,
+                    Body=data,
+                    IfNoneMatch="*",
+                    Metadata={CALL_TOKEN: token},
+                )
             except ClientError as exc:
-                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 412:
+                    raise
+                if self._token_of(client, key) != token:
                     raise FileExistsError(f"{self._url(key)} already exists") from None
-                raise
 
         self._call("creating", key, put)
 
