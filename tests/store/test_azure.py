@@ -161,3 +161,25 @@ def test_a_backslash_in_a_save_is_refused_not_stored_under_another_name(
     with pytest.raises(OutsideRoot, match=re.escape(repr(where))):
         store.publish(az_raw.root, 1_000_000, 1, where)
     assert store.list_publications(az_raw.root) == []
+
+
+def test_a_409_that_is_not_blob_already_exists_is_an_error_not_a_publication_there(
+    az_raw: Raw, azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only BlobAlreadyExists says a create-once blob is there: a put refused with another 409
+    (a container being deleted) was taken as one, and publish said AlreadyPublished ('published
+    before this call, or by it...') for a publication that was nowhere, which the integrations
+    take as done."""
+    from .faulty_proxy import FaultyProxy
+
+    upstream = f"http://127.0.0.1:{azurite.port}"
+    with FaultyProxy(upstream) as proxy:
+        conn = azurite.connection_string.replace(upstream + "/", proxy.endpoint + "/")
+        monkeypatch.setenv(CONNECTION_ENV, conn)
+        proxy.fail_next("PUT", 409, "ContainerBeingDeleted")
+        with pytest.raises(StoreError, match=r"ContainerBeingDeleted \(HTTP 409\)"):
+            store.publish(az_raw.root, 1_000_000, 1, f"{az_raw.root}/exec/a/c1")
+        proxy.fail_next("PUT", 409, "ContainerBeingDeleted")
+        with pytest.raises(StoreError, match="ContainerBeingDeleted"):
+            open_store(az_raw.root, timeout=30).create_mark("pins", "x")  # type: ignore[attr-defined]
+    assert store.list_publications(az_raw.root) == []

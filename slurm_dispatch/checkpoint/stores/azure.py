@@ -193,14 +193,18 @@ class AzureStore(ObjectStore):
 
     @staticmethod
     def _put_once(client: Any, key: str, data: bytes, token: str = "") -> bool:
-        """Create the blob ``key`` once; False when it exists (409 BlobAlreadyExists)."""
+        """Create the blob ``key`` once; False when it exists (409 BlobAlreadyExists; another
+        409, a container being deleted, is an error, not a blob there)."""
         from azure.core.exceptions import ResourceExistsError
 
         try:
             client.upload_blob(
                 key, data, overwrite=False, metadata={CALL_TOKEN: token} if token else None
             )
-        except ResourceExistsError:
+        except ResourceExistsError as exc:
+            code = getattr(exc, "error_code", None)
+            if getattr(code, "value", code) != "BlobAlreadyExists":
+                raise
             return False
         return True
 
