@@ -146,3 +146,31 @@ def test_a_fetch_that_fails_leaves_nothing_at_its_target(
     with pytest.raises((StoreError, OSError)):
         remote.fetch_save(url, str(target), 30)
     assert (target / "mine").read_text() == "kept"
+
+
+ODD_NAMES = ["a%b", "a%2Fb", "sp ace", "q?x", "hash#x", "uni-\u00e9", "nfd-e\u0301", "plus+x"]
+ODD_NAMES += ["amp&x", "semi;x", "tilde~x", "quote'x", "lt<x>", "deep/er/\u00fcml"]
+
+
+def test_a_save_of_names_that_need_escaping_goes_up_comes_back_and_is_removed_whole(
+    remote_raw: Raw, tmp_path: Path
+) -> None:
+    """Pinned: each name as it was, through the upload, the listing, the fetch and cleanup's
+    removal (on Azure, in Blob Batch requests, where each blob's URL is escaped again)."""
+    from slurm_dispatch.checkpoint.stores.open import open_store
+
+    save = tmp_path / "checkpoint-2"
+    for i, name in enumerate(ODD_NAMES):
+        (save / name).parent.mkdir(parents=True, exist_ok=True)
+        (save / name).write_bytes(b"x" * (i + 1))
+    relative = f"exec/{ATTEMPT}/checkpoint-2"
+    url = f"{remote_raw.root}/{relative}"
+    sizes = {name: i + 1 for i, name in enumerate(ODD_NAMES)}
+    assert remote.upload_save(str(save), url, 30) == sizes
+    assert remote.save_objects(url, 30) == (True, sizes)
+    back = Path(remote.fetch_save(url, str(tmp_path / "back"), 30))
+    assert {n: (back / n).read_bytes() for n in ODD_NAMES} == {
+        n: b"x" * s for n, s in sizes.items()
+    }
+    assert open_store(remote_raw.root, timeout=30).remove_save(relative) == sum(sizes.values())  # type: ignore[attr-defined]
+    assert not remote_raw.exists(relative)
