@@ -18,7 +18,7 @@ import pytest
 from slurm_dispatch.checkpoint import publish as store
 from slurm_dispatch.checkpoint.stores.azure import CONNECTION_ENV
 from slurm_dispatch.checkpoint.stores.open import open_store
-from slurm_dispatch.errors import OutsideRoot, StoreError, StoreTimeout
+from slurm_dispatch.errors import OutsideRoot, StoreError, StoreTimeout, UsageError
 from tests.azurite import KEY, AzuriteServer
 
 from .conftest import BUCKET
@@ -183,3 +183,21 @@ def test_a_409_that_is_not_blob_already_exists_is_an_error_not_a_publication_the
         with pytest.raises(StoreError, match="ContainerBeingDeleted"):
             open_store(az_raw.root, timeout=30).create_mark("pins", "x")  # type: ignore[attr-defined]
     assert store.list_publications(az_raw.root) == []
+
+
+@pytest.mark.parametrize("container", ["c", "My-Runs", "runs_1", "-runs", "runs--1", "x" * 64])
+def test_a_container_name_azure_cannot_have_is_refused_when_the_root_is_read(
+    container: str, az_raw: Raw
+) -> None:
+    """Refused where dispatch-sbatch checks the root (checked_root), naming the rule: such a
+    root was accepted, and each request under it failed in the job with only the service's code
+    (OutOfRangeInput (HTTP 400) for 'c')."""
+    from slurm_dispatch.checkpoint.stores.azure import AzureStore
+
+    root = f"az://{container}/runs"
+    with pytest.raises(UsageError, match=re.escape(repr(container))):
+        AzureStore.checked_root(root)
+    with pytest.raises(UsageError, match="3 to 63"):
+        store.latest(root, timeout=30)
+    for fine in ("runs", "r-1-x", "abc", "x" * 63, "$root"):
+        assert AzureStore.checked_root(f"az://{fine}/runs") == f"az://{fine}/runs"

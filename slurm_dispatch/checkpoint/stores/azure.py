@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
-from ...errors import OutsideRoot, StoreError
+from ...errors import OutsideRoot, StoreError, UsageError
 from .. import model
 from .base import (
     EXEC,
@@ -54,9 +55,22 @@ class AzureRoot(ObjectRoot):
     scheme = SCHEME
 
 
+# A container's name: 3 to 63 lower-case letters, digits and single hyphens, a letter or digit
+# at each end; or one of the account's own containers.
+CONTAINER = re.compile(r"(?:[a-z0-9](?:-?[a-z0-9]){2,62}|\$root|\$web|\$logs)")
+
+
 def parse_root(root: str) -> AzureRoot:
-    """Split ``az://container/prefix``; refuse a prefix that is not in normal form."""
-    return AzureRoot(*split_root(root, SCHEME, "container"))
+    """Split ``az://container/prefix``; refuse a container name Azure cannot have and a prefix
+    that is not in normal form."""
+    container, prefix = split_root(root, SCHEME, "container")
+    if not CONTAINER.fullmatch(container) or len(container) > 63:
+        raise UsageError(
+            f"checkpoint root {root!r}: {container!r} cannot be an Azure container's name "
+            "(3 to 63 lower-case letters, digits and single hyphens, a letter or digit at "
+            "each end)"
+        )
+    return AzureRoot(container, prefix)
 
 
 def refuse_without_sdk(quick: bool = False) -> None:
