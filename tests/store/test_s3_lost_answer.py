@@ -268,3 +268,20 @@ def test_an_execution_file_whose_answer_was_lost_is_made_not_called_existing(
         assert st.read_exec_file(attempt, name) == b'{"a": 1}'  # type: ignore[attr-defined]
         with pytest.raises(FileExistsError, match=re.escape(name)):
             st.create_exec_file(attempt, name, b'{"a": 1}')  # type: ignore[attr-defined]
+
+
+def test_a_record_whose_answer_was_lost_is_made_not_called_existing(served: Served) -> None:
+    """put_json_once (the in-job half's create-once records: the resume record, a save's
+    manifest) whose answer was lost answered False, 'it exists', for its own create; now
+    True, as a publication's own is.  Another call's create of it is still False."""
+    from slurm_dispatch.checkpoint.stores import remote
+
+    url = f"{served.root}/exec/{'c' * 26}/.dispatch-resume.json"
+    with FaultyProxy(served.upstream) as proxy:
+        served.point_at(proxy.endpoint)
+        proxy.drop_answer_next("PUT", "/.dispatch-resume.json")
+        assert remote.put_json_once(url, {"resume_from": ""}, 30) is True
+        puts = [s for m, p, s in proxy.seen if m == "PUT" and p.endswith(".dispatch-resume.json")]
+        assert puts == [0, served.conflict]
+        assert remote.read_json(url, 30) == {"resume_from": ""}
+        assert remote.put_json_once(url, {"resume_from": ""}, 30) is False

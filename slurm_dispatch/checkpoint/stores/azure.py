@@ -357,7 +357,13 @@ def _transfer(
 
 def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
     body = (json.dumps(data, sort_keys=True) + "\n").encode()
-    return _transfer(url, timeout, "writing", lambda c, key, _: AzureStore._put_once(c, key, body))
+    token = secrets.token_hex(16)  # a conflict on a blob holding it: our lost answer
+
+    def put(client: Any, key: str, _: threading.Event) -> bool:
+        made = AzureStore._put_once(client, key, body, token)
+        return made or AzureStore._token_of(client, key) == token
+
+    return _transfer(url, timeout, "writing", put)
 
 
 def read_json(url: str, timeout: float) -> Optional[Any]:

@@ -187,6 +187,16 @@ def store_error(exc: BaseException, action: str, where: str) -> StoreError:
     return StoreError(f"{action} {where} failed: {exc}")
 
 
+def token_of(client: Any, bucket: str, key: str) -> Optional[str]:
+    """The call token of the object at ``key`` (a publication, a create-once record; "" when
+    it has none: made by hand or by an older release); None when it cannot be read."""
+    try:
+        head = client.head_object(Bucket=bucket, Key=key)
+    except Exception:  # a lookup that says nothing either way
+        return None
+    return str(head.get("Metadata", {}).get(CALL_TOKEN, ""))
+
+
 def within(
     timeout: float,
     what: str,
@@ -301,13 +311,7 @@ class S3Store(ObjectStore):
             raise store_error(exc, "publishing", url) from None
 
     def _token_of(self, client: Any, key: str) -> Optional[str]:
-        """The call token of the publication at ``key`` ("" when it has none: made by hand or
-        by an older release); None when it cannot be read."""
-        try:
-            head = client.head_object(Bucket=self.where.bucket, Key=key)
-        except Exception:  # a lookup that says nothing either way
-            return None
-        return str(head.get("Metadata", {}).get(CALL_TOKEN, ""))
+        return token_of(client, self.where.bucket, key)
 
     def _pages(
         self, client: Any, request: dict[str, Any], url: str, abandoned: threading.Event

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -27,7 +28,7 @@ from typing import Any, Optional
 from ...errors import StoreError, StoreTimeout
 from .base import S3_SCHEME
 from .remote import check_fetched, fetch_targets, local_files
-from .s3 import client_for, parse_root, store_error
+from .s3 import CALL_TOKEN, client_for, parse_root, store_error, token_of
 
 # Parts of 8 MiB, four at once: the client keeps four connections (s3.client_for).
 CONCURRENCY = 4
@@ -54,20 +55,23 @@ class Place:
 
 def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
     """Create the object ``url`` holding ``data`` as JSON, once (``If-None-Match: *``); False
-    when it exists."""
+    when it exists (not when it holds this call's token: its own create, the answer lost)."""
     from botocore.exceptions import ClientError
 
     place = Place.of(url)
+    client = client_for(timeout)
+    token = secrets.token_hex(16)
     try:
-        client_for(timeout).put_object(
+        client.put_object(
             Bucket=place.bucket,
             Key=place.key,
             IfNoneMatch="*",
             Body=(json.dumps(data, sort_keys=True) + "\n").encode(),
+            Metadata={CALL_TOKEN: token},
         )
     except ClientError as exc:
         if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
-            return False
+            return token_of(client, place.bucket, place.key) == token
         raise store_error(exc, "writing", url) from None
     return True
 
