@@ -285,3 +285,19 @@ def test_a_record_whose_answer_was_lost_is_made_not_called_existing(served: Serv
         assert puts == [0, served.conflict]
         assert remote.read_json(url, 30) == {"resume_from": ""}
         assert remote.put_json_once(url, {"resume_from": ""}, 30) is False
+
+
+def test_a_mark_whose_answer_was_lost_is_made_not_called_already_there(served: Served) -> None:
+    """A pin or quarantine mark (create-once) whose answer was lost answered False, 'already
+    marked', for its own create; now True.  Marking it again is still False."""
+    from slurm_dispatch.checkpoint.stores.open import open_store
+
+    with FaultyProxy(served.upstream) as proxy:
+        served.point_at(proxy.endpoint)
+        proxy.drop_answer_next("PUT", "/quarantine/")
+        st = open_store(served.root, timeout=30)
+        assert st.create_mark("quarantine", "MV4GKYZPMEXWG") is True  # type: ignore[attr-defined]
+        puts = [s for m, p, s in proxy.seen if m == "PUT" and "/quarantine/" in p]
+        assert puts == [0, served.conflict]
+        assert st.create_mark("quarantine", "MV4GKYZPMEXWG") is False  # type: ignore[attr-defined]
+        assert st.list_marks("quarantine") == ["MV4GKYZPMEXWG"]  # type: ignore[attr-defined]

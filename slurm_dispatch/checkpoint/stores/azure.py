@@ -322,7 +322,12 @@ class AzureStore(ObjectStore):
 
     def create_mark(self, part: str, entry: str) -> bool:
         key = self.where.key(f"{mark_part(part)}/{entry}")
-        return self._call("creating", key, lambda c: self._put_once(c, key, b""))
+        token = secrets.token_hex(16)  # a conflict on a blob holding it: our lost answer
+        return self._call(
+            "creating",
+            key,
+            lambda c: self._put_once(c, key, b"", token) or self._token_of(c, key) == token,
+        )
 
 
 # The transfers (stores/remote.py): saves between local disk and an az:// URL ------------

@@ -278,13 +278,7 @@ class S3Store(ObjectStore):
             )
 
         def create() -> None:
-            client.put_object(
-                Bucket=self.where.bucket,
-                Key=key,
-                Body=b"",
-                IfNoneMatch="*",
-                Metadata={CALL_TOKEN: token},
-            )
+            client.put_object(**self._once(key, b"", token))
 
         try:
             try:
@@ -312,6 +306,30 @@ class S3Store(ObjectStore):
 
     def _token_of(self, client: Any, key: str) -> Optional[str]:
         return token_of(client, self.where.bucket, key)
+
+    def _once(self, key: str, body: bytes, token: str) -> dict[str, Any]:
+        """PutObject's arguments creating ``key`` once, holding ``body`` and ``token``."""
+        return {
+            "Bucket": self.where.bucket,
+            "Key": key,
+            "Body": body,
+            "IfNoneMatch": "*",
+            "Metadata": {CALL_TOKEN: token},
+        }
+
+    def _put_once(self, client: Any, key: str, body: bytes) -> bool:
+        """Create ``key`` once; False when it is there, not made by this call (a 412 on an
+        object holding this call's token is its own create, the answer lost)."""
+        from botocore.exceptions import ClientError
+
+        token = secrets.token_hex(16)
+        try:
+            client.put_object(**self._once(key, body, token))
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                return self._token_of(client, key) == token
+            raise
+        return True
 
     def _pages(
         self, client: Any, request: dict[str, Any], url: str, abandoned: threading.Event
@@ -459,25 +477,11 @@ class S3Store(ObjectStore):
         return self._call("reading", key, get)
 
     def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
-        from botocore.exceptions import ClientError
-
         key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
-        token = secrets.token_hex(16)  # a 412 on an object holding it: our lost answer
 
         def put(client: Any) -> None:
-            try:
-                client.put_object(
-                    Bucket=self.where.bucket,
-                    Key=key,
-                    Body=data,
-                    IfNoneMatch="*",
-                    Metadata={CALL_TOKEN: token},
-                )
-            except ClientError as exc:
-                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 412:
-                    raise
-                if self._token_of(client, key) != token:
-                    raise FileExistsError(f"{self._url(key)} already exists") from None
+            if not self._put_once(client, key, data):
+                raise FileExistsError(f"{self._url(key)} already exists")
 
         self._call("creating", key, put)
 
@@ -495,20 +499,8 @@ class S3Store(ObjectStore):
             self._request("creating", key, "put_object", Key=key, Body=b"")
 
     def create_mark(self, part: str, entry: str) -> bool:
-        from botocore.exceptions import ClientError
-
         key = self.where.key(f"{mark_part(part)}/{entry}")
-
-        def put(client: Any) -> bool:
-            try:
-                client.put_object(Bucket=self.where.bucket, Key=key, Body=b"", IfNoneMatch="*")
-            except ClientError as exc:
-                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
-                    return False
-                raise
-            return True
-
-        return self._call("creating", key, put)
+        return self._call("creating", key, lambda client: self._put_once(client, key, b""))
 
     def exec_entries(self) -> dict[str, list[str]]:
         # One listing of exec/ (paged) rather than one per folder.
