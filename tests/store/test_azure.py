@@ -201,3 +201,16 @@ def test_a_container_name_azure_cannot_have_is_refused_when_the_root_is_read(
         store.latest(root, timeout=30)
     for fine in ("runs", "r-1-x", "abc", "x" * 63, "$root"):
         assert AzureStore.checked_root(f"az://{fine}/runs") == f"az://{fine}/runs"
+
+
+def test_a_root_whose_prefix_holds_a_backslash_is_refused(az_raw: Raw) -> None:
+    """The service stores the '\\' as '/': a publication made under such a root landed under
+    another prefix, and latest() under the root found none (a job that never resumes)."""
+    from slurm_dispatch.checkpoint.stores.azure import AzureStore
+
+    root = az_raw.root + "\\b"
+    with pytest.raises(UsageError, match=re.escape(repr(root))):
+        AzureStore.checked_root(root)
+    with pytest.raises(UsageError, match="as '/'"):
+        store.publish(root, 1_000_000, 1, root + "/exec/a/c1")
+    assert not az_raw.exists("pub") and store.list_publications(az_raw.root) == []

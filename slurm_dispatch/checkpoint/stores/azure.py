@@ -70,6 +70,8 @@ def parse_root(root: str) -> AzureRoot:
             "(3 to 63 lower-case letters, digits and single hyphens, a letter or digit at "
             "each end)"
         )
+    if "\\" in prefix:
+        raise UsageError(f"checkpoint root {root!r}: {BACKSLASH}")
     return AzureRoot(container, prefix)
 
 
@@ -334,11 +336,11 @@ class AzureStore(ObjectStore):
 
 
 def _place(url: str) -> tuple[str, str]:
+    if "\\" in url:
+        raise StoreError(f"{url!r}: {BACKSLASH}")
     where = parse_root(url)
     if not where.prefix:
         raise StoreError(f"{url!r} names a container, not a save under it")
-    if "\\" in where.prefix:
-        raise StoreError(f"{url!r}: {BACKSLASH}")
     return where.bucket, where.prefix
 
 
