@@ -7,6 +7,7 @@ test_integrations_s3.py and test_fetch.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,23 @@ def test_a_save_of_names_that_need_escaping_goes_up_comes_back_and_is_removed_wh
     }
     assert open_store(remote_raw.root, timeout=30).remove_save(relative) == sum(sizes.values())  # type: ignore[attr-defined]
     assert not remote_raw.exists(relative)
+
+
+@pytest.mark.parametrize(
+    "name", ["ctl\x01x", "nc\ufffex", "bytes-\udcffx"], ids=["control", "noncharacter", "not-utf8"]
+)
+def test_a_file_name_no_listing_can_carry_is_refused_at_upload(
+    remote_raw: Raw, tmp_path: Path, name: str
+) -> None:
+    """A name XML cannot carry (a control character, U+FFFE) went up, and then no cleanup
+    could remove it (S3's DeleteObjects: MalformedXML (HTTP 400)) or no listing could show it
+    (Azurite: HTTP 500), every run; a name that is not UTF-8 could not go up at all.  Now the
+    upload refuses the save, naming the file, before anything is put."""
+    save = tmp_path / "checkpoint-4"
+    save.mkdir()
+    (save / "model.bin").write_bytes(b"w")
+    (save / name).write_bytes(b"x")
+    url = f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-4"
+    with pytest.raises(StoreError, match=re.escape(repr(name))):
+        remote.upload_save(str(save), url, 30)
+    assert not remote_raw.exists(f"exec/{ATTEMPT}/checkpoint-4")

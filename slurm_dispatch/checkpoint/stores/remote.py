@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 from types import ModuleType
 from typing import Any, Optional
 
 from ...errors import StoreError
 from .schemes import scheme_of
+
+# What XML 1.0 cannot hold (S3's DeleteObjects and every listing are XML): the control characters
+# but tab, newline and return, U+FFFE and U+FFFF; and the lone surrogates os.walk makes of bytes
+# that are not UTF-8.
+_UNCARRIED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _transfers(url: str) -> ModuleType:
@@ -41,7 +47,14 @@ def read_json(url: str, timeout: float) -> Optional[Any]:
 def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
     """Upload the save at ``local`` to ``url`` (a folder's files under ``url/``, a file at
     ``url``); each uploaded object's name (relative to ``url``; a file save: its base name)
-    and size."""
+    and size.  A file whose name no store's XML can carry is refused before anything is put."""
+    for name, _full in local_files(local):
+        if _UNCARRIED.search(name):
+            raise StoreError(
+                f"cannot upload {name!r} of the save {local!r} to {url}: the name holds a "
+                "character that no listing or delete of a remote store can carry (a control "
+                "character, U+FFFE or U+FFFF, or bytes that are not UTF-8); rename it"
+            )
     sizes: dict[str, int] = _transfers(url).upload_save(local, url, timeout)
     return sizes
 
