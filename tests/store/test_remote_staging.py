@@ -195,3 +195,16 @@ def test_a_file_name_no_listing_can_carry_is_refused_at_upload(
     with pytest.raises(StoreError, match=re.escape(repr(name))):
         remote.upload_save(str(save), url, 30)
     assert not remote_raw.exists(f"exec/{ATTEMPT}/checkpoint-4")
+
+
+def test_a_save_whose_own_name_no_listing_can_carry_is_refused_at_upload(
+    remote_raw: Raw, tmp_path: Path
+) -> None:
+    """As a file's name inside it: the save's own folder, the last part of its URL."""
+    save = tmp_path / "checkpoint-\x015"
+    save.mkdir()
+    (save / "model.bin").write_bytes(b"w")
+    url = f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-\x015"
+    with pytest.raises(StoreError, match=re.escape(repr(url))):
+        remote.upload_save(str(save), url, 30)
+    assert not remote_raw.exists(f"exec/{ATTEMPT}")

@@ -47,13 +47,15 @@ def read_json(url: str, timeout: float) -> Optional[Any]:
 def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
     """Upload the save at ``local`` to ``url`` (a folder's files under ``url/``, a file at
     ``url``); each uploaded object's name (relative to ``url``; a file save: its base name)
-    and size.  A file whose name no store's XML can carry is refused before anything is put."""
-    for name, _full in local_files(local):
-        if _UNCARRIED.search(name):
+    and size.  A save or file whose name no store's XML can carry is refused before anything
+    is put."""
+    for name, _full in [("", url), *local_files(local)]:
+        if _UNCARRIED.search(name or url):
+            what = f"{name!r} of the save {local!r} to {url}" if name else f"the save to {url!r}"
             raise StoreError(
-                f"cannot upload {name!r} of the save {local!r} to {url}: the name holds a "
-                "character that no listing or delete of a remote store can carry (a control "
-                "character, U+FFFE or U+FFFF, or bytes that are not UTF-8); rename it"
+                f"cannot upload {what}: the name holds a character that no listing or delete "
+                "of a remote store can carry (a control character, U+FFFE or U+FFFF, or bytes "
+                "that are not UTF-8); rename it"
             )
     sizes: dict[str, int] = _transfers(url).upload_save(local, url, timeout)
     return sizes
