@@ -273,6 +273,7 @@ def fetch_checked(url: str, dest: str) -> str:
     local = remote.fetch_save(url, dest, _timeout())  # sizes as S3 lists them
     why = why_unloadable(local) or why_copy_differs(url, local)
     if why is not None:
+        remove_copy(local)
         raise StoreError(f"fetched {url} to {dest}, but {why}; the copy was removed")
     return local
 

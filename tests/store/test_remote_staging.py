@@ -208,3 +208,29 @@ def test_a_save_whose_own_name_no_listing_can_carry_is_refused_at_upload(
     with pytest.raises(StoreError, match=re.escape(repr(url))):
         remote.upload_save(str(save), url, 30)
     assert not remote_raw.exists(f"exec/{ATTEMPT}")
+
+
+def test_a_fetched_copy_that_differs_is_removed_as_said(remote_raw: Raw, tmp_path: Path) -> None:
+    """``dispatch fetch`` of a save one of whose objects was replaced by other bytes of the
+    same size: refused with 'the copy was removed', and it is (it was left at dest, whole to
+    the eye)."""
+    import hashlib
+    import json
+
+    from slurm_dispatch.checkpoint.execdir import MANIFEST_SUFFIX
+
+    url = f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-6"
+    save = hf_save(tmp_path / "stage", 6)
+    files = {p.relative_to(save).as_posix(): p for p in save.rglob("*") if p.is_file()}
+    manifest = {
+        "format": 1,
+        "files": {n: p.stat().st_size for n, p in files.items()},
+        "sha256": {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in files.items()},
+    }
+    (save / MANIFEST_SUFFIX[1:]).write_text(json.dumps(manifest))
+    remote.upload_save(str(save), url, 30)
+    remote_raw.put(f"exec/{ATTEMPT}/checkpoint-6/model.safetensors", b"v" * 1000)
+    dest = tmp_path / "dest"
+    with pytest.raises(StoreError, match="the copy was removed"):
+        staging.of(remote_raw.root).fetch_checked(url, str(dest))
+    assert not dest.exists(), sorted(p.name for p in dest.rglob("*"))
