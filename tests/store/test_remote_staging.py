@@ -234,3 +234,18 @@ def test_a_fetched_copy_that_differs_is_removed_as_said(remote_raw: Raw, tmp_pat
     with pytest.raises(StoreError, match="the copy was removed"):
         staging.of(remote_raw.root).fetch_checked(url, str(dest))
     assert not dest.exists(), sorted(p.name for p in dest.rglob("*"))
+
+
+def test_a_save_holding_a_file_and_a_folder_of_one_name_is_a_store_error_at_fetch(
+    remote_raw: Raw, tmp_path: Path
+) -> None:
+    """An object store may hold 'x' and 'x/y' at once, which no folder can: the fetch is a
+    StoreError naming the save (the resume passes such a save over) and leaves nothing; on
+    Azure it was a bare IsADirectoryError."""
+    relative = f"exec/{ATTEMPT}/checkpoint-8"
+    remote_raw.put(f"{relative}/x/y", b"1")
+    remote_raw.put(f"{relative}/x", b"2")
+    target = tmp_path / "copy"
+    with pytest.raises(StoreError, match="checkpoint-8"):
+        remote.fetch_save(f"{remote_raw.root}/{relative}", str(target), 30)
+    assert not target.exists()

@@ -433,8 +433,11 @@ def fetch_save(url: str, local: str, timeout: float) -> str:
         for name, target, _size in targets:
             if abandoned.is_set():
                 break
-            with open(target, "xb") as out:
-                client.download_blob(f"{key}/{name}" if name else key).readinto(out)
+            try:
+                with open(target, "xb") as out:
+                    client.download_blob(f"{key}/{name}" if name else key).readinto(out)
+            except OSError as exc:  # as S3's transfers say a local failure
+                raise StoreError(f"fetching {url} to {local} failed at {name!r}: {exc}") from None
 
     _transfer(url, timeout, f"fetching to {local}", get)
     check_fetched(url, targets)
