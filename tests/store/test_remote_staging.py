@@ -249,3 +249,24 @@ def test_a_save_holding_a_file_and_a_folder_of_one_name_is_a_store_error_at_fetc
     with pytest.raises(StoreError, match="checkpoint-8"):
         remote.fetch_save(f"{remote_raw.root}/{relative}", str(target), 30)
     assert not target.exists()
+
+
+def test_a_file_gone_during_the_upload_is_a_store_error_naming_it(
+    remote_raw: Raw, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's rotation removed a file of the save after it was listed: a StoreError
+    naming it (dispatch watch and the integrations catch those); on Azure it was a bare
+    FileNotFoundError."""
+    save = hf_save(tmp_path / "stage", 9)
+    listed = remote.local_files(str(save))
+
+    def then_gone(path: str) -> list[tuple[str, str]]:
+        (save / "trainer_state.json").unlink(missing_ok=True)
+        return listed
+
+    transfers = remote._transfers(remote_raw.root)
+    monkeypatch.setattr(remote, "local_files", then_gone)
+    if hasattr(transfers, "local_files"):
+        monkeypatch.setattr(transfers, "local_files", then_gone)
+    with pytest.raises(StoreError, match="trainer_state.json"):
+        remote.upload_save(str(save), f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-9", 30)

@@ -57,7 +57,12 @@ def upload_save(local: str, url: str, timeout: float) -> dict[str, int]:
                 "of a remote store can carry (a control character, U+FFFE or U+FFFF, or bytes "
                 "that are not UTF-8); rename it"
             )
-    sizes: dict[str, int] = _transfers(url).upload_save(local, url, timeout)
+    try:
+        sizes: dict[str, int] = _transfers(url).upload_save(local, url, timeout)
+    except OSError as exc:  # the save changed on local disk meanwhile (a file removed)
+        if isinstance(exc, StoreError):
+            raise
+        raise StoreError(f"uploading {local} to {url} failed: {exc}") from None
     return sizes
 
 
