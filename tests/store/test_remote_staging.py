@@ -7,6 +7,7 @@ test_integrations_s3.py and test_fetch.py."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -270,3 +271,16 @@ def test_a_file_gone_during_the_upload_is_a_store_error_naming_it(
         monkeypatch.setattr(transfers, "local_files", then_gone)
     with pytest.raises(StoreError, match="trainer_state.json"):
         remote.upload_save(str(save), f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-9", 30)
+
+
+def test_a_fifo_in_a_save_is_not_uploaded_and_does_not_hang_the_upload(
+    remote_raw: Raw, tmp_path: Path
+) -> None:
+    """Only regular files go up (local_files says so): a named pipe in a save was opened for
+    its bytes, and the upload waited on it until its deadline (StoreTimeout)."""
+    save = hf_save(tmp_path / "stage", 11)
+    os.mkfifo(save / "pipe")
+    url = f"{remote_raw.root}/exec/{ATTEMPT}/checkpoint-11"
+    sizes = remote.upload_save(str(save), url, 5)
+    assert "pipe" not in sizes and "model.safetensors" in sizes
+    assert not remote_raw.exists(f"exec/{ATTEMPT}/checkpoint-11/pipe")

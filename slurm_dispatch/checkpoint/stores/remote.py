@@ -98,16 +98,17 @@ def fetch_save(url: str, local: str, timeout: float) -> str:
 
 def local_files(path: str) -> list[tuple[str, str]]:
     """(relative name, absolute path) of each regular file of a save, sorted; a file save is
-    one entry named by its base name.  Symlinks are skipped, never followed."""
+    one entry named by its base name.  Symlinks are skipped, never followed, and so is what is
+    not a regular file (a named pipe would hold the upload until its deadline)."""
     if os.path.islink(path):
         return []
     if not os.path.isdir(path):
-        return [(os.path.basename(path), path)]
+        return [(os.path.basename(path), path)] if os.path.isfile(path) else []
     found = []
     for folder, _dirs, files in os.walk(path):  # os.walk does not descend into linked folders
         for name in files:
             full = os.path.join(folder, name)
-            if not os.path.islink(full):
+            if os.path.isfile(full) and not os.path.islink(full):
                 found.append((os.path.relpath(full, path), full))
     return sorted(found)
 
