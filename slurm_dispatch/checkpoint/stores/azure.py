@@ -37,6 +37,7 @@ from .objects import (
     ObjectRoot,
     ObjectStore,
     already_published,
+    refused,
     split_root,
 )
 from .s3 import within
@@ -168,14 +169,18 @@ class AzureStore(ObjectStore):
         self, what: str, key: str, call: Callable[[Any], T], after: Optional[str] = None
     ) -> T:
         """One request against the deadline (``after``: what running past it means, where
-        not the default); service errors name the blob."""
+        not the default; said too when the SDK's retries ran out with no refusal of the
+        request itself, as that may have been applied); service errors name the blob."""
         from azure.core.exceptions import AzureError
 
         def run(_abandoned: threading.Event) -> T:
             try:
                 return call(container_for(self.where.bucket, self.timeout))
             except AzureError as exc:
-                raise store_error(exc, what, self._url(key)) from None
+                error = store_error(exc, what, self._url(key))
+                if after is not None and not refused(getattr(exc, "status_code", None)):
+                    raise StoreError(f"{error}; {after}") from None
+                raise error from None
 
         if after is None:
             return within(self.timeout, f"{what} {self._url(key)}", run)

@@ -55,6 +55,13 @@ class ObjectRoot:
 PUBLISH_UNFINISHED = "whether it was published is unknown (`dispatch list` shows)"
 
 
+def refused(status: Optional[int]) -> bool:
+    """Whether a request's last answer refused it (a 4xx: the same request was refused on
+    every try); a 5xx or no answer at all, after the SDK's retries, leaves unknown whether
+    an earlier try, its answer lost, was applied."""
+    return status is not None and 400 <= status < 500
+
+
 def already_published(
     url: str, what: str, whose: Optional[str], token: str
 ) -> Optional[AlreadyPublished]:

@@ -54,6 +54,7 @@ from .objects import (
     ObjectRoot,
     ObjectStore,
     already_published,
+    refused,
     split_root,
 )
 from .schemes import SCHEMES
@@ -300,9 +301,13 @@ class S3Store(ObjectStore):
                 if error is None:
                     return  # made by this call; botocore retried after its answer was lost
                 raise error from None
-            raise store_error(exc, "publishing", url) from None
-        except BotoCoreError as exc:
-            raise store_error(exc, "publishing", url) from None
+            error = store_error(exc, "publishing", url)
+            if refused(status):
+                raise error from None
+            raise StoreError(f"{error}; {PUBLISH_UNFINISHED}") from None
+        except BotoCoreError as exc:  # no answer, after botocore's retries: one may have landed
+            error = store_error(exc, "publishing", url)
+            raise StoreError(f"{error}; {PUBLISH_UNFINISHED}") from None
 
     def _token_of(self, client: Any, key: str) -> Optional[str]:
         return token_of(client, self.where.bucket, key)
