@@ -230,6 +230,14 @@ class AzureStore(ObjectStore):
         return True
 
     @staticmethod
+    def _create_once(client: Any, key: str, data: bytes) -> bool:
+        """Create the blob ``key`` once; False when another call made it (a conflict on a blob
+        holding this call's token is its own create, its answer lost)."""
+        token = secrets.token_hex(16)
+        made = AzureStore._put_once(client, key, data, token)
+        return made or AzureStore._token_of(client, key) == token
+
+    @staticmethod
     def _token_of(client: Any, key: str) -> Optional[str]:
         try:
             metadata = client.get_blob_client(key).get_blob_properties().metadata or {}
@@ -313,10 +321,8 @@ class AzureStore(ObjectStore):
 
     def create_exec_file(self, attempt: str, name: str, data: bytes) -> None:
         key = self.where.key(f"{EXEC}/{model.check_attempt(attempt)}/{name}")
-        token = secrets.token_hex(16)  # a conflict on a blob holding it: our lost answer
-        if not self._call("creating", key, lambda c: self._put_once(c, key, data, token)):
-            if self._call("reading", key, lambda c: self._token_of(c, key)) != token:
-                raise FileExistsError(f"{self._url(key)} already exists")
+        if not self._call("creating", key, lambda c: self._create_once(c, key, data)):
+            raise FileExistsError(f"{self._url(key)} already exists")
 
     def exists(self, relative: str) -> bool:
         key = self.where.key(relative)
@@ -329,12 +335,7 @@ class AzureStore(ObjectStore):
 
     def create_mark(self, part: str, entry: str) -> bool:
         key = self.where.key(f"{mark_part(part)}/{entry}")
-        token = secrets.token_hex(16)  # a conflict on a blob holding it: our lost answer
-        return self._call(
-            "creating",
-            key,
-            lambda c: self._put_once(c, key, b"", token) or self._token_of(c, key) == token,
-        )
+        return self._call("creating", key, lambda c: self._create_once(c, key, b""))
 
 
 # The transfers (stores/remote.py): saves between local disk and an az:// URL ------------
@@ -369,13 +370,9 @@ def _transfer(
 
 def put_json_once(url: str, data: dict[str, Any], timeout: float) -> bool:
     body = (json.dumps(data, sort_keys=True) + "\n").encode()
-    token = secrets.token_hex(16)  # a conflict on a blob holding it: our lost answer
-
-    def put(client: Any, key: str, _: threading.Event) -> bool:
-        made = AzureStore._put_once(client, key, body, token)
-        return made or AzureStore._token_of(client, key) == token
-
-    return _transfer(url, timeout, "writing", put)
+    return _transfer(
+        url, timeout, "writing", lambda c, key, _: AzureStore._create_once(c, key, body)
+    )
 
 
 def read_json(url: str, timeout: float) -> Optional[Any]:
